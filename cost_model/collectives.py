@@ -1,0 +1,147 @@
+"""Time of a collective from the alpha-beta model of its algorithm.
+
+One entry point, :func:`collective_time_s`. With ``p`` ranks in the group, ``n`` the bytes of the
+FULL (unsharded) tensor, ``alpha`` the link's per-step latency (``LinkProfile.latency_s``) and
+``B`` its per-direction bus bandwidth in bytes/s (``LinkProfile.bandwidth_gbps * 1e9``):
+
+=============== ========= ============================================= ==============================
+kind            algorithm time (before the per-call base latency)      source
+=============== ========= ============================================= ==============================
+all_reduce      ring      2(p-1)·alpha + 2(p-1)/p · n/B                 [PY09], [T05] (RS + AG); [NT]
+all_reduce      tree      2·ceil(log2 p)·alpha + 2·n/B                  [SST09]; [NCCL]
+all_gather      ring      (p-1)·alpha + (p-1)/p · n/B                   [T05] ring; [NT]
+all_gather      tree      ceil(log2 p)·alpha + (p-1)/p · n/B            [T05] recursive doubling
+reduce_scatter  ring      (p-1)·alpha + (p-1)/p · n/B                   [T05] ring / pairwise; [NT]
+reduce_scatter  tree      ceil(log2 p)·alpha + (p-1)/p · n/B            [T05] recursive halving
+all_to_all      ring      (p-1)·alpha + (p-1)/p · n/B                   [T05] pairwise exchange; [NT]
+all_to_all      tree      ceil(log2 p)·alpha + ceil(log2 p)/2 · n/B     [T05] Bruck
+broadcast       ring      (p-1)·alpha + n/B                             [NT] pipelined chain
+broadcast       tree      ceil(log2 p)·(alpha + n/B)                    [T05] binomial tree
+=============== ========= ============================================= ==============================
+
+``n`` is the all-reduce buffer, the all-gather output, the reduce-scatter input, the all-to-all
+data each rank holds (sends and receives), the broadcast buffer. The reduction arithmetic
+(Thakur's gamma term) is not modelled: it is memory bound and overlaps the transfers.
+
+Every collective also pays ``LinkProfile.base_latency_s`` once per call (NCCL's ``baseLat``, the
+fixed cost of launching the collective kernel, [NCCL]); with ``base_latency_s == 0`` the times
+are exactly the table above. A group of one rank costs 0.0, and so does a zero-byte collective
+(nothing is issued).
+
+``spans_nodes=True`` uses the ``inter_node`` link for every step (a flat ring or tree whose
+bottleneck is each GPU's network port); a group inside one node uses ``intra_node``.
+
+Sources:
+
+* [T05] R. Thakur, R. Rabenseifner, W. Gropp, "Optimization of Collective Communication
+  Operations in MPICH", Int. J. High Performance Computing Applications 19(1):49-66, 2005.
+* [PY09] P. Patarasuk, X. Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+  workstations", J. Parallel and Distributed Computing 69(2):117-124, 2009 (ring all-reduce).
+* [NT] nccl-tests, doc/PERFORMANCE.md: bus bandwidth = algbw x 2(p-1)/p (all-reduce),
+  x (p-1)/p (all-gather, reduce-scatter, all-to-all), x 1 (broadcast).
+  https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
+* [SST09] P. Sanders, J. Speck, J. L. Träff, "Two-tree algorithms for full bandwidth broadcast,
+  reduction and scan", Parallel Computing 35(12), 2009 (NCCL's double binary tree).
+* [NCCL] NCCL src/graph/tuning.cc: tree algorithm bandwidth = 0.5 x bus bandwidth (so an
+  all-reduce moves 2n/B), ``baseLat`` per call, ``hwLat`` per step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .hardware import Hardware, LinkProfile
+
+__all__ = [
+    "COLLECTIVE_ALGORITHMS",
+    "COLLECTIVE_KINDS",
+    "collective_time_s",
+    "link_collective_time_s",
+]
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+COLLECTIVE_ALGORITHMS = ("ring", "tree")
+
+
+def ceil_log2(group_size: int) -> int:
+    """Rounds of a recursive-doubling / tree algorithm on ``group_size`` ranks: ceil(log2 p)."""
+    return (group_size - 1).bit_length()
+
+
+def alpha_beta_terms(kind: str, algorithm: str, group_size: Any, log2_steps: Any) -> tuple[Any, Any]:
+    """(latency steps, bandwidth factor) of a collective: time = steps·alpha + factor·n/B.
+
+    Pure arithmetic on ``group_size`` and ``log2_steps`` (ceil(log2 p)), so it serves numbers and
+    sympy expressions alike; see the module docstring for the formulas and their sources.
+    """
+    p = group_size
+    if kind == "all_reduce":
+        if algorithm == "ring":  # [PY09]/[T05]: ring reduce-scatter then ring all-gather; [NT]
+            return 2 * (p - 1), 2 * (p - 1) / p
+        return 2 * log2_steps, 2  # [SST09] double binary tree; [NCCL] tree algbw = busbw / 2
+    if kind in ("all_gather", "reduce_scatter"):
+        if algorithm == "ring":  # [T05] ring; [NT] (p-1)/p
+            return p - 1, (p - 1) / p
+        return log2_steps, (p - 1) / p  # [T05] recursive doubling / recursive halving
+    if kind == "all_to_all":
+        if algorithm == "ring":  # [T05] pairwise exchange, p-1 rounds of n/p bytes; [NT] (p-1)/p
+            return p - 1, (p - 1) / p
+        return log2_steps, log2_steps / 2  # [T05] Bruck: log2 p rounds of n/2 bytes
+    if kind == "broadcast":
+        if algorithm == "ring":  # [NT] pipelined chain: busbw = algbw, p-1 hops of pipeline fill
+            return p - 1, 1
+        return log2_steps, log2_steps  # [T05] binomial tree: log2 p rounds of the whole buffer
+    raise AssertionError(f"unreachable: kind {kind!r} was validated")
+
+
+def _validate(kind: str, algorithm: str) -> None:
+    if kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; valid kinds: {', '.join(COLLECTIVE_KINDS)}")
+    if algorithm not in COLLECTIVE_ALGORITHMS:
+        raise ValueError(
+            f"unknown collective algorithm {algorithm!r}; valid algorithms: {', '.join(COLLECTIVE_ALGORITHMS)}"
+        )
+
+
+def link_collective_time_s(
+    kind: str,
+    nbytes: float,
+    group_size: int,
+    link: LinkProfile,
+    *,
+    algorithm: str = "ring",
+) -> float:
+    """:func:`collective_time_s` on an explicit link instead of a hardware profile."""
+    _validate(kind, algorithm)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    if not math.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    if group_size == 1 or nbytes == 0:
+        return 0.0
+    steps, factor = alpha_beta_terms(kind, algorithm, group_size, ceil_log2(group_size))
+    return float(link.base_latency_s + steps * link.latency_s + factor * nbytes / link.bandwidth_bytes_per_s)
+
+
+def collective_time_s(
+    kind: str,
+    nbytes: float,
+    group_size: int,
+    hardware: Hardware,
+    *,
+    spans_nodes: bool = False,
+    algorithm: str = "ring",
+) -> float:
+    """Seconds for one collective of ``kind`` over ``group_size`` ranks.
+
+    ``nbytes``: bytes of the FULL (unsharded) tensor — the all-reduce buffer, the all-gather
+    output, the reduce-scatter input, the all-to-all data per rank, the broadcast buffer.
+    ``spans_nodes``: the group crosses nodes, so the ``inter_node`` link is the bottleneck.
+    ``algorithm``: ``"ring"`` or ``"tree"`` (formulas and sources in the module docstring).
+    """
+    _validate(kind, algorithm)
+    return link_collective_time_s(
+        kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm
+    )
+

@@ -1,0 +1,363 @@
+"""Compute cost of one op: FLOPs and bytes from shapes, time from a roofline.
+
+Roofline (Williams, Waterman & Patterson, "Roofline: an insightful visual performance model for
+multicore architectures", CACM 52(4), 2009): a kernel takes as long as the slower of doing its
+arithmetic at peak throughput and moving its bytes at peak memory bandwidth,
+
+    time_s = max(flops / (peak_tflops[dtype] * 1e12 * achievable_fraction_compute),
+                 memory_bytes / (memory_bandwidth_gbps * 1e9 * achievable_fraction_memory))
+             + kernel_floor_s
+
+plus the per-kernel floor (launch and scheduling, see ``Hardware.kernel_floor_s``), which is what a
+tiny op costs. An op with no FLOPs and no bytes (a view, a shape query) launches no kernel and
+costs 0.0.
+
+FLOPs come from ``torch.utils.flop_counter``'s formula table (``flop_registry``) where it covers
+the op, so autotp's counts agree with ``FlopCounterMode``; a few composite ops that appear in
+``torch.export`` graphs before decomposition (``aten.linear``, ``aten.matmul``,
+``aten.scaled_dot_product_attention``, ``aten.conv{1,2,3}d``, ...) get the formula of the kernels
+they decompose into. Ops outside both tables count 0 FLOPs: elementwise and reduction ops are
+memory bound, and their time comes from their bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import conv_flop_count, flop_registry
+
+from .hardware import Hardware
+
+__all__ = [
+    "achievable_flops_per_s",
+    "achievable_memory_bytes_per_s",
+    "aten_flops",
+    "aten_memory_bytes",
+    "compute_time_s",
+    "dtype_name",
+    "tensor_bytes",
+]
+
+aten = torch.ops.aten
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the key of ``Hardware.peak_tflops``."""
+    if isinstance(dtype, str):
+        return dtype.removeprefix("torch.")
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    raise TypeError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
+
+
+def achievable_flops_per_s(dtype: torch.dtype | str, hardware: Hardware) -> float:
+    """Achievable dense FLOP/s of ``hardware`` in ``dtype``.
+
+    Raises ValueError when the profile has no peak for ``dtype``, naming the dtypes it has.
+    """
+    name = dtype_name(dtype)
+    if name not in hardware.peak_tflops:
+        raise ValueError(
+            f"hardware {hardware.name!r} has no peak_tflops for dtype {name!r} (it has "
+            f"{', '.join(sorted(hardware.peak_tflops))}); add peak_tflops[{name!r}] to the profile "
+            f"(a JSON profile or a Hardware object)"
+        )
+    return hardware.peak_tflops[name] * 1e12 * hardware.achievable_fraction_compute
+
+
+def achievable_memory_bytes_per_s(hardware: Hardware) -> float:
+    """Achievable device-memory bandwidth of ``hardware``, bytes per second."""
+    return hardware.memory_bandwidth_gbps * 1e9 * hardware.achievable_fraction_memory
+
+
+def roofline_time_s(
+    flops: Any,
+    memory_bytes: Any,
+    flops_per_s: float,
+    memory_bytes_per_s: float,
+    kernel_floor_s: float,
+    *,
+    max_fn: Callable[[Any, Any], Any] = max,
+) -> Any:
+    """The roofline formula itself, on numbers or (with ``max_fn=sympy.Max``) on expressions."""
+    return max_fn(flops / flops_per_s, memory_bytes / memory_bytes_per_s) + kernel_floor_s
+
+
+def compute_time_s(flops: float, memory_bytes: float, dtype: torch.dtype, hardware: Hardware) -> float:
+    """Predicted seconds for one kernel doing ``flops`` FLOPs and moving ``memory_bytes`` bytes.
+
+    ``max(flops / achievable peak(dtype), memory_bytes / achievable bandwidth) + kernel_floor_s``
+    (roofline, Williams et al. 2009). ``flops == 0 and memory_bytes == 0`` means no kernel: 0.0.
+    The dtype's peak is only needed (and only looked up) when ``flops > 0``.
+    """
+    if flops < 0 or memory_bytes < 0:
+        raise ValueError(f"flops ({flops}) and memory_bytes ({memory_bytes}) must be >= 0")
+    if flops == 0 and memory_bytes == 0:
+        return 0.0
+    # With no arithmetic the dtype's peak does not matter (and may be absent, e.g. int64 copies).
+    flops_per_s = achievable_flops_per_s(dtype, hardware) if flops > 0 else math.inf
+    return float(
+        roofline_time_s(
+            flops,
+            memory_bytes,
+            flops_per_s,
+            achievable_memory_bytes_per_s(hardware),
+            hardware.kernel_floor_s,
+        )
+    )
+
+
+def tensor_bytes(shape: Iterable[int], dtype: torch.dtype) -> int:
+    """Bytes of a dense tensor of ``shape`` and ``dtype``: numel * itemsize."""
+    numel = 1
+    for size in shape:
+        numel *= int(size)
+    return numel * dtype.itemsize
+
+
+# --------------------------------------------------------------------------------------------
+# FLOP counts
+# --------------------------------------------------------------------------------------------
+
+_FlopFormula = Callable[[Sequence[Any], dict[str, Any], Any], int]
+_COMPOSITE_FLOP_FORMULAS: dict[Any, _FlopFormula] = {}
+
+
+def _register(*packets: Any) -> Callable[[_FlopFormula], _FlopFormula]:
+    def decorate(formula: _FlopFormula) -> _FlopFormula:
+        for packet in packets:
+            _COMPOSITE_FLOP_FORMULAS[packet] = formula
+        return formula
+
+    return decorate
+
+
+def _arg(args: Sequence[Any], kwargs: dict[str, Any], index: int, name: str, default: Any = None) -> Any:
+    if index < len(args):
+        return args[index]
+    return kwargs.get(name, default)
+
+
+def _prod(sizes: Iterable[Any]) -> Any:
+    result: Any = 1
+    for size in sizes:
+        result = result * size
+    return result
+
+
+@_register(aten.linear)
+def _linear_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
+    # input (..., in_features) @ weight.T (in_features, out_features); the bias add is not counted,
+    # as FlopCounterMode counts the addmm it decomposes into as mm FLOPs.
+    x, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    out_features = weight.shape[0] if weight.dim() == 2 else 1
+    in_features = weight.shape[-1]
+    return 2 * _prod(x.shape[:-1]) * out_features * in_features
+
+
+@_register(aten.matmul)
+def _matmul_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
+    # torch.matmul semantics: 1-D operands are promoted and their dim removed; batch dims broadcast.
+    a, b = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other")
+    a_shape, b_shape = tuple(a.shape), tuple(b.shape)
+    inner = a_shape[-1]
+    if len(a_shape) == 1 and len(b_shape) == 1:
+        out_shape: tuple[Any, ...] = ()
+    elif len(b_shape) == 1:
+        out_shape = a_shape[:-1]
+    elif len(a_shape) == 1:
+        out_shape = b_shape[:-2] + b_shape[-1:]
+    else:
+        batch = tuple(torch.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+        out_shape = batch + (a_shape[-2], b_shape[-1])
+    return 2 * _prod(out_shape) * inner
+
+
+def _sdpa_flops_from_shapes(query_shape: Sequence[Any], key_shape: Sequence[Any], value_shape: Sequence[Any]) -> int:
+    # query (..., Sq, E), key (..., Sk, E), value (..., Sk, Ev): Q @ K^T then P @ V, each a batched
+    # GEMM: 2 * batch * Sq * Sk * E + 2 * batch * Sq * Sk * Ev = 4 * B * H * Sq * Sk * D when
+    # E == Ev == D; batch = prod of the query's leading dims (GQA broadcasts K/V heads to them).
+    # Causal masking is not discounted, as in torch.utils.flop_counter.sdpa_flop_count.
+    batch = _prod(query_shape[:-2])
+    seq_q, head_dim = query_shape[-2], query_shape[-1]
+    seq_k, value_dim = key_shape[-2], value_shape[-1]
+    return 2 * batch * seq_q * seq_k * head_dim + 2 * batch * seq_q * seq_k * value_dim
+
+
+@_register(aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu)
+def _sdpa_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
+    query = _arg(args, kwargs, 0, "query")
+    key = _arg(args, kwargs, 1, "key")
+    value = _arg(args, kwargs, 2, "value")
+    return _sdpa_flops_from_shapes(query.shape, key.shape, value.shape)
+
+
+def _conv_out_spatial(
+    in_spatial: Sequence[int],
+    kernel: Sequence[int],
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+) -> list[int]:
+    ndim = len(in_spatial)
+
+    def per_dim(value: Any, default: int) -> list[int]:
+        if value is None:
+            return [default] * ndim
+        if isinstance(value, int):
+            return [value] * ndim
+        values = list(value)
+        return values * ndim if len(values) == 1 else values
+
+    strides, dilations = per_dim(stride, 1), per_dim(dilation, 1)
+    if padding == "same":
+        return list(in_spatial)
+    pads = per_dim(0 if padding == "valid" else padding, 0)
+    if transposed:
+        extra = per_dim(output_padding, 0)
+        return [
+            (size - 1) * s - 2 * p + d * (k - 1) + e + 1
+            for size, k, s, p, d, e in zip(in_spatial, kernel, strides, pads, dilations, extra)
+        ]
+    return [
+        (size + 2 * p - d * (k - 1) - 1) // s + 1
+        for size, k, s, p, d in zip(in_spatial, kernel, strides, pads, dilations)
+    ]
+
+
+def _conv_flops(
+    x: Any, weight: Any, out: Any, stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any
+) -> int:
+    x_shape, w_shape = list(x.shape), list(weight.shape)
+    if len(x_shape) == len(w_shape) - 1:  # unbatched input: (C, *spatial)
+        x_shape = [1, *x_shape]
+    if out is not None:
+        out_shape = list(out.shape)
+        if len(out_shape) == len(w_shape) - 1:
+            out_shape = [1, *out_shape]
+    else:
+        spatial = _conv_out_spatial(
+            x_shape[2:], w_shape[2:], stride, padding, dilation, transposed, output_padding
+        )
+        out_shape = [x_shape[0], 0, *spatial]  # channel count is not used by the formula
+    return conv_flop_count(x_shape, w_shape, out_shape, transposed=transposed)
+
+
+@_register(aten.conv1d, aten.conv2d, aten.conv3d)
+def _convnd_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
+    # conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
+    return _conv_flops(
+        _arg(args, kwargs, 0, "input"),
+        _arg(args, kwargs, 1, "weight"),
+        out,
+        _arg(args, kwargs, 3, "stride", 1),
+        _arg(args, kwargs, 4, "padding", 0),
+        _arg(args, kwargs, 5, "dilation", 1),
+        False,
+        0,
+    )
+
+
+@_register(aten.conv_transpose1d, aten.conv_transpose2d, aten.conv_transpose3d)
+def _conv_transpose_nd_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
+    # conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+    # dilation=1); weight is (C_in, C_out / groups, *k), as conv_flop_count expects when transposed.
+    return _conv_flops(
+        _arg(args, kwargs, 0, "input"),
+        _arg(args, kwargs, 1, "weight"),
+        out,
+        _arg(args, kwargs, 3, "stride", 1),
+        _arg(args, kwargs, 4, "padding", 0),
+        _arg(args, kwargs, 7, "dilation", 1),
+        True,
+        _arg(args, kwargs, 5, "output_padding", 0),
+    )
+
+
+@_register(aten.convolution)
+def _convolution_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
+    # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    # Same formula as flop_registry[aten.convolution]; handled here so that `out` may be None.
+    return _conv_flops(
+        _arg(args, kwargs, 0, "input"),
+        _arg(args, kwargs, 1, "weight"),
+        out,
+        _arg(args, kwargs, 3, "stride", 1),
+        _arg(args, kwargs, 4, "padding", 0),
+        _arg(args, kwargs, 5, "dilation", 1),
+        bool(_arg(args, kwargs, 6, "transposed", False)),
+        _arg(args, kwargs, 7, "output_padding", 0),
+    )
+
+
+def _packet_of(op: Any) -> Any:
+    """``aten.mm.default`` -> ``aten.mm``; packets and other callables pass through."""
+    return getattr(op, "_overloadpacket", op)
+
+
+def aten_flops(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, out: Any = None) -> int:
+    """FLOPs of one ATen op call: ``op(*args, **kwargs) -> out``.
+
+    Tensor arguments may be FakeTensors or meta tensors: only ``.shape`` is read. ``out`` (the
+    op's output, e.g. an FX node's ``meta["val"]``) may be None for every op this module covers
+    except a few private attention kernels of ``flop_registry`` that read it.
+
+    A multiply-add counts 2 FLOPs: ``mm`` of (M, K) @ (K, N) is 2*M*N*K, ``linear`` likewise with
+    M = prod(input.shape[:-1]) (bias add not counted), ``scaled_dot_product_attention`` is
+    4*B*H*Sq*Sk*D. Covered: everything in ``torch.utils.flop_counter.flop_registry`` (mm, addmm,
+    bmm, baddbmm, convolution, fused attention kernels, ...) plus the composite ops ``linear``,
+    ``matmul``, ``scaled_dot_product_attention``, ``conv{1,2,3}d``, ``conv_transpose{1,2,3}d``.
+    Anything else is 0 (memory bound: its cost is its bytes).
+    """
+    kwargs = kwargs or {}
+    packet = _packet_of(op)
+    composite = _COMPOSITE_FLOP_FORMULAS.get(packet)
+    if composite is not None:
+        return int(composite(args, kwargs, out))
+    registry_formula = flop_registry.get(packet)
+    if registry_formula is not None:
+        return int(registry_formula(*args, **kwargs, out_val=out))
+    return 0
+
+
+# Ops that launch no kernel although their schema is not marked as a view.
+_NO_KERNEL_OPS = frozenset(
+    {
+        aten.sym_size,
+        aten.sym_stride,
+        aten.sym_numel,
+        aten.sym_storage_offset,
+        aten.size,
+        aten.stride,
+        aten.numel,
+        aten.dim,
+        aten.detach,
+        aten.lift_fresh,
+        aten.lift_fresh_copy,
+        aten._assert_async,
+        aten._assert_scalar,
+        aten.sym_constrain_range_for_size,
+        aten._local_scalar_dense,
+    }
+)
+
+
+def aten_memory_bytes(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, out: Any = None) -> int:
+    """Device-memory bytes one ATen op call moves: every tensor it reads plus every tensor it writes.
+
+    Views (``view``, ``permute``, ``t``, ``expand``, ``slice``, ... : ops whose schema says the
+    output aliases an input) and shape queries move nothing and return 0. This is the ideal
+    traffic of one unfused kernel (each operand read once, each output written once); it is the
+    ``memory_bytes`` that :func:`compute_time_s` expects.
+    """
+    packet = _packet_of(op)
+    if packet in _NO_KERNEL_OPS or getattr(op, "is_view", False):
+        return 0
+    leaves, _ = tree_flatten((list(args), dict(kwargs or {}), out))
+    return sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in leaves if isinstance(leaf, torch.Tensor))

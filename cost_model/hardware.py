@@ -1,0 +1,511 @@
+"""Hardware and topology profiles: data with units and sources.
+
+A :class:`Hardware` describes one kind of device (its dense peak throughput per dtype, its memory
+bandwidth and capacity, the floor time of one kernel) and the two kinds of link a device mesh can
+use: ``intra_node`` (devices in one server: NVLink/NVSwitch, or PCIe) and ``inter_node`` (the
+network between servers). Every number carries its unit in its field name and cites its source in
+a comment; profiles are frozen and round-trip through JSON (:meth:`Hardware.to_json`,
+:meth:`Hardware.from_json`).
+
+Units (decimal, as datasheets use them):
+
+* ``*_tflops``: 10^12 floating-point operations per second, dense (no 2:4 sparsity);
+* ``*_gbps``: 10^9 *bytes* per second (GB/s, not gigabits);
+* ``*_gib``: 2^30 bytes (device memory sold as "80 GB" is binary: an 80 GB H100 reports
+  81,559 MiB in nvidia-smi, so datasheet capacities are used as GiB);
+* ``*_s``: seconds.
+
+Link bandwidth is the per-GPU, per-direction bandwidth that nccl-tests calls *bus bandwidth*
+("the speed of the hardware bottleneck: NVLink, PCI, QPI, or network", nccl-tests
+doc/PERFORMANCE.md, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md), so a
+collective's time is the published formula with ``B = bandwidth_gbps * 1e9``.
+
+Link latency follows NCCL's own tuning model (``src/graph/tuning.cc`` in
+https://github.com/NVIDIA/nccl, NCCL >= 2.18): a fixed ``baseLat`` per collective call plus a
+hardware latency ``hwLat`` per algorithm step, both in microseconds, per link kind (NVLink, PCI,
+network). We take the LL-protocol ring values, the protocol NCCL picks for the small messages where
+latency matters:
+
+====================  ==============  ==========================
+quantity              value (us)      tuning.cc entry
+====================  ==============  ==========================
+base, per collective  6.6             ``baseLat[Ring][LL]``
+per step, NVLink      0.6             ``hwLat[NVLINK][Ring][LL]``
+per step, PCIe        1.0             ``hwLat[PCI][Ring][LL]``
+per step, network     2.7             ``hwLat[NET][Ring][LL]``
+====================  ==============  ==========================
+
+Peak throughputs are datasheet peaks. ``achievable_fraction_compute`` and
+``achievable_fraction_memory`` default to 1.0 (no derating) for every datasheet profile: a derating
+without a measurement behind it would be a fudge factor. ``autotp calibrate`` measures the local
+machine and writes a profile whose numbers are measured, not quoted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "HARDWARE_JSON_VERSION",
+    "KNOWN_HARDWARE",
+    "Hardware",
+    "LinkProfile",
+    "get_hardware",
+]
+
+# Version of the JSON form written by Hardware.to_json; bump it when fields change meaning.
+HARDWARE_JSON_VERSION = 1
+
+_US = 1e-6  # seconds per microsecond
+
+
+def _check_positive_number(owner: str, field_name: str, value: Any, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{owner}.{field_name} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{owner}.{field_name} must be {bound}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """One kind of link between devices, as seen by one GPU.
+
+    ``bandwidth_gbps``: GB/s per direction per GPU, i.e. the bus bandwidth of nccl-tests
+    (doc/PERFORMANCE.md): the hardware peak a collective can approach.
+    ``latency_s``: alpha, seconds per message step of a collective algorithm (NCCL's ``hwLat``).
+    ``base_latency_s``: seconds paid once per collective call, whatever the group size (NCCL's
+    ``baseLat``); 0.0 makes :func:`collective_time_s` exactly the textbook alpha-beta formula.
+    """
+
+    name: str
+    bandwidth_gbps: float
+    latency_s: float
+    base_latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        owner = f"LinkProfile({self.name!r})"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"LinkProfile.name must be a non-empty string, got {self.name!r}")
+        _check_positive_number(owner, "bandwidth_gbps", self.bandwidth_gbps)
+        _check_positive_number(owner, "latency_s", self.latency_s, allow_zero=True)
+        _check_positive_number(owner, "base_latency_s", self.base_latency_s, allow_zero=True)
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """``bandwidth_gbps`` in bytes per second."""
+        return self.bandwidth_gbps * 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "latency_s": self.latency_s,
+            "base_latency_s": self.base_latency_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "link") -> LinkProfile:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"field {where!r} must be a JSON object, got {type(data).__name__}")
+        for key in ("name", "bandwidth_gbps", "latency_s"):
+            if key not in data:
+                raise ValueError(f"missing field {where}.{key!r}")
+        try:
+            return cls(
+                name=data["name"],
+                bandwidth_gbps=data["bandwidth_gbps"],
+                latency_s=data["latency_s"],
+                base_latency_s=data.get("base_latency_s", 0.0),
+            )
+        except ValueError as error:
+            raise ValueError(f"bad field {where!r}: {error}") from None
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device kind and the links between devices; every field carries its unit.
+
+    ``peak_tflops``: dense peak by dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``, and
+    ``"float64"`` where the datasheet gives it), TFLOP/s. ``"float32"`` is the non-tensor-core
+    FP32 rate, because PyTorch runs float32 matmuls in full FP32 unless the user opts into TF32
+    (``torch.backends.cuda.matmul.allow_tf32`` defaults to False).
+    ``memory_bandwidth_gbps``: device memory (HBM/GDDR/DRAM) bandwidth, GB/s.
+    ``memory_gib``: device memory capacity, GiB.
+    ``kernel_floor_s``: time of the shortest kernel (launch and scheduling), seconds.
+    ``intra_node`` / ``inter_node``: links inside a node and between nodes.
+    ``devices_per_node``: devices that share ``intra_node`` links.
+    ``achievable_fraction_compute`` / ``achievable_fraction_memory``: fraction of the peak that
+    kernels reach; 1.0 (datasheet peak, no derating) unless a calibration measured it.
+    ``source``: where the numbers come from (datasheets, or "calibrated on <host>").
+    """
+
+    name: str
+    peak_tflops: Mapping[str, float]
+    memory_bandwidth_gbps: float
+    memory_gib: float
+    kernel_floor_s: float
+    intra_node: LinkProfile
+    inter_node: LinkProfile
+    devices_per_node: int
+    achievable_fraction_compute: float = 1.0
+    achievable_fraction_memory: float = 1.0
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        owner = f"Hardware({self.name!r})"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Hardware.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.peak_tflops, Mapping) or not self.peak_tflops:
+            raise ValueError(
+                f"{owner}.peak_tflops must be a non-empty mapping from dtype name to TFLOP/s, "
+                f"e.g. {{'float32': 66.9, 'bfloat16': 989.4}}; got {self.peak_tflops!r}"
+            )
+        for dtype_name, tflops in self.peak_tflops.items():
+            if not isinstance(dtype_name, str):
+                raise ValueError(f"{owner}.peak_tflops keys must be dtype names, got {dtype_name!r}")
+            _check_positive_number(owner, f"peak_tflops[{dtype_name!r}]", tflops)
+        # Freeze the mapping: a frozen dataclass must not hold a dict someone can still mutate.
+        object.__setattr__(self, "peak_tflops", MappingProxyType(dict(self.peak_tflops)))
+        _check_positive_number(owner, "memory_bandwidth_gbps", self.memory_bandwidth_gbps)
+        _check_positive_number(owner, "memory_gib", self.memory_gib)
+        _check_positive_number(owner, "kernel_floor_s", self.kernel_floor_s, allow_zero=True)
+        for link_field in ("intra_node", "inter_node"):
+            if not isinstance(getattr(self, link_field), LinkProfile):
+                raise ValueError(f"{owner}.{link_field} must be a LinkProfile")
+        if (
+            isinstance(self.devices_per_node, bool)
+            or not isinstance(self.devices_per_node, int)
+            or self.devices_per_node < 1
+        ):
+            raise ValueError(f"{owner}.devices_per_node must be an int >= 1, got {self.devices_per_node!r}")
+        for fraction_field in ("achievable_fraction_compute", "achievable_fraction_memory"):
+            value = getattr(self, fraction_field)
+            _check_positive_number(owner, fraction_field, value)
+            if value > 1:
+                raise ValueError(f"{owner}.{fraction_field} must be in (0, 1], got {value!r}")
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.name,
+                tuple(sorted(self.peak_tflops.items())),
+                self.memory_bandwidth_gbps,
+                self.memory_gib,
+                self.kernel_floor_s,
+                self.intra_node,
+                self.inter_node,
+                self.devices_per_node,
+                self.achievable_fraction_compute,
+                self.achievable_fraction_memory,
+            )
+        )
+
+    def link(self, *, spans_nodes: bool) -> LinkProfile:
+        """The link a collective uses: ``inter_node`` when its group spans nodes."""
+        return self.inter_node if spans_nodes else self.intra_node
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": HARDWARE_JSON_VERSION,
+            "name": self.name,
+            "peak_tflops": dict(self.peak_tflops),
+            "memory_bandwidth_gbps": self.memory_bandwidth_gbps,
+            "memory_gib": self.memory_gib,
+            "kernel_floor_s": self.kernel_floor_s,
+            "intra_node": self.intra_node.to_dict(),
+            "inter_node": self.inter_node.to_dict(),
+            "devices_per_node": self.devices_per_node,
+            "achievable_fraction_compute": self.achievable_fraction_compute,
+            "achievable_fraction_memory": self.achievable_fraction_memory,
+            "source": self.source,
+        }
+
+    def to_json(self) -> str:
+        """JSON text of this profile (with a ``version`` field); :meth:`from_json` reads it back."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Hardware:
+        """Build a profile from the dict form of :meth:`to_dict`; ValueError names a bad field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a hardware profile must be a JSON object, got {type(data).__name__}")
+        version = data.get("version", HARDWARE_JSON_VERSION)
+        if version != HARDWARE_JSON_VERSION:
+            raise ValueError(
+                f"field 'version' is {version!r}; this autotp reads hardware profiles of version "
+                f"{HARDWARE_JSON_VERSION}"
+            )
+        required = (
+            "name",
+            "peak_tflops",
+            "memory_bandwidth_gbps",
+            "memory_gib",
+            "kernel_floor_s",
+            "intra_node",
+            "inter_node",
+            "devices_per_node",
+        )
+        for key in required:
+            if key not in data:
+                raise ValueError(f"missing field {key!r} (a profile needs: {', '.join(required)})")
+        if not isinstance(data["peak_tflops"], Mapping):
+            raise ValueError(
+                f"field 'peak_tflops' must be an object from dtype name to TFLOP/s, "
+                f"got {type(data['peak_tflops']).__name__}"
+            )
+        intra_node = LinkProfile.from_dict(data["intra_node"], where="intra_node")
+        inter_node = LinkProfile.from_dict(data["inter_node"], where="inter_node")
+        try:
+            return cls(
+                name=data["name"],
+                peak_tflops=dict(data["peak_tflops"]),
+                memory_bandwidth_gbps=data["memory_bandwidth_gbps"],
+                memory_gib=data["memory_gib"],
+                kernel_floor_s=data["kernel_floor_s"],
+                intra_node=intra_node,
+                inter_node=inter_node,
+                devices_per_node=data["devices_per_node"],
+                achievable_fraction_compute=data.get("achievable_fraction_compute", 1.0),
+                achievable_fraction_memory=data.get("achievable_fraction_memory", 1.0),
+                source=data.get("source", ""),
+            )
+        except ValueError as error:
+            raise ValueError(f"bad field: {error}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> Hardware:
+        """Inverse of :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not valid JSON: {error}") from None
+        return cls.from_dict(data)
+
+
+# --------------------------------------------------------------------------------------------
+# Links. Latencies: NCCL src/graph/tuning.cc (see module docstring), LL protocol, ring.
+# --------------------------------------------------------------------------------------------
+
+_NCCL_BASE_LATENCY_S = 6.6 * _US  # baseLat[Ring][LL], us -> s; NCCL src/graph/tuning.cc
+
+NVLINK4_NVSWITCH = LinkProfile(
+    name="nvlink4-nvswitch",
+    # 900 GB/s bidirectional per H100/H200 SXM GPU (18 NVLink4 links x 50 GB/s) = 450 GB/s per
+    # direction. NVIDIA H100 datasheet, https://www.nvidia.com/en-us/data-center/h100/ ;
+    # NVIDIA H200 datasheet, https://www.nvidia.com/en-us/data-center/h200/
+    bandwidth_gbps=450.0,
+    latency_s=0.6 * _US,  # hwLat[NVLINK][Ring][LL]; NCCL src/graph/tuning.cc
+    base_latency_s=_NCCL_BASE_LATENCY_S,
+)
+
+NVLINK3_NVSWITCH = LinkProfile(
+    name="nvlink3-nvswitch",
+    # 600 GB/s bidirectional per A100 SXM GPU (12 NVLink3 links x 50 GB/s) = 300 GB/s per direction.
+    # NVIDIA A100 datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/
+    # pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    bandwidth_gbps=300.0,
+    latency_s=0.6 * _US,  # hwLat[NVLINK][Ring][LL]; NCCL src/graph/tuning.cc
+    base_latency_s=_NCCL_BASE_LATENCY_S,
+)
+
+PCIE_GEN4_X16 = LinkProfile(
+    name="pcie-gen4-x16",
+    # "PCIe Gen4 x16: 64GB/s bidirectional" = 32 GB/s per direction. NVIDIA L40S datasheet,
+    # https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413 (the L40S has no NVLink).
+    bandwidth_gbps=32.0,
+    latency_s=1.0 * _US,  # hwLat[PCI][Ring][LL]; NCCL src/graph/tuning.cc
+    base_latency_s=_NCCL_BASE_LATENCY_S,
+)
+
+INFINIBAND_NDR = LinkProfile(
+    name="infiniband-ndr-400",
+    # 400 Gb/s per port = 50 GB/s per direction, one ConnectX-7 NDR port per GPU as in DGX H100
+    # (8 x 400 Gb/s compute fabric). NVIDIA DGX H100 user guide, hardware overview,
+    # https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html
+    bandwidth_gbps=50.0,
+    latency_s=2.7 * _US,  # hwLat[NET][Ring][LL]; NCCL src/graph/tuning.cc
+    base_latency_s=_NCCL_BASE_LATENCY_S,
+)
+
+INFINIBAND_HDR = LinkProfile(
+    name="infiniband-hdr-200",
+    # 200 Gb/s per port = 25 GB/s per direction, one ConnectX-6 HDR port per GPU as in DGX A100
+    # (8 x 200 Gb/s compute fabric). NVIDIA DGX A100 user guide, hardware overview,
+    # https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html
+    bandwidth_gbps=25.0,
+    latency_s=2.7 * _US,  # hwLat[NET][Ring][LL]; NCCL src/graph/tuning.cc
+    base_latency_s=_NCCL_BASE_LATENCY_S,
+)
+
+# Floor of one GPU kernel: launching and scheduling a kernel costs a few microseconds even when it
+# does no work (NVIDIA Technical Blog, "Getting Started with CUDA Graphs",
+# https://developer.nvidia.com/blog/cuda-graphs/ , measures a few us per short kernel launched
+# back to back). 4 us, rounded; a calibrated profile replaces it with a measured value.
+_GPU_KERNEL_FLOOR_S = 4.0 * _US
+
+# Hopper (H100 SXM5 / H200 SXM5, same GH100 compute) dense peaks, TFLOP/s. NVIDIA H100 Tensor
+# Core GPU Architecture whitepaper, Table 3 (H100 SXM5), https://resources.nvidia.com/
+# en-us-tensor-core/gtc22-whitepaper-hopper ; the datasheet lists BF16/FP16 1979 TFLOPS *with*
+# 2:4 sparsity, i.e. 989.4 dense.
+_HOPPER_SXM_PEAK_TFLOPS = {
+    "float64": 66.9,  # FP64 Tensor Core
+    "float32": 66.9,  # FP32 (non-tensor; TF32 is opt-in in PyTorch)
+    "bfloat16": 989.4,  # BF16 Tensor Core, dense
+    "float16": 989.4,  # FP16 Tensor Core, dense
+}
+
+_H100_SOURCE = (
+    "NVIDIA H100 datasheet and Hopper whitepaper (peaks, 3.35 TB/s HBM3, 80 GB, NVLink4 900 GB/s "
+    "bidirectional); NCCL src/graph/tuning.cc (link latencies); DGX H100 user guide (NDR IB)"
+)
+
+H100_SXM = Hardware(
+    name="h100-sxm",
+    peak_tflops=_HOPPER_SXM_PEAK_TFLOPS,
+    memory_bandwidth_gbps=3350.0,  # HBM3 3.35 TB/s; NVIDIA H100 datasheet (SXM)
+    memory_gib=80.0,  # 80 GB HBM3; NVIDIA H100 datasheet (SXM)
+    kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    intra_node=NVLINK4_NVSWITCH,
+    inter_node=INFINIBAND_NDR,
+    devices_per_node=8,  # HGX/DGX H100: 8 GPUs on one NVSwitch fabric; DGX H100 user guide
+    source=_H100_SOURCE,
+)
+
+# Same GPUs and links as h100-sxm; listed separately so that a plan records that it was costed
+# for a mesh whose outer axis crosses nodes (8 GPUs per node, InfiniBand NDR between nodes).
+H100_MULTINODE = Hardware(
+    name="h100-multinode",
+    peak_tflops=_HOPPER_SXM_PEAK_TFLOPS,
+    memory_bandwidth_gbps=3350.0,  # HBM3 3.35 TB/s; NVIDIA H100 datasheet (SXM)
+    memory_gib=80.0,  # 80 GB HBM3; NVIDIA H100 datasheet (SXM)
+    kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    intra_node=NVLINK4_NVSWITCH,
+    inter_node=INFINIBAND_NDR,
+    devices_per_node=8,  # DGX H100 nodes, 8 GPUs each; DGX H100 user guide
+    source=_H100_SOURCE,
+)
+
+H200 = Hardware(
+    name="h200",
+    peak_tflops=_HOPPER_SXM_PEAK_TFLOPS,  # same GH100 compute as H100 SXM; NVIDIA H200 datasheet
+    memory_bandwidth_gbps=4800.0,  # HBM3e 4.8 TB/s; NVIDIA H200 datasheet (SXM)
+    memory_gib=141.0,  # 141 GB HBM3e; NVIDIA H200 datasheet (SXM)
+    kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    intra_node=NVLINK4_NVSWITCH,
+    inter_node=INFINIBAND_NDR,
+    devices_per_node=8,  # HGX H200: 8 GPUs on one NVSwitch fabric
+    source=(
+        "NVIDIA H200 datasheet (4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s bidirectional), Hopper "
+        "whitepaper (peaks); NCCL src/graph/tuning.cc (link latencies)"
+    ),
+)
+
+A100_SXM = Hardware(
+    name="a100-sxm",
+    # Dense peaks, TFLOP/s; NVIDIA A100 datasheet (SXM, 80 GB): FP64 Tensor Core 19.5,
+    # FP32 19.5, BF16/FP16 Tensor Core 312 (624 with sparsity).
+    peak_tflops={"float64": 19.5, "float32": 19.5, "bfloat16": 312.0, "float16": 312.0},
+    memory_bandwidth_gbps=2039.0,  # HBM2e 2,039 GB/s; NVIDIA A100 datasheet (80 GB SXM)
+    memory_gib=80.0,  # 80 GB HBM2e; NVIDIA A100 datasheet
+    kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    intra_node=NVLINK3_NVSWITCH,
+    inter_node=INFINIBAND_HDR,
+    devices_per_node=8,  # HGX/DGX A100: 8 GPUs on one NVSwitch fabric; DGX A100 user guide
+    source=(
+        "NVIDIA A100 datasheet (peaks, 2,039 GB/s HBM2e, 80 GB, NVLink3 600 GB/s bidirectional); "
+        "NCCL src/graph/tuning.cc (link latencies); DGX A100 user guide (HDR IB)"
+    ),
+)
+
+PCIE_GPU = Hardware(
+    name="pcie-gpu",
+    # NVIDIA L40S, dense peaks, TFLOP/s; L40S datasheet: FP32 91.6, BF16/FP16 Tensor Core 362.05
+    # (733 with sparsity). The datasheet gives no FP64 figure, so float64 is absent.
+    peak_tflops={"float32": 91.6, "bfloat16": 362.05, "float16": 362.05},
+    memory_bandwidth_gbps=864.0,  # GDDR6 864 GB/s; NVIDIA L40S datasheet
+    memory_gib=48.0,  # 48 GB GDDR6; NVIDIA L40S datasheet
+    kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    intra_node=PCIE_GEN4_X16,
+    inter_node=INFINIBAND_NDR,
+    devices_per_node=8,  # a common 8-GPU PCIe server (e.g. NVIDIA-Certified L40S OVX systems)
+    source=(
+        "NVIDIA L40S datasheet (peaks, 864 GB/s GDDR6, 48 GB, PCIe Gen4 x16 64 GB/s bidirectional, "
+        "no NVLink); NCCL src/graph/tuning.cc (link latencies)"
+    ),
+)
+
+# A generic CPU host running gloo over loopback. PLACEHOLDERS, not measurements: plausible
+# round numbers for a 16-core AVX2/AVX-512 server, to be replaced by `autotp calibrate`, which
+# measures matmul throughput, memory bandwidth and gloo alpha/beta on the machine at hand.
+CPU_GLOO = Hardware(
+    name="cpu-gloo",
+    # placeholder: 16 cores x ~3 GHz x 32 FP32 FLOP/cycle (2 FMA units x 8 lanes x 2) ~ 1.5 TFLOP/s,
+    # derated to 1.0; bf16/fp16 matmuls on CPUs without AMX run slower than fp32.
+    peak_tflops={"float64": 0.5, "float32": 1.0, "bfloat16": 0.5, "float16": 0.25},
+    memory_bandwidth_gbps=50.0,  # placeholder: a few DDR4/DDR5 channels
+    memory_gib=64.0,  # placeholder
+    kernel_floor_s=10.0 * _US,  # placeholder: PyTorch eager dispatch of one op on CPU
+    intra_node=LinkProfile(
+        name="gloo-loopback",
+        bandwidth_gbps=5.0,  # placeholder: gloo TCP over loopback
+        latency_s=30.0 * _US,  # placeholder: one gloo message round
+    ),
+    inter_node=LinkProfile(
+        name="gloo-ethernet-10g",
+        bandwidth_gbps=1.25,  # placeholder: 10 GbE = 1.25 GB/s
+        latency_s=50.0 * _US,  # placeholder: TCP over Ethernet
+    ),
+    devices_per_node=8,  # placeholder: processes on one host
+    source="placeholders, not measurements; run `autotp calibrate` to measure this machine",
+)
+
+KNOWN_HARDWARE: Mapping[str, Hardware] = MappingProxyType(
+    {hw.name: hw for hw in (H100_SXM, H200, A100_SXM, PCIE_GPU, H100_MULTINODE, CPU_GLOO)}
+)
+
+
+def load_hardware_json(path: str | os.PathLike[str]) -> Hardware:
+    """Read a profile written by :meth:`Hardware.to_json` (or by ``autotp calibrate``)."""
+    file_path = Path(path)
+    try:
+        text = file_path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot read hardware profile {str(file_path)!r}: {error}") from None
+    try:
+        return Hardware.from_json(text)
+    except ValueError as error:
+        raise ValueError(f"hardware profile {str(file_path)!r}: {error}") from None
+
+
+def get_hardware(spec: str | Hardware | os.PathLike[str]) -> Hardware:
+    """Resolve ``hardware=`` arguments: a known name, a :class:`Hardware`, or a JSON file path.
+
+    Raises ValueError for an unknown name (listing the known ones) and for a JSON file that is
+    corrupt or lacks a field (naming the file and the field).
+    """
+    if isinstance(spec, Hardware):
+        return spec
+    if isinstance(spec, str) and spec in KNOWN_HARDWARE:
+        return KNOWN_HARDWARE[spec]
+    if isinstance(spec, os.PathLike) or (
+        isinstance(spec, str) and (spec.endswith(".json") or os.path.isfile(spec))
+    ):
+        return load_hardware_json(spec)
+    if isinstance(spec, str):
+        raise ValueError(
+            f"unknown hardware {spec!r}; known profiles: {', '.join(sorted(KNOWN_HARDWARE))}; "
+            f"or pass a Hardware object or the path of a .json profile (from Hardware.to_json() "
+            f"or `autotp calibrate`)"
+        )
+    raise TypeError(
+        f"hardware must be a profile name, a Hardware, or a path to a .json profile; "
+        f"got {type(spec).__name__}"
+    )
