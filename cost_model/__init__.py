@@ -19,6 +19,10 @@ Pieces:
 * :mod:`.collectives` — alpha-beta time of all-reduce, all-gather, reduce-scatter, all-to-all and
   broadcast, ring and tree (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009; Sanders,
   Speck & Träff 2009; nccl-tests' bus-bandwidth definitions; NCCL's tuning model).
+* :mod:`.symbolic` — the same formulas on sympy expressions of batch size and sequence length
+  (``BATCH``, ``SEQ``), so a model is costed once for prefill and decode, and :func:`crossover`
+  reports the size from which a split starts to pay. Import it as
+  ``autotp.cost_model.symbolic``.
 
 Units: seconds (``_s``), bytes, FLOPs; rates in decimal units as datasheets quote them — TFLOP/s
 (10^12), GB/s (10^9 bytes/s); capacities in GiB (2^30 bytes). No fudge factors: every constant has

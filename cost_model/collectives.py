@@ -58,6 +58,7 @@ __all__ = [
     "COLLECTIVE_KINDS",
     "collective_time_s",
     "link_collective_time_s",
+    "validate_collective",
 ]
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -95,12 +96,14 @@ def alpha_beta_terms(kind: str, algorithm: str, group_size: Any, log2_steps: Any
     raise AssertionError(f"unreachable: kind {kind!r} was validated")
 
 
-def _validate(kind: str, algorithm: str) -> None:
+def validate_collective(kind: str, algorithm: str) -> None:
+    """ValueError listing the valid kinds (or algorithms) when ``kind`` (or ``algorithm``) is unknown."""
     if kind not in COLLECTIVE_KINDS:
         raise ValueError(f"unknown collective kind {kind!r}; valid kinds: {', '.join(COLLECTIVE_KINDS)}")
     if algorithm not in COLLECTIVE_ALGORITHMS:
         raise ValueError(
-            f"unknown collective algorithm {algorithm!r}; valid algorithms: {', '.join(COLLECTIVE_ALGORITHMS)}"
+            f"unknown collective algorithm {algorithm!r}; "
+            f"valid algorithms: {', '.join(COLLECTIVE_ALGORITHMS)}"
         )
 
 
@@ -113,7 +116,7 @@ def link_collective_time_s(
     algorithm: str = "ring",
 ) -> float:
     """:func:`collective_time_s` on an explicit link instead of a hardware profile."""
-    _validate(kind, algorithm)
+    validate_collective(kind, algorithm)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
     if not math.isfinite(nbytes) or nbytes < 0:
@@ -140,7 +143,7 @@ def collective_time_s(
     ``spans_nodes``: the group crosses nodes, so the ``inter_node`` link is the bottleneck.
     ``algorithm``: ``"ring"`` or ``"tree"`` (formulas and sources in the module docstring).
     """
-    _validate(kind, algorithm)
+    validate_collective(kind, algorithm)
     return link_collective_time_s(
         kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm
     )

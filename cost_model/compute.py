@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 from .hardware import Hardware
@@ -142,6 +142,12 @@ def _arg(args: Sequence[Any], kwargs: dict[str, Any], index: int, name: str, def
     return kwargs.get(name, default)
 
 
+def _shape(value: Any) -> tuple[Any, ...]:
+    """Shape of a tensor argument: a (Fake/meta) tensor's ``.shape``, or a shape given directly."""
+    shape = getattr(value, "shape", value)
+    return tuple(shape)
+
+
 def _prod(sizes: Iterable[Any]) -> Any:
     result: Any = 1
     for size in sizes:
@@ -153,17 +159,30 @@ def _prod(sizes: Iterable[Any]) -> Any:
 def _linear_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
     # input (..., in_features) @ weight.T (in_features, out_features); the bias add is not counted,
     # as FlopCounterMode counts the addmm it decomposes into as mm FLOPs.
-    x, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
-    out_features = weight.shape[0] if weight.dim() == 2 else 1
-    in_features = weight.shape[-1]
-    return 2 * _prod(x.shape[:-1]) * out_features * in_features
+    x_shape, w_shape = _shape(_arg(args, kwargs, 0, "input")), _shape(_arg(args, kwargs, 1, "weight"))
+    out_features = w_shape[0] if len(w_shape) == 2 else 1
+    in_features = w_shape[-1]
+    return 2 * _prod(x_shape[:-1]) * out_features * in_features
+
+
+def _broadcast_shapes(a_shape: tuple[Any, ...], b_shape: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Broadcast two batch shapes (numpy rules); a size-1 dim takes the other's size."""
+    ndim = max(len(a_shape), len(b_shape))
+    a_padded = (1,) * (ndim - len(a_shape)) + tuple(a_shape)
+    b_padded = (1,) * (ndim - len(b_shape)) + tuple(b_shape)
+    return tuple(b if _is_one(a) else a for a, b in zip(a_padded, b_padded))
+
+
+def _is_one(size: Any) -> bool:
+    # Only a literal 1 broadcasts; a symbolic size is taken as the full size.
+    return isinstance(size, int) and size == 1
 
 
 @_register(aten.matmul)
 def _matmul_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
     # torch.matmul semantics: 1-D operands are promoted and their dim removed; batch dims broadcast.
     a, b = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other")
-    a_shape, b_shape = tuple(a.shape), tuple(b.shape)
+    a_shape, b_shape = _shape(a), _shape(b)
     inner = a_shape[-1]
     if len(a_shape) == 1 and len(b_shape) == 1:
         out_shape: tuple[Any, ...] = ()
@@ -172,12 +191,13 @@ def _matmul_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
     elif len(a_shape) == 1:
         out_shape = b_shape[:-2] + b_shape[-1:]
     else:
-        batch = tuple(torch.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
-        out_shape = batch + (a_shape[-2], b_shape[-1])
+        out_shape = _broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])
     return 2 * _prod(out_shape) * inner
 
 
-def _sdpa_flops_from_shapes(query_shape: Sequence[Any], key_shape: Sequence[Any], value_shape: Sequence[Any]) -> int:
+def _sdpa_flops_from_shapes(
+    query_shape: Sequence[Any], key_shape: Sequence[Any], value_shape: Sequence[Any]
+) -> int:
     # query (..., Sq, E), key (..., Sk, E), value (..., Sk, Ev): Q @ K^T then P @ V, each a batched
     # GEMM: 2 * batch * Sq * Sk * E + 2 * batch * Sq * Sk * Ev = 4 * B * H * Sq * Sk * D when
     # E == Ev == D; batch = prod of the query's leading dims (GQA broadcasts K/V heads to them).
@@ -193,7 +213,7 @@ def _sdpa_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
     query = _arg(args, kwargs, 0, "query")
     key = _arg(args, kwargs, 1, "key")
     value = _arg(args, kwargs, 2, "value")
-    return _sdpa_flops_from_shapes(query.shape, key.shape, value.shape)
+    return _sdpa_flops_from_shapes(_shape(query), _shape(key), _shape(value))
 
 
 def _conv_out_spatial(
@@ -232,13 +252,20 @@ def _conv_out_spatial(
 
 
 def _conv_flops(
-    x: Any, weight: Any, out: Any, stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any
+    x: Any,
+    weight: Any,
+    out: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
 ) -> int:
-    x_shape, w_shape = list(x.shape), list(weight.shape)
+    x_shape, w_shape = list(_shape(x)), list(_shape(weight))
     if len(x_shape) == len(w_shape) - 1:  # unbatched input: (C, *spatial)
         x_shape = [1, *x_shape]
     if out is not None:
-        out_shape = list(out.shape)
+        out_shape = list(_shape(out))
         if len(out_shape) == len(w_shape) - 1:
             out_shape = [1, *out_shape]
     else:
@@ -316,13 +343,48 @@ def aten_flops(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
     Anything else is 0 (memory bound: its cost is its bytes).
     """
     kwargs = kwargs or {}
+    if _has_symbolic_size((args, kwargs, out)):
+        # Dynamic shapes: count at each SymInt's hint (the example size it was traced with)
+        # instead of calling int() on it, which would add a guard to the caller's ShapeEnv.
+        args, kwargs, out = tree_map(_hinted_shape, (tuple(args), dict(kwargs), out))
+    return int(flops_formula(op, args, kwargs, out))
+
+
+def _has_symbolic_size(tree: Any) -> bool:
+    leaves, _ = tree_flatten(tree)
+    return any(
+        isinstance(leaf, torch.Tensor) and any(isinstance(size, torch.SymInt) for size in leaf.shape)
+        for leaf in leaves
+    )
+
+
+def _hinted_shape(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    sizes = []
+    for size in value.shape:
+        if isinstance(size, torch.SymInt):
+            hint = size.node.hint
+            if hint is None:
+                raise ValueError(
+                    f"size {size} has no example value to count FLOPs at; use "
+                    f"autotp.cost_model.symbolic.symbolic_aten_flops for a symbolic count"
+                )
+            size = int(hint)
+        sizes.append(size)
+    return tuple(sizes)
+
+
+def flops_formula(op: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    """The FLOP formula of ``op`` applied to whatever sizes the arguments carry (ints, SymInts or
+    sympy expressions); :func:`aten_flops` and ``symbolic.symbolic_aten_flops`` share it."""
     packet = _packet_of(op)
     composite = _COMPOSITE_FLOP_FORMULAS.get(packet)
     if composite is not None:
-        return int(composite(args, kwargs, out))
+        return composite(args, kwargs, out)
     registry_formula = flop_registry.get(packet)
     if registry_formula is not None:
-        return int(registry_formula(*args, **kwargs, out_val=out))
+        return registry_formula(*args, **kwargs, out_val=out)
     return 0
 
 
@@ -348,7 +410,9 @@ _NO_KERNEL_OPS = frozenset(
 )
 
 
-def aten_memory_bytes(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, out: Any = None) -> int:
+def aten_memory_bytes(
+    op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None, out: Any = None
+) -> int:
     """Device-memory bytes one ATen op call moves: every tensor it reads plus every tensor it writes.
 
     Views (``view``, ``permute``, ``t``, ``expand``, ``slice``, ... : ops whose schema says the

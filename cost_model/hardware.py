@@ -428,8 +428,10 @@ A100_SXM = Hardware(
 PCIE_GPU = Hardware(
     name="pcie-gpu",
     # NVIDIA L40S, dense peaks, TFLOP/s; L40S datasheet: FP32 91.6, BF16/FP16 Tensor Core 362.05
-    # (733 with sparsity). The datasheet gives no FP64 figure, so float64 is absent.
-    peak_tflops={"float32": 91.6, "bfloat16": 362.05, "float16": 362.05},
+    # (733 with sparsity). The datasheet gives no FP64 figure; compute capability 8.9 (Ada) does
+    # 2 FP64 vs 128 FP32 results per clock per SM (CUDA C++ Programming Guide, "Throughput of
+    # Native Arithmetic Instructions"), so FP64 = 91.6 / 64.
+    peak_tflops={"float64": 91.6 / 64, "float32": 91.6, "bfloat16": 362.05, "float16": 362.05},
     memory_bandwidth_gbps=864.0,  # GDDR6 864 GB/s; NVIDIA L40S datasheet
     memory_gib=48.0,  # 48 GB GDDR6; NVIDIA L40S datasheet
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,

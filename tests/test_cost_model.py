@@ -88,7 +88,9 @@ COLLECTIVE_CASES = [
 def test_collective_matches_published_formula(kind: str, algorithm: str, group_size: int, expected_s: float):
     """Single node, intra-node link; alpha = 1 us, B = 100 GB/s, n = 8 MB."""
     actual = collective_time_s(kind, N_BYTES, group_size, ROUND_HW, algorithm=algorithm)
-    assert close(actual, expected_s), f"{kind}/{algorithm} p={group_size}: expected {expected_s}, got {actual}"
+    assert close(actual, expected_s), (
+        f"{kind}/{algorithm} p={group_size}: expected {expected_s}, got {actual}"
+    )
 
 
 def test_every_kind_and_algorithm_is_covered():
@@ -136,7 +138,9 @@ def test_bus_bandwidth_definition_of_nccl_tests():
     p, n = 8, 1e12  # latency negligible at 1 TB
     t = collective_time_s("all_reduce", n, p, ROUND_HW)
     bus_bw = n / t * 2 * (p - 1) / p
-    assert math.isclose(bus_bw, BANDWIDTH_BYTES_PER_S, rel_tol=1e-6), f"busbw {bus_bw} != {BANDWIDTH_BYTES_PER_S}"
+    assert math.isclose(bus_bw, BANDWIDTH_BYTES_PER_S, rel_tol=1e-6), (
+        f"busbw: expected {BANDWIDTH_BYTES_PER_S}, got {bus_bw}"
+    )
 
 
 def test_unknown_kind_or_algorithm_lists_valid_ones():
@@ -264,7 +268,9 @@ def test_sdpa_flops_match_flop_counter_and_formula():
     with sdpa_kernel(SDPBackend.MATH):
         expected = counted_flops(F.scaled_dot_product_attention, q, k, v)
     actual = aten_flops(
-        aten.scaled_dot_product_attention.default, (meta(2, 4, 8, 16), meta(2, 4, 10, 16), meta(2, 4, 10, 16)), {}
+        aten.scaled_dot_product_attention.default,
+        (meta(2, 4, 8, 16), meta(2, 4, 10, 16), meta(2, 4, 10, 16)),  # (batch, heads, seq, head_dim)
+        {},
     )
     assert actual == expected == 4 * 2 * 4 * 8 * 10 * 16, f"expected {expected}, got {actual}"
 
