@@ -115,8 +115,22 @@ def tensor_bytes(shape: Iterable[int], dtype: torch.dtype) -> int:
     """Bytes of a dense tensor of ``shape`` and ``dtype``: numel * itemsize."""
     numel = 1
     for size in shape:
-        numel *= int(size)
+        numel *= _concrete_size(size)
     return numel * dtype.itemsize
+
+
+def _concrete_size(size: Any) -> int:
+    """An int size; a dynamic ``torch.SymInt`` counts at its hint (the example size it was traced
+    with) rather than through int(), which would add a guard to the caller's ShapeEnv."""
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        if hint is None:
+            raise ValueError(
+                f"size {size} has no example value to count at; use autotp.cost_model.symbolic "
+                f"for costs as expressions of symbolic sizes"
+            )
+        return int(hint)
+    return int(size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,18 +375,7 @@ def _has_symbolic_size(tree: Any) -> bool:
 def _hinted_shape(value: Any) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
-    sizes = []
-    for size in value.shape:
-        if isinstance(size, torch.SymInt):
-            hint = size.node.hint
-            if hint is None:
-                raise ValueError(
-                    f"size {size} has no example value to count FLOPs at; use "
-                    f"autotp.cost_model.symbolic.symbolic_aten_flops for a symbolic count"
-                )
-            size = int(hint)
-        sizes.append(size)
-    return tuple(sizes)
+    return tuple(_concrete_size(size) for size in value.shape)
 
 
 def flops_formula(op: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> Any:
@@ -401,7 +404,6 @@ _NO_KERNEL_OPS = frozenset(
         aten.dim,
         aten.detach,
         aten.lift_fresh,
-        aten.lift_fresh_copy,
         aten._assert_async,
         aten._assert_scalar,
         aten.sym_constrain_range_for_size,
