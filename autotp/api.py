@@ -1,0 +1,296 @@
+"""The front door: ``autotp.plan`` (decide) and ``autotp.compile`` (decide and apply).
+
+Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
+
+    capture      nn.Module -> CapturedGraph (ATen FX graph, FakeTensor shapes)
+    strategies   -> StrategyGraph (candidate placements of every node)
+    cost         -> CostedGraph (predicted seconds and bytes per strategy)
+    solve        -> Solution (MILP, HiGHS)
+    plan         -> Plan (data: inspect, save, edit, reload)
+    rewrite      -> rank-local GraphModule (sharded weights, functional collectives)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+
+from autotp.capture import CapturedGraph, capture
+from autotp.cost_model import Hardware, get_hardware
+from autotp.errors import UnsupportedOpError
+from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
+from autotp.passes.partition import build_partitions
+from autotp.passes.rewrite import rewrite_for_rank
+from autotp.passes.rules import tensor_inputs
+from autotp.passes.solver import Solution, solve
+from autotp.passes.strategies import build_strategy_graph
+from autotp.placements import Placement, placement_to_str
+from autotp.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
+from autotp.runtime import TensorParallelModule, shard_tensor
+
+__all__ = ["compile", "plan"]
+
+DEFAULT_HARDWARE = "h100-sxm"
+
+
+def _check_world_size(world_size: object) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r} ({type(world_size).__name__}); e.g. world_size=4")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}; pass the number of ranks to split over, e.g. world_size=4")
+    return world_size
+
+
+def _log(progress: bool, message: str) -> None:
+    if progress:
+        print(f"[autotp] {message}", file=sys.stderr, flush=True)
+
+
+def _to_model_device(model: torch.nn.Module, value: Any) -> Any:
+    """Move example tensors to the meta device when the model lives there (planning only)."""
+    params = list(model.parameters())
+    if params and params[0].device.type == "meta":
+        return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
+    return value
+
+
+def _auto_budget(costed: CostedGraph) -> float:
+    """Every matrix split along *some* dim (the cost model picks which), 1-D tensors may stay whole.
+
+    Per parameter the allowance is its largest split shard (strategy 0 is Replicate, the rest are
+    its splits), so rounding of uneven splits never forces one dim over another.
+    """
+    total = 0.0
+    for name, per in costed.memory_bytes.items():
+        if costed.graph.nodes[name].meta["val"].dim() <= 1 or len(per) == 1:
+            total += per[0]
+        else:
+            total += max(per[1:])
+    return total
+
+
+def _resolve_budget(memory_budget: float | int | str | None, costed: CostedGraph) -> float | None:
+    if memory_budget is None:
+        return None
+    if memory_budget == "auto":
+        return _auto_budget(costed)
+    if isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool) and memory_budget > 0:
+        return float(memory_budget)
+    raise ValueError(
+        f"memory_budget must be 'auto', None (no limit) or a positive number of bytes per rank, got {memory_budget!r}"
+    )
+
+
+def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution, hardware: Hardware,
+                budget: float | None, plan_time_s: float) -> Plan:
+    graph = costed.graph
+    chosen = {name: graph.strategies[name][index] for name, index in solution.choice.items()}
+    fallback = set(graph.fallback)
+    nodes = []
+    for name in graph.order:
+        node = graph.nodes[name]
+        strategy = chosen[name]
+        nodes.append(NodeDecision(
+            name=name,
+            op=str(node.target) if node.op == "call_function" else node.op,
+            inputs=tuple(placement_to_str(p) for p in strategy.inputs),
+            output=placement_to_str(strategy.output),
+            compute_s=costed.compute_s[name][solution.choice[name]],
+            module=module_path(node),
+            fallback=name in fallback,
+        ))
+    consumers: dict[tuple[str, Placement], list[str]] = defaultdict(list)
+    for name in graph.order:
+        node = graph.nodes[name]
+        for producer, needed in zip(tensor_inputs(node), chosen[name].inputs):
+            if chosen[producer.name].output != needed and isinstance(producer.meta.get("val"), torch.Tensor):
+                consumers[producer.name, needed].append(name)
+    collectives = []
+    for (producer, needed), users in consumers.items():
+        src = chosen[producer].output
+        collectives.append(CollectiveDecision(
+            producer=producer,
+            src=placement_to_str(src),
+            dst=placement_to_str(needed),
+            steps=tuple(reshard_plan(src, needed)),
+            nbytes=tensor_nbytes(graph.nodes[producer].meta["val"]),
+            time_s=costed.reshard_s(producer, src, needed),
+            consumers=tuple(users),
+            module=module_path(graph.nodes[users[0]]),
+        ))
+    parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
+    per_rank = sum(costed.memory_bytes[name][solution.choice[name]] for name in costed.memory_bytes)
+    total = sum(per[0] for per in costed.memory_bytes.values())
+    compute_s = sum(n.compute_s for n in nodes)
+    comm_s = sum(c.time_s for c in collectives)
+    return Plan(
+        world_size=graph.world_size,
+        hardware=hardware.name,
+        nodes=tuple(nodes),
+        parameters=parameters,
+        collectives=tuple(collectives),
+        parameter_bytes_total=total,
+        parameter_bytes_per_rank=per_rank,
+        memory_budget_bytes=budget,
+        predicted_compute_s=compute_s,
+        predicted_comm_s=comm_s,
+        fallback_ops=tuple(sorted({str(graph.nodes[n].target) for n in graph.fallback})),
+        fingerprint=graph_fingerprint(captured.graph_module),
+        plan_time_s=plan_time_s,
+        solver_status=solution.status,
+    )
+
+
+def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
+                   memory_budget: float | int | str | None, strict: bool, time_limit_s: float,
+                   progress: bool, started: float) -> Plan:
+    hw = get_hardware(hardware)
+    graph = build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns())
+    if graph.fallback:
+        lines = []
+        for name in graph.fallback:
+            node = graph.nodes[name]
+            where = (node.meta.get("stack_trace") or "").strip().splitlines()
+            lines.append(f"{node.format_node()}\n      at {where[-2].strip() if len(where) >= 2 else '<unknown>'}")
+        if strict:
+            raise UnsupportedOpError(
+                "strict=True and these ops have no sharding rule (they would run replicated):\n  "
+                + "\n  ".join(lines) + "\nPass strict=False to run them replicated."
+            )
+    _log(progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; costing on {hw.name}")
+    costed = cost_strategy_graph(graph, hw)
+    budget = _resolve_budget(memory_budget, costed)
+    _log(progress, "solving (MILP, HiGHS)")
+    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=time_limit_s)
+    plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
+    if plan.fallback_ops:
+        import warnings
+
+        warnings.warn(
+            f"autotp: {len(graph.fallback)} node(s) of ops without a sharding rule run replicated: "
+            f"{', '.join(plan.fallback_ops)} (see plan.fallback_ops; strict=True makes this an error)",
+            stacklevel=3,
+        )
+    _log(progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
+    return plan
+
+
+def plan(
+    model: torch.nn.Module,
+    example_inputs: tuple[Any, ...] = (),
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    world_size: int,
+    hardware: str | Hardware = DEFAULT_HARDWARE,
+    memory_budget: float | int | str | None = "auto",
+    strict: bool = False,
+    time_limit_s: float = 60.0,
+    progress: bool = False,
+) -> Plan:
+    """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
+
+    Needs no process group and no real weights: a model built on the ``meta`` device is fine.
+
+    ``memory_budget`` is the most parameter bytes one rank may hold:
+
+    - ``"auto"`` (default): the weights are *distributed* — each rank holds about
+      ``1/world_size`` of the parameter bytes: room for every matrix split along one of its
+      dims, while 1-D tensors such as norms and biases may stay whole. Tensor parallelism is
+      usually asked for because the weights do not fit one device, so the default keeps that
+      promise; within it, the cost model chooses *how* to split so communication is least.
+    - a number of bytes per rank: tighter or looser than the default.
+    - ``None``: no limit; the cost model may keep layers whole where splitting does not pay.
+
+    ``hardware`` names a profile of :data:`autotp.cost_model.KNOWN_HARDWARE`, or is a
+    :class:`~autotp.cost_model.Hardware` or a path to a JSON profile.
+    ``strict=True`` raises instead of running ops without a sharding rule replicated.
+    """
+    started = time.perf_counter()
+    world_size = _check_world_size(world_size)
+    _log(progress, f"tracing {type(model).__name__} with torch.export")
+    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
+    return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started)
+
+
+def _group_world_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "autotp.compile needs an initialised process group: call torch.distributed.init_process_group() "
+            "first (e.g. under torchrun), or use autotp.plan(...) to plan without one"
+        )
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def compile(  # noqa: A001 - mirrors torch.compile
+    model: torch.nn.Module,
+    world_size: int | None = None,
+    *,
+    example_inputs: tuple[Any, ...],
+    example_kwargs: dict[str, Any] | None = None,
+    hardware: str | Hardware = DEFAULT_HARDWARE,
+    memory_budget: float | int | str | None = "auto",
+    plan: Plan | None = None,
+    strict: bool = False,
+    group: dist.ProcessGroup | None = None,
+    time_limit_s: float = 60.0,
+    progress: bool = False,
+) -> TensorParallelModule:
+    """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
+
+    Call it on every rank with the same model weights and example inputs. Returns this rank's
+    :class:`TensorParallelModule`: called like ``model``, it returns the same outputs (within
+    floating-point tolerance) on every rank. Each rank keeps only its shards of the split
+    parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
+    to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
+    :func:`autotp.plan`.
+    """
+    started = time.perf_counter()
+    group_size, rank = _group_world_size(group)
+    if world_size is None:
+        world_size = group_size
+    world_size = _check_world_size(world_size)
+    if world_size != group_size:
+        raise ValueError(
+            f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
+            f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
+        )
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ValueError(
+            "autotp.compile needs real weights, but the model has parameters on the meta device; "
+            "use autotp.plan(...) to plan a meta model, or load its weights first"
+        )
+    _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
+    captured = capture(model, example_inputs, example_kwargs)
+    if plan is None:
+        plan = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s,
+                              progress and rank == 0, started)
+    else:
+        plan.check_matches(captured.graph_module, world_size)
+    decisions = plan.decisions()
+    parts = build_partitions(captured.graph_module, decisions, world_size)
+    group_name = (group or dist.group.WORLD).group_name
+    local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
+    local_values = _local_values(captured, plan, parts, rank)
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank)
+
+
+def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:
+    """Slice every parameter to this rank's block; buffers and constants are taken whole."""
+    exported = captured.exported
+    state = exported.state_dict
+    values: dict[str, torch.Tensor] = {}
+    for slot in captured.inputs:
+        if slot.kind == "parameter":
+            values[slot.name] = shard_tensor(state[str(slot.target)], plan.parameters[str(slot.target)], parts, slot.name, rank)
+        elif slot.kind == "buffer":
+            values[slot.name] = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
+        elif slot.kind == "constant":
+            values[slot.name] = exported.constants[str(slot.target)]
+    return values
+

@@ -1,0 +1,23 @@
+"""Exceptions autotp raises on bad input, each naming the problem and the fix."""
+
+from __future__ import annotations
+
+
+class AutoTPError(RuntimeError):
+    """Base class of autotp's own errors."""
+
+
+class CaptureError(AutoTPError):
+    """The model could not be traced into a graph (e.g. data-dependent control flow)."""
+
+
+class PlanError(AutoTPError):
+    """No valid plan exists for the request (e.g. an infeasible memory budget)."""
+
+
+class PlanMismatchError(AutoTPError):
+    """A saved or hand-edited plan does not match the model it is applied to."""
+
+
+class UnsupportedOpError(AutoTPError):
+    """``strict=True`` and some ops have no sharding rule (they would run replicated)."""

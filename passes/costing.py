@@ -1,0 +1,158 @@
+"""Cost pass: per-rank time and memory of every strategy, and the price of every resharding.
+
+Input: a :class:`StrategyGraph` and a hardware profile. Output: a :class:`CostedGraph`
+(plain data; nothing in the FX graph changes). All formulas live in ``autotp.cost_model``;
+this pass only decides *what* each strategy asks of the hardware:
+
+- compute: the op's FLOPs (``aten_flops``) and the bytes it reads and writes, both scaled to
+  the local shard; a strategy that splits any tensor (or produces a Partial sum) divides the
+  work by the number of ranks. View-like ops move no data and cost nothing.
+- resharding between the producer's and the consumer's placement of one tensor: one
+  collective from :func:`collective_time_s` (see :func:`reshard_plan`).
+- memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
+from autotp.passes.rules import Strategy
+from autotp.passes.strategies import StrategyGraph
+from autotp.placements import Partial, Placement, Replicate, Shard
+
+aten = torch.ops.aten
+
+__all__ = ["CostedGraph", "ReshardStep", "cost_strategy_graph", "reshard_plan", "reshard_time_s", "tensor_nbytes"]
+
+# Ops that only change tensor metadata (a view of the same storage): no kernel, no bytes moved.
+VIEW_OPS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.transpose.int, aten.permute.default, aten.t.default,
+    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
+    aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.alias.default, aten.detach.default,
+    aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int, operator.getitem,
+    aten.lift_fresh.default, aten.dropout.default,
+})
+
+
+def tensor_nbytes(value: object) -> int:
+    """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
+    leaves = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+    return sum(v.numel() * v.element_size() for v in leaves)
+
+
+def _dtype(value: object) -> torch.dtype:
+    leaves = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+    return leaves[0].dtype if leaves else torch.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardStep:
+    """One collective (or local op) on an edge: ``kind`` is a cost_model collective kind, ``"slice"`` or ``"zero"``."""
+
+    kind: str
+    nbytes: int
+
+
+def reshard_plan(src: Placement, dst: Placement) -> list[str]:
+    """The steps that turn placement ``src`` into ``dst`` on one mesh axis.
+
+    ``P->R`` all-reduce, ``P->S`` reduce-scatter, ``S->R`` all-gather, ``R->S`` local slice,
+    ``R->P`` keep on rank 0 and zero elsewhere, ``S(i)->S(j)`` all-gather then slice (costed
+    as the all-gather it is implemented with).
+    """
+    if src == dst:
+        return []
+    if isinstance(src, Replicate):
+        return ["slice"] if isinstance(dst, Shard) else ["zero"]
+    if isinstance(src, Partial):
+        return ["reduce_scatter"] if isinstance(dst, Shard) else (["all_reduce"] if isinstance(dst, Replicate) else [])
+    # src is Shard
+    if isinstance(dst, Replicate):
+        return ["all_gather"]
+    if isinstance(dst, Shard):
+        return ["all_gather", "slice"]
+    return ["all_gather", "zero"]
+
+
+def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> float:
+    """Predicted seconds to reshard ``value`` (a FakeTensor) from ``src`` to ``dst``."""
+    nbytes = tensor_nbytes(value)
+    total = 0.0
+    for step in reshard_plan(src, dst):
+        if step == "slice":
+            continue  # a view: no data moves
+        if step == "zero":
+            total += compute_time_s(0, nbytes, _dtype(value), hardware)  # writing zeros on ranks != 0
+        else:
+            total += collective_time_s(step, nbytes, world_size, hardware)
+    return total
+
+
+@dataclasses.dataclass
+class CostedGraph:
+    """The strategy graph with per-strategy compute time and parameter memory."""
+
+    graph: StrategyGraph
+    hardware: Hardware
+    compute_s: dict[str, list[float]]  # node -> per-strategy predicted seconds per rank
+    memory_bytes: dict[str, list[int]]  # parameter node -> per-strategy bytes of the largest local shard
+
+    def reshard_s(self, producer: str, src: Placement, dst: Placement) -> float:
+        node = self.graph.nodes[producer]
+        return reshard_time_s(src, dst, node.meta.get("val"), self.graph.world_size, self.hardware)
+
+
+def _meta_args(node: fx.Node) -> tuple[tuple, dict]:
+    def to_val(a: object) -> object:
+        return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+    return pytree.tree_map(to_val, node.args), pytree.tree_map(to_val, node.kwargs)
+
+
+def _splits_work(strategy: Strategy) -> bool:
+    return any(isinstance(p, (Shard, Partial)) for p in (*strategy.inputs, strategy.output))
+
+
+def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
+    if node.op != "call_function" or node.target in VIEW_OPS:
+        return [0.0] * len(strategies)
+    args, kwargs = _meta_args(node)
+    out = node.meta.get("val")
+    try:
+        flops = aten_flops(node.target, args, kwargs, out)
+    except Exception:  # noqa: BLE001 - an op the FLOP counter cannot size costs by bytes only
+        flops = 0
+    moved = tensor_nbytes(out) + sum(tensor_nbytes(a) for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor))
+    dtype = _dtype(out)
+    costs = []
+    for strategy in strategies:
+        share = 1.0 / world_size if _splits_work(strategy) else 1.0
+        costs.append(compute_time_s(flops * share, moved * share, dtype, hardware))
+    return costs
+
+
+def _shard_bytes(value: torch.Tensor, placement: Placement, world_size: int) -> int:
+    if isinstance(placement, Shard):
+        size = int(value.shape[placement.dim])
+        return value.element_size() * (value.numel() // max(size, 1)) * math.ceil(size / world_size)
+    return value.numel() * value.element_size()
+
+
+def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph:
+    """Attach predicted compute seconds to every strategy and bytes to every parameter strategy."""
+    compute_s = {}
+    memory = {}
+    for name in graph.order:
+        node = graph.nodes[name]
+        compute_s[name] = _node_compute_s(node, graph.strategies[name], graph.world_size, hardware)
+        if name in graph.parameters:
+            val = node.meta["val"]
+            memory[name] = [_shard_bytes(val, s.output, graph.world_size) for s in graph.strategies[name]]
+    return CostedGraph(graph, hardware, compute_s, memory)

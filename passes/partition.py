@@ -1,0 +1,102 @@
+"""Partition: how many elements of each split dimension each rank holds (uneven splits).
+
+A plan says *which* dims are split (``Shard(d)``); this analysis decides *where* the cuts
+fall so that every tensor that shares a split is cut at the same boundaries:
+
+- A *member* is one split dimension of one tensor: ``(node name, dim)``.
+- All ``Shard`` placements in one chosen strategy are the same split of the work (one mesh
+  axis), so their members are joined into one *class* (union-find). E.g. the rows of a
+  projection weight, the hidden dim of its output, the head dim after the view to
+  ``(batch, seq, heads, head_dim)``, and the kv-head dim that grouped-query attention maps
+  onto the same fraction of heads, all land in one class.
+- Members of a class are proportional images of one interval, so a cut at fraction ``f`` of
+  the interval is a cut at ``f * size`` in every member. A cut is valid in a member of size
+  ``n`` only at multiples of ``1/n``, so the class is cut into ``U = gcd(member sizes)`` equal
+  units, and the units are dealt out as evenly as possible (the first ``U mod N`` ranks get
+  one more). For 8 heads (256 = 8 x 32 channels) over 3 ranks: U = 8, heads 3/3/2, channels
+  96/96/64. When U < N some ranks hold an empty slice; results stay correct.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from autotp.passes.rules import Strategy, tensor_inputs
+from autotp.placements import Shard
+
+__all__ = ["Partitions", "build_partitions"]
+
+Member = tuple[str, int]
+
+
+def _dim_size(node: fx.Node, dim: int) -> int:
+    leaves = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    return int(leaves[0].shape[dim]) if leaves else 1
+
+
+class Partitions:
+    """Per-rank sizes and offsets of every split dimension of every tensor in a plan."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._parent: dict[Member, Member] = {}
+        self._size: dict[Member, int] = {}
+        self._units: dict[Member, int] = {}
+
+    def _find(self, member: Member) -> Member:
+        root = member
+        while self._parent[root] != root:
+            root = self._parent[root]
+        while self._parent[member] != root:  # path compression
+            self._parent[member], member = root, self._parent[member]
+        return root
+
+    def add(self, member: Member, size: int) -> None:
+        if member not in self._parent:
+            self._parent[member] = member
+            self._size[member] = size
+            self._units[member] = size
+
+    def union(self, a: Member, b: Member) -> None:
+        ra, rb = self._find(a), self._find(b)
+        if ra != rb:
+            self._parent[rb] = ra
+            self._units[ra] = math.gcd(self._units[ra], self._units[rb])
+
+    def sizes(self, node: str, dim: int) -> list[int]:
+        """Elements of ``dim`` of tensor ``node`` held by each rank."""
+        member = (node, dim)
+        if member not in self._parent:
+            raise KeyError(f"tensor {node} dim {dim} is not split in this plan")
+        units = self._units[self._find(member)]
+        per_unit = self._size[member] // units if units else 0
+        base, extra = divmod(units, self.world_size)
+        return [(base + (1 if r < extra else 0)) * per_unit for r in range(self.world_size)]
+
+    def local(self, node: str, dim: int, rank: int) -> tuple[int, int]:
+        """``(offset, length)`` of rank ``rank``'s block of ``dim`` of tensor ``node``."""
+        sizes = self.sizes(node, dim)
+        return sum(sizes[:rank]), sizes[rank]
+
+
+def build_partitions(gm: fx.GraphModule, decisions: dict[str, Strategy], world_size: int) -> Partitions:
+    """Join the split dims of every chosen strategy into classes and fix their cuts."""
+    parts = Partitions(world_size)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    for node in gm.graph.nodes:
+        strategy = decisions[node.name]
+        members: list[Member] = []
+        if isinstance(strategy.output, Shard):
+            members.append((node.name, strategy.output.dim))
+        for producer, placement in zip(tensor_inputs(node), strategy.inputs):
+            if isinstance(placement, Shard):
+                members.append((producer.name, placement.dim))
+        for name, dim in members:
+            parts.add((name, dim), _dim_size(by_name[name], dim))
+        for other in members[1:]:
+            parts.union(members[0], other)
+    return parts

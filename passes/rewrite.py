@@ -1,0 +1,207 @@
+"""Rewrite: captured graph + chosen strategies -> the rank-local GraphModule of one rank.
+
+Input: the captured ATen graph (unchanged), the chosen strategy of every node, the
+partitions of split dims, and this rank's index. Output: a new ``fx.GraphModule`` that
+takes this rank's *local* parameter shards in the parameters' placeholder slots and returns
+replicated outputs. The input graph is not modified.
+
+What changes, node by node:
+
+- shape arguments of reshapes (``view``/``reshape``/``expand``/``unflatten``) become this
+  rank's local shape (uneven splits give each rank its own constants);
+- wherever a producer's placement differs from what a consumer's strategy needs, the
+  resharding steps of :func:`autotp.passes.costing.reshard_plan` are inserted once per
+  (producer, target placement) as traceable functional collectives
+  (``torch.ops._c10d_functional.*`` followed by ``wait_tensor``) or local slices.
+
+Every rank inserts the same collectives in the same (topological) order, so no rank can wait
+on a collective another rank does not issue.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from autotp.passes.costing import reshard_plan
+from autotp.passes.partition import Partitions
+from autotp.passes.rules import Strategy
+from autotp.placements import Placement, Shard
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+__all__ = ["COLLECTIVE_OPS", "rewrite_for_rank"]
+
+COLLECTIVE_OPS = {
+    c10d.all_reduce.default: "all_reduce",
+    c10d.all_gather_into_tensor.default: "all_gather",
+    c10d.reduce_scatter_tensor.default: "reduce_scatter",
+    c10d.all_to_all_single.default: "all_to_all",
+    c10d.broadcast.default: "broadcast",
+}
+
+_SHAPE_ARG_OPS = {aten.view.default: 1, aten.reshape.default: 1, aten._unsafe_view.default: 1, aten.expand.default: 1}
+
+_KEEP_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr")
+
+
+class _Builder:
+    """Emits nodes into the new graph for one rank."""
+
+    def __init__(self, graph: fx.Graph, parts: Partitions, rank: int, group_name: str) -> None:
+        self.graph = graph
+        self.parts = parts
+        self.rank = rank
+        self.world_size = parts.world_size
+        self.group_name = group_name
+
+    def call(self, target: object, *args: object, meta_from: fx.Node | None = None) -> fx.Node:
+        node = self.graph.call_function(target, args)
+        if meta_from is not None:
+            for key in _KEEP_META:
+                if key in meta_from.meta:
+                    node.meta[key] = meta_from.meta[key]
+        return node
+
+    # -- resharding steps ------------------------------------------------------------
+    def slice(self, x: fx.Node, producer: str, dim: int, origin: fx.Node) -> fx.Node:
+        offset, length = self.parts.local(producer, dim, self.rank)
+        return self.call(aten.narrow.default, x, dim, offset, length, meta_from=origin)
+
+    def zero_unless_rank0(self, x: fx.Node, origin: fx.Node) -> fx.Node:
+        return x if self.rank == 0 else self.call(aten.zeros_like.default, x, meta_from=origin)
+
+    def all_reduce(self, x: fx.Node, origin: fx.Node) -> fx.Node:
+        reduced = self.call(c10d.all_reduce.default, x, "sum", self.group_name, meta_from=origin)
+        return self.call(c10d.wait_tensor.default, reduced, meta_from=origin)
+
+    def all_gather(self, x: fx.Node, producer: str, dim: int, ndim: int, origin: fx.Node) -> fx.Node:
+        sizes = self.parts.sizes(producer, dim)
+        block = max(sizes)
+        if dim != 0:
+            x = self.call(aten.movedim.int, x, dim, 0, meta_from=origin)
+        x = self.call(aten.contiguous.default, x, meta_from=origin)
+        if sizes[self.rank] != block:
+            x = self.call(aten.constant_pad_nd.default, x, [0, 0] * (ndim - 1) + [0, block - sizes[self.rank]], 0.0, meta_from=origin)
+        gathered = self.call(c10d.all_gather_into_tensor.default, x, self.world_size, self.group_name, meta_from=origin)
+        x = self.call(c10d.wait_tensor.default, gathered, meta_from=origin)
+        if len(set(sizes)) > 1:
+            pieces = [self.call(aten.narrow.default, x, 0, r * block, sizes[r], meta_from=origin) for r in range(self.world_size)]
+            x = self.call(aten.cat.default, pieces, 0, meta_from=origin)
+        if dim != 0:
+            x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
+        return x
+
+    def reduce_scatter(self, x: fx.Node, producer: str, dim: int, ndim: int, origin: fx.Node) -> fx.Node:
+        sizes = self.parts.sizes(producer, dim)
+        block = max(sizes)
+        if dim != 0:
+            x = self.call(aten.movedim.int, x, dim, 0, meta_from=origin)
+        if len(set(sizes)) > 1:
+            padded = []
+            for r in range(self.world_size):
+                piece = self.call(aten.narrow.default, x, 0, sum(sizes[:r]), sizes[r], meta_from=origin)
+                if sizes[r] != block:
+                    piece = self.call(aten.constant_pad_nd.default, piece, [0, 0] * (ndim - 1) + [0, block - sizes[r]], 0.0, meta_from=origin)
+                padded.append(piece)
+            x = self.call(aten.cat.default, padded, 0, meta_from=origin)
+        x = self.call(aten.contiguous.default, x, meta_from=origin)
+        scattered = self.call(c10d.reduce_scatter_tensor.default, x, "sum", self.world_size, self.group_name, meta_from=origin)
+        x = self.call(c10d.wait_tensor.default, scattered, meta_from=origin)
+        if sizes[self.rank] != block:
+            x = self.call(aten.narrow.default, x, 0, 0, sizes[self.rank], meta_from=origin)
+        if dim != 0:
+            x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
+        return x
+
+    def reshard(self, x: fx.Node, producer: fx.Node, src: Placement, dst: Placement) -> fx.Node:
+        ndim = producer.meta["val"].dim()
+        for step in reshard_plan(src, dst):
+            if step == "slice":
+                x = self.slice(x, producer.name, dst.dim, producer)  # type: ignore[union-attr]
+            elif step == "zero":
+                x = self.zero_unless_rank0(x, producer)
+            elif step == "all_reduce":
+                x = self.all_reduce(x, producer)
+            elif step == "all_gather":
+                x = self.all_gather(x, producer.name, src.dim, ndim, producer)  # type: ignore[union-attr]
+            elif step == "reduce_scatter":
+                x = self.reduce_scatter(x, producer.name, dst.dim, ndim, producer)  # type: ignore[union-attr]
+            else:
+                raise AssertionError(f"unknown resharding step {step}")
+        return x
+
+
+def _local_shape(node: fx.Node, placement: Placement, parts: Partitions, rank: int) -> list[int]:
+    shape = [int(s) for s in node.meta["val"].shape]
+    if isinstance(placement, Shard):
+        shape[placement.dim] = parts.local(node.name, placement.dim, rank)[1]
+    return shape
+
+
+def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partitions, rank: int) -> tuple:
+    """Replace global shape arguments with this rank's local shape."""
+    if node.target in _SHAPE_ARG_OPS:
+        index = _SHAPE_ARG_OPS[node.target]
+        local = _local_shape(node, strategy.output, parts, rank)
+        return (*args[:index], local, *args[index + 1:])
+    if node.target is aten.unflatten.int:
+        local = _local_shape(node, strategy.output, parts, rank)
+        in_ndim = len(local) - len(args[2]) + 1
+        start = args[1] % in_ndim
+        return (args[0], args[1], local[start:start + len(args[2])])
+    return args
+
+
+def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: Partitions, rank: int,
+                     group_name: str) -> fx.GraphModule:
+    """Build the rank-local graph of ``gm`` for ``rank`` (see module docstring)."""
+    graph = fx.Graph()
+    builder = _Builder(graph, parts, rank, group_name)
+    env: dict[str, fx.Node] = {}
+    resharded: dict[tuple[str, Placement], fx.Node] = {}
+    by_name = {n.name: n for n in gm.graph.nodes}
+
+    def value_for(producer: fx.Node, needed: Placement) -> fx.Node:
+        have = decisions[producer.name].output
+        if have == needed or not isinstance(producer.meta.get("val"), torch.Tensor):
+            return env[producer.name]
+        key = (producer.name, needed)
+        if key not in resharded:
+            resharded[key] = builder.reshard(env[producer.name], producer, have, needed)
+        return resharded[key]
+
+    for node in gm.graph.nodes:
+        strategy = decisions[node.name]
+        if node.op == "placeholder":
+            new = graph.placeholder(node.name)
+            new.meta.update({k: v for k, v in node.meta.items() if k in _KEEP_META})
+            env[node.name] = new
+            continue
+        slot = iter(strategy.inputs)
+
+        def map_arg(a: object) -> object:
+            if isinstance(a, fx.Node):
+                return value_for(by_name[a.name], next(slot))
+            return a
+
+        args, kwargs = pytree.tree_map(map_arg, (node.args, node.kwargs))
+        if node.op == "output":
+            graph.output(args[0])
+            continue
+        args = _localise_args(node, tuple(args), strategy, parts, rank)
+        new = graph.call_function(node.target, args, kwargs)
+        new.name = node.name
+        new.meta.update({k: v for k, v in node.meta.items() if k in _KEEP_META})
+        new.meta["autotp_placement"] = str(strategy.output)
+        env[node.name] = new
+    graph.lint()
+    return fx.GraphModule(gm, graph)
+
+
+def is_collective(node: fx.Node) -> bool:
+    """True for inserted functional collectives (not their ``wait_tensor``)."""
+    return node.op == "call_function" and node.target in COLLECTIVE_OPS
+

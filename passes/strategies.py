@@ -1,0 +1,80 @@
+"""Strategy graph: every node of the captured graph with its candidate strategies.
+
+Input: the captured ATen graph (``node.meta["val"]`` set). Output: a :class:`StrategyGraph`,
+plain data the cost pass and the solver read; the FX graph itself is not modified.
+
+Placeholders: a parameter may be replicated or split along any dim of size > 1; user inputs,
+buffers and constants arrive whole on every rank (``Replicate``). The graph output must be
+replicated, so that every rank returns the same values as the original model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+
+from autotp.passes.rules import Strategy, has_rule, strategies_for, tensor_inputs
+from autotp.placements import Replicate, Shard
+
+__all__ = ["Edge", "StrategyGraph", "build_strategy_graph"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """Input slot ``slot`` of node ``consumer`` reads the output of node ``producer``."""
+
+    producer: str
+    consumer: str
+    slot: int
+    must_match: bool  # True when no collective may sit on the edge (the producer returns a tuple)
+
+
+@dataclasses.dataclass
+class StrategyGraph:
+    """Nodes in topological order with their candidate strategies and the data edges."""
+
+    graph_module: fx.GraphModule
+    world_size: int
+    order: list[str]
+    nodes: dict[str, fx.Node]
+    strategies: dict[str, list[Strategy]]
+    edges: list[Edge]
+    parameters: dict[str, str]  # placeholder name -> parameter FQN
+    fallback: list[str]  # call_function nodes with no sharding rule (run replicated)
+
+
+def _parameter_strategies(node: fx.Node) -> list[Strategy]:
+    val = node.meta.get("val")
+    strategies = [Strategy((), Replicate())]
+    if isinstance(val, torch.Tensor):
+        strategies += [Strategy((), Shard(d)) for d, size in enumerate(val.shape) if int(size) > 1]
+    return strategies
+
+
+def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str]) -> StrategyGraph:
+    """Enumerate the strategies of every node of ``gm`` for a mesh axis of ``world_size`` ranks."""
+    order: list[str] = []
+    nodes: dict[str, fx.Node] = {}
+    strategies: dict[str, list[Strategy]] = {}
+    edges: list[Edge] = []
+    fallback: list[str] = []
+    for node in gm.graph.nodes:
+        order.append(node.name)
+        nodes[node.name] = node
+        if node.op == "placeholder":
+            strategies[node.name] = _parameter_strategies(node) if node.name in parameters else [Strategy((), Replicate())]
+        elif node.op == "output":
+            strategies[node.name] = [Strategy(tuple(Replicate() for _ in tensor_inputs(node)), Replicate())]
+        elif node.op == "call_function":
+            if not has_rule(node):
+                fallback.append(node.name)
+            strategies[node.name] = strategies_for(node, world_size)
+        else:
+            raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
+        for slot, producer in enumerate(tensor_inputs(node)):
+            producer_val = producer.meta.get("val")
+            must_match = isinstance(producer_val, (tuple, list))
+            edges.append(Edge(producer.name, node.name, slot, must_match))
+    return StrategyGraph(gm, world_size, order, nodes, strategies, edges, dict(parameters), fallback)
