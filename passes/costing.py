@@ -29,7 +29,7 @@ from autotp.placements import Partial, Placement, Replicate, Shard
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "ReshardStep", "cost_strategy_graph", "reshard_plan", "reshard_time_s", "tensor_nbytes"]
+__all__ = ["CostedGraph", "cost_strategy_graph", "is_local_reshard", "reshard_plan", "reshard_time_s", "tensor_nbytes"]
 
 # Ops that only change tensor metadata (a view of the same storage): no kernel, no bytes moved.
 VIEW_OPS = frozenset({
@@ -52,14 +52,6 @@ def _dtype(value: object) -> torch.dtype:
     return leaves[0].dtype if leaves else torch.float32
 
 
-@dataclasses.dataclass(frozen=True)
-class ReshardStep:
-    """One collective (or local op) on an edge: ``kind`` is a cost_model collective kind, ``"slice"`` or ``"zero"``."""
-
-    kind: str
-    nbytes: int
-
-
 def reshard_plan(src: Placement, dst: Placement) -> list[str]:
     """The steps that turn placement ``src`` into ``dst`` on one mesh axis.
 
@@ -79,6 +71,11 @@ def reshard_plan(src: Placement, dst: Placement) -> list[str]:
     if isinstance(dst, Shard):
         return ["all_gather", "slice"]
     return ["all_gather", "zero"]
+
+
+def is_local_reshard(src: Placement, dst: Placement) -> bool:
+    """True when ``src -> dst`` needs no communication (a local slice or zero-fill)."""
+    return all(step in ("slice", "zero") for step in reshard_plan(src, dst))
 
 
 def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> float:

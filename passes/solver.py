@@ -14,7 +14,8 @@ Formulation (one mesh axis of N ranks)::
     sum_p y[e, q, p] = sum_{s: out(s) = q} x[u, s]                      (_add_edge_rows)
     sum_q y[e, q, p] = sum_{t: in_i(t) = p} x[v, t]                     (_add_edge_rows)
     (with integral x, y[e, q, p] = 1 exactly for the placements chosen at both ends)
-    y[e, q, p] = 0 for q != p where no collective may sit on e (tuple outputs)
+    y[e, q, p] = 0 for q != p where no collective may sit on e (tuple outputs; parameters,
+    which may only be sliced locally, never gathered)
 
     One collective serves every consumer that needs the same placement of u, so the
     resharding cost is paid once per (producer, q, p):
@@ -39,7 +40,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from autotp.errors import PlanError
-from autotp.passes.costing import CostedGraph
+from autotp.passes.costing import CostedGraph, is_local_reshard
 from autotp.placements import Placement
 
 __all__ = ["Solution", "solve"]
@@ -106,7 +107,7 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]]) 
         y: dict[tuple[Placement, Placement], int] = {}
         for q in out_of:
             for p in in_of:
-                blocked = edge.must_match and q != p
+                blocked = q != p and (edge.must_match or (edge.local_only and not is_local_reshard(q, p)))
                 y[q, p] = model.column(0.0, 0.0, 0.0 if blocked else 1.0, False)
                 if q != p and not blocked:
                     needs[edge.producer, q, p].append(y[q, p])

@@ -23,12 +23,19 @@ __all__ = ["Edge", "StrategyGraph", "build_strategy_graph"]
 
 @dataclasses.dataclass(frozen=True)
 class Edge:
-    """Input slot ``slot`` of node ``consumer`` reads the output of node ``producer``."""
+    """Input slot ``slot`` of node ``consumer`` reads the output of node ``producer``.
+
+    ``must_match``: nothing may sit on the edge (the producer returns a tuple).
+    ``local_only``: only local resharding (slice, zero) may sit on the edge: the producer is a
+    parameter, and gathering a parameter every forward would hold the whole weight on every
+    rank after all (that is ZeRO-3 / FSDP, not tensor parallelism).
+    """
 
     producer: str
     consumer: str
     slot: int
-    must_match: bool  # True when no collective may sit on the edge (the producer returns a tuple)
+    must_match: bool
+    local_only: bool = False
 
 
 @dataclasses.dataclass
@@ -76,5 +83,5 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
         for slot, producer in enumerate(tensor_inputs(node)):
             producer_val = producer.meta.get("val")
             must_match = isinstance(producer_val, (tuple, list))
-            edges.append(Edge(producer.name, node.name, slot, must_match))
+            edges.append(Edge(producer.name, node.name, slot, must_match, local_only=producer.name in parameters))
     return StrategyGraph(gm, world_size, order, nodes, strategies, edges, dict(parameters), fallback)
