@@ -1,0 +1,235 @@
+"""The ``autotp`` command line.
+
+``autotp demo`` spawns N local gloo processes on the CPU, builds the same small Llama with random
+weights in each, makes it tensor-parallel with :func:`autotp.compile`, checks its logits against
+the single-process model and prints the plan and the figures. It exits 1 if the outputs differ by
+more than the tolerance, 2 if a rank failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import socket
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["main"]
+
+DEMO_HIDDEN = 256
+DEMO_HEADS = 8
+DEMO_KV_HEADS = 4
+DEMO_INTERMEDIATE = 512
+DEMO_VOCAB = 1000
+DEMO_BATCH = 2
+DEFAULT_TOLERANCE = 1e-4  # float32 logits: summation order differs under TP, far below this
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What the demo builds and checks; passed to every rank."""
+
+    world_size: int
+    layers: int
+    seq_len: int
+    seed: int
+    tolerance: float
+    init_method: str
+
+
+@dataclass
+class DemoReport:
+    """What rank 0 prints at the end."""
+
+    max_abs_diff: float
+    plan_text: str = ""
+    plan_time_s: float = float("nan")
+    compile_time_s: float = float("nan")
+    parameter_bytes_original: int = 0
+    parameter_bytes_per_rank: list[int] = field(default_factory=list)
+    collective_counts: dict[str, int] = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _say(rank: int, message: str) -> None:
+    if rank == 0:
+        print(message, flush=True)
+
+
+def _build_llama(layers: int, seq_len: int, seed: int) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=DEMO_VOCAB, hidden_size=DEMO_HIDDEN, intermediate_size=DEMO_INTERMEDIATE,
+        num_hidden_layers=layers, num_attention_heads=DEMO_HEADS, num_key_value_heads=DEMO_KV_HEADS,
+        max_position_embeddings=max(1024, seq_len), attn_implementation="sdpa", use_cache=False,
+    )
+    torch.manual_seed(seed)  # same seed on every rank: identical weights everywhere
+    return LlamaForCausalLM(config).eval()
+
+
+def _logits(output: Any) -> Any:
+    return output.logits if hasattr(output, "logits") else output[0]
+
+
+def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
+    """One rank of the demo (the target of ``torch.multiprocessing.spawn``)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
+    import torch
+    import torch.distributed as dist
+
+    import autotp
+
+    if rank != 0:
+        warnings.simplefilter("ignore")  # rank 0 shows each warning once, not world_size times
+    world_size = config.world_size
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("gloo", init_method=config.init_method, rank=rank, world_size=world_size)
+    try:
+        _say(rank, f"process group up: gloo, {world_size} ranks")
+        _say(rank, f"building LlamaForCausalLM ({config.layers} layers, hidden {DEMO_HIDDEN}, {DEMO_HEADS} heads, "
+                   f"{DEMO_KV_HEADS} kv heads, vocab {DEMO_VOCAB}) with seed {config.seed} on every rank...")
+        model = _build_llama(config.layers, config.seq_len, config.seed)
+        generator = torch.Generator().manual_seed(config.seed + 1)
+        ids = torch.randint(0, DEMO_VOCAB, (DEMO_BATCH, config.seq_len), generator=generator)  # (batch, seq)
+        with torch.no_grad():
+            reference = _logits(model(ids, use_cache=False))  # (batch, seq, vocab), single process
+        original_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+        _say(rank, f"compiling with autotp.compile(world_size={world_size})...")
+        started = time.perf_counter()
+        tp_model = autotp.compile(model, world_size=world_size, example_inputs=(ids,),
+                                  example_kwargs={"use_cache": False})
+        compile_time_s = time.perf_counter() - started
+
+        _say(rank, "running the tensor-parallel model...")
+        with torch.no_grad():
+            logits = _logits(tp_model(ids, use_cache=False))
+        diff = torch.tensor([(logits - reference).abs().max().item()], dtype=torch.float64)
+        dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # the worst rank decides
+
+        per_rank_bytes: list[Any] = [None] * world_size
+        dist.all_gather_object(per_rank_bytes, int(tp_model.parameter_bytes()))
+        if rank == 0:
+            report = DemoReport(
+                max_abs_diff=float(diff.item()),
+                plan_text=str(tp_model.plan),
+                plan_time_s=float(tp_model.plan.plan_time_s),
+                compile_time_s=compile_time_s,
+                parameter_bytes_original=original_bytes,
+                parameter_bytes_per_rank=[int(b) for b in per_rank_bytes],
+                collective_counts=dict(tp_model.collective_counts()),
+            )
+            print(format_report(report, config), flush=True)
+            results.put(report.max_abs_diff)  # small: a large message would block the pipe until join
+    finally:
+        dist.destroy_process_group()
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
+def format_report(report: DemoReport, config: DemoConfig) -> str:
+    """The demo's closing figures as text."""
+    ok = report.max_abs_diff <= config.tolerance
+    lines = [
+        "",
+        report.plan_text,
+        "",
+        (f"max abs diff vs single process: {report.max_abs_diff:.3e} "
+         f"(tolerance {config.tolerance:.0e}): {'OK' if ok else 'FAILED'}"),
+        f"plan time: {report.plan_time_s:.3f} s (whole autotp.compile: {report.compile_time_s:.3f} s)",
+        f"parameter bytes, original model: {_mib(report.parameter_bytes_original)}",
+    ]
+    for rank, nbytes in enumerate(report.parameter_bytes_per_rank):
+        share = nbytes / report.parameter_bytes_original if report.parameter_bytes_original else float("nan")
+        lines.append(f"  rank {rank}: {_mib(nbytes)} ({share:.1%} of the original)")
+    if report.collective_counts:
+        counts = ", ".join(f"{kind} x{count}" for kind, count in sorted(report.collective_counts.items()))
+    else:
+        counts = "none"
+    lines.append(f"collectives in the rank-local graph (per forward): {counts}")
+    return "\n".join(lines)
+
+
+def run_demo(config: DemoConfig) -> int:
+    """Spawn the ranks, wait for them, return the exit code."""
+    import torch.multiprocessing as mp
+
+    if importlib.util.find_spec("transformers") is None:
+        print("autotp demo builds a HuggingFace Llama and needs transformers: pip install 'autotp[hf]'",
+              file=sys.stderr)
+        return 2
+    print(f"spawning {config.world_size} gloo processes...", flush=True)
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    try:
+        mp.start_processes(_demo_rank, args=(config, results), nprocs=config.world_size, join=True,
+                           start_method="spawn")
+    except mp.ProcessRaisedException as exc:
+        print(f"autotp demo failed on rank {exc.error_index}:\n{exc}", file=sys.stderr, flush=True)
+        return 2
+    except mp.ProcessExitedException as exc:
+        print(f"autotp demo: rank {exc.error_index} exited with code {exc.exit_code}", file=sys.stderr, flush=True)
+        return 2
+    if results.empty():
+        print("autotp demo: rank 0 finished without a report", file=sys.stderr, flush=True)
+        return 2
+    max_abs_diff: float = results.get()
+    return 0 if max_abs_diff <= config.tolerance else 1
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autotp", description="Automatic tensor parallelism for PyTorch.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo",
+        help="make a small random-weight Llama tensor-parallel over N local gloo processes and check it",
+        description="Spawn N gloo processes on this machine's CPU, run autotp.compile on a small Llama "
+                    "with random weights, compare its logits with the single-process model, and print "
+                    "the plan, the difference, per-rank parameter bytes, plan time and collectives.",
+    )
+    demo.add_argument("--world-size", type=_positive_int, default=4, help="number of processes (default: 4)")
+    demo.add_argument("--layers", type=_positive_int, default=2, help="decoder layers (default: 2)")
+    demo.add_argument("--seq-len", type=_positive_int, default=16, help="tokens per sequence (default: 16)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: 0)")
+    demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                      help=f"largest max-abs logit difference accepted (default: {DEFAULT_TOLERANCE:g})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``autotp`` command; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        config = DemoConfig(
+            world_size=args.world_size, layers=args.layers, seq_len=args.seq_len, seed=args.seed,
+            tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{_free_port()}",
+        )
+        try:
+            return run_demo(config)
+        except KeyboardInterrupt:
+            return 130
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects unknown commands
+
+
+if __name__ == "__main__":
+    sys.exit(main())
