@@ -24,7 +24,7 @@ from torch.export.graph_signature import InputKind
 
 from autotp.errors import CaptureError
 
-__all__ = ["CapturedGraph", "InputSlot", "capture"]
+__all__ = ["CapturedGraph", "InputSlot", "capture", "from_exported"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -97,12 +97,20 @@ def capture(
         location = f"\n  at {where}" if where else ""
         raise CaptureError(f"could not trace {type(model).__name__}: {type(exc).__name__}: {first_line}{location}\n{hint}") from exc
 
+    return from_exported(exported, type(model).__name__)
+
+
+def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
+    """The :class:`CapturedGraph` of an ``ExportedProgram`` (``what`` names the traced callable in errors).
+
+    Shared by :func:`capture` and the ``torch.compile`` backend, which exports Dynamo's graph.
+    """
     from torch.export.graph_signature import OutputKind
 
     mutated = [str(o.target) for o in exported.graph_signature.output_specs if o.kind != OutputKind.USER_OUTPUT]
     if mutated:
         raise CaptureError(
-            f"{type(model).__name__}.forward updates state in place: {', '.join(mutated)}. autotp plans "
+            f"{what}.forward updates state in place: {', '.join(mutated)}. autotp plans "
             "inference graphs whose buffers do not change; call model.eval() (e.g. BatchNorm running stats) "
             "or move the update out of forward()."
         )
