@@ -12,39 +12,66 @@ Semantics on a mesh axis of size N:
   (e.g. 8 heads over 3 ranks gives 3, 3, 2 heads); the rewrite pass decides the sizes so that
   every view of the tensor splits on the same boundaries (see ``passes/partition.py``).
 - ``Partial("sum")``: every rank holds a full-shaped tensor; the true value is their sum.
+- ``BlockShard(d, k)`` (autotp's one addition): dimension ``d`` is ``k`` equal blocks laid
+  end to end (e.g. a fused query/key/value projection) and *each block* is split as by
+  ``Shard(d)``; rank r holds its part of every block, concatenated. A later ``split`` into the
+  k blocks then yields plain ``Shard(d)`` pieces, so fused projections split by heads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["Partial", "Placement", "Replicate", "Shard", "placement_to_str", "placement_from_str", "shard_dim"]
+__all__ = [
+    "BlockShard", "Partial", "Placement", "Replicate", "Shard", "placement_from_str", "placement_to_str", "split_of",
+]
 
 _SHARD_RE = re.compile(r"^S\((-?\d+)\)$")
+_BLOCK_RE = re.compile(r"^S\((-?\d+)\)x(\d+)$")
 
 
-def shard_dim(placement: Placement) -> int | None:
-    """The tensor dimension a ``Shard`` placement splits, or ``None`` for any other placement."""
+@dataclasses.dataclass(frozen=True)
+class BlockShard:
+    """Dimension ``dim`` is ``blocks`` equal blocks, each split across the ranks (see module doc)."""
+
+    dim: int
+    blocks: int
+
+    def __post_init__(self) -> None:
+        if self.blocks < 2:
+            raise ValueError(f"BlockShard needs blocks >= 2 (got {self.blocks}); use Shard({self.dim}) for one block")
+
+    def __str__(self) -> str:
+        return f"S({self.dim})x{self.blocks}"
+
+
+def split_of(placement: object) -> tuple[int, int] | None:
+    """``(dim, blocks)`` of a split placement (``Shard`` has one block), ``None`` otherwise."""
     if isinstance(placement, Shard):
-        return placement.dim
+        return placement.dim, 1
+    if isinstance(placement, BlockShard):
+        return placement.dim, placement.blocks
     return None
 
 
-def placement_to_str(placement: Placement) -> str:
-    """Short stable text form: ``R``, ``P``, ``S(1)``."""
+def placement_to_str(placement: Placement | BlockShard) -> str:
+    """Short stable text form: ``R``, ``P``, ``S(1)``, ``S(2)x3``."""
     if isinstance(placement, Replicate):
         return "R"
     if isinstance(placement, Partial):
         return "P"
     if isinstance(placement, Shard):
         return f"S({placement.dim})"
+    if isinstance(placement, BlockShard):
+        return str(placement)
     raise TypeError(f"unsupported placement {placement!r}; autotp uses Shard(dim), Replicate() and Partial()")
 
 
-def placement_from_str(text: str) -> Placement:
+def placement_from_str(text: str) -> Placement | BlockShard:
     """Parse the text form written by :func:`placement_to_str`."""
     text = text.strip()
     if text == "R":
@@ -54,4 +81,7 @@ def placement_from_str(text: str) -> Placement:
     match = _SHARD_RE.match(text)
     if match:
         return Shard(int(match.group(1)))
-    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P' or 'S(<dim>)', e.g. 'S(0)'")
+    match = _BLOCK_RE.match(text)
+    if match:
+        return BlockShard(int(match.group(1)), int(match.group(2)))
+    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")

@@ -19,7 +19,7 @@ from autotp.capture import CapturedGraph
 from autotp.passes.partition import Partitions
 from autotp.passes.rewrite import is_collective
 from autotp.passes.rewrite import COLLECTIVE_OPS
-from autotp.placements import Shard, placement_from_str
+from autotp.placements import placement_from_str, split_of
 from autotp.plan import Plan
 
 __all__ = ["TensorParallelModule", "shard_tensor"]
@@ -27,11 +27,14 @@ __all__ = ["TensorParallelModule", "shard_tensor"]
 
 def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
     """This rank's block of ``full`` under ``placement_text`` (a contiguous copy, so ``full`` can be freed)."""
-    placement = placement_from_str(placement_text)
-    if isinstance(placement, Shard):
-        offset, length = parts.local(name, placement.dim, rank)
-        return full.detach().narrow(placement.dim, offset, length).clone()
-    return full.detach()
+    split = split_of(placement_from_str(placement_text))
+    if split is None:
+        return full.detach()
+    dim, blocks = split
+    offset, length = parts.local(name, dim, rank, blocks)
+    block = full.shape[dim] // blocks
+    pieces = [full.detach().narrow(dim, b * block + offset, length) for b in range(blocks)]
+    return torch.cat(pieces, dim).clone() if blocks > 1 else pieces[0].clone()
 
 
 class TensorParallelModule(torch.nn.Module):

@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
 from autotp.passes.rules import Strategy
 from autotp.passes.strategies import StrategyGraph
-from autotp.placements import Partial, Placement, Replicate, Shard
+from autotp.placements import Partial, Placement, Replicate, split_of
 
 aten = torch.ops.aten
 
@@ -57,18 +57,23 @@ def reshard_plan(src: Placement, dst: Placement) -> list[str]:
 
     ``P->R`` all-reduce, ``P->S`` reduce-scatter, ``S->R`` all-gather, ``R->S`` local slice,
     ``R->P`` keep on rank 0 and zero elsewhere, ``S(i)->S(j)`` all-gather then slice (costed
-    as the all-gather it is implemented with).
+    as the all-gather it is implemented with). Block-sharded tensors (``S(d)xk``) take the same
+    routes, except that a Partial sum is all-reduced before it is sliced into blocks.
     """
     if src == dst:
         return []
+    dst_split, src_split = split_of(dst), split_of(src)
     if isinstance(src, Replicate):
-        return ["slice"] if isinstance(dst, Shard) else ["zero"]
+        return ["slice"] if dst_split else ["zero"]
     if isinstance(src, Partial):
-        return ["reduce_scatter"] if isinstance(dst, Shard) else (["all_reduce"] if isinstance(dst, Replicate) else [])
-    # src is Shard
+        if dst_split and dst_split[1] == 1:
+            return ["reduce_scatter"]
+        return ["all_reduce", "slice"] if dst_split else ["all_reduce"]
+    if src_split is None:
+        raise ValueError(f"cannot reshard from {src}")
     if isinstance(dst, Replicate):
         return ["all_gather"]
-    if isinstance(dst, Shard):
+    if dst_split:
         return ["all_gather", "slice"]
     return ["all_gather", "zero"]
 
@@ -114,7 +119,7 @@ def _meta_args(node: fx.Node) -> tuple[tuple, dict]:
 
 
 def _splits_work(strategy: Strategy) -> bool:
-    return any(isinstance(p, (Shard, Partial)) for p in (*strategy.inputs, strategy.output))
+    return any(isinstance(p, Partial) or split_of(p) for p in (*strategy.inputs, strategy.output))
 
 
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
@@ -136,9 +141,11 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
 
 
 def _shard_bytes(value: torch.Tensor, placement: Placement, world_size: int) -> int:
-    if isinstance(placement, Shard):
-        size = int(value.shape[placement.dim])
-        return value.element_size() * (value.numel() // max(size, 1)) * math.ceil(size / world_size)
+    split = split_of(placement)
+    if split is not None:
+        dim, blocks = split
+        size = int(value.shape[dim])
+        return value.element_size() * (value.numel() // max(size, 1)) * blocks * math.ceil(size // blocks / world_size)
     return value.numel() * value.element_size()
 
 

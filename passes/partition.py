@@ -3,7 +3,9 @@
 A plan says *which* dims are split (``Shard(d)``); this analysis decides *where* the cuts
 fall so that every tensor that shares a split is cut at the same boundaries:
 
-- A *member* is one split dimension of one tensor: ``(node name, dim)``.
+- A *member* is one split dimension of one tensor: ``(node name, dim, blocks)``; for a
+  ``BlockShard`` with k blocks the member is one block (``size / k`` elements), and every
+  block is cut the same way.
 - All ``Shard`` placements in one chosen strategy are the same split of the work (one mesh
   axis), so their members are joined into one *class* (union-find). E.g. the rows of a
   projection weight, the hidden dim of its output, the head dim after the view to
@@ -26,11 +28,11 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.passes.rules import Strategy, tensor_inputs
-from autotp.placements import Shard
+from autotp.placements import split_of
 
 __all__ = ["Partitions", "build_partitions"]
 
-Member = tuple[str, int]
+Member = tuple[str, int, int]
 
 
 def _dim_size(node: fx.Node, dim: int) -> int:
@@ -67,19 +69,19 @@ class Partitions:
             self._parent[rb] = ra
             self._units[ra] = math.gcd(self._units[ra], self._units[rb])
 
-    def sizes(self, node: str, dim: int) -> list[int]:
-        """Elements of ``dim`` of tensor ``node`` held by each rank."""
-        member = (node, dim)
+    def sizes(self, node: str, dim: int, blocks: int = 1) -> list[int]:
+        """Elements of ``dim`` (of one of its ``blocks`` blocks) of tensor ``node`` held by each rank."""
+        member = (node, dim, blocks)
         if member not in self._parent:
-            raise KeyError(f"tensor {node} dim {dim} is not split in this plan")
+            raise KeyError(f"tensor {node} dim {dim} ({blocks} block(s)) is not split in this plan")
         units = self._units[self._find(member)]
         per_unit = self._size[member] // units if units else 0
         base, extra = divmod(units, self.world_size)
         return [(base + (1 if r < extra else 0)) * per_unit for r in range(self.world_size)]
 
-    def local(self, node: str, dim: int, rank: int) -> tuple[int, int]:
-        """``(offset, length)`` of rank ``rank``'s block of ``dim`` of tensor ``node``."""
-        sizes = self.sizes(node, dim)
+    def local(self, node: str, dim: int, rank: int, blocks: int = 1) -> tuple[int, int]:
+        """``(offset, length)`` of rank ``rank``'s part of ``dim`` (within each block) of tensor ``node``."""
+        sizes = self.sizes(node, dim, blocks)
         return sum(sizes[:rank]), sizes[rank]
 
 
@@ -90,13 +92,15 @@ def build_partitions(gm: fx.GraphModule, decisions: dict[str, Strategy], world_s
     for node in gm.graph.nodes:
         strategy = decisions[node.name]
         members: list[Member] = []
-        if isinstance(strategy.output, Shard):
-            members.append((node.name, strategy.output.dim))
+        split = split_of(strategy.output)
+        if split is not None:
+            members.append((node.name, *split))
         for producer, placement in zip(tensor_inputs(node), strategy.inputs):
-            if isinstance(placement, Shard):
-                members.append((producer.name, placement.dim))
-        for name, dim in members:
-            parts.add((name, dim), _dim_size(by_name[name], dim))
+            split = split_of(placement)
+            if split is not None:
+                members.append((producer.name, *split))
+        for name, dim, blocks in members:
+            parts.add((name, dim, blocks), _dim_size(by_name[name], dim) // blocks)
         for other in members[1:]:
             parts.union(members[0], other)
     return parts

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from autotp.passes.costing import reshard_plan
 from autotp.passes.partition import Partitions
 from autotp.passes.rules import Strategy
-from autotp.placements import Placement, Shard
+from autotp.placements import BlockShard, Placement, split_of
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -66,9 +66,13 @@ class _Builder:
         return node
 
     # -- resharding steps ------------------------------------------------------------
-    def slice(self, x: fx.Node, producer: str, dim: int, origin: fx.Node) -> fx.Node:
-        offset, length = self.parts.local(producer, dim, self.rank)
-        return self.call(aten.narrow.default, x, dim, offset, length, meta_from=origin)
+    def slice(self, x: fx.Node, producer: fx.Node, dim: int, blocks: int) -> fx.Node:
+        offset, length = self.parts.local(producer.name, dim, self.rank, blocks)
+        if blocks == 1:
+            return self.call(aten.narrow.default, x, dim, offset, length, meta_from=producer)
+        block = int(producer.meta["val"].shape[dim]) // blocks
+        pieces = [self.call(aten.narrow.default, x, dim, b * block + offset, length, meta_from=producer) for b in range(blocks)]
+        return self.call(aten.cat.default, pieces, dim, meta_from=producer)
 
     def zero_unless_rank0(self, x: fx.Node, origin: fx.Node) -> fx.Node:
         return x if self.rank == 0 else self.call(aten.zeros_like.default, x, meta_from=origin)
@@ -77,18 +81,27 @@ class _Builder:
         reduced = self.call(c10d.all_reduce.default, x, "sum", self.group_name, meta_from=origin)
         return self.call(c10d.wait_tensor.default, reduced, meta_from=origin)
 
-    def all_gather(self, x: fx.Node, producer: str, dim: int, ndim: int, origin: fx.Node) -> fx.Node:
-        sizes = self.parts.sizes(producer, dim)
-        block = max(sizes)
+    def all_gather(self, x: fx.Node, producer: str, dim: int, blocks: int, ndim: int, origin: fx.Node) -> fx.Node:
+        """Gather along ``dim``: pad each rank's part to the largest, gather on dim 0, cut out the padding.
+
+        With ``blocks`` > 1 each rank's part holds its slice of every block; the pieces are
+        put back in block order.
+        """
+        sizes = self.parts.sizes(producer, dim, blocks)
+        chunk = blocks * max(sizes)
         if dim != 0:
             x = self.call(aten.movedim.int, x, dim, 0, meta_from=origin)
         x = self.call(aten.contiguous.default, x, meta_from=origin)
-        if sizes[self.rank] != block:
-            x = self.call(aten.constant_pad_nd.default, x, [0, 0] * (ndim - 1) + [0, block - sizes[self.rank]], 0.0, meta_from=origin)
+        mine = blocks * sizes[self.rank]
+        if mine != chunk:
+            x = self.call(aten.constant_pad_nd.default, x, [0, 0] * (ndim - 1) + [0, chunk - mine], 0.0, meta_from=origin)
         gathered = self.call(c10d.all_gather_into_tensor.default, x, self.world_size, self.group_name, meta_from=origin)
         x = self.call(c10d.wait_tensor.default, gathered, meta_from=origin)
-        if len(set(sizes)) > 1:
-            pieces = [self.call(aten.narrow.default, x, 0, r * block, sizes[r], meta_from=origin) for r in range(self.world_size)]
+        if len(set(sizes)) > 1 or blocks > 1:
+            pieces = [
+                self.call(aten.narrow.default, x, 0, r * chunk + b * sizes[r], sizes[r], meta_from=origin)
+                for b in range(blocks) for r in range(self.world_size)
+            ]
             x = self.call(aten.cat.default, pieces, 0, meta_from=origin)
         if dim != 0:
             x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
@@ -120,15 +133,15 @@ class _Builder:
         ndim = producer.meta["val"].dim()
         for step in reshard_plan(src, dst):
             if step == "slice":
-                x = self.slice(x, producer.name, dst.dim, producer)  # type: ignore[union-attr]
+                x = self.slice(x, producer, *split_of(dst))  # type: ignore[misc]
             elif step == "zero":
                 x = self.zero_unless_rank0(x, producer)
             elif step == "all_reduce":
                 x = self.all_reduce(x, producer)
             elif step == "all_gather":
-                x = self.all_gather(x, producer.name, src.dim, ndim, producer)  # type: ignore[union-attr]
+                x = self.all_gather(x, producer.name, *split_of(src), ndim, producer)  # type: ignore[misc]
             elif step == "reduce_scatter":
-                x = self.reduce_scatter(x, producer.name, dst.dim, ndim, producer)  # type: ignore[union-attr]
+                x = self.reduce_scatter(x, producer.name, split_of(dst)[0], ndim, producer)  # type: ignore[index]
             else:
                 raise AssertionError(f"unknown resharding step {step}")
         return x
@@ -136,8 +149,10 @@ class _Builder:
 
 def _local_shape(node: fx.Node, placement: Placement, parts: Partitions, rank: int) -> list[int]:
     shape = [int(s) for s in node.meta["val"].shape]
-    if isinstance(placement, Shard):
-        shape[placement.dim] = parts.local(node.name, placement.dim, rank)[1]
+    split = split_of(placement)
+    if split is not None:
+        dim, blocks = split
+        shape[dim] = blocks * parts.local(node.name, dim, rank, blocks)[1]
     return shape
 
 
@@ -147,6 +162,11 @@ def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partit
         index = _SHAPE_ARG_OPS[node.target]
         local = _local_shape(node, strategy.output, parts, rank)
         return (*args[:index], local, *args[index + 1:])
+    if node.target in (aten.split.Tensor, aten.split_with_sizes.default) and isinstance(strategy.inputs[0], BlockShard):
+        # a block-sharded tensor split into its blocks: every piece is this rank's part of one block
+        piece = _local_shape(node.args[0], strategy.inputs[0], parts, rank)[strategy.inputs[0].dim] // strategy.inputs[0].blocks
+        sizes = piece if node.target is aten.split.Tensor else [piece] * strategy.inputs[0].blocks
+        return (args[0], sizes, *args[2:])
     if node.target is aten.unflatten.int:
         local = _local_shape(node, strategy.output, parts, rank)
         in_ndim = len(local) - len(args[2]) + 1

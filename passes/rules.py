@@ -1,7 +1,7 @@
 """Sharding rules: for one ATen op, the placements its inputs and output may take.
 
 One table (:data:`RULES`) maps an op overload to a rule; a rule is a pure function
-``rule(node, world_size) -> list[Strategy]`` that reads only ``node.meta["val"]`` shapes and
+``rule(node, ctx) -> list[Strategy]`` that reads only ``node.meta["val"]`` shapes and
 the node's arguments. Rules know ops, never models: no module names, no model classes.
 
 A :class:`Strategy` lists one placement per *tensor input slot* of the node (the fx.Node
@@ -26,11 +26,11 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.placements import Partial, Placement, Replicate, Shard
+from autotp.placements import BlockShard, Partial, Placement, Replicate, Shard
 
 aten = torch.ops.aten
 
-__all__ = ["RULES", "Strategy", "has_rule", "register_rule", "strategies_for", "tensor_inputs", "view_groups"]
+__all__ = ["RULES", "RuleContext", "Strategy", "block_counts", "has_rule", "register_rule", "strategies_for", "tensor_inputs", "view_groups"]
 
 R = Replicate()
 P = Partial()
@@ -48,7 +48,19 @@ class Strategy:
         return f"({ins}) -> {self.output}"
 
 
-Rule = Callable[[fx.Node, int], list[Strategy]]
+@dataclasses.dataclass(frozen=True)
+class RuleContext:
+    """What a rule may know beyond the node: the mesh axis size and the graph's block counts.
+
+    ``block_counts``: the k of every equal k-way ``split``/``chunk`` in the graph; GEMMs and
+    views offer ``BlockShard(d, k)`` for these k only (fused projections split per block).
+    """
+
+    world_size: int
+    block_counts: frozenset[int] = frozenset()
+
+
+Rule = Callable[[fx.Node, RuleContext], list[Strategy]]
 RULES: dict[object, Rule] = {}
 
 
@@ -74,6 +86,31 @@ def tensor_inputs(node: fx.Node) -> list[fx.Node]:
     return [a for a in flat if isinstance(a, fx.Node)]
 
 
+def _equal_split_count(node: fx.Node) -> tuple[int, int] | None:
+    """``(dim, k)`` when ``node`` splits a tensor into k > 1 equal pieces along ``dim``."""
+    if node.op != "call_function" or node.target not in (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default):
+        return None
+    src = tensor_inputs(node)[0]
+    shape = _shape(src)
+    dim = _norm_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(shape))
+    size = shape[dim]
+    if node.target is aten.split.Tensor:
+        piece = node.args[1]
+        k = size // piece if isinstance(piece, int) and piece > 0 and size % piece == 0 else 0
+    elif node.target is aten.chunk.default:
+        k = node.args[1] if size % node.args[1] == 0 else 0
+    else:
+        sizes = list(node.args[1])
+        k = len(sizes) if len(set(sizes)) == 1 else 0
+    return (dim, k) if k > 1 else None
+
+
+def block_counts(gm: fx.GraphModule) -> frozenset[int]:
+    """The k of every equal k-way split in ``gm`` (candidates for ``BlockShard``)."""
+    found = (_equal_split_count(n) for n in gm.graph.nodes)
+    return frozenset(f[1] for f in found if f is not None)
+
+
 def _val(node: fx.Node) -> object:
     return node.meta.get("val")
 
@@ -93,11 +130,11 @@ def _replicated(node: fx.Node) -> Strategy:
     return Strategy(tuple(R for _ in tensor_inputs(node)), R)
 
 
-def strategies_for(node: fx.Node, world_size: int) -> list[Strategy]:
+def strategies_for(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """All candidate strategies of ``node``; the all-replicate one is always first."""
     base = _replicated(node)
     if node.op == "call_function" and node.target in RULES:
-        found = RULES[node.target](node, world_size)
+        found = RULES[node.target](node, ctx)
     else:
         found = []
     unique = [base]
@@ -122,7 +159,7 @@ def _broadcast_placement(inp: fx.Node, out_ndim: int, out_dim: int) -> Placement
     return Shard(in_dim)
 
 
-def _elementwise(node: fx.Node, world_size: int, partial_mode: str | None) -> list[Strategy]:
+def _elementwise(node: fx.Node, ctx: RuleContext, partial_mode: str | None) -> list[Strategy]:
     """Shard any output dim of size > 1 (inputs follow by broadcasting).
 
     ``partial_mode`` says how ``Partial`` may flow through: ``"all"`` (every tensor input P,
@@ -178,18 +215,23 @@ _IDENTITY_LIKE = [
 
 
 @register_rule(*_NONLINEAR_ELEMENTWISE)
-def _nonlinear_elementwise(node: fx.Node, world_size: int) -> list[Strategy]:
-    return _elementwise(node, world_size, None)
+def _nonlinear_elementwise(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    return _elementwise(node, ctx, None)
 
 
 @register_rule(*_IDENTITY_LIKE)
-def _identity_like(node: fx.Node, world_size: int) -> list[Strategy]:
+def _identity_like(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if node.target in (aten.dropout.default, aten.native_dropout.default, aten.feature_dropout.default):
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False)
         if train:
             return []  # random masks differ per rank: keep replicated
     inputs = tensor_inputs(node)
-    strategies = _elementwise(node, world_size, None)
+    strategies = _elementwise(node, ctx, None)
+    if len(inputs) == 1 and _shape(inputs[0]) == _shape(node):
+        for dim, size in enumerate(_shape(node)):
+            for k in sorted(ctx.block_counts):
+                if size % k == 0 and size // k > 1:
+                    strategies.append(Strategy((BlockShard(dim, k),), BlockShard(dim, k)))
     if isinstance(_val(node), torch.Tensor) and _val(node).is_floating_point():
         src = _val(inputs[0]) if inputs else None
         if isinstance(src, torch.Tensor) and src.is_floating_point():
@@ -198,20 +240,20 @@ def _identity_like(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.add.Tensor, aten.sub.Tensor)
-def _add(node: fx.Node, world_size: int) -> list[Strategy]:
+def _add(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     tensor_args = [a for a in node.args[:2] if isinstance(a, fx.Node)]
     linear = len(tensor_args) == 2 or _scalar_args_are_zero(node)
-    return _elementwise(node, world_size, "all" if linear else None)
+    return _elementwise(node, ctx, "all" if linear else None)
 
 
 @register_rule(aten.mul.Tensor, aten.mul.Scalar)
-def _mul(node: fx.Node, world_size: int) -> list[Strategy]:
-    return _elementwise(node, world_size, "one")
+def _mul(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    return _elementwise(node, ctx, "one")
 
 
 @register_rule(aten.div.Tensor, aten.div.Scalar)
-def _div(node: fx.Node, world_size: int) -> list[Strategy]:
-    return _elementwise(node, world_size, "first")
+def _div(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    return _elementwise(node, ctx, "first")
 
 
 # --------------------------------------------------------------------------- shape ops
@@ -259,7 +301,7 @@ def _outermost(dims: list[int], shape: Sequence[int]) -> int | None:
 
 @register_rule(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.flatten.using_ints,
                aten.unflatten.int)
-def _view(node: fx.Node, world_size: int) -> list[Strategy]:
+def _view(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """A sharded dim survives a reshape when it is the outermost dim of its group on both sides."""
     src = tensor_inputs(node)[0]
     in_shape, out_shape = _shape(src), _shape(node)
@@ -268,6 +310,10 @@ def _view(node: fx.Node, world_size: int) -> list[Strategy]:
         a, c = _outermost(gi, in_shape), _outermost(gj, out_shape)
         if a is not None and c is not None:
             strategies.append(Strategy((Shard(a),), Shard(c)))
+            if in_shape[a] == out_shape[c]:  # the dim is carried over whole: its blocks too
+                for k in sorted(ctx.block_counts):
+                    if in_shape[a] % k == 0 and in_shape[a] // k > 1:
+                        strategies.append(Strategy((BlockShard(a, k),), BlockShard(c, k)))
     return strategies
 
 
@@ -288,7 +334,7 @@ def _norm_dim(dim: int, ndim: int) -> int:
 
 
 @register_rule(aten.transpose.int)
-def _transpose(node: fx.Node, world_size: int) -> list[Strategy]:
+def _transpose(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     ndim = len(_shape(node))
     a, b = _norm_dim(node.args[1], ndim), _norm_dim(node.args[2], ndim)
     perm = list(range(ndim))
@@ -297,27 +343,27 @@ def _transpose(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.t.default)
-def _t(node: fx.Node, world_size: int) -> list[Strategy]:
+def _t(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     ndim = len(_shape(node))
     return _dim_map_rule(node, dict(enumerate(reversed(range(ndim)))) if ndim == 2 else {0: 0})
 
 
 @register_rule(aten.permute.default)
-def _permute(node: fx.Node, world_size: int) -> list[Strategy]:
+def _permute(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     ndim = len(_shape(node))
     perm = [_norm_dim(d, ndim) for d in node.args[1]]
     return _dim_map_rule(node, dict(enumerate(perm)))
 
 
 @register_rule(aten.unsqueeze.default)
-def _unsqueeze(node: fx.Node, world_size: int) -> list[Strategy]:
+def _unsqueeze(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     ndim = len(_shape(node))
     new = _norm_dim(node.args[1], ndim)
     return _dim_map_rule(node, {d: d - (d > new) for d in range(ndim) if d != new})
 
 
 @register_rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
-def _squeeze(node: fx.Node, world_size: int) -> list[Strategy]:
+def _squeeze(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     in_shape = _shape(tensor_inputs(node)[0])
     if node.target is aten.squeeze.default:
         removed = {d for d, s in enumerate(in_shape) if s == 1}
@@ -329,7 +375,7 @@ def _squeeze(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.expand.default)
-def _expand(node: fx.Node, world_size: int) -> list[Strategy]:
+def _expand(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     in_shape, out_shape = _shape(tensor_inputs(node)[0]), _shape(node)
     lead = len(out_shape) - len(in_shape)
     mapping = {d: d - lead for d in range(lead, len(out_shape)) if in_shape[d - lead] == out_shape[d]}
@@ -337,7 +383,7 @@ def _expand(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.slice.Tensor, aten.select.int, aten.narrow.default)
-def _slice(node: fx.Node, world_size: int) -> list[Strategy]:
+def _slice(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Slicing along one dim keeps the split of every other dim."""
     in_shape = _shape(tensor_inputs(node)[0])
     cut = _norm_dim(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0), len(in_shape))
@@ -350,7 +396,7 @@ def _slice(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.cat.default)
-def _cat(node: fx.Node, world_size: int) -> list[Strategy]:
+def _cat(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     inputs = tensor_inputs(node)
     out_shape = _shape(node)
     cat_dim = _norm_dim(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0), len(out_shape))
@@ -362,7 +408,7 @@ def _cat(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int)
-def _split(node: fx.Node, world_size: int) -> list[Strategy]:
+def _split(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     in_shape = _shape(tensor_inputs(node)[0])
     default_dim = 0
     dim_arg = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", default_dim)
@@ -373,11 +419,15 @@ def _split(node: fx.Node, world_size: int) -> list[Strategy]:
     for dim, size in enumerate(in_shape):
         if dim != cut and size > 1 and node.target is not aten.unbind.int:
             strategies.append(Strategy((Shard(dim),), Shard(dim)))
+    equal = _equal_split_count(node)
+    if equal is not None and in_shape[cut] // equal[1] > 1:
+        # each of the k blocks is split across ranks: every piece comes out split on the same dim
+        strategies.append(Strategy((BlockShard(cut, equal[1]),), Shard(cut)))
     return strategies
 
 
 @register_rule(operator.getitem)
-def _getitem(node: fx.Node, world_size: int) -> list[Strategy]:
+def _getitem(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Passes through the placement of the multi-output producer (dims of the item)."""
     ndim = len(_shape(node))
     return [Strategy((P,), P)] + [Strategy((Shard(d),), Shard(d)) for d in range(ndim)]
@@ -406,7 +456,7 @@ def _keepdim(node: fx.Node) -> bool:
 
 @register_rule(aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.sum.default,
                aten.mean.default, aten.var.correction, aten.std.correction, aten.any.dim, aten.all.dim)
-def _reduction(node: fx.Node, world_size: int) -> list[Strategy]:
+def _reduction(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Sharded non-reduced dims stay sharded; a ``sum`` over a sharded dim gives Partial."""
     in_shape = _shape(tensor_inputs(node)[0])
     reduced = _reduced_dims(node, len(in_shape))
@@ -429,7 +479,7 @@ def _reduction(node: fx.Node, world_size: int) -> list[Strategy]:
 
 @register_rule(aten.cumsum.default, aten._softmax.default, aten.softmax.int, aten._log_softmax.default,
                aten.log_softmax.int, aten.diff.default, aten.argmax.default)
-def _along_dim(node: fx.Node, world_size: int) -> list[Strategy]:
+def _along_dim(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Ops that mix values along one dim: any other dim may stay sharded."""
     inputs = tensor_inputs(node)
     in_shape = _shape(inputs[0])
@@ -448,7 +498,7 @@ def _along_dim(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.layer_norm.default, aten.rms_norm.default)
-def _layer_norm(node: fx.Node, world_size: int) -> list[Strategy]:
+def _layer_norm(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Normalisation over the trailing dims: only leading (token) dims may be split."""
     inputs = tensor_inputs(node)
     in_shape = _shape(inputs[0])
@@ -460,13 +510,14 @@ def _layer_norm(node: fx.Node, world_size: int) -> list[Strategy]:
 # --------------------------------------------------------------------------- GEMMs
 
 def _einsum_strategies(operands: list[str], output: str, shapes: list[tuple[int, ...]],
-                       out_shape: tuple[int, ...]) -> list[tuple[list[Placement], Placement]]:
+                       out_shape: tuple[int, ...], blocks: frozenset[int] = frozenset()) -> list[tuple[list[Placement], Placement]]:
     """DTensor-style GEMM rule from an einsum description (e.g. ``["mk", "kn"] -> "mn"``).
 
     For each index letter: if it appears in the output, split it everywhere it appears (the
     output is ``Shard``); if it is contracted, split it in every operand and the output is
     ``Partial``. A letter whose size is 1 anywhere is not split. Plus Partial in the first
-    operand passing through (the GEMM is linear in each operand).
+    operand passing through (the GEMM is linear in each operand). For a letter of the *last*
+    operand (the weight's output features) also ``BlockShard`` with each k in ``blocks``.
     """
     letters = sorted(set("".join(operands)), key=lambda c: ("".join(operands) + output).index(c))
     found = []
@@ -479,6 +530,14 @@ def _einsum_strategies(operands: list[str], output: str, shapes: list[tuple[int,
         ins = [Shard(spec.index(letter)) if letter in spec else R for spec in operands]
         out = Shard(output.index(letter)) if letter in output else P
         found.append((ins, out))
+        owners = [i for i, spec in enumerate(operands) if letter in spec]
+        if letter in output and owners == [len(operands) - 1]:
+            size = out_shape[output.index(letter)]
+            for k in sorted(blocks):
+                if size % k == 0 and size // k > 1:
+                    spec = operands[-1]
+                    ins_k: list[Placement] = [R] * (len(operands) - 1) + [BlockShard(spec.index(letter), k)]
+                    found.append((ins_k, BlockShard(output.index(letter), k)))
     for k in range(len(operands)):
         found.append(([P if j == k else R for j in range(len(operands))], P))
     return found
@@ -498,6 +557,8 @@ def _with_bias(found: list[tuple[list[Placement], Placement]], bias_spec: str | 
                 bias: Placement = P
             elif isinstance(out, Shard) and output[out.dim] in bias_spec:
                 bias = Shard(bias_spec.index(output[out.dim]))
+            elif isinstance(out, BlockShard) and output[out.dim] in bias_spec:
+                bias = BlockShard(bias_spec.index(output[out.dim]), out.blocks)
             else:
                 bias = R
             ins = [bias, *ins] if bias_first else [*ins, bias]
@@ -506,28 +567,28 @@ def _with_bias(found: list[tuple[list[Placement], Placement]], bias_spec: str | 
 
 
 @register_rule(aten.linear.default)
-def _linear(node: fx.Node, world_size: int) -> list[Strategy]:
+def _linear(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``y = x @ w.T + b``: x ``(..., k)``, w ``(n, k)``, b ``(n,)``."""
     inputs = tensor_inputs(node)
     x_shape, w_shape = _shape(inputs[0]), _shape(inputs[1])
     batch = _batch_letters(len(x_shape) - 1)
-    found = _einsum_strategies([batch + "k", "nk"], batch + "n", [x_shape, w_shape], _shape(node))
+    found = _einsum_strategies([batch + "k", "nk"], batch + "n", [x_shape, w_shape], _shape(node), ctx.block_counts)
     return _with_bias(found, "n" if len(inputs) > 2 else None, batch + "n", bias_first=False)
 
 
 @register_rule(aten.addmm.default)
-def _addmm(node: fx.Node, world_size: int) -> list[Strategy]:
+def _addmm(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``out = beta * bias + x @ w``: bias ``(n,)`` or ``(m, n)``, x ``(m, k)``, w ``(k, n)``."""
     inputs = tensor_inputs(node)
     bias_shape = _shape(inputs[0])
-    found = _einsum_strategies(["mk", "kn"], "mn", [_shape(inputs[1]), _shape(inputs[2])], _shape(node))
+    found = _einsum_strategies(["mk", "kn"], "mn", [_shape(inputs[1]), _shape(inputs[2])], _shape(node), ctx.block_counts)
     bias_spec = "mn"[2 - len(bias_shape):] if bias_shape else ""
     strategies = _with_bias(found, bias_spec, "mn", bias_first=True)
-    return [s for s in strategies if not (isinstance(s.inputs[0], Shard) and bias_shape[s.inputs[0].dim] == 1)]
+    return [s for s in strategies if not (isinstance(s.inputs[0], (Shard, BlockShard)) and bias_shape[s.inputs[0].dim] == 1)]
 
 
 @register_rule(aten.mm.default, aten.bmm.default, aten.matmul.default)
-def _matmul(node: fx.Node, world_size: int) -> list[Strategy]:
+def _matmul(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     inputs = tensor_inputs(node)
     a_shape, b_shape = _shape(inputs[0]), _shape(inputs[1])
     if len(a_shape) < 2 or len(b_shape) < 2 or len(a_shape) != len(b_shape):
@@ -538,7 +599,7 @@ def _matmul(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default)
-def _sdpa(node: fx.Node, world_size: int) -> list[Strategy]:
+def _sdpa(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Attention is independent per batch element and per head; queries may also be split.
 
     q ``(B, H, Sq, D)``, k/v ``(B, Hkv, Sk, D)``, optional mask broadcastable to ``(B, H, Sq, Sk)``.
@@ -570,7 +631,7 @@ def _sdpa(node: fx.Node, world_size: int) -> list[Strategy]:
 
 
 @register_rule(aten.embedding.default)
-def _embedding(node: fx.Node, world_size: int) -> list[Strategy]:
+def _embedding(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Lookup rows of ``weight (V, H)``: split H (output last dim) or the indices' dims."""
     weight, indices = tensor_inputs(node)[:2]
     out_ndim = len(_shape(node))
@@ -588,6 +649,6 @@ def _embedding(node: fx.Node, world_size: int) -> list[Strategy]:
                aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.new_empty.default,
                aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty_like.default,
                aten.sym_size.int, aten.item.default)
-def _factory(node: fx.Node, world_size: int) -> list[Strategy]:
+def _factory(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Tensors made from constants are computed whole on every rank (cheap, no communication)."""
     return []

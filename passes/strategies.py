@@ -15,8 +15,8 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from autotp.passes.rules import Strategy, has_rule, strategies_for, tensor_inputs
-from autotp.placements import Replicate, Shard
+from autotp.passes.rules import RuleContext, Strategy, block_counts, has_rule, strategies_for, tensor_inputs
+from autotp.placements import BlockShard, Replicate, Shard
 
 __all__ = ["Edge", "StrategyGraph", "build_strategy_graph"]
 
@@ -52,11 +52,14 @@ class StrategyGraph:
     fallback: list[str]  # call_function nodes with no sharding rule (run replicated)
 
 
-def _parameter_strategies(node: fx.Node) -> list[Strategy]:
+def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strategy]:
     val = node.meta.get("val")
     strategies = [Strategy((), Replicate())]
     if isinstance(val, torch.Tensor):
-        strategies += [Strategy((), Shard(d)) for d, size in enumerate(val.shape) if int(size) > 1]
+        for d, size in enumerate(int(s) for s in val.shape):
+            if size > 1:
+                strategies.append(Strategy((), Shard(d)))
+            strategies += [Strategy((), BlockShard(d, k)) for k in sorted(blocks) if size % k == 0 and size // k > 1]
     return strategies
 
 
@@ -67,17 +70,18 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
     strategies: dict[str, list[Strategy]] = {}
     edges: list[Edge] = []
     fallback: list[str] = []
+    ctx = RuleContext(world_size, block_counts(gm))
     for node in gm.graph.nodes:
         order.append(node.name)
         nodes[node.name] = node
         if node.op == "placeholder":
-            strategies[node.name] = _parameter_strategies(node) if node.name in parameters else [Strategy((), Replicate())]
+            strategies[node.name] = _parameter_strategies(node, ctx.block_counts) if node.name in parameters else [Strategy((), Replicate())]
         elif node.op == "output":
             strategies[node.name] = [Strategy(tuple(Replicate() for _ in tensor_inputs(node)), Replicate())]
         elif node.op == "call_function":
             if not has_rule(node):
                 fallback.append(node.name)
-            strategies[node.name] = strategies_for(node, world_size)
+            strategies[node.name] = strategies_for(node, ctx)
         else:
             raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
         for slot, producer in enumerate(tensor_inputs(node)):
