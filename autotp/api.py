@@ -22,8 +22,10 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from autotp.capture import CapturedGraph, capture
+from autotp.constraints import Constraints, apply_constraints, check_plan_constraints
 from autotp.cost_model import Hardware, get_hardware
-from autotp.errors import UnsupportedOpError
+from autotp.errors import PlanError, UnsupportedOpError
+from autotp.explain import node_alternatives
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
 from autotp.passes.partition import build_partitions
 from autotp.passes.rewrite import rewrite_for_rank
@@ -92,10 +94,13 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
     graph = costed.graph
     chosen = {name: graph.strategies[name][index] for name, index in solution.choice.items()}
     fallback = set(graph.fallback)
+    alternatives = node_alternatives(costed, solution.choice, memory_budget_bytes=budget)
+    targets = {slot.name: str(slot.target) for slot in captured.inputs if slot.kind != "user"}
     nodes = []
     for name in graph.order:
         node = graph.nodes[name]
         strategy = chosen[name]
+        value = next((v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)), None)
         nodes.append(NodeDecision(
             name=name,
             op=str(node.target) if node.op == "call_function" else node.op,
@@ -104,6 +109,11 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             compute_s=costed.compute_s[name][solution.choice[name]],
             module=module_path(node),
             fallback=name in fallback,
+            input_nodes=tuple(p.name for p in tensor_inputs(node)),
+            target=targets.get(name, ""),
+            shape=tuple(int(d) for d in value.shape) if value is not None else (),
+            dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
+            alternatives=alternatives.get(name, ()),
         ))
     consumers: dict[tuple[str, Placement], list[str]] = defaultdict(list)
     for name in graph.order:
@@ -122,7 +132,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             nbytes=tensor_nbytes(graph.nodes[producer].meta["val"]),
             time_s=costed.reshard_s(producer, src, needed),
             consumers=tuple(users),
-            module=module_path(graph.nodes[users[0]]),
+            module=module_path(graph.nodes[producer]),
         ))
     parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
     per_rank = sum(costed.memory_bytes[name][solution.choice[name]] for name in costed.memory_bytes)
@@ -149,9 +159,10 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
 
 def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
                    memory_budget: float | int | str | None, strict: bool, time_limit_s: float,
-                   progress: bool, started: float) -> Plan:
+                   progress: bool, started: float, constraints: Constraints | None = None) -> Plan:
     hw = get_hardware(hardware)
     graph = build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns())
+    graph = apply_constraints(graph, constraints)
     if graph.fallback:
         lines = []
         for name in graph.fallback:
@@ -192,6 +203,7 @@ def plan(
     strict: bool = False,
     time_limit_s: float = 60.0,
     progress: bool = False,
+    constraints: Constraints | None = None,
 ) -> Plan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -210,12 +222,16 @@ def plan(
     ``hardware`` names a profile of :data:`autotp.cost_model.KNOWN_HARDWARE`, or is a
     :class:`~autotp.cost_model.Hardware` or a path to a JSON profile.
     ``strict=True`` raises instead of running ops without a sharding rule replicated.
+    ``constraints`` pins placements before solving: ``{fnmatch pattern over parameter FQNs and
+    node names: placement}``, e.g. ``{"model.layers.*.mlp.down_proj.weight": Replicate()}``
+    (see :mod:`autotp.constraints`).
     """
     started = time.perf_counter()
     world_size = _check_world_size(world_size)
     _log(progress, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
-    return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started)
+    return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
+                          constraints)
 
 
 def _group_world_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
@@ -240,6 +256,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     group: dist.ProcessGroup | None = None,
     time_limit_s: float = 60.0,
     progress: bool = False,
+    constraints: Constraints | None = None,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -269,15 +286,40 @@ def compile(  # noqa: A001 - mirrors torch.compile
     captured = capture(model, example_inputs, example_kwargs)
     if plan is None:
         plan = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s,
-                              progress and rank == 0, started)
+                              progress and rank == 0, started, constraints)
     else:
         plan.check_matches(captured.graph_module, world_size)
+        check_plan_constraints(plan, constraints)
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, world_size)
     group_name = (group or dist.group.WORLD).group_name
     local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
     local_values = _local_values(captured, plan, parts, rank)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank)
+
+
+def _plan_once(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
+               memory_budget: float | int | str | None, strict: bool, time_limit_s: float, progress: bool,
+               started: float, group: dist.ProcessGroup | None, rank: int) -> Plan:
+    """Plan on the group's first rank and broadcast the plan: every rank applies the same plan,
+    and the others spend no time solving. (A fake process group, used for tests, cannot carry
+    objects, so there every rank plans; planning is deterministic.)"""
+    if world_size == 1 or dist.get_backend(group) == "fake":
+        return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started)
+    box: list[object] = [None]
+    if rank == 0:
+        try:
+            box[0] = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started)
+        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
+            box[0] = exc
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
+    if isinstance(box[0], BaseException):
+        if rank == 0:
+            raise box[0]
+        raise PlanError(f"planning failed on rank 0: {box[0]}") from None
+    if not isinstance(box[0], Plan):
+        raise PlanError(f"rank 0 sent {type(box[0]).__name__} instead of a Plan")
+    return box[0]
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:

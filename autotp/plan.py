@@ -15,6 +15,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx as fx
@@ -23,9 +24,17 @@ from autotp.errors import PlanMismatchError
 from autotp.passes.rules import Strategy
 from autotp.placements import placement_from_str, placement_to_str
 
-__all__ = ["CollectiveDecision", "NodeDecision", "Plan", "graph_fingerprint"]
+if TYPE_CHECKING:
+    from autotp.explain import PlanDiff
+    from autotp.export_tp import ParallelizePlan
 
-PLAN_FORMAT_VERSION = 1
+__all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "graph_fingerprint"]
+
+PLAN_FORMAT_VERSION = 2
+"""Version written by :meth:`Plan.save`. Version 1 plans (no graph edges, shapes or
+alternatives on nodes) still load and apply; drawings and ``explain`` are poorer for them."""
+
+_READABLE_VERSIONS = (1, 2)
 
 
 def _describe(node: fx.Node) -> str:
@@ -51,8 +60,34 @@ def module_path(node: fx.Node) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class Alternative:
+    """Another strategy a node could have taken, priced with its neighbours' choices held fixed.
+
+    ``delta_s`` = ``compute_delta_s`` + the sum of ``comm_delta_s``: predicted seconds per forward
+    pass relative to the chosen strategy (positive: slower). ``comm_delta_s`` is split by
+    resharding kind (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_gather+slice``...)
+    on the node's input and output edges. ``delta_s`` is ``None`` when the strategy is not
+    possible while the neighbours keep their choices (``note`` says why, e.g. a parameter would
+    have to be gathered); ``memory_delta_bytes`` is the change in parameter bytes per rank.
+    """
+
+    strategy: str
+    delta_s: float | None
+    compute_delta_s: float = 0.0
+    comm_delta_s: tuple[tuple[str, float], ...] = ()
+    memory_delta_bytes: int = 0
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeDecision:
-    """The chosen strategy of one node, with its predicted compute time on one rank."""
+    """The chosen strategy of one node, with its predicted compute time on one rank.
+
+    ``input_nodes`` names the producer of each input slot (the graph's edges); ``target`` is the
+    FQN of a parameter/buffer/constant placeholder (``""`` otherwise); ``shape``/``dtype``
+    describe the node's (first) output tensor; ``alternatives`` are the other candidate
+    strategies, cheapest first (at most a handful; see :class:`Alternative`).
+    """
 
     name: str
     op: str
@@ -61,6 +96,11 @@ class NodeDecision:
     compute_s: float
     module: str = ""
     fallback: bool = False
+    input_nodes: tuple[str, ...] = ()
+    target: str = ""
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    alternatives: tuple[Alternative, ...] = ()
 
     def strategy(self) -> Strategy:
         return Strategy(tuple(placement_from_str(p) for p in self.inputs), placement_from_str(self.output))
@@ -78,6 +118,20 @@ class CollectiveDecision:
     time_s: float
     consumers: tuple[str, ...]
     module: str = ""
+
+
+def _node_from_json(data: dict) -> NodeDecision:
+    alternatives = tuple(
+        Alternative(**{**a, "comm_delta_s": tuple((str(k), float(v)) for k, v in a.get("comm_delta_s", ()))})
+        for a in data.get("alternatives", ())
+    )
+    return NodeDecision(**{
+        **data,
+        "inputs": tuple(data["inputs"]),
+        "input_nodes": tuple(data.get("input_nodes", ())),
+        "shape": tuple(int(d) for d in data.get("shape", ())),
+        "alternatives": alternatives,
+    })
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +218,48 @@ class Plan:
     def __str__(self) -> str:
         return self.summary()
 
+    # ---------------------------------------------------------------- inspection
+    def explain(self, name: str) -> str:
+        """Why node ``name`` (or the parameter with FQN ``name``) is placed as it is: its
+        alternatives with their predicted cost difference (see :mod:`autotp.explain`)."""
+        from autotp.explain import explain
+
+        return explain(self, name)
+
+    def diff(self, other: Plan) -> PlanDiff:
+        """What changes from this plan to ``other``: placements, strategies, collectives, cost."""
+        from autotp.explain import diff
+
+        return diff(self, other)
+
+    def to_html(self, path: str | os.PathLike | None = None, *, title: str | None = None) -> str:
+        """A self-contained interactive HTML page of the plan (no network needed); written to
+        ``path`` when given. Returns the HTML text. See :mod:`autotp.report_html`."""
+        from autotp.report_html import plan_to_html
+
+        return plan_to_html(self, path, title=title)
+
+    def to_dot(self, *, fold: bool = True, max_depth: int | None = None) -> str:
+        """Graphviz DOT text: modules as clusters, tensors coloured by placement, collectives as
+        nodes (see :mod:`autotp.report_dot`)."""
+        from autotp.report_dot import plan_to_dot
+
+        return plan_to_dot(self, fold=fold, max_depth=max_depth)
+
+    def to_svg(self, path: str | os.PathLike | None = None, *, fold: bool = True,
+               max_depth: int | None = None) -> str:
+        """SVG of :meth:`to_dot` rendered by Graphviz's ``dot`` program (raises if it is not installed)."""
+        from autotp.report_dot import plan_to_svg
+
+        return plan_to_svg(self, path, fold=fold, max_depth=max_depth)
+
+    def to_parallelize_plan(self) -> ParallelizePlan:
+        """The equivalent ``torch.distributed.tensor.parallel`` plan (module FQN -> ParallelStyle)
+        where it exists, and what it cannot express (see :mod:`autotp.export_tp`)."""
+        from autotp.export_tp import to_parallelize_plan
+
+        return to_parallelize_plan(self)
+
     # ---------------------------------------------------------------- JSON
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -176,14 +272,15 @@ class Plan:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise PlanMismatchError(f"{source} is not a valid autotp plan: not JSON ({exc})") from exc
-        if not isinstance(data, dict) or data.get("version") != PLAN_FORMAT_VERSION:
+        if not isinstance(data, dict) or data.get("version") not in _READABLE_VERSIONS:
             found = data.get("version") if isinstance(data, dict) else type(data).__name__
             raise PlanMismatchError(
-                f"{source} is not an autotp plan of format version {PLAN_FORMAT_VERSION} (found version {found!r}); "
+                f"{source} is not an autotp plan of a format version this autotp reads "
+                f"({', '.join(map(str, _READABLE_VERSIONS))}; found version {found!r}); "
                 "re-create it with autotp.plan(...).save(path)"
             )
         try:
-            nodes = tuple(NodeDecision(**{**n, "inputs": tuple(n["inputs"])}) for n in data.pop("nodes"))
+            nodes = tuple(_node_from_json(n) for n in data.pop("nodes"))
             collectives = tuple(
                 CollectiveDecision(**{**c, "steps": tuple(c["steps"]), "consumers": tuple(c["consumers"])})
                 for c in data.pop("collectives")

@@ -1,0 +1,159 @@
+"""Plan.explain, Plan.diff, user constraints and the plan's JSON format (unit tier, no process group).
+
+All plans are made on the meta device for a tiny Llama (hidden 256, 8 heads, 4 kv heads, 2 layers)
+over tp=4 unless a test says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from inspect_helpers import tiny_plan
+
+import autotp
+from autotp import Replicate, Shard
+from autotp.errors import PlanError, PlanMismatchError
+from autotp.plan import Plan
+
+
+def test_nodes_record_their_edges_shapes_and_targets() -> None:
+    """tp=4: every node names its producers; parameter placeholders carry their FQN and shape."""
+    plan = tiny_plan()
+    names = {n.name for n in plan.nodes}
+    for node in plan.nodes:
+        assert len(node.input_nodes) == len(node.inputs), f"{node.name}: {node.input_nodes} vs {node.inputs}"
+        assert set(node.input_nodes) <= names, f"{node.name} reads unknown nodes {set(node.input_nodes) - names}"
+    weights = {n.target: n for n in plan.nodes if n.target in plan.parameters}
+    assert set(weights) == set(plan.parameters), "every parameter FQN should have a placeholder with that target"
+    q = weights["model.layers.0.self_attn.q_proj.weight"]
+    assert q.shape == (256, 256) and q.dtype == "float32", f"q_proj.weight shape/dtype: {q.shape} {q.dtype}"
+    assert q.output == plan.parameters[q.target]
+
+
+def test_alternatives_are_sorted_and_priced() -> None:
+    """tp=4: alternatives come cheapest first; a delta is its compute plus communication parts."""
+    plan = tiny_plan()
+    with_alts = [n for n in plan.nodes if n.alternatives]
+    assert len(with_alts) > 50, f"expected most nodes to have alternatives, got {len(with_alts)}"
+    for node in with_alts:
+        deltas = [a.delta_s for a in node.alternatives if a.delta_s is not None]
+        assert deltas == sorted(deltas), f"{node.name}: alternatives not sorted: {deltas}"
+        for alt in node.alternatives:
+            assert alt.strategy != f"{node.output}" or node.inputs, f"{node.name} lists its own choice"
+            if alt.delta_s is not None:
+                parts = alt.compute_delta_s + sum(v for _, v in alt.comm_delta_s)
+                assert math.isclose(alt.delta_s, parts, rel_tol=1e-9, abs_tol=1e-15), (alt, parts)
+            else:
+                assert alt.note, f"{node.name}: an impossible alternative must say why: {alt}"
+
+
+def test_alternative_delta_bounds_the_replanned_cost() -> None:
+    """tp=4, no memory budget: pinning a weight to an alternative and re-solving costs at least the
+    optimum and at most the optimum plus the alternative's delta (the solver may also move neighbours)."""
+    base = tiny_plan(memory_budget=None)
+    fqn = "model.layers.0.mlp.down_proj.weight"
+    node = base.nodes[[n.target for n in base.nodes].index(fqn)]
+    alt = next(a for a in node.alternatives if a.delta_s is not None)
+    pinned = tiny_plan(memory_budget=None, constraints=((fqn, alt.strategy),))
+    assert pinned.parameters[fqn] == alt.strategy
+    tolerance = 1e-9
+    assert pinned.predicted_time_s >= base.predicted_time_s - tolerance, (pinned.predicted_time_s, base.predicted_time_s)
+    assert pinned.predicted_time_s <= base.predicted_time_s + alt.delta_s + tolerance, (
+        f"re-solved {pinned.predicted_time_s} > base {base.predicted_time_s} + delta {alt.delta_s}")
+
+
+def test_explain_parameter_and_node() -> None:
+    """tp=4: explain names the choice, the collective after the row-parallel GEMM and priced alternatives."""
+    plan = tiny_plan()
+    text = plan.explain("model.layers.0.mlp.down_proj.weight")
+    assert "chose S(1)" in text, text
+    assert "read by linear_6" in text, text
+    assert "replicating this would" in text and "all_reduce -" in text, text
+    assert "exceeds the memory budget" in text, text
+    node_text = plan.explain("linear_6")
+    assert node_text.startswith("linear_6 (aten.linear.default in model.layers.0.mlp.down_proj)"), node_text
+    assert "after it: all_reduce P->R" in node_text, node_text
+
+
+def test_explain_unknown_name_suggests() -> None:
+    """An unknown name raises KeyError with similar names."""
+    with pytest.raises(KeyError, match="similar: .*down_proj"):
+        tiny_plan().explain("model.layers.9.mlp.down_proj.weight")
+
+
+def test_diff_same_and_constrained() -> None:
+    """tp=4: a plan has no diff with itself; pinning down_proj weights to R shows in the diff with its cost."""
+    base = tiny_plan()
+    assert not base.diff(base), str(base.diff(base))
+    pinned = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", "R"),))
+    delta = base.diff(pinned)
+    assert ("model.layers.0.mlp.down_proj.weight", "S(1)", "R") in delta.parameters, delta.parameters
+    assert math.isclose(delta.time_delta_s, pinned.predicted_time_s - base.predicted_time_s, abs_tol=1e-12)
+    assert delta.memory_delta_bytes > 0
+    text = str(delta)
+    assert "model.layers.1.mlp.down_proj.weight: S(1) => R" in text, text
+
+
+def test_constraints_pin_parameters_and_nodes() -> None:
+    """tp=4: fnmatch patterns over FQNs and node names; placement objects and text both accepted."""
+    plan = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", "R"), ("lm_head.weight", "S(1)")))
+    assert plan.parameters["model.layers.0.mlp.down_proj.weight"] == "R"
+    assert plan.parameters["model.layers.1.mlp.down_proj.weight"] == "R"
+    assert plan.parameters["lm_head.weight"] == "S(1)"
+    from autotp.constraints import normalize_constraints
+
+    assert normalize_constraints({"a": Replicate(), "b": Shard(1), "c": "S(0)"}) == {"a": "R", "b": "S(1)", "c": "S(0)"}
+    node_pinned = tiny_plan(constraints=(("linear_6", "R"),), memory_budget=None)
+    assert next(n for n in node_pinned.nodes if n.name == "linear_6").output == "R"
+
+
+def test_constraint_errors_name_every_problem() -> None:
+    """Patterns matching nothing and placements that are not candidates are reported together."""
+    import models
+
+    model, args, kwargs = models.tiny_llama(device="meta")
+    with pytest.raises(PlanError) as info:
+        autotp.plan(model, args, kwargs, world_size=4,
+                    constraints={"model.layers.*.mlp.nothing": "R", "lm_head.weight": "P"})
+    message = str(info.value)
+    assert "'model.layers.*.mlp.nothing'" in message and "parameters look like: model.embed_tokens.weight" in message, message
+    assert "lm_head.weight (pattern 'lm_head.weight') cannot be P; its candidates are R, S(0), S(1)" in message, message
+    with pytest.raises(ValueError, match="not a placement"):
+        autotp.plan(model, args, kwargs, world_size=4, constraints={"lm_head.weight": "S(x)"})
+
+
+def test_check_plan_constraints() -> None:
+    """compile(plan=..., constraints=...) refuses a plan that breaks the constraints."""
+    from autotp.constraints import check_plan_constraints
+
+    plan = tiny_plan()
+    check_plan_constraints(plan, {"lm_head.weight": plan.parameters["lm_head.weight"]})
+    with pytest.raises(PlanMismatchError, match="lm_head.weight is S\\(0\\) in the plan, constraint 'lm_head.weight' asks R"):
+        check_plan_constraints(plan, {"lm_head.weight": "R"})
+
+
+def test_json_round_trip_keeps_alternatives(tmp_path) -> None:
+    """Format v2: save/load gives an equal plan, alternatives included."""
+    plan = tiny_plan()
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded == plan
+    assert json.loads(path.read_text())["version"] == 2
+
+
+def test_version_1_plans_still_load() -> None:
+    """A format-v1 plan (no edges, shapes, alternatives) loads; explain says alternatives are missing."""
+    data = json.loads(tiny_plan().to_json())
+    data["version"] = 1
+    for node in data["nodes"]:
+        for key in ("input_nodes", "target", "shape", "dtype", "alternatives"):
+            node.pop(key)
+    old = Plan.from_json(json.dumps(data))
+    assert old.version == 1 and old.decisions() == tiny_plan().decisions()
+    assert "not recorded in format-v1 plans" in old.explain("linear_6")
+    data["version"] = 99
+    with pytest.raises(PlanMismatchError, match="found version 99"):
+        Plan.from_json(json.dumps(data))
