@@ -4,9 +4,13 @@ Input: a :class:`StrategyGraph` and a hardware profile. Output: a :class:`Costed
 (plain data; nothing in the FX graph changes). All formulas live in ``autotp.cost_model``;
 this pass only decides *what* each strategy asks of the hardware:
 
-- compute: the op's FLOPs (``aten_flops``) and the bytes it reads and writes, both scaled to
-  the local shard; a strategy that splits any tensor (or produces a Partial sum) divides the
-  work by the number of ranks. View-like ops move no data and cost nothing.
+- compute: the op's FLOPs (``aten_flops``) and the bytes it reads and writes on one rank. The
+  FLOPs are the largest rank's share of the work when the strategy splits a tensor (the
+  output, or a contracted input whose output is a Partial sum); with only Replicate and
+  Partial placements every rank does the whole op. The bytes are counted tensor by tensor at
+  their local size: a split tensor is read (or written) in part, a replicated or Partial one
+  whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
+  reads the whole weight). View-like ops move no data and cost nothing.
 - resharding between the producer's and the consumer's placement of one tensor: one
   collective from :func:`collective_time_s` (see :func:`reshard_plan`).
 - memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
@@ -23,7 +27,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
-from autotp.passes.rules import Strategy
+from autotp.passes.rules import Strategy, tensor_inputs
 from autotp.passes.strategies import StrategyGraph
 from autotp.placements import Partial, Placement, Replicate, split_of
 
@@ -118,8 +122,33 @@ def _meta_args(node: fx.Node) -> tuple[tuple, dict]:
     return pytree.tree_map(to_val, node.args), pytree.tree_map(to_val, node.kwargs)
 
 
-def _splits_work(strategy: Strategy) -> bool:
-    return any(isinstance(p, Partial) or split_of(p) for p in (*strategy.inputs, strategy.output))
+def _local_fraction(value: object, placement: Placement, world_size: int) -> float:
+    """Share of ``value`` the largest rank holds under ``placement`` (1.0 unless it is split)."""
+    if not isinstance(value, torch.Tensor) or value.numel() == 0:
+        return 1.0
+    return _shard_bytes(value, placement, world_size) / (value.numel() * value.element_size())
+
+
+def _local_nbytes(value: object, placement: Placement, world_size: int) -> float:
+    """Bytes of ``value`` (a tensor, or a tuple of them sharing one placement) on the largest rank."""
+    leaves = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+    return sum(_local_fraction(v, placement, world_size) * v.numel() * v.element_size() for v in leaves)
+
+
+def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_size: int) -> float:
+    """Share of the op's FLOPs the largest rank does under ``strategy``.
+
+    A split output splits the work with it; a Partial output computed from split inputs is a
+    split contraction (each rank sums its part of the contracted dim). With only Replicate and
+    Partial placements (e.g. a Partial passing through a GEMM or an add) every rank does it all.
+    """
+    out_leaf = next((v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)), None)
+    if split_of(strategy.output) is not None:
+        return _local_fraction(out_leaf, strategy.output, world_size)
+    for placement, value in zip(strategy.inputs, inputs):
+        if split_of(placement) is not None:
+            return _local_fraction(value, placement, world_size)
+    return 1.0
 
 
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
@@ -131,12 +160,15 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
         flops = aten_flops(node.target, args, kwargs, out)
     except Exception:  # noqa: BLE001 - an op the FLOP counter cannot size costs by bytes only
         flops = 0
-    moved = tensor_nbytes(out) + sum(tensor_nbytes(a) for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor))
+    inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]  # one per input slot
     dtype = _dtype(out)
     costs = []
     for strategy in strategies:
-        share = 1.0 / world_size if _splits_work(strategy) else 1.0
-        costs.append(compute_time_s(flops * share, moved * share, dtype, hardware))
+        moved = _local_nbytes(out, strategy.output, world_size) + sum(
+            _local_nbytes(value, placement, world_size) for placement, value in zip(strategy.inputs, inputs)
+        )
+        share = _work_fraction(strategy, out, inputs, world_size)
+        costs.append(compute_time_s(flops * share, moved, dtype, hardware))
     return costs
 
 
