@@ -25,6 +25,8 @@ from autotp.passes.rules import Strategy
 from autotp.placements import placement_from_str, placement_to_str
 
 if TYPE_CHECKING:
+    from autotp.cost_model import Hardware
+    from autotp.estimate import Estimate
     from autotp.explain import PlanDiff
     from autotp.export_tp import ParallelizePlan
 
@@ -225,6 +227,13 @@ class Plan:
         from autotp.explain import explain
 
         return explain(self, name)
+
+    def estimate(self, hardware: str | Hardware | None = None) -> Estimate:
+        """Predicted time per forward (compute, communication, per node, per layer) and memory
+        per rank (parameters, buffers, activation peak); see :mod:`autotp.estimate`."""
+        from autotp.estimate import estimate_plan
+
+        return estimate_plan(self, hardware=hardware)
 
     def diff(self, other: Plan) -> PlanDiff:
         """What changes from this plan to ``other``: placements, strategies, collectives, cost."""

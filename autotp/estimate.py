@@ -1,0 +1,557 @@
+"""What a plan is predicted to cost: time per forward pass and memory per rank, broken down.
+
+:func:`estimate_plan` (``Plan.estimate()``) reads only the :class:`~autotp.plan.Plan` — no model,
+no graph, no process group — and adds up the terms the planner priced:
+
+* **time per forward** = compute + communication. Compute is the sum of every node's roofline
+  time on one rank (``NodeDecision.compute_s``: max(FLOPs / peak, bytes / bandwidth) + kernel
+  floor, see :mod:`autotp.cost_model.compute`); communication is the sum of every resharding
+  the rewrite inserts (``CollectiveDecision.time_s``: alpha-beta collectives, see
+  :mod:`autotp.cost_model.collectives`). The two are added, not overlapped: the rewritten
+  graph waits on each collective right after issuing it (``wait_tensor``), so nothing overlaps.
+  Both are broken down per node (a collective counts for the node whose output it reshards)
+  and per layer (see :func:`layer_of`).
+* **memory per rank** = parameters (the plan's ``parameter_bytes_per_rank``: the largest
+  rank's shards) + buffers and constants (whole on every rank) + the peak of live activations.
+  The activation peak is a liveness walk over the plan's graph in execution order, the order
+  the FX-generated code runs it in, which frees each tensor right after its last use: a node's
+  output (at its local size under its placement: ``S(d)`` is the largest rank's block, ``R``
+  and ``P`` full size) is allocated when the node runs and freed after its last consumer has
+  run; view ops (``view``, ``transpose``, ``getitem``, ...) alias their input and only extend its
+  life; every collective's result is a new buffer of its target placement's local size that
+  lives until its last consumer. User inputs and graph outputs count for the whole forward.
+  Not counted: temporaries inside a kernel (e.g. attention scores inside SDPA) and inside a
+  collective (padding for uneven splits), and the caching allocator's fragmentation. This needs
+  the node shapes of plan format v2; for a v1 plan the activation peak is ``None``.
+
+:func:`split_crossover` answers "from which sequence length (or batch) does splitting this linear
+layer pay on this hardware?" with the symbolic cost model (:mod:`autotp.cost_model.symbolic`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import sympy
+import torch
+
+from autotp.cost_model import Hardware, KNOWN_HARDWARE, get_hardware
+from autotp.cost_model.symbolic import (
+    BATCH,
+    SEQ,
+    crossover,
+    evaluate_s,
+    symbolic_aten_flops,
+    symbolic_collective_time_s,
+    symbolic_compute_time_s,
+    symbolic_tensor_bytes,
+)
+from autotp.passes.costing import VIEW_OPS
+from autotp.placements import placement_from_str, split_of
+from autotp.plan import CollectiveDecision, NodeDecision, Plan
+
+__all__ = [
+    "SPLIT_KINDS",
+    "Crossover",
+    "Estimate",
+    "LayerEstimate",
+    "NodeEstimate",
+    "estimate_plan",
+    "layer_of",
+    "split_crossover",
+    "split_crossovers",
+]
+
+_VIEW_OP_NAMES = frozenset(str(op) for op in VIEW_OPS)
+_GIB = 2**30
+
+
+def layer_of(module: str) -> str:
+    """The layer a module belongs to: its FQN up to and including the first numeric part.
+
+    ``model.layers.3.mlp.up_proj`` -> ``model.layers.3``; ``transformer.h.0.attn`` ->
+    ``transformer.h.0``; ``0`` (a Sequential's first child) -> ``0``. A module outside any
+    numbered container is its own group (``lm_head``, ``model.norm``); ``""`` (ops at the top
+    level of ``forward``) is ``"(top level)"``.
+    """
+    if not module:
+        return "(top level)"
+    parts = module.split(".")
+    for index, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: index + 1])
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeEstimate:
+    """One graph node: its compute, the collectives on its output, and its output's local size."""
+
+    name: str
+    op: str
+    module: str
+    layer: str
+    compute_s: float
+    comm_s: float
+    output_bytes_per_rank: int
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerEstimate:
+    """The nodes of one layer (see :func:`layer_of`) added up."""
+
+    layer: str
+    compute_s: float
+    comm_s: float
+    nodes: int
+    collectives: int
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Predicted seconds per forward pass and bytes per rank of one plan (see module docstring).
+
+    ``memory_capacity_bytes`` is the device memory of the hardware profile when it is known
+    (``None`` for a profile the estimate could not resolve by name; pass ``hardware=``).
+    """
+
+    hardware: str
+    world_size: int
+    compute_s: float
+    comm_s: float
+    nodes: tuple[NodeEstimate, ...]
+    layers: tuple[LayerEstimate, ...]
+    parameter_bytes_per_rank: int
+    buffer_bytes_per_rank: int
+    activation_peak_bytes_per_rank: int | None
+    activation_peak_after: str
+    memory_capacity_bytes: float | None
+
+    @property
+    def time_s(self) -> float:
+        """Predicted seconds per forward pass: compute + communication (no overlap)."""
+        return self.compute_s + self.comm_s
+
+    @property
+    def memory_bytes_per_rank(self) -> int | None:
+        """Parameters + buffers + activation peak on the largest rank (``None`` without shapes)."""
+        if self.activation_peak_bytes_per_rank is None:
+            return None
+        return self.parameter_bytes_per_rank + self.buffer_bytes_per_rank + self.activation_peak_bytes_per_rank
+
+    def layer(self, name: str) -> LayerEstimate:
+        """The estimate of one layer by name (e.g. ``"model.layers.0"``); KeyError lists the layers."""
+        for layer in self.layers:
+            if layer.layer == name:
+                return layer
+        raise KeyError(f"no layer {name!r} in this plan; layers: {', '.join(l.layer for l in self.layers)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["time_s"] = self.time_s
+        data["memory_bytes_per_rank"] = self.memory_bytes_per_rank
+        return data
+
+    def summary(self, max_rows: int = 40) -> str:
+        """A terminal table: totals, the layers, the costliest nodes, memory per rank."""
+        lines = [
+            f"autotp estimate: world_size={self.world_size} hardware={self.hardware}",
+            f"time per forward: {_ms(self.time_s)} (compute {_ms(self.compute_s)}, "
+            f"communication {_ms(self.comm_s)})",
+            "",
+            f"{'layer':<40} {'compute':>11} {'comm':>11} {'total':>11} {'share':>7}",
+        ]
+        for layer in self.layers[:max_rows]:
+            share = layer.time_s / self.time_s if self.time_s else 0.0
+            lines.append(
+                f"  {layer.layer:<38} {_ms(layer.compute_s):>11} {_ms(layer.comm_s):>11} "
+                f"{_ms(layer.time_s):>11} {share:>7.1%}"
+            )
+        if len(self.layers) > max_rows:
+            lines.append(f"  ... {len(self.layers) - max_rows} more layers")
+        costliest = sorted(self.nodes, key=lambda n: n.time_s, reverse=True)[: min(10, max_rows)]
+        lines += ["", f"{'costliest nodes':<40} {'compute':>11} {'comm':>11}  op"]
+        for node in costliest:
+            lines.append(f"  {node.name:<38} {_ms(node.compute_s):>11} {_ms(node.comm_s):>11}  {node.op}")
+        lines += ["", "memory per rank:", f"  parameters   {_mib(self.parameter_bytes_per_rank)}",
+                  f"  buffers      {_mib(self.buffer_bytes_per_rank)}"]
+        if self.activation_peak_bytes_per_rank is None:
+            lines.append("  activations  unknown (a plan of format v1 has no shapes; re-plan to get them)")
+        else:
+            lines.append(f"  activations  {_mib(self.activation_peak_bytes_per_rank)} at peak "
+                         f"(after {self.activation_peak_after})")
+            total = self.memory_bytes_per_rank or 0
+            capacity = ""
+            if self.memory_capacity_bytes:
+                capacity = f" of {self.memory_capacity_bytes / _GIB:.1f} GiB ({total / self.memory_capacity_bytes:.1%})"
+            lines.append(f"  total        {_mib(total)}{capacity}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
+def _dtype_itemsize(name: str) -> int:
+    dtype = getattr(torch, name, None) if name else None
+    if not isinstance(dtype, torch.dtype):
+        return 0
+    return dtype.itemsize
+
+
+def local_nbytes(shape: Iterable[int], dtype: str, placement_text: str, world_size: int) -> int:
+    """Bytes of a tensor of ``shape`` on the largest rank under ``placement_text``.
+
+    ``S(d)`` holds ``ceil(size / N)`` of dim ``d`` (``S(d)xk``: that of each of the k blocks);
+    ``R`` and ``P`` hold the whole tensor. Same arithmetic as the planner's parameter bytes.
+    """
+    sizes = [int(s) for s in shape]
+    itemsize = _dtype_itemsize(dtype)
+    numel = math.prod(sizes)
+    split = split_of(placement_from_str(placement_text))
+    if split is None or not sizes:
+        return numel * itemsize
+    dim, blocks = split
+    size = sizes[dim]
+    if size == 0:
+        return 0
+    return (numel // size) * blocks * math.ceil(size // blocks / world_size) * itemsize
+
+
+def _resolve_capacity(plan: Plan, hardware: str | Hardware | None) -> float | None:
+    if hardware is None:
+        known = KNOWN_HARDWARE.get(plan.hardware)
+        return known.memory_gib * _GIB if known is not None else None
+    profile = get_hardware(hardware)
+    if profile.name != plan.hardware:
+        raise ValueError(
+            f"this plan was costed for hardware {plan.hardware!r}, not {profile.name!r}; an estimate "
+            f"adds up the plan's own costs, so re-plan with autotp.plan(..., hardware={profile.name!r}) "
+            f"to estimate on {profile.name!r}"
+        )
+    return profile.memory_gib * _GIB
+
+
+def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Estimate:
+    """Predicted time per forward pass and memory per rank of ``plan`` (see module docstring).
+
+    ``hardware`` is only needed for the device capacity of a profile that is not one of
+    :data:`~autotp.cost_model.KNOWN_HARDWARE` (e.g. a calibrated JSON profile); it must be the
+    profile the plan was costed for.
+    """
+    capacity = _resolve_capacity(plan, hardware)
+    comm_by_producer: dict[str, float] = {}
+    for collective in plan.collectives:
+        comm_by_producer[collective.producer] = comm_by_producer.get(collective.producer, 0.0) + collective.time_s
+    nodes = tuple(
+        NodeEstimate(
+            name=node.name,
+            op=node.op,
+            module=node.module,
+            layer=layer_of(node.module),
+            compute_s=node.compute_s,
+            comm_s=comm_by_producer.get(node.name, 0.0),
+            output_bytes_per_rank=local_nbytes(node.shape, node.dtype, node.output, plan.world_size),
+        )
+        for node in plan.nodes
+    )
+    layers = _by_layer(plan, nodes)
+    buffers = sum(
+        local_nbytes(n.shape, n.dtype, "R", plan.world_size)
+        for n in plan.nodes
+        if n.op == "placeholder" and n.target and n.target not in plan.parameters
+    )
+    peak, peak_after = _activation_peak(plan)
+    return Estimate(
+        hardware=plan.hardware,
+        world_size=plan.world_size,
+        compute_s=sum(n.compute_s for n in nodes),
+        comm_s=sum(c.time_s for c in plan.collectives),
+        nodes=nodes,
+        layers=layers,
+        parameter_bytes_per_rank=plan.parameter_bytes_per_rank,
+        buffer_bytes_per_rank=buffers,
+        activation_peak_bytes_per_rank=peak,
+        activation_peak_after=peak_after,
+        memory_capacity_bytes=capacity,
+    )
+
+
+def _by_layer(plan: Plan, nodes: tuple[NodeEstimate, ...]) -> tuple[LayerEstimate, ...]:
+    compute: dict[str, float] = {}
+    comm: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    collectives: dict[str, int] = {}
+    layer_by_node = {n.name: n.layer for n in nodes}
+    for node in nodes:  # first appearance orders the layers: execution order
+        compute[node.layer] = compute.get(node.layer, 0.0) + node.compute_s
+        counts[node.layer] = counts.get(node.layer, 0) + 1
+    for collective in plan.collectives:
+        layer = layer_by_node.get(collective.producer, layer_of(collective.module))
+        comm[layer] = comm.get(layer, 0.0) + collective.time_s
+        collectives[layer] = collectives.get(layer, 0) + 1
+        compute.setdefault(layer, 0.0)
+    return tuple(
+        LayerEstimate(layer, compute[layer], comm.get(layer, 0.0), counts.get(layer, 0), collectives.get(layer, 0))
+        for layer in compute
+    )
+
+
+# ------------------------------------------------------------------------------ activations
+
+def _has_shapes(plan: Plan) -> bool:
+    return any(node.dtype for node in plan.nodes)
+
+
+def _activation_peak(plan: Plan) -> tuple[int | None, str]:
+    """(peak bytes of live activations on the largest rank, the node after which it is reached)."""
+    if not _has_shapes(plan):
+        return None, ""
+    world_size = plan.world_size
+    position = {node.name: index for index, node in enumerate(plan.nodes)}
+    end = len(plan.nodes)
+    reshards: dict[tuple[str, str], CollectiveDecision] = {(c.producer, c.dst): c for c in plan.collectives}
+    by_name: dict[str, NodeDecision] = {node.name: node for node in plan.nodes}
+
+    # A buffer is a node's output or a collective's result; views point at their input's buffer.
+    size: dict[str, int] = {}
+    born: dict[str, int] = {}
+    last_use: dict[str, int] = {}
+    buffer_of: dict[str, str] = {}  # node name -> buffer holding its output
+
+    def source(node: NodeDecision, slot: int) -> str | None:
+        """The buffer that input ``slot`` of ``node`` reads (a collective's result if resharded)."""
+        if slot >= len(node.input_nodes):
+            return None
+        producer = by_name.get(node.input_nodes[slot])
+        if producer is None:
+            return None
+        wanted = node.inputs[slot] if slot < len(node.inputs) else producer.output
+        collective = reshards.get((producer.name, wanted)) if wanted != producer.output else None
+        if collective is not None and any(step not in ("slice",) for step in collective.steps):
+            return f"{producer.name}->{wanted}"  # a new buffer (all-gather, all-reduce, zeros...)
+        return buffer_of.get(producer.name)
+
+    for collective in plan.collectives:
+        if all(step == "slice" for step in collective.steps):
+            continue  # a narrow: a view of the producer's buffer
+        producer = by_name.get(collective.producer)
+        if producer is None:
+            continue
+        key = f"{collective.producer}->{collective.dst}"
+        size[key] = local_nbytes(producer.shape, producer.dtype, collective.dst, world_size)
+        born[key] = position[collective.producer]
+        last_use[key] = born[key]
+
+    for index, node in enumerate(plan.nodes):
+        if node.op == "placeholder":
+            if node.target:  # a parameter, buffer or constant: counted apart from activations
+                continue
+            buffer_of[node.name] = node.name
+            size[node.name] = local_nbytes(node.shape, node.dtype, node.output, world_size)
+            born[node.name] = 0
+            last_use[node.name] = end  # a user input: the caller holds it for the whole forward
+            continue
+        read = [source(node, slot) for slot in range(len(node.input_nodes))]
+        for buffer in read:
+            if buffer is not None:
+                last_use[buffer] = max(last_use.get(buffer, index), end if node.op == "output" else index)
+        if node.op == "output":
+            continue
+        if node.op in _VIEW_OP_NAMES and read and read[0] is not None:
+            buffer_of[node.name] = read[0]  # a view: same storage as its input
+            continue
+        buffer_of[node.name] = node.name
+        size[node.name] = local_nbytes(node.shape, node.dtype, node.output, world_size)
+        born[node.name] = index
+        last_use.setdefault(node.name, index)  # an unused output is freed right away
+
+    # Live bytes after each node runs: a buffer lives over [born, last_use].
+    delta = [0] * (end + 2)
+    for buffer, nbytes in size.items():
+        delta[born[buffer]] += nbytes
+        delta[max(last_use.get(buffer, born[buffer]), born[buffer]) + 1] -= nbytes
+    live, peak, peak_index = 0, 0, 0
+    for index in range(end):
+        live += delta[index]
+        if live > peak:
+            peak, peak_index = live, index
+    return peak, plan.nodes[peak_index].name if plan.nodes else ""
+
+
+# ------------------------------------------------------------------------------ crossover
+
+SPLIT_KINDS = ("column", "row", "tokens")
+"""How a linear layer ``y = x @ w.T`` may be split across N ranks, with the collective that puts
+its output back together (the layer's input arrives replicated, its output must leave replicated):
+
+* ``column``: ``w`` split by output features (``S(0)``), ``y`` split on its last dim, all-gather;
+* ``row``: ``x`` and ``w`` split by input features, ``y`` a Partial sum, all-reduce;
+* ``tokens``: ``x`` split by tokens, ``w`` whole on every rank, all-gather of ``y``.
+
+In a plan, consecutive column- and row-split layers share one all-reduce, so a layer's crossover
+in a real plan can come earlier than this isolated-layer figure; it never comes later.
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Crossover:
+    """From which size of ``symbol`` a split of one linear layer is predicted to pay.
+
+    ``size`` is the smallest value from which the split (plus its collective) is cheaper than the
+    layer kept whole, with the other symbols fixed at ``fixed``; ``None`` if it never pays up to
+    the search bound. ``whole_s`` and ``split_s`` are the two sympy cost expressions (seconds).
+    """
+
+    node: str
+    module: str
+    hardware: str
+    world_size: int
+    split: str
+    symbol: str
+    size: int | None
+    fixed: Mapping[str, int]
+    whole_s: sympy.Expr
+    split_s: sympy.Expr
+
+    def __str__(self) -> str:
+        fixed = ", ".join(f"{k}={v}" for k, v in self.fixed.items())
+        where = f"{self.module or self.node} ({self.split} split over {self.world_size} ranks, {self.hardware}"
+        where += f", {fixed})" if fixed else ")"
+        if self.size is None:
+            return f"{where}: never pays"
+        return f"{where}: pays from {self.symbol} >= {self.size}"
+
+
+def _token_shape(shape: tuple[int, ...], in_features: int) -> tuple[sympy.Expr, ...]:
+    """The linear input's shape with its token dims replaced by BATCH and SEQ.
+
+    ``(b, s, k)`` -> ``(BATCH, SEQ, k)``; ``(m, k)`` -> ``(BATCH * SEQ, k)``. Assumes the usual
+    layout of transformer activations: token dims lead, features last.
+    """
+    if len(shape) >= 3:
+        return (BATCH, SEQ, *(sympy.Integer(s) for s in shape[2:-1]), sympy.Integer(in_features))
+    return (BATCH * SEQ, sympy.Integer(in_features))
+
+
+def _linear_costs(
+    x_shape: tuple[sympy.Expr, ...], w_shape: tuple[int, int], has_bias: bool, dtype: torch.dtype,
+    hardware: Hardware, world_size: int, split: str,
+) -> tuple[sympy.Expr, sympy.Expr]:
+    """(whole, split + collective) cost expressions of ``linear(x, w, b)`` (roofline + alpha-beta)."""
+    out_features, in_features = w_shape
+    out_shape = (*x_shape[:-1], sympy.Integer(out_features))
+    flops = symbolic_aten_flops(torch.ops.aten.linear.default, (x_shape, w_shape))
+    x_bytes = symbolic_tensor_bytes(x_shape, dtype)
+    w_bytes = symbolic_tensor_bytes(w_shape, dtype) + (out_features * dtype.itemsize if has_bias else 0)
+    y_bytes = symbolic_tensor_bytes(out_shape, dtype)
+    n = world_size
+    whole = symbolic_compute_time_s(flops, x_bytes + w_bytes + y_bytes, dtype, hardware)
+    if split == "column":  # x whole, w and y by output features; all-gather y
+        compute = symbolic_compute_time_s(flops / n, x_bytes + w_bytes / n + y_bytes / n, dtype, hardware)
+        comm = symbolic_collective_time_s("all_gather", y_bytes, n, hardware)
+    elif split == "row":  # x and w by input features, y a full-size Partial sum; all-reduce y
+        compute = symbolic_compute_time_s(flops / n, x_bytes / n + w_bytes / n + y_bytes, dtype, hardware)
+        comm = symbolic_collective_time_s("all_reduce", y_bytes, n, hardware)
+    elif split == "tokens":  # x and y by tokens, w whole; all-gather y
+        compute = symbolic_compute_time_s(flops / n, x_bytes / n + w_bytes + y_bytes / n, dtype, hardware)
+        comm = symbolic_collective_time_s("all_gather", y_bytes, n, hardware)
+    else:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLIT_KINDS)}")
+    return whole, compute + comm
+
+
+def split_crossover(
+    plan: Plan,
+    node: str,
+    *,
+    hardware: str | Hardware | None = None,
+    split: str = "column",
+    symbol: sympy.Symbol = SEQ,
+    fixed: Mapping[sympy.Symbol, int] | None = None,
+    world_size: int | None = None,
+    high: int = 1 << 24,
+) -> Crossover:
+    """The ``symbol`` size (default: sequence length) from which splitting linear ``node`` pays.
+
+    ``node`` is a node name or a module FQN of a linear layer of ``plan`` (an ``aten.linear``
+    node; its input, weight and dtype come from the plan's shapes). The layer is costed whole
+    and split (``split``: see :data:`SPLIT_KINDS`) on ``hardware`` (default: the plan's, when it
+    is a known profile) over ``world_size`` ranks (default: the plan's), as sympy expressions of
+    :data:`~autotp.cost_model.symbolic.BATCH` and :data:`~autotp.cost_model.symbolic.SEQ`;
+    ``fixed`` gives the other symbol (default: batch 1 when solving for seq, seq 1 for batch).
+    """
+    decision = _find_linear(plan, node)
+    by_name = {n.name: n for n in plan.nodes}
+    x_node, w_node = (by_name[name] for name in decision.input_nodes[:2])
+    if len(w_node.shape) != 2:
+        raise ValueError(f"{decision.name}: expected a 2-D weight, got shape {w_node.shape}")
+    profile = get_hardware(hardware if hardware is not None else plan.hardware)
+    ranks = world_size if world_size is not None else plan.world_size
+    if ranks < 2:
+        raise ValueError(f"a split needs world_size >= 2, got {ranks}; pass world_size=")
+    other = BATCH if symbol == SEQ else SEQ
+    values = {other: 1} if fixed is None else dict(fixed)
+    dtype = getattr(torch, decision.dtype or "float32")
+    w_shape = (int(w_node.shape[0]), int(w_node.shape[1]))
+    x_shape = _token_shape(tuple(x_node.shape), w_shape[1])
+    whole, split_cost = _linear_costs(x_shape, w_shape, len(decision.input_nodes) > 2, dtype, profile, ranks, split)
+    size = crossover(split_cost, whole, symbol, values=values, high=high)
+    return Crossover(
+        node=decision.name,
+        module=decision.module,
+        hardware=profile.name,
+        world_size=ranks,
+        split=split,
+        symbol=str(symbol),
+        size=size,
+        fixed={str(k): int(v) for k, v in values.items()},
+        whole_s=whole,
+        split_s=split_cost,
+    )
+
+
+def split_crossovers(plan: Plan, **options: Any) -> list[Crossover]:
+    """:func:`split_crossover` for every linear layer of ``plan`` (same options), in graph order."""
+    return [split_crossover(plan, node.name, **options) for node in plan.nodes if node.op == _LINEAR]
+
+
+_LINEAR = str(torch.ops.aten.linear.default)
+
+
+def _find_linear(plan: Plan, name: str) -> NodeDecision:
+    linears = [n for n in plan.nodes if n.op == _LINEAR]
+    for node in linears:
+        if name in (node.name, node.module):
+            if len(node.input_nodes) < 2 or not node.dtype:
+                raise ValueError(
+                    f"{node.name}: the plan has no shapes for it (a plan of format v1); re-plan with this autotp"
+                )
+            return node
+    known = ", ".join(n.module or n.name for n in linears[:20]) or "none"
+    raise ValueError(f"no linear layer named {name!r} in the plan; its linear layers: {known}")
+
+
+def evaluate_crossover(result: Crossover, size: int) -> tuple[float, float]:
+    """(whole, split) seconds of ``result``'s layer at ``symbol = size`` (the fixed symbols as given)."""
+    values = {sympy.Symbol(k, positive=True, integer=True): v for k, v in result.fixed.items()}
+    values[sympy.Symbol(result.symbol, positive=True, integer=True)] = size
+    return evaluate_s(result.whole_s, values), evaluate_s(result.split_s, values)
