@@ -94,7 +94,7 @@ class TensorParallelModule(torch.nn.Module):
         return counts
 
     def _flatten_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
-        kw_spec = self._in_spec.children_specs[1]
+        kw_spec = self._in_spec.child(1)
         expected = list(kw_spec.context) if kw_spec.context is not None else []
         if set(kwargs) != set(expected):
             raise TypeError(

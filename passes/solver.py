@@ -43,7 +43,7 @@ from autotp.errors import PlanError
 from autotp.passes.costing import CostedGraph, is_local_reshard
 from autotp.placements import Placement
 
-__all__ = ["Solution", "solve"]
+__all__ = ["Solution", "evaluate_choice", "min_parameter_bytes", "solve"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +134,27 @@ def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
     terms = [(x[name][s], float(b)) for name, per in costed.memory_bytes.items() for s, b in enumerate(per)]
     if terms:
         model.row(terms, -np.inf, float(budget_bytes))
+
+
+def evaluate_choice(costed: CostedGraph, choice: dict[str, int]) -> float | None:
+    """Objective of a given choice, by the same accounting as the MILP; ``None`` if the choice is invalid.
+
+    Used to check the solver against brute force and to price reference plans.
+    """
+    strategies = costed.graph.strategies
+    total = sum(costed.compute_s[name][index] for name, index in choice.items())
+    paid: set[tuple[str, Placement, Placement]] = set()
+    for edge in costed.graph.edges:
+        q = strategies[edge.producer][choice[edge.producer]].output
+        p = strategies[edge.consumer][choice[edge.consumer]].inputs[edge.slot]
+        if q == p:
+            continue
+        if edge.must_match or (edge.local_only and not is_local_reshard(q, p)):
+            return None
+        if (edge.producer, q, p) not in paid:
+            paid.add((edge.producer, q, p))
+            total += costed.reshard_s(edge.producer, q, p)
+    return total
 
 
 def min_parameter_bytes(costed: CostedGraph) -> int:

@@ -1,0 +1,118 @@
+"""Tier (a): sharding rules and partitions as pure functions (no process group)."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from models import tiny_llama
+
+from autotp.capture import capture
+from autotp.passes.partition import Partitions
+from autotp.passes.rules import RULES, RuleContext, strategies_for, view_groups
+from autotp.placements import BlockShard, Partial, Replicate, Shard, placement_from_str, placement_to_str
+
+aten = torch.ops.aten
+R, P = Replicate(), Partial()
+
+
+def _graph(fn, *inputs: torch.Tensor) -> fx.GraphModule:
+    class Wrap(torch.nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    return capture(Wrap(), inputs).graph_module
+
+
+def _node(gm: fx.GraphModule, target: object) -> fx.Node:
+    found = [n for n in gm.graph.nodes if n.target is target]
+    assert found, f"no {target} node in graph:\n{gm.graph}"
+    return found[0]
+
+
+def test_view_groups_split_heads() -> None:
+    """No mesh: (batch, seq, hidden) -> (batch, seq, heads, head_dim) groups hidden with heads."""
+    assert view_groups((2, 16, 256), (2, 16, 8, 32)) == [([0], [0]), ([1], [1]), ([2], [2, 3])]
+    assert view_groups((2, 4, 2, 16, 32), (2, 8, 16, 32)) == [([0], [0]), ([1, 2], [1]), ([3], [2]), ([4], [3])]
+    assert view_groups((2, 16, 1), (2, 16)) == [([0], [0]), ([1], [1]), ([2], [])]
+
+
+def test_linear_rule_has_column_and_row_parallel() -> None:
+    """tp=4: linear offers column-parallel (w S(0) -> out S(-1)) and row-parallel (x S(-1), w S(1) -> P)."""
+    gm = _graph(lambda x, w: torch.nn.functional.linear(x, w), torch.randn(2, 16, 64), torch.randn(128, 64))
+    strategies = strategies_for(_node(gm, aten.linear.default), RuleContext(4))
+    pairs = {(s.inputs, s.output) for s in strategies}
+    assert ((R, Shard(0)), Shard(2)) in pairs, f"column-parallel missing from {pairs}"
+    assert ((Shard(2), Shard(1)), P) in pairs, f"row-parallel missing from {pairs}"
+    assert ((Shard(0), R), Shard(0)) in pairs, f"batch split missing from {pairs}"
+    assert strategies[0].output == R and all(p == R for p in strategies[0].inputs), "replicate must come first"
+
+
+def test_view_rule_keeps_heads_sharded() -> None:
+    """tp=2: a hidden split survives the view into (heads, head_dim) as a head split; head_dim never splits."""
+    gm = _graph(lambda x: x.view(2, 16, 8, 32), torch.randn(2, 16, 256))
+    outs = {s.inputs[0]: s.output for s in strategies_for(_node(gm, aten.view.default), RuleContext(2))}
+    assert outs[Shard(2)] == Shard(2), f"expected S(2)->S(2), got {outs}"
+    assert Shard(3) not in outs.values(), "head_dim must not be split by a view"
+
+
+def test_add_with_nonzero_scalar_is_not_linear() -> None:
+    """tp=2: x + 1e-6 on a Partial sum would add 1e-6 per rank, so no Partial strategy is offered."""
+    gm = _graph(lambda x: x + 1e-6, torch.randn(4, 8))
+    outs = [s.output for s in strategies_for(_node(gm, aten.add.Tensor), RuleContext(2))]
+    assert P not in outs, f"unexpected Partial strategy in {outs}"
+    gm2 = _graph(lambda x, y: x + y, torch.randn(4, 8), torch.randn(4, 8))
+    outs2 = [s.output for s in strategies_for(_node(gm2, aten.add.Tensor), RuleContext(2))]
+    assert P in outs2, f"P + P -> P missing from {outs2}"
+
+
+def test_sdpa_rule_splits_heads_with_gqa() -> None:
+    """tp=2, 8 query heads and 4 kv heads: the head split covers q, k and v together."""
+    q, kv = torch.randn(2, 8, 16, 32), torch.randn(2, 4, 16, 32)
+    gm = _graph(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True), q, kv, kv)
+    strategies = strategies_for(_node(gm, aten.scaled_dot_product_attention.default), RuleContext(2))
+    assert any(s.inputs == (Shard(1), Shard(1), Shard(1)) and s.output == Shard(1) for s in strategies)
+
+
+def test_split_of_block_sharded_fused_projection() -> None:
+    """tp=2: a (.., 3H) tensor split in 3 equal pieces can arrive block-sharded and leave Shard per piece."""
+    gm = _graph(lambda x: x.split(64, dim=2), torch.randn(2, 16, 192))
+    strategies = strategies_for(_node(gm, aten.split.Tensor), RuleContext(2, frozenset({3})))
+    assert any(s.inputs == (BlockShard(2, 3),) and s.output == Shard(2) for s in strategies), strategies
+
+
+def test_placement_text_round_trip() -> None:
+    """No mesh: every placement kind prints and parses back."""
+    for placement in (R, P, Shard(0), Shard(3), BlockShard(1, 3)):
+        assert placement_from_str(placement_to_str(placement)) == placement
+
+
+def test_uneven_partition_of_heads() -> None:
+    """tp=3, 8 heads of 32 channels: heads 3/3/2, channels 96/96/64, the same cut in both views."""
+    parts = Partitions(3)
+    parts.add(("q_weight", 0, 1), 256)
+    parts.add(("q_heads", 1, 1), 8)
+    parts.union(("q_weight", 0, 1), ("q_heads", 1, 1))
+    assert parts.sizes("q_heads", 1) == [3, 3, 2]
+    assert parts.sizes("q_weight", 0) == [96, 96, 64]
+    assert parts.local("q_weight", 0, 2) == (192, 64)
+
+
+def test_gqa_partition_keeps_kv_groups() -> None:
+    """tp=3, 8 query heads in 4 kv groups: kv heads 2/1/1 and query heads 4/2/2 (each group whole)."""
+    parts = Partitions(3)
+    parts.add(("q", 1, 1), 8)
+    parts.add(("kv", 1, 1), 4)
+    parts.union(("q", 1, 1), ("kv", 1, 1))
+    assert parts.sizes("kv", 1) == [2, 1, 1]
+    assert parts.sizes("q", 1) == [4, 2, 2]
+
+
+def test_every_llama_op_in_attention_and_mlp_has_a_rule() -> None:
+    """No mesh: the ops of Llama's attention and MLP blocks are all covered by rules."""
+    model, args, kwargs = tiny_llama(device="meta")
+    args = tuple(a.to("meta") for a in args)
+    gm = capture(model, args, kwargs).graph_module
+    missing = {str(n.target) for n in gm.graph.nodes
+               if n.op == "call_function" and n.target not in RULES
+               and any(k in str(n.meta.get("nn_module_stack", "")) for k in ("self_attn", "mlp"))}
+    assert not missing, f"ops in attention/MLP without a rule: {missing}"

@@ -1,0 +1,81 @@
+"""Tier (a): the MILP solver is exact — its optimum equals brute-force enumeration on small graphs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from autotp.capture import capture
+from autotp.cost_model import get_hardware
+from autotp.errors import PlanError
+from autotp.passes.costing import cost_strategy_graph
+from autotp.passes.solver import evaluate_choice, min_parameter_bytes, solve
+from autotp.passes.strategies import build_strategy_graph
+
+
+class TwoLayerMLP(torch.nn.Module):
+    def __init__(self, hidden: int = 256, inner: int = 1024) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(hidden, inner, bias=False)
+        self.down = torch.nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+def _costed(world_size: int, hardware: str, tokens: int):
+    captured = capture(TwoLayerMLP(), (torch.randn(tokens, 256),))
+    graph = build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns())
+    assert len(graph.order) <= 12, f"brute force needs a small graph, got {len(graph.order)} nodes"
+    return cost_strategy_graph(graph, get_hardware(hardware))
+
+
+def _brute_force(costed, budget: float | None) -> float:
+    names = costed.graph.order
+    best = float("inf")
+    for combo in itertools.product(*(range(len(costed.graph.strategies[n])) for n in names)):
+        choice = dict(zip(names, combo))
+        if budget is not None:
+            used = sum(costed.memory_bytes[n][choice[n]] for n in costed.memory_bytes)
+            if used > budget:
+                continue
+        cost = evaluate_choice(costed, choice)
+        if cost is not None:
+            best = min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("world_size,hardware,tokens,budget_fraction", [
+    (2, "h100-sxm", 4096, None),
+    (4, "pcie-gpu", 1, None),
+    (3, "h100-sxm", 64, 0.5),
+    (4, "a100-sxm", 512, 0.3),
+])
+def test_milp_optimum_equals_brute_force(world_size: int, hardware: str, tokens: int, budget_fraction) -> None:
+    """tp=2..4, MLP of 7 nodes: MILP objective == min over every combination of strategies."""
+    costed = _costed(world_size, hardware, tokens)
+    total = sum(per[0] for per in costed.memory_bytes.values())
+    budget = None if budget_fraction is None else total * budget_fraction
+    solution = solve(costed, memory_budget_bytes=budget)
+    expected = _brute_force(costed, budget)
+    got = evaluate_choice(costed, solution.choice)
+    assert got is not None, "solver returned an invalid choice"
+    assert got == pytest.approx(expected, rel=1e-6, abs=1e-12), f"MILP {got} vs brute force {expected}"
+    assert solution.objective_s == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+def test_solver_is_deterministic() -> None:
+    """tp=4: the same model and settings give the same choice twice."""
+    a = solve(_costed(4, "h100-sxm", 256), memory_budget_bytes=None)
+    b = solve(_costed(4, "h100-sxm", 256), memory_budget_bytes=None)
+    assert a.choice == b.choice
+
+
+def test_infeasible_budget_names_the_minimum() -> None:
+    """tp=2: a budget below the fully split parameter bytes is refused with the bytes that would fit."""
+    costed = _costed(2, "h100-sxm", 16)
+    floor = min_parameter_bytes(costed)
+    with pytest.raises(PlanError, match="MiB"):
+        solve(costed, memory_budget_bytes=floor - 1)
