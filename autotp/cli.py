@@ -4,6 +4,10 @@
 weights in each, makes it tensor-parallel with :func:`autotp.compile`, checks its logits against
 the single-process model and prints the plan and the figures. It exits 1 if the outputs differ by
 more than the tolerance, 2 if a rank failed.
+
+``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
+op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
+as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.cost_model.calibrate`.
 """
 
 from __future__ import annotations
@@ -213,7 +217,52 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: 0)")
     demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                       help=f"largest max-abs logit difference accepted (default: {DEFAULT_TOLERANCE:g})")
+    _add_calibrate_parser(commands)
     return parser
+
+
+def _add_calibrate_parser(commands: Any) -> None:
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="measure this machine (matmul, memory, gloo collectives) and write a hardware profile (JSON)",
+        description="Spawn N gloo processes on this machine, measure matmul throughput, memory bandwidth, "
+                    "the cost of a tiny op and the latency/bandwidth of gloo all_reduce, all_gather and "
+                    "reduce_scatter, fit the alpha-beta collective model, and write a hardware profile "
+                    "usable as autotp.plan(..., hardware=\"PATH.json\"). The profile describes one rank "
+                    "of an N-rank job on this machine.",
+    )
+    calibrate.add_argument("--world-size", type=_positive_int, default=2,
+                           help="processes to measure with, as the runs you will plan for (default: 2)")
+    calibrate.add_argument("--output", "-o", default="autotp-hardware.json",
+                           help="where to write the profile (default: autotp-hardware.json)")
+    calibrate.add_argument("--name", default="cpu-calibrated", help="profile name (default: cpu-calibrated)")
+    calibrate.add_argument("--threads", type=_positive_int, default=None,
+                           help="torch threads per process (default: cores // world size, at least 1)")
+    calibrate.add_argument("--quick", action="store_true",
+                           help="small sizes and short timings: a rough profile in seconds")
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """``autotp calibrate``: measure, write the JSON profile, print what was measured."""
+    from autotp.cost_model.calibrate import CalibrationConfig, calibrate
+
+    if args.quick:
+        config = CalibrationConfig.quick(progress=True, threads=args.threads)
+    else:
+        config = CalibrationConfig(progress=True, threads=args.threads)
+    profile = calibrate(args.world_size, config=config, name=args.name)
+    with open(args.output, "w", encoding="utf-8") as file:
+        file.write(profile.to_json() + "\n")
+    link = profile.intra_node
+    print(f"wrote {args.output}: {profile.name!r} for {args.world_size} rank(s) on this machine")
+    for dtype, tflops in profile.peak_tflops.items():
+        print(f"  matmul {dtype:<9} {tflops * 1e3:10.2f} GFLOP/s per rank")
+    print(f"  memory           {profile.memory_bandwidth_gbps:10.2f} GB/s per rank")
+    print(f"  tiny op          {profile.kernel_floor_s * 1e6:10.2f} us")
+    print(f"  gloo link        {link.base_latency_s * 1e6:.1f} us per call + {link.latency_s * 1e6:.1f} us per step, "
+          f"{link.bandwidth_gbps:.3f} GB/s")
+    print(f"use it with: autotp.plan(model, inputs, world_size={args.world_size}, hardware={args.output!r})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             return run_demo(config)
+        except KeyboardInterrupt:
+            return 130
+    if args.command == "calibrate":
+        try:
+            return run_calibrate(args)
         except KeyboardInterrupt:
             return 130
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects unknown commands

@@ -1,0 +1,460 @@
+"""Calibration: measure this machine and write a :class:`~.hardware.Hardware` profile.
+
+``autotp calibrate --world-size N`` (or :func:`calibrate`) spawns N local processes joined by a
+gloo process group — the setting autotp's CPU runs use — and measures, on every rank at once
+(so that ranks share cores and memory bandwidth as they do when a plan runs):
+
+====================  ==========================================================================
+profile field         measurement (median over timed repeats, after warm-up)
+====================  ==========================================================================
+``peak_tflops``       ``n x n @ n x n`` matmul, ``2 n^3`` FLOPs per call, the best rate over a
+                      few sizes ``n`` (the achievable peak), per dtype: float32 always;
+                      bfloat16 and float16 unless they run below ``1/MEANINGFUL_SLOWDOWN`` of
+                      float32 (CPUs without native support emulate them: then they are left
+                      out, and planning a model in those dtypes asks for the figure)
+``memory_bandwidth``  ``dst.copy_(src)`` of a large tensor: it reads and writes ``nbytes`` each,
+                      so ``2 * nbytes / time`` — the bytes the roofline counts for a copy
+``kernel_floor_s``    ``aten.add`` of two one-element tensors, called as the rewritten FX graph
+                      calls ops (an ``OpOverload``): the dispatch cost every op pays
+``intra_node``        gloo ``all_reduce``, ``all_gather`` and ``reduce_scatter`` through the same
+                      functional collectives (``torch.ops._c10d_functional``) the rewritten
+                      graph issues, at several sizes; ``alpha`` (``latency_s``), the per-call
+                      ``base_latency_s`` and the bandwidth ``B`` are fitted to the formulas of
+                      :mod:`.collectives` by non-negative least squares on relative error
+                      (each sample ``t`` weighted ``1/t``, so small messages count as much as
+                      large ones)
+====================  ==========================================================================
+
+The profile describes *one rank of an N-rank job on this machine*: each rank uses
+``max(1, cores // N)`` threads (what ``autotp demo`` and the benchmarks use), compute is
+measured with all N ranks busy at once, ``memory_gib`` is the host's memory divided by N, and
+the links are measured across N processes (across 2 when N is 1, since one process has no
+link). No network is measured: ``inter_node`` repeats the loopback link and says so in its
+name. ``achievable_fraction_*`` stay 1.0: the peaks are already achieved rates.
+
+The measuring functions take an initialised process group, so tests run them on a shared pool
+of workers (:func:`measure_rank`), and :func:`build_profile` turns the per-rank measurements into
+a profile; :func:`calibrate` does both with processes of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from scipy.optimize import nnls
+
+from .collectives import alpha_beta_terms, ceil_log2
+from .hardware import Hardware, LinkProfile
+
+__all__ = [
+    "MEANINGFUL_SLOWDOWN",
+    "CalibrationConfig",
+    "CollectiveSample",
+    "LinkFit",
+    "RankMeasurements",
+    "build_profile",
+    "calibrate",
+    "fit_link",
+    "measure_rank",
+]
+
+MEASURED_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+
+MEANINGFUL_SLOWDOWN = 8.0
+"""A reduced-precision dtype whose matmuls run more than this many times slower than float32 is
+emulated, not supported; it is left out of the profile (a model in that dtype on this machine
+would be planned on a figure nobody should use by accident)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationConfig:
+    """What to measure and how long to spend; :meth:`quick` is a few seconds, for tests.
+
+    Sizes: ``matmul_sizes`` are square matmul sizes ``n`` (float32; reduced-precision dtypes use
+    the smallest one, as emulated ones are slow); ``copy_bytes`` is the tensor copied for the
+    memory bandwidth; ``collective_bytes`` the full-tensor sizes of each collective.
+    ``min_time_s`` is how long each timed measurement runs at least; ``repeats`` how many timed
+    measurements the median is taken over. ``threads``: torch threads per rank (``None``:
+    ``max(1, cores // world_size)``).
+    """
+
+    matmul_sizes: tuple[int, ...] = (256, 512, 1024, 2048)
+    reduced_dtypes: tuple[str, ...] = ("bfloat16", "float16")
+    copy_bytes: int = 256 * 2**20
+    collective_bytes: tuple[int, ...] = (4 * 2**10, 64 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
+    min_time_s: float = 0.2
+    repeats: int = 5
+    threads: int | None = None
+    progress: bool = False
+
+    @classmethod
+    def quick(cls, *, progress: bool = False, threads: int | None = None) -> CalibrationConfig:
+        """Small sizes and short timings: a rough profile in a few seconds (tests, smoke runs)."""
+        return cls(
+            matmul_sizes=(128, 256),
+            reduced_dtypes=("bfloat16",),
+            copy_bytes=16 * 2**20,
+            collective_bytes=(4 * 2**10, 64 * 2**10, 2**20),
+            min_time_s=0.02,
+            repeats=3,
+            threads=threads,
+            progress=progress,
+        )
+
+    def __post_init__(self) -> None:
+        if not self.matmul_sizes or any(n < 1 for n in self.matmul_sizes):
+            raise ValueError(f"matmul_sizes must be sizes >= 1, got {self.matmul_sizes!r}")
+        if len(set(self.collective_bytes)) < 2 or any(n < 4 for n in self.collective_bytes):
+            raise ValueError(
+                f"collective_bytes needs at least two different sizes >= 4 bytes to fit latency and "
+                f"bandwidth, got {self.collective_bytes!r}"
+            )
+        if self.copy_bytes < 4 or self.min_time_s <= 0 or self.repeats < 1:
+            raise ValueError(
+                f"copy_bytes ({self.copy_bytes}) must be >= 4, min_time_s ({self.min_time_s}) > 0 and "
+                f"repeats ({self.repeats}) >= 1"
+            )
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
+
+    def threads_for(self, world_size: int) -> int:
+        return self.threads if self.threads is not None else max(1, (os.cpu_count() or 1) // world_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveSample:
+    """One measured collective: ``seconds`` (median over repeats of the slowest rank)."""
+
+    kind: str
+    group_size: int
+    nbytes: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RankMeasurements:
+    """What one rank measured (collective samples are identical on every rank)."""
+
+    rank: int
+    threads: int
+    matmul_flops_per_s: dict[str, float]
+    copy_bytes_per_s: float
+    kernel_floor_s: float
+    collectives: tuple[CollectiveSample, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkFit:
+    """Fitted ``t = base + steps(kind, p) * alpha + factor(kind, p) * n / B`` and how well it fits."""
+
+    base_latency_s: float
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    median_abs_rel_error: float
+    samples: int
+
+
+# ------------------------------------------------------------------------------ timing
+
+def _say(enabled: bool, message: str) -> None:
+    if enabled:
+        print(f"[autotp calibrate] {message}", file=sys.stderr, flush=True)
+
+
+def _timed_median_s(run: Callable[[], Any], min_time_s: float, repeats: int, *, sync: Callable[[], Any] | None = None) -> float:
+    """Median seconds per call of ``run``: each timed measurement loops for at least ``min_time_s``."""
+    run()  # warm-up: first-call allocation, lazy initialisation
+    start = time.perf_counter()
+    run()
+    calls = max(1, math.ceil(min_time_s / max(time.perf_counter() - start, 1e-9)))
+    samples = []
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def measure_matmul_flops_per_s(dtype: torch.dtype, size: int, config: CalibrationConfig) -> float:
+    """FLOP/s of an ``size x size`` matmul in ``dtype`` (``2 size^3`` FLOPs per call)."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(dtype)
+    b = torch.randn(size, size, generator=generator).to(dtype)
+    out = torch.empty(size, size, dtype=dtype)
+    seconds = _timed_median_s(lambda: torch.mm(a, b, out=out), config.min_time_s, config.repeats)
+    return 2 * size**3 / seconds
+
+
+def measure_copy_bytes_per_s(config: CalibrationConfig) -> float:
+    """Memory bandwidth from ``dst.copy_(src)``: ``2 * nbytes`` (read + write) per call."""
+    numel = config.copy_bytes // 4
+    src = torch.ones(numel, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = _timed_median_s(lambda: dst.copy_(src), config.min_time_s, config.repeats)
+    return 2 * numel * 4 / seconds
+
+
+def measure_kernel_floor_s(config: CalibrationConfig) -> float:
+    """Seconds per call of ``aten.add.Tensor`` on one-element tensors: the cost of any op."""
+    add = torch.ops.aten.add.Tensor
+    a, b = torch.ones(1), torch.ones(1)
+    return _timed_median_s(lambda: add(a, b), config.min_time_s, config.repeats)
+
+
+def _collective_call(kind: str, nbytes: int, world_size: int, group_name: str) -> Callable[[], Any]:
+    """One functional collective on a float32 tensor whose full size is ``nbytes`` (rounded to
+    whole float32 elements per rank), waited on — what the rewritten graph runs."""
+    c10d = torch.ops._c10d_functional
+    per_rank = max(1, nbytes // 4 // world_size)
+    full = torch.ones(per_rank * world_size)
+    shard = torch.ones(per_rank)
+    if kind == "all_reduce":
+        return lambda: c10d.wait_tensor(c10d.all_reduce(full, "sum", group_name))
+    if kind == "all_gather":
+        return lambda: c10d.wait_tensor(c10d.all_gather_into_tensor(shard, world_size, group_name))
+    if kind == "reduce_scatter":
+        return lambda: c10d.wait_tensor(c10d.reduce_scatter_tensor(full, "sum", world_size, group_name))
+    raise ValueError(f"cannot measure collective kind {kind!r}; measured kinds: {', '.join(MEASURED_KINDS)}")
+
+
+def measure_collectives(rank: int, world_size: int, config: CalibrationConfig) -> tuple[CollectiveSample, ...]:
+    """Time every kind and size; each timed repeat starts after a barrier and counts the slowest rank."""
+    group_name = dist.group.WORLD.group_name
+    samples = []
+    for kind in MEASURED_KINDS:
+        for nbytes in config.collective_bytes:
+            call = _collective_call(kind, nbytes, world_size, group_name)
+            elements = max(1, nbytes // 4 // world_size) * world_size
+            # min_time_s is per measurement; every rank must run the same number of calls, so the
+            # count comes from rank 0's probe.
+            call()
+            start = time.perf_counter()
+            call()
+            probe = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.broadcast(probe, src=0)
+            calls = max(1, math.ceil(config.min_time_s / max(float(probe.item()), 1e-9)))
+            times = []
+            for _ in range(config.repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                times.append((time.perf_counter() - start) / calls)
+            slowest = torch.tensor(times, dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            sample = CollectiveSample(kind, world_size, elements * 4, statistics.median(slowest.tolist()))
+            samples.append(sample)
+            _say(config.progress and rank == 0,
+                 f"gloo {kind:<14} {sample.nbytes / 2**10:>9.1f} KiB over {world_size} ranks: "
+                 f"{sample.seconds * 1e6:>9.1f} us")
+    return tuple(samples)
+
+
+def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, collectives: bool = True) -> RankMeasurements:
+    """Everything one rank measures; call it on every rank of an initialised gloo group.
+
+    Compute is measured on all ranks at once (they start together after a barrier). The number
+    of torch threads is set to ``config.threads_for(world_size)`` while measuring and restored
+    afterwards. ``collectives=False`` skips the links (a group of one has none).
+    """
+    threads = config.threads_for(world_size)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    progress = config.progress and rank == 0
+    try:
+        if dist.is_initialized():
+            dist.barrier()
+        float32_rates: dict[int, float] = {}
+        for size in config.matmul_sizes:
+            float32_rates[size] = measure_matmul_flops_per_s(torch.float32, size, config)
+            _say(progress, f"matmul float32 {size}x{size}: {float32_rates[size] / 1e9:.2f} GFLOP/s per rank "
+                           f"({threads} threads)")
+        flops = {"float32": max(float32_rates.values())}
+        size = min(config.matmul_sizes)
+        for name in config.reduced_dtypes:
+            rate = measure_matmul_flops_per_s(getattr(torch, name), size, config)
+            ratio = rate / float32_rates[size]
+            meaningful = ratio * MEANINGFUL_SLOWDOWN >= 1
+            _say(progress, f"matmul {name} {size}x{size}: {rate / 1e9:.2f} GFLOP/s "
+                           f"({ratio:.2f}x float32{'' if meaningful else '; emulated, left out'})")
+            if meaningful:
+                flops[name] = rate
+        bandwidth = measure_copy_bytes_per_s(config)
+        _say(progress, f"copy of {config.copy_bytes / 2**20:.0f} MiB: {bandwidth / 1e9:.2f} GB/s per rank")
+        floor = measure_kernel_floor_s(config)
+        _say(progress, f"tiny op (aten.add of 1 element): {floor * 1e6:.2f} us")
+        samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
+    finally:
+        torch.set_num_threads(previous_threads)
+    return RankMeasurements(rank, threads, flops, bandwidth, floor, samples)
+
+
+# ------------------------------------------------------------------------------ fitting
+
+def fit_link(samples: Sequence[CollectiveSample]) -> LinkFit:
+    """Fit ``base``, ``alpha`` and ``B`` of the ring formulas of :mod:`.collectives` to ``samples``.
+
+    Model: ``t = base + steps * alpha + factor * n / B`` with ``(steps, factor)`` from
+    :func:`~.collectives.alpha_beta_terms` (ring) for each sample's kind and group size.
+    Non-negative least squares on relative error: every row is divided by its measured time.
+    Raises ValueError when the samples cannot determine a bandwidth (all sizes too small).
+    """
+    if len(samples) < 2:
+        raise ValueError(f"need at least 2 collective samples to fit a link, got {len(samples)}")
+    rows, target = [], []
+    for sample in samples:
+        steps, factor = alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
+        weight = 1.0 / sample.seconds
+        # columns: base (s), alpha (s), 1/B scaled to seconds per GB so the columns are comparable
+        rows.append([weight, steps * weight, factor * sample.nbytes / 1e9 * weight])
+        target.append(1.0)
+    solution, _ = nnls(np.asarray(rows), np.asarray(target))
+    base_s, alpha_s, seconds_per_gb = (float(v) for v in solution)
+    if seconds_per_gb <= 0:
+        raise ValueError(
+            "the collective timings do not grow with message size, so no bandwidth can be fitted; "
+            "measure larger messages (CalibrationConfig.collective_bytes)"
+        )
+    bandwidth = 1e9 / seconds_per_gb
+    errors = []
+    for sample in samples:
+        steps, factor = alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
+        predicted = base_s + steps * alpha_s + factor * sample.nbytes / bandwidth
+        errors.append(abs(predicted - sample.seconds) / sample.seconds)
+    return LinkFit(base_s, alpha_s, bandwidth, statistics.median(errors), len(samples))
+
+
+def _host_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError) as error:
+        raise RuntimeError(
+            f"cannot read this host's memory size ({error}); build the profile by hand "
+            f"(Hardware.from_json) with memory_gib set"
+        ) from None
+
+
+def build_profile(
+    compute: Sequence[RankMeasurements],
+    links: Sequence[CollectiveSample],
+    *,
+    world_size: int,
+    name: str = "cpu-calibrated",
+) -> Hardware:
+    """A :class:`Hardware` from the ranks' measurements (medians over ranks) and the link samples."""
+    if not compute:
+        raise ValueError("no measurements to build a profile from")
+    dtypes = set.intersection(*(set(m.matmul_flops_per_s) for m in compute))
+    peak_tflops = {d: statistics.median(m.matmul_flops_per_s[d] for m in compute) / 1e12 for d in sorted(dtypes)}
+    bandwidth = statistics.median(m.copy_bytes_per_s for m in compute)
+    floor = statistics.median(m.kernel_floor_s for m in compute)
+    fit = fit_link(links)
+    group_size = links[0].group_size
+    host = socket.gethostname()
+    loopback = LinkProfile(
+        name=f"gloo-loopback-{group_size}ranks",
+        bandwidth_gbps=fit.bandwidth_bytes_per_s / 1e9,
+        latency_s=fit.latency_s,
+        base_latency_s=fit.base_latency_s,
+    )
+    unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
+    threads = compute[0].threads
+    source = (
+        f"calibrated on {host} by `autotp calibrate`: {world_size} rank(s) x {threads} thread(s), "
+        f"torch {torch.__version__}; matmul peak, copy bandwidth, tiny-op floor measured with all ranks "
+        f"busy; gloo links over {group_size} processes, alpha/beta fitted to the ring formulas on "
+        f"{fit.samples} samples (median |relative error| {fit.median_abs_rel_error:.1%}); "
+        f"inter_node not measured (copy of intra_node); memory_gib = host memory / {world_size}"
+    )
+    return Hardware(
+        name=name,
+        peak_tflops=peak_tflops,
+        memory_bandwidth_gbps=bandwidth / 1e9,
+        memory_gib=_host_memory_bytes() / world_size / 2**30,
+        kernel_floor_s=floor,
+        intra_node=loopback,
+        inter_node=unmeasured_network,
+        devices_per_node=max(world_size, group_size),
+        source=source,
+    )
+
+
+# ------------------------------------------------------------------------------ processes
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _spawned_rank(rank: int, world_size: int, init_method: str, config: CalibrationConfig,
+                  collectives: bool, results: Any) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    try:
+        measured = measure_rank(rank, world_size, config, collectives=collectives)
+        results.put(measured)
+        dist.barrier()  # keep the group up until every rank has queued its result
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_spawned(world_size: int, config: CalibrationConfig, collectives: bool) -> list[RankMeasurements]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    context = mp.start_processes(_spawned_rank, args=(world_size, init_method, config, collectives, results),
+                                 nprocs=world_size, join=False, start_method="spawn")
+    collected: list[RankMeasurements] = []
+    while True:
+        while not results.empty():
+            collected.append(results.get())
+        if context.join(timeout=0.1):  # every process has ended; a failed rank raises here
+            break
+    while not results.empty():
+        collected.append(results.get())
+    if len(collected) != world_size:
+        raise RuntimeError(f"calibration: {len(collected)} of {world_size} ranks reported measurements")
+    return sorted(collected, key=lambda m: m.rank)
+
+
+def calibrate(world_size: int, *, config: CalibrationConfig | None = None, name: str = "cpu-calibrated") -> Hardware:
+    """Measure this machine with ``world_size`` gloo processes and return the profile.
+
+    ``world_size == 1`` measures compute in one process and the links across two.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}; e.g. world_size=2")
+    config = config or CalibrationConfig()
+    _say(config.progress, f"spawning {world_size} gloo process(es), "
+                          f"{config.threads_for(world_size)} thread(s) each")
+    compute = _run_spawned(world_size, config, collectives=world_size > 1)
+    if world_size > 1:
+        links = list(compute[0].collectives)
+    else:
+        _say(config.progress, "one rank has no link: measuring gloo collectives across 2 processes")
+        link_config = dataclasses.replace(config, matmul_sizes=(min(config.matmul_sizes),), reduced_dtypes=())
+        links = list(_run_spawned(2, link_config, collectives=True)[0].collectives)
+    profile = build_profile(compute, links, world_size=world_size, name=name)
+    _say(config.progress, f"profile {profile.name!r}: float32 {profile.peak_tflops['float32'] * 1e3:.1f} GFLOP/s, "
+                          f"memory {profile.memory_bandwidth_gbps:.1f} GB/s, floor {profile.kernel_floor_s * 1e6:.1f} us, "
+                          f"gloo alpha {profile.intra_node.latency_s * 1e6:.1f} us + "
+                          f"{profile.intra_node.base_latency_s * 1e6:.1f} us per call, "
+                          f"{profile.intra_node.bandwidth_gbps:.2f} GB/s")
+    return profile
