@@ -138,17 +138,17 @@ def _local_nbytes(value: object, placement: Placement, world_size: int) -> float
 def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_size: int) -> float:
     """Share of the op's FLOPs the largest rank does under ``strategy``.
 
-    A split output splits the work with it; a Partial output computed from split inputs is a
-    split contraction (each rank sums its part of the contracted dim). With only Replicate and
-    Partial placements (e.g. a Partial passing through a GEMM or an add) every rank does it all.
+    All split tensors of one strategy are cut at the same fractions (``passes/partition.py``),
+    so the largest rank's share is at least the coarsest of their splits: e.g. 8 query heads
+    with 4 kv heads over 8 ranks leave half the ranks without a kv head, and the busiest rank
+    does 1/4 of the attention, not 1/8. A Partial output computed from split inputs is a split
+    contraction. With only Replicate and Partial placements every rank does it all.
     """
     out_leaf = next((v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)), None)
-    if split_of(strategy.output) is not None:
-        return _local_fraction(out_leaf, strategy.output, world_size)
-    for placement, value in zip(strategy.inputs, inputs):
-        if split_of(placement) is not None:
-            return _local_fraction(value, placement, world_size)
-    return 1.0
+    shares = [_local_fraction(out_leaf, strategy.output, world_size)] if split_of(strategy.output) else []
+    shares += [_local_fraction(value, placement, world_size)
+               for placement, value in zip(strategy.inputs, inputs) if split_of(placement) is not None]
+    return max(shares, default=1.0)
 
 
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
