@@ -32,6 +32,7 @@ from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, solve
 from autotp.passes.strategies import build_strategy_graph
+from autotp.passes.tying import tie_identical_blocks
 from autotp.placements import Placement, placement_to_str
 from autotp.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 from autotp.runtime import TensorParallelModule, shard_tensor
@@ -178,7 +179,7 @@ def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Har
     costed = cost_strategy_graph(graph, hw)
     budget = _resolve_budget(memory_budget, costed)
     _log(progress, "solving (MILP, HiGHS)")
-    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=time_limit_s)
+    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=time_limit_s, tie=tie_identical_blocks(graph))
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
     if plan.fallback_ops:
         import warnings

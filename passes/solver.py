@@ -21,6 +21,10 @@ Formulation (one mesh axis of N ranks)::
     resharding cost is paid once per (producer, q, p):
     r[u, q, p] >= y[e, q, p] for every edge e leaving u                (_add_reshard_rows)
 
+    Tied nodes (identical repeated blocks, ``passes/tying.py``) share x columns; edges whose
+    ends are tied alike share one transport block; compute, resharding and memory terms are
+    multiplied by the number of nodes they stand for.
+
     memory:  sum_{parameters n} sum_s bytes[n, s] x[n, s] <= budget     (_add_memory_row)
 
     minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p]
@@ -82,58 +86,94 @@ class _Model:
         self.row_ub.append(ub)
 
 
-def _add_choice_rows(model: _Model, costed: CostedGraph) -> dict[str, list[int]]:
+def _add_choice_rows(model: _Model, costed: CostedGraph, rep: dict[str, str]) -> dict[str, list[int]]:
+    """One-hot x columns per representative node; compute cost summed over the nodes tied to it."""
     x: dict[str, list[int]] = {}
+    cost: dict[str, np.ndarray] = {}
     for name in costed.graph.order:
-        count = len(costed.graph.strategies[name])
-        x[name] = [model.column(costed.compute_s[name][s], 0.0, 1.0, True) for s in range(count)]
-        model.row([(col, 1.0) for col in x[name]], 1.0, 1.0)
+        leader = rep[name]
+        cost[leader] = cost.get(leader, 0.0) + np.asarray(costed.compute_s[name])
+    for leader, per_strategy in cost.items():
+        x[leader] = [model.column(float(c), 0.0, 1.0, True) for c in per_strategy]
+        model.row([(col, 1.0) for col in x[leader]], 1.0, 1.0)
     return x
 
 
-def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]]) -> dict[tuple[str, Placement, Placement], list[int]]:
-    """Transport blocks; returns, per (producer, q, p) with q != p, the y columns that need it."""
-    needs: dict[tuple[str, Placement, Placement], list[int]] = defaultdict(list)
-    strategies = costed.graph.strategies
+_EdgeKey = tuple[str, str, int, bool, bool]
+
+
+def _canonical_edges(costed: CostedGraph, rep: dict[str, str]) -> tuple[list[_EdgeKey], dict[str, frozenset]]:
+    """Edges with tied endpoints merged, and each node's set of canonical out-edges."""
+    keys: dict[_EdgeKey, None] = {}
+    out_edges: dict[str, set] = defaultdict(set)
     for edge in costed.graph.edges:
+        key = (rep[edge.producer], rep[edge.consumer], edge.slot, edge.must_match, edge.local_only)
+        keys[key] = None
+        out_edges[edge.producer].add(key)
+    return list(keys), {name: frozenset(e) for name, e in out_edges.items()}
+
+
+def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
+                   edges: list[_EdgeKey]) -> dict[_EdgeKey, dict[tuple[Placement, Placement], int]]:
+    """Transport blocks, one per canonical edge; returns the y columns of every edge."""
+    strategies = costed.graph.strategies
+    y_of: dict[_EdgeKey, dict[tuple[Placement, Placement], int]] = {}
+    for key in edges:
+        producer, consumer, slot, must_match, local_only = key
         out_of: dict[Placement, list[int]] = defaultdict(list)
-        for s, strategy in enumerate(strategies[edge.producer]):
-            out_of[strategy.output].append(x[edge.producer][s])
+        for s, strategy in enumerate(strategies[producer]):
+            out_of[strategy.output].append(x[producer][s])
         in_of: dict[Placement, list[int]] = defaultdict(list)
-        for t, strategy in enumerate(strategies[edge.consumer]):
-            in_of[strategy.inputs[edge.slot]].append(x[edge.consumer][t])
+        for t, strategy in enumerate(strategies[consumer]):
+            in_of[strategy.inputs[slot]].append(x[consumer][t])
         if len(out_of) == 1 and len(in_of) == 1 and next(iter(out_of)) == next(iter(in_of)):
             continue  # nothing to choose and nothing to pay on this edge
         y: dict[tuple[Placement, Placement], int] = {}
         for q in out_of:
             for p in in_of:
-                blocked = q != p and (edge.must_match or (edge.local_only and not is_local_reshard(q, p)))
+                blocked = q != p and (must_match or (local_only and not is_local_reshard(q, p)))
                 y[q, p] = model.column(0.0, 0.0, 0.0 if blocked else 1.0, False)
-                if q != p and not blocked:
-                    needs[edge.producer, q, p].append(y[q, p])
         for q, cols in out_of.items():
             model.row([(y[q, p], 1.0) for p in in_of] + [(c, -1.0) for c in cols], 0.0, 0.0)
         for p, cols in in_of.items():
             model.row([(y[q, p], 1.0) for q in out_of] + [(c, -1.0) for c in cols], 0.0, 0.0)
-    return needs
+        y_of[key] = y
+    return y_of
 
 
-def _add_reshard_rows(model: _Model, costed: CostedGraph, needs: dict[tuple[str, Placement, Placement], list[int]]) -> dict[tuple[str, Placement, Placement], int]:
-    r = {}
-    for (producer, q, p), ys in sorted(needs.items(), key=lambda item: (item[0][0], str(item[0][1]), str(item[0][2]))):
-        cost = costed.reshard_s(producer, q, p)
-        r[producer, q, p] = model.column(cost, 0.0, 1.0, False)
-        for y in ys:
-            model.row([(r[producer, q, p], 1.0), (y, -1.0)], 0.0, np.inf)
-    return r
+def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str],
+                      out_edges: dict[str, frozenset], y_of: dict[_EdgeKey, dict[tuple[Placement, Placement], int]]) -> None:
+    """r columns: one collective per (producer, q, p), shared by all its consumers.
+
+    Tied producers whose out-edges are the same canonical edges make the same choice and pay
+    the same collectives, so they share one r column whose cost is multiplied by their count.
+    """
+    groups: dict[tuple[str, frozenset], list[str]] = defaultdict(list)
+    for name, keys in out_edges.items():
+        groups[rep[name], keys].append(name)
+    for (leader, keys), members in sorted(groups.items(), key=lambda item: (item[0][0], sorted(item[0][1]))):
+        pairs: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
+        for key in sorted(keys):
+            for (q, p), col in y_of.get(key, {}).items():
+                if q != p and model.ub[col] > 0:
+                    pairs[q, p].append(col)
+        for (q, p), ys in sorted(pairs.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
+            cost = costed.reshard_s(members[0], q, p) * len(members)
+            r = model.column(cost, 0.0, 1.0, False)
+            for y in ys:
+                model.row([(r, 1.0), (y, -1.0)], 0.0, np.inf)
 
 
-def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], budget_bytes: float | None) -> None:
+def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], rep: dict[str, str],
+                    budget_bytes: float | None) -> None:
     if budget_bytes is None:
         return
-    terms = [(x[name][s], float(b)) for name, per in costed.memory_bytes.items() for s, b in enumerate(per)]
-    if terms:
-        model.row(terms, -np.inf, float(budget_bytes))
+    coef: dict[int, float] = defaultdict(float)
+    for name, per in costed.memory_bytes.items():
+        for s, b in enumerate(per):
+            coef[x[rep[name]][s]] += float(b)
+    if coef:
+        model.row(sorted(coef.items()), -np.inf, float(budget_bytes))
 
 
 def evaluate_choice(costed: CostedGraph, choice: dict[str, int]) -> float | None:
@@ -162,21 +202,46 @@ def min_parameter_bytes(costed: CostedGraph) -> int:
     return sum(min(per) for per in costed.memory_bytes.values())
 
 
-def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_s: float = 60.0) -> Solution:
-    """Solve the plan MILP exactly (HiGHS). Raises :class:`PlanError` when the budget cannot be met."""
+def _smallest_fitting_world_size(costed: CostedGraph, budget_bytes: float) -> int | None:
+    """The least world size at which every parameter, split its best way, fits ``budget_bytes``."""
+
+    def floor_at(world_size: int) -> int:
+        total = 0
+        for name in costed.memory_bytes:
+            val = costed.graph.nodes[name].meta["val"]
+            sizes = [int(s) for s in val.shape]
+            numel, item = val.numel(), val.element_size()
+            total += min([numel * item] + [item * (numel // s) * -(-s // world_size) for s in sizes if s > 1])
+        return total
+
+    candidates = [n for n in range(costed.graph.world_size + 1, 1025)] + [2**k for k in range(11, 17)]
+    return next((n for n in candidates if floor_at(n) <= budget_bytes), None)
+
+
+def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_s: float = 60.0,
+          tie: dict[str, str] | None = None) -> Solution:
+    """Solve the plan MILP exactly (HiGHS). Raises :class:`PlanError` when the budget cannot be met.
+
+    ``tie`` maps nodes to representatives (``passes/tying.py``): tied nodes share decision
+    variables, so a stack of identical layers costs about one layer to solve.
+    """
     start = time.perf_counter()
     floor = min_parameter_bytes(costed)
     if memory_budget_bytes is not None and floor > memory_budget_bytes:
+        fits = _smallest_fitting_world_size(costed, memory_budget_bytes)
+        more = f"world_size={fits} would fit this budget" if fits else "no world size up to 65536 fits this budget"
         raise PlanError(
             f"memory budget of {memory_budget_bytes / 2**20:.2f} MiB per rank cannot hold the parameters: even with "
-            f"every parameter split, a rank needs {floor / 2**20:.2f} MiB at world_size={costed.graph.world_size}. "
-            "Raise memory_budget= or use more ranks."
+            f"every parameter split, a rank needs {floor / 2**20:.2f} MiB at world_size={costed.graph.world_size}; "
+            f"{more}. Raise memory_budget= to at least {floor} bytes or use more ranks."
         )
+    rep = tie if tie is not None else {name: name for name in costed.graph.order}
     model = _Model()
-    x = _add_choice_rows(model, costed)
-    needs = _add_edge_rows(model, costed, x)
-    _add_reshard_rows(model, costed, needs)
-    _add_memory_row(model, costed, x, memory_budget_bytes)
+    x = _add_choice_rows(model, costed, rep)
+    edges, out_edges = _canonical_edges(costed, rep)
+    y_of = _add_edge_rows(model, costed, x, edges)
+    _add_reshard_rows(model, costed, rep, out_edges, y_of)
+    _add_memory_row(model, costed, x, rep, memory_budget_bytes)
 
     data, rows, cols = [], [], []
     for i, terms in enumerate(model.rows):
@@ -194,6 +259,7 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     )
     if result.x is None:
         raise PlanError(f"the plan solver found no feasible plan ({result.message}); raise memory_budget= or use more ranks")
-    choice = {name: int(np.argmax([result.x[c] for c in cols_])) for name, cols_ in x.items()}
+    chosen = {leader: int(np.argmax([result.x[c] for c in cols_])) for leader, cols_ in x.items()}
+    choice = {name: chosen[rep[name]] for name in costed.graph.order}
     gap = float(getattr(result, "mip_gap", 0.0) or 0.0)
     return Solution(choice, float(result.fun), time.perf_counter() - start, str(result.message), gap)
