@@ -286,8 +286,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, example_inputs, example_kwargs)
     if plan is None:
-        plan = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s,
-                              progress and rank == 0, started, constraints)
+        plan = _plan_once(captured, world_size, hardware, memory_budget, strict, time_limit_s,
+                          progress and rank == 0, started, constraints, group, rank)
     else:
         plan.check_matches(captured.graph_module, world_size)
         check_plan_constraints(plan, constraints)
@@ -301,16 +301,18 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
 def _plan_once(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
                memory_budget: float | int | str | None, strict: bool, time_limit_s: float, progress: bool,
-               started: float, group: dist.ProcessGroup | None, rank: int) -> Plan:
+               started: float, constraints: Constraints | None, group: dist.ProcessGroup | None, rank: int) -> Plan:
     """Plan on the group's first rank and broadcast the plan: every rank applies the same plan,
     and the others spend no time solving. (A fake process group, used for tests, cannot carry
     objects, so there every rank plans; planning is deterministic.)"""
     if world_size == 1 or dist.get_backend(group) == "fake":
-        return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started)
+        return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
+                              constraints)
     box: list[object] = [None]
     if rank == 0:
         try:
-            box[0] = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started)
+            box[0] = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress,
+                                    started, constraints)
         except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
             box[0] = exc
     dist.broadcast_object_list(box, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
