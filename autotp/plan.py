@@ -184,38 +184,13 @@ class Plan:
         return dict(counts)
 
     # ---------------------------------------------------------------- text
-    def summary(self, max_rows: int = 60) -> str:
-        """A compact, terminal-width table: parameters, collectives, totals."""
-        lines = [
-            f"autotp plan: world_size={self.world_size} hardware={self.hardware} "
-            f"(plan v{self.version}, graph {self.fingerprint})",
-            f"predicted forward: {self.predicted_time_s * 1e3:.3f} ms "
-            f"(compute {self.predicted_compute_s * 1e3:.3f} ms, communication {self.predicted_comm_s * 1e3:.3f} ms)",
-            f"parameters per rank: {self.parameter_bytes_per_rank / 2**20:.2f} MiB of {self.parameter_bytes_total / 2**20:.2f} MiB "
-            f"({self.parameter_bytes_per_rank / max(self.parameter_bytes_total, 1):.1%})"
-            + (f", budget {self.memory_budget_bytes / 2**20:.2f} MiB" if self.memory_budget_bytes else ", no budget"),
-            "",
-            f"{'parameter':<56} placement",
-        ]
-        params = list(self.parameters.items())
-        for fqn, placement in params[:max_rows]:
-            lines.append(f"  {fqn:<54} {placement}")
-        if len(params) > max_rows:
-            lines.append(f"  ... {len(params) - max_rows} more")
-        lines.append("")
-        lines.append(f"{'collective':<16} {'after node':<28} {'placement':<12} {'bytes':>10} {'time':>10}  module")
-        for c in self.collectives[:max_rows]:
-            kinds = "+".join(s for s in c.steps if s not in ("slice", "zero")) or "+".join(c.steps)
-            lines.append(
-                f"  {kinds:<14} {c.producer:<28} {c.src + '->' + c.dst:<12} {c.nbytes:>10} {c.time_s * 1e6:>8.1f}us  {c.module}"
-            )
-        if len(self.collectives) > max_rows:
-            lines.append(f"  ... {len(self.collectives) - max_rows} more")
-        counts = self.collective_counts()
-        lines.append("collectives per forward: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none"))
-        if self.fallback_ops:
-            lines.append("ops without a sharding rule (run replicated): " + ", ".join(self.fallback_ops))
-        return "\n".join(lines)
+    def summary(self, max_rows: int = 40) -> str:
+        """A compact per-layer table that fits 100 columns: placements, collectives, compute,
+        communication and weight bytes per layer, identical layers folded (see
+        :mod:`autotp.report_text`)."""
+        from autotp.report_text import plan_summary
+
+        return plan_summary(self, max_rows)
 
     def __str__(self) -> str:
         return self.summary()

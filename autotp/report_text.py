@@ -1,0 +1,133 @@
+"""``print(plan)``: a compact, per-layer text report that fits a 100-column terminal.
+
+Layout::
+
+    header       world size, hardware, predicted time (compute + communication), memory per rank
+    blocks       one row per layer (identical consecutive layers folded: ``model.layers.1-79  x79``)
+                 with its weights' placements, collectives, compute, communication and weight
+                 bytes per rank -- each figure *per block*, the ``x`` column says how many
+    weights      the placement of every weight of each distinct block, by relative name
+    collectives  the collectives of the distinct blocks: kind, tensor, placements, bytes, time
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from autotp.explain import format_bytes, format_seconds
+from autotp.plan import CollectiveDecision, Plan
+from autotp.plan_blocks import Block, BlockRun, block_runs, parameter_bytes_per_rank, placement_counts
+
+__all__ = ["WIDTH", "plan_summary"]
+
+WIDTH = 100
+"""Columns the report fits in."""
+
+_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A"}
+
+
+def _short_kinds(collectives: list[CollectiveDecision]) -> str:
+    counts: Counter[str] = Counter()
+    for c in collectives:
+        for step in c.steps:
+            if step not in ("slice", "zero"):
+                counts[_SHORT.get(step, step)] += 1
+    return " ".join(f"{k}x{n}" for k, n in sorted(counts.items())) or "-"
+
+
+def _clip(text: str, width: int) -> str:
+    """Shorten from the middle: ``model.lay…mlp.up_proj``."""
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2):]
+
+
+def _time(seconds: float) -> str:
+    return format_seconds(seconds) if seconds else "-"
+
+
+def _block_row(plan: Plan, run: BlockRun) -> str:
+    block = run.first
+    weights = block.weights(plan)
+    nbytes = sum(parameter_bytes_per_rank(w, plan.world_size) for w in weights)
+    return (f"{_clip(run.label, 28):<28} {run.count:>3}  {_clip(placement_counts(weights) or '-', 18):<18} "
+            f"{_clip(_short_kinds(block.collectives), 13):<13} {_time(block.compute_s):>10} {_time(block.comm_s):>10} "
+            f"{format_bytes(nbytes) if weights else '-':>10}")
+
+
+def _weights_lines(plan: Plan, runs: list[BlockRun]) -> list[str]:
+    """Placement of each weight, once per distinct pattern of relative names and placements."""
+    lines = []
+    seen: dict[tuple, list[str]] = {}
+    patterns: list[tuple[tuple, Block]] = []
+    for run in runs:
+        weights = run.first.weights(plan)
+        if not weights:
+            continue
+        key = tuple((run.first.relative(w.target), w.output) for w in weights)
+        if key not in seen:
+            seen[key] = []
+            patterns.append((key, run.first))
+        seen[key].append(run.label)
+    for key, _block in patterns:
+        where = seen[key]
+        title = ", ".join(where) if len(", ".join(where)) <= 60 else f"{where[0]} ... {where[-1]} ({len(where)} rows)"
+        if len(key) == 1 and "." not in key[0][0] and len(where) == 1:
+            lines.append(f"  {_clip(title + '.' + key[0][0], 80):<80} {key[0][1]}")
+            continue
+        lines.append(f"  {title}:")
+        items = [f"{_clip(name, 36)} {placement}" for name, placement in key]
+        width = max(len(i) for i in items) + 2
+        per_line = max(1, (WIDTH - 4) // width)
+        for i in range(0, len(items), per_line):
+            lines.append("    " + "".join(f"{item:<{width}}" for item in items[i:i + per_line]).rstrip())
+    return lines
+
+
+def _collective_lines(runs: list[BlockRun], max_rows: int) -> list[str]:
+    rows = []
+    for run in runs:
+        for c in run.first.collectives:
+            kinds = "+".join(s for s in c.steps if s not in ("slice", "zero")) or "+".join(c.steps)
+            each = f" x{run.count}" if run.count > 1 else ""
+            rows.append(f"  {kinds + each:<18} {_clip(c.producer, 16):<16} {_clip(c.src + '->' + c.dst, 11):<11} "
+                        f"{format_bytes(c.nbytes):>10} {format_seconds(c.time_s):>10}  {_clip(c.module, 26)}")
+    if len(rows) > max_rows:
+        rows = [*rows[:max_rows], f"  ... {len(rows) - max_rows} more"]
+    return rows
+
+
+def plan_summary(plan: Plan, max_rows: int = 40) -> str:
+    """The text report (see module doc); tables are cut after ``max_rows`` rows."""
+    budget = f", budget {format_bytes(plan.memory_budget_bytes)}" if plan.memory_budget_bytes else ", no budget"
+    share = plan.predicted_comm_s / plan.predicted_time_s if plan.predicted_time_s else 0.0
+    counts = plan.collective_counts()
+    solved = f", planned in {plan.plan_time_s:.1f} s" if plan.plan_time_s else ""
+    lines = [
+        f"autotp plan: tp={plan.world_size} on {plan.hardware} (format v{plan.version}, graph {plan.fingerprint}{solved})",
+        f"predicted forward: {format_seconds(plan.predicted_time_s)} = compute {format_seconds(plan.predicted_compute_s)}"
+        f" + communication {format_seconds(plan.predicted_comm_s)} ({share:.0%})",
+        f"parameters per rank: {format_bytes(plan.parameter_bytes_per_rank)} of {format_bytes(plan.parameter_bytes_total)}"
+        f" ({plan.parameter_bytes_per_rank / max(plan.parameter_bytes_total, 1):.1%}){budget}",
+        "collectives per forward: " + (", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"),
+    ]
+    if plan.fallback_ops:
+        lines.append(_clip("ops without a sharding rule (run replicated): " + ", ".join(plan.fallback_ops), WIDTH))
+    runs = [r for r in block_runs(plan) if r.first.nodes or r.first.collectives]
+    lines += ["", f"{'block':<28} {'x':>3}  {'weights':<18} {'collectives':<13} {'compute':>10} {'comm':>10} "
+                  f"{'weights/rk':>10}"]
+    shown = [r for r in runs if r.first.name or r.first.collectives or r.first.compute_s]
+    lines += [_block_row(plan, run) for run in shown[:max_rows]]
+    if len(shown) > max_rows:
+        lines.append(f"... {len(shown) - max_rows} more blocks")
+    lines.append("(figures per block; 'x' blocks alike. AR all-reduce, AG all-gather, RS reduce-scatter)")
+    weight_lines = _weights_lines(plan, runs)
+    if weight_lines:
+        lines += ["", "weight placements:", *weight_lines[: max_rows * 2]]
+    collective_lines = _collective_lines(runs, max_rows)
+    if collective_lines:
+        lines += ["", f"  {'collective':<18} {'of tensor':<16} {'placement':<11} {'bytes':>10} {'time':>10}  module",
+                  *collective_lines]
+    lines += ["", "plan.explain(name) says why; plan.to_html(path) draws it; plan.diff(other) compares."]
+    return "\n".join(lines)
