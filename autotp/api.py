@@ -12,6 +12,7 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections import defaultdict
@@ -66,15 +67,19 @@ def _to_model_device(model: torch.nn.Module, value: Any) -> Any:
 def _auto_budget(costed: CostedGraph) -> float:
     """Every matrix split along *some* dim (the cost model picks which), 1-D tensors may stay whole.
 
-    Per parameter the allowance is its largest split shard (strategy 0 is Replicate, the rest are
-    its splits), so rounding of uneven splits never forces one dim over another.
+    Per matrix the allowance is its largest shard over the dims it could be split on, so
+    rounding of uneven splits never forces one dim over another. It depends only on the
+    parameters' shapes and the world size, not on which strategies are offered (constraints
+    and reference plans get the same budget).
     """
+    world_size = costed.graph.world_size
     total = 0.0
-    for name, per in costed.memory_bytes.items():
-        if costed.graph.nodes[name].meta["val"].dim() <= 1 or len(per) == 1:
-            total += per[0]
-        else:
-            total += max(per[1:])
+    for name in costed.memory_bytes:
+        val = costed.graph.nodes[name].meta["val"]
+        full = val.numel() * val.element_size()
+        sizes = [int(s) for s in val.shape]
+        splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
+        total += full if val.dim() <= 1 or not splits else max(splits)
     return total
 
 

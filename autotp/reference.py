@@ -1,0 +1,111 @@
+"""Reference plans: Megatron-style tensor parallelism as a :class:`Plan`, priced by the same model.
+
+Megatron-LM (Shoeybi et al. 2019, "Megatron-LM: Training Multi-Billion Parameter Language
+Models Using Model Parallelism", sec. 3) splits each transformer block's first GEMM of a pair
+by columns (output features) and the second by rows (input features), so each attention and
+MLP block ends in one all-reduce; attention is split by heads as a consequence.
+
+This module expresses that recipe on autotp's graph, by op structure only (no module names):
+a GEMM whose output reaches a *residual add* (an ``add`` whose other operand does not depend on
+the GEMM) without passing another GEMM is *row-parallel*; every other GEMM with a weight
+parameter is *column-parallel*. Only GEMM weights are pinned; everything else (activations,
+biases, norms, embeddings) is left to the same solver, so the comparison isolates the GEMM
+splitting choice.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from autotp.api import _build_plan, _resolve_budget, _to_model_device
+from autotp.capture import capture
+from autotp.cost_model import get_hardware
+from autotp.passes.costing import cost_strategy_graph
+from autotp.passes.rules import tensor_inputs
+from autotp.passes.solver import solve
+from autotp.passes.strategies import StrategyGraph, build_strategy_graph
+from autotp.passes.tying import tie_identical_blocks
+from autotp.placements import split_of
+from autotp.plan import Plan
+
+aten = torch.ops.aten
+
+__all__ = ["megatron_plan", "megatron_roles"]
+
+# GEMM op -> (index of the weight among tensor inputs, weight dim holding the output features)
+_GEMMS = {aten.linear.default: (1, 0), aten.addmm.default: (2, 1), aten.mm.default: (1, 1)}
+
+
+def _weight_of(node: fx.Node, parameters: dict[str, str]) -> tuple[fx.Node, int] | None:
+    if node.op != "call_function" or node.target not in _GEMMS:
+        return None
+    index, out_dim = _GEMMS[node.target]
+    inputs = tensor_inputs(node)
+    if len(inputs) > index and inputs[index].name in parameters:
+        return inputs[index], out_dim
+    return None
+
+
+def _reaches_residual_add(gemm: fx.Node, parameters: dict[str, str]) -> bool:
+    """True when the GEMM's output flows, without another GEMM, into an add with an independent operand."""
+    closure = {gemm}
+    frontier = [gemm]
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            if user in closure or _weight_of(user, parameters) is not None:
+                continue
+            closure.add(user)
+            frontier.append(user)
+    for node in closure:
+        if node.op == "call_function" and node.target is aten.add.Tensor:
+            operands = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+            if len(operands) == 2 and sum(a in closure for a in operands) == 1:
+                return True
+    return False
+
+
+def megatron_roles(graph: StrategyGraph) -> dict[str, tuple[str, str, int]]:
+    """Weight placeholder -> (``"column"``/``"row"``, GEMM node, output-feature dim of the weight)."""
+    roles = {}
+    for name in graph.order:
+        node = graph.nodes[name]
+        found = _weight_of(node, graph.parameters)
+        if found is None:
+            continue
+        weight, out_dim = found
+        if len(weight.users) > 1:
+            continue  # a tied weight (e.g. embedding = output projection) is left to the solver
+        role = "row" if _reaches_residual_add(node, graph.parameters) else "column"
+        roles[weight.name] = (role, name, out_dim)
+    return roles
+
+
+def _pin_gemm_weights(graph: StrategyGraph) -> StrategyGraph:
+    strategies = dict(graph.strategies)
+    for weight, (role, _, out_dim) in megatron_roles(graph).items():
+        ndim = graph.nodes[weight].meta["val"].dim()
+        dim = out_dim if role == "column" else (ndim - 1 - out_dim if ndim == 2 else out_dim)
+        keep = [s for s in strategies[weight] if split_of(s.output) and split_of(s.output)[0] == dim]
+        if keep:
+            strategies[weight] = keep
+    return StrategyGraph(graph.graph_module, graph.world_size, graph.order, graph.nodes, strategies,
+                         graph.edges, graph.parameters, graph.fallback)
+
+
+def megatron_plan(model: torch.nn.Module, example_inputs: tuple[Any, ...] = (),
+                  example_kwargs: dict[str, Any] | None = None, *, world_size: int, hardware: str = "h100-sxm",
+                  memory_budget: float | int | str | None = "auto") -> Plan:
+    """The Megatron-style plan of ``model`` (see module docstring), costed like :func:`autotp.plan`."""
+    started = time.perf_counter()
+    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
+    hw = get_hardware(hardware)
+    graph = _pin_gemm_weights(build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns()))
+    costed = cost_strategy_graph(graph, hw)
+    budget = _resolve_budget(memory_budget, costed)
+    solution = solve(costed, memory_budget_bytes=budget, tie=tie_identical_blocks(graph))
+    return _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)

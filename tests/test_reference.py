@@ -1,0 +1,41 @@
+"""Tier (a)/(b): the Megatron-style reference plan, and autotp's plan never costs more than it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from models import tiny_bert, tiny_gpt2, tiny_llama
+
+import autotp
+from autotp.capture import capture
+from autotp.passes.strategies import build_strategy_graph
+from autotp.reference import megatron_plan, megatron_roles
+
+
+def test_megatron_roles_on_llama() -> None:
+    """tp=2: q/k/v/gate/up are column-parallel, o/down row-parallel, lm head column-parallel (found by structure)."""
+    model, args, kwargs = tiny_llama(device="meta")
+    captured = capture(model, tuple(a.to("meta") for a in args), kwargs)
+    graph = build_strategy_graph(captured.graph_module, 2, captured.parameter_fqns())
+    roles = {graph.parameters[w]: role for w, (role, _, _) in megatron_roles(graph).items()}
+    layer = "model.layers.0."
+    expected = {"self_attn.q_proj": "column", "self_attn.k_proj": "column", "self_attn.v_proj": "column",
+                "self_attn.o_proj": "row", "mlp.gate_proj": "column", "mlp.up_proj": "column", "mlp.down_proj": "row"}
+    for module, role in expected.items():
+        assert roles[f"{layer}{module}.weight"] == role, f"{module}: expected {role}, got {roles[f'{layer}{module}.weight']}"
+    assert roles["lm_head.weight"] == "column"
+
+
+@pytest.mark.parametrize("builder", [tiny_llama, tiny_gpt2, tiny_bert], ids=["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("hardware", ["h100-sxm", "pcie-gpu"])
+def test_autotp_plan_costs_no_more_than_megatron(builder, hardware: str) -> None:
+    """tp=4: under one cost model and one memory budget, autotp's optimum <= the Megatron-style plan."""
+    model, args, kwargs = builder(device="meta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = autotp.plan(model, args, kwargs, world_size=4, hardware=hardware)
+        reference = megatron_plan(model, args, kwargs, world_size=4, hardware=hardware)
+    assert ours.predicted_time_s <= reference.predicted_time_s * (1 + 1e-9), (
+        f"autotp {ours.predicted_time_s:.6g} s > Megatron {reference.predicted_time_s:.6g} s")
+    assert reference.collective_counts().get("all_reduce", 0) >= 4, reference.collective_counts()
