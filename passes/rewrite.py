@@ -104,7 +104,9 @@ class _Builder:
             ]
             x = self.call(aten.cat.default, pieces, 0, meta_from=origin)
         if dim != 0:
+            # back in place, and contiguous: a consumer's view() needs the layout it was traced with
             x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
+            x = self.call(aten.contiguous.default, x, meta_from=origin)
         return x
 
     def reduce_scatter(self, x: fx.Node, producer: str, dim: int, ndim: int, origin: fx.Node) -> fx.Node:
@@ -126,7 +128,9 @@ class _Builder:
         if sizes[self.rank] != block:
             x = self.call(aten.narrow.default, x, 0, 0, sizes[self.rank], meta_from=origin)
         if dim != 0:
+            # back in place, and contiguous: a consumer's view() needs the layout it was traced with
             x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
+            x = self.call(aten.contiguous.default, x, meta_from=origin)
         return x
 
     def reshard(self, x: fx.Node, producer: fx.Node, src: Placement, dst: Placement) -> fx.Node:
