@@ -34,7 +34,7 @@ from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, solve
 from autotp.passes.strategies import build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
-from autotp.placements import Placement, placement_to_str
+from autotp.placements import Placement, placement_to_str, split_of
 from autotp.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 from autotp.runtime import TensorParallelModule, shard_tensor
 
@@ -64,22 +64,37 @@ def _to_model_device(model: torch.nn.Module, value: Any) -> Any:
     return value
 
 
+def _splittable_parameters(costed: CostedGraph) -> set[str]:
+    """Parameters of which some split is accepted, as is, by every op that reads them."""
+    graph = costed.graph
+    accepted: dict[str, set] = {}
+    for edge in graph.edges:
+        if edge.producer in graph.parameters:
+            slot = {s.inputs[edge.slot] for s in graph.strategies[edge.consumer] if split_of(s.inputs[edge.slot])}
+            accepted[edge.producer] = slot if edge.producer not in accepted else accepted[edge.producer] & slot
+    unread = set(graph.parameters) - set(accepted)  # e.g. the alias of a tied weight: any split will do
+    return unread | {name for name, placements in accepted.items() if placements}
+
+
 def _auto_budget(costed: CostedGraph) -> float:
     """Every matrix split along *some* dim (the cost model picks which), 1-D tensors may stay whole.
 
     Per matrix the allowance is its largest shard over the dims it could be split on, so
-    rounding of uneven splits never forces one dim over another. It depends only on the
-    parameters' shapes and the world size, not on which strategies are offered (constraints
-    and reference plans get the same budget).
+    rounding of uneven splits never forces one dim over another; a matrix that no split lets
+    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole. The
+    budget depends on shapes, the world size and which ops read each parameter, not on the
+    strategies offered (constraints and reference plans get the same budget).
     """
     world_size = costed.graph.world_size
+    splittable = _splittable_parameters(costed)
     total = 0.0
     for name in costed.memory_bytes:
         val = costed.graph.nodes[name].meta["val"]
         full = val.numel() * val.element_size()
         sizes = [int(s) for s in val.shape]
         splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
-        total += full if val.dim() <= 1 or not splits else max(splits)
+        whole = val.dim() <= 1 or not splits or name not in splittable
+        total += full if whole else max(splits)
     return total
 
 

@@ -1,0 +1,75 @@
+"""Plan time of a Llama-3-70B-shaped model on the meta device, by number of layers.
+
+    python benchmarks/plan_time.py [--layers 10 20 40 80] [--world-size 8] [--hardware h100-sxm] [--untied]
+
+Shapes: hidden 8192, 64 heads, 8 kv heads, intermediate 28672, vocab 128256, bfloat16, one
+sequence of 2048 tokens (prefill). Prints per stage: capture (torch.export), strategies, cost,
+solve (MILP with identical layers tied) and the total, and the time per layer. ``--untied``
+also solves without tying and prints both objectives (the optimality lost by tying, if any).
+Wall-clock on a shared machine: read growth with depth and the ratios, not the last digit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from autotp.capture import capture
+from autotp.cost_model import get_hardware
+from autotp.passes.costing import cost_strategy_graph
+from autotp.passes.solver import evaluate_choice, solve
+from autotp.passes.strategies import build_strategy_graph
+from autotp.passes.tying import tie_identical_blocks
+from autotp.api import _auto_budget
+
+
+def llama70b_shaped(layers: int) -> torch.nn.Module:
+    config = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers, num_attention_heads=64,
+                         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192)
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[10, 20, 40, 80])
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--hardware", default="h100-sxm")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--untied", action="store_true", help="also solve without tying identical layers")
+    options = parser.parse_args()
+    warnings.simplefilter("ignore")
+    hardware = get_hardware(options.hardware)
+    print(f"Llama-3-70B shape, tp={options.world_size}, {hardware.name}, seq {options.seq_len}")
+    print(f"{'layers':>6} {'nodes':>6} {'vars(node)':>10} {'capture s':>10} {'strategies s':>12} {'cost s':>7} "
+          f"{'solve s':>8} {'total s':>8} {'total s/layer':>13}")
+    for layers in options.layers:
+        model = llama70b_shaped(layers)
+        ids = torch.zeros(1, options.seq_len, dtype=torch.long, device="meta")
+        t0 = time.perf_counter()
+        captured = capture(model, (ids,), {"use_cache": False})
+        t1 = time.perf_counter()
+        graph = build_strategy_graph(captured.graph_module, options.world_size, captured.parameter_fqns())
+        t2 = time.perf_counter()
+        costed = cost_strategy_graph(graph, hardware)
+        t3 = time.perf_counter()
+        tie = tie_identical_blocks(graph)
+        budget = _auto_budget(costed)
+        solution = solve(costed, memory_budget_bytes=budget, tie=tie)
+        t4 = time.perf_counter()
+        print(f"{layers:>6} {len(graph.order):>6} {len(set(tie.values())):>10} {t1 - t0:>10.2f} {t2 - t1:>12.2f} "
+              f"{t3 - t2:>7.2f} {t4 - t3:>8.2f} {t4 - t0:>8.2f} {(t4 - t0) / layers:>13.3f}", flush=True)
+        if options.untied:
+            start = time.perf_counter()
+            untied = solve(costed, memory_budget_bytes=budget)
+            tied_cost, untied_cost = evaluate_choice(costed, solution.choice), evaluate_choice(costed, untied.choice)
+            print(f"       untied solve {time.perf_counter() - start:.2f} s; objective tied {tied_cost * 1e3:.4f} ms, "
+                  f"untied {untied_cost * 1e3:.4f} ms (tied/untied = {tied_cost / untied_cost:.6f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
