@@ -1,0 +1,547 @@
+"""autotp as a ``torch.compile`` backend: ``torch.compile(model, backend=autotp.backend(...))``.
+
+Dynamo hands a backend one FX graph per region it could trace (several when the model has
+graph breaks), with the module's parameters and buffers as graph inputs. For each graph this
+backend:
+
+1. maps every input back to where it came from: Dynamo records a *source* per input
+   (``L['self']._modules['mlp']._modules['up_proj']._parameters['weight']``), from which the
+   parameter's FQN (``mlp.up_proj.weight``) is read; ``nn.Parameter`` inputs are parameters;
+2. lowers the graph to the planner's IR: ``torch.export.export`` (non-strict) of Dynamo's
+   GraphModule at concrete input sizes, the same ATen graph ``autotp.compile`` captures from
+   the model itself (:func:`autotp.capture.from_exported`);
+3. plans it with autotp's planner, on the group's first rank, which sends the plan to the
+   others (:func:`autotp.api._plan_once`, as ``autotp.compile`` does); graph outputs are
+   ``Replicate``, so values crossing a graph break are whole on every rank;
+4. rewrites it for this rank (:func:`~autotp.passes.partition.build_partitions`,
+   :func:`~autotp.passes.rewrite.rewrite_for_rank`) and slices this rank's parameter shards
+   once; ``inner="inductor"`` then hands the rank-local graph to Inductor.
+
+At run time the compiled graph ignores the full parameters Dynamo passes it and uses the
+shards. Shapes: a graph compiled for one batch or sequence length (or a dynamic one, after
+Dynamo's automatic-dynamic recompile) is re-lowered once per new concrete input size, and
+the plan is reused when the lowered graph has the same ops (no new solve, no new shards).
+At most ``max_shapes`` sizes per graph; :attr:`AutoTPBackend.stats` reports every count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.utils.weak import WeakIdKeyDictionary
+
+from autotp.api import DEFAULT_HARDWARE, _check_world_size, _plan_once
+from autotp.capture import CapturedGraph, InputSlot, from_exported
+from autotp.cost_model import Hardware
+from autotp.errors import AutoTPError, CaptureError
+from autotp.passes.partition import Partitions, build_partitions
+from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective, rewrite_for_rank
+from autotp.passes.rules import Strategy
+from autotp.placements import Replicate
+from autotp.plan import Plan
+from autotp.runtime import shard_tensor
+
+__all__ = ["AutoTPBackend", "BackendStats", "CompiledSubgraph", "autotp_backend", "backend"]
+
+_INNER = ("eager", "inductor")
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+# ``._modules['layers']``, ``._parameters['weight']``, ``._buffers['inv_freq']`` in a Dynamo source name
+_SOURCE_PART = re.compile(r"\._(modules|parameters|buffers)\['([^']+)'\]")
+
+
+def _source_name(node: fx.Node) -> str:
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    return source.name if source is not None and hasattr(source, "name") else ""
+
+
+def fqn_from_source(source: str) -> tuple[str, str] | None:
+    """``(kind, fqn)`` of a Dynamo source naming a module attribute, ``None`` for other inputs.
+
+    ``L['self']._modules['mlp']._parameters['weight']`` -> ``("parameter", "mlp.weight")``;
+    kind is ``"parameter"`` or ``"buffer"``.
+    """
+    parts = _SOURCE_PART.findall(source)
+    if not parts or parts[-1][0] == "modules":
+        return None
+    kind = "parameter" if parts[-1][0] == "parameters" else "buffer"
+    return kind, ".".join(name for _, name in parts)
+
+
+def _concrete(value: Any) -> Any:
+    """The value Dynamo traced with: a symbolic int's hint, or the value itself."""
+    if isinstance(value, _SYM_TYPES):
+        hint = value.node.hint
+        if hint is None:
+            raise AutoTPError(f"Dynamo passed a symbolic input {value} with no concrete example value; "
+                              "call the compiled model once with real inputs before it is traced")
+        return hint
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendStats:
+    """What the backend did so far (every count since it was made or reset).
+
+    ``graphs``: Dynamo graphs handed to the backend; ``regions``: distinct code regions among
+    them (one per graph-break region), so ``graphs - regions`` is Dynamo's recompiles. ``plans``: plans solved. ``plans_reused``: graphs or input sizes whose
+    lowered graph matched an existing plan (no solve). ``lowerings``: rank-local graphs built
+    (one per graph and concrete input size). ``parameter_bytes``: bytes of parameters this
+    rank holds for the compiled graphs (shards, and replicated parameters counted once).
+    ``full_parameter_bytes``: bytes of the same parameters unsplit.
+    """
+
+    graphs: int
+    regions: int
+    plans: int
+    plans_reused: int
+    lowerings: int
+    parameter_bytes: int
+    full_parameter_bytes: int
+
+
+@dataclasses.dataclass
+class _LocalGraph:
+    """The rank-local graph of one Dynamo graph at one concrete input size, ready to call."""
+
+    run: Callable[..., Any]
+    graph_module: fx.GraphModule
+    template: list[Any]  # argument list of ``run`` with parameter shards in place
+    feeds: list[tuple[int, int]]  # (position in template, index of Dynamo's argument)
+    out_spec: pytree.TreeSpec
+
+    def __call__(self, args: Sequence[Any]) -> Any:
+        values = list(self.template)
+        for position, index in self.feeds:
+            values[position] = args[index]
+        with torch.no_grad():
+            outputs = self.run(*values)
+        return pytree.tree_unflatten(list(outputs), self.out_spec)
+
+
+class _ShardCache:
+    """This rank's shards, keyed weakly by the full parameter, so each is sliced once.
+
+    Several graphs (graph breaks, recompiles, new input sizes) that split a parameter the same
+    way share one shard. The key of a shard is its placement and the shape of every rank's
+    block (which fixes the offsets), so a hit needs no access to the full weight's data.
+    """
+
+    def __init__(self) -> None:
+        self._shards: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._replicated: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._released: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def get(self, full: torch.Tensor, placement: str, parts: Partitions, name: str, rank: int, fqn: str) -> torch.Tensor:
+        if placement == "R":
+            self._replicated[full] = True
+            return full.detach()
+        meta = torch.empty(full.shape, dtype=full.dtype, device="meta")
+        blocks = tuple(tuple(shard_tensor(meta, placement, parts, name, r).shape) for r in range(parts.world_size))
+        per_param = self._shards.setdefault(full, {})
+        key = (placement, blocks)
+        if key not in per_param:
+            if full in self._released:
+                raise AutoTPError(
+                    f"parameter {fqn} needs a new split ({placement}) but its full weight was released by "
+                    "release_full_weights(); call torch._dynamo.reset() and compile again from a model with its weights"
+                )
+            per_param[key] = shard_tensor(full, placement, parts, name, rank)
+        return per_param[key]
+
+    def parameter_bytes(self) -> tuple[int, int]:
+        """``(held, full)``: bytes of the shards and replicated parameters held, and of those parameters unsplit."""
+        held = full = 0
+        for tensor, per_param in self._shards.items():
+            held += sum(s.numel() * s.element_size() for s in per_param.values())
+            full += tensor.numel() * tensor.element_size()
+        for tensor in self._replicated.keys():
+            if tensor not in self._shards:
+                held += tensor.numel() * tensor.element_size()
+                full += tensor.numel() * tensor.element_size()
+        return held, full
+
+    def release(self) -> int:
+        """Free the storage of every split parameter's full weight; returns the bytes freed."""
+        freed = 0
+        for tensor in list(self._shards.keys()):
+            if tensor in self._released or tensor in self._replicated:
+                continue  # a replicated use still reads the full weight
+            storage = tensor.untyped_storage()
+            freed += storage.nbytes()
+            storage.resize_(0)
+            self._released[tensor] = True
+        return freed
+
+
+class CompiledSubgraph:
+    """One Dynamo graph made tensor-parallel: what Dynamo calls in the graph's place.
+
+    Attributes:
+        index: order in which the backend received it (0 for the first graph).
+        region: Dynamo's id of the traced code region (frame); a recompile of the region (new
+            input sizes, failed guards) yields a new graph with the same ``region``.
+        plan: the :class:`~autotp.Plan` applied (made at the first input size seen).
+        local_graphs: rank-local graphs by input-size key (one entry for a static graph).
+    """
+
+    def __init__(self, owner: AutoTPBackend, gm: fx.GraphModule, example_inputs: Sequence[Any], index: int,
+                 region: int) -> None:
+        self.index = index
+        self.region = region
+        self._owner = owner
+        self._gm = gm
+        self.plan: Plan | None = None
+        self._plan_key: tuple | None = None
+        self.local_graphs: dict[tuple, _LocalGraph] = {}
+        self._last: _LocalGraph | None = None
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(example_inputs):
+            raise AutoTPError(f"Dynamo graph has {len(placeholders)} inputs but {len(example_inputs)} example inputs")
+        # Dynamo argument index -> ("parameter" | "buffer", FQN); everything else is a user input.
+        self._origin: dict[int, tuple[str, str]] = {}
+        self._arg_names = [node.name for node in placeholders]  # stable across Dynamo recompiles
+        for index_, (node, value) in enumerate(zip(placeholders, example_inputs)):
+            found = fqn_from_source(_source_name(node))
+            if isinstance(value, torch.nn.Parameter):
+                self._origin[index_] = ("parameter", found[1] if found else node.name)
+            elif found is not None:
+                self._origin[index_] = found
+        self._dynamic = any(isinstance(v, _SYM_TYPES) for v in example_inputs)
+        self._key_positions = [i for i, v in enumerate(example_inputs)
+                               if i not in self._origin and (isinstance(v, torch.Tensor) or isinstance(v, _SYM_TYPES))]
+        concrete = [_concrete(v) for v in example_inputs]
+        self._last = self._build(concrete, self._key(concrete))
+
+    # -- run ----------------------------------------------------------------------------
+    def _key(self, args: Sequence[Any]) -> tuple:
+        if not self._dynamic:
+            return ()
+        return tuple(tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in self._key_positions)
+
+    def __call__(self, *args: Any) -> Any:
+        if not self._dynamic:
+            return self._last(args)  # type: ignore[misc]
+        key = self._key(args)
+        local = self.local_graphs.get(key)
+        if local is None:
+            local = self._build(list(args), key)
+        return local(args)
+
+    # -- inspect ------------------------------------------------------------------------
+    @property
+    def graph_module(self) -> fx.GraphModule:
+        """The rank-local graph built most recently."""
+        assert self._last is not None, "a CompiledSubgraph always builds its first local graph in __init__"
+        return self._last.graph_module
+
+    def collective_counts(self) -> dict[str, int]:
+        """Collectives in the most recently built rank-local graph, by kind."""
+        counts: dict[str, int] = {}
+        for node in self.graph_module.graph.nodes:
+            if is_collective(node):
+                kind = COLLECTIVE_OPS[node.target]
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    # -- build ----------------------------------------------------------------------------
+    def _lower(self, concrete: Sequence[Any]) -> tuple[CapturedGraph, dict[str, int]]:
+        """Dynamo's graph at these concrete inputs -> the planner's ATen IR, parameters named.
+
+        Returns the captured graph and, for each parameter placeholder, the index of Dynamo's
+        argument that carries the full weight. Export keeps Dynamo's flat argument order, so a
+        user input's index in the exported program is its index in Dynamo's arguments.
+        """
+        try:
+            with torch.no_grad():
+                exported = torch.export.export(self._gm, tuple(concrete), strict=False)
+        except Exception as exc:  # noqa: BLE001 - re-raised with what to do
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CaptureError(
+                f"could not lower torch.compile graph {self.index} to ATen with torch.export: "
+                f"{type(exc).__name__}: {first_line}\nDynamo's graph:\n{self._gm.code[:2000]}"
+            ) from exc
+        captured = from_exported(exported, f"torch.compile graph {self.index}")
+        arg_of_param: dict[str, int] = {}
+        slots = []
+        for slot in captured.inputs:
+            origin = self._origin.get(int(slot.target)) if slot.kind == "user" else None
+            if origin is not None and origin[0] == "parameter":
+                arg_of_param[slot.name] = int(slot.target)
+                slot = InputSlot(slot.name, "parameter", origin[1])
+            slots.append(slot)
+        captured.inputs = slots
+        return captured, arg_of_param
+
+    def _canonical_names(self, captured: CapturedGraph) -> dict[str, str]:
+        """Placeholder name -> a name that identifies the same input in any lowering of this region.
+
+        Export numbers placeholders by position, and a Dynamo recompile with dynamic sizes adds
+        size inputs in front, so positions move; parameters are named by FQN, other inputs by
+        Dynamo's own (source-derived) placeholder name.
+        """
+        names = {}
+        for slot in captured.inputs:
+            if slot.kind == "user":
+                names[slot.name] = "input:" + self._arg_names[int(slot.target)]
+            else:
+                names[slot.name] = f"{slot.kind}:{slot.target}"
+        return names
+
+    def _build(self, args: Sequence[Any], key: tuple) -> _LocalGraph:
+        owner = self._owner
+        if len(self.local_graphs) >= owner.max_shapes:
+            raise AutoTPError(
+                f"torch.compile graph {self.index} has been called with {len(self.local_graphs) + 1} different input "
+                f"sizes (max_shapes={owner.max_shapes}); each needs its own rank-local graph. Pad inputs to a few "
+                "fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
+            )
+        concrete = [_concrete(a) for a in args]
+        captured, arg_of_param = self._lower(concrete)
+        plan, decisions = owner._plan_for(captured, self._canonical_names(captured))
+        if self.plan is None:
+            self.plan = plan
+        parts = build_partitions(captured.graph_module, decisions, owner.world_size)
+        local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, owner.rank, owner.group_name)
+        template: list[Any] = []
+        feeds: list[tuple[int, int]] = []
+        exported = captured.exported
+        for position, slot in enumerate(captured.inputs):
+            if slot.kind == "parameter":
+                if slot.name in arg_of_param:
+                    full = concrete[arg_of_param[slot.name]]
+                else:  # a module attribute Dynamo left as get_attr, lifted by export
+                    full = exported.state_dict[str(slot.target)]
+                template.append(owner._shards.get(full, plan.parameters[str(slot.target)], parts, slot.name,
+                                                  owner.rank, str(slot.target)))
+            elif slot.kind == "user":
+                template.append(None)
+                feeds.append((position, int(slot.target)))
+            elif slot.kind == "buffer" and str(slot.target) in exported.state_dict:
+                template.append(exported.state_dict[str(slot.target)])
+            else:
+                template.append(exported.constants[str(slot.target)])
+        run: Callable[..., Any] = local_gm
+        if owner.inner == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            example = list(template)
+            for position, index in feeds:
+                example[position] = concrete[index]
+            run = compile_fx(local_gm, example)
+        local = _LocalGraph(run, local_gm, template, feeds, captured.out_spec)
+        self.local_graphs[key] = local
+        self._last = local
+        owner._lowerings += 1
+        owner._log(f"graph {self.index}: rank-local graph for input sizes {key or 'static'} "
+                   f"({sum(self.collective_counts().values())} collectives, inner={owner.inner})")
+        return local
+
+
+class AutoTPBackend:
+    """A ``torch.compile`` backend that makes every Dynamo graph tensor-parallel (see module doc).
+
+    Made by :func:`backend`; called by Dynamo as ``backend(gm, example_inputs)``. One instance
+    may serve several models; shards of a parameter are shared by every graph that splits it
+    the same way.
+
+    Attributes:
+        subgraphs: every :class:`CompiledSubgraph` made so far, in order.
+    """
+
+    def __init__(self, *, world_size: int | None, hardware: str | Hardware, inner: str,
+                 memory_budget: float | int | str | None, group: dist.ProcessGroup | None, strict: bool,
+                 time_limit_s: float, max_shapes: int, progress: bool) -> None:
+        if inner not in _INNER:
+            raise ValueError(f"inner must be one of {_INNER}, got {inner!r}; e.g. autotp.backend(inner='inductor')")
+        if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
+            raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
+        if world_size is not None:
+            _check_world_size(world_size)
+        self._world_size = world_size
+        self.hardware = hardware
+        self.inner = inner
+        self.memory_budget = memory_budget
+        self.group = group
+        self.strict = strict
+        self.time_limit_s = time_limit_s
+        self.max_shapes = max_shapes
+        self.progress = progress
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every plan, shard and graph (``torch._dynamo.reset()`` calls this)."""
+        self.subgraphs: list[CompiledSubgraph] = []
+        self._plans: dict[tuple, tuple[Plan, dict[str, str]]] = {}
+        self._shards = _ShardCache()
+        self._plans_solved = 0
+        self._plans_reused = 0
+        self._lowerings = 0
+
+    # -- the process group, read when Dynamo first calls us --------------------------------
+    def _bind_group(self) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "the autotp torch.compile backend needs an initialised process group when the model first runs: "
+                "call torch.distributed.init_process_group() first (e.g. under torchrun)"
+            )
+        group_size = dist.get_world_size(self.group)
+        world_size = group_size if self._world_size is None else self._world_size
+        if world_size != group_size:
+            raise ValueError(
+                f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
+                f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
+            )
+        self.world_size = world_size
+        self.rank = dist.get_rank(self.group)
+        self.group_name = (self.group or dist.group.WORLD).group_name
+
+    def _log(self, message: str) -> None:
+        if self.progress and self.rank == 0:
+            print(f"[autotp backend] {message}", file=sys.stderr, flush=True)
+
+    def _plan_for(self, captured: CapturedGraph, canonical: dict[str, str]) -> tuple[Plan, dict[str, Strategy]]:
+        """A plan and the decisions for every node of ``captured``: reused when the ops match, else solved.
+
+        Two lowerings match when their non-placeholder nodes have the same names, ops and inputs,
+        and the same inputs are used (compared by ``canonical`` name, see
+        :meth:`CompiledSubgraph._canonical_names`); sizes may differ. Unused inputs (Dynamo's
+        size arguments) get ``Replicate``.
+        """
+        gm = captured.graph_module
+
+        def ref(node: fx.Node) -> str:
+            return canonical[node.name] if node.op == "placeholder" else node.name
+
+        key = tuple(
+            ("placeholder", canonical[n.name]) if n.op == "placeholder"
+            else (n.name, str(n.target), tuple(ref(i) for i in n.all_input_nodes))
+            for n in gm.graph.nodes if n.op != "placeholder" or n.users
+        )
+        found = self._plans.get(key)
+        if found is None:
+            plan = _plan_once(captured, world_size=self.world_size, hardware=self.hardware,
+                              memory_budget=self.memory_budget, strict=self.strict, time_limit_s=self.time_limit_s,
+                              progress=self.progress and self.rank == 0, started=time.perf_counter(),
+                              constraints=None, group=self.group, rank=self.rank)
+            self._plans[key] = found = (plan, {canonical[n.name]: n.name for n in gm.graph.nodes if n.op == "placeholder"})
+            self._plans_solved += 1
+        else:
+            self._plans_reused += 1
+        plan, planned_name = found
+        planned = plan.decisions()
+        decisions = {}
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                name = planned_name.get(canonical[node.name])
+                decisions[node.name] = planned[name] if name is not None else Strategy((), Replicate())
+            else:
+                decisions[node.name] = planned[node.name]
+        return plan, decisions
+
+    # -- Dynamo's entry -------------------------------------------------------------------
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        self._bind_group()
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        region = getattr(compile_id, "frame_id", None)
+        if region is None:  # called outside Dynamo (e.g. by hand): every graph is its own region
+            region = -1 - len(self.subgraphs)
+        subgraph = CompiledSubgraph(self, gm, example_inputs, len(self.subgraphs), region)
+        self.subgraphs.append(subgraph)
+        return subgraph
+
+    # -- reports --------------------------------------------------------------------------
+    @property
+    def stats(self) -> BackendStats:
+        held, full = self._shards.parameter_bytes()
+        return BackendStats(graphs=len(self.subgraphs), regions=len({g.region for g in self.subgraphs}), plans=self._plans_solved, plans_reused=self._plans_reused,
+                            lowerings=self._lowerings, parameter_bytes=held, full_parameter_bytes=full)
+
+    def collective_counts(self) -> dict[str, int]:
+        """Collectives of one forward pass, by kind: summed over the newest graph of each region."""
+        latest: dict[int, CompiledSubgraph] = {}
+        for subgraph in self.subgraphs:
+            latest[subgraph.region] = subgraph
+        counts: dict[str, int] = {}
+        for subgraph in latest.values():
+            for kind, n in subgraph.collective_counts().items():
+                counts[kind] = counts.get(kind, 0) + n
+        return counts
+
+    def release_full_weights(self) -> int:
+        """Free the full weights of every split parameter; returns the bytes freed.
+
+        The parameters stay in the model with their shapes (so Dynamo's guards still pass and
+        nothing recompiles), but their storage is emptied, as FSDP does: after this the model
+        runs only through the compiled graphs; calling it eagerly, or with an input size that
+        needs a new split of a released weight, raises. Call it after the first forward pass,
+        when every graph region has been compiled.
+        """
+        return self._shards.release()
+
+
+def backend(
+    world_size: int | None = None,
+    *,
+    hardware: str | Hardware = DEFAULT_HARDWARE,
+    inner: str = "eager",
+    memory_budget: float | int | str | None = "auto",
+    group: dist.ProcessGroup | None = None,
+    strict: bool = False,
+    time_limit_s: float = 60.0,
+    max_shapes: int = 8,
+    progress: bool = False,
+) -> AutoTPBackend:
+    """A ``torch.compile`` backend that makes the model tensor-parallel over ``group``'s ranks.
+
+    ``torch.compile(model, backend=autotp.backend(world_size=4))``, on every rank, with the
+    same weights. ``inner`` runs each rank-local graph as is (``"eager"``) or compiles it
+    with Inductor (``"inductor"``). ``max_shapes`` bounds the input sizes each graph is
+    re-lowered for. Other options as in :func:`autotp.plan`. The process group must be
+    initialised before the compiled model first runs.
+    """
+    return AutoTPBackend(world_size=world_size, hardware=hardware, inner=inner, memory_budget=memory_budget,
+                         group=group, strict=strict, time_limit_s=time_limit_s, max_shapes=max_shapes,
+                         progress=progress)
+
+
+class _EntryPoint:
+    """``torch.compile(model, backend="autotp", options={...})``, registered in pyproject.toml.
+
+    ``options`` are the keyword arguments of :func:`backend`. One backend per distinct set of
+    options serves the process, so recompiles reuse its plans and shards; ``torch._dynamo.reset()``
+    drops them.
+    """
+
+    __name__ = "autotp"
+
+    def __init__(self) -> None:
+        self._backends: dict[tuple, AutoTPBackend] = {}
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None) -> Any:
+        options = dict(options or {})
+        try:
+            key = tuple(sorted(options.items()))
+            hash(key)
+        except TypeError as exc:
+            raise ValueError(f"torch.compile options for backend='autotp' must be hashable values, got {options!r}; "
+                             "pass backend=autotp.backend(...) for other options") from exc
+        if key not in self._backends:
+            self._backends[key] = backend(**options)
+        return self._backends[key](gm, example_inputs)
+
+    def reset(self) -> None:
+        self._backends.clear()
+
+
+autotp_backend = _EntryPoint()
+"""The object the ``torch_dynamo_backends`` entry point ``autotp`` names."""
