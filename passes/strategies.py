@@ -84,6 +84,10 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
             strategies[node.name] = strategies_for(node, ctx)
         else:
             raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
+        if world_size == 1:
+            # One rank: a split is the whole tensor, so every strategy costs the same, and any but the
+            # all-Replicate one (always first) would only add no-op collectives and copies to the graph.
+            strategies[node.name] = strategies[node.name][:1]
         for slot, producer in enumerate(tensor_inputs(node)):
             producer_val = producer.meta.get("val")
             must_match = isinstance(producer_val, (tuple, list))
