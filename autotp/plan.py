@@ -237,12 +237,13 @@ class Plan:
 
         return plan_to_svg(self, path, fold=fold, max_depth=max_depth)
 
-    def to_parallelize_plan(self) -> ParallelizePlan:
+    def to_parallelize_plan(self, model: torch.nn.Module | None = None) -> ParallelizePlan:
         """The equivalent ``torch.distributed.tensor.parallel`` plan (module FQN -> ParallelStyle)
-        where it exists, and what it cannot express (see :mod:`autotp.export_tp`)."""
+        where it exists, and what it cannot express (see :mod:`autotp.export_tp`). With
+        ``model``, each styled module's type is checked too."""
         from autotp.export_tp import to_parallelize_plan
 
-        return to_parallelize_plan(self)
+        return to_parallelize_plan(self, model)
 
     # ---------------------------------------------------------------- JSON
     def to_json(self) -> str:

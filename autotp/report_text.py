@@ -106,17 +106,17 @@ def plan_summary(plan: Plan, max_rows: int = 40) -> str:
     solved = f", planned in {plan.plan_time_s:.1f} s" if plan.plan_time_s else ""
     lines = [
         f"autotp plan: tp={plan.world_size} on {plan.hardware} (format v{plan.version}, graph {plan.fingerprint}{solved})",
-        f"predicted forward: {format_seconds(plan.predicted_time_s)} = compute {format_seconds(plan.predicted_compute_s)}"
-        f" + communication {format_seconds(plan.predicted_comm_s)} ({share:.0%})",
-        f"parameters per rank: {format_bytes(plan.parameter_bytes_per_rank)} of {format_bytes(plan.parameter_bytes_total)}"
-        f" ({plan.parameter_bytes_per_rank / max(plan.parameter_bytes_total, 1):.1%}){budget}",
+        (f"predicted forward: {format_seconds(plan.predicted_time_s)} = compute {format_seconds(plan.predicted_compute_s)}"
+        f" + communication {format_seconds(plan.predicted_comm_s)} ({share:.0%})"),
+        (f"parameters per rank: {format_bytes(plan.parameter_bytes_per_rank)} of {format_bytes(plan.parameter_bytes_total)}"
+        f" ({plan.parameter_bytes_per_rank / max(plan.parameter_bytes_total, 1):.1%}){budget}"),
         "collectives per forward: " + (", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"),
     ]
     if plan.fallback_ops:
         lines.append(_clip("ops without a sharding rule (run replicated): " + ", ".join(plan.fallback_ops), WIDTH))
     runs = [r for r in block_runs(plan) if r.first.nodes or r.first.collectives]
-    lines += ["", f"{'block':<28} {'x':>3}  {'weights':<18} {'collectives':<13} {'compute':>10} {'comm':>10} "
-                  f"{'weights/rk':>10}"]
+    lines += ["", (f"{'block':<28} {'x':>3}  {'weights':<18} {'collectives':<13} {'compute':>10} {'comm':>10} "
+                  f"{'weights/rk':>10}")]
     shown = [r for r in runs if r.first.name or r.first.collectives or r.first.compute_s]
     lines += [_block_row(plan, run) for run in shown[:max_rows]]
     if len(shown) > max_rows:

@@ -19,10 +19,14 @@ __all__ = ["tiny_plan"]
 
 @functools.lru_cache(maxsize=16)
 def tiny_plan(name: str = "llama", world_size: int = 4, *, layers: int = 2, memory_budget: object = "auto",
-              constraints: tuple[tuple[str, str], ...] = ()) -> Plan:
-    """The plan of ``models.BUILDERS[name]`` on the meta device (``constraints`` as sorted pairs)."""
+              constraints: tuple[tuple[str, str], ...] = (), device: str = "meta") -> Plan:
+    """The plan of ``models.BUILDERS[name]`` (``constraints`` as pairs).
+
+    Planned on the meta device unless ``device="cpu"``: a plan to apply to the real model is
+    made on it, since tracing on meta can add nodes (e.g. ``contiguous``) the real trace lacks.
+    """
     kwargs = {"layers": layers} if name != "mlp" else {}
-    model, args, kw = models.BUILDERS[name](device="meta", **kwargs)
+    model, args, kw = models.BUILDERS[name](device=device, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback-op warning is tested elsewhere
         return autotp.plan(model, args, kw, world_size=world_size, memory_budget=memory_budget,

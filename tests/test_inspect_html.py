@@ -23,7 +23,7 @@ needs_chromium = pytest.mark.skipif(chromium.chromium_binary() is None,
 
 
 def _embedded(page: str) -> dict:
-    match = re.search(r'<script type="application/json" id="autotp-plan-data">(.*?)</script>', page, re.S)
+    match = re.search(r'<script type="application/json" id="autotp-plan-data">(.*?)</script>', page, re.DOTALL)
     assert match, "the page should embed the plan as JSON"
     return json.loads(match.group(1))
 
@@ -74,7 +74,7 @@ def _ready(run: chromium.ChromiumRun) -> dict[str, str]:
     match = re.search(r"<html([^>]*)>", run.dom)
     assert match, f"no <html> in the dumped DOM (rc {run.returncode}):\n{run.stderr[-2000:]}"
     attrs = dict(re.findall(r'(data-[\w-]+)="([^"]*)"', match.group(1)))
-    errors = re.search(r'<pre id="autotp-errors"[^>]*>(.*?)</pre>', run.dom, re.S)
+    errors = re.search(r'<pre id="autotp-errors"[^>]*>(.*?)</pre>', run.dom, re.DOTALL)
     assert errors is not None and not errors.group(1).strip(), f"script errors: {errors and errors.group(1)}"
     assert not run.console_errors(), f"console errors: {run.console_errors()}"
     assert attrs.get("data-autotp-ready") == "1", f"page did not finish drawing: {attrs}\n{run.stderr[-2000:]}"
