@@ -12,6 +12,10 @@ the strategy graph: the candidate strategies of each matching node are narrowed 
 that output placement, so the solver still chooses everything else (and pays the resharding
 the constraint causes). A pattern that matches nothing, or a placement that is not a candidate
 of a matching node, is an error that lists what was possible.
+
+Keeping a matrix whole costs memory: the default ``memory_budget="auto"`` leaves room for
+every matrix split, so pinning one to ``Replicate()`` usually needs ``memory_budget=None``
+or a number of bytes per rank.
 """
 
 from __future__ import annotations
