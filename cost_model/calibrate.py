@@ -16,6 +16,8 @@ profile field         measurement (median over timed repeats, after warm-up)
                       so ``2 * nbytes / time`` — the bytes the roofline counts for a copy
 ``kernel_floor_s``    ``aten.add`` of two one-element tensors, called as the rewritten FX graph
                       calls ops (an ``OpOverload``): the dispatch cost every op pays
+``view_op_s``         ``aten.view`` of a one-element tensor, called the same way: what an op that
+                      launches no kernel costs on a CPU
 ``intra_node``        gloo ``all_reduce``, ``all_gather`` and ``reduce_scatter`` through the same
                       functional collectives (``torch.ops._c10d_functional``) the rewritten
                       graph issues, at several sizes; ``alpha`` (``latency_s``), the per-call
@@ -151,6 +153,7 @@ class RankMeasurements:
     matmul_flops_per_s: dict[str, float]
     copy_bytes_per_s: float
     kernel_floor_s: float
+    view_op_s: float
     collectives: tuple[CollectiveSample, ...]
 
 
@@ -215,6 +218,13 @@ def measure_kernel_floor_s(config: CalibrationConfig) -> float:
     return _timed_median_s(lambda: add(a, b), config.min_time_s, config.repeats)
 
 
+def measure_view_op_s(config: CalibrationConfig) -> float:
+    """Seconds per call of ``aten.view.default`` on a one-element tensor: an op with no kernel."""
+    view = torch.ops.aten.view.default
+    a = torch.ones(1)
+    return _timed_median_s(lambda: view(a, [1]), config.min_time_s, config.repeats)
+
+
 def _collective_call(kind: str, nbytes: int, world_size: int, group_name: str) -> Callable[[], Any]:
     """One functional collective on a float32 tensor whose full size is ``nbytes`` (rounded to
     whole float32 elements per rank), waited on — what the rewritten graph runs."""
@@ -264,43 +274,56 @@ def measure_collectives(rank: int, world_size: int, config: CalibrationConfig) -
     return tuple(samples)
 
 
-def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, collectives: bool = True) -> RankMeasurements:
+def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compute: bool = True,
+                 collectives: bool = True) -> RankMeasurements:
     """Everything one rank measures; call it on every rank of an initialised gloo group.
 
     Compute is measured on all ranks at once (they start together after a barrier). The number
     of torch threads is set to ``config.threads_for(world_size)`` while measuring and restored
-    afterwards. ``collectives=False`` skips the links (a group of one has none).
+    afterwards. ``compute=False`` measures only the links; ``collectives=False`` only compute (a
+    group of one has no link). What is not measured is left empty (0.0).
     """
     threads = config.threads_for(world_size)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     progress = config.progress and rank == 0
+    flops: dict[str, float] = {}
+    bandwidth = floor = view = 0.0
     try:
         if dist.is_initialized():
             dist.barrier()
-        float32_rates: dict[int, float] = {}
-        for size in config.matmul_sizes:
-            float32_rates[size] = measure_matmul_flops_per_s(torch.float32, size, config)
-            _say(progress, f"matmul float32 {size}x{size}: {float32_rates[size] / 1e9:.2f} GFLOP/s per rank "
-                           f"({threads} threads)")
-        flops = {"float32": max(float32_rates.values())}
-        size = min(config.matmul_sizes)
-        for name in config.reduced_dtypes:
-            rate = measure_matmul_flops_per_s(getattr(torch, name), size, config)
-            ratio = rate / float32_rates[size]
-            meaningful = ratio * MEANINGFUL_SLOWDOWN >= 1
-            _say(progress, f"matmul {name} {size}x{size}: {rate / 1e9:.2f} GFLOP/s "
-                           f"({ratio:.2f}x float32{'' if meaningful else '; emulated, left out'})")
-            if meaningful:
-                flops[name] = rate
-        bandwidth = measure_copy_bytes_per_s(config)
-        _say(progress, f"copy of {config.copy_bytes / 2**20:.0f} MiB: {bandwidth / 1e9:.2f} GB/s per rank")
-        floor = measure_kernel_floor_s(config)
-        _say(progress, f"tiny op (aten.add of 1 element): {floor * 1e6:.2f} us")
+        if compute:
+            flops = _measure_matmuls(config, threads, progress)
+            bandwidth = measure_copy_bytes_per_s(config)
+            _say(progress, f"copy of {config.copy_bytes / 2**20:.0f} MiB: {bandwidth / 1e9:.2f} GB/s per rank")
+            floor = measure_kernel_floor_s(config)
+            _say(progress, f"tiny op (aten.add of 1 element): {floor * 1e6:.2f} us")
+            view = measure_view_op_s(config)
+            _say(progress, f"view op (aten.view, no kernel): {view * 1e6:.2f} us")
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
     finally:
         torch.set_num_threads(previous_threads)
-    return RankMeasurements(rank, threads, flops, bandwidth, floor, samples)
+    return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples)
+
+
+def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:
+    """Best float32 matmul rate over ``config.matmul_sizes``; reduced-precision dtypes if meaningful."""
+    float32_rates: dict[int, float] = {}
+    for size in config.matmul_sizes:
+        float32_rates[size] = measure_matmul_flops_per_s(torch.float32, size, config)
+        _say(progress, f"matmul float32 {size}x{size}: {float32_rates[size] / 1e9:.2f} GFLOP/s per rank "
+                       f"({threads} threads)")
+    flops = {"float32": max(float32_rates.values())}
+    size = min(config.matmul_sizes)
+    for name in config.reduced_dtypes:
+        rate = measure_matmul_flops_per_s(getattr(torch, name), size, config)
+        ratio = rate / float32_rates[size]
+        meaningful = ratio * MEANINGFUL_SLOWDOWN >= 1
+        _say(progress, f"matmul {name} {size}x{size}: {rate / 1e9:.2f} GFLOP/s "
+                       f"({ratio:.2f}x float32{'' if meaningful else '; emulated, left out'})")
+        if meaningful:
+            flops[name] = rate
+    return flops
 
 
 # ------------------------------------------------------------------------------ fitting
@@ -362,6 +385,7 @@ def build_profile(
     peak_tflops = {d: statistics.median(m.matmul_flops_per_s[d] for m in compute) / 1e12 for d in sorted(dtypes)}
     bandwidth = statistics.median(m.copy_bytes_per_s for m in compute)
     floor = statistics.median(m.kernel_floor_s for m in compute)
+    view = statistics.median(m.view_op_s for m in compute)
     fit = fit_link(links)
     group_size = links[0].group_size
     host = socket.gethostname()
@@ -386,6 +410,7 @@ def build_profile(
         memory_bandwidth_gbps=bandwidth / 1e9,
         memory_gib=_host_memory_bytes() / world_size / 2**30,
         kernel_floor_s=floor,
+        view_op_s=view,
         intra_node=loopback,
         inter_node=unmeasured_network,
         devices_per_node=max(world_size, group_size),
@@ -402,24 +427,25 @@ def _free_port() -> int:
 
 
 def _spawned_rank(rank: int, world_size: int, init_method: str, config: CalibrationConfig,
-                  collectives: bool, results: Any) -> None:
+                  compute: bool, collectives: bool, results: Any) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
-        measured = measure_rank(rank, world_size, config, collectives=collectives)
+        measured = measure_rank(rank, world_size, config, compute=compute, collectives=collectives)
         results.put(measured)
         dist.barrier()  # keep the group up until every rank has queued its result
     finally:
         dist.destroy_process_group()
 
 
-def _run_spawned(world_size: int, config: CalibrationConfig, collectives: bool) -> list[RankMeasurements]:
+def _run_spawned(world_size: int, config: CalibrationConfig, *, compute: bool,
+                 collectives: bool) -> list[RankMeasurements]:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     init_method = f"tcp://127.0.0.1:{_free_port()}"
-    context = mp.start_processes(_spawned_rank, args=(world_size, init_method, config, collectives, results),
+    context = mp.start_processes(_spawned_rank, args=(world_size, init_method, config, compute, collectives, results),
                                  nprocs=world_size, join=False, start_method="spawn")
     collected: list[RankMeasurements] = []
     while True:
@@ -444,16 +470,16 @@ def calibrate(world_size: int, *, config: CalibrationConfig | None = None, name:
     config = config or CalibrationConfig()
     _say(config.progress, f"spawning {world_size} gloo process(es), "
                           f"{config.threads_for(world_size)} thread(s) each")
-    compute = _run_spawned(world_size, config, collectives=world_size > 1)
+    compute = _run_spawned(world_size, config, compute=True, collectives=world_size > 1)
     if world_size > 1:
         links = list(compute[0].collectives)
     else:
         _say(config.progress, "one rank has no link: measuring gloo collectives across 2 processes")
-        link_config = dataclasses.replace(config, matmul_sizes=(min(config.matmul_sizes),), reduced_dtypes=())
-        links = list(_run_spawned(2, link_config, collectives=True)[0].collectives)
+        links = list(_run_spawned(2, config, compute=False, collectives=True)[0].collectives)
     profile = build_profile(compute, links, world_size=world_size, name=name)
     _say(config.progress, f"profile {profile.name!r}: float32 {profile.peak_tflops['float32'] * 1e3:.1f} GFLOP/s, "
                           f"memory {profile.memory_bandwidth_gbps:.1f} GB/s, floor {profile.kernel_floor_s * 1e6:.1f} us, "
+                          f"view {profile.view_op_s * 1e6:.1f} us, "
                           f"gloo alpha {profile.intra_node.latency_s * 1e6:.1f} us + "
                           f"{profile.intra_node.base_latency_s * 1e6:.1f} us per call, "
                           f"{profile.intra_node.bandwidth_gbps:.2f} GB/s")

@@ -140,6 +140,10 @@ class Hardware:
     ``memory_bandwidth_gbps``: device memory (HBM/GDDR/DRAM) bandwidth, GB/s.
     ``memory_gib``: device memory capacity, GiB.
     ``kernel_floor_s``: time of the shortest kernel (launch and scheduling), seconds.
+    ``view_op_s``: host time of an op that launches no kernel (a view such as ``transpose`` or
+    ``getitem``: dispatch only), seconds. 0.0 for GPU profiles, where the host issues it while
+    earlier kernels run, so it adds nothing to the device's time; on a CPU the host *is* the
+    device and every op's dispatch adds up, so ``autotp calibrate`` measures it.
     ``intra_node`` / ``inter_node``: links inside a node and between nodes.
     ``devices_per_node``: devices that share ``intra_node`` links.
     ``achievable_fraction_compute`` / ``achievable_fraction_memory``: fraction of the peak that
@@ -158,6 +162,7 @@ class Hardware:
     achievable_fraction_compute: float = 1.0
     achievable_fraction_memory: float = 1.0
     source: str = field(default="", compare=False)
+    view_op_s: float = 0.0
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -177,6 +182,7 @@ class Hardware:
         _check_positive_number(owner, "memory_bandwidth_gbps", self.memory_bandwidth_gbps)
         _check_positive_number(owner, "memory_gib", self.memory_gib)
         _check_positive_number(owner, "kernel_floor_s", self.kernel_floor_s, allow_zero=True)
+        _check_positive_number(owner, "view_op_s", self.view_op_s, allow_zero=True)
         for link_field in ("intra_node", "inter_node"):
             if not isinstance(getattr(self, link_field), LinkProfile):
                 raise ValueError(f"{owner}.{link_field} must be a LinkProfile")
@@ -200,6 +206,7 @@ class Hardware:
                 self.memory_bandwidth_gbps,
                 self.memory_gib,
                 self.kernel_floor_s,
+                self.view_op_s,
                 self.intra_node,
                 self.inter_node,
                 self.devices_per_node,
@@ -220,6 +227,7 @@ class Hardware:
             "memory_bandwidth_gbps": self.memory_bandwidth_gbps,
             "memory_gib": self.memory_gib,
             "kernel_floor_s": self.kernel_floor_s,
+            "view_op_s": self.view_op_s,
             "intra_node": self.intra_node.to_dict(),
             "inter_node": self.inter_node.to_dict(),
             "devices_per_node": self.devices_per_node,
@@ -270,6 +278,7 @@ class Hardware:
                 memory_bandwidth_gbps=data["memory_bandwidth_gbps"],
                 memory_gib=data["memory_gib"],
                 kernel_floor_s=data["kernel_floor_s"],
+                view_op_s=data.get("view_op_s", 0.0),
                 intra_node=intra_node,
                 inter_node=inter_node,
                 devices_per_node=data["devices_per_node"],
