@@ -259,6 +259,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(f"  matmul {dtype:<9} {tflops * 1e3:10.2f} GFLOP/s per rank")
     print(f"  memory           {profile.memory_bandwidth_gbps:10.2f} GB/s per rank")
     print(f"  tiny op          {profile.kernel_floor_s * 1e6:10.2f} us")
+    print(f"  view op          {profile.view_op_s * 1e6:10.2f} us")
     print(f"  gloo link        {link.base_latency_s * 1e6:.1f} us per call + {link.latency_s * 1e6:.1f} us per step, "
           f"{link.bandwidth_gbps:.3f} GB/s")
     print(f"use it with: autotp.plan(model, inputs, world_size={args.world_size}, hardware={args.output!r})")
