@@ -17,8 +17,7 @@ import torch.utils._pytree as pytree
 
 from autotp.capture import CapturedGraph
 from autotp.passes.partition import Partitions
-from autotp.passes.rewrite import is_collective
-from autotp.passes.rewrite import COLLECTIVE_OPS
+from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective
 from autotp.placements import placement_from_str, split_of
 from autotp.plan import Plan
 

@@ -18,13 +18,13 @@ import warnings
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from autotp.api import _auto_budget
 from autotp.capture import capture
 from autotp.cost_model import get_hardware
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.solver import evaluate_choice, solve
 from autotp.passes.strategies import build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
-from autotp.api import _auto_budget
 
 
 def llama70b_shaped(layers: int) -> torch.nn.Module:

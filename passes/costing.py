@@ -10,7 +10,8 @@ this pass only decides *what* each strategy asks of the hardware:
   Partial placements every rank does the whole op. The bytes are counted tensor by tensor at
   their local size: a split tensor is read (or written) in part, a replicated or Partial one
   whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
-  reads the whole weight). View-like ops move no data and cost nothing.
+  reads the whole weight). View-like ops move no data and launch no kernel: they cost only
+  ``Hardware.view_op_s``, the host's dispatch (0 on GPU profiles, measured on a CPU).
 - resharding between the producer's and the consumer's placement of one tensor: one
   collective from :func:`collective_time_s` (see :func:`reshard_plan`).
 - memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
@@ -88,16 +89,32 @@ def is_local_reshard(src: Placement, dst: Placement) -> bool:
 
 
 def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> float:
-    """Predicted seconds to reshard ``value`` (a FakeTensor) from ``src`` to ``dst``."""
+    """Predicted seconds to reshard ``value`` (a FakeTensor) from ``src`` to ``dst``.
+
+    Each collective step costs :func:`collective_time_s`; a gather or scatter along a dim other
+    than 0 also pays the two copies the rewrite makes around it (the dim is moved to the front
+    and made contiguous, then moved back and made contiguous again): each reads and writes its
+    tensor once, a roofline memory term. A local slice is a view (``Hardware.view_op_s``).
+    """
     nbytes = tensor_nbytes(value)
+    dtype = _dtype(value)
     total = 0.0
     for step in reshard_plan(src, dst):
         if step == "slice":
-            continue  # a view: no data moves
+            total += hardware.view_op_s  # a narrow: no data moves
+            continue
         if step == "zero":
-            total += compute_time_s(0, nbytes, _dtype(value), hardware)  # writing zeros on ranks != 0
-        else:
-            total += collective_time_s(step, nbytes, world_size, hardware)
+            total += compute_time_s(0, nbytes, dtype, hardware)  # writing zeros on ranks != 0
+            continue
+        total += collective_time_s(step, nbytes, world_size, hardware)
+        if step not in ("all_gather", "reduce_scatter") or world_size == 1:
+            continue
+        sharded = src if step == "all_gather" else dst  # the placement whose split dim moves
+        split = split_of(sharded)
+        if split is not None and split[0] != 0:
+            local = _local_nbytes(value, sharded, world_size)
+            for copied in (local, nbytes):  # the shard and the whole tensor, each read and written once
+                total += compute_time_s(0, 2 * copied, dtype, hardware)
     return total
 
 
@@ -152,8 +169,10 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
 
 
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
-    if node.op != "call_function" or node.target in VIEW_OPS:
+    if node.op != "call_function":
         return [0.0] * len(strategies)
+    if node.target in VIEW_OPS:  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
+        return [hardware.view_op_s] * len(strategies)
     args, kwargs = _meta_args(node)
     out = node.meta.get("val")
     try:

@@ -20,6 +20,8 @@ on a collective another rank does not issue.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -206,7 +208,7 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
             continue
         slot = iter(strategy.inputs)
 
-        def map_arg(a: object) -> object:
+        def map_arg(a: object, slot: Iterator[Placement] = slot) -> object:
             if isinstance(a, fx.Node):
                 return value_for(by_name[a.name], next(slot))
             return a

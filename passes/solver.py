@@ -151,7 +151,7 @@ def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str],
     groups: dict[tuple[str, frozenset], list[str]] = defaultdict(list)
     for name, keys in out_edges.items():
         groups[rep[name], keys].append(name)
-    for (leader, keys), members in sorted(groups.items(), key=lambda item: (item[0][0], sorted(item[0][1]))):
+    for (_, keys), members in sorted(groups.items(), key=lambda item: (item[0][0], sorted(item[0][1]))):
         pairs: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
         for key in sorted(keys):
             for (q, p), col in y_of.get(key, {}).items():

@@ -80,7 +80,7 @@ def tie_identical_blocks(graph: StrategyGraph) -> dict[str, str]:
     for (prefix, index), members in instances.items():
         by_prefix[prefix].append((index, members))
     rep = {name: name for name in graph.order}
-    for prefix, blocks in by_prefix.items():
+    for blocks in by_prefix.values():
         first_of: dict[tuple, list[str]] = {}
         for _, members in sorted(blocks):
             signature = _signature(graph, members)

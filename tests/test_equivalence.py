@@ -41,7 +41,7 @@ def _compile_and_compare(rank: int, world_size: int, name: str, builder_kwargs: 
         diffs.append((expected - got).abs().max().item())
     else:
         assert type(got) is type(expected), f"output type {type(got).__name__} != {type(expected).__name__}"
-        for key in expected.keys():
+        for key in expected:
             if isinstance(expected[key], torch.Tensor):
                 diffs.append((expected[key] - got[key]).abs().max().item())
     return {
@@ -78,3 +78,18 @@ def test_uneven_gqa_heads_over_three_ranks(gloo) -> None:
     """tp=3, 6 query heads in 2 kv groups, hidden 192: kv heads cannot split 3 ways evenly; results still match."""
     results = gloo.run(3, _compile_and_compare, "llama", {"num_heads": 6, "num_kv_heads": 2, "hidden": 192})
     assert all(r["max_diff"] <= TOLERANCE for r in results), [r["max_diff"] for r in results]
+
+
+def _compile_with_world_size(rank: int, world_size: int, asked: int) -> str:
+    model, args, kwargs = BUILDERS["mlp"]()
+    try:
+        autotp.compile(model, asked, example_inputs=args, example_kwargs=kwargs)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_world_size_must_match_the_process_group(gloo) -> None:
+    """tp=2 group, world_size=3 asked: a ValueError on every rank that says what to pass instead."""
+    messages = gloo.run(2, _compile_with_world_size, 3)
+    assert all("pass world_size=2" in m for m in messages), messages
