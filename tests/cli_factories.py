@@ -1,0 +1,16 @@
+"""Factories for ``autotp plan package.module:factory`` in tests/test_cli_plan.py."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def tiny_mlp(batch: int = 2, seq_len: int = 16) -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """Linear(64, 256) -> GELU -> Linear(256, 64); takes batch/seq_len, so it can be plotted."""
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    return model, (torch.zeros(batch, seq_len, 64),)  # (batch, seq, hidden)
+
+
+def not_a_model() -> int:
+    return 3
