@@ -36,6 +36,7 @@ from autotp.passes.strategies import build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
 from autotp.placements import Placement, placement_to_str, split_of
 from autotp.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
+from autotp.plan_checks import check_plan_applies
 from autotp.runtime import TensorParallelModule, shard_tensor
 
 __all__ = ["compile", "plan"]
@@ -309,7 +310,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         plan = _plan_once(captured, world_size, hardware, memory_budget, strict, time_limit_s,
                           progress and rank == 0, started, constraints, group, rank)
     else:
-        plan.check_matches(captured.graph_module, world_size)
+        check_plan_applies(plan, captured, world_size)
         check_plan_constraints(plan, constraints)
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, world_size)
@@ -349,9 +350,13 @@ def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) ->
     """Slice every parameter to this rank's block; buffers and constants are taken whole."""
     exported = captured.exported
     state = exported.state_dict
+    unread = {n.name for n in captured.graph_module.graph.nodes if n.op == "placeholder" and not n.users}
     values: dict[str, torch.Tensor] = {}
     for slot in captured.inputs:
-        if slot.kind == "parameter":
+        if slot.kind == "parameter" and slot.name in unread:
+            # the graph never reads it (the second name of a tied weight): hold nothing
+            values[slot.name] = state[str(slot.target)].new_empty(0)
+        elif slot.kind == "parameter":
             values[slot.name] = shard_tensor(state[str(slot.target)], plan.parameters[str(slot.target)], parts, slot.name, rank)
         elif slot.kind == "buffer":
             values[slot.name] = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
