@@ -54,10 +54,11 @@ def largest_rank_bytes(model, args, kwargs, plan: autotp.Plan) -> tuple[int, int
     captured = capture(model, tuple(a.to("meta") for a in args), kwargs)
     parts = build_partitions(captured.graph_module, plan.decisions(), plan.world_size)
     per_rank = []
+    unread = {n.name for n in captured.graph_module.graph.nodes if n.op == "placeholder" and not n.users}
     for rank in range(plan.world_size):
         total = 0
         for slot in captured.inputs:
-            if slot.kind == "parameter":
+            if slot.kind == "parameter" and slot.name not in unread:
                 full = captured.exported.state_dict[str(slot.target)]
                 local = shard_tensor(full, plan.parameters[str(slot.target)], parts, slot.name, rank)
                 total += local.numel() * local.element_size()

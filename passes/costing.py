@@ -209,5 +209,7 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph
         compute_s[name] = _node_compute_s(node, graph.strategies[name], graph.world_size, hardware)
         if name in graph.parameters:
             val = node.meta["val"]
-            memory[name] = [_shard_bytes(val, s.output, graph.world_size) for s in graph.strategies[name]]
+            # a parameter nothing reads (e.g. the second name of a tied weight) is not kept
+            unread = not node.users
+            memory[name] = [0 if unread else _shard_bytes(val, s.output, graph.world_size) for s in graph.strategies[name]]
     return CostedGraph(graph, hardware, compute_s, memory)
