@@ -322,44 +322,36 @@ def _has_shapes(plan: Plan) -> bool:
 
 
 def _activation_peak(plan: Plan) -> tuple[int | None, str]:
-    """(peak bytes of live activations on the largest rank, the node after which it is reached)."""
+    """(peak bytes of live activations on the largest rank, the node after which it is reached).
+
+    Time runs in half steps: node i runs at 2i (its output is allocated while its inputs are
+    still alive), the collectives on its output at 2i + 1 (after the inputs read only by node i
+    are freed); a buffer is freed after the last step that reads it.
+    """
     if not _has_shapes(plan):
         return None, ""
     world_size = plan.world_size
     position = {node.name: index for index, node in enumerate(plan.nodes)}
-    end = len(plan.nodes)
-    reshards: dict[tuple[str, str], CollectiveDecision] = {(c.producer, c.dst): c for c in plan.collectives}
+    end = 2 * len(plan.nodes)
     by_name: dict[str, NodeDecision] = {node.name: node for node in plan.nodes}
+    copies = {(c.producer, c.dst): c for c in plan.collectives if any(step != "slice" for step in c.steps)}
 
-    # A buffer is a node's output or a collective's result; views point at their input's buffer.
-    size: dict[str, int] = {}
+    size: dict[str, int] = {}  # buffer -> bytes on the largest rank
     born: dict[str, int] = {}
     last_use: dict[str, int] = {}
-    buffer_of: dict[str, str] = {}  # node name -> buffer holding its output
+    buffer_of: dict[str, str] = {}  # node name -> the buffer holding its output (views share one)
 
-    def source(node: NodeDecision, slot: int) -> str | None:
-        """The buffer that input ``slot`` of ``node`` reads (a collective's result if resharded)."""
-        if slot >= len(node.input_nodes):
-            return None
-        producer = by_name.get(node.input_nodes[slot])
-        if producer is None:
-            return None
-        wanted = node.inputs[slot] if slot < len(node.inputs) else producer.output
-        collective = reshards.get((producer.name, wanted)) if wanted != producer.output else None
-        if collective is not None and any(step not in ("slice",) for step in collective.steps):
-            return f"{producer.name}->{wanted}"  # a new buffer (all-gather, all-reduce, zeros...)
-        return buffer_of.get(producer.name)
+    def use(buffer: str | None, step: int) -> None:
+        if buffer is not None:
+            last_use[buffer] = max(last_use.get(buffer, step), step)
 
-    for collective in plan.collectives:
-        if all(step == "slice" for step in collective.steps):
-            continue  # a narrow: a view of the producer's buffer
-        producer = by_name.get(collective.producer)
+    for (producer_name, dst), collective in copies.items():
+        producer = by_name.get(producer_name)
         if producer is None:
             continue
-        key = f"{collective.producer}->{collective.dst}"
-        size[key] = local_nbytes(producer.shape, producer.dtype, collective.dst, world_size)
-        born[key] = position[collective.producer]
-        last_use[key] = born[key]
+        key = f"{producer_name}->{dst}"  # a new buffer: all-gather, all-reduce, zeros...
+        size[key] = local_nbytes(producer.shape, producer.dtype, dst, world_size)
+        born[key] = 2 * position[producer_name] + 1
 
     for index, node in enumerate(plan.nodes):
         if node.op == "placeholder":
@@ -368,12 +360,20 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
             buffer_of[node.name] = node.name
             size[node.name] = local_nbytes(node.shape, node.dtype, node.output, world_size)
             born[node.name] = 0
-            last_use[node.name] = end  # a user input: the caller holds it for the whole forward
+            use(node.name, end)  # a user input: the caller holds it for the whole forward
             continue
-        read = [source(node, slot) for slot in range(len(node.input_nodes))]
-        for buffer in read:
-            if buffer is not None:
-                last_use[buffer] = max(last_use.get(buffer, index), end if node.op == "output" else index)
+        step = end if node.op == "output" else 2 * index  # outputs are held by the caller
+        read: list[str | None] = []
+        for slot, producer_name in enumerate(node.input_nodes):
+            producer = by_name.get(producer_name)
+            wanted = node.inputs[slot] if slot < len(node.inputs) else None
+            if producer is not None and wanted is not None and (producer_name, wanted) in copies:
+                buffer: str | None = f"{producer_name}->{wanted}"
+                use(buffer_of.get(producer_name), 2 * position[producer_name] + 1)  # read by the collective
+            else:
+                buffer = buffer_of.get(producer_name)
+            use(buffer, step)
+            read.append(buffer)
         if node.op == "output":
             continue
         if node.op in _VIEW_OP_NAMES and read and read[0] is not None:
@@ -381,20 +381,20 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
             continue
         buffer_of[node.name] = node.name
         size[node.name] = local_nbytes(node.shape, node.dtype, node.output, world_size)
-        born[node.name] = index
-        last_use.setdefault(node.name, index)  # an unused output is freed right away
+        born[node.name] = step
+        use(node.name, step)  # an unused output is freed right away
 
-    # Live bytes after each node runs: a buffer lives over [born, last_use].
     delta = [0] * (end + 2)
     for buffer, nbytes in size.items():
         delta[born[buffer]] += nbytes
         delta[max(last_use.get(buffer, born[buffer]), born[buffer]) + 1] -= nbytes
-    live, peak, peak_index = 0, 0, 0
-    for index in range(end):
-        live += delta[index]
+    live, peak, peak_step = 0, 0, 0
+    for step in range(end + 1):
+        live += delta[step]
         if live > peak:
-            peak, peak_index = live, index
-    return peak, plan.nodes[peak_index].name if plan.nodes else ""
+            peak, peak_step = live, step
+    after = plan.nodes[min(peak_step // 2, len(plan.nodes) - 1)].name if plan.nodes else ""
+    return peak, after
 
 
 # ------------------------------------------------------------------------------ crossover

@@ -1,0 +1,159 @@
+"""Calibration: fitting alpha/beta, building a profile usable as ``hardware=``, measuring on gloo.
+
+Tiers (a) (fitting and building from synthetic measurements), (c) (measuring on the shared pool
+of 2 real gloo processes, quick mode) and the CLI with the measurement stubbed out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from models import tiny_mlp
+
+import autotp
+from autotp import cli
+from autotp.cost_model import Hardware, LinkProfile, get_hardware, link_collective_time_s
+from autotp.cost_model import calibrate as calibration
+from autotp.cost_model.calibrate import (
+    CalibrationConfig,
+    CollectiveSample,
+    RankMeasurements,
+    build_profile,
+    fit_link,
+    measure_rank,
+)
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+SIZES = (4 * 2**10, 64 * 2**10, 2**20, 16 * 2**20)
+TRUE_LINK = LinkProfile(name="synthetic", bandwidth_gbps=2.5, latency_s=20e-6, base_latency_s=50e-6)
+
+
+def synthetic_samples(link: LinkProfile = TRUE_LINK, group_sizes: tuple[int, ...] = (2, 4)) -> list[CollectiveSample]:
+    return [
+        CollectiveSample(kind, p, n, link_collective_time_s(kind, n, p, link))
+        for p in group_sizes for kind in KINDS for n in SIZES
+    ]
+
+
+def synthetic_rank(rank: int, samples: list[CollectiveSample]) -> RankMeasurements:
+    return RankMeasurements(rank=rank, threads=1, matmul_flops_per_s={"float32": 50e9 + rank * 10e9},
+                            copy_bytes_per_s=8e9, kernel_floor_s=6e-6, view_op_s=2e-6, collectives=tuple(samples))
+
+
+@pytest.mark.parametrize("group_sizes", [(2,), (4,), (2, 4)])
+def test_fit_recovers_alpha_beta_of_exact_samples(group_sizes: tuple[int, ...]) -> None:
+    """tp=2 and 4 (synthetic): samples made by the ring formulas give back base, alpha and bandwidth."""
+    fit = fit_link(synthetic_samples(group_sizes=group_sizes))
+    assert math.isclose(fit.bandwidth_bytes_per_s, 2.5e9, rel_tol=1e-6), fit
+    assert math.isclose(fit.latency_s + fit.base_latency_s / 2, 20e-6 + 50e-6 / 2, rel_tol=1e-6), fit
+    if len(group_sizes) > 1:  # two group sizes separate the per-call and per-step latencies
+        assert math.isclose(fit.latency_s, 20e-6, rel_tol=1e-5), fit
+        assert math.isclose(fit.base_latency_s, 50e-6, rel_tol=1e-5), fit
+    assert fit.median_abs_rel_error < 1e-6 and fit.samples == len(group_sizes) * len(KINDS) * len(SIZES)
+
+
+def test_fit_weighs_small_and_large_messages_alike() -> None:
+    """tp=2 (synthetic): 10% noise on one large sample does not swamp the small ones' latency."""
+    samples = synthetic_samples(group_sizes=(2,))
+    worst = max(range(len(samples)), key=lambda i: samples[i].seconds)
+    samples[worst] = dataclasses.replace(samples[worst], seconds=samples[worst].seconds * 1.1)
+    fit = fit_link(samples)
+    small = [s for s in samples if s.nbytes == SIZES[0]]
+    for sample in small:
+        predicted = link_collective_time_s(
+            sample.kind, sample.nbytes, 2,
+            LinkProfile("fit", fit.bandwidth_bytes_per_s / 1e9, fit.latency_s, fit.base_latency_s),
+        )
+        assert math.isclose(predicted, sample.seconds, rel_tol=0.05), (sample, predicted)
+
+
+def test_fit_needs_a_bandwidth_signal() -> None:
+    """No parallelism: timings that do not grow with size, or too few samples, are errors that say why."""
+    flat = [CollectiveSample("all_reduce", 2, n, 1e-3) for n in SIZES]
+    with pytest.raises(ValueError, match="measure larger messages"):
+        fit_link(flat)
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_link(flat[:1])
+
+
+def test_config_is_validated_where_built() -> None:
+    """No parallelism: one collective size cannot separate latency from bandwidth."""
+    with pytest.raises(ValueError, match="at least two different sizes"):
+        CalibrationConfig(collective_bytes=(1024, 1024))
+    with pytest.raises(ValueError, match="threads must be"):
+        CalibrationConfig(threads=0)
+    assert CalibrationConfig(threads=3).threads_for(8) == 3
+
+
+def test_profile_is_usable_as_hardware_json(tmp_path) -> None:
+    """tp=2 (synthetic measurements): the profile takes medians over ranks, round-trips through JSON
+    and plans a model given as hardware="path.json"."""
+    samples = synthetic_samples(group_sizes=(2,))
+    profile = build_profile([synthetic_rank(0, samples), synthetic_rank(1, samples)], samples, world_size=2,
+                            name="cpu-test")
+    assert math.isclose(profile.peak_tflops["float32"], 55e9 / 1e12), profile.peak_tflops
+    assert (profile.memory_bandwidth_gbps, profile.kernel_floor_s, profile.view_op_s) == (8.0, 6e-6, 2e-6)
+    assert math.isclose(profile.intra_node.bandwidth_gbps, 2.5, rel_tol=1e-6), profile.intra_node
+    assert "calibrated on" in profile.source and "not-measured" in profile.inter_node.name
+    path = tmp_path / "cpu-test.json"
+    path.write_text(profile.to_json())
+    assert get_hardware(str(path)) == profile
+    model, args, _ = tiny_mlp(device="meta")
+    plan = autotp.plan(model, args, world_size=2, hardware=str(path))
+    assert plan.hardware == "cpu-test"
+    assert plan.estimate(profile).memory_capacity_bytes == pytest.approx(profile.memory_gib * 2**30)
+
+
+def test_view_op_field_is_optional_in_json() -> None:
+    """No parallelism: a profile written before view_op_s existed still loads, with 0.0."""
+    data = get_hardware("h100-sxm").to_dict()
+    del data["view_op_s"]
+    assert Hardware.from_dict(data).view_op_s == 0.0
+
+
+def _measure_quick(rank: int, world_size: int) -> RankMeasurements:
+    config = dataclasses.replace(CalibrationConfig.quick(), min_time_s=0.005, repeats=2,
+                                 collective_bytes=(4 * 2**10, 256 * 2**10))
+    before = torch.get_num_threads()
+    measured = measure_rank(rank, world_size, config)
+    assert torch.get_num_threads() == before, "measure_rank restores the thread count"
+    return measured
+
+
+def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
+    """tp=2, real gloo processes (shared pool), quick mode: every figure measured and positive, the
+    ranks agree on the collective samples, and the profile validates."""
+    ranks = gloo.run(2, _measure_quick)
+    assert [m.rank for m in ranks] == [0, 1]
+    for measured in ranks:
+        assert measured.matmul_flops_per_s["float32"] > 1e8, measured
+        assert measured.copy_bytes_per_s > 1e8 and 0 < measured.kernel_floor_s < 1e-2, measured
+        assert 0 < measured.view_op_s < 1e-2, measured
+    assert ranks[0].collectives == ranks[1].collectives, "every rank records the slowest rank's times"
+    kinds = {(s.kind, s.nbytes) for s in ranks[0].collectives}
+    assert {k for k, _ in kinds} == set(KINDS) and len(kinds) == 6, kinds
+    profile = build_profile(ranks, ranks[0].collectives, world_size=2)
+    assert profile.intra_node.bandwidth_gbps > 0 and profile.devices_per_node == 2, profile
+
+
+def test_cli_calibrate_writes_the_profile(tmp_path, monkeypatch, capsys) -> None:
+    """tp=2 (measurement stubbed): `autotp calibrate --quick --world-size 2 -o PATH` writes a loadable profile."""
+    samples = synthetic_samples(group_sizes=(2,))
+    profile = build_profile([synthetic_rank(0, samples)], samples, world_size=2, name="cpu-stub")
+    seen = {}
+
+    def fake_calibrate(world_size: int, *, config: CalibrationConfig, name: str) -> Hardware:
+        seen.update(world_size=world_size, config=config, name=name)
+        return dataclasses.replace(profile, name=name)
+
+    monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
+    path = tmp_path / "profile.json"
+    assert cli.main(["calibrate", "--quick", "--world-size", "2", "-o", str(path), "--name", "box"]) == 0
+    assert seen["world_size"] == 2 and seen["name"] == "box" and seen["config"].progress, seen
+    assert seen["config"].matmul_sizes == CalibrationConfig.quick().matmul_sizes, "--quick selects the quick sizes"
+    assert get_hardware(str(path)).name == "box"
+    out = capsys.readouterr().out
+    assert "wrote" in out and "hardware=" in out, out
