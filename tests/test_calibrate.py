@@ -116,7 +116,7 @@ def test_view_op_field_is_optional_in_json() -> None:
 
 def _measure_quick(rank: int, world_size: int) -> RankMeasurements:
     config = dataclasses.replace(CalibrationConfig.quick(), min_time_s=0.005, repeats=2,
-                                 collective_bytes=(4 * 2**10, 256 * 2**10))
+                                 collective_bytes=(4 * 2**10, 4 * 2**20))  # 1000x apart: latency vs bandwidth
     before = torch.get_num_threads()
     measured = measure_rank(rank, world_size, config)
     assert torch.get_num_threads() == before, "measure_rank restores the thread count"
