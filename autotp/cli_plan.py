@@ -317,7 +317,9 @@ def _plot(path: str, spec: ModelSpec, args: argparse.Namespace, main: tuple[str,
         comm = [p[2] * 1e3 for p in points]
         ax.bar(ws, compute, color="#1971c2", label="compute")
         ax.bar(ws, comm, bottom=compute, color="#c92a2a", label="communication")
-        ax.plot(ws, [a + b for a, b in zip(compute, comm)], "k.-", linewidth=1)
+        totals = [a + b for a, b in zip(compute, comm)]
+        ax.plot(ws, totals, "k.-", linewidth=1)
+        ax.set_ylim(0, max(totals, default=1.0) * 1.25)  # room for the legend above the bars
         batch, seq_len = _shape_for(args, phase)
         ax.set_title(f"{phase}: batch {batch} x {seq_len} token{'s' if seq_len > 1 else ''}")
         ax.set_xlabel("world size (tensor-parallel ranks)")

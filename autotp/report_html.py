@@ -13,7 +13,7 @@ loads nothing from the network. What it shows (see ``assets/plan_view.js``):
   and its alternatives with their cost differences; a group's totals.
 
 The URL hash drives the view for links and tests: ``#select=<node or FQN>``,
-``#find=<text>``, ``#view=expand|collapse|unfold``. The page marks
+``#find=<text>``, ``#view=expand|collapse|unfold``, ``#noscroll=1`` (select without scrolling). The page marks
 ``<html data-autotp-ready="1">`` when drawn and lists any script error in
 ``<pre id="autotp-errors">`` (headless tests read both).
 """

@@ -69,7 +69,6 @@
     byName[n.n] = leaf;
   });
   DATA.collectives.forEach(function (c, i) {
-    var producer = leaves[c.p];
     var leaf = { id: "c" + i, kind: "coll", index: i, order: c.p + 0.5, data: c, ins: [], outs: [] };
     leaves.push(leaf);
   });
@@ -181,7 +180,7 @@
       } else {
         a.comm += l.data.t;
         var k = collKind(l.data);
-        a.colls[k] = (a.colls[k] || 0) + 1;
+        if (k !== "slice" && k !== "zero") a.colls[k] = (a.colls[k] || 0) + 1;  // local steps are no collective
       }
       if (l.order > a.lastOrder && !(l.kind === "node" && l.data.op === "placeholder")) { a.lastOrder = l.order; a.last = l; }
     }
@@ -235,7 +234,7 @@
 
   // ------------------------------------------------------------------ layout
   function isGroup(item) { return item.kind === "node" || item.kind === "coll" ? 0 : 1; }
-  function collapsedSize(g) { return { w: GROUP_W, h: GROUP_H }; }
+  function collapsedSize() { return { w: GROUP_W, h: GROUP_H }; }
   function leafSize(l) { return l.kind === "coll" ? { w: COLL_W, h: COLL_H } : { w: NODE_W, h: NODE_H }; }
 
   function layoutGroup(g, childEdges) {
@@ -536,19 +535,18 @@
     chain.forEach(function (g, i) {
       if (i === chain.length - 1) return;
       g.expanded = true;
-      if (g.kind === "fold" && chain[i + 1] !== g.rep) { g.unfolded = true; }
+      if (g.kind === "fold" && chain[i + 1] !== g.rep) g.unfolded = true;  // a hidden layer: show them all
     });
-    if (leaf.fold || (leaf.group && leaf.group.fold)) {/* handled by chain */}
     // Unfolding changes the chain: expand again along the new one.
     chainOf(leaf).forEach(function (g, i, c) { if (i < c.length - 1) g.expanded = true; });
   }
-  function goTo(leaf) {
+  function goTo(leaf, noScroll) {
     if (!leaf || leaf.hidden) return false;
     reveal(leaf);
     select(leaf);
     render();
     var el = svgHost.querySelector('[data-id="' + leaf.id + '"]');
-    if (el && el.scrollIntoView) el.scrollIntoView({ block: "center", inline: "center" });
+    if (el && el.scrollIntoView && !noScroll) el.scrollIntoView({ block: "center", inline: "center" });
     return true;
   }
   function find(text) {
@@ -703,8 +701,9 @@
   sidebar();
   bindSearch();
   defaultView();
-  // URL hash for links and tests: #select=<name>, #find=<text>, #view=expand|collapse|unfold.
+  // URL hash for links and tests: #select=<name>, #find=<text>, #view=expand|collapse|unfold, #noscroll=1.
   var hash = decodeURIComponent((location.hash || "").slice(1));
+  var noScroll = /(^|&)noscroll=1/.test(hash);
   hash.split("&").forEach(function (part) {
     var kv = part.split("=");
     if (kv[0] === "view" && kv[1] === "expand") setAll(true);
@@ -714,7 +713,7 @@
   render();
   hash.split("&").forEach(function (part) {
     var kv = part.split("=");
-    if ((kv[0] === "select" || kv[0] === "find") && kv[1]) goTo(kv[0] === "select" ? byName[kv[1]] || find(kv[1]) : find(kv[1]));
+    if ((kv[0] === "select" || kv[0] === "find") && kv[1]) goTo(kv[0] === "select" ? byName[kv[1]] || find(kv[1]) : find(kv[1]), noScroll);
   });
   if (!selectedId) showGroup(root);
   document.documentElement.setAttribute("data-autotp-ready", "1");
