@@ -7,7 +7,7 @@ Layout::
                  with its weights' placements, collectives, compute, communication and weight
                  bytes per rank -- each figure *per block*, the ``x`` column says how many
     weights      the placement of every weight of each distinct block, by relative name
-    collectives  the collectives of the distinct blocks: kind, tensor, placements, bytes, time
+    collectives  the collectives of each distinct block: kind, tensor, placements, bytes, time
 """
 
 from __future__ import annotations
@@ -86,13 +86,17 @@ def _weights_lines(plan: Plan, runs: list[BlockRun]) -> list[str]:
 
 
 def _collective_lines(runs: list[BlockRun], max_rows: int) -> list[str]:
+    """Collectives of each distinct block, under the block's name; modules relative to the block."""
     rows = []
     for run in runs:
+        if not run.first.collectives:
+            continue
+        rows.append(f"  {run.label}" + (f" (each of {run.count})" if run.count > 1 else "") + ":")
         for c in run.first.collectives:
             kinds = "+".join(s for s in c.steps if s not in ("slice", "zero")) or "+".join(c.steps)
-            each = f" x{run.count}" if run.count > 1 else ""
-            rows.append(f"  {kinds + each:<18} {_clip(c.producer, 16):<16} {_clip(c.src + '->' + c.dst, 11):<11} "
-                        f"{format_bytes(c.nbytes):>10} {format_seconds(c.time_s):>10}  {_clip(c.module, 26)}")
+            rows.append(f"    {kinds:<16} {_clip(c.producer, 16):<16} {_clip(c.src + '->' + c.dst, 11):<11} "
+                        f"{format_bytes(c.nbytes):>10} {format_seconds(c.time_s):>10}  "
+                        f"{_clip(run.first.relative(c.module), 26)}")
     if len(rows) > max_rows:
         rows = [*rows[:max_rows], f"  ... {len(rows) - max_rows} more"]
     return rows
@@ -127,7 +131,7 @@ def plan_summary(plan: Plan, max_rows: int = 40) -> str:
         lines += ["", "weight placements:", *weight_lines[: max_rows * 2]]
     collective_lines = _collective_lines(runs, max_rows)
     if collective_lines:
-        lines += ["", f"  {'collective':<18} {'of tensor':<16} {'placement':<11} {'bytes':>10} {'time':>10}  module",
+        lines += ["", f"    {'collective':<16} {'of tensor':<16} {'placement':<11} {'bytes':>10} {'time':>10}  in module",
                   *collective_lines]
     lines += ["", "plan.explain(name) says why; plan.to_html(path) draws it; plan.diff(other) compares."]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
