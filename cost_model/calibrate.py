@@ -14,10 +14,10 @@ profile field         measurement (median over timed repeats, after warm-up)
                       out, and planning a model in those dtypes asks for the figure)
 ``memory_bandwidth``  ``dst.copy_(src)`` of a large tensor: it reads and writes ``nbytes`` each,
                       so ``2 * nbytes / time`` — the bytes the roofline counts for a copy
-``kernel_floor_s``    ``aten.add`` of two one-element tensors, called as the rewritten FX graph
-                      calls ops (an ``OpOverload``): the dispatch cost every op pays
-``view_op_s``         ``aten.view`` of a one-element tensor, called the same way: what an op that
-                      launches no kernel costs on a CPU
+``kernel_floor_s``    per op of an FX graph chaining one-element kernel ops (add, exp, mean,
+                      softmax, cat, ...), run as the rewritten graph runs: what every op pays
+``view_op_s``         the same for a chain of views (view, transpose, expand, slice, ...): what an
+                      op that launches no kernel costs on a CPU
 ``intra_node``        gloo ``all_reduce``, ``all_gather`` and ``reduce_scatter`` through the same
                       functional collectives (``torch.ops._c10d_functional``) the rewritten
                       graph issues, at several sizes; ``alpha`` (``latency_s``), the per-call
@@ -211,18 +211,84 @@ def measure_copy_bytes_per_s(config: CalibrationConfig) -> float:
     return 2 * numel * 4 / seconds
 
 
+# One-element ops chained in an FX graph, as the rewritten graph runs them: every op dispatches
+# through a different path, so a chain of different ops costs what a model's graph pays per op
+# (several times what one op repeated in a tight loop costs, whose path stays warm in the caches).
+# Kernel ops: the common elementwise, reduction and data-movement ops of transformer graphs;
+# views: the shape ops that launch no kernel. Each maps a (1, 1) tensor to a (1, 1) tensor.
+_KERNEL_CHAIN: tuple[tuple[Any, tuple[Any, ...]], ...] = (
+    (torch.ops.aten.add.Tensor, ("x", "x")),
+    (torch.ops.aten.mul.Tensor, ("x", "x")),
+    (torch.ops.aten.sub.Tensor, ("x", "x")),
+    (torch.ops.aten.div.Tensor, ("x", "x")),
+    (torch.ops.aten.neg.default, ("x",)),
+    (torch.ops.aten.exp.default, ("x",)),
+    (torch.ops.aten.rsqrt.default, ("x",)),
+    (torch.ops.aten.silu.default, ("x",)),
+    (torch.ops.aten.gelu.default, ("x",)),
+    (torch.ops.aten.tanh.default, ("x",)),
+    (torch.ops.aten.mean.dim, ("x", [-1], True)),
+    (torch.ops.aten.sum.dim_IntList, ("x", [-1], True)),
+    (torch.ops.aten.amax.default, ("x", [-1], True)),
+    (torch.ops.aten._softmax.default, ("x", -1, False)),
+    (torch.ops.aten.cat.default, (["x"], 0)),
+    (torch.ops.aten.clone.default, ("x",)),
+)
+_VIEW_CHAIN: tuple[tuple[Any, tuple[Any, ...]], ...] = (
+    (torch.ops.aten.view.default, ("x", [1, 1])),
+    (torch.ops.aten.unsqueeze.default, ("x", 0)),
+    (torch.ops.aten.squeeze.dim, ("x", 0)),
+    (torch.ops.aten.transpose.int, ("x", 0, 1)),
+    (torch.ops.aten.expand.default, ("x", [1, 1])),
+    (torch.ops.aten.slice.Tensor, ("x", 0, 0, 1)),
+    (torch.ops.aten.permute.default, ("x", [1, 0])),
+    (torch.ops.aten.t.default, ("x",)),
+    (torch.ops.aten.select.int, (("unsqueeze", "x"), 0, 0)),
+    (torch.ops.aten.alias.default, ("x",)),
+)
+_CHAIN_REPEATS = 8
+
+
+def _chain_module(chain: tuple[tuple[Any, tuple[Any, ...]], ...]) -> tuple[torch.fx.GraphModule, int]:
+    """A GraphModule running ``chain`` ``_CHAIN_REPEATS`` times on its input; and its op count."""
+    graph = torch.fx.Graph()
+    value = graph.placeholder("x")
+    ops = 0
+
+    def bind(arg: Any, current: torch.fx.Node) -> Any:
+        nonlocal ops
+        if arg == "x":
+            return current
+        if isinstance(arg, tuple) and arg and arg[0] == "unsqueeze":  # select needs a leading dim to drop
+            ops += 1
+            return graph.call_function(torch.ops.aten.unsqueeze.default, (current, 0))
+        if isinstance(arg, list):
+            return [bind(a, current) for a in arg]
+        return arg
+
+    for _ in range(_CHAIN_REPEATS):
+        for op, args in chain:
+            value = graph.call_function(op, tuple(bind(a, value) for a in args))
+            ops += 1
+    graph.output(value)
+    return torch.fx.GraphModule(torch.nn.Module(), graph), ops
+
+
+def _per_op_s(chain: tuple[tuple[Any, tuple[Any, ...]], ...], config: CalibrationConfig) -> float:
+    module, ops = _chain_module(chain)
+    x = torch.ones(1, 1)
+    with torch.no_grad():
+        return _timed_median_s(lambda: module(x), config.min_time_s, config.repeats) / ops
+
+
 def measure_kernel_floor_s(config: CalibrationConfig) -> float:
-    """Seconds per call of ``aten.add.Tensor`` on one-element tensors: the cost of any op."""
-    add = torch.ops.aten.add.Tensor
-    a, b = torch.ones(1), torch.ones(1)
-    return _timed_median_s(lambda: add(a, b), config.min_time_s, config.repeats)
+    """Seconds per op of a graph of one-element kernel ops (add, exp, mean, softmax, cat, ...)."""
+    return _per_op_s(_KERNEL_CHAIN, config)
 
 
 def measure_view_op_s(config: CalibrationConfig) -> float:
-    """Seconds per call of ``aten.view.default`` on a one-element tensor: an op with no kernel."""
-    view = torch.ops.aten.view.default
-    a = torch.ones(1)
-    return _timed_median_s(lambda: view(a, [1]), config.min_time_s, config.repeats)
+    """Seconds per op of a graph of one-element views (view, transpose, expand, slice, ...)."""
+    return _per_op_s(_VIEW_CHAIN, config)
 
 
 def _collective_call(kind: str, nbytes: int, world_size: int, group_name: str) -> Callable[[], Any]:
@@ -297,9 +363,9 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             bandwidth = measure_copy_bytes_per_s(config)
             _say(progress, f"copy of {config.copy_bytes / 2**20:.0f} MiB: {bandwidth / 1e9:.2f} GB/s per rank")
             floor = measure_kernel_floor_s(config)
-            _say(progress, f"tiny op (aten.add of 1 element): {floor * 1e6:.2f} us")
+            _say(progress, f"tiny kernel op in a graph (1 element): {floor * 1e6:.2f} us")
             view = measure_view_op_s(config)
-            _say(progress, f"view op (aten.view, no kernel): {view * 1e6:.2f} us")
+            _say(progress, f"view op in a graph (no kernel): {view * 1e6:.2f} us")
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
     finally:
         torch.set_num_threads(previous_threads)
