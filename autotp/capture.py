@@ -6,7 +6,17 @@ node. We keep that lifted form: the planner sees a parameter as an input it may 
 the runtime feeds each rank its own shard in the parameter's place.
 
 After capture the graph is *unchanged in meaning*; only ``_assert_tensor_metadata`` checks
-(which export adds and which say nothing about layout) are removed.
+(which export adds and which say nothing about layout) are removed, and a graph that updates
+its own intermediate tensors in place (``x /= s``, ``out[idx] = v``: export keeps such in-place
+ops) is *functionalized* (``ExportedProgram.run_decompositions({})``: every in-place op becomes
+its out-of-place form, no other op is decomposed). The planner may give a tensor another
+placement on each edge, which makes a copy; an update through one copy would not reach the
+others, so only functional graphs are planned.
+
+Refused, with what to do: models export cannot trace (data-dependent Python control flow),
+models whose forward updates buffers (BatchNorm in training mode) or its inputs in place,
+outputs that are not tensors (or tuples, lists, dicts of them), and graphs that draw random
+numbers (dropout in training mode): each rank would draw different ones.
 """
 
 from __future__ import annotations
@@ -100,6 +110,69 @@ def capture(
     return from_exported(exported, type(model).__name__)
 
 
+def _has_inplace_ops(gm: fx.GraphModule) -> bool:
+    """True when some node writes into one of its arguments (``div_``, ``index_put_``, ``copy_``, ...).
+
+    ``batch_norm`` in training mode updates its running statistics without saying so in its schema.
+    """
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return True
+        if node.target is torch.ops.aten.batch_norm.default and node.args[5] and node.args[3] is not None:
+            return True
+    return False
+
+
+def _draws_random_numbers(node: fx.Node) -> bool:
+    """True for ops that sample (``rand``, ``bernoulli``, dropout in training mode, ...).
+
+    Ops with a dropout probability (``dropout``, ``scaled_dot_product_attention``) sample only
+    when it is non-zero and, where they have a ``train`` flag, in training mode.
+    """
+    tags = getattr(node.target, "tags", ())
+    if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in tags:
+        return False
+    schema = node.target._schema
+    bound = {arg.name: (node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value))
+             for i, arg in enumerate(schema.arguments)}
+    probability = bound.get("p", bound.get("dropout_p"))
+    if probability is not None and not isinstance(probability, fx.Node) and probability == 0:
+        return False
+    return bool(bound.get("train", bound.get("training", True)))
+
+
+def _check_no_randomness(gm: fx.GraphModule, what: str) -> None:
+    """Refuse graphs that sample: each rank would draw its own numbers and the ranks' outputs would differ."""
+    random_nodes = [n for n in gm.graph.nodes if _draws_random_numbers(n)]
+    if random_nodes:
+        where = []
+        for node in random_nodes:
+            trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+            where.append(f"{node.target}" + (f" at {trace[-2].strip()}" if len(trace) >= 2 else ""))
+        raise CaptureError(
+            f"{what}.forward draws random numbers: {'; '.join(where)}. Each rank would draw its own and the "
+            "ranks' outputs would differ from each other and from the model's; call model.eval() (dropout in "
+            "training mode is the usual cause), or pass the random tensor in as an input."
+        )
+
+
+def _check_outputs(exported: ExportedProgram, what: str) -> None:
+    """Refuse non-tensor outputs (an int, a string, None inside the outputs): ranks return tensors only."""
+    output = next(n for n in exported.graph_module.graph.nodes if n.op == "output")
+    for index, value in enumerate(pytree.tree_leaves(output.args[0])):
+        if isinstance(value, fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
+            continue
+        shown = value.meta.get("val") if isinstance(value, fx.Node) else value
+        raise CaptureError(
+            f"{what}.forward returns a value that is not a tensor (output {index}: {shown!r} of type "
+            f"{type(shown).__name__}). autotp returns tensors (in tuples, lists, dicts or dataclasses); "
+            "return the tensor, or compute the Python value outside the model."
+        )
+
+
 def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
     """The :class:`CapturedGraph` of an ``ExportedProgram`` (``what`` names the traced callable in errors).
 
@@ -107,13 +180,31 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
     """
     from torch.export.graph_signature import OutputKind
 
-    mutated = [str(o.target) for o in exported.graph_signature.output_specs if o.kind != OutputKind.USER_OUTPUT]
-    if mutated:
+    if _has_inplace_ops(exported.graph_module):
+        # export's graph keeps in-place ops and does not list what they update; the functional
+        # form lists every updated buffer and input in its signature
+        exported = exported.run_decompositions({})
+    specs_out = exported.graph_signature.output_specs
+    buffers = [str(o.target) for o in specs_out if o.kind == OutputKind.BUFFER_MUTATION]
+    inputs = [str(o.target) for o in specs_out if o.kind == OutputKind.USER_INPUT_MUTATION]
+    other = [f"{o.target} ({o.kind.name})" for o in specs_out
+             if o.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)]
+    if buffers:
         raise CaptureError(
-            f"{what}.forward updates state in place: {', '.join(mutated)}. autotp plans "
-            "inference graphs whose buffers do not change; call model.eval() (e.g. BatchNorm running stats) "
-            "or move the update out of forward()."
+            f"{what}.forward updates buffers in place: {', '.join(buffers)}. autotp plans inference graphs whose "
+            "buffers do not change, and a rank-local update would leave the ranks' copies different; call "
+            "model.eval() first (e.g. BatchNorm running statistics), or move the update out of forward()."
         )
+    if inputs:
+        raise CaptureError(
+            f"{what}.forward updates its input(s) in place: {', '.join(inputs)}. The tensor-parallel model "
+            "cannot write back into the caller's tensors; compute on a copy (e.g. x = x + 1 instead of x += 1) "
+            "and return the result."
+        )
+    if other:
+        raise CaptureError(f"{what}.forward has outputs autotp cannot handle: {', '.join(other)}; return tensors only.")
+    _check_outputs(exported, what)
+    _check_no_randomness(exported.graph_module, what)
     gm = exported.graph_module
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
