@@ -14,6 +14,12 @@ of both GEMM operands is cut at the same boundaries.
 
 Every op also has the all-``Replicate`` strategy, so the solver always has a correct choice.
 An op missing from the table gets only that one, and the plan reports it as a fallback.
+
+Keys of the table are op overloads (``aten.mm.default``) or, for ops of libraries that may not
+be imported (custom ops such as ``transformers::grouped_mm_fallback``), the overload's
+qualified name. Families of rules live in sibling modules that register into this one table:
+``rules_indexing`` (gather/scatter/index/top-k/sort), ``rules_conv`` (convolution, pooling,
+batch norm), ``rules_grouped_mm`` (grouped GEMMs of mixture-of-experts layers).
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ from autotp.placements import BlockShard, Partial, Placement, Replicate, Shard
 
 aten = torch.ops.aten
 
-__all__ = ["RULES", "RuleContext", "Strategy", "block_counts", "has_rule", "register_rule", "strategies_for", "tensor_inputs", "view_groups"]
+__all__ = [
+    "RULES", "RuleContext", "Strategy", "block_counts", "has_rule", "register_rule", "rule_for", "strategies_for",
+    "tensor_inputs", "view_groups",
+]
 
 R = Replicate()
 P = Partial()
@@ -65,7 +74,7 @@ RULES: dict[object, Rule] = {}
 
 
 def register_rule(*ops: object) -> Callable[[Rule], Rule]:
-    """Decorator: register ``rule`` for each op overload in ``ops``."""
+    """Decorator: register ``rule`` for each op overload (or qualified op name, ``"ns::op"``) in ``ops``."""
 
     def wrap(rule: Rule) -> Rule:
         for op in ops:
@@ -75,9 +84,17 @@ def register_rule(*ops: object) -> Callable[[Rule], Rule]:
     return wrap
 
 
+def rule_for(target: object) -> Rule | None:
+    """The rule of an op overload: registered by overload, else by its qualified name."""
+    rule = RULES.get(target)
+    if rule is None and isinstance(target, torch._ops.OpOverload):
+        rule = RULES.get(target.name())
+    return rule
+
+
 def has_rule(node: fx.Node) -> bool:
     """True when ``node`` is covered by a sharding rule (placeholders and outputs always are)."""
-    return node.op in ("placeholder", "output") or node.target in RULES
+    return node.op in ("placeholder", "output") or rule_for(node.target) is not None
 
 
 def tensor_inputs(node: fx.Node) -> list[fx.Node]:
@@ -133,10 +150,8 @@ def _replicated(node: fx.Node) -> Strategy:
 def strategies_for(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """All candidate strategies of ``node``; the all-replicate one is always first."""
     base = _replicated(node)
-    if node.op == "call_function" and node.target in RULES:
-        found = RULES[node.target](node, ctx)
-    else:
-        found = []
+    rule = rule_for(node.target) if node.op == "call_function" else None
+    found = rule(node, ctx) if rule is not None else []
     unique = [base]
     for strategy in found:
         if len(strategy.inputs) != len(base.inputs):
@@ -204,13 +219,22 @@ _NONLINEAR_ELEMENTWISE = [
     aten.softplus.default, aten.hardtanh.default, aten.leaky_relu.default, aten.gelu_.default,
     aten.relu_.default, aten.silu_.default, aten.pow.Scalar, aten.isnan.default, aten.isinf.default,
     aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.sign.default, aten.floor.default, aten.ceil.default,
-    aten.round.default, aten.triu.default, aten.tril.default,
+    aten.round.default, aten.triu.default, aten.tril.default, aten.floor_divide.default, aten.remainder.Scalar,
+    aten.remainder.Tensor, aten.fmod.Scalar, aten.fmod.Tensor, aten.bitwise_xor.Tensor, aten.logical_xor.default,
+    aten.trunc.default, aten.log1p.default, aten.expm1.default, aten.exp2.default, aten.log2.default,
+    aten.atan.default, aten.sinh.default, aten.cosh.default, aten.asin.default, aten.acos.default,
+    aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.elu.default, aten.selu.default,
+    aten.hardswish.default, aten.hardsigmoid.default, aten.mish.default, aten.logit.default, aten.erfinv.default,
+    aten.relu6.default, aten.square.default, aten.greater.Scalar, aten.greater_equal.Scalar, aten.less.Scalar, aten.less_equal.Scalar, aten.not_equal.Scalar,
+    aten.isfinite.default, aten.nan_to_num.default, aten.signbit.default, aten.fill.Tensor, aten.fill.Scalar,
+    aten.bitwise_and.Scalar, aten.bitwise_or.Scalar, aten.lerp.Scalar, aten.lerp.Tensor, aten.addcmul.default,
+    aten.addcdiv.default, aten.copysign.Tensor, aten.atan2.default, aten.xlogy.Tensor, aten.hypot.default,
 ]
 _IDENTITY_LIKE = [
     aten.alias.default, aten.clone.default, aten.contiguous.default, aten.to.dtype, aten.to.dtype_layout,
     aten.to.device, aten._to_copy.default, aten.detach.default, aten.lift_fresh_copy.default,
     aten.neg.default, aten.type_as.default, aten.dropout.default, aten.native_dropout.default,
-    aten.feature_dropout.default, aten.lift_fresh.default,
+    aten.feature_dropout.default, aten.lift_fresh.default, aten.positive.default,
 ]
 
 
@@ -317,8 +341,11 @@ def _view(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     return strategies
 
 
-def _dim_map_rule(node: fx.Node, out_to_in: dict[int, int]) -> list[Strategy]:
-    """Rule for ops that move dims around: output dim d holds input dim ``out_to_in[d]``."""
+def _dim_map_rule(node: fx.Node, out_to_in: dict[int, int], blocks: frozenset[int] = frozenset()) -> list[Strategy]:
+    """Rule for ops that move dims around: output dim d holds input dim ``out_to_in[d]``.
+
+    A dim carried over whole keeps its ``BlockShard(d, k)`` too, for each k in ``blocks``.
+    """
     n_inputs = len(tensor_inputs(node))
     rest = tuple(R for _ in range(n_inputs - 1))
     in_shape, out_shape = _shape(tensor_inputs(node)[0]), _shape(node)
@@ -326,6 +353,9 @@ def _dim_map_rule(node: fx.Node, out_to_in: dict[int, int]) -> list[Strategy]:
     for out_dim, in_dim in out_to_in.items():
         if out_shape[out_dim] > 1 and in_shape[in_dim] == out_shape[out_dim]:
             strategies.append(Strategy((Shard(in_dim), *rest), Shard(out_dim)))
+            for k in sorted(blocks):
+                if in_shape[in_dim] % k == 0 and in_shape[in_dim] // k > 1:
+                    strategies.append(Strategy((BlockShard(in_dim, k), *rest), BlockShard(out_dim, k)))
     return strategies
 
 
@@ -339,27 +369,27 @@ def _transpose(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     a, b = _norm_dim(node.args[1], ndim), _norm_dim(node.args[2], ndim)
     perm = list(range(ndim))
     perm[a], perm[b] = perm[b], perm[a]
-    return _dim_map_rule(node, dict(enumerate(perm)))
+    return _dim_map_rule(node, dict(enumerate(perm)), ctx.block_counts)
 
 
 @register_rule(aten.t.default)
 def _t(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     ndim = len(_shape(node))
-    return _dim_map_rule(node, dict(enumerate(reversed(range(ndim)))) if ndim == 2 else {0: 0})
+    return _dim_map_rule(node, dict(enumerate(reversed(range(ndim)))) if ndim == 2 else {0: 0}, ctx.block_counts)
 
 
 @register_rule(aten.permute.default)
 def _permute(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     ndim = len(_shape(node))
     perm = [_norm_dim(d, ndim) for d in node.args[1]]
-    return _dim_map_rule(node, dict(enumerate(perm)))
+    return _dim_map_rule(node, dict(enumerate(perm)), ctx.block_counts)
 
 
 @register_rule(aten.unsqueeze.default)
 def _unsqueeze(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     ndim = len(_shape(node))
     new = _norm_dim(node.args[1], ndim)
-    return _dim_map_rule(node, {d: d - (d > new) for d in range(ndim) if d != new})
+    return _dim_map_rule(node, {d: d - (d > new) for d in range(ndim) if d != new}, ctx.block_counts)
 
 
 @register_rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
@@ -371,7 +401,7 @@ def _squeeze(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
         dims = node.args[1] if isinstance(node.args[1], (list, tuple)) else [node.args[1]]
         removed = {_norm_dim(d, len(in_shape)) for d in dims if in_shape[_norm_dim(d, len(in_shape))] == 1}
     kept = [d for d in range(len(in_shape)) if d not in removed]
-    return _dim_map_rule(node, dict(enumerate(kept)))
+    return _dim_map_rule(node, dict(enumerate(kept)), ctx.block_counts)
 
 
 @register_rule(aten.expand.default)
@@ -379,7 +409,7 @@ def _expand(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     in_shape, out_shape = _shape(tensor_inputs(node)[0]), _shape(node)
     lead = len(out_shape) - len(in_shape)
     mapping = {d: d - lead for d in range(lead, len(out_shape)) if in_shape[d - lead] == out_shape[d]}
-    return _dim_map_rule(node, mapping)
+    return _dim_map_rule(node, mapping, ctx.block_counts)
 
 
 @register_rule(aten.slice.Tensor, aten.select.int, aten.narrow.default)
@@ -404,6 +434,48 @@ def _cat(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     for dim, size in enumerate(out_shape):
         if dim != cat_dim and size > 1 and all(len(_shape(i)) == len(out_shape) for i in inputs):
             strategies.append(Strategy(tuple(Shard(dim) for _ in inputs), Shard(dim)))
+    return strategies
+
+
+@register_rule(aten.stack.default)
+def _stack(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """Stacking along a new dim: every input dim keeps its split (shifted past the new dim)."""
+    inputs = tensor_inputs(node)
+    out_ndim = len(_shape(node))
+    new = _norm_dim(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0), out_ndim)
+    strategies = [Strategy(tuple(P for _ in inputs), P)]
+    for d, size in enumerate(_shape(inputs[0])):
+        if size > 1:
+            strategies.append(Strategy(tuple(Shard(d) for _ in inputs), Shard(d + (d >= new))))
+    return strategies
+
+
+@register_rule(aten.repeat.default)
+def _repeat(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """Tiling: a dim repeated once keeps its split (new leading dims and tiled dims are whole)."""
+    in_shape = _shape(tensor_inputs(node)[0])
+    repeats = list(node.args[1])
+    lead = len(repeats) - len(in_shape)
+    return _dim_map_rule(node, {d + lead: d for d in range(len(in_shape)) if repeats[d + lead] == 1})
+
+
+@register_rule(aten.repeat_interleave.self_int)
+def _repeat_interleave(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """Each element repeated r times in place: every dim keeps its split, the repeated one too.
+
+    A contiguous block of input rows ``[a, b)`` becomes output rows ``[a r, b r)``, so the
+    repeated dim is cut at proportional points (what ``passes/partition.py`` does).
+    """
+    in_shape, out_shape = _shape(tensor_inputs(node)[0]), _shape(node)
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+    output_size = node.args[3] if len(node.args) > 3 else node.kwargs.get("output_size")
+    if dim is None or len(in_shape) != len(out_shape):
+        return []
+    dim = _norm_dim(dim, len(in_shape))
+    strategies = [Strategy((P,), P)]
+    for d, size in enumerate(in_shape):
+        if size > 1 and (d != dim or output_size is None):
+            strategies.append(Strategy((Shard(d),), Shard(d)))
     return strategies
 
 
@@ -455,7 +527,9 @@ def _keepdim(node: fx.Node) -> bool:
 
 
 @register_rule(aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.sum.default,
-               aten.mean.default, aten.var.correction, aten.std.correction, aten.any.dim, aten.all.dim)
+               aten.mean.default, aten.var.correction, aten.std.correction, aten.any.dim, aten.all.dim,
+               aten.max.dim, aten.min.dim, aten.argmax.default, aten.argmin.default, aten.logsumexp.default,
+               aten.prod.dim_int, aten.any.dims, aten.all.dims)
 def _reduction(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Sharded non-reduced dims stay sharded; a ``sum`` over a sharded dim gives Partial."""
     in_shape = _shape(tensor_inputs(node)[0])
@@ -478,16 +552,19 @@ def _reduction(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 
 
 @register_rule(aten.cumsum.default, aten._softmax.default, aten.softmax.int, aten._log_softmax.default,
-               aten.log_softmax.int, aten.diff.default, aten.argmax.default)
+               aten.log_softmax.int, aten.diff.default, aten._safe_softmax.default, aten.cumprod.default,
+               aten.logcumsumexp.default, aten.flip.default)
 def _along_dim(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Ops that mix values along one dim: any other dim may stay sharded."""
     inputs = tensor_inputs(node)
     in_shape = _shape(inputs[0])
-    dim = _norm_dim(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1), len(in_shape))
+    if node.target is aten.flip.default:
+        flipped = [_norm_dim(d, len(in_shape)) for d in node.args[1]]
+        return _dim_map_rule(node, {d: d for d in range(len(in_shape)) if d not in flipped}, ctx.block_counts)
+    dim_index = 2 if node.target is aten.diff.default else 1  # diff(input, n, dim, prepend, append)
+    dim = _norm_dim(node.args[dim_index] if len(node.args) > dim_index else node.kwargs.get("dim", -1), len(in_shape))
     rest = tuple(R for _ in inputs[1:])
     strategies = []
-    if node.target is aten.argmax.default:
-        return strategies
     if node.target is aten.cumsum.default:
         strategies.append(Strategy((P, *rest), P))
     for d, size in enumerate(in_shape):
@@ -497,9 +574,12 @@ def _along_dim(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     return strategies
 
 
-@register_rule(aten.layer_norm.default, aten.rms_norm.default)
+@register_rule(aten.layer_norm.default, aten.rms_norm.default, aten.native_layer_norm.default)
 def _layer_norm(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
-    """Normalisation over the trailing dims: only leading (token) dims may be split."""
+    """Normalisation over the trailing dims: only leading (token) dims may be split.
+
+    (``native_layer_norm`` also returns mean and 1/std, shaped like the leading dims: split alike.)
+    """
     inputs = tensor_inputs(node)
     in_shape = _shape(inputs[0])
     normalized = len(node.args[1])
@@ -515,9 +595,10 @@ def _einsum_strategies(operands: list[str], output: str, shapes: list[tuple[int,
 
     For each index letter: if it appears in the output, split it everywhere it appears (the
     output is ``Shard``); if it is contracted, split it in every operand and the output is
-    ``Partial``. A letter whose size is 1 anywhere is not split. Plus Partial in the first
-    operand passing through (the GEMM is linear in each operand). For a letter of the *last*
-    operand (the weight's output features) also ``BlockShard`` with each k in ``blocks``.
+    ``Partial``. A letter whose size is 1 anywhere is not split. Plus Partial in each operand
+    passing through (the GEMM is linear in each operand). For a row or column letter (not a
+    batch letter, see :func:`_batch_letters`) that only one operand has (e.g. the weight's
+    output features) also ``BlockShard`` with each k in ``blocks``.
     """
     letters = sorted(set("".join(operands)), key=lambda c: ("".join(operands) + output).index(c))
     found = []
@@ -531,20 +612,25 @@ def _einsum_strategies(operands: list[str], output: str, shapes: list[tuple[int,
         out = Shard(output.index(letter)) if letter in output else P
         found.append((ins, out))
         owners = [i for i, spec in enumerate(operands) if letter in spec]
-        if letter in output and owners == [len(operands) - 1]:
+        if letter in output and len(owners) == 1 and letter not in _BATCH_LETTERS:
             size = out_shape[output.index(letter)]
             for k in sorted(blocks):
                 if size % k == 0 and size // k > 1:
-                    spec = operands[-1]
-                    ins_k: list[Placement] = [R] * (len(operands) - 1) + [BlockShard(spec.index(letter), k)]
+                    owner = owners[0]
+                    ins_k: list[Placement] = [R] * len(operands)
+                    ins_k[owner] = BlockShard(operands[owner].index(letter), k)
                     found.append((ins_k, BlockShard(output.index(letter), k)))
     for k in range(len(operands)):
         found.append(([P if j == k else R for j in range(len(operands))], P))
     return found
 
 
+_BATCH_LETTERS = "abcdefgh"
+
+
 def _batch_letters(n: int) -> str:
-    return "abcdefgh"[:n]
+    """Letters of the leading (batch) dims of a GEMM operand; rows, columns and sums use m, n, k."""
+    return _BATCH_LETTERS[:n]
 
 
 def _with_bias(found: list[tuple[list[Placement], Placement]], bias_spec: str | None, output: str,
@@ -589,13 +675,47 @@ def _addmm(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 
 @register_rule(aten.mm.default, aten.bmm.default, aten.matmul.default)
 def _matmul(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``a @ b`` with equal batch dims, or one operand a plain matrix (``(..., m, k) @ (k, n)``)."""
     inputs = tensor_inputs(node)
-    a_shape, b_shape = _shape(inputs[0]), _shape(inputs[1])
-    if len(a_shape) < 2 or len(b_shape) < 2 or len(a_shape) != len(b_shape):
+    if len(inputs) != 2:
         return []
-    batch = _batch_letters(len(a_shape) - 2)
-    found = _einsum_strategies([batch + "mk", batch + "kn"], batch + "mn", [a_shape, b_shape], _shape(node))
+    a_shape, b_shape = _shape(inputs[0]), _shape(inputs[1])
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        return []
+    if len(a_shape) == len(b_shape) and a_shape[:-2] == b_shape[:-2]:
+        batch = _batch_letters(len(a_shape) - 2)
+        specs = [batch + "mk", batch + "kn"]
+    elif len(b_shape) == 2:
+        batch = _batch_letters(len(a_shape) - 2)
+        specs = [batch + "mk", "kn"]
+    elif len(a_shape) == 2:
+        batch = _batch_letters(len(b_shape) - 2)
+        specs = ["mk", batch + "kn"]
+    else:
+        return []  # broadcast batch dims: replicated
+    found = _einsum_strategies(specs, batch + "mn", [a_shape, b_shape], _shape(node), ctx.block_counts)
     return _with_bias(found, None, batch + "mn", bias_first=False)
+
+
+@register_rule(aten.einsum.default)
+def _einsum(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``torch.einsum(equation, operands)`` with explicit output letters and no ``...`` or repeated letters."""
+    equation = str(node.args[0]).replace(" ", "")
+    operands = tensor_inputs(node)
+    if "..." in equation or "->" not in equation:
+        return []
+    lhs, output = equation.split("->")
+    specs = lhs.split(",")
+    if len(specs) != len(operands) or any(len(set(spec)) != len(spec) for spec in specs):
+        return []
+    shapes = [_shape(op) for op in operands]
+    if any(len(spec) != len(shape) for spec, shape in zip(specs, shapes)):
+        return []
+    for letter in set(lhs.replace(",", "")):  # a broadcast size-1 letter would be cut at different sizes
+        if len({shape[spec.index(letter)] for spec, shape in zip(specs, shapes) if letter in spec}) > 1:
+            return []
+    found = _einsum_strategies(specs, output, shapes, _shape(node))
+    return _with_bias(found, None, output, bias_first=False)
 
 
 @register_rule(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default)
@@ -632,10 +752,21 @@ def _sdpa(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 
 @register_rule(aten.embedding.default)
 def _embedding(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
-    """Lookup rows of ``weight (V, H)``: split H (output last dim) or the indices' dims."""
+    """Lookup rows of ``weight (V, H)``: split H (output last dim), the indices' dims, or the vocabulary.
+
+    Vocabulary-parallel (``weight S(0) -> Partial``): each rank holds a range of rows, looks up
+    the ids in its range and writes zeros for the others, so the ranks' outputs sum to the
+    lookup. The rewrite localises the ids (``passes/rewrite.py``); offered when every rank can
+    hold at least one row.
+    """
     weight, indices = tensor_inputs(node)[:2]
     out_ndim = len(_shape(node))
-    strategies = [Strategy((Shard(1), R), Shard(out_ndim - 1))]
+    vocab, hidden = _shape(weight)
+    strategies = []
+    if hidden > 1:
+        strategies.append(Strategy((Shard(1), R), Shard(out_ndim - 1)))
+    if vocab >= ctx.world_size:
+        strategies.append(Strategy((Shard(0), R), P))
     for d, size in enumerate(_shape(indices)):
         if size > 1:
             strategies.append(Strategy((R, Shard(d)), Shard(d)))
@@ -652,3 +783,8 @@ def _embedding(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _factory(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Tensors made from constants are computed whole on every rank (cheap, no communication)."""
     return []
+
+
+# --------------------------------------------------------------------------- rule families in sibling modules
+
+from autotp.passes import rules_conv, rules_grouped_mm, rules_indexing  # noqa: E402,F401 - they register into RULES

@@ -1,0 +1,255 @@
+"""Sharding rules for indexing ops: gather, scatter, advanced indexing, top-k and sort.
+
+These ops move whole slices of a tensor by integer position, so a dim that is not indexed keeps
+its split (each rank moves its columns), and the value operands are linear: a ``Partial`` sum
+passes through a gather, and through a scatter when every written value is a ``Partial`` sum
+too. The index tensors themselves are split only where the output is split the same way
+(a rank gathers the rows its part of the index names). The routing ops of a mixture-of-experts
+layer (top-k over the router scores, the sort of tokens by expert, the gather of tokens for
+each expert and the scatter back) are all of this kind.
+
+Imported by :mod:`autotp.passes.rules`, whose table these rules join.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from autotp.passes.rules import (
+    P,
+    R,
+    RuleContext,
+    Strategy,
+    _dim_map_rule,
+    _is_tensor,
+    _norm_dim,
+    _shape,
+    _val,
+    register_rule,
+    tensor_inputs,
+)
+from autotp.placements import BlockShard, Placement, Shard
+
+aten = torch.ops.aten
+
+__all__: list[str] = []
+
+
+def _is_float(node: fx.Node) -> bool:
+    val = _val(node)
+    return isinstance(val, torch.Tensor) and val.is_floating_point()
+
+
+def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for i, size in enumerate(shape):
+            j = ndim - len(shape) + i
+            out[j] = size if out[j] == 1 else out[j]
+    return tuple(out)
+
+
+@register_rule(aten.index.Tensor, aten._unsafe_index.Tensor)
+def _index(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``x[i0, :, i2]`` (advanced indexing with integer index tensors; ``None`` keeps a dim).
+
+    The index tensors broadcast to one shape B. If the indexed dims are adjacent, B takes their
+    place in the output, otherwise B comes first (NumPy's rule). A non-indexed dim of ``x``
+    keeps its split; a dim of B may be split when every index tensor that spans it is split there.
+    """
+    x = tensor_inputs(node)[0]
+    indices = list(node.args[1])
+    index_nodes = [i for i in indices if isinstance(i, fx.Node)]
+    if any(not _is_tensor(i) or _val(i).dtype in (torch.bool, torch.uint8) for i in index_nodes):
+        return []  # boolean masks select a data-dependent number of elements
+    x_shape = _shape(x)
+    present = [d for d, i in enumerate(indices) if i is not None]
+    if not present:
+        return []
+    b_shape = _broadcast_shape([_shape(i) for i in index_nodes])
+    adjacent = present == list(range(present[0], present[-1] + 1))
+    b_start = present[0] if adjacent else 0
+    rest_out: dict[int, int] = {}  # x dim -> output dim, for the dims that are not indexed
+    out_dim = 0
+    for d in range(len(x_shape)):
+        if d in present:
+            if adjacent and d == present[0]:
+                out_dim += len(b_shape)
+            continue
+        if not adjacent and out_dim < len(b_shape):
+            out_dim = len(b_shape)
+        rest_out[d] = out_dim
+        out_dim += 1
+    idx_r = tuple(R for _ in index_nodes)
+    strategies: list[Strategy] = []
+    if _is_float(x):
+        strategies.append(Strategy((P, *idx_r), P))
+    for d, od in rest_out.items():
+        if x_shape[d] > 1:
+            strategies.append(Strategy((Shard(d), *idx_r), Shard(od)))
+            for k in sorted(ctx.block_counts):
+                if x_shape[d] % k == 0 and x_shape[d] // k > 1:
+                    strategies.append(Strategy((BlockShard(d, k), *idx_r), BlockShard(od, k)))
+    for j, size in enumerate(b_shape):
+        if size <= 1:
+            continue
+        placements: list[Placement] = [R]
+        for i in index_nodes:
+            shape = _shape(i)
+            di = j - (len(b_shape) - len(shape))
+            placements.append(Shard(di) if di >= 0 and shape[di] > 1 else R)
+        strategies.append(Strategy(tuple(placements), Shard(b_start + j)))
+    return strategies
+
+
+@register_rule(aten.index_select.default)
+def _index_select(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``x.index_select(dim, index)``: the other dims keep their split; the index may be split too."""
+    x, index = tensor_inputs(node)[:2]
+    x_shape = _shape(x)
+    dim = _norm_dim(node.args[1], len(x_shape))
+    strategies = [Strategy((P, R), P)] if _is_float(x) else []
+    strategies += [Strategy((Shard(d), R), Shard(d)) for d, size in enumerate(x_shape) if d != dim and size > 1]
+    if _shape(index) and _shape(index)[0] > 1:
+        strategies.append(Strategy((R, Shard(0)), Shard(dim)))
+    return strategies
+
+
+@register_rule(aten.gather.default)
+def _gather(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``x.gather(dim, index)``: output shaped like ``index``; ``out[.., i, ..] = x[.., index[.., i, ..], ..]``.
+
+    Any dim of the index may be split (a rank gathers its part of the index from the whole
+    ``x``); a dim other than ``dim`` where ``x`` and ``index`` have the same size may be split
+    in both. ``x`` Partial passes through.
+    """
+    inputs = tensor_inputs(node)
+    x, index = inputs[0], inputs[1]
+    x_shape, i_shape = _shape(x), _shape(index)
+    dim = _norm_dim(node.args[1], len(x_shape))
+    strategies = [Strategy((P, R), P)] if _is_float(x) else []
+    for d, size in enumerate(i_shape):
+        if size <= 1:
+            continue
+        strategies.append(Strategy((R, Shard(d)), Shard(d)))
+        if d != dim and x_shape[d] == size:
+            strategies.append(Strategy((Shard(d), Shard(d)), Shard(d)))
+    return strategies
+
+
+@register_rule(aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter.reduce,
+               aten.scatter_reduce.two, aten.index_add.default)
+def _scatter(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``self.scatter(dim, index, src)`` and kin: output shaped like ``self``.
+
+    A dim other than ``dim`` where ``self``, ``index`` and ``src`` all have the same size may be
+    split in all of them. Sums pass through when ``self`` and ``src`` are both Partial and the
+    update is an overwrite or a sum (not a product, max or mean, and not a scalar fill).
+    """
+    inputs = tensor_inputs(node)
+    shapes = [_shape(i) for i in inputs]
+    out_shape = _shape(node)
+    dim = _norm_dim(node.args[1], len(out_shape))
+    strategies: list[Strategy] = []
+    for d, size in enumerate(out_shape):
+        if d == dim or size <= 1:
+            continue
+        if node.target is aten.index_add.default:  # index_add(self, dim, index (1-D), source)
+            ok = shapes[2][d] == size
+            placements = (Shard(d), R, Shard(d))
+        else:
+            ok = all(len(s) == len(out_shape) and s[d] == size for s in shapes)
+            placements = tuple(Shard(d) for _ in inputs)
+        if ok:
+            strategies.append(Strategy(placements, Shard(d)))
+    reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
+    sums = node.target in (aten.scatter.src, aten.scatter_add.default, aten.index_add.default) or (
+        node.target is aten.scatter_reduce.two and reduce == "sum")
+    if sums and _is_float(node) and len(inputs) == 3:
+        strategies.append(Strategy((P, R, P), P))
+    return strategies
+
+
+@register_rule(aten.index_put.default, aten._unsafe_index_put.default)
+def _index_put(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``self[i0, i1] = values`` (or ``+=`` with ``accumulate``), out of place.
+
+    When the index tensors address a leading run of dims ``0..m-1``, the trailing dims of
+    ``self`` keep their split, and ``values`` (broadcast to the indexed region ``B + self.shape[m:]``)
+    is split alike. Both Partial gives Partial: the written positions are the same on every rank.
+    """
+    inputs = tensor_inputs(node)
+    self_node, values = inputs[0], inputs[-1]
+    indices = list(node.args[1])
+    index_nodes = [i for i in indices if isinstance(i, fx.Node)]
+    if any(not _is_tensor(i) or _val(i).dtype in (torch.bool, torch.uint8) for i in index_nodes):
+        return []
+    idx_r = tuple(R for _ in index_nodes)
+    strategies: list[Strategy] = []
+    if _is_float(self_node):
+        strategies.append(Strategy((P, *idx_r, P), P))
+    present = [d for d, i in enumerate(indices) if i is not None]
+    if present != list(range(len(present))):
+        return strategies
+    self_shape, v_shape = _shape(self_node), _shape(values)
+    b_shape = _broadcast_shape([_shape(i) for i in index_nodes])
+    m = len(present)
+    region_ndim = len(b_shape) + len(self_shape) - m
+    for d in range(m, len(self_shape)):
+        if self_shape[d] <= 1:
+            continue
+        vd = len(b_shape) + d - m - (region_ndim - len(v_shape))
+        v_place: Placement = Shard(vd) if vd >= 0 and v_shape[vd] > 1 else R
+        strategies.append(Strategy((Shard(d), *idx_r, v_place), Shard(d)))
+    return strategies
+
+
+@register_rule(aten.slice_scatter.default, aten.select_scatter.default)
+def _slice_scatter(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``out = self; out[..., a:b, ...] = src`` along one dim: the other dims keep their split."""
+    self_node, src = tensor_inputs(node)[:2]
+    out_shape = _shape(self_node)
+    dim = _norm_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(out_shape))
+    strategies = [Strategy((P, P), P)] if _is_float(self_node) else []
+    for d, size in enumerate(out_shape):
+        if d == dim or size <= 1:
+            continue
+        sd = d - (d > dim) if node.target is aten.select_scatter.default else d
+        strategies.append(Strategy((Shard(d), Shard(sd)), Shard(d)))
+    return strategies
+
+
+@register_rule(aten.topk.default, aten.sort.default, aten.sort.stable, aten.argsort.default, aten.argsort.stable,
+               aten.kthvalue.default, aten.cummax.default, aten.cummin.default)
+def _along_one_dim(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """Ops that look along one dim (top-k, sort): every other dim keeps its split."""
+    x_shape = _shape(tensor_inputs(node)[0])
+    if node.target is aten.topk.default:
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
+    elif node.target in (aten.sort.stable, aten.argsort.stable):
+        dim = node.kwargs.get("dim", -1)
+    elif node.target is aten.kthvalue.default:
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
+    else:
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)
+    dim = _norm_dim(dim, len(x_shape))
+    return [Strategy((Shard(d),), Shard(d)) for d, size in enumerate(x_shape) if d != dim and size > 1]
+
+
+@register_rule(aten.one_hot.default)
+def _one_hot(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``one_hot(x, C)`` appends a class dim: the dims of ``x`` keep their split."""
+    ndim = len(_shape(tensor_inputs(node)[0]))
+    return _dim_map_rule(node, {d: d for d in range(ndim)})[1:]  # no Partial: integer output
+
+
+@register_rule(aten.histc.default)
+def _histc(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """A histogram over a fixed range (``min < max``) of a split tensor is the sum of the ranks' histograms."""
+    low = node.args[2] if len(node.args) > 2 else node.kwargs.get("min", 0)
+    high = node.args[3] if len(node.args) > 3 else node.kwargs.get("max", 0)
+    if not low < high:
+        return []  # min == max: the range comes from the data, which differs per rank
+    return [Strategy((Shard(d),), P) for d, size in enumerate(_shape(tensor_inputs(node)[0])) if size > 1]
