@@ -27,7 +27,9 @@ def test_builder_is_deterministic_and_runs(name: str) -> None:
     with torch.no_grad():
         out = model_a(*args_a, **kwargs_a)
     first = out if isinstance(out, torch.Tensor) else out[0]
-    assert first.shape[:2] == (2, 16), f"{name}: expected (batch 2, seq 16, ...), got {tuple(first.shape)}"
+    assert first.shape[0] == 2, f"{name}: expected batch 2 in the first output, got {tuple(first.shape)}"
+    if name != "cnn":
+        assert first.shape[:2] == (2, 16), f"{name}: expected (batch 2, seq 16, ...), got {tuple(first.shape)}"
     assert torch.isfinite(first).all(), f"{name}: non-finite output"
 
 
