@@ -323,7 +323,7 @@ class PlanDiff:
 
     parameters: tuple[tuple[str, str, str], ...]  # (FQN, base placement, other placement)
     nodes: tuple[tuple[str, str, str], ...]  # (node name, base strategy, other strategy)
-    collectives_added: tuple[str, ...]
+    collectives_added: tuple[str, ...]  # collectives and local reshards (slice, zero) only ``other`` has
     collectives_removed: tuple[str, ...]
     compute_delta_s: float
     comm_delta_s: float
@@ -362,7 +362,7 @@ class PlanDiff:
             lines.extend(f"  {name}: {a}  =>  {b}" for name, a, b in others[:max_rows])
             if len(others) > max_rows:
                 lines.append(f"  ... {len(others) - max_rows} more")
-        for title, rows in (("collectives added", self.collectives_added), ("collectives removed", self.collectives_removed)):
+        for title, rows in (("reshardings added", self.collectives_added), ("reshardings removed", self.collectives_removed)):
             if rows:
                 lines.append(f"{title} ({len(rows)}):")
                 lines.extend(f"  {r}" for r in rows[:max_rows])
