@@ -90,6 +90,8 @@ def _auto_budget(costed: CostedGraph) -> float:
     splittable = _splittable_parameters(costed)
     total = 0.0
     for name in costed.memory_bytes:
+        if not costed.graph.nodes[name].users:
+            continue  # never read (the second name of a tied weight): not held, so no allowance
         val = costed.graph.nodes[name].meta["val"]
         full = val.numel() * val.element_size()
         sizes = [int(s) for s in val.shape]
