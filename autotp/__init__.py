@@ -3,6 +3,8 @@
 ``autotp.compile(model, world_size, example_inputs=...)`` traces the model, plans how to split
 every heavy op across ranks with a cost model and an exact MILP solver, and returns this rank's
 tensor-parallel module. ``autotp.plan(...)`` only decides (no process group, meta weights fine).
+``torch.compile(model, backend=autotp.backend(...))`` (or ``backend="autotp"``) does the same
+for every graph Dynamo captures.
 
 State of the graph after each step (see ``autotp.api``):
 
@@ -15,6 +17,7 @@ State of the graph after each step (see ``autotp.api``):
 """
 
 from autotp.api import compile, plan
+from autotp.backend import backend
 from autotp.errors import AutoTPError, CaptureError, PlanError, PlanMismatchError, UnsupportedOpError
 from autotp.placements import Partial, Replicate, Shard
 from autotp.plan import Plan
@@ -31,6 +34,7 @@ __all__ = [
     "Shard",
     "TensorParallelModule",
     "UnsupportedOpError",
+    "backend",
     "compile",
     "plan",
 ]

@@ -190,7 +190,7 @@ class CompiledSubgraph:
         index: order in which the backend received it (0 for the first graph).
         region: Dynamo's id of the traced code region (frame); a recompile of the region (new
             input sizes, failed guards) yields a new graph with the same ``region``.
-        plan: the :class:`~autotp.Plan` applied (made at the first input size seen).
+        plan: the :class:`~autotp.Plan` applied (made at the first call; ``None`` before it).
         local_graphs: rank-local graphs by input-size key (one entry for a static graph).
     """
 
@@ -201,7 +201,6 @@ class CompiledSubgraph:
         self._owner = owner
         self._gm = gm
         self.plan: Plan | None = None
-        self._plan_key: tuple | None = None
         self.local_graphs: dict[tuple, _LocalGraph] = {}
         self._last: _LocalGraph | None = None
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -219,8 +218,7 @@ class CompiledSubgraph:
         self._dynamic = any(isinstance(v, _SYM_TYPES) for v in example_inputs)
         self._key_positions = [i for i, v in enumerate(example_inputs)
                                if i not in self._origin and (isinstance(v, torch.Tensor) or isinstance(v, _SYM_TYPES))]
-        concrete = [_concrete(v) for v in example_inputs]
-        self._last = self._build(concrete, self._key(concrete))
+        self._static: _LocalGraph | None = None  # the one local graph of a static-shape graph
 
     # -- run ----------------------------------------------------------------------------
     def _key(self, args: Sequence[Any]) -> tuple:
@@ -229,19 +227,26 @@ class CompiledSubgraph:
         return tuple(tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in self._key_positions)
 
     def __call__(self, *args: Any) -> Any:
-        if not self._dynamic:
-            return self._last(args)  # type: ignore[misc]
-        key = self._key(args)
-        local = self.local_graphs.get(key)
+        # Lowering and planning run here, at the first call with these sizes, not while Dynamo
+        # compiles: torch.export (and the plan broadcast) inside Dynamo's compile would share its
+        # tracing context and can leave guards Dynamo cannot build.
+        local = self._static
         if local is None:
-            local = self._build(list(args), key)
+            key = self._key(args)
+            local = self.local_graphs.get(key)
+            if local is None:
+                local = self._build(list(args), key)
+                if not self._dynamic:
+                    self._static = local
         return local(args)
 
     # -- inspect ------------------------------------------------------------------------
     @property
     def graph_module(self) -> fx.GraphModule:
         """The rank-local graph built most recently."""
-        assert self._last is not None, "a CompiledSubgraph always builds its first local graph in __init__"
+        if self._last is None:
+            raise AutoTPError(f"torch.compile graph {self.index} has not run yet: its rank-local graph is built "
+                              "at its first call; call the compiled model once")
         return self._last.graph_module
 
     def collective_counts(self) -> dict[str, int]:
@@ -261,9 +266,12 @@ class CompiledSubgraph:
         argument that carries the full weight. Export keeps Dynamo's flat argument order, so a
         user input's index in the exported program is its index in Dynamo's arguments.
         """
+        # Plain aliases: a tensor the user passed through torch._dynamo.mark_dynamic carries marks
+        # that export would read as a request for a symbolic size; we lower at concrete sizes.
+        plain = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in concrete)
         try:
             with torch.no_grad():
-                exported = torch.export.export(self._gm, tuple(concrete), strict=False)
+                exported = torch.export.export(self._gm, plain, strict=False)
         except Exception as exc:  # noqa: BLE001 - re-raised with what to do
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CaptureError(
