@@ -95,3 +95,22 @@ def stacked_plan(plan: Plan, layers: int, *, container: str = "model.layers") ->
     return dataclasses.replace(plan, nodes=tuple(nodes), collectives=tuple(collectives), parameters=parameters,
                                predicted_compute_s=plan.predicted_compute_s + added_compute,
                                predicted_comm_s=plan.predicted_comm_s + added_comm)
+
+
+MEGATRON_LLAMA: tuple[tuple[str, str], ...] = (
+    ("*.q_proj.weight", "S(0)"), ("*.k_proj.weight", "S(0)"), ("*.v_proj.weight", "S(0)"),
+    ("*.gate_proj.weight", "S(0)"), ("*.up_proj.weight", "S(0)"),
+    ("*.o_proj.weight", "S(1)"), ("*.down_proj.weight", "S(1)"),
+    ("*norm.weight", "R"), ("model.embed_tokens.weight", "S(1)"), ("lm_head.weight", "S(0)"),
+)
+"""Constraints that pin a tiny Llama's weights to the Megatron-LM layout (column-parallel q/k/v and
+gate/up, row-parallel o/down, norms whole), so tests of how a plan is *shown* or *exported* do not
+depend on what the cost model prefers this week."""
+
+
+def local_shape(shape: tuple[int, ...], placement: str, world_size: int) -> tuple[int, ...]:
+    """The shape of rank 0's block of a tensor under ``placement`` (even splits)."""
+    if not placement.startswith("S("):
+        return tuple(shape)
+    dim = int(placement[2:placement.index(")")])
+    return tuple(size // world_size if d == dim else size for d, size in enumerate(shape))

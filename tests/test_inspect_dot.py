@@ -22,11 +22,13 @@ def test_dot_has_modules_placements_and_collectives() -> None:
     assert dot.startswith("digraph autotp_plan {") and dot.rstrip().endswith("}")
     assert "subgraph cluster_model_layers_0_self_attn {" in dot
     hexagons = re.findall(r'label="([^"]*)", shape=hexagon', dot)
-    assert sorted(h.split(" ")[0] for h in hexagons) == sorted("+".join(c.steps) for c in plan.collectives), hexagons
-    assert any("all_reduce P->R\\n32.00 KiB" in h for h in hexagons), hexagons
-    line, fill = placement_colours("S(0)")
-    assert re.search(r'n_p_model_layers_0_self_attn_q_proj_weight \[label="weight\\n256x256  S\(0\)".*'
-                     + f'fillcolor="{fill}", color="{line}"', dot), "q_proj.weight should be drawn as S(0)"
+    expected = sorted(f"{'+'.join(c.steps)} {c.src}->{c.dst}" for c in plan.collectives)
+    assert sorted(h.split("\\n")[0] for h in hexagons) == expected, hexagons
+    assert all(re.search(r"\\n[\d.]+ (B|KiB|MiB), [\d.]+ us$", h) for h in hexagons), hexagons
+    q = plan.parameters["model.layers.0.self_attn.q_proj.weight"]
+    line, fill = placement_colours(q)
+    assert re.search(r'n_p_model_layers_0_self_attn_q_proj_weight \[label="weight\\n256x256  ' + re.escape(q) + '".*'
+                     + f'fillcolor="{fill}", color="{line}"', dot), f"q_proj.weight should be drawn as {q}"
     assert dot.count("{") == dot.count("}")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from inspect_helpers import tiny_plan
+from inspect_helpers import local_shape, tiny_plan
 
 from autotp.errors import PlanMismatchError
 from autotp.plan import Plan
@@ -49,14 +49,16 @@ def test_inconsistent_edits_are_named() -> None:
     from autotp.plan_checks import check_plan_applies
 
     data = json.loads(tiny_plan("llama", 2, device="cpu").to_json())
-    data["parameters"]["model.layers.0.mlp.up_proj.weight"] = "S(1)"
+    up = "model.layers.0.mlp.up_proj.weight"
+    wrong = "S(1)" if data["parameters"][up] != "S(1)" else "S(0)"
+    data["parameters"][up] = wrong
     gemm = next(n for n in data["nodes"] if n["name"] == "linear_6")
-    gemm["output"] = "S(0)"
+    gemm["inputs"], gemm["output"] = ["R", "R"], "S(0)"  # a linear never splits its output on dim 0
     with pytest.raises(PlanMismatchError) as info:
         check_plan_applies(Plan.from_json(json.dumps(data)), _captured(), 2)
     message = str(info.value)
-    assert "parameter model.layers.0.mlp.up_proj.weight: 'parameters' says 'S(1)' but its node" in message, message
-    assert "node linear_6 (aten.linear.default): (S(2), S(1)) -> S(0) is not a strategy" in message, message
+    assert f"parameter {up}: 'parameters' says '{wrong}' but its node" in message, message
+    assert "node linear_6 (aten.linear.default): (R, R) -> S(0) is not a strategy" in message, message
     assert "valid: (R, R) -> R" in message, message
     data["nodes"][0]["output"] = "S(x)"
     with pytest.raises(PlanMismatchError, match="cannot parse placement 'S\\(x\\)'"):
@@ -86,7 +88,8 @@ def test_compile_applies_a_hand_edited_plan_on_gloo(gloo, tmp_path) -> None:
     path.write_text(_edit_lm_head_replicated(original.to_json()))
     edited = Plan.load(path)
     assert edited.parameters["lm_head.weight"] == "R"
+    q_expected = local_shape((256, 256), edited.parameters["model.layers.0.self_attn.q_proj.weight"], 2)
     for rank, result in enumerate(gloo.run(2, _apply_edited, edited.to_json())):
         assert result["diff"] < 1e-4, f"rank {rank}: max |logit difference| {result['diff']:.3e} (expected < 1e-4)"
         assert result["lm_head"] == (1000, 256), f"rank {rank}: lm_head.weight should be whole, is {result['lm_head']}"
-        assert result["q_proj"] == (128, 256), f"rank {rank}: q_proj.weight should be split, is {result['q_proj']}"
+        assert result["q_proj"] == q_expected, f"rank {rank}: q_proj.weight {result['q_proj']}, plan says {q_expected}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from inspect_helpers import tiny_plan
@@ -49,32 +50,45 @@ def test_alternatives_are_sorted_and_priced() -> None:
                 assert alt.note, f"{node.name}: an impossible alternative must say why: {alt}"
 
 
+def _other_split(plan: Plan, fqn: str) -> str:
+    return "S(0)" if plan.parameters[fqn] != "S(0)" else "S(1)"
+
+
 def test_alternative_delta_bounds_the_replanned_cost() -> None:
-    """tp=4, no memory budget: pinning a weight to an alternative and re-solving costs at least the
-    optimum and at most the optimum plus the alternative's delta (the solver may also move neighbours)."""
-    base = tiny_plan(memory_budget=None)
-    fqn = "model.layers.0.mlp.down_proj.weight"
-    node = base.nodes[[n.target for n in base.nodes].index(fqn)]
-    alt = next(a for a in node.alternatives if a.delta_s is not None)
-    pinned = tiny_plan(memory_budget=None, constraints=((fqn, alt.strategy),))
-    assert pinned.parameters[fqn] == alt.strategy
+    """tp=4: pinning both layers' down_proj weights to their other split and re-solving costs at least
+    the optimum and at most the optimum plus the two alternatives' deltas (each priced with its
+    neighbours fixed; the solver may also move the neighbours)."""
+    base = tiny_plan()
+    other = _other_split(base, "model.layers.0.mlp.down_proj.weight")
+    deltas = []
+    for layer in (0, 1):
+        node = next(n for n in base.nodes if n.target == f"model.layers.{layer}.mlp.down_proj.weight")
+        alt = next(a for a in node.alternatives if a.strategy == other)
+        assert alt.delta_s is not None and alt.memory_delta_bytes <= 0, alt
+        deltas.append(alt.delta_s)
+    pinned = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", other),))
     tolerance = 1e-9
     assert pinned.predicted_time_s >= base.predicted_time_s - tolerance, (pinned.predicted_time_s, base.predicted_time_s)
-    assert pinned.predicted_time_s <= base.predicted_time_s + alt.delta_s + tolerance, (
-        f"re-solved {pinned.predicted_time_s} > base {base.predicted_time_s} + delta {alt.delta_s}")
+    assert pinned.predicted_time_s <= base.predicted_time_s + sum(deltas) + tolerance, (
+        f"re-solved {pinned.predicted_time_s} > base {base.predicted_time_s} + deltas {deltas}")
 
 
 def test_explain_parameter_and_node() -> None:
-    """tp=4: explain names the choice, the collective after the row-parallel GEMM and priced alternatives."""
+    """tp=4: explain names the choice, its reader, and every alternative with its price or why not."""
     plan = tiny_plan()
-    text = plan.explain("model.layers.0.mlp.down_proj.weight")
-    assert "chose S(1)" in text, text
+    fqn = "model.layers.0.mlp.down_proj.weight"
+    text = plan.explain(fqn)
+    weight = next(n for n in plan.nodes if n.target == fqn)
+    assert text.startswith(f"{fqn} (parameter) [256, 512]: chose {plan.parameters[fqn]}"), text
     assert "read by linear_6" in text, text
-    assert "replicating this would" in text and "all_reduce -" in text, text
-    assert "exceeds the memory budget" in text, text
+    assert text.count("\n  - ") == len(weight.alternatives) >= 1, text
+    assert "replicating this would" in text, text
+    assert "exceeds the memory budget" in text, "replicating a weight under the default budget should not fit"
     node_text = plan.explain("linear_6")
     assert node_text.startswith("linear_6 (aten.linear.default in model.layers.0.mlp.down_proj)"), node_text
-    assert "after it: all_reduce P->R" in node_text, node_text
+    for c in plan.collectives:
+        if c.producer == "linear_6":
+            assert f"after it: {'+'.join(c.steps)} {c.src}->{c.dst}" in node_text, node_text
 
 
 def test_explain_unknown_name_suggests() -> None:
@@ -84,33 +98,37 @@ def test_explain_unknown_name_suggests() -> None:
 
 
 def test_diff_same_and_constrained() -> None:
-    """tp=4: a plan has no diff with itself; pinning down_proj weights to S(0) shows in the diff with its cost."""
+    """tp=4: a plan has no diff with itself; pinning the down_proj weights to the other split shows in
+    the diff, with the change in predicted time."""
     base = tiny_plan()
     assert not base.diff(base), str(base.diff(base))
-    pinned = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", "S(0)"),))
+    fqn = "model.layers.0.mlp.down_proj.weight"
+    was, other = base.parameters[fqn], _other_split(base, fqn)
+    pinned = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", other),))
     delta = base.diff(pinned)
-    assert ("model.layers.0.mlp.down_proj.weight", "S(1)", "S(0)") in delta.parameters, delta.parameters
+    assert (fqn, was, other) in delta.parameters, delta.parameters
     assert math.isclose(delta.time_delta_s, pinned.predicted_time_s - base.predicted_time_s, abs_tol=1e-12)
     assert delta.time_delta_s >= -1e-12, "the unconstrained plan is optimal"
     text = str(delta)
-    assert "model.layers.1.mlp.down_proj.weight: S(1) => S(0)" in text, text
-    assert "linear_6: (S(2), S(1)) -> P  =>  (R, S(0)) -> S(2)" in text, text
+    assert f"model.layers.1.mlp.down_proj.weight: {was} => {other}" in text, text
+    assert "  linear_6: " in text, "the GEMM reading the weight changes strategy too"
 
 
 def test_constraints_pin_parameters_and_nodes() -> None:
     """tp=4: fnmatch patterns over FQNs and node names; placement objects and text both accepted.
     Keeping weights whole needs room in the budget: with memory_budget=None, R is honoured too."""
-    plan = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", "S(0)"), ("lm_head.weight", "S(1)")))
-    assert plan.parameters["model.layers.0.mlp.down_proj.weight"] == "S(0)"
-    assert plan.parameters["model.layers.1.mlp.down_proj.weight"] == "S(0)"
-    assert plan.parameters["lm_head.weight"] == "S(1)"
-    whole = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", "R"),), memory_budget=None)
+    base = tiny_plan()
+    other = _other_split(base, "model.layers.0.mlp.down_proj.weight")
+    plan = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", other),))
+    assert plan.parameters["model.layers.0.mlp.down_proj.weight"] == other
+    assert plan.parameters["model.layers.1.mlp.down_proj.weight"] == other
+    whole = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", "R"), ("linear_13", "R")), memory_budget=None)
+    assert whole.parameters["model.layers.0.mlp.down_proj.weight"] == "R"
     assert whole.parameters["model.layers.1.mlp.down_proj.weight"] == "R"
+    assert next(n for n in whole.nodes if n.name == "linear_13").output == "R"
     from autotp.constraints import normalize_constraints
 
     assert normalize_constraints({"a": Replicate(), "b": Shard(1), "c": "S(0)"}) == {"a": "R", "b": "S(1)", "c": "S(0)"}
-    node_pinned = tiny_plan(constraints=(("linear_6", "R"),), memory_budget=None)
-    assert next(n for n in node_pinned.nodes if n.name == "linear_6").output == "R"
 
 
 def test_constraint_errors_name_every_problem() -> None:
@@ -133,9 +151,12 @@ def test_check_plan_constraints() -> None:
     from autotp.constraints import check_plan_constraints
 
     plan = tiny_plan()
-    check_plan_constraints(plan, {"lm_head.weight": plan.parameters["lm_head.weight"]})
-    with pytest.raises(PlanMismatchError, match="lm_head.weight is S\\(0\\) in the plan, constraint 'lm_head.weight' asks R"):
-        check_plan_constraints(plan, {"lm_head.weight": "R"})
+    actual = plan.parameters["lm_head.weight"]
+    check_plan_constraints(plan, {"lm_head.weight": actual})
+    wanted = "R" if actual != "R" else "S(0)"
+    with pytest.raises(PlanMismatchError, match=re.escape(f"lm_head.weight is {actual} in the plan, "
+                                                          f"constraint 'lm_head.weight' asks {wanted}")):
+        check_plan_constraints(plan, {"lm_head.weight": wanted})
 
 
 def test_json_round_trip_keeps_alternatives(tmp_path) -> None:
