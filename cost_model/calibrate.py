@@ -7,8 +7,9 @@ gloo process group — the setting autotp's CPU runs use — and measures, on ev
 ====================  ==========================================================================
 profile field         measurement (median over timed repeats, after warm-up)
 ====================  ==========================================================================
-``peak_tflops``       ``n x n @ n x n`` matmul, ``2 n^3`` FLOPs per call, the best rate over a
-                      few sizes ``n`` (the achievable peak), per dtype: float32 always;
+``peak_tflops``       ``aten.linear`` of a ``(2, n/2, n)`` input and an ``n x n`` weight with bias
+                      (the op traced ``nn.Linear`` layers run), ``2 n^3`` FLOPs per call, the best
+                      rate over a few sizes ``n`` (the achievable peak), per dtype: float32 always;
                       bfloat16 and float16 unless they run below ``1/MEANINGFUL_SLOWDOWN`` of
                       float32 (CPUs without native support emulate them: then they are left
                       out, and planning a model in those dtypes asks for the figure)
@@ -68,6 +69,7 @@ __all__ = [
     "build_profile",
     "calibrate",
     "fit_link",
+    "measure_links",
     "measure_rank",
 ]
 
@@ -193,13 +195,17 @@ def _timed_median_s(run: Callable[[], Any], min_time_s: float, repeats: int, *, 
 
 
 def measure_matmul_flops_per_s(dtype: torch.dtype, size: int, config: CalibrationConfig) -> float:
-    """FLOP/s of an ``size x size`` matmul in ``dtype`` (``2 size^3`` FLOPs per call)."""
+    """FLOP/s of ``aten.linear`` in ``dtype``: input ``(2, size // 2, size)``, weight ``(size, size)``,
+    bias ``(size,)`` — the op and the shape family (batch, tokens, features) of the linear layers
+    of traced transformer graphs; ``2 * size^3`` FLOPs per call (the bias add is not counted, as in
+    :func:`~.compute.aten_flops`)."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator).to(dtype)
-    b = torch.randn(size, size, generator=generator).to(dtype)
-    out = torch.empty(size, size, dtype=dtype)
-    seconds = _timed_median_s(lambda: torch.mm(a, b, out=out), config.min_time_s, config.repeats)
-    return 2 * size**3 / seconds
+    x = torch.randn(2, max(1, size // 2), size, generator=generator).to(dtype)  # (batch, tokens, features)
+    weight = torch.randn(size, size, generator=generator).to(dtype)
+    bias = torch.randn(size, generator=generator).to(dtype)
+    linear = torch.ops.aten.linear.default
+    seconds = _timed_median_s(lambda: linear(x, weight, bias), config.min_time_s, config.repeats)
+    return 2 * (2 * max(1, size // 2)) * size * size / seconds
 
 
 def measure_copy_bytes_per_s(config: CalibrationConfig) -> float:
@@ -526,6 +532,13 @@ def _run_spawned(world_size: int, config: CalibrationConfig, *, compute: bool,
     return sorted(collected, key=lambda m: m.rank)
 
 
+def measure_links(world_size: int, config: CalibrationConfig) -> list[CollectiveSample]:
+    """Collective samples across ``world_size`` (>= 2) fresh gloo processes, nothing else measured."""
+    if world_size < 2:
+        raise ValueError(f"a link needs world_size >= 2, got {world_size}")
+    return list(_run_spawned(world_size, config, compute=False, collectives=True)[0].collectives)
+
+
 def calibrate(world_size: int, *, config: CalibrationConfig | None = None, name: str = "cpu-calibrated") -> Hardware:
     """Measure this machine with ``world_size`` gloo processes and return the profile.
 
@@ -541,7 +554,7 @@ def calibrate(world_size: int, *, config: CalibrationConfig | None = None, name:
         links = list(compute[0].collectives)
     else:
         _say(config.progress, "one rank has no link: measuring gloo collectives across 2 processes")
-        links = list(_run_spawned(2, config, compute=False, collectives=True)[0].collectives)
+        links = measure_links(2, config)
     profile = build_profile(compute, links, world_size=world_size, name=name)
     _say(config.progress, f"profile {profile.name!r}: float32 {profile.peak_tflops['float32'] * 1e3:.1f} GFLOP/s, "
                           f"memory {profile.memory_bandwidth_gbps:.1f} GB/s, floor {profile.kernel_floor_s * 1e6:.1f} us, "
