@@ -38,7 +38,7 @@ from typing import Any
 import sympy
 import torch
 
-from autotp.cost_model import Hardware, KNOWN_HARDWARE, get_hardware
+from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware
 from autotp.cost_model.symbolic import (
     BATCH,
     SEQ,
@@ -51,7 +51,7 @@ from autotp.cost_model.symbolic import (
 )
 from autotp.passes.costing import VIEW_OPS
 from autotp.placements import placement_from_str, split_of
-from autotp.plan import CollectiveDecision, NodeDecision, Plan
+from autotp.plan import NodeDecision, Plan
 
 __all__ = [
     "SPLIT_KINDS",
@@ -155,7 +155,7 @@ class Estimate:
         for layer in self.layers:
             if layer.layer == name:
                 return layer
-        raise KeyError(f"no layer {name!r} in this plan; layers: {', '.join(l.layer for l in self.layers)}")
+        raise KeyError(f"no layer {name!r} in this plan; layers: {', '.join(entry.layer for entry in self.layers)}")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -345,7 +345,7 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
         if buffer is not None:
             last_use[buffer] = max(last_use.get(buffer, step), step)
 
-    for (producer_name, dst), collective in copies.items():
+    for producer_name, dst in copies:
         producer = by_name.get(producer_name)
         if producer is None:
             continue

@@ -315,7 +315,10 @@ def _collective_call(kind: str, nbytes: int, world_size: int, group_name: str) -
 
 def measure_collectives(rank: int, world_size: int, config: CalibrationConfig) -> tuple[CollectiveSample, ...]:
     """Time every kind and size; each timed repeat starts after a barrier and counts the slowest rank."""
-    group_name = dist.group.WORLD.group_name
+    world = dist.group.WORLD
+    if world is None:
+        raise RuntimeError("measure_collectives needs an initialised process group (dist.init_process_group)")
+    group_name = world.group_name
     samples = []
     for kind in MEASURED_KINDS:
         for nbytes in config.collective_bytes:
