@@ -13,7 +13,11 @@ each :class:`~autotp.plan.NodeDecision`; :func:`explain` and :func:`diff` only r
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
+
+import torch
+import torch.utils._pytree as pytree
 
 from autotp.passes.costing import CostedGraph, is_local_reshard, reshard_plan
 from autotp.passes.rules import Strategy
@@ -35,6 +39,7 @@ def strategy_text(strategy: Strategy) -> str:
     return f"({', '.join(placement_to_str(p) for p in strategy.inputs)}) -> {out}"
 
 
+@functools.lru_cache(maxsize=1024)
 def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
     """Name of what turns ``src`` into ``dst``: ``all_reduce``, ``all_gather+slice``, ``slice``..."""
     from autotp.placements import placement_from_str
@@ -43,6 +48,11 @@ def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
     d = placement_from_str(dst) if isinstance(dst, str) else dst
     steps = reshard_plan(s, d)
     return "+".join(steps) if steps else "none"
+
+
+def _value_key(value: object) -> tuple:
+    """What a resharding's price depends on besides the placements: the tensors' shapes and dtypes."""
+    return tuple((tuple(v.shape), v.dtype) for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
 
 
 # --------------------------------------------------------------------------- alternatives
@@ -58,13 +68,23 @@ class _Pricer:
         for edge in costed.graph.edges:
             self.readers[edge.producer].append(edge)
             self.edges_in[edge.consumer].append(edge)
-        self._cache: dict[tuple[str, Placement, Placement], float] = {}
+        self._cache: dict[tuple[tuple, Placement, Placement], float] = {}
+        self._keys: dict[str, tuple] = {}
+        self._base: dict[str, dict[str, float]] = {}
 
     def reshard_s(self, producer: str, src: Placement, dst: Placement) -> float:
-        key = (producer, src, dst)
+        if producer not in self._keys:
+            self._keys[producer] = _value_key(self.costed.graph.nodes[producer].meta.get("val"))
+        key = (self._keys[producer], src, dst)  # the same tensor shape in every layer: priced once
         if key not in self._cache:
             self._cache[key] = self.costed.reshard_s(producer, src, dst)
         return self._cache[key]
+
+    def base_cost(self, producer: str) -> dict[str, float]:
+        """:meth:`producer_cost` of the plan as chosen (cached)."""
+        if producer not in self._base:
+            self._base[producer] = self.producer_cost(producer, {})[0]
+        return self._base[producer]
 
     def producer_cost(self, producer: str, override: dict[str, Strategy]) -> tuple[dict[str, float], str]:
         """Seconds per resharding kind on ``producer``'s output edges, and why it is impossible ('' if not)."""
@@ -105,6 +125,7 @@ def node_alternatives(costed: CostedGraph, choice: dict[str, int], *, memory_bud
     pricer = _Pricer(costed, chosen)
     total_bytes = sum(per[choice[name]] for name, per in costed.memory_bytes.items())
 
+    @functools.cache
     def own_weights(name: str) -> dict[int, str]:
         """Slot -> parameter read only by ``name``."""
         return {e.slot: e.producer for e in pricer.edges_in[name]
@@ -114,7 +135,7 @@ def node_alternatives(costed: CostedGraph, choice: dict[str, int], *, memory_bud
         affected = list(dict.fromkeys([*override, *(e.producer for n in override for e in pricer.edges_in[n])]))
         comm: dict[str, float] = defaultdict(float)
         for u in affected:
-            before, _ = pricer.producer_cost(u, {})
+            before = pricer.base_cost(u)
             after, why = pricer.producer_cost(u, override)
             if why:
                 return 0.0, {}, 0, why
