@@ -45,7 +45,7 @@ from scipy.sparse import coo_matrix
 
 from autotp.errors import PlanError
 from autotp.passes.costing import CostedGraph, is_local_reshard
-from autotp.placements import Placement
+from autotp.placements import Placement, Replicate
 
 __all__ = ["Solution", "evaluate_choice", "min_parameter_bytes", "solve"]
 
@@ -197,6 +197,28 @@ def evaluate_choice(costed: CostedGraph, choice: dict[str, int]) -> float | None
     return total
 
 
+def _store_sliced_parameters_split(costed: CostedGraph, choice: dict[str, int]) -> dict[str, int]:
+    """A replicated parameter that every reader slices the same way is stored as that slice.
+
+    Slicing is free in the cost model, so the MILP is indifferent between "hold R, slice on
+    use" and "hold the slice"; the second holds 1/N of the bytes. Same time, less memory.
+    """
+    strategies = costed.graph.strategies
+    needs: dict[str, set] = defaultdict(set)
+    for edge in costed.graph.edges:
+        if edge.producer in costed.memory_bytes:
+            needs[edge.producer].add(strategies[edge.consumer][choice[edge.consumer]].inputs[edge.slot])
+    improved = dict(choice)
+    for name, wanted in needs.items():
+        if len(wanted) != 1 or not isinstance(strategies[name][choice[name]].output, Replicate):
+            continue
+        (placement,) = wanted
+        for index, strategy in enumerate(strategies[name]):
+            if strategy.output == placement and placement != strategies[name][choice[name]].output:
+                improved[name] = index
+    return improved
+
+
 def min_parameter_bytes(costed: CostedGraph) -> int:
     """The least per-rank parameter bytes any plan can reach (every parameter split its best way)."""
     return sum(min(per) for per in costed.memory_bytes.values())
@@ -260,6 +282,6 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     if result.x is None:
         raise PlanError(f"the plan solver found no feasible plan ({result.message}); raise memory_budget= or use more ranks")
     chosen = {leader: int(np.argmax([result.x[c] for c in cols_])) for leader, cols_ in x.items()}
-    choice = {name: chosen[rep[name]] for name in costed.graph.order}
+    choice = _store_sliced_parameters_split(costed, {name: chosen[rep[name]] for name in costed.graph.order})
     gap = float(getattr(result, "mip_gap", 0.0) or 0.0)
     return Solution(choice, float(result.fun), time.perf_counter() - start, str(result.message), gap)
