@@ -31,7 +31,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -164,7 +164,7 @@ class _ShardCache:
         for tensor, per_param in self._shards.items():
             held += sum(s.numel() * s.element_size() for s in per_param.values())
             full += tensor.numel() * tensor.element_size()
-        for tensor in self._replicated.keys():
+        for tensor in self._replicated:
             if tensor not in self._shards:
                 held += tensor.numel() * tensor.element_size()
                 full += tensor.numel() * tensor.element_size()
@@ -217,7 +217,7 @@ class CompiledSubgraph:
                 self._origin[index_] = found
         self._dynamic = any(isinstance(v, _SYM_TYPES) for v in example_inputs)
         self._key_positions = [i for i, v in enumerate(example_inputs)
-                               if i not in self._origin and (isinstance(v, torch.Tensor) or isinstance(v, _SYM_TYPES))]
+                               if i not in self._origin and isinstance(v, (torch.Tensor, *_SYM_TYPES))]
         self._static: _LocalGraph | None = None  # the one local graph of a static-shape graph
 
     # -- run ----------------------------------------------------------------------------
@@ -345,7 +345,7 @@ class CompiledSubgraph:
             example = list(template)
             for position, index in feeds:
                 example[position] = concrete[index]
-            run = compile_fx(local_gm, example)
+            run = cast(Callable[..., Any], compile_fx(local_gm, example))
         local = _LocalGraph(run, local_gm, template, feeds, captured.out_spec)
         self.local_graphs[key] = local
         self._last = local
@@ -411,7 +411,7 @@ class AutoTPBackend:
             )
         self.world_size = world_size
         self.rank = dist.get_rank(self.group)
-        self.group_name = (self.group or dist.group.WORLD).group_name
+        self.group_name = cast(dist.ProcessGroup, self.group or dist.group.WORLD).group_name
 
     def _log(self, message: str) -> None:
         if self.progress and self.rank == 0:

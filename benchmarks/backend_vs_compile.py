@@ -11,6 +11,9 @@ slowest rank's; the figure is the median over ``--runs`` runs. The backend's fig
 Dynamo's guard checks; the plan is the same as autotp.compile's (the collectives are checked
 equal before timing). Threads per rank: ``--threads``, by default ``max(1, cores // world size)``.
 Wall-clock on a possibly shared machine: compare the ratio, and run it on an idle machine.
+
+It also prints the parameter bytes each variant holds per rank, and what the model object itself
+still holds before and after the last backend's ``release_full_weights()``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,17 @@ def _timed(fn: Any, args: tuple, kwargs: dict) -> float:
     return time.perf_counter() - start
 
 
+def _storage_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the storages behind the model's parameters (a tied weight once)."""
+    return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+
+
+def _max_error(got: Any, expected: Any) -> float:
+    got = getattr(got, "logits", getattr(got, "last_hidden_state", got))
+    expected = getattr(expected, "logits", getattr(expected, "last_hidden_state", expected))
+    return (got - expected).abs().max().item()
+
+
 def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namespace, results: Any) -> None:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -62,8 +76,11 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
             contenders: dict[str, Any] = {"autotp.compile": autotp.compile(model, world_size, example_inputs=args,
                                                                            example_kwargs=kwargs)}
             expected_counts = contenders["autotp.compile"].collective_counts()
+            with torch.no_grad():
+                expected = contenders["autotp.compile"](*args, **kwargs)
+            memory = {"autotp.compile": contenders["autotp.compile"].parameter_bytes()}
+            backends = {}
             for inner in options.inner:
-                torch._dynamo.reset()
                 tp_backend = autotp.backend(world_size=world_size, inner=inner)
                 compiled = torch.compile(model, backend=tp_backend)
                 with torch.no_grad():
@@ -71,7 +88,10 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 counts = tp_backend.collective_counts()
                 if counts != expected_counts:
                     raise RuntimeError(f"{name}: backend collectives {counts} != autotp.compile's {expected_counts}")
-                contenders[f"backend inner={inner}"] = compiled
+                label = f"backend inner={inner}"
+                contenders[label] = compiled
+                backends[label] = tp_backend
+                memory[label] = tp_backend.stats.parameter_bytes
             times: dict[str, list[float]] = {label: [] for label in contenders}
             for _ in range(options.warmup):
                 for fn in contenders.values():
@@ -79,11 +99,19 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
             for _ in range(options.runs):
                 for label, fn in contenders.items():
                     times[label].append(_timed(fn, args, kwargs))
+            model_bytes = _storage_bytes(model)
+            # Last: free the full weights of split parameters (the model is unusable eagerly after this).
+            last_label, last_backend = list(backends.items())[-1]
+            last_backend.release_full_weights()
+            with torch.no_grad():
+                error = _max_error(contenders[last_label](*args, **kwargs), expected)
+            released = (_storage_bytes(model), error)
             for label, values in times.items():
                 slowest = torch.tensor(values, dtype=torch.float64)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a call takes as long as its slowest rank
                 if rank == 0:
-                    results.put((name, label, statistics.median(slowest.tolist())))
+                    results.put((name, label, statistics.median(slowest.tolist()), memory[label], model_bytes,
+                                 released if label == last_label else None))
             torch._dynamo.reset()
     finally:
         dist.destroy_process_group()
@@ -112,10 +140,20 @@ def main() -> None:
     rows = [results.get() for _ in range(len(options.models) * (1 + len(options.inner)))]
     print(f"world size {options.world_size}, {options.layers} layers, batch 2 x seq {options.seq_len}, "
           f"{options.threads} thread(s) per rank; median of {options.runs} interleaved runs, slowest rank per run")
-    print(f"{'model':<8} {'variant':<24} {'per call (ms)':>14} {'vs autotp.compile':>18}")
-    baseline = {name: t for name, label, t in rows if label == "autotp.compile"}
-    for name, label, seconds in rows:
-        print(f"{name:<8} {label:<24} {seconds * 1e3:>14.3f} {seconds / baseline[name]:>17.2f}x")
+    print(f"{'model':<8} {'variant':<24} {'per call (ms)':>14} {'vs autotp.compile':>18} {'param MiB/rank':>15} "
+          f"{'of model':>9}")
+    baseline = {name: t for name, label, t, *_ in rows if label == "autotp.compile"}
+    for name, label, seconds, held, model_bytes, _ in rows:
+        print(f"{name:<8} {label:<24} {seconds * 1e3:>14.3f} {seconds / baseline[name]:>17.2f}x "
+              f"{held / 2**20:>15.2f} {held / model_bytes:>9.1%}")
+    print("\nparameter MiB/rank: shards plus whole (replicated) parameters each variant holds; the model object")
+    print("still owns its full weights until the backend's release_full_weights() frees the split ones:")
+    for name, label, _, held, model_bytes, released in rows:
+        if released is not None:
+            left, error = released
+            print(f"  {name}: model weights {model_bytes / 2**20:.2f} MiB -> {left / 2**20:.2f} MiB after "
+                  f"release_full_weights(); rank holds {(left + held) / 2**20:.2f} MiB in all "
+                  f"({(left + held) / model_bytes:.1%}); {label} still matches (max |diff| {error:.1e})")
 
 
 if __name__ == "__main__":
