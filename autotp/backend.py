@@ -2,7 +2,8 @@
 
 Dynamo hands a backend one FX graph per region it could trace (several when the model has
 graph breaks), with the module's parameters and buffers as graph inputs. For each graph this
-backend:
+backend returns a :class:`CompiledSubgraph` which, at its first call with given input sizes
+(outside Dynamo's own compile, whose tracing context export must not share):
 
 1. maps every input back to where it came from: Dynamo records a *source* per input
    (``L['self']._modules['mlp']._modules['up_proj']._parameters['weight']``), from which the
@@ -18,7 +19,7 @@ backend:
    once; ``inner="inductor"`` then hands the rank-local graph to Inductor.
 
 At run time the compiled graph ignores the full parameters Dynamo passes it and uses the
-shards. Shapes: a graph compiled for one batch or sequence length (or a dynamic one, after
+shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a graph compiled for one batch or sequence length (or a dynamic one, after
 Dynamo's automatic-dynamic recompile) is re-lowered once per new concrete input size, and
 the plan is reused when the lowered graph has the same ops (no new solve, no new shards).
 At most ``max_shapes`` sizes per graph; :attr:`AutoTPBackend.stats` reports every count.
@@ -93,8 +94,9 @@ class BackendStats:
     """What the backend did so far (every count since it was made or reset).
 
     ``graphs``: Dynamo graphs handed to the backend; ``regions``: distinct code regions among
-    them (one per graph-break region), so ``graphs - regions`` is Dynamo's recompiles. ``plans``: plans solved. ``plans_reused``: graphs or input sizes whose
-    lowered graph matched an existing plan (no solve). ``lowerings``: rank-local graphs built
+    them (one per graph-break region), so ``graphs - regions`` is Dynamo's recompiles.
+    ``plans``: plans solved. ``plans_reused``: graphs or input sizes whose lowered graph matched
+    an existing plan (no solve). ``lowerings``: rank-local graphs built
     (one per graph and concrete input size). ``parameter_bytes``: bytes of parameters this
     rank holds for the compiled graphs (shards, and replicated parameters counted once).
     ``full_parameter_bytes``: bytes of the same parameters unsplit.
@@ -463,6 +465,9 @@ class AutoTPBackend:
         region = getattr(compile_id, "frame_id", None)
         if region is None:  # called outside Dynamo (e.g. by hand): every graph is its own region
             region = -1 - len(self.subgraphs)
+        if any(g.region == region for g in self.subgraphs):
+            self._log(f"Dynamo recompiled region {region} (graph {len(self.subgraphs)}); "
+                      "its plan is reused if the ops match")
         subgraph = CompiledSubgraph(self, gm, example_inputs, len(self.subgraphs), region)
         self.subgraphs.append(subgraph)
         return subgraph
