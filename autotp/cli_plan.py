@@ -38,7 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
                    "max_position_embeddings": 2048, "tie_word_embeddings": False},
     "tiny-gpt2": {"model_type": "gpt2", "vocab_size": 1000, "n_embd": 256, "n_layer": 2, "n_head": 8,
-                  "n_positions": 2048},
+                  "n_positions": 2048, "bos_token_id": 0, "eos_token_id": 0},
     "tiny-bert": {"model_type": "bert", "vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 2,
                   "num_attention_heads": 8, "intermediate_size": 512, "max_position_embeddings": 2048},
 }

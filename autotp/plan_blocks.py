@@ -181,6 +181,6 @@ def block_runs(plan: Plan, *, fold: bool = True) -> list[BlockRun]:
 
 
 def placement_counts(nodes: list[NodeDecision]) -> str:
-    """``S(0)x5 S(1)x2 Rx2`` for a list of parameter placeholders."""
+    """``S(0)*5 R*2 S(1)*2`` for a list of parameter placeholders (``x`` belongs to block splits, ``S(1)x3``)."""
     counts = Counter(n.output for n in nodes)
-    return " ".join(f"{p}x{k}" if k > 1 else p for p, k in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return " ".join(f"{p}*{k}" if k > 1 else p for p, k in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

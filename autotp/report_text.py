@@ -32,7 +32,7 @@ def _short_kinds(collectives: list[CollectiveDecision]) -> str:
         for step in c.steps:
             if step not in ("slice", "zero"):
                 counts[_SHORT.get(step, step)] += 1
-    return " ".join(f"{k}x{n}" for k, n in sorted(counts.items())) or "-"
+    return " ".join(f"{k}*{n}" if n > 1 else k for k, n in sorted(counts.items())) or "-"
 
 
 def _clip(text: str, width: int) -> str:
@@ -51,7 +51,9 @@ def _block_row(plan: Plan, run: BlockRun) -> str:
     block = run.first
     weights = block.weights(plan)
     nbytes = sum(parameter_bytes_per_rank(w, plan.world_size) for w in weights)
-    return (f"{_clip(run.label, 28):<28} {run.count:>3}  {_clip(placement_counts(weights) or '-', 18):<18} "
+    placements = placement_counts(weights) or "-"
+    placements = placements if len(placements) <= 18 else placements[:17] + "…"
+    return (f"{_clip(run.label, 28):<28} {run.count:>3}  {placements:<18} "
             f"{_clip(_short_kinds(block.collectives), 13):<13} {_time(block.compute_s):>10} {_time(block.comm_s):>10} "
             f"{format_bytes(nbytes) if weights else '-':>10}")
 
@@ -125,7 +127,7 @@ def plan_summary(plan: Plan, max_rows: int = 40) -> str:
     lines += [_block_row(plan, run) for run in shown[:max_rows]]
     if len(shown) > max_rows:
         lines.append(f"... {len(shown) - max_rows} more blocks")
-    lines.append("(figures per block; 'x' blocks alike. AR all-reduce, AG all-gather, RS reduce-scatter)")
+    lines.append("(figures per block; x: blocks alike; *n: n of them; AR all-reduce, AG all-gather, RS reduce-scatter)")
     weight_lines = _weights_lines(plan, runs)
     if weight_lines:
         lines += ["", "weight placements:", *weight_lines[: max_rows * 2]]
