@@ -178,6 +178,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
         fingerprint=graph_fingerprint(captured.graph_module),
         plan_time_s=plan_time_s,
         solver_status=solution.status,
+        solver_gap=solution.mip_gap,
     )
 
 

@@ -159,6 +159,7 @@ class Plan:
     fingerprint: str
     plan_time_s: float = 0.0
     solver_status: str = ""
+    solver_gap: float = 0.0  # relative optimality gap HiGHS reports (0 when solved to optimality)
     version: int = PLAN_FORMAT_VERSION
 
     # ---------------------------------------------------------------- lookups

@@ -280,6 +280,8 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
         options={"time_limit": time_limit_s, "disp": False, "presolve": True},
     )
     if result.x is None:
+        if result.status == 1:  # time limit reached before any feasible plan
+            raise PlanError(f"the plan solver found no plan within time_limit_s={time_limit_s}; raise time_limit_s=")
         raise PlanError(f"the plan solver found no feasible plan ({result.message}); raise memory_budget= or use more ranks")
     chosen = {leader: int(np.argmax([result.x[c] for c in cols_])) for leader, cols_ in x.items()}
     choice = _store_sliced_parameters_split(costed, {name: chosen[rep[name]] for name in costed.graph.order})
