@@ -194,7 +194,7 @@ def _local_embedding(builder: _Builder, node: fx.Node, args: tuple, kwargs: dict
     """
     if strategy.inputs[0] != Shard(0):
         return None
-    weight, ids = node.args[0], node.args[1]
+    weight = node.args[0]
     offset, rows = builder.parts.local(weight.name, 0, builder.rank)
     local_weight, global_ids = args[0], args[1]
     if rows == 0:  # more ranks than rows: this rank holds none, and contributes zeros
@@ -229,8 +229,20 @@ def _local_convolution(builder: _Builder, node: fx.Node, args: tuple, kwargs: di
     return new
 
 
+def _local_block_split(builder: _Builder, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
+    """A block-sharded tensor split into its k blocks: always k pieces, even when this rank's are empty.
+
+    (``split(x, 0)`` on an empty dim returns one piece, not k; ``split_with_sizes`` returns k.)
+    """
+    if not isinstance(strategy.inputs[0], BlockShard):
+        return None
+    blocks = strategy.inputs[0].blocks
+    return builder.graph.call_function(aten.split_with_sizes.default, (args[0], [args[1]] * blocks, *args[2:]), kwargs)
+
+
 _LOCAL_FORMS = {
     aten.embedding.default: _local_embedding,
+    aten.split.Tensor: _local_block_split,
     **{op: _local_convolution for op in (
         aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.conv1d.padding, aten.conv2d.padding,
         aten.conv3d.padding, aten.convolution.default)},

@@ -523,13 +523,15 @@ def _keepdim(node: fx.Node) -> bool:
         return False
     if node.target in (aten.var.correction, aten.std.correction):
         return bool(node.kwargs.get("keepdim", False))
+    if node.target in (aten.var.dim, aten.std.dim):  # var(input, dim, unbiased, keepdim)
+        return bool(node.args[3] if len(node.args) > 3 else node.kwargs.get("keepdim", False))
     return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
 
 
 @register_rule(aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default, aten.sum.default,
                aten.mean.default, aten.var.correction, aten.std.correction, aten.any.dim, aten.all.dim,
                aten.max.dim, aten.min.dim, aten.argmax.default, aten.argmin.default, aten.logsumexp.default,
-               aten.prod.dim_int, aten.any.dims, aten.all.dims)
+               aten.prod.dim_int, aten.any.dims, aten.all.dims, aten.var.dim, aten.std.dim)
 def _reduction(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Sharded non-reduced dims stay sharded; a ``sum`` over a sharded dim gives Partial."""
     in_shape = _shape(tensor_inputs(node)[0])
