@@ -101,7 +101,7 @@ def capture(
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = (
             "autotp traces the model with torch.export (non-strict). Make the forward pass free of "
-            "Python control flow that depends on tensor values (use torch.where / torch.cond), "
+            "Python control flow that depends on tensor values (compute both branches and select with torch.where), "
             "or pass example inputs that match what forward() expects."
         )
         location = f"\n  at {where}" if where else ""
@@ -110,12 +110,15 @@ def capture(
     return from_exported(exported, type(model).__name__)
 
 
-def _has_inplace_ops(gm: fx.GraphModule) -> bool:
-    """True when some node writes into one of its arguments (``div_``, ``index_put_``, ``copy_``, ...).
+def _needs_functionalizing(gm: fx.GraphModule) -> bool:
+    """True when some node writes into one of its arguments (``div_``, ``index_put_``, ``copy_``, ...),
+    or wraps a region in a submodule (``torch.autocast`` inside forward), which the functional form inlines.
 
     ``batch_norm`` in training mode updates its running statistics without saying so in its schema.
     """
     for node in gm.graph.nodes:
+        if node.op == "get_attr" and isinstance(getattr(gm, str(node.target), None), torch.nn.Module):
+            return True
         if node.op != "call_function":
             continue
         schema = getattr(node.target, "_schema", None)
@@ -159,6 +162,18 @@ def _check_no_randomness(gm: fx.GraphModule, what: str) -> None:
         )
 
 
+def _check_straight_line(gm: fx.GraphModule, what: str) -> None:
+    """Refuse graphs that still call submodules (``torch.cond``, ``torch.while_loop``): autotp plans one flat graph."""
+    nested = [n for n in gm.graph.nodes if n.op == "get_attr" and isinstance(getattr(gm, str(n.target), None), fx.GraphModule)]
+    if nested:
+        users = sorted({str(u.target) for n in nested for u in n.users})
+        raise CaptureError(
+            f"{what}.forward contains control-flow operators ({', '.join(users)}) whose branches are separate "
+            "graphs; autotp plans one straight-line graph. Compute both branches and select with torch.where, "
+            "or keep the branching outside the model."
+        )
+
+
 def _check_outputs(exported: ExportedProgram, what: str) -> None:
     """Refuse non-tensor outputs (an int, a string, None inside the outputs): ranks return tensors only."""
     output = next(n for n in exported.graph_module.graph.nodes if n.op == "output")
@@ -180,7 +195,7 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
     """
     from torch.export.graph_signature import OutputKind
 
-    if _has_inplace_ops(exported.graph_module):
+    if _needs_functionalizing(exported.graph_module):
         # export's graph keeps in-place ops and does not list what they update; the functional
         # form lists every updated buffer and input in its signature
         exported = exported.run_decompositions({})
@@ -205,6 +220,7 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
         raise CaptureError(f"{what}.forward has outputs autotp cannot handle: {', '.join(other)}; return tensors only.")
     _check_outputs(exported, what)
     _check_no_randomness(exported.graph_module, what)
+    _check_straight_line(exported.graph_module, what)
     gm = exported.graph_module
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
