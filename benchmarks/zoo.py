@@ -14,7 +14,8 @@ model. Printed as a Markdown table:
   ``Sequential`` CNN every numbered module counts as one), the most in any layer, then
   ``+ n`` outside layers;
 - **fallback ops**: ops without a sharding rule (run replicated);
-- **params / rank**: the largest rank's parameter bytes, and as a share of the model's;
+- **params / rank**: the largest rank's bytes of the parameters the graph reads (a tied
+  weight counts once), and as a share of the model's;
 - **split params**: share of the bytes of the *split* parameters one rank holds (≈ 1/tp when
   splits are even; larger when heads or channels do not divide).
 
@@ -81,20 +82,29 @@ def _run_model(rank: int, world_size: int, name: str) -> dict[str, Any]:
         else:
             per_layer[layer] += 1
     layers = {_layer_of(n.module) for n in plan.nodes if _layer_of(n.module)}
-    full = {fqn: p for fqn, p in model.named_parameters()}
+    # parameters the graph reads (a tied weight's second name is never read, and not counted)
+    read = {p for n in plan.nodes for p in n.input_nodes}
+    read_fqns = {n.target for n in plan.nodes if n.op == "placeholder" and n.name in read}
+    full = dict(model.named_parameters(remove_duplicate=False))
     local = tp_model.local_state()
-    split_full = split_local = 0
+    held = full_bytes = split_full = split_local = 0
     for fqn, placement in plan.parameters.items():
-        if fqn in full and fqn in local and split_of(placement_from_str(placement)) is not None:
-            split_full += full[fqn].numel() * full[fqn].element_size()
-            split_local += local[fqn].numel() * local[fqn].element_size()
+        if fqn not in read_fqns or fqn not in full or fqn not in local:
+            continue
+        whole = full[fqn].numel() * full[fqn].element_size()
+        mine = local[fqn].numel() * local[fqn].element_size()
+        full_bytes += whole
+        held += mine
+        if split_of(placement_from_str(placement)) is not None:
+            split_full += whole
+            split_local += mine
     return {
         "error": error,
         "per_layer_max": max((per_layer.get(layer, 0) for layer in layers), default=0),
         "outside": outside,
         "fallback": plan.fallback_ops,
-        "bytes": tp_model.parameter_bytes(),
-        "full_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "bytes": held,
+        "full_bytes": full_bytes,
         "split_share": split_local / split_full if split_full else math.nan,
         "compile_s": compile_s,
     }

@@ -81,7 +81,7 @@ def test_mixtral_batched_mm_path_is_covered_too() -> None:
 def test_mixtral_eager_experts_are_refused_with_the_fix() -> None:
     """No mesh: the eager expert loop is data-dependent control flow; the error names the line and what to do."""
     model, args, kwargs = tiny_mixtral(layers=1, experts_implementation="eager")
-    with pytest.raises(CaptureError, match=r"(?s)could not trace.*modeling_mixtral.py.*torch.where / torch.cond"):
+    with pytest.raises(CaptureError, match=r"(?s)could not trace.*modeling_mixtral.py.*select with torch.where"):
         capture(model, args, kwargs)
 
 
@@ -244,14 +244,20 @@ def _train_dropout() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.1)).train()
 
 
+class _TensorCond(_Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda x: self.proj(x), lambda x: x * 2.0, (x,))
+
+
 BAD_INPUTS = [
-    (_DataDependent, r"(?s)could not trace _DataDependent.*test_op_coverage.py.*in forward.*torch.where / torch.cond"),
+    (_DataDependent, r"(?s)could not trace _DataDependent.*test_op_coverage.py.*in forward.*select with torch.where"),
     (_IntOutput, r"returns a value that is not a tensor \(output 1: 4 of type int\).*return the tensor"),
     (_NoneOutput, r"not a tensor \(output 1: None"),
     (_InputUpdate, r"updates its input\(s\) in place: x\..*x = x \+ 1"),
     (_BufferUpdate, r"updates buffers in place: calls\..*model.eval\(\)"),
     (_train_batch_norm, r"updates buffers in place: 1.running_mean, 1.running_var, 1.num_batches_tracked.*model.eval\(\)"),
     (_train_dropout, r"draws random numbers: aten.dropout.default.*call model.eval\(\)"),
+    (_TensorCond, r"control-flow operators \(cond\).*select with torch.where"),
 ]
 
 
@@ -262,6 +268,19 @@ def test_bad_input_is_refused_with_what_to_do(factory, message: str) -> None:
     model = factory()
     with pytest.raises(CaptureError, match=message):
         autotp.plan(model, (torch.randn(4, 8),), world_size=2)
+
+
+def test_autocast_region_inside_forward_is_inlined() -> None:
+    """tp=2 (planning only): torch.autocast inside forward becomes a submodule in export's graph; capture inlines it."""
+
+    class Autocast(_Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", enabled=False):
+                y = x * 2.0
+            return self.proj(y)
+
+    plan = autotp.plan(Autocast(), (torch.randn(4, 8),), world_size=2)
+    assert [n.op for n in plan.nodes if n.op not in ("placeholder", "output")] == ["aten.mul.Tensor", "aten.linear.default"]
 
 
 def test_batch_norm_in_training_mode_without_running_stats_splits_channels_only() -> None:
