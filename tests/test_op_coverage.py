@@ -85,6 +85,24 @@ def test_mixtral_eager_experts_are_refused_with_the_fix() -> None:
         capture(model, args, kwargs)
 
 
+def test_large_vocabulary_output_projection_is_split_over_the_vocabulary() -> None:
+    """tp=8 (planning on meta, h100-sxm): Llama-3-8B shapes (vocab 128256, hidden 4096, seq 2048), 2 layers.
+
+    The output projection pays to split over the vocabulary (column-parallel, logits gathered):
+    row-parallel would all-reduce full-size logits, twice the bytes. Neither vocabulary matrix
+    stays whole."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=4096,
+                         tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    plan = autotp.plan(model, (torch.zeros(1, 2048, dtype=torch.long),), {"use_cache": False}, world_size=8)
+    assert plan.parameters["lm_head.weight"] == "S(0)", plan.parameters["lm_head.weight"]
+    assert plan.parameters["model.embed_tokens.weight"] != "R"
+
+
 def test_embedding_offers_vocabulary_split() -> None:
     """tp=3: embedding weight S(0) gives a Partial output (rows looked up on the rank that holds them)."""
     gm = _graph(lambda w, ids: nn.functional.embedding(ids, w), torch.randn(10, 4), torch.randint(0, 10, (2, 5)))
