@@ -16,12 +16,50 @@ State of the graph after each step (see ``autotp.api``):
    (``autotp.passes.rewrite``); the captured graph is never mutated.
 """
 
-from autotp.api import compile, plan
-from autotp.backend import backend
-from autotp.errors import AutoTPError, CaptureError, PlanError, PlanMismatchError, UnsupportedOpError
-from autotp.placements import Partial, Replicate, Shard
-from autotp.plan import Plan
-from autotp.runtime import TensorParallelModule
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Public names and the module each lives in. They load on first use (PEP 562), so the command
+# line (``autotp --help``) and ``import autotp.cost_model`` do not import torch's whole stack.
+_EXPORTS = {
+    "compile": "autotp.api",
+    "plan": "autotp.api",
+    "backend": "autotp.dynamo_backend",
+    "AutoTPError": "autotp.base.errors",
+    "CaptureError": "autotp.base.errors",
+    "PlanError": "autotp.base.errors",
+    "PlanMismatchError": "autotp.base.errors",
+    "UnsupportedOpError": "autotp.base.errors",
+    "Partial": "autotp.base.placements",
+    "Replicate": "autotp.base.placements",
+    "Shard": "autotp.base.placements",
+    "Plan": "autotp.planning.plan",
+    "TensorParallelModule": "autotp.runtime.module",
+}
+
+if TYPE_CHECKING:
+    from autotp.api import compile, plan
+    from autotp.base.errors import AutoTPError, CaptureError, PlanError, PlanMismatchError, UnsupportedOpError
+    from autotp.base.placements import Partial, Replicate, Shard
+    from autotp.dynamo_backend import backend
+    from autotp.planning.plan import Plan
+    from autotp.runtime.module import TensorParallelModule
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'autotp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "AutoTPError",

@@ -22,22 +22,22 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 
+from autotp.base.errors import PlanError, UnsupportedOpError
+from autotp.base.placements import Placement, placement_to_str, split_of
 from autotp.capture import CapturedGraph, capture
-from autotp.constraints import Constraints, apply_constraints, check_plan_constraints
 from autotp.cost_model import Hardware, get_hardware
-from autotp.errors import PlanError, UnsupportedOpError
-from autotp.explain import node_alternatives
+from autotp.inspect.explain import node_alternatives
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
-from autotp.passes.partition import build_partitions
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, solve
 from autotp.passes.strategies import build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
-from autotp.placements import Placement, placement_to_str, split_of
-from autotp.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
-from autotp.plan_checks import check_plan_applies
-from autotp.runtime import TensorParallelModule, shard_tensor
+from autotp.passes.uneven import build_partitions
+from autotp.planning.checks import check_plan_applies
+from autotp.planning.constraints import Constraints, apply_constraints, check_plan_constraints
+from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
+from autotp.runtime.module import TensorParallelModule, shard_tensor
 
 __all__ = ["compile", "plan"]
 
@@ -249,7 +249,7 @@ def plan(
     ``strict=True`` raises instead of running ops without a sharding rule replicated.
     ``constraints`` pins placements before solving: ``{fnmatch pattern over parameter FQNs and
     node names: placement}``, e.g. ``{"model.layers.*.mlp.down_proj.weight": Replicate()}``
-    (see :mod:`autotp.constraints`).
+    (see :mod:`autotp.planning.constraints`).
     """
     started = time.perf_counter()
     world_size = _check_world_size(world_size)

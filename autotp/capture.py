@@ -32,7 +32,7 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from autotp.errors import CaptureError
+from autotp.base.errors import CaptureError
 
 __all__ = ["CapturedGraph", "InputSlot", "capture", "from_exported"]
 

@@ -7,7 +7,7 @@ Llama (hidden 2048, 16 heads / 4 kv heads, intermediate 5632), BERT (hidden 1024
 Mixtral (hidden 1024, 8 experts, top-2). Shapes: prefill (batch 1, seq 1024) and decode
 (batch 8, seq 1). Both plans are priced by the same cost model under the same memory budget
 ("auto": every matrix split); the Megatron-style plan pins GEMM weights to column/row parallel
-(autotp/reference.py) and lets the solver place everything else. A ratio below 1 lists the
+(autotp/planning/megatron.py) and lets the solver place everything else. A ratio below 1 lists the
 weights autotp placed differently.
 """
 
@@ -19,7 +19,7 @@ import warnings
 import torch
 
 import autotp
-from autotp.reference import megatron_plan
+from autotp.planning.megatron import megatron_plan
 
 
 def _build(kind: str):

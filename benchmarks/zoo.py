@@ -57,7 +57,7 @@ def _run_model(rank: int, world_size: int, name: str) -> dict[str, Any]:
     from odd_models import ODD_BUILDERS
 
     import autotp
-    from autotp.placements import placement_from_str, split_of
+    from autotp.base.placements import placement_from_str, split_of
 
     model, args, kwargs = {**BUILDERS, **ODD_BUILDERS}[name]()
     with torch.no_grad():

@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # the headless-Chromium helper t
 import chromium  # noqa: E402
 
 import autotp  # noqa: E402
-from autotp.cli_plan import load_spec  # noqa: E402
+from autotp.cli.plan import load_spec  # noqa: E402
 
 
 def main() -> None:

@@ -27,10 +27,10 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from autotp.base.placements import Partial, Placement, Replicate, split_of
 from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
 from autotp.passes.rules import Strategy, tensor_inputs
 from autotp.passes.strategies import StrategyGraph
-from autotp.placements import Partial, Placement, Replicate, split_of
 
 aten = torch.ops.aten
 
@@ -155,7 +155,7 @@ def _local_nbytes(value: object, placement: Placement, world_size: int) -> float
 def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_size: int) -> float:
     """Share of the op's FLOPs the largest rank does under ``strategy``.
 
-    All split tensors of one strategy are cut at the same fractions (``passes/partition.py``),
+    All split tensors of one strategy are cut at the same fractions (``passes/uneven.py``),
     so the largest rank's share is at least the coarsest of their splits: e.g. 8 query heads
     with 4 kv heads over 8 ranks leave half the ranks without a kv head, and the busiest rank
     does 1/4 of the attention, not 1/8. A Partial output computed from split inputs is a split

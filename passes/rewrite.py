@@ -30,11 +30,11 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from autotp.base.placements import BlockShard, Placement, Shard, split_of
 from autotp.passes.costing import reshard_plan
-from autotp.passes.partition import Partitions
 from autotp.passes.rules import Strategy
 from autotp.passes.rules_conv import conv_groups_index
-from autotp.placements import BlockShard, Placement, Shard, split_of
+from autotp.passes.uneven import Partitions
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional

@@ -9,7 +9,7 @@ arguments in the order :func:`tensor_inputs` yields them) and one placement for 
 (for ops returning several tensors, e.g. ``split``, it applies to every output).
 
 On a one-axis mesh every ``Shard`` placement in one strategy is the *same* split of the work:
-the rewrite gives all of them one partition (``passes/partition.py``), so e.g. the ``k`` dim
+the rewrite gives all of them one partition (``passes/uneven.py``), so e.g. the ``k`` dim
 of both GEMM operands is cut at the same boundaries.
 
 Every op also has the all-``Replicate`` strategy, so the solver always has a correct choice.
@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.placements import BlockShard, Partial, Placement, Replicate, Shard
+from autotp.base.placements import BlockShard, Partial, Placement, Replicate, Shard
 
 aten = torch.ops.aten
 
@@ -464,7 +464,7 @@ def _repeat_interleave(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Each element repeated r times in place: every dim keeps its split, the repeated one too.
 
     A contiguous block of input rows ``[a, b)`` becomes output rows ``[a r, b r)``, so the
-    repeated dim is cut at proportional points (what ``passes/partition.py`` does).
+    repeated dim is cut at proportional points (what ``passes/uneven.py`` does).
     """
     in_shape, out_shape = _shape(tensor_inputs(node)[0]), _shape(node)
     dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")

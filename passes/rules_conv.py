@@ -10,7 +10,7 @@ exchange autotp does not do):
 - grouped convolution (``groups > 1``): channels split by whole groups, input and output
   together (each rank convolves its groups); the rewrite passes each rank its local group
   count. Offered when one side has exactly one channel per group (depthwise and its
-  channel-multiplier form), so that the proportional cut of ``passes/partition.py`` falls on
+  channel-multiplier form), so that the proportional cut of ``passes/uneven.py`` falls on
   group boundaries, and when every rank gets at least one group.
 
 Batch norm in eval mode and pooling act per channel: channels and batch keep their split.
@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from autotp.base.placements import Placement, Shard
 from autotp.passes.rules import P, R, RuleContext, Strategy, _shape, _val, register_rule, tensor_inputs
-from autotp.placements import Placement, Shard
 
 aten = torch.ops.aten
 

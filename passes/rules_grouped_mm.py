@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from autotp.base.placements import BlockShard, Placement, Shard
 from autotp.passes.rules import P, R, RuleContext, Strategy, _shape, register_rule, tensor_inputs
-from autotp.placements import BlockShard, Placement, Shard
 
 aten = torch.ops.aten
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from autotp.base.placements import BlockShard, Placement, Shard
 from autotp.passes.rules import (
     P,
     R,
@@ -29,7 +30,6 @@ from autotp.passes.rules import (
     register_rule,
     tensor_inputs,
 )
-from autotp.placements import BlockShard, Placement, Shard
 
 aten = torch.ops.aten
 

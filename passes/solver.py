@@ -43,9 +43,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from autotp.errors import PlanError
+from autotp.base.errors import PlanError
+from autotp.base.placements import Placement, Replicate
 from autotp.passes.costing import CostedGraph, is_local_reshard
-from autotp.placements import Placement, Replicate
 
 __all__ = ["Solution", "evaluate_choice", "min_parameter_bytes", "solve"]
 

@@ -15,8 +15,8 @@ import dataclasses
 import torch
 import torch.fx as fx
 
+from autotp.base.placements import BlockShard, Replicate, Shard
 from autotp.passes.rules import RuleContext, Strategy, block_counts, has_rule, strategies_for, tensor_inputs
-from autotp.placements import BlockShard, Replicate, Shard
 
 __all__ = ["Edge", "StrategyGraph", "build_strategy_graph"]
 

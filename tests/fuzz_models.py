@@ -297,7 +297,7 @@ def build(spec: Spec) -> tuple[nn.Module, tuple[torch.Tensor]]:
 
 def constraints_for(spec: Spec, model: nn.Module) -> dict[str, Any]:
     """The spec's pins as ``autotp`` constraints: weight matrices (in name order) kept whole or split on a dim."""
-    from autotp.placements import Replicate, Shard
+    from autotp.base.placements import Replicate, Shard
 
     matrices = sorted((name, p) for name, p in model.named_parameters() if p.dim() == 2)
     constraints: dict[str, Any] = {}

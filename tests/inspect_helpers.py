@@ -12,7 +12,7 @@ import warnings
 import models
 
 import autotp
-from autotp.plan import Plan
+from autotp.planning.plan import Plan
 
 __all__ = ["tiny_plan"]
 
@@ -45,7 +45,7 @@ def stacked_plan(plan: Plan, layers: int, *, container: str = "model.layers") ->
     import dataclasses
     import re
 
-    from autotp.plan_blocks import node_module
+    from autotp.planning.blocks import node_module
 
     def layer_of(module: str) -> int | None:
         match = re.match(re.escape(container) + r"\.(\d+)(\.|$)", module)

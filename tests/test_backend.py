@@ -1,4 +1,4 @@
-"""The torch.compile backend (autotp/backend.py): unit tests, and real gloo runs (tier c).
+"""The torch.compile backend (autotp/dynamo_backend.py): unit tests, and real gloo runs (tier c).
 
 Every multi-process test compares against the single-process model on the same rank, and the
 collectives against ``autotp.compile`` of the same model. Models have one layer: Dynamo's
@@ -16,7 +16,7 @@ from models import BUILDERS, tiny_mlp
 from torch import nn
 
 import autotp
-from autotp.backend import AutoTPBackend, autotp_backend, fqn_from_source
+from autotp.dynamo_backend import AutoTPBackend, autotp_backend, fqn_from_source
 
 TOLERANCE = 1e-4
 SEQ_LENS = (16, 24, 8)  # three input shapes: (batch 2, seq) for each

@@ -14,7 +14,7 @@ import torch
 from models import tiny_mlp
 
 import autotp
-from autotp import cli
+from autotp.cli import main as cli
 from autotp.cost_model import Hardware, LinkProfile, get_hardware, link_collective_time_s
 from autotp.cost_model import calibrate as calibration
 from autotp.cost_model.calibrate import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotp import cli
+from autotp.cli import main as cli
 
 
 def test_demo_defaults() -> None:

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from autotp import cli
-from autotp.cli_plan import PRESETS, SpecError, load_spec
-from autotp.plan import Plan
+from autotp.cli import main as cli
+from autotp.cli.plan import PRESETS, SpecError, load_spec
+from autotp.planning.plan import Plan
 
 
 def test_help_names_every_spec_form(capsys) -> None:
@@ -77,7 +77,7 @@ def test_bad_specs_are_clear(capsys) -> None:
 
 def test_budget_and_constraint_parsing() -> None:
     """--memory-budget takes auto/none/sizes; --constraint splits at the last '='."""
-    from autotp.cli_plan import _parse_budget, _parse_constraint
+    from autotp.cli.plan import _parse_budget, _parse_constraint
 
     assert _parse_budget("auto") == "auto" and _parse_budget("none") is None
     assert _parse_budget("20GiB") == 20 * 2**30 and _parse_budget("1.5 MB") == 1.5e6

@@ -20,7 +20,7 @@ from models import tiny_llama, tiny_mlp
 
 import autotp
 from autotp.cost_model import collective_time_s, get_hardware
-from autotp.plan import Plan
+from autotp.planning.plan import Plan
 
 WORLD_SIZE = 4
 DECODE = {"batch": 1, "seq_len": 1}

@@ -18,8 +18,8 @@ from torch import nn
 import autotp
 from autotp.cost_model import collective_time_s, compute_time_s, get_hardware
 from autotp.cost_model.symbolic import BATCH, SEQ
-from autotp.estimate import evaluate_crossover, layer_of, local_nbytes, split_crossover, split_crossovers
-from autotp.plan import CollectiveDecision, NodeDecision, Plan
+from autotp.inspect.estimate import evaluate_crossover, layer_of, local_nbytes, split_crossover, split_crossovers
+from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 KIB = 1024
 F32 = "float32"

@@ -12,7 +12,7 @@ import shutil
 import pytest
 from inspect_helpers import stacked_plan, tiny_plan
 
-from autotp.report_dot import GraphvizNotFoundError, placement_colours
+from autotp.inspect.dot import GraphvizNotFoundError, placement_colours
 
 
 def test_dot_has_modules_placements_and_collectives() -> None:

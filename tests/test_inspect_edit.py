@@ -11,8 +11,8 @@ import json
 import pytest
 from inspect_helpers import local_shape, tiny_plan
 
-from autotp.errors import PlanMismatchError
-from autotp.plan import Plan
+from autotp.base.errors import PlanMismatchError
+from autotp.planning.plan import Plan
 
 
 def _edit_lm_head_replicated(text: str) -> str:
@@ -37,7 +37,7 @@ def _captured():
 
 def test_edited_plan_passes_the_checks() -> None:
     """tp=2: the consistent hand edit is accepted by the checks compile runs."""
-    from autotp.plan_checks import check_plan_applies
+    from autotp.planning.checks import check_plan_applies
 
     edited = Plan.from_json(_edit_lm_head_replicated(tiny_plan("llama", 2, device="cpu").to_json()))
     check_plan_applies(edited, _captured(), 2)
@@ -46,7 +46,7 @@ def test_edited_plan_passes_the_checks() -> None:
 def test_inconsistent_edits_are_named() -> None:
     """tp=2: editing only `parameters`, or giving a GEMM a strategy its rule does not offer, is refused
     with every problem named and the valid strategies listed."""
-    from autotp.plan_checks import check_plan_applies
+    from autotp.planning.checks import check_plan_applies
 
     data = json.loads(tiny_plan("llama", 2, device="cpu").to_json())
     up = "model.layers.0.mlp.up_proj.weight"

@@ -15,8 +15,8 @@ from inspect_helpers import tiny_plan
 
 import autotp
 from autotp import Replicate, Shard
-from autotp.errors import PlanError, PlanMismatchError
-from autotp.plan import Plan
+from autotp.base.errors import PlanError, PlanMismatchError
+from autotp.planning.plan import Plan
 
 
 def test_nodes_record_their_edges_shapes_and_targets() -> None:
@@ -126,7 +126,7 @@ def test_constraints_pin_parameters_and_nodes() -> None:
     assert whole.parameters["model.layers.0.mlp.down_proj.weight"] == "R"
     assert whole.parameters["model.layers.1.mlp.down_proj.weight"] == "R"
     assert next(n for n in whole.nodes if n.name == "linear_13").output == "R"
-    from autotp.constraints import normalize_constraints
+    from autotp.planning.constraints import normalize_constraints
 
     assert normalize_constraints({"a": Replicate(), "b": Shard(1), "c": "S(0)"}) == {"a": "R", "b": "S(1)", "c": "S(0)"}
 
@@ -148,7 +148,7 @@ def test_constraint_errors_name_every_problem() -> None:
 
 def test_check_plan_constraints() -> None:
     """compile(plan=..., constraints=...) refuses a plan that breaks the constraints."""
-    from autotp.constraints import check_plan_constraints
+    from autotp.planning.constraints import check_plan_constraints
 
     plan = tiny_plan()
     actual = plan.parameters["lm_head.weight"]

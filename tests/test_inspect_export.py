@@ -12,7 +12,7 @@ from inspect_helpers import MEGATRON_LLAMA, tiny_plan
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from autotp.plan import Plan
+from autotp.planning.plan import Plan
 
 
 def _layouts(style: object) -> tuple[object, object]:

@@ -16,8 +16,8 @@ import chromium
 import pytest
 from inspect_helpers import MEGATRON_LLAMA, local_shape, stacked_plan, tiny_plan
 
-from autotp.plan_blocks import block_runs
-from autotp.report_html import plan_payload
+from autotp.inspect.html import plan_payload
+from autotp.planning.blocks import block_runs
 
 needs_chromium = pytest.mark.skipif(chromium.chromium_binary() is None,
                                     reason="Chromium is not installed (apt-get install chromium)")

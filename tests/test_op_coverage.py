@@ -15,10 +15,10 @@ from models import BUILDERS, tiny_mixtral
 from torch import nn
 
 import autotp
+from autotp.base.errors import CaptureError, UnsupportedOpError
+from autotp.base.placements import BlockShard, Partial, Replicate, Shard
 from autotp.capture import capture
-from autotp.errors import CaptureError, UnsupportedOpError
 from autotp.passes.rules import RuleContext, has_rule, strategies_for
-from autotp.placements import BlockShard, Partial, Replicate, Shard
 
 aten = torch.ops.aten
 R, P = Replicate(), Partial()

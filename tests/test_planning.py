@@ -13,7 +13,7 @@ import torch.distributed as dist
 from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mlp
 
 import autotp
-from autotp.errors import CaptureError, PlanError, PlanMismatchError
+from autotp.base.errors import CaptureError, PlanError, PlanMismatchError
 
 BUILDERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "bert": tiny_bert}
 LAYER_RE = re.compile(r"\.(\d+)(\.|$)")

@@ -10,7 +10,7 @@ from models import tiny_bert, tiny_gpt2, tiny_llama
 import autotp
 from autotp.capture import capture
 from autotp.passes.strategies import build_strategy_graph
-from autotp.reference import megatron_plan, megatron_roles
+from autotp.planning.megatron import megatron_plan, megatron_roles
 
 
 def test_megatron_roles_on_llama() -> None:

@@ -6,10 +6,10 @@ import torch
 import torch.fx as fx
 from models import tiny_llama
 
+from autotp.base.placements import BlockShard, Partial, Replicate, Shard, placement_from_str, placement_to_str
 from autotp.capture import capture
-from autotp.passes.partition import Partitions
 from autotp.passes.rules import RULES, RuleContext, strategies_for, view_groups
-from autotp.placements import BlockShard, Partial, Replicate, Shard, placement_from_str, placement_to_str
+from autotp.passes.uneven import Partitions
 
 aten = torch.ops.aten
 R, P = Replicate(), Partial()

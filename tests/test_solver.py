@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
+from autotp.base.errors import PlanError
 from autotp.capture import capture
 from autotp.cost_model import get_hardware
-from autotp.errors import PlanError
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.solver import evaluate_choice, min_parameter_bytes, solve
 from autotp.passes.strategies import build_strategy_graph

@@ -1,4 +1,4 @@
-"""The ``autotp`` command line (``autotp plan`` lives in :mod:`autotp.cli_plan`).
+"""The ``autotp`` command line (``autotp plan`` lives in :mod:`autotp.cli.plan`).
 
 ``autotp demo`` spawns N local gloo processes on the CPU, builds the same small Llama with random
 weights in each, makes it tensor-parallel with :func:`autotp.compile`, checks its logits against
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                       help=f"largest max-abs logit difference accepted (default: {DEFAULT_TOLERANCE:g})")
     _add_calibrate_parser(commands)
-    from autotp.cli_plan import add_plan_parser
+    from autotp.cli.plan import add_plan_parser
 
     add_plan_parser(commands)
     return parser
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             return 130
     if args.command == "plan":
-        from autotp.cli_plan import run_plan
+        from autotp.cli.plan import run_plan
 
         try:
             return run_plan(args)

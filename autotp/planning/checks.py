@@ -15,10 +15,10 @@ Every problem is reported at once, each with the node and what would be valid.
 
 from __future__ import annotations
 
+from autotp.base.errors import PlanMismatchError
 from autotp.capture import CapturedGraph
-from autotp.errors import PlanMismatchError
 from autotp.passes.strategies import build_strategy_graph
-from autotp.plan import Plan
+from autotp.planning.plan import Plan
 
 __all__ = ["check_plan_applies"]
 
@@ -31,7 +31,7 @@ def _strategy_text(inputs: tuple[str, ...], output: str) -> str:
 
 def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> None:
     """Raise :class:`PlanMismatchError` naming every reason ``plan`` cannot be applied to ``captured``."""
-    from autotp.placements import placement_to_str
+    from autotp.base.placements import placement_to_str
 
     plan.check_matches(captured.graph_module, world_size)
     fqns = captured.parameter_fqns()

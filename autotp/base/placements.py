@@ -10,7 +10,7 @@ Semantics on a mesh axis of size N:
 - ``Replicate()``: every rank holds the whole tensor.
 - ``Shard(d)``: rank r holds a contiguous block of dimension ``d``. Blocks may be uneven
   (e.g. 8 heads over 3 ranks gives 3, 3, 2 heads); the rewrite pass decides the sizes so that
-  every view of the tensor splits on the same boundaries (see ``passes/partition.py``).
+  every view of the tensor splits on the same boundaries (see ``passes/uneven.py``).
 - ``Partial("sum")``: every rank holds a full-shaped tensor; the true value is their sum.
 - ``BlockShard(d, k)`` (autotp's one addition): dimension ``d`` is ``k`` equal blocks laid
   end to end (e.g. a fused query/key/value projection) and *each block* is split as by

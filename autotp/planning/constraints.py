@@ -24,9 +24,9 @@ import dataclasses
 import fnmatch
 from collections.abc import Mapping
 
-from autotp.errors import PlanError, PlanMismatchError
+from autotp.base.errors import PlanError, PlanMismatchError
+from autotp.base.placements import Placement, placement_from_str, placement_to_str
 from autotp.passes.strategies import StrategyGraph
-from autotp.placements import Placement, placement_from_str, placement_to_str
 
 __all__ = ["Constraints", "apply_constraints", "check_plan_constraints", "normalize_constraints"]
 

@@ -14,7 +14,7 @@ backend returns a :class:`CompiledSubgraph` which, at its first call with given 
 3. plans it with autotp's planner, on the group's first rank, which sends the plan to the
    others (:func:`autotp.api._plan_once`, as ``autotp.compile`` does); graph outputs are
    ``Replicate``, so values crossing a graph break are whole on every rank;
-4. rewrites it for this rank (:func:`~autotp.passes.partition.build_partitions`,
+4. rewrites it for this rank (:func:`~autotp.passes.uneven.build_partitions`,
    :func:`~autotp.passes.rewrite.rewrite_for_rank`) and slices this rank's parameter shards
    once; ``inner="inductor"`` then hands the rank-local graph to Inductor.
 
@@ -41,15 +41,15 @@ import torch.utils._pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
 from autotp.api import DEFAULT_HARDWARE, _check_world_size, _plan_once
+from autotp.base.errors import AutoTPError, CaptureError
+from autotp.base.placements import Replicate
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
-from autotp.errors import AutoTPError, CaptureError
-from autotp.passes.partition import Partitions, build_partitions
 from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective, rewrite_for_rank
 from autotp.passes.rules import Strategy
-from autotp.placements import Replicate
-from autotp.plan import Plan
-from autotp.runtime import shard_tensor
+from autotp.passes.uneven import Partitions, build_partitions
+from autotp.planning.plan import Plan
+from autotp.runtime.module import shard_tensor
 
 __all__ = ["AutoTPBackend", "BackendStats", "CompiledSubgraph", "autotp_backend", "backend"]
 

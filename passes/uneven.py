@@ -27,8 +27,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from autotp.base.placements import split_of
 from autotp.passes.rules import Strategy, tensor_inputs
-from autotp.placements import split_of
 
 __all__ = ["Partitions", "build_partitions"]
 

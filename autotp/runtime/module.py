@@ -15,11 +15,11 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from autotp.base.placements import placement_from_str, split_of
 from autotp.capture import CapturedGraph
-from autotp.passes.partition import Partitions
 from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective
-from autotp.placements import placement_from_str, split_of
-from autotp.plan import Plan
+from autotp.passes.uneven import Partitions
+from autotp.planning.plan import Plan
 
 __all__ = ["TensorParallelModule", "shard_tensor"]
 

@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from autotp.api import _build_plan, _resolve_budget, _to_model_device
+from autotp.base.placements import split_of
 from autotp.capture import capture
 from autotp.cost_model import get_hardware
 from autotp.passes.costing import cost_strategy_graph
@@ -29,8 +30,7 @@ from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
-from autotp.placements import split_of
-from autotp.plan import Plan
+from autotp.planning.plan import Plan
 
 aten = torch.ops.aten
 

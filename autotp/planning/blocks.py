@@ -22,8 +22,8 @@ from functools import lru_cache
 
 import torch
 
-from autotp.placements import placement_from_str, split_of
-from autotp.plan import CollectiveDecision, NodeDecision, Plan
+from autotp.base.placements import placement_from_str, split_of
+from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 __all__ = ["Block", "BlockRun", "block_runs", "blocks", "layer_prefix", "node_module", "parameter_bytes_per_rank"]
 

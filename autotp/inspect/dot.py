@@ -15,9 +15,9 @@ import shutil
 import subprocess
 from collections import defaultdict
 
-from autotp.explain import format_bytes, format_seconds
-from autotp.plan import NodeDecision, Plan
-from autotp.plan_blocks import block_runs, node_module
+from autotp.inspect.explain import format_bytes, format_seconds
+from autotp.planning.blocks import block_runs, node_module
+from autotp.planning.plan import NodeDecision, Plan
 
 __all__ = ["GraphvizNotFoundError", "placement_colours", "plan_to_dot", "plan_to_svg"]
 

@@ -1,6 +1,6 @@
 """What a plan is predicted to cost: time per forward pass and memory per rank, broken down.
 
-:func:`estimate_plan` (``Plan.estimate()``) reads only the :class:`~autotp.plan.Plan` — no model,
+:func:`estimate_plan` (``Plan.estimate()``) reads only the :class:`~autotp.planning.plan.Plan` — no model,
 no graph, no process group — and adds up the terms the planner priced:
 
 * **time per forward** = compute + communication. Compute is the sum of every node's roofline
@@ -38,6 +38,7 @@ from typing import Any
 import sympy
 import torch
 
+from autotp.base.placements import placement_from_str, split_of
 from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware
 from autotp.cost_model.symbolic import (
     BATCH,
@@ -50,8 +51,7 @@ from autotp.cost_model.symbolic import (
     symbolic_tensor_bytes,
 )
 from autotp.passes.costing import VIEW_OPS
-from autotp.placements import placement_from_str, split_of
-from autotp.plan import NodeDecision, Plan
+from autotp.planning.plan import NodeDecision, Plan
 
 __all__ = [
     "SPLIT_KINDS",

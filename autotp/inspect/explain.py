@@ -7,7 +7,7 @@ resharding on its input edges (its producers now have to deliver other placement
 edges (its consumers now receive another placement). One collective serves every consumer that
 needs the same placement of a tensor, exactly as in the solver's objective, so a delta is the
 change in the plan's predicted time if only this node changed. The plan stores the result on
-each :class:`~autotp.plan.NodeDecision`; :func:`explain` and :func:`diff` only read the plan.
+each :class:`~autotp.planning.plan.NodeDecision`; :func:`explain` and :func:`diff` only read the plan.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from collections import defaultdict
 import torch
 import torch.utils._pytree as pytree
 
+from autotp.base.placements import Placement, placement_to_str
 from autotp.passes.costing import CostedGraph, is_local_reshard, reshard_plan
 from autotp.passes.rules import Strategy
 from autotp.passes.strategies import Edge
-from autotp.placements import Placement, placement_to_str
-from autotp.plan import Alternative, CollectiveDecision, NodeDecision, Plan
+from autotp.planning.plan import Alternative, CollectiveDecision, NodeDecision, Plan
 
 __all__ = ["PlanDiff", "diff", "explain", "find_node", "format_seconds", "node_alternatives", "strategy_text"]
 
@@ -42,7 +42,7 @@ def strategy_text(strategy: Strategy) -> str:
 @functools.lru_cache(maxsize=1024)
 def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
     """Name of what turns ``src`` into ``dst``: ``all_reduce``, ``all_gather+slice``, ``slice``..."""
-    from autotp.placements import placement_from_str
+    from autotp.base.placements import placement_from_str
 
     s = placement_from_str(src) if isinstance(src, str) else src
     d = placement_from_str(dst) if isinstance(dst, str) else dst

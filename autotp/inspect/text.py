@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from autotp.explain import format_bytes, format_seconds
-from autotp.plan import CollectiveDecision, Plan
-from autotp.plan_blocks import Block, BlockRun, block_runs, parameter_bytes_per_rank, placement_counts
+from autotp.inspect.explain import format_bytes, format_seconds
+from autotp.planning.blocks import Block, BlockRun, block_runs, parameter_bytes_per_rank, placement_counts
+from autotp.planning.plan import CollectiveDecision, Plan
 
 __all__ = ["WIDTH", "plan_summary"]
 

@@ -1,7 +1,7 @@
 """``plan.to_parallelize_plan()``: the plan in PyTorch's own words, where it has them.
 
 ``torch.distributed.tensor.parallel.parallelize_module(model, mesh, plan)`` takes a dict from
-module FQN to a ``ParallelStyle``. This module reads an autotp :class:`~autotp.plan.Plan` and
+module FQN to a ``ParallelStyle``. This module reads an autotp :class:`~autotp.planning.plan.Plan` and
 writes that dict:
 
 =====================================  ==============================================
@@ -32,7 +32,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
-from autotp.plan import CollectiveDecision, NodeDecision, Plan
+from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 __all__ = ["ParallelizePlan", "to_parallelize_plan"]
 
@@ -73,7 +73,7 @@ class ParallelizePlan:
 
 
 def _placement(text: str) -> Any:
-    from autotp.placements import placement_from_str
+    from autotp.base.placements import placement_from_str
 
     return placement_from_str(text)
 

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx as fx
 
-from autotp.errors import PlanMismatchError
+from autotp.base.errors import PlanMismatchError
+from autotp.base.placements import placement_from_str
 from autotp.passes.rules import Strategy
-from autotp.placements import placement_from_str, placement_to_str
 
 if TYPE_CHECKING:
     from autotp.cost_model import Hardware
-    from autotp.estimate import Estimate
-    from autotp.explain import PlanDiff
-    from autotp.export_tp import ParallelizePlan
+    from autotp.inspect.estimate import Estimate
+    from autotp.inspect.explain import PlanDiff
+    from autotp.inspect.parallelize_plan import ParallelizePlan
 
 __all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "graph_fingerprint"]
 
@@ -188,8 +188,8 @@ class Plan:
     def summary(self, max_rows: int = 40) -> str:
         """A compact per-layer table that fits 100 columns: placements, collectives, compute,
         communication and weight bytes per layer, identical layers folded (see
-        :mod:`autotp.report_text`)."""
-        from autotp.report_text import plan_summary
+        :mod:`autotp.inspect.text`)."""
+        from autotp.inspect.text import plan_summary
 
         return plan_summary(self, max_rows)
 
@@ -199,50 +199,50 @@ class Plan:
     # ---------------------------------------------------------------- inspection
     def explain(self, name: str) -> str:
         """Why node ``name`` (or the parameter with FQN ``name``) is placed as it is: its
-        alternatives with their predicted cost difference (see :mod:`autotp.explain`)."""
-        from autotp.explain import explain
+        alternatives with their predicted cost difference (see :mod:`autotp.inspect.explain`)."""
+        from autotp.inspect.explain import explain
 
         return explain(self, name)
 
     def estimate(self, hardware: str | Hardware | None = None) -> Estimate:
         """Predicted time per forward (compute, communication, per node, per layer) and memory
-        per rank (parameters, buffers, activation peak); see :mod:`autotp.estimate`."""
-        from autotp.estimate import estimate_plan
+        per rank (parameters, buffers, activation peak); see :mod:`autotp.inspect.estimate`."""
+        from autotp.inspect.estimate import estimate_plan
 
         return estimate_plan(self, hardware=hardware)
 
     def diff(self, other: Plan) -> PlanDiff:
         """What changes from this plan to ``other``: placements, strategies, collectives, cost."""
-        from autotp.explain import diff
+        from autotp.inspect.explain import diff
 
         return diff(self, other)
 
     def to_html(self, path: str | os.PathLike | None = None, *, title: str | None = None) -> str:
         """A self-contained interactive HTML page of the plan (no network needed); written to
-        ``path`` when given. Returns the HTML text. See :mod:`autotp.report_html`."""
-        from autotp.report_html import plan_to_html
+        ``path`` when given. Returns the HTML text. See :mod:`autotp.inspect.html`."""
+        from autotp.inspect.html import plan_to_html
 
         return plan_to_html(self, path, title=title)
 
     def to_dot(self, *, fold: bool = True, max_depth: int | None = None) -> str:
         """Graphviz DOT text: modules as clusters, tensors coloured by placement, collectives as
-        nodes (see :mod:`autotp.report_dot`)."""
-        from autotp.report_dot import plan_to_dot
+        nodes (see :mod:`autotp.inspect.dot`)."""
+        from autotp.inspect.dot import plan_to_dot
 
         return plan_to_dot(self, fold=fold, max_depth=max_depth)
 
     def to_svg(self, path: str | os.PathLike | None = None, *, fold: bool = True,
                max_depth: int | None = None) -> str:
         """SVG of :meth:`to_dot` rendered by Graphviz's ``dot`` program (raises if it is not installed)."""
-        from autotp.report_dot import plan_to_svg
+        from autotp.inspect.dot import plan_to_svg
 
         return plan_to_svg(self, path, fold=fold, max_depth=max_depth)
 
     def to_parallelize_plan(self, model: torch.nn.Module | None = None) -> ParallelizePlan:
         """The equivalent ``torch.distributed.tensor.parallel`` plan (module FQN -> ParallelStyle)
-        where it exists, and what it cannot express (see :mod:`autotp.export_tp`). With
+        where it exists, and what it cannot express (see :mod:`autotp.inspect.parallelize_plan`). With
         ``model``, each styled module's type is checked too."""
-        from autotp.export_tp import to_parallelize_plan
+        from autotp.inspect.parallelize_plan import to_parallelize_plan
 
         return to_parallelize_plan(self, model)
 

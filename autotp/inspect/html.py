@@ -25,8 +25,8 @@ import json
 import os
 from importlib import resources
 
-from autotp.plan import Plan
-from autotp.plan_blocks import block_runs, node_module, parameter_bytes_per_rank
+from autotp.planning.blocks import block_runs, node_module, parameter_bytes_per_rank
+from autotp.planning.plan import Plan
 
 __all__ = ["plan_payload", "plan_to_html"]
 
@@ -53,7 +53,7 @@ window.addEventListener("unhandledrejection", function (e) { __autotpRecord("unh
 
 
 def _asset(name: str) -> str:
-    return resources.files("autotp").joinpath("assets", name).read_text(encoding="utf-8")
+    return resources.files("autotp.inspect").joinpath("assets", name).read_text(encoding="utf-8")
 
 
 def plan_payload(plan: Plan, title: str) -> dict:

@@ -289,7 +289,7 @@ def _plot(path: str, spec: ModelSpec, args: argparse.Namespace, main: tuple[str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from autotp.errors import PlanError
+    from autotp.base.errors import PlanError
 
     main_phase, main_captured, main_plan = main
     series: dict[str, list[tuple[int, float, float]]] = {}
@@ -335,7 +335,7 @@ def _plot(path: str, spec: ModelSpec, args: argparse.Namespace, main: tuple[str,
 
 def run_plan(args: argparse.Namespace) -> int:
     """``autotp plan``: build, trace, plan, print, write; returns the exit code."""
-    from autotp.errors import AutoTPError
+    from autotp.base.errors import AutoTPError
 
     started = time.perf_counter()
     try:

@@ -1,0 +1,1 @@
+"""Base values every stage shares: placements, errors, strategies. Imports nothing above it."""

@@ -1,0 +1,1 @@
+"""The ``autotp`` command line. Importing this package imports no torch: ``autotp --help`` is fast."""
