@@ -19,21 +19,21 @@ import math
 import sys
 import time
 import warnings
-from collections import defaultdict
 
 import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.errors import UnsupportedOpError
-from autotp.base.placements import Placement, placement_to_str, split_of
+from autotp.base.placements import placement_to_str, split_of
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
-from autotp.inspect.explain import node_alternatives
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
+from autotp.passes.pricing import compute_s, price_choice
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
+from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
@@ -157,7 +157,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             op=str(node.target) if node.op == "call_function" else node.op,
             inputs=tuple(placement_to_str(p) for p in strategy.inputs),
             output=placement_to_str(strategy.output),
-            compute_s=costed.compute_s[name][solution.choice[name]],
+            compute_s=compute_s(costed, name, solution.choice[name]),
             module=module_path(node),
             fallback=name in fallback,
             input_nodes=tuple(p.name for p in tensor_inputs(node)),
@@ -166,30 +166,23 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
             alternatives=alternatives.get(name, ()),
         ))
-    consumers: dict[tuple[str, Placement], list[str]] = defaultdict(list)
-    for name in graph.order:
-        node = graph.nodes[name]
-        for producer, needed in zip(tensor_inputs(node), chosen[name].inputs):
-            if chosen[producer.name].output != needed and isinstance(producer.meta.get("val"), torch.Tensor):
-                consumers[producer.name, needed].append(name)
-    collectives = []
-    for (producer, needed), users in consumers.items():
-        src = chosen[producer].output
-        collectives.append(CollectiveDecision(
-            producer=producer,
-            src=placement_to_str(src),
-            dst=placement_to_str(needed),
-            steps=tuple(reshard_plan(src, needed)),
-            nbytes=tensor_nbytes(graph.nodes[producer].meta["val"]),
-            time_s=costed.reshard_s(producer, src, needed),
-            consumers=tuple(users),
-            module=module_path(graph.nodes[producer]),
-        ))
+    price = price_choice(costed, solution.choice)
+    collectives = [
+        CollectiveDecision(
+            producer=r.producer,
+            src=placement_to_str(r.src),
+            dst=placement_to_str(r.dst),
+            steps=tuple(reshard_plan(r.src, r.dst)),
+            nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
+            time_s=r.time_s,
+            consumers=r.consumers,
+            module=module_path(graph.nodes[r.producer]),
+        )
+        for r in price.reshardings
+    ]
     parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
     per_rank = sum(costed.memory_bytes[name][solution.choice[name]] for name in costed.memory_bytes)
     total = sum(per[0] for per in costed.memory_bytes.values())
-    compute_s = sum(n.compute_s for n in nodes)
-    comm_s = sum(c.time_s for c in collectives)
     return Plan(
         world_size=graph.world_size,
         hardware=hardware.name,
@@ -199,8 +192,8 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
         parameter_bytes_total=total,
         parameter_bytes_per_rank=per_rank,
         memory_budget_bytes=budget,
-        predicted_compute_s=compute_s,
-        predicted_comm_s=comm_s,
+        predicted_compute_s=price.compute_s,
+        predicted_comm_s=price.comm_s,
         fallback_ops=tuple(sorted({str(graph.nodes[n].target) for n in graph.fallback})),
         fingerprint=graph_fingerprint(captured.graph_module),
         plan_time_s=plan_time_s,
