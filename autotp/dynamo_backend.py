@@ -41,10 +41,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
+from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective, rewrite_for_rank
-from autotp.passes.rules import Strategy
 from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan

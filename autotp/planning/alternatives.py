@@ -20,9 +20,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, placement_from_str, placement_to_str
+from autotp.base.strategy import Strategy
 from autotp.passes.costing import CostedGraph, reshard_plan
 from autotp.passes.pricing import compute_s, price_outputs, reshard_s
-from autotp.passes.rules import Strategy
 from autotp.passes.strategies import Edge
 from autotp.planning.plan import Alternative
 
