@@ -253,8 +253,7 @@ def _shape_for(args: argparse.Namespace, phase: str) -> tuple[int, int]:
 
 
 def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
-    from autotp.api import _to_model_device
-    from autotp.capture import capture
+    from autotp.capture import capture, inputs_on_model_device
 
     started = time.perf_counter()
     model, call_args, call_kwargs = spec.build(batch, seq_len)
@@ -262,20 +261,26 @@ def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
     count = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
     _say(f"{phase}: built {type(model).__name__} ({count} parameters) on meta; tracing "
          f"(batch {batch}, {seq_len} token{'s' if seq_len > 1 else ''})...")
-    captured = capture(model, _to_model_device(model, call_args), _to_model_device(model, call_kwargs))
+    captured = capture(model, inputs_on_model_device(model, call_args), inputs_on_model_device(model, call_kwargs))
     _say(f"{phase}: traced {len(captured.graph_module.graph.nodes)} nodes in {time.perf_counter() - started:.1f} s")
     return captured
 
 
+def _options(args: argparse.Namespace, world_size: int) -> Any:
+    """The :class:`~autotp.planning.options.PlanOptions` of the command line (validated before any tracing)."""
+    from autotp.planning.options import PlanOptions
+
+    return PlanOptions(world_size=world_size, hardware=args.hardware, memory_budget=args.memory_budget,
+                       time_limit_s=args.time_limit, constraints=dict(args.constraint) or None)
+
+
 def _plan(captured: Any, args: argparse.Namespace, world_size: int, label: str) -> Any:
-    from autotp.api import _plan_captured
+    from autotp.planning.planner import plan_graph
 
     started = time.perf_counter()
-    constraints = dict(args.constraint) or None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fallback ops are listed in the summary
-        plan = _plan_captured(captured, world_size, args.hardware, args.memory_budget, False, args.time_limit,
-                              False, started, constraints)
+        plan = plan_graph(captured, _options(args, world_size))
     _say(f"{label}: tp={world_size} planned in {time.perf_counter() - started:.1f} s, predicted "
          f"{plan.predicted_time_s * 1e3:.3f} ms per forward")
     return plan
@@ -341,6 +346,11 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec, dtype=args.dtype)
     except SpecError as exc:
+        print(f"autotp plan: {exc}", file=sys.stderr)
+        return 2
+    try:
+        _options(args, args.world_size)  # a bad --hardware or budget fails here, before tracing
+    except (TypeError, ValueError) as exc:
         print(f"autotp plan: {exc}", file=sys.stderr)
         return 2
     _say(f"model: {spec.description}; world size {args.world_size}, hardware {args.hardware}")
