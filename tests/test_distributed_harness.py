@@ -49,6 +49,7 @@ def test_all_reduce_sums_ranks(gloo, world_size: int) -> None:
     assert results == expected, f"expected {expected}, got {results}"
 
 
+@pytest.mark.distributed
 def test_results_are_ordered_by_rank_and_group_is_initialised() -> None:
     """tp=2, through run_on_ranks: fn gets (rank, world_size) matching the process group, results by rank."""
     results = run_on_ranks(2, _whoami)
