@@ -35,7 +35,7 @@ def test_report_shows_figures_and_verdict() -> None:
                             collective_counts={"all_reduce": 4})
     text = cli.format_report(report, config)
     for expected in ("PLAN", "2.000e-04", "FAILED", "rank 1: 2.00 MiB (50.0% of the original)",
-                     "all_reduce x4", "plan time: 0.500 s", "predicted for the 'h100-sxm' hardware profile",
+                     "all_reduce x4", "plan time: 0.500 s", "Costed for the 'h100-sxm' hardware profile",
                      "2 gloo processes on this machine's CPU"):
         assert expected in text, f"expected {expected!r} in the report:\n{text}"
 

@@ -113,8 +113,8 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
             reference = _logits(model(ids, use_cache=False))  # (batch, seq, vocab), single process
         original_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-        _say(rank, f"compiling with autotp.compile(world_size={world_size}, hardware={config.hardware!r}): "
-                   f"{_costed_for(config)}...")
+        _say(rank, f"compiling with autotp.compile(world_size={world_size}, hardware={config.hardware!r}); "
+                   f"the plan is costed for that profile, the run is CPU gloo...")
         started = time.perf_counter()
         tp_model = autotp.compile(model, world_size=world_size, example_inputs=(ids,),
                                   example_kwargs={"use_cache": False}, hardware=config.hardware)
@@ -146,9 +146,9 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
 
 def _costed_for(config: DemoConfig) -> str:
     """Why the plan names hardware this machine is not: the cost model prices the named profile."""
-    return (f"the plan is chosen and its times predicted for the {config.hardware!r} hardware profile "
-            f"(--hardware), while this run is {config.world_size} gloo processes on this machine's CPU "
-            f"(`autotp calibrate` writes a profile of this machine)")
+    return (f"Costed for the {config.hardware!r} hardware profile (--hardware): the plan and its predicted "
+            f"times are for that hardware, while this run is {config.world_size} gloo processes on this "
+            f"machine's CPU; `autotp calibrate` writes a profile of this machine.")
 
 
 def _mib(nbytes: int) -> str:
@@ -161,7 +161,7 @@ def format_report(report: DemoReport, config: DemoConfig) -> str:
     lines = [
         "",
         report.plan_text,
-        f"({_costed_for(config)})",
+        _costed_for(config),
         "",
         (f"max abs diff vs single process: {report.max_abs_diff:.3e} "
          f"(tolerance {config.tolerance:.0e}): {'OK' if ok else 'FAILED'}"),
