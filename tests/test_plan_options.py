@@ -64,8 +64,9 @@ def test_strategy_filter_narrows_the_choice() -> None:
 
 def test_cli_rejects_unknown_hardware_before_tracing(capsys) -> None:
     """No mesh: `autotp plan tiny-llama --hardware h100` exits 2 naming the known profiles, and traces nothing."""
-    code = cli.main(["plan", "tiny-llama", "--world-size", "2", "--hardware", "h100"])
+    with pytest.raises(SystemExit) as info:  # an argparse error: checked when the command line is parsed
+        cli.main(["plan", "tiny-llama", "--world-size", "2", "--hardware", "h100"])
     err = capsys.readouterr().err
-    assert code == 2, f"expected exit code 2, got {code}; stderr:\n{err}"
-    assert "unknown hardware 'h100'" in err and "h100-sxm" in err, err
+    assert info.value.code == 2, f"expected exit code 2, got {info.value.code}; stderr:\n{err}"
+    assert "unknown hardware profile 'h100'" in err and "h100-sxm" in err, err
     assert "traced" not in err, f"tracing ran before the option was checked:\n{err}"
