@@ -20,7 +20,6 @@ this pass only decides *what* each strategy asks of the hardware:
 from __future__ import annotations
 
 import dataclasses
-import math
 import operator
 
 import torch
@@ -32,6 +31,7 @@ from autotp.base.strategy import Strategy
 from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph
+from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
@@ -144,7 +144,7 @@ def _local_fraction(value: object, placement: Placement, world_size: int) -> flo
     """Share of ``value`` the largest rank holds under ``placement`` (1.0 unless it is split)."""
     if not isinstance(value, torch.Tensor) or value.numel() == 0:
         return 1.0
-    return _shard_bytes(value, placement, world_size) / (value.numel() * value.element_size())
+    return largest_shard_nbytes(value.shape, value.element_size(), placement, world_size) / (value.numel() * value.element_size())
 
 
 def _local_nbytes(value: object, placement: Placement, world_size: int) -> float:
@@ -192,15 +192,6 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
     return costs
 
 
-def _shard_bytes(value: torch.Tensor, placement: Placement, world_size: int) -> int:
-    split = split_of(placement)
-    if split is not None:
-        dim, blocks = split
-        size = int(value.shape[dim])
-        return value.element_size() * (value.numel() // max(size, 1)) * blocks * math.ceil(size // blocks / world_size)
-    return value.numel() * value.element_size()
-
-
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph:
     """Attach predicted compute seconds to every strategy and bytes to every parameter strategy."""
     compute_s = {}
@@ -212,5 +203,6 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph
             val = node.meta["val"]
             # a parameter nothing reads (e.g. the second name of a tied weight) is not kept
             unread = not node.users
-            memory[name] = [0 if unread else _shard_bytes(val, s.output, graph.world_size) for s in graph.strategies[name]]
+            memory[name] = [0 if unread else largest_shard_nbytes(val.shape, val.element_size(), s.output, graph.world_size)
+                            for s in graph.strategies[name]]
     return CostedGraph(graph, hardware, compute_s, memory)

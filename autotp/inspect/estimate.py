@@ -31,14 +31,13 @@ layer pay on this hardware?" with the symbolic cost model (:mod:`autotp.cost_mod
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import sympy
 import torch
 
-from autotp.base.placements import placement_from_str, split_of
+from autotp.base.placements import placement_from_str
 from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware
 from autotp.cost_model.symbolic import (
     BATCH,
@@ -51,6 +50,7 @@ from autotp.cost_model.symbolic import (
     symbolic_tensor_bytes,
 )
 from autotp.passes.costing import VIEW_OPS
+from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.plan import NodeDecision, Plan
 
 __all__ = [
@@ -221,19 +221,10 @@ def local_nbytes(shape: Iterable[int], dtype: str, placement_text: str, world_si
     """Bytes of a tensor of ``shape`` on the largest rank under ``placement_text``.
 
     ``S(d)`` holds ``ceil(size / N)`` of dim ``d`` (``S(d)xk``: that of each of the k blocks);
-    ``R`` and ``P`` hold the whole tensor. Same arithmetic as the planner's parameter bytes.
+    ``R`` and ``P`` hold the whole tensor: :func:`autotp.passes.uneven.largest_shard_nbytes`, as
+    the planner's parameter bytes.
     """
-    sizes = [int(s) for s in shape]
-    itemsize = _dtype_itemsize(dtype)
-    numel = math.prod(sizes)
-    split = split_of(placement_from_str(placement_text))
-    if split is None or not sizes:
-        return numel * itemsize
-    dim, blocks = split
-    size = sizes[dim]
-    if size == 0:
-        return 0
-    return (numel // size) * blocks * math.ceil(size // blocks / world_size) * itemsize
+    return largest_shard_nbytes(tuple(shape), _dtype_itemsize(dtype), placement_from_str(placement_text), world_size)
 
 
 def _resolve_capacity(plan: Plan, hardware: str | Hardware | None) -> float | None:
