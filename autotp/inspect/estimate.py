@@ -37,6 +37,7 @@ from typing import Any
 import sympy
 import torch
 
+from autotp.base.module_paths import block_name
 from autotp.base.placements import placement_from_str
 from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware
 from autotp.cost_model.symbolic import (
@@ -72,18 +73,14 @@ _GIB = 2**30
 def layer_of(module: str) -> str:
     """The layer a module belongs to: its FQN up to and including the first numeric part.
 
-    ``model.layers.3.mlp.up_proj`` -> ``model.layers.3``; ``transformer.h.0.attn`` ->
+    ``model.layers.3.mlp.up_proj`` -> ``model.layers.3`` (:func:`autotp.base.module_paths.block_name`); ``transformer.h.0.attn`` ->
     ``transformer.h.0``; ``0`` (a Sequential's first child) -> ``0``. A module outside any
     numbered container is its own group (``lm_head``, ``model.norm``); ``""`` (ops at the top
     level of ``forward``) is ``"(top level)"``.
     """
     if not module:
         return "(top level)"
-    parts = module.split(".")
-    for index, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: index + 1])
-    return module
+    return block_name(module) or module
 
 
 @dataclasses.dataclass(frozen=True)
