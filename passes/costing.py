@@ -20,7 +20,6 @@ this pass only decides *what* each strategy asks of the hardware:
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 import torch
 import torch.fx as fx
@@ -28,7 +27,7 @@ import torch.utils._pytree as pytree
 
 from autotp.base.placements import Partial, Placement, Replicate, split_of
 from autotp.base.strategy import Strategy
-from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
+from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s, launches_no_kernel
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph
 from autotp.passes.uneven import largest_shard_nbytes
@@ -36,16 +35,6 @@ from autotp.passes.uneven import largest_shard_nbytes
 aten = torch.ops.aten
 
 __all__ = ["CostedGraph", "cost_strategy_graph", "is_local_reshard", "reshard_plan", "reshard_time_s", "tensor_nbytes"]
-
-# Ops that only change tensor metadata (a view of the same storage): no kernel, no bytes moved.
-VIEW_OPS = frozenset({
-    aten.view.default, aten._unsafe_view.default, aten.transpose.int, aten.permute.default, aten.t.default,
-    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
-    aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.alias.default, aten.detach.default,
-    aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int, operator.getitem,
-    aten.lift_fresh.default, aten.dropout.default,
-})
-
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
@@ -172,7 +161,7 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
     if node.op != "call_function":
         return [0.0] * len(strategies)
-    if node.target in VIEW_OPS:  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
+    if launches_no_kernel(node.target):  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
         return [hardware.view_op_s] * len(strategies)
     args, kwargs = _meta_args(node)
     out = node.meta.get("val")

@@ -31,6 +31,8 @@ layer pay on this hardware?" with the symbolic cost model (:mod:`autotp.cost_mod
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,7 +41,7 @@ import torch
 
 from autotp.base.module_paths import block_name
 from autotp.base.placements import placement_from_str
-from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware
+from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware, launches_no_kernel
 from autotp.cost_model.symbolic import (
     BATCH,
     SEQ,
@@ -50,7 +52,6 @@ from autotp.cost_model.symbolic import (
     symbolic_compute_time_s,
     symbolic_tensor_bytes,
 )
-from autotp.passes.costing import VIEW_OPS
 from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.plan import NodeDecision, Plan
 
@@ -66,7 +67,19 @@ __all__ = [
     "split_crossovers",
 ]
 
-_VIEW_OP_NAMES = frozenset(str(op) for op in VIEW_OPS)
+
+
+@functools.lru_cache(maxsize=512)
+def _launches_no_kernel(op_name: str) -> bool:
+    """:func:`autotp.cost_model.launches_no_kernel` of an op recorded by name (``aten.view.default``)."""
+    if op_name == str(operator.getitem):
+        return True
+    namespace, _, rest = op_name.partition(".")
+    packet_name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace, None), packet_name, None) if namespace == "aten" else None
+    op = getattr(packet, overload, None) if packet is not None and overload else None
+    return op is not None and launches_no_kernel(op)
+
 _GIB = 2**30
 
 
@@ -364,7 +377,7 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
             read.append(buffer)
         if node.op == "output":
             continue
-        if node.op in _VIEW_OP_NAMES and read and read[0] is not None:
+        if _launches_no_kernel(node.op) and read and read[0] is not None:
             buffer_of[node.name] = read[0]  # a view: same storage as its input
             continue
         buffer_of[node.name] = node.name
