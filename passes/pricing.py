@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from autotp.base.placements import Placement, placement_to_str
 from autotp.base.strategy import Strategy
-from autotp.passes.costing import CostedGraph, is_local_reshard
+from autotp.passes.costing import CostedGraph
+from autotp.passes.resharding import is_local_reshard
 from autotp.passes.strategies import Edge
 
 __all__ = ["ChoicePrice", "Resharding", "blocked_reason", "compute_s", "price_choice", "price_outputs", "reshard_s"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -31,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from autotp.cli.args import positive_int
+from autotp.cli.arguments import hardware_profile, output_path, positive_float, positive_int
 
 __all__ = ["PRESETS", "ModelSpec", "SpecError", "add_plan_parser", "load_spec", "run_plan"]
 
@@ -199,6 +200,12 @@ def _parse_constraint(text: str) -> tuple[str, str]:
     if not sep or not pattern or not placement:
         raise argparse.ArgumentTypeError(f"expected PATTERN=PLACEMENT such as 'model.layers.*.mlp.down_proj.weight=R', "
                                          f"got {text!r}")
+    from autotp.base.placements import placement_from_str
+
+    try:
+        placement_from_str(placement)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
     return pattern, placement
 
 
@@ -217,8 +224,9 @@ def add_plan_parser(commands: Any) -> None:
     )
     plan.add_argument("spec", metavar="SPEC", help="preset name, config.json path, or package.module:factory")
     plan.add_argument("--world-size", type=positive_int, default=8, help="ranks to split over (default: 8)")
-    plan.add_argument("--hardware", default="h100-sxm",
-                      help="hardware profile name or JSON path, as autotp.plan(hardware=...) (default: h100-sxm)")
+    plan.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
+                      help="hardware profile name (h100-sxm, h200, a100-sxm, pcie-gpu, ...; a wrong name lists them "
+                           "all) or JSON path from `autotp calibrate`, as autotp.plan(hardware=...) (default: h100-sxm)")
     plan.add_argument("--batch", type=positive_int, default=1, help="sequences per forward pass (default: 1)")
     plan.add_argument("--seq-len", type=positive_int, default=1024,
                       help="prefill tokens per sequence (default: 1024); decode is 1 token")
@@ -230,14 +238,15 @@ def add_plan_parser(commands: Any) -> None:
                       help="weights per rank: 'auto' (every matrix split, default), 'none', or e.g. 20GiB")
     plan.add_argument("--constraint", type=_parse_constraint, action="append", default=[], metavar="PATTERN=PLACEMENT",
                       help="pin matching parameters/nodes, e.g. 'model.layers.*.mlp.down_proj.weight=R' (repeatable)")
-    plan.add_argument("--html", metavar="PATH", help="write the interactive HTML view here")
-    plan.add_argument("--json", metavar="PATH", help="write the plan (versioned JSON) here")
-    plan.add_argument("--dot", metavar="PATH", help="write Graphviz DOT here (identical layers folded)")
-    plan.add_argument("--plot", metavar="PNG", help="plot predicted latency vs world size 1-8, prefill and decode")
+    plan.add_argument("--html", type=output_path, metavar="PATH", help="write the interactive HTML view here")
+    plan.add_argument("--json", type=output_path, metavar="PATH", help="write the plan (versioned JSON) here")
+    plan.add_argument("--dot", type=output_path, metavar="PATH", help="write Graphviz DOT here (identical layers folded)")
+    plan.add_argument("--plot", type=output_path, metavar="PNG",
+                      help="plot predicted latency vs world size 1-8, prefill and decode (needs matplotlib)")
     plan.add_argument("--explain", action="append", default=[], metavar="NAME",
                       help="also explain this node or parameter FQN (repeatable)")
     plan.add_argument("--max-rows", type=positive_int, default=40, help="rows per table in the summary (default: 40)")
-    plan.add_argument("--time-limit", type=float, default=120.0, help="solver time limit per plan, seconds (default: 120)")
+    plan.add_argument("--time-limit", type=positive_float, default=120.0, help="solver time limit per plan, seconds (default: 120)")
 
 
 def _shape_for(args: argparse.Namespace, phase: str) -> tuple[int, int]:
@@ -335,6 +344,9 @@ def run_plan(args: argparse.Namespace) -> int:
     from autotp.base.errors import AutoTPError
 
     started = time.perf_counter()
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print("autotp plan: --plot needs matplotlib: pip install 'autotp[viz]'", file=sys.stderr)
+        return 2
     try:
         spec = load_spec(args.spec, dtype=args.dtype)
     except SpecError as exc:

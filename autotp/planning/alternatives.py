@@ -20,9 +20,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, placement_from_str, placement_to_str
+from autotp.base.reshard import reshard_steps
 from autotp.base.strategy import Strategy
-from autotp.passes.costing import CostedGraph, reshard_plan
+from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import compute_s, price_outputs, reshard_s
+from autotp.passes.resharding import route_label
 from autotp.passes.strategies import Edge
 from autotp.planning.plan import Alternative
 
@@ -42,8 +44,7 @@ def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
     """Name of what turns ``src`` into ``dst``: ``all_reduce``, ``all_gather+slice``, ``slice``..."""
     s = placement_from_str(src) if isinstance(src, str) else src
     d = placement_from_str(dst) if isinstance(dst, str) else dst
-    steps = reshard_plan(s, d)
-    return "+".join(steps) if steps else "none"
+    return route_label(step.kind for step in reshard_steps(s, d))
 
 
 def _value_key(value: object) -> tuple:

@@ -24,9 +24,10 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import UnsupportedOpError
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
+from autotp.base.reshard import reshard_steps
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
-from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
+from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
 from autotp.passes.pricing import compute_s, price_choice
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, solve
@@ -172,7 +173,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             producer=r.producer,
             src=placement_to_str(r.src),
             dst=placement_to_str(r.dst),
-            steps=tuple(reshard_plan(r.src, r.dst)),
+            steps=tuple(step.kind for step in reshard_steps(r.src, r.dst)),
             nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
             time_s=r.time_s,
             consumers=r.consumers,
