@@ -57,14 +57,6 @@ def _log(progress: bool, message: str) -> None:
         print(f"[autotp] {message}", file=sys.stderr, flush=True)
 
 
-def _to_model_device(model: torch.nn.Module, value: Any) -> Any:
-    """Move example tensors to the meta device when the model lives there (planning only)."""
-    params = list(model.parameters())
-    if params and params[0].device.type == "meta":
-        return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
-    return value
-
-
 def _splittable_parameters(costed: CostedGraph) -> set[str]:
     """Parameters of which some split is accepted, as is, by every op that reads them."""
     graph = costed.graph
@@ -254,7 +246,7 @@ def plan(
     started = time.perf_counter()
     world_size = _check_world_size(world_size)
     _log(progress, f"tracing {type(model).__name__} with torch.export")
-    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
+    captured = capture(model, example_inputs, example_kwargs)
     return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
                           constraints)
 

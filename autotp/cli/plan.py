@@ -253,7 +253,6 @@ def _shape_for(args: argparse.Namespace, phase: str) -> tuple[int, int]:
 
 
 def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
-    from autotp.api import _to_model_device
     from autotp.capture import capture
 
     started = time.perf_counter()
@@ -262,7 +261,7 @@ def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
     count = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
     _say(f"{phase}: built {type(model).__name__} ({count} parameters) on meta; tracing "
          f"(batch {batch}, {seq_len} token{'s' if seq_len > 1 else ''})...")
-    captured = capture(model, _to_model_device(model, call_args), _to_model_device(model, call_kwargs))
+    captured = capture(model, call_args, call_kwargs)
     _say(f"{phase}: traced {len(captured.graph_module.graph.nodes)} nodes in {time.perf_counter() - started:.1f} s")
     return captured
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from autotp.api import _build_plan, _resolve_budget, _to_model_device
+from autotp.api import _build_plan, _resolve_budget
 from autotp.base.placements import split_of
 from autotp.capture import capture
 from autotp.cost_model import get_hardware
@@ -102,7 +102,7 @@ def megatron_plan(model: torch.nn.Module, example_inputs: tuple[Any, ...] = (),
                   memory_budget: float | int | str | None = "auto") -> Plan:
     """The Megatron-style plan of ``model`` (see module docstring), costed like :func:`autotp.plan`."""
     started = time.perf_counter()
-    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
+    captured = capture(model, example_inputs, example_kwargs)
     hw = get_hardware(hardware)
     graph = _pin_gemm_weights(build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns()))
     costed = cost_strategy_graph(graph, hw)
