@@ -13,6 +13,7 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections import defaultdict
@@ -24,7 +25,7 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Placement, placement_to_str, split_of
-from autotp.capture import CapturedGraph, capture
+from autotp.capture import CapturedGraph, capture, trace_device
 from autotp.cost_model import Hardware, get_hardware
 from autotp.inspect.explain import node_alternatives
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
@@ -37,6 +38,7 @@ from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, apply_constraints, check_plan_constraints
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
+from autotp.runtime.loading import Checkpoint, agree_on_success, read_local_values
 from autotp.runtime.module import TensorParallelModule, shard_tensor
 
 __all__ = ["compile", "plan"]
@@ -274,6 +276,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -283,6 +286,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
     to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
     :func:`autotp.plan`.
+
+    ``checkpoint`` (a ``.safetensors`` file or a directory of them, with or without
+    ``model.safetensors.index.json``): read each rank's shards from it instead of slicing the
+    model's weights, so ``model`` may live on the ``meta`` device and no rank holds the whole
+    model. Shards land on the device of ``example_inputs``, cast to the model's dtype. See
+    :mod:`autotp.runtime.loading`.
     """
     started = time.perf_counter()
     group_size, rank = _group_world_size(group)
@@ -294,11 +303,15 @@ def compile(  # noqa: A001 - mirrors torch.compile
             f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
             f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
         )
-    if any(p.device.type == "meta" for p in model.parameters()):
+    if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
         raise ValueError(
             "autotp.compile needs real weights, but the model has parameters on the meta device; "
+            "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
             "use autotp.plan(...) to plan a meta model, or load its weights first"
         )
+    files = None
+    if checkpoint is not None:  # headers only, agreed by all ranks: a bad file fails before planning, everywhere
+        files = agree_on_success(group, lambda: Checkpoint(checkpoint))
     _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, example_inputs, example_kwargs)
     if plan is None:
@@ -311,7 +324,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
     parts = build_partitions(captured.graph_module, decisions, world_size)
     group_name = (group or dist.group.WORLD).group_name
     local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
-    local_values = _local_values(captured, plan, parts, rank)
+    if files is None:
+        local_values = _local_values(captured, plan, parts, rank)
+    else:
+        device = trace_device(example_inputs, example_kwargs)
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model, device))
     return TensorParallelModule(captured, local_gm, plan, local_values, rank)
 
 

@@ -21,19 +21,36 @@ from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 
-__all__ = ["TensorParallelModule", "shard_tensor"]
+__all__ = ["TensorParallelModule", "local_block", "shard_tensor"]
+
+
+def local_block(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
+                rank: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """Where rank ``rank``'s block of a tensor of ``shape`` placed as ``placement_text`` lies in the full tensor.
+
+    ``None`` when the tensor is not split (the rank holds it whole); else ``(dim, [(start, stop), ...])``:
+    the ranges of ``dim`` the rank holds, one per block (several for a block split such as a fused
+    QKV weight), concatenated in that order. The cuts come from ``parts`` (uneven splits: see
+    :mod:`autotp.passes.uneven`), so slicing in memory (:func:`shard_tensor`) and reading from a
+    checkpoint (:mod:`autotp.runtime.loading`) hold exactly the block the rewritten graph expects.
+    """
+    split = split_of(placement_from_str(placement_text))
+    if split is None:
+        return None
+    dim, blocks = split
+    offset, length = parts.local(name, dim, rank, blocks)
+    block = int(shape[dim]) // blocks
+    return dim, [(b * block + offset, b * block + offset + length) for b in range(blocks)]
 
 
 def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
     """This rank's block of ``full`` under ``placement_text`` (a contiguous copy, so ``full`` can be freed)."""
-    split = split_of(placement_from_str(placement_text))
-    if split is None:
+    where = local_block(full.shape, placement_text, parts, name, rank)
+    if where is None:
         return full.detach()
-    dim, blocks = split
-    offset, length = parts.local(name, dim, rank, blocks)
-    block = full.shape[dim] // blocks
-    pieces = [full.detach().narrow(dim, b * block + offset, length) for b in range(blocks)]
-    return torch.cat(pieces, dim).clone() if blocks > 1 else pieces[0].clone()
+    dim, ranges = where
+    pieces = [full.detach().narrow(dim, start, stop - start) for start, stop in ranges]
+    return torch.cat(pieces, dim).clone() if len(pieces) > 1 else pieces[0].clone()
 
 
 class TensorParallelModule(torch.nn.Module):
