@@ -28,8 +28,9 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Partial, Placement, Replicate, split_of
+from autotp.base.strategy import Strategy
 from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
-from autotp.passes.rules import Strategy, tensor_inputs
+from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph
 
 aten = torch.ops.aten

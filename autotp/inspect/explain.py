@@ -20,8 +20,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, placement_to_str
+from autotp.base.strategy import Strategy
 from autotp.passes.costing import CostedGraph, is_local_reshard, reshard_plan
-from autotp.passes.rules import Strategy
 from autotp.passes.strategies import Edge
 from autotp.planning.plan import Alternative, CollectiveDecision, NodeDecision, Plan
 

@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import placement_from_str
-from autotp.passes.rules import Strategy
+from autotp.base.strategy import Strategy
 
 if TYPE_CHECKING:
     from autotp.cost_model import Hardware
