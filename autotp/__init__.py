@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "compile": "autotp.api",
     "plan": "autotp.api",
+    "from_pretrained": "autotp.pretrained",
+    "load": "autotp.pretrained",
     "backend": "autotp.dynamo_backend",
     "AutoTPError": "autotp.base.errors",
     "CaptureError": "autotp.base.errors",
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from autotp.base.placements import Partial, Replicate, Shard
     from autotp.dynamo_backend import backend
     from autotp.planning.plan import Plan
+    from autotp.pretrained import from_pretrained, load
     from autotp.runtime.module import TensorParallelModule
 
 
@@ -74,6 +77,8 @@ __all__ = [
     "UnsupportedOpError",
     "backend",
     "compile",
+    "from_pretrained",
+    "load",
     "plan",
 ]
 __version__ = "0.1.0"

@@ -38,8 +38,8 @@ from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, apply_constraints, check_plan_constraints
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
-from autotp.runtime.loading import Checkpoint, agree_on_success, read_local_values
-from autotp.runtime.module import TensorParallelModule, shard_tensor
+from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
+from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 
 __all__ = ["compile", "plan"]
 
@@ -311,7 +311,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         )
     files = None
     if checkpoint is not None:  # headers only, agreed by all ranks: a bad file fails before planning, everywhere
-        files = agree_on_success(group, lambda: Checkpoint(checkpoint))
+        files = agree_on_success(group, lambda: open_checkpoint(checkpoint))
     _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, example_inputs, example_kwargs)
     if plan is None:
@@ -329,7 +329,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     else:
         device = trace_device(example_inputs, example_kwargs)
         local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model, device))
-    return TensorParallelModule(captured, local_gm, plan, local_values, rank)
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank, parameter_layout(captured, plan, parts))
 
 
 def _plan_once(captured: CapturedGraph, world_size: int, hardware: str | Hardware,

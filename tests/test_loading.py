@@ -168,3 +168,42 @@ def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
                 assert needle in errors[case], f"rank {rank}, {case}: expected {needle!r} in the error, got {errors[case]!r}"
     assert "rank 1" in results[0]["missing"], f"rank 0 should say rank 1 failed: {results[0]['missing']!r}"
     assert _listing(tmp_path) == before, f"{tmp_path} changed: before {before}, after {_listing(tmp_path)}"
+
+
+def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str, target: str) -> float:
+    """from_pretrained(source) at this world size, compared with the model; then tp.save(target)."""
+    tp = autotp.from_pretrained(source, world_size, dtype=torch.float32,
+                                example_inputs=BUILDERS[name](layers=1, device="meta")[1])
+    reference, args, kwargs = BUILDERS[name](layers=1)
+    with torch.no_grad():
+        expected = reference(*args, **kwargs).logits
+    error = (tp(*args, use_cache=False).logits - expected).abs().max().item()
+    tp.save(target)
+    return error
+
+
+def _load_and_save(rank: int, world_size: int, name: str, source: str, target: str | None) -> float:
+    """autotp.load(source) into a meta model at this world size, compared with the model; then tp.save(target)."""
+    meta_model, args, kwargs = BUILDERS[name](layers=1, device="meta")
+    tp = autotp.load(source, meta_model, world_size, example_inputs=args, example_kwargs=kwargs)
+    reference, _, _ = BUILDERS[name](layers=1)
+    with torch.no_grad():
+        expected = reference(*args, **kwargs).logits
+    error = (tp(*args, **kwargs).logits - expected).abs().max().item()
+    if target is not None:
+        tp.save(target)
+    return error
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_save_and_reload_at_other_world_sizes(gloo, tmp_path: Path, name: str) -> None:
+    """tp=2 -> 3 -> 4 (uneven at 3; GPT-2: fused QKV block split, tied lm head): from_pretrained at 2 and
+    tp.save; autotp.load at 3 from the tp=2 directory and save again; autotp.load at 4 from that."""
+    source = _save(name, tmp_path / "hf")
+    errors = {2: gloo.run(2, _from_pretrained_and_save, name, str(source), str(tmp_path / "tp2"))}
+    errors[3] = gloo.run(3, _load_and_save, name, str(tmp_path / "tp2"), str(tmp_path / "tp3"))
+    errors[4] = gloo.run(4, _load_and_save, name, str(tmp_path / "tp3"), None)
+    for world_size, per_rank in errors.items():
+        for rank, error in enumerate(per_rank):
+            assert error < TOLERANCE, f"{name} tp={world_size} rank {rank}: max |tp - model| = {error}"

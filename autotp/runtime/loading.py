@@ -33,9 +33,9 @@ from autotp.base.errors import AutoTPError
 from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
-from autotp.runtime.module import local_block
+from autotp.runtime.module import parameter_layout
 
-__all__ = ["Checkpoint", "agree_on_success", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
+__all__ = ["Checkpoint", "ReadRequest", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _MAX_LISTED = 8
@@ -63,6 +63,25 @@ class TensorEntry:
     file: Path
     shape: tuple[int, ...]
     dtype: torch.dtype
+
+
+Block = tuple[int, list[tuple[int, int]]]
+"""``(dim, [(start, stop), ...])``: the ranges of one dim a rank holds (see :func:`autotp.runtime.module.local_block`)."""
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """Read ``rank``'s block of ``entry`` (``blocks`` lists every rank's; ``None``: the whole tensor), as ``dtype`` on ``device``."""
+
+    entry: TensorEntry
+    blocks: list[Block | None] | None
+    rank: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def block(self) -> Block | None:
+        return None if self.blocks is None else self.blocks[self.rank]
 
 
 def _read_header(file: Path) -> dict[str, TensorEntry]:
@@ -144,10 +163,24 @@ class Checkpoint:
     def __getitem__(self, key: str) -> TensorEntry:
         return self.entries[key]
 
+    def read(self, requests: list[ReadRequest]) -> list[torch.Tensor]:
+        """The tensors ``requests`` ask for, in order (one file mapping per tensor)."""
+        return [read_block(r.entry, r.block, r.dtype, r.device) for r in requests]
+
     def describe(self) -> str:
         files = sorted({e.file.name for e in self.entries.values()})
         shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         return f"{self.path} ({len(self.entries)} tensors in {shown})"
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """A safetensors checkpoint, or a ``torch.distributed.checkpoint`` directory (one with ``.metadata``)
+    written by :meth:`TensorParallelModule.save`; both read only this rank's blocks."""
+    if (Path(path) / ".metadata").is_file():
+        from autotp.runtime.saving import DistributedCheckpoint
+
+        return DistributedCheckpoint(path)
+    return Checkpoint(path)
 
 
 def _transforms(model_keys: Iterable[str], checkpoint_keys: Iterable[str]) -> list[tuple[str, str]]:
@@ -199,7 +232,7 @@ def check_entry(fqn: str, entry: TensorEntry, shape: tuple[int, ...], dtype: tor
     return None
 
 
-def read_block(entry: TensorEntry, block: tuple[int, list[tuple[int, int]]] | None, dtype: torch.dtype,
+def read_block(entry: TensorEntry, block: Block | None, dtype: torch.dtype,
                device: torch.device) -> torch.Tensor:
     """Read ``entry`` whole (``block`` None) or the ranges ``block = (dim, [(start, stop), ...])`` of one dim,
     concatenated, cast to ``dtype`` on ``device``. The file is mapped only while this tensor is read."""
@@ -268,6 +301,7 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
     is read; all problems are reported at once, each naming the tensor and the file.
     """
     exported = captured.exported
+    layout = parameter_layout(captured, plan, parts)
     aliases = tensor_aliases(model)
     nodes = {n.name: n for n in captured.graph_module.graph.nodes if n.op == "placeholder"}
     slots = [s for s in captured.inputs if s.kind != "user"]
@@ -305,24 +339,25 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
         if still:
             raise CheckpointError(
                 f"buffer(s) {', '.join(still)} are neither in {checkpoint.describe()} nor computed by the model (it was built "
-                "on the meta device); build it with `with autotp.empty_weights(): model = ...` (parameters on meta, "
-                "buffers real) or save the buffers in the checkpoint")
+                "on the meta device); build the model with its buffers on a real device (parameters on meta), "
+                "or save the buffers in the checkpoint")
     values: dict[str, torch.Tensor] = {}
+    requests: dict[str, ReadRequest] = {}
     for slot in slots:
         fqn = str(slot.target)
         val = nodes[slot.name].meta["val"]
         if slot.kind == "parameter" and slot.name in unread:
             values[slot.name] = torch.empty(0, dtype=val.dtype, device=device)
         elif slot.kind == "parameter":
-            block = local_block(val.shape, plan.parameters[fqn], parts, slot.name, rank)
-            values[slot.name] = read_block(checkpoint[keys[fqn]], block, val.dtype, device)
+            requests[slot.name] = ReadRequest(checkpoint[keys[fqn]], layout[fqn][1], rank, val.dtype, device)
         elif fqn in keys:
-            values[slot.name] = read_block(checkpoint[keys[fqn]], None, val.dtype, device)
+            requests[slot.name] = ReadRequest(checkpoint[keys[fqn]], None, rank, val.dtype, device)
         else:
             tensor = _model_tensor(model, fqn, exported)
             assert tensor is not None, f"buffer {fqn} was checked above"
             values[slot.name] = tensor.detach().to(device=device, dtype=val.dtype)
-    return values
+    values.update(zip(requests, checkpoint.read(list(requests.values()))))
+    return {slot.name: values[slot.name] for slot in slots}
 
 
 def _model_tensor(model: torch.nn.Module, fqn: str, exported: torch.export.ExportedProgram) -> torch.Tensor | None:
