@@ -14,9 +14,10 @@ What changes, node by node:
   the ids in this rank's row range (others give zeros: the output is a Partial sum); a grouped
   convolution split by groups gets this rank's group count;
 - wherever a producer's placement differs from what a consumer's strategy needs, the
-  resharding steps of :func:`autotp.passes.costing.reshard_plan` are inserted once per
-  (producer, target placement) as traceable functional collectives
-  (``torch.ops._c10d_functional.*`` followed by ``wait_tensor``) or local slices.
+  resharding steps of :func:`autotp.base.reshard.reshard_steps` are inserted once per
+  (producer, target placement), each by its row of :data:`autotp.passes.resharding.RESHARD_TABLE`:
+  traceable functional collectives (``torch.ops._c10d_functional.*`` followed by
+  ``wait_tensor``) or local slices.
 
 Every rank inserts the same collectives in the same (topological) order, so no rank can wait
 on a collective another rank does not issue.
@@ -31,8 +32,9 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import BlockShard, Placement, split_of
+from autotp.base.reshard import reshard_steps
 from autotp.base.strategy import Strategy
-from autotp.passes.costing import reshard_plan
+from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import local_form_for
 from autotp.passes.uneven import Partitions
 
@@ -72,89 +74,10 @@ class _Builder:
                     node.meta[key] = meta_from.meta[key]
         return node
 
-    # -- resharding steps ------------------------------------------------------------
-    def slice(self, x: fx.Node, producer: fx.Node, dim: int, blocks: int) -> fx.Node:
-        offset, length = self.parts.local(producer.name, dim, self.rank, blocks)
-        if blocks == 1:
-            return self.call(aten.narrow.default, x, dim, offset, length, meta_from=producer)
-        block = int(producer.meta["val"].shape[dim]) // blocks
-        pieces = [self.call(aten.narrow.default, x, dim, b * block + offset, length, meta_from=producer) for b in range(blocks)]
-        return self.call(aten.cat.default, pieces, dim, meta_from=producer)
-
-    def zero_unless_rank0(self, x: fx.Node, origin: fx.Node) -> fx.Node:
-        return x if self.rank == 0 else self.call(aten.zeros_like.default, x, meta_from=origin)
-
-    def all_reduce(self, x: fx.Node, origin: fx.Node) -> fx.Node:
-        reduced = self.call(c10d.all_reduce.default, x, "sum", self.group_name, meta_from=origin)
-        return self.call(c10d.wait_tensor.default, reduced, meta_from=origin)
-
-    def all_gather(self, x: fx.Node, producer: str, dim: int, blocks: int, ndim: int, origin: fx.Node) -> fx.Node:
-        """Gather along ``dim``: pad each rank's part to the largest, gather on dim 0, cut out the padding.
-
-        With ``blocks`` > 1 each rank's part holds its slice of every block; the pieces are
-        put back in block order.
-        """
-        sizes = self.parts.sizes(producer, dim, blocks)
-        chunk = blocks * max(sizes)
-        if dim != 0:
-            x = self.call(aten.movedim.int, x, dim, 0, meta_from=origin)
-        x = self.call(aten.contiguous.default, x, meta_from=origin)
-        mine = blocks * sizes[self.rank]
-        if mine != chunk:
-            x = self.call(aten.constant_pad_nd.default, x, [0, 0] * (ndim - 1) + [0, chunk - mine], 0.0, meta_from=origin)
-        gathered = self.call(c10d.all_gather_into_tensor.default, x, self.world_size, self.group_name, meta_from=origin)
-        x = self.call(c10d.wait_tensor.default, gathered, meta_from=origin)
-        if len(set(sizes)) > 1 or blocks > 1:
-            pieces = [
-                self.call(aten.narrow.default, x, 0, r * chunk + b * sizes[r], sizes[r], meta_from=origin)
-                for b in range(blocks) for r in range(self.world_size)
-            ]
-            x = self.call(aten.cat.default, pieces, 0, meta_from=origin)
-        if dim != 0:
-            # back in place, and contiguous: a consumer's view() needs the layout it was traced with
-            x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
-            x = self.call(aten.contiguous.default, x, meta_from=origin)
-        return x
-
-    def reduce_scatter(self, x: fx.Node, producer: str, dim: int, ndim: int, origin: fx.Node) -> fx.Node:
-        sizes = self.parts.sizes(producer, dim)
-        block = max(sizes)
-        if dim != 0:
-            x = self.call(aten.movedim.int, x, dim, 0, meta_from=origin)
-        if len(set(sizes)) > 1:
-            padded = []
-            for r in range(self.world_size):
-                piece = self.call(aten.narrow.default, x, 0, sum(sizes[:r]), sizes[r], meta_from=origin)
-                if sizes[r] != block:
-                    piece = self.call(aten.constant_pad_nd.default, piece, [0, 0] * (ndim - 1) + [0, block - sizes[r]], 0.0, meta_from=origin)
-                padded.append(piece)
-            x = self.call(aten.cat.default, padded, 0, meta_from=origin)
-        x = self.call(aten.contiguous.default, x, meta_from=origin)
-        scattered = self.call(c10d.reduce_scatter_tensor.default, x, "sum", self.world_size, self.group_name, meta_from=origin)
-        x = self.call(c10d.wait_tensor.default, scattered, meta_from=origin)
-        if sizes[self.rank] != block:
-            x = self.call(aten.narrow.default, x, 0, 0, sizes[self.rank], meta_from=origin)
-        if dim != 0:
-            # back in place, and contiguous: a consumer's view() needs the layout it was traced with
-            x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
-            x = self.call(aten.contiguous.default, x, meta_from=origin)
-        return x
-
     def reshard(self, x: fx.Node, producer: fx.Node, src: Placement, dst: Placement) -> fx.Node:
-        ndim = producer.meta["val"].dim()
-        for step in reshard_plan(src, dst):
-            if step == "slice":
-                x = self.slice(x, producer, *split_of(dst))  # type: ignore[misc]
-            elif step == "zero":
-                x = self.zero_unless_rank0(x, producer)
-            elif step == "all_reduce":
-                x = self.all_reduce(x, producer)
-            elif step == "all_gather":
-                x = self.all_gather(x, producer.name, *split_of(src), ndim, producer)  # type: ignore[misc]
-            elif step == "reduce_scatter":
-                x = self.reduce_scatter(x, producer.name, split_of(dst)[0], ndim, producer)  # type: ignore[index]
-            else:
-                raise AssertionError(f"unknown resharding step {step}")
+        """Emit the steps that turn ``x`` (``producer``'s value on this rank) from ``src`` into ``dst``."""
+        for step in reshard_steps(src, dst):
+            x = RESHARD_TABLE[step.kind].emit(self, x, producer, step)
         return x
 
 

@@ -49,12 +49,13 @@ class RuleContext:
 
 
 class LocalGraph(Protocol):
-    """What a local form may use of the rewrite's graph builder for one rank."""
+    """What a local form (or a resharding step) may use of the rewrite's graph builder for one rank."""
 
     graph: fx.Graph
     parts: Partitions
     rank: int
     world_size: int
+    group_name: str  # the process group collectives are issued on
 
     def call(self, target: object, *args: object, meta_from: fx.Node | None = None) -> fx.Node:
         """Emit ``target(*args)`` into the rank-local graph, copying source metadata from ``meta_from``."""
