@@ -31,6 +31,7 @@ from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, solve
+from autotp.passes.state import update_state_in_place
 from autotp.passes.strategies import build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import build_partitions
@@ -77,12 +78,13 @@ def _splittable_parameters(costed: CostedGraph) -> set[str]:
     return unread | {name for name, placements in accepted.items() if placements}
 
 
-def _auto_budget(costed: CostedGraph) -> float:
+def _auto_budget(costed: CostedGraph, state: frozenset[str] = frozenset()) -> float:
     """Every matrix split along *some* dim (the cost model picks which), 1-D tensors may stay whole.
 
     Per matrix the allowance is its largest shard over the dims it could be split on, so
     rounding of uneven splits never forces one dim over another; a matrix that no split lets
-    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole. The
+    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
+    is state (a KV cache: whether to split its heads is the cost model's choice). The
     budget depends on shapes, the world size and which ops read each parameter, not on the
     strategies offered (constraints and reference plans get the same budget).
     """
@@ -96,16 +98,17 @@ def _auto_budget(costed: CostedGraph) -> float:
         full = val.numel() * val.element_size()
         sizes = [int(s) for s in val.shape]
         splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable
+        whole = val.dim() <= 1 or not splits or name not in splittable or name in state
         total += full if whole else max(splits)
     return total
 
 
-def _resolve_budget(memory_budget: float | int | str | None, costed: CostedGraph) -> float | None:
+def _resolve_budget(memory_budget: float | int | str | None, costed: CostedGraph,
+                    state: frozenset[str] = frozenset()) -> float | None:
     if memory_budget is None:
         return None
     if memory_budget == "auto":
-        return _auto_budget(costed)
+        return _auto_budget(costed, state)
     if isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool) and memory_budget > 0:
         return float(memory_budget)
     raise ValueError(
@@ -186,7 +189,8 @@ def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Har
                    memory_budget: float | int | str | None, strict: bool, time_limit_s: float,
                    progress: bool, started: float, constraints: Constraints | None = None) -> Plan:
     hw = get_hardware(hardware)
-    graph = build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns())
+    graph = build_strategy_graph(captured.graph_module, world_size,
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
     graph = apply_constraints(graph, constraints)
     if graph.fallback:
         lines = []
@@ -201,7 +205,7 @@ def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Har
             )
     _log(progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; costing on {hw.name}")
     costed = cost_strategy_graph(graph, hw)
-    budget = _resolve_budget(memory_budget, costed)
+    budget = _resolve_budget(memory_budget, costed, frozenset(captured.state))
     _log(progress, "solving (MILP, HiGHS)")
     solution = solve(costed, memory_budget_bytes=budget, time_limit_s=time_limit_s, tie=tie_identical_blocks(graph))
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
@@ -282,6 +286,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    max_cache_len: int | None = None,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -291,6 +296,13 @@ def compile(  # noqa: A001 - mirrors torch.compile
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
     to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
     :func:`autotp.plan`.
+
+    ``max_cache_len``: for a HuggingFace causal LM, build it for text generation instead
+    (:meth:`TensorParallelModule.generate`): a KV cache of ``max_cache_len`` slots per row, one
+    row per row of ``example_inputs[0]`` (token ids, ``(batch, seq)``), placed by the planner like
+    a parameter. Two graphs share the weights' shards and the cache: decode (one token per
+    row) is planned first and decides every weight's placement; prefill (``seq`` prompt tokens
+    per call) is planned with those placements pinned. ``plan=`` then gives the decode plan.
     """
     started = time.perf_counter()
     group_size, rank = _group_world_size(group)
@@ -307,20 +319,43 @@ def compile(  # noqa: A001 - mirrors torch.compile
             "autotp.compile needs real weights, but the model has parameters on the meta device; "
             "use autotp.plan(...) to plan a meta model, or load its weights first"
         )
+    if max_cache_len is not None:
+        from autotp.generation import compile_for_generation
+
+        return compile_for_generation(
+            model, example_inputs, max_cache_len=max_cache_len, world_size=world_size, rank=rank, group=group,
+            hardware=hardware, memory_budget=memory_budget, plan=plan, strict=strict, time_limit_s=time_limit_s,
+            progress=progress, constraints=constraints, started=started)
     _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, example_inputs, example_kwargs)
-    if plan is None:
-        plan = _plan_once(captured, world_size, hardware, memory_budget, strict, time_limit_s,
+    plan = _plan_or_check(captured, plan, world_size, hardware, memory_budget, strict, time_limit_s,
                           progress and rank == 0, started, constraints, group, rank)
-    else:
-        check_plan_applies(plan, captured, world_size)
-        check_plan_constraints(plan, constraints)
+    local_gm, local_values = _apply_plan(captured, plan, world_size, group, rank)
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank)
+
+
+def _plan_or_check(captured: CapturedGraph, plan: Plan | None, world_size: int, hardware: str | Hardware,
+                   memory_budget: float | int | str | None, strict: bool, time_limit_s: float, progress: bool,
+                   started: float, constraints: Constraints | None, group: dist.ProcessGroup | None,
+                   rank: int) -> Plan:
+    """Plan ``captured`` (on rank 0, broadcast), or check that the given ``plan`` applies to it."""
+    if plan is None:
+        return _plan_once(captured, world_size, hardware, memory_budget, strict, time_limit_s,
+                          progress, started, constraints, group, rank)
+    check_plan_applies(plan, captured, world_size)
+    check_plan_constraints(plan, constraints)
+    return plan
+
+
+def _apply_plan(captured: CapturedGraph, plan: Plan, world_size: int, group: dist.ProcessGroup | None,
+                rank: int) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]:
+    """This rank's graph (state updates in place) and its local parameter shards and buffers."""
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, world_size)
     group_name = (group or dist.group.WORLD).group_name
-    local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
-    local_values = _local_values(captured, plan, parts, rank)
-    return TensorParallelModule(captured, local_gm, plan, local_values, rank)
+    local_gm = update_state_in_place(rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name),
+                                     captured.state)
+    return local_gm, _local_values(captured, plan, parts, rank)
 
 
 def _plan_once(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
@@ -361,6 +396,10 @@ def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) ->
             values[slot.name] = state[str(slot.target)].new_empty(0)
         elif slot.kind == "parameter":
             values[slot.name] = shard_tensor(state[str(slot.target)], plan.parameters[str(slot.target)], parts, slot.name, rank)
+        elif slot.kind == "buffer" and slot.name in captured.state:
+            # a KV cache: this rank's block, a copy of its own (the graph writes into it)
+            full = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
+            values[slot.name] = shard_tensor(full, plan.parameters[str(slot.target)], parts, slot.name, rank).clone()
         elif slot.kind == "buffer":
             values[slot.name] = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
         elif slot.kind == "constant":

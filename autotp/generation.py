@@ -1,0 +1,95 @@
+"""Compile a HuggingFace causal LM for text generation: ``autotp.compile(..., max_cache_len=N)``.
+
+Two phases share one set of weight shards and one KV cache:
+
+- **decode**: one new token per row at any position (the position is a tensor input); planned
+  first, with the cache as state that the planner places (heads split where attention is
+  head-parallel, whole where that is cheaper, e.g. fewer kv heads than ranks). Its plan decides
+  every weight's placement, since decode runs once per generated token.
+- **prefill**: ``seq`` prompt tokens per call (``seq`` = the example input's sequence length);
+  planned with every weight and cache placement pinned to the decode plan's, so the same
+  shards serve both graphs; the planner chooses only how the activations are split.
+
+Each phase is captured once here; :meth:`~autotp.runtime.module.TensorParallelModule.generate`
+then runs one graph call per prompt chunk and per new token, with no tracing or planning.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotp.capture import capture
+from autotp.cost_model import Hardware
+from autotp.planning.constraints import Constraints
+from autotp.planning.plan import Plan
+from autotp.runtime.kv_cache import CacheLayout, CachedCausalLM, check_causal_lm
+from autotp.runtime.module import GenerationGraphs, TensorParallelModule
+
+__all__ = ["compile_for_generation", "generation_inputs"]
+
+
+def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
+                      max_cache_len: int) -> tuple[CachedCausalLM, int, int]:
+    """The cache wrapper of ``model`` and ``(batch, prefill_len)`` from ``example_inputs[0]`` (token ids)."""
+    check_causal_lm(model)
+    ids = example_inputs[0] if isinstance(example_inputs, tuple) and example_inputs else None
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int):
+        raise ValueError(
+            "with max_cache_len, example_inputs must start with token ids of shape (batch, seq): the cache "
+            f"gets `batch` rows and prompts are read `seq` tokens per call; got {example_inputs!r:.120}"
+        )
+    if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1:
+        raise ValueError(f"max_cache_len must be an int >= 1 (tokens per row: prompt + new), got {max_cache_len!r}")
+    batch, seq = (int(s) for s in ids.shape)
+    if seq > max_cache_len:
+        raise ValueError(
+            f"example_inputs has {seq} tokens per row but max_cache_len={max_cache_len}; "
+            f"pass max_cache_len >= {seq} or a shorter example"
+        )
+    return CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len), batch, seq
+
+
+def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
+                           world_size: int, rank: int, group: dist.ProcessGroup | None,
+                           hardware: str | Hardware, memory_budget: float | int | str | None, plan: Plan | None,
+                           strict: bool, time_limit_s: float, progress: bool, constraints: Constraints | None,
+                           started: float) -> TensorParallelModule:
+    """See :func:`autotp.compile` (``max_cache_len``) and the module docstring."""
+    from autotp.api import _apply_plan, _log, _plan_or_check
+
+    wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
+    talk = progress and rank == 0
+    _log(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
+    decode = capture(wrapper, wrapper.example_inputs(1))
+    decode_plan = _plan_or_check(decode, plan, world_size, hardware, memory_budget, strict, time_limit_s, talk,
+                                 started, constraints, group, rank)
+    decode_gm, values = _apply_plan(decode, decode_plan, world_size, group, rank)
+    prefill_gm = prefill_plan = None
+    prefill_inputs: tuple[str | int, ...] = ()
+    if seq > 1:
+        _log(talk, f"tracing the prefill graph ({seq} tokens per row), weights pinned to the decode plan")
+        prefill = capture(wrapper, wrapper.example_inputs(seq))
+        pinned = dict(decode_plan.parameters)
+        prefill_plan = _plan_or_check(prefill, None, world_size, hardware, None, strict, time_limit_s, talk,
+                                      time.perf_counter(), pinned, group, rank)
+        prefill_gm, prefill_values = _apply_plan(prefill, prefill_plan, world_size, group, rank)
+        by_fqn = {str(s.target): s.name for s in decode.inputs if s.kind != "user"}
+        for slot in prefill.inputs:
+            if slot.kind == "user":
+                continue
+            mine, theirs = values[by_fqn[str(slot.target)]], prefill_values[slot.name]
+            if mine.shape != theirs.shape:
+                raise AssertionError(f"{slot.target}: prefill shard {tuple(theirs.shape)} != decode shard {tuple(mine.shape)}")
+        # the prefill graph's placeholders take the decode graph's tensors (one set of shards, one cache)
+        prefill_inputs = tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in prefill.inputs)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    layout = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
+                         vocab_size=vocab)
+    phases = GenerationGraphs(layout=layout, prefill=prefill_gm, prefill_inputs=prefill_inputs,
+                              prefill_plan=prefill_plan)
+    return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, generation=phases)
+
