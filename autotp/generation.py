@@ -26,7 +26,7 @@ from autotp.capture import capture
 from autotp.cost_model import Hardware
 from autotp.planning.constraints import Constraints
 from autotp.planning.plan import Plan
-from autotp.runtime.kv_cache import CacheLayout, CachedCausalLM, check_causal_lm
+from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm
 from autotp.runtime.module import GenerationGraphs, TensorParallelModule
 
 __all__ = ["compile_for_generation", "generation_inputs"]
