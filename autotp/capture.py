@@ -40,8 +40,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
+from autotp.passes.rules.args import arg
 
-__all__ = ["CapturedGraph", "InputSlot", "capture", "from_exported"]
+__all__ = ["CapturedGraph", "InputSlot", "capture", "from_exported", "inputs_on_model_device"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -78,6 +79,18 @@ class CapturedGraph:
     def parameter_fqns(self) -> dict[str, str]:
         """Placeholder name -> parameter FQN (e.g. ``model.layers.0.mlp.up_proj.weight``)."""
         return {s.name: str(s.target) for s in self.inputs if s.kind == "parameter"}
+
+
+def inputs_on_model_device(model: torch.nn.Module, value: Any) -> Any:
+    """``value`` (example inputs, any pytree) with its tensors moved to ``meta`` when the model is on ``meta``.
+
+    Planning a model built on the meta device needs example inputs there too; for a model with
+    real weights ``value`` is returned as is.
+    """
+    params = list(model.parameters())
+    if params and params[0].device.type == "meta":
+        return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
+    return value
 
 
 def _user_frame(exc: BaseException) -> str | None:
@@ -152,8 +165,7 @@ def _draws_random_numbers(node: fx.Node) -> bool:
     if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in tags:
         return False
     schema = node.target._schema
-    bound = {arg.name: (node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value))
-             for i, arg in enumerate(schema.arguments)}
+    bound = {a.name: arg(node, i, a.name, a.default_value) for i, a in enumerate(schema.arguments)}
     probability = bound.get("p", bound.get("dropout_p"))
     if probability is not None and not isinstance(probability, fx.Node) and probability == 0:
         return False

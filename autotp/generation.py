@@ -16,15 +16,15 @@ then runs one graph call per prompt chunk and per new token, with no tracing or 
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from autotp.base.errors import PlanError
 from autotp.capture import capture
-from autotp.cost_model import Hardware
-from autotp.planning.constraints import Constraints
+from autotp.planning.options import PlanOptions
 from autotp.planning.plan import Plan
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm
 from autotp.runtime.module import GenerationGraphs, TensorParallelModule
@@ -54,36 +54,34 @@ def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
 
 
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
-                           world_size: int, rank: int, group: dist.ProcessGroup | None,
-                           hardware: str | Hardware, memory_budget: float | int | str | None, plan: Plan | None,
-                           strict: bool, time_limit_s: float, progress: bool, constraints: Constraints | None,
-                           started: float) -> TensorParallelModule:
+                           options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
+                           rank: int) -> TensorParallelModule:
     """See :func:`autotp.compile` (``max_cache_len``) and the module docstring."""
-    from autotp.api import _apply_plan, _log, _plan_or_check
+    from autotp.api import _log, apply_plan, plan_or_check
 
     wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
-    talk = progress and rank == 0
+    talk = options.progress and rank == 0
     _log(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
     decode = capture(wrapper, wrapper.example_inputs(1))
-    decode_plan = _plan_or_check(decode, plan, world_size, hardware, memory_budget, strict, time_limit_s, talk,
-                                 started, constraints, group, rank)
-    decode_gm, values = _apply_plan(decode, decode_plan, world_size, group, rank)
+    decode_plan = plan_or_check(decode, plan, options, group=group, rank=rank)
+    decode_gm, values = apply_plan(decode, decode_plan, group=group, rank=rank)
     prefill_gm = prefill_plan = None
     prefill_inputs: tuple[str | int, ...] = ()
     if seq > 1:
         _log(talk, f"tracing the prefill graph ({seq} tokens per row), weights pinned to the decode plan")
         prefill = capture(wrapper, wrapper.example_inputs(seq))
-        pinned = dict(decode_plan.parameters)
-        prefill_plan = _plan_or_check(prefill, None, world_size, hardware, None, strict, time_limit_s, talk,
-                                      time.perf_counter(), pinned, group, rank)
-        prefill_gm, prefill_values = _apply_plan(prefill, prefill_plan, world_size, group, rank)
+        # the same placement for every weight and cache block (so one set of shards serves both graphs);
+        # with placements pinned, the memory budget has nothing left to decide
+        pinned = dataclasses.replace(options, memory_budget=None, constraints=dict(decode_plan.parameters))
+        prefill_plan = plan_or_check(prefill, None, pinned, group=group, rank=rank)
+        prefill_gm, prefill_values = apply_plan(prefill, prefill_plan, group=group, rank=rank)
         by_fqn = {str(s.target): s.name for s in decode.inputs if s.kind != "user"}
         for slot in prefill.inputs:
-            if slot.kind == "user":
-                continue
-            mine, theirs = values[by_fqn[str(slot.target)]], prefill_values[slot.name]
-            if mine.shape != theirs.shape:
-                raise AssertionError(f"{slot.target}: prefill shard {tuple(theirs.shape)} != decode shard {tuple(mine.shape)}")
+            if slot.kind != "user" and values[by_fqn[str(slot.target)]].shape != prefill_values[slot.name].shape:
+                raise PlanError(
+                    f"{slot.target}: the prefill plan's shard {tuple(prefill_values[slot.name].shape)} differs from "
+                    f"the decode plan's {tuple(values[by_fqn[str(slot.target)]].shape)}; the two graphs must share it"
+                )
         # the prefill graph's placeholders take the decode graph's tensors (one set of shards, one cache)
         prefill_inputs = tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in prefill.inputs)
     vocab = int(model.get_output_embeddings().weight.shape[0])
