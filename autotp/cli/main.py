@@ -5,6 +5,10 @@ weights in each, makes it tensor-parallel with :func:`autotp.compile`, checks it
 the single-process model and prints the plan and the figures. It exits 1 if the outputs differ by
 more than the tolerance, 2 if a rank failed.
 
+``autotp demo --generate N`` then also generates N tokens greedily with a sharded KV cache and
+prints the tokens, prefill ms, ms per token and tokens/s against the single process (exit 1 if the
+tokens differ); see :mod:`autotp.cli.generate_demo`.
+
 ``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
 op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
 as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.cost_model.calibrate`.
@@ -46,6 +50,7 @@ class DemoConfig:
     tolerance: float
     init_method: str
     hardware: str = "h100-sxm"  # the profile the plan is costed for; the run itself is CPU gloo
+    generate: int = 0  # new tokens to generate after the logits check (0: no generation)
 
 
 @dataclass
@@ -139,7 +144,14 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
                 collective_counts=dict(tp_model.collective_counts()),
             )
             print(format_report(report, config), flush=True)
-            results.put(report.max_abs_diff)  # small: a large message would block the pipe until join
+        same_tokens = True
+        if config.generate:
+            from autotp.cli.generate_demo import generate_demo
+
+            same_tokens = generate_demo(rank, model, ids, config.generate, config.hardware)
+        if rank == 0:
+            # small: a large message would block the pipe until join
+            results.put(report.max_abs_diff if same_tokens else float("inf"))
     finally:
         dist.destroy_process_group()
 
@@ -225,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
                       help="hardware profile the plan is costed for (name or JSON path; default: h100-sxm); "
                            "the run itself is always CPU gloo")
+    demo.add_argument("--generate", type=positive_int, default=0, metavar="N",
+                      help="then generate N tokens greedily with a sharded KV cache and compare tokens, prefill ms, "
+                           "ms per token and tokens/s with the single-process model.generate")
     _add_calibrate_parser(commands)
     from autotp.cli.plan import add_plan_parser
 
@@ -284,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         config = DemoConfig(
             world_size=args.world_size, layers=args.layers, seq_len=args.seq_len, seed=args.seed,
             tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{_free_port()}", hardware=args.hardware,
+            generate=args.generate,
         )
         try:
             return run_demo(config)

@@ -59,12 +59,13 @@ def _splittable_parameters(costed: CostedGraph) -> set[str]:
     return unread | {name for name, placements in accepted.items() if placements}
 
 
-def auto_memory_budget(costed: CostedGraph, world_size: int | None = None) -> float:
+def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(), world_size: int | None = None) -> float:
     """The ``memory_budget="auto"`` bytes per rank: every matrix split along *some* dim, 1-D tensors may stay whole.
 
     Per matrix the allowance is its largest shard over the dims it could be split on, so
     rounding of uneven splits never forces one dim over another; a matrix that no split lets
-    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole. The
+    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
+    is ``state`` (KV caches: whether to split their heads is the cost model's choice). The
     budget depends on shapes, the world size and which ops read each parameter, not on the
     strategies offered (constraints and reference plans get the same budget). ``world_size``
     (default: the graph's) gives the same figure at another world size, with the same readers.
@@ -79,17 +80,18 @@ def auto_memory_budget(costed: CostedGraph, world_size: int | None = None) -> fl
         full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
         splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
                   for d, size in enumerate(val.shape) if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable
+        whole = val.dim() <= 1 or not splits or name not in splittable or name in state
         total += full if whole else max(splits)
     return total
 
 
-def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph) -> float | None:
+def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph,
+                          state: frozenset[str] = frozenset()) -> float | None:
     """Bytes per rank for a validated ``memory_budget`` option (``"auto"``, ``None`` or bytes)."""
     if memory_budget is None:
         return None
     if memory_budget == "auto":
-        budget = auto_memory_budget(costed)
+        budget = auto_memory_budget(costed, state)
         check_fits_device(costed, budget)
         return budget
     return float(memory_budget)
@@ -114,7 +116,7 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
     activation_bytes = sum(sizes[:2])
 
     def needed(world_size: int) -> float:
-        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size)
+        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size=world_size)
         return weights + state_bytes + activation_bytes
 
     if needed(graph.world_size) <= hw_bytes:
@@ -158,7 +160,8 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     """
     started = time.perf_counter()
     hw = options.hardware_profile
-    graph = build_strategy_graph(captured.graph_module, options.world_size, captured.parameter_fqns())
+    graph = build_strategy_graph(captured.graph_module, options.world_size,
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
     if options.strategy_filter is not None:
         graph = options.strategy_filter(graph)
     graph = apply_constraints(graph, options.constraints)
@@ -166,7 +169,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     _log(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
                            f"costing on {hw.name}")
     costed = cost_strategy_graph(graph, hw)
-    budget = resolve_memory_budget(options.memory_budget, costed)
+    budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
     _log(options.progress, "solving (MILP, HiGHS)")
     solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
                      tie=tie_identical_blocks(graph))
