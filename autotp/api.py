@@ -24,7 +24,6 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Placement, placement_to_str, split_of
-from autotp.base.reshard import reshard_steps
 from autotp.capture import CapturedGraph, capture
 from autotp.cost_model import Hardware, get_hardware
 from autotp.inspect.explain import node_alternatives
@@ -153,7 +152,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             producer=producer,
             src=placement_to_str(src),
             dst=placement_to_str(needed),
-            steps=tuple(step.kind for step in reshard_steps(src, needed)),
+            steps=tuple(step.kind for step in costed.reshard_route(producer, src, needed)),
             nbytes=tensor_nbytes(graph.nodes[producer].meta["val"]),
             time_s=costed.reshard_s(producer, src, needed),
             consumers=tuple(users),
@@ -319,7 +318,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, world_size)
     group_name = (group or dist.group.WORLD).group_name
-    local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
+    local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes())
     local_values = _local_values(captured, plan, parts, rank)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank)
 

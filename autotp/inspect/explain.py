@@ -20,7 +20,6 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, placement_to_str
-from autotp.base.reshard import reshard_steps
 from autotp.base.strategy import Strategy
 from autotp.passes.costing import CostedGraph
 from autotp.passes.resharding import is_local_reshard, route_label
@@ -39,16 +38,6 @@ def strategy_text(strategy: Strategy) -> str:
     if not strategy.inputs:
         return out
     return f"({', '.join(placement_to_str(p) for p in strategy.inputs)}) -> {out}"
-
-
-@functools.lru_cache(maxsize=1024)
-def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
-    """Name of what turns ``src`` into ``dst``: ``all_reduce``, ``all_gather+slice``, ``slice``..."""
-    from autotp.base.placements import placement_from_str
-
-    s = placement_from_str(src) if isinstance(src, str) else src
-    d = placement_from_str(dst) if isinstance(dst, str) else dst
-    return route_label(step.kind for step in reshard_steps(s, d))
 
 
 def _value_key(value: object) -> tuple:
@@ -106,7 +95,8 @@ class _Pricer:
             needed.setdefault(dst, edge)
         by_kind: dict[str, float] = defaultdict(float)
         for dst in needed:
-            by_kind[reshard_kind(src, dst)] += self.reshard_s(producer, src, dst)
+            by_kind[route_label(step.kind for step in self.costed.reshard_route(producer, src, dst))] += \
+                self.reshard_s(producer, src, dst)
         return dict(by_kind), ""
 
 
