@@ -169,8 +169,9 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, plan.world_size)
     group_name = (group or dist.group.WORLD).group_name
-    local_gm = update_state_in_place(rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name),
-                                     captured.state)
+    local_gm = update_state_in_place(
+        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes()),
+        captured.state)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)
     else:

@@ -24,7 +24,6 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
-from autotp.base.reshard import reshard_steps
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
@@ -216,7 +215,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             producer=r.producer,
             src=placement_to_str(r.src),
             dst=placement_to_str(r.dst),
-            steps=tuple(step.kind for step in reshard_steps(r.src, r.dst)),
+            steps=tuple(step.kind for step in costed.reshard_route(r.producer, r.src, r.dst)),
             nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
             time_s=r.time_s,
             consumers=r.consumers,
