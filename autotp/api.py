@@ -12,13 +12,14 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from autotp.capture import CapturedGraph, capture, inputs_on_model_device
+from autotp.capture import CapturedGraph, capture, inputs_on_model_device, trace_device
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.uneven import build_partitions
@@ -28,7 +29,8 @@ from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
 from autotp.planning.plan import Plan
 from autotp.planning.planner import plan_graph
 from autotp.runtime.group import bind_group, plan_on_first_rank
-from autotp.runtime.module import TensorParallelModule, shard_tensor
+from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
+from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 
 __all__ = ["compile", "plan"]
 
@@ -94,6 +96,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -103,13 +106,23 @@ def compile(  # noqa: A001 - mirrors torch.compile
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
     to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
     :func:`autotp.plan`.
+
+    ``checkpoint`` (a ``.safetensors`` file or a directory of them, with or without
+    ``model.safetensors.index.json``, or a directory written by ``tp.save``): read each rank's
+    shards from it instead of slicing the model's weights, so ``model`` may live on the ``meta``
+    device and no rank holds the whole model. Shards land on the device of ``example_inputs``,
+    cast to the model's dtype. See :mod:`autotp.runtime.loading`.
     """
     world_size, rank = bind_group(group, world_size, caller="autotp.compile")
-    if any(p.device.type == "meta" for p in model.parameters()):
+    if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
         raise ValueError(
             "autotp.compile needs real weights, but the model has parameters on the meta device; "
+            "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
             "use autotp.plan(...) to plan a meta model, or load its weights first"
         )
+    files = None
+    if checkpoint is not None:  # headers only, agreed by all ranks: a bad file fails before planning, everywhere
+        files = agree_on_success(group, lambda: open_checkpoint(checkpoint))
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints)
     _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
@@ -123,8 +136,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     parts = build_partitions(captured.graph_module, decisions, world_size)
     group_name = (group or dist.group.WORLD).group_name
     local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
-    local_values = _local_values(captured, plan, parts, rank)
-    return TensorParallelModule(captured, local_gm, plan, local_values, rank)
+    if files is None:
+        local_values = _local_values(captured, plan, parts, rank)
+    else:
+        device = trace_device(example_inputs, example_kwargs)
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model, device))
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank, parameter_layout(captured, plan, parts))
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:
