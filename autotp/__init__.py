@@ -1,6 +1,6 @@
 """autotp: automatic tensor parallelism for PyTorch.
 
-``autotp.compile(model, world_size, example_inputs=...)`` traces the model, plans how to split
+``autotp.compile(model, world_size=N, example_inputs=...)`` traces the model, plans how to split
 every heavy op across ranks with a cost model and an exact MILP solver, and returns this rank's
 tensor-parallel module. ``autotp.plan(...)`` only decides (no process group, meta weights fine).
 ``torch.compile(model, backend=autotp.backend(...))`` (or ``backend="autotp"``) does the same

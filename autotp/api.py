@@ -85,8 +85,8 @@ def plan(
 
 def compile(  # noqa: A001 - mirrors torch.compile
     model: torch.nn.Module,
-    world_size: int | None = None,
     *,
+    world_size: int | None = None,
     example_inputs: tuple[Any, ...],
     example_kwargs: dict[str, Any] | None = None,
     hardware: str | Hardware = DEFAULT_HARDWARE,

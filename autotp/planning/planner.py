@@ -133,6 +133,21 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
                     "more memory, or memory_budget=<bytes per rank> to plan anyway")
 
 
+def _narrowed(before: StrategyGraph, after: StrategyGraph) -> StrategyGraph:
+    """``after`` if it keeps the nodes of ``before`` and only narrows their candidates; else a PlanError."""
+    problems = []
+    for name in before.order:
+        kept = after.strategies.get(name, [])
+        if not kept:
+            problems.append(f"{name}: no candidate strategy left")
+        elif not set(kept) <= set(before.strategies[name]):
+            problems.append(f"{name}: strategies that were not candidates were added")
+    if after.order != before.order or problems:
+        detail = "; ".join(problems[:5]) or "the nodes changed"
+        raise PlanError(f"strategy_filter must only narrow each node's candidate strategies: {detail}")
+    return after
+
+
 def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
     """With ``strict``, refuse ops that have no sharding rule, naming each and where the user's code calls it."""
     if not graph.fallback or not strict:
@@ -162,7 +177,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     graph = build_strategy_graph(captured.graph_module, options.world_size,
                                  {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
     if options.strategy_filter is not None:
-        graph = options.strategy_filter(graph)
+        graph = _narrowed(graph, options.strategy_filter(graph))
     graph = apply_constraints(graph, options.constraints)
     _check_fallback(graph, options.strict)
     _log(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
