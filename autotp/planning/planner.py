@@ -15,7 +15,6 @@ It needs no process group and no real weights. State after each step:
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 import warnings
@@ -24,7 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
-from autotp.base.placements import placement_to_str, split_of
+from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
 from autotp.base.reshard import reshard_steps
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
@@ -34,6 +33,7 @@ from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
+from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.options import PlanOptions
@@ -76,9 +76,9 @@ def auto_memory_budget(costed: CostedGraph, world_size: int | None = None) -> fl
         if not costed.graph.nodes[name].users:
             continue  # never read (the second name of a tied weight): not held, so no allowance
         val = costed.graph.nodes[name].meta["val"]
-        full = val.numel() * val.element_size()
-        sizes = [int(s) for s in val.shape]
-        splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
+        full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
+        splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
+                  for d, size in enumerate(val.shape) if size > 1]
         whole = val.dim() <= 1 or not splits or name not in splittable
         total += full if whole else max(splits)
     return total

@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 
 from autotp.base.placements import placement_from_str, split_of
 from autotp.capture import CapturedGraph
-from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective
+from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 
@@ -131,12 +131,7 @@ class TensorParallelModule(torch.nn.Module):
 
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the rank-local graph, by kind (one forward pass issues each once)."""
-        counts: dict[str, int] = {}
-        for node in self.graph_module.graph.nodes:
-            if is_collective(node):
-                kind = COLLECTIVE_OPS[node.target]
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        return count_collectives(self.graph_module)
 
     def _flatten_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
         kw_spec = self._in_spec.child(1)
