@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Placement, placement_to_str, split_of
-from autotp.capture import CapturedGraph, capture
+from autotp.capture import CapturedGraph, capture, check_model
 from autotp.cost_model import Hardware, get_hardware
 from autotp.inspect.explain import node_alternatives
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
@@ -36,7 +36,18 @@ from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, apply_constraints, check_plan_constraints
-from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
+from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, as_plan, graph_fingerprint, module_path
+from autotp.runtime.agreement import (
+    DEFAULT_AGREEMENT_TIMEOUT_S,
+    InputGuard,
+    check_timeout,
+    compile_record,
+    constraints_text,
+    hardware_text,
+    plan_text,
+    ranks_agree,
+    share_from_first,
+)
 from autotp.runtime.module import TensorParallelModule, shard_tensor
 
 __all__ = ["compile", "plan"]
@@ -252,6 +263,7 @@ def plan(
     (see :mod:`autotp.planning.constraints`).
     """
     started = time.perf_counter()
+    check_model(model)
     world_size = _check_world_size(world_size)
     _log(progress, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
@@ -282,6 +294,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    check_weights: bool = True,
+    agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -289,29 +303,47 @@ def compile(  # noqa: A001 - mirrors torch.compile
     :class:`TensorParallelModule`: called like ``model``, it returns the same outputs (within
     floating-point tolerance) on every rank. Each rank keeps only its shards of the split
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
-    to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
-    :func:`autotp.plan`.
+    to apply a saved or hand-edited :class:`Plan` (or the path of a saved one) instead of planning.
+    Other options as in :func:`autotp.plan`.
+
+    The ranks check that they agree before planning (:mod:`autotp.runtime.agreement`): that
+    every rank traced the model, the same graph, with the same options and the same full
+    weights (a float64 sum and a sampled hash per weight; ``check_weights=False`` skips this
+    for huge models loaded from one checkpoint). Any difference raises the same
+    :class:`~autotp.AgreementError` on every rank, naming the ranks and what differs. No rank
+    waits for the others longer than ``agreement_timeout_s`` seconds at any exchange
+    (:class:`~autotp.RankTimeoutError` names the ranks that did not arrive; the plan from rank
+    0 may take ``time_limit_s`` more). Each call of the result checks that non-tensor arguments
+    have their traced values and that the input shapes agree across ranks (once per new shape).
     """
     started = time.perf_counter()
     group_size, rank = _group_world_size(group)
-    if world_size is None:
-        world_size = group_size
-    world_size = _check_world_size(world_size)
-    if world_size != group_size:
-        raise ValueError(
-            f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
-            f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
-        )
-    if any(p.device.type == "meta" for p in model.parameters()):
-        raise ValueError(
-            "autotp.compile needs real weights, but the model has parameters on the meta device; "
-            "use autotp.plan(...) to plan a meta model, or load its weights first"
-        )
-    _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
-    captured = capture(model, example_inputs, example_kwargs)
+    timeout_s = check_timeout(agreement_timeout_s)
+    with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
+        check_model(model)
+        if world_size is None:
+            world_size = group_size
+        world_size = _check_world_size(world_size)
+        if world_size != group_size:
+            raise ValueError(
+                f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
+                f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
+            )
+        if any(p.device.type == "meta" for p in model.parameters()):
+            raise ValueError(
+                "autotp.compile needs real weights, but the model has parameters on the meta device; "
+                "use autotp.plan(...) to plan a meta model, or load its weights first"
+            )
+        plan = as_plan(plan)
+        _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
+        captured = capture(model, example_inputs, example_kwargs)
+        agreement.record = compile_record(captured, weights=captured.exported.state_dict if check_weights else None, options={
+            "world_size": world_size, "hardware": hardware_text(hardware), "memory_budget": repr(memory_budget),
+            "constraints": constraints_text(constraints), "plan": plan_text(plan), "strict": strict,
+            "check_weights": check_weights})
     if plan is None:
         plan = _plan_once(captured, world_size, hardware, memory_budget, strict, time_limit_s,
-                          progress and rank == 0, started, constraints, group, rank)
+                          progress and rank == 0, started, constraints, group, rank, timeout_s)
     else:
         check_plan_applies(plan, captured, world_size)
         check_plan_constraints(plan, constraints)
@@ -320,33 +352,38 @@ def compile(  # noqa: A001 - mirrors torch.compile
     group_name = (group or dist.group.WORLD).group_name
     local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
     local_values = _local_values(captured, plan, parts, rank)
-    return TensorParallelModule(captured, local_gm, plan, local_values, rank)
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank,
+                                guard=InputGuard(captured, group=group, timeout_s=timeout_s))
 
 
 def _plan_once(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
                memory_budget: float | int | str | None, strict: bool, time_limit_s: float, progress: bool,
-               started: float, constraints: Constraints | None, group: dist.ProcessGroup | None, rank: int) -> Plan:
-    """Plan on the group's first rank and broadcast the plan: every rank applies the same plan,
-    and the others spend no time solving. (A fake process group, used for tests, cannot carry
-    objects, so there every rank plans; planning is deterministic.)"""
+               started: float, constraints: Constraints | None, group: dist.ProcessGroup | None, rank: int,
+               agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
+    """Plan on the group's first rank and send the plan to the others: every rank applies the same
+    plan, and the others spend no time solving. They wait at most ``time_limit_s +
+    agreement_timeout_s`` (:func:`~autotp.runtime.agreement.share_from_first`). (A fake process
+    group, used for tests, cannot carry objects, so there every rank plans; planning is deterministic.)"""
     if world_size == 1 or dist.get_backend(group) == "fake":
         return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
                               constraints)
-    box: list[object] = [None]
+    made: Plan | None = None
+    failure: Exception | None = None
     if rank == 0:
         try:
-            box[0] = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress,
-                                    started, constraints)
-        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
-            box[0] = exc
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
-    if isinstance(box[0], BaseException):
-        if rank == 0:
-            raise box[0]
-        raise PlanError(f"planning failed on rank 0: {box[0]}") from None
-    if not isinstance(box[0], Plan):
-        raise PlanError(f"rank 0 sent {type(box[0]).__name__} instead of a Plan")
-    return box[0]
+            made = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress,
+                                  started, constraints)
+        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for a plan that never comes
+            failure = exc
+    sent = share_from_first(made if failure is None else f"{type(failure).__name__}: {failure}", group=group,
+                            timeout_s=time_limit_s + agreement_timeout_s, what="the plan from rank 0")
+    if failure is not None:
+        raise failure
+    if isinstance(sent, str):
+        raise PlanError(f"planning failed on rank 0: {sent}")
+    if not isinstance(sent, Plan):
+        raise PlanError(f"rank 0 sent {type(sent).__name__} instead of a Plan")
+    return sent
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:

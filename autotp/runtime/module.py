@@ -20,6 +20,7 @@ from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import InputGuard
 
 __all__ = ["TensorParallelModule", "shard_tensor"]
 
@@ -46,9 +47,10 @@ class TensorParallelModule(torch.nn.Module):
     """
 
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
-                 local_values: dict[str, torch.Tensor], rank: int) -> None:
+                 local_values: dict[str, torch.Tensor], rank: int, *, guard: InputGuard | None = None) -> None:
         super().__init__()
         self.plan = plan
+        self._guard = guard  # traced non-tensor values, input shapes agreed across ranks (autotp.runtime.agreement)
         self.graph_module = graph_module
         self.rank = rank
         self.world_size = plan.world_size
@@ -111,6 +113,8 @@ class TensorParallelModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._flatten_inputs(args, kwargs)
+        if self._guard is not None:
+            self._guard.check(flat)
         values = []
         for slot in self._slots:
             if slot.kind == "user":
