@@ -30,12 +30,17 @@ from autotp.inspect.explain import node_alternatives
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.rules import tensor_inputs
-from autotp.passes.solver import Solution, solve
+from autotp.passes.solver import Solution, min_parameter_bytes, solve
 from autotp.passes.strategies import build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
-from autotp.planning.constraints import Constraints, apply_constraints, check_plan_constraints
+from autotp.planning.constraints import (
+    Constraints,
+    apply_constraints,
+    check_plan_constraints,
+    normalize_constraints,
+)
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, as_plan, graph_fingerprint, module_path
 from autotp.runtime.agreement import (
     DEFAULT_AGREEMENT_TIMEOUT_S,
@@ -193,6 +198,31 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
     )
 
 
+def _blame_constraints(error: PlanError, constraints: Constraints | None, memory_budget: object,
+                       costed: CostedGraph) -> PlanError:
+    """A budget error that names the user's constraints when they, not the budget alone, break it.
+
+    The solver's floor assumes every parameter may be split; constraints that keep weights whole
+    (``Replicate()``) raise it, and the default budget was never meant to hold whole matrices.
+    """
+    pinned = {pattern: text for pattern, text in normalize_constraints(constraints).items() if text == "R"}
+    budget = _resolve_budget(memory_budget, costed)
+    floor = min_parameter_bytes(costed)
+    if not pinned or budget is None or floor <= budget:
+        return error
+    which = ", ".join(f"{pattern}=Replicate()" for pattern in pinned)
+    if memory_budget == "auto":
+        said = (f"the default memory budget (memory_budget='auto': about 1/world_size of the weights per rank, "
+                f"{budget / 2**20:.2f} MiB)")
+    else:
+        said = f"memory_budget={memory_budget!r} ({budget / 2**20:.2f} MiB per rank)"
+    return PlanError(
+        f"your constraints keep weights whole on every rank ({which}), and then {said} cannot hold the "
+        f"parameters: with these constraints a rank needs at least {floor} bytes ({floor / 2**20:.2f} MiB). "
+        f"Pass memory_budget=None (no limit) or memory_budget>={floor}, or drop the Replicate() constraint."
+    )
+
+
 def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
                    memory_budget: float | int | str | None, strict: bool, time_limit_s: float,
                    progress: bool, started: float, constraints: Constraints | None = None) -> Plan:
@@ -214,7 +244,10 @@ def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Har
     costed = cost_strategy_graph(graph, hw)
     budget = _resolve_budget(memory_budget, costed)
     _log(progress, "solving (MILP, HiGHS)")
-    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=time_limit_s, tie=tie_identical_blocks(graph))
+    try:
+        solution = solve(costed, memory_budget_bytes=budget, time_limit_s=time_limit_s, tie=tie_identical_blocks(graph))
+    except PlanError as exc:
+        raise _blame_constraints(exc, constraints, memory_budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
     if plan.fallback_ops:
         import warnings

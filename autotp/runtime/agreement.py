@@ -72,7 +72,7 @@ DEFAULT_AGREEMENT_TIMEOUT_S = 300.0
 _KEY_PREFIX = "autotp"
 _SAMPLE_ELEMENTS = 1024  # elements of each weight hashed exactly, evenly spaced
 _CHUNK_ELEMENTS = 1 << 22  # float64 sums in chunks: a transient copy of at most 32 MiB
-_SUM_RTOL = 1e-7  # float64 sums of the same tensor on two ranks differ by reduction order only
+_SUM_RTOL = 1e-10  # float64 sums of the same values on two ranks differ by summation order only (~1e-15)
 _MAX_LISTED = 8
 
 
@@ -87,7 +87,9 @@ def check_timeout(timeout_s: object) -> float:
 
 
 def _exchanges(group: dist.ProcessGroup | None) -> bool:
-    """False where there is nothing to exchange: one rank, or a fake process group (one process)."""
+    """False where there is nothing to exchange: no process group, one rank, or a fake group (one process)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return False
     return dist.get_world_size(group) > 1 and dist.get_backend(group) != "fake"
 
 
@@ -174,7 +176,7 @@ class WeightChecksum:
 
     ``sample``: hash of the bytes of up to 1024 evenly spaced elements (exact); ``total`` and
     ``total_sq``: float64 sum and sum of squares of every element, compared with a relative
-    tolerance of 1e-7 (ranks may sum in another order).
+    tolerance of 1e-10 of the sum of magnitudes (ranks may sum in another order).
     """
 
     shape: tuple[int, ...]
@@ -431,10 +433,13 @@ def constraints_text(constraints: Mapping[str, Any] | None) -> str:
 
 
 def plan_text(plan: Any) -> str:
-    """A ``plan=`` option as the ranks compare it: a hash of its JSON form."""
+    """A ``plan=`` option as the ranks compare it: a hash of what applying it reads (world size, every
+    node's placements, every parameter's placement), not of its timings or predictions."""
     if plan is None:
         return "none (rank 0 plans)"
-    return f"plan {hashlib.sha256(plan.to_json().encode()).hexdigest()[:16]}"
+    applied = [plan.world_size, sorted(plan.parameters.items()),
+               [(node.name, list(node.inputs), node.output) for node in plan.nodes]]
+    return f"plan {hashlib.sha256(repr(applied).encode()).hexdigest()[:16]}"
 
 
 # --------------------------------------------------------------------------- every call
