@@ -289,3 +289,71 @@ def test_model_that_is_not_a_module() -> None:
     """No process group: autotp.plan of a plain function says to pass an nn.Module."""
     with pytest.raises(TypeError, match=r"autotp needs a torch.nn.Module .* got builtin_function_or_method 'relu'"):
         autotp.plan(torch.relu, (torch.randn(2, 2),), world_size=2)
+
+
+# --------------------------------------------------------------------------- the smaller ones (item 5)
+
+def test_budget_error_names_the_replicate_constraint() -> None:
+    """tp=2 plan, default budget, a Replicate() constraint that the default budget cannot hold: the error names the
+    constraint and says to pass memory_budget=None, instead of blaming the budget alone."""
+    model, args, kwargs = tiny_mlp(hidden=32, intermediate=64)
+    with pytest.raises(autotp.PlanError) as caught:
+        autotp.plan(model, args, kwargs, world_size=2, constraints={"0.weight": autotp.Replicate()})
+    message = str(caught.value)
+    for words in ("0.weight=Replicate()", "memory_budget='auto'", "memory_budget=None"):
+        assert words in message, f"expected {words!r} in: {message}"
+    assert "even with every parameter split" not in message, message
+
+
+def _write_config(tmp_path, values: dict) -> str:
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(values))
+    return str(path)
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({"model_type": "llama", "hidden_size": "big"}, "is not a valid llama config: Field 'hidden_size' expected int"),
+    ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5},
+     "is not a valid llama config: The hidden size (64) is not a multiple of the number of attention heads (5)"),
+    ({"model_type": "lama"}, "model_type 'lama' is not an architecture transformers"),
+])
+def test_cli_reports_a_bad_hf_config_in_one_line(tmp_path, values: dict, expected: str) -> None:
+    """No process group: `autotp plan config.json` with a bad value, a failing check or an unknown architecture
+    raises SpecError with a short message (was a raw traceback, or a 10 KB list of architectures)."""
+    from autotp.cli.plan import SpecError, load_spec
+
+    with pytest.raises(SpecError) as caught:
+        load_spec(_write_config(tmp_path, values))
+    message = str(caught.value)
+    assert expected in message, f"expected {expected!r} in: {message}"
+    assert len(message) < 500, f"message is {len(message)} characters long: {message[:600]}"
+
+
+def test_cli_builds_t5_and_mamba(tmp_path) -> None:
+    """No process group: T5 (encoder-decoder) is built with its LM head and fed decoder tokens, Mamba (no attention)
+    without SDPA; both were refused with a misleading hint."""
+    from autotp.cli.plan import load_spec
+
+    t5 = load_spec(_write_config(tmp_path, {"model_type": "t5", "d_model": 32, "num_layers": 1, "num_heads": 2,
+                                            "d_ff": 64, "vocab_size": 100, "d_kv": 16}))
+    model, args, kwargs = t5.build(1, 4)
+    assert type(model).__name__ == "T5ForConditionalGeneration", type(model).__name__
+    assert tuple(kwargs["decoder_input_ids"].shape) == (1, 4), kwargs
+    mamba = load_spec(_write_config(tmp_path, {"model_type": "mamba", "hidden_size": 32, "num_hidden_layers": 1,
+                                               "vocab_size": 100, "state_size": 4}))
+    model, args, kwargs = mamba.build(1, 4)
+    assert type(model).__name__ == "MambaForCausalLM", type(model).__name__
+
+
+def test_hardware_json_with_an_unknown_field() -> None:
+    """No process group: a hardware profile with a typo'd field is refused, naming the field and the likely one."""
+    import json
+
+    from autotp.cost_model import Hardware, get_hardware
+
+    data = json.loads(get_hardware("h100-sxm").to_json())
+    data["memory_bandwith_gbps"] = data.pop("memory_bandwidth_gbps")
+    with pytest.raises(ValueError, match=r"unknown field 'memory_bandwith_gbps' \(did you mean 'memory_bandwidth_gbps'"):
+        Hardware.from_dict(data)
