@@ -24,10 +24,11 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Placement, placement_to_str, split_of
+from autotp.base.reshard import reshard_steps
 from autotp.capture import CapturedGraph, capture, check_model
 from autotp.cost_model import Hardware, get_hardware
 from autotp.inspect.explain import node_alternatives
-from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
+from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, min_parameter_bytes, solve
@@ -168,7 +169,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             producer=producer,
             src=placement_to_str(src),
             dst=placement_to_str(needed),
-            steps=tuple(reshard_plan(src, needed)),
+            steps=tuple(step.kind for step in reshard_steps(src, needed)),
             nbytes=tensor_nbytes(graph.nodes[producer].meta["val"]),
             time_s=costed.reshard_s(producer, src, needed),
             consumers=tuple(users),

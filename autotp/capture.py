@@ -33,6 +33,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
+from autotp.passes.rules.args import arg
 
 __all__ = ["CapturedGraph", "InputSlot", "capture", "check_model", "from_exported"]
 
@@ -150,8 +151,7 @@ def _draws_random_numbers(node: fx.Node) -> bool:
     if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in tags:
         return False
     schema = node.target._schema
-    bound = {arg.name: (node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value))
-             for i, arg in enumerate(schema.arguments)}
+    bound = {a.name: arg(node, i, a.name, a.default_value) for i, a in enumerate(schema.arguments)}
     probability = bound.get("p", bound.get("dropout_p"))
     if probability is not None and not isinstance(probability, fx.Node) and probability == 0:
         return False

@@ -43,10 +43,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 from autotp.api import DEFAULT_HARDWARE, _check_world_size, _plan_once
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
+from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective, rewrite_for_rank
-from autotp.passes.rules import Strategy
 from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import (

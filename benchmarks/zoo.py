@@ -58,6 +58,7 @@ def _run_model(rank: int, world_size: int, name: str) -> dict[str, Any]:
 
     import autotp
     from autotp.base.placements import placement_from_str, split_of
+    from autotp.passes.resharding import is_collective_step
 
     model, args, kwargs = {**BUILDERS, **ODD_BUILDERS}[name]()
     with torch.no_grad():
@@ -74,7 +75,7 @@ def _run_model(rank: int, world_size: int, name: str) -> dict[str, Any]:
     per_layer: collections.Counter[str] = collections.Counter()
     outside = 0
     for collective in plan.collectives:
-        if all(step in ("slice", "zero") for step in collective.steps):
+        if not any(is_collective_step(step) for step in collective.steps):
             continue
         layer = _layer_of(collective.module)
         if layer is None:

@@ -12,8 +12,9 @@ this pass only decides *what* each strategy asks of the hardware:
   whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
   reads the whole weight). View-like ops move no data and launch no kernel: they cost only
   ``Hardware.view_op_s``, the host's dispatch (0 on GPU profiles, measured on a CPU).
-- resharding between the producer's and the consumer's placement of one tensor: one
-  collective from :func:`collective_time_s` (see :func:`reshard_plan`).
+- resharding between the producer's and the consumer's placement of one tensor: the steps of
+  :func:`autotp.base.reshard.reshard_steps`, each priced by its row of
+  :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
 - memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
 """
 
@@ -27,14 +28,17 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.base.placements import Partial, Placement, Replicate, split_of
-from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
-from autotp.passes.rules import Strategy, tensor_inputs
+from autotp.base.placements import Placement, split_of
+from autotp.base.reshard import reshard_steps
+from autotp.base.strategy import Strategy
+from autotp.cost_model import Hardware, aten_flops, compute_time_s
+from autotp.passes.resharding import RESHARD_TABLE
+from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "is_local_reshard", "reshard_plan", "reshard_time_s", "tensor_nbytes"]
+__all__ = ["CostedGraph", "cost_strategy_graph", "reshard_time_s", "tensor_nbytes"]
 
 # Ops that only change tensor metadata (a view of the same storage): no kernel, no bytes moved.
 VIEW_OPS = frozenset({
@@ -57,64 +61,21 @@ def _dtype(value: object) -> torch.dtype:
     return leaves[0].dtype if leaves else torch.float32
 
 
-def reshard_plan(src: Placement, dst: Placement) -> list[str]:
-    """The steps that turn placement ``src`` into ``dst`` on one mesh axis.
-
-    ``P->R`` all-reduce, ``P->S`` reduce-scatter, ``S->R`` all-gather, ``R->S`` local slice,
-    ``R->P`` keep on rank 0 and zero elsewhere, ``S(i)->S(j)`` all-gather then slice (costed
-    as the all-gather it is implemented with). Block-sharded tensors (``S(d)xk``) take the same
-    routes, except that a Partial sum is all-reduced before it is sliced into blocks.
-    """
-    if src == dst:
-        return []
-    dst_split, src_split = split_of(dst), split_of(src)
-    if isinstance(src, Replicate):
-        return ["slice"] if dst_split else ["zero"]
-    if isinstance(src, Partial):
-        if dst_split and dst_split[1] == 1:
-            return ["reduce_scatter"]
-        return ["all_reduce", "slice"] if dst_split else ["all_reduce"]
-    if src_split is None:
-        raise ValueError(f"cannot reshard from {src}")
-    if isinstance(dst, Replicate):
-        return ["all_gather"]
-    if dst_split:
-        return ["all_gather", "slice"]
-    return ["all_gather", "zero"]
-
-
-def is_local_reshard(src: Placement, dst: Placement) -> bool:
-    """True when ``src -> dst`` needs no communication (a local slice or zero-fill)."""
-    return all(step in ("slice", "zero") for step in reshard_plan(src, dst))
-
-
 def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> float:
     """Predicted seconds to reshard ``value`` (a FakeTensor) from ``src`` to ``dst``.
 
-    Each collective step costs :func:`collective_time_s`; a gather or scatter along a dim other
-    than 0 also pays the two copies the rewrite makes around it (the dim is moved to the front
-    and made contiguous, then moved back and made contiguous again): each reads and writes its
-    tensor once, a roofline memory term. A local slice is a view (``Hardware.view_op_s``).
+    The sum of the terms of each step of the route (:func:`autotp.base.reshard.reshard_steps`),
+    as its row of :data:`autotp.passes.resharding.RESHARD_TABLE` prices them from the bytes of the
+    whole tensor and of the largest rank's part.
     """
     nbytes = tensor_nbytes(value)
     dtype = _dtype(value)
     total = 0.0
-    for step in reshard_plan(src, dst):
-        if step == "slice":
-            total += hardware.view_op_s  # a narrow: no data moves
-            continue
-        if step == "zero":
-            total += compute_time_s(0, nbytes, dtype, hardware)  # writing zeros on ranks != 0
-            continue
-        total += collective_time_s(step, nbytes, world_size, hardware)
-        if step not in ("all_gather", "reduce_scatter") or world_size == 1:
-            continue
-        sharded = src if step == "all_gather" else dst  # the placement whose split dim moves
-        split = split_of(sharded)
-        if split is not None and split[0] != 0:
-            local = _local_nbytes(value, sharded, world_size)
-            for copied in (local, nbytes):  # the shard and the whole tensor, each read and written once
-                total += compute_time_s(0, 2 * copied, dtype, hardware)
+    for step in reshard_steps(src, dst):
+        split = step.split
+        shard = _local_nbytes(value, split, world_size) if split is not None else nbytes
+        for term in RESHARD_TABLE[step.kind].time_terms(step, nbytes, shard, dtype, world_size, hardware):
+            total += term
     return total
 
 

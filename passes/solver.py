@@ -45,7 +45,8 @@ from scipy.sparse import coo_matrix
 
 from autotp.base.errors import PlanError
 from autotp.base.placements import Placement, Replicate
-from autotp.passes.costing import CostedGraph, is_local_reshard
+from autotp.passes.costing import CostedGraph
+from autotp.passes.resharding import is_local_reshard
 
 __all__ = ["Solution", "evaluate_choice", "min_parameter_bytes", "solve"]
 

@@ -16,7 +16,9 @@ import torch
 import torch.fx as fx
 
 from autotp.base.placements import BlockShard, Replicate, Shard
-from autotp.passes.rules import RuleContext, Strategy, block_counts, has_rule, strategies_for, tensor_inputs
+from autotp.base.strategy import Strategy
+from autotp.passes.rules import RuleContext, block_counts, has_rule, strategies_for, tensor_inputs
+from autotp.passes.rules.builders import fitting_blocks
 
 __all__ = ["Edge", "StrategyGraph", "build_strategy_graph"]
 
@@ -59,7 +61,7 @@ def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strateg
         for d, size in enumerate(int(s) for s in val.shape):
             if size > 1:
                 strategies.append(Strategy((), Shard(d)))
-            strategies += [Strategy((), BlockShard(d, k)) for k in sorted(blocks) if size % k == 0 and size // k > 1]
+            strategies += [Strategy((), BlockShard(d, k)) for k in fitting_blocks(size, blocks)]
     return strategies
 
 

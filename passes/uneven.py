@@ -28,7 +28,8 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import split_of
-from autotp.passes.rules import Strategy, tensor_inputs
+from autotp.base.strategy import Strategy
+from autotp.passes.rules import tensor_inputs
 
 __all__ = ["Partitions", "build_partitions"]
 

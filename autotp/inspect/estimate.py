@@ -39,6 +39,7 @@ import sympy
 import torch
 
 from autotp.base.placements import placement_from_str, split_of
+from autotp.base.reshard import ReshardKind
 from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware
 from autotp.cost_model.symbolic import (
     BATCH,
@@ -334,7 +335,7 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
     position = {node.name: index for index, node in enumerate(plan.nodes)}
     end = 2 * len(plan.nodes)
     by_name: dict[str, NodeDecision] = {node.name: node for node in plan.nodes}
-    copies = {(c.producer, c.dst): c for c in plan.collectives if any(step != "slice" for step in c.steps)}
+    copies = {(c.producer, c.dst): c for c in plan.collectives if any(step is not ReshardKind.SLICE for step in c.steps)}
 
     size: dict[str, int] = {}  # buffer -> bytes on the largest rank
     born: dict[str, int] = {}

@@ -20,8 +20,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, placement_to_str
-from autotp.passes.costing import CostedGraph, is_local_reshard, reshard_plan
-from autotp.passes.rules import Strategy
+from autotp.base.reshard import reshard_steps
+from autotp.base.strategy import Strategy
+from autotp.passes.costing import CostedGraph
+from autotp.passes.resharding import is_local_reshard, route_label
 from autotp.passes.strategies import Edge
 from autotp.planning.plan import Alternative, CollectiveDecision, NodeDecision, Plan
 
@@ -46,8 +48,7 @@ def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
 
     s = placement_from_str(src) if isinstance(src, str) else src
     d = placement_from_str(dst) if isinstance(dst, str) else dst
-    steps = reshard_plan(s, d)
-    return "+".join(steps) if steps else "none"
+    return route_label(step.kind for step in reshard_steps(s, d))
 
 
 def _value_key(value: object) -> tuple:
@@ -312,7 +313,7 @@ def _explain_node(plan: Plan, node: NodeDecision, indent: str = "") -> list[str]
 
 
 def _collective_text(c: CollectiveDecision) -> str:
-    kind = "+".join(c.steps) or "none"
+    kind = route_label(c.steps)
     return f"{kind} {c.src}->{c.dst} of {format_bytes(c.nbytes)} ({format_seconds(c.time_s)})"
 
 
@@ -393,7 +394,7 @@ class PlanDiff:
 
 
 def _collective_key(c: CollectiveDecision) -> str:
-    return f"{'+'.join(c.steps)} {c.producer} {c.src}->{c.dst} ({format_bytes(c.nbytes)})"
+    return f"{route_label(c.steps)} {c.producer} {c.src}->{c.dst} ({format_bytes(c.nbytes)})"
 
 
 def diff(base: Plan, other: Plan) -> PlanDiff:

@@ -22,7 +22,9 @@ import torch.fx as fx
 
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import placement_from_str
-from autotp.passes.rules import Strategy
+from autotp.base.reshard import ReshardKind
+from autotp.base.strategy import Strategy
+from autotp.passes.resharding import is_collective_step
 
 if TYPE_CHECKING:
     from autotp.cost_model import Hardware
@@ -110,12 +112,15 @@ class NodeDecision:
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveDecision:
-    """One resharding the rewrite inserts: ``producer``'s output from ``src`` to ``dst``."""
+    """One resharding the rewrite inserts: ``producer``'s output from ``src`` to ``dst``.
+
+    ``steps``: the kinds of the route's steps (saved by name: ``"all_gather"``, ``"slice"``...).
+    """
 
     producer: str
     src: str
     dst: str
-    steps: tuple[str, ...]
+    steps: tuple[ReshardKind, ...]
     nbytes: int
     time_s: float
     consumers: tuple[str, ...]
@@ -180,8 +185,8 @@ class Plan:
         counts: Counter[str] = Counter()
         for c in self.collectives:
             for step in c.steps:
-                if step not in ("slice", "zero"):
-                    counts[step] += 1
+                if is_collective_step(step):
+                    counts[str(step)] += 1
         return dict(counts)
 
     # ---------------------------------------------------------------- text
@@ -268,7 +273,8 @@ class Plan:
         try:
             nodes = tuple(_node_from_json(n) for n in data.pop("nodes"))
             collectives = tuple(
-                CollectiveDecision(**{**c, "steps": tuple(c["steps"]), "consumers": tuple(c["consumers"])})
+                CollectiveDecision(**{**c, "steps": tuple(ReshardKind.from_name(s) for s in c["steps"]),
+                                       "consumers": tuple(c["consumers"])})
                 for c in data.pop("collectives")
             )
             for node in nodes:
