@@ -82,7 +82,7 @@ def _compile_with_fault(rank: int, world_size: int, fault: str) -> tuple[str, st
 FAULTS = {
     # fault on rank 1 -> words the common error must contain
     "wider_mlp": ["parameter 0.weight: rank 0 (64, 32) float32; rank 1 (128, 32) float32", "same model"],
-    "weights": ["weight 0.weight: rank 1 hold other values than rank 0", "torch.manual_seed", "check_weights=False"],
+    "weights": ["weight 0.weight: rank 1 holds other values than rank 0", "torch.manual_seed", "check_weights=False"],
     "example_input_shapes": ["input argument 0: rank 0 (2, 4, 32) float32; rank 1 (2, 8, 32) float32"],
     "trace_fails": ["rank 1 failed: CaptureError: could not trace _DataDependent", "rank 0 succeeded"],
     "memory_budget": ["option memory_budget: rank 0 'auto'; rank 1 None", "same options"],

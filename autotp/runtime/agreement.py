@@ -357,7 +357,7 @@ def disagreement(records: Sequence[CompileRecord]) -> tuple[list[str], str] | No
     for fqn, first in reference.items():
         other = [rank for rank, table in enumerate(tables) if not first.matches(table[fqn])]
         if other:
-            lines.append(f"weight {fqn}: {_ranks(other)} hold other values than rank 0 "
+            lines.append(f"weight {fqn}: {_ranks(other)} {'holds' if len(other) == 1 else 'hold'} other values than rank 0 "
                          f"(sum {tables[other[0]][fqn].total:.6g} vs {first.total:.6g})")
     if lines:
         return (_listed(lines, f"differing weights (of {len(reference)})"),
