@@ -199,7 +199,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
     )
 
 
-def _blame_constraints(error: PlanError, constraints: Constraints | None, memory_budget: object,
+def _blame_constraints(error: PlanError, constraints: Constraints | None, memory_budget: float | int | str | None,
                        costed: CostedGraph) -> PlanError:
     """A budget error that names the user's constraints when they, not the budget alone, break it.
 

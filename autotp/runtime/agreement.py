@@ -126,7 +126,7 @@ def exchange(value: Any, *, group: dist.ProcessGroup | None, timeout_s: float, w
     base = f"{_KEY_PREFIX}/exchange/{sequence}"
     keys = [f"{base}/{r}" for r in range(world_size)]
     abandoned = f"{base}/abandoned"
-    store.set(keys[rank], pickle.dumps((what, value)))
+    store.set(keys[rank], pickle.dumps((what, value)))  # type: ignore[arg-type]  # Store.set takes bytes too
     if store.check([abandoned]):
         raise RankTimeoutError(
             f"rank {rank} reached {what} after the other ranks had stopped waiting for it "
@@ -145,7 +145,7 @@ def exchange(value: Any, *, group: dist.ProcessGroup | None, timeout_s: float, w
             f"model), pass a larger agreement_timeout_s= (now {timeout_s:g})."
         ) from None
     values = []
-    places = {}
+    places: dict[str, list[int]] = {}
     for r, key in enumerate(keys):
         their_what, their_value = pickle.loads(store.get(key))
         places.setdefault(their_what, []).append(r)
@@ -277,9 +277,8 @@ def compile_record(captured: CapturedGraph, *, options: Mapping[str, object],
         else:
             value = placeholders[arg.name].meta.get("val") if arg.name in placeholders else None
             inputs.append((labels[index], _tensor_text(value) if isinstance(value, torch.Tensor) else repr(value)))
-    summed = None
+    summed: list[tuple[str, WeightChecksum]] = []
     if weights is not None:
-        summed = []
         for fqn, tensor in sorted(weights.items()):
             found = checksums.get(tensor) if checksums is not None else None
             if found is None:
@@ -289,13 +288,12 @@ def compile_record(captured: CapturedGraph, *, options: Mapping[str, object],
                 if checksums is not None:
                     checksums[tensor] = found
             summed.append((fqn, found))
-        summed = tuple(summed)
     return CompileRecord(
         fingerprint=graph_fingerprint(captured.graph_module),
         options=tuple((name, str(value)) for name, value in options.items()),
         parameters=tuple(held),
         inputs=tuple(inputs),
-        weights=summed,
+        weights=tuple(summed) if weights is not None else None,
     )
 
 
