@@ -201,7 +201,8 @@ def weight_checksum(tensor: torch.Tensor) -> WeightChecksum:
     if numel == 0:
         return WeightChecksum(tuple(tensor.shape), str(tensor.dtype), "", 0.0, 0.0)
     step = max(1, numel // _SAMPLE_ELEMENTS)
-    sample = flat[::step][:_SAMPLE_ELEMENTS].contiguous().cpu()
+    # a copy: numpy() of a view would pin the weight's storage (release_full_weights resizes it later)
+    sample = flat[::step][:_SAMPLE_ELEMENTS].to("cpu", copy=True).contiguous()
     sample_bytes = sample.view(torch.uint8).numpy().tobytes() if sample.element_size() else b""
     total = total_sq = 0.0
     for start in range(0, numel, _CHUNK_ELEMENTS):
