@@ -4,7 +4,8 @@
 every heavy op across ranks with a cost model and an exact MILP solver, and returns this rank's
 tensor-parallel module. ``autotp.plan(...)`` only decides (no process group, meta weights fine).
 ``torch.compile(model, backend=autotp.backend(...))`` (or ``backend="autotp"``) does the same
-for every graph Dynamo captures.
+for every graph Dynamo captures. ``autotp.plan_graph(captured, autotp.PlanOptions(...))`` is the
+one planner behind all three (see ``autotp.planning.planner``).
 
 State of the graph after each step (see ``autotp.api``):
 
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "compile": "autotp.api",
     "plan": "autotp.api",
+    "from_pretrained": "autotp.pretrained",
+    "load": "autotp.pretrained",
     "backend": "autotp.dynamo_backend",
     "AgreementError": "autotp.base.errors",
     "AutoTPError": "autotp.base.errors",
@@ -39,6 +42,8 @@ _EXPORTS = {
     "Replicate": "autotp.base.placements",
     "Shard": "autotp.base.placements",
     "Plan": "autotp.planning.plan",
+    "PlanOptions": "autotp.planning.options",
+    "plan_graph": "autotp.planning.planner",
     "TensorParallelModule": "autotp.runtime.module",
 }
 
@@ -56,7 +61,10 @@ if TYPE_CHECKING:
     )
     from autotp.base.placements import Partial, Replicate, Shard
     from autotp.dynamo_backend import backend
+    from autotp.planning.options import PlanOptions
     from autotp.planning.plan import Plan
+    from autotp.planning.planner import plan_graph
+    from autotp.pretrained import from_pretrained, load
     from autotp.runtime.module import TensorParallelModule
 
 
@@ -80,6 +88,7 @@ __all__ = [
     "Partial",
     "Plan",
     "PlanError",
+    "PlanOptions",
     "PlanMismatchError",
     "RankTimeoutError",
     "Replicate",
@@ -89,6 +98,9 @@ __all__ = [
     "UnsupportedOpError",
     "backend",
     "compile",
+    "from_pretrained",
+    "load",
     "plan",
+    "plan_graph",
 ]
 __version__ = "0.1.0"

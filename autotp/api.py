@@ -12,254 +12,41 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 
 from __future__ import annotations
 
-import math
+import os
 import sys
-import time
-from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 
-from autotp.base.errors import PlanError, UnsupportedOpError
-from autotp.base.placements import Placement, placement_to_str, split_of
-from autotp.base.reshard import reshard_steps
-from autotp.capture import CapturedGraph, capture, check_model
-from autotp.cost_model import Hardware, get_hardware
-from autotp.inspect.explain import node_alternatives
-from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
+from autotp.capture import CapturedGraph, capture, check_model, inputs_on_model_device, trace_device
+from autotp.cost_model import Hardware
 from autotp.passes.rewrite import rewrite_for_rank
-from autotp.passes.rules import tensor_inputs
-from autotp.passes.solver import Solution, min_parameter_bytes, solve
-from autotp.passes.strategies import build_strategy_graph
-from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
-from autotp.planning.constraints import (
-    Constraints,
-    apply_constraints,
-    check_plan_constraints,
-    normalize_constraints,
-)
-from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, as_plan, graph_fingerprint, module_path
+from autotp.planning.constraints import Constraints, check_plan_constraints
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
+from autotp.planning.plan import Plan, as_plan
+from autotp.planning.planner import plan_graph
 from autotp.runtime.agreement import (
     DEFAULT_AGREEMENT_TIMEOUT_S,
     InputGuard,
+    agreed_options,
     check_timeout,
     compile_record,
-    constraints_text,
-    hardware_text,
     plan_text,
     ranks_agree,
-    share_from_first,
 )
-from autotp.runtime.module import TensorParallelModule, shard_tensor
+from autotp.runtime.group import bind_group, plan_on_first_rank
+from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
+from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 
 __all__ = ["compile", "plan"]
-
-DEFAULT_HARDWARE = "h100-sxm"
-
-
-def _check_world_size(world_size: object) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r} ({type(world_size).__name__}); e.g. world_size=4")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}; pass the number of ranks to split over, e.g. world_size=4")
-    return world_size
 
 
 def _log(progress: bool, message: str) -> None:
     if progress:
         print(f"[autotp] {message}", file=sys.stderr, flush=True)
-
-
-def _to_model_device(model: torch.nn.Module, value: Any) -> Any:
-    """Move example tensors to the meta device when the model lives there (planning only)."""
-    params = list(model.parameters())
-    if params and params[0].device.type == "meta":
-        return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
-    return value
-
-
-def _splittable_parameters(costed: CostedGraph) -> set[str]:
-    """Parameters of which some split is accepted, as is, by every op that reads them."""
-    graph = costed.graph
-    accepted: dict[str, set] = {}
-    for edge in graph.edges:
-        if edge.producer in graph.parameters:
-            slot = {s.inputs[edge.slot] for s in graph.strategies[edge.consumer] if split_of(s.inputs[edge.slot])}
-            accepted[edge.producer] = slot if edge.producer not in accepted else accepted[edge.producer] & slot
-    unread = set(graph.parameters) - set(accepted)  # e.g. the alias of a tied weight: any split will do
-    return unread | {name for name, placements in accepted.items() if placements}
-
-
-def _auto_budget(costed: CostedGraph) -> float:
-    """Every matrix split along *some* dim (the cost model picks which), 1-D tensors may stay whole.
-
-    Per matrix the allowance is its largest shard over the dims it could be split on, so
-    rounding of uneven splits never forces one dim over another; a matrix that no split lets
-    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole. The
-    budget depends on shapes, the world size and which ops read each parameter, not on the
-    strategies offered (constraints and reference plans get the same budget).
-    """
-    world_size = costed.graph.world_size
-    splittable = _splittable_parameters(costed)
-    total = 0.0
-    for name in costed.memory_bytes:
-        if not costed.graph.nodes[name].users:
-            continue  # never read (the second name of a tied weight): not held, so no allowance
-        val = costed.graph.nodes[name].meta["val"]
-        full = val.numel() * val.element_size()
-        sizes = [int(s) for s in val.shape]
-        splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable
-        total += full if whole else max(splits)
-    return total
-
-
-def _resolve_budget(memory_budget: float | int | str | None, costed: CostedGraph) -> float | None:
-    if memory_budget is None:
-        return None
-    if memory_budget == "auto":
-        return _auto_budget(costed)
-    if isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool) and memory_budget > 0:
-        return float(memory_budget)
-    raise ValueError(
-        f"memory_budget must be 'auto', None (no limit) or a positive number of bytes per rank, got {memory_budget!r}"
-    )
-
-
-def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution, hardware: Hardware,
-                budget: float | None, plan_time_s: float) -> Plan:
-    graph = costed.graph
-    chosen = {name: graph.strategies[name][index] for name, index in solution.choice.items()}
-    fallback = set(graph.fallback)
-    alternatives = node_alternatives(costed, solution.choice, memory_budget_bytes=budget)
-    targets = {slot.name: str(slot.target) for slot in captured.inputs if slot.kind != "user"}
-    nodes = []
-    for name in graph.order:
-        node = graph.nodes[name]
-        strategy = chosen[name]
-        value = next((v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)), None)
-        nodes.append(NodeDecision(
-            name=name,
-            op=str(node.target) if node.op == "call_function" else node.op,
-            inputs=tuple(placement_to_str(p) for p in strategy.inputs),
-            output=placement_to_str(strategy.output),
-            compute_s=costed.compute_s[name][solution.choice[name]],
-            module=module_path(node),
-            fallback=name in fallback,
-            input_nodes=tuple(p.name for p in tensor_inputs(node)),
-            target=targets.get(name, ""),
-            shape=tuple(int(d) for d in value.shape) if value is not None else (),
-            dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
-            alternatives=alternatives.get(name, ()),
-        ))
-    consumers: dict[tuple[str, Placement], list[str]] = defaultdict(list)
-    for name in graph.order:
-        node = graph.nodes[name]
-        for producer, needed in zip(tensor_inputs(node), chosen[name].inputs):
-            if chosen[producer.name].output != needed and isinstance(producer.meta.get("val"), torch.Tensor):
-                consumers[producer.name, needed].append(name)
-    collectives = []
-    for (producer, needed), users in consumers.items():
-        src = chosen[producer].output
-        collectives.append(CollectiveDecision(
-            producer=producer,
-            src=placement_to_str(src),
-            dst=placement_to_str(needed),
-            steps=tuple(step.kind for step in reshard_steps(src, needed)),
-            nbytes=tensor_nbytes(graph.nodes[producer].meta["val"]),
-            time_s=costed.reshard_s(producer, src, needed),
-            consumers=tuple(users),
-            module=module_path(graph.nodes[producer]),
-        ))
-    parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
-    per_rank = sum(costed.memory_bytes[name][solution.choice[name]] for name in costed.memory_bytes)
-    total = sum(per[0] for per in costed.memory_bytes.values())
-    compute_s = sum(n.compute_s for n in nodes)
-    comm_s = sum(c.time_s for c in collectives)
-    return Plan(
-        world_size=graph.world_size,
-        hardware=hardware.name,
-        nodes=tuple(nodes),
-        parameters=parameters,
-        collectives=tuple(collectives),
-        parameter_bytes_total=total,
-        parameter_bytes_per_rank=per_rank,
-        memory_budget_bytes=budget,
-        predicted_compute_s=compute_s,
-        predicted_comm_s=comm_s,
-        fallback_ops=tuple(sorted({str(graph.nodes[n].target) for n in graph.fallback})),
-        fingerprint=graph_fingerprint(captured.graph_module),
-        plan_time_s=plan_time_s,
-        solver_status=solution.status,
-        solver_gap=solution.mip_gap,
-    )
-
-
-def _blame_constraints(error: PlanError, constraints: Constraints | None, memory_budget: float | int | str | None,
-                       costed: CostedGraph) -> PlanError:
-    """A budget error that names the user's constraints when they, not the budget alone, break it.
-
-    The solver's floor assumes every parameter may be split; constraints that keep weights whole
-    (``Replicate()``) raise it, and the default budget was never meant to hold whole matrices.
-    """
-    pinned = {pattern: text for pattern, text in normalize_constraints(constraints).items() if text == "R"}
-    budget = _resolve_budget(memory_budget, costed)
-    floor = min_parameter_bytes(costed)
-    if not pinned or budget is None or floor <= budget:
-        return error
-    which = ", ".join(f"{pattern}=Replicate()" for pattern in pinned)
-    if memory_budget == "auto":
-        said = (f"the default memory budget (memory_budget='auto': about 1/world_size of the weights per rank, "
-                f"{budget / 2**20:.2f} MiB)")
-    else:
-        said = f"memory_budget={memory_budget!r} ({budget / 2**20:.2f} MiB per rank)"
-    return PlanError(
-        f"your constraints keep weights whole on every rank ({which}), and then {said} cannot hold the "
-        f"parameters: with these constraints a rank needs at least {floor} bytes ({floor / 2**20:.2f} MiB). "
-        f"Pass memory_budget=None (no limit) or memory_budget>={floor}, or drop the Replicate() constraint."
-    )
-
-
-def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
-                   memory_budget: float | int | str | None, strict: bool, time_limit_s: float,
-                   progress: bool, started: float, constraints: Constraints | None = None) -> Plan:
-    hw = get_hardware(hardware)
-    graph = build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns())
-    graph = apply_constraints(graph, constraints)
-    if graph.fallback:
-        lines = []
-        for name in graph.fallback:
-            node = graph.nodes[name]
-            where = (node.meta.get("stack_trace") or "").strip().splitlines()
-            lines.append(f"{node.format_node()}\n      at {where[-2].strip() if len(where) >= 2 else '<unknown>'}")
-        if strict:
-            raise UnsupportedOpError(
-                "strict=True and these ops have no sharding rule (they would run replicated):\n  "
-                + "\n  ".join(lines) + "\nPass strict=False to run them replicated."
-            )
-    _log(progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; costing on {hw.name}")
-    costed = cost_strategy_graph(graph, hw)
-    budget = _resolve_budget(memory_budget, costed)
-    _log(progress, "solving (MILP, HiGHS)")
-    try:
-        solution = solve(costed, memory_budget_bytes=budget, time_limit_s=time_limit_s, tie=tie_identical_blocks(graph))
-    except PlanError as exc:
-        raise _blame_constraints(exc, constraints, memory_budget, costed) from None
-    plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
-    if plan.fallback_ops:
-        import warnings
-
-        warnings.warn(
-            f"autotp: {len(graph.fallback)} node(s) of ops without a sharding rule run replicated: "
-            f"{', '.join(plan.fallback_ops)} (see plan.fallback_ops; strict=True makes this an error)",
-            stacklevel=3,
-        )
-    _log(progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
-    return plan
 
 
 def plan(
@@ -296,22 +83,13 @@ def plan(
     node names: placement}``, e.g. ``{"model.layers.*.mlp.down_proj.weight": Replicate()}``
     (see :mod:`autotp.planning.constraints`).
     """
-    started = time.perf_counter()
     check_model(model)
-    world_size = _check_world_size(world_size)
+    options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
+                          time_limit_s=time_limit_s, progress=progress, constraints=constraints)
     _log(progress, f"tracing {type(model).__name__} with torch.export")
-    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
-    return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
-                          constraints)
-
-
-def _group_world_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "autotp.compile needs an initialised process group: call torch.distributed.init_process_group() "
-            "first (e.g. under torchrun), or use autotp.plan(...) to plan without one"
-        )
-    return dist.get_world_size(group), dist.get_rank(group)
+    captured = capture(model, inputs_on_model_device(model, example_inputs),
+                       inputs_on_model_device(model, example_kwargs))
+    return plan_graph(captured, options)
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -328,6 +106,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
     check_weights: bool = True,
     agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
 ) -> TensorParallelModule:
@@ -337,47 +116,49 @@ def compile(  # noqa: A001 - mirrors torch.compile
     :class:`TensorParallelModule`: called like ``model``, it returns the same outputs (within
     floating-point tolerance) on every rank. Each rank keeps only its shards of the split
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
-    to apply a saved or hand-edited :class:`Plan` (or the path of a saved one) instead of planning.
-    Other options as in :func:`autotp.plan`.
+    to apply a saved or hand-edited :class:`Plan` (or the path of a saved one) instead of
+    planning. Other options as in :func:`autotp.plan`.
 
     The ranks check that they agree before planning (:mod:`autotp.runtime.agreement`): that
     every rank traced the model, the same graph, with the same options and the same full
     weights (a float64 sum and a sampled hash per weight; ``check_weights=False`` skips this
-    for huge models loaded from one checkpoint). Any difference raises the same
-    :class:`~autotp.AgreementError` on every rank, naming the ranks and what differs. No rank
-    waits for the others longer than ``agreement_timeout_s`` seconds at any exchange
-    (:class:`~autotp.RankTimeoutError` names the ranks that did not arrive; the plan from rank
-    0 may take ``time_limit_s`` more). Each call of the result checks that non-tensor arguments
-    have their traced values and that the input shapes agree across ranks (once per new shape).
+    for huge models loaded from one checkpoint, and it is skipped with ``checkpoint=``). Any
+    difference raises the same :class:`~autotp.AgreementError` on every rank, naming the ranks
+    and what differs. No rank waits for the others longer than ``agreement_timeout_s`` seconds
+    at any exchange (:class:`~autotp.RankTimeoutError` names the ranks that did not arrive; the
+    plan from rank 0 may take ``time_limit_s`` more). Each call of the result checks that
+    non-tensor arguments have their traced values and that the input shapes agree across ranks
+    (once per new shape).
+
+    ``checkpoint`` (a ``.safetensors`` file or a directory of them, with or without
+    ``model.safetensors.index.json``, or a directory written by ``tp.save``): read each rank's
+    shards from it instead of slicing the model's weights, so ``model`` may live on the ``meta``
+    device and no rank holds the whole model. Shards land on the device of ``example_inputs``,
+    cast to the model's dtype. See :mod:`autotp.runtime.loading`.
     """
-    started = time.perf_counter()
-    group_size, rank = _group_world_size(group)
     timeout_s = check_timeout(agreement_timeout_s)
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
         check_model(model)
-        if world_size is None:
-            world_size = group_size
-        world_size = _check_world_size(world_size)
-        if world_size != group_size:
-            raise ValueError(
-                f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
-                f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
-            )
-        if any(p.device.type == "meta" for p in model.parameters()):
+        world_size, rank = bind_group(group, world_size, caller="autotp.compile")
+        if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
             raise ValueError(
                 "autotp.compile needs real weights, but the model has parameters on the meta device; "
+                "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
                 "use autotp.plan(...) to plan a meta model, or load its weights first"
             )
         plan = as_plan(plan)
+        options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
+                              time_limit_s=time_limit_s, progress=progress, constraints=constraints)
         _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
         captured = capture(model, example_inputs, example_kwargs)
-        agreement.record = compile_record(captured, weights=captured.exported.state_dict if check_weights else None, options={
-            "world_size": world_size, "hardware": hardware_text(hardware), "memory_budget": repr(memory_budget),
-            "constraints": constraints_text(constraints), "plan": plan_text(plan), "strict": strict,
-            "check_weights": check_weights})
+        weights = captured.exported.state_dict if check_weights and checkpoint is None else None
+        agreement.record = compile_record(captured, weights=weights, options=agreed_options(
+            options, plan=plan_text(plan), check_weights=check_weights, checkpoint=checkpoint is not None))
+    files = None
+    if checkpoint is not None:  # headers only, agreed by all ranks: a bad file fails before planning, everywhere
+        files = agree_on_success(group, lambda: open_checkpoint(checkpoint), timeout_s=timeout_s)
     if plan is None:
-        plan = _plan_once(captured, world_size, hardware, memory_budget, strict, time_limit_s,
-                          progress and rank == 0, started, constraints, group, rank, timeout_s)
+        plan = plan_on_first_rank(captured, options, group=group, rank=rank, agreement_timeout_s=timeout_s)
     else:
         check_plan_applies(plan, captured, world_size)
         check_plan_constraints(plan, constraints)
@@ -385,39 +166,14 @@ def compile(  # noqa: A001 - mirrors torch.compile
     parts = build_partitions(captured.graph_module, decisions, world_size)
     group_name = (group or dist.group.WORLD).group_name
     local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
-    local_values = _local_values(captured, plan, parts, rank)
-    return TensorParallelModule(captured, local_gm, plan, local_values, rank,
+    if files is None:
+        local_values = _local_values(captured, plan, parts, rank)
+    else:
+        device = trace_device(example_inputs, example_kwargs)
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model, device),
+                                        timeout_s=timeout_s)
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank, parameter_layout(captured, plan, parts),
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s))
-
-
-def _plan_once(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
-               memory_budget: float | int | str | None, strict: bool, time_limit_s: float, progress: bool,
-               started: float, constraints: Constraints | None, group: dist.ProcessGroup | None, rank: int,
-               agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
-    """Plan on the group's first rank and send the plan to the others: every rank applies the same
-    plan, and the others spend no time solving. They wait at most ``time_limit_s +
-    agreement_timeout_s`` (:func:`~autotp.runtime.agreement.share_from_first`). (A fake process
-    group, used for tests, cannot carry objects, so there every rank plans; planning is deterministic.)"""
-    if world_size == 1 or dist.get_backend(group) == "fake":
-        return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
-                              constraints)
-    made: Plan | None = None
-    failure: Exception | None = None
-    if rank == 0:
-        try:
-            made = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress,
-                                  started, constraints)
-        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for a plan that never comes
-            failure = exc
-    sent = share_from_first(made if failure is None else f"{type(failure).__name__}: {failure}", group=group,
-                            timeout_s=time_limit_s + agreement_timeout_s, what="the plan from rank 0")
-    if failure is not None:
-        raise failure
-    if isinstance(sent, str):
-        raise PlanError(f"planning failed on rank 0: {sent}")
-    if not isinstance(sent, Plan):
-        raise PlanError(f"rank 0 sent {type(sent).__name__} instead of a Plan")
-    return sent
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:

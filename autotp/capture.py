@@ -13,6 +13,13 @@ its out-of-place form, no other op is decomposed). The planner may give a tensor
 placement on each edge, which makes a copy; an update through one copy would not reach the
 others, so only functional graphs are planned.
 
+A model on the ``meta`` device (no weights) is traced *as if* its tensors lived on the device of
+the example inputs (the CPU when they are on ``meta`` too): its parameters and buffers are
+presented to ``torch.export`` as fake tensors on that device, so kernels are chosen, and strides
+come out, exactly as for the real model. (Traced on ``meta`` itself, attention returns other
+strides and the graph gains ``contiguous`` nodes; a plan made on meta would then not apply to
+the real weights.) Tensor-creating ops in the graph name that device.
+
 Refused, with what to do: models export cannot trace (data-dependent Python control flow),
 models whose forward updates buffers (BatchNorm in training mode) or its inputs in place,
 outputs that are not tensors (or tuples, lists, dicts of them), and graphs that draw random
@@ -21,6 +28,7 @@ numbers (dropout in training mode): each rank would draw different ones.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import traceback
@@ -29,13 +37,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
 from autotp.passes.rules.args import arg
 
-__all__ = ["CapturedGraph", "InputSlot", "capture", "check_model", "from_exported"]
+__all__ = ["CapturedGraph", "InputSlot", "capture", "check_model", "from_exported", "inputs_on_model_device"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -68,6 +77,18 @@ class CapturedGraph:
         return {s.name: str(s.target) for s in self.inputs if s.kind == "parameter"}
 
 
+def inputs_on_model_device(model: torch.nn.Module, value: Any) -> Any:
+    """``value`` (example inputs, any pytree) with its tensors moved to ``meta`` when the model is on ``meta``.
+
+    Planning a model built on the meta device needs example inputs there too; for a model with
+    real weights ``value`` is returned as is.
+    """
+    params = list(model.parameters())
+    if params and params[0].device.type == "meta":
+        return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
+    return value
+
+
 def _user_frame(exc: BaseException) -> str | None:
     """The innermost traceback frame outside torch (the user's or a model library's code)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_TORCH_DIR)]
@@ -89,6 +110,37 @@ def check_model(model: object) -> None:
     )
 
 
+def _is_meta_model(model: torch.nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+
+
+def trace_device(example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None) -> torch.device:
+    """The device a model is traced for: that of the first example tensor not on ``meta``, else the CPU."""
+    for leaf in pytree.tree_leaves((example_inputs, example_kwargs or {})):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+            return leaf.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
+    """Within the block, ``model``'s parameters and buffers are fake tensors on ``device``; yields the
+    example inputs as fake tensors on ``device`` (same mode), for ``torch.export`` to trace."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        with mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
+    state: dict[str, torch.Tensor] = {
+        name: torch.nn.Parameter(fake(p), requires_grad=False) for name, p in model.named_parameters()
+    }
+    state.update({name: fake(b) for name, b in model.named_buffers()})
+    fake_example = pytree.tree_map_only(torch.Tensor, lambda t: fake(t) if t.device.type == "meta" else mode.from_tensor(t), example)
+    with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):
+        yield fake_example
+
+
 def capture(
     model: torch.nn.Module,
     example_inputs: tuple[Any, ...],
@@ -107,7 +159,11 @@ def capture(
         )
     try:
         with torch.no_grad():
-            exported = torch.export.export(model, example_inputs, example_kwargs or {}, strict=False)
+            if _is_meta_model(model):
+                with _as_if_on(model, trace_device(example_inputs, example_kwargs), (example_inputs, example_kwargs or {})) as (args, kwargs):
+                    exported = torch.export.export(model, args, kwargs, strict=False)
+            else:
+                exported = torch.export.export(model, example_inputs, example_kwargs or {}, strict=False)
     except Exception as exc:  # noqa: BLE001 - re-raised with the user's line
         where = _user_frame(exc)
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -12,7 +12,7 @@ backend returns a :class:`CompiledSubgraph` which, at its first call with given 
    GraphModule at concrete input sizes, the same ATen graph ``autotp.compile`` captures from
    the model itself (:func:`autotp.capture.from_exported`);
 3. plans it with autotp's planner, on the group's first rank, which sends the plan to the
-   others (:func:`autotp.api._plan_once`, as ``autotp.compile`` does); graph outputs are
+   others (:func:`autotp.runtime.group.plan_on_first_rank`, as ``autotp.compile`` does); graph outputs are
    ``Replicate``, so values crossing a graph break are whole on every rank;
 4. rewrites it for this rank (:func:`~autotp.passes.uneven.build_partitions`,
    :func:`~autotp.passes.rewrite.rewrite_for_rank`) and slices this rank's parameter shards
@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -40,22 +39,23 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
-from autotp.api import DEFAULT_HARDWARE, _check_world_size, _plan_once
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
 from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
-from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective, rewrite_for_rank
+from autotp.passes.rewrite import count_collectives, rewrite_for_rank
 from autotp.passes.uneven import Partitions, build_partitions
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import (
     DEFAULT_AGREEMENT_TIMEOUT_S,
+    agreed_options,
     check_timeout,
     compile_record,
-    hardware_text,
     ranks_agree,
 )
+from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.module import shard_tensor
 
 __all__ = ["AutoTPBackend", "BackendStats", "CompiledSubgraph", "autotp_backend", "backend"]
@@ -260,12 +260,7 @@ class CompiledSubgraph:
 
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the most recently built rank-local graph, by kind."""
-        counts: dict[str, int] = {}
-        for node in self.graph_module.graph.nodes:
-            if is_collective(node):
-                kind = COLLECTIVE_OPS[node.target]
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        return count_collectives(self.graph_module)
 
     # -- build ----------------------------------------------------------------------------
     def _lower(self, concrete: Sequence[Any]) -> tuple[CapturedGraph, dict[str, int]]:
@@ -330,7 +325,8 @@ class CompiledSubgraph:
             weights = ({str(slot.target): concrete[arg_of_param[slot.name]] for slot in captured.inputs
                         if slot.name in arg_of_param} if owner.check_weights else None)
             agreement.record = compile_record(captured, weights=weights, checksums=owner._checksums,
-                                              options=owner._agreement_options())
+                                              options=agreed_options(owner._options, inner=owner.inner,
+                                                                     check_weights=owner.check_weights))
         plan, decisions = owner._plan_for(captured, self._canonical_names(captured))
         if self.plan is None:
             self.plan = plan
@@ -391,8 +387,12 @@ class AutoTPBackend:
         if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
             raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
         if world_size is not None:
-            _check_world_size(world_size)
+            check_world_size(world_size)
         self._world_size = world_size
+        # validated now, so a bad option fails here rather than inside Dynamo; the world size is
+        # the group's, known when Dynamo first calls the backend (see _bind_group)
+        self._options = PlanOptions(world_size=world_size or 1, hardware=hardware, memory_budget=memory_budget,
+                                    strict=strict, time_limit_s=time_limit_s, progress=progress)
         self.hardware = hardware
         self.inner = inner
         self.memory_budget = memory_budget
@@ -417,27 +417,11 @@ class AutoTPBackend:
 
     # -- the process group, read when Dynamo first calls us --------------------------------
     def _bind_group(self) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "the autotp torch.compile backend needs an initialised process group when the model first runs: "
-                "call torch.distributed.init_process_group() first (e.g. under torchrun)"
-            )
-        group_size = dist.get_world_size(self.group)
-        world_size = group_size if self._world_size is None else self._world_size
-        if world_size != group_size:
-            raise ValueError(
-                f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
-                f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
-            )
-        self.world_size = world_size
-        self.rank = dist.get_rank(self.group)
+        self.world_size, self.rank = bind_group(self.group, self._world_size,
+                                                caller="the autotp torch.compile backend (when the model first runs)")
         self.group_name = cast(dist.ProcessGroup, self.group or dist.group.WORLD).group_name
-
-    def _agreement_options(self) -> dict[str, object]:
-        """The options every rank must share, as :func:`~autotp.runtime.agreement.compile_record` records them."""
-        return {"world_size": self.world_size, "hardware": hardware_text(self.hardware),
-                "memory_budget": repr(self.memory_budget), "strict": self.strict, "inner": self.inner,
-                "check_weights": self.check_weights}
+        if self._options.world_size != self.world_size:
+            self._options = dataclasses.replace(self._options, world_size=self.world_size)
 
     def _log(self, message: str) -> None:
         if self.progress and self.rank == 0:
@@ -463,11 +447,8 @@ class AutoTPBackend:
         )
         found = self._plans.get(key)
         if found is None:
-            plan = _plan_once(captured, world_size=self.world_size, hardware=self.hardware,
-                              memory_budget=self.memory_budget, strict=self.strict, time_limit_s=self.time_limit_s,
-                              progress=self.progress and self.rank == 0, started=time.perf_counter(),
-                              constraints=None, group=self.group, rank=self.rank,
-                              agreement_timeout_s=self.agreement_timeout_s)
+            plan = plan_on_first_rank(captured, self._options, group=self.group, rank=self.rank,
+                                      agreement_timeout_s=self.agreement_timeout_s)
             self._plans[key] = found = (plan, {canonical[n.name]: n.name for n in gm.graph.nodes if n.op == "placeholder"})
             self._plans_solved += 1
         else:

@@ -22,6 +22,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotp.cli.arguments import hardware_profile, output_path, positive_int
+
 __all__ = ["main"]
 
 DEMO_HIDDEN = 256
@@ -43,6 +45,7 @@ class DemoConfig:
     seed: int
     tolerance: float
     init_method: str
+    hardware: str = "h100-sxm"  # the profile the plan is costed for; the run itself is CPU gloo
 
 
 @dataclass
@@ -110,10 +113,11 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
             reference = _logits(model(ids, use_cache=False))  # (batch, seq, vocab), single process
         original_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-        _say(rank, f"compiling with autotp.compile(world_size={world_size})...")
+        _say(rank, f"compiling with autotp.compile(world_size={world_size}, hardware={config.hardware!r}); "
+                   f"the plan is costed for that profile, the run is CPU gloo...")
         started = time.perf_counter()
         tp_model = autotp.compile(model, world_size=world_size, example_inputs=(ids,),
-                                  example_kwargs={"use_cache": False})
+                                  example_kwargs={"use_cache": False}, hardware=config.hardware)
         compile_time_s = time.perf_counter() - started
 
         _say(rank, "running the tensor-parallel model...")
@@ -140,6 +144,13 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
         dist.destroy_process_group()
 
 
+def _costed_for(config: DemoConfig) -> str:
+    """Why the plan names hardware this machine is not: the cost model prices the named profile."""
+    return (f"Costed for the {config.hardware!r} hardware profile (--hardware): the plan and its predicted "
+            f"times are for that hardware, while this run is {config.world_size} gloo processes on this "
+            f"machine's CPU; `autotp calibrate` writes a profile of this machine.")
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
 
@@ -150,6 +161,7 @@ def format_report(report: DemoReport, config: DemoConfig) -> str:
     lines = [
         "",
         report.plan_text,
+        _costed_for(config),
         "",
         (f"max abs diff vs single process: {report.max_abs_diff:.3e} "
          f"(tolerance {config.tolerance:.0e}): {'OK' if ok else 'FAILED'}"),
@@ -194,13 +206,6 @@ def run_demo(config: DemoConfig) -> int:
     return 0 if max_abs_diff <= config.tolerance else 1
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotp", description="Automatic tensor parallelism for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -211,12 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "with random weights, compare its logits with the single-process model, and print "
                     "the plan, the difference, per-rank parameter bytes, plan time and collectives.",
     )
-    demo.add_argument("--world-size", type=_positive_int, default=4, help="number of processes (default: 4)")
-    demo.add_argument("--layers", type=_positive_int, default=2, help="decoder layers (default: 2)")
-    demo.add_argument("--seq-len", type=_positive_int, default=16, help="tokens per sequence (default: 16)")
+    demo.add_argument("--world-size", type=positive_int, default=4, help="number of processes (default: 4)")
+    demo.add_argument("--layers", type=positive_int, default=2, help="decoder layers (default: 2)")
+    demo.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence (default: 16)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: 0)")
     demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                       help=f"largest max-abs logit difference accepted (default: {DEFAULT_TOLERANCE:g})")
+    demo.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
+                      help="hardware profile the plan is costed for (name or JSON path; default: h100-sxm); "
+                           "the run itself is always CPU gloo")
     _add_calibrate_parser(commands)
     from autotp.cli.plan import add_plan_parser
 
@@ -234,12 +242,12 @@ def _add_calibrate_parser(commands: Any) -> None:
                     "usable as autotp.plan(..., hardware=\"PATH.json\"). The profile describes one rank "
                     "of an N-rank job on this machine.",
     )
-    calibrate.add_argument("--world-size", type=_positive_int, default=2,
+    calibrate.add_argument("--world-size", type=positive_int, default=2,
                            help="processes to measure with, as the runs you will plan for (default: 2)")
-    calibrate.add_argument("--output", "-o", default="autotp-hardware.json",
+    calibrate.add_argument("--output", "-o", type=output_path, default="autotp-hardware.json",
                            help="where to write the profile (default: autotp-hardware.json)")
     calibrate.add_argument("--name", default="cpu-calibrated", help="profile name (default: cpu-calibrated)")
-    calibrate.add_argument("--threads", type=_positive_int, default=None,
+    calibrate.add_argument("--threads", type=positive_int, default=None,
                            help="torch threads per process (default: cores // world size, at least 1)")
     calibrate.add_argument("--quick", action="store_true",
                            help="small sizes and short timings: a rough profile in seconds")
@@ -275,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         config = DemoConfig(
             world_size=args.world_size, layers=args.layers, seq_len=args.seq_len, seed=args.seed,
-            tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{_free_port()}",
+            tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{_free_port()}", hardware=args.hardware,
         )
         try:
             return run_demo(config)

@@ -1,212 +1,19 @@
-"""Why the plan is what it is: per-node alternatives, ``Plan.explain`` and ``Plan.diff``.
+"""Why the plan is what it is: ``Plan.explain`` and ``Plan.diff``, read from the plan alone.
 
-:func:`node_alternatives` runs when a plan is built (it needs the costed strategy graph, which
-the plan does not keep): for every node it prices each other candidate strategy *with the
-neighbours' choices held fixed* — the change in the node's own compute time plus the change in
-resharding on its input edges (its producers now have to deliver other placements) and output
-edges (its consumers now receive another placement). One collective serves every consumer that
-needs the same placement of a tensor, exactly as in the solver's objective, so a delta is the
-change in the plan's predicted time if only this node changed. The plan stores the result on
-each :class:`~autotp.planning.plan.NodeDecision`; :func:`explain` and :func:`diff` only read the plan.
+Each node's alternatives (its other candidate strategies, priced with the neighbours' choices
+held fixed) are priced when the plan is built, by
+:func:`autotp.planning.alternatives.node_alternatives`, and stored on each
+:class:`~autotp.planning.plan.NodeDecision`; this module only reads and formats them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections import defaultdict
 
-import torch
-import torch.utils._pytree as pytree
-
-from autotp.base.placements import Placement, placement_to_str
-from autotp.base.reshard import reshard_steps
-from autotp.base.strategy import Strategy
-from autotp.passes.costing import CostedGraph
-from autotp.passes.resharding import is_local_reshard, route_label
-from autotp.passes.strategies import Edge
+from autotp.planning.alternatives import strategy_text
 from autotp.planning.plan import Alternative, CollectiveDecision, NodeDecision, Plan
 
-__all__ = ["PlanDiff", "diff", "explain", "find_node", "format_seconds", "node_alternatives", "strategy_text"]
-
-MAX_ALTERNATIVES = 8
-"""Alternatives kept per node (cheapest first); a GEMM can have a dozen candidates."""
-
-
-def strategy_text(strategy: Strategy) -> str:
-    """``(R, S(0)) -> S(2)``; a placeholder's strategy is just its placement, e.g. ``S(0)``."""
-    out = placement_to_str(strategy.output)
-    if not strategy.inputs:
-        return out
-    return f"({', '.join(placement_to_str(p) for p in strategy.inputs)}) -> {out}"
-
-
-@functools.lru_cache(maxsize=1024)
-def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
-    """Name of what turns ``src`` into ``dst``: ``all_reduce``, ``all_gather+slice``, ``slice``..."""
-    from autotp.base.placements import placement_from_str
-
-    s = placement_from_str(src) if isinstance(src, str) else src
-    d = placement_from_str(dst) if isinstance(dst, str) else dst
-    return route_label(step.kind for step in reshard_steps(s, d))
-
-
-def _value_key(value: object) -> tuple:
-    """What a resharding's price depends on besides the placements: the tensors' shapes and dtypes."""
-    return tuple((tuple(v.shape), v.dtype) for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
-
-
-# --------------------------------------------------------------------------- alternatives
-
-class _Pricer:
-    """Resharding cost of one producer's output given what each of its readers needs."""
-
-    def __init__(self, costed: CostedGraph, chosen: dict[str, Strategy]) -> None:
-        self.costed = costed
-        self.chosen = chosen
-        self.readers: dict[str, list[Edge]] = defaultdict(list)
-        self.edges_in: dict[str, list[Edge]] = defaultdict(list)
-        for edge in costed.graph.edges:
-            self.readers[edge.producer].append(edge)
-            self.edges_in[edge.consumer].append(edge)
-        self._cache: dict[tuple[tuple, Placement, Placement], float] = {}
-        self._keys: dict[str, tuple] = {}
-        self._base: dict[str, dict[str, float]] = {}
-
-    def reshard_s(self, producer: str, src: Placement, dst: Placement) -> float:
-        if producer not in self._keys:
-            self._keys[producer] = _value_key(self.costed.graph.nodes[producer].meta.get("val"))
-        key = (self._keys[producer], src, dst)  # the same tensor shape in every layer: priced once
-        if key not in self._cache:
-            self._cache[key] = self.costed.reshard_s(producer, src, dst)
-        return self._cache[key]
-
-    def base_cost(self, producer: str) -> dict[str, float]:
-        """:meth:`producer_cost` of the plan as chosen (cached)."""
-        if producer not in self._base:
-            self._base[producer] = self.producer_cost(producer, {})[0]
-        return self._base[producer]
-
-    def producer_cost(self, producer: str, override: dict[str, Strategy]) -> tuple[dict[str, float], str]:
-        """Seconds per resharding kind on ``producer``'s output edges, and why it is impossible ('' if not)."""
-        def strategy_of(name: str) -> Strategy:
-            return override.get(name, self.chosen[name])
-
-        src = strategy_of(producer).output
-        needed: dict[Placement, Edge] = {}
-        for edge in self.readers[producer]:
-            dst = strategy_of(edge.consumer).inputs[edge.slot]
-            if dst == src:
-                continue
-            if edge.must_match:
-                return {}, f"{producer} returns several tensors: nothing can reshard them between it and {edge.consumer}"
-            if edge.local_only and not is_local_reshard(src, dst):
-                return {}, (f"parameter {producer} would have to be gathered for {edge.consumer} "
-                            f"({placement_to_str(src)} -> {placement_to_str(dst)}); parameters are only sliced locally")
-            needed.setdefault(dst, edge)
-        by_kind: dict[str, float] = defaultdict(float)
-        for dst in needed:
-            by_kind[reshard_kind(src, dst)] += self.reshard_s(producer, src, dst)
-        return dict(by_kind), ""
-
-
-def node_alternatives(costed: CostedGraph, choice: dict[str, int], *, memory_budget_bytes: float | None = None,
-                      limit: int = MAX_ALTERNATIVES) -> dict[str, tuple[Alternative, ...]]:
-    """Every node's other candidate strategies, priced with its neighbours held fixed (cheapest first).
-
-    A weight moves with the one op that reads it: an op's alternative takes the weight to the
-    placement the alternative reads it in (a memory change, no collective), and a weight's
-    alternative lets its reader take its cheapest strategy that reads the weight that way.
-    Without this, nearly every alternative of a GEMM would be impossible, as weights are
-    never gathered.
-    """
-    graph = costed.graph
-    chosen = {name: graph.strategies[name][index] for name, index in choice.items()}
-    index_of = {name: {s: i for i, s in enumerate(graph.strategies[name])} for name in graph.order}
-    pricer = _Pricer(costed, chosen)
-    total_bytes = sum(per[choice[name]] for name, per in costed.memory_bytes.items())
-
-    @functools.cache
-    def own_weights(name: str) -> dict[int, str]:
-        """Slot -> parameter read only by ``name``."""
-        return {e.slot: e.producer for e in pricer.edges_in[name]
-                if e.producer in graph.parameters and all(r.consumer == name for r in pricer.readers[e.producer])}
-
-    def price(override: dict[str, Strategy]) -> tuple[float, dict[str, float], int, str]:
-        affected = list(dict.fromkeys([*override, *(e.producer for n in override for e in pricer.edges_in[n])]))
-        comm: dict[str, float] = defaultdict(float)
-        for u in affected:
-            before = pricer.base_cost(u)
-            after, why = pricer.producer_cost(u, override)
-            if why:
-                return 0.0, {}, 0, why
-            for kind in set(after) | set(before):
-                comm[kind] += after.get(kind, 0.0) - before.get(kind, 0.0)
-        compute = sum(costed.compute_s[n][index_of[n][s]] - costed.compute_s[n][choice[n]] for n, s in override.items())
-        memory = sum(costed.memory_bytes[n][index_of[n][s]] - costed.memory_bytes[n][choice[n]]
-                     for n, s in override.items() if n in costed.memory_bytes)
-        return compute, {k: v for k, v in comm.items() if abs(v) > 1e-15}, int(memory), ""
-
-    def with_weights(name: str, strategy: Strategy) -> tuple[dict[str, Strategy], list[str]]:
-        override = {name: strategy}
-        moved = []
-        for slot, weight in own_weights(name).items():
-            want = next((s for s in graph.strategies[weight] if s.output == strategy.inputs[slot]), None)
-            if want is not None and want != chosen[weight]:
-                override[weight] = want
-                moved.append(f"{graph.parameters[weight]} {placement_to_str(chosen[weight].output)} -> "
-                             f"{placement_to_str(want.output)}")
-        return override, moved
-
-    def candidates(name: str, strategy: Strategy) -> list[tuple[dict[str, Strategy], str]]:
-        """Ways to take ``strategy`` at ``name``: (override, note) pairs."""
-        readers = {e.consumer for e in pricer.readers[name]}
-        if name in graph.parameters and len(readers) == 1:
-            reader = next(iter(readers))
-            slots = [e.slot for e in pricer.readers[name]]
-            found = []
-            for option in graph.strategies[reader]:
-                if all(option.inputs[i] == strategy.output for i in slots):
-                    override, _ = with_weights(reader, option)
-                    override[name] = strategy
-                    note = "" if option == chosen[reader] else f"with {reader} as {strategy_text(option)}"
-                    found.append((override, note))
-            return found or [({name: strategy}, "")]
-        override, moved = with_weights(name, strategy)
-        return [(override, f"weight follows: {'; '.join(moved)}" if moved else "")]
-
-    result: dict[str, tuple[Alternative, ...]] = {}
-    for name in graph.order:
-        strategies = graph.strategies[name]
-        if len(strategies) < 2:
-            continue
-        alternatives = []
-        for index, strategy in enumerate(strategies):
-            if index == choice[name]:
-                continue
-            best: Alternative | None = None
-            for override, note in candidates(name, strategy):
-                compute, comm, memory, blocked = price(override)
-                comm_items = tuple(sorted(comm.items()))
-                if blocked:
-                    option = Alternative(strategy_text(strategy), None, note=blocked)
-                else:
-                    if memory > 0 and memory_budget_bytes is not None and total_bytes + memory > memory_budget_bytes:
-                        note = f"{note}; " if note else ""
-                        note += "exceeds the memory budget"
-                    option = Alternative(strategy_text(strategy), compute + sum(v for _, v in comm_items), compute,
-                                         comm_items, memory, note)
-                if best is None or _rank(option) < _rank(best):
-                    best = option
-            if best is not None:
-                alternatives.append(best)
-        alternatives.sort(key=_rank)
-        result[name] = tuple(alternatives[:limit])
-    return result
-
-
-def _rank(alt: Alternative) -> tuple[bool, float]:
-    return alt.delta_s is None, alt.delta_s if alt.delta_s is not None else 0.0
+__all__ = ["PlanDiff", "diff", "explain", "find_node", "format_seconds", "strategy_text"]
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -313,7 +120,7 @@ def _explain_node(plan: Plan, node: NodeDecision, indent: str = "") -> list[str]
 
 
 def _collective_text(c: CollectiveDecision) -> str:
-    kind = route_label(c.steps)
+    kind = "+".join(c.steps) or "none"
     return f"{kind} {c.src}->{c.dst} of {format_bytes(c.nbytes)} ({format_seconds(c.time_s)})"
 
 
@@ -394,7 +201,7 @@ class PlanDiff:
 
 
 def _collective_key(c: CollectiveDecision) -> str:
-    return f"{route_label(c.steps)} {c.producer} {c.src}->{c.dst} ({format_bytes(c.nbytes)})"
+    return f"{'+'.join(c.steps)} {c.producer} {c.src}->{c.dst} ({format_bytes(c.nbytes)})"
 
 
 def diff(base: Plan, other: Plan) -> PlanDiff:

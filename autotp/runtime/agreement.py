@@ -39,7 +39,7 @@ import math
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -50,8 +50,12 @@ from autotp.base.errors import AgreementError, RankTimeoutError, TracedValueErro
 from autotp.capture import CapturedGraph
 from autotp.planning.plan import graph_fingerprint
 
+if TYPE_CHECKING:
+    from autotp.planning.options import PlanOptions
+
 __all__ = [
     "DEFAULT_AGREEMENT_TIMEOUT_S",
+    "agreed_options",
     "CompileRecord",
     "InputGuard",
     "check_timeout",
@@ -414,6 +418,13 @@ def ranks_agree(group: dist.ProcessGroup | None, *, timeout_s: float, what: str)
     if agreement.record is None:
         raise AgreementError(f"internal: {what} made no record to agree on")
     _agree(agreement.record, None, group=group, timeout_s=timeout_s, what=what)
+
+
+def agreed_options(options: PlanOptions, **extra: object) -> dict[str, object]:
+    """The planning options every rank must share, printed as :class:`CompileRecord` holds them, plus ``extra``."""
+    return {"world_size": options.world_size, "hardware": hardware_text(options.hardware_profile),
+            "memory_budget": repr(options.memory_budget), "constraints": constraints_text(options.constraints),
+            "strict": options.strict, **extra}
 
 
 def hardware_text(hardware: Any) -> str:
