@@ -33,10 +33,13 @@ _EXPORTS = {
     "from_pretrained": "autotp.pretrained",
     "load": "autotp.pretrained",
     "backend": "autotp.dynamo_backend",
+    "AgreementError": "autotp.base.errors",
     "AutoTPError": "autotp.base.errors",
     "CaptureError": "autotp.base.errors",
     "PlanError": "autotp.base.errors",
     "PlanMismatchError": "autotp.base.errors",
+    "RankTimeoutError": "autotp.base.errors",
+    "TracedValueError": "autotp.base.errors",
     "UnsupportedOpError": "autotp.base.errors",
     "Partial": "autotp.base.placements",
     "Replicate": "autotp.base.placements",
@@ -49,7 +52,16 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from autotp.api import compile, plan
-    from autotp.base.errors import AutoTPError, CaptureError, PlanError, PlanMismatchError, UnsupportedOpError
+    from autotp.base.errors import (
+        AgreementError,
+        AutoTPError,
+        CaptureError,
+        PlanError,
+        PlanMismatchError,
+        RankTimeoutError,
+        TracedValueError,
+        UnsupportedOpError,
+    )
     from autotp.base.placements import Partial, Replicate, Shard
     from autotp.dynamo_backend import backend
     from autotp.planning.options import PlanOptions
@@ -73,6 +85,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AgreementError",
     "AutoTPError",
     "CaptureError",
     "Partial",
@@ -80,9 +93,11 @@ __all__ = [
     "PlanError",
     "PlanOptions",
     "PlanMismatchError",
+    "RankTimeoutError",
     "Replicate",
     "Shard",
     "TensorParallelModule",
+    "TracedValueError",
     "UnsupportedOpError",
     "backend",
     "compile",

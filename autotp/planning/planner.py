@@ -29,7 +29,7 @@ from autotp.cost_model import Hardware
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
 from autotp.passes.pricing import compute_s, price_choice
 from autotp.passes.rules import tensor_inputs
-from autotp.passes.solver import Solution, solve
+from autotp.passes.solver import Solution, min_parameter_bytes, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import largest_shard_nbytes
@@ -163,6 +163,29 @@ def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
     )
 
 
+def _blame_constraints(error: PlanError, options: PlanOptions, budget: float | None, costed: CostedGraph) -> PlanError:
+    """A budget error that names the user's constraints when they, not the budget alone, break it.
+
+    The solver's floor assumes every parameter may be split; constraints that keep weights whole
+    (``Replicate()``) raise it, and the default budget was never meant to hold whole matrices.
+    """
+    pinned = [pattern for pattern, text in (options.constraints or {}).items() if str(text) == "R"]
+    floor = min_parameter_bytes(costed)
+    if not pinned or budget is None or floor <= budget:
+        return error
+    which = ", ".join(f"{pattern}=Replicate()" for pattern in pinned)
+    if options.memory_budget == "auto":
+        said = (f"the default memory budget (memory_budget='auto': about 1/world_size of the weights per rank, "
+                f"{budget / 2**20:.2f} MiB)")
+    else:
+        said = f"memory_budget={options.memory_budget!r} ({budget / 2**20:.2f} MiB per rank)"
+    return PlanError(
+        f"your constraints keep weights whole on every rank ({which}), and then {said} cannot hold the "
+        f"parameters: with these constraints a rank needs at least {floor} bytes ({floor / 2**20:.2f} MiB). "
+        f"Pass memory_budget=None (no limit) or memory_budget>={floor}, or drop the Replicate() constraint."
+    )
+
+
 def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     """Decide how to split ``captured`` over ``options.world_size`` ranks; returns the :class:`Plan`.
 
@@ -185,8 +208,11 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     costed = cost_strategy_graph(graph, hw)
     budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
     _log(options.progress, "solving (MILP, HiGHS)")
-    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
-                     tie=tie_identical_blocks(graph))
+    try:
+        solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
+                         tie=tie_identical_blocks(graph))
+    except PlanError as exc:
+        raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
     if plan.fallback_ops:
         warnings.warn(

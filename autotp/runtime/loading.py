@@ -33,6 +33,7 @@ from autotp.base.errors import AutoTPError
 from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange
 from autotp.runtime.module import parameter_layout
 
 __all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
@@ -389,12 +390,14 @@ def _model_tensor(model: torch.nn.Module, fqn: str, exported: torch.export.Expor
     return tensor
 
 
-def agree_on_success(group: object, load: Callable[[], T]) -> T:
+def agree_on_success(group: object, load: Callable[[], T], *,
+                     timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> T:
     """Run ``load`` on every rank of ``group`` and raise on *every* rank when it failed on any.
 
-    One small ``all_gather_object`` after loading: a rank whose file is bad must not leave the
-    others waiting in the first collective of the forward pass. (A fake process group cannot carry
-    objects; there each rank raises its own error.)
+    One small exchange after loading (:func:`autotp.runtime.agreement.exchange`, bounded by
+    ``timeout_s``): a rank whose file is bad must not leave the others waiting in the first
+    collective of the forward pass. (A fake process group cannot carry objects; there each rank
+    raises its own error.)
     """
     import torch.distributed as dist
 
@@ -403,8 +406,8 @@ def agree_on_success(group: object, load: Callable[[], T]) -> T:
     except CheckpointError as exc:
         result, error = None, str(exc)
     if dist.is_initialized() and dist.get_world_size(group) > 1 and dist.get_backend(group) != "fake":
-        errors: list[str | None] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(errors, error, group=group)
+        errors: list[str | None] = exchange(error, group=group, timeout_s=timeout_s,  # type: ignore[arg-type]
+                                            what="loading the checkpoint")
     else:
         errors = [error]
     failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]

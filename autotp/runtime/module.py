@@ -22,6 +22,7 @@ from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import InputGuard
 from autotp.runtime.kv_cache import CacheLayout
 
 __all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
@@ -99,12 +100,13 @@ class TensorParallelModule(torch.nn.Module):
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
                  local_values: dict[str, torch.Tensor], rank: int,
                  layout: dict[str, tuple[tuple[int, ...], list[Any] | None]] | None = None,
-                 generation: GenerationGraphs | None = None) -> None:
+                 generation: GenerationGraphs | None = None, *, guard: InputGuard | None = None) -> None:
         super().__init__()
         self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
         self.generation = generation
         self._state = set(captured.state)
         self.plan = plan
+        self._guard = guard  # traced non-tensor values, input shapes agreed across ranks (autotp.runtime.agreement)
         self.graph_module = graph_module
         self.rank = rank
         self.world_size = plan.world_size
@@ -198,6 +200,8 @@ class TensorParallelModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._flatten_inputs(args, kwargs)
+        if self._guard is not None:
+            self._guard.check(flat)
         values = []
         for slot in self._slots:
             if slot.kind == "user":
