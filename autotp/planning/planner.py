@@ -15,7 +15,6 @@ It needs no process group and no real weights. State after each step:
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 import warnings
@@ -23,23 +22,23 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-from autotp.base.errors import UnsupportedOpError
-from autotp.base.placements import placement_to_str, split_of
-from autotp.base.reshard import reshard_steps
+from autotp.base.errors import PlanError, UnsupportedOpError
+from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
 from autotp.passes.pricing import compute_s, price_choice
 from autotp.passes.rules import tensor_inputs
-from autotp.passes.solver import Solution, solve
+from autotp.passes.solver import Solution, min_parameter_bytes, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
+from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 
-__all__ = ["auto_memory_budget", "plan_graph", "resolve_memory_budget"]
+__all__ = ["auto_memory_budget", "check_fits_device", "plan_graph", "resolve_memory_budget"]
 
 
 def _log(progress: bool, message: str) -> None:
@@ -59,37 +58,94 @@ def _splittable_parameters(costed: CostedGraph) -> set[str]:
     return unread | {name for name, placements in accepted.items() if placements}
 
 
-def auto_memory_budget(costed: CostedGraph) -> float:
+def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(), world_size: int | None = None) -> float:
     """The ``memory_budget="auto"`` bytes per rank: every matrix split along *some* dim, 1-D tensors may stay whole.
 
     Per matrix the allowance is its largest shard over the dims it could be split on, so
     rounding of uneven splits never forces one dim over another; a matrix that no split lets
-    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole. The
+    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
+    is ``state`` (KV caches: whether to split their heads is the cost model's choice). The
     budget depends on shapes, the world size and which ops read each parameter, not on the
-    strategies offered (constraints and reference plans get the same budget).
+    strategies offered (constraints and reference plans get the same budget). ``world_size``
+    (default: the graph's) gives the same figure at another world size, with the same readers.
     """
-    world_size = costed.graph.world_size
+    world_size = world_size or costed.graph.world_size
     splittable = _splittable_parameters(costed)
     total = 0.0
     for name in costed.memory_bytes:
         if not costed.graph.nodes[name].users:
             continue  # never read (the second name of a tied weight): not held, so no allowance
         val = costed.graph.nodes[name].meta["val"]
-        full = val.numel() * val.element_size()
-        sizes = [int(s) for s in val.shape]
-        splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable
+        full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
+        splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
+                  for d, size in enumerate(val.shape) if size > 1]
+        whole = val.dim() <= 1 or not splits or name not in splittable or name in state
         total += full if whole else max(splits)
     return total
 
 
-def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph) -> float | None:
+def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph,
+                          state: frozenset[str] = frozenset()) -> float | None:
     """Bytes per rank for a validated ``memory_budget`` option (``"auto"``, ``None`` or bytes)."""
     if memory_budget is None:
         return None
     if memory_budget == "auto":
-        return auto_memory_budget(costed)
+        budget = auto_memory_budget(costed, state)
+        check_fits_device(costed, budget)
+        return budget
     return float(memory_budget)
+
+
+def check_fits_device(costed: CostedGraph, budget: float) -> None:
+    """Refuse, before any weight is read, a world size at which the model cannot fit the device's memory.
+
+    Per rank: the ``"auto"`` parameter bytes, plus buffers, constants and inputs (whole on every
+    rank: e.g. a KV cache held as graph state), plus activations, bounded above by the two largest
+    tensors the graph computes (an op's input and output, unsplit) — against
+    ``hardware.memory_gib``. The error names the smallest world size at which the same
+    estimate fits.
+    """
+    graph = costed.graph
+    hw_bytes = costed.hardware.memory_gib * 2**30
+    nodes = list(graph.graph_module.graph.nodes)
+    state_bytes = sum(tensor_nbytes(n.meta["val"]) for n in nodes if n.op == "placeholder" and n.users
+                      and n.name not in graph.parameters and isinstance(n.meta.get("val"), torch.Tensor))
+    sizes = sorted((tensor_nbytes(n.meta["val"]) for n in nodes
+                    if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)), reverse=True)
+    activation_bytes = sum(sizes[:2])
+
+    def needed(world_size: int) -> float:
+        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size=world_size)
+        return weights + state_bytes + activation_bytes
+
+    if needed(graph.world_size) <= hw_bytes:
+        return
+    fits = next((w for w in range(graph.world_size + 1, 4097) if needed(w) <= hw_bytes), None)
+    def size(n: float) -> str:
+        return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+    what = (f"at world_size={graph.world_size} each rank needs about {size(needed(graph.world_size))} "
+            f"(parameters {size(budget)}, buffers and inputs {size(state_bytes)}, activations up to "
+            f"{size(activation_bytes)}) but a {costed.hardware.name} device has {size(hw_bytes)}")
+    where = (f"the smallest world size that fits is {fits}: pass world_size={fits}" if fits is not None
+             else "no world size up to 4096 fits (activations or buffers alone are too large)")
+    raise PlanError(f"the model does not fit in device memory: {what}; {where}, or hardware= a profile with "
+                    "more memory, or memory_budget=<bytes per rank> to plan anyway")
+
+
+def _narrowed(before: StrategyGraph, after: StrategyGraph) -> StrategyGraph:
+    """``after`` if it keeps the nodes of ``before`` and only narrows their candidates; else a PlanError."""
+    problems = []
+    for name in before.order:
+        kept = after.strategies.get(name, [])
+        if not kept:
+            problems.append(f"{name}: no candidate strategy left")
+        elif not set(kept) <= set(before.strategies[name]):
+            problems.append(f"{name}: strategies that were not candidates were added")
+    if after.order != before.order or problems:
+        detail = "; ".join(problems[:5]) or "the nodes changed"
+        raise PlanError(f"strategy_filter must only narrow each node's candidate strategies: {detail}")
+    return after
 
 
 def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
@@ -107,6 +163,29 @@ def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
     )
 
 
+def _blame_constraints(error: PlanError, options: PlanOptions, budget: float | None, costed: CostedGraph) -> PlanError:
+    """A budget error that names the user's constraints when they, not the budget alone, break it.
+
+    The solver's floor assumes every parameter may be split; constraints that keep weights whole
+    (``Replicate()``) raise it, and the default budget was never meant to hold whole matrices.
+    """
+    pinned = [pattern for pattern, text in (options.constraints or {}).items() if str(text) == "R"]
+    floor = min_parameter_bytes(costed)
+    if not pinned or budget is None or floor <= budget:
+        return error
+    which = ", ".join(f"{pattern}=Replicate()" for pattern in pinned)
+    if options.memory_budget == "auto":
+        said = (f"the default memory budget (memory_budget='auto': about 1/world_size of the weights per rank, "
+                f"{budget / 2**20:.2f} MiB)")
+    else:
+        said = f"memory_budget={options.memory_budget!r} ({budget / 2**20:.2f} MiB per rank)"
+    return PlanError(
+        f"your constraints keep weights whole on every rank ({which}), and then {said} cannot hold the "
+        f"parameters: with these constraints a rank needs at least {floor} bytes ({floor / 2**20:.2f} MiB). "
+        f"Pass memory_budget=None (no limit) or memory_budget>={floor}, or drop the Replicate() constraint."
+    )
+
+
 def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     """Decide how to split ``captured`` over ``options.world_size`` ranks; returns the :class:`Plan`.
 
@@ -118,18 +197,22 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     """
     started = time.perf_counter()
     hw = options.hardware_profile
-    graph = build_strategy_graph(captured.graph_module, options.world_size, captured.parameter_fqns())
+    graph = build_strategy_graph(captured.graph_module, options.world_size,
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
     if options.strategy_filter is not None:
-        graph = options.strategy_filter(graph)
+        graph = _narrowed(graph, options.strategy_filter(graph))
     graph = apply_constraints(graph, options.constraints)
     _check_fallback(graph, options.strict)
     _log(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
                            f"costing on {hw.name}")
     costed = cost_strategy_graph(graph, hw)
-    budget = resolve_memory_budget(options.memory_budget, costed)
+    budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
     _log(options.progress, "solving (MILP, HiGHS)")
-    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
-                     tie=tie_identical_blocks(graph))
+    try:
+        solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
+                         tie=tie_identical_blocks(graph))
+    except PlanError as exc:
+        raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
     if plan.fallback_ops:
         warnings.warn(
@@ -173,7 +256,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             producer=r.producer,
             src=placement_to_str(r.src),
             dst=placement_to_str(r.dst),
-            steps=tuple(step.kind for step in reshard_steps(r.src, r.dst)),
+            steps=tuple(step.kind for step in costed.reshard_route(r.producer, r.src, r.dst)),
             nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
             time_s=r.time_s,
             consumers=r.consumers,
