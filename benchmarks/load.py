@@ -101,7 +101,7 @@ def worker(mode: str, path: str) -> None:
     before = _status_bytes("VmRSS")
     started = time.perf_counter()
     if mode == "autotp":
-        tp = autotp.from_pretrained(path, world_size, example_inputs=(ids,))
+        tp = autotp.from_pretrained(path, world_size=world_size, example_inputs=(ids,))
         held = tp.parameter_bytes()
     elif mode == "hf-tp":
         model = transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")

@@ -40,7 +40,7 @@ def _load_and_compare(rank: int, world_size: int, cases: list[tuple[str, str, st
     results = []
     for name, path, file_dtype in cases:
         meta_model, args, kwargs = BUILDERS[name](layers=1, device="meta")
-        tp = autotp.compile(meta_model, world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=path)
+        tp = autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=path)
         reference, _, _ = BUILDERS[name](layers=1)
         if file_dtype is not None:  # the file holds rounded weights: so does the reference
             reference = reference.to(getattr(torch, file_dtype)).float()
@@ -119,7 +119,7 @@ def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]]) -> dic
     for case, paths in cases.items():
         meta_model, args, kwargs = BUILDERS["llama"](layers=1, device="meta")
         try:
-            autotp.compile(meta_model, world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=paths[rank])
+            autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=paths[rank])
             errors[case] = ""
         except CheckpointError as exc:
             errors[case] = str(exc)
@@ -172,7 +172,7 @@ def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
 
 def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str, target: str) -> float:
     """from_pretrained(source) at this world size, compared with the model; then tp.save(target)."""
-    tp = autotp.from_pretrained(source, world_size, dtype=torch.float32,
+    tp = autotp.from_pretrained(source, world_size=world_size, dtype=torch.float32,
                                 example_inputs=BUILDERS[name](layers=1, device="meta")[1])
     reference, args, kwargs = BUILDERS[name](layers=1)
     with torch.no_grad():
@@ -185,7 +185,7 @@ def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str
 def _load_and_save(rank: int, world_size: int, name: str, source: str, target: str | None) -> float:
     """autotp.load(source) into a meta model at this world size, compared with the model; then tp.save(target)."""
     meta_model, args, kwargs = BUILDERS[name](layers=1, device="meta")
-    tp = autotp.load(source, meta_model, world_size, example_inputs=args, example_kwargs=kwargs)
+    tp = autotp.load(source, meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs)
     reference, _, _ = BUILDERS[name](layers=1)
     with torch.no_grad():
         expected = reference(*args, **kwargs).logits
