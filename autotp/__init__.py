@@ -1,11 +1,14 @@
 """autotp: automatic tensor parallelism for PyTorch.
 
-``autotp.compile(model, world_size, example_inputs=...)`` traces the model, plans how to split
+``autotp.compile(model, world_size=N, example_inputs=...)`` traces the model, plans how to split
 every heavy op across ranks with a cost model and an exact MILP solver, and returns this rank's
 tensor-parallel module. ``autotp.plan(...)`` only decides (no process group, meta weights fine).
 ``torch.compile(model, backend=autotp.backend(...))`` (or ``backend="autotp"``) does the same
 for every graph Dynamo captures. ``autotp.plan_graph(captured, autotp.PlanOptions(...))`` is the
-one planner behind all three (see ``autotp.planning.planner``).
+one planner behind all three (see ``autotp.planning.planner``). For models bigger than one
+device, ``autotp.from_pretrained(path, world_size)`` and ``autotp.compile(meta_model, ...,
+checkpoint=path)`` read only each rank's blocks from safetensors; ``tp.save(dir)`` and
+``autotp.load(dir, meta_model, world_size)`` save and reload at any world size.
 
 State of the graph after each step (see ``autotp.api``):
 

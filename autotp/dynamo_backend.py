@@ -331,7 +331,8 @@ class CompiledSubgraph:
         if self.plan is None:
             self.plan = plan
         parts = build_partitions(captured.graph_module, decisions, owner.world_size)
-        local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, owner.rank, owner.group_name)
+        local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, owner.rank, owner.group_name,
+                                    routes=plan.reshard_routes())
         template: list[Any] = []
         feeds: list[tuple[int, int]] = []
         exported = captured.exported

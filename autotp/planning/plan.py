@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from autotp.base.errors import PlanMismatchError
-from autotp.base.placements import placement_from_str
+from autotp.base.placements import Placement, placement_from_str
 from autotp.base.reshard import ReshardKind
 from autotp.base.strategy import Strategy
 from autotp.passes.resharding import is_collective_step
@@ -179,6 +179,10 @@ class Plan:
     def decisions(self) -> dict[str, Strategy]:
         """Node name -> chosen :class:`Strategy` (what the rewrite applies)."""
         return {d.name: d.strategy() for d in self.nodes}
+
+    def reshard_routes(self) -> dict[tuple[str, Placement], tuple[ReshardKind, ...]]:
+        """(producer, placement a consumer needs) -> the kinds of the resharding steps chosen for it."""
+        return {(c.producer, placement_from_str(c.dst)): c.steps for c in self.collectives}
 
     def collective_counts(self) -> dict[str, int]:
         """How many of each collective kind one forward pass issues."""

@@ -24,7 +24,6 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
-from autotp.base.reshard import reshard_steps
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
@@ -59,12 +58,13 @@ def _splittable_parameters(costed: CostedGraph) -> set[str]:
     return unread | {name for name, placements in accepted.items() if placements}
 
 
-def auto_memory_budget(costed: CostedGraph, world_size: int | None = None) -> float:
+def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(), world_size: int | None = None) -> float:
     """The ``memory_budget="auto"`` bytes per rank: every matrix split along *some* dim, 1-D tensors may stay whole.
 
     Per matrix the allowance is its largest shard over the dims it could be split on, so
     rounding of uneven splits never forces one dim over another; a matrix that no split lets
-    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole. The
+    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
+    is ``state`` (KV caches: whether to split their heads is the cost model's choice). The
     budget depends on shapes, the world size and which ops read each parameter, not on the
     strategies offered (constraints and reference plans get the same budget). ``world_size``
     (default: the graph's) gives the same figure at another world size, with the same readers.
@@ -79,17 +79,18 @@ def auto_memory_budget(costed: CostedGraph, world_size: int | None = None) -> fl
         full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
         splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
                   for d, size in enumerate(val.shape) if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable
+        whole = val.dim() <= 1 or not splits or name not in splittable or name in state
         total += full if whole else max(splits)
     return total
 
 
-def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph) -> float | None:
+def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph,
+                          state: frozenset[str] = frozenset()) -> float | None:
     """Bytes per rank for a validated ``memory_budget`` option (``"auto"``, ``None`` or bytes)."""
     if memory_budget is None:
         return None
     if memory_budget == "auto":
-        budget = auto_memory_budget(costed)
+        budget = auto_memory_budget(costed, state)
         check_fits_device(costed, budget)
         return budget
     return float(memory_budget)
@@ -114,7 +115,7 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
     activation_bytes = sum(sizes[:2])
 
     def needed(world_size: int) -> float:
-        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size)
+        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size=world_size)
         return weights + state_bytes + activation_bytes
 
     if needed(graph.world_size) <= hw_bytes:
@@ -130,6 +131,21 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
              else "no world size up to 4096 fits (activations or buffers alone are too large)")
     raise PlanError(f"the model does not fit in device memory: {what}; {where}, or hardware= a profile with "
                     "more memory, or memory_budget=<bytes per rank> to plan anyway")
+
+
+def _narrowed(before: StrategyGraph, after: StrategyGraph) -> StrategyGraph:
+    """``after`` if it keeps the nodes of ``before`` and only narrows their candidates; else a PlanError."""
+    problems = []
+    for name in before.order:
+        kept = after.strategies.get(name, [])
+        if not kept:
+            problems.append(f"{name}: no candidate strategy left")
+        elif not set(kept) <= set(before.strategies[name]):
+            problems.append(f"{name}: strategies that were not candidates were added")
+    if after.order != before.order or problems:
+        detail = "; ".join(problems[:5]) or "the nodes changed"
+        raise PlanError(f"strategy_filter must only narrow each node's candidate strategies: {detail}")
+    return after
 
 
 def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
@@ -181,15 +197,16 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     """
     started = time.perf_counter()
     hw = options.hardware_profile
-    graph = build_strategy_graph(captured.graph_module, options.world_size, captured.parameter_fqns())
+    graph = build_strategy_graph(captured.graph_module, options.world_size,
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
     if options.strategy_filter is not None:
-        graph = options.strategy_filter(graph)
+        graph = _narrowed(graph, options.strategy_filter(graph))
     graph = apply_constraints(graph, options.constraints)
     _check_fallback(graph, options.strict)
     _log(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
                            f"costing on {hw.name}")
     costed = cost_strategy_graph(graph, hw)
-    budget = resolve_memory_budget(options.memory_budget, costed)
+    budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
     _log(options.progress, "solving (MILP, HiGHS)")
     try:
         solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
@@ -239,7 +256,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             producer=r.producer,
             src=placement_to_str(r.src),
             dst=placement_to_str(r.dst),
-            steps=tuple(step.kind for step in reshard_steps(r.src, r.dst)),
+            steps=tuple(step.kind for step in costed.reshard_route(r.producer, r.src, r.dst)),
             nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
             time_s=r.time_s,
             consumers=r.consumers,

@@ -60,6 +60,7 @@ __all__ = [
     "InputGuard",
     "check_timeout",
     "compile_record",
+    "options_record",
     "constraints_text",
     "disagreement",
     "exchange",
@@ -261,6 +262,13 @@ def _user_specs(captured: CapturedGraph) -> list[tuple[int, Any]]:
 
 def _tensor_text(value: Any) -> str:
     return f"{tuple(int(d) for d in value.shape)} {str(value.dtype).removeprefix('torch.')}"
+
+
+def options_record(options: Mapping[str, object], *, weights: Mapping[str, torch.Tensor] | None) -> CompileRecord:
+    """A :class:`CompileRecord` of options and weight checksums only, for callers that capture later
+    (generation builds its decode and prefill graphs after the ranks agree)."""
+    summed = None if weights is None else tuple((fqn, weight_checksum(t)) for fqn, t in sorted(weights.items()))
+    return CompileRecord(options=tuple((name, str(value)) for name, value in options.items()), weights=summed)
 
 
 def compile_record(captured: CapturedGraph, *, options: Mapping[str, object],

@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -36,7 +36,7 @@ from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange
 from autotp.runtime.module import parameter_layout
 
-__all__ = ["Checkpoint", "ReadRequest", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
+__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _MAX_LISTED = 8
@@ -83,6 +83,22 @@ class ReadRequest:
     @property
     def block(self) -> Block | None:
         return None if self.blocks is None else self.blocks[self.rank]
+
+
+class TensorSource(Protocol):
+    """What the loader reads from: a safetensors :class:`Checkpoint` or a
+    :class:`~autotp.runtime.saving.DistributedCheckpoint`."""
+
+    path: Path
+    entries: dict[str, TensorEntry]
+
+    def __contains__(self, key: str) -> bool: ...
+
+    def __getitem__(self, key: str) -> TensorEntry: ...
+
+    def describe(self) -> str: ...
+
+    def read(self, requests: list[ReadRequest]) -> list[torch.Tensor]: ...
 
 
 def _read_header(file: Path) -> dict[str, TensorEntry]:
@@ -174,7 +190,7 @@ class Checkpoint:
         return f"{self.path} ({len(self.entries)} tensors in {shown})"
 
 
-def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+def open_checkpoint(path: str | os.PathLike[str]) -> TensorSource:
     """A safetensors checkpoint, or a ``torch.distributed.checkpoint`` directory (one with ``.metadata``)
     written by :meth:`TensorParallelModule.save`; both read only this rank's blocks."""
     if (Path(path) / ".metadata").is_file():
@@ -193,7 +209,7 @@ def _transforms(model_keys: Iterable[str], checkpoint_keys: Iterable[str]) -> li
     return candidates
 
 
-def match_keys(aliases: Mapping[str, tuple[str, ...]], checkpoint: Checkpoint) -> dict[str, str]:
+def match_keys(aliases: Mapping[str, tuple[str, ...]], checkpoint: TensorSource) -> dict[str, str]:
     """Model FQN -> checkpoint key, for every FQN that has one.
 
     ``aliases`` gives, per FQN, every name of the same tensor (tied weights have several). One
@@ -292,7 +308,7 @@ def _materialize_hf_buffers(model: torch.nn.Module, fqns: list[str], device: tor
         init(module)
 
 
-def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, rank: int, checkpoint: Checkpoint,
+def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, rank: int, checkpoint: TensorSource,
                       model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
     """This rank's value of every parameter, buffer and constant placeholder of ``captured``, read from ``checkpoint``.
 
