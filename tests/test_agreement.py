@@ -268,6 +268,27 @@ def test_weight_checksum_tolerates_order_not_values() -> None:
     assert not first.matches(second), f"a changed element must not match: {first} vs {second}"
 
 
+def test_records_without_a_graph_name_weight_shapes() -> None:
+    """No process group, records of 3 ranks with weights only (generation agrees before it captures): a weight of
+    another shape, one missing, and one with other values are each named with the ranks concerned."""
+    from autotp.runtime.agreement import CompileRecord, disagreement
+
+    small, large = torch.randn(4, 3), torch.randn(8, 3)
+    rank0 = CompileRecord(weights=(("w", weight_checksum(small)), ("v", weight_checksum(small))))
+    rank1 = CompileRecord(weights=(("w", weight_checksum(large)),))
+    found = disagreement([rank0, rank1, rank0])
+    assert found is not None, "different weights must disagree"
+    lines, hint = found
+    expected = ["weight w: ranks 0, 2 (4, 3) float32; rank 1 (8, 3) float32",
+                "weight v: ranks 0, 2 (4, 3) float32; rank 1 (missing)"]
+    assert lines == expected, f"expected {expected}, got {lines}"
+    assert "same model" in hint, hint
+    rank1 = CompileRecord(weights=(("w", weight_checksum(small * 2)), ("v", weight_checksum(small))))
+    found = disagreement([rank0, rank1])
+    assert found is not None and found[0][0].startswith("weight w: rank 1 holds other values than rank 0"), found
+    assert disagreement([rank0, rank0]) is None, "identical records must agree"
+
+
 def test_traced_values_guarded_without_a_process_group() -> None:
     """No process group (one rank): InputGuard refuses another value for a traced float and bool argument."""
     from autotp.capture import capture
