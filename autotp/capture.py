@@ -20,8 +20,15 @@ come out, exactly as for the real model. (Traced on ``meta`` itself, attention r
 strides and the graph gains ``contiguous`` nodes; a plan made on meta would then not apply to
 the real weights.) Tensor-creating ops in the graph name that device.
 
+**State.** A buffer that forward overwrites in place with ``index_copy_`` (a static KV cache:
+``cache.index_copy_(2, positions, new_keys)``) is *state*: it persists across calls, like a
+parameter that the graph writes. Its update stays in the graph (the functional ``index_copy``);
+the output that export adds for the new value is dropped, and :attr:`CapturedGraph.state` maps the
+buffer's placeholder to the node that computes the new value. The runtime applies that update
+in place on its own (possibly split) copy of the buffer.
+
 Refused, with what to do: models export cannot trace (data-dependent Python control flow),
-models whose forward updates buffers (BatchNorm in training mode) or its inputs in place,
+models whose forward updates other buffers (BatchNorm in training mode) or its inputs in place,
 outputs that are not tensors (or tuples, lists, dicts of them), and graphs that draw random
 numbers (dropout in training mode): each rank would draw different ones.
 """
@@ -44,7 +51,7 @@ from torch.export.graph_signature import InputKind
 from autotp.base.errors import CaptureError
 from autotp.passes.rules.args import arg
 
-__all__ = ["CapturedGraph", "InputSlot", "capture", "from_exported", "inputs_on_model_device"]
+__all__ = ["CapturedGraph", "InputSlot", "capture", "check_model", "from_exported", "inputs_on_model_device"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -71,6 +78,12 @@ class CapturedGraph:
     in_spec: pytree.TreeSpec
     out_spec: pytree.TreeSpec
     exported: ExportedProgram
+    state: dict[str, str] = dataclasses.field(default_factory=dict)
+    """State buffers (see the module docstring): placeholder name -> name of the node computing its new value."""
+
+    def state_fqns(self) -> dict[str, str]:
+        """Placeholder name -> FQN of every state buffer (e.g. ``key_cache_0``)."""
+        return {s.name: str(s.target) for s in self.inputs if s.name in self.state}
 
     def parameter_fqns(self) -> dict[str, str]:
         """Placeholder name -> parameter FQN (e.g. ``model.layers.0.mlp.up_proj.weight``)."""
@@ -96,6 +109,18 @@ def _user_frame(exc: BaseException) -> str | None:
         return None
     frame = frames[-1]
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+
+
+def check_model(model: object) -> None:
+    """TypeError, saying what to pass, unless ``model`` is an ``nn.Module``."""
+    if isinstance(model, torch.nn.Module):
+        return
+    name = getattr(model, "__name__", type(model).__name__)
+    raise TypeError(
+        f"autotp needs a torch.nn.Module (its parameters are what it splits), got {type(model).__name__} {name!r}. "
+        "Pass the module itself (not its output, state_dict or a bound method); to split a function that uses "
+        "weights, make it an nn.Module whose forward calls it with the weights as nn.Parameter attributes."
+    )
 
 
 def _is_meta_model(model: torch.nn.Module) -> bool:
@@ -139,8 +164,7 @@ def capture(
     Raises :class:`CaptureError` naming the cause and the line of the model's code when the
     model cannot be exported (data-dependent control flow, unsupported Python, ...).
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"autotp needs an nn.Module, got {type(model).__name__}")
+    check_model(model)
     if not isinstance(example_inputs, tuple):
         raise TypeError(
             f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "
@@ -255,8 +279,9 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
         # export's graph keeps in-place ops and does not list what they update; the functional
         # form lists every updated buffer and input in its signature
         exported = exported.run_decompositions({})
+    state = _state_updates(exported)
     specs_out = exported.graph_signature.output_specs
-    buffers = [str(o.target) for o in specs_out if o.kind == OutputKind.BUFFER_MUTATION]
+    buffers = [str(o.target) for o in specs_out if o.kind == OutputKind.BUFFER_MUTATION and str(o.target) not in state]
     inputs = [str(o.target) for o in specs_out if o.kind == OutputKind.USER_INPUT_MUTATION]
     other = [f"{o.target} ({o.kind.name})" for o in specs_out
              if o.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)]
@@ -281,6 +306,7 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
             gm.graph.erase_node(node)
+    state_by_placeholder = _drop_state_outputs(exported, state)
     gm.graph.lint()
     gm.recompile()
 
@@ -305,4 +331,52 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
             user_index += 1
         else:
             slots.append(InputSlot(node.name, kind, str(spec.target)))
-    return CapturedGraph(gm, slots, exported.call_spec.in_spec, exported.call_spec.out_spec, exported)
+    return CapturedGraph(gm, slots, exported.call_spec.in_spec, exported.call_spec.out_spec, exported,
+                         state=state_by_placeholder)
+
+
+_STATE_UPDATE_OPS = (torch.ops.aten.index_copy.default,)
+"""Ops whose result may become a buffer's new value, kept as state: each overwrites some slices of
+its first argument and leaves the rest, so every rank can apply it to its own part of the buffer."""
+
+
+def _state_updates(exported: ExportedProgram) -> dict[str, str]:
+    """Buffer FQN -> output node name, for each mutated buffer whose new value is one state-update op
+    (:data:`_STATE_UPDATE_OPS`) applied directly to the buffer's placeholder, which nothing else reads."""
+    from torch.export.graph_signature import OutputKind
+
+    signature = exported.graph_signature
+    placeholder_of = {str(i.target): i.arg.name for i in signature.input_specs if i.kind == InputKind.BUFFER}
+    nodes = {n.name: n for n in exported.graph_module.graph.nodes}
+    state: dict[str, str] = {}
+    for spec in signature.output_specs:
+        if spec.kind != OutputKind.BUFFER_MUTATION:
+            continue
+        update = nodes.get(spec.arg.name)
+        buffer = nodes.get(placeholder_of.get(str(spec.target), ""))
+        if (update is not None and buffer is not None and update.op == "call_function"
+                and update.target in _STATE_UPDATE_OPS and update.args[0] is buffer and len(buffer.users) == 1):
+            state[str(spec.target)] = update.name
+    return state
+
+
+def _drop_state_outputs(exported: ExportedProgram, state: dict[str, str]) -> dict[str, str]:
+    """Remove the outputs export added for state buffers' new values; placeholder name -> update node name.
+
+    The graph keeps only the user outputs; the updates stay in the graph, read by what uses the
+    new value (attention reads the updated cache).
+    """
+    if not state:
+        return {}
+    from torch.export.graph_signature import OutputKind
+
+    graph = exported.graph_module.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    specs = exported.graph_signature.output_specs
+    values = list(output.args[0])
+    kept = [v for v, spec in zip(values, specs)
+            if not (spec.kind == OutputKind.BUFFER_MUTATION and str(spec.target) in state)]
+    output.args = (tuple(kept),)
+    exported.graph_module.recompile()
+    placeholder_of = {str(i.target): i.arg.name for i in exported.graph_signature.input_specs if i.kind == InputKind.BUFFER}
+    return {placeholder_of[fqn]: update for fqn, update in state.items()}

@@ -5,7 +5,9 @@ plain data the cost pass and the solver read; the FX graph itself is not modifie
 
 Placeholders: a parameter may be replicated or split along any dim of size > 1; user inputs,
 buffers and constants arrive whole on every rank (``Replicate``). The graph output must be
-replicated, so that every rank returns the same values as the original model.
+replicated, so that every rank returns the same values as the original model. A *state* buffer
+(a KV cache the graph updates, see :mod:`autotp.capture`) is placed like a parameter, and its
+update reads it as is (``must_match``): the runtime writes the update into the rank's own block.
 """
 
 from __future__ import annotations
@@ -65,8 +67,13 @@ def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strateg
     return strategies
 
 
-def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str]) -> StrategyGraph:
-    """Enumerate the strategies of every node of ``gm`` for a mesh axis of ``world_size`` ranks."""
+def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str],
+                         state: frozenset[str] = frozenset()) -> StrategyGraph:
+    """Enumerate the strategies of every node of ``gm`` for a mesh axis of ``world_size`` ranks.
+
+    ``parameters``: placeholder name -> FQN of everything placed like a parameter (state buffers
+    included); ``state``: the placeholders among them that the graph updates.
+    """
     order: list[str] = []
     nodes: dict[str, fx.Node] = {}
     strategies: dict[str, list[Strategy]] = {}
@@ -92,6 +99,6 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
             strategies[node.name] = strategies[node.name][:1]
         for slot, producer in enumerate(tensor_inputs(node)):
             producer_val = producer.meta.get("val")
-            must_match = isinstance(producer_val, (tuple, list))
+            must_match = isinstance(producer_val, (tuple, list)) or producer.name in state
             edges.append(Edge(producer.name, node.name, slot, must_match, local_only=producer.name in parameters))
     return StrategyGraph(gm, world_size, order, nodes, strategies, edges, dict(parameters), fallback)
