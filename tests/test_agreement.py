@@ -255,6 +255,23 @@ def test_backend_ranks_agree_on_weights(gloo) -> None:
     assert "at torch.compile graph 0" in outcomes[0][1] and "weight 0.weight: rank 1" in outcomes[0][1], outcomes[0][1]
 
 
+def _generation_depth(rank: int, world_size: int) -> tuple[str, str]:
+    model, args, _ = tiny_llama(hidden=64, intermediate=128, num_heads=4, num_kv_heads=2, seq_len=4,
+                                layers=2 if rank == 0 else 1)
+    return _outcome(lambda: autotp.compile(model, example_inputs=args, max_cache_len=8))
+
+
+@pytest.mark.distributed
+def test_generation_ranks_agree_before_capturing(gloo) -> None:
+    """tp=2, generation (max_cache_len=8), Llama with 2 layers on rank 0 and 1 on rank 1: the ranks agree before
+    capturing the decode and prefill graphs, so both raise one AgreementError naming the missing layer."""
+    outcomes = gloo.run(2, _generation_depth, timeout_s=DEADLINE_S)
+    assert [k for k, _ in outcomes] == ["AgreementError"] * 2, outcomes
+    assert outcomes[0][1] == outcomes[1][1], outcomes
+    expected = "weight model.layers.1.mlp.down_proj.weight: rank 0 (64, 128) float32; rank 1 (missing)"
+    assert expected in outcomes[0][1], f"expected {expected!r} in:\n{outcomes[0][1]}"
+
+
 # --------------------------------------------------------------------------- no processes
 
 def test_weight_checksum_tolerates_order_not_values() -> None:

@@ -369,22 +369,18 @@ def disagreement(records: Sequence[CompileRecord]) -> tuple[list[str], str] | No
     reference = tables[0]
     # without a traced graph to compare (generation agrees before capturing), names and shapes come from here
     names = list(dict.fromkeys(fqn for table in tables for fqn in table))
+    shaped = [line for fqn in names if (line := _differs(
+        f"weight {fqn}", [f"{c.shape} {c.dtype.removeprefix('torch.')}" if c else None
+                          for c in (table.get(fqn) for table in tables)]))]
+    if shaped:  # other values follow from other shapes (and from drawing them in another order): not listed
+        return _listed(shaped, f"weights of other shapes (of {len(names)})"), _SAME_MODEL
     lines = []
-    shaped = False
     for fqn in names:
-        shapes = _differs(f"weight {fqn}", [f"{c.shape} {c.dtype.removeprefix('torch.')}" if c else None
-                                           for c in (table.get(fqn) for table in tables)])
-        if shapes:
-            lines.append(shapes)
-            shaped = True
-            continue
         first = reference[fqn]
         other = [rank for rank, table in enumerate(tables) if not first.matches(table[fqn])]
         if other:
             lines.append(f"weight {fqn}: {_ranks(other)} {'holds' if len(other) == 1 else 'hold'} other values than "
                          f"rank 0 (sum {tables[other[0]][fqn].total:.6g} vs {first.total:.6g})")
-    if lines and shaped:
-        return _listed(lines, f"differing weights (of {len(names)})"), _SAME_MODEL
     if lines:
         return (_listed(lines, f"differing weights (of {len(names)})"),
                 "Every rank must hold the same full weights: seed the random number generator the same way on every "
