@@ -60,6 +60,6 @@ def load(path: str | os.PathLike[str], model: torch.nn.Module, world_size: int |
          example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None,
          **options: Any) -> TensorParallelModule:
     """Read a directory written by ``tp.save(path)`` (at any world size) into ``model`` (meta is fine), split
-    over ``world_size`` ranks: ``autotp.compile(model, world_size, ..., checkpoint=path)``."""
+    over ``world_size`` ranks: ``autotp.compile(model, world_size=world_size, ..., checkpoint=path)``."""
     return _compile(model, world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
                     **options)
