@@ -18,6 +18,7 @@ from autotp.planning.plan import graph_fingerprint
 ONE_LAYER = {"llama", "gpt2", "bert", "mistral", "qwen2", "mixtral"}  # builders with a `layers` option
 
 
+@pytest.mark.slow  # two traces of each of the nine families: about 20 s of CPU; the plan test below stays fast
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_meta_and_real_trace_give_the_same_graph(name: str) -> None:
     """No process group: every zoo family, real weights vs the same config on meta (inputs real, then on meta)."""
