@@ -10,6 +10,7 @@ tuples, dicts, HuggingFace ``ModelOutput``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -115,18 +116,29 @@ class TensorParallelModule(torch.nn.Module):
     def _value_of(self, slot_name: str) -> torch.Tensor:
         return self._local[slot_name] if slot_name in self._param_names else getattr(self, slot_name)
 
-    def _run_phase(self, phase: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Run the ``"decode"`` or ``"prefill"`` graph on flat user inputs; returns its first output."""
+    def phase_runner(self, phase: str) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
+        """A function running the ``"decode"`` or ``"prefill"`` graph on flat user inputs, returning its
+        first output. The weights and cache tensors are looked up once here, not on every call (the
+        cache is updated in place, so the same tensors serve every position)."""
         if phase == "decode":
-            values = [inputs[int(s.target)] if s.kind == "user" else self._value_of(s.name) for s in self._slots]
+            keys: list[str | int] = [int(s.target) if s.kind == "user" else s.name for s in self._slots]
             graph_module = self.graph_module
-        else:
-            assert self.generation is not None and self.generation.prefill is not None, "no prefill graph"
-            values = [inputs[key] if isinstance(key, int) else self._value_of(key)
-                      for key in self.generation.prefill_inputs]
+        elif self.generation is not None and self.generation.prefill is not None:
+            keys = list(self.generation.prefill_inputs)
             graph_module = self.generation.prefill
-        with torch.no_grad():
-            return graph_module(*values)[0]
+        else:
+            raise ValueError(f"no {phase!r} graph: compile with max_cache_len= and example ids of more than one token")
+        template: list[Any] = [None if isinstance(key, int) else self._value_of(key) for key in keys]
+        users = [(position, key) for position, key in enumerate(keys) if isinstance(key, int)]
+
+        def run(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            values = list(template)
+            for position, index in users:
+                values[position] = inputs[index]
+            with torch.no_grad():
+                return graph_module(*values)[0]
+
+        return run
 
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the rank-local graph, by kind (one forward pass issues each once)."""
