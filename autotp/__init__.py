@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "compile": "autotp.api",
     "plan": "autotp.api",
+    "from_pretrained": "autotp.pretrained",
+    "load": "autotp.pretrained",
     "backend": "autotp.dynamo_backend",
     "AutoTPError": "autotp.base.errors",
     "CaptureError": "autotp.base.errors",
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from autotp.planning.options import PlanOptions
     from autotp.planning.plan import Plan
     from autotp.planning.planner import plan_graph
+    from autotp.pretrained import from_pretrained, load
     from autotp.runtime.module import TensorParallelModule
 
 
@@ -80,6 +83,8 @@ __all__ = [
     "UnsupportedOpError",
     "backend",
     "compile",
+    "from_pretrained",
+    "load",
     "plan",
     "plan_graph",
 ]

@@ -12,13 +12,14 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from autotp.capture import CapturedGraph, capture, inputs_on_model_device
+from autotp.capture import CapturedGraph, capture, inputs_on_model_device, trace_device
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.state import update_state_in_place
@@ -29,7 +30,8 @@ from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
 from autotp.planning.plan import Plan
 from autotp.planning.planner import plan_graph
 from autotp.runtime.group import bind_group, plan_on_first_rank
-from autotp.runtime.module import TensorParallelModule, shard_tensor
+from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
+from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 
 __all__ = ["compile", "plan"]
 
@@ -95,6 +97,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
     max_cache_len: int | None = None,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
@@ -106,6 +109,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
     :func:`autotp.plan`.
 
+    ``checkpoint`` (a ``.safetensors`` file or a directory of them, with or without
+    ``model.safetensors.index.json``, or a directory written by ``tp.save``): read each rank's
+    shards from it instead of slicing the model's weights, so ``model`` may live on the ``meta``
+    device and no rank holds the whole model. Shards land on the device of ``example_inputs``,
+    cast to the model's dtype. See :mod:`autotp.runtime.loading`.
+
     ``max_cache_len``: for a HuggingFace causal LM, build it for text generation instead
     (:meth:`TensorParallelModule.generate`): a KV cache of ``max_cache_len`` slots per row, one
     row per row of ``example_inputs[0]`` (token ids, ``(batch, seq)``), placed by the planner like
@@ -115,14 +124,21 @@ def compile(  # noqa: A001 - mirrors torch.compile
     See :mod:`autotp.generation`.
     """
     world_size, rank = bind_group(group, world_size, caller="autotp.compile")
-    if any(p.device.type == "meta" for p in model.parameters()):
+    if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
         raise ValueError(
             "autotp.compile needs real weights, but the model has parameters on the meta device; "
+            "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
             "use autotp.plan(...) to plan a meta model, or load its weights first"
         )
+    files = None
+    if checkpoint is not None:  # headers only, agreed by all ranks: a bad file fails before planning, everywhere
+        files = agree_on_success(group, lambda: open_checkpoint(checkpoint))
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints)
     if max_cache_len is not None:
+        if checkpoint is not None:
+            raise ValueError("checkpoint= and max_cache_len= together are not supported yet; load the weights into "
+                             "the model (from_pretrained) and pass max_cache_len= alone")
         from autotp.generation import compile_for_generation
 
         return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
@@ -130,8 +146,15 @@ def compile(  # noqa: A001 - mirrors torch.compile
     _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, example_inputs, example_kwargs)
     plan = plan_or_check(captured, plan, options, group=group, rank=rank)
-    local_gm, local_values = apply_plan(captured, plan, group=group, rank=rank)
-    return TensorParallelModule(captured, local_gm, plan, local_values, rank)
+    decisions = plan.decisions()
+    parts = build_partitions(captured.graph_module, decisions, world_size)
+    local_gm = _local_graph(captured, decisions, parts, rank, group)
+    if files is None:
+        local_values = _local_values(captured, plan, parts, rank)
+    else:
+        device = trace_device(example_inputs, example_kwargs)
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model, device))
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank, parameter_layout(captured, plan, parts))
 
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
@@ -144,15 +167,20 @@ def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptio
     return plan
 
 
+def _local_graph(captured: CapturedGraph, decisions: dict[str, Any], parts: Any, rank: int,
+                 group: dist.ProcessGroup | None) -> torch.fx.GraphModule:
+    """This rank's graph, its state updates (KV caches) applied in place."""
+    group_name = (group or dist.group.WORLD).group_name
+    return update_state_in_place(rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name),
+                                 captured.state)
+
+
 def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None,
                rank: int) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]:
-    """This rank's graph (state updates in place) and its local parameter shards, buffers and cache blocks."""
+    """This rank's graph and its local parameter shards, buffers and cache blocks (sliced from the model)."""
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, plan.world_size)
-    group_name = (group or dist.group.WORLD).group_name
-    local_gm = update_state_in_place(rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name),
-                                     captured.state)
-    return local_gm, _local_values(captured, plan, parts, rank)
+    return _local_graph(captured, decisions, parts, rank, group), _local_values(captured, plan, parts, rank)
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:

@@ -13,6 +13,13 @@ its out-of-place form, no other op is decomposed). The planner may give a tensor
 placement on each edge, which makes a copy; an update through one copy would not reach the
 others, so only functional graphs are planned.
 
+A model on the ``meta`` device (no weights) is traced *as if* its tensors lived on the device of
+the example inputs (the CPU when they are on ``meta`` too): its parameters and buffers are
+presented to ``torch.export`` as fake tensors on that device, so kernels are chosen, and strides
+come out, exactly as for the real model. (Traced on ``meta`` itself, attention returns other
+strides and the graph gains ``contiguous`` nodes; a plan made on meta would then not apply to
+the real weights.) Tensor-creating ops in the graph name that device.
+
 **State.** A buffer that forward overwrites in place with ``index_copy_`` (a static KV cache:
 ``cache.index_copy_(2, positions, new_keys)``) is *state*: it persists across calls, like a
 parameter that the graph writes. Its update stays in the graph (the functional ``index_copy``);
@@ -28,6 +35,7 @@ numbers (dropout in training mode): each rank would draw different ones.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import traceback
@@ -36,6 +44,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
@@ -102,6 +111,37 @@ def _user_frame(exc: BaseException) -> str | None:
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
 
 
+def _is_meta_model(model: torch.nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+
+
+def trace_device(example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None) -> torch.device:
+    """The device a model is traced for: that of the first example tensor not on ``meta``, else the CPU."""
+    for leaf in pytree.tree_leaves((example_inputs, example_kwargs or {})):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+            return leaf.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
+    """Within the block, ``model``'s parameters and buffers are fake tensors on ``device``; yields the
+    example inputs as fake tensors on ``device`` (same mode), for ``torch.export`` to trace."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        with mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
+    state: dict[str, torch.Tensor] = {
+        name: torch.nn.Parameter(fake(p), requires_grad=False) for name, p in model.named_parameters()
+    }
+    state.update({name: fake(b) for name, b in model.named_buffers()})
+    fake_example = pytree.tree_map_only(torch.Tensor, lambda t: fake(t) if t.device.type == "meta" else mode.from_tensor(t), example)
+    with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):
+        yield fake_example
+
+
 def capture(
     model: torch.nn.Module,
     example_inputs: tuple[Any, ...],
@@ -121,7 +161,11 @@ def capture(
         )
     try:
         with torch.no_grad():
-            exported = torch.export.export(model, example_inputs, example_kwargs or {}, strict=False)
+            if _is_meta_model(model):
+                with _as_if_on(model, trace_device(example_inputs, example_kwargs), (example_inputs, example_kwargs or {})) as (args, kwargs):
+                    exported = torch.export.export(model, args, kwargs, strict=False)
+            else:
+                exported = torch.export.export(model, example_inputs, example_kwargs or {}, strict=False)
     except Exception as exc:  # noqa: BLE001 - re-raised with the user's line
         where = _user_frame(exc)
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

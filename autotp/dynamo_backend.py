@@ -44,7 +44,7 @@ from autotp.base.placements import Replicate
 from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
-from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective, rewrite_for_rank
+from autotp.passes.rewrite import count_collectives, rewrite_for_rank
 from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan
@@ -253,12 +253,7 @@ class CompiledSubgraph:
 
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the most recently built rank-local graph, by kind."""
-        counts: dict[str, int] = {}
-        for node in self.graph_module.graph.nodes:
-            if is_collective(node):
-                kind = COLLECTIVE_OPS[node.target]
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        return count_collectives(self.graph_module)
 
     # -- build ----------------------------------------------------------------------------
     def _lower(self, concrete: Sequence[Any]) -> tuple[CapturedGraph, dict[str, int]]:

@@ -21,8 +21,6 @@ this pass only decides *what* each strategy asks of the hardware:
 from __future__ import annotations
 
 import dataclasses
-import math
-import operator
 
 import torch
 import torch.fx as fx
@@ -31,24 +29,15 @@ import torch.utils._pytree as pytree
 from autotp.base.placements import Placement, split_of
 from autotp.base.reshard import reshard_steps
 from autotp.base.strategy import Strategy
-from autotp.cost_model import Hardware, aten_flops, compute_time_s
+from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph
+from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
 __all__ = ["CostedGraph", "cost_strategy_graph", "reshard_time_s", "tensor_nbytes"]
-
-# Ops that only change tensor metadata (a view of the same storage): no kernel, no bytes moved.
-VIEW_OPS = frozenset({
-    aten.view.default, aten._unsafe_view.default, aten.transpose.int, aten.permute.default, aten.t.default,
-    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
-    aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.alias.default, aten.detach.default,
-    aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int, operator.getitem,
-    aten.lift_fresh.default, aten.dropout.default,
-})
-
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
@@ -104,7 +93,7 @@ def _local_fraction(value: object, placement: Placement, world_size: int) -> flo
     """Share of ``value`` the largest rank holds under ``placement`` (1.0 unless it is split)."""
     if not isinstance(value, torch.Tensor) or value.numel() == 0:
         return 1.0
-    return _shard_bytes(value, placement, world_size) / (value.numel() * value.element_size())
+    return largest_shard_nbytes(value.shape, value.element_size(), placement, world_size) / (value.numel() * value.element_size())
 
 
 def _local_nbytes(value: object, placement: Placement, world_size: int) -> float:
@@ -132,7 +121,7 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
     if node.op != "call_function":
         return [0.0] * len(strategies)
-    if node.target in VIEW_OPS:  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
+    if launches_no_kernel(node.target):  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
         return [hardware.view_op_s] * len(strategies)
     args, kwargs = _meta_args(node)
     out = node.meta.get("val")
@@ -152,15 +141,6 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
     return costs
 
 
-def _shard_bytes(value: torch.Tensor, placement: Placement, world_size: int) -> int:
-    split = split_of(placement)
-    if split is not None:
-        dim, blocks = split
-        size = int(value.shape[dim])
-        return value.element_size() * (value.numel() // max(size, 1)) * blocks * math.ceil(size // blocks / world_size)
-    return value.numel() * value.element_size()
-
-
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph:
     """Attach predicted compute seconds to every strategy and bytes to every parameter strategy."""
     compute_s = {}
@@ -172,5 +152,6 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph
             val = node.meta["val"]
             # a parameter nothing reads (e.g. the second name of a tied weight) is not kept
             unread = not node.users
-            memory[name] = [0 if unread else _shard_bytes(val, s.output, graph.world_size) for s in graph.strategies[name]]
+            memory[name] = [0 if unread else largest_shard_nbytes(val.shape, val.element_size(), s.output, graph.world_size)
+                            for s in graph.strategies[name]]
     return CostedGraph(graph, hardware, compute_s, memory)

@@ -41,7 +41,7 @@ from autotp.passes.uneven import Partitions
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
-__all__ = ["COLLECTIVE_OPS", "rewrite_for_rank"]
+__all__ = ["COLLECTIVE_OPS", "count_collectives", "is_collective", "rewrite_for_rank"]
 
 COLLECTIVE_OPS = {
     c10d.all_reduce.default: "all_reduce",
@@ -161,4 +161,14 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
 def is_collective(node: fx.Node) -> bool:
     """True for inserted functional collectives (not their ``wait_tensor``)."""
     return node.op == "call_function" and node.target in COLLECTIVE_OPS
+
+
+def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
+    """Collectives in a rank-local graph, by kind (``all_reduce``...): one forward pass issues each once."""
+    counts: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if is_collective(node):
+            kind = COLLECTIVE_OPS[node.target]
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
 

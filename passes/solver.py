@@ -49,10 +49,11 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from autotp.base.errors import PlanError
-from autotp.base.placements import Placement, Replicate
+from autotp.base.placements import Placement, Replicate, Shard
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import blocked_reason, compute_s, price_choice, reshard_s
 from autotp.passes.strategies import Edge
+from autotp.passes.uneven import largest_shard_nbytes
 
 __all__ = ["Solution", "evaluate_choice", "min_parameter_bytes", "solve"]
 
@@ -229,9 +230,8 @@ def _smallest_fitting_world_size(costed: CostedGraph, budget_bytes: float) -> in
         total = 0
         for name in costed.memory_bytes:
             val = costed.graph.nodes[name].meta["val"]
-            sizes = [int(s) for s in val.shape]
-            numel, item = val.numel(), val.element_size()
-            total += min([numel * item] + [item * (numel // s) * -(-s // world_size) for s in sizes if s > 1])
+            placements = [Replicate(), *(Shard(d) for d, size in enumerate(val.shape) if size > 1)]
+            total += min(largest_shard_nbytes(val.shape, val.element_size(), p, world_size) for p in placements)
         return total
 
     candidates = [n for n in range(costed.graph.world_size + 1, 1025)] + [2**k for k in range(11, 17)]

@@ -22,16 +22,17 @@ fall so that every tensor that shares a split is cut at the same boundaries:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.base.placements import split_of
+from autotp.base.placements import Placement, split_of
 from autotp.base.strategy import Strategy
 from autotp.passes.rules import tensor_inputs
 
-__all__ = ["Partitions", "build_partitions"]
+__all__ = ["Partitions", "build_partitions", "largest_shard_nbytes"]
 
 Member = tuple[str, int, int]
 
@@ -39,6 +40,28 @@ Member = tuple[str, int, int]
 def _dim_size(node: fx.Node, dim: int) -> int:
     leaves = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
     return int(leaves[0].shape[dim]) if leaves else 1
+
+
+def largest_shard_nbytes(shape: Sequence[int], itemsize: int, placement: Placement, world_size: int) -> int:
+    """Bytes of a tensor of ``shape`` held by the largest rank under ``placement`` over ``world_size`` ranks.
+
+    ``Shard(d)``: ``ceil(size / N)`` of dim ``d``; ``S(d)xk`` (k blocks): ``ceil(size / k / N)``
+    of each block; ``Replicate`` and ``Partial``: the whole tensor. This is the planner's one
+    notion of a shard's size (parameter memory, bytes moved, the memory budget, reports); it
+    looks at one tensor alone, so where a shared split is coarser (e.g. 8 heads of 32
+    channels over 3 ranks: 96, 96, 64 channels, see the module docstring) the cuts
+    :func:`build_partitions` makes can give the largest rank more than this.
+    """
+    sizes = [int(s) for s in shape]
+    numel = math.prod(sizes)
+    split = split_of(placement)
+    if split is None or not sizes:
+        return numel * itemsize
+    dim, blocks = split
+    size = sizes[dim]
+    if size == 0:
+        return 0
+    return itemsize * (numel // size) * blocks * math.ceil(size // blocks / world_size)
 
 
 class Partitions:

@@ -62,10 +62,10 @@ def test_strategy_filter_narrows_the_choice() -> None:
     assert got == expected, f"(free, pinned) placements: expected {expected}, got {got}"
 
 
-def test_cli_rejects_unknown_hardware_before_tracing(capsys) -> None:
-    """No mesh: `autotp plan tiny-llama --hardware h100` exits 2 naming the known profiles, and traces nothing."""
-    code = cli.main(["plan", "tiny-llama", "--world-size", "2", "--hardware", "h100"])
+def test_cli_rejects_a_bad_memory_budget_before_tracing(capsys) -> None:
+    """No mesh: `autotp plan tiny-llama --memory-budget 0` exits 2 with what to pass, and traces nothing."""
+    code = cli.main(["plan", "tiny-llama", "--world-size", "2", "--memory-budget", "0"])
     err = capsys.readouterr().err
     assert code == 2, f"expected exit code 2, got {code}; stderr:\n{err}"
-    assert "unknown hardware 'h100'" in err and "h100-sxm" in err, err
+    assert "memory_budget must be 'auto', None" in err, err
     assert "traced" not in err, f"tracing ran before the option was checked:\n{err}"

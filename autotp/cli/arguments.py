@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-__all__ = ["hardware_profile", "output_path", "positive_float"]
+__all__ = ["hardware_profile", "output_path", "positive_float", "positive_int"]
 
 
 def hardware_profile(text: str) -> str:
@@ -29,6 +29,17 @@ def hardware_profile(text: str) -> str:
     raise argparse.ArgumentTypeError(
         f"unknown hardware profile {text!r}; known profiles: {', '.join(sorted(KNOWN_HARDWARE))}; "
         f"or the path of a .json profile (written by `autotp calibrate` or Hardware.to_json())")
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (world sizes, counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
 
 
 def positive_float(text: str) -> float:

@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotp.cli.arguments import hardware_profile, output_path
+from autotp.cli.arguments import hardware_profile, output_path, positive_int
 
 __all__ = ["main"]
 
@@ -218,13 +218,6 @@ def run_demo(config: DemoConfig) -> int:
     return 0 if max_abs_diff <= config.tolerance else 1
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotp", description="Automatic tensor parallelism for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -235,16 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "with random weights, compare its logits with the single-process model, and print "
                     "the plan, the difference, per-rank parameter bytes, plan time and collectives.",
     )
-    demo.add_argument("--world-size", type=_positive_int, default=4, help="number of processes (default: 4)")
-    demo.add_argument("--layers", type=_positive_int, default=2, help="decoder layers (default: 2)")
-    demo.add_argument("--seq-len", type=_positive_int, default=16, help="tokens per sequence (default: 16)")
+    demo.add_argument("--world-size", type=positive_int, default=4, help="number of processes (default: 4)")
+    demo.add_argument("--layers", type=positive_int, default=2, help="decoder layers (default: 2)")
+    demo.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence (default: 16)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: 0)")
     demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                       help=f"largest max-abs logit difference accepted (default: {DEFAULT_TOLERANCE:g})")
     demo.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
                       help="hardware profile the plan is costed for (name or JSON path; default: h100-sxm); "
                            "the run itself is always CPU gloo")
-    demo.add_argument("--generate", type=_positive_int, default=0, metavar="N",
+    demo.add_argument("--generate", type=positive_int, default=0, metavar="N",
                       help="then generate N tokens greedily with a sharded KV cache and compare tokens, prefill ms, "
                            "ms per token and tokens/s with the single-process model.generate")
     _add_calibrate_parser(commands)
@@ -264,12 +257,12 @@ def _add_calibrate_parser(commands: Any) -> None:
                     "usable as autotp.plan(..., hardware=\"PATH.json\"). The profile describes one rank "
                     "of an N-rank job on this machine.",
     )
-    calibrate.add_argument("--world-size", type=_positive_int, default=2,
+    calibrate.add_argument("--world-size", type=positive_int, default=2,
                            help="processes to measure with, as the runs you will plan for (default: 2)")
     calibrate.add_argument("--output", "-o", type=output_path, default="autotp-hardware.json",
                            help="where to write the profile (default: autotp-hardware.json)")
     calibrate.add_argument("--name", default="cpu-calibrated", help="profile name (default: cpu-calibrated)")
-    calibrate.add_argument("--threads", type=_positive_int, default=None,
+    calibrate.add_argument("--threads", type=positive_int, default=None,
                            help="torch threads per process (default: cores // world size, at least 1)")
     calibrate.add_argument("--quick", action="store_true",
                            help="small sizes and short timings: a rough profile in seconds")

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from autotp.cli.arguments import hardware_profile, output_path, positive_float
+from autotp.cli.arguments import hardware_profile, output_path, positive_float, positive_int
 
 __all__ = ["PRESETS", "ModelSpec", "SpecError", "add_plan_parser", "load_spec", "run_plan"]
 
@@ -209,16 +209,6 @@ def _parse_constraint(text: str) -> tuple[str, str]:
     return pattern, placement
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
 def add_plan_parser(commands: Any) -> None:
     """Register ``autotp plan`` on the CLI's sub-command parser."""
     plan = commands.add_parser(
@@ -233,12 +223,12 @@ def add_plan_parser(commands: Any) -> None:
                "--world-size 8 --hardware h100-sxm --html plan.html --json plan.json --plot latency.png",
     )
     plan.add_argument("spec", metavar="SPEC", help="preset name, config.json path, or package.module:factory")
-    plan.add_argument("--world-size", type=_positive_int, default=8, help="ranks to split over (default: 8)")
+    plan.add_argument("--world-size", type=positive_int, default=8, help="ranks to split over (default: 8)")
     plan.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
                       help="hardware profile name (h100-sxm, h200, a100-sxm, pcie-gpu, ...; a wrong name lists them "
                            "all) or JSON path from `autotp calibrate`, as autotp.plan(hardware=...) (default: h100-sxm)")
-    plan.add_argument("--batch", type=_positive_int, default=1, help="sequences per forward pass (default: 1)")
-    plan.add_argument("--seq-len", type=_positive_int, default=1024,
+    plan.add_argument("--batch", type=positive_int, default=1, help="sequences per forward pass (default: 1)")
+    plan.add_argument("--seq-len", type=positive_int, default=1024,
                       help="prefill tokens per sequence (default: 1024); decode is 1 token")
     plan.add_argument("--phase", choices=("prefill", "decode"), default="prefill",
                       help="which forward pass to plan and report (default: prefill)")
@@ -255,7 +245,7 @@ def add_plan_parser(commands: Any) -> None:
                       help="plot predicted latency vs world size 1-8, prefill and decode (needs matplotlib)")
     plan.add_argument("--explain", action="append", default=[], metavar="NAME",
                       help="also explain this node or parameter FQN (repeatable)")
-    plan.add_argument("--max-rows", type=_positive_int, default=40, help="rows per table in the summary (default: 40)")
+    plan.add_argument("--max-rows", type=positive_int, default=40, help="rows per table in the summary (default: 40)")
     plan.add_argument("--time-limit", type=positive_float, default=120.0, help="solver time limit per plan, seconds (default: 120)")
 
 

@@ -15,7 +15,6 @@ It needs no process group and no real weights. State after each step:
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 import warnings
@@ -23,8 +22,8 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-from autotp.base.errors import UnsupportedOpError
-from autotp.base.placements import placement_to_str, split_of
+from autotp.base.errors import PlanError, UnsupportedOpError
+from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
 from autotp.base.reshard import reshard_steps
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
@@ -34,12 +33,13 @@ from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
+from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 
-__all__ = ["auto_memory_budget", "plan_graph", "resolve_memory_budget"]
+__all__ = ["auto_memory_budget", "check_fits_device", "plan_graph", "resolve_memory_budget"]
 
 
 def _log(progress: bool, message: str) -> None:
@@ -59,7 +59,8 @@ def _splittable_parameters(costed: CostedGraph) -> set[str]:
     return unread | {name for name, placements in accepted.items() if placements}
 
 
-def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset()) -> float:
+def auto_memory_budget(costed: CostedGraph, world_size: int | None = None,
+                       state: frozenset[str] = frozenset()) -> float:
     """The ``memory_budget="auto"`` bytes per rank: every matrix split along *some* dim, 1-D tensors may stay whole.
 
     Per matrix the allowance is its largest shard over the dims it could be split on, so
@@ -67,18 +68,19 @@ def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset())
     its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
     is ``state`` (KV caches: whether to split their heads is the cost model's choice). The
     budget depends on shapes, the world size and which ops read each parameter, not on the
-    strategies offered (constraints and reference plans get the same budget).
+    strategies offered (constraints and reference plans get the same budget). ``world_size``
+    (default: the graph's) gives the same figure at another world size, with the same readers.
     """
-    world_size = costed.graph.world_size
+    world_size = world_size or costed.graph.world_size
     splittable = _splittable_parameters(costed)
     total = 0.0
     for name in costed.memory_bytes:
         if not costed.graph.nodes[name].users:
             continue  # never read (the second name of a tied weight): not held, so no allowance
         val = costed.graph.nodes[name].meta["val"]
-        full = val.numel() * val.element_size()
-        sizes = [int(s) for s in val.shape]
-        splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
+        full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
+        splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
+                  for d, size in enumerate(val.shape) if size > 1]
         whole = val.dim() <= 1 or not splits or name not in splittable or name in state
         total += full if whole else max(splits)
     return total
@@ -90,8 +92,47 @@ def resolve_memory_budget(memory_budget: float | int | str | None, costed: Coste
     if memory_budget is None:
         return None
     if memory_budget == "auto":
-        return auto_memory_budget(costed, state)
+        budget = auto_memory_budget(costed, state=state)
+        check_fits_device(costed, budget)
+        return budget
     return float(memory_budget)
+
+
+def check_fits_device(costed: CostedGraph, budget: float) -> None:
+    """Refuse, before any weight is read, a world size at which the model cannot fit the device's memory.
+
+    Per rank: the ``"auto"`` parameter bytes, plus buffers, constants and inputs (whole on every
+    rank: e.g. a KV cache held as graph state), plus activations, bounded above by the two largest
+    tensors the graph computes (an op's input and output, unsplit) — against
+    ``hardware.memory_gib``. The error names the smallest world size at which the same
+    estimate fits.
+    """
+    graph = costed.graph
+    hw_bytes = costed.hardware.memory_gib * 2**30
+    nodes = list(graph.graph_module.graph.nodes)
+    state_bytes = sum(tensor_nbytes(n.meta["val"]) for n in nodes if n.op == "placeholder" and n.users
+                      and n.name not in graph.parameters and isinstance(n.meta.get("val"), torch.Tensor))
+    sizes = sorted((tensor_nbytes(n.meta["val"]) for n in nodes
+                    if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)), reverse=True)
+    activation_bytes = sum(sizes[:2])
+
+    def needed(world_size: int) -> float:
+        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size)
+        return weights + state_bytes + activation_bytes
+
+    if needed(graph.world_size) <= hw_bytes:
+        return
+    fits = next((w for w in range(graph.world_size + 1, 4097) if needed(w) <= hw_bytes), None)
+    def size(n: float) -> str:
+        return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+    what = (f"at world_size={graph.world_size} each rank needs about {size(needed(graph.world_size))} "
+            f"(parameters {size(budget)}, buffers and inputs {size(state_bytes)}, activations up to "
+            f"{size(activation_bytes)}) but a {costed.hardware.name} device has {size(hw_bytes)}")
+    where = (f"the smallest world size that fits is {fits}: pass world_size={fits}" if fits is not None
+             else "no world size up to 4096 fits (activations or buffers alone are too large)")
+    raise PlanError(f"the model does not fit in device memory: {what}; {where}, or hardware= a profile with "
+                    "more memory, or memory_budget=<bytes per rank> to plan anyway")
 
 
 def _check_fallback(graph: StrategyGraph, strict: bool) -> None:

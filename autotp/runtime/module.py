@@ -10,6 +10,7 @@ tuples, dicts, HuggingFace ``ModelOutput``).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -19,12 +20,12 @@ import torch.utils._pytree as pytree
 
 from autotp.base.placements import placement_from_str, split_of
 from autotp.capture import CapturedGraph
-from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective
+from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 from autotp.runtime.kv_cache import CacheLayout
 
-__all__ = ["GenerationGraphs", "TensorParallelModule", "shard_tensor"]
+__all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +43,49 @@ class GenerationGraphs:
     prefill_plan: Plan | None
 
 
-def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
-    """This rank's block of ``full`` under ``placement_text`` (a contiguous copy, so ``full`` can be freed)."""
+def local_block(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
+                rank: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """Where rank ``rank``'s block of a tensor of ``shape`` placed as ``placement_text`` lies in the full tensor.
+
+    ``None`` when the tensor is not split (the rank holds it whole); else ``(dim, [(start, stop), ...])``:
+    the ranges of ``dim`` the rank holds, one per block (several for a block split such as a fused
+    QKV weight), concatenated in that order. The cuts come from ``parts`` (uneven splits: see
+    :mod:`autotp.passes.uneven`), so slicing in memory (:func:`shard_tensor`) and reading from a
+    checkpoint (:mod:`autotp.runtime.loading`) hold exactly the block the rewritten graph expects.
+    """
     split = split_of(placement_from_str(placement_text))
     if split is None:
-        return full.detach()
+        return None
     dim, blocks = split
     offset, length = parts.local(name, dim, rank, blocks)
-    block = full.shape[dim] // blocks
-    pieces = [full.detach().narrow(dim, b * block + offset, length) for b in range(blocks)]
-    return torch.cat(pieces, dim).clone() if blocks > 1 else pieces[0].clone()
+    block = int(shape[dim]) // blocks
+    return dim, [(b * block + offset, b * block + offset + length) for b in range(blocks)]
+
+
+def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> dict[str, tuple[tuple[int, ...], list[Any] | None]]:
+    """FQN -> (full shape, every rank's :func:`local_block`, or None when not split), for each parameter the graph reads.
+
+    What a rank reads from a checkpoint and what it writes to one (with its global offsets) both come from here.
+    """
+    layout = {}
+    for node in captured.graph_module.graph.nodes:
+        fqn = captured.parameter_fqns().get(node.name) if node.op == "placeholder" else None
+        if fqn is None or not node.users:
+            continue
+        shape = tuple(int(d) for d in node.meta["val"].shape)
+        blocks = [local_block(shape, plan.parameters[fqn], parts, node.name, r) for r in range(plan.world_size)]
+        layout[fqn] = (shape, None if blocks[0] is None else blocks)
+    return layout
+
+
+def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
+    """This rank's block of ``full`` under ``placement_text`` (a contiguous copy, so ``full`` can be freed)."""
+    where = local_block(full.shape, placement_text, parts, name, rank)
+    if where is None:
+        return full.detach()
+    dim, ranges = where
+    pieces = [full.detach().narrow(dim, start, stop - start) for start, stop in ranges]
+    return torch.cat(pieces, dim).clone() if len(pieces) > 1 else pieces[0].clone()
 
 
 class TensorParallelModule(torch.nn.Module):
@@ -64,10 +98,13 @@ class TensorParallelModule(torch.nn.Module):
     """
 
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
-                 local_values: dict[str, torch.Tensor], rank: int, generation: GenerationGraphs | None = None) -> None:
+                 local_values: dict[str, torch.Tensor], rank: int,
+                 layout: dict[str, tuple[tuple[int, ...], list[Any] | None]] | None = None,
+                 generation: GenerationGraphs | None = None) -> None:
         super().__init__()
-        self.generation = generation
+        self.generation = generation  # set by autotp.compile(..., max_cache_len=): the cache and the prefill graph
         self._state = set(captured.state)
+        self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
         self.plan = plan
         self.graph_module = graph_module
         self.rank = rank
@@ -98,6 +135,16 @@ class TensorParallelModule(torch.nn.Module):
             elif slot.kind != "user":
                 out[str(slot.target)] = getattr(self, slot.name)
         return out
+
+    def save(self, directory: str | os.PathLike[str], group: Any = None) -> None:
+        """Write this rank's shards to ``directory`` with ``torch.distributed.checkpoint`` (call on every rank).
+
+        Each split parameter is saved with its global offsets, so :func:`autotp.load` reads it back
+        at any world size; replicated tensors are written once. See :mod:`autotp.runtime.saving`.
+        """
+        from autotp.runtime.saving import save_sharded
+
+        save_sharded(self, directory, group)
 
     def parameter_bytes(self) -> int:
         """Bytes of parameters this rank holds (shards of split ones, whole replicated ones)."""
@@ -142,12 +189,7 @@ class TensorParallelModule(torch.nn.Module):
 
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the rank-local graph, by kind (one forward pass issues each once)."""
-        counts: dict[str, int] = {}
-        for node in self.graph_module.graph.nodes:
-            if is_collective(node):
-                kind = COLLECTIVE_OPS[node.target]
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        return count_collectives(self.graph_module)
 
     def _flatten_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
         kw_spec = self._in_spec.child(1)
