@@ -18,7 +18,8 @@ from autotp.runtime.kv_cache import CachedCausalLM
 def test_cache_wrapper_matches_the_model() -> None:
     """tp=1, tiny Llama, batch 2: a 5-token prefill then one decode step through the 8-slot cache give
     the logits of the model run on the whole 6-token sequence."""
-    model, (ids,), _ = tiny_llama(batch=2, seq_len=6, layers=1)
+    model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=6,
+                                  layers=1)
     wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=8)
     mask = torch.zeros(2, 8, dtype=torch.long)
     mask[:, :6] = 1
@@ -32,10 +33,10 @@ def test_cache_wrapper_matches_the_model() -> None:
 
 
 def test_capture_keeps_cache_updates_as_state_and_the_planner_splits_heads() -> None:
-    """tp=2 (planned, no processes), tiny Llama 2 layers, 4 kv heads: the four cache buffers are state
-    (not refused as buffer updates), the graph returns only the logits, and the plan splits every
-    cache by kv heads (dim 1) with its index_copy update alike."""
-    model, _, _ = tiny_llama(batch=1, seq_len=4)
+    """tp=2 (planned, no processes), tiny Llama 2 layers, hidden 64, 4 heads / 2 kv heads: the four cache
+    buffers are state (not refused as buffer updates), the graph returns only the logits, and the plan
+    splits every cache by kv heads (dim 1) with its index_copy update alike."""
+    model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=1, seq_len=4)
     wrapper = CachedCausalLM(model, batch_size=1, max_cache_len=16)
     captured = capture(wrapper, wrapper.example_inputs(1))
     fqns = sorted(captured.state_fqns().values())
