@@ -88,6 +88,6 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     layout = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
                          vocab_size=vocab)
     phases = GenerationGraphs(layout=layout, prefill=prefill_gm, prefill_inputs=prefill_inputs,
-                              prefill_plan=prefill_plan)
+                              prefill_plan=prefill_plan, decode_plan=decode_plan)
     return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, generation=phases)
 

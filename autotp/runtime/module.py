@@ -41,6 +41,18 @@ class GenerationGraphs:
     prefill: fx.GraphModule | None
     prefill_inputs: tuple[str | int, ...]
     prefill_plan: Plan | None
+    decode_plan: Plan | None = None
+
+    def __str__(self) -> str:
+        """Both phases' plans, decode first (it placed the weights and the cache)."""
+        layout = self.layout
+        parts = [f"KV cache: {layout.batch_size} rows x {layout.max_cache_len} slots"]
+        if self.decode_plan is not None:
+            parts.append(f"== decode (1 token per row; places the weights and the cache) ==\n{self.decode_plan}")
+        if self.prefill_plan is not None:
+            parts.append(f"== prefill ({layout.prefill_len} tokens per row; placements pinned to decode's) ==\n"
+                         f"{self.prefill_plan}")
+        return "\n".join(parts)
 
 
 def local_block(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
