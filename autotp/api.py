@@ -53,6 +53,7 @@ def plan(
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    max_cache_len: int | None = None,
 ) -> Plan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -74,9 +75,17 @@ def plan(
     ``constraints`` pins placements before solving: ``{fnmatch pattern over parameter FQNs and
     node names: placement}``, e.g. ``{"model.layers.*.mlp.down_proj.weight": Replicate()}``
     (see :mod:`autotp.planning.constraints`).
+    ``max_cache_len`` plans a causal LM's decode step with a KV cache of that many slots per row
+    (the cache placed like a parameter), as :func:`compile` does with it.
     """
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+    if max_cache_len is not None:
+        from autotp.generation import generation_inputs
+
+        wrapper, _, _ = generation_inputs(model, example_inputs, max_cache_len)
+        _log(progress, f"tracing {type(model).__name__}'s decode step with a KV cache of {max_cache_len} slots")
+        return plan_graph(capture(wrapper, inputs_on_model_device(model, wrapper.example_inputs(1))), options)
     _log(progress, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, inputs_on_model_device(model, example_inputs),
                        inputs_on_model_device(model, example_kwargs))
