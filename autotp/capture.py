@@ -51,7 +51,7 @@ from torch.export.graph_signature import InputKind
 from autotp.base.errors import CaptureError
 from autotp.passes.rules.args import arg
 
-__all__ = ["CapturedGraph", "InputSlot", "capture", "from_exported", "inputs_on_model_device"]
+__all__ = ["CapturedGraph", "InputSlot", "capture", "check_model", "from_exported", "inputs_on_model_device"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -111,6 +111,18 @@ def _user_frame(exc: BaseException) -> str | None:
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
 
 
+def check_model(model: object) -> None:
+    """TypeError, saying what to pass, unless ``model`` is an ``nn.Module``."""
+    if isinstance(model, torch.nn.Module):
+        return
+    name = getattr(model, "__name__", type(model).__name__)
+    raise TypeError(
+        f"autotp needs a torch.nn.Module (its parameters are what it splits), got {type(model).__name__} {name!r}. "
+        "Pass the module itself (not its output, state_dict or a bound method); to split a function that uses "
+        "weights, make it an nn.Module whose forward calls it with the weights as nn.Parameter attributes."
+    )
+
+
 def _is_meta_model(model: torch.nn.Module) -> bool:
     return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
 
@@ -152,8 +164,7 @@ def capture(
     Raises :class:`CaptureError` naming the cause and the line of the model's code when the
     model cannot be exported (data-dependent control flow, unsupported Python, ...).
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"autotp needs an nn.Module, got {type(model).__name__}")
+    check_model(model)
     if not isinstance(example_inputs, tuple):
         raise TypeError(
             f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "

@@ -48,6 +48,13 @@ from autotp.passes.rewrite import count_collectives, rewrite_for_rank
 from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import (
+    DEFAULT_AGREEMENT_TIMEOUT_S,
+    agreed_options,
+    check_timeout,
+    compile_record,
+    ranks_agree,
+)
 from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.module import shard_tensor
 
@@ -304,19 +311,28 @@ class CompiledSubgraph:
 
     def _build(self, args: Sequence[Any], key: tuple) -> _LocalGraph:
         owner = self._owner
-        if len(self.local_graphs) >= owner.max_shapes:
-            raise AutoTPError(
-                f"torch.compile graph {self.index} has been called with {len(self.local_graphs) + 1} different input "
-                f"sizes (max_shapes={owner.max_shapes}); each needs its own rank-local graph. Pad inputs to a few "
-                "fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
-            )
-        concrete = [_concrete(a) for a in args]
-        captured, arg_of_param = self._lower(concrete)
+        # every rank lowers, then the ranks agree (graph, options, weights) before planning
+        with ranks_agree(owner.group, timeout_s=owner.agreement_timeout_s,
+                         what=f"torch.compile graph {self.index}") as agreement:
+            if len(self.local_graphs) >= owner.max_shapes:
+                raise AutoTPError(
+                    f"torch.compile graph {self.index} has been called with {len(self.local_graphs) + 1} different "
+                    f"input sizes (max_shapes={owner.max_shapes}); each needs its own rank-local graph. Pad inputs to "
+                    "a few fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
+                )
+            concrete = [_concrete(a) for a in args]
+            captured, arg_of_param = self._lower(concrete)
+            weights = ({str(slot.target): concrete[arg_of_param[slot.name]] for slot in captured.inputs
+                        if slot.name in arg_of_param} if owner.check_weights else None)
+            agreement.record = compile_record(captured, weights=weights, checksums=owner._checksums,
+                                              options=agreed_options(owner._options, inner=owner.inner,
+                                                                     check_weights=owner.check_weights))
         plan, decisions = owner._plan_for(captured, self._canonical_names(captured))
         if self.plan is None:
             self.plan = plan
         parts = build_partitions(captured.graph_module, decisions, owner.world_size)
-        local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, owner.rank, owner.group_name)
+        local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, owner.rank, owner.group_name,
+                                    routes=plan.reshard_routes())
         template: list[Any] = []
         feeds: list[tuple[int, int]] = []
         exported = captured.exported
@@ -365,7 +381,8 @@ class AutoTPBackend:
 
     def __init__(self, *, world_size: int | None, hardware: str | Hardware, inner: str,
                  memory_budget: float | int | str | None, group: dist.ProcessGroup | None, strict: bool,
-                 time_limit_s: float, max_shapes: int, progress: bool) -> None:
+                 time_limit_s: float, max_shapes: int, progress: bool, check_weights: bool = True,
+                 agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> None:
         if inner not in _INNER:
             raise ValueError(f"inner must be one of {_INNER}, got {inner!r}; e.g. autotp.backend(inner='inductor')")
         if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
@@ -385,6 +402,8 @@ class AutoTPBackend:
         self.time_limit_s = time_limit_s
         self.max_shapes = max_shapes
         self.progress = progress
+        self.check_weights = check_weights
+        self.agreement_timeout_s = check_timeout(agreement_timeout_s)
         self.reset()
 
     def reset(self) -> None:
@@ -392,6 +411,7 @@ class AutoTPBackend:
         self.subgraphs: list[CompiledSubgraph] = []
         self._plans: dict[tuple, tuple[Plan, dict[str, str]]] = {}
         self._shards = _ShardCache()
+        self._checksums: WeakIdKeyDictionary = WeakIdKeyDictionary()  # full weight -> WeightChecksum
         self._plans_solved = 0
         self._plans_reused = 0
         self._lowerings = 0
@@ -428,7 +448,8 @@ class AutoTPBackend:
         )
         found = self._plans.get(key)
         if found is None:
-            plan = plan_on_first_rank(captured, self._options, group=self.group, rank=self.rank)
+            plan = plan_on_first_rank(captured, self._options, group=self.group, rank=self.rank,
+                                      agreement_timeout_s=self.agreement_timeout_s)
             self._plans[key] = found = (plan, {canonical[n.name]: n.name for n in gm.graph.nodes if n.op == "placeholder"})
             self._plans_solved += 1
         else:
@@ -499,6 +520,8 @@ def backend(
     time_limit_s: float = 60.0,
     max_shapes: int = 8,
     progress: bool = False,
+    check_weights: bool = True,
+    agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
 ) -> AutoTPBackend:
     """A ``torch.compile`` backend that makes the model tensor-parallel over ``group``'s ranks.
 
@@ -506,11 +529,13 @@ def backend(
     same weights. ``inner`` runs each rank-local graph as is (``"eager"``) or compiles it
     with Inductor (``"inductor"``). ``max_shapes`` bounds the input sizes each graph is
     re-lowered for. Other options as in :func:`autotp.plan`. The process group must be
-    initialised before the compiled model first runs.
+    initialised before the compiled model first runs. Before each graph is planned (once per
+    graph and input size) the ranks check that they agree, as in :func:`autotp.compile`
+    (``check_weights``, ``agreement_timeout_s``).
     """
     return AutoTPBackend(world_size=world_size, hardware=hardware, inner=inner, memory_budget=memory_budget,
                          group=group, strict=strict, time_limit_s=time_limit_s, max_shapes=max_shapes,
-                         progress=progress)
+                         progress=progress, check_weights=check_weights, agreement_timeout_s=agreement_timeout_s)
 
 
 class _EntryPoint:

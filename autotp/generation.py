@@ -64,7 +64,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     _log(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
     decode = capture(wrapper, wrapper.example_inputs(1))
     decode_plan = plan_or_check(decode, plan, options, group=group, rank=rank)
-    decode_gm, values = apply_plan(decode, decode_plan, group=group, rank=rank)
+    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank)
     prefill_gm = prefill_plan = None
     prefill_inputs: tuple[str | int, ...] = ()
     if seq > 1:
@@ -74,7 +74,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         # with placements pinned, the memory budget has nothing left to decide
         pinned = dataclasses.replace(options, memory_budget=None, constraints=dict(decode_plan.parameters))
         prefill_plan = plan_or_check(prefill, None, pinned, group=group, rank=rank)
-        prefill_gm, prefill_values = apply_plan(prefill, prefill_plan, group=group, rank=rank)
+        prefill_gm, prefill_values, _ = apply_plan(prefill, prefill_plan, group=group, rank=rank)
         by_fqn = {str(s.target): s.name for s in decode.inputs if s.kind != "user"}
         for slot in prefill.inputs:
             if slot.kind != "user" and values[by_fqn[str(slot.target)]].shape != prefill_values[slot.name].shape:
@@ -85,9 +85,9 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         # the prefill graph's placeholders take the decode graph's tensors (one set of shards, one cache)
         prefill_inputs = tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in prefill.inputs)
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    layout = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
+    cache = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
                          vocab_size=vocab)
-    phases = GenerationGraphs(layout=layout, prefill=prefill_gm, prefill_inputs=prefill_inputs,
+    phases = GenerationGraphs(layout=cache, prefill=prefill_gm, prefill_inputs=prefill_inputs,
                               prefill_plan=prefill_plan, decode_plan=decode_plan)
-    return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, generation=phases)
+    return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases)
 

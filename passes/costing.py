@@ -12,8 +12,8 @@ this pass only decides *what* each strategy asks of the hardware:
   whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
   reads the whole weight). View-like ops move no data and launch no kernel: they cost only
   ``Hardware.view_op_s``, the host's dispatch (0 on GPU profiles, measured on a CPU).
-- resharding between the producer's and the consumer's placement of one tensor: the steps of
-  :func:`autotp.base.reshard.reshard_steps`, each priced by its row of
+- resharding between the producer's and the consumer's placement of one tensor: the cheapest
+  route of :func:`autotp.base.reshard.reshard_routes`, each step priced by its row of
   :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
 - memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
 """
@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, split_of
-from autotp.base.reshard import reshard_steps
+from autotp.base.reshard import Route, reshard_routes
 from autotp.base.strategy import Strategy
 from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
 from autotp.passes.resharding import RESHARD_TABLE
@@ -37,7 +37,7 @@ from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "reshard_time_s", "tensor_nbytes"]
+__all__ = ["CostedGraph", "cost_strategy_graph", "reshard_route", "reshard_time_s", "route_time_s", "tensor_nbytes"]
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
@@ -50,22 +50,34 @@ def _dtype(value: object) -> torch.dtype:
     return leaves[0].dtype if leaves else torch.float32
 
 
-def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> float:
-    """Predicted seconds to reshard ``value`` (a FakeTensor) from ``src`` to ``dst``.
+def route_time_s(route: Route, value: object, world_size: int, hardware: Hardware) -> float:
+    """Predicted seconds of the resharding ``route`` of ``value`` (a FakeTensor).
 
-    The sum of the terms of each step of the route (:func:`autotp.base.reshard.reshard_steps`),
-    as its row of :data:`autotp.passes.resharding.RESHARD_TABLE` prices them from the bytes of the
-    whole tensor and of the largest rank's part.
+    The sum of the terms of each step, as its row of :data:`autotp.passes.resharding.RESHARD_TABLE`
+    prices them from the bytes of the whole tensor and of the largest rank's part.
     """
     nbytes = tensor_nbytes(value)
     dtype = _dtype(value)
     total = 0.0
-    for step in reshard_steps(src, dst):
+    for step in route:
         split = step.split
         shard = _local_nbytes(value, split, world_size) if split is not None else nbytes
         for term in RESHARD_TABLE[step.kind].time_terms(step, nbytes, shard, dtype, world_size, hardware):
             total += term
     return total
+
+
+def reshard_route(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> Route:
+    """The cheapest route from ``src`` to ``dst`` for ``value`` (the default one on a tie)."""
+    routes = reshard_routes(src, dst)
+    if len(routes) == 1:
+        return routes[0]
+    return min(routes, key=lambda route: route_time_s(route, value, world_size, hardware))
+
+
+def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> float:
+    """Predicted seconds to reshard ``value`` (a FakeTensor) from ``src`` to ``dst`` by the cheapest route."""
+    return route_time_s(reshard_route(src, dst, value, world_size, hardware), value, world_size, hardware)
 
 
 @dataclasses.dataclass
@@ -80,6 +92,11 @@ class CostedGraph:
     def reshard_s(self, producer: str, src: Placement, dst: Placement) -> float:
         node = self.graph.nodes[producer]
         return reshard_time_s(src, dst, node.meta.get("val"), self.graph.world_size, self.hardware)
+
+    def reshard_route(self, producer: str, src: Placement, dst: Placement) -> Route:
+        """The route :meth:`reshard_s` prices: the steps the plan records and the rewrite applies."""
+        node = self.graph.nodes[producer]
+        return reshard_route(src, dst, node.meta.get("val"), self.graph.world_size, self.hardware)
 
 
 def _meta_args(node: fx.Node) -> tuple[tuple, dict]:

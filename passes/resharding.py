@@ -181,8 +181,47 @@ def _emit_reduce_scatter(b: LocalGraph, x: fx.Node, producer: fx.Node, step: Res
     return x
 
 
+def _pad_dim(b: LocalGraph, x: fx.Node, producer: fx.Node, dim: int, ndim: int, amount: int) -> fx.Node:
+    """Append ``amount`` zeros to the end of ``dim`` (of ``ndim`` dims)."""
+    if amount == 0:
+        return x
+    return b.call(aten.constant_pad_nd.default, x, [0, 0] * (ndim - 1 - dim) + [0, amount], 0.0, meta_from=producer)
+
+
 def _emit_all_to_all(b: LocalGraph, x: fx.Node, producer: fx.Node, step: ReshardStep) -> fx.Node:
-    raise NotImplementedError("all_to_all is not emitted yet")
+    """``S(i) -> S(j)``: rank r sends rank q the part of its ``i``-slice that lies in q's ``j``-slice.
+
+    The ``j`` dim goes to the front, so the pieces to send are consecutive rows (split sizes: the
+    ``j`` partition, uneven included); the ``i`` dim is padded to the largest rank's part so that
+    every received piece has one shape. Rank r receives ``p`` pieces of ``sizes_j[r]`` rows, one
+    per source rank q, which hold q's ``i``-slice: they are cut to ``sizes_i[q]`` and put side by
+    side along ``i``, and ``j`` goes back in place.
+    """
+    i, j = step.dim, step.to_dim
+    ndim = producer.meta["val"].dim()
+    sizes_i = b.parts.sizes(producer.name, i)
+    sizes_j = b.parts.sizes(producer.name, j)
+    widest = max(sizes_i)
+    i_front = i + 1 if i < j else i  # where dim i is once dim j is moved to the front
+    # (batch, ..., local i, ..., whole j, ...) -> (whole j, ..., padded i, ...)
+    x = b.call(aten.movedim.int, x, j, 0, meta_from=producer)
+    x = _pad_dim(b, x, producer, i_front, ndim, widest - sizes_i[b.rank])
+    x = b.call(aten.contiguous.default, x, meta_from=producer)
+    mine = sizes_j[b.rank]
+    exchanged = b.call(c10d.all_to_all_single.default, x, [mine] * b.world_size, list(sizes_j), b.group_name,
+                       meta_from=producer)
+    x = b.call(c10d.wait_tensor.default, exchanged, meta_from=producer)
+    # (p * local j, ..., padded i, ...): source q's piece is rows q*mine.. of q's i-slice
+    pieces = []
+    for q in range(b.world_size):
+        piece = b.call(aten.narrow.default, x, 0, q * mine, mine, meta_from=producer)
+        if sizes_i[q] != widest:
+            piece = b.call(aten.narrow.default, piece, i_front, 0, sizes_i[q], meta_from=producer)
+        pieces.append(piece)
+    x = b.call(aten.cat.default, pieces, i_front, meta_from=producer)
+    # back in place, and contiguous: a consumer's view() needs the layout it was traced with
+    x = b.call(aten.movedim.int, x, 0, j, meta_from=producer)
+    return b.call(aten.contiguous.default, x, meta_from=producer)
 
 
 # --------------------------------------------------------------------------- the table

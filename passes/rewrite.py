@@ -25,14 +25,15 @@ on a collective another rank does not issue.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import BlockShard, Placement, split_of
-from autotp.base.reshard import reshard_steps
+from autotp.base.reshard import ReshardKind, reshard_steps, route_with_kinds
 from autotp.base.strategy import Strategy
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import local_form_for
@@ -74,9 +75,15 @@ class _Builder:
                     node.meta[key] = meta_from.meta[key]
         return node
 
-    def reshard(self, x: fx.Node, producer: fx.Node, src: Placement, dst: Placement) -> fx.Node:
-        """Emit the steps that turn ``x`` (``producer``'s value on this rank) from ``src`` into ``dst``."""
-        for step in reshard_steps(src, dst):
+    def reshard(self, x: fx.Node, producer: fx.Node, src: Placement, dst: Placement,
+                kinds: tuple[ReshardKind, ...] | None) -> fx.Node:
+        """Emit the steps that turn ``x`` (``producer``'s value on this rank) from ``src`` into ``dst``:
+        the route of step ``kinds`` the plan chose, or the default route when it names none."""
+        try:
+            route = reshard_steps(src, dst) if kinds is None else route_with_kinds(src, dst, kinds)
+        except ValueError as exc:
+            raise PlanMismatchError(f"the plan's resharding of {producer.name}: {exc}") from None
+        for step in route:
             x = RESHARD_TABLE[step.kind].emit(self, x, producer, step)
         return x
 
@@ -110,8 +117,15 @@ def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partit
 
 
 def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: Partitions, rank: int,
-                     group_name: str) -> fx.GraphModule:
-    """Build the rank-local graph of ``gm`` for ``rank`` (see module docstring)."""
+                     group_name: str, *,
+                     routes: Mapping[tuple[str, Placement], tuple[ReshardKind, ...]] | None = None) -> fx.GraphModule:
+    """Build the rank-local graph of ``gm`` for ``rank`` (see module docstring).
+
+    ``routes``: (producer, needed placement) -> the kinds of the resharding steps the plan chose
+    (:meth:`autotp.planning.plan.Plan.reshard_routes`); resharding it does not name takes the
+    default route of :func:`autotp.base.reshard.reshard_steps`.
+    """
+    routes = routes or {}
     graph = fx.Graph()
     builder = _Builder(graph, parts, rank, group_name)
     env: dict[str, fx.Node] = {}
@@ -124,7 +138,7 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
             return env[producer.name]
         key = (producer.name, needed)
         if key not in resharded:
-            resharded[key] = builder.reshard(env[producer.name], producer, have, needed)
+            resharded[key] = builder.reshard(env[producer.name], producer, have, needed, routes.get(key))
         return resharded[key]
 
     for node in gm.graph.nodes:

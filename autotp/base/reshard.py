@@ -13,15 +13,17 @@ P -> S(d)          reduce_scatter(d)                   sum, each rank keeps its 
 P -> S(d)xk        all_reduce, slice(d, k)             (no block-wise reduce-scatter)
 S(d) -> R          all_gather(d)                       (S(d)xk too: gathered block by block)
 S(i) -> S(j)       all_to_all(i -> j)                  each rank sends every other rank its
-                                                       part of the other rank's j-slice
+                   (or all_gather(i), slice(j))        part of the other rank's j-slice
 S(i)xk <-> S(j)    all_gather(i), slice(j)             blocks: gather, then cut locally
 S -> P             all_gather, zero
 =================  ==================================  =====================================
 
-The all-to-all moves ``(p-1)/p`` of one rank's shard where the all-gather route moves
-``(p-1)/p`` of the whole tensor and then drops most of it, so under the cost model's
-alpha-beta formulas (``cost_model/collectives.py``: same latency terms, a p-times smaller
-bandwidth term) it is never dearer; the route takes it whenever both sides are plain ``Shard``.
+``S(i) -> S(j)`` between plain shards has two routes (:func:`reshard_routes`): the all-to-all
+moves ``(p-1)/p`` of one rank's shard where the all-gather moves ``(p-1)/p`` of the whole
+tensor and then drops most of it, but it needs a copy of the shard on each side (the pieces
+laid out to send, the received ones put together), which can cost more than the saved bytes
+for a small tensor gathered along dim 0. The cost pass prices both and takes the cheaper; the
+plan records the chosen steps and the rewrite applies them (:func:`route_with_kinds`).
 
 How each kind is priced, emitted in the rank-local graph and printed is one table,
 :data:`autotp.passes.resharding.RESHARD_TABLE`. The kinds' values (``"all_reduce"``...) are
@@ -35,7 +37,7 @@ import enum
 
 from autotp.base.placements import BlockShard, Partial, Placement, Replicate, Shard, split_of
 
-__all__ = ["ReshardKind", "ReshardStep", "reshard_steps"]
+__all__ = ["ReshardKind", "ReshardStep", "Route", "reshard_routes", "reshard_steps", "route_with_kinds"]
 
 
 class ReshardKind(str, enum.Enum):
@@ -99,8 +101,38 @@ def _on(kind: ReshardKind, placement: Placement) -> ReshardStep:
     return ReshardStep(kind, split[0], split[1])
 
 
-def reshard_steps(src: Placement, dst: Placement) -> tuple[ReshardStep, ...]:
-    """The steps that turn placement ``src`` into ``dst`` on one mesh axis (module table)."""
+Route = tuple[ReshardStep, ...]
+
+
+def reshard_routes(src: Placement, dst: Placement) -> tuple[Route, ...]:
+    """Every route from ``src`` to ``dst``, the default first (module table).
+
+    ``S(i) -> S(j)`` has two: the all-to-all, and the all-gather then slice; the cost pass takes
+    the cheaper (:func:`autotp.passes.costing.reshard_route`) and the plan records which.
+    """
+    first = reshard_steps(src, dst)
+    if len(first) == 1 and first[0].kind is ReshardKind.ALL_TO_ALL:
+        return first, (_on(ReshardKind.ALL_GATHER, src), _on(ReshardKind.SLICE, dst))
+    return (first,)
+
+
+def route_with_kinds(src: Placement, dst: Placement, kinds: tuple[ReshardKind | str, ...]) -> Route:
+    """The route from ``src`` to ``dst`` whose steps are of ``kinds`` (as a plan records them).
+
+    ValueError naming the possible routes when there is none (a plan edited by hand).
+    """
+    routes = reshard_routes(src, dst)
+    wanted = tuple(ReshardKind.from_name(str(kind)) for kind in kinds)
+    for route in routes:
+        if tuple(step.kind for step in route) == wanted:
+            return route
+    possible = " or ".join("+".join(str(step.kind) for step in route) or "nothing" for route in routes)
+    raise ValueError(f"no resharding {src} -> {dst} takes the steps {'+'.join(map(str, wanted)) or 'nothing'}; "
+                     f"possible: {possible}")
+
+
+def reshard_steps(src: Placement, dst: Placement) -> Route:
+    """The default steps that turn placement ``src`` into ``dst`` on one mesh axis (module table)."""
     if src == dst:
         return ()
     src_split, dst_split = split_of(src), split_of(dst)
@@ -117,5 +149,7 @@ def reshard_steps(src: Placement, dst: Placement) -> tuple[ReshardStep, ...]:
     if isinstance(dst, Replicate):
         return (gather,)
     if dst_split:
+        if src_split[1] == 1 and dst_split[1] == 1:
+            return (ReshardStep(ReshardKind.ALL_TO_ALL, src_split[0], 1, dst_split[0]),)
         return (gather, _on(ReshardKind.SLICE, dst))
     return (gather, ReshardStep(ReshardKind.ZERO))

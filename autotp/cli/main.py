@@ -218,6 +218,27 @@ def run_demo(config: DemoConfig) -> int:
     return 0 if max_abs_diff <= config.tolerance else 1
 
 
+def run_checkpoint_demo(config: DemoConfig, checkpoint: str) -> int:
+    """``autotp demo --checkpoint DIR``: spawn the ranks of :mod:`autotp.cli.load_demo`, return the exit code."""
+    import torch.multiprocessing as mp
+
+    from autotp.cli.load_demo import run_checkpoint_rank
+
+    print(f"spawning {config.world_size} gloo processes to load {checkpoint}...", flush=True)
+    results = mp.get_context("spawn").SimpleQueue()
+    try:
+        mp.start_processes(run_checkpoint_rank, nprocs=config.world_size, join=True, start_method="spawn",
+                           args=(config.world_size, config.init_method, checkpoint, config.seq_len, config.hardware,
+                                 config.tolerance, results))
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        print(f"autotp demo --checkpoint failed on rank {exc.error_index}:\n{exc}", file=sys.stderr, flush=True)
+        return 2
+    if results.empty():
+        print("autotp demo: rank 0 finished without a result", file=sys.stderr, flush=True)
+        return 2
+    return 0 if results.get() <= config.tolerance else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotp", description="Automatic tensor parallelism for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -234,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: 0)")
     demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                       help=f"largest max-abs logit difference accepted (default: {DEFAULT_TOLERANCE:g})")
+    demo.add_argument("--checkpoint", metavar="DIR", default=None,
+                      help="load this transformers safetensors checkpoint with autotp.from_pretrained instead of "
+                           "building a random Llama, and show each rank's peak memory while loading")
     demo.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
                       help="hardware profile the plan is costed for (name or JSON path; default: h100-sxm); "
                            "the run itself is always CPU gloo")
@@ -302,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             generate=args.generate,
         )
         try:
+            if args.checkpoint is not None:
+                return run_checkpoint_demo(config, args.checkpoint)
             return run_demo(config)
         except KeyboardInterrupt:
             return 130

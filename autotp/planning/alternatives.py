@@ -19,8 +19,7 @@ from collections import defaultdict
 import torch
 import torch.utils._pytree as pytree
 
-from autotp.base.placements import Placement, placement_from_str, placement_to_str
-from autotp.base.reshard import reshard_steps
+from autotp.base.placements import Placement, placement_to_str
 from autotp.base.strategy import Strategy
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import compute_s, price_outputs, reshard_s
@@ -28,7 +27,7 @@ from autotp.passes.resharding import route_label
 from autotp.passes.strategies import Edge
 from autotp.planning.plan import Alternative
 
-__all__ = ["MAX_ALTERNATIVES", "node_alternatives", "reshard_kind", "strategy_text"]
+__all__ = ["MAX_ALTERNATIVES", "node_alternatives", "strategy_text"]
 
 
 def strategy_text(strategy: Strategy) -> str:
@@ -37,14 +36,6 @@ def strategy_text(strategy: Strategy) -> str:
     if not strategy.inputs:
         return out
     return f"({', '.join(placement_to_str(p) for p in strategy.inputs)}) -> {out}"
-
-
-@functools.lru_cache(maxsize=1024)
-def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
-    """Name of what turns ``src`` into ``dst``: ``all_reduce``, ``all_gather+slice``, ``slice``..."""
-    s = placement_from_str(src) if isinstance(src, str) else src
-    d = placement_from_str(dst) if isinstance(dst, str) else dst
-    return route_label(step.kind for step in reshard_steps(s, d))
 
 
 def _value_key(value: object) -> tuple:
@@ -91,7 +82,7 @@ class _Pricer:
                                          lambda name: override.get(name, self.chosen[name]), self.reshard_s)
         by_kind: dict[str, float] = defaultdict(float)
         for r in reshardings:
-            by_kind[reshard_kind(r.src, r.dst)] += r.time_s
+            by_kind[route_label(step.kind for step in self.costed.reshard_route(r.producer, r.src, r.dst))] += r.time_s
         return dict(by_kind), why
 
 

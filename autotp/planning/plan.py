@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from autotp.base.errors import PlanMismatchError
-from autotp.base.placements import placement_from_str
+from autotp.base.placements import Placement, placement_from_str
 from autotp.base.reshard import ReshardKind
 from autotp.base.strategy import Strategy
 from autotp.passes.resharding import is_collective_step
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from autotp.inspect.explain import PlanDiff
     from autotp.inspect.parallelize_plan import ParallelizePlan
 
-__all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "graph_fingerprint"]
+__all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "as_plan", "graph_fingerprint"]
 
 PLAN_FORMAT_VERSION = 2
 """Version written by :meth:`Plan.save`. Version 1 plans (no graph edges, shapes or
@@ -180,6 +180,10 @@ class Plan:
         """Node name -> chosen :class:`Strategy` (what the rewrite applies)."""
         return {d.name: d.strategy() for d in self.nodes}
 
+    def reshard_routes(self) -> dict[tuple[str, Placement], tuple[ReshardKind, ...]]:
+        """(producer, placement a consumer needs) -> the kinds of the resharding steps chosen for it."""
+        return {(c.producer, placement_from_str(c.dst)): c.steps for c in self.collectives}
+
     def collective_counts(self) -> dict[str, int]:
         """How many of each collective kind one forward pass issues."""
         counts: Counter[str] = Counter()
@@ -315,3 +319,18 @@ class Plan:
             )
         if problems:
             raise PlanMismatchError("plan does not match the model:\n  - " + "\n  - ".join(problems))
+
+
+def as_plan(plan: object) -> Plan | None:
+    """``plan=`` as given to ``autotp.compile``: a Plan, a path to a saved plan (loaded), or ``None``."""
+    if plan is None or isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, os.PathLike)):
+        if not os.path.isfile(plan):
+            raise FileNotFoundError(f"plan={str(plan)!r}: no such file; pass the path of a plan saved with "
+                                    "plan.save(path) or `autotp plan ... --json path`, or a Plan object")
+        return Plan.load(plan)
+    if isinstance(plan, Mapping):
+        raise TypeError("plan= got a dict; pass a Plan: autotp.Plan.load(path) for a saved file (or the path itself), "
+                        "or autotp.Plan.from_json(json.dumps(d)) for a dict read from JSON")
+    raise TypeError(f"plan= must be a Plan, a path to a saved plan, or None; got {type(plan).__name__}")

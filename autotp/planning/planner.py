@@ -24,13 +24,12 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
-from autotp.base.reshard import reshard_steps
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
 from autotp.passes.pricing import compute_s, price_choice
 from autotp.passes.rules import tensor_inputs
-from autotp.passes.solver import Solution, solve
+from autotp.passes.solver import Solution, min_parameter_bytes, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import largest_shard_nbytes
@@ -59,8 +58,7 @@ def _splittable_parameters(costed: CostedGraph) -> set[str]:
     return unread | {name for name, placements in accepted.items() if placements}
 
 
-def auto_memory_budget(costed: CostedGraph, world_size: int | None = None,
-                       state: frozenset[str] = frozenset()) -> float:
+def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(), world_size: int | None = None) -> float:
     """The ``memory_budget="auto"`` bytes per rank: every matrix split along *some* dim, 1-D tensors may stay whole.
 
     Per matrix the allowance is its largest shard over the dims it could be split on, so
@@ -92,7 +90,7 @@ def resolve_memory_budget(memory_budget: float | int | str | None, costed: Coste
     if memory_budget is None:
         return None
     if memory_budget == "auto":
-        budget = auto_memory_budget(costed, state=state)
+        budget = auto_memory_budget(costed, state)
         check_fits_device(costed, budget)
         return budget
     return float(memory_budget)
@@ -117,7 +115,7 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
     activation_bytes = sum(sizes[:2])
 
     def needed(world_size: int) -> float:
-        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size)
+        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size=world_size)
         return weights + state_bytes + activation_bytes
 
     if needed(graph.world_size) <= hw_bytes:
@@ -135,6 +133,21 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
                     "more memory, or memory_budget=<bytes per rank> to plan anyway")
 
 
+def _narrowed(before: StrategyGraph, after: StrategyGraph) -> StrategyGraph:
+    """``after`` if it keeps the nodes of ``before`` and only narrows their candidates; else a PlanError."""
+    problems = []
+    for name in before.order:
+        kept = after.strategies.get(name, [])
+        if not kept:
+            problems.append(f"{name}: no candidate strategy left")
+        elif not set(kept) <= set(before.strategies[name]):
+            problems.append(f"{name}: strategies that were not candidates were added")
+    if after.order != before.order or problems:
+        detail = "; ".join(problems[:5]) or "the nodes changed"
+        raise PlanError(f"strategy_filter must only narrow each node's candidate strategies: {detail}")
+    return after
+
+
 def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
     """With ``strict``, refuse ops that have no sharding rule, naming each and where the user's code calls it."""
     if not graph.fallback or not strict:
@@ -147,6 +160,29 @@ def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
     raise UnsupportedOpError(
         "strict=True and these ops have no sharding rule (they would run replicated):\n  "
         + "\n  ".join(lines) + "\nPass strict=False to run them replicated."
+    )
+
+
+def _blame_constraints(error: PlanError, options: PlanOptions, budget: float | None, costed: CostedGraph) -> PlanError:
+    """A budget error that names the user's constraints when they, not the budget alone, break it.
+
+    The solver's floor assumes every parameter may be split; constraints that keep weights whole
+    (``Replicate()``) raise it, and the default budget was never meant to hold whole matrices.
+    """
+    pinned = [pattern for pattern, text in (options.constraints or {}).items() if str(text) == "R"]
+    floor = min_parameter_bytes(costed)
+    if not pinned or budget is None or floor <= budget:
+        return error
+    which = ", ".join(f"{pattern}=Replicate()" for pattern in pinned)
+    if options.memory_budget == "auto":
+        said = (f"the default memory budget (memory_budget='auto': about 1/world_size of the weights per rank, "
+                f"{budget / 2**20:.2f} MiB)")
+    else:
+        said = f"memory_budget={options.memory_budget!r} ({budget / 2**20:.2f} MiB per rank)"
+    return PlanError(
+        f"your constraints keep weights whole on every rank ({which}), and then {said} cannot hold the "
+        f"parameters: with these constraints a rank needs at least {floor} bytes ({floor / 2**20:.2f} MiB). "
+        f"Pass memory_budget=None (no limit) or memory_budget>={floor}, or drop the Replicate() constraint."
     )
 
 
@@ -164,7 +200,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     graph = build_strategy_graph(captured.graph_module, options.world_size,
                                  {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
     if options.strategy_filter is not None:
-        graph = options.strategy_filter(graph)
+        graph = _narrowed(graph, options.strategy_filter(graph))
     graph = apply_constraints(graph, options.constraints)
     _check_fallback(graph, options.strict)
     _log(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
@@ -172,8 +208,11 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     costed = cost_strategy_graph(graph, hw)
     budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
     _log(options.progress, "solving (MILP, HiGHS)")
-    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
-                     tie=tie_identical_blocks(graph))
+    try:
+        solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
+                         tie=tie_identical_blocks(graph))
+    except PlanError as exc:
+        raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
     if plan.fallback_ops:
         warnings.warn(
@@ -217,7 +256,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             producer=r.producer,
             src=placement_to_str(r.src),
             dst=placement_to_str(r.dst),
-            steps=tuple(step.kind for step in reshard_steps(r.src, r.dst)),
+            steps=tuple(step.kind for step in costed.reshard_route(r.producer, r.src, r.dst)),
             nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
             time_s=r.time_s,
             consumers=r.consumers,

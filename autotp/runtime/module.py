@@ -23,36 +23,10 @@ from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import InputGuard
 from autotp.runtime.kv_cache import CacheLayout
 
 __all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationGraphs:
-    """What a model compiled with ``max_cache_len`` adds (see :mod:`autotp.generation`).
-
-    ``prefill``: the rank-local prefill graph (``None`` when prompts go one token per call);
-    ``prefill_inputs``: per placeholder of it, the decode graph's slot name whose tensor it takes
-    (weights and cache are shared), or the index of the user input; ``prefill_plan``: its plan.
-    """
-
-    layout: CacheLayout
-    prefill: fx.GraphModule | None
-    prefill_inputs: tuple[str | int, ...]
-    prefill_plan: Plan | None
-    decode_plan: Plan | None = None
-
-    def __str__(self) -> str:
-        """Both phases' plans, decode first (it placed the weights and the cache)."""
-        layout = self.layout
-        parts = [f"KV cache: {layout.batch_size} rows x {layout.max_cache_len} slots"]
-        if self.decode_plan is not None:
-            parts.append(f"== decode (1 token per row; places the weights and the cache) ==\n{self.decode_plan}")
-        if self.prefill_plan is not None:
-            parts.append(f"== prefill ({layout.prefill_len} tokens per row; placements pinned to decode's) ==\n"
-                         f"{self.prefill_plan}")
-        return "\n".join(parts)
 
 
 def local_block(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
@@ -90,6 +64,33 @@ def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> 
     return layout
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationGraphs:
+    """What a model compiled with ``max_cache_len`` adds (see :mod:`autotp.generation`).
+
+    ``prefill``: the rank-local prefill graph (``None`` when prompts go one token per call);
+    ``prefill_inputs``: per placeholder of it, the decode graph's slot name whose tensor it takes
+    (weights and cache are shared), or the index of the user input; ``prefill_plan``: its plan.
+    """
+
+    layout: CacheLayout
+    prefill: fx.GraphModule | None
+    prefill_inputs: tuple[str | int, ...]
+    prefill_plan: Plan | None
+    decode_plan: Plan | None = None
+
+    def __str__(self) -> str:
+        """Both phases' plans, decode first (it placed the weights and the cache)."""
+        layout = self.layout
+        parts = [f"KV cache: {layout.batch_size} rows x {layout.max_cache_len} slots"]
+        if self.decode_plan is not None:
+            parts.append(f"== decode (1 token per row; places the weights and the cache) ==\n{self.decode_plan}")
+        if self.prefill_plan is not None:
+            parts.append(f"== prefill ({layout.prefill_len} tokens per row; placements pinned to decode's) ==\n"
+                         f"{self.prefill_plan}")
+        return "\n".join(parts)
+
+
 def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
     """This rank's block of ``full`` under ``placement_text`` (a contiguous copy, so ``full`` can be freed)."""
     where = local_block(full.shape, placement_text, parts, name, rank)
@@ -112,12 +113,13 @@ class TensorParallelModule(torch.nn.Module):
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
                  local_values: dict[str, torch.Tensor], rank: int,
                  layout: dict[str, tuple[tuple[int, ...], list[Any] | None]] | None = None,
-                 generation: GenerationGraphs | None = None) -> None:
+                 generation: GenerationGraphs | None = None, *, guard: InputGuard | None = None) -> None:
         super().__init__()
-        self.generation = generation  # set by autotp.compile(..., max_cache_len=): the cache and the prefill graph
-        self._state = set(captured.state)
         self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
+        self.generation = generation
+        self._state = set(captured.state)
         self.plan = plan
+        self._guard = guard  # traced non-tensor values, input shapes agreed across ranks (autotp.runtime.agreement)
         self.graph_module = graph_module
         self.rank = rank
         self.world_size = plan.world_size
@@ -222,6 +224,8 @@ class TensorParallelModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._flatten_inputs(args, kwargs)
+        if self._guard is not None:
+            self._guard.check(flat)
         values = []
         for slot in self._slots:
             if slot.kind == "user":
