@@ -115,7 +115,7 @@ def _gather_scatter_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torc
     copies the rewrite makes around it (the dim is moved to the front and made contiguous, then
     moved back and made contiguous again): the shard and the whole tensor, each copied once."""
     kind = RESHARD_TABLE[step.kind].collective
-    terms = (formulas.collective_time_s(kind, whole, world_size, hardware),)  # type: ignore[arg-type]
+    terms: tuple[Any, ...] = (formulas.collective_time_s(kind, whole, world_size, hardware),)  # type: ignore[arg-type]
     if world_size > 1 and step.dim not in (None, 0):
         terms += (_copy_s(shard, dtype, hardware, formulas), _copy_s(whole, dtype, hardware, formulas))
     return terms
