@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Placement, placement_to_str, split_of
+from autotp.base.shapes import concrete_shape, numel
 from autotp.capture import CapturedGraph, capture
 from autotp.cost_model import Hardware, get_hardware
 from autotp.inspect.explain import node_alternatives
@@ -93,8 +94,8 @@ def _auto_budget(costed: CostedGraph) -> float:
         if not costed.graph.nodes[name].users:
             continue  # never read (the second name of a tied weight): not held, so no allowance
         val = costed.graph.nodes[name].meta["val"]
-        full = val.numel() * val.element_size()
-        sizes = [int(s) for s in val.shape]
+        full = numel(val) * val.element_size()
+        sizes = list(concrete_shape(val))
         splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
         whole = val.dim() <= 1 or not splits or name not in splittable
         total += full if whole else max(splits)
@@ -135,7 +136,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             fallback=name in fallback,
             input_nodes=tuple(p.name for p in tensor_inputs(node)),
             target=targets.get(name, ""),
-            shape=tuple(int(d) for d in value.shape) if value is not None else (),
+            shape=concrete_shape(value) if value is not None else (),
             dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
             alternatives=alternatives.get(name, ()),
         ))
@@ -229,6 +230,8 @@ def plan(
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    dynamic: bool = True,
+    dynamic_shapes: Any = None,
 ) -> Plan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -250,11 +253,17 @@ def plan(
     ``constraints`` pins placements before solving: ``{fnmatch pattern over parameter FQNs and
     node names: placement}``, e.g. ``{"model.layers.*.mlp.down_proj.weight": Replicate()}``
     (see :mod:`autotp.planning.constraints`).
+
+    ``dynamic`` (default True) traces the batch and sequence dims (dims 0 and 1 of every tensor
+    input) as symbols, so the plan serves every size; only static dims are split. ``dynamic=False``
+    pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
+    (see :mod:`autotp.capture`).
     """
     started = time.perf_counter()
     world_size = _check_world_size(world_size)
     _log(progress, f"tracing {type(model).__name__} with torch.export")
-    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
+    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs),
+                       dynamic=dynamic, dynamic_shapes=dynamic_shapes)
     return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
                           constraints)
 
@@ -282,6 +291,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    dynamic: bool = True,
+    dynamic_shapes: Any = None,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -291,6 +302,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
     to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
     :func:`autotp.plan`.
+
+    Shapes: with ``dynamic=True`` (default) the returned module serves every batch size and
+    sequence length from this one trace (no re-trace, no re-plan per call); a dim that stayed
+    static raises a clear error when called with another size.
     """
     started = time.perf_counter()
     group_size, rank = _group_world_size(group)
@@ -308,7 +323,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
             "use autotp.plan(...) to plan a meta model, or load its weights first"
         )
     _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
-    captured = capture(model, example_inputs, example_kwargs)
+    captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
     if plan is None:
         plan = _plan_once(captured, world_size, hardware, memory_budget, strict, time_limit_s,
                           progress and rank == 0, started, constraints, group, rank)

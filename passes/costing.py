@@ -28,6 +28,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Partial, Placement, Replicate, split_of
+from autotp.base.shapes import concrete_shape, nbytes, numel
 from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
 from autotp.passes.rules import Strategy, tensor_inputs
 from autotp.passes.strategies import StrategyGraph
@@ -48,8 +49,7 @@ VIEW_OPS = frozenset({
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
-    leaves = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
-    return sum(v.numel() * v.element_size() for v in leaves)
+    return nbytes(value)
 
 
 def _dtype(value: object) -> torch.dtype:
@@ -141,15 +141,15 @@ def _meta_args(node: fx.Node) -> tuple[tuple, dict]:
 
 def _local_fraction(value: object, placement: Placement, world_size: int) -> float:
     """Share of ``value`` the largest rank holds under ``placement`` (1.0 unless it is split)."""
-    if not isinstance(value, torch.Tensor) or value.numel() == 0:
+    if not isinstance(value, torch.Tensor) or numel(value) == 0:
         return 1.0
-    return _shard_bytes(value, placement, world_size) / (value.numel() * value.element_size())
+    return _shard_bytes(value, placement, world_size) / (numel(value) * value.element_size())
 
 
 def _local_nbytes(value: object, placement: Placement, world_size: int) -> float:
     """Bytes of ``value`` (a tensor, or a tuple of them sharing one placement) on the largest rank."""
     leaves = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
-    return sum(_local_fraction(v, placement, world_size) * v.numel() * v.element_size() for v in leaves)
+    return sum(_local_fraction(v, placement, world_size) * numel(v) * v.element_size() for v in leaves)
 
 
 def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_size: int) -> float:
@@ -195,9 +195,9 @@ def _shard_bytes(value: torch.Tensor, placement: Placement, world_size: int) -> 
     split = split_of(placement)
     if split is not None:
         dim, blocks = split
-        size = int(value.shape[dim])
-        return value.element_size() * (value.numel() // max(size, 1)) * blocks * math.ceil(size // blocks / world_size)
-    return value.numel() * value.element_size()
+        size = concrete_shape(value)[dim]
+        return value.element_size() * (numel(value) // max(size, 1)) * blocks * math.ceil(size // blocks / world_size)
+    return numel(value) * value.element_size()
 
 
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph:

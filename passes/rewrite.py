@@ -7,8 +7,10 @@ replicated outputs. The input graph is not modified.
 
 What changes, node by node:
 
-- shape arguments of reshapes (``view``/``reshape``/``expand``/``unflatten``) become this
-  rank's local shape (uneven splits give each rank its own constants);
+- shape arguments of reshapes (``view``/``reshape``/``expand``/``unflatten``) get this rank's
+  local size in the split dim (uneven splits give each rank its own constant); every other
+  entry stays as traced, so a dynamic batch or sequence size stays a symbolic expression
+  (a ``sym_size`` node) and one rank-local graph serves every input size;
 - ops whose local form differs from the global one get it (:data:`_LOCAL_FORMS`): a
   vocabulary-split ``embedding`` looks up only the ids in this rank's row range (others give
   zeros: the output is a Partial sum); a grouped convolution split by groups gets this rank's
@@ -31,8 +33,9 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import BlockShard, Placement, Shard, split_of
+from autotp.base.shapes import concrete_shape, first_tensor, is_static
 from autotp.passes.costing import reshard_plan
-from autotp.passes.rules import Strategy
+from autotp.passes.rules import Strategy, holds_tensor
 from autotp.passes.rules_conv import conv_groups_index
 from autotp.passes.uneven import Partitions
 
@@ -77,7 +80,7 @@ class _Builder:
         offset, length = self.parts.local(producer.name, dim, self.rank, blocks)
         if blocks == 1:
             return self.call(aten.narrow.default, x, dim, offset, length, meta_from=producer)
-        block = int(producer.meta["val"].shape[dim]) // blocks
+        block = concrete_shape(producer.meta["val"])[dim] // blocks
         pieces = [self.call(aten.narrow.default, x, dim, b * block + offset, length, meta_from=producer) for b in range(blocks)]
         return self.call(aten.cat.default, pieces, dim, meta_from=producer)
 
@@ -158,32 +161,63 @@ class _Builder:
         return x
 
 
-def _local_shape(node: fx.Node, placement: Placement, parts: Partitions, rank: int) -> list[int]:
-    shape = [int(s) for s in node.meta["val"].shape]
+def _local_split_size(node: fx.Node, placement: Placement, parts: Partitions, rank: int) -> tuple[int, int] | None:
+    """``(dim, local size)`` of ``node``'s output split under ``placement`` on this rank, or ``None``.
+
+    Only static dims are ever split (:mod:`autotp.passes.strategies`), so the local size is an int.
+    """
     split = split_of(placement)
-    if split is not None:
-        dim, blocks = split
-        shape[dim] = blocks * parts.local(node.name, dim, rank, blocks)[1]
-    return shape
+    if split is None:
+        return None
+    dim, blocks = split
+    ndim = len(concrete_shape(first_tensor(node.meta["val"])))
+    return dim % ndim, blocks * parts.local(node.name, dim, rank, blocks)[1]
+
+
+def _with_local_size(sizes: object, index: int, local: int) -> list:
+    """``sizes`` (a shape argument: ints, ``-1`` and symbolic-size nodes) with entry ``index`` set to ``local``.
+
+    Every other entry is kept as traced: a dynamic batch or sequence size stays the graph's
+    expression for it (a ``sym_size`` node), so the rank-local graph serves every size.
+    """
+    out = list(sizes)  # type: ignore[call-overload]
+    out[index] = local
+    return out
 
 
 def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partitions, rank: int) -> tuple:
-    """Replace global shape arguments with this rank's local shape."""
+    """Replace the split dim's entry of shape arguments with this rank's local size."""
     if node.target in _SHAPE_ARG_OPS:
+        split = _local_split_size(node, strategy.output, parts, rank)
+        if split is None:
+            return args
         index = _SHAPE_ARG_OPS[node.target]
-        local = _local_shape(node, strategy.output, parts, rank)
-        return (*args[:index], local, *args[index + 1:])
+        return (*args[:index], _with_local_size(args[index], *split), *args[index + 1:])
     if node.target in (aten.split.Tensor, aten.split_with_sizes.default) and isinstance(strategy.inputs[0], BlockShard):
         # a block-sharded tensor split into its blocks: every piece is this rank's part of one block
-        piece = _local_shape(node.args[0], strategy.inputs[0], parts, rank)[strategy.inputs[0].dim] // strategy.inputs[0].blocks
+        split = _local_split_size(node.args[0], strategy.inputs[0], parts, rank)
+        assert split is not None, f"{node.format_node()}: block-sharded input without a split"
+        piece = split[1] // strategy.inputs[0].blocks
         sizes = piece if node.target is aten.split.Tensor else [piece] * strategy.inputs[0].blocks
         return (args[0], sizes, *args[2:])
     if node.target is aten.unflatten.int:
-        local = _local_shape(node, strategy.output, parts, rank)
-        in_ndim = len(local) - len(args[2]) + 1
+        split = _local_split_size(node, strategy.output, parts, rank)
+        if split is None:
+            return args
+        dim, local = split
+        in_ndim = len(concrete_shape(node.meta["val"])) - len(args[2]) + 1
         start = args[1] % in_ndim
-        return (args[0], args[1], local[start:start + len(args[2])])
+        if not start <= dim < start + len(args[2]):
+            return args
+        return (args[0], args[1], _with_local_size(args[2], dim - start, local))
     return args
+
+
+def _sizes_of(builder: _Builder, x: fx.Node, value: torch.Tensor) -> list:
+    """The sizes of ``x`` (a node of the new graph whose traced value is ``value``): ints where
+    static, a ``sym_size`` node where dynamic."""
+    return [size if is_static(size) else builder.call(aten.sym_size.int, x, dim)
+            for dim, size in enumerate(value.shape)]
 
 
 def _local_embedding(builder: _Builder, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
@@ -198,7 +232,8 @@ def _local_embedding(builder: _Builder, node: fx.Node, args: tuple, kwargs: dict
     offset, rows = builder.parts.local(weight.name, 0, builder.rank)
     local_weight, global_ids = args[0], args[1]
     if rows == 0:  # more ranks than rows: this rank holds none, and contributes zeros
-        shape = [int(s) for s in node.meta["val"].shape]
+        ids = node.args[1]
+        shape = [*_sizes_of(builder, global_ids, ids.meta["val"]), concrete_shape(weight.meta["val"])[1]]
         return builder.call(aten.new_zeros.default, local_weight, shape, meta_from=node)
     local = builder.call(aten.sub.Tensor, global_ids, offset, meta_from=node)
     inside = builder.call(aten.bitwise_and.Tensor,
@@ -218,7 +253,7 @@ def _local_convolution(builder: _Builder, node: fx.Node, args: tuple, kwargs: di
     if index is None or groups == 1 or split_of(strategy.output) is None or strategy.inputs[1] != Shard(0):
         return None
     weight = node.args[1]
-    out_channels = int(weight.meta["val"].shape[0])
+    out_channels = concrete_shape(weight.meta["val"])[0]
     local_out = builder.parts.local(weight.name, 0, builder.rank)[1]
     local_groups = groups * local_out // out_channels
     if len(args) > index:
@@ -280,7 +315,8 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
 
         def map_arg(a: object, slot: Iterator[Placement] = slot) -> object:
             if isinstance(a, fx.Node):
-                return value_for(by_name[a.name], next(slot))
+                # a symbolic size (sym_size, s0 * 4) is no input slot: it stays an expression
+                return value_for(by_name[a.name], next(slot)) if holds_tensor(a) else env[a.name]
             return a
 
         args, kwargs = pytree.tree_map(map_arg, (node.args, node.kwargs))

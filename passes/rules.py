@@ -33,11 +33,13 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import BlockShard, Partial, Placement, Replicate, Shard
+from autotp.base.shapes import concrete_shape
 
 aten = torch.ops.aten
 
 __all__ = [
-    "RULES", "RuleContext", "Strategy", "block_counts", "has_rule", "register_rule", "rule_for", "strategies_for",
+    "RULES", "RuleContext", "Strategy", "block_counts", "has_rule", "holds_tensor", "register_rule", "rule_for",
+    "strategies_for",
     "tensor_inputs", "view_groups",
 ]
 
@@ -97,10 +99,19 @@ def has_rule(node: fx.Node) -> bool:
     return node.op in ("placeholder", "output") or rule_for(node.target) is not None
 
 
+def holds_tensor(node: fx.Node) -> bool:
+    """True unless ``node`` computes a scalar (a symbolic size ``sym_size``, ``s0 * 4``, an assert):
+    such nodes are no input slots, they carry no placement."""
+    val = node.meta.get("val")
+    if val is None and "val" not in node.meta:
+        return True
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(val))
+
+
 def tensor_inputs(node: fx.Node) -> list[fx.Node]:
-    """The node's fx.Node arguments, flattened in (args, kwargs) order: its input slots."""
+    """The node's tensor-valued fx.Node arguments, flattened in (args, kwargs) order: its input slots."""
     flat, _ = pytree.tree_flatten((node.args, node.kwargs))
-    return [a for a in flat if isinstance(a, fx.Node)]
+    return [a for a in flat if isinstance(a, fx.Node) and holds_tensor(a)]
 
 
 def _equal_split_count(node: fx.Node) -> tuple[int, int] | None:
@@ -135,7 +146,7 @@ def _val(node: fx.Node) -> object:
 def _shape(node: fx.Node) -> tuple[int, ...]:
     val = _val(node)
     if isinstance(val, torch.Tensor):
-        return tuple(int(s) for s in val.shape)
+        return concrete_shape(val)  # example sizes where dims are symbolic
     return ()
 
 
@@ -789,4 +800,4 @@ def _factory(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 
 # --------------------------------------------------------------------------- rule families in sibling modules
 
-from autotp.passes import rules_conv, rules_grouped_mm, rules_indexing  # noqa: E402,F401 - they register into RULES
+from autotp.passes import rules_conv, rules_grouped_mm, rules_indexing, rules_symbolic  # noqa: E402,F401 - they register into RULES

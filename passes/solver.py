@@ -36,6 +36,7 @@ The transport block keeps the model linear and small: its size grows with the nu
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import defaultdict
 
@@ -45,6 +46,7 @@ from scipy.sparse import coo_matrix
 
 from autotp.base.errors import PlanError
 from autotp.base.placements import Placement, Replicate
+from autotp.base.shapes import concrete_shape
 from autotp.passes.costing import CostedGraph, is_local_reshard
 
 __all__ = ["Solution", "evaluate_choice", "min_parameter_bytes", "solve"]
@@ -231,8 +233,8 @@ def _smallest_fitting_world_size(costed: CostedGraph, budget_bytes: float) -> in
         total = 0
         for name in costed.memory_bytes:
             val = costed.graph.nodes[name].meta["val"]
-            sizes = [int(s) for s in val.shape]
-            numel, item = val.numel(), val.element_size()
+            sizes = list(concrete_shape(val))
+            numel, item = math.prod(sizes), val.element_size()
             total += min([numel * item] + [item * (numel // s) * -(-s // world_size) for s in sizes if s > 1])
         return total
 

@@ -6,6 +6,11 @@ plain data the cost pass and the solver read; the FX graph itself is not modifie
 Placeholders: a parameter may be replicated or split along any dim of size > 1; user inputs,
 buffers and constants arrive whole on every rank (``Replicate``). The graph output must be
 replicated, so that every rank returns the same values as the original model.
+
+Only static dims are split. A dynamic dim (batch, sequence: a ``torch.SymInt`` size, see
+:mod:`autotp.base.shapes`) takes a new size at every call, while the cuts of a split are fixed
+when the rank-local graph is built (``passes/uneven.py``); so every strategy that splits a
+dynamic dim of an input or output is dropped here, once, for every rule.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import dataclasses
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
-from autotp.base.placements import BlockShard, Replicate, Shard
+from autotp.base.placements import BlockShard, Placement, Replicate, Shard, split_of
+from autotp.base.shapes import concrete_shape, is_static
 from autotp.passes.rules import RuleContext, Strategy, block_counts, has_rule, strategies_for, tensor_inputs
 
 __all__ = ["Edge", "StrategyGraph", "build_strategy_graph"]
@@ -56,11 +63,29 @@ def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strateg
     val = node.meta.get("val")
     strategies = [Strategy((), Replicate())]
     if isinstance(val, torch.Tensor):
-        for d, size in enumerate(int(s) for s in val.shape):
+        for d, size in enumerate(concrete_shape(val)):
             if size > 1:
                 strategies.append(Strategy((), Shard(d)))
             strategies += [Strategy((), BlockShard(d, k)) for k in sorted(blocks) if size % k == 0 and size // k > 1]
     return strategies
+
+
+def _splits_static_dims(placement: Placement, value: object) -> bool:
+    """False when ``placement`` splits a dynamic (symbolic) dim of a tensor in ``value``."""
+    split = split_of(placement)
+    if split is None:
+        return True
+    dim = split[0]
+    return all(is_static(leaf.shape[dim]) for leaf in pytree.tree_leaves(value)
+               if isinstance(leaf, torch.Tensor) and -leaf.dim() <= dim < leaf.dim())
+
+
+def _static_splits_only(node: fx.Node, strategies: list[Strategy]) -> list[Strategy]:
+    """The strategies of ``node`` that split only static dims of its inputs and output."""
+    inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
+    out = node.meta.get("val")
+    return [s for s in strategies
+            if _splits_static_dims(s.output, out) and all(_splits_static_dims(p, v) for p, v in zip(s.inputs, inputs))]
 
 
 def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str]) -> StrategyGraph:
@@ -81,7 +106,7 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
         elif node.op == "call_function":
             if not has_rule(node):
                 fallback.append(node.name)
-            strategies[node.name] = strategies_for(node, ctx)
+            strategies[node.name] = _static_splits_only(node, strategies_for(node, ctx))
         else:
             raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
         if world_size == 1:

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from autotp.base.placements import split_of
+from autotp.base.shapes import concrete_shape, first_tensor
 from autotp.passes.rules import Strategy, tensor_inputs
 
 __all__ = ["Partitions", "build_partitions"]
@@ -36,8 +35,8 @@ Member = tuple[str, int, int]
 
 
 def _dim_size(node: fx.Node, dim: int) -> int:
-    leaves = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
-    return int(leaves[0].shape[dim]) if leaves else 1
+    leaf = first_tensor(node.meta.get("val"))
+    return concrete_shape(leaf)[dim] if leaf is not None else 1
 
 
 class Partitions:

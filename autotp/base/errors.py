@@ -21,3 +21,7 @@ class PlanMismatchError(AutoTPError):
 
 class UnsupportedOpError(AutoTPError):
     """``strict=True`` and some ops have no sharding rule (they would run replicated)."""
+
+
+class InputShapeError(AutoTPError, ValueError):
+    """A tensor-parallel model was called with an input size its traced graph cannot take."""

@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, placement_to_str
+from autotp.base.shapes import concrete_shape
 from autotp.passes.costing import CostedGraph, is_local_reshard, reshard_plan
 from autotp.passes.rules import Strategy
 from autotp.passes.strategies import Edge
@@ -52,7 +53,7 @@ def reshard_kind(src: str | Placement, dst: str | Placement) -> str:
 
 def _value_key(value: object) -> tuple:
     """What a resharding's price depends on besides the placements: the tensors' shapes and dtypes."""
-    return tuple((tuple(v.shape), v.dtype) for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
+    return tuple((concrete_shape(v), v.dtype) for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
 
 
 # --------------------------------------------------------------------------- alternatives

@@ -22,6 +22,7 @@ import torch.fx as fx
 
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import placement_from_str
+from autotp.base.shapes import concrete_shape
 from autotp.passes.rules import Strategy
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ _READABLE_VERSIONS = (1, 2)
 
 def _describe(node: fx.Node) -> str:
     val = node.meta.get("val")
-    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    shape = concrete_shape(val) if isinstance(val, torch.Tensor) else None
     target = node.target if node.op == "call_function" else node.op
     return f"{node.name}:{target}:{shape}"
 

@@ -5,6 +5,11 @@ rank-local ``torch.fx.GraphModule``, the local shards of split parameters (slice
 the full weights at compile time; the full tensors are not kept), the replicated parameters
 and buffers, and the pytree specs that give outputs the original structure (tensors,
 tuples, dicts, HuggingFace ``ModelOutput``).
+
+Shapes: the graph was traced with dynamic batch and sequence dims (see :mod:`autotp.capture`),
+so one module serves every size with no re-trace; each call's sizes are first checked against
+the traced ones (:class:`~autotp.runtime.input_check.InputShapeCheck`), so a static dim called
+at another size raises an error naming it instead of failing inside the graph.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
+from autotp.runtime.input_check import InputShapeCheck
 
 __all__ = ["TensorParallelModule", "shard_tensor"]
 
@@ -55,6 +61,7 @@ class TensorParallelModule(torch.nn.Module):
         self._slots = captured.inputs
         self._in_spec = captured.in_spec
         self._out_spec = captured.out_spec
+        self._check_shapes = InputShapeCheck(captured)  # static dims must keep their traced size
         self._fqn_of = {s.name: str(s.target) for s in captured.inputs if s.kind != "user"}
         self._param_names = {s.name for s in captured.inputs if s.kind == "parameter"}
         self._local = torch.nn.ParameterDict()
@@ -111,6 +118,7 @@ class TensorParallelModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._flatten_inputs(args, kwargs)
+        self._check_shapes(flat)
         values = []
         for slot in self._slots:
             if slot.kind == "user":
