@@ -30,7 +30,7 @@ import torch.utils._pytree as pytree
 from autotp.base.placements import Partial, Placement, Replicate, split_of
 from autotp.base.shapes import concrete_shape, nbytes, numel
 from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
-from autotp.passes.rules import Strategy, tensor_inputs
+from autotp.passes.rules import Strategy, holds_tensor, tensor_inputs
 from autotp.passes.strategies import StrategyGraph
 
 aten = torch.ops.aten
@@ -169,7 +169,7 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
 
 
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
-    if node.op != "call_function":
+    if node.op != "call_function" or not holds_tensor(node):  # size arithmetic runs on the host: free
         return [0.0] * len(strategies)
     if node.target in VIEW_OPS:  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
         return [hardware.view_op_s] * len(strategies)

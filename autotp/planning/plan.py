@@ -53,12 +53,17 @@ def graph_fingerprint(gm: fx.GraphModule) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_EXPORT_ADDED_NODE = "_empty_nn_module_stack_from_metadata_hook"
+
+
 def module_path(node: fx.Node) -> str:
     """The FQN of the innermost module that produced ``node`` (``""`` at the top level)."""
     stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
+    # nodes export adds itself (e.g. the sym_size reads of dynamic dims) carry a placeholder entry
+    paths = [path for key, (path, *_) in stack.items() if key != _EXPORT_ADDED_NODE]
+    if not paths:
         return ""
-    path = list(stack.values())[-1][0]
+    path = paths[-1]
     return path.replace("L['self'].", "").replace("L__self___", "")
 
 
