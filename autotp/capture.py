@@ -352,6 +352,8 @@ def _check_outputs(exported: ExportedProgram, what: str) -> None:
         if isinstance(value, fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
             continue
         shown = value.meta.get("val") if isinstance(value, fx.Node) else value
+        if isinstance(shown, torch.SymInt):  # a size of a dynamic dim: show the traced one
+            shown = shown.node.hint
         raise CaptureError(
             f"{what}.forward returns a value that is not a tensor (output {index}: {shown!r} of type "
             f"{type(shown).__name__}). autotp returns tensors (in tuples, lists, dicts or dataclasses); "
