@@ -19,10 +19,14 @@ backend returns a :class:`CompiledSubgraph` which, at its first call with given 
    once; ``inner="inductor"`` then hands the rank-local graph to Inductor.
 
 At run time the compiled graph ignores the full parameters Dynamo passes it and uses the
-shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a graph compiled for one batch or sequence length (or a dynamic one, after
-Dynamo's automatic-dynamic recompile) is re-lowered once per new concrete input size, and
-the plan is reused when the lowered graph has the same ops (no new solve, no new shards).
-At most ``max_shapes`` sizes per graph; :attr:`AutoTPBackend.stats` reports every count.
+shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a *dynamic* Dynamo graph (``mark_dynamic``, ``dynamic=True``, or Dynamo's
+automatic-dynamic recompile) is lowered once with its symbolic dims kept symbolic (export's
+``dynamic_shapes``), as :func:`autotp.compile` captures, and that one rank-local graph serves
+every size. A static graph, a graph export cannot keep symbolic, and every graph under
+``inner="inductor"`` (Inductor specialises to the sizes it compiles at) are re-lowered once per
+new concrete input size instead, reusing the plan when the lowered graph has the same ops (no
+new solve, no new shards), at most ``max_shapes`` sizes per graph. :attr:`AutoTPBackend.stats`
+reports every count.
 """
 
 from __future__ import annotations
@@ -87,6 +91,20 @@ def _concrete(value: Any) -> Any:
                               "call the compiled model once with real inputs before it is traced")
         return hint
     return value
+
+
+def _export_spec(placeholder: fx.Node) -> Any:
+    """``dynamic_shapes`` entry of one Dynamo graph input: ``Dim.AUTO`` for each symbolic dim
+    (and for a symbolic int input), ``None`` where everything is static."""
+    from torch.export import Dim
+
+    value = placeholder.meta.get("example_value")
+    if isinstance(value, torch.SymInt):
+        return Dim.AUTO
+    if isinstance(value, torch.Tensor):
+        dims = {d: Dim.AUTO for d, size in enumerate(value.shape) if isinstance(size, torch.SymInt)}
+        return dims or None
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +236,9 @@ class CompiledSubgraph:
             elif found is not None:
                 self._origin[index_] = found
         self._dynamic = any(isinstance(v, _SYM_TYPES) for v in example_inputs)
+        # Dynamo's symbolic dims, as torch.export dynamic_shapes: a dynamic graph is lowered once
+        # with them, and that one rank-local graph serves every size (see _build)
+        self._dynamic_shapes = tuple(_export_spec(node) for node in placeholders) if self._dynamic else None
         self._key_positions = [i for i, v in enumerate(example_inputs)
                                if i not in self._origin and isinstance(v, (torch.Tensor, *_SYM_TYPES))]
         self._static: _LocalGraph | None = None  # the one local graph of a static-shape graph
@@ -234,6 +255,11 @@ class CompiledSubgraph:
         # tracing context and can leave guards Dynamo cannot build.
         local = self._static
         if local is None:
+            if self._dynamic_shapes is not None and self._owner.inner == "eager":
+                local = self._build_dynamic(list(args))
+                if local is not None:
+                    self._static = local
+                    return local(args)
             key = self._key(args)
             local = self.local_graphs.get(key)
             if local is None:
@@ -241,6 +267,21 @@ class CompiledSubgraph:
                 if not self._dynamic:
                     self._static = local
         return local(args)
+
+    def _build_dynamic(self, args: list[Any]) -> _LocalGraph | None:
+        """Lower a dynamic Dynamo graph once with its symbolic dims: one rank-local graph for every size.
+
+        Returns ``None`` (and the graph is lowered once per size instead) when export cannot keep
+        the dims symbolic. Only with ``inner="eager"``: Inductor would specialise the rank-local
+        graph to the sizes it is compiled at.
+        """
+        try:
+            local = self._build(args, ("dynamic",), dynamic_shapes=self._dynamic_shapes)
+        except CaptureError as exc:
+            self._dynamic_shapes = None
+            self._owner._log(f"graph {self.index}: lowered once per input size: {str(exc).splitlines()[0]}")
+            return None
+        return local
 
     # -- inspect ------------------------------------------------------------------------
     @property
@@ -261,7 +302,7 @@ class CompiledSubgraph:
         return counts
 
     # -- build ----------------------------------------------------------------------------
-    def _lower(self, concrete: Sequence[Any]) -> tuple[CapturedGraph, dict[str, int]]:
+    def _lower(self, concrete: Sequence[Any], dynamic_shapes: Any = None) -> tuple[CapturedGraph, dict[str, int]]:
         """Dynamo's graph at these concrete inputs -> the planner's ATen IR, parameters named.
 
         Returns the captured graph and, for each parameter placeholder, the index of Dynamo's
@@ -273,7 +314,7 @@ class CompiledSubgraph:
         plain = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in concrete)
         try:
             with torch.no_grad():
-                exported = torch.export.export(self._gm, plain, strict=False)
+                exported = torch.export.export(self._gm, plain, dynamic_shapes=dynamic_shapes, strict=False)
         except Exception as exc:  # noqa: BLE001 - re-raised with what to do
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CaptureError(
@@ -307,7 +348,7 @@ class CompiledSubgraph:
                 names[slot.name] = f"{slot.kind}:{slot.target}"
         return names
 
-    def _build(self, args: Sequence[Any], key: tuple) -> _LocalGraph:
+    def _build(self, args: Sequence[Any], key: tuple, dynamic_shapes: Any = None) -> _LocalGraph:
         owner = self._owner
         if len(self.local_graphs) >= owner.max_shapes:
             raise AutoTPError(
@@ -316,7 +357,7 @@ class CompiledSubgraph:
                 "fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
             )
         concrete = [_concrete(a) for a in args]
-        captured, arg_of_param = self._lower(concrete)
+        captured, arg_of_param = self._lower(concrete, dynamic_shapes)
         plan, decisions = owner._plan_for(captured, self._canonical_names(captured))
         if self.plan is None:
             self.plan = plan
