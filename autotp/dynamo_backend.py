@@ -32,6 +32,7 @@ reports every count.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import sys
 import time
@@ -105,6 +106,19 @@ def _export_spec(placeholder: fx.Node) -> Any:
         dims = {d: Dim.AUTO for d, size in enumerate(value.shape) if isinstance(size, torch.SymInt)}
         return dims or None
     return None
+
+
+def _by_argument(gm: fx.GraphModule, specs: tuple[Any, ...] | None) -> Any:
+    """``specs`` (one per flat input) in the form export matches to ``gm.forward``: Dynamo's graphs
+    take either one parameter per input (a tuple, matched by position) or ``*args``."""
+    if specs is None:
+        return None
+    params = inspect.signature(gm.forward).parameters.values()
+    # not yet compiled (a lazy GraphModule): forward(*args, **kwargs)
+    var_positional = [p.name for p in params if p.kind == p.VAR_POSITIONAL]
+    if var_positional and not any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return {var_positional[0]: tuple(specs)}
+    return tuple(specs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +328,8 @@ class CompiledSubgraph:
         plain = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in concrete)
         try:
             with torch.no_grad():
-                exported = torch.export.export(self._gm, plain, dynamic_shapes=dynamic_shapes, strict=False)
+                exported = torch.export.export(self._gm, plain, dynamic_shapes=_by_argument(self._gm, dynamic_shapes),
+                                               strict=False)
         except Exception as exc:  # noqa: BLE001 - re-raised with what to do
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CaptureError(
@@ -393,7 +408,8 @@ class CompiledSubgraph:
         self.local_graphs[key] = local
         self._last = local
         owner._lowerings += 1
-        owner._log(f"graph {self.index}: rank-local graph for input sizes {key or 'static'} "
+        sizes = "every input size (symbolic dims)" if dynamic_shapes is not None else f"input sizes {key or 'static'}"
+        owner._log(f"graph {self.index}: rank-local graph for {sizes} "
                    f"({sum(self.collective_counts().values())} collectives, inner={owner.inner})")
         return local
 
