@@ -48,6 +48,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from autotp.api import DEFAULT_HARDWARE, _check_world_size, _plan_once
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
+from autotp.base.shapes import first_tensor, is_static
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective, rewrite_for_rank
@@ -481,7 +482,7 @@ class AutoTPBackend:
 
         Two lowerings match when their non-placeholder nodes have the same names, ops and inputs,
         and the same inputs are used (compared by ``canonical`` name, see
-        :meth:`CompiledSubgraph._canonical_names`); sizes may differ. Unused inputs (Dynamo's
+        :meth:`CompiledSubgraph._canonical_names`), with the same dims symbolic; static sizes may differ. Unused inputs (Dynamo's
         size arguments) get ``Replicate``.
         """
         gm = captured.graph_module
@@ -489,9 +490,15 @@ class AutoTPBackend:
         def ref(node: fx.Node) -> str:
             return canonical[node.name] if node.op == "placeholder" else node.name
 
+        def symbolic_dims(node: fx.Node) -> tuple[int, ...]:
+            # a plan may split a dim only where it is static: a static lowering's plan is no plan
+            # for a dynamic one with the same ops
+            value = first_tensor(node.meta.get("val"))
+            return tuple(d for d, size in enumerate(value.shape) if not is_static(size)) if value is not None else ()
+
         key = tuple(
-            ("placeholder", canonical[n.name]) if n.op == "placeholder"
-            else (n.name, str(n.target), tuple(ref(i) for i in n.all_input_nodes))
+            ("placeholder", canonical[n.name], symbolic_dims(n)) if n.op == "placeholder"
+            else (n.name, str(n.target), tuple(ref(i) for i in n.all_input_nodes), symbolic_dims(n))
             for n in gm.graph.nodes if n.op != "placeholder" or n.users
         )
         found = self._plans.get(key)
