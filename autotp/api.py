@@ -12,210 +12,43 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 
 from __future__ import annotations
 
-import math
+import os
 import sys
-import time
-from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 
-from autotp.base.errors import PlanError, UnsupportedOpError
-from autotp.base.placements import Placement, placement_to_str, split_of
-from autotp.base.shapes import concrete_shape, numel
-from autotp.capture import CapturedGraph, capture
-from autotp.cost_model import Hardware, get_hardware
-from autotp.inspect.explain import node_alternatives
-from autotp.passes.costing import CostedGraph, cost_strategy_graph, reshard_plan, tensor_nbytes
+from autotp.capture import CapturedGraph, capture, check_model, inputs_on_model_device, trace_device
+from autotp.cost_model import Hardware
 from autotp.passes.rewrite import rewrite_for_rank
-from autotp.passes.rules import tensor_inputs
-from autotp.passes.solver import Solution, solve
-from autotp.passes.strategies import build_strategy_graph
-from autotp.passes.tying import tie_identical_blocks
+from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
-from autotp.planning.constraints import Constraints, apply_constraints, check_plan_constraints
-from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
-from autotp.runtime.module import TensorParallelModule, shard_tensor
+from autotp.planning.constraints import Constraints, check_plan_constraints
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
+from autotp.planning.plan import Plan, as_plan
+from autotp.planning.planner import plan_graph
+from autotp.runtime.agreement import (
+    DEFAULT_AGREEMENT_TIMEOUT_S,
+    InputGuard,
+    agreed_options,
+    check_timeout,
+    compile_record,
+    options_record,
+    plan_text,
+    ranks_agree,
+)
+from autotp.runtime.group import bind_group, plan_on_first_rank
+from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
+from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 
 __all__ = ["compile", "plan"]
-
-DEFAULT_HARDWARE = "h100-sxm"
-
-
-def _check_world_size(world_size: object) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r} ({type(world_size).__name__}); e.g. world_size=4")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}; pass the number of ranks to split over, e.g. world_size=4")
-    return world_size
 
 
 def _log(progress: bool, message: str) -> None:
     if progress:
         print(f"[autotp] {message}", file=sys.stderr, flush=True)
-
-
-def _to_model_device(model: torch.nn.Module, value: Any) -> Any:
-    """Move example tensors to the meta device when the model lives there (planning only)."""
-    params = list(model.parameters())
-    if params and params[0].device.type == "meta":
-        return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
-    return value
-
-
-def _splittable_parameters(costed: CostedGraph) -> set[str]:
-    """Parameters of which some split is accepted, as is, by every op that reads them."""
-    graph = costed.graph
-    accepted: dict[str, set] = {}
-    for edge in graph.edges:
-        if edge.producer in graph.parameters:
-            slot = {s.inputs[edge.slot] for s in graph.strategies[edge.consumer] if split_of(s.inputs[edge.slot])}
-            accepted[edge.producer] = slot if edge.producer not in accepted else accepted[edge.producer] & slot
-    unread = set(graph.parameters) - set(accepted)  # e.g. the alias of a tied weight: any split will do
-    return unread | {name for name, placements in accepted.items() if placements}
-
-
-def _auto_budget(costed: CostedGraph) -> float:
-    """Every matrix split along *some* dim (the cost model picks which), 1-D tensors may stay whole.
-
-    Per matrix the allowance is its largest shard over the dims it could be split on, so
-    rounding of uneven splits never forces one dim over another; a matrix that no split lets
-    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole. The
-    budget depends on shapes, the world size and which ops read each parameter, not on the
-    strategies offered (constraints and reference plans get the same budget).
-    """
-    world_size = costed.graph.world_size
-    splittable = _splittable_parameters(costed)
-    total = 0.0
-    for name in costed.memory_bytes:
-        if not costed.graph.nodes[name].users:
-            continue  # never read (the second name of a tied weight): not held, so no allowance
-        val = costed.graph.nodes[name].meta["val"]
-        full = numel(val) * val.element_size()
-        sizes = list(concrete_shape(val))
-        splits = [full // size * math.ceil(size / world_size) for size in sizes if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable
-        total += full if whole else max(splits)
-    return total
-
-
-def _resolve_budget(memory_budget: float | int | str | None, costed: CostedGraph) -> float | None:
-    if memory_budget is None:
-        return None
-    if memory_budget == "auto":
-        return _auto_budget(costed)
-    if isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool) and memory_budget > 0:
-        return float(memory_budget)
-    raise ValueError(
-        f"memory_budget must be 'auto', None (no limit) or a positive number of bytes per rank, got {memory_budget!r}"
-    )
-
-
-def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution, hardware: Hardware,
-                budget: float | None, plan_time_s: float) -> Plan:
-    graph = costed.graph
-    chosen = {name: graph.strategies[name][index] for name, index in solution.choice.items()}
-    fallback = set(graph.fallback)
-    alternatives = node_alternatives(costed, solution.choice, memory_budget_bytes=budget)
-    targets = {slot.name: str(slot.target) for slot in captured.inputs if slot.kind != "user"}
-    nodes = []
-    for name in graph.order:
-        node = graph.nodes[name]
-        strategy = chosen[name]
-        value = next((v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)), None)
-        nodes.append(NodeDecision(
-            name=name,
-            op=str(node.target) if node.op == "call_function" else node.op,
-            inputs=tuple(placement_to_str(p) for p in strategy.inputs),
-            output=placement_to_str(strategy.output),
-            compute_s=costed.compute_s[name][solution.choice[name]],
-            module=module_path(node),
-            fallback=name in fallback,
-            input_nodes=tuple(p.name for p in tensor_inputs(node)),
-            target=targets.get(name, ""),
-            shape=concrete_shape(value) if value is not None else (),
-            dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
-            alternatives=alternatives.get(name, ()),
-        ))
-    consumers: dict[tuple[str, Placement], list[str]] = defaultdict(list)
-    for name in graph.order:
-        node = graph.nodes[name]
-        for producer, needed in zip(tensor_inputs(node), chosen[name].inputs):
-            if chosen[producer.name].output != needed and isinstance(producer.meta.get("val"), torch.Tensor):
-                consumers[producer.name, needed].append(name)
-    collectives = []
-    for (producer, needed), users in consumers.items():
-        src = chosen[producer].output
-        collectives.append(CollectiveDecision(
-            producer=producer,
-            src=placement_to_str(src),
-            dst=placement_to_str(needed),
-            steps=tuple(reshard_plan(src, needed)),
-            nbytes=tensor_nbytes(graph.nodes[producer].meta["val"]),
-            time_s=costed.reshard_s(producer, src, needed),
-            consumers=tuple(users),
-            module=module_path(graph.nodes[producer]),
-        ))
-    parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
-    per_rank = sum(costed.memory_bytes[name][solution.choice[name]] for name in costed.memory_bytes)
-    total = sum(per[0] for per in costed.memory_bytes.values())
-    compute_s = sum(n.compute_s for n in nodes)
-    comm_s = sum(c.time_s for c in collectives)
-    return Plan(
-        world_size=graph.world_size,
-        hardware=hardware.name,
-        nodes=tuple(nodes),
-        parameters=parameters,
-        collectives=tuple(collectives),
-        parameter_bytes_total=total,
-        parameter_bytes_per_rank=per_rank,
-        memory_budget_bytes=budget,
-        predicted_compute_s=compute_s,
-        predicted_comm_s=comm_s,
-        fallback_ops=tuple(sorted({str(graph.nodes[n].target) for n in graph.fallback})),
-        fingerprint=graph_fingerprint(captured.graph_module),
-        plan_time_s=plan_time_s,
-        solver_status=solution.status,
-        solver_gap=solution.mip_gap,
-    )
-
-
-def _plan_captured(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
-                   memory_budget: float | int | str | None, strict: bool, time_limit_s: float,
-                   progress: bool, started: float, constraints: Constraints | None = None) -> Plan:
-    hw = get_hardware(hardware)
-    graph = build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns())
-    graph = apply_constraints(graph, constraints)
-    if graph.fallback:
-        lines = []
-        for name in graph.fallback:
-            node = graph.nodes[name]
-            where = (node.meta.get("stack_trace") or "").strip().splitlines()
-            lines.append(f"{node.format_node()}\n      at {where[-2].strip() if len(where) >= 2 else '<unknown>'}")
-        if strict:
-            raise UnsupportedOpError(
-                "strict=True and these ops have no sharding rule (they would run replicated):\n  "
-                + "\n  ".join(lines) + "\nPass strict=False to run them replicated."
-            )
-    _log(progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; costing on {hw.name}")
-    costed = cost_strategy_graph(graph, hw)
-    budget = _resolve_budget(memory_budget, costed)
-    _log(progress, "solving (MILP, HiGHS)")
-    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=time_limit_s, tie=tie_identical_blocks(graph))
-    plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
-    if plan.fallback_ops:
-        import warnings
-
-        warnings.warn(
-            f"autotp: {len(graph.fallback)} node(s) of ops without a sharding rule run replicated: "
-            f"{', '.join(plan.fallback_ops)} (see plan.fallback_ops; strict=True makes this an error)",
-            stacklevel=3,
-        )
-    _log(progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
-    return plan
 
 
 def plan(
@@ -259,28 +92,19 @@ def plan(
     pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
     (see :mod:`autotp.capture`).
     """
-    started = time.perf_counter()
-    world_size = _check_world_size(world_size)
+    check_model(model)
+    options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
+                          time_limit_s=time_limit_s, progress=progress, constraints=constraints)
     _log(progress, f"tracing {type(model).__name__} with torch.export")
-    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs),
-                       dynamic=dynamic, dynamic_shapes=dynamic_shapes)
-    return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
-                          constraints)
-
-
-def _group_world_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "autotp.compile needs an initialised process group: call torch.distributed.init_process_group() "
-            "first (e.g. under torchrun), or use autotp.plan(...) to plan without one"
-        )
-    return dist.get_world_size(group), dist.get_rank(group)
+    captured = capture(model, inputs_on_model_device(model, example_inputs),
+                       inputs_on_model_device(model, example_kwargs), dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+    return plan_graph(captured, options)
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
     model: torch.nn.Module,
-    world_size: int | None = None,
     *,
+    world_size: int | None = None,
     example_inputs: tuple[Any, ...],
     example_kwargs: dict[str, Any] | None = None,
     hardware: str | Hardware = DEFAULT_HARDWARE,
@@ -291,6 +115,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    max_cache_len: int | None = None,
+    check_weights: bool = True,
+    agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
 ) -> TensorParallelModule:
@@ -300,68 +128,109 @@ def compile(  # noqa: A001 - mirrors torch.compile
     :class:`TensorParallelModule`: called like ``model``, it returns the same outputs (within
     floating-point tolerance) on every rank. Each rank keeps only its shards of the split
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
-    to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
-    :func:`autotp.plan`.
+    to apply a saved or hand-edited :class:`Plan` (or the path of a saved one) instead of
+    planning. Other options as in :func:`autotp.plan`.
+
+    The ranks check that they agree before planning (:mod:`autotp.runtime.agreement`): that
+    every rank traced the model, the same graph, with the same options and the same full
+    weights (a float64 sum and a sampled hash per weight; ``check_weights=False`` skips this
+    for huge models loaded from one checkpoint, and it is skipped with ``checkpoint=``). Any
+    difference raises the same :class:`~autotp.AgreementError` on every rank, naming the ranks
+    and what differs. No rank waits for the others longer than ``agreement_timeout_s`` seconds
+    at any exchange (:class:`~autotp.RankTimeoutError` names the ranks that did not arrive; the
+    plan from rank 0 may take ``time_limit_s`` more). Each call of the result checks that
+    non-tensor arguments have their traced values and that the input shapes agree across ranks
+    (once per new shape).
 
     Shapes: with ``dynamic=True`` (default) the returned module serves every batch size and
     sequence length from this one trace (no re-trace, no re-plan per call); a dim that stayed
-    static raises a clear error when called with another size.
+    static raises :class:`~autotp.base.errors.InputShapeError` when called with another size.
+
+    ``checkpoint`` (a ``.safetensors`` file or a directory of them, with or without
+    ``model.safetensors.index.json``, or a directory written by ``tp.save``): read each rank's
+    shards from it instead of slicing the model's weights, so ``model`` may live on the ``meta``
+    device and no rank holds the whole model. Shards land on the device of ``example_inputs``,
+    cast to the model's dtype. See :mod:`autotp.runtime.loading`.
+
+    ``max_cache_len``: for a HuggingFace causal LM, build it for text generation instead
+    (:meth:`TensorParallelModule.generate`): a KV cache of ``max_cache_len`` slots per row, one
+    row per row of ``example_inputs[0]`` (token ids, ``(batch, seq)``), placed by the planner like
+    a parameter. Two graphs share the weights' shards and the cache: decode (one token per
+    row) is planned first and decides every weight's placement; prefill (``seq`` prompt tokens
+    per call) is planned with those placements pinned. ``plan=`` then gives the decode plan.
+    See :mod:`autotp.generation`.
     """
-    started = time.perf_counter()
-    group_size, rank = _group_world_size(group)
-    if world_size is None:
-        world_size = group_size
-    world_size = _check_world_size(world_size)
-    if world_size != group_size:
-        raise ValueError(
-            f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
-            f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
-        )
-    if any(p.device.type == "meta" for p in model.parameters()):
-        raise ValueError(
-            "autotp.compile needs real weights, but the model has parameters on the meta device; "
-            "use autotp.plan(...) to plan a meta model, or load its weights first"
-        )
-    _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
-    captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+    timeout_s = check_timeout(agreement_timeout_s)
+    with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
+        check_model(model)
+        world_size, rank = bind_group(group, world_size, caller="autotp.compile")
+        if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
+            raise ValueError(
+                "autotp.compile needs real weights, but the model has parameters on the meta device; "
+                "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
+                "use autotp.plan(...) to plan a meta model, or load its weights first"
+            )
+        plan = as_plan(plan)
+        options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
+                              time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+        agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
+                                checkpoint=checkpoint is not None, max_cache_len=max_cache_len)
+        if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now
+            weights = dict(model.state_dict()) if check_weights and checkpoint is None else None
+            agreement.record = options_record(agreed, weights=weights)
+        else:
+            _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
+            captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+            weights = captured.exported.state_dict if check_weights and checkpoint is None else None
+            agreement.record = compile_record(captured, weights=weights, options=agreed)
+    files = None
+    if checkpoint is not None:  # headers only, agreed by all ranks: a bad file fails before planning, everywhere
+        files = agree_on_success(group, lambda: open_checkpoint(checkpoint), timeout_s=timeout_s)
+    if max_cache_len is not None:
+        from autotp.generation import compile_for_generation
+
+        return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
+                                      plan=plan, group=group, rank=rank)
+    plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s)
+    local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
+                                                device=trace_device(example_inputs, example_kwargs),
+                                                timeout_s=timeout_s)
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
+                                guard=InputGuard(captured, group=group, timeout_s=timeout_s))
+
+
+def plan_or_check(captured: CapturedGraph | None, plan: Plan | None, options: PlanOptions, *,
+                  group: dist.ProcessGroup | None, rank: int,
+                  agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
+    """Plan ``captured`` (on the first rank, broadcast), or check that the given ``plan`` applies to it."""
     if plan is None:
-        plan = _plan_once(captured, world_size, hardware, memory_budget, strict, time_limit_s,
-                          progress and rank == 0, started, constraints, group, rank)
-    else:
-        check_plan_applies(plan, captured, world_size)
-        check_plan_constraints(plan, constraints)
+        return plan_on_first_rank(captured, options, group=group, rank=rank, agreement_timeout_s=agreement_timeout_s)
+    check_plan_applies(plan, captured, options.world_size)
+    check_plan_constraints(plan, options.constraints)
+    return plan
+
+
+def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
+               files: Any = None, model: torch.nn.Module | None = None, device: torch.device | None = None,
+               timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
+               ) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor], dict]:
+    """This rank's graph (state updates in place), its local parameter shards, buffers and cache blocks,
+    and the parameter layout (global offsets of every rank's block, for ``save``).
+
+    With ``files`` (an opened checkpoint) the shards are read from it, agreed by all ranks within
+    ``timeout_s``; otherwise they are sliced from the captured model's weights."""
     decisions = plan.decisions()
-    parts = build_partitions(captured.graph_module, decisions, world_size)
+    parts = build_partitions(captured.graph_module, decisions, plan.world_size)
     group_name = (group or dist.group.WORLD).group_name
-    local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name)
-    local_values = _local_values(captured, plan, parts, rank)
-    return TensorParallelModule(captured, local_gm, plan, local_values, rank)
-
-
-def _plan_once(captured: CapturedGraph, world_size: int, hardware: str | Hardware,
-               memory_budget: float | int | str | None, strict: bool, time_limit_s: float, progress: bool,
-               started: float, constraints: Constraints | None, group: dist.ProcessGroup | None, rank: int) -> Plan:
-    """Plan on the group's first rank and broadcast the plan: every rank applies the same plan,
-    and the others spend no time solving. (A fake process group, used for tests, cannot carry
-    objects, so there every rank plans; planning is deterministic.)"""
-    if world_size == 1 or dist.get_backend(group) == "fake":
-        return _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress, started,
-                              constraints)
-    box: list[object] = [None]
-    if rank == 0:
-        try:
-            box[0] = _plan_captured(captured, world_size, hardware, memory_budget, strict, time_limit_s, progress,
-                                    started, constraints)
-        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
-            box[0] = exc
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
-    if isinstance(box[0], BaseException):
-        if rank == 0:
-            raise box[0]
-        raise PlanError(f"planning failed on rank 0: {box[0]}") from None
-    if not isinstance(box[0], Plan):
-        raise PlanError(f"rank 0 sent {type(box[0]).__name__} instead of a Plan")
-    return box[0]
+    local_gm = update_state_in_place(
+        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes()),
+        captured.state)
+    if files is None:
+        local_values = _local_values(captured, plan, parts, rank)
+    else:
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model,
+                                                                          device), timeout_s=timeout_s)
+    return local_gm, local_values, parameter_layout(captured, plan, parts)
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:
@@ -376,6 +245,10 @@ def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) ->
             values[slot.name] = state[str(slot.target)].new_empty(0)
         elif slot.kind == "parameter":
             values[slot.name] = shard_tensor(state[str(slot.target)], plan.parameters[str(slot.target)], parts, slot.name, rank)
+        elif slot.kind == "buffer" and slot.name in captured.state:
+            # a KV cache: this rank's block, a copy of its own (the graph writes into it)
+            full = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
+            values[slot.name] = shard_tensor(full, plan.parameters[str(slot.target)], parts, slot.name, rank).clone()
         elif slot.kind == "buffer":
             values[slot.name] = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
         elif slot.kind == "constant":

@@ -13,6 +13,20 @@ its out-of-place form, no other op is decomposed). The planner may give a tensor
 placement on each edge, which makes a copy; an update through one copy would not reach the
 others, so only functional graphs are planned.
 
+A model on the ``meta`` device (no weights) is traced *as if* its tensors lived on the device of
+the example inputs (the CPU when they are on ``meta`` too): its parameters and buffers are
+presented to ``torch.export`` as fake tensors on that device, so kernels are chosen, and strides
+come out, exactly as for the real model. (Traced on ``meta`` itself, attention returns other
+strides and the graph gains ``contiguous`` nodes; a plan made on meta would then not apply to
+the real weights.) Tensor-creating ops in the graph name that device.
+
+**State.** A buffer that forward overwrites in place with ``index_copy_`` (a static KV cache:
+``cache.index_copy_(2, positions, new_keys)``) is *state*: it persists across calls, like a
+parameter that the graph writes. Its update stays in the graph (the functional ``index_copy``);
+the output that export adds for the new value is dropped, and :attr:`CapturedGraph.state` maps the
+buffer's placeholder to the node that computes the new value. The runtime applies that update
+in place on its own (possibly split) copy of the buffer.
+
 Shapes: by default the batch and sequence dims (dims 0 and 1) of every tensor input are
 exported as dynamic (``torch.export.Dim.AUTO``), so the graph's sizes there are symbols
 (``s72``) and one capture serves every batch size and sequence length. Export keeps a dim
@@ -24,13 +38,14 @@ be exported with dynamic dims is exported static, with a warning naming why.
 dynamic ones; the runtime checks every call against it.
 
 Refused, with what to do: models export cannot trace (data-dependent Python control flow),
-models whose forward updates buffers (BatchNorm in training mode) or its inputs in place,
+models whose forward updates other buffers (BatchNorm in training mode) or its inputs in place,
 outputs that are not tensors (or tuples, lists, dicts of them), and graphs that draw random
 numbers (dropout in training mode): each rank would draw different ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -41,12 +56,17 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
+from autotp.passes.rules.args import arg
 
-__all__ = ["CapturedGraph", "InputDims", "InputSlot", "capture", "default_dynamic_shapes", "from_exported"]
+__all__ = [
+    "CapturedGraph", "InputDims", "InputSlot", "capture", "check_model", "default_dynamic_shapes", "from_exported",
+    "inputs_on_model_device",
+]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -87,25 +107,41 @@ class InputDims:
 
 @dataclasses.dataclass
 class CapturedGraph:
-    """The traced model: graph, where each placeholder's value comes from, input/output specs.
-
-    ``input_dims`` lists every dim of every tensor user input (see :class:`InputDims`);
-    ``shape_mode`` says how their sizes were traced: ``"dynamic"`` (batch and sequence dims
-    dynamic, the default), ``"static"`` (``dynamic=False``), ``"custom"`` (``dynamic_shapes=``),
-    ``"static-fallback"`` (dynamic export failed, traced static with a warning).
-    """
+    """The traced model: graph, where each placeholder's value comes from, input/output specs."""
 
     graph_module: fx.GraphModule
     inputs: list[InputSlot]
     in_spec: pytree.TreeSpec
     out_spec: pytree.TreeSpec
     exported: ExportedProgram
+    state: dict[str, str] = dataclasses.field(default_factory=dict)
+    """State buffers (see the module docstring): placeholder name -> name of the node computing its new value."""
     input_dims: tuple[InputDims, ...] = ()
+    """Every dim of every tensor user input, as traced (see :class:`InputDims`)."""
     shape_mode: str = "static"
+    """How input sizes were traced: ``"dynamic"`` (batch and sequence dims dynamic, the default),
+    ``"static"`` (``dynamic=False``), ``"custom"`` (``dynamic_shapes=``), ``"static-fallback"``
+    (dynamic export failed; traced static with a warning)."""
+
+    def state_fqns(self) -> dict[str, str]:
+        """Placeholder name -> FQN of every state buffer (e.g. ``key_cache_0``)."""
+        return {s.name: str(s.target) for s in self.inputs if s.name in self.state}
 
     def parameter_fqns(self) -> dict[str, str]:
         """Placeholder name -> parameter FQN (e.g. ``model.layers.0.mlp.up_proj.weight``)."""
         return {s.name: str(s.target) for s in self.inputs if s.kind == "parameter"}
+
+
+def inputs_on_model_device(model: torch.nn.Module, value: Any) -> Any:
+    """``value`` (example inputs, any pytree) with its tensors moved to ``meta`` when the model is on ``meta``.
+
+    Planning a model built on the meta device needs example inputs there too; for a model with
+    real weights ``value`` is returned as is.
+    """
+    params = list(model.parameters())
+    if params and params[0].device.type == "meta":
+        return pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, value)
+    return value
 
 
 def _user_frame(exc: BaseException) -> str | None:
@@ -115,6 +151,49 @@ def _user_frame(exc: BaseException) -> str | None:
         return None
     frame = frames[-1]
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+
+
+def check_model(model: object) -> None:
+    """TypeError, saying what to pass, unless ``model`` is an ``nn.Module``."""
+    if isinstance(model, torch.nn.Module):
+        return
+    name = getattr(model, "__name__", type(model).__name__)
+    raise TypeError(
+        f"autotp needs a torch.nn.Module (its parameters are what it splits), got {type(model).__name__} {name!r}. "
+        "Pass the module itself (not its output, state_dict or a bound method); to split a function that uses "
+        "weights, make it an nn.Module whose forward calls it with the weights as nn.Parameter attributes."
+    )
+
+
+def _is_meta_model(model: torch.nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+
+
+def trace_device(example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None) -> torch.device:
+    """The device a model is traced for: that of the first example tensor not on ``meta``, else the CPU."""
+    for leaf in pytree.tree_leaves((example_inputs, example_kwargs or {})):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+            return leaf.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
+    """Within the block, ``model``'s parameters and buffers are fake tensors on ``device``; yields the
+    example inputs as fake tensors on ``device`` (same mode), for ``torch.export`` to trace."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        with mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
+    state: dict[str, torch.Tensor] = {
+        name: torch.nn.Parameter(fake(p), requires_grad=False) for name, p in model.named_parameters()
+    }
+    state.update({name: fake(b) for name, b in model.named_buffers()})
+    fake_example = pytree.tree_map_only(torch.Tensor, lambda t: fake(t) if t.device.type == "meta" else mode.from_tensor(t), example)
+    with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):
+        yield fake_example
 
 
 DYNAMIC_DIMS = (0, 1)
@@ -200,8 +279,7 @@ def capture(
     Raises :class:`CaptureError` naming the cause and the line of the model's code when the
     model cannot be exported (data-dependent control flow, unsupported Python, ...).
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"autotp needs an nn.Module, got {type(model).__name__}")
+    check_model(model)
     if not isinstance(example_inputs, tuple):
         raise TypeError(
             f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "
@@ -238,6 +316,9 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     """``torch.export.export`` (non-strict); a failure becomes a :class:`CaptureError` with the user's line."""
     try:
         with torch.no_grad():
+            if _is_meta_model(model):
+                with _as_if_on(model, trace_device(args, kwargs), (args, kwargs)) as (fake_args, fake_kwargs):
+                    return torch.export.export(model, fake_args, fake_kwargs, dynamic_shapes=dynamic_shapes, strict=False)
             return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # noqa: BLE001 - re-raised with the user's line
         where = _user_frame(exc)
@@ -310,8 +391,7 @@ def _draws_random_numbers(node: fx.Node) -> bool:
     if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in tags:
         return False
     schema = node.target._schema
-    bound = {arg.name: (node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value))
-             for i, arg in enumerate(schema.arguments)}
+    bound = {a.name: arg(node, i, a.name, a.default_value) for i, a in enumerate(schema.arguments)}
     probability = bound.get("p", bound.get("dropout_p"))
     if probability is not None and not isinstance(probability, fx.Node) and probability == 0:
         return False
@@ -372,8 +452,9 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
         # export's graph keeps in-place ops and does not list what they update; the functional
         # form lists every updated buffer and input in its signature
         exported = exported.run_decompositions({})
+    state = _state_updates(exported)
     specs_out = exported.graph_signature.output_specs
-    buffers = [str(o.target) for o in specs_out if o.kind == OutputKind.BUFFER_MUTATION]
+    buffers = [str(o.target) for o in specs_out if o.kind == OutputKind.BUFFER_MUTATION and str(o.target) not in state]
     inputs = [str(o.target) for o in specs_out if o.kind == OutputKind.USER_INPUT_MUTATION]
     other = [f"{o.target} ({o.kind.name})" for o in specs_out
              if o.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)]
@@ -398,6 +479,7 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
             gm.graph.erase_node(node)
+    state_by_placeholder = _drop_state_outputs(exported, state)
     gm.graph.lint()
     gm.recompile()
 
@@ -422,4 +504,52 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
             user_index += 1
         else:
             slots.append(InputSlot(node.name, kind, str(spec.target)))
-    return CapturedGraph(gm, slots, exported.call_spec.in_spec, exported.call_spec.out_spec, exported)
+    return CapturedGraph(gm, slots, exported.call_spec.in_spec, exported.call_spec.out_spec, exported,
+                         state=state_by_placeholder)
+
+
+_STATE_UPDATE_OPS = (torch.ops.aten.index_copy.default,)
+"""Ops whose result may become a buffer's new value, kept as state: each overwrites some slices of
+its first argument and leaves the rest, so every rank can apply it to its own part of the buffer."""
+
+
+def _state_updates(exported: ExportedProgram) -> dict[str, str]:
+    """Buffer FQN -> output node name, for each mutated buffer whose new value is one state-update op
+    (:data:`_STATE_UPDATE_OPS`) applied directly to the buffer's placeholder, which nothing else reads."""
+    from torch.export.graph_signature import OutputKind
+
+    signature = exported.graph_signature
+    placeholder_of = {str(i.target): i.arg.name for i in signature.input_specs if i.kind == InputKind.BUFFER}
+    nodes = {n.name: n for n in exported.graph_module.graph.nodes}
+    state: dict[str, str] = {}
+    for spec in signature.output_specs:
+        if spec.kind != OutputKind.BUFFER_MUTATION:
+            continue
+        update = nodes.get(spec.arg.name)
+        buffer = nodes.get(placeholder_of.get(str(spec.target), ""))
+        if (update is not None and buffer is not None and update.op == "call_function"
+                and update.target in _STATE_UPDATE_OPS and update.args[0] is buffer and len(buffer.users) == 1):
+            state[str(spec.target)] = update.name
+    return state
+
+
+def _drop_state_outputs(exported: ExportedProgram, state: dict[str, str]) -> dict[str, str]:
+    """Remove the outputs export added for state buffers' new values; placeholder name -> update node name.
+
+    The graph keeps only the user outputs; the updates stay in the graph, read by what uses the
+    new value (attention reads the updated cache).
+    """
+    if not state:
+        return {}
+    from torch.export.graph_signature import OutputKind
+
+    graph = exported.graph_module.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    specs = exported.graph_signature.output_specs
+    values = list(output.args[0])
+    kept = [v for v, spec in zip(values, specs)
+            if not (spec.kind == OutputKind.BUFFER_MUTATION and str(spec.target) in state)]
+    output.args = (tuple(kept),)
+    exported.graph_module.recompile()
+    placeholder_of = {str(i.target): i.arg.name for i in exported.graph_signature.input_specs if i.kind == InputKind.BUFFER}
+    return {placeholder_of[fqn]: update for fqn, update in state.items()}

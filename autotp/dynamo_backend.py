@@ -12,7 +12,7 @@ backend returns a :class:`CompiledSubgraph` which, at its first call with given 
    GraphModule at concrete input sizes, the same ATen graph ``autotp.compile`` captures from
    the model itself (:func:`autotp.capture.from_exported`);
 3. plans it with autotp's planner, on the group's first rank, which sends the plan to the
-   others (:func:`autotp.api._plan_once`, as ``autotp.compile`` does); graph outputs are
+   others (:func:`autotp.runtime.group.plan_on_first_rank`, as ``autotp.compile`` does); graph outputs are
    ``Replicate``, so values crossing a graph break are whole on every rank;
 4. rewrites it for this rank (:func:`~autotp.passes.uneven.build_partitions`,
    :func:`~autotp.passes.rewrite.rewrite_for_rank`) and slices this rank's parameter shards
@@ -35,7 +35,6 @@ import dataclasses
 import inspect
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -45,16 +44,24 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
-from autotp.api import DEFAULT_HARDWARE, _check_world_size, _plan_once
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
 from autotp.base.shapes import first_tensor, is_static
+from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
-from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective, rewrite_for_rank
-from autotp.passes.rules import Strategy
+from autotp.passes.rewrite import count_collectives, rewrite_for_rank
 from autotp.passes.uneven import Partitions, build_partitions
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import (
+    DEFAULT_AGREEMENT_TIMEOUT_S,
+    agreed_options,
+    check_timeout,
+    compile_record,
+    ranks_agree,
+)
+from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.module import shard_tensor
 
 __all__ = ["AutoTPBackend", "BackendStats", "CompiledSubgraph", "autotp_backend", "backend"]
@@ -252,7 +259,7 @@ class CompiledSubgraph:
                 self._origin[index_] = found
         self._dynamic = any(isinstance(v, _SYM_TYPES) for v in example_inputs)
         # Dynamo's symbolic dims, as torch.export dynamic_shapes: a dynamic graph is lowered once
-        # with them, and that one rank-local graph serves every size (see _build)
+        # with them, and that one rank-local graph serves every size (see _build_dynamic)
         self._dynamic_shapes = tuple(_export_spec(node) for node in placeholders) if self._dynamic else None
         self._key_positions = [i for i, v in enumerate(example_inputs)
                                if i not in self._origin and isinstance(v, (torch.Tensor, *_SYM_TYPES))]
@@ -292,7 +299,7 @@ class CompiledSubgraph:
         """
         try:
             local = self._build(args, ("dynamic",), dynamic_shapes=self._dynamic_shapes)
-        except CaptureError as exc:
+        except AutoTPError as exc:  # export could not keep the dims symbolic
             self._dynamic_shapes = None
             self._owner._log(f"graph {self.index}: lowered once per input size: {str(exc).splitlines()[0]}")
             return None
@@ -309,12 +316,7 @@ class CompiledSubgraph:
 
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the most recently built rank-local graph, by kind."""
-        counts: dict[str, int] = {}
-        for node in self.graph_module.graph.nodes:
-            if is_collective(node):
-                kind = COLLECTIVE_OPS[node.target]
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        return count_collectives(self.graph_module)
 
     # -- build ----------------------------------------------------------------------------
     def _lower(self, concrete: Sequence[Any], dynamic_shapes: Any = None) -> tuple[CapturedGraph, dict[str, int]]:
@@ -366,19 +368,28 @@ class CompiledSubgraph:
 
     def _build(self, args: Sequence[Any], key: tuple, dynamic_shapes: Any = None) -> _LocalGraph:
         owner = self._owner
-        if len(self.local_graphs) >= owner.max_shapes:
-            raise AutoTPError(
-                f"torch.compile graph {self.index} has been called with {len(self.local_graphs) + 1} different input "
-                f"sizes (max_shapes={owner.max_shapes}); each needs its own rank-local graph. Pad inputs to a few "
-                "fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
-            )
-        concrete = [_concrete(a) for a in args]
-        captured, arg_of_param = self._lower(concrete, dynamic_shapes)
+        # every rank lowers, then the ranks agree (graph, options, weights) before planning
+        with ranks_agree(owner.group, timeout_s=owner.agreement_timeout_s,
+                         what=f"torch.compile graph {self.index}") as agreement:
+            if len(self.local_graphs) >= owner.max_shapes:
+                raise AutoTPError(
+                    f"torch.compile graph {self.index} has been called with {len(self.local_graphs) + 1} different "
+                    f"input sizes (max_shapes={owner.max_shapes}); each needs its own rank-local graph. Pad inputs to "
+                    "a few fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
+                )
+            concrete = [_concrete(a) for a in args]
+            captured, arg_of_param = self._lower(concrete, dynamic_shapes)
+            weights = ({str(slot.target): concrete[arg_of_param[slot.name]] for slot in captured.inputs
+                        if slot.name in arg_of_param} if owner.check_weights else None)
+            agreement.record = compile_record(captured, weights=weights, checksums=owner._checksums,
+                                              options=agreed_options(owner._options, inner=owner.inner,
+                                                                     check_weights=owner.check_weights))
         plan, decisions = owner._plan_for(captured, self._canonical_names(captured))
         if self.plan is None:
             self.plan = plan
         parts = build_partitions(captured.graph_module, decisions, owner.world_size)
-        local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, owner.rank, owner.group_name)
+        local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, owner.rank, owner.group_name,
+                                    routes=plan.reshard_routes())
         template: list[Any] = []
         feeds: list[tuple[int, int]] = []
         exported = captured.exported
@@ -428,14 +439,19 @@ class AutoTPBackend:
 
     def __init__(self, *, world_size: int | None, hardware: str | Hardware, inner: str,
                  memory_budget: float | int | str | None, group: dist.ProcessGroup | None, strict: bool,
-                 time_limit_s: float, max_shapes: int, progress: bool) -> None:
+                 time_limit_s: float, max_shapes: int, progress: bool, check_weights: bool = True,
+                 agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> None:
         if inner not in _INNER:
             raise ValueError(f"inner must be one of {_INNER}, got {inner!r}; e.g. autotp.backend(inner='inductor')")
         if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
             raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
         if world_size is not None:
-            _check_world_size(world_size)
+            check_world_size(world_size)
         self._world_size = world_size
+        # validated now, so a bad option fails here rather than inside Dynamo; the world size is
+        # the group's, known when Dynamo first calls the backend (see _bind_group)
+        self._options = PlanOptions(world_size=world_size or 1, hardware=hardware, memory_budget=memory_budget,
+                                    strict=strict, time_limit_s=time_limit_s, progress=progress)
         self.hardware = hardware
         self.inner = inner
         self.memory_budget = memory_budget
@@ -444,6 +460,8 @@ class AutoTPBackend:
         self.time_limit_s = time_limit_s
         self.max_shapes = max_shapes
         self.progress = progress
+        self.check_weights = check_weights
+        self.agreement_timeout_s = check_timeout(agreement_timeout_s)
         self.reset()
 
     def reset(self) -> None:
@@ -451,27 +469,18 @@ class AutoTPBackend:
         self.subgraphs: list[CompiledSubgraph] = []
         self._plans: dict[tuple, tuple[Plan, dict[str, str]]] = {}
         self._shards = _ShardCache()
+        self._checksums: WeakIdKeyDictionary = WeakIdKeyDictionary()  # full weight -> WeightChecksum
         self._plans_solved = 0
         self._plans_reused = 0
         self._lowerings = 0
 
     # -- the process group, read when Dynamo first calls us --------------------------------
     def _bind_group(self) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "the autotp torch.compile backend needs an initialised process group when the model first runs: "
-                "call torch.distributed.init_process_group() first (e.g. under torchrun)"
-            )
-        group_size = dist.get_world_size(self.group)
-        world_size = group_size if self._world_size is None else self._world_size
-        if world_size != group_size:
-            raise ValueError(
-                f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
-                f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
-            )
-        self.world_size = world_size
-        self.rank = dist.get_rank(self.group)
+        self.world_size, self.rank = bind_group(self.group, self._world_size,
+                                                caller="the autotp torch.compile backend (when the model first runs)")
         self.group_name = cast(dist.ProcessGroup, self.group or dist.group.WORLD).group_name
+        if self._options.world_size != self.world_size:
+            self._options = dataclasses.replace(self._options, world_size=self.world_size)
 
     def _log(self, message: str) -> None:
         if self.progress and self.rank == 0:
@@ -503,10 +512,8 @@ class AutoTPBackend:
         )
         found = self._plans.get(key)
         if found is None:
-            plan = _plan_once(captured, world_size=self.world_size, hardware=self.hardware,
-                              memory_budget=self.memory_budget, strict=self.strict, time_limit_s=self.time_limit_s,
-                              progress=self.progress and self.rank == 0, started=time.perf_counter(),
-                              constraints=None, group=self.group, rank=self.rank)
+            plan = plan_on_first_rank(captured, self._options, group=self.group, rank=self.rank,
+                                      agreement_timeout_s=self.agreement_timeout_s)
             self._plans[key] = found = (plan, {canonical[n.name]: n.name for n in gm.graph.nodes if n.op == "placeholder"})
             self._plans_solved += 1
         else:
@@ -577,6 +584,8 @@ def backend(
     time_limit_s: float = 60.0,
     max_shapes: int = 8,
     progress: bool = False,
+    check_weights: bool = True,
+    agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
 ) -> AutoTPBackend:
     """A ``torch.compile`` backend that makes the model tensor-parallel over ``group``'s ranks.
 
@@ -584,11 +593,13 @@ def backend(
     same weights. ``inner`` runs each rank-local graph as is (``"eager"``) or compiles it
     with Inductor (``"inductor"``). ``max_shapes`` bounds the input sizes each graph is
     re-lowered for. Other options as in :func:`autotp.plan`. The process group must be
-    initialised before the compiled model first runs.
+    initialised before the compiled model first runs. Before each graph is planned (once per
+    graph and input size) the ranks check that they agree, as in :func:`autotp.compile`
+    (``check_weights``, ``agreement_timeout_s``).
     """
     return AutoTPBackend(world_size=world_size, hardware=hardware, inner=inner, memory_budget=memory_budget,
                          group=group, strict=strict, time_limit_s=time_limit_s, max_shapes=max_shapes,
-                         progress=progress)
+                         progress=progress, check_weights=check_weights, agreement_timeout_s=agreement_timeout_s)
 
 
 class _EntryPoint:

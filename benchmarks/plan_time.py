@@ -18,13 +18,13 @@ import warnings
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from autotp.api import _auto_budget
 from autotp.capture import capture
 from autotp.cost_model import get_hardware
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.solver import evaluate_choice, solve
 from autotp.passes.strategies import build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
+from autotp.planning.planner import auto_memory_budget
 
 
 def llama70b_shaped(layers: int) -> torch.nn.Module:
@@ -58,7 +58,7 @@ def main() -> None:
         costed = cost_strategy_graph(graph, hardware)
         t3 = time.perf_counter()
         tie = tie_identical_blocks(graph)
-        budget = _auto_budget(costed)
+        budget = auto_memory_budget(costed)
         solution = solve(costed, memory_budget_bytes=budget, tie=tie)
         t4 = time.perf_counter()
         print(f"{layers:>6} {len(graph.order):>6} {len(set(tie.values())):>10} {t1 - t0:>10.2f} {t2 - t1:>12.2f} "

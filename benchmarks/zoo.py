@@ -42,14 +42,6 @@ TOLERANCE = 1e-4
 DEFAULT_MODELS = ["llama", "gpt2", "bert", "mistral", "qwen2", "mixtral", "mixtral_batched_mm", "mlp", "tied_lm", "cnn"]
 
 
-def _layer_of(module: str) -> str | None:
-    parts = module.split(".") if module else []
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return None
-
-
 def _run_model(rank: int, world_size: int, name: str) -> dict[str, Any]:
     import torch
     import torch.utils._pytree as pytree
@@ -57,7 +49,9 @@ def _run_model(rank: int, world_size: int, name: str) -> dict[str, Any]:
     from odd_models import ODD_BUILDERS
 
     import autotp
+    from autotp.base.module_paths import block_name
     from autotp.base.placements import placement_from_str, split_of
+    from autotp.passes.resharding import is_collective_step
 
     model, args, kwargs = {**BUILDERS, **ODD_BUILDERS}[name]()
     with torch.no_grad():
@@ -74,14 +68,14 @@ def _run_model(rank: int, world_size: int, name: str) -> dict[str, Any]:
     per_layer: collections.Counter[str] = collections.Counter()
     outside = 0
     for collective in plan.collectives:
-        if all(step in ("slice", "zero") for step in collective.steps):
+        if not any(is_collective_step(step) for step in collective.steps):
             continue
-        layer = _layer_of(collective.module)
+        layer = block_name(collective.module)
         if layer is None:
             outside += 1
         else:
             per_layer[layer] += 1
-    layers = {_layer_of(n.module) for n in plan.nodes if _layer_of(n.module)}
+    layers = {block_name(n.module) for n in plan.nodes if block_name(n.module)}
     # parameters the graph reads (a tied weight's second name is never read, and not counted)
     read = {p for n in plan.nodes for p in n.input_nodes}
     read_fqns = {n.target for n in plan.nodes if n.op == "placeholder" and n.name in read}

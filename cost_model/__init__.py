@@ -37,6 +37,7 @@ from .compute import (
     aten_memory_bytes,
     compute_time_s,
     dtype_name,
+    launches_no_kernel,
     tensor_bytes,
 )
 from .hardware import KNOWN_HARDWARE, Hardware, LinkProfile, get_hardware
@@ -55,6 +56,7 @@ __all__ = [
     "compute_time_s",
     "dtype_name",
     "get_hardware",
+    "launches_no_kernel",
     "link_collective_time_s",
     "tensor_bytes",
 ]

@@ -23,6 +23,7 @@ memory bound, and their time comes from their bytes.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "aten_memory_bytes",
     "compute_time_s",
     "dtype_name",
+    "launches_no_kernel",
     "tensor_bytes",
 ]
 
@@ -391,9 +393,29 @@ def flops_formula(op: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any
     return 0
 
 
-# Ops that launch no kernel although their schema is not marked as a view.
-_NO_KERNEL_OPS = frozenset(
+# Ops that launch no kernel and move no data: views, metadata queries, and ops that return their
+# input (detach, lift_fresh, dropout outside training). By overload packet, so every overload
+# counts. Listed, not read from the schema: ``reshape``, ``contiguous`` and ``to`` may alias
+# their input by schema but copy whenever the layout or dtype changes.
+NO_KERNEL_OPS = frozenset(
     {
+        aten.view,
+        aten._unsafe_view,
+        aten.transpose,
+        aten.permute,
+        aten.t,
+        aten.unsqueeze,
+        aten.squeeze,
+        aten.expand,
+        aten.slice,
+        aten.select,
+        aten.narrow,
+        aten.alias,
+        aten.split,
+        aten.split_with_sizes,
+        aten.chunk,
+        aten.unbind,
+        aten.dropout,
         aten.sym_size,
         aten.sym_stride,
         aten.sym_numel,
@@ -408,8 +430,15 @@ _NO_KERNEL_OPS = frozenset(
         aten._assert_scalar,
         aten.sym_constrain_range_for_size,
         aten._local_scalar_dense,
+        operator.getitem,  # picks one output of a multi-output op
     }
 )
+
+
+def launches_no_kernel(op: Any) -> bool:
+    """True for ops that launch no kernel and move no data (:data:`NO_KERNEL_OPS`): the planner's
+    cost pass prices them at the host's dispatch time only, reports treat them as aliases."""
+    return _packet_of(op) in NO_KERNEL_OPS
 
 
 def aten_memory_bytes(
@@ -422,8 +451,7 @@ def aten_memory_bytes(
     traffic of one unfused kernel (each operand read once, each output written once); it is the
     ``memory_bytes`` that :func:`compute_time_s` expects.
     """
-    packet = _packet_of(op)
-    if packet in _NO_KERNEL_OPS or getattr(op, "is_view", False):
+    if launches_no_kernel(op):
         return 0
     leaves, _ = tree_flatten((list(args), dict(kwargs or {}), out))
     return sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in leaves if isinstance(leaf, torch.Tensor))

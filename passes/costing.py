@@ -12,40 +12,34 @@ this pass only decides *what* each strategy asks of the hardware:
   whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
   reads the whole weight). View-like ops move no data and launch no kernel: they cost only
   ``Hardware.view_op_s``, the host's dispatch (0 on GPU profiles, measured on a CPU).
-- resharding between the producer's and the consumer's placement of one tensor: one
-  collective from :func:`collective_time_s` (see :func:`reshard_plan`).
+- resharding between the producer's and the consumer's placement of one tensor: the cheapest
+  route of :func:`autotp.base.reshard.reshard_routes`, each step priced by its row of
+  :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
 - memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import operator
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.base.placements import Partial, Placement, Replicate, split_of
-from autotp.base.shapes import concrete_shape, nbytes, numel
-from autotp.cost_model import Hardware, aten_flops, collective_time_s, compute_time_s
-from autotp.passes.rules import Strategy, holds_tensor, tensor_inputs
+from autotp.base.placements import Placement, split_of
+from autotp.base.reshard import Route, reshard_routes
+from autotp.base.shapes import nbytes, numel
+from autotp.base.strategy import Strategy
+from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
+from autotp.passes.resharding import RESHARD_TABLE
+from autotp.passes.rules import tensor_inputs
+from autotp.passes.rules.args import holds_tensor
 from autotp.passes.strategies import StrategyGraph
+from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "is_local_reshard", "reshard_plan", "reshard_time_s", "tensor_nbytes"]
-
-# Ops that only change tensor metadata (a view of the same storage): no kernel, no bytes moved.
-VIEW_OPS = frozenset({
-    aten.view.default, aten._unsafe_view.default, aten.transpose.int, aten.permute.default, aten.t.default,
-    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
-    aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.alias.default, aten.detach.default,
-    aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int, operator.getitem,
-    aten.lift_fresh.default, aten.dropout.default,
-})
-
+__all__ = ["CostedGraph", "cost_strategy_graph", "reshard_route", "reshard_time_s", "route_time_s", "tensor_nbytes"]
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
@@ -57,65 +51,34 @@ def _dtype(value: object) -> torch.dtype:
     return leaves[0].dtype if leaves else torch.float32
 
 
-def reshard_plan(src: Placement, dst: Placement) -> list[str]:
-    """The steps that turn placement ``src`` into ``dst`` on one mesh axis.
+def route_time_s(route: Route, value: object, world_size: int, hardware: Hardware) -> float:
+    """Predicted seconds of the resharding ``route`` of ``value`` (a FakeTensor).
 
-    ``P->R`` all-reduce, ``P->S`` reduce-scatter, ``S->R`` all-gather, ``R->S`` local slice,
-    ``R->P`` keep on rank 0 and zero elsewhere, ``S(i)->S(j)`` all-gather then slice (costed
-    as the all-gather it is implemented with). Block-sharded tensors (``S(d)xk``) take the same
-    routes, except that a Partial sum is all-reduced before it is sliced into blocks.
-    """
-    if src == dst:
-        return []
-    dst_split, src_split = split_of(dst), split_of(src)
-    if isinstance(src, Replicate):
-        return ["slice"] if dst_split else ["zero"]
-    if isinstance(src, Partial):
-        if dst_split and dst_split[1] == 1:
-            return ["reduce_scatter"]
-        return ["all_reduce", "slice"] if dst_split else ["all_reduce"]
-    if src_split is None:
-        raise ValueError(f"cannot reshard from {src}")
-    if isinstance(dst, Replicate):
-        return ["all_gather"]
-    if dst_split:
-        return ["all_gather", "slice"]
-    return ["all_gather", "zero"]
-
-
-def is_local_reshard(src: Placement, dst: Placement) -> bool:
-    """True when ``src -> dst`` needs no communication (a local slice or zero-fill)."""
-    return all(step in ("slice", "zero") for step in reshard_plan(src, dst))
-
-
-def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> float:
-    """Predicted seconds to reshard ``value`` (a FakeTensor) from ``src`` to ``dst``.
-
-    Each collective step costs :func:`collective_time_s`; a gather or scatter along a dim other
-    than 0 also pays the two copies the rewrite makes around it (the dim is moved to the front
-    and made contiguous, then moved back and made contiguous again): each reads and writes its
-    tensor once, a roofline memory term. A local slice is a view (``Hardware.view_op_s``).
+    The sum of the terms of each step, as its row of :data:`autotp.passes.resharding.RESHARD_TABLE`
+    prices them from the bytes of the whole tensor and of the largest rank's part.
     """
     nbytes = tensor_nbytes(value)
     dtype = _dtype(value)
     total = 0.0
-    for step in reshard_plan(src, dst):
-        if step == "slice":
-            total += hardware.view_op_s  # a narrow: no data moves
-            continue
-        if step == "zero":
-            total += compute_time_s(0, nbytes, dtype, hardware)  # writing zeros on ranks != 0
-            continue
-        total += collective_time_s(step, nbytes, world_size, hardware)
-        if step not in ("all_gather", "reduce_scatter") or world_size == 1:
-            continue
-        sharded = src if step == "all_gather" else dst  # the placement whose split dim moves
-        split = split_of(sharded)
-        if split is not None and split[0] != 0:
-            local = _local_nbytes(value, sharded, world_size)
-            for copied in (local, nbytes):  # the shard and the whole tensor, each read and written once
-                total += compute_time_s(0, 2 * copied, dtype, hardware)
+    for step in route:
+        split = step.split
+        shard = _local_nbytes(value, split, world_size) if split is not None else nbytes
+        for term in RESHARD_TABLE[step.kind].time_terms(step, nbytes, shard, dtype, world_size, hardware):
+            total += term
     return total
+
+
+def reshard_route(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> Route:
+    """The cheapest route from ``src`` to ``dst`` for ``value`` (the default one on a tie)."""
+    routes = reshard_routes(src, dst)
+    if len(routes) == 1:
+        return routes[0]
+    return min(routes, key=lambda route: route_time_s(route, value, world_size, hardware))
+
+
+def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> float:
+    """Predicted seconds to reshard ``value`` (a FakeTensor) from ``src`` to ``dst`` by the cheapest route."""
+    return route_time_s(reshard_route(src, dst, value, world_size, hardware), value, world_size, hardware)
 
 
 @dataclasses.dataclass
@@ -131,6 +94,11 @@ class CostedGraph:
         node = self.graph.nodes[producer]
         return reshard_time_s(src, dst, node.meta.get("val"), self.graph.world_size, self.hardware)
 
+    def reshard_route(self, producer: str, src: Placement, dst: Placement) -> Route:
+        """The route :meth:`reshard_s` prices: the steps the plan records and the rewrite applies."""
+        node = self.graph.nodes[producer]
+        return reshard_route(src, dst, node.meta.get("val"), self.graph.world_size, self.hardware)
+
 
 def _meta_args(node: fx.Node) -> tuple[tuple, dict]:
     def to_val(a: object) -> object:
@@ -143,7 +111,7 @@ def _local_fraction(value: object, placement: Placement, world_size: int) -> flo
     """Share of ``value`` the largest rank holds under ``placement`` (1.0 unless it is split)."""
     if not isinstance(value, torch.Tensor) or numel(value) == 0:
         return 1.0
-    return _shard_bytes(value, placement, world_size) / (numel(value) * value.element_size())
+    return largest_shard_nbytes(value.shape, value.element_size(), placement, world_size) / (numel(value) * value.element_size())
 
 
 def _local_nbytes(value: object, placement: Placement, world_size: int) -> float:
@@ -171,7 +139,7 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
     if node.op != "call_function" or not holds_tensor(node):  # size arithmetic runs on the host: free
         return [0.0] * len(strategies)
-    if node.target in VIEW_OPS:  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
+    if launches_no_kernel(node.target):  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
         return [hardware.view_op_s] * len(strategies)
     args, kwargs = _meta_args(node)
     out = node.meta.get("val")
@@ -191,15 +159,6 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
     return costs
 
 
-def _shard_bytes(value: torch.Tensor, placement: Placement, world_size: int) -> int:
-    split = split_of(placement)
-    if split is not None:
-        dim, blocks = split
-        size = concrete_shape(value)[dim]
-        return value.element_size() * (numel(value) // max(size, 1)) * blocks * math.ceil(size // blocks / world_size)
-    return numel(value) * value.element_size()
-
-
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph:
     """Attach predicted compute seconds to every strategy and bytes to every parameter strategy."""
     compute_s = {}
@@ -211,5 +170,6 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph
             val = node.meta["val"]
             # a parameter nothing reads (e.g. the second name of a tied weight) is not kept
             unread = not node.users
-            memory[name] = [0 if unread else _shard_bytes(val, s.output, graph.world_size) for s in graph.strategies[name]]
+            memory[name] = [0 if unread else largest_shard_nbytes(val.shape, val.element_size(), s.output, graph.world_size)
+                            for s in graph.strategies[name]]
     return CostedGraph(graph, hardware, compute_s, memory)

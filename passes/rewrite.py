@@ -11,14 +11,15 @@ What changes, node by node:
   local size in the split dim (uneven splits give each rank its own constant); every other
   entry stays as traced, so a dynamic batch or sequence size stays a symbolic expression
   (a ``sym_size`` node) and one rank-local graph serves every input size;
-- ops whose local form differs from the global one get it (:data:`_LOCAL_FORMS`): a
-  vocabulary-split ``embedding`` looks up only the ids in this rank's row range (others give
-  zeros: the output is a Partial sum); a grouped convolution split by groups gets this rank's
-  group count;
+- ops whose local form differs from the global one get it (registered beside the op's rule,
+  :func:`autotp.passes.rules.local_form_for`): a vocabulary-split ``embedding`` looks up only
+  the ids in this rank's row range (others give zeros: the output is a Partial sum); a grouped
+  convolution split by groups gets this rank's group count;
 - wherever a producer's placement differs from what a consumer's strategy needs, the
-  resharding steps of :func:`autotp.passes.costing.reshard_plan` are inserted once per
-  (producer, target placement) as traceable functional collectives
-  (``torch.ops._c10d_functional.*`` followed by ``wait_tensor``) or local slices.
+  resharding steps of :func:`autotp.base.reshard.reshard_steps` are inserted once per
+  (producer, target placement), each by its row of :data:`autotp.passes.resharding.RESHARD_TABLE`:
+  traceable functional collectives (``torch.ops._c10d_functional.*`` followed by
+  ``wait_tensor``) or local slices.
 
 Every rank inserts the same collectives in the same (topological) order, so no rank can wait
 on a collective another rank does not issue.
@@ -26,23 +27,26 @@ on a collective another rank does not issue.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.base.placements import BlockShard, Placement, Shard, split_of
-from autotp.base.shapes import concrete_shape, first_tensor, is_static
-from autotp.passes.costing import reshard_plan
-from autotp.passes.rules import Strategy, holds_tensor
-from autotp.passes.rules_conv import conv_groups_index
+from autotp.base.errors import PlanMismatchError
+from autotp.base.placements import BlockShard, Placement, split_of
+from autotp.base.reshard import ReshardKind, reshard_steps, route_with_kinds
+from autotp.base.shapes import concrete_shape, first_tensor
+from autotp.base.strategy import Strategy
+from autotp.passes.resharding import RESHARD_TABLE
+from autotp.passes.rules import local_form_for
+from autotp.passes.rules.args import holds_tensor
 from autotp.passes.uneven import Partitions
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
-__all__ = ["COLLECTIVE_OPS", "rewrite_for_rank"]
+__all__ = ["COLLECTIVE_OPS", "count_collectives", "is_collective", "rewrite_for_rank"]
 
 COLLECTIVE_OPS = {
     c10d.all_reduce.default: "all_reduce",
@@ -75,89 +79,16 @@ class _Builder:
                     node.meta[key] = meta_from.meta[key]
         return node
 
-    # -- resharding steps ------------------------------------------------------------
-    def slice(self, x: fx.Node, producer: fx.Node, dim: int, blocks: int) -> fx.Node:
-        offset, length = self.parts.local(producer.name, dim, self.rank, blocks)
-        if blocks == 1:
-            return self.call(aten.narrow.default, x, dim, offset, length, meta_from=producer)
-        block = concrete_shape(producer.meta["val"])[dim] // blocks
-        pieces = [self.call(aten.narrow.default, x, dim, b * block + offset, length, meta_from=producer) for b in range(blocks)]
-        return self.call(aten.cat.default, pieces, dim, meta_from=producer)
-
-    def zero_unless_rank0(self, x: fx.Node, origin: fx.Node) -> fx.Node:
-        return x if self.rank == 0 else self.call(aten.zeros_like.default, x, meta_from=origin)
-
-    def all_reduce(self, x: fx.Node, origin: fx.Node) -> fx.Node:
-        reduced = self.call(c10d.all_reduce.default, x, "sum", self.group_name, meta_from=origin)
-        return self.call(c10d.wait_tensor.default, reduced, meta_from=origin)
-
-    def all_gather(self, x: fx.Node, producer: str, dim: int, blocks: int, ndim: int, origin: fx.Node) -> fx.Node:
-        """Gather along ``dim``: pad each rank's part to the largest, gather on dim 0, cut out the padding.
-
-        With ``blocks`` > 1 each rank's part holds its slice of every block; the pieces are
-        put back in block order.
-        """
-        sizes = self.parts.sizes(producer, dim, blocks)
-        chunk = blocks * max(sizes)
-        if dim != 0:
-            x = self.call(aten.movedim.int, x, dim, 0, meta_from=origin)
-        x = self.call(aten.contiguous.default, x, meta_from=origin)
-        mine = blocks * sizes[self.rank]
-        if mine != chunk:
-            x = self.call(aten.constant_pad_nd.default, x, [0, 0] * (ndim - 1) + [0, chunk - mine], 0.0, meta_from=origin)
-        gathered = self.call(c10d.all_gather_into_tensor.default, x, self.world_size, self.group_name, meta_from=origin)
-        x = self.call(c10d.wait_tensor.default, gathered, meta_from=origin)
-        if len(set(sizes)) > 1 or blocks > 1:
-            pieces = [
-                self.call(aten.narrow.default, x, 0, r * chunk + b * sizes[r], sizes[r], meta_from=origin)
-                for b in range(blocks) for r in range(self.world_size)
-            ]
-            x = self.call(aten.cat.default, pieces, 0, meta_from=origin)
-        if dim != 0:
-            # back in place, and contiguous: a consumer's view() needs the layout it was traced with
-            x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
-            x = self.call(aten.contiguous.default, x, meta_from=origin)
-        return x
-
-    def reduce_scatter(self, x: fx.Node, producer: str, dim: int, ndim: int, origin: fx.Node) -> fx.Node:
-        sizes = self.parts.sizes(producer, dim)
-        block = max(sizes)
-        if dim != 0:
-            x = self.call(aten.movedim.int, x, dim, 0, meta_from=origin)
-        if len(set(sizes)) > 1:
-            padded = []
-            for r in range(self.world_size):
-                piece = self.call(aten.narrow.default, x, 0, sum(sizes[:r]), sizes[r], meta_from=origin)
-                if sizes[r] != block:
-                    piece = self.call(aten.constant_pad_nd.default, piece, [0, 0] * (ndim - 1) + [0, block - sizes[r]], 0.0, meta_from=origin)
-                padded.append(piece)
-            x = self.call(aten.cat.default, padded, 0, meta_from=origin)
-        x = self.call(aten.contiguous.default, x, meta_from=origin)
-        scattered = self.call(c10d.reduce_scatter_tensor.default, x, "sum", self.world_size, self.group_name, meta_from=origin)
-        x = self.call(c10d.wait_tensor.default, scattered, meta_from=origin)
-        if sizes[self.rank] != block:
-            x = self.call(aten.narrow.default, x, 0, 0, sizes[self.rank], meta_from=origin)
-        if dim != 0:
-            # back in place, and contiguous: a consumer's view() needs the layout it was traced with
-            x = self.call(aten.movedim.int, x, 0, dim, meta_from=origin)
-            x = self.call(aten.contiguous.default, x, meta_from=origin)
-        return x
-
-    def reshard(self, x: fx.Node, producer: fx.Node, src: Placement, dst: Placement) -> fx.Node:
-        ndim = producer.meta["val"].dim()
-        for step in reshard_plan(src, dst):
-            if step == "slice":
-                x = self.slice(x, producer, *split_of(dst))  # type: ignore[misc]
-            elif step == "zero":
-                x = self.zero_unless_rank0(x, producer)
-            elif step == "all_reduce":
-                x = self.all_reduce(x, producer)
-            elif step == "all_gather":
-                x = self.all_gather(x, producer.name, *split_of(src), ndim, producer)  # type: ignore[misc]
-            elif step == "reduce_scatter":
-                x = self.reduce_scatter(x, producer.name, split_of(dst)[0], ndim, producer)  # type: ignore[index]
-            else:
-                raise AssertionError(f"unknown resharding step {step}")
+    def reshard(self, x: fx.Node, producer: fx.Node, src: Placement, dst: Placement,
+                kinds: tuple[ReshardKind, ...] | None) -> fx.Node:
+        """Emit the steps that turn ``x`` (``producer``'s value on this rank) from ``src`` into ``dst``:
+        the route of step ``kinds`` the plan chose, or the default route when it names none."""
+        try:
+            route = reshard_steps(src, dst) if kinds is None else route_with_kinds(src, dst, kinds)
+        except ValueError as exc:
+            raise PlanMismatchError(f"the plan's resharding of {producer.name}: {exc}") from None
+        for step in route:
+            x = RESHARD_TABLE[step.kind].emit(self, x, producer, step)
         return x
 
 
@@ -196,7 +127,8 @@ def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partit
     if node.target in (aten.split.Tensor, aten.split_with_sizes.default) and isinstance(strategy.inputs[0], BlockShard):
         # a block-sharded tensor split into its blocks: every piece is this rank's part of one block
         split = _local_split_size(node.args[0], strategy.inputs[0], parts, rank)
-        assert split is not None, f"{node.format_node()}: block-sharded input without a split"
+        if split is None:
+            raise AssertionError(f"{node.format_node()}: block-sharded input without a split")
         piece = split[1] // strategy.inputs[0].blocks
         sizes = piece if node.target is aten.split.Tensor else [piece] * strategy.inputs[0].blocks
         return (args[0], sizes, *args[2:])
@@ -213,82 +145,16 @@ def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partit
     return args
 
 
-def _sizes_of(builder: _Builder, x: fx.Node, value: torch.Tensor) -> list:
-    """The sizes of ``x`` (a node of the new graph whose traced value is ``value``): ints where
-    static, a ``sym_size`` node where dynamic."""
-    return [size if is_static(size) else builder.call(aten.sym_size.int, x, dim)
-            for dim, size in enumerate(value.shape)]
-
-
-def _local_embedding(builder: _Builder, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
-    """Vocabulary-parallel lookup (``weight S(0) -> Partial``): ids outside this rank's rows give zeros.
-
-    ``local = ids - offset``; ids with ``0 <= local < rows`` look up row ``local`` of this rank's
-    shard, the others look up row 0 and are zeroed, so the ranks' outputs sum to the lookup.
-    """
-    if strategy.inputs[0] != Shard(0):
-        return None
-    weight = node.args[0]
-    offset, rows = builder.parts.local(weight.name, 0, builder.rank)
-    local_weight, global_ids = args[0], args[1]
-    if rows == 0:  # more ranks than rows: this rank holds none, and contributes zeros
-        ids = node.args[1]
-        shape = [*_sizes_of(builder, global_ids, ids.meta["val"]), concrete_shape(weight.meta["val"])[1]]
-        return builder.call(aten.new_zeros.default, local_weight, shape, meta_from=node)
-    local = builder.call(aten.sub.Tensor, global_ids, offset, meta_from=node)
-    inside = builder.call(aten.bitwise_and.Tensor,
-                          builder.call(aten.ge.Scalar, local, 0, meta_from=node),
-                          builder.call(aten.lt.Scalar, local, rows, meta_from=node), meta_from=node)
-    safe = builder.call(aten.where.ScalarOther, inside, local, 0, meta_from=node)
-    looked_up = builder.graph.call_function(node.target, (local_weight, safe, *args[2:]), kwargs)
-    outside = builder.call(aten.logical_not.default, builder.call(aten.unsqueeze.default, inside, -1, meta_from=node),
-                           meta_from=node)
-    return builder.call(aten.masked_fill.Scalar, looked_up, outside, 0.0, meta_from=node)
-
-
-def _local_convolution(builder: _Builder, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
-    """A grouped convolution split by whole groups runs this rank's groups: ``groups`` becomes the local count."""
-    index = conv_groups_index(node.target)
-    groups = args[index] if index is not None and len(args) > index else kwargs.get("groups", 1)
-    if index is None or groups == 1 or split_of(strategy.output) is None or strategy.inputs[1] != Shard(0):
-        return None
-    weight = node.args[1]
-    out_channels = concrete_shape(weight.meta["val"])[0]
-    local_out = builder.parts.local(weight.name, 0, builder.rank)[1]
-    local_groups = groups * local_out // out_channels
-    if len(args) > index:
-        args = (*args[:index], local_groups, *args[index + 1:])
-    else:
-        kwargs = {**kwargs, "groups": local_groups}
-    new = builder.graph.call_function(node.target, args, kwargs)
-    return new
-
-
-def _local_block_split(builder: _Builder, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
-    """A block-sharded tensor split into its k blocks: always k pieces, even when this rank's are empty.
-
-    (``split(x, 0)`` on an empty dim returns one piece, not k; ``split_with_sizes`` returns k.)
-    """
-    if not isinstance(strategy.inputs[0], BlockShard):
-        return None
-    blocks = strategy.inputs[0].blocks
-    return builder.graph.call_function(aten.split_with_sizes.default, (args[0], [args[1]] * blocks, *args[2:]), kwargs)
-
-
-_LOCAL_FORMS = {
-    aten.embedding.default: _local_embedding,
-    aten.split.Tensor: _local_block_split,
-    **{op: _local_convolution for op in (
-        aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.conv1d.padding, aten.conv2d.padding,
-        aten.conv3d.padding, aten.convolution.default)},
-}
-"""Op -> ``emit(builder, node, local_args, local_kwargs, strategy)``: emits the op's rank-local form
-and returns its node, or ``None`` when the op runs unchanged under this strategy."""
-
-
 def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: Partitions, rank: int,
-                     group_name: str) -> fx.GraphModule:
-    """Build the rank-local graph of ``gm`` for ``rank`` (see module docstring)."""
+                     group_name: str, *,
+                     routes: Mapping[tuple[str, Placement], tuple[ReshardKind, ...]] | None = None) -> fx.GraphModule:
+    """Build the rank-local graph of ``gm`` for ``rank`` (see module docstring).
+
+    ``routes``: (producer, needed placement) -> the kinds of the resharding steps the plan chose
+    (:meth:`autotp.planning.plan.Plan.reshard_routes`); resharding it does not name takes the
+    default route of :func:`autotp.base.reshard.reshard_steps`.
+    """
+    routes = routes or {}
     graph = fx.Graph()
     builder = _Builder(graph, parts, rank, group_name)
     env: dict[str, fx.Node] = {}
@@ -301,7 +167,7 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
             return env[producer.name]
         key = (producer.name, needed)
         if key not in resharded:
-            resharded[key] = builder.reshard(env[producer.name], producer, have, needed)
+            resharded[key] = builder.reshard(env[producer.name], producer, have, needed, routes.get(key))
         return resharded[key]
 
     for node in gm.graph.nodes:
@@ -324,7 +190,7 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
             graph.output(args[0])
             continue
         args = _localise_args(node, tuple(args), strategy, parts, rank)
-        local_form = _LOCAL_FORMS.get(node.target)
+        local_form = local_form_for(node.target)
         new = local_form(builder, node, args, kwargs, strategy) if local_form is not None else None
         if new is None:
             new = graph.call_function(node.target, args, kwargs)
@@ -339,4 +205,14 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
 def is_collective(node: fx.Node) -> bool:
     """True for inserted functional collectives (not their ``wait_tensor``)."""
     return node.op == "call_function" and node.target in COLLECTIVE_OPS
+
+
+def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
+    """Collectives in a rank-local graph, by kind (``all_reduce``...): one forward pass issues each once."""
+    counts: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if is_collective(node):
+            kind = COLLECTIVE_OPS[node.target]
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
 

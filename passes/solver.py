@@ -29,6 +29,11 @@ Formulation (one mesh axis of N ranks)::
 
     minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p]
 
+The coefficients and the blocked transport variables come from ``passes/pricing.py``
+(:func:`~autotp.passes.pricing.compute_s`, :func:`~autotp.passes.pricing.reshard_s`,
+:func:`~autotp.passes.pricing.blocked_reason`), the accounting :func:`evaluate_choice` and the
+plan's predicted times use too (:func:`~autotp.passes.pricing.price_choice`).
+
 The transport block keeps the model linear and small: its size grows with the number of
 *placements* (a handful per tensor), not with products of strategy counts.
 """
@@ -36,7 +41,6 @@ The transport block keeps the model linear and small: its size grows with the nu
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections import defaultdict
 
@@ -45,9 +49,12 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from autotp.base.errors import PlanError
-from autotp.base.placements import Placement, Replicate
+from autotp.base.placements import Placement, Replicate, Shard
 from autotp.base.shapes import concrete_shape
-from autotp.passes.costing import CostedGraph, is_local_reshard
+from autotp.passes.costing import CostedGraph
+from autotp.passes.pricing import blocked_reason, compute_s, price_choice, reshard_s
+from autotp.passes.strategies import Edge
+from autotp.passes.uneven import largest_shard_nbytes
 
 __all__ = ["Solution", "evaluate_choice", "min_parameter_bytes", "solve"]
 
@@ -94,7 +101,8 @@ def _add_choice_rows(model: _Model, costed: CostedGraph, rep: dict[str, str]) ->
     cost: dict[str, np.ndarray] = {}
     for name in costed.graph.order:
         leader = rep[name]
-        cost[leader] = cost.get(leader, 0.0) + np.asarray(costed.compute_s[name])
+        per_strategy = [compute_s(costed, name, s) for s in range(len(costed.graph.strategies[name]))]
+        cost[leader] = cost.get(leader, 0.0) + np.asarray(per_strategy)
     for leader, per_strategy in cost.items():
         x[leader] = [model.column(float(c), 0.0, 1.0, True) for c in per_strategy]
         model.row([(col, 1.0) for col in x[leader]], 1.0, 1.0)
@@ -121,7 +129,8 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
     strategies = costed.graph.strategies
     y_of: dict[_EdgeKey, dict[tuple[Placement, Placement], int]] = {}
     for key in edges:
-        producer, consumer, slot, must_match, local_only = key
+        producer, consumer, slot, _, _ = key
+        edge = Edge(*key)
         out_of: dict[Placement, list[int]] = defaultdict(list)
         for s, strategy in enumerate(strategies[producer]):
             out_of[strategy.output].append(x[producer][s])
@@ -133,7 +142,7 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
         y: dict[tuple[Placement, Placement], int] = {}
         for q in out_of:
             for p in in_of:
-                blocked = q != p and (must_match or (local_only and not is_local_reshard(q, p)))
+                blocked = bool(blocked_reason(costed, edge, q, p))
                 y[q, p] = model.column(0.0, 0.0, 0.0 if blocked else 1.0, False)
         for q, cols in out_of.items():
             model.row([(y[q, p], 1.0) for p in in_of] + [(c, -1.0) for c in cols], 0.0, 0.0)
@@ -160,7 +169,7 @@ def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str],
                 if q != p and model.ub[col] > 0:
                     pairs[q, p].append(col)
         for (q, p), ys in sorted(pairs.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
-            cost = costed.reshard_s(members[0], q, p) * len(members)
+            cost = reshard_s(costed, members[0], q, p) * len(members)
             r = model.column(cost, 0.0, 1.0, False)
             for y in ys:
                 model.row([(r, 1.0), (y, -1.0)], 0.0, np.inf)
@@ -181,22 +190,11 @@ def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
 def evaluate_choice(costed: CostedGraph, choice: dict[str, int]) -> float | None:
     """Objective of a given choice, by the same accounting as the MILP; ``None`` if the choice is invalid.
 
-    Used to check the solver against brute force and to price reference plans.
+    Used to check the solver against brute force and to price reference plans
+    (:func:`~autotp.passes.pricing.price_choice` has the breakdown).
     """
-    strategies = costed.graph.strategies
-    total = sum(costed.compute_s[name][index] for name, index in choice.items())
-    paid: set[tuple[str, Placement, Placement]] = set()
-    for edge in costed.graph.edges:
-        q = strategies[edge.producer][choice[edge.producer]].output
-        p = strategies[edge.consumer][choice[edge.consumer]].inputs[edge.slot]
-        if q == p:
-            continue
-        if edge.must_match or (edge.local_only and not is_local_reshard(q, p)):
-            return None
-        if (edge.producer, q, p) not in paid:
-            paid.add((edge.producer, q, p))
-            total += costed.reshard_s(edge.producer, q, p)
-    return total
+    price = price_choice(costed, choice)
+    return None if price.blocked else price.total_s
 
 
 def _store_sliced_parameters_split(costed: CostedGraph, choice: dict[str, int]) -> dict[str, int]:
@@ -233,9 +231,8 @@ def _smallest_fitting_world_size(costed: CostedGraph, budget_bytes: float) -> in
         total = 0
         for name in costed.memory_bytes:
             val = costed.graph.nodes[name].meta["val"]
-            sizes = list(concrete_shape(val))
-            numel, item = math.prod(sizes), val.element_size()
-            total += min([numel * item] + [item * (numel // s) * -(-s // world_size) for s in sizes if s > 1])
+            placements = [Replicate(), *(Shard(d) for d, size in enumerate(concrete_shape(val)) if size > 1)]
+            total += min(largest_shard_nbytes(val.shape, val.element_size(), p, world_size) for p in placements)
         return total
 
     candidates = [n for n in range(costed.graph.world_size + 1, 1025)] + [2**k for k in range(11, 17)]

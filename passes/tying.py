@@ -3,9 +3,9 @@
 Input: a :class:`StrategyGraph`. Output: ``node name -> representative node name`` (nodes not in
 a repeated block map to themselves). Nothing is modified.
 
-A *block instance* is the set of nodes whose module path (or, for parameters, FQN) has the form
-``<prefix>.<index>...`` — the children of any ``nn.ModuleList``/``Sequential``, whatever the
-model calls them. Two instances of the same prefix are *identical* when, node by node in graph
+A *block instance* is the set of nodes whose module path (or, for parameters, FQN) lies in one
+block (:func:`autotp.base.module_paths.block_of`: ``<prefix>.<index>...``) — the children of any
+``nn.ModuleList``/``Sequential``, whatever the model calls them. Two instances of the same prefix are *identical* when, node by node in graph
 order, they have the same op, the same shapes, the same candidate strategies and the same wiring
 inside the block. Every identical instance is tied to the first one: node j of instance k uses
 the decision variables of node j of the representative.
@@ -19,24 +19,16 @@ difference is bounded by the resharding cost on the block's boundary edges. The 
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 import torch
 
+from autotp.base.module_paths import block_of
 from autotp.base.shapes import concrete_shape
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph
 
-__all__ = ["block_of", "tie_identical_blocks"]
-
-_INDEXED = re.compile(r"^(.*?)\.(\d+)(?:\.|$)")
-
-
-def block_of(path: str) -> tuple[str, int] | None:
-    """``("blocks", 3)`` for ``"blocks.3.ffn"``; ``None`` outside indexed modules."""
-    match = _INDEXED.match(path)
-    return (match.group(1), int(match.group(2))) if match else None
+__all__ = ["tie_identical_blocks"]
 
 
 def _path(graph: StrategyGraph, name: str) -> str:

@@ -22,14 +22,16 @@ fall so that every tensor that shares a split is cut at the same boundaries:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch.fx as fx
 
-from autotp.base.placements import split_of
-from autotp.base.shapes import concrete_shape, first_tensor
-from autotp.passes.rules import Strategy, tensor_inputs
+from autotp.base.placements import Placement, split_of
+from autotp.base.shapes import concrete_shape, concrete_size, first_tensor
+from autotp.base.strategy import Strategy
+from autotp.passes.rules import tensor_inputs
 
-__all__ = ["Partitions", "build_partitions"]
+__all__ = ["Partitions", "build_partitions", "largest_shard_nbytes"]
 
 Member = tuple[str, int, int]
 
@@ -37,6 +39,28 @@ Member = tuple[str, int, int]
 def _dim_size(node: fx.Node, dim: int) -> int:
     leaf = first_tensor(node.meta.get("val"))
     return concrete_shape(leaf)[dim] if leaf is not None else 1
+
+
+def largest_shard_nbytes(shape: Sequence[int], itemsize: int, placement: Placement, world_size: int) -> int:
+    """Bytes of a tensor of ``shape`` held by the largest rank under ``placement`` over ``world_size`` ranks.
+
+    ``Shard(d)``: ``ceil(size / N)`` of dim ``d``; ``S(d)xk`` (k blocks): ``ceil(size / k / N)``
+    of each block; ``Replicate`` and ``Partial``: the whole tensor. This is the planner's one
+    notion of a shard's size (parameter memory, bytes moved, the memory budget, reports); it
+    looks at one tensor alone, so where a shared split is coarser (e.g. 8 heads of 32
+    channels over 3 ranks: 96, 96, 64 channels, see the module docstring) the cuts
+    :func:`build_partitions` makes can give the largest rank more than this.
+    """
+    sizes = [concrete_size(s) for s in shape]  # a dynamic (symbolic) size counts at its example size
+    numel = math.prod(sizes)
+    split = split_of(placement)
+    if split is None or not sizes:
+        return numel * itemsize
+    dim, blocks = split
+    size = sizes[dim]
+    if size == 0:
+        return 0
+    return itemsize * (numel // size) * blocks * math.ceil(size // blocks / world_size)
 
 
 class Partitions:

@@ -1,4 +1,16 @@
-"""Shared fixtures. ``gloo``: the session's pool of real gloo worker processes (see distributed.py)."""
+"""Shared fixtures and the test tiers.
+
+Tiers (pytest markers, registered in pyproject.toml):
+
+* no marker: unit tests (rules, costs, plans) and planning/rewrite tests on fake tensors or a
+  fake process group. ``python -m pytest -m "not distributed"`` runs them; keep them cheap.
+* ``distributed``: the test starts real gloo worker processes. A test is marked automatically
+  when it asks for a fixture in :data:`PROCESS_FIXTURES` (``gloo``: the session's shared pool of
+  workers, see distributed.py); a test that calls ``distributed.run_on_ranks`` directly carries
+  an explicit ``@pytest.mark.distributed``. An unmarked test that tries to start or use a worker
+  pool fails with a message saying which marker to add, so the fast tier never spawns processes.
+* ``slow``: a non-distributed test too slow for the fast tier (each carries its reason).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +19,9 @@ from typing import Any
 
 import distributed
 import pytest
+
+PROCESS_FIXTURES = frozenset({"gloo", "private_pools"})
+"""Fixtures that start real gloo worker processes; a test using any of them is ``distributed``."""
 
 
 class GlooRunner:
@@ -27,3 +42,26 @@ def gloo() -> Iterator[GlooRunner]:
     """Real multi-process gloo process groups, spawned once per world size and shared by all tests."""
     yield GlooRunner()
     distributed.shutdown_all()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses a process-starting fixture as ``distributed``."""
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.distributed)
+
+
+@pytest.fixture(autouse=True)
+def _unmarked_tests_start_no_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a test without the ``distributed`` marker, using a gloo worker pool is an error that says the fix."""
+    if request.node.get_closest_marker("distributed") is not None:
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"{request.node.nodeid} uses gloo worker processes but is not marked distributed, so it would "
+            f"run in the fast tier (pytest -m 'not distributed'); add @pytest.mark.distributed to it, or "
+            f"take the 'gloo' fixture, which marks it automatically")
+
+    monkeypatch.setattr(distributed.GlooPool, "__init__", refuse)
+    monkeypatch.setattr(distributed.GlooPool, "run_pickled", refuse)

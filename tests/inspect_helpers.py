@@ -1,4 +1,4 @@
-"""Plans of tiny models shared by the inspection tests (tests/test_inspect*.py, tests/test_cli*.py).
+"""Plans of tiny models shared by the planning and inspection tests (test_planning, test_reference, test_inspect*).
 
 Planning a tiny Llama takes seconds on a 2-core machine, so each (model, world size, options)
 plan is made once per test session and reused; plans are frozen values, so sharing is safe.
@@ -17,9 +17,9 @@ from autotp.planning.plan import Plan
 __all__ = ["tiny_plan"]
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=32)
 def tiny_plan(name: str = "llama", world_size: int = 4, *, layers: int = 2, memory_budget: object = "auto",
-              constraints: tuple[tuple[str, str], ...] = (), device: str = "meta") -> Plan:
+              constraints: tuple[tuple[str, str], ...] = (), device: str = "meta", hardware: str = "h100-sxm") -> Plan:
     """The plan of ``models.BUILDERS[name]`` (``constraints`` as pairs).
 
     Planned on the meta device unless ``device="cpu"``: a plan to apply to the real model is
@@ -30,7 +30,7 @@ def tiny_plan(name: str = "llama", world_size: int = 4, *, layers: int = 2, memo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback-op warning is tested elsewhere
         return autotp.plan(model, args, kw, world_size=world_size, memory_budget=memory_budget,
-                           constraints=dict(constraints) or None)
+                           constraints=dict(constraints) or None, hardware=hardware)
 
 
 def stacked_plan(plan: Plan, layers: int, *, container: str = "model.layers") -> Plan:

@@ -103,7 +103,7 @@ def _compile_and_compare(rank: int, world_size: int, name: str, mark_dynamic: bo
         if i == 0:
             first_counts = tp_backend.collective_counts()
     ids = _ids(2, SEQ_LENS[0], seed=100 + SEQ_LENS[0])
-    tp_model = autotp.compile(model, world_size, example_inputs=(ids,), example_kwargs=kwargs)
+    tp_model = autotp.compile(model, world_size=world_size, example_inputs=(ids,), example_kwargs=kwargs)
     result = {
         "errors": errors,
         "backend_counts": first_counts,

@@ -82,3 +82,37 @@ def test_budget_and_constraint_parsing() -> None:
     assert _parse_budget("auto") == "auto" and _parse_budget("none") is None
     assert _parse_budget("20GiB") == 20 * 2**30 and _parse_budget("1.5 MB") == 1.5e6
     assert _parse_constraint("model.layers.*.mlp.down_proj.weight=R") == ("model.layers.*.mlp.down_proj.weight", "R")
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (["--hardware", "h100"], "unknown hardware profile 'h100'; known profiles: a100-sxm, cpu-gloo, h100-multinode, "
+                             "h100-sxm, h200, pcie-gpu"),
+    (["--hardware", "missing-profile.json"], "cannot read hardware profile 'missing-profile.json'"),
+    (["--json", "/no/such/folder/plan.json"], "folder '/no/such/folder' does not exist"),
+    (["--constraint", "lm_head.weight=S(x)"], "cannot parse placement 'S(x)'"),
+    (["--time-limit", "0"], "must be a number > 0, got 0"),
+])
+def test_bad_options_are_refused_before_tracing(bad: list[str], reason: str, capsys) -> None:
+    """No parallelism: a wrong --hardware, output folder, constraint or time limit is an argparse error
+    (exit 2, the reason and the known values) before any model is built or traced."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["plan", "tiny-llama", *bad])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, f"expected exit code 2, got {info.value.code}"
+    assert reason in err and "usage: autotp plan" in err, f"expected {reason!r} in:\n{err}"
+    assert "traced" not in err and "built" not in err, f"nothing should be traced:\n{err}"
+
+
+def test_hardware_json_from_calibrate_is_accepted(tmp_path) -> None:
+    """No parallelism: --hardware takes the path of a JSON profile (as `autotp calibrate` writes) and checks it."""
+    from autotp.cost_model.hardware import KNOWN_HARDWARE
+
+    good = tmp_path / "box.json"
+    good.write_text(KNOWN_HARDWARE["cpu-gloo"].to_json())
+    args = cli.build_parser().parse_args(["plan", "tiny-llama", "--hardware", str(good)])
+    assert args.hardware == str(good), f"expected the path kept as given, got {args.hardware!r}"
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{}")
+    with pytest.raises(SystemExit) as info:
+        cli.build_parser().parse_args(["plan", "tiny-llama", "--hardware", str(corrupt)])
+    assert info.value.code == 2, f"a corrupt profile must be an argparse error, got exit {info.value.code}"

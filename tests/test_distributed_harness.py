@@ -49,6 +49,7 @@ def test_all_reduce_sums_ranks(gloo, world_size: int) -> None:
     assert results == expected, f"expected {expected}, got {results}"
 
 
+@pytest.mark.distributed
 def test_results_are_ordered_by_rank_and_group_is_initialised() -> None:
     """tp=2, through run_on_ranks: fn gets (rank, world_size) matching the process group, results by rank."""
     results = run_on_ranks(2, _whoami)
@@ -141,3 +142,12 @@ def test_timeout_raises_instead_of_hanging(private_pools) -> None:
         private_pools.run(2, _sleep, 30.0, timeout_s=1.0)
     elapsed = time.monotonic() - start
     assert elapsed < 20.0, f"expected the timeout to fire after ~1 s, took {elapsed:.1f} s"
+
+
+def test_unmarked_test_cannot_start_workers() -> None:
+    """No processes (this test is not marked distributed): using a worker pool fails with the marker to add,
+    so the fast tier (-m "not distributed") never spawns gloo workers by accident."""
+    with pytest.raises(RuntimeError, match=r"not marked distributed.*@pytest.mark.distributed"):
+        run_on_ranks(2, _whoami)
+    with pytest.raises(RuntimeError, match="not marked distributed"):
+        distributed.GlooPool(2)

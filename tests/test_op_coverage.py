@@ -6,6 +6,7 @@ are in ``test_equivalence.py``.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -42,7 +43,9 @@ def _pairs(node: fx.Node, world_size: int = 2, blocks: frozenset[int] = frozense
     return {(s.inputs, s.output) for s in strategies_for(node, RuleContext(world_size, blocks))}
 
 
+@functools.cache
 def _meta_graph(name: str) -> fx.GraphModule:
+    """The captured graph of ``BUILDERS[name]`` on meta, once per session (tests only read it)."""
     model, args, kwargs = BUILDERS[name](device="meta")
     args = tuple(a.to("meta") for a in args)
     return capture(model, args, kwargs).graph_module

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+from inspect_helpers import tiny_plan
 from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mlp
 
 import autotp
@@ -20,10 +21,8 @@ LAYER_RE = re.compile(r"\.(\d+)(\.|$)")
 
 
 def _plan(name: str, world_size: int, **options) -> autotp.Plan:
-    model, args, kwargs = BUILDERS[name](device="meta")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return autotp.plan(model, args, kwargs, world_size=world_size, **options)
+    """The plan of ``BUILDERS[name]`` on meta; made once per session (plans are frozen values)."""
+    return tiny_plan(name, world_size, **options)
 
 
 def _per_layer(plan: autotp.Plan) -> tuple[dict[int, Counter], Counter]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from models import tiny_bert, tiny_gpt2, tiny_llama
+from inspect_helpers import tiny_plan
+from models import BUILDERS, tiny_llama
 
-import autotp
 from autotp.capture import capture
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.megatron import megatron_plan, megatron_roles
@@ -27,14 +27,14 @@ def test_megatron_roles_on_llama() -> None:
     assert roles["lm_head.weight"] == "column"
 
 
-@pytest.mark.parametrize("builder", [tiny_llama, tiny_gpt2, tiny_bert], ids=["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
 @pytest.mark.parametrize("hardware", ["h100-sxm", "pcie-gpu"])
-def test_autotp_plan_costs_no_more_than_megatron(builder, hardware: str) -> None:
+def test_autotp_plan_costs_no_more_than_megatron(name: str, hardware: str) -> None:
     """tp=4: under one cost model and one memory budget, autotp's optimum <= the Megatron-style plan."""
-    model, args, kwargs = builder(device="meta")
+    ours = tiny_plan(name, 4, hardware=hardware)  # the default budget, as megatron_plan's
+    model, args, kwargs = BUILDERS[name](device="meta")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ours = autotp.plan(model, args, kwargs, world_size=4, hardware=hardware)
         reference = megatron_plan(model, args, kwargs, world_size=4, hardware=hardware)
     assert ours.predicted_time_s <= reference.predicted_time_s * (1 + 1e-9), (
         f"autotp {ours.predicted_time_s:.6g} s > Megatron {reference.predicted_time_s:.6g} s")

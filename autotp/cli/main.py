@@ -5,6 +5,10 @@ weights in each, makes it tensor-parallel with :func:`autotp.compile`, checks it
 the single-process model and prints the plan and the figures. It exits 1 if the outputs differ by
 more than the tolerance, 2 if a rank failed.
 
+``autotp demo --generate N`` then also generates N tokens greedily with a sharded KV cache and
+prints the tokens, prefill ms, ms per token and tokens/s against the single process (exit 1 if the
+tokens differ); see :mod:`autotp.cli.generate_demo`.
+
 ``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
 op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
 as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.cost_model.calibrate`.
@@ -21,6 +25,8 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
+
+from autotp.cli.arguments import hardware_profile, output_path, positive_int
 
 __all__ = ["main"]
 
@@ -43,6 +49,8 @@ class DemoConfig:
     seed: int
     tolerance: float
     init_method: str
+    hardware: str = "h100-sxm"  # the profile the plan is costed for; the run itself is CPU gloo
+    generate: int = 0  # new tokens to generate after the logits check (0: no generation)
 
 
 @dataclass
@@ -110,10 +118,11 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
             reference = _logits(model(ids, use_cache=False))  # (batch, seq, vocab), single process
         original_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-        _say(rank, f"compiling with autotp.compile(world_size={world_size})...")
+        _say(rank, f"compiling with autotp.compile(world_size={world_size}, hardware={config.hardware!r}); "
+                   f"the plan is costed for that profile, the run is CPU gloo...")
         started = time.perf_counter()
         tp_model = autotp.compile(model, world_size=world_size, example_inputs=(ids,),
-                                  example_kwargs={"use_cache": False})
+                                  example_kwargs={"use_cache": False}, hardware=config.hardware)
         compile_time_s = time.perf_counter() - started
 
         _say(rank, "running the tensor-parallel model...")
@@ -135,9 +144,23 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
                 collective_counts=dict(tp_model.collective_counts()),
             )
             print(format_report(report, config), flush=True)
-            results.put(report.max_abs_diff)  # small: a large message would block the pipe until join
+        same_tokens = True
+        if config.generate:
+            from autotp.cli.generate_demo import generate_demo
+
+            same_tokens = generate_demo(rank, model, ids, config.generate, config.hardware)
+        if rank == 0:
+            # small: a large message would block the pipe until join
+            results.put(report.max_abs_diff if same_tokens else float("inf"))
     finally:
         dist.destroy_process_group()
+
+
+def _costed_for(config: DemoConfig) -> str:
+    """Why the plan names hardware this machine is not: the cost model prices the named profile."""
+    return (f"Costed for the {config.hardware!r} hardware profile (--hardware): the plan and its predicted "
+            f"times are for that hardware, while this run is {config.world_size} gloo processes on this "
+            f"machine's CPU; `autotp calibrate` writes a profile of this machine.")
 
 
 def _mib(nbytes: int) -> str:
@@ -150,6 +173,7 @@ def format_report(report: DemoReport, config: DemoConfig) -> str:
     lines = [
         "",
         report.plan_text,
+        _costed_for(config),
         "",
         (f"max abs diff vs single process: {report.max_abs_diff:.3e} "
          f"(tolerance {config.tolerance:.0e}): {'OK' if ok else 'FAILED'}"),
@@ -194,11 +218,25 @@ def run_demo(config: DemoConfig) -> int:
     return 0 if max_abs_diff <= config.tolerance else 1
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
+def run_checkpoint_demo(config: DemoConfig, checkpoint: str) -> int:
+    """``autotp demo --checkpoint DIR``: spawn the ranks of :mod:`autotp.cli.load_demo`, return the exit code."""
+    import torch.multiprocessing as mp
+
+    from autotp.cli.load_demo import run_checkpoint_rank
+
+    print(f"spawning {config.world_size} gloo processes to load {checkpoint}...", flush=True)
+    results = mp.get_context("spawn").SimpleQueue()
+    try:
+        mp.start_processes(run_checkpoint_rank, nprocs=config.world_size, join=True, start_method="spawn",
+                           args=(config.world_size, config.init_method, checkpoint, config.seq_len, config.hardware,
+                                 config.tolerance, results))
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        print(f"autotp demo --checkpoint failed on rank {exc.error_index}:\n{exc}", file=sys.stderr, flush=True)
+        return 2
+    if results.empty():
+        print("autotp demo: rank 0 finished without a result", file=sys.stderr, flush=True)
+        return 2
+    return 0 if results.get() <= config.tolerance else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,12 +249,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "with random weights, compare its logits with the single-process model, and print "
                     "the plan, the difference, per-rank parameter bytes, plan time and collectives.",
     )
-    demo.add_argument("--world-size", type=_positive_int, default=4, help="number of processes (default: 4)")
-    demo.add_argument("--layers", type=_positive_int, default=2, help="decoder layers (default: 2)")
-    demo.add_argument("--seq-len", type=_positive_int, default=16, help="tokens per sequence (default: 16)")
+    demo.add_argument("--world-size", type=positive_int, default=4, help="number of processes (default: 4)")
+    demo.add_argument("--layers", type=positive_int, default=2, help="decoder layers (default: 2)")
+    demo.add_argument("--seq-len", type=positive_int, default=16, help="tokens per sequence (default: 16)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: 0)")
     demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                       help=f"largest max-abs logit difference accepted (default: {DEFAULT_TOLERANCE:g})")
+    demo.add_argument("--checkpoint", metavar="DIR", default=None,
+                      help="load this transformers safetensors checkpoint with autotp.from_pretrained instead of "
+                           "building a random Llama, and show each rank's peak memory while loading")
+    demo.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
+                      help="hardware profile the plan is costed for (name or JSON path; default: h100-sxm); "
+                           "the run itself is always CPU gloo")
+    demo.add_argument("--generate", type=positive_int, default=0, metavar="N",
+                      help="then generate N tokens greedily with a sharded KV cache and compare tokens, prefill ms, "
+                           "ms per token and tokens/s with the single-process model.generate")
     _add_calibrate_parser(commands)
     from autotp.cli.plan import add_plan_parser
 
@@ -234,12 +281,12 @@ def _add_calibrate_parser(commands: Any) -> None:
                     "usable as autotp.plan(..., hardware=\"PATH.json\"). The profile describes one rank "
                     "of an N-rank job on this machine.",
     )
-    calibrate.add_argument("--world-size", type=_positive_int, default=2,
+    calibrate.add_argument("--world-size", type=positive_int, default=2,
                            help="processes to measure with, as the runs you will plan for (default: 2)")
-    calibrate.add_argument("--output", "-o", default="autotp-hardware.json",
+    calibrate.add_argument("--output", "-o", type=output_path, default="autotp-hardware.json",
                            help="where to write the profile (default: autotp-hardware.json)")
     calibrate.add_argument("--name", default="cpu-calibrated", help="profile name (default: cpu-calibrated)")
-    calibrate.add_argument("--threads", type=_positive_int, default=None,
+    calibrate.add_argument("--threads", type=positive_int, default=None,
                            help="torch threads per process (default: cores // world size, at least 1)")
     calibrate.add_argument("--quick", action="store_true",
                            help="small sizes and short timings: a rough profile in seconds")
@@ -275,9 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         config = DemoConfig(
             world_size=args.world_size, layers=args.layers, seq_len=args.seq_len, seed=args.seed,
-            tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{_free_port()}",
+            tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{_free_port()}", hardware=args.hardware,
+            generate=args.generate,
         )
         try:
+            if args.checkpoint is not None:
+                return run_checkpoint_demo(config, args.checkpoint)
             return run_demo(config)
         except KeyboardInterrupt:
             return 130

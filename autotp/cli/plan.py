@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -30,6 +31,8 @@ import time
 import warnings
 from collections.abc import Callable
 from typing import Any
+
+from autotp.cli.arguments import hardware_profile, output_path, positive_float, positive_int
 
 __all__ = ["PRESETS", "ModelSpec", "SpecError", "add_plan_parser", "load_spec", "run_plan"]
 
@@ -78,26 +81,67 @@ def _hf_spec(config: Any, description: str, dtype: str | None) -> ModelSpec:
         import transformers
 
         config.use_cache = False
-        with torch.device("meta"):  # sdpa: one fused attention op the planner has a rule for
-            try:
-                model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-            except ValueError:
-                model = transformers.AutoModel.from_config(config, attn_implementation="sdpa")
+        # encoder-decoder models (T5, BART) are built with their LM head and fed decoder tokens too
+        head = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+        with torch.device("meta"):
+            model = _from_config(transformers, head, config)
         if dtype:
             model = model.to(_torch_dtype(dtype))
         ids = torch.zeros(batch, seq_len, dtype=torch.long)  # (batch, seq)
-        kwargs = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+        parameters = inspect.signature(model.forward).parameters
+        kwargs: dict[str, Any] = {"use_cache": False} if "use_cache" in parameters else {}
+        if config.is_encoder_decoder and "decoder_input_ids" in parameters:
+            kwargs["decoder_input_ids"] = ids
         return model.eval(), (ids,), kwargs
 
     return ModelSpec(description, build, shapes_vary=True)
 
 
-def _config_from_dict(values: dict[str, Any]) -> Any:
+def _from_config(transformers: Any, head: Any, config: Any) -> Any:
+    """The model of ``config`` with ``head`` (else the bare ``AutoModel``), attention through SDPA where it has one.
+
+    SDPA is one fused attention op the planner has a rule for; models without attention
+    (Mamba, RWKV) refuse ``"sdpa"`` and are built with ``"eager"``, which they ignore.
+    """
+    for auto in (head, transformers.AutoModel):
+        for attention in ("sdpa", "eager"):
+            try:
+                return auto.from_config(config, attn_implementation=attention)
+            except ValueError as exc:
+                error = exc
+                if "attention" not in str(exc) and "attn" not in str(exc):
+                    break  # not about attention: try the next auto class
+    raise SpecError(f"transformers cannot build a {config.model_type} model from this config: "
+                    f"{_first_lines(error)}")
+
+
+def _first_lines(exc: BaseException, lines: int = 2) -> str:
+    """The first lines of an error's text (transformers' own messages can run to kilobytes)."""
+    text = " ".join(str(exc).strip().splitlines()[:lines])
+    return text if len(text) <= 300 else text[:300] + " ..."
+
+
+def _config_from_dict(values: dict[str, Any], where: str = "the config") -> Any:
+    """A transformers config from its dict form; :class:`SpecError` says what is wrong with it."""
+    import difflib
+
     import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     values = dict(values)
     model_type = values.pop("model_type")
-    return transformers.AutoConfig.for_model(model_type, **values)
+    if model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise SpecError(
+            f"{where}: model_type {model_type!r} is not an architecture transformers {transformers.__version__} "
+            f"knows{hint} (a newer transformers may know it; or pass a package.module:factory SPEC that builds the model)"
+        )
+    try:
+        return transformers.AutoConfig.for_model(model_type, **values)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds (validation errors, TypeError, ...)
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        raise SpecError(f"{where} is not a valid {model_type} config: {_first_lines(cause)}") from None
 
 
 def _factory_spec(spec: str, dtype: str | None) -> ModelSpec:
@@ -153,10 +197,7 @@ def load_spec(spec: str, *, dtype: str | None = None) -> ModelSpec:
             raise SpecError(f"{path} is not a readable JSON config: {exc}") from exc
         if not isinstance(values, dict) or "model_type" not in values:
             raise SpecError(f"{path} has no \"model_type\"; it must be a transformers config.json")
-        try:
-            config = _config_from_dict(values)
-        except (KeyError, ValueError) as exc:
-            raise SpecError(f"transformers cannot read {path}: {exc}") from exc
+        config = _config_from_dict(values, path)
         chosen = dtype or _config_dtype(values) or "bfloat16"
         return _hf_spec(config, f"{path} ({values['model_type']})", chosen)
     if re.fullmatch(r"[\w.]+:\w+", spec):
@@ -197,17 +238,13 @@ def _parse_constraint(text: str) -> tuple[str, str]:
     if not sep or not pattern or not placement:
         raise argparse.ArgumentTypeError(f"expected PATTERN=PLACEMENT such as 'model.layers.*.mlp.down_proj.weight=R', "
                                          f"got {text!r}")
-    return pattern, placement
+    from autotp.base.placements import placement_from_str
 
-
-def _positive_int(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
+        placement_from_str(placement)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return pattern, placement
 
 
 def add_plan_parser(commands: Any) -> None:
@@ -224,11 +261,12 @@ def add_plan_parser(commands: Any) -> None:
                "--world-size 8 --hardware h100-sxm --html plan.html --json plan.json --plot latency.png",
     )
     plan.add_argument("spec", metavar="SPEC", help="preset name, config.json path, or package.module:factory")
-    plan.add_argument("--world-size", type=_positive_int, default=8, help="ranks to split over (default: 8)")
-    plan.add_argument("--hardware", default="h100-sxm",
-                      help="hardware profile name or JSON path, as autotp.plan(hardware=...) (default: h100-sxm)")
-    plan.add_argument("--batch", type=_positive_int, default=1, help="sequences per forward pass (default: 1)")
-    plan.add_argument("--seq-len", type=_positive_int, default=1024,
+    plan.add_argument("--world-size", type=positive_int, default=8, help="ranks to split over (default: 8)")
+    plan.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
+                      help="hardware profile name (h100-sxm, h200, a100-sxm, pcie-gpu, ...; a wrong name lists them "
+                           "all) or JSON path from `autotp calibrate`, as autotp.plan(hardware=...) (default: h100-sxm)")
+    plan.add_argument("--batch", type=positive_int, default=1, help="sequences per forward pass (default: 1)")
+    plan.add_argument("--seq-len", type=positive_int, default=1024,
                       help="prefill tokens per sequence (default: 1024); decode is 1 token")
     plan.add_argument("--phase", choices=("prefill", "decode"), default="prefill",
                       help="which forward pass to plan and report (default: prefill)")
@@ -238,14 +276,15 @@ def add_plan_parser(commands: Any) -> None:
                       help="weights per rank: 'auto' (every matrix split, default), 'none', or e.g. 20GiB")
     plan.add_argument("--constraint", type=_parse_constraint, action="append", default=[], metavar="PATTERN=PLACEMENT",
                       help="pin matching parameters/nodes, e.g. 'model.layers.*.mlp.down_proj.weight=R' (repeatable)")
-    plan.add_argument("--html", metavar="PATH", help="write the interactive HTML view here")
-    plan.add_argument("--json", metavar="PATH", help="write the plan (versioned JSON) here")
-    plan.add_argument("--dot", metavar="PATH", help="write Graphviz DOT here (identical layers folded)")
-    plan.add_argument("--plot", metavar="PNG", help="plot predicted latency vs world size 1-8, prefill and decode")
+    plan.add_argument("--html", type=output_path, metavar="PATH", help="write the interactive HTML view here")
+    plan.add_argument("--json", type=output_path, metavar="PATH", help="write the plan (versioned JSON) here")
+    plan.add_argument("--dot", type=output_path, metavar="PATH", help="write Graphviz DOT here (identical layers folded)")
+    plan.add_argument("--plot", type=output_path, metavar="PNG",
+                      help="plot predicted latency vs world size 1-8, prefill and decode (needs matplotlib)")
     plan.add_argument("--explain", action="append", default=[], metavar="NAME",
                       help="also explain this node or parameter FQN (repeatable)")
-    plan.add_argument("--max-rows", type=_positive_int, default=40, help="rows per table in the summary (default: 40)")
-    plan.add_argument("--time-limit", type=float, default=120.0, help="solver time limit per plan, seconds (default: 120)")
+    plan.add_argument("--max-rows", type=positive_int, default=40, help="rows per table in the summary (default: 40)")
+    plan.add_argument("--time-limit", type=positive_float, default=120.0, help="solver time limit per plan, seconds (default: 120)")
 
 
 def _shape_for(args: argparse.Namespace, phase: str) -> tuple[int, int]:
@@ -253,8 +292,7 @@ def _shape_for(args: argparse.Namespace, phase: str) -> tuple[int, int]:
 
 
 def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
-    from autotp.api import _to_model_device
-    from autotp.capture import capture
+    from autotp.capture import capture, inputs_on_model_device
 
     started = time.perf_counter()
     model, call_args, call_kwargs = spec.build(batch, seq_len)
@@ -262,20 +300,26 @@ def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
     count = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
     _say(f"{phase}: built {type(model).__name__} ({count} parameters) on meta; tracing "
          f"(batch {batch}, {seq_len} token{'s' if seq_len > 1 else ''})...")
-    captured = capture(model, _to_model_device(model, call_args), _to_model_device(model, call_kwargs))
+    captured = capture(model, inputs_on_model_device(model, call_args), inputs_on_model_device(model, call_kwargs))
     _say(f"{phase}: traced {len(captured.graph_module.graph.nodes)} nodes in {time.perf_counter() - started:.1f} s")
     return captured
 
 
+def _options(args: argparse.Namespace, world_size: int) -> Any:
+    """The :class:`~autotp.planning.options.PlanOptions` of the command line (validated before any tracing)."""
+    from autotp.planning.options import PlanOptions
+
+    return PlanOptions(world_size=world_size, hardware=args.hardware, memory_budget=args.memory_budget,
+                       time_limit_s=args.time_limit, constraints=dict(args.constraint) or None)
+
+
 def _plan(captured: Any, args: argparse.Namespace, world_size: int, label: str) -> Any:
-    from autotp.api import _plan_captured
+    from autotp.planning.planner import plan_graph
 
     started = time.perf_counter()
-    constraints = dict(args.constraint) or None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fallback ops are listed in the summary
-        plan = _plan_captured(captured, world_size, args.hardware, args.memory_budget, False, args.time_limit,
-                              False, started, constraints)
+        plan = plan_graph(captured, _options(args, world_size))
     _say(f"{label}: tp={world_size} planned in {time.perf_counter() - started:.1f} s, predicted "
          f"{plan.predicted_time_s * 1e3:.3f} ms per forward")
     return plan
@@ -338,9 +382,17 @@ def run_plan(args: argparse.Namespace) -> int:
     from autotp.base.errors import AutoTPError
 
     started = time.perf_counter()
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print("autotp plan: --plot needs matplotlib: pip install 'autotp[viz]'", file=sys.stderr)
+        return 2
     try:
         spec = load_spec(args.spec, dtype=args.dtype)
     except SpecError as exc:
+        print(f"autotp plan: {exc}", file=sys.stderr)
+        return 2
+    try:
+        _options(args, args.world_size)  # a bad --hardware or budget fails here, before tracing
+    except (TypeError, ValueError) as exc:
         print(f"autotp plan: {exc}", file=sys.stderr)
         return 2
     _say(f"model: {spec.description}; world size {args.world_size}, hardware {args.hardware}")

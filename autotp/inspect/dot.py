@@ -16,6 +16,7 @@ import subprocess
 from collections import defaultdict
 
 from autotp.inspect.explain import format_bytes, format_seconds
+from autotp.passes.resharding import route_label
 from autotp.planning.blocks import block_runs, node_module
 from autotp.planning.plan import NodeDecision, Plan
 
@@ -155,7 +156,7 @@ def plan_to_dot(plan: Plan, *, fold: bool = True, max_depth: int | None = None) 
         if shown_as.get(c.producer, c.producer) != c.producer or c.producer not in node_id:
             continue
         cid = f"c_{i}"
-        kind = "+".join(c.steps)
+        kind = route_label(c.steps)
         label = f"{kind} {c.src}->{c.dst}\n{format_bytes(c.nbytes)}, {format_seconds(c.time_s)}"
         cluster, _ = cluster_of(c.module)
         drawing.add(cluster, f'{cid} [label={_q(label)}, shape=hexagon, style="filled", fillcolor="#fff5f5", '

@@ -31,15 +31,18 @@ layer pay on this hardware?" with the symbolic cost model (:mod:`autotp.cost_mod
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import sympy
 import torch
 
-from autotp.base.placements import placement_from_str, split_of
-from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware
+from autotp.base.module_paths import block_name
+from autotp.base.placements import placement_from_str
+from autotp.base.reshard import ReshardKind
+from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware, launches_no_kernel
 from autotp.cost_model.symbolic import (
     BATCH,
     SEQ,
@@ -50,7 +53,7 @@ from autotp.cost_model.symbolic import (
     symbolic_compute_time_s,
     symbolic_tensor_bytes,
 )
-from autotp.passes.costing import VIEW_OPS
+from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.plan import NodeDecision, Plan
 
 __all__ = [
@@ -65,25 +68,33 @@ __all__ = [
     "split_crossovers",
 ]
 
-_VIEW_OP_NAMES = frozenset(str(op) for op in VIEW_OPS)
+
+
+@functools.lru_cache(maxsize=512)
+def _launches_no_kernel(op_name: str) -> bool:
+    """:func:`autotp.cost_model.launches_no_kernel` of an op recorded by name (``aten.view.default``)."""
+    if op_name == str(operator.getitem):
+        return True
+    namespace, _, rest = op_name.partition(".")
+    packet_name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace, None), packet_name, None) if namespace == "aten" else None
+    op = getattr(packet, overload, None) if packet is not None and overload else None
+    return op is not None and launches_no_kernel(op)
+
 _GIB = 2**30
 
 
 def layer_of(module: str) -> str:
     """The layer a module belongs to: its FQN up to and including the first numeric part.
 
-    ``model.layers.3.mlp.up_proj`` -> ``model.layers.3``; ``transformer.h.0.attn`` ->
+    ``model.layers.3.mlp.up_proj`` -> ``model.layers.3`` (:func:`autotp.base.module_paths.block_name`); ``transformer.h.0.attn`` ->
     ``transformer.h.0``; ``0`` (a Sequential's first child) -> ``0``. A module outside any
     numbered container is its own group (``lm_head``, ``model.norm``); ``""`` (ops at the top
     level of ``forward``) is ``"(top level)"``.
     """
     if not module:
         return "(top level)"
-    parts = module.split(".")
-    for index, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: index + 1])
-    return module
+    return block_name(module) or module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,19 +232,10 @@ def local_nbytes(shape: Iterable[int], dtype: str, placement_text: str, world_si
     """Bytes of a tensor of ``shape`` on the largest rank under ``placement_text``.
 
     ``S(d)`` holds ``ceil(size / N)`` of dim ``d`` (``S(d)xk``: that of each of the k blocks);
-    ``R`` and ``P`` hold the whole tensor. Same arithmetic as the planner's parameter bytes.
+    ``R`` and ``P`` hold the whole tensor: :func:`autotp.passes.uneven.largest_shard_nbytes`, as
+    the planner's parameter bytes.
     """
-    sizes = [int(s) for s in shape]
-    itemsize = _dtype_itemsize(dtype)
-    numel = math.prod(sizes)
-    split = split_of(placement_from_str(placement_text))
-    if split is None or not sizes:
-        return numel * itemsize
-    dim, blocks = split
-    size = sizes[dim]
-    if size == 0:
-        return 0
-    return (numel // size) * blocks * math.ceil(size // blocks / world_size) * itemsize
+    return largest_shard_nbytes(tuple(shape), _dtype_itemsize(dtype), placement_from_str(placement_text), world_size)
 
 
 def _resolve_capacity(plan: Plan, hardware: str | Hardware | None) -> float | None:
@@ -334,7 +336,7 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
     position = {node.name: index for index, node in enumerate(plan.nodes)}
     end = 2 * len(plan.nodes)
     by_name: dict[str, NodeDecision] = {node.name: node for node in plan.nodes}
-    copies = {(c.producer, c.dst): c for c in plan.collectives if any(step != "slice" for step in c.steps)}
+    copies = {(c.producer, c.dst): c for c in plan.collectives if any(step is not ReshardKind.SLICE for step in c.steps)}
 
     size: dict[str, int] = {}  # buffer -> bytes on the largest rank
     born: dict[str, int] = {}
@@ -376,7 +378,7 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
             read.append(buffer)
         if node.op == "output":
             continue
-        if node.op in _VIEW_OP_NAMES and read and read[0] is not None:
+        if _launches_no_kernel(node.op) and read and read[0] is not None:
             buffer_of[node.name] = read[0]  # a view: same storage as its input
             continue
         buffer_of[node.name] = node.name

@@ -32,6 +32,8 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
+from autotp.base.reshard import ReshardKind
+from autotp.passes.resharding import route_label
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 __all__ = ["ParallelizePlan", "to_parallelize_plan"]
@@ -150,7 +152,7 @@ class _Exporter:
                 self.covered.add(i)
                 self.input_readers[i].add(op.name)
                 sharing = [x for x in c.consumers if x != op.name]
-                if sharing and c.steps and c.steps[0] != "slice":
+                if sharing and c.steps and c.steps[0] is not ReshardKind.SLICE:
                     self.notes.append(f"{fqn}: redistributes its input {producer.name} ({c.src}->{c.dst}) itself; "
                                       f"autotp does it once for {len(c.consumers)} readers")
                 return _placement(producer.output)
@@ -214,7 +216,7 @@ class _Exporter:
             self.styles[fqn] = RowwiseParallel(input_layouts=inp, output_layouts=out)
             if bias is not None:  # the style adds the replicated bias once, after the sum
                 self.covered.update(i for i, c in enumerate(self.plan.collectives)
-                                    if c.producer == bias.name and set(c.steps) <= {"zero"})
+                                    if c.producer == bias.name and set(c.steps) <= {ReshardKind.ZERO})
         else:
             self.unexpressed.append(f"{fqn}.weight is {weight.output}; only {'S(1) or S(0)' if embedding else 'S(0) or S(1)'} "
                                     f"map to ColwiseParallel/RowwiseParallel")
@@ -254,11 +256,11 @@ class _Exporter:
             c = self.plan.collectives[i]
             others = [x for x in c.consumers if x not in readers]
             if others:
-                self.unexpressed.append(f"{'+'.join(c.steps)} of {c.producer} ({c.src}->{c.dst}) also feeds "
+                self.unexpressed.append(f"{route_label(c.steps)} of {c.producer} ({c.src}->{c.dst}) also feeds "
                                         f"{', '.join(others[:3])}, which no style redistributes")
         for i, c in enumerate(self.plan.collectives):
             if i not in self.covered:
-                kind = "+".join(c.steps)
+                kind = route_label(c.steps)
                 self.unexpressed.append(f"{kind} of {c.producer} ({c.src}->{c.dst}) for {', '.join(c.consumers[:3])}"
                                         f"{' ...' if len(c.consumers) > 3 else ''} in {c.module or 'the top level'}: "
                                         "no ParallelStyle above issues it")

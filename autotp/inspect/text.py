@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from autotp.inspect.explain import format_bytes, format_seconds
+from autotp.passes.resharding import is_collective_step, route_label, step_label
 from autotp.planning.blocks import Block, BlockRun, block_runs, parameter_bytes_per_rank, placement_counts
 from autotp.planning.plan import CollectiveDecision, Plan
 
@@ -23,15 +24,12 @@ __all__ = ["WIDTH", "plan_summary"]
 WIDTH = 100
 """Columns the report fits in."""
 
-_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A"}
-
-
 def _short_kinds(collectives: list[CollectiveDecision]) -> str:
     counts: Counter[str] = Counter()
     for c in collectives:
         for step in c.steps:
-            if step not in ("slice", "zero"):
-                counts[_SHORT.get(step, step)] += 1
+            if is_collective_step(step):
+                counts[step_label(step, short=True)] += 1
     return " ".join(f"{k}*{n}" if n > 1 else k for k, n in sorted(counts.items())) or "-"
 
 
@@ -95,7 +93,7 @@ def _collective_lines(runs: list[BlockRun], max_rows: int) -> list[str]:
             continue
         rows.append(f"  {run.label}" + (f" (each of {run.count})" if run.count > 1 else "") + ":")
         for c in run.first.collectives:
-            kinds = "+".join(s for s in c.steps if s not in ("slice", "zero")) or "+".join(c.steps)
+            kinds = route_label([s for s in c.steps if is_collective_step(s)] or c.steps)
             rows.append(f"    {kinds:<16} {_clip(c.producer, 16):<16} {_clip(c.src + '->' + c.dst, 11):<11} "
                         f"{format_bytes(c.nbytes):>10} {format_seconds(c.time_s):>10}  "
                         f"{_clip(run.first.relative(c.module), 26)}")

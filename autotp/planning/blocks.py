@@ -16,16 +16,17 @@ Shared by the text summary, the HTML page and the DOT drawing; reads only the :c
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from functools import lru_cache
 
 import torch
 
-from autotp.base.placements import placement_from_str, split_of
+from autotp.base.module_paths import block_name
+from autotp.base.placements import placement_from_str
+from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
-__all__ = ["Block", "BlockRun", "block_runs", "blocks", "layer_prefix", "node_module", "parameter_bytes_per_rank"]
+__all__ = ["Block", "BlockRun", "block_runs", "blocks", "node_module", "parameter_bytes_per_rank"]
 
 
 def node_module(node: NodeDecision) -> str:
@@ -33,15 +34,6 @@ def node_module(node: NodeDecision) -> str:
     if node.op == "placeholder":
         return node.target.rsplit(".", 1)[0] if "." in node.target else ""
     return node.module
-
-
-def layer_prefix(module: str) -> str | None:
-    """``model.layers.3`` for ``model.layers.3.mlp.up_proj``; ``None`` without an integer segment."""
-    parts = module.split(".") if module else []
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return None
 
 
 @lru_cache(maxsize=64)
@@ -56,16 +48,7 @@ def parameter_bytes_per_rank(node: NodeDecision, world_size: int) -> int:
     """Bytes of the largest rank's shard of a parameter placeholder (0 without a recorded shape)."""
     if not node.shape:
         return 0
-    numel = math.prod(node.shape)
-    nbytes = numel * _element_size(node.dtype)
-    split = split_of(placement_from_str(node.output))
-    if split is None:
-        return nbytes
-    dim, blocks = split
-    size = node.shape[dim]
-    if size == 0:
-        return 0
-    return nbytes // size * blocks * math.ceil(size // blocks / world_size)
+    return largest_shard_nbytes(node.shape, _element_size(node.dtype), placement_from_str(node.output), world_size)
 
 
 @dataclasses.dataclass
@@ -128,7 +111,7 @@ class BlockRun:
 
 
 def _block_depth(modules: list[str]) -> int:
-    depths = [len(prefix.split(".")) - 1 for prefix in (layer_prefix(m) for m in modules) if prefix]
+    depths = [len(prefix.split(".")) - 1 for prefix in (block_name(m) for m in modules) if prefix]
     return min(depths) if depths else 1
 
 
@@ -138,7 +121,7 @@ def blocks(plan: Plan) -> list[Block]:
     depth = _block_depth(modules)
 
     def block_of(module: str) -> str:
-        prefix = layer_prefix(module)
+        prefix = block_name(module)
         if prefix is not None:
             return prefix
         return ".".join(module.split(".")[:depth]) if module else ""
@@ -149,7 +132,7 @@ def blocks(plan: Plan) -> list[Block]:
     for index, (node, module) in enumerate(zip(plan.nodes, modules)):
         name = block_of(module)
         if name not in found:
-            prefix = layer_prefix(module)
+            prefix = block_name(module)
             found[name] = Block(name, name.rsplit(".", 1)[0] if prefix and "." in name else "")
             first_any[name] = index
         found[name].nodes.append(node)

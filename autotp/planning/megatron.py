@@ -15,26 +15,24 @@ splitting choice.
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from autotp.api import _build_plan, _resolve_budget, _to_model_device
 from autotp.base.placements import split_of
-from autotp.capture import capture
-from autotp.cost_model import get_hardware
-from autotp.passes.costing import cost_strategy_graph
+from autotp.capture import capture, inputs_on_model_device
+from autotp.cost_model import Hardware
 from autotp.passes.rules import tensor_inputs
-from autotp.passes.solver import solve
-from autotp.passes.strategies import StrategyGraph, build_strategy_graph
-from autotp.passes.tying import tie_identical_blocks
+from autotp.passes.strategies import StrategyGraph
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
 from autotp.planning.plan import Plan
+from autotp.planning.planner import plan_graph
 
 aten = torch.ops.aten
 
-__all__ = ["megatron_plan", "megatron_roles"]
+__all__ = ["megatron_plan", "megatron_roles", "pin_gemm_weights"]
 
 # GEMM op -> (index of the weight among tensor inputs, weight dim holding the output features)
 _GEMMS = {aten.linear.default: (1, 0), aten.addmm.default: (2, 1), aten.mm.default: (1, 1)}
@@ -85,7 +83,12 @@ def megatron_roles(graph: StrategyGraph) -> dict[str, tuple[str, str, int]]:
     return roles
 
 
-def _pin_gemm_weights(graph: StrategyGraph) -> StrategyGraph:
+def pin_gemm_weights(graph: StrategyGraph) -> StrategyGraph:
+    """A copy of ``graph`` whose GEMM weights keep only their Megatron split (a ``strategy_filter``).
+
+    Column-parallel weights are split over output features, row-parallel ones over input
+    features (see :func:`megatron_roles`); a weight that offers no such split is left as is.
+    """
     strategies = dict(graph.strategies)
     for weight, (role, _, out_dim) in megatron_roles(graph).items():
         ndim = graph.nodes[weight].meta["val"].dim()
@@ -93,19 +96,19 @@ def _pin_gemm_weights(graph: StrategyGraph) -> StrategyGraph:
         keep = [s for s in strategies[weight] if split_of(s.output) and split_of(s.output)[0] == dim]
         if keep:
             strategies[weight] = keep
-    return StrategyGraph(graph.graph_module, graph.world_size, graph.order, graph.nodes, strategies,
-                         graph.edges, graph.parameters, graph.fallback)
+    return dataclasses.replace(graph, strategies=strategies)
 
 
 def megatron_plan(model: torch.nn.Module, example_inputs: tuple[Any, ...] = (),
-                  example_kwargs: dict[str, Any] | None = None, *, world_size: int, hardware: str = "h100-sxm",
+                  example_kwargs: dict[str, Any] | None = None, *, world_size: int,
+                  hardware: str | Hardware = DEFAULT_HARDWARE,
                   memory_budget: float | int | str | None = "auto") -> Plan:
-    """The Megatron-style plan of ``model`` (see module docstring), costed like :func:`autotp.plan`."""
-    started = time.perf_counter()
-    captured = capture(model, _to_model_device(model, example_inputs), _to_model_device(model, example_kwargs))
-    hw = get_hardware(hardware)
-    graph = _pin_gemm_weights(build_strategy_graph(captured.graph_module, world_size, captured.parameter_fqns()))
-    costed = cost_strategy_graph(graph, hw)
-    budget = _resolve_budget(memory_budget, costed)
-    solution = solve(costed, memory_budget_bytes=budget, tie=tie_identical_blocks(graph))
-    return _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
+    """The Megatron-style plan of ``model`` (see module docstring), costed like :func:`autotp.plan`.
+
+    The same planner as :func:`autotp.plan`, with :func:`pin_gemm_weights` as the strategy filter.
+    """
+    options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget,
+                          strategy_filter=pin_gemm_weights)
+    captured = capture(model, inputs_on_model_device(model, example_inputs),
+                       inputs_on_model_device(model, example_kwargs))
+    return plan_graph(captured, options)

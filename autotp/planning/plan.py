@@ -21,9 +21,11 @@ import torch
 import torch.fx as fx
 
 from autotp.base.errors import PlanMismatchError
-from autotp.base.placements import placement_from_str
+from autotp.base.placements import Placement, placement_from_str
+from autotp.base.reshard import ReshardKind
 from autotp.base.shapes import concrete_shape
-from autotp.passes.rules import Strategy
+from autotp.base.strategy import Strategy
+from autotp.passes.resharding import is_collective_step
 
 if TYPE_CHECKING:
     from autotp.cost_model import Hardware
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from autotp.inspect.explain import PlanDiff
     from autotp.inspect.parallelize_plan import ParallelizePlan
 
-__all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "graph_fingerprint"]
+__all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "as_plan", "graph_fingerprint"]
 
 PLAN_FORMAT_VERSION = 2
 """Version written by :meth:`Plan.save`. Version 1 plans (no graph edges, shapes or
@@ -116,12 +118,15 @@ class NodeDecision:
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveDecision:
-    """One resharding the rewrite inserts: ``producer``'s output from ``src`` to ``dst``."""
+    """One resharding the rewrite inserts: ``producer``'s output from ``src`` to ``dst``.
+
+    ``steps``: the kinds of the route's steps (saved by name: ``"all_gather"``, ``"slice"``...).
+    """
 
     producer: str
     src: str
     dst: str
-    steps: tuple[str, ...]
+    steps: tuple[ReshardKind, ...]
     nbytes: int
     time_s: float
     consumers: tuple[str, ...]
@@ -181,13 +186,17 @@ class Plan:
         """Node name -> chosen :class:`Strategy` (what the rewrite applies)."""
         return {d.name: d.strategy() for d in self.nodes}
 
+    def reshard_routes(self) -> dict[tuple[str, Placement], tuple[ReshardKind, ...]]:
+        """(producer, placement a consumer needs) -> the kinds of the resharding steps chosen for it."""
+        return {(c.producer, placement_from_str(c.dst)): c.steps for c in self.collectives}
+
     def collective_counts(self) -> dict[str, int]:
         """How many of each collective kind one forward pass issues."""
         counts: Counter[str] = Counter()
         for c in self.collectives:
             for step in c.steps:
-                if step not in ("slice", "zero"):
-                    counts[step] += 1
+                if is_collective_step(step):
+                    counts[str(step)] += 1
         return dict(counts)
 
     # ---------------------------------------------------------------- text
@@ -274,7 +283,8 @@ class Plan:
         try:
             nodes = tuple(_node_from_json(n) for n in data.pop("nodes"))
             collectives = tuple(
-                CollectiveDecision(**{**c, "steps": tuple(c["steps"]), "consumers": tuple(c["consumers"])})
+                CollectiveDecision(**{**c, "steps": tuple(ReshardKind.from_name(s) for s in c["steps"]),
+                                       "consumers": tuple(c["consumers"])})
                 for c in data.pop("collectives")
             )
             for node in nodes:
@@ -315,3 +325,18 @@ class Plan:
             )
         if problems:
             raise PlanMismatchError("plan does not match the model:\n  - " + "\n  - ".join(problems))
+
+
+def as_plan(plan: object) -> Plan | None:
+    """``plan=`` as given to ``autotp.compile``: a Plan, a path to a saved plan (loaded), or ``None``."""
+    if plan is None or isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, os.PathLike)):
+        if not os.path.isfile(plan):
+            raise FileNotFoundError(f"plan={str(plan)!r}: no such file; pass the path of a plan saved with "
+                                    "plan.save(path) or `autotp plan ... --json path`, or a Plan object")
+        return Plan.load(plan)
+    if isinstance(plan, Mapping):
+        raise TypeError("plan= got a dict; pass a Plan: autotp.Plan.load(path) for a saved file (or the path itself), "
+                        "or autotp.Plan.from_json(json.dumps(d)) for a dict read from JSON")
+    raise TypeError(f"plan= must be a Plan, a path to a saved plan, or None; got {type(plan).__name__}")

@@ -14,6 +14,8 @@ at another size raises an error naming it instead of failing inside the graph.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -21,25 +23,76 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import placement_from_str, split_of
+from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
-from autotp.passes.rewrite import COLLECTIVE_OPS, is_collective
+from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import InputGuard
 from autotp.runtime.input_check import InputShapeCheck
+from autotp.runtime.kv_cache import CacheLayout
 
-__all__ = ["TensorParallelModule", "shard_tensor"]
+__all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
+
+
+def local_block(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
+                rank: int) -> tuple[int, list[tuple[int, int]]] | None:
+    """Where rank ``rank``'s block of a tensor of ``shape`` placed as ``placement_text`` lies in the full tensor.
+
+    ``None`` when the tensor is not split (the rank holds it whole); else ``(dim, [(start, stop), ...])``:
+    the ranges of ``dim`` the rank holds, one per block (several for a block split such as a fused
+    QKV weight), concatenated in that order. The cuts come from ``parts`` (uneven splits: see
+    :mod:`autotp.passes.uneven`), so slicing in memory (:func:`shard_tensor`) and reading from a
+    checkpoint (:mod:`autotp.runtime.loading`) hold exactly the block the rewritten graph expects.
+    """
+    split = split_of(placement_from_str(placement_text))
+    if split is None:
+        return None
+    dim, blocks = split
+    offset, length = parts.local(name, dim, rank, blocks)
+    block = int(shape[dim]) // blocks
+    return dim, [(b * block + offset, b * block + offset + length) for b in range(blocks)]
+
+
+def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> dict[str, tuple[tuple[int, ...], list[Any] | None]]:
+    """FQN -> (full shape, every rank's :func:`local_block`, or None when not split), for each parameter the graph reads.
+
+    What a rank reads from a checkpoint and what it writes to one (with its global offsets) both come from here.
+    """
+    layout = {}
+    for node in captured.graph_module.graph.nodes:
+        fqn = captured.parameter_fqns().get(node.name) if node.op == "placeholder" else None
+        if fqn is None or not node.users:
+            continue
+        shape = concrete_shape(node.meta["val"])
+        blocks = [local_block(shape, plan.parameters[fqn], parts, node.name, r) for r in range(plan.world_size)]
+        layout[fqn] = (shape, None if blocks[0] is None else blocks)
+    return layout
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationGraphs:
+    """What a model compiled with ``max_cache_len`` adds (see :mod:`autotp.generation`).
+
+    ``prefill``: the rank-local prefill graph (``None`` when prompts go one token per call);
+    ``prefill_inputs``: per placeholder of it, the decode graph's slot name whose tensor it takes
+    (weights and cache are shared), or the index of the user input; ``prefill_plan``: its plan.
+    """
+
+    layout: CacheLayout
+    prefill: fx.GraphModule | None
+    prefill_inputs: tuple[str | int, ...]
+    prefill_plan: Plan | None
 
 
 def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
     """This rank's block of ``full`` under ``placement_text`` (a contiguous copy, so ``full`` can be freed)."""
-    split = split_of(placement_from_str(placement_text))
-    if split is None:
+    where = local_block(full.shape, placement_text, parts, name, rank)
+    if where is None:
         return full.detach()
-    dim, blocks = split
-    offset, length = parts.local(name, dim, rank, blocks)
-    block = full.shape[dim] // blocks
-    pieces = [full.detach().narrow(dim, b * block + offset, length) for b in range(blocks)]
-    return torch.cat(pieces, dim).clone() if blocks > 1 else pieces[0].clone()
+    dim, ranges = where
+    pieces = [full.detach().narrow(dim, start, stop - start) for start, stop in ranges]
+    return torch.cat(pieces, dim).clone() if len(pieces) > 1 else pieces[0].clone()
 
 
 class TensorParallelModule(torch.nn.Module):
@@ -52,9 +105,15 @@ class TensorParallelModule(torch.nn.Module):
     """
 
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
-                 local_values: dict[str, torch.Tensor], rank: int) -> None:
+                 local_values: dict[str, torch.Tensor], rank: int,
+                 layout: dict[str, tuple[tuple[int, ...], list[Any] | None]] | None = None,
+                 generation: GenerationGraphs | None = None, *, guard: InputGuard | None = None) -> None:
         super().__init__()
+        self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
+        self.generation = generation
+        self._state = set(captured.state)
         self.plan = plan
+        self._guard = guard  # traced non-tensor values, input shapes agreed across ranks (autotp.runtime.agreement)
         self.graph_module = graph_module
         self.rank = rank
         self.world_size = plan.world_size
@@ -86,18 +145,49 @@ class TensorParallelModule(torch.nn.Module):
                 out[str(slot.target)] = getattr(self, slot.name)
         return out
 
+    def save(self, directory: str | os.PathLike[str], group: Any = None) -> None:
+        """Write this rank's shards to ``directory`` with ``torch.distributed.checkpoint`` (call on every rank).
+
+        Each split parameter is saved with its global offsets, so :func:`autotp.load` reads it back
+        at any world size; replicated tensors are written once. See :mod:`autotp.runtime.saving`.
+        """
+        from autotp.runtime.saving import save_sharded
+
+        save_sharded(self, directory, group)
+
     def parameter_bytes(self) -> int:
         """Bytes of parameters this rank holds (shards of split ones, whole replicated ones)."""
         return sum(p.numel() * p.element_size() for p in self._local.values())
 
+    def cache_bytes(self) -> int:
+        """Bytes of KV cache (state buffers) this rank holds: its blocks of the split ones, whole others."""
+        return sum(t.numel() * t.element_size() for name, t in self._buffers_local.items() if name in self._state)
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **options: Any) -> torch.Tensor:
+        """Generate text like HuggingFace ``model.generate``; see :func:`autotp.runtime.generate.generate`."""
+        from autotp.runtime.generate import generate
+
+        return generate(self, input_ids, attention_mask, **options)
+
+    def _value_of(self, slot_name: str) -> torch.Tensor:
+        return self._local[slot_name] if slot_name in self._param_names else getattr(self, slot_name)
+
+    def _run_phase(self, phase: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Run the ``"decode"`` or ``"prefill"`` graph on flat user inputs; returns its first output."""
+        if phase == "decode":
+            values = [inputs[int(s.target)] if s.kind == "user" else self._value_of(s.name) for s in self._slots]
+            graph_module = self.graph_module
+        else:
+            assert self.generation is not None and self.generation.prefill is not None, "no prefill graph"
+            values = [inputs[key] if isinstance(key, int) else self._value_of(key)
+                      for key in self.generation.prefill_inputs]
+            graph_module = self.generation.prefill
+        with torch.no_grad():
+            return graph_module(*values)[0]
+
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the rank-local graph, by kind (one forward pass issues each once)."""
-        counts: dict[str, int] = {}
-        for node in self.graph_module.graph.nodes:
-            if is_collective(node):
-                kind = COLLECTIVE_OPS[node.target]
-                counts[kind] = counts.get(kind, 0) + 1
-        return counts
+        return count_collectives(self.graph_module)
 
     def _flatten_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
         kw_spec = self._in_spec.child(1)
@@ -119,6 +209,8 @@ class TensorParallelModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._flatten_inputs(args, kwargs)
         self._check_shapes(flat)
+        if self._guard is not None:
+            self._guard.check(flat)
         values = []
         for slot in self._slots:
             if slot.kind == "user":

@@ -7,8 +7,6 @@ too. The index tensors themselves are split only where the output is split the s
 (a rank gathers the rows its part of the index names). The routing ops of a mixture-of-experts
 layer (top-k over the router scores, the sort of tokens by expert, the gather of tokens for
 each expert and the scatter back) are all of this kind.
-
-Imported by :mod:`autotp.passes.rules`, whose table these rules join.
 """
 
 from __future__ import annotations
@@ -17,36 +15,22 @@ import torch
 import torch.fx as fx
 
 from autotp.base.placements import BlockShard, Placement, Shard
-from autotp.passes.rules import (
-    P,
-    R,
-    RuleContext,
-    Strategy,
-    _dim_map_rule,
-    _is_tensor,
-    _norm_dim,
-    _shape,
-    _val,
-    register_rule,
-    tensor_inputs,
-)
+from autotp.base.strategy import Strategy
+from autotp.passes.rules.args import arg, is_float, is_tensor, norm_dim, shape, tensor_inputs, val
+from autotp.passes.rules.builders import P, R, dim_map_rule, fitting_blocks
+from autotp.passes.rules.registry import RuleContext, register_rule
 
 aten = torch.ops.aten
 
 __all__: list[str] = []
 
 
-def _is_float(node: fx.Node) -> bool:
-    val = _val(node)
-    return isinstance(val, torch.Tensor) and val.is_floating_point()
-
-
 def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     ndim = max((len(s) for s in shapes), default=0)
     out = [1] * ndim
-    for shape in shapes:
-        for i, size in enumerate(shape):
-            j = ndim - len(shape) + i
+    for dims in shapes:
+        for i, size in enumerate(dims):
+            j = ndim - len(dims) + i
             out[j] = size if out[j] == 1 else out[j]
     return tuple(out)
 
@@ -62,13 +46,13 @@ def _index(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     x = tensor_inputs(node)[0]
     indices = list(node.args[1])
     index_nodes = [i for i in indices if isinstance(i, fx.Node)]
-    if any(not _is_tensor(i) or _val(i).dtype in (torch.bool, torch.uint8) for i in index_nodes):
+    if any(not is_tensor(i) or val(i).dtype in (torch.bool, torch.uint8) for i in index_nodes):
         return []  # boolean masks select a data-dependent number of elements
-    x_shape = _shape(x)
+    x_shape = shape(x)
     present = [d for d, i in enumerate(indices) if i is not None]
     if not present:
         return []
-    b_shape = _broadcast_shape([_shape(i) for i in index_nodes])
+    b_shape = _broadcast_shape([shape(i) for i in index_nodes])
     adjacent = present == list(range(present[0], present[-1] + 1))
     b_start = present[0] if adjacent else 0
     rest_out: dict[int, int] = {}  # x dim -> output dim, for the dims that are not indexed
@@ -84,22 +68,21 @@ def _index(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
         out_dim += 1
     idx_r = tuple(R for _ in index_nodes)
     strategies: list[Strategy] = []
-    if _is_float(x):
+    if is_float(x):
         strategies.append(Strategy((P, *idx_r), P))
     for d, od in rest_out.items():
         if x_shape[d] > 1:
             strategies.append(Strategy((Shard(d), *idx_r), Shard(od)))
-            for k in sorted(ctx.block_counts):
-                if x_shape[d] % k == 0 and x_shape[d] // k > 1:
-                    strategies.append(Strategy((BlockShard(d, k), *idx_r), BlockShard(od, k)))
+            for k in fitting_blocks(x_shape[d], ctx.block_counts):
+                strategies.append(Strategy((BlockShard(d, k), *idx_r), BlockShard(od, k)))
     for j, size in enumerate(b_shape):
         if size <= 1:
             continue
         placements: list[Placement] = [R]
         for i in index_nodes:
-            shape = _shape(i)
-            di = j - (len(b_shape) - len(shape))
-            placements.append(Shard(di) if di >= 0 and shape[di] > 1 else R)
+            i_shape = shape(i)
+            di = j - (len(b_shape) - len(i_shape))
+            placements.append(Shard(di) if di >= 0 and i_shape[di] > 1 else R)
         strategies.append(Strategy(tuple(placements), Shard(b_start + j)))
     return strategies
 
@@ -108,11 +91,11 @@ def _index(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _index_select(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``x.index_select(dim, index)``: the other dims keep their split; the index may be split too."""
     x, index = tensor_inputs(node)[:2]
-    x_shape = _shape(x)
-    dim = _norm_dim(node.args[1], len(x_shape))
-    strategies = [Strategy((P, R), P)] if _is_float(x) else []
+    x_shape = shape(x)
+    dim = norm_dim(node.args[1], len(x_shape))
+    strategies = [Strategy((P, R), P)] if is_float(x) else []
     strategies += [Strategy((Shard(d), R), Shard(d)) for d, size in enumerate(x_shape) if d != dim and size > 1]
-    if _shape(index) and _shape(index)[0] > 1:
+    if shape(index) and shape(index)[0] > 1:
         strategies.append(Strategy((R, Shard(0)), Shard(dim)))
     return strategies
 
@@ -127,9 +110,9 @@ def _gather(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """
     inputs = tensor_inputs(node)
     x, index = inputs[0], inputs[1]
-    x_shape, i_shape = _shape(x), _shape(index)
-    dim = _norm_dim(node.args[1], len(x_shape))
-    strategies = [Strategy((P, R), P)] if _is_float(x) else []
+    x_shape, i_shape = shape(x), shape(index)
+    dim = norm_dim(node.args[1], len(x_shape))
+    strategies = [Strategy((P, R), P)] if is_float(x) else []
     for d, size in enumerate(i_shape):
         if size <= 1:
             continue
@@ -149,9 +132,9 @@ def _scatter(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     update is an overwrite or a sum (not a product, max or mean, and not a scalar fill).
     """
     inputs = tensor_inputs(node)
-    shapes = [_shape(i) for i in inputs]
-    out_shape = _shape(node)
-    dim = _norm_dim(node.args[1], len(out_shape))
+    shapes = [shape(i) for i in inputs]
+    out_shape = shape(node)
+    dim = norm_dim(node.args[1], len(out_shape))
     strategies: list[Strategy] = []
     for d, size in enumerate(out_shape):
         if d == dim or size <= 1:
@@ -164,11 +147,29 @@ def _scatter(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
             placements = tuple(Shard(d) for _ in inputs)
         if ok:
             strategies.append(Strategy(placements, Shard(d)))
-    reduce = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduce")
+    reduce = arg(node, 4, "reduce")
     sums = node.target in (aten.scatter.src, aten.scatter_add.default, aten.index_add.default) or (
         node.target is aten.scatter_reduce.two and reduce == "sum")
-    if sums and _is_float(node) and len(inputs) == 3:
+    if sums and is_float(node) and len(inputs) == 3:
         strategies.append(Strategy((P, R, P), P))
+    return strategies
+
+
+@register_rule(aten.index_copy.default)
+def _index_copy(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``self.index_copy(dim, index, source)``: rows ``index`` of ``self`` along ``dim`` become ``source``.
+
+    A dim other than ``dim`` may be split in ``self``, ``source`` and the output alike (a KV cache
+    written at new positions, split by heads); the 1-D index is whole on every rank. Both Partial
+    gives Partial (the same positions are overwritten on every rank).
+    """
+    self_node, _, source = tensor_inputs(node)
+    out_shape, src_shape = shape(node), shape(source)
+    dim = norm_dim(node.args[1], len(out_shape))
+    strategies = [Strategy((P, R, P), P)] if is_float(self_node) else []
+    for d, size in enumerate(out_shape):
+        if d != dim and size > 1 and len(src_shape) == len(out_shape) and src_shape[d] == size:
+            strategies.append(Strategy((Shard(d), R, Shard(d)), Shard(d)))
     return strategies
 
 
@@ -184,17 +185,17 @@ def _index_put(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     self_node, values = inputs[0], inputs[-1]
     indices = list(node.args[1])
     index_nodes = [i for i in indices if isinstance(i, fx.Node)]
-    if any(not _is_tensor(i) or _val(i).dtype in (torch.bool, torch.uint8) for i in index_nodes):
+    if any(not is_tensor(i) or val(i).dtype in (torch.bool, torch.uint8) for i in index_nodes):
         return []
     idx_r = tuple(R for _ in index_nodes)
     strategies: list[Strategy] = []
-    if _is_float(self_node):
+    if is_float(self_node):
         strategies.append(Strategy((P, *idx_r, P), P))
     present = [d for d, i in enumerate(indices) if i is not None]
     if present != list(range(len(present))):
         return strategies
-    self_shape, v_shape = _shape(self_node), _shape(values)
-    b_shape = _broadcast_shape([_shape(i) for i in index_nodes])
+    self_shape, v_shape = shape(self_node), shape(values)
+    b_shape = _broadcast_shape([shape(i) for i in index_nodes])
     m = len(present)
     region_ndim = len(b_shape) + len(self_shape) - m
     for d in range(m, len(self_shape)):
@@ -210,9 +211,9 @@ def _index_put(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _slice_scatter(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``out = self; out[..., a:b, ...] = src`` along one dim: the other dims keep their split."""
     self_node, src = tensor_inputs(node)[:2]
-    out_shape = _shape(self_node)
-    dim = _norm_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(out_shape))
-    strategies = [Strategy((P, P), P)] if _is_float(self_node) else []
+    out_shape = shape(self_node)
+    dim = norm_dim(arg(node, 2, "dim", 0), len(out_shape))  # type: ignore[arg-type]
+    strategies = [Strategy((P, P), P)] if is_float(self_node) else []
     for d, size in enumerate(out_shape):
         if d == dim or size <= 1:
             continue
@@ -225,31 +226,29 @@ def _slice_scatter(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
                aten.kthvalue.default, aten.cummax.default, aten.cummin.default)
 def _along_one_dim(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Ops that look along one dim (top-k, sort): every other dim keeps its split."""
-    x_shape = _shape(tensor_inputs(node)[0])
-    if node.target is aten.topk.default:
-        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
-    elif node.target in (aten.sort.stable, aten.argsort.stable):
+    x_shape = shape(tensor_inputs(node)[0])
+    if node.target in (aten.topk.default, aten.kthvalue.default):  # topk(x, k, dim), kthvalue(x, k, dim)
+        dim = arg(node, 2, "dim", -1)
+    elif node.target in (aten.sort.stable, aten.argsort.stable):  # dim is keyword-only
         dim = node.kwargs.get("dim", -1)
-    elif node.target is aten.kthvalue.default:
-        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
     else:
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)
-    dim = _norm_dim(dim, len(x_shape))
+        dim = arg(node, 1, "dim", -1)
+    dim = norm_dim(dim, len(x_shape))  # type: ignore[arg-type]
     return [Strategy((Shard(d),), Shard(d)) for d, size in enumerate(x_shape) if d != dim and size > 1]
 
 
 @register_rule(aten.one_hot.default)
 def _one_hot(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``one_hot(x, C)`` appends a class dim: the dims of ``x`` keep their split."""
-    ndim = len(_shape(tensor_inputs(node)[0]))
-    return _dim_map_rule(node, {d: d for d in range(ndim)})[1:]  # no Partial: integer output
+    ndim = len(shape(tensor_inputs(node)[0]))
+    return dim_map_rule(node, {d: d for d in range(ndim)})[1:]  # no Partial: integer output
 
 
 @register_rule(aten.histc.default)
 def _histc(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """A histogram over a fixed range (``min < max``) of a split tensor is the sum of the ranks' histograms."""
-    low = node.args[2] if len(node.args) > 2 else node.kwargs.get("min", 0)
-    high = node.args[3] if len(node.args) > 3 else node.kwargs.get("max", 0)
-    if not low < high:
+    low = arg(node, 2, "min", 0)
+    high = arg(node, 3, "max", 0)
+    if not low < high:  # type: ignore[operator]
         return []  # min == max: the range comes from the data, which differs per rank
-    return [Strategy((Shard(d),), P) for d, size in enumerate(_shape(tensor_inputs(node)[0])) if size > 1]
+    return [Strategy((Shard(d),), P) for d, size in enumerate(shape(tensor_inputs(node)[0])) if size > 1]

@@ -15,7 +15,7 @@ The rows (tokens) are never split here: the group offsets are global row positio
 
 Ops covered: ``aten._grouped_mm`` and the custom op ``transformers::grouped_mm_fallback``
 (registered by name, so this module imports without ``transformers``), which implement the
-same product. Imported by :mod:`autotp.passes.rules`.
+same product.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ import torch
 import torch.fx as fx
 
 from autotp.base.placements import BlockShard, Placement, Shard
-from autotp.passes.rules import P, R, RuleContext, Strategy, _shape, register_rule, tensor_inputs
+from autotp.base.strategy import Strategy
+from autotp.passes.rules.args import arg, shape, tensor_inputs
+from autotp.passes.rules.builders import P, R, fitting_blocks
+from autotp.passes.rules.registry import RuleContext, register_rule
 
 aten = torch.ops.aten
 
@@ -38,19 +41,18 @@ def _grouped_mm(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if len(inputs) != 3:
         return []  # no offsets (a batched product) or a bias: replicated
     x, w, offs = inputs
-    if (node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")) is not offs:
+    if arg(node, 2, "offs") is not offs:
         return []  # the third tensor is a bias, not the offsets
-    x_shape, w_shape = _shape(x), _shape(w)
+    x_shape, w_shape = shape(x), shape(w)
     if len(x_shape) != 2 or len(w_shape) != 3:
         return []
     k, n = w_shape[1], w_shape[2]
     strategies = [Strategy((P, R, R), P)]
     if n > 1:
         strategies.append(Strategy((R, Shard(2), R), Shard(1)))
-        for blocks in sorted(ctx.block_counts):
-            if n % blocks == 0 and n // blocks > 1:
-                w_p: Placement = BlockShard(2, blocks)
-                strategies.append(Strategy((R, w_p, R), BlockShard(1, blocks)))
+        for blocks in fitting_blocks(n, ctx.block_counts):
+            w_p: Placement = BlockShard(2, blocks)
+            strategies.append(Strategy((R, w_p, R), BlockShard(1, blocks)))
     if k > 1:
         strategies.append(Strategy((Shard(1), Shard(1), R), P))
     return strategies

@@ -22,7 +22,10 @@ import torch
 import torch.fx as fx
 
 from autotp.base.placements import BlockShard, Placement, Shard
-from autotp.passes.rules import P, R, RuleContext, Strategy, _shape, register_rule, tensor_inputs
+from autotp.base.strategy import Strategy
+from autotp.passes.rules.args import shape, tensor_inputs
+from autotp.passes.rules.builders import P, R, fitting_blocks
+from autotp.passes.rules.registry import RuleContext, register_rule
 
 aten = torch.ops.aten
 
@@ -49,11 +52,11 @@ def _sym_size(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     inputs = tensor_inputs(node)
     if len(inputs) != 1:
         return []
-    shape = _shape(inputs[0])
-    read = node.args[1] % len(shape) if shape else 0
+    sizes = shape(inputs[0])
+    read = node.args[1] % len(sizes) if sizes else 0
     placements: list[Placement] = [P]
-    for dim, size in enumerate(shape):
+    for dim, size in enumerate(sizes):
         if dim != read and size > 1:
             placements.append(Shard(dim))
-            placements += [BlockShard(dim, k) for k in sorted(ctx.block_counts) if size % k == 0 and size // k > 1]
+            placements += [BlockShard(dim, k) for k in fitting_blocks(size, ctx.block_counts)]
     return [Strategy((p,), R) for p in placements]

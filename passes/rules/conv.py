@@ -14,7 +14,6 @@ exchange autotp does not do):
   group boundaries, and when every rank gets at least one group.
 
 Batch norm in eval mode and pooling act per channel: channels and batch keep their split.
-Imported by :mod:`autotp.passes.rules`, whose table these rules join.
 """
 
 from __future__ import annotations
@@ -22,12 +21,15 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from autotp.base.placements import Placement, Shard
-from autotp.passes.rules import P, R, RuleContext, Strategy, _shape, _val, register_rule, tensor_inputs
+from autotp.base.placements import Placement, Shard, split_of
+from autotp.base.strategy import Strategy
+from autotp.passes.rules.args import arg, is_float, shape, tensor_inputs
+from autotp.passes.rules.builders import P, R
+from autotp.passes.rules.registry import LocalGraph, RuleContext, register_local_form, register_rule
 
 aten = torch.ops.aten
 
-__all__ = ["conv_groups_index"]
+__all__: list[str] = []
 
 _CONV_OPS = {  # op -> (index of ``groups``, weight is transposed (in_channels first))
     aten.conv1d.default: (6, False), aten.conv2d.default: (6, False), aten.conv3d.default: (6, False),
@@ -35,16 +37,6 @@ _CONV_OPS = {  # op -> (index of ``groups``, weight is transposed (in_channels f
     aten.convolution.default: (8, None), aten.conv_transpose1d.default: (6, True),
     aten.conv_transpose2d.input: (6, True), aten.conv_transpose3d.input: (6, True),
 }
-
-
-def conv_groups_index(target: object) -> int | None:
-    """Position of the ``groups`` argument of a convolution op (``None`` for other ops)."""
-    entry = _CONV_OPS.get(target)
-    return entry[0] if entry else None
-
-
-def _arg(node: fx.Node, index: int, name: str, default: object) -> object:
-    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
 
 
 @register_rule(*_CONV_OPS)
@@ -55,14 +47,14 @@ def _convolution(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     has_bias = len(inputs) > 2
     groups_index, transposed = _CONV_OPS[node.target]
     if transposed is None:
-        transposed = bool(_arg(node, 6, "transposed", False))
-    groups = int(_arg(node, groups_index, "groups", 1))  # type: ignore[call-overload]
-    x_shape, w_shape = _shape(x), _shape(weight)
+        transposed = bool(arg(node, 6, "transposed", False))
+    groups = int(arg(node, groups_index, "groups", 1))  # type: ignore[call-overload]
+    x_shape, w_shape = shape(x), shape(weight)
     spatial = len(w_shape) - 2
     channel = len(x_shape) - spatial - 1  # 1 for (N, C, ...), 0 for an unbatched (C, ...)
-    out_channel = len(_shape(node)) - spatial - 1
+    out_channel = len(shape(node)) - spatial - 1
     c_in = x_shape[channel]
-    c_out = _shape(node)[out_channel]
+    c_out = shape(node)[out_channel]
 
     def with_bias(x_p: Placement, w_p: Placement, bias_p: Placement, out: Placement) -> Strategy:
         return Strategy((x_p, w_p, bias_p) if has_bias else (x_p, w_p), out)
@@ -83,6 +75,24 @@ def _convolution(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     return strategies
 
 
+@register_local_form(*(op for op, (_, transposed) in _CONV_OPS.items() if not transposed))
+def _local_convolution(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
+    """A grouped convolution split by whole groups runs this rank's groups: ``groups`` becomes the local count."""
+    index = _CONV_OPS[node.target][0]
+    groups = arg(node, index, "groups", 1)
+    if groups == 1 or split_of(strategy.output) is None or strategy.inputs[1] != Shard(0):
+        return None
+    weight = node.args[1]
+    out_channels = int(weight.meta["val"].shape[0])
+    local_out = builder.parts.local(weight.name, 0, builder.rank)[1]
+    local_groups = groups * local_out // out_channels  # type: ignore[operator]
+    if len(args) > index:
+        args = (*args[:index], local_groups, *args[index + 1:])
+    else:
+        kwargs = {**kwargs, "groups": local_groups}
+    return builder.graph.call_function(node.target, args, kwargs)
+
+
 @register_rule(aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default)
 def _batch_norm(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Per-channel affine map with running statistics (eval mode): channels or batch may be split.
@@ -90,8 +100,8 @@ def _batch_norm(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     With ``training=True`` the statistics come from the batch itself, so only channels may be split.
     """
     inputs = tensor_inputs(node)
-    x_shape = _shape(inputs[0])
-    training = node.target is aten.batch_norm.default and bool(_arg(node, 5, "training", False))
+    x_shape = shape(inputs[0])
+    training = node.target is aten.batch_norm.default and bool(arg(node, 5, "training", False))
     per_channel = tuple(Shard(0) for _ in inputs[1:])
     whole = tuple(R for _ in inputs[1:])
     strategies = []
@@ -118,10 +128,9 @@ _POOLS = {  # op -> (spatial dims, linear)
 def _pool(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Pooling and resizing act on the trailing spatial dims: batch and channels keep their split."""
     spatial, linear = _POOLS[node.target]
-    x_shape = _shape(tensor_inputs(node)[0])
+    x_shape = shape(tensor_inputs(node)[0])
     strategies = [Strategy((Shard(d),), Shard(d)) for d in range(len(x_shape) - spatial) if x_shape[d] > 1]
-    val = _val(node)
-    if linear and isinstance(val, torch.Tensor) and val.is_floating_point():
+    if linear and is_float(node):
         strategies.append(Strategy((P,), P))
     return strategies
 
@@ -130,7 +139,7 @@ def _pool(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _batch_only(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Ops that mix channels (group norm's groups, pixel shuffle): only the batch dim may be split."""
     inputs = tensor_inputs(node)
-    x_shape = _shape(inputs[0])
+    x_shape = shape(inputs[0])
     if len(x_shape) < 3 or x_shape[0] <= 1:
         return []
     return [Strategy((Shard(0), *(R for _ in inputs[1:])), Shard(0))]

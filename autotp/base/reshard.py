@@ -1,0 +1,155 @@
+"""Resharding steps: what turns one placement of a tensor into another on one mesh axis.
+
+A step is a small frozen value, :class:`ReshardStep`: its :class:`ReshardKind` and the dims it
+acts on. :func:`reshard_steps` gives the route from ``src`` to ``dst``:
+
+=================  ==================================  =====================================
+src -> dst         steps                               why
+=================  ==================================  =====================================
+R -> S(d)          slice(d)                            each rank keeps its part (a view)
+R -> P             zero                                rank 0 keeps the value, others zeros
+P -> R             all_reduce                          sum the ranks' parts
+P -> S(d)          reduce_scatter(d)                   sum, each rank keeps its part
+P -> S(d)xk        all_reduce, slice(d, k)             (no block-wise reduce-scatter)
+S(d) -> R          all_gather(d)                       (S(d)xk too: gathered block by block)
+S(i) -> S(j)       all_to_all(i -> j)                  each rank sends every other rank its
+                   (or all_gather(i), slice(j))        part of the other rank's j-slice
+S(i)xk <-> S(j)    all_gather(i), slice(j)             blocks: gather, then cut locally
+S -> P             all_gather, zero
+=================  ==================================  =====================================
+
+``S(i) -> S(j)`` between plain shards has two routes (:func:`reshard_routes`): the all-to-all
+moves ``(p-1)/p`` of one rank's shard where the all-gather moves ``(p-1)/p`` of the whole
+tensor and then drops most of it, but it needs a copy of the shard on each side (the pieces
+laid out to send, the received ones put together), which can cost more than the saved bytes
+for a small tensor gathered along dim 0. The cost pass prices both and takes the cheaper; the
+plan records the chosen steps and the rewrite applies them (:func:`route_with_kinds`).
+
+How each kind is priced, emitted in the rank-local graph and printed is one table,
+:data:`autotp.passes.resharding.RESHARD_TABLE`. The kinds' values (``"all_reduce"``...) are
+their names in saved plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from autotp.base.placements import BlockShard, Partial, Placement, Replicate, Shard, split_of
+
+__all__ = ["ReshardKind", "ReshardStep", "Route", "reshard_routes", "reshard_steps", "route_with_kinds"]
+
+
+class ReshardKind(str, enum.Enum):
+    """The kinds of resharding step; the value is the name saved in plan files."""
+
+    SLICE = "slice"
+    ZERO = "zero"
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    ALL_TO_ALL = "all_to_all"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __hash__(self) -> int:  # equal to its name, so hash like it: "all_reduce" and the kind are one key
+        return hash(self.value)
+
+    @classmethod
+    def from_name(cls, name: str) -> ReshardKind:
+        """The kind saved as ``name`` in a plan file (ValueError naming the valid names otherwise)."""
+        try:
+            return cls(name)
+        except ValueError:
+            valid = ", ".join(kind.value for kind in cls)
+            raise ValueError(f"unknown resharding step {name!r}; valid steps: {valid}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardStep:
+    """One step of a resharding route.
+
+    ``dim`` and ``blocks``: the split dim the step gathers, scatters or slices (``blocks`` > 1 for
+    a ``BlockShard``); for an all-to-all, the dim that is split before (``dim``) and the one split
+    after (``to_dim``). ``None`` for all-reduce and zero-fill.
+    """
+
+    kind: ReshardKind
+    dim: int | None = None
+    blocks: int = 1
+    to_dim: int | None = None
+
+    @property
+    def split(self) -> Placement | None:
+        """The split placement the step gathers from, scatters to or slices to (``None`` if none)."""
+        if self.dim is None:
+            return None
+        return Shard(self.dim) if self.blocks == 1 else BlockShard(self.dim, self.blocks)
+
+    def __str__(self) -> str:
+        return str(self.kind)
+
+
+def _on(kind: ReshardKind, placement: Placement) -> ReshardStep:
+    split = split_of(placement)
+    if split is None:
+        raise AssertionError(f"{kind} needs a split placement, got {placement}")
+    return ReshardStep(kind, split[0], split[1])
+
+
+Route = tuple[ReshardStep, ...]
+
+
+def reshard_routes(src: Placement, dst: Placement) -> tuple[Route, ...]:
+    """Every route from ``src`` to ``dst``, the default first (module table).
+
+    ``S(i) -> S(j)`` has two: the all-to-all, and the all-gather then slice; the cost pass takes
+    the cheaper (:func:`autotp.passes.costing.reshard_route`) and the plan records which.
+    """
+    first = reshard_steps(src, dst)
+    if len(first) == 1 and first[0].kind is ReshardKind.ALL_TO_ALL:
+        return first, (_on(ReshardKind.ALL_GATHER, src), _on(ReshardKind.SLICE, dst))
+    return (first,)
+
+
+def route_with_kinds(src: Placement, dst: Placement, kinds: tuple[ReshardKind | str, ...]) -> Route:
+    """The route from ``src`` to ``dst`` whose steps are of ``kinds`` (as a plan records them).
+
+    ValueError naming the possible routes when there is none (a plan edited by hand).
+    """
+    routes = reshard_routes(src, dst)
+    wanted = tuple(ReshardKind.from_name(str(kind)) for kind in kinds)
+    for route in routes:
+        if tuple(step.kind for step in route) == wanted:
+            return route
+    possible = " or ".join("+".join(str(step.kind) for step in route) or "nothing" for route in routes)
+    raise ValueError(f"no resharding {src} -> {dst} takes the steps {'+'.join(map(str, wanted)) or 'nothing'}; "
+                     f"possible: {possible}")
+
+
+def reshard_steps(src: Placement, dst: Placement) -> Route:
+    """The default steps that turn placement ``src`` into ``dst`` on one mesh axis (module table)."""
+    if src == dst:
+        return ()
+    src_split, dst_split = split_of(src), split_of(dst)
+    if isinstance(src, Replicate):
+        return (_on(ReshardKind.SLICE, dst),) if dst_split else (ReshardStep(ReshardKind.ZERO),)
+    if isinstance(src, Partial):
+        if dst_split and dst_split[1] == 1:
+            return (_on(ReshardKind.REDUCE_SCATTER, dst),)
+        all_reduce = ReshardStep(ReshardKind.ALL_REDUCE)
+        return (all_reduce, _on(ReshardKind.SLICE, dst)) if dst_split else (all_reduce,)
+    if src_split is None:
+        raise ValueError(f"cannot reshard from {src}")
+    gather = _on(ReshardKind.ALL_GATHER, src)
+    if isinstance(dst, Replicate):
+        return (gather,)
+    if dst_split:
+        if src_split[1] == 1 and dst_split[1] == 1:
+            return (ReshardStep(ReshardKind.ALL_TO_ALL, src_split[0], 1, dst_split[0]),)
+        return (gather, _on(ReshardKind.SLICE, dst))
+    return (gather, ReshardStep(ReshardKind.ZERO))

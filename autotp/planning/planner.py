@@ -1,0 +1,287 @@
+"""Plan a captured graph: strategies -> (filters, constraints) -> cost -> budget -> solve -> :class:`Plan`.
+
+:func:`plan_graph` is the one planner every entry point calls (``autotp.plan``,
+``autotp.compile``, the ``torch.compile`` backend, ``autotp plan`` and the Megatron reference).
+It needs no process group and no real weights. State after each step:
+
+1. strategies: the captured graph, unchanged, with candidate placements per node
+   (:func:`autotp.passes.strategies.build_strategy_graph`);
+2. filters: ``options.strategy_filter`` then ``options.constraints`` narrow the candidates;
+3. cost: predicted seconds per strategy and resharding, bytes per parameter placement;
+4. budget: ``options.memory_budget`` resolved to bytes per rank (:func:`auto_memory_budget`);
+5. solve: one strategy per node (exact MILP, identical layers tied);
+6. plan: the :class:`~autotp.planning.plan.Plan` data (placements, collectives, costs).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+import torch
+import torch.utils._pytree as pytree
+
+from autotp.base.errors import PlanError, UnsupportedOpError
+from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
+from autotp.base.shapes import concrete_shape
+from autotp.capture import CapturedGraph
+from autotp.cost_model import Hardware
+from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
+from autotp.passes.pricing import compute_s, price_choice
+from autotp.passes.rules import tensor_inputs
+from autotp.passes.solver import Solution, min_parameter_bytes, solve
+from autotp.passes.strategies import StrategyGraph, build_strategy_graph
+from autotp.passes.tying import tie_identical_blocks
+from autotp.passes.uneven import largest_shard_nbytes
+from autotp.planning.alternatives import node_alternatives
+from autotp.planning.constraints import apply_constraints
+from autotp.planning.options import PlanOptions
+from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
+
+__all__ = ["auto_memory_budget", "check_fits_device", "plan_graph", "resolve_memory_budget"]
+
+
+def _log(progress: bool, message: str) -> None:
+    if progress:
+        print(f"[autotp] {message}", file=sys.stderr, flush=True)
+
+
+def _splittable_parameters(costed: CostedGraph) -> set[str]:
+    """Parameters of which some split is accepted, as is, by every op that reads them."""
+    graph = costed.graph
+    accepted: dict[str, set] = {}
+    for edge in graph.edges:
+        if edge.producer in graph.parameters:
+            slot = {s.inputs[edge.slot] for s in graph.strategies[edge.consumer] if split_of(s.inputs[edge.slot])}
+            accepted[edge.producer] = slot if edge.producer not in accepted else accepted[edge.producer] & slot
+    unread = set(graph.parameters) - set(accepted)  # e.g. the alias of a tied weight: any split will do
+    return unread | {name for name, placements in accepted.items() if placements}
+
+
+def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(), world_size: int | None = None) -> float:
+    """The ``memory_budget="auto"`` bytes per rank: every matrix split along *some* dim, 1-D tensors may stay whole.
+
+    Per matrix the allowance is its largest shard over the dims it could be split on, so
+    rounding of uneven splits never forces one dim over another; a matrix that no split lets
+    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
+    is ``state`` (KV caches: whether to split their heads is the cost model's choice). The
+    budget depends on shapes, the world size and which ops read each parameter, not on the
+    strategies offered (constraints and reference plans get the same budget). ``world_size``
+    (default: the graph's) gives the same figure at another world size, with the same readers.
+    """
+    world_size = world_size or costed.graph.world_size
+    splittable = _splittable_parameters(costed)
+    total = 0.0
+    for name in costed.memory_bytes:
+        if not costed.graph.nodes[name].users:
+            continue  # never read (the second name of a tied weight): not held, so no allowance
+        val = costed.graph.nodes[name].meta["val"]
+        full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
+        splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
+                  for d, size in enumerate(concrete_shape(val)) if size > 1]
+        whole = val.dim() <= 1 or not splits or name not in splittable or name in state
+        total += full if whole else max(splits)
+    return total
+
+
+def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph,
+                          state: frozenset[str] = frozenset()) -> float | None:
+    """Bytes per rank for a validated ``memory_budget`` option (``"auto"``, ``None`` or bytes)."""
+    if memory_budget is None:
+        return None
+    if memory_budget == "auto":
+        budget = auto_memory_budget(costed, state)
+        check_fits_device(costed, budget)
+        return budget
+    return float(memory_budget)
+
+
+def check_fits_device(costed: CostedGraph, budget: float) -> None:
+    """Refuse, before any weight is read, a world size at which the model cannot fit the device's memory.
+
+    Per rank: the ``"auto"`` parameter bytes, plus buffers, constants and inputs (whole on every
+    rank: e.g. a KV cache held as graph state), plus activations, bounded above by the two largest
+    tensors the graph computes (an op's input and output, unsplit) — against
+    ``hardware.memory_gib``. The error names the smallest world size at which the same
+    estimate fits.
+    """
+    graph = costed.graph
+    hw_bytes = costed.hardware.memory_gib * 2**30
+    nodes = list(graph.graph_module.graph.nodes)
+    state_bytes = sum(tensor_nbytes(n.meta["val"]) for n in nodes if n.op == "placeholder" and n.users
+                      and n.name not in graph.parameters and isinstance(n.meta.get("val"), torch.Tensor))
+    sizes = sorted((tensor_nbytes(n.meta["val"]) for n in nodes
+                    if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)), reverse=True)
+    activation_bytes = sum(sizes[:2])
+
+    def needed(world_size: int) -> float:
+        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size=world_size)
+        return weights + state_bytes + activation_bytes
+
+    if needed(graph.world_size) <= hw_bytes:
+        return
+    fits = next((w for w in range(graph.world_size + 1, 4097) if needed(w) <= hw_bytes), None)
+    def size(n: float) -> str:
+        return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+    what = (f"at world_size={graph.world_size} each rank needs about {size(needed(graph.world_size))} "
+            f"(parameters {size(budget)}, buffers and inputs {size(state_bytes)}, activations up to "
+            f"{size(activation_bytes)}) but a {costed.hardware.name} device has {size(hw_bytes)}")
+    where = (f"the smallest world size that fits is {fits}: pass world_size={fits}" if fits is not None
+             else "no world size up to 4096 fits (activations or buffers alone are too large)")
+    raise PlanError(f"the model does not fit in device memory: {what}; {where}, or hardware= a profile with "
+                    "more memory, or memory_budget=<bytes per rank> to plan anyway")
+
+
+def _narrowed(before: StrategyGraph, after: StrategyGraph) -> StrategyGraph:
+    """``after`` if it keeps the nodes of ``before`` and only narrows their candidates; else a PlanError."""
+    problems = []
+    for name in before.order:
+        kept = after.strategies.get(name, [])
+        if not kept:
+            problems.append(f"{name}: no candidate strategy left")
+        elif not set(kept) <= set(before.strategies[name]):
+            problems.append(f"{name}: strategies that were not candidates were added")
+    if after.order != before.order or problems:
+        detail = "; ".join(problems[:5]) or "the nodes changed"
+        raise PlanError(f"strategy_filter must only narrow each node's candidate strategies: {detail}")
+    return after
+
+
+def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
+    """With ``strict``, refuse ops that have no sharding rule, naming each and where the user's code calls it."""
+    if not graph.fallback or not strict:
+        return
+    lines = []
+    for name in graph.fallback:
+        node = graph.nodes[name]
+        where = (node.meta.get("stack_trace") or "").strip().splitlines()
+        lines.append(f"{node.format_node()}\n      at {where[-2].strip() if len(where) >= 2 else '<unknown>'}")
+    raise UnsupportedOpError(
+        "strict=True and these ops have no sharding rule (they would run replicated):\n  "
+        + "\n  ".join(lines) + "\nPass strict=False to run them replicated."
+    )
+
+
+def _blame_constraints(error: PlanError, options: PlanOptions, budget: float | None, costed: CostedGraph) -> PlanError:
+    """A budget error that names the user's constraints when they, not the budget alone, break it.
+
+    The solver's floor assumes every parameter may be split; constraints that keep weights whole
+    (``Replicate()``) raise it, and the default budget was never meant to hold whole matrices.
+    """
+    pinned = [pattern for pattern, text in (options.constraints or {}).items() if str(text) == "R"]
+    floor = min_parameter_bytes(costed)
+    if not pinned or budget is None or floor <= budget:
+        return error
+    which = ", ".join(f"{pattern}=Replicate()" for pattern in pinned)
+    if options.memory_budget == "auto":
+        said = (f"the default memory budget (memory_budget='auto': about 1/world_size of the weights per rank, "
+                f"{budget / 2**20:.2f} MiB)")
+    else:
+        said = f"memory_budget={options.memory_budget!r} ({budget / 2**20:.2f} MiB per rank)"
+    return PlanError(
+        f"your constraints keep weights whole on every rank ({which}), and then {said} cannot hold the "
+        f"parameters: with these constraints a rank needs at least {floor} bytes ({floor / 2**20:.2f} MiB). "
+        f"Pass memory_budget=None (no limit) or memory_budget>={floor}, or drop the Replicate() constraint."
+    )
+
+
+def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
+    """Decide how to split ``captured`` over ``options.world_size`` ranks; returns the :class:`Plan`.
+
+    Deterministic: the same graph and options give the same plan on every process. Raises
+    :class:`~autotp.PlanError` when no plan meets the memory budget or the constraints, and
+    :class:`~autotp.UnsupportedOpError` for ops without a rule when ``options.strict``; otherwise
+    such ops run replicated, with a warning (see ``plan.fallback_ops``).
+    ``plan.plan_time_s`` is the wall-clock time of this call.
+    """
+    started = time.perf_counter()
+    hw = options.hardware_profile
+    graph = build_strategy_graph(captured.graph_module, options.world_size,
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
+    if options.strategy_filter is not None:
+        graph = _narrowed(graph, options.strategy_filter(graph))
+    graph = apply_constraints(graph, options.constraints)
+    _check_fallback(graph, options.strict)
+    _log(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
+                           f"costing on {hw.name}")
+    costed = cost_strategy_graph(graph, hw)
+    budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
+    _log(options.progress, "solving (MILP, HiGHS)")
+    try:
+        solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
+                         tie=tie_identical_blocks(graph))
+    except PlanError as exc:
+        raise _blame_constraints(exc, options, budget, costed) from None
+    plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
+    if plan.fallback_ops:
+        warnings.warn(
+            f"autotp: {len(graph.fallback)} node(s) of ops without a sharding rule run replicated: "
+            f"{', '.join(plan.fallback_ops)} (see plan.fallback_ops; strict=True makes this an error)",
+            stacklevel=3,
+        )
+    _log(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
+    return plan
+
+
+def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution, hardware: Hardware,
+                budget: float | None, plan_time_s: float) -> Plan:
+    graph = costed.graph
+    chosen = {name: graph.strategies[name][index] for name, index in solution.choice.items()}
+    fallback = set(graph.fallback)
+    alternatives = node_alternatives(costed, solution.choice, memory_budget_bytes=budget)
+    targets = {slot.name: str(slot.target) for slot in captured.inputs if slot.kind != "user"}
+    nodes = []
+    for name in graph.order:
+        node = graph.nodes[name]
+        strategy = chosen[name]
+        value = next((v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)), None)
+        nodes.append(NodeDecision(
+            name=name,
+            op=str(node.target) if node.op == "call_function" else node.op,
+            inputs=tuple(placement_to_str(p) for p in strategy.inputs),
+            output=placement_to_str(strategy.output),
+            compute_s=compute_s(costed, name, solution.choice[name]),
+            module=module_path(node),
+            fallback=name in fallback,
+            input_nodes=tuple(p.name for p in tensor_inputs(node)),
+            target=targets.get(name, ""),
+            shape=concrete_shape(value) if value is not None else (),
+            dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
+            alternatives=alternatives.get(name, ()),
+        ))
+    price = price_choice(costed, solution.choice)
+    collectives = [
+        CollectiveDecision(
+            producer=r.producer,
+            src=placement_to_str(r.src),
+            dst=placement_to_str(r.dst),
+            steps=tuple(step.kind for step in costed.reshard_route(r.producer, r.src, r.dst)),
+            nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
+            time_s=r.time_s,
+            consumers=r.consumers,
+            module=module_path(graph.nodes[r.producer]),
+        )
+        for r in price.reshardings
+    ]
+    parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
+    per_rank = sum(costed.memory_bytes[name][solution.choice[name]] for name in costed.memory_bytes)
+    total = sum(per[0] for per in costed.memory_bytes.values())
+    return Plan(
+        world_size=graph.world_size,
+        hardware=hardware.name,
+        nodes=tuple(nodes),
+        parameters=parameters,
+        collectives=tuple(collectives),
+        parameter_bytes_total=total,
+        parameter_bytes_per_rank=per_rank,
+        memory_budget_bytes=budget,
+        predicted_compute_s=price.compute_s,
+        predicted_comm_s=price.comm_s,
+        fallback_ops=tuple(sorted({str(graph.nodes[n].target) for n in graph.fallback})),
+        fingerprint=graph_fingerprint(captured.graph_module),
+        plan_time_s=plan_time_s,
+        solver_status=solution.status,
+        solver_gap=solution.mip_gap,
+    )

@@ -1,0 +1,65 @@
+"""Front doors for models bigger than one device: ``from_pretrained`` and ``load``.
+
+Both build nothing but a model on the ``meta`` device, plan it (planning needs no weights), and
+read only this rank's blocks: from a transformers safetensors checkpoint
+(:func:`from_pretrained`), or from a ``torch.distributed.checkpoint`` directory written by
+:meth:`TensorParallelModule.save` at any world size (:func:`load`). See
+:mod:`autotp.runtime.loading` and :mod:`autotp.runtime.saving`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from autotp.api import compile as _compile
+from autotp.runtime.module import TensorParallelModule
+
+__all__ = ["from_pretrained", "load"]
+
+
+def from_pretrained(path: str | os.PathLike[str], world_size: int | None = None, *, dtype: torch.dtype | None = None,
+                    device: str | torch.device = "cpu", example_inputs: tuple[Any, ...] | None = None,
+                    example_kwargs: dict[str, Any] | None = None, **options: Any) -> TensorParallelModule:
+    """A transformers checkpoint directory -> this rank's tensor-parallel model (call on every rank).
+
+    The config's architecture (``config.architectures[0]``) is built on the meta device in
+    ``dtype`` (default: the config's ``dtype``, else float32), traced with ``example_inputs``
+    (default: one sequence of 16 token ids) and ``example_kwargs`` (default ``use_cache=False``) on ``device``, planned, and each
+    rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto
+    ``device``. Other keyword options as in :func:`autotp.compile` (``hardware``, ``memory_budget``,
+    ``plan``, ``group``...).
+    """
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    architectures = getattr(config, "architectures", None) or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        raise ValueError(f"{path}/config.json names no transformers architecture I can build ({architectures!r}); "
+                         "build the model on the meta device yourself and call autotp.compile(model, ..., checkpoint=path)")
+    if dtype is None:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    config.use_cache = False
+    with torch.device("meta"):
+        model = model_class._from_config(config, dtype=dtype)
+    model.eval()
+    device = torch.device(device)
+    if example_inputs is None:
+        example_inputs = (torch.zeros(1, 16, dtype=torch.long, device=device),)  # (batch, seq) token ids
+    if example_kwargs is None:
+        example_kwargs = {"use_cache": False}
+    return _compile(model, world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
+                    **options)
+
+
+def load(path: str | os.PathLike[str], model: torch.nn.Module, world_size: int | None = None, *,
+         example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None,
+         **options: Any) -> TensorParallelModule:
+    """Read a directory written by ``tp.save(path)`` (at any world size) into ``model`` (meta is fine), split
+    over ``world_size`` ranks: ``autotp.compile(model, world_size, ..., checkpoint=path)``."""
+    return _compile(model, world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
+                    **options)

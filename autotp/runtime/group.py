@@ -1,0 +1,71 @@
+"""The process group a tensor-parallel model runs on: checking it, and agreeing on one plan.
+
+Both front doors that apply a plan (``autotp.compile`` and the ``torch.compile`` backend) bind
+to a group with :func:`bind_group` and plan with :func:`plan_on_first_rank`, so they check the
+same things with the same messages and every rank applies the same plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch.distributed as dist
+
+from autotp.base.errors import PlanError
+from autotp.capture import CapturedGraph
+from autotp.planning.options import PlanOptions, check_world_size
+from autotp.planning.plan import Plan
+from autotp.planning.planner import plan_graph
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, share_from_first
+
+__all__ = ["bind_group", "plan_on_first_rank"]
+
+
+def bind_group(group: dist.ProcessGroup | None, world_size: int | None, *, caller: str) -> tuple[int, int]:
+    """``(world_size, rank)`` of this process in ``group`` (``None``: the whole world).
+
+    ``world_size=None`` takes the group's size; a given one must be an int equal to it.
+    ``caller`` names the entry point in the error raised when no process group is initialised.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            f"{caller} needs an initialised process group: call torch.distributed.init_process_group() first "
+            "(e.g. under torchrun), or use autotp.plan(...) to plan without one"
+        )
+    group_size = dist.get_world_size(group)
+    world_size = group_size if world_size is None else check_world_size(world_size)
+    if world_size != group_size:
+        raise ValueError(
+            f"world_size={world_size} but the process group has {group_size} ranks; pass world_size={group_size} "
+            f"(or omit it), or start {world_size} processes (e.g. torchrun --nproc-per-node {world_size})"
+        )
+    return world_size, dist.get_rank(group)
+
+
+def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: dist.ProcessGroup | None,
+                       rank: int, agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
+    """Plan on the group's first rank and send the plan to the others: every rank applies the same
+    plan, and the others spend no time solving. They wait at most ``options.time_limit_s +
+    agreement_timeout_s`` (:func:`~autotp.runtime.agreement.share_from_first`), then name rank 0.
+    (A fake process group, used for tests, cannot carry objects, so there every rank plans;
+    planning is deterministic.) ``options.progress`` is honoured on the first rank only."""
+    if rank != 0 and options.progress:
+        options = dataclasses.replace(options, progress=False)
+    if options.world_size == 1 or dist.get_backend(group) == "fake":
+        return plan_graph(captured, options)
+    made: Plan | None = None
+    failure: Exception | None = None
+    if rank == 0:
+        try:
+            made = plan_graph(captured, options)
+        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for a plan that never comes
+            failure = exc
+    sent = share_from_first(made if failure is None else f"{type(failure).__name__}: {failure}", group=group,
+                            timeout_s=options.time_limit_s + agreement_timeout_s, what="the plan from rank 0")
+    if failure is not None:
+        raise failure
+    if isinstance(sent, str):
+        raise PlanError(f"planning failed on rank 0: {sent}")
+    if not isinstance(sent, Plan):
+        raise PlanError(f"rank 0 sent {type(sent).__name__} instead of a Plan")
+    return sent

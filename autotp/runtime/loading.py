@@ -1,0 +1,419 @@
+"""Read each rank's shards straight from a safetensors checkpoint (no rank holds the whole model).
+
+A :class:`Checkpoint` is one ``.safetensors`` file, a directory holding one, or a directory with
+several files and an index (``model.safetensors.index.json``, as transformers writes them). Its
+headers (names, shapes, dtypes, byte ranges) are parsed once, without mapping any data, so every
+problem with the files is found *before* anything is read. :func:`read_local_values` then reads,
+for each parameter, only the block this rank holds — the block :func:`autotp.runtime.module.local_block`
+computes from the plan and the uneven-split cuts, the same one the rewritten graph expects — with
+``safetensors.safe_open(...).get_slice(...)`` (memory-mapped). Each file is opened for one tensor
+at a time, so the pages a column slice touches are unmapped again before the next tensor: the
+resident memory of a rank stays its shards plus one tensor's pages.
+
+Names: a model's parameter FQNs are matched to the checkpoint's keys through one prefix rule for
+the whole model (e.g. the checkpoint of ``LlamaForCausalLM`` has ``model.layers...`` while a
+``LlamaModel`` has ``layers...``; GPT-2 files have ``transformer.`` or not), and tied weights
+through every name of the shared tensor (transformers saves a tied weight once, under one of
+them). The checkpoint is only ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import torch
+
+from autotp.base.errors import AutoTPError
+from autotp.capture import CapturedGraph
+from autotp.passes.uneven import Partitions
+from autotp.planning.plan import Plan
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange
+from autotp.runtime.module import parameter_layout
+
+__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
+
+INDEX_NAME = "model.safetensors.index.json"
+_MAX_LISTED = 8
+T = TypeVar("T")
+
+# safetensors dtype names (https://github.com/huggingface/safetensors, format spec) -> torch dtypes
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+if hasattr(torch, "float8_e4m3fn"):
+    _DTYPES.update({"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2})
+
+
+class CheckpointError(AutoTPError, ValueError):
+    """A checkpoint that cannot be read into the model: names the tensor, the file and what to do."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a checkpoint, as its file's header describes it."""
+
+    key: str
+    file: Path
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+Block = tuple[int, list[tuple[int, int]]]
+"""``(dim, [(start, stop), ...])``: the ranges of one dim a rank holds (see :func:`autotp.runtime.module.local_block`)."""
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """Read ``rank``'s block of ``entry`` (``blocks`` lists every rank's; ``None``: the whole tensor), as ``dtype`` on ``device``."""
+
+    entry: TensorEntry
+    blocks: list[Block | None] | None
+    rank: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def block(self) -> Block | None:
+        return None if self.blocks is None else self.blocks[self.rank]
+
+
+class TensorSource(Protocol):
+    """What the loader reads from: a safetensors :class:`Checkpoint` or a
+    :class:`~autotp.runtime.saving.DistributedCheckpoint`."""
+
+    path: Path
+    entries: dict[str, TensorEntry]
+
+    def __contains__(self, key: str) -> bool: ...
+
+    def __getitem__(self, key: str) -> TensorEntry: ...
+
+    def describe(self) -> str: ...
+
+    def read(self, requests: list[ReadRequest]) -> list[torch.Tensor]: ...
+
+
+def _read_header(file: Path) -> dict[str, TensorEntry]:
+    """Parse a safetensors header (8-byte little-endian length, then JSON) and check the file is whole."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{file}: {size} bytes, too short for a safetensors file (truncated?)")
+            (length,) = struct.unpack("<Q", head)
+            if length > size - 8:
+                raise CheckpointError(f"{file}: header says {length} bytes but the file has {size}; the file is truncated "
+                                      "(download or copy it again)")
+            header = json.loads(handle.read(length))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+    entries = {}
+    end = 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise CheckpointError(f"{file}: tensor {key!r} has dtype {info.get('dtype')!r}, which autotp cannot read")
+        entries[key] = TensorEntry(key, file, tuple(int(d) for d in info["shape"]), dtype)
+        end = max(end, int(info["data_offsets"][1]))
+    if 8 + length + end > size:
+        raise CheckpointError(f"{file}: the header describes {8 + length + end} bytes but the file has {size}; the file is "
+                              "truncated (download or copy it again)")
+    return entries
+
+
+class Checkpoint:
+    """The tensors of a safetensors checkpoint: a file, or a directory with one file or an index of several.
+
+    Building one reads only the headers and checks that every file the index names exists and is
+    whole; no tensor data is read and nothing is written.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        root = Path(path)
+        if root.is_dir():
+            index = root / INDEX_NAME
+            if index.is_file():
+                files = self._files_from_index(index)
+            else:
+                files = sorted(root.glob("*.safetensors"))
+                if not files:
+                    raise CheckpointError(f"{root}: no *.safetensors file and no {INDEX_NAME}; pass the directory of a "
+                                          "safetensors checkpoint or one .safetensors file")
+        elif root.is_file():
+            files = [root]
+        else:
+            raise CheckpointError(f"checkpoint {root} does not exist; pass a .safetensors file or a directory of them")
+        self.path = root
+        self.entries: dict[str, TensorEntry] = {}
+        for file in files:
+            self.entries.update(_read_header(file))
+
+    @staticmethod
+    def _files_from_index(index: Path) -> list[Path]:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{index}: not a safetensors index with a 'weight_map' ({type(exc).__name__}: {exc})") from None
+        files = sorted({index.parent / name for name in weight_map.values()})
+        missing = [f for f in files if not f.is_file()]
+        if missing:
+            named = {f.name: [k for k, v in weight_map.items() if v == f.name] for f in missing}
+            detail = "; ".join(f"{name} (holds {len(keys)} tensors, e.g. {keys[0]!r})" for name, keys in named.items())
+            raise CheckpointError(f"{index} names file(s) that do not exist: {detail}; copy the missing file(s) into "
+                                  f"{index.parent}")
+        return files
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.entries
+
+    def __getitem__(self, key: str) -> TensorEntry:
+        return self.entries[key]
+
+    def read(self, requests: list[ReadRequest]) -> list[torch.Tensor]:
+        """The tensors ``requests`` ask for, in order (one file mapping per tensor)."""
+        return [read_block(r.entry, r.block, r.dtype, r.device) for r in requests]
+
+    def describe(self) -> str:
+        files = sorted({e.file.name for e in self.entries.values()})
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        return f"{self.path} ({len(self.entries)} tensors in {shown})"
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> TensorSource:
+    """A safetensors checkpoint, or a ``torch.distributed.checkpoint`` directory (one with ``.metadata``)
+    written by :meth:`TensorParallelModule.save`; both read only this rank's blocks."""
+    if (Path(path) / ".metadata").is_file():
+        from autotp.runtime.saving import DistributedCheckpoint
+
+        return DistributedCheckpoint(path)
+    return Checkpoint(path)
+
+
+def _transforms(model_keys: Iterable[str], checkpoint_keys: Iterable[str]) -> list[tuple[str, str]]:
+    """Candidate renamings ``(strip, add)``: drop prefix ``strip`` from a model key, then prepend ``add``."""
+    heads = {k.split(".", 1)[0] + "." for k in checkpoint_keys if "." in k}
+    model_heads = {k.split(".", 1)[0] + "." for k in model_keys if "." in k}
+    candidates = [("", "")] + [("", h) for h in heads] + [(h, "") for h in model_heads]
+    candidates += [(m, h) for m in model_heads for h in heads if m != h]
+    return candidates
+
+
+def match_keys(aliases: Mapping[str, tuple[str, ...]], checkpoint: TensorSource) -> dict[str, str]:
+    """Model FQN -> checkpoint key, for every FQN that has one.
+
+    ``aliases`` gives, per FQN, every name of the same tensor (tied weights have several). One
+    renaming of prefixes is chosen for the whole model: the one that finds the most tensors.
+    """
+    best: dict[str, str] = {}
+    for strip, add in _transforms(aliases, checkpoint.entries):
+        found = {}
+        for fqn, names in aliases.items():
+            for name in names:
+                if name.startswith(strip) and add + name[len(strip):] in checkpoint:
+                    found[fqn] = add + name[len(strip):]
+                    break
+        if len(found) > len(best):
+            best = found
+        if len(best) == len(aliases):
+            break
+    return best
+
+
+def _kind(dtype: torch.dtype) -> str:
+    return "floating point" if dtype.is_floating_point else "bool" if dtype == torch.bool else "integer"
+
+
+def check_entry(fqn: str, entry: TensorEntry, shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
+    """Why ``entry`` cannot fill the model's tensor ``fqn`` of ``shape``/``dtype`` (None when it can).
+
+    Floating-point values are cast on read (e.g. a bfloat16 file into a float32 model); integer and
+    bool tensors must match exactly.
+    """
+    where = f"{entry.key!r} in {entry.file}"
+    if entry.shape != shape:
+        return (f"{fqn}: the model expects shape {list(shape)} but {where} has {list(entry.shape)} "
+                "(a checkpoint of another model or configuration?)")
+    if entry.dtype != dtype and not (entry.dtype.is_floating_point and dtype.is_floating_point):
+        return f"{fqn}: the model expects {dtype} but {where} holds {entry.dtype}; {_kind(entry.dtype)} values cannot be cast to it"
+    return None
+
+
+def read_block(entry: TensorEntry, block: Block | None, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+    """Read ``entry`` whole (``block`` None) or the ranges ``block = (dim, [(start, stop), ...])`` of one dim,
+    concatenated, cast to ``dtype`` on ``device``. The file is mapped only while this tensor is read."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(entry.file), framework="pt", device=str(device)) as handle:
+            if block is None:
+                value = handle.get_tensor(entry.key)
+            else:
+                dim, ranges = block
+                view = handle.get_slice(entry.key)
+                pieces = []
+                for start, stop in ranges:
+                    if stop > start:
+                        pieces.append(view[(slice(None),) * dim + (slice(start, stop),)])
+                if not pieces:
+                    shape = list(entry.shape)
+                    shape[dim] = 0
+                    value = torch.empty(shape, dtype=entry.dtype, device=device)
+                else:
+                    value = torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0]
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own types; name the tensor and file
+        raise CheckpointError(f"could not read tensor {entry.key!r} from {entry.file}: {type(exc).__name__}: {exc}") from None
+    return value.to(dtype=dtype).contiguous()
+
+
+def tensor_aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """FQN -> every FQN of the same tensor in ``model`` (tied weights share one parameter object)."""
+    names: dict[int, list[str]] = {}
+    for name, tensor in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)):
+        names.setdefault(id(tensor), []).append(name)
+    return {name: (name, *[n for n in group if n != name]) for group in names.values() for name in group}
+
+
+def _materialize_hf_buffers(model: torch.nn.Module, fqns: list[str], device: torch.device) -> None:
+    """Compute buffers a transformers model derives from its config (rotary ``inv_freq``) for a model built on meta.
+
+    transformers itself does this after loading: the buffer is given storage and the model's own
+    ``_init_weights`` fills it. Only modules holding no parameters of their own are touched.
+    """
+    init = getattr(model, "_init_weights", None)
+    if init is None:
+        return
+    owners = {}
+    for fqn in fqns:
+        path, _, leaf = fqn.rpartition(".")
+        module = model.get_submodule(path)
+        if next(module.parameters(recurse=False), None) is None:
+            buffer = module._buffers[leaf]
+            module._buffers[leaf] = torch.empty_like(buffer, device=device)
+            owners[path] = module
+    for module in owners.values():
+        init(module)
+
+
+def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, rank: int, checkpoint: TensorSource,
+                      model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's value of every parameter, buffer and constant placeholder of ``captured``, read from ``checkpoint``.
+
+    Parameters come from the checkpoint only (this rank's block of split ones); buffers from the
+    checkpoint when it has them, else from the model (a real buffer, or one transformers derives
+    from the config). Every name, shape and dtype is checked against the headers before any data
+    is read; all problems are reported at once, each naming the tensor and the file.
+    """
+    exported = captured.exported
+    layout = parameter_layout(captured, plan, parts)
+    aliases = tensor_aliases(model)
+    nodes = {n.name: n for n in captured.graph_module.graph.nodes if n.op == "placeholder"}
+    slots = [s for s in captured.inputs if s.kind != "user"]
+    for slot in slots:
+        aliases.setdefault(str(slot.target), (str(slot.target),))
+    keys = match_keys(aliases, checkpoint)
+    unread = {name for name, node in nodes.items() if not node.users}
+    problems: list[str] = []
+    derived: list[str] = []
+    for slot in slots:
+        fqn = str(slot.target)
+        if slot.kind == "parameter" and slot.name in unread:
+            continue  # the second name of a tied weight: the graph reads the first
+        val = nodes[slot.name].meta["val"]
+        if fqn in keys:
+            problem = check_entry(fqn, checkpoint[keys[fqn]], tuple(int(d) for d in val.shape), val.dtype)
+            if problem:
+                problems.append(problem)
+        elif slot.kind == "parameter":
+            problems.append(f"{fqn}: no tensor of that name (nor {', '.join(map(repr, aliases[fqn][1:])) or 'an alias'}) in "
+                            f"{checkpoint.describe()}")
+        elif _model_tensor(model, fqn, exported) is None:
+            derived.append(fqn)
+    if problems:
+        found = sum(1 for s in slots if s.kind == "parameter" and str(s.target) in keys)
+        wanted = sum(1 for s in slots if s.kind == "parameter" and s.name not in unread)
+        hint = (" Most tensors are missing or differ: is this the checkpoint of another architecture?"
+                if found < wanted / 2 or len(problems) > wanted / 2 else "")
+        listed = problems[:_MAX_LISTED] + ([f"... and {len(problems) - _MAX_LISTED} more"] if len(problems) > _MAX_LISTED else [])
+        raise CheckpointError(f"the checkpoint {checkpoint.path} does not fit {type(model).__name__} "
+                              f"({found} of {wanted} parameters found).{hint}\n  - " + "\n  - ".join(listed))
+    if derived:
+        _materialize_hf_buffers(model, derived, device)
+        still = [fqn for fqn in derived if _model_tensor(model, fqn, exported) is None]
+        if still:
+            raise CheckpointError(
+                f"buffer(s) {', '.join(still)} are neither in {checkpoint.describe()} nor computed by the model (it was built "
+                "on the meta device); build the model with its buffers on a real device (parameters on meta), "
+                "or save the buffers in the checkpoint")
+    values: dict[str, torch.Tensor] = {}
+    requests: dict[str, ReadRequest] = {}
+    for slot in slots:
+        fqn = str(slot.target)
+        val = nodes[slot.name].meta["val"]
+        if slot.kind == "parameter" and slot.name in unread:
+            values[slot.name] = torch.empty(0, dtype=val.dtype, device=device)
+        elif slot.kind == "parameter":
+            requests[slot.name] = ReadRequest(checkpoint[keys[fqn]], layout[fqn][1], rank, val.dtype, device)
+        elif fqn in keys:
+            requests[slot.name] = ReadRequest(checkpoint[keys[fqn]], None, rank, val.dtype, device)
+        else:
+            tensor = _model_tensor(model, fqn, exported)
+            assert tensor is not None, f"buffer {fqn} was checked above"
+            values[slot.name] = tensor.detach().to(device=device, dtype=val.dtype)
+    values.update(zip(requests, checkpoint.read(list(requests.values()))))
+    return {slot.name: values[slot.name] for slot in slots}
+
+
+def _model_tensor(model: torch.nn.Module, fqn: str, exported: torch.export.ExportedProgram) -> torch.Tensor | None:
+    """A real (not meta, not fake) value of buffer or constant ``fqn`` held by the model, or None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    try:
+        tensor = model.get_buffer(fqn)
+    except AttributeError:
+        tensor = exported.constants.get(fqn)
+    if tensor is None or tensor.device.type == "meta" or isinstance(tensor, FakeTensor):
+        return None
+    return tensor
+
+
+def agree_on_success(group: object, load: Callable[[], T], *,
+                     timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> T:
+    """Run ``load`` on every rank of ``group`` and raise on *every* rank when it failed on any.
+
+    One small exchange after loading (:func:`autotp.runtime.agreement.exchange`, bounded by
+    ``timeout_s``): a rank whose file is bad must not leave the others waiting in the first
+    collective of the forward pass. (A fake process group cannot carry objects; there each rank
+    raises its own error.)
+    """
+    import torch.distributed as dist
+
+    try:
+        result, error = load(), None
+    except CheckpointError as exc:
+        result, error = None, str(exc)
+    if dist.is_initialized() and dist.get_world_size(group) > 1 and dist.get_backend(group) != "fake":
+        errors: list[str | None] = exchange(error, group=group, timeout_s=timeout_s,  # type: ignore[arg-type]
+                                            what="loading the checkpoint")
+    else:
+        errors = [error]
+    failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+    if failed:
+        if error is not None:
+            raise CheckpointError(error)
+        rank, first = failed[0]
+        raise CheckpointError(f"loading failed on rank {rank} (and {len(failed) - 1} other rank(s)): {first}")
+    return result  # type: ignore[return-value]

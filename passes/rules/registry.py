@@ -1,0 +1,135 @@
+"""The rule table: op -> rule, and op -> rank-local form.
+
+A *rule* is a pure function ``rule(node, ctx) -> list[Strategy]`` that reads only
+``node.meta["val"]`` shapes and the node's arguments; rules know ops, never models. The
+decorator :func:`register_rule` fills :data:`RULES`; :func:`strategies_for` adds the
+all-``Replicate`` strategy every op has, so the solver always has a correct choice.
+
+A *local form* (:func:`register_local_form`) is how the rewrite emits an op whose rank-local
+call differs from the global one under some strategy (a vocabulary-split embedding looks up
+only its own rows; a grouped convolution runs its own groups). It sits in the same family
+module as the op's rule, so the knowledge of one op lives in one place.
+
+Keys are op overloads (``aten.mm.default``) or, for ops of libraries that may not be imported
+(custom ops such as ``transformers::grouped_mm_fallback``), the overload's qualified name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+import torch.fx as fx
+
+from autotp.base.placements import Replicate
+from autotp.base.strategy import Strategy
+from autotp.passes.rules.args import tensor_inputs
+
+if TYPE_CHECKING:
+    from autotp.passes.uneven import Partitions
+
+__all__ = [
+    "LOCAL_FORMS", "RULES", "LocalForm", "LocalGraph", "Rule", "RuleContext", "has_rule", "local_form_for",
+    "register_local_form", "register_rule", "replicated", "rule_for", "strategies_for",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleContext:
+    """What a rule may know beyond the node: the mesh axis size and the graph's block counts.
+
+    ``block_counts``: the k of every equal k-way ``split``/``chunk`` in the graph; GEMMs and
+    views offer ``BlockShard(d, k)`` for these k only (fused projections split per block).
+    """
+
+    world_size: int
+    block_counts: frozenset[int] = frozenset()
+
+
+class LocalGraph(Protocol):
+    """What a local form (or a resharding step) may use of the rewrite's graph builder for one rank."""
+
+    graph: fx.Graph
+    parts: Partitions
+    rank: int
+    world_size: int
+    group_name: str  # the process group collectives are issued on
+
+    def call(self, target: object, *args: object, meta_from: fx.Node | None = None) -> fx.Node:
+        """Emit ``target(*args)`` into the rank-local graph, copying source metadata from ``meta_from``."""
+        ...
+
+
+Rule = Callable[[fx.Node, RuleContext], list[Strategy]]
+LocalForm = Callable[[LocalGraph, fx.Node, tuple, dict, Strategy], "fx.Node | None"]
+"""``emit(builder, node, local_args, local_kwargs, strategy)``: emits the op's rank-local form and
+returns its node, or ``None`` when the op runs unchanged under this strategy."""
+
+RULES: dict[object, Rule] = {}
+LOCAL_FORMS: dict[object, LocalForm] = {}
+
+
+def register_rule(*ops: object) -> Callable[[Rule], Rule]:
+    """Decorator: register ``rule`` for each op overload (or qualified op name, ``"ns::op"``) in ``ops``."""
+
+    def wrap(rule: Rule) -> Rule:
+        for op in ops:
+            RULES[op] = rule
+        return rule
+
+    return wrap
+
+
+def register_local_form(*ops: object) -> Callable[[LocalForm], LocalForm]:
+    """Decorator: register the rank-local form of each op in ``ops`` (see module docstring)."""
+
+    def wrap(form: LocalForm) -> LocalForm:
+        for op in ops:
+            LOCAL_FORMS[op] = form
+        return form
+
+    return wrap
+
+
+def _lookup(table: dict[object, Callable], target: object) -> Callable | None:
+    """Entry of ``target`` in ``table``: by overload, else by its qualified name."""
+    found = table.get(target)
+    if found is None and isinstance(target, torch._ops.OpOverload):
+        found = table.get(target.name())
+    return found
+
+
+def rule_for(target: object) -> Rule | None:
+    """The rule of an op overload: registered by overload, else by its qualified name."""
+    return _lookup(RULES, target)
+
+
+def local_form_for(target: object) -> LocalForm | None:
+    """The rank-local form of an op overload (``None``: the op runs as captured)."""
+    return _lookup(LOCAL_FORMS, target)
+
+
+def has_rule(node: fx.Node) -> bool:
+    """True when ``node`` is covered by a sharding rule (placeholders and outputs always are)."""
+    return node.op in ("placeholder", "output") or rule_for(node.target) is not None
+
+
+def replicated(node: fx.Node) -> Strategy:
+    """The all-``Replicate`` strategy of ``node``: always correct."""
+    return Strategy(tuple(Replicate() for _ in tensor_inputs(node)), Replicate())
+
+
+def strategies_for(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """All candidate strategies of ``node``; the all-replicate one is always first."""
+    base = replicated(node)
+    rule = rule_for(node.target) if node.op == "call_function" else None
+    found = rule(node, ctx) if rule is not None else []
+    unique = [base]
+    for strategy in found:
+        if len(strategy.inputs) != len(base.inputs):
+            raise AssertionError(f"rule for {node.target} returned {len(strategy.inputs)} input placements, expected {len(base.inputs)}")
+        if strategy not in unique:
+            unique.append(strategy)
+    return unique

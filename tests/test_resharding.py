@@ -1,0 +1,182 @@
+"""Typed resharding steps: routes between placements, the route the cost model prefers, plan files
+that name the steps, and the all-to-all (S(i) -> S(j)) on real gloo ranks.
+
+Tiers: the route and plan tests are unit tests (no process group); the equivalence tests run
+tp=2 and tp=3 (uneven) on gloo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import autotp
+from autotp.base.errors import PlanMismatchError
+from autotp.base.placements import BlockShard, Partial, Replicate, Shard
+from autotp.base.reshard import ReshardKind, ReshardStep, reshard_routes, reshard_steps, route_with_kinds
+from autotp.cost_model import get_hardware
+from autotp.passes.costing import reshard_route, route_time_s
+from autotp.passes.resharding import RESHARD_TABLE, route_label
+from autotp.planning.plan import Plan
+
+K = ReshardKind
+TOLERANCE = 1e-4  # float32, as in test_equivalence.py
+
+
+@pytest.mark.parametrize("src,dst,expected", [
+    (Replicate(), Shard(1), (ReshardStep(K.SLICE, 1),)),
+    (Replicate(), Partial(), (ReshardStep(K.ZERO),)),
+    (Partial(), Replicate(), (ReshardStep(K.ALL_REDUCE),)),
+    (Partial(), Shard(2), (ReshardStep(K.REDUCE_SCATTER, 2),)),
+    (Partial(), BlockShard(0, 3), (ReshardStep(K.ALL_REDUCE), ReshardStep(K.SLICE, 0, 3))),
+    (Shard(1), Replicate(), (ReshardStep(K.ALL_GATHER, 1),)),
+    (BlockShard(1, 2), Replicate(), (ReshardStep(K.ALL_GATHER, 1, 2),)),
+    (Shard(1), Shard(2), (ReshardStep(K.ALL_TO_ALL, 1, 1, 2),)),
+    (BlockShard(2, 2), Shard(2), (ReshardStep(K.ALL_GATHER, 2, 2), ReshardStep(K.SLICE, 2))),
+    (Shard(0), Partial(), (ReshardStep(K.ALL_GATHER, 0), ReshardStep(K.ZERO))),
+    (Shard(0), Shard(0), ()),
+])
+def test_default_route_between_placements(src, dst, expected) -> None:
+    """One mesh axis: the default steps (and their dims) from each placement to each other."""
+    assert reshard_steps(src, dst) == expected, f"{src} -> {dst}: expected {expected}, got {reshard_steps(src, dst)}"
+
+
+def test_every_step_kind_has_one_table_row() -> None:
+    """The table prices, emits and names every kind; the kinds' names are what plan files hold."""
+    assert set(RESHARD_TABLE) == set(ReshardKind), f"table rows {set(RESHARD_TABLE)} != kinds {set(ReshardKind)}"
+    local = {kind for kind, spec in RESHARD_TABLE.items() if spec.collective is None}
+    assert local == {K.SLICE, K.ZERO}, f"local steps: expected slice and zero, got {local}"
+    assert route_label([K.ALL_GATHER, "slice"]) == "all_gather+slice", route_label([K.ALL_GATHER, "slice"])
+    assert json.dumps([K.ALL_TO_ALL]) == '["all_to_all"]', json.dumps([K.ALL_TO_ALL])
+
+
+def test_shard_to_shard_takes_the_route_the_cost_model_prefers() -> None:
+    """tp=2..8 on h100-sxm: S(i) -> S(j) has two routes (all-to-all; all-gather then slice) and the
+    cost pass takes the cheaper. A small tensor gathered along dim 0 needs no layout copies, so
+    the all-gather wins there; a large one, or one split along another dim, goes all-to-all."""
+    hardware = get_hardware("h100-sxm")
+    chosen = set()
+    with FakeTensorMode():
+        for shape in [(4, 8), (1024, 4096)]:
+            value = torch.empty(shape)
+            for src, dst in [(Shard(0), Shard(1)), (Shard(1), Shard(0))]:
+                for world_size in (2, 3, 8):
+                    routes = reshard_routes(src, dst)
+                    times = [route_time_s(route, value, world_size, hardware) for route in routes]
+                    route = reshard_route(src, dst, value, world_size, hardware)
+                    assert route_time_s(route, value, world_size, hardware) == min(times), (
+                        f"{shape} {src}->{dst} tp={world_size}: chose {route} at "
+                        f"{route_time_s(route, value, world_size, hardware)}, routes cost {times}")
+                    chosen.add((shape, src.dim, tuple(step.kind for step in route)))
+    assert ((4, 8), 0, (K.ALL_GATHER, K.SLICE)) in chosen, f"small S(0)->S(1) should gather: {sorted(chosen)}"
+    assert ((1024, 4096), 1, (K.ALL_TO_ALL,)) in chosen, f"large S(1)->S(0) should be all-to-all: {sorted(chosen)}"
+
+
+def test_route_named_by_a_plan_must_exist() -> None:
+    """A hand-edited plan naming steps that do not turn src into dst is refused, with the possible routes."""
+    assert route_with_kinds(Shard(0), Shard(1), ("all_gather", "slice"))[0].kind is K.ALL_GATHER
+    with pytest.raises(ValueError, match=r"possible: all_to_all or all_gather\+slice"):
+        route_with_kinds(Shard(0), Shard(1), ("all_reduce",))
+
+
+class _ShardSwap(nn.Module):
+    """``x (batch, seq, hidden)``: linear, relu, gelu, linear. Pinning relu's output to S(1)
+    (tokens) and gelu's to S(2) (features) puts S(2)->S(1) and S(1)->S(2) edges in the plan."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(hidden, hidden)
+        self.down = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.up(x))  # (batch, seq, hidden), pinned split over seq
+        g = nn.functional.gelu(h)  # pinned split over hidden
+        return self.down(g)
+
+
+_PINS = {"relu": "S(1)", "gelu": "S(2)"}
+
+
+def _shard_swap(seq: int, hidden: int) -> tuple[nn.Module, torch.Tensor]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = _ShardSwap(hidden).eval()
+        x = torch.randn(2, seq, hidden)  # (batch, seq, hidden)
+    return model, x
+
+
+def test_plan_files_keep_step_names() -> None:
+    """tp=3, seq 7 / hidden 10 (uneven): steps are saved by name and load back typed; a plan with the
+    former S(i)->S(j) route (all_gather+slice) still loads; an unknown step name is refused."""
+    model, x = _shard_swap(7, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = autotp.plan(model, (x,), world_size=3, constraints=_PINS)
+    data = json.loads(plan.to_json())
+    names = {tuple(c["steps"]) for c in data["collectives"]}
+    assert ("all_to_all",) in names, f"expected an all_to_all step in the saved plan, got {names}"
+    loaded = Plan.from_json(plan.to_json())
+    assert loaded.collectives == plan.collectives, "collectives differ after a JSON round trip"
+    assert all(isinstance(s, ReshardKind) for c in loaded.collectives for s in c.steps), loaded.collectives
+    for c in data["collectives"]:
+        if c["steps"] == ["all_to_all"]:
+            c["steps"] = ["all_gather", "slice"]
+    older = Plan.from_json(json.dumps(data))
+    assert older.collective_counts().get("all_to_all") is None, older.collective_counts()
+    data["collectives"][0]["steps"] = ["all_broadcast"]
+    with pytest.raises(PlanMismatchError, match="unknown resharding step 'all_broadcast'; valid steps: slice, zero"):
+        Plan.from_json(json.dumps(data))
+
+
+def _run_shard_swap(rank: int, world_size: int, seq: int, hidden: int, gather_instead: bool) -> dict:
+    model, x = _shard_swap(seq, hidden)
+    with torch.no_grad():
+        expected = model(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = autotp.plan(model, (x,), world_size=world_size, constraints=_PINS)
+        if gather_instead:  # the route plans made before the all-to-all existed
+            collectives = tuple(
+                dataclasses.replace(c, steps=(K.ALL_GATHER, K.SLICE)) if c.steps == (K.ALL_TO_ALL,) else c
+                for c in plan.collectives)
+            plan = dataclasses.replace(plan, collectives=collectives)
+        tp_model = autotp.compile(model, example_inputs=(x,), plan=plan)
+    got = tp_model(x)
+    return {
+        "max_diff": (expected - got).abs().max().item(),
+        "graph_counts": tp_model.collective_counts(),
+        "plan_steps": sorted({"+".join(map(str, c.steps)) for c in plan.collectives}),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size,seq,hidden", [(2, 8, 12), (3, 7, 10)], ids=["tp2-even", "tp3-uneven"])
+def test_all_to_all_matches_single_process(gloo, world_size: int, seq: int, hidden: int) -> None:
+    """tp=2 (seq 8, hidden 12) and tp=3 (seq 7 -> 3/2/2 tokens, hidden 10 -> 4/3/3 features):
+    the S(2)->S(1) and S(1)->S(2) edges are emitted as all_to_all_single, and every rank's output
+    equals the single-process model's."""
+    results = gloo.run(world_size, _run_shard_swap, seq, hidden, False)
+    for rank, result in enumerate(results):
+        assert "all_to_all" in result["plan_steps"], f"rank {rank}: plan steps {result['plan_steps']}"
+        assert result["graph_counts"].get("all_to_all") == 2, (
+            f"rank {rank}: expected 2 all_to_all_single in the graph, got {result['graph_counts']}")
+        assert result["graph_counts"].get("all_gather") is None, f"rank {rank}: {result['graph_counts']}"
+        assert result["max_diff"] <= TOLERANCE, f"rank {rank}: max abs diff {result['max_diff']:.3g} > {TOLERANCE}"
+
+
+@pytest.mark.distributed
+def test_plan_naming_all_gather_and_slice_still_applies(gloo) -> None:
+    """tp=3, uneven (seq 7, hidden 10): a plan that records all_gather+slice for S(i)->S(j) (as plans
+    saved before the all-to-all did) is applied as recorded, and outputs still match."""
+    results = gloo.run(3, _run_shard_swap, 7, 10, True)
+    for rank, result in enumerate(results):
+        assert result["graph_counts"].get("all_to_all") is None, f"rank {rank}: {result['graph_counts']}"
+        assert result["graph_counts"].get("all_gather") == 2, (
+            f"rank {rank}: expected 2 all_gather in the graph, got {result['graph_counts']}")
+        assert result["max_diff"] <= TOLERANCE, f"rank {rank}: max abs diff {result['max_diff']:.3g} > {TOLERANCE}"
