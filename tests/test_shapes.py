@@ -44,15 +44,15 @@ def _shape_args(gm: fx.GraphModule) -> list[list]:
 
 
 def test_shape_arguments_stay_symbolic_except_the_split_dim(fake_group) -> None:
-    """tp=3 (fake group, rank 1), Llama 8 q / 4 kv heads (kv 2/1/1 per rank, q 4/2/2): q is viewed as
+    """tp=3 (fake group, rank 1), Llama 8 q / 4 kv heads (kv 2/1/1 per rank, q 4/2/2), one layer: q is viewed as
     (batch, seq, 2 local heads, 32), k and v as (batch, seq, 1, 32), with batch and seq the graph's sym_size
     nodes; no view or reshape bakes the traced batch 2 or sequence 16."""
-    model, args, kwargs = tiny_llama()
+    model, args, kwargs = tiny_llama(layers=1)
     tp = _compile(model, args, kwargs)
     shapes = _shape_args(tp.graph_module)
     symbolic = [[a.target if isinstance(a, fx.Node) else a for a in shape] for shape in shapes]
     heads = sorted(s[2] for s in symbolic if len(s) == 4 and s[:2] == [aten.sym_size.int] * 2 and s[3] == 32)
-    assert heads == [1, 1, 1, 1, 2, 2], f"expected per layer one q view of 2 heads and k, v views of 1, got {symbolic}"
+    assert heads == [1, 1, 2], f"expected one q view of 2 heads and k, v views of 1 head, got {symbolic}"
     baked = [s for s in symbolic if not isinstance(s[0], torch._ops.OpOverload) or 16 in s]
     assert not baked, f"shape arguments with the traced batch 2 or sequence 16 baked in: {baked}"
     placeholders = {n.name: n for n in tp.graph_module.graph.nodes if n.op == "placeholder"}
@@ -79,7 +79,7 @@ def test_only_static_dims_are_split() -> None:
 def test_static_dim_called_at_another_size_names_the_dim_and_the_option(fake_group) -> None:
     """tp=3 (fake group), Llama traced with dynamic=False at (2, 16), called at (2, 9): an InputShapeError naming
     the input, the dim, both sizes and dynamic=True, raised before the graph runs (not a reshape error)."""
-    model, args, kwargs = tiny_llama()
+    model, args, kwargs = tiny_llama(layers=1)
     tp = _compile(model, args, kwargs, dynamic=False)
     with pytest.raises(InputShapeError) as info:
         tp(torch.randint(0, 1000, (2, 9)), **kwargs)
@@ -106,7 +106,7 @@ def test_other_static_dims_name_why_and_the_fix(fake_group) -> None:
 
 def test_bert_sequence_beyond_positions_is_refused(fake_group) -> None:
     """tp=3 (fake group), BERT with 64 positions: export bounds the sequence at 64; 65 gives a clear error."""
-    model, args, kwargs = BUILDERS["bert"]()
+    model, args, kwargs = BUILDERS["bert"](layers=1)
     tp = _compile(model, args, kwargs)
     with pytest.raises(InputShapeError, match=r"'input_ids' dim 1 has size 65, outside .*1\.\.64"):
         tp(torch.randint(0, 1000, (2, 65)))
