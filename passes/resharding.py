@@ -27,6 +27,7 @@ import torch.fx as fx
 
 from autotp.base.placements import Placement, Replicate
 from autotp.base.reshard import ReshardKind, ReshardStep, reshard_steps
+from autotp.base.shapes import concrete_shape
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s
 from autotp.cost_model.symbolic import symbolic_collective_time_s, symbolic_compute_time_s
 from autotp.passes.rules import LocalGraph
@@ -139,7 +140,7 @@ def _emit_slice(b: LocalGraph, x: fx.Node, producer: fx.Node, step: ReshardStep)
     offset, length = b.parts.local(producer.name, dim, b.rank, blocks)
     if blocks == 1:
         return b.call(aten.narrow.default, x, dim, offset, length, meta_from=producer)
-    block = int(producer.meta["val"].shape[dim]) // blocks
+    block = concrete_shape(producer.meta["val"])[dim] // blocks
     pieces = [b.call(aten.narrow.default, x, dim, k * block + offset, length, meta_from=producer) for k in range(blocks)]
     return b.call(aten.cat.default, pieces, dim, meta_from=producer)
 

@@ -26,11 +26,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import sympy
-import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, split_of
+from autotp.base.shapes import concrete_shape, concrete_size, first_tensor
 from autotp.base.strategy import Strategy
 from autotp.passes.rules import tensor_inputs
 
@@ -40,8 +39,8 @@ Member = tuple[str, int, int]
 
 
 def _dim_size(node: fx.Node, dim: int) -> int:
-    leaves = [v for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
-    return int(leaves[0].shape[dim]) if leaves else 1
+    leaf = first_tensor(node.meta.get("val"))
+    return concrete_shape(leaf)[dim] if leaf is not None else 1
 
 
 def largest_shard_nbytes(shape: Sequence[Any], itemsize: int, placement: Placement, world_size: int) -> Any:
@@ -60,7 +59,7 @@ def largest_shard_nbytes(shape: Sequence[Any], itemsize: int, placement: Placeme
     """
     if any(isinstance(size, sympy.Basic) and not size.is_Integer for size in shape):
         return _symbolic_largest_shard_nbytes([sympy.sympify(size) for size in shape], itemsize, placement, world_size)
-    sizes = [int(s) for s in shape]
+    sizes = [concrete_size(s) for s in shape]  # a dynamic (symbolic) size counts at its example size
     numel = math.prod(sizes)
     split = split_of(placement)
     if split is None or not sizes:

@@ -38,7 +38,7 @@ def test_capture_keeps_cache_updates_as_state_and_the_planner_splits_heads() -> 
     model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=1, seq_len=4,
                                   device="meta")
     wrapper = CachedCausalLM(model, batch_size=1, max_cache_len=16)
-    captured = capture(wrapper, inputs_on_model_device(model, wrapper.example_inputs(1)))
+    captured = capture(wrapper, inputs_on_model_device(model, wrapper.example_inputs(1)), dynamic=False)
     fqns = sorted(captured.state_fqns().values())
     assert fqns == ["key_cache_0", "key_cache_1", "value_cache_0", "value_cache_1"], fqns
     output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")

@@ -5,6 +5,11 @@ rank-local ``torch.fx.GraphModule``, the local shards of split parameters (slice
 the full weights at compile time; the full tensors are not kept), the replicated parameters
 and buffers, and the pytree specs that give outputs the original structure (tensors,
 tuples, dicts, HuggingFace ``ModelOutput``).
+
+Shapes: the graph was traced with dynamic batch and sequence dims (see :mod:`autotp.capture`),
+so one module serves every size with no re-trace; each call's sizes are first checked against
+the traced ones (:class:`~autotp.runtime.input_check.InputShapeCheck`), so a static dim called
+at another size raises an error naming it instead of failing inside the graph.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import placement_from_str, split_of
+from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import InputGuard
+from autotp.runtime.input_check import InputShapeCheck
 from autotp.runtime.kv_cache import CacheLayout
 
 __all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
@@ -58,7 +65,7 @@ def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> 
         fqn = captured.parameter_fqns().get(node.name) if node.op == "placeholder" else None
         if fqn is None or not node.users:
             continue
-        shape = tuple(int(d) for d in node.meta["val"].shape)
+        shape = concrete_shape(node.meta["val"])
         blocks = [local_block(shape, plan.parameters[fqn], parts, node.name, r) for r in range(plan.world_size)]
         layout[fqn] = (shape, None if blocks[0] is None else blocks)
     return layout
@@ -126,6 +133,7 @@ class TensorParallelModule(torch.nn.Module):
         self._slots = captured.inputs
         self._in_spec = captured.in_spec
         self._out_spec = captured.out_spec
+        self._check_shapes = InputShapeCheck(captured)  # static dims must keep their traced size
         self._fqn_of = {s.name: str(s.target) for s in captured.inputs if s.kind != "user"}
         self._param_names = {s.name for s in captured.inputs if s.kind == "parameter"}
         self._local = torch.nn.ParameterDict()
@@ -224,6 +232,7 @@ class TensorParallelModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._flatten_inputs(args, kwargs)
+        self._check_shapes(flat)
         if self._guard is not None:
             self._guard.check(flat)
         values = []
