@@ -58,6 +58,9 @@ def plan(
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    max_cache_len: int | None = None,
+    dynamic: bool = True,
+    dynamic_shapes: Any = None,
 ) -> Plan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -79,13 +82,27 @@ def plan(
     ``constraints`` pins placements before solving: ``{fnmatch pattern over parameter FQNs and
     node names: placement}``, e.g. ``{"model.layers.*.mlp.down_proj.weight": Replicate()}``
     (see :mod:`autotp.planning.constraints`).
+    ``max_cache_len`` plans a causal LM's decode step with a KV cache of that many slots per row
+    (the cache placed like a parameter), as :func:`compile` does with it.
+
+    ``dynamic`` (default True) traces the batch and sequence dims (dims 0 and 1 of every tensor
+    input) as symbols, so the plan serves every size; only static dims are split. ``dynamic=False``
+    pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
+    (see :mod:`autotp.capture`).
     """
     check_model(model)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+    if max_cache_len is not None:
+        from autotp.generation import generation_inputs
+
+        wrapper, _, _ = generation_inputs(model, example_inputs, max_cache_len)
+        log_progress(progress, f"tracing {type(model).__name__}'s decode step with a KV cache of {max_cache_len} slots")
+        return plan_graph(capture(wrapper, inputs_on_model_device(model, wrapper.example_inputs(1)), dynamic=False),
+                          options)
     log_progress(progress, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, inputs_on_model_device(model, example_inputs),
-                       inputs_on_model_device(model, example_kwargs))
+                       inputs_on_model_device(model, example_kwargs), dynamic=dynamic, dynamic_shapes=dynamic_shapes)
     return plan_graph(captured, options)
 
 
@@ -107,6 +124,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     max_cache_len: int | None = None,
     check_weights: bool = True,
     agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
+    dynamic: bool = True,
+    dynamic_shapes: Any = None,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -127,6 +146,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     plan from rank 0 may take ``time_limit_s`` more). Each call of the result checks that
     non-tensor arguments have their traced values and that the input shapes agree across ranks
     (once per new shape).
+
+    Shapes: with ``dynamic=True`` (default) the returned module serves every batch size and
+    sequence length from this one trace (no re-trace, no re-plan per call); a dim that stayed
+    static raises :class:`~autotp.base.errors.InputShapeError` when called with another size.
 
     ``checkpoint`` (a ``.safetensors`` file or a directory of them, with or without
     ``model.safetensors.index.json``, or a directory written by ``tp.save``): read each rank's
@@ -162,7 +185,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
             agreement.record = options_record(agreed, weights=weights)
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
-            captured = capture(model, example_inputs, example_kwargs)
+            captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
             weights = captured.exported.state_dict if check_weights and checkpoint is None else None
             agreement.record = compile_record(captured, weights=weights, options=agreed)
     files = None

@@ -19,15 +19,20 @@ backend returns a :class:`CompiledSubgraph` which, at its first call with given 
    once; ``inner="inductor"`` then hands the rank-local graph to Inductor.
 
 At run time the compiled graph ignores the full parameters Dynamo passes it and uses the
-shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a graph compiled for one batch or sequence length (or a dynamic one, after
-Dynamo's automatic-dynamic recompile) is re-lowered once per new concrete input size, and
-the plan is reused when the lowered graph has the same ops (no new solve, no new shards).
-At most ``max_shapes`` sizes per graph; :attr:`AutoTPBackend.stats` reports every count.
+shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a *dynamic* Dynamo graph (``mark_dynamic``, ``dynamic=True``, or Dynamo's
+automatic-dynamic recompile) is lowered once with its symbolic dims kept symbolic (export's
+``dynamic_shapes``), as :func:`autotp.compile` captures, and that one rank-local graph serves
+every size. A static graph, a graph export cannot keep symbolic, and every graph under
+``inner="inductor"`` (Inductor specialises to the sizes it compiles at) are re-lowered once per
+new concrete input size instead, reusing the plan when the lowered graph has the same ops (no
+new solve, no new shards), at most ``max_shapes`` sizes per graph. :attr:`AutoTPBackend.stats`
+reports every count.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -41,6 +46,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
+from autotp.base.shapes import first_tensor, is_static
 from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
@@ -94,6 +100,33 @@ def _concrete(value: Any) -> Any:
                               "call the compiled model once with real inputs before it is traced")
         return hint
     return value
+
+
+def _export_spec(placeholder: fx.Node) -> Any:
+    """``dynamic_shapes`` entry of one Dynamo graph input: ``Dim.AUTO`` for each symbolic dim
+    (and for a symbolic int input), ``None`` where everything is static."""
+    from torch.export import Dim
+
+    value = placeholder.meta.get("example_value")
+    if isinstance(value, torch.SymInt):
+        return Dim.AUTO
+    if isinstance(value, torch.Tensor):
+        dims = {d: Dim.AUTO for d, size in enumerate(value.shape) if isinstance(size, torch.SymInt)}
+        return dims or None
+    return None
+
+
+def _by_argument(gm: fx.GraphModule, specs: tuple[Any, ...] | None) -> Any:
+    """``specs`` (one per flat input) in the form export matches to ``gm.forward``: Dynamo's graphs
+    take either one parameter per input (a tuple, matched by position) or ``*args``."""
+    if specs is None:
+        return None
+    params = inspect.signature(gm.forward).parameters.values()
+    # not yet compiled (a lazy GraphModule): forward(*args, **kwargs)
+    var_positional = [p.name for p in params if p.kind == p.VAR_POSITIONAL]
+    if var_positional and not any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return {var_positional[0]: tuple(specs)}
+    return tuple(specs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +258,9 @@ class CompiledSubgraph:
             elif found is not None:
                 self._origin[index_] = found
         self._dynamic = any(isinstance(v, _SYM_TYPES) for v in example_inputs)
+        # Dynamo's symbolic dims, as torch.export dynamic_shapes: a dynamic graph is lowered once
+        # with them, and that one rank-local graph serves every size (see _build_dynamic)
+        self._dynamic_shapes = tuple(_export_spec(node) for node in placeholders) if self._dynamic else None
         self._key_positions = [i for i, v in enumerate(example_inputs)
                                if i not in self._origin and isinstance(v, (torch.Tensor, *_SYM_TYPES))]
         self._static: _LocalGraph | None = None  # the one local graph of a static-shape graph
@@ -241,6 +277,11 @@ class CompiledSubgraph:
         # tracing context and can leave guards Dynamo cannot build.
         local = self._static
         if local is None:
+            if self._dynamic_shapes is not None and self._owner.inner == "eager":
+                local = self._build_dynamic(list(args))
+                if local is not None:
+                    self._static = local
+                    return local(args)
             key = self._key(args)
             local = self.local_graphs.get(key)
             if local is None:
@@ -248,6 +289,21 @@ class CompiledSubgraph:
                 if not self._dynamic:
                     self._static = local
         return local(args)
+
+    def _build_dynamic(self, args: list[Any]) -> _LocalGraph | None:
+        """Lower a dynamic Dynamo graph once with its symbolic dims: one rank-local graph for every size.
+
+        Returns ``None`` (and the graph is lowered once per size instead) when export cannot keep
+        the dims symbolic. Only with ``inner="eager"``: Inductor would specialise the rank-local
+        graph to the sizes it is compiled at.
+        """
+        try:
+            local = self._build(args, ("dynamic",), dynamic_shapes=self._dynamic_shapes)
+        except AutoTPError as exc:  # export could not keep the dims symbolic
+            self._dynamic_shapes = None
+            self._owner._log(f"graph {self.index}: lowered once per input size: {str(exc).splitlines()[0]}")
+            return None
+        return local
 
     # -- inspect ------------------------------------------------------------------------
     @property
@@ -263,7 +319,7 @@ class CompiledSubgraph:
         return count_collectives(self.graph_module)
 
     # -- build ----------------------------------------------------------------------------
-    def _lower(self, concrete: Sequence[Any]) -> tuple[CapturedGraph, dict[str, int]]:
+    def _lower(self, concrete: Sequence[Any], dynamic_shapes: Any = None) -> tuple[CapturedGraph, dict[str, int]]:
         """Dynamo's graph at these concrete inputs -> the planner's ATen IR, parameters named.
 
         Returns the captured graph and, for each parameter placeholder, the index of Dynamo's
@@ -275,7 +331,8 @@ class CompiledSubgraph:
         plain = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in concrete)
         try:
             with torch.no_grad():
-                exported = torch.export.export(self._gm, plain, strict=False)
+                exported = torch.export.export(self._gm, plain, dynamic_shapes=_by_argument(self._gm, dynamic_shapes),
+                                               strict=False)
         except Exception as exc:  # noqa: BLE001 - re-raised with what to do
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CaptureError(
@@ -309,7 +366,7 @@ class CompiledSubgraph:
                 names[slot.name] = f"{slot.kind}:{slot.target}"
         return names
 
-    def _build(self, args: Sequence[Any], key: tuple) -> _LocalGraph:
+    def _build(self, args: Sequence[Any], key: tuple, dynamic_shapes: Any = None) -> _LocalGraph:
         owner = self._owner
         # every rank lowers, then the ranks agree (graph, options, weights) before planning
         with ranks_agree(owner.group, timeout_s=owner.agreement_timeout_s,
@@ -321,7 +378,7 @@ class CompiledSubgraph:
                     "a few fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
                 )
             concrete = [_concrete(a) for a in args]
-            captured, arg_of_param = self._lower(concrete)
+            captured, arg_of_param = self._lower(concrete, dynamic_shapes)
             weights = ({str(slot.target): concrete[arg_of_param[slot.name]] for slot in captured.inputs
                         if slot.name in arg_of_param} if owner.check_weights else None)
             agreement.record = compile_record(captured, weights=weights, checksums=owner._checksums,
@@ -363,7 +420,8 @@ class CompiledSubgraph:
         self.local_graphs[key] = local
         self._last = local
         owner._lowerings += 1
-        owner._log(f"graph {self.index}: rank-local graph for input sizes {key or 'static'} "
+        sizes = "every input size (symbolic dims)" if dynamic_shapes is not None else f"input sizes {key or 'static'}"
+        owner._log(f"graph {self.index}: rank-local graph for {sizes} "
                    f"({sum(self.collective_counts().values())} collectives, inner={owner.inner})")
         return local
 
@@ -433,7 +491,7 @@ class AutoTPBackend:
 
         Two lowerings match when their non-placeholder nodes have the same names, ops and inputs,
         and the same inputs are used (compared by ``canonical`` name, see
-        :meth:`CompiledSubgraph._canonical_names`); sizes may differ. Unused inputs (Dynamo's
+        :meth:`CompiledSubgraph._canonical_names`), with the same dims symbolic; static sizes may differ. Unused inputs (Dynamo's
         size arguments) get ``Replicate``.
         """
         gm = captured.graph_module
@@ -441,9 +499,15 @@ class AutoTPBackend:
         def ref(node: fx.Node) -> str:
             return canonical[node.name] if node.op == "placeholder" else node.name
 
+        def symbolic_dims(node: fx.Node) -> tuple[int, ...]:
+            # a plan may split a dim only where it is static: a static lowering's plan is no plan
+            # for a dynamic one with the same ops
+            value = first_tensor(node.meta.get("val"))
+            return tuple(d for d, size in enumerate(value.shape) if not is_static(size)) if value is not None else ()
+
         key = tuple(
-            ("placeholder", canonical[n.name]) if n.op == "placeholder"
-            else (n.name, str(n.target), tuple(ref(i) for i in n.all_input_nodes))
+            ("placeholder", canonical[n.name], symbolic_dims(n)) if n.op == "placeholder"
+            else (n.name, str(n.target), tuple(ref(i) for i in n.all_input_nodes), symbolic_dims(n))
             for n in gm.graph.nodes if n.op != "placeholder" or n.users
         )
         found = self._plans.get(key)

@@ -63,14 +63,15 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
     talk = options.progress and rank == 0
     log_progress(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
-    decode = capture(wrapper, wrapper.example_inputs(1))
+    # static sizes: the cache fixes the batch, decode reads one token, prefill `seq` tokens per call
+    decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
     decode_plan = plan_or_check(decode, plan, options, group=group, rank=rank)
-    decode_gm, values, layout = apply_plan(decode, decode_plan, group=group, rank=rank)
+    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank)
     prefill_gm = prefill_plan = None
     prefill_inputs: tuple[str | int, ...] = ()
     if seq > 1:
         log_progress(talk, f"tracing the prefill graph ({seq} tokens per row), weights pinned to the decode plan")
-        prefill = capture(wrapper, wrapper.example_inputs(seq))
+        prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False)
         # the same placement for every weight and cache block (so one set of shards serves both graphs);
         # with placements pinned, the memory budget has nothing left to decide
         pinned = dataclasses.replace(options, memory_budget=None, constraints=dict(decode_plan.parameters))
@@ -86,9 +87,9 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         # the prefill graph's placeholders take the decode graph's tensors (one set of shards, one cache)
         prefill_inputs = tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in prefill.inputs)
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    layout = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
+    cache = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
                          vocab_size=vocab)
-    phases = GenerationGraphs(layout=layout, prefill=prefill_gm, prefill_inputs=prefill_inputs,
-                              prefill_plan=prefill_plan)
-    return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, layout, generation=phases)
+    phases = GenerationGraphs(layout=cache, prefill=prefill_gm, prefill_inputs=prefill_inputs,
+                              prefill_plan=prefill_plan, decode_plan=decode_plan)
+    return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases)
 

@@ -56,20 +56,34 @@ def save_checkpoint(path: str, layers: int, hidden: int, heads: int, kv_heads: i
     model.save_pretrained(path)
 
 
-def _time(run: Callable[[int], torch.Tensor], new_tokens: int, repeats: int) -> tuple[torch.Tensor, float, float]:
-    """``(tokens, prefill_ms, ms_per_decoded_token)``: medians over ``repeats`` runs (after one warm-up)."""
-    run(2)
-    firsts, wholes = [], []
-    out = torch.empty(0)
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run(1)
-        firsts.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        out = run(new_tokens)
-        wholes.append(time.perf_counter() - started)
-    prefill, whole = statistics.median(firsts), statistics.median(wholes)
-    return out, prefill * 1e3, (whole - prefill) * 1e3 / (new_tokens - 1)
+def _time_interleaved(runs: dict[str, Callable[[int], torch.Tensor]], new_tokens: int, repeats: int,
+                      between: Callable[[], None]) -> dict[str, tuple[torch.Tensor, float, float]]:
+    """Per variant ``(tokens, prefill_ms, ms_per_decoded_token)``: medians over ``repeats`` rounds.
+
+    Each round runs every variant once (``generate`` of 1 token: the prefill; of ``new_tokens``:
+    prefill plus ``new_tokens - 1`` decode steps), so load from other jobs on the machine falls on
+    all variants alike. ``between()`` runs between variants (a barrier). One warm-up round first.
+    """
+    firsts: dict[str, list[float]] = {name: [] for name in runs}
+    wholes: dict[str, list[float]] = {name: [] for name in runs}
+    outputs: dict[str, torch.Tensor] = {}
+    for round_index in range(repeats + 1):
+        for name, run in runs.items():
+            between()
+            started = time.perf_counter()
+            run(1)
+            first = time.perf_counter() - started
+            started = time.perf_counter()
+            outputs[name] = run(new_tokens)
+            whole = time.perf_counter() - started
+            if round_index:
+                firsts[name].append(first)
+                wholes[name].append(whole)
+    result = {}
+    for name in runs:
+        prefill, whole = statistics.median(firsts[name]), statistics.median(wholes[name])
+        result[name] = (outputs[name], prefill * 1e3, (whole - prefill) * 1e3 / (new_tokens - 1))
+    return result
 
 
 def _hf_generate(model: Any, ids: torch.Tensor) -> Callable[[int], torch.Tensor]:
@@ -109,36 +123,31 @@ def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Names
     warnings.simplefilter("ignore")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    import autotp
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    import autotp
+
     hf_logging.set_verbosity_error()
     ids = torch.randint(0, 1000, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
-    rows: dict[str, tuple[torch.Tensor, float, float]] = {}
-
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=args.prompt + args.new_tokens)
-    rows["autotp"] = _time(lambda n: tp.generate(ids, max_new_tokens=n), args.new_tokens, args.repeats)
-    del tp
-
     hf_tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
     q_proj = hf_tp.model.layers[0].self_attn.q_proj.weight
     local_rows = int(q_proj.to_local().shape[0]) if hasattr(q_proj, "to_local") else int(q_proj.shape[0])
     if local_rows * world_size != int(model.config.hidden_size):
         raise RuntimeError(f"transformers' tp_plan='auto' did not split q_proj: {local_rows} rows on rank {rank}")
-    rows["hf-tp"] = _time(_hf_generate(hf_tp, ids), args.new_tokens, args.repeats)
-    del hf_tp
-
     megatron = _megatron(AutoModelForCausalLM.from_pretrained(path).eval(), rank, world_size)
-    rows["megatron"] = _time(_hf_generate(megatron, ids), args.new_tokens, args.repeats)
-    del megatron
-
-    dist.barrier()
+    runs: dict[str, Callable[[int], torch.Tensor]] = {
+        "autotp": lambda n: tp.generate(ids, max_new_tokens=n),
+        "hf-tp": _hf_generate(hf_tp, ids),
+        "megatron": _hf_generate(megatron, ids),
+    }
     if rank == 0:
-        torch.set_num_threads(args.threads)
-        rows["single"] = _time(_hf_generate(model, ids), args.new_tokens, args.repeats)
-    dist.barrier()
+        runs["single"] = _hf_generate(model, ids)  # the other ranks wait at the barrier meanwhile
+    else:
+        runs["single"] = lambda n: torch.empty(0)
+    rows = _time_interleaved(runs, args.new_tokens, args.repeats, dist.barrier)
     if rank == 0:
         reference = rows["single"][0]
         results.put({name: (bool(torch.equal(out, reference)), prefill, ms) for name, (out, prefill, ms) in rows.items()})

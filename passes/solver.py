@@ -50,6 +50,7 @@ from scipy.sparse import coo_matrix
 
 from autotp.base.errors import PlanError
 from autotp.base.placements import Placement, Replicate, Shard
+from autotp.base.shapes import concrete_shape
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import compute_s, is_blocked, price_choice, reshard_s
 from autotp.passes.strategies import Edge
@@ -230,7 +231,7 @@ def _smallest_fitting_world_size(costed: CostedGraph, budget_bytes: float) -> in
         total = 0
         for name in costed.memory_bytes:
             val = costed.graph.nodes[name].meta["val"]
-            placements = [Replicate(), *(Shard(d) for d, size in enumerate(val.shape) if size > 1)]
+            placements = [Replicate(), *(Shard(d) for d, size in enumerate(concrete_shape(val)) if size > 1)]
             total += min(largest_shard_nbytes(val.shape, val.element_size(), p, world_size) for p in placements)
         return total
 

@@ -8,6 +8,12 @@ buffers and constants arrive whole on every rank (``Replicate``). The graph outp
 replicated, so that every rank returns the same values as the original model. A *state* buffer
 (a KV cache the graph updates, see :mod:`autotp.capture`) is placed like a parameter, and its
 update reads it as is (``must_match``): the runtime writes the update into the rank's own block.
+
+Only static dims are split. A dynamic dim (batch, sequence: a ``torch.SymInt`` size, see
+:mod:`autotp.base.shapes`) takes a new size at every call, while the cuts of a split are fixed
+when the rank-local graph is built (``passes/uneven.py``); so every strategy that splits a
+dynamic dim of an input or output is dropped here, once, for every rule. (Splitting batch or
+sequence needs ``dynamic=False`` at capture: then those dims are static.)
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import dataclasses
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
-from autotp.base.placements import BlockShard, Replicate, Shard
+from autotp.base.placements import BlockShard, Placement, Replicate, Shard, split_of
+from autotp.base.shapes import concrete_shape, is_static
 from autotp.base.strategy import Strategy
 from autotp.passes.rules import RuleContext, block_counts, has_rule, strategies_for, tensor_inputs
 from autotp.passes.rules.builders import fitting_blocks
@@ -60,11 +68,29 @@ def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strateg
     val = node.meta.get("val")
     strategies = [Strategy((), Replicate())]
     if isinstance(val, torch.Tensor):
-        for d, size in enumerate(int(s) for s in val.shape):
+        for d, size in enumerate(concrete_shape(val)):
             if size > 1:
                 strategies.append(Strategy((), Shard(d)))
             strategies += [Strategy((), BlockShard(d, k)) for k in fitting_blocks(size, blocks)]
     return strategies
+
+
+def _splits_static_dims(placement: Placement, value: object) -> bool:
+    """False when ``placement`` splits a dynamic (symbolic) dim of a tensor in ``value``."""
+    split = split_of(placement)
+    if split is None:
+        return True
+    dim = split[0]
+    return all(is_static(leaf.shape[dim]) for leaf in pytree.tree_leaves(value)
+               if isinstance(leaf, torch.Tensor) and -leaf.dim() <= dim < leaf.dim())
+
+
+def _static_splits_only(node: fx.Node, strategies: list[Strategy]) -> list[Strategy]:
+    """The strategies of ``node`` that split only static dims of its inputs and output."""
+    inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
+    out = node.meta.get("val")
+    return [s for s in strategies
+            if _splits_static_dims(s.output, out) and all(_splits_static_dims(p, v) for p, v in zip(s.inputs, inputs))]
 
 
 def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str],
@@ -90,7 +116,7 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
         elif node.op == "call_function":
             if not has_rule(node):
                 fallback.append(node.name)
-            strategies[node.name] = strategies_for(node, ctx)
+            strategies[node.name] = _static_splits_only(node, strategies_for(node, ctx))
         else:
             raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
         if world_size == 1:

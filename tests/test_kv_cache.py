@@ -8,9 +8,8 @@ from __future__ import annotations
 import torch
 from models import tiny_llama
 
-from autotp.capture import capture
-from autotp.planning.options import PlanOptions
-from autotp.planning.planner import plan_graph
+import autotp
+from autotp.capture import capture, inputs_on_model_device
 from autotp.runtime.generate import next_tokens
 from autotp.runtime.kv_cache import CachedCausalLM
 
@@ -18,7 +17,8 @@ from autotp.runtime.kv_cache import CachedCausalLM
 def test_cache_wrapper_matches_the_model() -> None:
     """tp=1, tiny Llama, batch 2: a 5-token prefill then one decode step through the 8-slot cache give
     the logits of the model run on the whole 6-token sequence."""
-    model, (ids,), _ = tiny_llama(batch=2, seq_len=6, layers=1)
+    model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=6,
+                                  layers=1)
     wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=8)
     mask = torch.zeros(2, 8, dtype=torch.long)
     mask[:, :6] = 1
@@ -32,17 +32,18 @@ def test_cache_wrapper_matches_the_model() -> None:
 
 
 def test_capture_keeps_cache_updates_as_state_and_the_planner_splits_heads() -> None:
-    """tp=2 (planned, no processes), tiny Llama 2 layers, 4 kv heads: the four cache buffers are state
-    (not refused as buffer updates), the graph returns only the logits, and the plan splits every
-    cache by kv heads (dim 1) with its index_copy update alike."""
-    model, _, _ = tiny_llama(batch=1, seq_len=4)
+    """tp=2 (autotp.plan with max_cache_len, meta device, no processes), tiny Llama 2 layers, hidden 64, 4 heads / 2 kv heads: the four cache
+    buffers are state (not refused as buffer updates), the graph returns only the logits, and the plan
+    splits every cache by kv heads (dim 1) with its index_copy update alike."""
+    model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=1, seq_len=4,
+                                  device="meta")
     wrapper = CachedCausalLM(model, batch_size=1, max_cache_len=16)
-    captured = capture(wrapper, wrapper.example_inputs(1))
+    captured = capture(wrapper, inputs_on_model_device(model, wrapper.example_inputs(1)), dynamic=False)
     fqns = sorted(captured.state_fqns().values())
     assert fqns == ["key_cache_0", "key_cache_1", "value_cache_0", "value_cache_1"], fqns
     output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
     assert len(output.args[0]) == 1, f"graph outputs {output.args[0]}, expected the logits only"
-    plan = plan_graph(captured, PlanOptions(world_size=2))
+    plan = autotp.plan(model, (ids,), world_size=2, max_cache_len=16)
     placements = {fqn: plan.parameters[fqn] for fqn in fqns}
     assert set(placements.values()) == {"S(1)"}, f"cache placements {placements}, expected S(1) (kv heads)"
     updates = {n.name: (n.inputs, n.output) for n in plan.nodes if n.op == "aten.index_copy.default"}

@@ -36,3 +36,7 @@ class RankTimeoutError(AgreementError):
 
 class TracedValueError(AutoTPError):
     """A non-tensor argument was called with another value than the one baked into the traced graph."""
+
+
+class InputShapeError(AutoTPError, ValueError):
+    """A tensor-parallel model was called with an input size its traced graph cannot take."""

@@ -23,6 +23,7 @@ import torch.fx as fx
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import Placement, placement_from_str
 from autotp.base.reshard import ReshardKind
+from autotp.base.shapes import concrete_shape
 from autotp.base.strategy import Strategy
 from autotp.passes.resharding import is_collective_step
 
@@ -43,7 +44,7 @@ _READABLE_VERSIONS = (1, 2)
 
 def _describe(node: fx.Node) -> str:
     val = node.meta.get("val")
-    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    shape = concrete_shape(val) if isinstance(val, torch.Tensor) else None
     target = node.target if node.op == "call_function" else node.op
     return f"{node.name}:{target}:{shape}"
 
@@ -54,12 +55,17 @@ def graph_fingerprint(gm: fx.GraphModule) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_EXPORT_ADDED_NODE = "_empty_nn_module_stack_from_metadata_hook"
+
+
 def module_path(node: fx.Node) -> str:
     """The FQN of the innermost module that produced ``node`` (``""`` at the top level)."""
     stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
+    # nodes export adds itself (e.g. the sym_size reads of dynamic dims) carry a placeholder entry
+    paths = [path for key, (path, *_) in stack.items() if key != _EXPORT_ADDED_NODE]
+    if not paths:
         return ""
-    path = list(stack.values())[-1][0]
+    path = paths[-1]
     return path.replace("L['self'].", "").replace("L__self___", "")
 
 

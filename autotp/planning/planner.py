@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
 from autotp.base.progress import log_progress
+from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
@@ -73,7 +74,7 @@ def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(),
         val = costed.graph.nodes[name].meta["val"]
         full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
         splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
-                  for d, size in enumerate(val.shape) if size > 1]
+                  for d, size in enumerate(concrete_shape(val)) if size > 1]
         whole = val.dim() <= 1 or not splits or name not in splittable or name in state
         total += full if whole else max(splits)
     return total
@@ -241,7 +242,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             fallback=name in fallback,
             input_nodes=tuple(p.name for p in tensor_inputs(node)),
             target=targets.get(name, ""),
-            shape=tuple(int(d) for d in value.shape) if value is not None else (),
+            shape=concrete_shape(value) if value is not None else (),
             dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
             alternatives=alternatives.get(name, ()),
         ))

@@ -47,6 +47,7 @@ import torch.utils._pytree as pytree
 from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
 from autotp.base.errors import AgreementError, RankTimeoutError, TracedValueError
+from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.planning.plan import graph_fingerprint
 
@@ -261,7 +262,7 @@ def _user_specs(captured: CapturedGraph) -> list[tuple[int, Any]]:
 
 
 def _tensor_text(value: Any) -> str:
-    return f"{tuple(int(d) for d in value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return f"{concrete_shape(value)} {str(value.dtype).removeprefix('torch.')}"
 
 
 def options_record(options: Mapping[str, object], *, weights: Mapping[str, torch.Tensor] | None) -> CompileRecord:

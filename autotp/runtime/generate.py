@@ -119,17 +119,20 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     mask[:, :prompt] = attention_mask
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (batch, max_cache_len) position of each slot's token
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    chunk = layout.prefill_len
+    prefill_in_chunks = chunk > 1 and prompt >= chunk
+    runners = {"decode": tp.phase_runner("decode")}
+    if prefill_in_chunks:
+        runners["prefill"] = tp.phase_runner("prefill")
 
     def run(start: int, tokens: torch.Tensor) -> torch.Tensor:
         """Run ``tokens`` (batch, S) at cache slots start..start+S-1; logits of the last one (batch, vocab)."""
         length = int(tokens.shape[1])
         cache_position = torch.arange(start, start + length)
-        phase = "decode" if length == 1 else "prefill"
-        inputs = (tokens, positions[:, start:start + length], cache_position, mask)
-        return tp._run_phase(phase, inputs)[:, -1]
+        runner = runners["decode" if length == 1 else "prefill"]
+        return runner((tokens, positions[:, start:start + length], cache_position, mask))[:, -1]
 
-    chunk = layout.prefill_len
-    if chunk > 1 and prompt >= chunk:
+    if prefill_in_chunks:
         starts = list(range(0, prompt - chunk + 1, chunk))
         if prompt % chunk:
             starts.append(prompt - chunk)
@@ -147,17 +150,17 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     for step in range(max_new_tokens):
         token = next_tokens(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                             generator=generator)
-        token = torch.where(unfinished, token, torch.full_like(token, pad))
+        if eos:
+            token = torch.where(unfinished, token, torch.full_like(token, pad))
+            unfinished &= ~torch.isin(token, eos_ids)
         new.append(token)
         if streamer is not None:
             streamer.put(token[:rows].cpu())
-        if eos:
-            unfinished &= ~torch.isin(token, eos_ids)
-        if step == max_new_tokens - 1 or not bool(unfinished[:rows].any()):
+        if step == max_new_tokens - 1 or (eos and not bool(unfinished[:rows].any())):
             break
         slot = prompt + step
         mask[:, slot] = 1
-        positions[:, slot] = mask[:, :slot + 1].sum(-1) - 1
+        positions[:, slot] = positions[:, slot - 1] + 1  # the previous slot holds a token (padding is on the left)
         logits = run(slot, token.unsqueeze(1))
     if streamer is not None:
         streamer.end()

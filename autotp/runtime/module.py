@@ -5,12 +5,18 @@ rank-local ``torch.fx.GraphModule``, the local shards of split parameters (slice
 the full weights at compile time; the full tensors are not kept), the replicated parameters
 and buffers, and the pytree specs that give outputs the original structure (tensors,
 tuples, dicts, HuggingFace ``ModelOutput``).
+
+Shapes: the graph was traced with dynamic batch and sequence dims (see :mod:`autotp.capture`),
+so one module serves every size with no re-trace; each call's sizes are first checked against
+the traced ones (:class:`~autotp.runtime.input_check.InputShapeCheck`), so a static dim called
+at another size raises an error naming it instead of failing inside the graph.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,11 +24,13 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import placement_from_str, split_of
+from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import InputGuard
+from autotp.runtime.input_check import InputShapeCheck
 from autotp.runtime.kv_cache import CacheLayout
 
 __all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
@@ -57,7 +65,7 @@ def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> 
         fqn = captured.parameter_fqns().get(node.name) if node.op == "placeholder" else None
         if fqn is None or not node.users:
             continue
-        shape = tuple(int(d) for d in node.meta["val"].shape)
+        shape = concrete_shape(node.meta["val"])
         blocks = [local_block(shape, plan.parameters[fqn], parts, node.name, r) for r in range(plan.world_size)]
         layout[fqn] = (shape, None if blocks[0] is None else blocks)
     return layout
@@ -76,6 +84,18 @@ class GenerationGraphs:
     prefill: fx.GraphModule | None
     prefill_inputs: tuple[str | int, ...]
     prefill_plan: Plan | None
+    decode_plan: Plan | None = None
+
+    def __str__(self) -> str:
+        """Both phases' plans, decode first (it placed the weights and the cache)."""
+        layout = self.layout
+        parts = [f"KV cache: {layout.batch_size} rows x {layout.max_cache_len} slots"]
+        if self.decode_plan is not None:
+            parts.append(f"== decode (1 token per row; places the weights and the cache) ==\n{self.decode_plan}")
+        if self.prefill_plan is not None:
+            parts.append(f"== prefill ({layout.prefill_len} tokens per row; placements pinned to decode's) ==\n"
+                         f"{self.prefill_plan}")
+        return "\n".join(parts)
 
 
 def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
@@ -113,6 +133,7 @@ class TensorParallelModule(torch.nn.Module):
         self._slots = captured.inputs
         self._in_spec = captured.in_spec
         self._out_spec = captured.out_spec
+        self._check_shapes = InputShapeCheck(captured)  # static dims must keep their traced size
         self._fqn_of = {s.name: str(s.target) for s in captured.inputs if s.kind != "user"}
         self._param_names = {s.name for s in captured.inputs if s.kind == "parameter"}
         self._local = torch.nn.ParameterDict()
@@ -164,18 +185,29 @@ class TensorParallelModule(torch.nn.Module):
     def _value_of(self, slot_name: str) -> torch.Tensor:
         return self._local[slot_name] if slot_name in self._param_names else getattr(self, slot_name)
 
-    def _run_phase(self, phase: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Run the ``"decode"`` or ``"prefill"`` graph on flat user inputs; returns its first output."""
+    def phase_runner(self, phase: str) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
+        """A function running the ``"decode"`` or ``"prefill"`` graph on flat user inputs, returning its
+        first output. The weights and cache tensors are looked up once here, not on every call (the
+        cache is updated in place, so the same tensors serve every position)."""
         if phase == "decode":
-            values = [inputs[int(s.target)] if s.kind == "user" else self._value_of(s.name) for s in self._slots]
+            keys: list[str | int] = [int(s.target) if s.kind == "user" else s.name for s in self._slots]
             graph_module = self.graph_module
-        else:
-            assert self.generation is not None and self.generation.prefill is not None, "no prefill graph"
-            values = [inputs[key] if isinstance(key, int) else self._value_of(key)
-                      for key in self.generation.prefill_inputs]
+        elif self.generation is not None and self.generation.prefill is not None:
+            keys = list(self.generation.prefill_inputs)
             graph_module = self.generation.prefill
-        with torch.no_grad():
-            return graph_module(*values)[0]
+        else:
+            raise ValueError(f"no {phase!r} graph: compile with max_cache_len= and example ids of more than one token")
+        template: list[Any] = [None if isinstance(key, int) else self._value_of(key) for key in keys]
+        users = [(position, key) for position, key in enumerate(keys) if isinstance(key, int)]
+
+        def run(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            values = list(template)
+            for position, index in users:
+                values[position] = inputs[index]
+            with torch.no_grad():
+                return graph_module(*values)[0]
+
+        return run
 
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the rank-local graph, by kind (one forward pass issues each once)."""
@@ -200,6 +232,7 @@ class TensorParallelModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._flatten_inputs(args, kwargs)
+        self._check_shapes(flat)
         if self._guard is not None:
             self._guard.check(flat)
         values = []
