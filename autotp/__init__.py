@@ -1,11 +1,14 @@
 """autotp: automatic tensor parallelism for PyTorch.
 
-``autotp.compile(model, world_size, example_inputs=...)`` traces the model, plans how to split
+``autotp.compile(model, world_size=N, example_inputs=...)`` traces the model, plans how to split
 every heavy op across ranks with a cost model and an exact MILP solver, and returns this rank's
 tensor-parallel module. ``autotp.plan(...)`` only decides (no process group, meta weights fine).
 ``torch.compile(model, backend=autotp.backend(...))`` (or ``backend="autotp"``) does the same
 for every graph Dynamo captures. ``autotp.plan_graph(captured, autotp.PlanOptions(...))`` is the
-one planner behind all three (see ``autotp.planning.planner``).
+one planner behind all three (see ``autotp.planning.planner``). For models bigger than one
+device, ``autotp.from_pretrained(path, world_size)`` and ``autotp.compile(meta_model, ...,
+checkpoint=path)`` read only each rank's blocks from safetensors; ``tp.save(dir)`` and
+``autotp.load(dir, meta_model, world_size)`` save and reload at any world size.
 
 State of the graph after each step (see ``autotp.api``):
 
@@ -30,10 +33,13 @@ _EXPORTS = {
     "from_pretrained": "autotp.pretrained",
     "load": "autotp.pretrained",
     "backend": "autotp.dynamo_backend",
+    "AgreementError": "autotp.base.errors",
     "AutoTPError": "autotp.base.errors",
     "CaptureError": "autotp.base.errors",
     "PlanError": "autotp.base.errors",
     "PlanMismatchError": "autotp.base.errors",
+    "RankTimeoutError": "autotp.base.errors",
+    "TracedValueError": "autotp.base.errors",
     "UnsupportedOpError": "autotp.base.errors",
     "Partial": "autotp.base.placements",
     "Replicate": "autotp.base.placements",
@@ -46,7 +52,16 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from autotp.api import compile, plan
-    from autotp.base.errors import AutoTPError, CaptureError, PlanError, PlanMismatchError, UnsupportedOpError
+    from autotp.base.errors import (
+        AgreementError,
+        AutoTPError,
+        CaptureError,
+        PlanError,
+        PlanMismatchError,
+        RankTimeoutError,
+        TracedValueError,
+        UnsupportedOpError,
+    )
     from autotp.base.placements import Partial, Replicate, Shard
     from autotp.dynamo_backend import backend
     from autotp.planning.options import PlanOptions
@@ -70,6 +85,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AgreementError",
     "AutoTPError",
     "CaptureError",
     "Partial",
@@ -77,9 +93,11 @@ __all__ = [
     "PlanError",
     "PlanOptions",
     "PlanMismatchError",
+    "RankTimeoutError",
     "Replicate",
     "Shard",
     "TensorParallelModule",
+    "TracedValueError",
     "UnsupportedOpError",
     "backend",
     "compile",

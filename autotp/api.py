@@ -13,31 +13,37 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from autotp.capture import CapturedGraph, capture, inputs_on_model_device, trace_device
+from autotp.base.progress import log_progress
+from autotp.capture import CapturedGraph, capture, check_model, inputs_on_model_device, trace_device
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import rewrite_for_rank
+from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
-from autotp.planning.plan import Plan
+from autotp.planning.plan import Plan, as_plan
 from autotp.planning.planner import plan_graph
+from autotp.runtime.agreement import (
+    DEFAULT_AGREEMENT_TIMEOUT_S,
+    InputGuard,
+    agreed_options,
+    check_timeout,
+    compile_record,
+    options_record,
+    plan_text,
+    ranks_agree,
+)
 from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 
 __all__ = ["compile", "plan"]
-
-
-def _log(progress: bool, message: str) -> None:
-    if progress:
-        print(f"[autotp] {message}", file=sys.stderr, flush=True)
 
 
 def plan(
@@ -52,6 +58,8 @@ def plan(
     time_limit_s: float = 60.0,
     progress: bool = False,
     constraints: Constraints | None = None,
+    dynamic: bool = True,
+    dynamic_shapes: Any = None,
 ) -> Plan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -73,19 +81,25 @@ def plan(
     ``constraints`` pins placements before solving: ``{fnmatch pattern over parameter FQNs and
     node names: placement}``, e.g. ``{"model.layers.*.mlp.down_proj.weight": Replicate()}``
     (see :mod:`autotp.planning.constraints`).
+
+    ``dynamic`` (default True) traces the batch and sequence dims (dims 0 and 1 of every tensor
+    input) as symbols, so the plan serves every size; only static dims are split. ``dynamic=False``
+    pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
+    (see :mod:`autotp.capture`).
     """
+    check_model(model)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints)
-    _log(progress, f"tracing {type(model).__name__} with torch.export")
+    log_progress(progress, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, inputs_on_model_device(model, example_inputs),
-                       inputs_on_model_device(model, example_kwargs))
+                       inputs_on_model_device(model, example_kwargs), dynamic=dynamic, dynamic_shapes=dynamic_shapes)
     return plan_graph(captured, options)
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
     model: torch.nn.Module,
-    world_size: int | None = None,
     *,
+    world_size: int | None = None,
     example_inputs: tuple[Any, ...],
     example_kwargs: dict[str, Any] | None = None,
     hardware: str | Hardware = DEFAULT_HARDWARE,
@@ -97,6 +111,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
     progress: bool = False,
     constraints: Constraints | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
+    max_cache_len: int | None = None,
+    check_weights: bool = True,
+    agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
+    dynamic: bool = True,
+    dynamic_shapes: Any = None,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -104,44 +123,109 @@ def compile(  # noqa: A001 - mirrors torch.compile
     :class:`TensorParallelModule`: called like ``model``, it returns the same outputs (within
     floating-point tolerance) on every rank. Each rank keeps only its shards of the split
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
-    to apply a saved or hand-edited :class:`Plan` instead of planning. Other options as in
-    :func:`autotp.plan`.
+    to apply a saved or hand-edited :class:`Plan` (or the path of a saved one) instead of
+    planning. Other options as in :func:`autotp.plan`.
+
+    The ranks check that they agree before planning (:mod:`autotp.runtime.agreement`): that
+    every rank traced the model, the same graph, with the same options and the same full
+    weights (a float64 sum and a sampled hash per weight; ``check_weights=False`` skips this
+    for huge models loaded from one checkpoint, and it is skipped with ``checkpoint=``). Any
+    difference raises the same :class:`~autotp.AgreementError` on every rank, naming the ranks
+    and what differs. No rank waits for the others longer than ``agreement_timeout_s`` seconds
+    at any exchange (:class:`~autotp.RankTimeoutError` names the ranks that did not arrive; the
+    plan from rank 0 may take ``time_limit_s`` more). Each call of the result checks that
+    non-tensor arguments have their traced values and that the input shapes agree across ranks
+    (once per new shape).
+
+    Shapes: with ``dynamic=True`` (default) the returned module serves every batch size and
+    sequence length from this one trace (no re-trace, no re-plan per call); a dim that stayed
+    static raises :class:`~autotp.base.errors.InputShapeError` when called with another size.
 
     ``checkpoint`` (a ``.safetensors`` file or a directory of them, with or without
     ``model.safetensors.index.json``, or a directory written by ``tp.save``): read each rank's
     shards from it instead of slicing the model's weights, so ``model`` may live on the ``meta``
     device and no rank holds the whole model. Shards land on the device of ``example_inputs``,
     cast to the model's dtype. See :mod:`autotp.runtime.loading`.
+
+    ``max_cache_len``: for a HuggingFace causal LM, build it for text generation instead
+    (:meth:`TensorParallelModule.generate`): a KV cache of ``max_cache_len`` slots per row, one
+    row per row of ``example_inputs[0]`` (token ids, ``(batch, seq)``), placed by the planner like
+    a parameter. Two graphs share the weights' shards and the cache: decode (one token per
+    row) is planned first and decides every weight's placement; prefill (``seq`` prompt tokens
+    per call) is planned with those placements pinned. ``plan=`` then gives the decode plan.
+    See :mod:`autotp.generation`.
     """
-    world_size, rank = bind_group(group, world_size, caller="autotp.compile")
-    if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
-        raise ValueError(
-            "autotp.compile needs real weights, but the model has parameters on the meta device; "
-            "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
-            "use autotp.plan(...) to plan a meta model, or load its weights first"
-        )
+    timeout_s = check_timeout(agreement_timeout_s)
+    with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
+        check_model(model)
+        world_size, rank = bind_group(group, world_size, caller="autotp.compile")
+        if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
+            raise ValueError(
+                "autotp.compile needs real weights, but the model has parameters on the meta device; "
+                "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
+                "use autotp.plan(...) to plan a meta model, or load its weights first"
+            )
+        plan = as_plan(plan)
+        options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
+                              time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+        agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
+                                checkpoint=checkpoint is not None, max_cache_len=max_cache_len)
+        if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now
+            weights = dict(model.state_dict()) if check_weights and checkpoint is None else None
+            agreement.record = options_record(agreed, weights=weights)
+        else:
+            log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
+            captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+            weights = captured.exported.state_dict if check_weights and checkpoint is None else None
+            agreement.record = compile_record(captured, weights=weights, options=agreed)
     files = None
     if checkpoint is not None:  # headers only, agreed by all ranks: a bad file fails before planning, everywhere
-        files = agree_on_success(group, lambda: open_checkpoint(checkpoint))
-    options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                          time_limit_s=time_limit_s, progress=progress, constraints=constraints)
-    _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
-    captured = capture(model, example_inputs, example_kwargs)
+        files = agree_on_success(group, lambda: open_checkpoint(checkpoint), timeout_s=timeout_s)
+    if max_cache_len is not None:
+        from autotp.generation import compile_for_generation
+
+        return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
+                                      plan=plan, group=group, rank=rank)
+    plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s)
+    local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
+                                                device=trace_device(example_inputs, example_kwargs),
+                                                timeout_s=timeout_s)
+    return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
+                                guard=InputGuard(captured, group=group, timeout_s=timeout_s))
+
+
+def plan_or_check(captured: CapturedGraph | None, plan: Plan | None, options: PlanOptions, *,
+                  group: dist.ProcessGroup | None, rank: int,
+                  agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
+    """Plan ``captured`` (on the first rank, broadcast), or check that the given ``plan`` applies to it."""
     if plan is None:
-        plan = plan_on_first_rank(captured, options, group=group, rank=rank)
-    else:
-        check_plan_applies(plan, captured, world_size)
-        check_plan_constraints(plan, constraints)
+        return plan_on_first_rank(captured, options, group=group, rank=rank, agreement_timeout_s=agreement_timeout_s)
+    check_plan_applies(plan, captured, options.world_size)
+    check_plan_constraints(plan, options.constraints)
+    return plan
+
+
+def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
+               files: Any = None, model: torch.nn.Module | None = None, device: torch.device | None = None,
+               timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
+               ) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor], dict]:
+    """This rank's graph (state updates in place), its local parameter shards, buffers and cache blocks,
+    and the parameter layout (global offsets of every rank's block, for ``save``).
+
+    With ``files`` (an opened checkpoint) the shards are read from it, agreed by all ranks within
+    ``timeout_s``; otherwise they are sliced from the captured model's weights."""
     decisions = plan.decisions()
-    parts = build_partitions(captured.graph_module, decisions, world_size)
+    parts = build_partitions(captured.graph_module, decisions, plan.world_size)
     group_name = (group or dist.group.WORLD).group_name
-    local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes())
+    local_gm = update_state_in_place(
+        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes()),
+        captured.state)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)
     else:
-        device = trace_device(example_inputs, example_kwargs)
-        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model, device))
-    return TensorParallelModule(captured, local_gm, plan, local_values, rank, parameter_layout(captured, plan, parts))
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model,
+                                                                          device), timeout_s=timeout_s)
+    return local_gm, local_values, parameter_layout(captured, plan, parts)
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:
@@ -156,6 +240,10 @@ def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) ->
             values[slot.name] = state[str(slot.target)].new_empty(0)
         elif slot.kind == "parameter":
             values[slot.name] = shard_tensor(state[str(slot.target)], plan.parameters[str(slot.target)], parts, slot.name, rank)
+        elif slot.kind == "buffer" and slot.name in captured.state:
+            # a KV cache: this rank's block, a copy of its own (the graph writes into it)
+            full = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
+            values[slot.name] = shard_tensor(full, plan.parameters[str(slot.target)], parts, slot.name, rank).clone()
         elif slot.kind == "buffer":
             values[slot.name] = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
         elif slot.kind == "constant":

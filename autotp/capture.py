@@ -20,8 +20,25 @@ come out, exactly as for the real model. (Traced on ``meta`` itself, attention r
 strides and the graph gains ``contiguous`` nodes; a plan made on meta would then not apply to
 the real weights.) Tensor-creating ops in the graph name that device.
 
+**State.** A buffer that forward overwrites in place with ``index_copy_`` (a static KV cache:
+``cache.index_copy_(2, positions, new_keys)``) is *state*: it persists across calls, like a
+parameter that the graph writes. Its update stays in the graph (the functional ``index_copy``);
+the output that export adds for the new value is dropped, and :attr:`CapturedGraph.state` maps the
+buffer's placeholder to the node that computes the new value. The runtime applies that update
+in place on its own (possibly split) copy of the buffer.
+
+Shapes: by default the batch and sequence dims (dims 0 and 1) of every tensor input are
+exported as dynamic (``torch.export.Dim.AUTO``), so the graph's sizes there are symbols
+(``s72``) and one capture serves every batch size and sequence length. Export keeps a dim
+static where the model's code needs one size (e.g. image channels read by a convolution) or
+where the example size is 0 or 1 (trace with sizes >= 2). ``dynamic=False`` pins every dim at
+its example size; ``dynamic_shapes=`` is passed to ``torch.export`` as is. A model that cannot
+be exported with dynamic dims is exported static, with a warning naming why.
+:class:`InputDims` records, per user input, which dims stayed static and the range of the
+dynamic ones; the runtime checks every call against it.
+
 Refused, with what to do: models export cannot trace (data-dependent Python control flow),
-models whose forward updates buffers (BatchNorm in training mode) or its inputs in place,
+models whose forward updates other buffers (BatchNorm in training mode) or its inputs in place,
 outputs that are not tensors (or tuples, lists, dicts of them), and graphs that draw random
 numbers (dropout in training mode): each rank would draw different ones.
 """
@@ -30,8 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import traceback
+import warnings
 from typing import Any
 
 import torch
@@ -44,7 +63,10 @@ from torch.export.graph_signature import InputKind
 from autotp.base.errors import CaptureError
 from autotp.passes.rules.args import arg
 
-__all__ = ["CapturedGraph", "InputSlot", "capture", "from_exported", "inputs_on_model_device"]
+__all__ = [
+    "CapturedGraph", "InputDims", "InputSlot", "capture", "check_model", "default_dynamic_shapes", "from_exported",
+    "inputs_on_model_device",
+]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -62,6 +84,27 @@ class InputSlot:
     target: str | int
 
 
+@dataclasses.dataclass(frozen=True)
+class InputDims:
+    """One dim of one tensor user input, as traced: static (one size) or dynamic (a range).
+
+    ``index`` is the input's position among the flattened user inputs, ``name`` its argument
+    name (``input_ids``, ``kwargs['attention_mask']``). A dynamic dim has ``symbol`` (dims with
+    the same symbol must have equal sizes) and ``low``/``high`` (``high`` None: no bound);
+    ``requested`` says whether capture asked for it to be dynamic (so a static dim was pinned
+    by the caller, or fixed by export).
+    """
+
+    index: int
+    name: str
+    dim: int
+    traced: int
+    symbol: str | None
+    low: int
+    high: int | None
+    requested: bool
+
+
 @dataclasses.dataclass
 class CapturedGraph:
     """The traced model: graph, where each placeholder's value comes from, input/output specs."""
@@ -71,6 +114,18 @@ class CapturedGraph:
     in_spec: pytree.TreeSpec
     out_spec: pytree.TreeSpec
     exported: ExportedProgram
+    state: dict[str, str] = dataclasses.field(default_factory=dict)
+    """State buffers (see the module docstring): placeholder name -> name of the node computing its new value."""
+    input_dims: tuple[InputDims, ...] = ()
+    """Every dim of every tensor user input, as traced (see :class:`InputDims`)."""
+    shape_mode: str = "static"
+    """How input sizes were traced: ``"dynamic"`` (batch and sequence dims dynamic, the default),
+    ``"static"`` (``dynamic=False``), ``"custom"`` (``dynamic_shapes=``), ``"static-fallback"``
+    (dynamic export failed; traced static with a warning)."""
+
+    def state_fqns(self) -> dict[str, str]:
+        """Placeholder name -> FQN of every state buffer (e.g. ``key_cache_0``)."""
+        return {s.name: str(s.target) for s in self.inputs if s.name in self.state}
 
     def parameter_fqns(self) -> dict[str, str]:
         """Placeholder name -> parameter FQN (e.g. ``model.layers.0.mlp.up_proj.weight``)."""
@@ -96,6 +151,18 @@ def _user_frame(exc: BaseException) -> str | None:
         return None
     frame = frames[-1]
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}\n    {frame.line}'
+
+
+def check_model(model: object) -> None:
+    """TypeError, saying what to pass, unless ``model`` is an ``nn.Module``."""
+    if isinstance(model, torch.nn.Module):
+        return
+    name = getattr(model, "__name__", type(model).__name__)
+    raise TypeError(
+        f"autotp needs a torch.nn.Module (its parameters are what it splits), got {type(model).__name__} {name!r}. "
+        "Pass the module itself (not its output, state_dict or a bound method); to split a function that uses "
+        "weights, make it an nn.Module whose forward calls it with the weights as nn.Parameter attributes."
+    )
 
 
 def _is_meta_model(model: torch.nn.Module) -> bool:
@@ -129,30 +196,130 @@ def _as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any
         yield fake_example
 
 
+DYNAMIC_DIMS = (0, 1)
+"""Dims of each tensor input made dynamic by default: batch and sequence."""
+
+
+def _bound_arguments(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``model.forward``'s arguments by name, as torch.export matches ``dynamic_shapes`` to them."""
+    return dict(inspect.signature(model.forward).bind(*args, **kwargs).arguments)
+
+
+def default_dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``dynamic_shapes`` for ``torch.export``: dims 0 and 1 of every tensor input ``Dim.AUTO``.
+
+    ``AUTO`` lets export keep a dim static where the model needs one size, instead of failing.
+    Dims of example size 0 or 1 are left static: export would specialise them anyway.
+    """
+    from torch.export import Dim
+
+    def spec(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return None
+        dims = {d: Dim.AUTO for d in DYNAMIC_DIMS if d < value.dim() and value.shape[d] >= 2}
+        return dims or None
+
+    return {name: pytree.tree_map(spec, value) for name, value in _bound_arguments(model, args, kwargs).items()}
+
+
+def _input_names(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """A readable name for every flattened user input (``input_ids``, ``kwargs['mask']``, ``x[1]``)."""
+    try:
+        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        top, key, rest = path[0], path[1], path[2:]
+        if getattr(top, "idx", None) == 0:
+            index = key.idx  # type: ignore[attr-defined]
+            base = params[index] if index < len(params) else f"args[{index}]"
+        else:
+            base = str(key.key)  # type: ignore[attr-defined]
+        names.append(base + pytree.keystr(rest))
+    return names
+
+
+def _requested_dims(dynamic_shapes: Any, model: torch.nn.Module, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> list[set[int]]:
+    """Per flattened user input, the dims ``dynamic_shapes`` asks to be dynamic (best effort)."""
+    bound = _bound_arguments(model, args, kwargs)
+    if isinstance(dynamic_shapes, (tuple, list)):
+        dynamic_shapes = dict(zip(bound, dynamic_shapes))
+    if not isinstance(dynamic_shapes, dict):
+        return []
+    requested: dict[int, set[int]] = {}
+    flat_ids = {id(v): i for i, v in enumerate(pytree.tree_leaves((args, kwargs)))}
+    for name, value in bound.items():
+        spec = dynamic_shapes.get(name)
+        leaves = pytree.tree_leaves(value)
+        specs = pytree.tree_flatten(spec, is_leaf=lambda x: isinstance(x, dict) or x is None)[0] if spec is not None else []
+        for leaf, dims in zip(leaves, specs):
+            if isinstance(leaf, torch.Tensor) and id(leaf) in flat_ids:
+                marked = dims.keys() if isinstance(dims, dict) else (i for i, d in enumerate(dims or ()) if d is not None)
+                requested[flat_ids[id(leaf)]] = set(marked)
+    return [requested.get(i, set()) for i in range(len(flat_ids))]
+
+
 def capture(
     model: torch.nn.Module,
     example_inputs: tuple[Any, ...],
     example_kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic: bool = True,
+    dynamic_shapes: Any = None,
 ) -> CapturedGraph:
     """Trace ``model(*example_inputs, **example_kwargs)`` with ``torch.export`` (non-strict).
+
+    ``dynamic=True`` (default) exports dims 0 and 1 of every tensor input as dynamic (see the
+    module docstring); ``dynamic=False`` pins every size; ``dynamic_shapes`` overrides both
+    and goes to ``torch.export.export`` unchanged.
 
     Raises :class:`CaptureError` naming the cause and the line of the model's code when the
     model cannot be exported (data-dependent control flow, unsupported Python, ...).
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"autotp needs an nn.Module, got {type(model).__name__}")
+    check_model(model)
     if not isinstance(example_inputs, tuple):
         raise TypeError(
             f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "
             "for one input write example_inputs=(x,)"
         )
+    kwargs = dict(example_kwargs or {})
+    explicit = dynamic_shapes is not None
+    mode = "custom" if explicit else "dynamic" if dynamic else "static"
+    if not explicit and dynamic:
+        dynamic_shapes = default_dynamic_shapes(model, example_inputs, kwargs)
+    try:
+        exported = _export(model, example_inputs, kwargs, dynamic_shapes)
+    except CaptureError as exc:
+        if explicit or dynamic_shapes is None:
+            raise
+        try:
+            exported = _export(model, example_inputs, kwargs, None)
+        except CaptureError:
+            raise exc from None
+        warnings.warn(
+            f"autotp: {type(model).__name__} could not be traced with dynamic batch and sequence dims, so it is "
+            f"traced at the example sizes only (other sizes raise an error naming the dim): {str(exc).splitlines()[0]}",
+            stacklevel=2,
+        )
+        dynamic_shapes, mode = None, "static-fallback"
+    captured = from_exported(exported, type(model).__name__)
+    captured.shape_mode = mode
+    requested = _requested_dims(dynamic_shapes, model, example_inputs, kwargs) if dynamic_shapes is not None else []
+    captured.input_dims = _input_dims(captured, _input_names(model, example_inputs, kwargs), requested)
+    return captured
+
+
+def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:
+    """``torch.export.export`` (non-strict); a failure becomes a :class:`CaptureError` with the user's line."""
     try:
         with torch.no_grad():
             if _is_meta_model(model):
-                with _as_if_on(model, trace_device(example_inputs, example_kwargs), (example_inputs, example_kwargs or {})) as (args, kwargs):
-                    exported = torch.export.export(model, args, kwargs, strict=False)
-            else:
-                exported = torch.export.export(model, example_inputs, example_kwargs or {}, strict=False)
+                with _as_if_on(model, trace_device(args, kwargs), (args, kwargs)) as (fake_args, fake_kwargs):
+                    return torch.export.export(model, fake_args, fake_kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # noqa: BLE001 - re-raised with the user's line
         where = _user_frame(exc)
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -164,7 +331,35 @@ def capture(
         location = f"\n  at {where}" if where else ""
         raise CaptureError(f"could not trace {type(model).__name__}: {type(exc).__name__}: {first_line}{location}\n{hint}") from exc
 
-    return from_exported(exported, type(model).__name__)
+
+def _input_dims(captured: CapturedGraph, names: list[str], requested: list[set[int]]) -> tuple[InputDims, ...]:
+    """Every dim of every tensor user input: its traced size, and its symbol and range if dynamic."""
+    import sympy
+
+    from autotp.base.shapes import concrete_size, is_static
+
+    ranges = captured.exported.range_constraints
+    placeholders = {n.name: n for n in captured.graph_module.graph.nodes if n.op == "placeholder"}
+    dims = []
+    for slot in captured.inputs:
+        if slot.kind != "user":
+            continue
+        val = placeholders[slot.name].meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        index = int(slot.target)
+        name = names[index] if index < len(names) else f"user input {index}"
+        asked = requested[index] if index < len(requested) else set()
+        for dim, size in enumerate(val.shape):
+            symbol, low, high = None, concrete_size(size), concrete_size(size)
+            if not is_static(size):
+                expr = size.node.expr
+                symbol = str(expr)
+                bounds = ranges.get(expr)
+                low = int(bounds.lower) if bounds is not None and isinstance(bounds.lower, sympy.Integer) else 0
+                high = int(bounds.upper) if bounds is not None and isinstance(bounds.upper, sympy.Integer) else None
+            dims.append(InputDims(index, name, dim, concrete_size(size), symbol, low, high, dim in asked))
+    return tuple(dims)
 
 
 def _needs_functionalizing(gm: fx.GraphModule) -> bool:
@@ -237,6 +432,8 @@ def _check_outputs(exported: ExportedProgram, what: str) -> None:
         if isinstance(value, fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
             continue
         shown = value.meta.get("val") if isinstance(value, fx.Node) else value
+        if isinstance(shown, torch.SymInt):  # a size of a dynamic dim: show the traced one
+            shown = shown.node.hint
         raise CaptureError(
             f"{what}.forward returns a value that is not a tensor (output {index}: {shown!r} of type "
             f"{type(shown).__name__}). autotp returns tensors (in tuples, lists, dicts or dataclasses); "
@@ -255,8 +452,9 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
         # export's graph keeps in-place ops and does not list what they update; the functional
         # form lists every updated buffer and input in its signature
         exported = exported.run_decompositions({})
+    state = _state_updates(exported)
     specs_out = exported.graph_signature.output_specs
-    buffers = [str(o.target) for o in specs_out if o.kind == OutputKind.BUFFER_MUTATION]
+    buffers = [str(o.target) for o in specs_out if o.kind == OutputKind.BUFFER_MUTATION and str(o.target) not in state]
     inputs = [str(o.target) for o in specs_out if o.kind == OutputKind.USER_INPUT_MUTATION]
     other = [f"{o.target} ({o.kind.name})" for o in specs_out
              if o.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)]
@@ -281,6 +479,7 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
             gm.graph.erase_node(node)
+    state_by_placeholder = _drop_state_outputs(exported, state)
     gm.graph.lint()
     gm.recompile()
 
@@ -305,4 +504,52 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
             user_index += 1
         else:
             slots.append(InputSlot(node.name, kind, str(spec.target)))
-    return CapturedGraph(gm, slots, exported.call_spec.in_spec, exported.call_spec.out_spec, exported)
+    return CapturedGraph(gm, slots, exported.call_spec.in_spec, exported.call_spec.out_spec, exported,
+                         state=state_by_placeholder)
+
+
+_STATE_UPDATE_OPS = (torch.ops.aten.index_copy.default,)
+"""Ops whose result may become a buffer's new value, kept as state: each overwrites some slices of
+its first argument and leaves the rest, so every rank can apply it to its own part of the buffer."""
+
+
+def _state_updates(exported: ExportedProgram) -> dict[str, str]:
+    """Buffer FQN -> output node name, for each mutated buffer whose new value is one state-update op
+    (:data:`_STATE_UPDATE_OPS`) applied directly to the buffer's placeholder, which nothing else reads."""
+    from torch.export.graph_signature import OutputKind
+
+    signature = exported.graph_signature
+    placeholder_of = {str(i.target): i.arg.name for i in signature.input_specs if i.kind == InputKind.BUFFER}
+    nodes = {n.name: n for n in exported.graph_module.graph.nodes}
+    state: dict[str, str] = {}
+    for spec in signature.output_specs:
+        if spec.kind != OutputKind.BUFFER_MUTATION:
+            continue
+        update = nodes.get(spec.arg.name)
+        buffer = nodes.get(placeholder_of.get(str(spec.target), ""))
+        if (update is not None and buffer is not None and update.op == "call_function"
+                and update.target in _STATE_UPDATE_OPS and update.args[0] is buffer and len(buffer.users) == 1):
+            state[str(spec.target)] = update.name
+    return state
+
+
+def _drop_state_outputs(exported: ExportedProgram, state: dict[str, str]) -> dict[str, str]:
+    """Remove the outputs export added for state buffers' new values; placeholder name -> update node name.
+
+    The graph keeps only the user outputs; the updates stay in the graph, read by what uses the
+    new value (attention reads the updated cache).
+    """
+    if not state:
+        return {}
+    from torch.export.graph_signature import OutputKind
+
+    graph = exported.graph_module.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    specs = exported.graph_signature.output_specs
+    values = list(output.args[0])
+    kept = [v for v, spec in zip(values, specs)
+            if not (spec.kind == OutputKind.BUFFER_MUTATION and str(spec.target) in state)]
+    output.args = (tuple(kept),)
+    exported.graph_module.recompile()
+    placeholder_of = {str(i.target): i.arg.name for i in exported.graph_signature.input_specs if i.kind == InputKind.BUFFER}
+    return {placeholder_of[fqn]: update for fqn, update in state.items()}

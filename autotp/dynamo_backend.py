@@ -19,15 +19,20 @@ backend returns a :class:`CompiledSubgraph` which, at its first call with given 
    once; ``inner="inductor"`` then hands the rank-local graph to Inductor.
 
 At run time the compiled graph ignores the full parameters Dynamo passes it and uses the
-shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a graph compiled for one batch or sequence length (or a dynamic one, after
-Dynamo's automatic-dynamic recompile) is re-lowered once per new concrete input size, and
-the plan is reused when the lowered graph has the same ops (no new solve, no new shards).
-At most ``max_shapes`` sizes per graph; :attr:`AutoTPBackend.stats` reports every count.
+shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a *dynamic* Dynamo graph (``mark_dynamic``, ``dynamic=True``, or Dynamo's
+automatic-dynamic recompile) is lowered once with its symbolic dims kept symbolic (export's
+``dynamic_shapes``), as :func:`autotp.compile` captures, and that one rank-local graph serves
+every size. A static graph, a graph export cannot keep symbolic, and every graph under
+``inner="inductor"`` (Inductor specialises to the sizes it compiles at) are re-lowered once per
+new concrete input size instead, reusing the plan when the lowered graph has the same ops (no
+new solve, no new shards), at most ``max_shapes`` sizes per graph. :attr:`AutoTPBackend.stats`
+reports every count.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -41,6 +46,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
+from autotp.base.shapes import first_tensor, is_static
 from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
@@ -48,6 +54,13 @@ from autotp.passes.rewrite import count_collectives, rewrite_for_rank
 from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import (
+    DEFAULT_AGREEMENT_TIMEOUT_S,
+    agreed_options,
+    check_timeout,
+    compile_record,
+    ranks_agree,
+)
 from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.module import shard_tensor
 
@@ -87,6 +100,33 @@ def _concrete(value: Any) -> Any:
                               "call the compiled model once with real inputs before it is traced")
         return hint
     return value
+
+
+def _export_spec(placeholder: fx.Node) -> Any:
+    """``dynamic_shapes`` entry of one Dynamo graph input: ``Dim.AUTO`` for each symbolic dim
+    (and for a symbolic int input), ``None`` where everything is static."""
+    from torch.export import Dim
+
+    value = placeholder.meta.get("example_value")
+    if isinstance(value, torch.SymInt):
+        return Dim.AUTO
+    if isinstance(value, torch.Tensor):
+        dims = {d: Dim.AUTO for d, size in enumerate(value.shape) if isinstance(size, torch.SymInt)}
+        return dims or None
+    return None
+
+
+def _by_argument(gm: fx.GraphModule, specs: tuple[Any, ...] | None) -> Any:
+    """``specs`` (one per flat input) in the form export matches to ``gm.forward``: Dynamo's graphs
+    take either one parameter per input (a tuple, matched by position) or ``*args``."""
+    if specs is None:
+        return None
+    params = inspect.signature(gm.forward).parameters.values()
+    # not yet compiled (a lazy GraphModule): forward(*args, **kwargs)
+    var_positional = [p.name for p in params if p.kind == p.VAR_POSITIONAL]
+    if var_positional and not any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return {var_positional[0]: tuple(specs)}
+    return tuple(specs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +258,9 @@ class CompiledSubgraph:
             elif found is not None:
                 self._origin[index_] = found
         self._dynamic = any(isinstance(v, _SYM_TYPES) for v in example_inputs)
+        # Dynamo's symbolic dims, as torch.export dynamic_shapes: a dynamic graph is lowered once
+        # with them, and that one rank-local graph serves every size (see _build_dynamic)
+        self._dynamic_shapes = tuple(_export_spec(node) for node in placeholders) if self._dynamic else None
         self._key_positions = [i for i, v in enumerate(example_inputs)
                                if i not in self._origin and isinstance(v, (torch.Tensor, *_SYM_TYPES))]
         self._static: _LocalGraph | None = None  # the one local graph of a static-shape graph
@@ -234,6 +277,11 @@ class CompiledSubgraph:
         # tracing context and can leave guards Dynamo cannot build.
         local = self._static
         if local is None:
+            if self._dynamic_shapes is not None and self._owner.inner == "eager":
+                local = self._build_dynamic(list(args))
+                if local is not None:
+                    self._static = local
+                    return local(args)
             key = self._key(args)
             local = self.local_graphs.get(key)
             if local is None:
@@ -241,6 +289,21 @@ class CompiledSubgraph:
                 if not self._dynamic:
                     self._static = local
         return local(args)
+
+    def _build_dynamic(self, args: list[Any]) -> _LocalGraph | None:
+        """Lower a dynamic Dynamo graph once with its symbolic dims: one rank-local graph for every size.
+
+        Returns ``None`` (and the graph is lowered once per size instead) when export cannot keep
+        the dims symbolic. Only with ``inner="eager"``: Inductor would specialise the rank-local
+        graph to the sizes it is compiled at.
+        """
+        try:
+            local = self._build(args, ("dynamic",), dynamic_shapes=self._dynamic_shapes)
+        except AutoTPError as exc:  # export could not keep the dims symbolic
+            self._dynamic_shapes = None
+            self._owner._log(f"graph {self.index}: lowered once per input size: {str(exc).splitlines()[0]}")
+            return None
+        return local
 
     # -- inspect ------------------------------------------------------------------------
     @property
@@ -256,7 +319,7 @@ class CompiledSubgraph:
         return count_collectives(self.graph_module)
 
     # -- build ----------------------------------------------------------------------------
-    def _lower(self, concrete: Sequence[Any]) -> tuple[CapturedGraph, dict[str, int]]:
+    def _lower(self, concrete: Sequence[Any], dynamic_shapes: Any = None) -> tuple[CapturedGraph, dict[str, int]]:
         """Dynamo's graph at these concrete inputs -> the planner's ATen IR, parameters named.
 
         Returns the captured graph and, for each parameter placeholder, the index of Dynamo's
@@ -268,7 +331,8 @@ class CompiledSubgraph:
         plain = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in concrete)
         try:
             with torch.no_grad():
-                exported = torch.export.export(self._gm, plain, strict=False)
+                exported = torch.export.export(self._gm, plain, dynamic_shapes=_by_argument(self._gm, dynamic_shapes),
+                                               strict=False)
         except Exception as exc:  # noqa: BLE001 - re-raised with what to do
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CaptureError(
@@ -302,16 +366,24 @@ class CompiledSubgraph:
                 names[slot.name] = f"{slot.kind}:{slot.target}"
         return names
 
-    def _build(self, args: Sequence[Any], key: tuple) -> _LocalGraph:
+    def _build(self, args: Sequence[Any], key: tuple, dynamic_shapes: Any = None) -> _LocalGraph:
         owner = self._owner
-        if len(self.local_graphs) >= owner.max_shapes:
-            raise AutoTPError(
-                f"torch.compile graph {self.index} has been called with {len(self.local_graphs) + 1} different input "
-                f"sizes (max_shapes={owner.max_shapes}); each needs its own rank-local graph. Pad inputs to a few "
-                "fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
-            )
-        concrete = [_concrete(a) for a in args]
-        captured, arg_of_param = self._lower(concrete)
+        # every rank lowers, then the ranks agree (graph, options, weights) before planning
+        with ranks_agree(owner.group, timeout_s=owner.agreement_timeout_s,
+                         what=f"torch.compile graph {self.index}") as agreement:
+            if len(self.local_graphs) >= owner.max_shapes:
+                raise AutoTPError(
+                    f"torch.compile graph {self.index} has been called with {len(self.local_graphs) + 1} different "
+                    f"input sizes (max_shapes={owner.max_shapes}); each needs its own rank-local graph. Pad inputs to "
+                    "a few fixed sizes, or pass a larger max_shapes to autotp.backend(...)"
+                )
+            concrete = [_concrete(a) for a in args]
+            captured, arg_of_param = self._lower(concrete, dynamic_shapes)
+            weights = ({str(slot.target): concrete[arg_of_param[slot.name]] for slot in captured.inputs
+                        if slot.name in arg_of_param} if owner.check_weights else None)
+            agreement.record = compile_record(captured, weights=weights, checksums=owner._checksums,
+                                              options=agreed_options(owner._options, inner=owner.inner,
+                                                                     check_weights=owner.check_weights))
         plan, decisions = owner._plan_for(captured, self._canonical_names(captured))
         if self.plan is None:
             self.plan = plan
@@ -348,7 +420,8 @@ class CompiledSubgraph:
         self.local_graphs[key] = local
         self._last = local
         owner._lowerings += 1
-        owner._log(f"graph {self.index}: rank-local graph for input sizes {key or 'static'} "
+        sizes = "every input size (symbolic dims)" if dynamic_shapes is not None else f"input sizes {key or 'static'}"
+        owner._log(f"graph {self.index}: rank-local graph for {sizes} "
                    f"({sum(self.collective_counts().values())} collectives, inner={owner.inner})")
         return local
 
@@ -366,7 +439,8 @@ class AutoTPBackend:
 
     def __init__(self, *, world_size: int | None, hardware: str | Hardware, inner: str,
                  memory_budget: float | int | str | None, group: dist.ProcessGroup | None, strict: bool,
-                 time_limit_s: float, max_shapes: int, progress: bool) -> None:
+                 time_limit_s: float, max_shapes: int, progress: bool, check_weights: bool = True,
+                 agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> None:
         if inner not in _INNER:
             raise ValueError(f"inner must be one of {_INNER}, got {inner!r}; e.g. autotp.backend(inner='inductor')")
         if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
@@ -386,6 +460,8 @@ class AutoTPBackend:
         self.time_limit_s = time_limit_s
         self.max_shapes = max_shapes
         self.progress = progress
+        self.check_weights = check_weights
+        self.agreement_timeout_s = check_timeout(agreement_timeout_s)
         self.reset()
 
     def reset(self) -> None:
@@ -393,6 +469,7 @@ class AutoTPBackend:
         self.subgraphs: list[CompiledSubgraph] = []
         self._plans: dict[tuple, tuple[Plan, dict[str, str]]] = {}
         self._shards = _ShardCache()
+        self._checksums: WeakIdKeyDictionary = WeakIdKeyDictionary()  # full weight -> WeightChecksum
         self._plans_solved = 0
         self._plans_reused = 0
         self._lowerings = 0
@@ -414,7 +491,7 @@ class AutoTPBackend:
 
         Two lowerings match when their non-placeholder nodes have the same names, ops and inputs,
         and the same inputs are used (compared by ``canonical`` name, see
-        :meth:`CompiledSubgraph._canonical_names`); sizes may differ. Unused inputs (Dynamo's
+        :meth:`CompiledSubgraph._canonical_names`), with the same dims symbolic; static sizes may differ. Unused inputs (Dynamo's
         size arguments) get ``Replicate``.
         """
         gm = captured.graph_module
@@ -422,14 +499,21 @@ class AutoTPBackend:
         def ref(node: fx.Node) -> str:
             return canonical[node.name] if node.op == "placeholder" else node.name
 
+        def symbolic_dims(node: fx.Node) -> tuple[int, ...]:
+            # a plan may split a dim only where it is static: a static lowering's plan is no plan
+            # for a dynamic one with the same ops
+            value = first_tensor(node.meta.get("val"))
+            return tuple(d for d, size in enumerate(value.shape) if not is_static(size)) if value is not None else ()
+
         key = tuple(
-            ("placeholder", canonical[n.name]) if n.op == "placeholder"
-            else (n.name, str(n.target), tuple(ref(i) for i in n.all_input_nodes))
+            ("placeholder", canonical[n.name], symbolic_dims(n)) if n.op == "placeholder"
+            else (n.name, str(n.target), tuple(ref(i) for i in n.all_input_nodes), symbolic_dims(n))
             for n in gm.graph.nodes if n.op != "placeholder" or n.users
         )
         found = self._plans.get(key)
         if found is None:
-            plan = plan_on_first_rank(captured, self._options, group=self.group, rank=self.rank)
+            plan = plan_on_first_rank(captured, self._options, group=self.group, rank=self.rank,
+                                      agreement_timeout_s=self.agreement_timeout_s)
             self._plans[key] = found = (plan, {canonical[n.name]: n.name for n in gm.graph.nodes if n.op == "placeholder"})
             self._plans_solved += 1
         else:
@@ -500,6 +584,8 @@ def backend(
     time_limit_s: float = 60.0,
     max_shapes: int = 8,
     progress: bool = False,
+    check_weights: bool = True,
+    agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
 ) -> AutoTPBackend:
     """A ``torch.compile`` backend that makes the model tensor-parallel over ``group``'s ranks.
 
@@ -507,11 +593,13 @@ def backend(
     same weights. ``inner`` runs each rank-local graph as is (``"eager"``) or compiles it
     with Inductor (``"inductor"``). ``max_shapes`` bounds the input sizes each graph is
     re-lowered for. Other options as in :func:`autotp.plan`. The process group must be
-    initialised before the compiled model first runs.
+    initialised before the compiled model first runs. Before each graph is planned (once per
+    graph and input size) the ranks check that they agree, as in :func:`autotp.compile`
+    (``check_weights``, ``agreement_timeout_s``).
     """
     return AutoTPBackend(world_size=world_size, hardware=hardware, inner=inner, memory_budget=memory_budget,
                          group=group, strict=strict, time_limit_s=time_limit_s, max_shapes=max_shapes,
-                         progress=progress)
+                         progress=progress, check_weights=check_weights, agreement_timeout_s=agreement_timeout_s)
 
 
 class _EntryPoint:

@@ -73,7 +73,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
     try:
         for name in options.models:
             model, args, kwargs = BUILDERS[name](layers=options.layers, seq_len=options.seq_len)
-            contenders: dict[str, Any] = {"autotp.compile": autotp.compile(model, world_size, example_inputs=args,
+            contenders: dict[str, Any] = {"autotp.compile": autotp.compile(model, world_size=world_size, example_inputs=args,
                                                                            example_kwargs=kwargs)}
             expected_counts = contenders["autotp.compile"].collective_counts()
             with torch.no_grad():

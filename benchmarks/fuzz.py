@@ -1,6 +1,6 @@
 """Fuzz autotp with many random models on real gloo process groups and print the counts.
 
-    python benchmarks/fuzz.py                       # 200 models at tp=2 and tp=3
+    python benchmarks/fuzz.py                       # 500 models at tp=2 and 500 at tp=3: 1000 per run
     python benchmarks/fuzz.py --examples 500 --world-sizes 2 3 4 --seed 1000
     python benchmarks/fuzz.py --seed 1234 --examples 1 --world-sizes 3   # replay one printed failure
 
@@ -37,7 +37,7 @@ from fuzz_models import TOLERANCE, RandomDraw, check_spec, draw_spec  # noqa: E4
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--examples", type=int, default=200, help="random models per world size")
+    parser.add_argument("--examples", type=int, default=500, help="random models per world size")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--seed", type=int, default=0, help="first spec seed (example i uses seed + i; default 0)")
     parser.add_argument("--max-steps", type=int, default=6, help="most steps per model")

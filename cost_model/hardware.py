@@ -66,6 +66,18 @@ HARDWARE_JSON_VERSION = 1
 _US = 1e-6  # seconds per microsecond
 
 
+def _check_known_fields(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
+    """ValueError naming a field the profile does not have (a typo would otherwise be silently ignored)."""
+    import difflib
+
+    unknown = [key for key in data if key not in known]
+    if unknown:
+        close = {key: difflib.get_close_matches(str(key), known, n=1) for key in unknown}
+        named = ", ".join(f"{key!r}" + (f" (did you mean {close[key][0]!r}?)" if close[key] else "") for key in unknown)
+        raise ValueError(f"unknown field{'s' if len(unknown) > 1 else ''} {named} in {where}; "
+                         f"its fields are: {', '.join(known)}")
+
+
 def _check_positive_number(owner: str, field_name: str, value: Any, *, allow_zero: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{owner}.{field_name} must be a finite number, got {value!r}")
@@ -115,6 +127,7 @@ class LinkProfile:
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "link") -> LinkProfile:
         if not isinstance(data, Mapping):
             raise ValueError(f"field {where!r} must be a JSON object, got {type(data).__name__}")
+        _check_known_fields(data, ("name", "bandwidth_gbps", "latency_s", "base_latency_s"), f"link {where!r}")
         for key in ("name", "bandwidth_gbps", "latency_s"):
             if key not in data:
                 raise ValueError(f"missing field {where}.{key!r}")
@@ -261,6 +274,8 @@ class Hardware:
             "inter_node",
             "devices_per_node",
         )
+        optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source")
+        _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
             if key not in data:
                 raise ValueError(f"missing field {key!r} (a profile needs: {', '.join(required)})")

@@ -28,10 +28,12 @@ import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, split_of
 from autotp.base.reshard import Route, reshard_routes
+from autotp.base.shapes import nbytes, numel
 from autotp.base.strategy import Strategy
 from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import tensor_inputs
+from autotp.passes.rules.args import holds_tensor
 from autotp.passes.strategies import StrategyGraph
 from autotp.passes.uneven import largest_shard_nbytes
 
@@ -41,8 +43,7 @@ __all__ = ["CostedGraph", "cost_strategy_graph", "reshard_route", "reshard_time_
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
-    leaves = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
-    return sum(v.numel() * v.element_size() for v in leaves)
+    return nbytes(value)
 
 
 def _dtype(value: object) -> torch.dtype:
@@ -108,15 +109,15 @@ def _meta_args(node: fx.Node) -> tuple[tuple, dict]:
 
 def _local_fraction(value: object, placement: Placement, world_size: int) -> float:
     """Share of ``value`` the largest rank holds under ``placement`` (1.0 unless it is split)."""
-    if not isinstance(value, torch.Tensor) or value.numel() == 0:
+    if not isinstance(value, torch.Tensor) or numel(value) == 0:
         return 1.0
-    return largest_shard_nbytes(value.shape, value.element_size(), placement, world_size) / (value.numel() * value.element_size())
+    return largest_shard_nbytes(value.shape, value.element_size(), placement, world_size) / (numel(value) * value.element_size())
 
 
 def _local_nbytes(value: object, placement: Placement, world_size: int) -> float:
     """Bytes of ``value`` (a tensor, or a tuple of them sharing one placement) on the largest rank."""
     leaves = [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
-    return sum(_local_fraction(v, placement, world_size) * v.numel() * v.element_size() for v in leaves)
+    return sum(_local_fraction(v, placement, world_size) * numel(v) * v.element_size() for v in leaves)
 
 
 def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_size: int) -> float:
@@ -136,7 +137,7 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
 
 
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
-    if node.op != "call_function":
+    if node.op != "call_function" or not holds_tensor(node):  # size arithmetic runs on the host: free
         return [0.0] * len(strategies)
     if launches_no_kernel(node.target):  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
         return [hardware.view_op_s] * len(strategies)

@@ -7,8 +7,10 @@ replicated outputs. The input graph is not modified.
 
 What changes, node by node:
 
-- shape arguments of reshapes (``view``/``reshape``/``expand``/``unflatten``) become this
-  rank's local shape (uneven splits give each rank its own constants);
+- shape arguments of reshapes (``view``/``reshape``/``expand``/``unflatten``) get this rank's
+  local size in the split dim (uneven splits give each rank its own constant); every other
+  entry stays as traced, so a dynamic batch or sequence size stays a symbolic expression
+  (a ``sym_size`` node) and one rank-local graph serves every input size;
 - ops whose local form differs from the global one get it (registered beside the op's rule,
   :func:`autotp.passes.rules.local_form_for`): a vocabulary-split ``embedding`` looks up only
   the ids in this rank's row range (others give zeros: the output is a Partial sum); a grouped
@@ -34,9 +36,11 @@ import torch.utils._pytree as pytree
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import BlockShard, Placement, split_of
 from autotp.base.reshard import ReshardKind, reshard_steps, route_with_kinds
+from autotp.base.shapes import concrete_shape, first_tensor
 from autotp.base.strategy import Strategy
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import local_form_for
+from autotp.passes.rules.args import holds_tensor
 from autotp.passes.uneven import Partitions
 
 aten = torch.ops.aten
@@ -88,31 +92,56 @@ class _Builder:
         return x
 
 
-def _local_shape(node: fx.Node, placement: Placement, parts: Partitions, rank: int) -> list[int]:
-    shape = [int(s) for s in node.meta["val"].shape]
+def _local_split_size(node: fx.Node, placement: Placement, parts: Partitions, rank: int) -> tuple[int, int] | None:
+    """``(dim, local size)`` of ``node``'s output split under ``placement`` on this rank, or ``None``.
+
+    Only static dims are ever split (:mod:`autotp.passes.strategies`), so the local size is an int.
+    """
     split = split_of(placement)
-    if split is not None:
-        dim, blocks = split
-        shape[dim] = blocks * parts.local(node.name, dim, rank, blocks)[1]
-    return shape
+    if split is None:
+        return None
+    dim, blocks = split
+    ndim = len(concrete_shape(first_tensor(node.meta["val"])))
+    return dim % ndim, blocks * parts.local(node.name, dim, rank, blocks)[1]
+
+
+def _with_local_size(sizes: object, index: int, local: int) -> list:
+    """``sizes`` (a shape argument: ints, ``-1`` and symbolic-size nodes) with entry ``index`` set to ``local``.
+
+    Every other entry is kept as traced: a dynamic batch or sequence size stays the graph's
+    expression for it (a ``sym_size`` node), so the rank-local graph serves every size.
+    """
+    out = list(sizes)  # type: ignore[call-overload]
+    out[index] = local
+    return out
 
 
 def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partitions, rank: int) -> tuple:
-    """Replace global shape arguments with this rank's local shape."""
+    """Replace the split dim's entry of shape arguments with this rank's local size."""
     if node.target in _SHAPE_ARG_OPS:
+        split = _local_split_size(node, strategy.output, parts, rank)
+        if split is None:
+            return args
         index = _SHAPE_ARG_OPS[node.target]
-        local = _local_shape(node, strategy.output, parts, rank)
-        return (*args[:index], local, *args[index + 1:])
+        return (*args[:index], _with_local_size(args[index], *split), *args[index + 1:])
     if node.target in (aten.split.Tensor, aten.split_with_sizes.default) and isinstance(strategy.inputs[0], BlockShard):
         # a block-sharded tensor split into its blocks: every piece is this rank's part of one block
-        piece = _local_shape(node.args[0], strategy.inputs[0], parts, rank)[strategy.inputs[0].dim] // strategy.inputs[0].blocks
+        split = _local_split_size(node.args[0], strategy.inputs[0], parts, rank)
+        if split is None:
+            raise AssertionError(f"{node.format_node()}: block-sharded input without a split")
+        piece = split[1] // strategy.inputs[0].blocks
         sizes = piece if node.target is aten.split.Tensor else [piece] * strategy.inputs[0].blocks
         return (args[0], sizes, *args[2:])
     if node.target is aten.unflatten.int:
-        local = _local_shape(node, strategy.output, parts, rank)
-        in_ndim = len(local) - len(args[2]) + 1
+        split = _local_split_size(node, strategy.output, parts, rank)
+        if split is None:
+            return args
+        dim, local = split
+        in_ndim = len(concrete_shape(node.meta["val"])) - len(args[2]) + 1
         start = args[1] % in_ndim
-        return (args[0], args[1], local[start:start + len(args[2])])
+        if not start <= dim < start + len(args[2]):
+            return args
+        return (args[0], args[1], _with_local_size(args[2], dim - start, local))
     return args
 
 
@@ -152,7 +181,8 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
 
         def map_arg(a: object, slot: Iterator[Placement] = slot) -> object:
             if isinstance(a, fx.Node):
-                return value_for(by_name[a.name], next(slot))
+                # a symbolic size (sym_size, s0 * 4) is no input slot: it stays an expression
+                return value_for(by_name[a.name], next(slot)) if holds_tensor(a) else env[a.name]
             return a
 
         args, kwargs = pytree.tree_map(map_arg, (node.args, node.kwargs))

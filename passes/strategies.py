@@ -5,7 +5,15 @@ plain data the cost pass and the solver read; the FX graph itself is not modifie
 
 Placeholders: a parameter may be replicated or split along any dim of size > 1; user inputs,
 buffers and constants arrive whole on every rank (``Replicate``). The graph output must be
-replicated, so that every rank returns the same values as the original model.
+replicated, so that every rank returns the same values as the original model. A *state* buffer
+(a KV cache the graph updates, see :mod:`autotp.capture`) is placed like a parameter, and its
+update reads it as is (``must_match``): the runtime writes the update into the rank's own block.
+
+Only static dims are split. A dynamic dim (batch, sequence: a ``torch.SymInt`` size, see
+:mod:`autotp.base.shapes`) takes a new size at every call, while the cuts of a split are fixed
+when the rank-local graph is built (``passes/uneven.py``); so every strategy that splits a
+dynamic dim of an input or output is dropped here, once, for every rule. (Splitting batch or
+sequence needs ``dynamic=False`` at capture: then those dims are static.)
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ import dataclasses
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
-from autotp.base.placements import BlockShard, Replicate, Shard
+from autotp.base.placements import BlockShard, Placement, Replicate, Shard, split_of
+from autotp.base.shapes import concrete_shape, is_static
 from autotp.base.strategy import Strategy
 from autotp.passes.rules import RuleContext, block_counts, has_rule, strategies_for, tensor_inputs
 from autotp.passes.rules.builders import fitting_blocks
@@ -58,15 +68,38 @@ def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strateg
     val = node.meta.get("val")
     strategies = [Strategy((), Replicate())]
     if isinstance(val, torch.Tensor):
-        for d, size in enumerate(int(s) for s in val.shape):
+        for d, size in enumerate(concrete_shape(val)):
             if size > 1:
                 strategies.append(Strategy((), Shard(d)))
             strategies += [Strategy((), BlockShard(d, k)) for k in fitting_blocks(size, blocks)]
     return strategies
 
 
-def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str]) -> StrategyGraph:
-    """Enumerate the strategies of every node of ``gm`` for a mesh axis of ``world_size`` ranks."""
+def _splits_static_dims(placement: Placement, value: object) -> bool:
+    """False when ``placement`` splits a dynamic (symbolic) dim of a tensor in ``value``."""
+    split = split_of(placement)
+    if split is None:
+        return True
+    dim = split[0]
+    return all(is_static(leaf.shape[dim]) for leaf in pytree.tree_leaves(value)
+               if isinstance(leaf, torch.Tensor) and -leaf.dim() <= dim < leaf.dim())
+
+
+def _static_splits_only(node: fx.Node, strategies: list[Strategy]) -> list[Strategy]:
+    """The strategies of ``node`` that split only static dims of its inputs and output."""
+    inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
+    out = node.meta.get("val")
+    return [s for s in strategies
+            if _splits_static_dims(s.output, out) and all(_splits_static_dims(p, v) for p, v in zip(s.inputs, inputs))]
+
+
+def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str],
+                         state: frozenset[str] = frozenset()) -> StrategyGraph:
+    """Enumerate the strategies of every node of ``gm`` for a mesh axis of ``world_size`` ranks.
+
+    ``parameters``: placeholder name -> FQN of everything placed like a parameter (state buffers
+    included); ``state``: the placeholders among them that the graph updates.
+    """
     order: list[str] = []
     nodes: dict[str, fx.Node] = {}
     strategies: dict[str, list[Strategy]] = {}
@@ -83,7 +116,7 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
         elif node.op == "call_function":
             if not has_rule(node):
                 fallback.append(node.name)
-            strategies[node.name] = strategies_for(node, ctx)
+            strategies[node.name] = _static_splits_only(node, strategies_for(node, ctx))
         else:
             raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
         if world_size == 1:
@@ -92,6 +125,6 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
             strategies[node.name] = strategies[node.name][:1]
         for slot, producer in enumerate(tensor_inputs(node)):
             producer_val = producer.meta.get("val")
-            must_match = isinstance(producer_val, (tuple, list))
+            must_match = isinstance(producer_val, (tuple, list)) or producer.name in state
             edges.append(Edge(producer.name, node.name, slot, must_match, local_only=producer.name in parameters))
     return StrategyGraph(gm, world_size, order, nodes, strategies, edges, dict(parameters), fallback)

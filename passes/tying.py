@@ -24,6 +24,7 @@ from collections import defaultdict
 import torch
 
 from autotp.base.module_paths import block_of
+from autotp.base.shapes import concrete_shape
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph
 
@@ -41,7 +42,7 @@ def _path(graph: StrategyGraph, name: str) -> str:
 
 def _shape_of(value: object) -> object:
     if isinstance(value, torch.Tensor):
-        return tuple(int(s) for s in value.shape), str(value.dtype)
+        return concrete_shape(value), str(value.dtype)
     if isinstance(value, (list, tuple)):
         return tuple(_shape_of(v) for v in value)
     return type(value).__name__

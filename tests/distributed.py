@@ -43,6 +43,7 @@ exit.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -166,10 +167,8 @@ def _worker_main(rank: int, world_size: int, init_method: str, pg_timeout_s: flo
                 exc_payload = None
             failure = (type(exc).__qualname__, str(exc), traceback.format_exc(), exc_payload)
             result_queue.put((task_id, rank, False, failure))
-    try:
+    with contextlib.suppress(Exception):  # exiting anyway
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001, S110 - exiting anyway
-        pass
 
 
 class GlooPool:
@@ -302,10 +301,8 @@ class GlooPool:
         others = {r: f"{f[0]}: {f[1]}" for r, f in failures.items() if r != first}
         error = RankError(first, self.world_size, exc_type, exc_text, remote_tb, others)
         if exc_payload is not None:
-            try:
+            with contextlib.suppress(Exception):  # the text above is what matters
                 error.__cause__ = pickle.loads(exc_payload)
-            except Exception:  # noqa: BLE001, S110 - the text above is what matters
-                pass
         return error
 
     def _stop_processes(self) -> None:

@@ -37,7 +37,10 @@ def _plan(model_name: str, shapes: dict[str, int], hardware: str, world_size: in
     model, args, kwargs = MODELS[model_name](shapes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ops without a rule (e.g. Llama's rotary index) are not the point here
-        return autotp.plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None)
+        # static shapes: the flip is about these exact sizes, and only static dims (here also batch and
+        # sequence) may be split, e.g. the tokens of a row-parallel linear's output
+        return autotp.plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None,
+                           dynamic=False)
 
 
 def _linears(plan: Plan) -> dict[str, Any]:

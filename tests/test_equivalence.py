@@ -63,7 +63,7 @@ def test_vocabulary_parallel_embedding_and_output_projection(gloo) -> None:
 def _compile_with_world_size(rank: int, world_size: int, asked: int) -> str:
     model, args, kwargs = BUILDERS["mlp"]()
     try:
-        autotp.compile(model, asked, example_inputs=args, example_kwargs=kwargs)
+        autotp.compile(model, world_size=asked, example_inputs=args, example_kwargs=kwargs)
     except ValueError as exc:
         return str(exc)
     return "no error"

@@ -69,3 +69,20 @@ def test_cli_rejects_a_bad_memory_budget_before_tracing(capsys) -> None:
     assert code == 2, f"expected exit code 2, got {code}; stderr:\n{err}"
     assert "memory_budget must be 'auto', None" in err, err
     assert "traced" not in err, f"tracing ran before the option was checked:\n{err}"
+
+
+def test_strategy_filter_may_only_narrow() -> None:
+    """tp=2, tiny MLP: a filter that leaves a node with no candidate is a PlanError naming the node."""
+    import dataclasses
+
+    from autotp.base.errors import PlanError
+
+    def drop_all(graph):
+        first = graph.order[0]
+        return dataclasses.replace(graph, strategies={**graph.strategies, first: []})
+
+    model, args, _ = tiny_mlp(device="meta")
+    captured = capture(model, tuple(a.to("meta") for a in args))
+    with pytest.raises(PlanError, match="must only narrow") as info:
+        autotp.plan_graph(captured, PlanOptions(world_size=2, strategy_filter=drop_all))
+    assert "no candidate strategy left" in str(info.value), str(info.value)

@@ -21,3 +21,22 @@ class PlanMismatchError(AutoTPError):
 
 class UnsupportedOpError(AutoTPError):
     """``strict=True`` and some ops have no sharding rule (they would run replicated)."""
+
+
+class AgreementError(AutoTPError):
+    """The ranks of a tensor-parallel group disagree (graph, options, weights or input shapes).
+
+    Every rank raises it with the same message, naming the ranks and what differs.
+    """
+
+
+class RankTimeoutError(AgreementError):
+    """Some ranks did not reach an autotp exchange within ``agreement_timeout_s`` (named in the message)."""
+
+
+class TracedValueError(AutoTPError):
+    """A non-tensor argument was called with another value than the one baked into the traced graph."""
+
+
+class InputShapeError(AutoTPError, ValueError):
+    """A tensor-parallel model was called with an input size its traced graph cannot take."""

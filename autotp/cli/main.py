@@ -5,6 +5,10 @@ weights in each, makes it tensor-parallel with :func:`autotp.compile`, checks it
 the single-process model and prints the plan and the figures. It exits 1 if the outputs differ by
 more than the tolerance, 2 if a rank failed.
 
+``autotp demo --generate N`` then also generates N tokens greedily with a sharded KV cache and
+prints the tokens, prefill ms, ms per token and tokens/s against the single process (exit 1 if the
+tokens differ); see :mod:`autotp.cli.generate_demo`.
+
 ``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
 op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
 as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.cost_model.calibrate`.
@@ -46,6 +50,7 @@ class DemoConfig:
     tolerance: float
     init_method: str
     hardware: str = "h100-sxm"  # the profile the plan is costed for; the run itself is CPU gloo
+    generate: int = 0  # new tokens to generate after the logits check (0: no generation)
 
 
 @dataclass
@@ -139,7 +144,14 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
                 collective_counts=dict(tp_model.collective_counts()),
             )
             print(format_report(report, config), flush=True)
-            results.put(report.max_abs_diff)  # small: a large message would block the pipe until join
+        same_tokens = True
+        if config.generate:
+            from autotp.cli.generate_demo import generate_demo
+
+            same_tokens = generate_demo(rank, model, ids, config.generate, config.hardware)
+        if rank == 0:
+            # small: a large message would block the pipe until join
+            results.put(report.max_abs_diff if same_tokens else float("inf"))
     finally:
         dist.destroy_process_group()
 
@@ -206,6 +218,27 @@ def run_demo(config: DemoConfig) -> int:
     return 0 if max_abs_diff <= config.tolerance else 1
 
 
+def run_checkpoint_demo(config: DemoConfig, checkpoint: str) -> int:
+    """``autotp demo --checkpoint DIR``: spawn the ranks of :mod:`autotp.cli.load_demo`, return the exit code."""
+    import torch.multiprocessing as mp
+
+    from autotp.cli.load_demo import run_checkpoint_rank
+
+    print(f"spawning {config.world_size} gloo processes to load {checkpoint}...", flush=True)
+    results = mp.get_context("spawn").SimpleQueue()
+    try:
+        mp.start_processes(run_checkpoint_rank, nprocs=config.world_size, join=True, start_method="spawn",
+                           args=(config.world_size, config.init_method, checkpoint, config.seq_len, config.hardware,
+                                 config.tolerance, results))
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        print(f"autotp demo --checkpoint failed on rank {exc.error_index}:\n{exc}", file=sys.stderr, flush=True)
+        return 2
+    if results.empty():
+        print("autotp demo: rank 0 finished without a result", file=sys.stderr, flush=True)
+        return 2
+    return 0 if results.get() <= config.tolerance else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotp", description="Automatic tensor parallelism for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -222,9 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: 0)")
     demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                       help=f"largest max-abs logit difference accepted (default: {DEFAULT_TOLERANCE:g})")
+    demo.add_argument("--checkpoint", metavar="DIR", default=None,
+                      help="load this transformers safetensors checkpoint with autotp.from_pretrained instead of "
+                           "building a random Llama, and show each rank's peak memory while loading")
     demo.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
                       help="hardware profile the plan is costed for (name or JSON path; default: h100-sxm); "
                            "the run itself is always CPU gloo")
+    demo.add_argument("--generate", type=positive_int, default=0, metavar="N",
+                      help="then generate N tokens greedily with a sharded KV cache and compare tokens, prefill ms, "
+                           "ms per token and tokens/s with the single-process model.generate")
     _add_calibrate_parser(commands)
     from autotp.cli.plan import add_plan_parser
 
@@ -284,8 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         config = DemoConfig(
             world_size=args.world_size, layers=args.layers, seq_len=args.seq_len, seed=args.seed,
             tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{_free_port()}", hardware=args.hardware,
+            generate=args.generate,
         )
         try:
+            if args.checkpoint is not None:
+                return run_checkpoint_demo(config, args.checkpoint)
             return run_demo(config)
         except KeyboardInterrupt:
             return 130

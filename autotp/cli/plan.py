@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from autotp.cli.arguments import hardware_profile, output_path, positive_float, positive_int
+from autotp.cli.arguments import constraint, hardware_profile, memory_budget, output_path, positive_float, positive_int
 
 __all__ = ["PRESETS", "ModelSpec", "SpecError", "add_plan_parser", "load_spec", "run_plan"]
 
@@ -81,26 +81,67 @@ def _hf_spec(config: Any, description: str, dtype: str | None) -> ModelSpec:
         import transformers
 
         config.use_cache = False
-        with torch.device("meta"):  # sdpa: one fused attention op the planner has a rule for
-            try:
-                model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-            except ValueError:
-                model = transformers.AutoModel.from_config(config, attn_implementation="sdpa")
+        # encoder-decoder models (T5, BART) are built with their LM head and fed decoder tokens too
+        head = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+        with torch.device("meta"):
+            model = _from_config(transformers, head, config)
         if dtype:
             model = model.to(_torch_dtype(dtype))
         ids = torch.zeros(batch, seq_len, dtype=torch.long)  # (batch, seq)
-        kwargs = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+        parameters = inspect.signature(model.forward).parameters
+        kwargs: dict[str, Any] = {"use_cache": False} if "use_cache" in parameters else {}
+        if config.is_encoder_decoder and "decoder_input_ids" in parameters:
+            kwargs["decoder_input_ids"] = ids
         return model.eval(), (ids,), kwargs
 
     return ModelSpec(description, build, shapes_vary=True)
 
 
-def _config_from_dict(values: dict[str, Any]) -> Any:
+def _from_config(transformers: Any, head: Any, config: Any) -> Any:
+    """The model of ``config`` with ``head`` (else the bare ``AutoModel``), attention through SDPA where it has one.
+
+    SDPA is one fused attention op the planner has a rule for; models without attention
+    (Mamba, RWKV) refuse ``"sdpa"`` and are built with ``"eager"``, which they ignore.
+    """
+    for auto in (head, transformers.AutoModel):
+        for attention in ("sdpa", "eager"):
+            try:
+                return auto.from_config(config, attn_implementation=attention)
+            except ValueError as exc:
+                error = exc
+                if "attention" not in str(exc) and "attn" not in str(exc):
+                    break  # not about attention: try the next auto class
+    raise SpecError(f"transformers cannot build a {config.model_type} model from this config: "
+                    f"{_first_lines(error)}")
+
+
+def _first_lines(exc: BaseException, lines: int = 2) -> str:
+    """The first lines of an error's text (transformers' own messages can run to kilobytes)."""
+    text = " ".join(str(exc).strip().splitlines()[:lines])
+    return text if len(text) <= 300 else text[:300] + " ..."
+
+
+def _config_from_dict(values: dict[str, Any], where: str = "the config") -> Any:
+    """A transformers config from its dict form; :class:`SpecError` says what is wrong with it."""
+    import difflib
+
     import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     values = dict(values)
     model_type = values.pop("model_type")
-    return transformers.AutoConfig.for_model(model_type, **values)
+    if model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING.keys()), n=3)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise SpecError(
+            f"{where}: model_type {model_type!r} is not an architecture transformers {transformers.__version__} "
+            f"knows{hint} (a newer transformers may know it; or pass a package.module:factory SPEC that builds the model)"
+        )
+    try:
+        return transformers.AutoConfig.for_model(model_type, **values)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds (validation errors, TypeError, ...)
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        raise SpecError(f"{where} is not a valid {model_type} config: {_first_lines(cause)}") from None
 
 
 def _factory_spec(spec: str, dtype: str | None) -> ModelSpec:
@@ -156,10 +197,7 @@ def load_spec(spec: str, *, dtype: str | None = None) -> ModelSpec:
             raise SpecError(f"{path} is not a readable JSON config: {exc}") from exc
         if not isinstance(values, dict) or "model_type" not in values:
             raise SpecError(f"{path} has no \"model_type\"; it must be a transformers config.json")
-        try:
-            config = _config_from_dict(values)
-        except (KeyError, ValueError) as exc:
-            raise SpecError(f"transformers cannot read {path}: {exc}") from exc
+        config = _config_from_dict(values, path)
         chosen = dtype or _config_dtype(values) or "bfloat16"
         return _hf_spec(config, f"{path} ({values['model_type']})", chosen)
     if re.fullmatch(r"[\w.]+:\w+", spec):
@@ -179,34 +217,6 @@ def _config_dtype(values: dict[str, Any]) -> str | None:
 
 def _say(message: str) -> None:
     print(f"[autotp plan] {message}", file=sys.stderr, flush=True)
-
-
-def _parse_budget(text: str) -> float | str | None:
-    low = text.strip().lower()
-    if low == "auto":
-        return "auto"
-    if low in ("none", "off", "unlimited"):
-        return None
-    match = re.fullmatch(r"([\d.]+)\s*(b|kib|mib|gib|tib|kb|mb|gb|tb)?", low)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected 'auto', 'none' or bytes such as 20GiB, got {text!r}")
-    scale = {None: 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-             "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}[match.group(2)]
-    return float(match.group(1)) * scale
-
-
-def _parse_constraint(text: str) -> tuple[str, str]:
-    pattern, sep, placement = text.rpartition("=")
-    if not sep or not pattern or not placement:
-        raise argparse.ArgumentTypeError(f"expected PATTERN=PLACEMENT such as 'model.layers.*.mlp.down_proj.weight=R', "
-                                         f"got {text!r}")
-    from autotp.base.placements import placement_from_str
-
-    try:
-        placement_from_str(placement)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-    return pattern, placement
 
 
 def add_plan_parser(commands: Any) -> None:
@@ -234,9 +244,9 @@ def add_plan_parser(commands: Any) -> None:
                       help="which forward pass to plan and report (default: prefill)")
     plan.add_argument("--dtype", choices=_DTYPES, default=None,
                       help="parameter dtype (default: the config's torch_dtype, else bfloat16; presets float32)")
-    plan.add_argument("--memory-budget", type=_parse_budget, default="auto", metavar="BYTES",
+    plan.add_argument("--memory-budget", type=memory_budget, default="auto", metavar="BYTES",
                       help="weights per rank: 'auto' (every matrix split, default), 'none', or e.g. 20GiB")
-    plan.add_argument("--constraint", type=_parse_constraint, action="append", default=[], metavar="PATTERN=PLACEMENT",
+    plan.add_argument("--constraint", type=constraint, action="append", default=[], metavar="PATTERN=PLACEMENT",
                       help="pin matching parameters/nodes, e.g. 'model.layers.*.mlp.down_proj.weight=R' (repeatable)")
     plan.add_argument("--html", type=output_path, metavar="PATH", help="write the interactive HTML view here")
     plan.add_argument("--json", type=output_path, metavar="PATH", help="write the plan (versioned JSON) here")

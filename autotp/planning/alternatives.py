@@ -20,6 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, placement_to_str
+from autotp.base.shapes import concrete_shape
 from autotp.base.strategy import Strategy
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import compute_s, price_outputs, reshard_s
@@ -40,7 +41,7 @@ def strategy_text(strategy: Strategy) -> str:
 
 def _value_key(value: object) -> tuple:
     """What a resharding's price depends on besides the placements: the tensors' shapes and dtypes."""
-    return tuple((tuple(v.shape), v.dtype) for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
+    return tuple((concrete_shape(v), v.dtype) for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
 
 
 MAX_ALTERNATIVES = 8

@@ -136,7 +136,8 @@ def blocks(plan: Plan) -> list[Block]:
             found[name] = Block(name, name.rsplit(".", 1)[0] if prefix and "." in name else "")
             first_any[name] = index
         found[name].nodes.append(node)
-        if node.op not in ("placeholder", "output") and name not in first_op:
+        # size arithmetic (sym_size of a dynamic dim: no tensor, no dtype) does not place a block
+        if node.op not in ("placeholder", "output") and node.dtype and name not in first_op:
             first_op[name] = index
     for c in plan.collectives:
         name = block_of(c.module)

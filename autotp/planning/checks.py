@@ -34,7 +34,7 @@ def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> 
     from autotp.base.placements import placement_to_str
 
     plan.check_matches(captured.graph_module, world_size)
-    fqns = captured.parameter_fqns()
+    fqns = {**captured.parameter_fqns(), **captured.state_fqns()}
     decisions = {n.name: n for n in plan.nodes}
     problems = []
     for name, fqn in fqns.items():
@@ -42,7 +42,7 @@ def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> 
         if plan.parameters.get(fqn) != node.output:
             problems.append(f"parameter {fqn}: 'parameters' says {plan.parameters.get(fqn)!r} but its node {name} "
                             f"says {node.output!r}; edit both to the same placement")
-    graph = build_strategy_graph(captured.graph_module, world_size, fqns)
+    graph = build_strategy_graph(captured.graph_module, world_size, fqns, frozenset(captured.state))
     bad = []
     for name in graph.order:
         offered = {(tuple(placement_to_str(p) for p in s.inputs), placement_to_str(s.output)): s

@@ -23,6 +23,7 @@ import torch.fx as fx
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import Placement, placement_from_str
 from autotp.base.reshard import ReshardKind
+from autotp.base.shapes import concrete_shape
 from autotp.base.strategy import Strategy
 from autotp.passes.resharding import is_collective_step
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from autotp.inspect.explain import PlanDiff
     from autotp.inspect.parallelize_plan import ParallelizePlan
 
-__all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "graph_fingerprint"]
+__all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "as_plan", "graph_fingerprint"]
 
 PLAN_FORMAT_VERSION = 2
 """Version written by :meth:`Plan.save`. Version 1 plans (no graph edges, shapes or
@@ -43,7 +44,7 @@ _READABLE_VERSIONS = (1, 2)
 
 def _describe(node: fx.Node) -> str:
     val = node.meta.get("val")
-    shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+    shape = concrete_shape(val) if isinstance(val, torch.Tensor) else None
     target = node.target if node.op == "call_function" else node.op
     return f"{node.name}:{target}:{shape}"
 
@@ -54,12 +55,17 @@ def graph_fingerprint(gm: fx.GraphModule) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_EXPORT_ADDED_NODE = "_empty_nn_module_stack_from_metadata_hook"
+
+
 def module_path(node: fx.Node) -> str:
     """The FQN of the innermost module that produced ``node`` (``""`` at the top level)."""
     stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
+    # nodes export adds itself (e.g. the sym_size reads of dynamic dims) carry a placeholder entry
+    paths = [path for key, (path, *_) in stack.items() if key != _EXPORT_ADDED_NODE]
+    if not paths:
         return ""
-    path = list(stack.values())[-1][0]
+    path = paths[-1]
     return path.replace("L['self'].", "").replace("L__self___", "")
 
 
@@ -319,3 +325,18 @@ class Plan:
             )
         if problems:
             raise PlanMismatchError("plan does not match the model:\n  - " + "\n  - ".join(problems))
+
+
+def as_plan(plan: object) -> Plan | None:
+    """``plan=`` as given to ``autotp.compile``: a Plan, a path to a saved plan (loaded), or ``None``."""
+    if plan is None or isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, os.PathLike)):
+        if not os.path.isfile(plan):
+            raise FileNotFoundError(f"plan={str(plan)!r}: no such file; pass the path of a plan saved with "
+                                    "plan.save(path) or `autotp plan ... --json path`, or a Plan object")
+        return Plan.load(plan)
+    if isinstance(plan, Mapping):
+        raise TypeError("plan= got a dict; pass a Plan: autotp.Plan.load(path) for a saved file (or the path itself), "
+                        "or autotp.Plan.from_json(json.dumps(d)) for a dict read from JSON")
+    raise TypeError(f"plan= must be a Plan, a path to a saved plan, or None; got {type(plan).__name__}")

@@ -15,7 +15,6 @@ It needs no process group and no real weights. State after each step:
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 
@@ -24,12 +23,14 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
+from autotp.base.progress import log_progress
+from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
 from autotp.passes.pricing import compute_s, price_choice
 from autotp.passes.rules import tensor_inputs
-from autotp.passes.solver import Solution, solve
+from autotp.passes.solver import Solution, min_parameter_bytes, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import largest_shard_nbytes
@@ -39,11 +40,6 @@ from autotp.planning.options import PlanOptions
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 
 __all__ = ["auto_memory_budget", "check_fits_device", "plan_graph", "resolve_memory_budget"]
-
-
-def _log(progress: bool, message: str) -> None:
-    if progress:
-        print(f"[autotp] {message}", file=sys.stderr, flush=True)
 
 
 def _splittable_parameters(costed: CostedGraph) -> set[str]:
@@ -58,12 +54,13 @@ def _splittable_parameters(costed: CostedGraph) -> set[str]:
     return unread | {name for name, placements in accepted.items() if placements}
 
 
-def auto_memory_budget(costed: CostedGraph, world_size: int | None = None) -> float:
+def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(), world_size: int | None = None) -> float:
     """The ``memory_budget="auto"`` bytes per rank: every matrix split along *some* dim, 1-D tensors may stay whole.
 
     Per matrix the allowance is its largest shard over the dims it could be split on, so
     rounding of uneven splits never forces one dim over another; a matrix that no split lets
-    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole. The
+    its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
+    is ``state`` (KV caches: whether to split their heads is the cost model's choice). The
     budget depends on shapes, the world size and which ops read each parameter, not on the
     strategies offered (constraints and reference plans get the same budget). ``world_size``
     (default: the graph's) gives the same figure at another world size, with the same readers.
@@ -77,18 +74,19 @@ def auto_memory_budget(costed: CostedGraph, world_size: int | None = None) -> fl
         val = costed.graph.nodes[name].meta["val"]
         full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
         splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
-                  for d, size in enumerate(val.shape) if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable
+                  for d, size in enumerate(concrete_shape(val)) if size > 1]
+        whole = val.dim() <= 1 or not splits or name not in splittable or name in state
         total += full if whole else max(splits)
     return total
 
 
-def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph) -> float | None:
+def resolve_memory_budget(memory_budget: float | int | str | None, costed: CostedGraph,
+                          state: frozenset[str] = frozenset()) -> float | None:
     """Bytes per rank for a validated ``memory_budget`` option (``"auto"``, ``None`` or bytes)."""
     if memory_budget is None:
         return None
     if memory_budget == "auto":
-        budget = auto_memory_budget(costed)
+        budget = auto_memory_budget(costed, state)
         check_fits_device(costed, budget)
         return budget
     return float(memory_budget)
@@ -113,7 +111,7 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
     activation_bytes = sum(sizes[:2])
 
     def needed(world_size: int) -> float:
-        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size)
+        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size=world_size)
         return weights + state_bytes + activation_bytes
 
     if needed(graph.world_size) <= hw_bytes:
@@ -131,6 +129,21 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
                     "more memory, or memory_budget=<bytes per rank> to plan anyway")
 
 
+def _narrowed(before: StrategyGraph, after: StrategyGraph) -> StrategyGraph:
+    """``after`` if it keeps the nodes of ``before`` and only narrows their candidates; else a PlanError."""
+    problems = []
+    for name in before.order:
+        kept = after.strategies.get(name, [])
+        if not kept:
+            problems.append(f"{name}: no candidate strategy left")
+        elif not set(kept) <= set(before.strategies[name]):
+            problems.append(f"{name}: strategies that were not candidates were added")
+    if after.order != before.order or problems:
+        detail = "; ".join(problems[:5]) or "the nodes changed"
+        raise PlanError(f"strategy_filter must only narrow each node's candidate strategies: {detail}")
+    return after
+
+
 def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
     """With ``strict``, refuse ops that have no sharding rule, naming each and where the user's code calls it."""
     if not graph.fallback or not strict:
@@ -146,6 +159,29 @@ def _check_fallback(graph: StrategyGraph, strict: bool) -> None:
     )
 
 
+def _blame_constraints(error: PlanError, options: PlanOptions, budget: float | None, costed: CostedGraph) -> PlanError:
+    """A budget error that names the user's constraints when they, not the budget alone, break it.
+
+    The solver's floor assumes every parameter may be split; constraints that keep weights whole
+    (``Replicate()``) raise it, and the default budget was never meant to hold whole matrices.
+    """
+    pinned = [pattern for pattern, text in (options.constraints or {}).items() if str(text) == "R"]
+    floor = min_parameter_bytes(costed)
+    if not pinned or budget is None or floor <= budget:
+        return error
+    which = ", ".join(f"{pattern}=Replicate()" for pattern in pinned)
+    if options.memory_budget == "auto":
+        said = (f"the default memory budget (memory_budget='auto': about 1/world_size of the weights per rank, "
+                f"{budget / 2**20:.2f} MiB)")
+    else:
+        said = f"memory_budget={options.memory_budget!r} ({budget / 2**20:.2f} MiB per rank)"
+    return PlanError(
+        f"your constraints keep weights whole on every rank ({which}), and then {said} cannot hold the "
+        f"parameters: with these constraints a rank needs at least {floor} bytes ({floor / 2**20:.2f} MiB). "
+        f"Pass memory_budget=None (no limit) or memory_budget>={floor}, or drop the Replicate() constraint."
+    )
+
+
 def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     """Decide how to split ``captured`` over ``options.world_size`` ranks; returns the :class:`Plan`.
 
@@ -157,18 +193,22 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     """
     started = time.perf_counter()
     hw = options.hardware_profile
-    graph = build_strategy_graph(captured.graph_module, options.world_size, captured.parameter_fqns())
+    graph = build_strategy_graph(captured.graph_module, options.world_size,
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
     if options.strategy_filter is not None:
-        graph = options.strategy_filter(graph)
+        graph = _narrowed(graph, options.strategy_filter(graph))
     graph = apply_constraints(graph, options.constraints)
     _check_fallback(graph, options.strict)
-    _log(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
+    log_progress(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
                            f"costing on {hw.name}")
     costed = cost_strategy_graph(graph, hw)
-    budget = resolve_memory_budget(options.memory_budget, costed)
-    _log(options.progress, "solving (MILP, HiGHS)")
-    solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
-                     tie=tie_identical_blocks(graph))
+    budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
+    log_progress(options.progress, "solving (MILP, HiGHS)")
+    try:
+        solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
+                         tie=tie_identical_blocks(graph))
+    except PlanError as exc:
+        raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
     if plan.fallback_ops:
         warnings.warn(
@@ -176,7 +216,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
             f"{', '.join(plan.fallback_ops)} (see plan.fallback_ops; strict=True makes this an error)",
             stacklevel=3,
         )
-    _log(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
+    log_progress(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
     return plan
 
 
@@ -202,7 +242,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             fallback=name in fallback,
             input_nodes=tuple(p.name for p in tensor_inputs(node)),
             target=targets.get(name, ""),
-            shape=tuple(int(d) for d in value.shape) if value is not None else (),
+            shape=concrete_shape(value) if value is not None else (),
             dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
             alternatives=alternatives.get(name, ()),
         ))

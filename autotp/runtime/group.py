@@ -16,6 +16,7 @@ from autotp.capture import CapturedGraph
 from autotp.planning.options import PlanOptions, check_world_size
 from autotp.planning.plan import Plan
 from autotp.planning.planner import plan_graph
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, share_from_first
 
 __all__ = ["bind_group", "plan_on_first_rank"]
 
@@ -42,26 +43,29 @@ def bind_group(group: dist.ProcessGroup | None, world_size: int | None, *, calle
 
 
 def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: dist.ProcessGroup | None,
-                       rank: int) -> Plan:
-    """Plan on the group's first rank and broadcast the plan: every rank applies the same plan,
-    and the others spend no time solving. (A fake process group, used for tests, cannot carry
-    objects, so there every rank plans; planning is deterministic.) ``options.progress`` is
-    honoured on the first rank only."""
+                       rank: int, agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
+    """Plan on the group's first rank and send the plan to the others: every rank applies the same
+    plan, and the others spend no time solving. They wait at most ``options.time_limit_s +
+    agreement_timeout_s`` (:func:`~autotp.runtime.agreement.share_from_first`), then name rank 0.
+    (A fake process group, used for tests, cannot carry objects, so there every rank plans;
+    planning is deterministic.) ``options.progress`` is honoured on the first rank only."""
     if rank != 0 and options.progress:
         options = dataclasses.replace(options, progress=False)
     if options.world_size == 1 or dist.get_backend(group) == "fake":
         return plan_graph(captured, options)
-    box: list[object] = [None]
+    made: Plan | None = None
+    failure: Exception | None = None
     if rank == 0:
         try:
-            box[0] = plan_graph(captured, options)
-        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
-            box[0] = exc
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
-    if isinstance(box[0], BaseException):
-        if rank == 0:
-            raise box[0]
-        raise PlanError(f"planning failed on rank 0: {box[0]}") from None
-    if not isinstance(box[0], Plan):
-        raise PlanError(f"rank 0 sent {type(box[0]).__name__} instead of a Plan")
-    return box[0]
+            made = plan_graph(captured, options)
+        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for a plan that never comes
+            failure = exc
+    sent = share_from_first(made if failure is None else f"{type(failure).__name__}: {failure}", group=group,
+                            timeout_s=options.time_limit_s + agreement_timeout_s, what="the plan from rank 0")
+    if failure is not None:
+        raise failure
+    if isinstance(sent, str):
+        raise PlanError(f"planning failed on rank 0: {sent}")
+    if not isinstance(sent, Plan):
+        raise PlanError(f"rank 0 sent {type(sent).__name__} instead of a Plan")
+    return sent

@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -33,9 +33,10 @@ from autotp.base.errors import AutoTPError
 from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange
 from autotp.runtime.module import parameter_layout
 
-__all__ = ["Checkpoint", "ReadRequest", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
+__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _MAX_LISTED = 8
@@ -82,6 +83,22 @@ class ReadRequest:
     @property
     def block(self) -> Block | None:
         return None if self.blocks is None else self.blocks[self.rank]
+
+
+class TensorSource(Protocol):
+    """What the loader reads from: a safetensors :class:`Checkpoint` or a
+    :class:`~autotp.runtime.saving.DistributedCheckpoint`."""
+
+    path: Path
+    entries: dict[str, TensorEntry]
+
+    def __contains__(self, key: str) -> bool: ...
+
+    def __getitem__(self, key: str) -> TensorEntry: ...
+
+    def describe(self) -> str: ...
+
+    def read(self, requests: list[ReadRequest]) -> list[torch.Tensor]: ...
 
 
 def _read_header(file: Path) -> dict[str, TensorEntry]:
@@ -173,7 +190,7 @@ class Checkpoint:
         return f"{self.path} ({len(self.entries)} tensors in {shown})"
 
 
-def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+def open_checkpoint(path: str | os.PathLike[str]) -> TensorSource:
     """A safetensors checkpoint, or a ``torch.distributed.checkpoint`` directory (one with ``.metadata``)
     written by :meth:`TensorParallelModule.save`; both read only this rank's blocks."""
     if (Path(path) / ".metadata").is_file():
@@ -192,7 +209,7 @@ def _transforms(model_keys: Iterable[str], checkpoint_keys: Iterable[str]) -> li
     return candidates
 
 
-def match_keys(aliases: Mapping[str, tuple[str, ...]], checkpoint: Checkpoint) -> dict[str, str]:
+def match_keys(aliases: Mapping[str, tuple[str, ...]], checkpoint: TensorSource) -> dict[str, str]:
     """Model FQN -> checkpoint key, for every FQN that has one.
 
     ``aliases`` gives, per FQN, every name of the same tensor (tied weights have several). One
@@ -291,7 +308,7 @@ def _materialize_hf_buffers(model: torch.nn.Module, fqns: list[str], device: tor
         init(module)
 
 
-def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, rank: int, checkpoint: Checkpoint,
+def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, rank: int, checkpoint: TensorSource,
                       model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
     """This rank's value of every parameter, buffer and constant placeholder of ``captured``, read from ``checkpoint``.
 
@@ -373,12 +390,14 @@ def _model_tensor(model: torch.nn.Module, fqn: str, exported: torch.export.Expor
     return tensor
 
 
-def agree_on_success(group: object, load: Callable[[], T]) -> T:
+def agree_on_success(group: object, load: Callable[[], T], *,
+                     timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> T:
     """Run ``load`` on every rank of ``group`` and raise on *every* rank when it failed on any.
 
-    One small ``all_gather_object`` after loading: a rank whose file is bad must not leave the
-    others waiting in the first collective of the forward pass. (A fake process group cannot carry
-    objects; there each rank raises its own error.)
+    One small exchange after loading (:func:`autotp.runtime.agreement.exchange`, bounded by
+    ``timeout_s``): a rank whose file is bad must not leave the others waiting in the first
+    collective of the forward pass. (A fake process group cannot carry objects; there each rank
+    raises its own error.)
     """
     import torch.distributed as dist
 
@@ -387,8 +406,8 @@ def agree_on_success(group: object, load: Callable[[], T]) -> T:
     except CheckpointError as exc:
         result, error = None, str(exc)
     if dist.is_initialized() and dist.get_world_size(group) > 1 and dist.get_backend(group) != "fake":
-        errors: list[str | None] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(errors, error, group=group)
+        errors: list[str | None] = exchange(error, group=group, timeout_s=timeout_s,  # type: ignore[arg-type]
+                                            what="loading the checkpoint")
     else:
         errors = [error]
     failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]

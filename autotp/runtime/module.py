@@ -5,10 +5,16 @@ rank-local ``torch.fx.GraphModule``, the local shards of split parameters (slice
 the full weights at compile time; the full tensors are not kept), the replicated parameters
 and buffers, and the pytree specs that give outputs the original structure (tensors,
 tuples, dicts, HuggingFace ``ModelOutput``).
+
+Shapes: the graph was traced with dynamic batch and sequence dims (see :mod:`autotp.capture`),
+so one module serves every size with no re-trace; each call's sizes are first checked against
+the traced ones (:class:`~autotp.runtime.input_check.InputShapeCheck`), so a static dim called
+at another size raises an error naming it instead of failing inside the graph.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -17,12 +23,16 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import placement_from_str, split_of
+from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import InputGuard
+from autotp.runtime.input_check import InputShapeCheck
+from autotp.runtime.kv_cache import CacheLayout
 
-__all__ = ["TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
+__all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
 
 
 def local_block(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
@@ -54,10 +64,25 @@ def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> 
         fqn = captured.parameter_fqns().get(node.name) if node.op == "placeholder" else None
         if fqn is None or not node.users:
             continue
-        shape = tuple(int(d) for d in node.meta["val"].shape)
+        shape = concrete_shape(node.meta["val"])
         blocks = [local_block(shape, plan.parameters[fqn], parts, node.name, r) for r in range(plan.world_size)]
         layout[fqn] = (shape, None if blocks[0] is None else blocks)
     return layout
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationGraphs:
+    """What a model compiled with ``max_cache_len`` adds (see :mod:`autotp.generation`).
+
+    ``prefill``: the rank-local prefill graph (``None`` when prompts go one token per call);
+    ``prefill_inputs``: per placeholder of it, the decode graph's slot name whose tensor it takes
+    (weights and cache are shared), or the index of the user input; ``prefill_plan``: its plan.
+    """
+
+    layout: CacheLayout
+    prefill: fx.GraphModule | None
+    prefill_inputs: tuple[str | int, ...]
+    prefill_plan: Plan | None
 
 
 def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
@@ -81,16 +106,21 @@ class TensorParallelModule(torch.nn.Module):
 
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
                  local_values: dict[str, torch.Tensor], rank: int,
-                 layout: dict[str, tuple[tuple[int, ...], list[Any] | None]] | None = None) -> None:
+                 layout: dict[str, tuple[tuple[int, ...], list[Any] | None]] | None = None,
+                 generation: GenerationGraphs | None = None, *, guard: InputGuard | None = None) -> None:
         super().__init__()
         self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
+        self.generation = generation
+        self._state = set(captured.state)
         self.plan = plan
+        self._guard = guard  # traced non-tensor values, input shapes agreed across ranks (autotp.runtime.agreement)
         self.graph_module = graph_module
         self.rank = rank
         self.world_size = plan.world_size
         self._slots = captured.inputs
         self._in_spec = captured.in_spec
         self._out_spec = captured.out_spec
+        self._check_shapes = InputShapeCheck(captured)  # static dims must keep their traced size
         self._fqn_of = {s.name: str(s.target) for s in captured.inputs if s.kind != "user"}
         self._param_names = {s.name for s in captured.inputs if s.kind == "parameter"}
         self._local = torch.nn.ParameterDict()
@@ -129,6 +159,32 @@ class TensorParallelModule(torch.nn.Module):
         """Bytes of parameters this rank holds (shards of split ones, whole replicated ones)."""
         return sum(p.numel() * p.element_size() for p in self._local.values())
 
+    def cache_bytes(self) -> int:
+        """Bytes of KV cache (state buffers) this rank holds: its blocks of the split ones, whole others."""
+        return sum(t.numel() * t.element_size() for name, t in self._buffers_local.items() if name in self._state)
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **options: Any) -> torch.Tensor:
+        """Generate text like HuggingFace ``model.generate``; see :func:`autotp.runtime.generate.generate`."""
+        from autotp.runtime.generate import generate
+
+        return generate(self, input_ids, attention_mask, **options)
+
+    def _value_of(self, slot_name: str) -> torch.Tensor:
+        return self._local[slot_name] if slot_name in self._param_names else getattr(self, slot_name)
+
+    def _run_phase(self, phase: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Run the ``"decode"`` or ``"prefill"`` graph on flat user inputs; returns its first output."""
+        if phase == "decode":
+            values = [inputs[int(s.target)] if s.kind == "user" else self._value_of(s.name) for s in self._slots]
+            graph_module = self.graph_module
+        else:
+            assert self.generation is not None and self.generation.prefill is not None, "no prefill graph"
+            values = [inputs[key] if isinstance(key, int) else self._value_of(key)
+                      for key in self.generation.prefill_inputs]
+            graph_module = self.generation.prefill
+        with torch.no_grad():
+            return graph_module(*values)[0]
+
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the rank-local graph, by kind (one forward pass issues each once)."""
         return count_collectives(self.graph_module)
@@ -152,6 +208,9 @@ class TensorParallelModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._flatten_inputs(args, kwargs)
+        self._check_shapes(flat)
+        if self._guard is not None:
+            self._guard.check(flat)
         values = []
         for slot in self._slots:
             if slot.kind == "user":

@@ -23,7 +23,8 @@ Layout (one module per op family; each registers into the one table when importe
 - families: :mod:`.elementwise` (and factories), :mod:`.views`, :mod:`.reductions`,
   :mod:`.norms`, :mod:`.matmul` (einsum-described GEMMs), :mod:`.attention`,
   :mod:`.embedding`, :mod:`.conv` (convolution, batch/group norm, pooling),
-  :mod:`.grouped_mm` (mixture-of-experts GEMMs), :mod:`.indexing` (gather/scatter/top-k/sort).
+  :mod:`.grouped_mm` (mixture-of-experts GEMMs), :mod:`.indexing` (gather/scatter/top-k/sort),
+  :mod:`.symbolic` (size arithmetic of dynamic batch/sequence dims).
 
 To add an op: write its rule in the family module it belongs to (or a new one imported below),
 decorated with ``@register_rule(aten.op.overload)``; if its rank-local call differs from the
@@ -41,6 +42,7 @@ from autotp.passes.rules import (  # noqa: F401 - imported to register their rul
     matmul,
     norms,
     reductions,
+    symbolic,
     views,
 )
 from autotp.passes.rules.args import arg, tensor_inputs

@@ -13,7 +13,9 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-__all__ = ["arg", "is_float", "is_tensor", "norm_dim", "shape", "tensor_inputs", "val"]
+from autotp.base.shapes import concrete_shape
+
+__all__ = ["arg", "holds_tensor", "is_float", "is_tensor", "norm_dim", "shape", "tensor_inputs", "val"]
 
 
 def arg(node: fx.Node, index: int, name: str, default: object = None) -> object:
@@ -21,10 +23,19 @@ def arg(node: fx.Node, index: int, name: str, default: object = None) -> object:
     return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
 
 
+def holds_tensor(node: fx.Node) -> bool:
+    """True unless ``node`` computes a scalar (a symbolic size ``sym_size``, ``s0 * 4``, an assert):
+    such nodes are no input slots, they carry no placement."""
+    value = node.meta.get("val")
+    if value is None and "val" not in node.meta:
+        return True
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+
+
 def tensor_inputs(node: fx.Node) -> list[fx.Node]:
-    """The node's fx.Node arguments, flattened in (args, kwargs) order: its input slots."""
+    """The node's tensor-valued fx.Node arguments, flattened in (args, kwargs) order: its input slots."""
     flat, _ = pytree.tree_flatten((node.args, node.kwargs))
-    return [a for a in flat if isinstance(a, fx.Node)]
+    return [a for a in flat if isinstance(a, fx.Node) and holds_tensor(a)]
 
 
 def val(node: fx.Node) -> object:
@@ -36,7 +47,7 @@ def shape(node: fx.Node) -> tuple[int, ...]:
     """Shape of the node's tensor value (``()`` when it is not a tensor)."""
     value = val(node)
     if isinstance(value, torch.Tensor):
-        return tuple(int(s) for s in value.shape)
+        return concrete_shape(value)  # example sizes where dims are symbolic
     return ()
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.fx as fx
 
 from autotp.base.placements import Shard
+from autotp.base.shapes import concrete_shape, is_static
 from autotp.base.strategy import Strategy
 from autotp.passes.rules.args import shape, tensor_inputs
 from autotp.passes.rules.builders import P, R
@@ -54,7 +55,10 @@ def _local_embedding(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: di
     offset, rows = builder.parts.local(weight.name, 0, builder.rank)
     local_weight, global_ids = args[0], args[1]
     if rows == 0:  # more ranks than rows: this rank holds none, and contributes zeros
-        out_shape = [int(s) for s in node.meta["val"].shape]
+        # ids.shape + (embedding dim,), the dynamic sizes read from the ids at run time
+        ids = node.args[1].meta["val"]
+        out_shape = [size if is_static(size) else builder.call(aten.sym_size.int, global_ids, d, meta_from=node)
+                     for d, size in enumerate(ids.shape)] + [concrete_shape(weight.meta["val"])[1]]
         return builder.call(aten.new_zeros.default, local_weight, out_shape, meta_from=node)
     local = builder.call(aten.sub.Tensor, global_ids, offset, meta_from=node)
     inside = builder.call(aten.bitwise_and.Tensor,

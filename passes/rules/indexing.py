@@ -155,6 +155,24 @@ def _scatter(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     return strategies
 
 
+@register_rule(aten.index_copy.default)
+def _index_copy(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``self.index_copy(dim, index, source)``: rows ``index`` of ``self`` along ``dim`` become ``source``.
+
+    A dim other than ``dim`` may be split in ``self``, ``source`` and the output alike (a KV cache
+    written at new positions, split by heads); the 1-D index is whole on every rank. Both Partial
+    gives Partial (the same positions are overwritten on every rank).
+    """
+    self_node, _, source = tensor_inputs(node)
+    out_shape, src_shape = shape(node), shape(source)
+    dim = norm_dim(node.args[1], len(out_shape))
+    strategies = [Strategy((P, R, P), P)] if is_float(self_node) else []
+    for d, size in enumerate(out_shape):
+        if d != dim and size > 1 and len(src_shape) == len(out_shape) and src_shape[d] == size:
+            strategies.append(Strategy((Shard(d), R, Shard(d)), Shard(d)))
+    return strategies
+
+
 @register_rule(aten.index_put.default, aten._unsafe_index_put.default)
 def _index_put(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``self[i0, i1] = values`` (or ``+=`` with ``accumulate``), out of place.

@@ -1,0 +1,164 @@
+"""Text generation with a tensor-parallel causal LM and its sharded KV cache.
+
+:func:`generate` (also :meth:`TensorParallelModule.generate`) follows HuggingFace's
+``model.generate`` for decoder-only models: greedy decoding by default, sampling with
+``do_sample=True`` (temperature, then top-k, then top-p, then a draw from the softmax), rows that
+end with ``eos_token_id`` padded with ``pad_token_id``, left padding given by ``attention_mask``,
+and a ``streamer`` (any object with ``put(tokens)`` and ``end()``, e.g. ``TextStreamer``).
+
+Every rank runs the same loop on the same replicated logits, so every rank picks the same
+tokens: greedy trivially, sampling because each rank draws from its own generator seeded with
+the same ``seed``, the way one process seeded with ``seed`` would (``torch.manual_seed(seed)``
+before ``model.generate``). Per token the loop does one graph call (the decode graph, one token
+per row, the position as a tensor) and a few small tensor ops; nothing is traced, planned or
+compiled after :func:`autotp.compile`.
+
+Prompts go through the prefill graph ``prefill_len`` tokens per call; a prompt whose length is
+not a multiple reads its last ``prefill_len`` tokens again (rewriting the same cache slots), and
+a prompt shorter than ``prefill_len`` goes one token per call through the decode graph.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from autotp.runtime.module import TensorParallelModule
+
+__all__ = ["generate", "next_tokens"]
+
+
+def next_tokens(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int | None,
+                top_p: float | None, generator: torch.Generator | None) -> torch.Tensor:
+    """The next token of every row from its last logits ``(batch, vocab)``, as HF generate picks it."""
+    scores = logits.to(torch.float32)
+    if not do_sample:
+        return scores.argmax(dim=-1)
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k is not None and 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]  # (batch, 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ascending, order = torch.sort(scores, dim=-1)
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1 - top_p)
+        drop[..., -1:] = False  # keep at least the most likely token
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+
+
+def _check(tp: TensorParallelModule, input_ids: Any, attention_mask: Any, max_new_tokens: Any,
+           do_sample: bool, seed: int | None) -> None:
+    layout = tp.generation.layout if tp.generation is not None else None
+    if layout is None:
+        raise TypeError(
+            "this tensor-parallel model was compiled without a KV cache, so it cannot generate; compile it with "
+            "autotp.compile(model, example_inputs=(ids,), max_cache_len=N) (N: prompt + new tokens per row)"
+        )
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int):
+        raise ValueError(f"input_ids must be integer token ids of shape (batch, seq), got {input_ids!r:.80}")
+    batch, prompt = (int(s) for s in input_ids.shape)
+    if prompt < 1:
+        raise ValueError("input_ids has no tokens; pass at least one prompt token per row")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if prompt + max_new_tokens > layout.max_cache_len:
+        raise ValueError(
+            f"the prompt ({prompt} tokens) plus max_new_tokens={max_new_tokens} is {prompt + max_new_tokens} tokens, "
+            f"more than the KV cache holds (max_cache_len={layout.max_cache_len}); pass max_new_tokens <= "
+            f"{layout.max_cache_len - prompt}, or compile with max_cache_len >= {prompt + max_new_tokens}"
+        )
+    if batch > layout.batch_size:
+        raise ValueError(
+            f"input_ids has {batch} rows but the KV cache was built for {layout.batch_size} (the batch of "
+            f"example_inputs at compile time); split the batch, or compile with example ids of batch {batch}"
+        )
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or tuple(attention_mask.shape) != (batch, prompt)):
+        shown = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must have the shape of input_ids {(batch, prompt)}, got {shown}")
+    if do_sample and seed is None and tp.world_size > 1:
+        raise ValueError(
+            "do_sample=True needs seed=<int> on more than one rank: every rank draws the tokens itself, and only "
+            "the same seed makes them draw the same ones"
+        )
+
+
+def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+             max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = 50,
+             top_p: float | None = 1.0, eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
+             seed: int | None = None, streamer: Any = None) -> torch.Tensor:
+    """Prompt ``input_ids`` ``(batch, prompt)`` followed by up to ``max_new_tokens`` generated tokens per row.
+
+    Same arguments and result as HuggingFace ``model.generate`` (``top_k=50``, ``top_p=1.0``,
+    ``temperature=1.0`` are its defaults). ``attention_mask`` (1 = token, 0 = padding) allows a
+    left-padded batch. Generation stops early when every row has produced an ``eos_token_id``;
+    rows that finished earlier continue with ``pad_token_id`` (default: the first eos id).
+    ``seed`` seeds the sampling generator (needed with ``do_sample`` on more than one rank).
+    A ``streamer`` gets the prompt, then each step's tokens, then ``end()``.
+    """
+    _check(tp, input_ids, attention_mask, max_new_tokens, do_sample, seed)
+    assert tp.generation is not None
+    layout = tp.generation.layout
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
+    rows, prompt = (int(s) for s in input_ids.shape)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if rows < layout.batch_size:  # fill the cache's other rows with copies of the first (dropped at the end)
+        extra = layout.batch_size - rows
+        input_ids = torch.cat([input_ids, input_ids[:1].expand(extra, -1)])
+        attention_mask = torch.cat([attention_mask, attention_mask[:1].expand(extra, -1)])
+    batch = layout.batch_size
+    ids = input_ids.to(torch.long)
+    mask = torch.zeros(batch, layout.max_cache_len, dtype=torch.long)  # (batch, max_cache_len): 1 = slot holds a token
+    mask[:, :prompt] = attention_mask
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (batch, max_cache_len) position of each slot's token
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    def run(start: int, tokens: torch.Tensor) -> torch.Tensor:
+        """Run ``tokens`` (batch, S) at cache slots start..start+S-1; logits of the last one (batch, vocab)."""
+        length = int(tokens.shape[1])
+        cache_position = torch.arange(start, start + length)
+        phase = "decode" if length == 1 else "prefill"
+        inputs = (tokens, positions[:, start:start + length], cache_position, mask)
+        return tp._run_phase(phase, inputs)[:, -1]
+
+    chunk = layout.prefill_len
+    if chunk > 1 and prompt >= chunk:
+        starts = list(range(0, prompt - chunk + 1, chunk))
+        if prompt % chunk:
+            starts.append(prompt - chunk)
+        for start in starts:
+            logits = run(start, ids[:, start:start + chunk])
+    else:
+        for start in range(prompt):
+            logits = run(start, ids[:, start:start + 1])
+
+    if streamer is not None:
+        streamer.put(input_ids[:rows].cpu())
+    unfinished = torch.ones(batch, dtype=torch.bool)
+    eos_ids = torch.tensor(eos, dtype=torch.long)
+    new: list[torch.Tensor] = []
+    for step in range(max_new_tokens):
+        token = next_tokens(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                            generator=generator)
+        token = torch.where(unfinished, token, torch.full_like(token, pad))
+        new.append(token)
+        if streamer is not None:
+            streamer.put(token[:rows].cpu())
+        if eos:
+            unfinished &= ~torch.isin(token, eos_ids)
+        if step == max_new_tokens - 1 or not bool(unfinished[:rows].any()):
+            break
+        slot = prompt + step
+        mask[:, slot] = 1
+        positions[:, slot] = mask[:, :slot + 1].sum(-1) - 1
+        logits = run(slot, token.unsqueeze(1))
+    if streamer is not None:
+        streamer.end()
+    return torch.cat([input_ids[:rows], torch.stack(new, dim=1)[:rows]], dim=1)

@@ -1,0 +1,145 @@
+"""A HuggingFace causal LM with its KV cache as explicit graph state, ready for capture.
+
+:class:`CachedCausalLM` wraps a ``*ForCausalLM`` model so that one call runs ``S`` new tokens
+against a preallocated cache and returns their logits::
+
+    logits = CachedCausalLM(model, batch_size=2, max_cache_len=256)(
+        input_ids,        # (batch, S) new tokens
+        position_ids,     # (batch, S) their positions in the text (left padding shifts them)
+        cache_position,   # (S,) the cache slots they are written to
+        attention_mask,   # (batch, max_cache_len) 1 where a slot holds a real token
+    )                     # -> (batch, S, vocab)
+
+The cache tensors (``key_cache_<layer>``, ``value_cache_<layer>``, each
+``(batch, kv_heads, max_cache_len, head_dim)``) are buffers of the wrapper, written with
+``index_copy_`` at ``cache_position``. ``torch.export`` turns those writes into buffer updates,
+which :mod:`autotp.capture` keeps as *state*: the planner chooses the cache's placement like a
+parameter's (split by kv heads where attention is head-parallel, or whole), and the runtime
+applies the update in place on its own block. Nothing here names a model family: the cache is
+HuggingFace's ``StaticCache`` (its layer sizes come from the model's config), and the positions
+come in as tensors, so one captured graph serves every position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+__all__ = ["CacheLayout", "CachedCausalLM", "check_causal_lm"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    """What a model compiled with a KV cache was built for.
+
+    ``batch_size``: rows of the cache (a generate call may use fewer); ``max_cache_len``: the most
+    tokens (prompt + new) one row can hold; ``prefill_len``: tokens one prefill call takes (the
+    example input's sequence length; 1 when there is no separate prefill graph);
+    ``vocab_size``: size of the logits' last dim.
+    """
+
+    batch_size: int
+    max_cache_len: int
+    prefill_len: int
+    vocab_size: int
+
+
+def check_causal_lm(model: torch.nn.Module) -> None:
+    """Raise ``TypeError`` unless ``model`` is a HuggingFace model with a causal-LM head."""
+    config = getattr(model, "config", None)
+    can_generate = getattr(model, "can_generate", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if config is None or not callable(can_generate) or not can_generate() or head is None:
+        raise TypeError(
+            f"{type(model).__name__} is not a HuggingFace causal language model (a *ForCausalLM with an LM head "
+            "and generate()); max_cache_len= and generate() need one. Load it with "
+            "AutoModelForCausalLM.from_pretrained(...), or compile without max_cache_len for a plain forward."
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise TypeError(f"{type(model).__name__} is an encoder-decoder model; autotp generates with decoder-only LMs")
+
+
+def _layer_class() -> type:
+    from transformers.cache_utils import StaticLayer
+
+    class PositionedLayer(StaticLayer):
+        """A static cache layer written at the slots given by the call (``positions``), not by a counter.
+
+        HF's ``StaticLayer`` keeps the next slot in a tensor it increments in place; as graph
+        state that counter would be one more buffer the ranks must keep equal. Here the slots
+        are an input of every call, so the graph's only state is the keys and values.
+        """
+
+        positions: torch.Tensor
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            # keys, values: (batch, kv_heads, max_cache_len, head_dim); key_states: (batch, kv_heads, S, head_dim)
+            self.keys.index_copy_(2, self.positions, key_states)
+            self.values.index_copy_(2, self.positions, value_states)
+            return self.keys, self.values
+
+        def get_seq_length(self) -> torch.Tensor:  # type: ignore[override]
+            """Slot of the first new token: the offset of the queries in the attention mask."""
+            return self.positions[0]
+
+    return PositionedLayer
+
+
+class CachedCausalLM(torch.nn.Module):
+    """``model`` with a static KV cache of ``batch_size`` rows and ``max_cache_len`` slots (see module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, *, batch_size: int, max_cache_len: int) -> None:
+        super().__init__()
+        check_causal_lm(model)
+        for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        if isinstance(limit, int) and max_cache_len > limit:
+            raise ValueError(
+                f"max_cache_len={max_cache_len} is more than the model's max_position_embeddings={limit}; "
+                f"pass max_cache_len <= {limit}"
+            )
+        from transformers.cache_utils import StaticCache
+        from transformers.integrations.executorch import get_head_shapes
+
+        self.model = model
+        self.batch_size = batch_size
+        self.max_cache_len = max_cache_len
+        config = model.config.get_text_config()
+        cache = StaticCache(config=config, max_cache_len=max_cache_len)
+        layer_class = _layer_class()
+        # every layer holds every slot (a sliding window is applied by the attention mask, not by the cache)
+        cache.layers = [layer_class(max_cache_len) for _ in cache.layers]
+        kv_heads, head_dim = get_head_shapes(config)
+        dtype = next(model.parameters()).dtype
+        device = next(model.parameters()).device
+        cache.early_initialization(batch_size, kv_heads, head_dim, dtype, device)
+        self.cache = cache
+        for i, layer in enumerate(cache.layers):
+            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+
+    def example_inputs(self, tokens: int, batch_size: int | None = None) -> tuple[torch.Tensor, ...]:
+        """Inputs of a call with ``tokens`` new tokens per row, at the start of the cache."""
+        batch = self.batch_size if batch_size is None else batch_size
+        device = self.key_cache_0.device
+        input_ids = torch.zeros(batch, tokens, dtype=torch.long, device=device)
+        positions = torch.arange(tokens, device=device)
+        attention_mask = torch.zeros(batch, self.max_cache_len, dtype=torch.long, device=device)
+        attention_mask[:, :tokens] = 1
+        return input_ids, positions.expand(batch, tokens).clone(), positions, attention_mask
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache_position: torch.Tensor,
+                attention_mask: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.cache.layers):
+            # read the buffers through the module, so that export sees the writes as buffer updates
+            layer.keys = getattr(self, f"key_cache_{i}")
+            layer.values = getattr(self, f"value_cache_{i}")
+            layer.positions = cache_position
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                         cache=self.cache, use_cache=True)
+        return out.logits  # (batch, S, vocab)

@@ -1,0 +1,179 @@
+"""Generation speed: autotp vs transformers' native TP vs hand-written Megatron TP vs the single process.
+
+One run, gloo on this machine's CPU, a tiny Llama (4 layers, hidden 512, 8 query / 4 kv heads,
+vocab 1000, random weights) saved as a checkpoint, batch 1, greedy:
+
+- ``autotp``: ``autotp.compile(model, example_inputs=(prompt,), max_cache_len=...)`` then
+  ``tp.generate`` (the KV cache split as the planner chose);
+- ``hf-tp``: ``AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")`` (torchrun's
+  environment variables set in each process) then ``model.generate(cache_implementation="static")``;
+  the script checks that the weights really are split (a ``q_proj`` shard of 1/ws of the rows);
+- ``megatron``: the HF model with its ``nn.Linear``s sliced by hand (q/k/v/gate/up by output rows,
+  o/down by input columns, an all-reduce after each of the latter) and HF's static cache;
+- ``single``: the HF model in one process (alone: the other ranks wait), static cache.
+
+Prints, per variant, the median prefill ms (``generate(max_new_tokens=1)``), the median ms per
+decoded token (``(t(N) - t(1)) / (N - 1)``), tokens/s, and whether its tokens equal the single
+process's. Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/generate.py --world-size 2 --prompt 32 --new-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def save_checkpoint(path: str, layers: int, hidden: int, heads: int, kv_heads: int) -> None:
+    """A random tiny Llama, saved with ``save_pretrained`` (safetensors)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=1000, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+                         attn_implementation="sdpa", tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(path)
+
+
+def _time(run: Callable[[int], torch.Tensor], new_tokens: int, repeats: int) -> tuple[torch.Tensor, float, float]:
+    """``(tokens, prefill_ms, ms_per_decoded_token)``: medians over ``repeats`` runs (after one warm-up)."""
+    run(2)
+    firsts, wholes = [], []
+    out = torch.empty(0)
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run(1)
+        firsts.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        out = run(new_tokens)
+        wholes.append(time.perf_counter() - started)
+    prefill, whole = statistics.median(firsts), statistics.median(wholes)
+    return out, prefill * 1e3, (whole - prefill) * 1e3 / (new_tokens - 1)
+
+
+def _hf_generate(model: Any, ids: torch.Tensor) -> Callable[[int], torch.Tensor]:
+    def run(new_tokens: int) -> torch.Tensor:
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                                  cache_implementation="static", pad_token_id=0)
+    return run
+
+
+def _megatron(model: Any, rank: int, world_size: int) -> Any:
+    """Slice the Llama's projections Megatron-style in place: column-parallel q/k/v/gate/up, row-parallel o/down."""
+    def rows(linear: torch.nn.Linear) -> None:
+        block = linear.out_features // world_size
+        linear.weight = torch.nn.Parameter(linear.weight.detach()[rank * block:(rank + 1) * block].clone())
+        linear.out_features = block
+
+    def columns(linear: torch.nn.Linear) -> None:
+        block = linear.in_features // world_size
+        linear.weight = torch.nn.Parameter(linear.weight.detach()[:, rank * block:(rank + 1) * block].clone())
+        linear.in_features = block
+        linear.register_forward_hook(lambda _m, _i, out: torch.distributed._functional_collectives.all_reduce(
+            out, "sum", dist.group.WORLD))
+
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        for linear in (attention.q_proj, attention.k_proj, attention.v_proj, mlp.gate_proj, mlp.up_proj):
+            rows(linear)
+        columns(attention.o_proj)
+        columns(mlp.down_proj)
+    return model
+
+
+def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Namespace, results: Any) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    import autotp
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    ids = torch.randint(0, 1000, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
+    rows: dict[str, tuple[torch.Tensor, float, float]] = {}
+
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=args.prompt + args.new_tokens)
+    rows["autotp"] = _time(lambda n: tp.generate(ids, max_new_tokens=n), args.new_tokens, args.repeats)
+    del tp
+
+    hf_tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
+    q_proj = hf_tp.model.layers[0].self_attn.q_proj.weight
+    local_rows = int(q_proj.to_local().shape[0]) if hasattr(q_proj, "to_local") else int(q_proj.shape[0])
+    if local_rows * world_size != int(model.config.hidden_size):
+        raise RuntimeError(f"transformers' tp_plan='auto' did not split q_proj: {local_rows} rows on rank {rank}")
+    rows["hf-tp"] = _time(_hf_generate(hf_tp, ids), args.new_tokens, args.repeats)
+    del hf_tp
+
+    megatron = _megatron(AutoModelForCausalLM.from_pretrained(path).eval(), rank, world_size)
+    rows["megatron"] = _time(_hf_generate(megatron, ids), args.new_tokens, args.repeats)
+    del megatron
+
+    dist.barrier()
+    if rank == 0:
+        torch.set_num_threads(args.threads)
+        rows["single"] = _time(_hf_generate(model, ids), args.new_tokens, args.repeats)
+    dist.barrier()
+    if rank == 0:
+        reference = rows["single"][0]
+        results.put({name: (bool(torch.equal(out, reference)), prefill, ms) for name, (out, prefill, ms) in rows.items()})
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, nargs="+", default=[2])
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as path:
+        save_checkpoint(path, args.layers, args.hidden, heads=8, kv_heads=4)
+        print(f"tiny Llama ({args.layers} layers, hidden {args.hidden}, 8/4 heads) at {path}; batch {args.batch}, "
+              f"prompt {args.prompt}, {args.new_tokens} new tokens, gloo, {args.threads} thread(s) per process, "
+              f"medians of {args.repeats}")
+        for world_size in args.world_size:
+            ctx = mp.get_context("spawn")
+            results = ctx.SimpleQueue()
+            mp.start_processes(_rank, args=(world_size, _free_port(), path, args, results), nprocs=world_size,
+                               start_method="spawn")
+            table = results.get()
+            print(f"\nworld size {world_size}")
+            print(f"{'variant':10}{'prefill ms':>12}{'ms/token':>10}{'tokens/s':>10}{'same tokens':>13}{'vs hf-tp':>10}")
+            for name, (same, prefill, ms) in table.items():
+                ratio = ms / table["hf-tp"][2]
+                print(f"{name:10}{prefill:12.2f}{ms:10.2f}{1e3 * args.batch / ms:10.1f}{str(same):>13}{ratio:10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

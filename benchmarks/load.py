@@ -1,0 +1,182 @@
+"""Loading a model bigger than one rank should hold: autotp vs transformers' native TP vs one process.
+
+    python benchmarks/load.py [--world-sizes 2 4] [--layers 16] [--repeats 3] [--dir DIR] [--modes ...]
+
+Writes a random LlamaForCausalLM (hidden 1024, intermediate 2816, 8 heads / 4 kv heads, vocab
+32000, ``--layers`` layers: 1.09 GB of float32 at 16 layers) with ``save_pretrained``, once as one
+safetensors file and once sharded (200 MB files + ``model.safetensors.index.json``). Then, for
+every world size, file layout and loader, it starts fresh processes with torchrun's environment
+variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and in each measures:
+
+- growth of the peak resident set (Linux VmHWM minus VmRSS just before loading), per rank, after
+  the load call and again after one forward pass (transformers maps the files and leaves weights
+  it does not copy on disk until a forward touches them; autotp copies each rank's blocks);
+- wall-clock time of the load call (for autotp it includes tracing and planning);
+- that the weights really are split: parameter bytes held by the rank (transformers' TP holds
+  DTensors: their local shards are counted). A run in which some rank holds the whole model is
+  reported as "NOT SPLIT".
+
+Loaders: ``autotp`` = ``autotp.from_pretrained(path, world_size)``; ``hf-tp`` =
+``AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")``; ``single`` = one process,
+``from_pretrained(path)`` (world size 1). Before measuring, each process imports its loader and
+(autotp) traces and plans a one-layer model of the same config, so lazily imported code is not
+counted as loading. Figures are medians over ``--repeats`` runs of the largest rank (ratio: growth after the
+forward pass / the rank's share of the checkpoint); wall-clock on
+a shared machine, so compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIG = {"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 8,
+          "num_key_value_heads": 4, "max_position_embeddings": 256, "tie_word_embeddings": False}
+SEQ_LEN = 16
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def write_checkpoints(directory: Path, layers: int) -> dict[str, Path]:
+    """The random model as one file and as 200 MB shards (skipped when already there)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    paths = {"single-file": directory / f"llama-{layers}l-single", "sharded": directory / f"llama-{layers}l-sharded"}
+    if all((p / "config.json").is_file() for p in paths.values()):
+        return paths
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **CONFIG)).eval()
+    model.save_pretrained(paths["single-file"], max_shard_size="100GB")
+    model.save_pretrained(paths["sharded"], max_shard_size="200MB")
+    return paths
+
+
+def _held_bytes(tensors: Any) -> int:
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        total += local.numel() * local.element_size()
+    return total
+
+
+def worker(mode: str, path: str) -> None:
+    """One rank of one run (started by :func:`run`); prints one JSON line."""
+    import torch
+    import torch.distributed as dist
+    import transformers
+
+    torch.set_num_threads(1)
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if mode != "single":
+        dist.init_process_group("gloo")
+    ids = torch.randint(0, CONFIG["vocab_size"], (1, SEQ_LEN), generator=torch.Generator().manual_seed(0))  # (batch, seq)
+    if mode == "autotp":
+        import autotp
+
+        with torch.device("meta"):
+            warm = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=1, **CONFIG))
+        autotp.plan(warm, (ids,), {"use_cache": False}, world_size=world_size)
+    before = _status_bytes("VmRSS")
+    started = time.perf_counter()
+    if mode == "autotp":
+        tp = autotp.from_pretrained(path, world_size, example_inputs=(ids,))
+        held = tp.parameter_bytes()
+    elif mode == "hf-tp":
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")
+        held = _held_bytes(model.parameters())
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path)
+        held = _held_bytes(model.parameters())
+    seconds = time.perf_counter() - started
+    grown = _status_bytes("VmHWM") - before
+    with torch.no_grad():
+        (tp if mode == "autotp" else model)(ids, use_cache=False)
+    after_forward = _status_bytes("VmHWM") - before
+    print(json.dumps({"rank": rank, "grown": grown, "forward": after_forward, "held": held, "seconds": seconds}),
+          flush=True)
+    if mode != "single":
+        dist.destroy_process_group()
+
+
+def run(mode: str, path: Path, world_size: int) -> list[dict]:
+    """Start ``world_size`` fresh processes of ``mode`` on ``path``; their JSON results by rank."""
+    port = str(_free_port())
+    processes = []
+    for rank in range(world_size):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        processes.append(subprocess.Popen([sys.executable, __file__, "--worker", mode, str(path)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for rank, process in enumerate(processes):
+        out, err = process.communicate(timeout=1800)
+        if process.returncode != 0:
+            raise RuntimeError(f"{mode} rank {rank} exited with {process.returncode}:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2])
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layouts", nargs="+", default=["single-file", "sharded"], choices=["single-file", "sharded"])
+    parser.add_argument("--modes", nargs="+", default=["autotp", "hf-tp", "single"], choices=["autotp", "hf-tp", "single"])
+    parser.add_argument("--dir", type=Path, default=None, help="where to write the checkpoints (default: a temp dir)")
+    parser.add_argument("--worker", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(*args.worker)
+        return
+    directory = args.dir or Path(tempfile.mkdtemp(prefix="autotp-load-"))
+    paths = write_checkpoints(directory, args.layers)
+    size = sum(f.stat().st_size for f in paths["single-file"].glob("*.safetensors"))
+    mib = 2**20
+    print(f"checkpoint: {size / mib:.0f} MiB ({args.layers} layers), in {directory}; medians of {args.repeats} runs, "
+          "largest rank", flush=True)
+    print(f"{'ws':>3} {'layout':<12} {'loader':<7} {'peak growth: load':>18} {'+forward':>9} {'share (1/ws)':>13} "
+          f"{'ratio':>6} {'held/rank':>10} {'load s':>7}", flush=True)
+    for world_size in args.world_sizes:
+        for layout in args.layouts:
+            for mode in args.modes:
+                ranks = 1 if mode == "single" else world_size
+                if mode == "single" and world_size != args.world_sizes[0]:
+                    continue
+                runs = [run(mode, paths[layout], ranks) for _ in range(args.repeats)]
+                grown = statistics.median(max(r["grown"] for r in rs) for rs in runs)
+                forward = statistics.median(max(r["forward"] for r in rs) for rs in runs)
+                seconds = statistics.median(max(r["seconds"] for r in rs) for rs in runs)
+                held = max(r["held"] for r in runs[0])
+                split = "" if mode == "single" or held < 0.75 * size else "  NOT SPLIT"
+                share = size / ranks
+                print(f"{ranks:>3} {layout:<12} {mode:<7} {grown / mib:>14.0f} MiB {forward / mib:>5.0f} MiB "
+                      f"{share / mib:>9.0f} MiB {forward / share:>6.2f} {held / mib:>6.0f} MiB {seconds:>7.2f}{split}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""State updates in place: the last step of the rewrite for graphs that update a KV cache.
+
+The captured graph is functional: ``new_cache = index_copy(cache, 2, positions, keys)``, and the
+attention reads ``new_cache``. The planner placed ``cache`` and its update alike (the edge
+between them is ``must_match``), so on every rank the update's first argument is the rank's own
+block of the cache, the placeholder itself. This pass turns each such update into its in-place
+form (``index_copy_``): the rank's cache tensor is written where it lies, the attention reads
+it, and no copy of the whole cache is made per call.
+
+Input: a rank-local ``GraphModule`` from :func:`autotp.passes.rewrite.rewrite_for_rank` and
+:attr:`autotp.capture.CapturedGraph.state`. Output: the same module, updated and recompiled.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from autotp.base.errors import PlanError
+
+aten = torch.ops.aten
+
+__all__ = ["update_state_in_place"]
+
+_IN_PLACE = {aten.index_copy.default: aten.index_copy_.default}
+
+
+def update_state_in_place(gm: fx.GraphModule, state: dict[str, str]) -> fx.GraphModule:
+    """Make every state update of ``gm`` (placeholder name -> update node name) write into its placeholder."""
+    if not state:
+        return gm
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for placeholder, update_name in state.items():
+        update = nodes.get(update_name)
+        buffer = nodes.get(placeholder)
+        if update is None or buffer is None or update.target not in _IN_PLACE or update.args[0] is not buffer:
+            shown = update.format_node() if update is not None else f"(no node {update_name!r})"
+            raise PlanError(
+                f"the update of state {placeholder!r} does not write into its own block on this rank: {shown}. "
+                "The plan must place a state buffer and its update alike; plan again instead of editing "
+                "the cache's placement by hand."
+            )
+        update.target = _IN_PLACE[update.target]
+    gm.recompile()
+    return gm

@@ -1,0 +1,217 @@
+"""Text generation with a sharded KV cache (issue 12): ``autotp.compile(..., max_cache_len=N)`` + ``tp.generate``.
+
+Tier (c), real gloo processes: each rank compiles the same tiny random model and generates; the
+tokens must equal HuggingFace's single-process ``model.generate`` exactly (greedy), and seeded
+sampling must give the same tokens on every rank and in one process. Tiny configs, at most 8
+new tokens; the prompt is 6 or 8 tokens.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from generation_models import tiny_gemma, tiny_phi
+from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
+
+import autotp
+
+pytestmark = pytest.mark.distributed
+
+FAMILIES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "mistral": tiny_mistral, "qwen2": tiny_qwen2,
+            "gemma": tiny_gemma, "phi": tiny_phi, "mixtral": tiny_mixtral}
+NEW_TOKENS = 8
+
+
+def _model(family: str, prompt: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    model, (ids,), _ = FAMILIES[family](batch=2, seq_len=prompt)
+    model.generation_config.pad_token_id = 0  # no "setting pad_token_id" warning from HF generate
+    return model, ids
+
+
+def _compile(model: torch.nn.Module, ids: torch.Tensor, chunk: int, max_cache_len: int) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return autotp.compile(model, example_inputs=(ids[:, :chunk],), max_cache_len=max_cache_len)
+
+
+def _greedy(rank: int, world_size: int, family: str, chunk: int, prompt: int) -> dict[str, Any]:
+    model, ids = _model(family, prompt)
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    tp = _compile(model, ids, chunk, max_cache_len=32)
+    graphs = [tp.graph_module] + ([tp.generation.prefill] if tp.generation.prefill is not None else [])
+    calls = [0]
+    hooks = [g.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for g in graphs]
+    codes = [g.code for g in graphs]
+    got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
+    for hook in hooks:
+        hook.remove()
+    return {
+        "got": got.tolist(), "expected": expected.tolist(), "calls": calls[0],
+        "same_graphs": [g.code for g in graphs] == codes,
+        "cache_bytes": tp.cache_bytes(), "cache_placements": {k: v for k, v in tp.plan.parameters.items() if "cache" in k},
+        # single process: layers x (keys, values) x batch 2 x 32 slots x kv heads x head dim x 4 bytes
+        "full_cache_bytes": model.config.num_hidden_layers * 2 * 2 * 32 * _kv_width(model) * 4,
+    }
+
+
+def _kv_width(model: torch.nn.Module) -> int:
+    """kv heads x head dim of one cache row slot (from the config)."""
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return heads * head_dim
+
+
+def _check_greedy(results: list[dict[str, Any]], graph_calls: int) -> None:
+    for rank, result in enumerate(results):
+        assert result["got"] == result["expected"], (
+            f"rank {rank}: tokens differ from HF generate(do_sample=False):\n expected {result['expected']}\n"
+            f" got      {result['got']}")
+        assert result["calls"] == graph_calls, f"rank {rank}: {result['calls']} graph calls, expected {graph_calls}"
+        assert result["same_graphs"], f"rank {rank}: a graph changed during generate (re-traced or recompiled)"
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_llama_greedy_matches_hf(gloo, world_size: int) -> None:
+    """tp=2, 3 (uneven: 4 kv heads over 3 ranks), 4; tiny Llama (GQA 8/4 heads), batch 2, prompt 6, 8 new tokens.
+
+    Prompts go through the prefill graph 4 tokens per call at tp=2 (chunks at 0 and 2: the second
+    rereads two tokens), one token per decode call otherwise. Exactly one graph call per prompt
+    chunk and per new token after the first; the cache is split by kv heads, ~1/ws per rank.
+    """
+    chunk = 4 if world_size == 2 else 1
+    results = gloo.run(world_size, _greedy, "llama", chunk, 6)
+    prompt_calls = 2 if chunk == 4 else 6
+    _check_greedy(results, prompt_calls + NEW_TOKENS - 1)
+    for rank, result in enumerate(results):
+        assert set(result["cache_placements"].values()) == {"S(1)"}, f"rank {rank}: {result['cache_placements']}"
+    full = results[0]["full_cache_bytes"]
+    total = sum(r["cache_bytes"] for r in results)
+    assert total == full, f"cache bytes summed over ranks {total} != single process {full}"
+    largest, expected = max(r["cache_bytes"] for r in results), full * -(-4 // world_size) // 4  # 4 kv heads
+    assert largest == expected, f"largest rank's cache {largest} bytes, expected {expected} (ceil(4/{world_size}) of 4 kv heads)"
+
+
+@pytest.mark.parametrize("family,world_size", [("gpt2", 2), ("mistral", 3), ("qwen2", 3), ("gemma", 2), ("phi", 2),
+                                               ("mixtral", 2)])
+def test_family_greedy_matches_hf(gloo, family: str, world_size: int) -> None:
+    """tp=2 or 3, GPT-2 (fused QKV, tied head), Mistral (sliding window 8 < 14 tokens), Qwen2 (2 kv heads over
+    3 ranks), Gemma (MQA: 1 kv head, so the cache stays whole), Phi, Mixtral (MoE): greedy equals HF."""
+    results = gloo.run(world_size, _greedy, family, 1, 6)
+    _check_greedy(results, 6 + NEW_TOKENS - 1)
+
+
+def _sample(rank: int, world_size: int, seed: int) -> dict[str, Any]:
+    model, ids = _model("llama", 6)
+    options = {"do_sample": True, "temperature": 0.7, "top_k": 50, "top_p": 0.9, "max_new_tokens": NEW_TOKENS}
+    torch.manual_seed(seed)
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
+    tp = _compile(model, ids, 1, max_cache_len=16)
+    return {"got": tp.generate(ids, seed=seed, **options).tolist(), "expected": expected.tolist()}
+
+
+def test_seeded_sampling_same_on_every_rank_and_as_one_process(gloo) -> None:
+    """tp=2, tiny Llama, temperature 0.7, top-k 50, top-p 0.9, seed 3: every rank draws the tokens
+    that HF generate draws in one process after torch.manual_seed(3)."""
+    results = gloo.run(2, _sample, 3)
+    for rank, result in enumerate(results):
+        assert result["got"] == result["expected"], (
+            f"rank {rank}: sampled tokens differ from one process:\n expected {result['expected']}\n got {result['got']}")
+
+
+def _padding_and_eos(rank: int, world_size: int) -> dict[str, Any]:
+    model, ids = _model("llama", 6)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # row 1 is a 4-token prompt, left-padded
+    ids = ids.masked_fill(mask == 0, 0)
+    padded = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+    eos = int(padded[0, 6 + 2])  # row 0 says it at its 3rd new token
+    stopped = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                             eos_token_id=eos, pad_token_id=7)
+    tp = _compile(model, ids, 4, max_cache_len=16)
+    tokens: list[list[int]] = []
+
+    class Streamer:
+        def put(self, value: torch.Tensor) -> None:
+            tokens.append(value.tolist())
+
+        def end(self) -> None:
+            tokens.append(["end"])
+
+    return {
+        "padded": (tp.generate(ids, mask, max_new_tokens=NEW_TOKENS).tolist(), padded.tolist()),
+        "eos": (tp.generate(ids, mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=7,
+                            streamer=Streamer()).tolist(), stopped.tolist()),
+        "streamed": tokens,
+        "one_row": (tp.generate(ids[:1], max_new_tokens=4).tolist(), padded[:1, :10].tolist()),
+    }
+
+
+def test_left_padding_eos_streamer_and_smaller_batch(gloo) -> None:
+    """tp=2, tiny Llama, batch 2 with row 1 left-padded by 2: equals HF generate with the same mask;
+    with an eos id it stops like HF (finished rows padded with pad_token_id); the streamer sees the
+    prompt, each step's tokens, then end(); a 1-row call on the 2-row cache equals HF's row 0."""
+    results = gloo.run(2, _padding_and_eos)
+    for rank, result in enumerate(results):
+        for case in ("padded", "eos", "one_row"):
+            got, expected = result[case]
+            assert got == expected, f"rank {rank}, {case}: expected {expected}\n got {got}"
+        got_eos = result["eos"][0]
+        expected_stream = [[row[:6] for row in got_eos]] + [[row[i] for row in got_eos] for i in range(6, len(got_eos[0]))]
+        assert result["streamed"] == expected_stream + [["end"]], (
+            f"rank {rank}: streamer got {result['streamed']}, expected {expected_stream + [['end']]}")
+
+
+def _errors(rank: int, world_size: int) -> dict[str, str]:
+    model, ids = _model("llama", 6)
+    tp = _compile(model, ids, 1, max_cache_len=10)
+    calls = [0]
+    tp.graph_module.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    messages = {}
+    cases = {
+        "too_long": lambda: tp.generate(ids, max_new_tokens=5),
+        "batch": lambda: tp.generate(torch.cat([ids, ids]), max_new_tokens=2),
+        "sample_no_seed": lambda: tp.generate(ids, max_new_tokens=2, do_sample=True),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+            messages[name] = "no error"
+        except ValueError as exc:
+            messages[name] = str(exc)
+    messages["calls"] = str(calls[0])
+    bert, bert_args, _ = tiny_bert()
+    try:
+        autotp.compile(bert, example_inputs=bert_args, max_cache_len=16)
+        messages["no_head"] = "no error"
+    except TypeError as exc:
+        messages["no_head"] = str(exc)
+    plain = _compile_plain(model, ids)
+    try:
+        plain.generate(ids, max_new_tokens=2)
+        messages["no_cache"] = "no error"
+    except TypeError as exc:
+        messages["no_cache"] = str(exc)
+    return messages
+
+
+def _compile_plain(model: torch.nn.Module, ids: torch.Tensor) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return autotp.compile(model, example_inputs=(ids,), example_kwargs={"use_cache": False})
+
+
+def test_bad_generation_input(gloo) -> None:
+    """tp=2, tiny Llama with a 10-slot cache for 2 rows: prompt 6 + 5 new tokens, 4 rows, sampling without
+    a seed are ValueErrors naming the numbers, raised before any graph call; a model without an LM head
+    (BertModel) and a model compiled without max_cache_len are TypeErrors that say what to do."""
+    messages = gloo.run(2, _errors)[0]
+    assert "prompt (6 tokens) plus max_new_tokens=5" in messages["too_long"] and "max_cache_len=10" in messages["too_long"], messages
+    assert "4 rows" in messages["batch"] and "built for 2" in messages["batch"], messages
+    assert "seed=" in messages["sample_no_seed"], messages
+    assert messages["calls"] == "0", f"graph calls before the errors: {messages['calls']}, expected 0"
+    assert "not a HuggingFace causal language model" in messages["no_head"], messages
+    assert "max_cache_len=N" in messages["no_cache"], messages

@@ -1,0 +1,66 @@
+"""The KV cache as graph state, without processes: the cache wrapper, its capture and its plan, sampling.
+
+Tier (a)/(b): single process, tiny Llama (1 layer where enough), no process group.
+"""
+
+from __future__ import annotations
+
+import torch
+from models import tiny_llama
+
+from autotp.capture import capture
+from autotp.planning.options import PlanOptions
+from autotp.planning.planner import plan_graph
+from autotp.runtime.generate import next_tokens
+from autotp.runtime.kv_cache import CachedCausalLM
+
+
+def test_cache_wrapper_matches_the_model() -> None:
+    """tp=1, tiny Llama, batch 2: a 5-token prefill then one decode step through the 8-slot cache give
+    the logits of the model run on the whole 6-token sequence."""
+    model, (ids,), _ = tiny_llama(batch=2, seq_len=6, layers=1)
+    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=8)
+    mask = torch.zeros(2, 8, dtype=torch.long)
+    mask[:, :6] = 1
+    positions = torch.arange(6).expand(2, 6)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits  # (2, 6, vocab)
+        prefill = wrapper(ids[:, :5], positions[:, :5], torch.arange(5), mask)
+        decode = wrapper(ids[:, 5:], positions[:, 5:], torch.tensor([5]), mask)
+    diff = max((prefill - expected[:, :5]).abs().max().item(), (decode - expected[:, 5:]).abs().max().item())
+    assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
+
+
+def test_capture_keeps_cache_updates_as_state_and_the_planner_splits_heads() -> None:
+    """tp=2 (planned, no processes), tiny Llama 2 layers, 4 kv heads: the four cache buffers are state
+    (not refused as buffer updates), the graph returns only the logits, and the plan splits every
+    cache by kv heads (dim 1) with its index_copy update alike."""
+    model, _, _ = tiny_llama(batch=1, seq_len=4)
+    wrapper = CachedCausalLM(model, batch_size=1, max_cache_len=16)
+    captured = capture(wrapper, wrapper.example_inputs(1))
+    fqns = sorted(captured.state_fqns().values())
+    assert fqns == ["key_cache_0", "key_cache_1", "value_cache_0", "value_cache_1"], fqns
+    output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
+    assert len(output.args[0]) == 1, f"graph outputs {output.args[0]}, expected the logits only"
+    plan = plan_graph(captured, PlanOptions(world_size=2))
+    placements = {fqn: plan.parameters[fqn] for fqn in fqns}
+    assert set(placements.values()) == {"S(1)"}, f"cache placements {placements}, expected S(1) (kv heads)"
+    updates = {n.name: (n.inputs, n.output) for n in plan.nodes if n.op == "aten.index_copy.default"}
+    assert set(updates.values()) == {(("S(1)", "R", "S(1)"), "S(1)")}, updates
+
+
+def test_sampling_follows_hf_warpers() -> None:
+    """tp=1: temperature 0.7, top-k 5, top-p 0.8 keep the tokens HF's warpers keep, and the draw with a
+    seeded generator equals torch.multinomial on HF's probabilities with the same seed."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    scores = logits.clone()
+    for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(5), TopPLogitsWarper(0.8)):
+        scores = warper(None, scores)
+    expected = torch.multinomial(scores.softmax(-1), 1, generator=torch.Generator().manual_seed(4)).squeeze(1)
+    got = next_tokens(logits, do_sample=True, temperature=0.7, top_k=5, top_p=0.8,
+                      generator=torch.Generator().manual_seed(4))
+    assert torch.equal(got, expected), f"sampled {got.tolist()}, HF warpers give {expected.tolist()}"
+    greedy = next_tokens(logits, do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None)
+    assert torch.equal(greedy, logits.argmax(-1)), f"greedy {greedy.tolist()} != argmax {logits.argmax(-1).tolist()}"
