@@ -187,6 +187,12 @@ def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
         model.row(sorted(coef.items()), -np.inf, float(budget_bytes))
 
 
+_OBJECTIVE_SCALE = 1e6
+"""The MILP's objective is in microseconds: HiGHS stops once its incumbent is within an absolute
+gap of 1e-6 (``mip_abs_gap``, which scipy's ``milp`` does not expose) of the bound, and plan times
+are ~1e-4 s, so an objective in seconds would stop at plans up to 1% dearer than the best."""
+
+
 def evaluate_choice(costed: CostedGraph, choice: dict[str, int]) -> float | None:
     """Objective of a given choice, by the same accounting as the MILP; ``None`` if the choice is invalid.
 
@@ -272,7 +278,7 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
             data.append(coef)
     matrix = coo_matrix((data, (rows, cols)), shape=(len(model.rows), len(model.cost))).tocsr()
     result = milp(
-        c=np.asarray(model.cost),
+        c=np.asarray(model.cost) * _OBJECTIVE_SCALE,
         constraints=LinearConstraint(matrix, np.asarray(model.row_lb), np.asarray(model.row_ub)),
         integrality=np.asarray(model.integer),
         bounds=Bounds(np.asarray(model.lb), np.asarray(model.ub)),
@@ -285,4 +291,4 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     chosen = {leader: int(np.argmax([result.x[c] for c in cols_])) for leader, cols_ in x.items()}
     choice = _store_sliced_parameters_split(costed, {name: chosen[rep[name]] for name in costed.graph.order})
     gap = float(getattr(result, "mip_gap", 0.0) or 0.0)
-    return Solution(choice, float(result.fun), time.perf_counter() - start, str(result.message), gap)
+    return Solution(choice, float(result.fun) / _OBJECTIVE_SCALE, time.perf_counter() - start, str(result.message), gap)

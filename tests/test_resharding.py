@@ -107,37 +107,40 @@ def test_route_named_by_a_plan_must_exist() -> None:
 
 
 class _ShardSwap(nn.Module):
-    """``x (batch, seq, hidden)``: linear, relu, gelu, linear. Pinning relu's output to S(1)
-    (tokens) and gelu's to S(2) (features) puts S(2)->S(1) and S(1)->S(2) edges in the plan."""
+    """``x (batch, seq, rows * cols)``: linear, unflatten to ``(batch, seq, rows, cols)``, relu, gelu,
+    flatten, linear. Pinning relu's output to S(2) (rows) and gelu's to S(3) (cols) puts an
+    S(2)->S(3) edge (relu to gelu) and an S(3)->S(2) edge (gelu to the flatten) in the plan. The
+    static dims are split, not batch or sequence (which stay symbolic)."""
 
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, rows: int, cols: int) -> None:
         super().__init__()
-        self.up = nn.Linear(hidden, hidden)
-        self.down = nn.Linear(hidden, hidden)
+        self.rows, self.cols = rows, cols
+        self.up = nn.Linear(rows * cols, rows * cols)
+        self.down = nn.Linear(rows * cols, rows * cols)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.up(x))  # (batch, seq, hidden), pinned split over seq
-        g = nn.functional.gelu(h)  # pinned split over hidden
-        return self.down(g)
+        h = torch.relu(self.up(x).unflatten(-1, (self.rows, self.cols)))  # (batch, seq, rows, cols), split rows
+        g = nn.functional.gelu(h)  # split cols
+        return self.down(g.flatten(-2))
 
 
-_PINS = {"relu": "S(1)", "gelu": "S(2)"}
+_PINS = {"relu": "S(2)", "gelu": "S(3)"}
 
 
-def _shard_swap(seq: int, hidden: int) -> tuple[nn.Module, torch.Tensor]:
+def _shard_swap(rows: int, cols: int) -> tuple[nn.Module, torch.Tensor]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = _ShardSwap(hidden).eval()
-        x = torch.randn(2, seq, hidden)  # (batch, seq, hidden)
+        model = _ShardSwap(rows, cols).eval()
+        x = torch.randn(2, 3, rows * cols)  # (batch, seq, rows * cols)
     return model, x
 
 
 # The pinned S(1) splits the sequence dim, which only a static trace may split (dynamic=False below).
 
 def test_plan_files_keep_step_names() -> None:
-    """tp=3, seq 7 / hidden 10 (uneven): steps are saved by name and load back typed; a plan with the
+    """tp=3, rows 5 / cols 7 (uneven): steps are saved by name and load back typed; a plan with the
     former S(i)->S(j) route (all_gather+slice) still loads; an unknown step name is refused."""
-    model, x = _shard_swap(7, 10)
+    model, x = _shard_swap(5, 7)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plan = autotp.plan(model, (x,), world_size=3, constraints=_PINS, dynamic=False)
@@ -157,8 +160,8 @@ def test_plan_files_keep_step_names() -> None:
         Plan.from_json(json.dumps(data))
 
 
-def _run_shard_swap(rank: int, world_size: int, seq: int, hidden: int, gather_instead: bool) -> dict:
-    model, x = _shard_swap(seq, hidden)
+def _run_shard_swap(rank: int, world_size: int, rows: int, cols: int, gather_instead: bool) -> dict:
+    model, x = _shard_swap(rows, cols)
     with torch.no_grad():
         expected = model(x)
     with warnings.catch_warnings():
@@ -179,12 +182,12 @@ def _run_shard_swap(rank: int, world_size: int, seq: int, hidden: int, gather_in
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("world_size,seq,hidden", [(2, 8, 12), (3, 7, 10)], ids=["tp2-even", "tp3-uneven"])
-def test_all_to_all_matches_single_process(gloo, world_size: int, seq: int, hidden: int) -> None:
-    """tp=2 (seq 8, hidden 12) and tp=3 (seq 7 -> 3/2/2 tokens, hidden 10 -> 4/3/3 features):
-    the S(2)->S(1) and S(1)->S(2) edges are emitted as all_to_all_single, and every rank's output
-    equals the single-process model's."""
-    results = gloo.run(world_size, _run_shard_swap, seq, hidden, False)
+@pytest.mark.parametrize("world_size,rows,cols", [(2, 4, 6), (3, 5, 7)], ids=["tp2-even", "tp3-uneven"])
+def test_all_to_all_matches_single_process(gloo, world_size: int, rows: int, cols: int) -> None:
+    """tp=2 (rows 4, cols 6) and tp=3 (rows 5 -> 2/2/1, cols 7 -> 3/2/2): the S(2)->S(3) and
+    S(3)->S(2) edges are emitted as all_to_all_single, and every rank's output equals the
+    single-process model's."""
+    results = gloo.run(world_size, _run_shard_swap, rows, cols, False)
     for rank, result in enumerate(results):
         assert "all_to_all" in result["plan_steps"], f"rank {rank}: plan steps {result['plan_steps']}"
         assert result["graph_counts"].get("all_to_all") == 2, (
@@ -195,9 +198,9 @@ def test_all_to_all_matches_single_process(gloo, world_size: int, seq: int, hidd
 
 @pytest.mark.distributed
 def test_plan_naming_all_gather_and_slice_still_applies(gloo) -> None:
-    """tp=3, uneven (seq 7, hidden 10): a plan that records all_gather+slice for S(i)->S(j) (as plans
+    """tp=3, uneven (rows 5, cols 7): a plan that records all_gather+slice for S(i)->S(j) (as plans
     saved before the all-to-all did) is applied as recorded, and outputs still match."""
-    results = gloo.run(3, _run_shard_swap, 7, 10, True)
+    results = gloo.run(3, _run_shard_swap, 5, 7, True)
     for rank, result in enumerate(results):
         assert result["graph_counts"].get("all_to_all") is None, f"rank {rank}: {result['graph_counts']}"
         assert result["graph_counts"].get("all_gather") == 2, (
