@@ -135,15 +135,13 @@ def _shard_swap(rows: int, cols: int) -> tuple[nn.Module, torch.Tensor]:
     return model, x
 
 
-# The pinned S(1) splits the sequence dim, which only a static trace may split (dynamic=False below).
-
 def test_plan_files_keep_step_names() -> None:
     """tp=3, rows 5 / cols 7 (uneven): steps are saved by name and load back typed; a plan with the
     former S(i)->S(j) route (all_gather+slice) still loads; an unknown step name is refused."""
     model, x = _shard_swap(5, 7)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = autotp.plan(model, (x,), world_size=3, constraints=_PINS, dynamic=False)
+        plan = autotp.plan(model, (x,), world_size=3, constraints=_PINS)
     data = json.loads(plan.to_json())
     names = {tuple(c["steps"]) for c in data["collectives"]}
     assert ("all_to_all",) in names, f"expected an all_to_all step in the saved plan, got {names}"
@@ -166,13 +164,13 @@ def _run_shard_swap(rank: int, world_size: int, rows: int, cols: int, gather_ins
         expected = model(x)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = autotp.plan(model, (x,), world_size=world_size, constraints=_PINS, dynamic=False)
+        plan = autotp.plan(model, (x,), world_size=world_size, constraints=_PINS)
         if gather_instead:  # the route plans made before the all-to-all existed
             collectives = tuple(
                 dataclasses.replace(c, steps=(K.ALL_GATHER, K.SLICE)) if c.steps == (K.ALL_TO_ALL,) else c
                 for c in plan.collectives)
             plan = dataclasses.replace(plan, collectives=collectives)
-        tp_model = autotp.compile(model, example_inputs=(x,), plan=plan, dynamic=False)
+        tp_model = autotp.compile(model, example_inputs=(x,), plan=plan)
     got = tp_model(x)
     return {
         "max_diff": (expected - got).abs().max().item(),
