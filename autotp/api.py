@@ -13,12 +13,12 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture, check_model, inputs_on_model_device, trace_device
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import rewrite_for_rank
@@ -44,11 +44,6 @@ from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 
 __all__ = ["compile", "plan"]
-
-
-def _log(progress: bool, message: str) -> None:
-    if progress:
-        print(f"[autotp] {message}", file=sys.stderr, flush=True)
 
 
 def plan(
@@ -95,7 +90,7 @@ def plan(
     check_model(model)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints)
-    _log(progress, f"tracing {type(model).__name__} with torch.export")
+    log_progress(progress, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, inputs_on_model_device(model, example_inputs),
                        inputs_on_model_device(model, example_kwargs), dynamic=dynamic, dynamic_shapes=dynamic_shapes)
     return plan_graph(captured, options)
@@ -179,7 +174,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
             weights = dict(model.state_dict()) if check_weights and checkpoint is None else None
             agreement.record = options_record(agreed, weights=weights)
         else:
-            _log(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
+            log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
             captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
             weights = captured.exported.state_dict if check_weights and checkpoint is None else None
             agreement.record = compile_record(captured, weights=weights, options=agreed)

@@ -57,11 +57,12 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
                            rank: int) -> TensorParallelModule:
     """See :func:`autotp.compile` (``max_cache_len``) and the module docstring."""
-    from autotp.api import _log, apply_plan, plan_or_check
+    from autotp.api import apply_plan, plan_or_check
+    from autotp.base.progress import log_progress
 
     wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
     talk = options.progress and rank == 0
-    _log(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
+    log_progress(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
     # static sizes: the cache fixes the batch, decode reads one token, prefill `seq` tokens per call
     decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
     decode_plan = plan_or_check(decode, plan, options, group=group, rank=rank)
@@ -69,7 +70,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     prefill_gm = prefill_plan = None
     prefill_inputs: tuple[str | int, ...] = ()
     if seq > 1:
-        _log(talk, f"tracing the prefill graph ({seq} tokens per row), weights pinned to the decode plan")
+        log_progress(talk, f"tracing the prefill graph ({seq} tokens per row), weights pinned to the decode plan")
         prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False)
         # the same placement for every weight and cache block (so one set of shards serves both graphs);
         # with placements pinned, the memory budget has nothing left to decide

@@ -52,7 +52,7 @@ def from_pretrained(path: str | os.PathLike[str], world_size: int | None = None,
         example_inputs = (torch.zeros(1, 16, dtype=torch.long, device=device),)  # (batch, seq) token ids
     if example_kwargs is None:
         example_kwargs = {"use_cache": False}
-    return _compile(model, world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
+    return _compile(model, world_size=world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
                     **options)
 
 
@@ -60,6 +60,6 @@ def load(path: str | os.PathLike[str], model: torch.nn.Module, world_size: int |
          example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None,
          **options: Any) -> TensorParallelModule:
     """Read a directory written by ``tp.save(path)`` (at any world size) into ``model`` (meta is fine), split
-    over ``world_size`` ranks: ``autotp.compile(model, world_size, ..., checkpoint=path)``."""
-    return _compile(model, world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
+    over ``world_size`` ranks: ``autotp.compile(model, world_size=world_size, ..., checkpoint=path)``."""
+    return _compile(model, world_size=world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
                     **options)

@@ -7,10 +7,10 @@ The price of a choice (one strategy per node) is the sum of two kinds of terms:
   that differs from the placement it produces (:func:`reshard_s`); one collective serves every
   reader that needs the same placement.
 
-Some reshardings are not allowed at all (:func:`blocked_reason`): nothing may sit on an edge
+Some reshardings are not allowed at all (:func:`is_blocked`, :func:`blocked_reason`): nothing may sit on an edge
 from an op that returns several tensors, and a parameter may only be sliced locally, never
 gathered. The MILP (``passes/solver.py``) builds its objective coefficients and its blocked
-transport variables from these same three functions; :func:`price_choice` adds them up for
+transport variables from these same functions; :func:`price_choice` adds them up for
 a given choice (``solver.evaluate_choice``, the plan's predicted times and collectives, and the
 per-node alternatives of ``autotp/planning/alternatives.py`` all call it).
 """
@@ -26,7 +26,7 @@ from autotp.passes.costing import CostedGraph
 from autotp.passes.resharding import is_local_reshard
 from autotp.passes.strategies import Edge
 
-__all__ = ["ChoicePrice", "Resharding", "blocked_reason", "compute_s", "price_choice", "price_outputs", "reshard_s"]
+__all__ = ["ChoicePrice", "Resharding", "blocked_reason", "compute_s", "is_blocked", "price_choice", "price_outputs", "reshard_s"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,16 +71,19 @@ def reshard_s(costed: CostedGraph, producer: str, src: Placement, dst: Placement
     return costed.reshard_s(producer, src, dst)
 
 
+def is_blocked(edge: Edge, src: Placement, dst: Placement) -> bool:
+    """True when nothing may turn ``src`` into ``dst`` on ``edge`` (see :func:`blocked_reason`)."""
+    return src != dst and (edge.must_match or (edge.local_only and not is_local_reshard(src, dst)))
+
+
 def blocked_reason(costed: CostedGraph, edge: Edge, src: Placement, dst: Placement) -> str:
     """Why nothing may turn ``src`` into ``dst`` on ``edge`` (``""`` when something may)."""
-    if src == dst:
+    if not is_blocked(edge, src, dst):
         return ""
     if edge.must_match:
         return f"{edge.producer} returns several tensors: nothing can reshard them between it and {edge.consumer}"
-    if edge.local_only and not is_local_reshard(src, dst):
-        return (f"parameter {edge.producer} would have to be gathered for {edge.consumer} "
-                f"({placement_to_str(src)} -> {placement_to_str(dst)}); parameters are only sliced locally")
-    return ""
+    return (f"parameter {edge.producer} would have to be gathered for {edge.consumer} "
+            f"({placement_to_str(src)} -> {placement_to_str(dst)}); parameters are only sliced locally")
 
 
 def price_outputs(costed: CostedGraph, edges: Iterable[Edge], strategy_of: Callable[[str], Strategy],

@@ -18,31 +18,63 @@ The route from one placement to another (which steps, on which dims) is
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 import torch
 import torch.fx as fx
 
-from autotp.base.placements import Placement
+from autotp.base.placements import Placement, Replicate
 from autotp.base.reshard import ReshardKind, ReshardStep, reshard_steps
 from autotp.base.shapes import concrete_shape
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s
+from autotp.cost_model.symbolic import symbolic_collective_time_s, symbolic_compute_time_s
 from autotp.passes.rules import LocalGraph
+from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
-__all__ = ["RESHARD_TABLE", "StepSpec", "is_collective_step", "is_local_reshard", "route_label", "step_label"]
+__all__ = [
+    "NUMERIC",
+    "RESHARD_TABLE",
+    "SYMBOLIC",
+    "Formulas",
+    "StepSpec",
+    "is_collective_step",
+    "is_local_reshard",
+    "route_label",
+    "step_label",
+    "tensor_route_time_s",
+]
 
 Emit = Callable[[LocalGraph, fx.Node, fx.Node, ReshardStep], fx.Node]
 """``emit(builder, x, producer, step)``: the node holding ``x`` (the value of ``producer`` on this
 rank) after ``step``."""
 
-TimeTerms = Callable[[ReshardStep, int, float, torch.dtype, int, Hardware], tuple[float, ...]]
-"""``time_terms(step, whole_nbytes, shard_nbytes, dtype, world_size, hardware)``: the step's
-predicted seconds, term by term. ``shard_nbytes``: bytes of the largest rank's part under
-``step.split`` (the whole tensor when the step has no split)."""
+TimeTerms = Callable[..., tuple[Any, ...]]
+"""``time_terms(step, whole_nbytes, shard_nbytes, dtype, world_size, hardware, formulas=NUMERIC)``: the
+step's predicted seconds, term by term. ``shard_nbytes``: bytes of the largest rank's part under
+``step.split`` (the whole tensor when the step has no split). ``formulas`` says which functions of
+the cost model price the terms: :data:`NUMERIC` (numbers, the planner) or :data:`SYMBOLIC` (sympy
+expressions of batch and sequence, :mod:`autotp.cost_model.symbolic`), so the sizes may be sympy
+expressions and one row serves both."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Formulas:
+    """The cost-model functions a row's time terms call, on numbers or on sympy expressions."""
+
+    compute_time_s: Callable[[Any, Any, torch.dtype, Hardware], Any]
+    collective_time_s: Callable[[str, Any, int, Hardware], Any]
+
+
+NUMERIC = Formulas(compute_time_s, collective_time_s)
+"""Seconds as floats: :func:`autotp.cost_model.compute_time_s`, :func:`autotp.cost_model.collective_time_s`."""
+
+SYMBOLIC = Formulas(symbolic_compute_time_s, symbolic_collective_time_s)
+"""Seconds as sympy expressions: the same formulas in :mod:`autotp.cost_model.symbolic`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,45 +90,46 @@ class StepSpec:
 
 # --------------------------------------------------------------------------- prices
 
-def _copy_s(nbytes: float, dtype: torch.dtype, hardware: Hardware) -> float:
+def _copy_s(nbytes: Any, dtype: torch.dtype, hardware: Hardware, formulas: Formulas) -> Any:
     """One copy of ``nbytes`` (read once, written once): a roofline memory term."""
-    return compute_time_s(0, 2 * nbytes, dtype, hardware)
+    return formulas.compute_time_s(0, 2 * nbytes, dtype, hardware)
 
 
-def _slice_terms(step: ReshardStep, whole: int, shard: float, dtype: torch.dtype, world_size: int,
-                 hardware: Hardware) -> tuple[float, ...]:
+def _slice_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
+                 hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
     return (hardware.view_op_s,)  # a narrow: no data moves, only the host's dispatch
 
 
-def _zero_terms(step: ReshardStep, whole: int, shard: float, dtype: torch.dtype, world_size: int,
-                hardware: Hardware) -> tuple[float, ...]:
-    return (compute_time_s(0, whole, dtype, hardware),)  # writing zeros on ranks != 0
+def _zero_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
+                hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
+    return (formulas.compute_time_s(0, whole, dtype, hardware),)  # writing zeros on ranks != 0
 
 
-def _all_reduce_terms(step: ReshardStep, whole: int, shard: float, dtype: torch.dtype, world_size: int,
-                      hardware: Hardware) -> tuple[float, ...]:
-    return (collective_time_s("all_reduce", whole, world_size, hardware),)
+def _all_reduce_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
+                      hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
+    return (formulas.collective_time_s("all_reduce", whole, world_size, hardware),)
 
 
-def _gather_scatter_terms(step: ReshardStep, whole: int, shard: float, dtype: torch.dtype, world_size: int,
-                          hardware: Hardware) -> tuple[float, ...]:
+def _gather_scatter_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
+                          hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
     """The all-gather (reduce-scatter) of the whole tensor; along a dim other than 0 also the two
     copies the rewrite makes around it (the dim is moved to the front and made contiguous, then
     moved back and made contiguous again): the shard and the whole tensor, each copied once."""
-    terms = (collective_time_s(RESHARD_TABLE[step.kind].collective, whole, world_size, hardware),)  # type: ignore[arg-type]
+    kind = RESHARD_TABLE[step.kind].collective
+    terms: tuple[Any, ...] = (formulas.collective_time_s(kind, whole, world_size, hardware),)  # type: ignore[arg-type]
     if world_size > 1 and step.dim not in (None, 0):
-        terms += (_copy_s(shard, dtype, hardware), _copy_s(whole, dtype, hardware))
+        terms += (_copy_s(shard, dtype, hardware, formulas), _copy_s(whole, dtype, hardware, formulas))
     return terms
 
 
-def _all_to_all_terms(step: ReshardStep, whole: int, shard: float, dtype: torch.dtype, world_size: int,
-                      hardware: Hardware) -> tuple[float, ...]:
+def _all_to_all_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
+                      hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
     """The all-to-all of one rank's shard (what each rank sends and receives), and the two copies
     of a shard around it (laying out the pieces to send, putting the received pieces together)."""
     if world_size == 1:
         return ()
-    return (collective_time_s("all_to_all", shard, world_size, hardware), _copy_s(shard, dtype, hardware),
-            _copy_s(shard, dtype, hardware))
+    return (formulas.collective_time_s("all_to_all", shard, world_size, hardware),
+            _copy_s(shard, dtype, hardware, formulas), _copy_s(shard, dtype, hardware, formulas))
 
 
 # --------------------------------------------------------------------------- rewrite
@@ -257,3 +290,21 @@ def route_label(kinds: Iterable[ReshardKind | str]) -> str:
 def is_local_reshard(src: Placement, dst: Placement) -> bool:
     """True when ``src -> dst`` needs no communication (a local slice or zero-fill)."""
     return not any(is_collective_step(step.kind) for step in reshard_steps(src, dst))
+
+
+def tensor_route_time_s(route: Iterable[ReshardStep], shape: Sequence[Any], dtype: torch.dtype, world_size: int,
+                        hardware: Hardware, *, formulas: Formulas = NUMERIC) -> Any:
+    """Predicted seconds of ``route`` on one tensor of ``shape``: the sum of its steps' table terms.
+
+    ``shape`` may hold sympy sizes (with ``formulas=SYMBOLIC`` the result is an expression); the
+    shard a step works on is sized by :func:`autotp.passes.uneven.largest_shard_nbytes`, as the
+    cost pass sizes it (:func:`autotp.passes.costing.route_time_s`, for FakeTensor values).
+    """
+    whole = largest_shard_nbytes(shape, dtype.itemsize, Replicate(), world_size)
+    total: Any = 0
+    for step in route:
+        split = step.split
+        shard = largest_shard_nbytes(shape, dtype.itemsize, split, world_size) if split is not None else whole
+        for term in RESHARD_TABLE[step.kind].time_terms(step, whole, shard, dtype, world_size, hardware, formulas):
+            total += term
+    return total

@@ -31,7 +31,7 @@ Formulation (one mesh axis of N ranks)::
 
 The coefficients and the blocked transport variables come from ``passes/pricing.py``
 (:func:`~autotp.passes.pricing.compute_s`, :func:`~autotp.passes.pricing.reshard_s`,
-:func:`~autotp.passes.pricing.blocked_reason`), the accounting :func:`evaluate_choice` and the
+:func:`~autotp.passes.pricing.is_blocked`), the accounting :func:`evaluate_choice` and the
 plan's predicted times use too (:func:`~autotp.passes.pricing.price_choice`).
 
 The transport block keeps the model linear and small: its size grows with the number of
@@ -52,7 +52,7 @@ from autotp.base.errors import PlanError
 from autotp.base.placements import Placement, Replicate, Shard
 from autotp.base.shapes import concrete_shape
 from autotp.passes.costing import CostedGraph
-from autotp.passes.pricing import blocked_reason, compute_s, price_choice, reshard_s
+from autotp.passes.pricing import compute_s, is_blocked, price_choice, reshard_s
 from autotp.passes.strategies import Edge
 from autotp.passes.uneven import largest_shard_nbytes
 
@@ -142,7 +142,7 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
         y: dict[tuple[Placement, Placement], int] = {}
         for q in out_of:
             for p in in_of:
-                blocked = bool(blocked_reason(costed, edge, q, p))
+                blocked = is_blocked(edge, q, p)
                 y[q, p] = model.column(0.0, 0.0, 0.0 if blocked else 1.0, False)
         for q, cols in out_of.items():
             model.row([(y[q, p], 1.0) for p in in_of] + [(c, -1.0) for c in cols], 0.0, 0.0)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
+import sympy
 import torch.fx as fx
 
 from autotp.base.placements import Placement, split_of
@@ -41,7 +43,7 @@ def _dim_size(node: fx.Node, dim: int) -> int:
     return concrete_shape(leaf)[dim] if leaf is not None else 1
 
 
-def largest_shard_nbytes(shape: Sequence[int], itemsize: int, placement: Placement, world_size: int) -> int:
+def largest_shard_nbytes(shape: Sequence[Any], itemsize: int, placement: Placement, world_size: int) -> Any:
     """Bytes of a tensor of ``shape`` held by the largest rank under ``placement`` over ``world_size`` ranks.
 
     ``Shard(d)``: ``ceil(size / N)`` of dim ``d``; ``S(d)xk`` (k blocks): ``ceil(size / k / N)``
@@ -50,7 +52,13 @@ def largest_shard_nbytes(shape: Sequence[int], itemsize: int, placement: Placeme
     looks at one tensor alone, so where a shared split is coarser (e.g. 8 heads of 32
     channels over 3 ranks: 96, 96, 64 channels, see the module docstring) the cuts
     :func:`build_partitions` makes can give the largest rank more than this.
+
+    Sizes are ints (the result is an int) or sympy expressions of symbolic sizes such as
+    :data:`autotp.cost_model.symbolic.SEQ` (the result is an expression, with ``ceiling`` where
+    a symbolic dim is split), so symbolic estimates size shards by this same rule.
     """
+    if any(isinstance(size, sympy.Basic) and not size.is_Integer for size in shape):
+        return _symbolic_largest_shard_nbytes([sympy.sympify(size) for size in shape], itemsize, placement, world_size)
     sizes = [concrete_size(s) for s in shape]  # a dynamic (symbolic) size counts at its example size
     numel = math.prod(sizes)
     split = split_of(placement)
@@ -61,6 +69,19 @@ def largest_shard_nbytes(shape: Sequence[int], itemsize: int, placement: Placeme
     if size == 0:
         return 0
     return itemsize * (numel // size) * blocks * math.ceil(size // blocks / world_size)
+
+
+def _symbolic_largest_shard_nbytes(sizes: list[sympy.Expr], itemsize: int, placement: Placement,
+                                   world_size: int) -> sympy.Expr:
+    """:func:`largest_shard_nbytes` of a shape with symbolic sizes (the same rule, in sympy)."""
+    numel = sympy.Mul(*sizes)
+    split = split_of(placement)
+    if split is None or not sizes:
+        return numel * itemsize
+    dim, blocks = split
+    size = sizes[dim]
+    rest = sympy.Mul(*(s for i, s in enumerate(sizes) if i != dim % len(sizes)))
+    return itemsize * rest * blocks * sympy.ceiling(sympy.floor(size / blocks) / world_size)
 
 
 class Partitions:

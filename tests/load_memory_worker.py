@@ -38,7 +38,7 @@ def main(rank: int, world_size: int, init_method: str, checkpoint: str) -> None:
     model, args, kwargs = tiny_llama(device="meta", **SHAPES)
     gc.collect()
     before = _status_bytes("VmRSS")
-    tp = autotp.compile(model, world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=checkpoint)
+    tp = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=checkpoint)
     peak = _status_bytes("VmHWM")
     print(json.dumps({"rank": rank, "growth": peak - before, "held": tp.parameter_bytes()}), flush=True)
     dist.destroy_process_group()

@@ -255,6 +255,23 @@ def test_backend_ranks_agree_on_weights(gloo) -> None:
     assert "at torch.compile graph 0" in outcomes[0][1] and "weight 0.weight: rank 1" in outcomes[0][1], outcomes[0][1]
 
 
+def _generation_depth(rank: int, world_size: int) -> tuple[str, str]:
+    model, args, _ = tiny_llama(hidden=64, intermediate=128, num_heads=4, num_kv_heads=2, seq_len=4,
+                                layers=2 if rank == 0 else 1)
+    return _outcome(lambda: autotp.compile(model, example_inputs=args, max_cache_len=8))
+
+
+@pytest.mark.distributed
+def test_generation_ranks_agree_before_capturing(gloo) -> None:
+    """tp=2, generation (max_cache_len=8), Llama with 2 layers on rank 0 and 1 on rank 1: the ranks agree before
+    capturing the decode and prefill graphs, so both raise one AgreementError naming the missing layer."""
+    outcomes = gloo.run(2, _generation_depth, timeout_s=DEADLINE_S)
+    assert [k for k, _ in outcomes] == ["AgreementError"] * 2, outcomes
+    assert outcomes[0][1] == outcomes[1][1], outcomes
+    expected = "weight model.layers.1.mlp.down_proj.weight: rank 0 (64, 128) float32; rank 1 (missing)"
+    assert expected in outcomes[0][1], f"expected {expected!r} in:\n{outcomes[0][1]}"
+
+
 # --------------------------------------------------------------------------- no processes
 
 def test_weight_checksum_tolerates_order_not_values() -> None:
@@ -266,6 +283,27 @@ def test_weight_checksum_tolerates_order_not_values() -> None:
     changed[17, 3] += 1e-3
     first, second = weight_checksum(values), weight_checksum(changed)
     assert not first.matches(second), f"a changed element must not match: {first} vs {second}"
+
+
+def test_records_without_a_graph_name_weight_shapes() -> None:
+    """No process group, records of 3 ranks with weights only (generation agrees before it captures): a weight of
+    another shape, one missing, and one with other values are each named with the ranks concerned."""
+    from autotp.runtime.agreement import CompileRecord, disagreement
+
+    small, large = torch.randn(4, 3), torch.randn(8, 3)
+    rank0 = CompileRecord(weights=(("w", weight_checksum(small)), ("v", weight_checksum(small))))
+    rank1 = CompileRecord(weights=(("w", weight_checksum(large)),))
+    found = disagreement([rank0, rank1, rank0])
+    assert found is not None, "different weights must disagree"
+    lines, hint = found
+    expected = ["weight w: ranks 0, 2 (4, 3) float32; rank 1 (8, 3) float32",
+                "weight v: ranks 0, 2 (4, 3) float32; rank 1 (missing)"]
+    assert lines == expected, f"expected {expected}, got {lines}"
+    assert "same model" in hint, hint
+    rank1 = CompileRecord(weights=(("w", weight_checksum(small * 2)), ("v", weight_checksum(small))))
+    found = disagreement([rank0, rank1])
+    assert found is not None and found[0][0].startswith("weight w: rank 1 holds other values than rank 0"), found
+    assert disagreement([rank0, rank0]) is None, "identical records must agree"
 
 
 def test_traced_values_guarded_without_a_process_group() -> None:

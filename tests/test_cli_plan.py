@@ -77,11 +77,11 @@ def test_bad_specs_are_clear(capsys) -> None:
 
 def test_budget_and_constraint_parsing() -> None:
     """--memory-budget takes auto/none/sizes; --constraint splits at the last '='."""
-    from autotp.cli.plan import _parse_budget, _parse_constraint
+    from autotp.cli.arguments import constraint, memory_budget
 
-    assert _parse_budget("auto") == "auto" and _parse_budget("none") is None
-    assert _parse_budget("20GiB") == 20 * 2**30 and _parse_budget("1.5 MB") == 1.5e6
-    assert _parse_constraint("model.layers.*.mlp.down_proj.weight=R") == ("model.layers.*.mlp.down_proj.weight", "R")
+    assert memory_budget("auto") == "auto" and memory_budget("none") is None
+    assert memory_budget("20GiB") == 20 * 2**30 and memory_budget("1.5 MB") == 1.5e6
+    assert constraint("model.layers.*.mlp.down_proj.weight=R") == ("model.layers.*.mlp.down_proj.weight", "R")
 
 
 @pytest.mark.parametrize("bad, reason", [

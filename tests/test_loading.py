@@ -40,7 +40,7 @@ def _load_and_compare(rank: int, world_size: int, cases: list[tuple[str, str, st
     results = []
     for name, path, file_dtype in cases:
         meta_model, args, kwargs = BUILDERS[name](layers=1, device="meta")
-        tp = autotp.compile(meta_model, world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=path)
+        tp = autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=path)
         reference, _, _ = BUILDERS[name](layers=1)
         if file_dtype is not None:  # the file holds rounded weights: so does the reference
             reference = reference.to(getattr(torch, file_dtype)).float()
@@ -119,7 +119,7 @@ def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]]) -> dic
     for case, paths in cases.items():
         meta_model, args, kwargs = BUILDERS["llama"](layers=1, device="meta")
         try:
-            autotp.compile(meta_model, world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=paths[rank])
+            autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=paths[rank])
             errors[case] = ""
         except CheckpointError as exc:
             errors[case] = str(exc)

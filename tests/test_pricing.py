@@ -12,6 +12,7 @@ from autotp.base.module_paths import block_name, block_of
 from autotp.base.placements import BlockShard, Partial, Replicate, Shard
 from autotp.capture import capture
 from autotp.cost_model import get_hardware
+from autotp.cost_model.symbolic import BATCH, SEQ
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.pricing import price_choice
 from autotp.passes.solver import evaluate_choice, solve
@@ -84,6 +85,18 @@ def test_largest_shard_of_each_placement() -> None:
         assert got == expected, f"{placement}: expected {expected}, got {got}"
     assert largest_shard_nbytes((0, 4), 4, Shard(0), 3) == 0
     assert largest_shard_nbytes((), 4, Replicate(), 3) == 4
+
+
+def test_largest_shard_of_a_symbolic_shape_follows_the_integer_rule() -> None:
+    """tp=3, shape (batch, seq, 12) with sympy sizes: every placement's expression, evaluated at
+    sizes that split evenly and unevenly, equals the integer rule at those sizes."""
+    placements = [Replicate(), Partial(), Shard(0), Shard(1), Shard(2), BlockShard(2, 2)]
+    for placement in placements:
+        expression = largest_shard_nbytes((BATCH, SEQ, 12), 2, placement, 3)
+        for batch, seq in [(1, 1), (2, 7), (3, 9), (5, 100)]:
+            got = int(expression.subs({BATCH: batch, SEQ: seq}))
+            expected = largest_shard_nbytes((batch, seq, 12), 2, placement, 3)
+            assert got == expected, f"{placement} at batch={batch} seq={seq}: expected {expected}, got {got} ({expression})"
 
 
 def test_block_of_module_paths() -> None:

@@ -21,8 +21,9 @@ from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import BlockShard, Partial, Replicate, Shard
 from autotp.base.reshard import ReshardKind, ReshardStep, reshard_routes, reshard_steps, route_with_kinds
 from autotp.cost_model import get_hardware
+from autotp.cost_model.symbolic import BATCH, SEQ, evaluate_s
 from autotp.passes.costing import reshard_route, route_time_s
-from autotp.passes.resharding import RESHARD_TABLE, route_label
+from autotp.passes.resharding import RESHARD_TABLE, SYMBOLIC, route_label, tensor_route_time_s
 from autotp.planning.plan import Plan
 
 K = ReshardKind
@@ -76,6 +77,26 @@ def test_shard_to_shard_takes_the_route_the_cost_model_prefers() -> None:
                     chosen.add((shape, src.dim, tuple(step.kind for step in route)))
     assert ((4, 8), 0, (K.ALL_GATHER, K.SLICE)) in chosen, f"small S(0)->S(1) should gather: {sorted(chosen)}"
     assert ((1024, 4096), 1, (K.ALL_TO_ALL,)) in chosen, f"large S(1)->S(0) should be all-to-all: {sorted(chosen)}"
+
+
+def test_symbolic_route_price_is_the_planner_price() -> None:
+    """tp=3 (uneven splits of seq and of 10 features) on h100-sxm: every route priced on sympy sizes
+    (batch, seq, 10) by the table's rows, evaluated at concrete sizes, equals the cost pass's
+    numeric price of a tensor of those sizes (layout copies of a non-dim-0 gather included)."""
+    hardware = get_hardware("h100-sxm")
+    pairs = [(Shard(2), Replicate()), (Shard(0), Replicate()), (Partial(), Replicate()), (Partial(), Shard(1)),
+             (Replicate(), Shard(1)), (Replicate(), Partial()), (Shard(1), Shard(2)), (Shard(2), Partial())]
+    with FakeTensorMode():
+        for src, dst in pairs:
+            for route in reshard_routes(src, dst):
+                expression = tensor_route_time_s(route, (BATCH, SEQ, 10), torch.float32, 3, hardware,
+                                                 formulas=SYMBOLIC)
+                for batch, seq in [(1, 1), (2, 7), (4, 4096)]:
+                    numeric = route_time_s(route, torch.empty(batch, seq, 10), 3, hardware)
+                    got = evaluate_s(expression, {BATCH: batch, SEQ: seq})
+                    assert got == pytest.approx(numeric, rel=1e-12, abs=1e-18), (
+                        f"{src}->{dst} by {route_label(s.kind for s in route)} at batch={batch} seq={seq}: "
+                        f"planner {numeric}, symbolic {got} ({expression})")
 
 
 def test_route_named_by_a_plan_must_exist() -> None:

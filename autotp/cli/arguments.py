@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
-__all__ = ["hardware_profile", "output_path", "positive_float", "positive_int"]
+__all__ = ["constraint", "hardware_profile", "memory_budget", "output_path", "positive_float", "positive_int"]
 
 
 def hardware_profile(text: str) -> str:
@@ -61,3 +62,33 @@ def output_path(text: str) -> str:
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: it is a folder; give a file name")
     return text
+
+
+def memory_budget(text: str) -> float | str | None:
+    """``--memory-budget``: ``auto``, ``none`` (no limit) or bytes with an optional unit (``20GiB``, ``1.5 MB``)."""
+    low = text.strip().lower()
+    if low == "auto":
+        return "auto"
+    if low in ("none", "off", "unlimited"):
+        return None
+    match = re.fullmatch(r"([\d.]+)\s*(b|kib|mib|gib|tib|kb|mb|gb|tb)?", low)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected 'auto', 'none' or bytes such as 20GiB, got {text!r}")
+    scale = {None: 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+             "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def constraint(text: str) -> tuple[str, str]:
+    """``--constraint``: ``PATTERN=PLACEMENT`` (``model.layers.*.mlp.down_proj.weight=R``) as ``(pattern, placement)``."""
+    pattern, sep, placement = text.rpartition("=")
+    if not sep or not pattern or not placement:
+        raise argparse.ArgumentTypeError(f"expected PATTERN=PLACEMENT such as 'model.layers.*.mlp.down_proj.weight=R', "
+                                         f"got {text!r}")
+    from autotp.base.placements import placement_from_str
+
+    try:
+        placement_from_str(placement)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return pattern, placement

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from autotp.cli.arguments import hardware_profile, output_path, positive_float, positive_int
+from autotp.cli.arguments import constraint, hardware_profile, memory_budget, output_path, positive_float, positive_int
 
 __all__ = ["PRESETS", "ModelSpec", "SpecError", "add_plan_parser", "load_spec", "run_plan"]
 
@@ -219,34 +219,6 @@ def _say(message: str) -> None:
     print(f"[autotp plan] {message}", file=sys.stderr, flush=True)
 
 
-def _parse_budget(text: str) -> float | str | None:
-    low = text.strip().lower()
-    if low == "auto":
-        return "auto"
-    if low in ("none", "off", "unlimited"):
-        return None
-    match = re.fullmatch(r"([\d.]+)\s*(b|kib|mib|gib|tib|kb|mb|gb|tb)?", low)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected 'auto', 'none' or bytes such as 20GiB, got {text!r}")
-    scale = {None: 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-             "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}[match.group(2)]
-    return float(match.group(1)) * scale
-
-
-def _parse_constraint(text: str) -> tuple[str, str]:
-    pattern, sep, placement = text.rpartition("=")
-    if not sep or not pattern or not placement:
-        raise argparse.ArgumentTypeError(f"expected PATTERN=PLACEMENT such as 'model.layers.*.mlp.down_proj.weight=R', "
-                                         f"got {text!r}")
-    from autotp.base.placements import placement_from_str
-
-    try:
-        placement_from_str(placement)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-    return pattern, placement
-
-
 def add_plan_parser(commands: Any) -> None:
     """Register ``autotp plan`` on the CLI's sub-command parser."""
     plan = commands.add_parser(
@@ -272,9 +244,9 @@ def add_plan_parser(commands: Any) -> None:
                       help="which forward pass to plan and report (default: prefill)")
     plan.add_argument("--dtype", choices=_DTYPES, default=None,
                       help="parameter dtype (default: the config's torch_dtype, else bfloat16; presets float32)")
-    plan.add_argument("--memory-budget", type=_parse_budget, default="auto", metavar="BYTES",
+    plan.add_argument("--memory-budget", type=memory_budget, default="auto", metavar="BYTES",
                       help="weights per rank: 'auto' (every matrix split, default), 'none', or e.g. 20GiB")
-    plan.add_argument("--constraint", type=_parse_constraint, action="append", default=[], metavar="PATTERN=PLACEMENT",
+    plan.add_argument("--constraint", type=constraint, action="append", default=[], metavar="PATTERN=PLACEMENT",
                       help="pin matching parameters/nodes, e.g. 'model.layers.*.mlp.down_proj.weight=R' (repeatable)")
     plan.add_argument("--html", type=output_path, metavar="PATH", help="write the interactive HTML view here")
     plan.add_argument("--json", type=output_path, metavar="PATH", help="write the plan (versioned JSON) here")

@@ -40,8 +40,8 @@ import sympy
 import torch
 
 from autotp.base.module_paths import block_name
-from autotp.base.placements import placement_from_str
-from autotp.base.reshard import ReshardKind
+from autotp.base.placements import Partial, Placement, Replicate, Shard, placement_from_str, split_of
+from autotp.base.reshard import ReshardKind, reshard_steps
 from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware, launches_no_kernel
 from autotp.cost_model.symbolic import (
     BATCH,
@@ -49,10 +49,9 @@ from autotp.cost_model.symbolic import (
     crossover,
     evaluate_s,
     symbolic_aten_flops,
-    symbolic_collective_time_s,
     symbolic_compute_time_s,
-    symbolic_tensor_bytes,
 )
+from autotp.passes.resharding import SYMBOLIC, tensor_route_time_s
 from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.plan import NodeDecision, Plan
 
@@ -402,12 +401,16 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
 # ------------------------------------------------------------------------------ crossover
 
 SPLIT_KINDS = ("column", "row", "tokens")
-"""How a linear layer ``y = x @ w.T`` may be split across N ranks, with the collective that puts
-its output back together (the layer's input arrives replicated, its output must leave replicated):
+"""How a linear layer ``y = x @ w.T + b`` may be split across N ranks, with the collective that puts
+its output back together (the layer's input arrives replicated, its output must leave replicated).
+These are strategies of the planner's linear rule (``autotp.passes.rules.matmul``):
 
-* ``column``: ``w`` split by output features (``S(0)``), ``y`` split on its last dim, all-gather;
-* ``row``: ``x`` and ``w`` split by input features, ``y`` a Partial sum, all-reduce;
-* ``tokens``: ``x`` split by tokens, ``w`` whole on every rank, all-gather of ``y``.
+* ``column``: ``w`` (and ``b``) split by output features (``S(0)``), ``y`` split on its last dim,
+  all-gather of ``y`` (along a dim other than 0: with the two copies the rewrite makes around it);
+* ``row``: ``x`` and ``w`` split by input features, ``y`` (and ``b``) a Partial sum, all-reduce;
+* ``tokens``: ``x`` and ``y`` split along the token dim of the symbol solved for (batch: dim 0,
+  sequence: dim 1 of a ``(batch, seq, features)`` input; dim 0 of a ``(tokens, features)`` one),
+  ``w`` whole on every rank, all-gather of ``y``.
 
 In a plan, consecutive column- and row-split layers share one all-reduce, so a layer's crossover
 in a real plan can come earlier than this isolated-layer figure; it never comes later.
@@ -454,30 +457,53 @@ def _token_shape(shape: tuple[int, ...], in_features: int) -> tuple[sympy.Expr, 
     return (BATCH * SEQ, sympy.Integer(in_features))
 
 
+def _linear_placements(split: str, x_ndim: int, token_dim: int) -> tuple[Placement, Placement, Placement, Placement]:
+    """(x, w, bias, y) placements of ``split`` (see :data:`SPLIT_KINDS`) for an input of ``x_ndim`` dims."""
+    if split == "column":
+        return Replicate(), Shard(0), Shard(0), Shard(x_ndim - 1)
+    if split == "row":
+        return Shard(x_ndim - 1), Shard(1), Partial(), Partial()
+    if split == "tokens":
+        return Shard(token_dim), Replicate(), Replicate(), Shard(token_dim)
+    raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLIT_KINDS)}")
+
+
 def _linear_costs(
     x_shape: tuple[sympy.Expr, ...], w_shape: tuple[int, int], has_bias: bool, dtype: torch.dtype,
-    hardware: Hardware, world_size: int, split: str,
+    hardware: Hardware, world_size: int, split: str, token_dim: int,
 ) -> tuple[sympy.Expr, sympy.Expr]:
-    """(whole, split + collective) cost expressions of ``linear(x, w, b)`` (roofline + alpha-beta)."""
+    """(whole, split + resharding) cost expressions of ``linear(x, w, b)``, by the planner's accounting.
+
+    Compute as the cost pass counts a strategy (``autotp.passes.costing``): the op's FLOPs times the
+    largest rank's share of its split tensors, and the bytes of every tensor at its local size
+    (:func:`~autotp.passes.uneven.largest_shard_nbytes`), priced by the symbolic roofline
+    (:func:`~autotp.cost_model.symbolic.symbolic_compute_time_s`). The resharding of ``y`` back to
+    replicated is the route :func:`~autotp.base.reshard.reshard_steps` gives, each step priced by
+    its row of :data:`~autotp.passes.resharding.RESHARD_TABLE` on sympy sizes (collective and copies).
+    """
     out_features, in_features = w_shape
+    shapes = [tuple(x_shape), (sympy.Integer(out_features), sympy.Integer(in_features))]
+    if has_bias:
+        shapes.append((sympy.Integer(out_features),))
     out_shape = (*x_shape[:-1], sympy.Integer(out_features))
-    flops = symbolic_aten_flops(torch.ops.aten.linear.default, (x_shape, w_shape))
-    x_bytes = symbolic_tensor_bytes(x_shape, dtype)
-    w_bytes = symbolic_tensor_bytes(w_shape, dtype) + (out_features * dtype.itemsize if has_bias else 0)
-    y_bytes = symbolic_tensor_bytes(out_shape, dtype)
-    n = world_size
-    whole = symbolic_compute_time_s(flops, x_bytes + w_bytes + y_bytes, dtype, hardware)
-    if split == "column":  # x whole, w and y by output features; all-gather y
-        compute = symbolic_compute_time_s(flops / n, x_bytes + w_bytes / n + y_bytes / n, dtype, hardware)
-        comm = symbolic_collective_time_s("all_gather", y_bytes, n, hardware)
-    elif split == "row":  # x and w by input features, y a full-size Partial sum; all-reduce y
-        compute = symbolic_compute_time_s(flops / n, x_bytes / n + w_bytes / n + y_bytes, dtype, hardware)
-        comm = symbolic_collective_time_s("all_reduce", y_bytes, n, hardware)
-    elif split == "tokens":  # x and y by tokens, w whole; all-gather y
-        compute = symbolic_compute_time_s(flops / n, x_bytes / n + w_bytes + y_bytes / n, dtype, hardware)
-        comm = symbolic_collective_time_s("all_gather", y_bytes, n, hardware)
-    else:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLIT_KINDS)}")
+    flops = symbolic_aten_flops(torch.ops.aten.linear.default, tuple(shapes[:2]))
+    itemsize = dtype.itemsize
+
+    def compute_s(placements: tuple[Placement, ...], y_placement: Placement) -> sympy.Expr:
+        tensors = [*zip(shapes, placements), (out_shape, y_placement)]
+        moved = sum((largest_shard_nbytes(shape, itemsize, placement, world_size) for shape, placement in tensors),
+                    sympy.Integer(0))
+        shares = [largest_shard_nbytes(shape, itemsize, placement, world_size)
+                  / largest_shard_nbytes(shape, itemsize, Replicate(), world_size)
+                  for shape, placement in tensors if split_of(placement) is not None]
+        share = sympy.Max(*shares) if shares else sympy.Integer(1)
+        return symbolic_compute_time_s(flops * share, moved, dtype, hardware)
+
+    whole = compute_s((Replicate(),) * len(shapes), Replicate())
+    x_p, w_p, b_p, y_p = _linear_placements(split, len(x_shape), token_dim)
+    compute = compute_s((x_p, w_p, b_p)[: len(shapes)], y_p)
+    route = reshard_steps(y_p, Replicate())
+    comm = tensor_route_time_s(route, out_shape, dtype, world_size, hardware, formulas=SYMBOLIC)
     return whole, compute + comm
 
 
@@ -515,7 +541,10 @@ def split_crossover(
     dtype = getattr(torch, decision.dtype or "float32")
     w_shape = (int(w_node.shape[0]), int(w_node.shape[1]))
     x_shape = _token_shape(tuple(x_node.shape), w_shape[1])
-    whole, split_cost = _linear_costs(x_shape, w_shape, len(decision.input_nodes) > 2, dtype, profile, ranks, split)
+    token_dim = 0 if symbol == BATCH or len(x_shape) < 3 else 1
+    whole, split_cost = _linear_costs(
+        x_shape, w_shape, len(decision.input_nodes) > 2, dtype, profile, ranks, split, token_dim
+    )
     size = crossover(split_cost, whole, symbol, values=values, high=high)
     return Crossover(
         node=decision.name,

@@ -15,7 +15,6 @@ It needs no process group and no real weights. State after each step:
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 
@@ -24,6 +23,7 @@ import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
+from autotp.base.progress import log_progress
 from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
@@ -40,11 +40,6 @@ from autotp.planning.options import PlanOptions
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 
 __all__ = ["auto_memory_budget", "check_fits_device", "plan_graph", "resolve_memory_budget"]
-
-
-def _log(progress: bool, message: str) -> None:
-    if progress:
-        print(f"[autotp] {message}", file=sys.stderr, flush=True)
 
 
 def _splittable_parameters(costed: CostedGraph) -> set[str]:
@@ -204,11 +199,11 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
         graph = _narrowed(graph, options.strategy_filter(graph))
     graph = apply_constraints(graph, options.constraints)
     _check_fallback(graph, options.strict)
-    _log(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
+    log_progress(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
                            f"costing on {hw.name}")
     costed = cost_strategy_graph(graph, hw)
     budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
-    _log(options.progress, "solving (MILP, HiGHS)")
+    log_progress(options.progress, "solving (MILP, HiGHS)")
     try:
         solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
                          tie=tie_identical_blocks(graph))
@@ -221,7 +216,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
             f"{', '.join(plan.fallback_ops)} (see plan.fallback_ops; strict=True makes this an error)",
             stacklevel=3,
         )
-    _log(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
+    log_progress(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
     return plan
 
 

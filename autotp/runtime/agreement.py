@@ -340,6 +340,10 @@ def _field_differences(records: Sequence[CompileRecord], field: str, what: str) 
     return _listed(lines, f"{what}s")
 
 
+_SAME_MODEL = ("Every rank must build the same model (same config, same layers) and pass example inputs of the same "
+               "shapes and dtypes.")
+
+
 def disagreement(records: Sequence[CompileRecord]) -> tuple[list[str], str] | None:
     """What differs between the ranks' records (one line each) and how to fix it; ``None`` when they agree."""
     failed = {rank: r.error for rank, r in enumerate(records) if r.error}
@@ -359,20 +363,27 @@ def disagreement(records: Sequence[CompileRecord]) -> tuple[list[str], str] | No
             lines = [versions] if versions else []
             lines.append("the traced graphs differ although their parameters and input shapes agree "
                          f"(fingerprints: {_differs('graph', [r.fingerprint for r in records])})")
-        return lines, ("Every rank must build the same model (same config, same layers) and pass example inputs of "
-                       "the same shapes and dtypes.")
+        return lines, _SAME_MODEL
     if any(r.weights is None for r in records):
         return None  # check_weights=False everywhere (a difference in it is an option difference above)
     tables = [dict(r.weights or ()) for r in records]
     reference = tables[0]
+    # without a traced graph to compare (generation agrees before capturing), names and shapes come from here
+    names = list(dict.fromkeys(fqn for table in tables for fqn in table))
+    shaped = [line for fqn in names if (line := _differs(
+        f"weight {fqn}", [f"{c.shape} {c.dtype.removeprefix('torch.')}" if c else None
+                          for c in (table.get(fqn) for table in tables)]))]
+    if shaped:  # other values follow from other shapes (and from drawing them in another order): not listed
+        return _listed(shaped, f"weights of other shapes (of {len(names)})"), _SAME_MODEL
     lines = []
-    for fqn, first in reference.items():
+    for fqn in names:
+        first = reference[fqn]
         other = [rank for rank, table in enumerate(tables) if not first.matches(table[fqn])]
         if other:
-            lines.append(f"weight {fqn}: {_ranks(other)} {'holds' if len(other) == 1 else 'hold'} other values than rank 0 "
-                         f"(sum {tables[other[0]][fqn].total:.6g} vs {first.total:.6g})")
+            lines.append(f"weight {fqn}: {_ranks(other)} {'holds' if len(other) == 1 else 'hold'} other values than "
+                         f"rank 0 (sum {tables[other[0]][fqn].total:.6g} vs {first.total:.6g})")
     if lines:
-        return (_listed(lines, f"differing weights (of {len(reference)})"),
+        return (_listed(lines, f"differing weights (of {len(names)})"),
                 "Every rank must hold the same full weights: seed the random number generator the same way on every "
                 "rank before building the model (torch.manual_seed(0)), or load the same checkpoint. For a huge model "
                 "loaded from one checkpoint, check_weights=False skips this check.")
