@@ -351,8 +351,10 @@ def _input_dims(captured: CapturedGraph, names: list[str], requested: list[set[i
         name = names[index] if index < len(names) else f"user input {index}"
         asked = requested[index] if index < len(requested) else set()
         for dim, size in enumerate(val.shape):
-            symbol, low, high = None, concrete_size(size), concrete_size(size)
-            if not is_static(size):
+            symbol: str | None = None
+            low: int = concrete_size(size)
+            high: int | None = low
+            if isinstance(size, torch.SymInt) and not is_static(size):
                 expr = size.node.expr
                 symbol = str(expr)
                 bounds = ranges.get(expr)

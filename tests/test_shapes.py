@@ -146,3 +146,20 @@ def test_one_compile_serves_every_shape(gloo, world_size: int, name: str, builde
             assert diff <= TOLERANCE, f"{name} tp={world_size} rank {rank} at {(batch, seq)}: max abs diff {diff:.3g} > {TOLERANCE}"
         assert result["same_objects"], f"{name} tp={world_size} rank {rank}: plan or graph module replaced after calls"
         assert result["counts"] == results[0]["counts"], "every rank issues the same collectives"
+
+
+def test_plan_that_splits_the_batch_says_to_pin_shapes() -> None:
+    """tp=4 planning on meta, MLP at (8, 2048, 256) on h100-sxm with no memory budget: traced with dynamic=False
+    the cheapest plan splits the batch (data-parallel style); applied to a dynamic capture, the mismatch error
+    says batch and sequence are never split there and names dynamic=False."""
+    from autotp.base.errors import PlanMismatchError
+    from autotp.capture import capture, inputs_on_model_device
+    from autotp.planning.checks import check_plan_applies
+
+    model, args, kwargs = tiny_mlp(batch=8, seq_len=2048, device="meta")
+    plan = autotp.plan(model, args, kwargs, world_size=4, hardware="h100-sxm", memory_budget=None, dynamic=False)
+    batch_split = [n.name for n in plan.nodes if n.output == "S(0)" and n.op == "aten.linear.default"]
+    assert batch_split, f"expected the static plan to split the batch, got {[(n.name, n.output) for n in plan.nodes]}"
+    captured = capture(model, inputs_on_model_device(model, args), kwargs)
+    with pytest.raises(PlanMismatchError, match=r"never split.*dynamic=False"):
+        check_plan_applies(plan, captured, 4)

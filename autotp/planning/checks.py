@@ -29,6 +29,16 @@ def _strategy_text(inputs: tuple[str, ...], output: str) -> str:
     return f"({', '.join(inputs)}) -> {output}" if inputs else output
 
 
+def _splits_dynamic_dim(node: object, placement: str) -> bool:
+    """True when ``placement`` splits a dim that is dynamic (symbolic) in ``node``'s traced value."""
+    from autotp.base.placements import placement_from_str, split_of
+    from autotp.base.shapes import first_tensor, is_static
+
+    split = split_of(placement_from_str(placement))
+    value = first_tensor(getattr(node, "meta", {}).get("val"))
+    return split is not None and value is not None and split[0] < value.dim() and not is_static(value.shape[split[0]])
+
+
 def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> None:
     """Raise :class:`PlanMismatchError` naming every reason ``plan`` cannot be applied to ``captured``."""
     from autotp.base.placements import placement_to_str
@@ -44,6 +54,7 @@ def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> 
                             f"says {node.output!r}; edit both to the same placement")
     graph = build_strategy_graph(captured.graph_module, world_size, fqns, frozenset(captured.state))
     bad = []
+    splits_dynamic = False
     for name in graph.order:
         offered = {(tuple(placement_to_str(p) for p in s.inputs), placement_to_str(s.output)): s
                    for s in graph.strategies[name]}
@@ -53,8 +64,12 @@ def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> 
             more = " ..." if len(offered) > 6 else ""
             bad.append(f"node {name} ({node.op}): {_strategy_text(node.inputs, node.output)} is not a strategy of this "
                        f"op here; valid: {choices}{more}")
+            splits_dynamic = splits_dynamic or _splits_dynamic_dim(graph.nodes[name], node.output)
     problems += bad[:_MAX_LISTED]
     if len(bad) > _MAX_LISTED:
         problems.append(f"... and {len(bad) - _MAX_LISTED} more nodes with invalid strategies")
+    if splits_dynamic:
+        problems.append("batch and sequence dims are traced dynamic and never split (autotp.capture); a plan made "
+                        "with dynamic=False may split them: apply it with autotp.compile(..., dynamic=False)")
     if problems:
         raise PlanMismatchError("the plan cannot be applied to this model:\n  - " + "\n  - ".join(problems))

@@ -53,8 +53,8 @@ def _sym_size(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if len(inputs) != 1:
         return []
     sizes = shape(inputs[0])
-    read = node.args[1] % len(sizes) if sizes else 0
-    placements: list[Placement] = [P]
+    read = int(node.args[1]) % len(sizes) if sizes else 0  # type: ignore[arg-type]
+    placements: list[Placement | BlockShard] = [P]
     for dim, size in enumerate(sizes):
         if dim != read and size > 1:
             placements.append(Shard(dim))
