@@ -84,6 +84,7 @@ def _ready(run: chromium.ChromiumRun) -> dict[str, str]:
 
 
 @needs_chromium
+@pytest.mark.slow  # starts a headless browser (~3 s each): runs in CI, not in the fast tier
 def test_chromium_loads_without_errors_and_shows_details(tmp_path) -> None:
     """tp=4 tiny Llama: everything expanded, and a selected weight with its alternatives."""
     path = tmp_path / "plan.html"
@@ -98,6 +99,7 @@ def test_chromium_loads_without_errors_and_shows_details(tmp_path) -> None:
 
 
 @needs_chromium
+@pytest.mark.slow  # starts a headless browser (~3 s each): runs in CI, not in the fast tier
 def test_chromium_80_layers_stay_usable(tmp_path) -> None:
     """80 stacked layers: folded by default (few boxes drawn), and unfolding all of them still draws."""
     path = tmp_path / "plan80.html"
@@ -111,6 +113,7 @@ def test_chromium_80_layers_stay_usable(tmp_path) -> None:
 
 
 @needs_chromium
+@pytest.mark.slow  # starts a headless browser (~3 s each): runs in CI, not in the fast tier
 def test_chromium_screenshot_shows_the_graph(tmp_path) -> None:
     """Megatron-pinned tp=4 plan: a screenshot of the default view is not blank and shows the colour of
     the column-parallel projections' outputs (split on their last dim, S(2))."""

@@ -27,6 +27,7 @@ def test_megatron_roles_on_llama() -> None:
     assert roles["lm_head.weight"] == "column"
 
 
+@pytest.mark.slow  # 6 full plans plus 6 reference plans (~20 s): runs in CI, not in the fast tier
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
 @pytest.mark.parametrize("hardware", ["h100-sxm", "pcie-gpu"])
 def test_autotp_plan_costs_no_more_than_megatron(name: str, hardware: str) -> None:
