@@ -3,7 +3,8 @@
 Tiers (pytest markers, registered in pyproject.toml):
 
 * no marker: unit tests (rules, costs, plans) and planning/rewrite tests on fake tensors or a
-  fake process group. ``python -m pytest -m "not distributed and not slow"`` (the fast tier) runs them; keep them cheap, or mark a test that takes seconds ``@pytest.mark.slow``.
+  fake process group. ``python -m pytest -m "not distributed and not slow"`` (the fast tier)
+  runs them; keep them cheap, or mark a test that takes seconds ``@pytest.mark.slow``.
 * ``distributed``: the test starts real gloo worker processes. A test is marked automatically
   when it asks for a fixture in :data:`PROCESS_FIXTURES` (``gloo``: the session's shared pool of
   workers, see distributed.py); a test that calls ``distributed.run_on_ranks`` directly carries
