@@ -50,13 +50,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _status_bytes(key: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
 
 def write_checkpoints(directory: Path, layers: int) -> dict[str, Path]:
     """The random model as one file and as 200 MB shards (skipped when already there)."""
@@ -87,6 +80,8 @@ def worker(mode: str, path: str) -> None:
     import torch.distributed as dist
     import transformers
 
+    from autotp.cli.load_demo import peak_rss_bytes, resident_bytes
+
     torch.set_num_threads(1)
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if mode != "single":
@@ -98,7 +93,7 @@ def worker(mode: str, path: str) -> None:
         with torch.device("meta"):
             warm = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=1, **CONFIG))
         autotp.plan(warm, (ids,), {"use_cache": False}, world_size=world_size)
-    before = _status_bytes("VmRSS")
+    before = resident_bytes()
     started = time.perf_counter()
     if mode == "autotp":
         tp = autotp.from_pretrained(path, world_size=world_size, example_inputs=(ids,))
@@ -110,10 +105,10 @@ def worker(mode: str, path: str) -> None:
         model = transformers.AutoModelForCausalLM.from_pretrained(path)
         held = _held_bytes(model.parameters())
     seconds = time.perf_counter() - started
-    grown = _status_bytes("VmHWM") - before
+    grown = peak_rss_bytes() - before
     with torch.no_grad():
         (tp if mode == "autotp" else model)(ids, use_cache=False)
-    after_forward = _status_bytes("VmHWM") - before
+    after_forward = peak_rss_bytes() - before
     print(json.dumps({"rank": rank, "grown": grown, "forward": after_forward, "held": held, "seconds": seconds}),
           flush=True)
     if mode != "single":

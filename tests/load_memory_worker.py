@@ -18,16 +18,10 @@ import torch.distributed as dist
 from models import tiny_llama
 
 import autotp
+from autotp.cli.load_demo import peak_rss_bytes, resident_bytes
 
 SHAPES = {"hidden": 768, "layers": 2, "intermediate": 3072, "vocab_size": 16000}
 
-
-def _status_bytes(key: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def main(rank: int, world_size: int, init_method: str, checkpoint: str) -> None:
@@ -37,9 +31,9 @@ def main(rank: int, world_size: int, init_method: str, checkpoint: str) -> None:
     autotp.plan(warm, args, kwargs, world_size=world_size)
     model, args, kwargs = tiny_llama(device="meta", **SHAPES)
     gc.collect()
-    before = _status_bytes("VmRSS")
+    before = resident_bytes()
     tp = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=checkpoint)
-    peak = _status_bytes("VmHWM")
+    peak = peak_rss_bytes()
     print(json.dumps({"rank": rank, "growth": peak - before, "held": tp.parameter_bytes()}), flush=True)
     dist.destroy_process_group()
 
