@@ -87,19 +87,19 @@ def resolve_memory_budget(memory_budget: float | int | str | None, costed: Coste
         return None
     if memory_budget == "auto":
         budget = auto_memory_budget(costed, state)
-        check_fits_device(costed, budget)
+        check_fits_device(costed, budget, state)
         return budget
     return float(memory_budget)
 
 
-def check_fits_device(costed: CostedGraph, budget: float) -> None:
+def check_fits_device(costed: CostedGraph, budget: float, state: frozenset[str] = frozenset()) -> None:
     """Refuse, before any weight is read, a world size at which the model cannot fit the device's memory.
 
-    Per rank: the ``"auto"`` parameter bytes, plus buffers, constants and inputs (whole on every
-    rank: e.g. a KV cache held as graph state), plus activations, bounded above by the two largest
-    tensors the graph computes (an op's input and output, unsplit) — against
-    ``hardware.memory_gib``. The error names the smallest world size at which the same
-    estimate fits.
+    Per rank: the ``"auto"`` parameter bytes (``state``, the KV caches, counted whole as there), plus
+    other buffers, constants and inputs (whole on every rank), plus activations, bounded above by
+    the two largest tensors the graph computes (an op's input and output, unsplit) — against
+    ``hardware.memory_gib``. The error names the smallest world size at which the same estimate
+    fits (the same rule applied at that world size).
     """
     graph = costed.graph
     hw_bytes = costed.hardware.memory_gib * 2**30
@@ -111,7 +111,7 @@ def check_fits_device(costed: CostedGraph, budget: float) -> None:
     activation_bytes = sum(sizes[:2])
 
     def needed(world_size: int) -> float:
-        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, world_size=world_size)
+        weights = budget if world_size == graph.world_size else auto_memory_budget(costed, state, world_size=world_size)
         return weights + state_bytes + activation_bytes
 
     if needed(graph.world_size) <= hw_bytes:
