@@ -204,7 +204,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s))
 
 
-def plan_or_check(captured: CapturedGraph | None, plan: Plan | None, options: PlanOptions, *,
+def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
                   group: dist.ProcessGroup | None, rank: int,
                   agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
     """Plan ``captured`` (on the first rank, broadcast), or check that the given ``plan`` applies to it."""
