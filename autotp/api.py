@@ -19,7 +19,14 @@ import torch
 import torch.distributed as dist
 
 from autotp.base.progress import log_progress
-from autotp.capture import CapturedGraph, capture, check_model, inputs_on_model_device, trace_device
+from autotp.capture import (
+    CapturedGraph,
+    capture,
+    check_model,
+    inputs_on_model_device,
+    random_state_fingerprint,
+    trace_device,
+)
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.state import update_state_in_place
@@ -197,7 +204,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
             agreement.record = options_record(agreed, weights=weights)
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
-            captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+            captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
+                               training=training)
+            if training and (fingerprint := random_state_fingerprint(captured.graph_module)) is not None:
+                # dropout: every rank must draw the same masks (seed every rank alike before compiling)
+                agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint
             weights = captured.exported.state_dict if check_weights and checkpoint is None else None
             agreement.record = compile_record(captured, weights=weights, options=agreed)
     files = None
