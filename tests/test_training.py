@@ -25,7 +25,9 @@ FAMILIES = {
     "bert": lambda: models.tiny_bert_mlm(num_heads=4, intermediate=96, **_SMALL),
     "mixtral": lambda: models.tiny_mixtral(num_heads=4, num_kv_heads=2, intermediate=32, **_SMALL),
 }
-FLOAT32 = {"mixtral"}  # torch._grouped_mm (transformers' default experts) takes float32/bfloat16 only
+FLOAT32 = {"mixtral"}
+DROPOUT = {"gpt2"}  # run in training mode: GPT-2's default dropout 0.1 (embedding, attention, residual)
+SEED = 1234  # torch._grouped_mm (transformers' default experts) takes float32/bfloat16 only
 
 
 def _build(family: str) -> tuple[torch.nn.Module, torch.Tensor, dict]:
@@ -47,12 +49,17 @@ def _gradients_match(rank: int, world_size: int, families: list[str]) -> dict[st
     out = {}
     for family in families:
         model, ids, kwargs = _build(family)
-        model.zero_grad()
-        model(ids, **kwargs).loss.backward()
+        if family in DROPOUT:
+            model.train()
+        torch.manual_seed(SEED)
+        expected_loss = model(ids, **kwargs).loss
+        expected_loss.backward()
         expected = {name: p.grad for name, p in model.named_parameters(remove_duplicate=False)}
+        torch.manual_seed(SEED)  # compile checks that the ranks' generators agree (the graph has dropout)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs, training=True)
+        torch.manual_seed(SEED)  # the same dropout masks as the single-process step
         loss = tp(ids, **kwargs).loss
         loss.backward()
         worst, worst_name, missing, replicated = 0.0, "", [], []
@@ -69,7 +76,7 @@ def _gradients_match(rank: int, world_size: int, families: list[str]) -> dict[st
             if blocks is None:
                 replicated.append(param.grad.double().sum().item())
         out[family] = {"worst": worst, "worst_name": worst_name, "missing": missing, "replicated": replicated,
-                       "loss": loss.item(), "expected_loss": model(ids, **kwargs).loss.item(),
+                       "loss": loss.item(), "expected_loss": expected_loss.item(),
                        "names": sorted(n for n, _ in tp.named_parameters())}
     return out
 
@@ -131,3 +138,51 @@ def test_loss_curve_matches_single_process(gloo) -> None:
         for step, (got, want) in enumerate(curve):
             assert abs(got - want) <= LOSS_RTOL * abs(want), f"tp={world_size} step {step}: loss {got} != {want}"
         assert curve[-1][1] < 0.5 * curve[0][1], f"the loss did not fall: {curve[0][1]} -> {curve[-1][1]}"
+
+
+def _bad_inputs(rank: int, world_size: int) -> dict[str, str]:
+    """The messages of the mistakes a training user makes (see test_bad_input_errors_name_the_fix)."""
+    from autotp.base.errors import InputShapeError
+
+    messages = {}
+    model, ids, kwargs = _build("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inference = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs)
+        trained = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs, training=True, dynamic=False)
+    try:
+        inference(ids, **kwargs).loss.backward()
+    except RuntimeError as exc:
+        messages["backward_through_inference"] = str(exc)
+    optimizer = torch.optim.AdamW(model.parameters())
+    trained(ids, **kwargs).loss.backward()
+    try:
+        optimizer.step()
+    except RuntimeError as exc:
+        messages["optimizer_over_original"] = str(exc)
+    try:
+        trained(ids, use_cache=False)
+    except TypeError as exc:
+        messages["missing_labels"] = str(exc)
+    longer = torch.cat([ids, ids], dim=1)
+    try:
+        trained(longer, use_cache=False, labels=longer)
+    except InputShapeError as exc:
+        messages["static_dim"] = str(exc)
+    return messages
+
+
+def test_bad_input_errors_name_the_fix(gloo) -> None:
+    """tp=2, Llama: backward() through a model compiled for inference, an optimizer over the original
+    model's parameters, a training step without the traced labels, and one at a sequence length a
+    static (dynamic=False) plan was not made for each raise an error that names the fix."""
+    messages = gloo.run(2, _bad_inputs)[0]
+    expected = {
+        "backward_through_inference": "training=True",
+        "optimizer_over_original": "tp.parameters()",
+        "missing_labels": "labels",
+        "static_dim": "16",
+    }
+    for case, fix in expected.items():
+        assert case in messages, f"{case}: no error raised (messages: {sorted(messages)})"
+        assert fix in messages[case], f"{case}: the message does not name {fix!r}: {messages[case]}"
