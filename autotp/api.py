@@ -26,7 +26,8 @@ from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
-from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
+from autotp.planning.mesh_plan import MeshShape, ParallelPlan
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan, as_plan
 from autotp.planning.planner import plan_graph
 from autotp.runtime.agreement import (
@@ -61,7 +62,11 @@ def plan(
     max_cache_len: int | None = None,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
-) -> Plan:
+    parallelism: str | dict[str, int] = "tp",
+    mesh: MeshShape | None = None,
+    objective: str = "latency",
+    throughput_batch: int = 64,
+) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
     Needs no process group and no real weights: a model built on the ``meta`` device is fine.
@@ -89,8 +94,26 @@ def plan(
     input) as symbols, so the plan serves every size; only static dims are split. ``dynamic=False``
     pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
     (see :mod:`autotp.capture`).
+
+    ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
+    returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
+    ``dp * pp * tp == world_size``, the stage cuts, the microbatches) on ``hardware``'s nodes and
+    returns a :class:`~autotp.planning.mesh_plan.ParallelPlan`; a dict such as ``{"tp": 8}`` (or
+    ``mesh=MeshShape(dp=2, pp=1, tp=8)``) fixes some dims and searches the rest.
+    ``objective``: ``"latency"`` (one request of batch 1) or ``"throughput"`` (requests per second
+    at ``throughput_batch`` requests). See :mod:`autotp.planning.mesh_search`.
     """
     check_model(model)
+    if parallelism != "tp" or mesh is not None:
+        if max_cache_len is not None or constraints is not None:
+            raise ValueError("max_cache_len= and constraints= plan one tensor-parallel group; "
+                             "leave them out with parallelism='auto' or mesh=")
+        from autotp.planning.mesh_search import plan_mesh
+
+        check_world_size(world_size)
+        return plan_mesh(model, example_inputs, example_kwargs, world_size=world_size, hardware=hardware,
+                         parallelism="auto" if parallelism == "tp" else parallelism, mesh=mesh, objective=objective,
+                         throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints)
     if max_cache_len is not None:

@@ -47,7 +47,8 @@ def parallel_plan_text(plan: ParallelPlan) -> str:
 
 def _cell(row: dict[str, Any], key: str, scale: float, fmt: str) -> str:
     value = row.get(key)
-    return format(value * scale, fmt) if value is not None else "-"
+    width = int(fmt.split(".")[0])
+    return format(value * scale, fmt) if value is not None else "-".rjust(width)
 
 
 def candidates_table(plan: ParallelPlan) -> str:

@@ -86,6 +86,7 @@ __all__ = [
     "factorizations",
     "forced_dims",
     "mesh_costs",
+    "plan_mesh",
     "search_mesh",
 ]
 
@@ -432,6 +433,8 @@ class _Evaluation:
     stage_s: tuple[float, ...]
     stage_memory: tuple[float, ...]
     time_s: float  # one replica, all its microbatches
+    collectives_s: float = 0.0  # of one microbatch through every stage: tensor-parallel collectives
+    sends_s: float = 0.0  # ... and stage-to-stage sends (the rest of sum(stage_s) is compute)
 
 
 def _stage_boundaries_span(mesh: MeshShape, hardware: Hardware) -> list[bool]:
@@ -524,8 +527,10 @@ def _evaluate(costs: MeshCosts, mesh: MeshShape, microbatches: int, microbatch_s
             memory += post.parameter_bytes + 2 * post.activation_bytes(microbatch_size)
         stage_s.append(seconds)
         stage_memory.append(memory)
+    collectives = (sum(u.comm_s(microbatch_size) for u in units) + pre.comm_s(microbatch_size)
+                   + post.comm_s(microbatch_size))
     return _Evaluation(mesh, microbatches, microbatch_size, cuts, tuple(stage_s), tuple(stage_memory),
-                       pipeline_time_s(stage_s, microbatches))
+                       pipeline_time_s(stage_s, microbatches), collectives, sum(send_s))
 
 
 def _no_fit(costs: MeshCosts, mesh: MeshShape, b: int, capacity: float) -> str:
@@ -547,13 +552,14 @@ def _candidate(mesh: MeshShape, latency: _Evaluation | str, throughput: _Evaluat
     row: dict[str, Any] = {"mesh": mesh, "note": note}
     if isinstance(latency, _Evaluation):
         row.update(latency_s=latency.time_s, latency_memory_bytes=max(latency.stage_memory),
-                   latency_cuts=latency.cuts, latency_stage_s=latency.stage_s)
+                   latency_cuts=latency.cuts, latency_stage_s=latency.stage_s, latency_parts=_parts(latency))
     elif not note:
         row["note"] = latency
     if isinstance(throughput, _Evaluation):
         row.update(throughput_per_s=batch / throughput.time_s, microbatches=throughput.microbatches,
                    microbatch_size=throughput.microbatch_size, memory_bytes_per_device=max(throughput.stage_memory),
-                   throughput_cuts=throughput.cuts, throughput_stage_s=throughput.stage_s)
+                   throughput_cuts=throughput.cuts, throughput_stage_s=throughput.stage_s,
+                   throughput_parts=_parts(throughput))
     elif isinstance(throughput, str) and not row["note"]:
         row["note"] = throughput
     return row
@@ -635,14 +641,61 @@ def search_mesh(costs: MeshCosts, world_size: int, *, objective: str = "latency"
                         layer_blocks=costs.names, tp_summary=costs.tp_summaries.get(best.mesh.tp, ""))
 
 
+def _parts(evaluation: _Evaluation) -> dict[str, float]:
+    """Seconds of one microbatch through every stage, by kind, and the replica's pipeline idle time."""
+    through = sum(evaluation.stage_s)
+    busy = evaluation.microbatches * through / evaluation.mesh.pp  # work per device if perfectly balanced
+    return {"compute": through - evaluation.collectives_s - evaluation.sends_s,
+            "tensor-parallel collectives": evaluation.collectives_s, "stage sends": evaluation.sends_s,
+            "pipeline bubble and imbalance": evaluation.time_s - busy if evaluation.mesh.pp > 1 else 0.0}
+
+
 def _why_lost(runner: dict[str, Any], best: dict[str, Any], objective: str) -> str:
+    """The runner-up's figure against the winner's, and the cost term that differs most."""
     if objective == "latency":
         a, b = runner["latency_s"], best["latency_s"]
-        stages_a, stages_b = runner["latency_stage_s"], best["latency_stage_s"]
         what = f"latency {a * 1e3:.3f} ms vs {b * 1e3:.3f} ms (+{(a / b - 1) * 100:.1f}%)"
+        parts_a, parts_b = runner["latency_parts"], best["latency_parts"]
+        parts_a = {k: v for k, v in parts_a.items() if not k.startswith("pipeline")}
     else:
         a, b = runner["throughput_per_s"], best["throughput_per_s"]
-        stages_a, stages_b = runner["throughput_stage_s"], best["throughput_stage_s"]
         what = f"throughput {a:.2f}/s vs {b:.2f}/s ({(a / b - 1) * 100:.1f}%)"
-    return (f"{what}; its slowest stage takes {max(stages_a) * 1e3:.3f} ms per microbatch vs "
-            f"{max(stages_b) * 1e3:.3f} ms over {len(stages_a)} vs {len(stages_b)} stage(s)")
+        parts_a, parts_b = runner["throughput_parts"], best["throughput_parts"]
+        if runner["mesh"].dp != best["mesh"].dp:
+            what += f" with {runner['mesh'].dp} vs {best['mesh'].dp} replica(s)"
+    term = max(parts_a, key=lambda k: abs(parts_a[k] - parts_b.get(k, 0.0)))
+    return (f"{what}; the term that differs most: {term} {parts_a[term] * 1e3:.3f} ms vs "
+            f"{parts_b.get(term, 0.0) * 1e3:.3f} ms" + (" per microbatch through all stages"
+                                                          if not term.startswith("pipeline") else ""))
+
+
+def plan_mesh(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None, *,
+              world_size: int, hardware: str | Hardware, parallelism: str | Mapping[str, int] = "auto",
+              mesh: MeshShape | None = None, objective: str = "latency",
+              throughput_batch: int = DEFAULT_THROUGHPUT_BATCH, time_limit_s: float = 60.0,
+              progress: bool = False) -> ParallelPlan:
+    """``autotp.plan(..., parallelism="auto" | {...}, mesh=...)``: validate, price each ``tp``, search.
+
+    Every argument is checked before anything is traced (ValueError saying what to pass).
+    """
+    hw = get_hardware(hardware)
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(map(repr, OBJECTIVES))}, got {objective!r}")
+    if isinstance(throughput_batch, bool) or not isinstance(throughput_batch, int) or throughput_batch < 1:
+        raise ValueError(f"throughput_batch must be a positive int (requests per batch), got {throughput_batch!r}")
+    forced = forced_dims(parallelism, mesh, world_size)
+    multi_node = world_size > hw.devices_per_node
+    if "tp" in forced and multi_node and check_tp_fits_nodes(forced["tp"], hw):
+        raise ValueError(check_tp_fits_nodes(forced["tp"], hw))
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if "pp" in forced and isinstance(layers, int) and forced["pp"] > layers:
+        raise ValueError(f"pp={forced['pp']} is more pipeline stages than the model's {layers} layers; "
+                         f"use pp <= {layers}")
+    meshes = factorizations(world_size, forced)
+    tp_sizes = sorted({m.tp for m in meshes if not (multi_node and check_tp_fits_nodes(m.tp, hw))})
+    if not tp_sizes:
+        raise ValueError(f"no dp x pp x tp of {world_size} matches parallelism={dict(forced)!r} with tensor-parallel "
+                         f"groups on whole nodes of {hw.devices_per_node}; force other dims")
+    costs = mesh_costs(model, example_inputs, example_kwargs, tp_sizes, hw, time_limit_s=time_limit_s,
+                       progress=progress)
+    return search_mesh(costs, world_size, objective=objective, forced=forced, batch=throughput_batch)
