@@ -561,7 +561,7 @@ def with_nodes(profile: Hardware, *, devices_per_node: int | None = None,
     if inter_node_base_latency_s is not None:
         given["base_latency_s"] = inter_node_base_latency_s
     if given:
-        link = LinkProfile(name="inter-node-given", **{**link.to_dict(), **given, "name": "inter-node-given"})
+        link = LinkProfile(**{**link.to_dict(), **given, "name": "inter-node-given"})
     devices = profile.devices_per_node if devices_per_node is None else devices_per_node
     described = [f"devices_per_node={devices}"] + [f"inter_node.{key}={value!r}" for key, value in given.items()]
     return dataclasses.replace(
