@@ -606,9 +606,10 @@ def search_mesh(costs: MeshCosts, world_size: int, *, objective: str = "latency"
         if isinstance(chosen, _Evaluation):
             evaluated.append((row, chosen))
     if not evaluated:
-        notes = "; ".join(f"{r['mesh']}: {r['note']}" for r in rows) or "no factorization matches"
+        why = next((f"{r['mesh']}: {r['note']}" for r in rows if "does not fit" in r["note"]),
+                   "; ".join(f"{r['mesh']}: {r['note']}" for r in rows[:3]) or "no factorization matches")
         raise PlanError(f"no mesh of {world_size} {hardware.name} devices fits the model for objective {objective!r} "
-                        f"({notes}); use more devices, a profile with more memory, or a smaller model/batch")
+                        f"(e.g. {why}); use more devices, a profile with more memory, or a smaller model/batch")
 
     def rank_key(item: tuple[dict[str, Any], _Evaluation]) -> tuple:
         row, evaluation = item
@@ -642,31 +643,34 @@ def search_mesh(costs: MeshCosts, world_size: int, *, objective: str = "latency"
 
 
 def _parts(evaluation: _Evaluation) -> dict[str, float]:
-    """Seconds of one microbatch through every stage, by kind, and the replica's pipeline idle time."""
+    """The replica's pipeline time split by kind: ``m / pp`` of one microbatch's compute, collectives
+    and sends through all stages (the work of one device, were the stages equal), and the rest:
+    pipeline bubble and stage imbalance. With ``m = 1`` and ``pp = 1``, exactly the latency's terms."""
+    m, pp = evaluation.microbatches, evaluation.mesh.pp
     through = sum(evaluation.stage_s)
-    busy = evaluation.microbatches * through / evaluation.mesh.pp  # work per device if perfectly balanced
-    return {"compute": through - evaluation.collectives_s - evaluation.sends_s,
-            "tensor-parallel collectives": evaluation.collectives_s, "stage sends": evaluation.sends_s,
-            "pipeline bubble and imbalance": evaluation.time_s - busy if evaluation.mesh.pp > 1 else 0.0}
+    compute = through - evaluation.collectives_s - evaluation.sends_s
+    share = m / pp if m > 1 else 1.0  # one microbatch: every stage's time is on the request's path
+    parts = {"compute": share * compute, "tensor-parallel collectives": share * evaluation.collectives_s,
+             "stage sends": share * evaluation.sends_s}
+    parts["pipeline bubble and imbalance"] = max(0.0, evaluation.time_s - sum(parts.values()))
+    return parts
 
 
 def _why_lost(runner: dict[str, Any], best: dict[str, Any], objective: str) -> str:
-    """The runner-up's figure against the winner's, and the cost term that differs most."""
+    """The runner-up's figure against the winner's, and the term of the time that differs most."""
     if objective == "latency":
         a, b = runner["latency_s"], best["latency_s"]
         what = f"latency {a * 1e3:.3f} ms vs {b * 1e3:.3f} ms (+{(a / b - 1) * 100:.1f}%)"
         parts_a, parts_b = runner["latency_parts"], best["latency_parts"]
-        parts_a = {k: v for k, v in parts_a.items() if not k.startswith("pipeline")}
+        where = "per request"
     else:
         a, b = runner["throughput_per_s"], best["throughput_per_s"]
         what = f"throughput {a:.2f}/s vs {b:.2f}/s ({(a / b - 1) * 100:.1f}%)"
         parts_a, parts_b = runner["throughput_parts"], best["throughput_parts"]
-        if runner["mesh"].dp != best["mesh"].dp:
-            what += f" with {runner['mesh'].dp} vs {best['mesh'].dp} replica(s)"
+        where = f"of the time for the batch ({runner['mesh'].dp} vs {best['mesh'].dp} replica(s))"
     term = max(parts_a, key=lambda k: abs(parts_a[k] - parts_b.get(k, 0.0)))
     return (f"{what}; the term that differs most: {term} {parts_a[term] * 1e3:.3f} ms vs "
-            f"{parts_b.get(term, 0.0) * 1e3:.3f} ms" + (" per microbatch through all stages"
-                                                          if not term.startswith("pipeline") else ""))
+            f"{parts_b.get(term, 0.0) * 1e3:.3f} ms {where}")
 
 
 def plan_mesh(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None, *,
