@@ -56,8 +56,10 @@ def candidates_table(plan: ParallelPlan) -> str:
     chosen one marked ``*``, and why the runner-up lost."""
     header = (f"  {'dp':>3} {'pp':>3} {'tp':>3} {'micro':>5} {'latency ms':>11} {'throughput/s':>13} "
               f"{'GiB/device':>10}  note")
-    lines = [f"factorizations of {plan.mesh.world_size} devices considered (objective {plan.objective}; "
-             f"throughput at batch {int(plan.predicted.get('throughput_batch', 0))}):", header]
+    memory_key = "latency_memory_bytes" if plan.objective == "latency" else "memory_bytes_per_device"
+    lines = [f"factorizations of {plan.mesh.world_size} devices considered (objective {plan.objective}; throughput "
+             f"at batch {int(plan.predicted.get('throughput_batch', 0))} with 'micro' microbatches per replica; "
+             f"memory for the {plan.objective} run):", header]
     runner_up = None
     for row in plan.candidates:
         mesh = row["mesh"]
@@ -67,7 +69,7 @@ def candidates_table(plan: ParallelPlan) -> str:
             runner_up = row
         lines.append(f"{mark} {mesh.dp:>3} {mesh.pp:>3} {mesh.tp:>3} {row.get('microbatches', '-')!s:>5} "
                      f"{_cell(row, 'latency_s', 1e3, '11.3f')} {_cell(row, 'throughput_per_s', 1, '13.2f')} "
-                     f"{_cell(row, 'memory_bytes_per_device', 1 / _GIB, '10.1f')}  {note}")
+                     f"{_cell(row, memory_key, 1 / _GIB, '10.1f')}  {note}")
     if runner_up is not None:
         lines.append(f"runner-up {runner_up['mesh']} lost: {runner_up['why_lost']}")
     return "\n".join(lines)

@@ -57,7 +57,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError
@@ -181,7 +180,7 @@ class _Affine:
     slope: float
 
     @classmethod
-    def through(cls, at: tuple[float, float]) -> _Affine:
+    def through(cls, at: tuple[float, ...]) -> _Affine:
         (b0, b1), (v0, v1) = _PROFILE_BATCHES, at
         slope = (v1 - v0) / (b1 - b0)
         return cls(v0 - slope * b0, slope)
@@ -328,9 +327,9 @@ def _units_from(keys: dict[str, Any], layers: list[Any], costed: tuple[CostedGra
                         for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
             if node.op == "call_function":
                 act[key][i] = max(act[key][i], float(local))
-            if key in layers and any(keys.get(u.name) not in (key, None) for u in c.graph.nodes[name].users):
-                if node.op == "call_function":
-                    boundary[key][i] += value_nbytes(value)
+            crosses = any(keys.get(u.name) not in (key, None) for u in c.graph.nodes[name].users)
+            if key in layers and crosses and node.op == "call_function":
+                boundary[key][i] += value_nbytes(value)
     for i, c in enumerate(costed):
         for r in price_choice(c, choice).reshardings:
             comm[keys[r.producer]][i] += r.time_s
@@ -362,9 +361,9 @@ def _layer_list(model: torch.nn.Module, count: int) -> str | None:
 def reduced_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, int, str] | None:
     """A meta-device copy of an HF-style ``model`` with one layer, the real layer count, and the layer
     list's FQN; None when the model is not built from a config of identical layers (see module doc)."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     layers = getattr(config, "num_hidden_layers", None)
-    if not isinstance(layers, int) or layers < 2:
+    if config is None or not isinstance(layers, int) or layers < 2:
         return None
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None and len(set(layer_types)) > 1:
