@@ -13,6 +13,7 @@ the costs of every tensor-parallel size (two one-layer captures and one MILP per
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 import warnings
@@ -46,9 +47,15 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens per request (default: 1024, a prefill)")
     parser.add_argument("--batch", type=int, default=64, help="requests per batch for throughput (default: 64)")
     parser.add_argument("--table", action="store_true", help="also print every factorization considered")
+    parser.add_argument("--inter-node-latency-us", type=float, default=None,
+                        help="replace the profile's network latency per message step (microseconds): what-if")
     options = parser.parse_args()
     warnings.simplefilter("ignore")
     hardware = get_hardware(options.hardware)
+    if options.inter_node_latency_us is not None:
+        link = dataclasses.replace(hardware.inter_node, latency_s=options.inter_node_latency_us * 1e-6)
+        hardware = dataclasses.replace(hardware, name=f"{hardware.name}-net-{options.inter_node_latency_us:g}us",
+                                       inter_node=link)
     print(f"{hardware.name}, {hardware.devices_per_node} GPUs per node, seq {options.seq_len}, "
           f"throughput at batch {options.batch}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for name in options.models:
