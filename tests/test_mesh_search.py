@@ -81,17 +81,25 @@ def test_collectives_across_nodes_pay_the_network() -> None:
 
 
 def test_tensor_parallel_across_nodes_is_priced_expensive() -> None:
-    """tp=16 on 2 nodes of 8 vs the same 16 GPUs on one imaginary NVSwitch: the plan's collectives cost
-    more from the prices alone (no rule forbids it)."""
+    """tp=16 on 2 nodes of 8 vs the same 16 GPUs on one imaginary NVSwitch: the MILP's plan pays more for
+    its collectives from the prices alone (no rule forbids it)."""
     from autotp.capture import capture
-    from autotp.planning.options import PlanOptions
-    from autotp.planning.planner import plan_graph
+    from autotp.passes.costing import cost_strategy_graph
+    from autotp.passes.pricing import price_choice
+    from autotp.passes.solver import solve
+    from autotp.passes.strategies import build_strategy_graph
+    from autotp.planning.planner import auto_memory_budget
 
     model, args, kwargs = _tiny_llama(1)
     captured = capture(model, args, kwargs)
+    graph = build_strategy_graph(captured.graph_module, 16, captured.parameter_fqns())
     one_switch = dataclasses.replace(H100_NODES, name="h100-one-switch", devices_per_node=16)
-    across = plan_graph(captured, PlanOptions(world_size=16, hardware=H100_NODES)).predicted_comm_s
-    inside = plan_graph(captured, PlanOptions(world_size=16, hardware=one_switch)).predicted_comm_s
+    comm = {}
+    for hardware in (H100_NODES, one_switch):
+        costed = cost_strategy_graph(graph, hardware)
+        choice = solve(costed, memory_budget_bytes=auto_memory_budget(costed)).choice
+        comm[hardware.name] = price_choice(costed, choice).comm_s
+    across, inside = comm[H100_NODES.name], comm[one_switch.name]
     assert across > 1.25 * inside, f"tp=16 across 2 nodes should pay > 1.25x one switch's collectives: {across} vs {inside}"
 
 
@@ -180,12 +188,12 @@ def test_search_is_optimal_against_brute_force(six_layer_costs: MeshCosts, objec
 
 
 def test_plan_front_door_and_cli(capsys) -> None:
-    """autotp.plan(parallelism={"pp": 2}) on 8 H100s: a ParallelPlan that prints its mesh, stages and
+    """autotp.plan(mesh=dp1 x pp2 x tp4) on 8 H100s: a ParallelPlan that prints its mesh, stages and
     predictions; `autotp plan --parallelism tp=2,pp=2` prints the table with the choice marked."""
     model, args, kwargs = _tiny_llama(4)
-    plan = autotp.plan(model, args, kwargs, world_size=8, hardware="h100-multinode", parallelism={"pp": 2},
-                       objective="throughput")
-    assert isinstance(plan, ParallelPlan) and plan.mesh.pp == 2, f"got {type(plan).__name__} {plan}"
+    plan = autotp.plan(model, args, kwargs, world_size=8, hardware="h100-multinode",
+                       mesh=MeshShape(dp=1, pp=2, tp=4), objective="throughput")
+    assert isinstance(plan, ParallelPlan) and plan.mesh == MeshShape(dp=1, pp=2, tp=4), f"got {plan}"
     assert len(plan.split_points) == 1 and plan.split_points[0].startswith("model.layers."), plan.split_points
     text = str(plan)
     for needed in (str(plan.mesh), "stage 0", "stage 1", "throughput", "GiB per device", "tensor-parallel plan"):
