@@ -414,9 +414,12 @@ def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_
         if reduced is not None:
             units[tp] = (by_key[layers[0]],) * count if layers else ()
             names = tuple(f"{container}.{i}" for i in range(count))
-        else:
+        elif layers:
             units[tp] = tuple(by_key[key] for key in layers)
             names = tuple(f"{c}.{i}" if c else str(i) for c, i in layers)
+        else:  # no repeated layers: the whole model is one block, on one stage
+            units[tp], by_key["post"] = (by_key["post"],), by_key["pre"]
+            names = ("",)
         pre[tp], post[tp] = by_key["pre"], by_key["post"]
     return MeshCosts(hardware, names, units, pre, post, summaries, time.perf_counter() - started)
 
