@@ -15,7 +15,9 @@ _GIB = 2**30
 
 def _blocks_label(plan: ParallelPlan, first: int, stop: int) -> str:
     names = plan.layer_blocks
-    if not names or stop <= first:
+    if stop <= first:
+        return "the whole model (no layer blocks)"
+    if not names:
         return f"blocks {first}-{stop - 1}"
     if stop - first == 1:
         return names[first]

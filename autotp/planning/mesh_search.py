@@ -625,8 +625,9 @@ def search_mesh(costs: MeshCosts, world_size: int, *, objective: str = "latency"
     if len(evaluated) > 1:
         evaluated[1][0]["runner_up"] = True
         evaluated[1][0]["why_lost"] = _why_lost(evaluated[1][0], best_row, objective)
+    blockless = costs.names == ("",)  # the whole model as one block: the runtime sees no layer blocks
     stages = tuple(
-        StagePlan(first_block=best.cuts[k], stop_block=best.cuts[k + 1],
+        StagePlan(first_block=best.cuts[k], stop_block=0 if blockless else best.cuts[k + 1],
                   begins_at="" if k == 0 else costs.names[best.cuts[k]],
                   predicted_s=best.stage_s[k], memory_bytes_per_device=int(best.stage_memory[k]))
         for k in range(best.mesh.pp)
@@ -641,7 +642,7 @@ def search_mesh(costs: MeshCosts, world_size: int, *, objective: str = "latency"
     }
     return ParallelPlan(mesh=best.mesh, stages=stages, microbatches=best.microbatches, schedule=schedule,
                         objective=objective, hardware=hardware.name, predicted=predicted, candidates=tuple(rows),
-                        layer_blocks=costs.names, tp_summary=costs.tp_summaries.get(best.mesh.tp, ""))
+                        layer_blocks=() if blockless else costs.names, tp_summary=costs.tp_summaries.get(best.mesh.tp, ""))
 
 
 def _parts(evaluation: _Evaluation) -> dict[str, float]:
