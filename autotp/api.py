@@ -126,7 +126,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
-) -> TensorParallelModule:
+    mesh: Any = None,
+) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
     Call it on every rank with the same model weights and example inputs. Returns this rank's
@@ -164,7 +165,23 @@ def compile(  # noqa: A001 - mirrors torch.compile
     row) is planned first and decides every weight's placement; prefill (``seq`` prompt tokens
     per call) is planned with those placements pinned. ``plan=`` then gives the decode plan.
     See :mod:`autotp.generation`.
+
+    ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
+    "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
+    parallel instead (inference) and returns a :class:`~autotp.runtime.mesh.MeshParallelModule`
+    whose output on every rank is the whole batch's; ``plan=`` then takes a
+    :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
+    stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
+    See :mod:`autotp.runtime.mesh`.
     """
+    if mesh is not None:
+        return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
+                                plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
+                                max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
+                                tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
+                                                time_limit_s=time_limit_s, progress=progress, constraints=constraints,
+                                                check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
+                                                dynamic=dynamic))
     timeout_s = check_timeout(agreement_timeout_s)
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
         check_model(model)
@@ -202,6 +219,25 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                                 timeout_s=timeout_s)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s))
+
+
+def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
+                     example_kwargs: dict[str, Any] | None, plan: Any, world_size: int | None,
+                     group: dist.ProcessGroup | None, checkpoint: Any, max_cache_len: int | None,
+                     dynamic_shapes: Any, tp_options: dict[str, Any]) -> Any:
+    """``compile(..., mesh=)``: the options a mesh run does not take raise here, the rest is
+    :func:`autotp.runtime.mesh.compile_on_mesh`."""
+    from autotp.runtime.mesh import compile_on_mesh
+
+    unsupported = {"group": group, "world_size": world_size, "checkpoint": checkpoint,
+                   "max_cache_len": max_cache_len, "dynamic_shapes": dynamic_shapes}
+    given = [name for name, value in unsupported.items() if value is not None]
+    if given:
+        raise ValueError(f"autotp.compile(mesh=...) does not take {', '.join(f'{n}=' for n in given)}: the mesh "
+                         "gives the groups and sizes; drop them (checkpoint= and max_cache_len= with a mesh are "
+                         "not supported yet)")
+    return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
+                           **tp_options)
 
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
