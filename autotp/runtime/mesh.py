@@ -273,6 +273,13 @@ class MeshParallelModule(nn.Module):
             self._schedule = _schedule(plan, stage_module, stages, self.stage_index,
                                        self._pp_group, next(iter(stages.inputs)).device)
 
+    def parameter_bytes(self) -> int:
+        """Bytes of the parameters this rank holds: its stage's, split over its tp group."""
+        own = getattr(self.stage_module, "parameter_bytes", None)
+        if callable(own):
+            return int(own())
+        return sum(p.numel() * p.element_size() for p in self.stage_module.parameters())
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         batch = _batch_size(args, kwargs)
         dp = self.plan.mesh.dp
