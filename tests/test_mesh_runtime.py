@@ -13,8 +13,8 @@ import pytest
 from models import tiny_llama
 
 from autotp.planning.even_stages import even_parallel_plan, layer_blocks, stage_bounds
-from autotp.planning.mesh_plan import MeshShape
-from autotp.runtime.mesh import check_plan_for_mesh, default_microbatches, replica_sizes
+from autotp.planning.mesh_plan import MeshShape, ParallelPlan
+from autotp.runtime.mesh import check_plan_for_mesh, default_microbatches, replica_sizes, split_stages
 
 TINY = {"num_heads": 4, "num_kv_heads": 2, "hidden": 64, "intermediate": 128, "seq_len": 8}
 
@@ -52,7 +52,8 @@ def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], t
     for dims, names, batch, plan_options in cases:
         model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
         mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
-        plan = even_parallel_plan(model, mesh_shape_of(mesh), **plan_options) if plan_options else None
+        plan = plan_options if isinstance(plan_options, ParallelPlan) else (
+            even_parallel_plan(model, mesh_shape_of(mesh), **plan_options) if plan_options else None)
         part = autotp.compile(model, mesh=mesh, example_inputs=args, example_kwargs=kwargs, plan=plan)
         with torch.no_grad():
             out, ref = part(*args, **kwargs), model(*args, **kwargs)
@@ -88,11 +89,28 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
     return messages
 
 
+def _planned_pipeline(shape: MeshShape, batch: int, microbatches: int, schedule: str) -> ParallelPlan:
+    """A ParallelPlan whose stages carry tensor-parallel plans made here (one process, no process group)
+    on the stage graphs split_stages gives, as a mesh search would hand them to the runtime."""
+    import dataclasses
+
+    import autotp
+
+    model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
+    plan = even_parallel_plan(model, shape, microbatches=microbatches, schedule=schedule)
+    rows = batch // (shape.dp * microbatches)
+    split = split_stages(model, plan.split_points, (args[0][:rows],), kwargs)
+    stages = tuple(dataclasses.replace(stage, tp_plan=autotp.plan(module, inputs, world_size=shape.tp))
+                   for stage, module, inputs in zip(plan.stages, split.modules, split.inputs))
+    return dataclasses.replace(plan, stages=stages)
+
+
 def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
-    """dp2 x tp2 (uneven batch 3), pp2 x tp2 (1F1B, 4 microbatches), dp2 x pp2 (GPipe, 2 microbatches) on
-    4 gloo processes: every rank returns the whole batch's logits, equal to one process's."""
+    """dp2 x tp2 (uneven batch 3, planned on each tp group), pp2 x tp2 (1F1B, 4 microbatches, each stage's
+    tp plan made beforehand in this process), dp2 x pp2 (GPipe, 2 microbatches) on 4 gloo processes: every
+    rank returns the whole batch's logits, equal to one process's."""
     cases = [((2, 2), ("dp", "tp"), 3, {}),
-             ((2, 2), ("pp", "tp"), 4, {"microbatches": 4, "schedule": "1f1b"}),
+             ((2, 2), ("pp", "tp"), 4, _planned_pipeline(MeshShape(pp=2, tp=2), 4, 4, "1f1b")),
              ((2, 2), ("dp", "pp"), 4, {"microbatches": 2, "schedule": "gpipe"})]
     results = gloo.run(4, _run_meshes, cases)
     for rank, per_case in enumerate(results):

@@ -46,7 +46,7 @@ from autotp.capture import check_model
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan
 
-__all__ = ["MeshParallelModule", "compile_on_mesh", "mesh_shape_of"]
+__all__ = ["MeshParallelModule", "StageSplit", "compile_on_mesh", "mesh_shape_of", "split_stages"]
 
 
 def mesh_shape_of(mesh: Any) -> MeshShape:
@@ -152,16 +152,23 @@ def _from_first(leaf: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 # --------------------------------------------------------------------------- pipeline stages
 
 @dataclasses.dataclass
-class _Stages:
-    """What :func:`_split_stages` finds: this rank's stage module, its microbatch inputs and outputs,
-    how the first stage's inputs come from the model's call, and the model's output structure."""
+class StageSplit:
+    """A model cut into pipeline stages (:func:`split_stages`), with one microbatch run through it.
 
-    module: nn.Module
-    inputs: tuple[torch.Tensor, ...]
-    outputs: tuple[torch.Tensor, ...]
-    first_inputs: tuple[str, ...]  # names of the model arguments stage 0 takes, in order
-    constants: dict[str, Any]  # model arguments baked into the traced pipeline (use_cache=False)
-    parameter_names: tuple[str, ...]  # the traced pipeline's arguments, in order
+    ``modules[i]``: stage ``i``'s module (a ``GraphModule`` of ``torch.distributed.pipelining``);
+    ``inputs[i]`` / ``outputs[i]``: the tensors it took and gave for the example microbatch (stage
+    ``i + 1`` takes stage ``i``'s outputs, in order). To plan a stage's tensor-parallel part the way
+    the runtime applies it: ``autotp.plan(split.modules[i], split.inputs[i], world_size=tp)``.
+    ``first_inputs``: the model arguments stage 0 takes, by name; ``constants``: non-tensor
+    arguments baked into the trace (``use_cache=False``); ``out_spec``: the model's output
+    structure over the last stage's outputs (``None`` when they do not line up).
+    """
+
+    modules: tuple[nn.Module, ...]
+    inputs: tuple[tuple[torch.Tensor, ...], ...]
+    outputs: tuple[tuple[torch.Tensor, ...], ...]
+    first_inputs: tuple[str, ...]
+    constants: dict[str, Any]
     out_spec: pytree.TreeSpec | None
 
 
@@ -182,12 +189,15 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
-def _split_stages(model: nn.Module, plan: ParallelPlan, stage_index: int, mb_args: tuple[Any, ...],
-                  mb_kwargs: dict[str, Any]) -> _Stages:
-    """Cut ``model`` at ``plan.split_points`` and return this rank's stage (microbatch ``mb_args``)."""
+def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[Any, ...],
+                 mb_kwargs: dict[str, Any] | None = None) -> StageSplit:
+    """Cut ``model`` before each module of ``split_points`` (FQNs) with ``torch.distributed.pipelining``
+    (one ``torch.export`` trace of the whole model on the microbatch ``mb_args``/``mb_kwargs``), then run
+    the microbatch through the stages to record what each takes and gives. ``model`` is left as it was."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    split_spec = {fqn: SplitPoint.BEGINNING for fqn in plan.split_points}
+    mb_kwargs = dict(mb_kwargs or {})
+    split_spec = {fqn: SplitPoint.BEGINNING for fqn in split_points}
     patched = [model.get_submodule(fqn) for fqn in split_spec]
     try:
         pipe = pipeline(model, mb_args, mb_kwargs or None, split_spec=split_spec)
@@ -195,18 +205,18 @@ def _split_stages(model: nn.Module, plan: ParallelPlan, stage_index: int, mb_arg
         for module in patched:
             module.__dict__.pop("forward", None)
             module.__dict__.pop("_orig_forward", None)
-    if pipe.num_stages != plan.mesh.pp:
-        raise ValueError(f"cutting the model at {list(plan.split_points)} gave {pipe.num_stages} stages, not "
-                         f"pp={plan.mesh.pp}; split at modules that run once, in order, between the first and the last")
+    if pipe.num_stages != len(split_spec) + 1:
+        raise ValueError(f"cutting the model at {list(split_points)} gave {pipe.num_stages} stages, not "
+                         f"{len(split_spec) + 1}; split at modules that run once, in order, after the first op")
     graph = pipe.split_gm.graph
-    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
-    names = tuple(str(node.target) for node in placeholders)
+    names = tuple(str(node.target) for node in graph.nodes if node.op == "placeholder")
     bound = inspect.signature(model.forward).bind(*mb_args, **mb_kwargs)
     bound.apply_defaults()
     values = [bound.arguments.get(name) for name in names]
     recorder = _Recorder(pipe.split_gm)
     with torch.no_grad():
         recorder.run(*values)
+        reference = model(*mb_args, **mb_kwargs)  # only its structure: the pipeline returns flat leaves
     stage_nodes = [node for node in graph.nodes if node.op == "call_module"]
     first = stage_nodes[0]
     if not all(isinstance(arg, fx.Node) and arg.op == "placeholder" for arg in first.args) or first.kwargs:
@@ -214,22 +224,31 @@ def _split_stages(model: nn.Module, plan: ParallelPlan, stage_index: int, mb_arg
                          "autotp's mesh runtime needs the model's inputs to feed the first stage only")
     for previous, node in zip(stage_nodes, stage_nodes[1:]):
         _check_reads_previous(node, previous)
-    args, output = recorder.calls[str(stage_nodes[stage_index].target)]
-    with torch.no_grad():
-        reference = model(*mb_args, **mb_kwargs)  # only its structure: the pipeline returns flat leaves
+    calls = [recorder.calls[str(node.target)] for node in stage_nodes]
     leaves, out_spec = pytree.tree_flatten(reference)
-    last = _as_tuple(recorder.calls[str(stage_nodes[-1].target)][1])
     used = {str(arg.target) for arg in first.args}
-    return _Stages(
-        module=pipe.get_stage_module(stage_index),
-        inputs=tuple(args),
-        outputs=_as_tuple(output),
+    return StageSplit(
+        modules=tuple(pipe.get_stage_module(index) for index in range(len(stage_nodes))),
+        inputs=tuple(tuple(args) for args, _ in calls),
+        outputs=tuple(_as_tuple(output) for _, output in calls),
         first_inputs=tuple(str(arg.target) for arg in first.args),
         constants={name: value for name, value in zip(names, values)
                    if name not in used and not isinstance(value, torch.Tensor)},
-        parameter_names=names,
-        out_spec=out_spec if len(leaves) == len(last) else None,
+        out_spec=out_spec if len(leaves) == len(_as_tuple(calls[-1][1])) else None,
     )
+
+
+@dataclasses.dataclass
+class _Stage:
+    """This rank's stage: its module (tensor-parallel when tp > 1), its microbatch inputs and outputs,
+    and what it needs of the :class:`StageSplit` to feed stage 0 and rebuild the model's output."""
+
+    module: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+    first_inputs: tuple[str, ...]
+    constants: dict[str, Any]
+    out_spec: pytree.TreeSpec | None
 
 
 def _check_reads_previous(node: fx.Node, previous: fx.Node) -> None:
@@ -256,7 +275,7 @@ class MeshParallelModule(nn.Module):
     """
 
     def __init__(self, plan: ParallelPlan, mesh: Any, stage_module: nn.Module, *, signature: inspect.Signature,
-                 stages: _Stages | None = None,
+                 stage: _Stage | None = None,
                  example_shapes: tuple[tuple[int, ...], ...] = ()) -> None:
         super().__init__()
         self.plan = plan
@@ -266,12 +285,12 @@ class MeshParallelModule(nn.Module):
         self._dp_group = _group(mesh, "dp") if plan.mesh.dp > 1 else None
         self._pp_group = _group(mesh, "pp") if plan.mesh.pp > 1 else None
         self._signature = signature
-        self._stages = stages
+        self._stage = stage
         self._example_shapes = example_shapes
         self._schedule: Any = None
-        if stages is not None:
-            self._schedule = _schedule(plan, stage_module, stages, self.stage_index,
-                                       self._pp_group, next(iter(stages.inputs)).device)
+        if stage is not None:
+            self._schedule = _schedule(plan, stage_module, stage, self.stage_index,
+                                       self._pp_group, next(iter(stage.inputs)).device)
 
     def parameter_bytes(self) -> int:
         """Bytes of the parameters this rank holds: its stage's, split over its tp group."""
@@ -283,7 +302,7 @@ class MeshParallelModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         batch = _batch_size(args, kwargs)
         dp = self.plan.mesh.dp
-        if self._stages is not None:
+        if self._stage is not None:
             self._check_pipeline_shapes(args, kwargs)
         if dp > 1:
             if batch is None or batch < dp:
@@ -292,15 +311,15 @@ class MeshParallelModule(nn.Module):
             sizes = replica_sizes(batch, dp)
             start = sum(sizes[: self.replica_index])
             args, kwargs = _slice_batch(args, kwargs, batch, start, start + sizes[self.replica_index])
-        output = self._run_stages(args, kwargs) if self._stages is not None else self.stage_module(*args, **kwargs)
+        output = self._run_stages(args, kwargs) if self._stage is not None else self.stage_module(*args, **kwargs)
         if dp > 1:
             assert self._dp_group is not None
             output = _gather_batch(output, sizes, self.replica_index, self._dp_group)
         return output
 
     def _check_pipeline_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        assert self._stages is not None
-        shapes = tuple(tuple(t.shape) for t in _first_inputs(self._signature, args, kwargs, self._stages.first_inputs))
+        assert self._stage is not None
+        shapes = tuple(tuple(t.shape) for t in _first_inputs(self._signature, args, kwargs, self._stage.first_inputs))
         if shapes != self._example_shapes:
             raise InputShapeError(
                 f"a pipeline over pp={self.plan.mesh.pp} stages runs the shapes it was compiled for: inputs "
@@ -308,46 +327,47 @@ class MeshParallelModule(nn.Module):
                 "these shapes")
 
     def _run_stages(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        stages = self._stages
-        assert stages is not None and self._pp_group is not None
+        stage = self._stage
+        assert stage is not None and self._pp_group is not None
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        for name, traced in stages.constants.items():
+        for name, traced in stage.constants.items():
             given = bound.arguments.get(name)
             if given is not traced and given != traced:
                 raise TracedValueError(f"{name} was {traced!r} when the pipeline was traced and is part of its stages; "
                                        f"this call passes {given!r}. Call it with {traced!r} or compile again.")
-        first = tuple(bound.arguments[name] for name in stages.first_inputs)
+        first = tuple(bound.arguments[name] for name in stage.first_inputs)
         with torch.no_grad():
             result = self._schedule.step(*first) if self.stage_index == 0 else self._schedule.step()
         return self._from_last_stage(result)
 
     def _from_last_stage(self, result: Any) -> Any:
         """The last stage's output, sent to every stage of this pipeline; in the model's output structure."""
-        stages, group = self._stages, self._pp_group
-        assert stages is not None and group is not None
+        stage, group = self._stage, self._pp_group
+        assert stage is not None and group is not None
         last = self.plan.mesh.pp - 1
         leaves = list(_as_tuple(result)) if self.stage_index == last else []
         metas: list[Any] = [[(tuple(t.shape), t.dtype) for t in leaves]]
         dist.broadcast_object_list(metas, group=group, group_src=last)
-        device = stages.outputs[0].device if stages.outputs else torch.device("cpu")
+        device = stage.outputs[0].device if stage.outputs else torch.device("cpu")
         if self.stage_index != last:
             leaves = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in metas[0]]
         for leaf in leaves:
             dist.broadcast(leaf, group=group, group_src=last)
-        if stages.out_spec is not None:
-            return pytree.tree_unflatten(leaves, stages.out_spec)
+        if stage.out_spec is not None:
+            return pytree.tree_unflatten(leaves, stage.out_spec)
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
 
-def _schedule(plan: ParallelPlan, module: nn.Module, stages: _Stages, stage_index: int,
+def _schedule(plan: ParallelPlan, module: nn.Module, stage: _Stage, stage_index: int,
               group: dist.ProcessGroup | None, device: torch.device) -> Any:
+    """The plan's pipeline schedule over this rank's stage (inference: no loss, so 1F1B runs its forwards only)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    stage = PipelineStage(module, stage_index, plan.mesh.pp, device, input_args=stages.inputs,
-                          output_args=stages.outputs, group=group)
+    runner = PipelineStage(module, stage_index, plan.mesh.pp, device, input_args=stage.inputs,
+                           output_args=stage.outputs, group=group)
     kind = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
-    return kind(stage, n_microbatches=plan.microbatches)
+    return kind(runner, n_microbatches=plan.microbatches)
 
 
 # --------------------------------------------------------------------------- compile
@@ -447,14 +467,17 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     rows = _check_pipeline_batch(batch, shape, plan.microbatches)
     mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
     stage_index = _local_index(mesh, "pp")
-    stages = _split_stages(model, plan, stage_index, mb_args, mb_kwargs)
-    module = stages.module
+    split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
+    module = split.modules[stage_index]
     if shape.tp > 1:
-        module = compile_tp(module, example_inputs=stages.inputs, group=_group(mesh, "tp"),
+        module = compile_tp(module, example_inputs=split.inputs[stage_index], group=_group(mesh, "tp"),
                             plan=plan.stages[stage_index].tp_plan, **tp_options)
+    stage = _Stage(module, split.inputs[stage_index], split.outputs[stage_index], split.first_inputs,
+                   split.constants, split.out_spec)
+    del split  # the other stages' modules and activations
     first_shapes = tuple(tuple(leaf.shape) for leaf in _first_inputs(signature, example_inputs, example_kwargs,
-                                                                        stages.first_inputs))
-    return MeshParallelModule(plan, mesh, module, signature=signature, stages=stages,
+                                                                        stage.first_inputs))
+    return MeshParallelModule(plan, mesh, module, signature=signature, stage=stage,
                               example_shapes=first_shapes)
 
 
