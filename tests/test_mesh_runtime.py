@@ -75,13 +75,15 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
         lambda: init_device_mesh("cpu", (4,), mesh_dim_names=("pp",)),
         lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")),
         lambda: DeviceMesh("cpu", torch.arange(2), mesh_dim_names=("tp",)),
+        lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")),
     ]
     messages = []
     for index, make in enumerate(attempts):
         mesh = make()
         plan = even_parallel_plan(model, MeshShape(pp=2, tp=2)) if index == 2 else None
+        ids = args[0][:3] if index == 4 else args[0]  # 3 rows do not split over 2 replicas
         try:
-            autotp.compile(model, mesh=mesh, example_inputs=args, example_kwargs=kwargs, plan=plan)
+            autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs=kwargs, plan=plan)
         except ValueError as exc:
             messages.append(str(exc))
         else:
@@ -123,11 +125,14 @@ def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
 
 def test_mesh_bad_input_fails_on_every_rank(gloo: Any) -> None:
     """4 ranks: unknown dim name, pp=4 over 2 layer blocks, a pp2 x tp2 plan on a dp2 x tp2 mesh, a mesh of 2
-    of the 4 ranks: the same error, saying the fix, on every rank."""
+    of the 4 ranks, dp2 x pp2 with a batch of 3: the same error, saying the fix, on every rank."""
     messages = gloo.run(4, _bad_inputs)
     expected = ["unknown dim name(s) 'sp'", "pp=4 pipeline stages need at least 4 layer blocks",
                 "plan was made for a mesh dp1 x pp2 x tp2 but the given mesh is dp2 x pp1 x tp2",
-                "holds 2 ranks but the process group has 4"]
+                "holds 2 ranks but the process group has 4",
+                "batch (3 rows) must split into dp=2 replicas x 1 microbatch(es) of equal rows; pass a batch that is "
+                "a multiple of 2"]
+    assert len(messages[0]) == len(expected), f"expected {len(expected)} errors, got {messages[0]}"
     for rank, texts in enumerate(messages):
         assert texts == messages[0], f"rank {rank} raised {texts}, rank 0 {messages[0]}"
         for text, wanted in zip(texts, expected):
@@ -140,3 +145,17 @@ def test_mesh_dp_pp_tp_on_eight_ranks(gloo: Any) -> None:
     for rank, [(kind, shape, error)] in enumerate(results):
         assert shape == (4, 8, 1000), f"rank {rank}: expected the whole batch's logits (4, 8, 1000), got {shape}"
         assert error < 1e-5, f"rank {rank}: logits differ from one process by {error} ({kind})"
+
+
+def test_demo_mesh_argument() -> None:
+    """`autotp demo --mesh dp2,pp2,tp2` parses to named sizes; a bad item is an argparse error naming the fix."""
+    import argparse
+
+    from autotp.cli.main import build_parser
+    from autotp.cli.mesh_demo import mesh_spec
+
+    args = build_parser().parse_args(["demo", "--mesh", "dp2,pp2,tp2"])
+    assert args.mesh == (("dp", 2), ("pp", 2), ("tp", 2)), f"got {args.mesh}"
+    for bad, why in [("dp2,xp2", "not a dim name"), ("tp2,tp2", "names tp twice"), ("pp0", "size >= 1")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            mesh_spec(bad)

@@ -420,7 +420,7 @@ def _check_pipeline_batch(batch: int | None, shape: MeshShape, microbatches: int
     if batch is None or batch % parts:
         raise ValueError(
             f"with pp={shape.pp}, the example batch ({batch} rows) must split into dp={shape.dp} replicas x "
-            f"{microbatches} microbatches of equal rows; pass a batch that is a multiple of {parts} "
+            f"{microbatches} microbatch(es) of equal rows; pass a batch that is a multiple of {parts} "
             "(or a ParallelPlan with other microbatches)")
     return batch // parts
 
