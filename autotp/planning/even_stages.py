@@ -27,15 +27,14 @@ def layer_blocks(model: nn.Module) -> list[str]:
 
     The blocks are the children of the ``nn.ModuleList`` / ``nn.Sequential`` with the most
     children (the first such container when two tie)."""
-    best: tuple[str, nn.Module] | None = None
+    best: list[str] = []
     for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0 and (
-                best is None or len(module) > len(best[1])):
-            best = (name, module)
-    if best is None:
-        return []
-    prefix = f"{best[0]}." if best[0] else ""
-    return [f"{prefix}{index}" for index in range(len(best[1]))]
+        if isinstance(module, (nn.ModuleList, nn.Sequential)):
+            prefix = f"{name}." if name else ""
+            children = [f"{prefix}{child}" for child, _ in module.named_children()]
+            if len(children) > len(best):
+                best = children
+    return best
 
 
 def stage_bounds(n_blocks: int, pp: int) -> list[tuple[int, int]]:

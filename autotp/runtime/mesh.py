@@ -459,11 +459,11 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             start = sum(sizes[:replica])
             example_inputs, example_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, start,
                                                           start + sizes[replica])
-        stage: nn.Module = model
+        whole: nn.Module = model
         if shape.tp > 1:
-            stage = compile_tp(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
+            whole = compile_tp(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                group=_group(mesh, "tp"), plan=plan.stages[0].tp_plan, **tp_options)
-        return MeshParallelModule(plan, mesh, stage, signature=signature)
+        return MeshParallelModule(plan, mesh, whole, signature=signature)
     rows = _check_pipeline_batch(batch, shape, plan.microbatches)
     mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
     stage_index = _local_index(mesh, "pp")
