@@ -9,6 +9,9 @@ more than the tolerance, 2 if a rank failed.
 prints the tokens, prefill ms, ms per token and tokens/s against the single process (exit 1 if the
 tokens differ); see :mod:`autotp.cli.generate_demo`.
 
+``autotp demo --mesh dp2,pp2,tp2`` runs it over a data x pipeline x tensor parallel mesh instead
+(one process per mesh position); see :mod:`autotp.cli.mesh_demo`.
+
 ``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
 op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
 as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.cost_model.calibrate`.
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotp.cli.arguments import hardware_profile, output_path, positive_int
+from autotp.cli.mesh_demo import mesh_spec, run_mesh_demo
 
 __all__ = ["main"]
 
@@ -264,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--generate", type=positive_int, default=0, metavar="N",
                       help="then generate N tokens greedily with a sharded KV cache and compare tokens, prefill ms, "
                            "ms per token and tokens/s with the single-process model.generate")
+    demo.add_argument("--mesh", type=mesh_spec, default=None, metavar="DIMS",
+                      help="run over a data x pipeline x tensor parallel DeviceMesh instead, e.g. dp2,pp2,tp2 "
+                           "(one process per position: the world size is the product of the sizes)")
     _add_calibrate_parser(commands)
     from autotp.cli.plan import add_plan_parser
 
@@ -347,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             generate=args.generate,
         )
         try:
+            if args.mesh is not None:
+                if args.checkpoint is not None or args.generate:
+                    build_parser().error("autotp demo --mesh does not take --checkpoint or --generate (yet)")
+                return run_mesh_demo(args.mesh, layers=args.layers, seq_len=args.seq_len, seed=args.seed,
+                                     hardware=args.hardware, tolerance=args.tolerance,
+                                     init_method=config.init_method)
             if args.checkpoint is not None:
                 return run_checkpoint_demo(config, args.checkpoint)
             return run_demo(config)
