@@ -24,8 +24,13 @@ sequence length, as :func:`autotp.compile` does. With ``pp > 1`` the stages exch
 fixed shapes, so each call must have the batch size and sequence length of ``example_inputs``
 (another shape raises :class:`~autotp.base.errors.InputShapeError` saying to compile again).
 
-Bad input is found before any rank communicates, from values every rank has (mesh, plan, model,
-example), so every rank raises the same error and none waits for the others.
+Before building, every rank of the mesh checks its input (mesh, plan, model, example batch) and
+the ranks agree on the outcome (:func:`~autotp.runtime.agreement.ranks_agree` over the whole
+world: mesh, plan, example shapes, weight checksums): bad input raises the same error on every
+rank, and one rank that differs raises :class:`~autotp.base.errors.AgreementError` naming it,
+instead of a hang in a pipeline exchange. Each stage's tensor-parallel compile then agrees within
+its tp group as :func:`autotp.compile` always does: the agreement and the plan hand-over use the
+group's own store and group ranks, so they work on mesh sub-groups unchanged.
 """
 
 from __future__ import annotations
