@@ -297,17 +297,36 @@ def _add_calibrate_parser(commands: Any) -> None:
                            help="torch threads per process (default: cores // world size, at least 1)")
     calibrate.add_argument("--quick", action="store_true",
                            help="small sizes and short timings: a rough profile in seconds")
+    nodes = calibrate.add_argument_group(
+        "two-level machine", "describe several nodes of this machine: one machine cannot measure the network "
+                             "between nodes, so give its figures (a datasheet, or nccl-tests across nodes)")
+    nodes.add_argument("--devices-per-node", type=positive_int, default=None,
+                       help="devices that share the measured link (default: the measured world size)")
+    nodes.add_argument("--inter-node-gbps", type=float, default=None,
+                       help="network bandwidth between nodes, GB/s per direction per device (e.g. 50 for one "
+                            "400 Gb/s NDR port per GPU)")
+    nodes.add_argument("--inter-node-latency-us", type=float, default=None,
+                       help="network latency per message step, microseconds (e.g. 2.7, NCCL's hwLat for NET)")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """``autotp calibrate``: measure, write the JSON profile, print what was measured."""
-    from autotp.cost_model.calibrate import CalibrationConfig, calibrate
+    from autotp.cost_model.calibrate import CalibrationConfig, calibrate, with_nodes
 
     if args.quick:
         config = CalibrationConfig.quick(progress=True, threads=args.threads)
     else:
         config = CalibrationConfig(progress=True, threads=args.threads)
     profile = calibrate(args.world_size, config=config, name=args.name)
+    if (args.devices_per_node, args.inter_node_gbps, args.inter_node_latency_us) != (None, None, None):
+        try:
+            profile = with_nodes(profile, devices_per_node=args.devices_per_node,
+                                 inter_node_bandwidth_gbps=args.inter_node_gbps,
+                                 inter_node_latency_s=None if args.inter_node_latency_us is None
+                                 else args.inter_node_latency_us * 1e-6)
+        except ValueError as error:
+            print(f"autotp calibrate: {error}", file=sys.stderr)
+            return 2
     with open(args.output, "w", encoding="utf-8") as file:
         file.write(profile.to_json() + "\n")
     link = profile.intra_node
@@ -319,6 +338,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"  view op          {profile.view_op_s * 1e6:10.2f} us")
     print(f"  gloo link        {link.base_latency_s * 1e6:.1f} us per call + {link.latency_s * 1e6:.1f} us per step, "
           f"{link.bandwidth_gbps:.3f} GB/s")
+    print(f"  nodes            {profile.devices_per_node} device(s) per node; between nodes "
+          f"{profile.inter_node.latency_s * 1e6:.1f} us per step, {profile.inter_node.bandwidth_gbps:.3f} GB/s")
     print(f"use it with: autotp.plan(model, inputs, world_size={args.world_size}, hardware={args.output!r})")
     return 0
 
