@@ -29,6 +29,15 @@ Formulation (one mesh axis of N ranks)::
 
     minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p]
 
+    A training plan (``costed.training``) prices the backward too: a consumer's strategies
+    are grouped by (input placement p, gradient placement g) instead of p, so the transport
+    block says where the gradient of u arrives (a, from q, p and g) and where u needs it
+    (n(q)); one backward resharding per (producer, q, a), paid once like the forward's:
+    b[u, q, a] >= y[e, q, (p, g)] for every edge whose gradient arrives as a != n(q)
+    (_add_reshard_rows). Activations kept for the backward join the memory row, once per
+    producer and placement they are read in: m[u, p] >= y[e, q, (p, g)] for every saving edge e,
+    with bytes(u, p) in the memory row.
+
 The coefficients and the blocked transport variables come from ``passes/pricing.py``
 (:func:`~autotp.passes.pricing.compute_s`, :func:`~autotp.passes.pricing.reshard_s`,
 :func:`~autotp.passes.pricing.is_blocked`), the accounting :func:`evaluate_choice` and the
@@ -51,6 +60,7 @@ from scipy.sparse import coo_matrix
 from autotp.base.errors import PlanError
 from autotp.base.placements import Placement, Replicate, Shard
 from autotp.base.shapes import concrete_shape
+from autotp.passes.backward import arriving_grad_placement, input_grad_placement, output_grad_placement
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import compute_s, is_blocked, price_choice, reshard_s
 from autotp.passes.strategies import Edge
@@ -123,26 +133,35 @@ def _canonical_edges(costed: CostedGraph, rep: dict[str, str]) -> tuple[list[_Ed
     return list(keys), {name: frozenset(e) for name, e in out_edges.items()}
 
 
+_ConsumerKey = tuple[Placement, Placement | None]
+"""How a consumer's strategy reads an edge: its input placement, and (training plans, where a
+gradient flows back along the edge) the placement of the gradient it returns."""
+
+
 def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
-                   edges: list[_EdgeKey]) -> dict[_EdgeKey, dict[tuple[Placement, Placement], int]]:
+                   edges: list[_EdgeKey]) -> dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]]:
     """Transport blocks, one per canonical edge; returns the y columns of every edge."""
     strategies = costed.graph.strategies
-    y_of: dict[_EdgeKey, dict[tuple[Placement, Placement], int]] = {}
+    training = costed.training
+    saved = {(p, c, slot) for p, c, slot in training.saved} if training is not None else set()
+    y_of: dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]] = {}
     for key in edges:
         producer, consumer, slot, _, _ = key
         edge = Edge(*key)
+        grad = training is not None and training.grad_flows(producer, consumer)
         out_of: dict[Placement, list[int]] = defaultdict(list)
         for s, strategy in enumerate(strategies[producer]):
             out_of[strategy.output].append(x[producer][s])
-        in_of: dict[Placement, list[int]] = defaultdict(list)
+        in_of: dict[_ConsumerKey, list[int]] = defaultdict(list)
         for t, strategy in enumerate(strategies[consumer]):
-            in_of[strategy.inputs[slot]].append(x[consumer][t])
-        if len(out_of) == 1 and len(in_of) == 1 and next(iter(out_of)) == next(iter(in_of)):
+            in_of[strategy.inputs[slot], input_grad_placement(strategy, slot) if grad else None].append(x[consumer][t])
+        trivial = len(out_of) == 1 and len(in_of) == 1 and next(iter(out_of)) == next(iter(in_of))[0]
+        if trivial and not grad and (producer, consumer, slot) not in saved:
             continue  # nothing to choose and nothing to pay on this edge
-        y: dict[tuple[Placement, Placement], int] = {}
+        y: dict[tuple[Placement, _ConsumerKey], int] = {}
         for q in out_of:
             for p in in_of:
-                blocked = is_blocked(edge, q, p)
+                blocked = is_blocked(edge, q, p[0])
                 y[q, p] = model.column(0.0, 0.0, 0.0 if blocked else 1.0, False)
         for q, cols in out_of.items():
             model.row([(y[q, p], 1.0) for p in in_of] + [(c, -1.0) for c in cols], 0.0, 0.0)
@@ -152,37 +171,64 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
     return y_of
 
 
-def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str],
-                      out_edges: dict[str, frozenset], y_of: dict[_EdgeKey, dict[tuple[Placement, Placement], int]]) -> None:
-    """r columns: one collective per (producer, q, p), shared by all its consumers.
+def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], out_edges: dict[str, frozenset],
+                      y_of: dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]]) -> list[tuple[int, float]]:
+    """r columns: one collective per (producer, q, p), shared by all its consumers; in a training
+    plan b columns, one backward resharding per (producer, q, arriving gradient placement), and
+    m columns, one saved activation per (producer, placement read in). Returns the memory-row
+    terms of the m columns.
 
     Tied producers whose out-edges are the same canonical edges make the same choice and pay
     the same collectives, so they share one r column whose cost is multiplied by their count.
     """
+    training = costed.training
+    saved = {(p, c, slot) for p, c, slot in training.saved} if training is not None else set()
+    memory_terms: list[tuple[int, float]] = []
     groups: dict[tuple[str, frozenset], list[str]] = defaultdict(list)
     for name, keys in out_edges.items():
         groups[rep[name], keys].append(name)
     for (_, keys), members in sorted(groups.items(), key=lambda item: (item[0][0], sorted(item[0][1]))):
         pairs: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
+        grads: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
+        kept: dict[Placement, list[int]] = defaultdict(list)
         for key in sorted(keys):
-            for (q, p), col in y_of.get(key, {}).items():
-                if q != p and model.ub[col] > 0:
+            saving = (key[0], key[1], key[2]) in saved
+            for (q, (p, g)), col in y_of.get(key, {}).items():
+                if model.ub[col] <= 0:
+                    continue
+                if q != p:
                     pairs[q, p].append(col)
-        for (q, p), ys in sorted(pairs.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
-            cost = reshard_s(costed, members[0], q, p) * len(members)
-            r = model.column(cost, 0.0, 1.0, False)
+                if g is not None:
+                    arriving = arriving_grad_placement(q, p, g)
+                    if arriving != output_grad_placement(q):
+                        grads[q, arriving].append(col)
+                if saving:
+                    kept[p].append(col)
+        leader = members[0]
+        for table, backward in ((pairs, False), (grads, True)):
+            for (q, p), ys in sorted(table.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
+                seconds = reshard_s(costed, leader, p, output_grad_placement(q)) if backward else reshard_s(costed, leader, q, p)
+                r = model.column(seconds * len(members), 0.0, 1.0, False)
+                for y in ys:
+                    model.row([(r, 1.0), (y, -1.0)], 0.0, np.inf)
+        for p, ys in sorted(kept.items(), key=lambda item: str(item[0])):
+            m = model.column(0.0, 0.0, 1.0, False)
+            memory_terms.append((m, costed.activation_bytes(members[0], p) * len(members)))
             for y in ys:
-                model.row([(r, 1.0), (y, -1.0)], 0.0, np.inf)
+                model.row([(m, 1.0), (y, -1.0)], 0.0, np.inf)
+    return memory_terms
 
 
 def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], rep: dict[str, str],
-                    budget_bytes: float | None) -> None:
+                    budget_bytes: float | None, activation_terms: list[tuple[int, float]]) -> None:
     if budget_bytes is None:
         return
     coef: dict[int, float] = defaultdict(float)
     for name, per in costed.memory_bytes.items():
         for s, b in enumerate(per):
             coef[x[rep[name]][s]] += float(b)
+    for col, nbytes in activation_terms:
+        coef[col] += nbytes
     if coef:
         model.row(sorted(coef.items()), -np.inf, float(budget_bytes))
 
@@ -267,8 +313,8 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     x = _add_choice_rows(model, costed, rep)
     edges, out_edges = _canonical_edges(costed, rep)
     y_of = _add_edge_rows(model, costed, x, edges)
-    _add_reshard_rows(model, costed, rep, out_edges, y_of)
-    _add_memory_row(model, costed, x, rep, memory_budget_bytes)
+    activation_terms = _add_reshard_rows(model, costed, rep, out_edges, y_of)
+    _add_memory_row(model, costed, x, rep, memory_budget_bytes, activation_terms)
 
     data, rows, cols = [], [], []
     for i, terms in enumerate(model.rows):

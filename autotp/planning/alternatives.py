@@ -83,7 +83,8 @@ class _Pricer:
                                          lambda name: override.get(name, self.chosen[name]), self.reshard_s)
         by_kind: dict[str, float] = defaultdict(float)
         for r in reshardings:
-            by_kind[route_label(step.kind for step in self.costed.reshard_route(r.producer, r.src, r.dst))] += r.time_s
+            label = route_label(step.kind for step in self.costed.reshard_route(r.producer, r.src, r.dst))
+            by_kind[f"backward {label}" if r.backward else label] += r.time_s
         return dict(by_kind), why
 
 
