@@ -21,6 +21,7 @@ import torch.distributed as dist
 from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture, check_model, inputs_on_model_device, trace_device
 from autotp.cost_model import Hardware
+from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
@@ -61,6 +62,8 @@ def plan(
     max_cache_len: int | None = None,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
+    training: bool = False,
+    optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
 ) -> Plan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -89,10 +92,17 @@ def plan(
     input) as symbols, so the plan serves every size; only static dims are split. ``dynamic=False``
     pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
     (see :mod:`autotp.capture`).
+
+    ``training=True`` plans a training step: forward and backward are priced together (each
+    collective's adjoint, the backward's compute) and memory counts gradients,
+    ``optimizer_states`` fp32 values per parameter element (default 2, AdamW) and the
+    activations kept for the backward (see :mod:`autotp.passes.backward`); ``print(plan)``
+    shows where it differs from the inference plan.
     """
     check_model(model)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                          time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+                          time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
+                          optimizer_states=optimizer_states)
     if max_cache_len is not None:
         from autotp.generation import generation_inputs
 

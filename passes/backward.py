@@ -97,7 +97,7 @@ class Training:
     def of(cls, graph: StrategyGraph, optimizer_states: int = DEFAULT_OPTIMIZER_STATES) -> Training:
         grads = requires_grad_nodes(graph)
         saved = frozenset((producer.name, name, slot) for name in graph.order if name in grads
-                          for slot, producer in saved_slots(graph.nodes[name], graph.parameters))
+                          for producer, slot in saved_slots(graph.nodes[name], graph.parameters))
         return cls(grads, saved, optimizer_states)
 
     def grad_flows(self, producer: str, consumer: str) -> bool:

@@ -292,8 +292,12 @@ def _smallest_fitting_world_size(costed: CostedGraph, budget_bytes: float) -> in
 
 
 def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_s: float = 60.0,
-          tie: dict[str, str] | None = None) -> Solution:
+          tie: dict[str, str] | None = None, count_activations: bool = True) -> Solution:
     """Solve the plan MILP exactly (HiGHS). Raises :class:`PlanError` when the budget cannot be met.
+
+    ``count_activations`` (a training plan): the activations kept for the backward count
+    against ``memory_budget_bytes`` (False: the budget holds parameters, gradients and optimizer
+    state only, as ``memory_budget="auto"`` means).
 
     ``tie`` maps nodes to representatives (``passes/tying.py``): tied nodes share decision
     variables, so a stack of identical layers costs about one layer to solve.
@@ -314,7 +318,7 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     edges, out_edges = _canonical_edges(costed, rep)
     y_of = _add_edge_rows(model, costed, x, edges)
     activation_terms = _add_reshard_rows(model, costed, rep, out_edges, y_of)
-    _add_memory_row(model, costed, x, rep, memory_budget_bytes, activation_terms)
+    _add_memory_row(model, costed, x, rep, memory_budget_bytes, activation_terms if count_activations else [])
 
     data, rows, cols = [], [], []
     for i, terms in enumerate(model.rows):
