@@ -12,22 +12,20 @@ alternatives all see the same price.
   counter sizes) costs one forward GEMM per input that needs a gradient (grad input, grad
   weight: ~2x the forward), any other op about its forward again (elementwise: ~1x); a view's
   backward is a view. Same roofline as the forward (``compute_time_s``), same per-rank share.
-- **Backward communication**: the gradient of a tensor has a placement too (DTensor's rule):
-  the gradient of ``S(d)`` is ``S(d)``, of ``P`` is ``R``, and of a ``R`` input read by a strategy
-  that splits the work (any split or partial placement: each rank sees part of the uses) is
-  ``P`` -- a strategy that keeps everything replicated gets a replicated gradient
-  (:func:`input_grad_placement`). A producer needs the gradient of its output in its output's
-  placement (``S(d)`` as ``S(d)``; ``R`` and ``P`` as ``R``: :func:`output_grad_placement`).
-  Going back along an edge, the forward resharding steps are undone by their adjoints
-  (:data:`autotp.passes.resharding.RESHARD_TABLE`'s ``adjoint`` column: all-reduce <-> identity,
-  all-gather <-> reduce-scatter, all-to-all <-> all-to-all, slice <-> all-gather, zero-fill <->
-  all-reduce), which :func:`arriving_grad_placement` folds into the placement the gradient
-  reaches the producer in; turning it into the one the producer needs is priced by the same
-  resharding routes as the forward (one collective per producer and placement: gradients of
-  several readers are summed first). Megatron's f/g fall out: a column-parallel GEMM reading a
-  replicated input gives a ``P`` gradient, all-reduced (f); the row-parallel GEMM's forward
-  all-reduce has an identity backward (g). Under sequence parallelism the forward all-gather
-  comes back as a reduce-scatter.
+- **Backward communication**, as the training runtime runs it (:mod:`autotp.passes.adjoints`,
+  whose gradient convention this follows: the gradient of a ``Replicate`` or ``Partial`` value is
+  the whole gradient on every rank, of a ``Shard`` value this rank's block):
+
+  * every forward resharding route runs its *adjoint* route on the gradient, once per producer
+    and placement like the forward (:func:`adjoint_steps`: all-reduce <-> identity (Megatron's
+    g), zero-fill <-> identity, all-gather <-> slice, slice and reduce-scatter <-> all-gather,
+    all-to-all <-> all-to-all), priced by the same :data:`~autotp.passes.resharding.RESHARD_TABLE`
+    rows as forward steps;
+  * a replicated value read by rank-divergent work (a strategy whose output is split or
+    partial: a column-split GEMM, ``P * R``) returns only this rank's share of its gradient:
+    the runtime reads it through Megatron's f (identity forward, all-reduce backward), once per
+    value (:func:`reads_through_f`), priced as an all-reduce of the whole value.
+
 - **Memory**: every trainable parameter also holds its gradient (its dtype) and
   ``optimizer_states`` fp32 values per element (AdamW: 2); the activations autograd keeps for
   the backward are the tensor inputs of each op that carries a gradient (not parameters, not
@@ -38,12 +36,14 @@ alternatives all see the same price.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.base.placements import Partial, Placement, Replicate, split_of
+from autotp.base.placements import Replicate
+from autotp.base.reshard import ReshardKind, ReshardStep
 from autotp.base.strategy import Strategy
 from autotp.cost_model import launches_no_kernel
 from autotp.passes.rules import tensor_inputs
@@ -53,12 +53,12 @@ aten = torch.ops.aten
 
 __all__ = [
     "DEFAULT_OPTIMIZER_STATES",
+    "REPLICATED_INPUT_BACKWARD",
     "SAVES_NO_INPUT",
     "Training",
-    "arriving_grad_placement",
+    "adjoint_steps",
     "backward_flops_factor",
-    "input_grad_placement",
-    "output_grad_placement",
+    "reads_through_f",
     "requires_grad_nodes",
     "saved_slots",
     "trainable_bytes_factor",
@@ -154,36 +154,33 @@ def saved_slots(node: fx.Node, parameters: dict[str, str]) -> list[tuple[fx.Node
             if p.name not in parameters and isinstance(p.meta.get("val"), torch.Tensor)]
 
 
-def _splits_work(strategy: Strategy) -> bool:
-    return any(not isinstance(p, Replicate) for p in (*strategy.inputs, strategy.output))
+def reads_through_f(strategy: Strategy, slot: int) -> bool:
+    """True when ``strategy`` reads input ``slot`` replicated while its work differs per rank (its
+    output is split or partial): the gradient it returns for that input is a partial sum, which
+    the runtime all-reduces (Megatron's f). The caller checks that a gradient flows at all."""
+    return isinstance(strategy.inputs[slot], Replicate) and not isinstance(strategy.output, Replicate)
 
 
-def input_grad_placement(strategy: Strategy, slot: int) -> Placement:
-    """Placement of the gradient the consumer's backward produces for its input ``slot``."""
-    placement = strategy.inputs[slot]
-    if split_of(placement) is not None:
-        return placement
-    if isinstance(placement, Partial):
-        return Replicate()
-    return Partial() if _splits_work(strategy) else Replicate()
+def adjoint_steps(route: Sequence[ReshardStep]) -> tuple[ReshardStep, ...]:
+    """The steps that carry a gradient back through the forward ``route``: each step's adjoint,
+    last step first (the runtime's rule, :mod:`autotp.passes.adjoints`)."""
+    back: list[ReshardStep] = []
+    for step in reversed(route):
+        back.extend(_ADJOINT[step.kind](step))
+    return tuple(back)
 
 
-def output_grad_placement(output: Placement) -> Placement:
-    """Placement in which a producer with forward output ``output`` needs its output's gradient."""
-    return output if split_of(output) is not None else Replicate()
+REPLICATED_INPUT_BACKWARD: tuple[ReshardStep, ...] = (ReshardStep(ReshardKind.ALL_REDUCE),)
+"""Backward of Megatron's f (:func:`reads_through_f`): the ranks' shares of the gradient summed."""
 
-
-def arriving_grad_placement(src: Placement, dst: Placement, grad: Placement) -> Placement:
-    """Placement of the gradient once the adjoints of the forward route ``src -> dst`` undid it.
-
-    ``grad`` is the consumer's gradient (in the adjoint of ``dst``). The only adjoint that
-    changes a placement without talking is the zero-fill's (``R -> P`` forward: only rank 0
-    kept the value, so only rank 0's gradient counts, a ``P``); the others' adjoints are the
-    collectives the conversion to :func:`output_grad_placement` prices.
-    """
-    if isinstance(dst, Partial) and not isinstance(src, Partial):
-        return Partial()
-    return grad
+_ADJOINT = {
+    ReshardKind.ALL_REDUCE: lambda step: (),
+    ReshardKind.ZERO: lambda step: (),
+    ReshardKind.ALL_GATHER: lambda step: (ReshardStep(ReshardKind.SLICE, step.dim, step.blocks),),
+    ReshardKind.SLICE: lambda step: (ReshardStep(ReshardKind.ALL_GATHER, step.dim, step.blocks),),
+    ReshardKind.REDUCE_SCATTER: lambda step: (ReshardStep(ReshardKind.ALL_GATHER, step.dim, step.blocks),),
+    ReshardKind.ALL_TO_ALL: lambda step: (ReshardStep(ReshardKind.ALL_TO_ALL, step.to_dim, step.blocks, step.dim),),
+}
 
 
 def trainable_bytes_factor(value: torch.Tensor, optimizer_states: int) -> float:

@@ -36,7 +36,13 @@ from autotp.base.reshard import Route, reshard_routes
 from autotp.base.shapes import nbytes, numel
 from autotp.base.strategy import Strategy
 from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
-from autotp.passes.backward import Training, backward_flops_factor, trainable_bytes_factor
+from autotp.passes.backward import (
+    REPLICATED_INPUT_BACKWARD,
+    Training,
+    adjoint_steps,
+    backward_flops_factor,
+    trainable_bytes_factor,
+)
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.rules.args import holds_tensor
@@ -100,6 +106,21 @@ class CostedGraph:
     compute_s: dict[str, list[float]]  # node -> per-strategy predicted seconds per rank
     memory_bytes: dict[str, list[int]]  # parameter node -> per-strategy bytes of the largest local shard
     training: Training | None = None
+
+    def backward_route(self, producer: str, src: Placement, dst: Placement) -> Route:
+        """The steps the gradient of ``producer``'s output takes back through its ``src -> dst`` resharding."""
+        return adjoint_steps(self.reshard_route(producer, src, dst))
+
+    def backward_s(self, producer: str, src: Placement, dst: Placement) -> float:
+        """Seconds of :meth:`backward_route` (0 for an identity adjoint)."""
+        node = self.graph.nodes[producer]
+        route = self.backward_route(producer, src, dst)
+        return route_time_s(route, node.meta.get("val"), self.graph.world_size, self.hardware) if route else 0.0
+
+    def replicated_input_s(self, producer: str) -> float:
+        """Seconds of Megatron's f on ``producer``'s value: the all-reduce of its whole gradient."""
+        return route_time_s(REPLICATED_INPUT_BACKWARD, self.graph.nodes[producer].meta.get("val"), self.graph.world_size,
+                            self.hardware)
 
     def activation_bytes(self, producer: str, placement: Placement) -> float:
         """Bytes one rank keeps of ``producer``'s output, saved for the backward in ``placement``."""

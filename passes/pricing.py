@@ -6,11 +6,11 @@ The price of a choice (one strategy per node) is the sum of two kinds of terms:
 - **resharding**: for every producer, one collective per *distinct* placement its readers need
   that differs from the placement it produces (:func:`reshard_s`); one collective serves every
   reader that needs the same placement.
-- **backward resharding** (a training plan only, ``costed.training``): for every producer whose
-  output carries a gradient, one resharding per distinct placement the readers' gradients
-  arrive in that differs from the one it needs (:func:`backward_edge`, the rules of
-  :mod:`autotp.passes.backward`), priced by the same routes; gradients arriving alike are
-  summed first, so one collective serves them.
+- **backward resharding** (a training plan only, ``costed.training``), as the training runtime
+  runs it (:mod:`autotp.passes.backward`): each forward resharding above that a gradient goes
+  back through costs its adjoint route (:meth:`CostedGraph.backward_s`), and each producer
+  whose value some rank-divergent reader takes replicated costs one all-reduce of its gradient
+  (Megatron's f, :meth:`CostedGraph.replicated_input_s`), however many such readers it has.
 
 A training plan's memory adds the activations kept for the backward
 (:func:`saved_activation_bytes`): each saved tensor once per placement it is read in.
@@ -28,15 +28,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 
-from autotp.base.placements import Placement, placement_to_str
+from autotp.base.placements import Partial, Placement, Replicate, placement_to_str
+from autotp.base.reshard import ReshardStep
 from autotp.base.strategy import Strategy
-from autotp.passes.backward import arriving_grad_placement, input_grad_placement, output_grad_placement
+from autotp.passes.backward import REPLICATED_INPUT_BACKWARD, reads_through_f
 from autotp.passes.costing import CostedGraph
 from autotp.passes.resharding import is_local_reshard
 from autotp.passes.strategies import Edge
 
 __all__ = [
-    "ChoicePrice", "Resharding", "backward_edge", "blocked_reason", "compute_s", "is_blocked", "price_choice",
+    "ChoicePrice", "Resharding", "blocked_reason", "compute_s", "is_blocked", "price_choice",
     "price_outputs", "reshard_s", "saved_activation_bytes",
 ]
 
@@ -45,8 +46,9 @@ __all__ = [
 class Resharding:
     """One collective (or local reshard) on ``producer``'s output: ``src`` -> ``dst`` for ``consumers``.
 
-    ``backward``: it is on the gradient of ``producer``'s output, in the backward pass, from the
-    placement the ``consumers``' gradients arrive in to the one ``producer`` needs.
+    ``backward``: it is on the gradient of ``producer``'s output, in the backward pass: the
+    adjoint ``route`` of the forward ``src -> dst`` resharding, or (``route`` an all-reduce,
+    ``src`` P, ``dst`` R) Megatron's f for the rank-divergent ``consumers`` reading it replicated.
     """
 
     producer: str
@@ -55,6 +57,7 @@ class Resharding:
     time_s: float
     consumers: tuple[str, ...]
     backward: bool = False
+    route: tuple[ReshardStep, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,17 +116,6 @@ def blocked_reason(costed: CostedGraph, edge: Edge, src: Placement, dst: Placeme
             f"({placement_to_str(src)} -> {placement_to_str(dst)}); parameters are only sliced locally")
 
 
-def backward_edge(costed: CostedGraph, edge: Edge, producer: Strategy, consumer: Strategy) -> tuple[Placement, Placement] | None:
-    """``(arriving, needed)`` placements of the gradient going back along ``edge``, or ``None``
-    when no gradient goes back (an inference plan, or a value without one)."""
-    training = costed.training
-    if training is None or not training.grad_flows(edge.producer, edge.consumer):
-        return None
-    dst = consumer.inputs[edge.slot]
-    arriving = arriving_grad_placement(producer.output, dst, input_grad_placement(consumer, edge.slot))
-    return arriving, output_grad_placement(producer.output)
-
-
 def price_outputs(costed: CostedGraph, edges: Iterable[Edge], strategy_of: Callable[[str], Strategy],
                   reshard: Callable[[str, Placement, Placement], float] | None = None) -> tuple[tuple[Resharding, ...], str]:
     """The reshardings on ``edges`` under ``strategy_of`` (node -> its strategy), or why they are impossible.
@@ -135,26 +127,39 @@ def price_outputs(costed: CostedGraph, edges: Iterable[Edge], strategy_of: Calla
     :func:`reshard_s`; a caller pricing many choices passes a cached one).
     """
     needed: dict[tuple[str, Placement], list[str]] = {}
-    gradients: dict[tuple[str, Placement, Placement], list[str]] = {}
+    graded: set[tuple[str, Placement]] = set()  # (producer, dst) whose resharding a gradient goes back through
+    through_f: dict[str, list[str]] = {}
+    training = costed.training
     for edge in edges:
         src = strategy_of(edge.producer).output
-        dst = strategy_of(edge.consumer).inputs[edge.slot]
-        grad = backward_edge(costed, edge, strategy_of(edge.producer), strategy_of(edge.consumer))
-        if grad is not None and grad[0] != grad[1]:
-            gradients.setdefault((edge.producer, *grad), []).append(edge.consumer)
+        consumer = strategy_of(edge.consumer)
+        dst = consumer.inputs[edge.slot]
+        grad = training is not None and training.grad_flows(edge.producer, edge.consumer)
+        if grad and reads_through_f(consumer, edge.slot):
+            through_f.setdefault(edge.producer, []).append(edge.consumer)
         if dst == src:
             continue
         why = blocked_reason(costed, edge, src, dst)
         if why:
             return (), why
         needed.setdefault((edge.producer, dst), []).append(edge.consumer)
+        if grad:
+            graded.add((edge.producer, dst))
     price = reshard if reshard is not None else (lambda producer, src, dst: reshard_s(costed, producer, src, dst))
     forward = tuple(Resharding(producer, strategy_of(producer).output, dst,
                                price(producer, strategy_of(producer).output, dst), tuple(users))
                     for (producer, dst), users in needed.items())
-    backward = tuple(Resharding(producer, arriving, wanted, price(producer, arriving, wanted), tuple(users), True)
-                     for (producer, arriving, wanted), users in gradients.items())
-    return forward + backward, ""
+    backward = []
+    for r in forward:
+        if (r.producer, r.dst) in graded:
+            route = costed.backward_route(r.producer, r.src, r.dst)
+            if route:
+                backward.append(Resharding(r.producer, r.src, r.dst, costed.backward_s(r.producer, r.src, r.dst),
+                                           r.consumers, True, route))
+    for producer, users in through_f.items():
+        backward.append(Resharding(producer, Partial(), Replicate(), costed.replicated_input_s(producer), tuple(users),
+                                   True, REPLICATED_INPUT_BACKWARD))
+    return forward + tuple(backward), ""
 
 
 def saved_activation_bytes(costed: CostedGraph, strategy_of: Callable[[str], Strategy]) -> float:

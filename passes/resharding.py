@@ -9,10 +9,7 @@
   the rewrite makes around it), each traceable to a formula of ``autotp.cost_model``;
 - ``emit``: the function that inserts the step into a rank-local graph (functional
   collectives, ``torch.ops._c10d_functional.*`` followed by ``wait_tensor``, or local ops);
-- ``label`` and ``short``: how reports print it;
-- ``adjoint``: the step the backward pass takes in its place on the gradient (``None``: an
-  identity, no step), e.g. all-reduce <-> identity (Megatron's g), all-gather <-> reduce-scatter;
-  :mod:`autotp.passes.backward` prices training steps by it.
+- ``label`` and ``short``: how reports print it.
 
 The route from one placement to another (which steps, on which dims) is
 :func:`autotp.base.reshard.reshard_steps`. Adding a collective: a kind there, a row here.
@@ -89,7 +86,6 @@ class StepSpec:
     emit: Emit
     label: str
     short: str
-    adjoint: ReshardKind | None = None
 
 
 # --------------------------------------------------------------------------- prices
@@ -265,18 +261,13 @@ def _emit_all_to_all(b: LocalGraph, x: fx.Node, producer: fx.Node, step: Reshard
 # --------------------------------------------------------------------------- the table
 
 RESHARD_TABLE: Mapping[ReshardKind, StepSpec] = MappingProxyType({
-    # the gradient of a slice's output is split: the replicated producer gets it gathered
-    ReshardKind.SLICE: StepSpec(None, _slice_terms, _emit_slice, "slice", "slice", ReshardKind.ALL_GATHER),
-    # only rank 0 kept the value, so only rank 0's gradient counts: summed over the ranks
-    ReshardKind.ZERO: StepSpec(None, _zero_terms, _emit_zero, "zero", "zero", ReshardKind.ALL_REDUCE),
-    # d(sum of the ranks' parts)/d(part) = 1: every rank passes the replicated gradient on (Megatron's g)
-    ReshardKind.ALL_REDUCE: StepSpec("all_reduce", _all_reduce_terms, _emit_all_reduce, "all_reduce", "AR", None),
-    ReshardKind.ALL_GATHER: StepSpec("all_gather", _gather_scatter_terms, _emit_all_gather, "all_gather", "AG",
-                                     ReshardKind.REDUCE_SCATTER),
+    ReshardKind.SLICE: StepSpec(None, _slice_terms, _emit_slice, "slice", "slice"),
+    ReshardKind.ZERO: StepSpec(None, _zero_terms, _emit_zero, "zero", "zero"),
+    ReshardKind.ALL_REDUCE: StepSpec("all_reduce", _all_reduce_terms, _emit_all_reduce, "all_reduce", "AR"),
+    ReshardKind.ALL_GATHER: StepSpec("all_gather", _gather_scatter_terms, _emit_all_gather, "all_gather", "AG"),
     ReshardKind.REDUCE_SCATTER: StepSpec("reduce_scatter", _gather_scatter_terms, _emit_reduce_scatter,
-                                         "reduce_scatter", "RS", ReshardKind.ALL_GATHER),
-    ReshardKind.ALL_TO_ALL: StepSpec("all_to_all", _all_to_all_terms, _emit_all_to_all, "all_to_all", "A2A",
-                                     ReshardKind.ALL_TO_ALL),
+                                         "reduce_scatter", "RS"),
+    ReshardKind.ALL_TO_ALL: StepSpec("all_to_all", _all_to_all_terms, _emit_all_to_all, "all_to_all", "A2A"),
 })
 
 

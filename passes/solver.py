@@ -29,14 +29,14 @@ Formulation (one mesh axis of N ranks)::
 
     minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p]
 
-    A training plan (``costed.training``) prices the backward too: a consumer's strategies
-    are grouped by (input placement p, gradient placement g) instead of p, so the transport
-    block says where the gradient of u arrives (a, from q, p and g) and where u needs it
-    (n(q)); one backward resharding per (producer, q, a), paid once like the forward's:
-    b[u, q, a] >= y[e, q, (p, g)] for every edge whose gradient arrives as a != n(q)
-    (_add_reshard_rows). Activations kept for the backward join the memory row, once per
-    producer and placement they are read in: m[u, p] >= y[e, q, (p, g)] for every saving edge e,
-    with bytes(u, p) in the memory row.
+    A training plan (``costed.training``) prices the backward too, as the runtime runs it
+    (``passes/backward.py``): a forward resharding r[u, q, p] that a gradient goes back through
+    has a twin b[u, q, p] >= y[e, q, p] (those edges e only) priced at its adjoint route; a
+    consumer's strategies are grouped by (p, f) instead of p, f saying whether it reads u
+    replicated for rank-divergent work, and one all-reduce of u's gradient (Megatron's f) is
+    paid once per producer: f[u] >= y[e, q, (R, True)]. Activations kept for the backward join
+    the memory row, once per producer and placement they are read in: m[u, p] >= y[e, q, (p, .)]
+    for every saving edge e, with bytes(u, p) in the memory row (_add_reshard_rows).
 
 The coefficients and the blocked transport variables come from ``passes/pricing.py``
 (:func:`~autotp.passes.pricing.compute_s`, :func:`~autotp.passes.pricing.reshard_s`,
@@ -60,7 +60,7 @@ from scipy.sparse import coo_matrix
 from autotp.base.errors import PlanError
 from autotp.base.placements import Placement, Replicate, Shard
 from autotp.base.shapes import concrete_shape
-from autotp.passes.backward import arriving_grad_placement, input_grad_placement, output_grad_placement
+from autotp.passes.backward import reads_through_f
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import compute_s, is_blocked, price_choice, reshard_s
 from autotp.passes.strategies import Edge
@@ -133,9 +133,9 @@ def _canonical_edges(costed: CostedGraph, rep: dict[str, str]) -> tuple[list[_Ed
     return list(keys), {name: frozenset(e) for name, e in out_edges.items()}
 
 
-_ConsumerKey = tuple[Placement, Placement | None]
+_ConsumerKey = tuple[Placement, bool]
 """How a consumer's strategy reads an edge: its input placement, and (training plans, where a
-gradient flows back along the edge) the placement of the gradient it returns."""
+gradient flows back along the edge) whether it reads it through Megatron's f."""
 
 
 def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
@@ -154,9 +154,9 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
             out_of[strategy.output].append(x[producer][s])
         in_of: dict[_ConsumerKey, list[int]] = defaultdict(list)
         for t, strategy in enumerate(strategies[consumer]):
-            in_of[strategy.inputs[slot], input_grad_placement(strategy, slot) if grad else None].append(x[consumer][t])
+            in_of[strategy.inputs[slot], grad and reads_through_f(strategy, slot)].append(x[consumer][t])
         trivial = len(out_of) == 1 and len(in_of) == 1 and next(iter(out_of)) == next(iter(in_of))[0]
-        if trivial and not grad and (producer, consumer, slot) not in saved:
+        if trivial and not next(iter(in_of))[1] and (producer, consumer, slot) not in saved:
             continue  # nothing to choose and nothing to pay on this edge
         y: dict[tuple[Placement, _ConsumerKey], int] = {}
         for q in out_of:
@@ -174,48 +174,57 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
 def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], out_edges: dict[str, frozenset],
                       y_of: dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]]) -> list[tuple[int, float]]:
     """r columns: one collective per (producer, q, p), shared by all its consumers; in a training
-    plan b columns, one backward resharding per (producer, q, arriving gradient placement), and
-    m columns, one saved activation per (producer, placement read in). Returns the memory-row
-    terms of the m columns.
+    plan b columns (the adjoint of a resharding a gradient goes back through), f columns (one
+    all-reduce of the gradient per producer read replicated by rank-divergent work) and m columns
+    (one saved activation per producer and placement read in). Returns the memory-row terms of
+    the m columns.
 
     Tied producers whose out-edges are the same canonical edges make the same choice and pay
     the same collectives, so they share one r column whose cost is multiplied by their count.
     """
     training = costed.training
-    saved = {(p, c, slot) for p, c, slot in training.saved} if training is not None else set()
+    saved = set(training.saved) if training is not None else set()
     memory_terms: list[tuple[int, float]] = []
     groups: dict[tuple[str, frozenset], list[str]] = defaultdict(list)
     for name, keys in out_edges.items():
         groups[rep[name], keys].append(name)
+
+    def at_least(cost: float, ys: list[int]) -> int:
+        col = model.column(cost, 0.0, 1.0, False)
+        for y in ys:
+            model.row([(col, 1.0), (y, -1.0)], 0.0, np.inf)
+        return col
+
     for (_, keys), members in sorted(groups.items(), key=lambda item: (item[0][0], sorted(item[0][1]))):
+        leader, count = members[0], len(members)
         pairs: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
-        grads: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
+        graded: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
+        through_f: list[int] = []
         kept: dict[Placement, list[int]] = defaultdict(list)
         for key in sorted(keys):
+            grad = training is not None and training.grad_flows(key[0], key[1])
             saving = (key[0], key[1], key[2]) in saved
-            for (q, (p, g)), col in y_of.get(key, {}).items():
+            for (q, (p, f)), col in y_of.get(key, {}).items():
                 if model.ub[col] <= 0:
                     continue
                 if q != p:
                     pairs[q, p].append(col)
-                if g is not None:
-                    arriving = arriving_grad_placement(q, p, g)
-                    if arriving != output_grad_placement(q):
-                        grads[q, arriving].append(col)
+                    if grad:
+                        graded[q, p].append(col)
+                if f:
+                    through_f.append(col)
                 if saving:
                     kept[p].append(col)
-        leader = members[0]
-        for table, backward in ((pairs, False), (grads, True)):
-            for (q, p), ys in sorted(table.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
-                seconds = reshard_s(costed, leader, p, output_grad_placement(q)) if backward else reshard_s(costed, leader, q, p)
-                r = model.column(seconds * len(members), 0.0, 1.0, False)
-                for y in ys:
-                    model.row([(r, 1.0), (y, -1.0)], 0.0, np.inf)
+        for (q, p), ys in sorted(pairs.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
+            at_least(reshard_s(costed, leader, q, p) * count, ys)
+        for (q, p), ys in sorted(graded.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
+            seconds = costed.backward_s(leader, q, p)
+            if seconds:
+                at_least(seconds * count, ys)
+        if through_f:
+            at_least(costed.replicated_input_s(leader) * count, through_f)
         for p, ys in sorted(kept.items(), key=lambda item: str(item[0])):
-            m = model.column(0.0, 0.0, 1.0, False)
-            memory_terms.append((m, costed.activation_bytes(members[0], p) * len(members)))
-            for y in ys:
-                model.row([(m, 1.0), (y, -1.0)], 0.0, np.inf)
+            memory_terms.append((at_least(0.0, ys), costed.activation_bytes(leader, p) * count))
     return memory_terms
 
 

@@ -11,11 +11,11 @@ import torch
 import autotp
 from autotp.base.placements import Partial, Replicate, Shard
 from autotp.base.reshard import ReshardKind, reshard_routes
+from autotp.base.strategy import Strategy
 from autotp.capture import capture
-from autotp.passes.backward import Training, arriving_grad_placement, output_grad_placement
+from autotp.passes.backward import Training, adjoint_steps, reads_through_f
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.pricing import price_choice
-from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.solver import solve
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.options import PlanOptions
@@ -53,7 +53,9 @@ def test_training_plan_costs_more_and_counts_activations(plans):
     # Megatron's MLP: column- then row-parallel, one all-reduce each way
     assert training.parameters["0.weight"] == "S(0)" and training.parameters["2.weight"] == "S(1)", training.parameters
     assert training.collective_counts() == {"all_reduce": 1}, training.collective_counts()
-    assert training.collective_counts(backward=True) == {"all_reduce": 1}, training.collective_counts(backward=True)
+    # backward: x needs no gradient (no f), the forward all-reduce's adjoint is the identity (g), and
+    # the replicated second bias, added on rank 0 only (zero-fill), gets the whole gradient back: none
+    assert training.collective_counts(backward=True) == {}, training.collective_counts(backward=True)
     # activations by hand: the input x (B, S, 32) is read whole by the first GEMM; GELU keeps its
     # input (B, S, 64) split on the last dim, the second GEMM keeps GELU's output, split alike
     expected = FP32 * (BATCH * SEQ * HIDDEN + 2 * BATCH * SEQ * INTERMEDIATE // 2)
@@ -102,38 +104,45 @@ def test_optimizer_states_option(mlp):
         PlanOptions(world_size=2, training=True, optimizer_states=-1)
 
 
-def test_solver_objective_is_the_training_price(mlp):
-    """tp=2, MLP, the "auto" budget (weights split): the MILP's objective (forward + backward)
-    equals price_choice of its answer."""
-    model, args, _ = mlp
-    captured = capture(model, args)
+def test_solver_objective_is_the_training_price():
+    """tp=2, two MLPs in a row (Linear 32->64->32 twice), the "auto" budget: the MILP's objective
+    (forward + backward) equals price_choice of its answer, and the second MLP's input, which
+    needs a gradient, is read through Megatron's f: one all-reduce in the backward."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(HIDDEN, INTERMEDIATE), torch.nn.GELU(), torch.nn.Linear(INTERMEDIATE, HIDDEN),
+                                torch.nn.Linear(HIDDEN, INTERMEDIATE), torch.nn.GELU(), torch.nn.Linear(INTERMEDIATE, HIDDEN))
+    captured = capture(model, (torch.randn(BATCH, SEQ, HIDDEN),))
     graph = build_strategy_graph(captured.graph_module, 2, captured.parameter_fqns())
     costed = cost_strategy_graph(graph, PlanOptions(world_size=2).hardware_profile, Training.of(graph))
     solution = solve(costed, memory_budget_bytes=auto_memory_budget(costed), count_activations=False)
     price = price_choice(costed, solution.choice)
-    assert price.backward, "a training price has backward reshardings"
     assert price.total_s == pytest.approx(solution.objective_s, rel=1e-6), (price.total_s, solution.objective_s)
+    back = [(r.producer, [s.kind for s in r.route]) for r in price.backward]
+    assert back == [("linear_1", [ReshardKind.ALL_REDUCE])], f"expected f's all-reduce on linear_1's gradient, got {back}"
 
 
-def test_adjoint_column_matches_the_gradient_placements():
-    """No mesh: each forward step's row in RESHARD_TABLE names the step the gradient takes back,
-    as the placement rules of passes/backward.py derive it (consumer splitting the work)."""
-    cases = {  # forward src -> dst, the gradient the consumer returns
-        ReshardKind.ALL_REDUCE: (Partial(), Replicate(), Replicate()),  # g: the next op is replicated
-        ReshardKind.ALL_GATHER: (Shard(0), Replicate(), Partial()),  # sequence parallel -> reduce-scatter
-        ReshardKind.REDUCE_SCATTER: (Partial(), Shard(0), Shard(0)),
-        ReshardKind.ALL_TO_ALL: (Shard(0), Shard(1), Shard(1)),
-        ReshardKind.SLICE: (Replicate(), Shard(0), Shard(0)),
-        ReshardKind.ZERO: (Replicate(), Partial(), Replicate()),
+def test_adjoint_steps_follow_the_runtime_convention():
+    """No mesh: the backward of each forward step, as passes/backward.py prices it (the runtime's
+    gradient convention: all-reduce <-> identity, all-gather <-> slice, slice and reduce-scatter
+    <-> all-gather, all-to-all <-> all-to-all), and Megatron's f for a replicated input of
+    rank-divergent work only."""
+    cases = {
+        (Partial(), Replicate()): [],
+        (Replicate(), Partial()): [],
+        (Shard(0), Replicate()): [ReshardKind.SLICE],
+        (Replicate(), Shard(1)): [ReshardKind.ALL_GATHER],
+        (Partial(), Shard(0)): [ReshardKind.ALL_GATHER],
+        (Shard(0), Shard(1)): [ReshardKind.ALL_TO_ALL],
     }
-    for kind, (src, dst, grad) in cases.items():
-        forward = reshard_routes(src, dst)[0]
-        assert [s.kind for s in forward] == [kind], f"{src}->{dst}: expected one {kind} step, got {forward}"
-        arriving = arriving_grad_placement(src, dst, grad)
-        needed = output_grad_placement(src)
-        back = [s.kind for s in reshard_routes(arriving, needed)[0]] if arriving != needed else []
-        expected = RESHARD_TABLE[kind].adjoint
-        assert back == ([expected] if expected else []), f"adjoint of {kind}: expected {expected}, got {back}"
+    for (src, dst), expected in cases.items():
+        back = adjoint_steps(reshard_routes(src, dst)[0])
+        assert [s.kind for s in back] == expected, f"adjoint of {src}->{dst}: expected {expected}, got {back}"
+    a2a = adjoint_steps(reshard_routes(Shard(0), Shard(1))[0])[0]
+    assert (a2a.dim, a2a.to_dim) == (1, 0), f"the all-to-all goes back S(1)->S(0), got {a2a}"
+    column = Strategy((Replicate(), Shard(0)), Shard(2))  # x (R) @ W^T split by output features
+    replicated = Strategy((Replicate(), Replicate()), Replicate())
+    assert reads_through_f(column, 0) and not reads_through_f(column, 1), "f on the replicated input only"
+    assert not reads_through_f(replicated, 0), "replicated work returns the whole gradient: no f"
 
 
 def test_one_rank_training_plan_has_no_collectives():

@@ -284,7 +284,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             producer=r.producer,
             src=placement_to_str(r.src),
             dst=placement_to_str(r.dst),
-            steps=tuple(step.kind for step in costed.reshard_route(r.producer, r.src, r.dst)),
+            steps=tuple(step.kind for step in (r.route if r.backward else costed.reshard_route(r.producer, r.src, r.dst))),
             nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
             time_s=r.time_s,
             consumers=r.consumers,
