@@ -112,7 +112,9 @@ def _training_memory_line(plan: Plan) -> str:
 
 def _training_backward_line(plan: Plan) -> str:
     counts = plan.collective_counts(backward=True)
-    return ("collectives per backward: " + (", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none")
+    if not counts:
+        return "collectives per backward: none"
+    return ("collectives per backward: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
             + f" ({format_seconds(plan.predicted_backward_comm_s)})")
 
 
