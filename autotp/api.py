@@ -136,6 +136,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
+    training: bool = False,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -174,7 +175,17 @@ def compile(  # noqa: A001 - mirrors torch.compile
     row) is planned first and decides every weight's placement; prefill (``seq`` prompt tokens
     per call) is planned with those placements pinned. ``plan=`` then gives the decode plan.
     See :mod:`autotp.generation`.
+
+    ``training=True``: build it for training. The result's parameters (``tp.parameters()``, named
+    by the original FQNs in ``tp.named_parameters()``) are this rank's shards and require grad;
+    ``loss.backward()`` gives each shard the matching block of the single-device gradient and every
+    replicated parameter its whole gradient, the same on every rank (each collective carries its
+    adjoint: :mod:`autotp.passes.adjoints`). Build the optimizer over ``tp.parameters()``;
+    ``tp.full_state_dict()`` gathers the full tensors. See the README's "Training" section.
     """
+    if training and max_cache_len is not None:
+        raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
+                         "compile once with training=True to train and once with max_cache_len= to generate")
     timeout_s = check_timeout(agreement_timeout_s)
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
         check_model(model)
@@ -189,7 +200,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                               time_limit_s=time_limit_s, progress=progress, constraints=constraints)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
-                                checkpoint=checkpoint is not None, max_cache_len=max_cache_len)
+                                checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
+                                training=training)
         if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now
             weights = dict(model.state_dict()) if check_weights and checkpoint is None else None
             agreement.record = options_record(agreed, weights=weights)
@@ -209,9 +221,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s)
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
                                                 device=trace_device(example_inputs, example_kwargs),
-                                                timeout_s=timeout_s)
+                                                timeout_s=timeout_s, training=training)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
-                                guard=InputGuard(captured, group=group, timeout_s=timeout_s))
+                                guard=InputGuard(captured, group=group, timeout_s=timeout_s),
+                                training=training, original=model, group=group)
 
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
@@ -227,18 +240,20 @@ def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptio
 
 def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
                files: Any = None, model: torch.nn.Module | None = None, device: torch.device | None = None,
-               timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
+               timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
                ) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor], dict]:
     """This rank's graph (state updates in place), its local parameter shards, buffers and cache blocks,
     and the parameter layout (global offsets of every rank's block, for ``save``).
 
     With ``files`` (an opened checkpoint) the shards are read from it, agreed by all ranks within
-    ``timeout_s``; otherwise they are sliced from the captured model's weights."""
+    ``timeout_s``; otherwise they are sliced from the captured model's weights. ``training``: the
+    graph differentiates correctly (see :func:`autotp.passes.rewrite.rewrite_for_rank`)."""
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, plan.world_size)
     group_name = (group or dist.group.WORLD).group_name
     local_gm = update_state_in_place(
-        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes()),
+        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes(),
+                         training=training),
         captured.state)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)

@@ -9,7 +9,10 @@
   the rewrite makes around it), each traceable to a formula of ``autotp.cost_model``;
 - ``emit``: the function that inserts the step into a rank-local graph (functional
   collectives, ``torch.ops._c10d_functional.*`` followed by ``wait_tensor``, or local ops);
-- ``label`` and ``short``: how reports print it.
+- ``label`` and ``short``: how reports print it;
+- ``adjoint``: the steps that carry the gradient back through the step in a training graph
+  (:mod:`autotp.passes.adjoints`; all-reduce <-> identity, all-gather <-> slice,
+  reduce-scatter <-> all-gather, all-to-all <-> all-to-all).
 
 The route from one placement to another (which steps, on which dims) is
 :func:`autotp.base.reshard.reshard_steps`. Adding a collective: a kind there, a row here.
@@ -86,6 +89,9 @@ class StepSpec:
     emit: Emit
     label: str
     short: str
+    adjoint: Callable[[ReshardStep], tuple[ReshardStep, ...]]
+    """The steps that carry a gradient back through this step in a training graph (empty: the
+    identity), under the gradient convention of :mod:`autotp.passes.adjoints`."""
 
 
 # --------------------------------------------------------------------------- prices
@@ -258,16 +264,38 @@ def _emit_all_to_all(b: LocalGraph, x: fx.Node, producer: fx.Node, step: Reshard
     return b.call(aten.contiguous.default, x, meta_from=producer)
 
 
+# --------------------------------------------------------------------------- adjoints (training)
+
+def _identity_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
+    """An all-reduce (P -> R) or a zero-fill (R -> P): the gradient of the sum is every part's gradient."""
+    return ()
+
+
+def _gather_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
+    """A slice (R -> S) or a reduce-scatter (P -> S): the block gradients are gathered back whole."""
+    return (ReshardStep(ReshardKind.ALL_GATHER, step.dim, step.blocks),)
+
+
+def _slice_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
+    """An all-gather (S -> R): every rank holds the whole gradient and keeps its block."""
+    return (ReshardStep(ReshardKind.SLICE, step.dim, step.blocks),)
+
+
+def _all_to_all_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
+    """``S(i) -> S(j)``: the gradient goes ``S(j) -> S(i)``."""
+    return (ReshardStep(ReshardKind.ALL_TO_ALL, step.to_dim, step.blocks, step.dim),)
+
+
 # --------------------------------------------------------------------------- the table
 
 RESHARD_TABLE: Mapping[ReshardKind, StepSpec] = MappingProxyType({
-    ReshardKind.SLICE: StepSpec(None, _slice_terms, _emit_slice, "slice", "slice"),
-    ReshardKind.ZERO: StepSpec(None, _zero_terms, _emit_zero, "zero", "zero"),
-    ReshardKind.ALL_REDUCE: StepSpec("all_reduce", _all_reduce_terms, _emit_all_reduce, "all_reduce", "AR"),
-    ReshardKind.ALL_GATHER: StepSpec("all_gather", _gather_scatter_terms, _emit_all_gather, "all_gather", "AG"),
+    ReshardKind.SLICE: StepSpec(None, _slice_terms, _emit_slice, "slice", "slice", _gather_back),
+    ReshardKind.ZERO: StepSpec(None, _zero_terms, _emit_zero, "zero", "zero", _identity_back),
+    ReshardKind.ALL_REDUCE: StepSpec("all_reduce", _all_reduce_terms, _emit_all_reduce, "all_reduce", "AR", _identity_back),
+    ReshardKind.ALL_GATHER: StepSpec("all_gather", _gather_scatter_terms, _emit_all_gather, "all_gather", "AG", _slice_back),
     ReshardKind.REDUCE_SCATTER: StepSpec("reduce_scatter", _gather_scatter_terms, _emit_reduce_scatter,
-                                         "reduce_scatter", "RS"),
-    ReshardKind.ALL_TO_ALL: StepSpec("all_to_all", _all_to_all_terms, _emit_all_to_all, "all_to_all", "A2A"),
+                                         "reduce_scatter", "RS", _gather_back),
+    ReshardKind.ALL_TO_ALL: StepSpec("all_to_all", _all_to_all_terms, _emit_all_to_all, "all_to_all", "A2A", _all_to_all_back),
 })
 
 
