@@ -198,7 +198,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
             )
         plan = as_plan(plan)
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                              time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+                              time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training)
