@@ -17,10 +17,10 @@ alternatives all see the same price.
   the whole gradient on every rank, of a ``Shard`` value this rank's block):
 
   * every forward resharding route runs its *adjoint* route on the gradient, once per producer
-    and placement like the forward (:func:`adjoint_steps`: all-reduce <-> identity (Megatron's
-    g), zero-fill <-> identity, all-gather <-> slice, slice and reduce-scatter <-> all-gather,
-    all-to-all <-> all-to-all), priced by the same :data:`~autotp.passes.resharding.RESHARD_TABLE`
-    rows as forward steps;
+    and placement like the forward (:func:`adjoint_steps`, the ``adjoint`` column of
+    :data:`~autotp.passes.resharding.RESHARD_TABLE`: all-reduce <-> identity (Megatron's g),
+    zero-fill <-> identity, all-gather <-> slice, slice and reduce-scatter <-> all-gather,
+    all-to-all <-> all-to-all), priced by the same table rows as forward steps;
   * a replicated value read by rank-divergent work (a strategy whose output is split or
     partial: a column-split GEMM, ``P * R``) returns only this rank's share of its gradient:
     the runtime reads it through Megatron's f (identity forward, all-reduce backward), once per
@@ -43,9 +43,10 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.placements import Replicate
-from autotp.base.reshard import ReshardKind, ReshardStep
+from autotp.base.reshard import ReshardStep
 from autotp.base.strategy import Strategy
 from autotp.cost_model import launches_no_kernel
+from autotp.passes.adjoints import REPLICATED_INPUT_ADJOINT, adjoint_route
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph
 
@@ -162,25 +163,14 @@ def reads_through_f(strategy: Strategy, slot: int) -> bool:
 
 
 def adjoint_steps(route: Sequence[ReshardStep]) -> tuple[ReshardStep, ...]:
-    """The steps that carry a gradient back through the forward ``route``: each step's adjoint,
-    last step first (the runtime's rule, :mod:`autotp.passes.adjoints`)."""
-    back: list[ReshardStep] = []
-    for step in reversed(route):
-        back.extend(_ADJOINT[step.kind](step))
-    return tuple(back)
+    """The steps that carry a gradient back through the forward ``route``: each step's adjoint
+    (the ``adjoint`` column of :data:`~autotp.passes.resharding.RESHARD_TABLE`), last step first,
+    exactly as the training runtime runs them (:func:`autotp.passes.adjoints.adjoint_route`)."""
+    return adjoint_route(route)
 
 
-REPLICATED_INPUT_BACKWARD: tuple[ReshardStep, ...] = (ReshardStep(ReshardKind.ALL_REDUCE),)
+REPLICATED_INPUT_BACKWARD: tuple[ReshardStep, ...] = REPLICATED_INPUT_ADJOINT
 """Backward of Megatron's f (:func:`reads_through_f`): the ranks' shares of the gradient summed."""
-
-_ADJOINT = {
-    ReshardKind.ALL_REDUCE: lambda step: (),
-    ReshardKind.ZERO: lambda step: (),
-    ReshardKind.ALL_GATHER: lambda step: (ReshardStep(ReshardKind.SLICE, step.dim, step.blocks),),
-    ReshardKind.SLICE: lambda step: (ReshardStep(ReshardKind.ALL_GATHER, step.dim, step.blocks),),
-    ReshardKind.REDUCE_SCATTER: lambda step: (ReshardStep(ReshardKind.ALL_GATHER, step.dim, step.blocks),),
-    ReshardKind.ALL_TO_ALL: lambda step: (ReshardStep(ReshardKind.ALL_TO_ALL, step.to_dim, step.blocks, step.dim),),
-}
 
 
 def trainable_bytes_factor(value: torch.Tensor, optimizer_states: int) -> float:
