@@ -48,7 +48,7 @@ def _parameter_names(tp: TensorParallelModule, optimizer: torch.optim.Optimizer)
 def _like_parameter(tp: TensorParallelModule, fqn: str, tensor: torch.Tensor, group: Any) -> Any:
     """``tensor`` (this rank's value of something laid out like parameter ``fqn``) as DCP should see it."""
     shape, blocks = tp.layout.get(fqn, (None, None))
-    if blocks is None:
+    if blocks is None or shape is None:
         return tensor
     return _sharded(_split_local(tensor, blocks[tp.rank]), shape, blocks, tp.rank, group, tensor.dtype, tensor.device)
 
@@ -115,7 +115,10 @@ def load_training_state(tp: TensorParallelModule, optimizer: torch.optim.Optimiz
             if not pieces:
                 continue  # an uneven split left this rank nothing of this tensor
             target = local[fqn] if key.startswith("model.") else optimizer.state[_param_of(optimizer, names, fqn)][key.rsplit(".", 1)[1]]
-            dim = tp.layout[fqn][1][tp.rank][0]
+            _, blocks = tp.layout[fqn]
+            if blocks is None or blocks[tp.rank] is None:
+                continue  # not split: DCP loaded it in place
+            dim = blocks[tp.rank][0]
             target.copy_(torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0])
         for key, value in state.items():  # scalars such as AdamW's step
             if key.startswith("optim.") and key != _HYPERPARAMETERS and not isinstance(value, ShardedTensor):
