@@ -27,7 +27,8 @@ from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
-from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
+from autotp.planning.mesh_plan import MeshShape, ParallelPlan
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan, as_plan
 from autotp.planning.planner import plan_graph
 from autotp.runtime.agreement import (
@@ -62,9 +63,13 @@ def plan(
     max_cache_len: int | None = None,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
+    parallelism: str | dict[str, int] = "tp",
+    mesh: MeshShape | None = None,
+    objective: str = "latency",
+    throughput_batch: int = 64,
     training: bool = False,
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
-) -> Plan:
+) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
     Needs no process group and no real weights: a model built on the ``meta`` device is fine.
@@ -97,9 +102,28 @@ def plan(
     collective's adjoint, the backward's compute) and memory counts gradients,
     ``optimizer_states`` fp32 values per parameter element (default 2, AdamW) and the
     activations kept for the backward (see :mod:`autotp.passes.backward`); ``print(plan)``
-    shows where it differs from the inference plan.
+    shows where it differs from the inference plan. (One tensor-parallel group only: not with
+    ``parallelism=`` or ``mesh=``.)
+
+    ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
+    returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
+    ``dp * pp * tp == world_size``, the stage cuts, the microbatches) on ``hardware``'s nodes and
+    returns a :class:`~autotp.planning.mesh_plan.ParallelPlan`; a dict such as ``{"tp": 8}`` (or
+    ``mesh=MeshShape(dp=2, pp=1, tp=8)``) fixes some dims and searches the rest.
+    ``objective``: ``"latency"`` (one request of batch 1) or ``"throughput"`` (requests per second
+    at ``throughput_batch`` requests). See :mod:`autotp.planning.mesh_search`.
     """
     check_model(model)
+    if parallelism != "tp" or mesh is not None:
+        if max_cache_len is not None or constraints is not None or training:
+            raise ValueError("max_cache_len=, constraints= and training=True plan one tensor-parallel group; "
+                             "leave them out with parallelism='auto' or mesh=")
+        from autotp.planning.mesh_search import plan_mesh
+
+        check_world_size(world_size)
+        return plan_mesh(model, example_inputs, example_kwargs, world_size=world_size, hardware=hardware,
+                         parallelism="auto" if parallelism == "tp" else parallelism, mesh=mesh, objective=objective,
+                         throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
                           optimizer_states=optimizer_states)
@@ -137,7 +161,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     dynamic: bool = True,
     dynamic_shapes: Any = None,
     training: bool = False,
-) -> TensorParallelModule:
+    mesh: Any = None,
+) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
     Call it on every rank with the same model weights and example inputs. Returns this rank's
@@ -182,7 +207,26 @@ def compile(  # noqa: A001 - mirrors torch.compile
     replicated parameter its whole gradient, the same on every rank (each collective carries its
     adjoint: :mod:`autotp.passes.adjoints`). Build the optimizer over ``tp.parameters()``;
     ``tp.full_state_dict()`` gathers the full tensors. See the README's "Training" section.
+
+    ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
+    "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
+    parallel instead (inference) and returns a :class:`~autotp.runtime.mesh.MeshParallelModule`
+    whose output on every rank is the whole batch's; ``plan=`` then takes a
+    :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
+    stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
+    See :mod:`autotp.runtime.mesh`.
     """
+    if mesh is not None and training:
+        raise ValueError("autotp.compile(mesh=..., training=True) is not supported yet: a mesh runs inference; "
+                         "train tensor parallel with group= (one tensor-parallel group) instead")
+    if mesh is not None:
+        return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
+                                plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
+                                max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
+                                tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
+                                                time_limit_s=time_limit_s, progress=progress, constraints=constraints,
+                                                check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
+                                                dynamic=dynamic))
     if training and max_cache_len is not None:
         raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
                          "compile once with training=True to train and once with max_cache_len= to generate")
@@ -225,6 +269,25 @@ def compile(  # noqa: A001 - mirrors torch.compile
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
                                 training=training, original=model, group=group)
+
+
+def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
+                     example_kwargs: dict[str, Any] | None, plan: Any, world_size: int | None,
+                     group: dist.ProcessGroup | None, checkpoint: Any, max_cache_len: int | None,
+                     dynamic_shapes: Any, tp_options: dict[str, Any]) -> Any:
+    """``compile(..., mesh=)``: the options a mesh run does not take raise here, the rest is
+    :func:`autotp.runtime.mesh.compile_on_mesh`."""
+    from autotp.runtime.mesh import compile_on_mesh
+
+    unsupported = {"group": group, "world_size": world_size, "checkpoint": checkpoint,
+                   "max_cache_len": max_cache_len, "dynamic_shapes": dynamic_shapes}
+    given = [name for name, value in unsupported.items() if value is not None]
+    if given:
+        raise ValueError(f"autotp.compile(mesh=...) does not take {', '.join(f'{n}=' for n in given)}: the mesh "
+                         "gives the groups and sizes; drop them (checkpoint= and max_cache_len= with a mesh are "
+                         "not supported yet)")
+    return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
+                           **tp_options)
 
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,

@@ -31,7 +31,7 @@ import torch.fx as fx
 from autotp.base.placements import Placement, Replicate
 from autotp.base.reshard import ReshardKind, ReshardStep, reshard_steps
 from autotp.base.shapes import concrete_shape
-from autotp.cost_model import Hardware, collective_time_s, compute_time_s
+from autotp.cost_model import Hardware, collective_time_s, compute_time_s, group_spans_nodes
 from autotp.cost_model.symbolic import symbolic_collective_time_s, symbolic_compute_time_s
 from autotp.passes.rules import LocalGraph
 from autotp.passes.uneven import largest_shard_nbytes
@@ -70,7 +70,7 @@ class Formulas:
     """The cost-model functions a row's time terms call, on numbers or on sympy expressions."""
 
     compute_time_s: Callable[[Any, Any, torch.dtype, Hardware], Any]
-    collective_time_s: Callable[[str, Any, int, Hardware], Any]
+    collective_time_s: Callable[..., Any]  # (kind, nbytes, group_size, hardware, *, spans_nodes)
 
 
 NUMERIC = Formulas(compute_time_s, collective_time_s)
@@ -101,6 +101,13 @@ def _copy_s(nbytes: Any, dtype: torch.dtype, hardware: Hardware, formulas: Formu
     return formulas.compute_time_s(0, 2 * nbytes, dtype, hardware)
 
 
+def _collective_s(formulas: Formulas, kind: str, nbytes: Any, world_size: int, hardware: Hardware) -> Any:
+    """A collective over the tensor-parallel group of ``world_size`` consecutive ranks: on the
+    inter-node link (or hierarchically) when the group is bigger than a node."""
+    spans = group_spans_nodes(world_size, hardware.devices_per_node)
+    return formulas.collective_time_s(kind, nbytes, world_size, hardware, spans_nodes=spans)
+
+
 def _slice_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
                  hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
     return (hardware.view_op_s,)  # a narrow: no data moves, only the host's dispatch
@@ -113,7 +120,7 @@ def _zero_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, w
 
 def _all_reduce_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
                       hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
-    return (formulas.collective_time_s("all_reduce", whole, world_size, hardware),)
+    return (_collective_s(formulas, "all_reduce", whole, world_size, hardware),)
 
 
 def _gather_scatter_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
@@ -122,7 +129,7 @@ def _gather_scatter_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torc
     copies the rewrite makes around it (the dim is moved to the front and made contiguous, then
     moved back and made contiguous again): the shard and the whole tensor, each copied once."""
     kind = RESHARD_TABLE[step.kind].collective
-    terms: tuple[Any, ...] = (formulas.collective_time_s(kind, whole, world_size, hardware),)  # type: ignore[arg-type]
+    terms: tuple[Any, ...] = (_collective_s(formulas, kind, whole, world_size, hardware),)  # type: ignore[arg-type]
     if world_size > 1 and step.dim not in (None, 0):
         terms += (_copy_s(shard, dtype, hardware, formulas), _copy_s(whole, dtype, hardware, formulas))
     return terms
@@ -134,7 +141,7 @@ def _all_to_all_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dt
     of a shard around it (laying out the pieces to send, putting the received pieces together)."""
     if world_size == 1:
         return ()
-    return (formulas.collective_time_s("all_to_all", shard, world_size, hardware),
+    return (_collective_s(formulas, "all_to_all", shard, world_size, hardware),
             _copy_s(shard, dtype, hardware, formulas), _copy_s(shard, dtype, hardware, formulas))
 
 
