@@ -78,7 +78,9 @@ class Alternative:
     resharding kind (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_gather+slice``...)
     on the node's input and output edges. ``delta_s`` is ``None`` when the strategy is not
     possible while the neighbours keep their choices (``note`` says why, e.g. a parameter would
-    have to be gathered); ``memory_delta_bytes`` is the change in parameter bytes per rank.
+    have to be gathered); ``memory_delta_bytes`` is the change in parameter bytes per rank (in a
+    training plan: with their gradients and optimizer state). In a training plan the deltas are
+    per training step, backward reshardings included (kinds prefixed ``backward``).
     """
 
     strategy: str
