@@ -20,7 +20,7 @@ from autotp.passes.solver import solve
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import Plan
-from autotp.planning.planner import auto_memory_budget
+from autotp.planning.planner import auto_memory_budget, plan_graph
 from tests.models import tiny_mlp
 
 HIDDEN, INTERMEDIATE, BATCH, SEQ = 32, 64, 2, 16
@@ -33,10 +33,17 @@ def mlp():
 
 
 @pytest.fixture(scope="module")
-def plans(mlp):
+def captured(mlp):
+    """The MLP's graph, captured once for the tests that plan it several ways."""
+    model, args, _ = mlp
+    return capture(model, args)
+
+
+@pytest.fixture(scope="module")
+def plans(mlp, captured):
     """tp=2: the inference plan and the training plan of the same MLP (default "auto" budget)."""
     model, args, _ = mlp
-    return autotp.plan(model, args, world_size=2), autotp.plan(model, args, world_size=2, training=True)
+    return plan_graph(captured, PlanOptions(world_size=2)), autotp.plan(model, args, world_size=2, training=True)
 
 
 def test_training_plan_costs_more_and_counts_activations(plans):
@@ -77,14 +84,13 @@ def test_training_plan_costs_more_and_counts_activations(plans):
     assert "time per training step (forward + backward)" in estimate.summary(), estimate.summary()
 
 
-def test_training_plan_differs_and_print_shows_it(mlp):
+def test_training_plan_differs_and_print_shows_it(captured):
     """tp=2, MLP, memory_budget=60 KiB per rank: a forward keeps the weights whole (16 KiB, no
     collective), a training step cannot (weights + gradients + AdamW state + activations whole:
     ~85 KiB), so the training plan splits, and print(plan) names each parameter that differs."""
-    model, args, _ = mlp
     budget = 60 * 1024
-    inference = autotp.plan(model, args, world_size=2, memory_budget=budget)
-    training = autotp.plan(model, args, world_size=2, memory_budget=budget, training=True)
+    inference = plan_graph(captured, PlanOptions(world_size=2, memory_budget=budget))
+    training = plan_graph(captured, PlanOptions(world_size=2, memory_budget=budget, training=True))
     assert set(inference.parameters.values()) == {"R"}, f"expected a replicated forward: {inference.parameters}"
     held = (training.parameter_bytes_per_rank + training.gradient_bytes_per_rank + training.optimizer_bytes_per_rank
             + training.activation_bytes_per_rank)
@@ -98,10 +104,9 @@ def test_training_plan_differs_and_print_shows_it(mlp):
             f"print(plan) should show {fqn}: inference {before} -> training {after}:\n{text}")
 
 
-def test_optimizer_states_option(mlp):
+def test_optimizer_states_option(captured):
     """tp=2, MLP: optimizer_states=0 (plain SGD) holds no optimizer state; a bad value says what to pass."""
-    model, args, _ = mlp
-    sgd = autotp.plan(model, args, world_size=2, training=True, optimizer_states=0)
+    sgd = plan_graph(captured, PlanOptions(world_size=2, training=True, optimizer_states=0))
     assert sgd.optimizer_bytes_per_rank == 0, sgd.optimizer_bytes_per_rank
     with pytest.raises(ValueError, match="optimizer_states=2 for AdamW"):
         PlanOptions(world_size=2, training=True, optimizer_states=-1)
