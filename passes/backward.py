@@ -95,8 +95,11 @@ class Training:
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES
 
     @classmethod
-    def of(cls, graph: StrategyGraph, optimizer_states: int = DEFAULT_OPTIMIZER_STATES) -> Training:
-        grads = requires_grad_nodes(graph)
+    def of(cls, graph: StrategyGraph, optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
+           frozen: frozenset[str] = frozenset()) -> Training:
+        """The training facts of ``graph``; ``frozen``: parameter placeholders that do not train
+        (``requires_grad=False`` in the model): no gradient, no optimizer state."""
+        grads = requires_grad_nodes(graph, frozen)
         saved = frozenset((producer.name, name, slot) for name in graph.order if name in grads
                           for producer, slot in saved_slots(graph.nodes[name], graph.parameters))
         return cls(grads, saved, optimizer_states)
@@ -111,15 +114,15 @@ def _is_float(value: object) -> bool:
     return bool(leaves) and all(v.dtype.is_floating_point for v in leaves)
 
 
-def requires_grad_nodes(graph: StrategyGraph) -> frozenset[str]:
-    """Nodes whose value carries a gradient: floating-point parameters, and floating-point
-    values computed from one (graph order is topological, so one pass suffices)."""
+def requires_grad_nodes(graph: StrategyGraph, frozen: frozenset[str] = frozenset()) -> frozenset[str]:
+    """Nodes whose value carries a gradient: floating-point parameters not in ``frozen``, and
+    floating-point values computed from one (graph order is topological, so one pass suffices)."""
     grads: set[str] = set()
     for name in graph.order:
         node = graph.nodes[name]
         if not _is_float(node.meta.get("val")):
             continue
-        if name in graph.parameters or (node.op == "call_function"
+        if (name in graph.parameters and name not in frozen) or (node.op == "call_function"
                                         and any(p.name in grads for p in tensor_inputs(node))):
             grads.add(name)
     return frozenset(grads)

@@ -153,8 +153,13 @@ def test_adjoint_steps_follow_the_runtime_convention():
     assert not reads_through_f(replicated, 0), "replicated work returns the whole gradient: no f"
 
 
-def test_one_rank_training_plan_has_no_collectives():
-    """tp=1: a training plan of one rank has no collective at all, forward or backward."""
-    model = torch.nn.Linear(8, 8)
+def test_frozen_parameters_and_one_rank():
+    """tp=1, Linear(8, 8) -> Linear(8, 8) with the first weight frozen: no collective forward or
+    backward; the frozen weight holds no gradient and no optimizer state."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    model[0].weight.requires_grad_(False)
     plan = autotp.plan(model, (torch.randn(2, 8),), world_size=1, training=True)
     assert plan.collective_counts() == {} and plan.collective_counts(backward=True) == {}, plan.backward_collectives
+    trainable = FP32 * (8 + 8 * 8 + 8)  # both biases and the second weight
+    assert plan.gradient_bytes_per_rank == trainable, f"gradients: expected {trainable}, got {plan.gradient_bytes_per_rank}"
+    assert plan.optimizer_bytes_per_rank == 2 * trainable, (plan.optimizer_bytes_per_rank, 2 * trainable)

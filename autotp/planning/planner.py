@@ -211,7 +211,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     _check_fallback(graph, options.strict)
     log_progress(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
                            f"costing on {hw.name}")
-    training = Training.of(graph, options.optimizer_states) if options.training else None
+    training = Training.of(graph, options.optimizer_states, _frozen(captured)) if options.training else None
     costed = cost_strategy_graph(graph, hw, training)
     budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
     log_progress(options.progress, "solving (MILP, HiGHS)")
@@ -231,6 +231,13 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
         )
     log_progress(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
     return plan
+
+
+def _frozen(captured: CapturedGraph) -> frozenset[str]:
+    """Parameter placeholders whose tensor has ``requires_grad=False`` in the model (they do not train)."""
+    weights = captured.exported.state_dict
+    return frozenset(name for name, fqn in captured.parameter_fqns().items()
+                     if not getattr(weights.get(fqn), "requires_grad", True))
 
 
 def _compare_with_inference(plan: Plan, captured: CapturedGraph, options: PlanOptions, started: float) -> Plan:
