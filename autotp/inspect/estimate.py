@@ -147,6 +147,7 @@ class Estimate:
     activation_peak_bytes_per_rank: int | None
     activation_peak_after: str
     memory_capacity_bytes: float | None
+    training: bool = False  # a training plan's: times are per forward + backward step, backward collectives included
 
     @property
     def time_s(self) -> float:
@@ -177,7 +178,8 @@ class Estimate:
         """A terminal table: totals, the layers, the costliest nodes, memory per rank."""
         lines = [
             f"autotp estimate: world_size={self.world_size} hardware={self.hardware}",
-            f"time per forward: {_ms(self.time_s)} (compute {_ms(self.compute_s)}, "
+            f"time per {'training step (forward + backward)' if self.training else 'forward'}: {_ms(self.time_s)} "
+            f"(compute {_ms(self.compute_s)}, "
             f"communication {_ms(self.comm_s)})",
             "",
             f"{'layer':<40} {'compute':>11} {'comm':>11} {'total':>11} {'share':>7}",
@@ -260,7 +262,8 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
     """
     capacity = _resolve_capacity(plan, hardware)
     comm_by_producer: dict[str, float] = {}
-    for collective in plan.collectives:
+    collectives = (*plan.collectives, *plan.backward_collectives)  # a training plan prices its backward too
+    for collective in collectives:
         comm_by_producer[collective.producer] = comm_by_producer.get(collective.producer, 0.0) + collective.time_s
     nodes = tuple(
         NodeEstimate(
@@ -285,7 +288,7 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         hardware=plan.hardware,
         world_size=plan.world_size,
         compute_s=sum(n.compute_s for n in nodes),
-        comm_s=sum(c.time_s for c in plan.collectives),
+        comm_s=sum(c.time_s for c in collectives),
         nodes=nodes,
         layers=layers,
         parameter_bytes_per_rank=plan.parameter_bytes_per_rank,
@@ -293,6 +296,7 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         activation_peak_bytes_per_rank=peak,
         activation_peak_after=peak_after,
         memory_capacity_bytes=capacity,
+        training=plan.training,
     )
 
 
