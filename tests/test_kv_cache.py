@@ -6,6 +6,7 @@ Tier (a)/(b): single process, tiny Llama (1 layer where enough), no process grou
 from __future__ import annotations
 
 import torch
+from generation_models import tiny_gemma
 from models import tiny_llama
 
 import autotp
@@ -48,6 +49,25 @@ def test_capture_keeps_cache_updates_as_state_and_the_planner_splits_heads() -> 
     assert set(placements.values()) == {"S(1)"}, f"cache placements {placements}, expected S(1) (kv heads)"
     updates = {n.name: (n.inputs, n.output) for n in plan.nodes if n.op == "aten.index_copy.default"}
     assert set(updates.values()) == {(("S(1)", "R", "S(1)"), "S(1)")}, updates
+
+
+def test_fewer_kv_heads_than_ranks_replicates_kv_projections() -> None:
+    """tp=2 (autotp.plan, default budget, no processes), tiny Gemma 2 layers, hidden 64, 4 heads / 1 kv head
+    (MQA): k/v projections and the cache stay whole (kv heads replicated, as vLLM does), so each layer has
+    2 all-reduces (after o_proj and down_proj), not 4; and no exception for 2 kv heads over 2 ranks."""
+    from autotp.planning.kv_heads import kv_projection_parameters
+
+    model, (ids,), _ = tiny_gemma(hidden=64, intermediate=128, batch=1, seq_len=4)
+    plan = autotp.plan(model, (ids,), world_size=2, max_cache_len=16)
+    kv = {fqn: text for fqn, text in plan.parameters.items() if "k_proj" in fqn or "v_proj" in fqn or "cache" in fqn}
+    assert set(kv.values()) == {"R"}, f"k/v projections and caches {kv}, expected all R"
+    per_layer = [sum(step == "all_reduce" for c in plan.collectives if f".layers.{i}" in c.module for step in c.steps)
+                 for i in (0, 1)]
+    assert per_layer == [2, 2], f"all-reduces per layer {per_layer}, expected [2, 2] (after o_proj and down_proj)"
+    llama, (llama_ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=1, seq_len=4)
+    captured = capture(llama, (llama_ids,), {"use_cache": False})
+    kept = kv_projection_parameters(captured.graph_module, 2, set(captured.parameter_fqns()))
+    assert not kept, f"2 kv heads over 2 ranks split evenly; expected no whole k/v allowance, got {sorted(kept)}"
 
 
 def test_sampling_follows_hf_warpers() -> None:
