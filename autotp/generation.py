@@ -61,7 +61,7 @@ def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
             f"example_inputs has {seq} tokens per row but max_cache_len={max_cache_len}; "
             f"pass max_cache_len >= {seq} or a shorter example"
         )
-    return CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len), batch, seq
+    return CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len, last_logits_only=True), batch, seq
 
 
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
