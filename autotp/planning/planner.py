@@ -39,6 +39,7 @@ from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
+from autotp.planning.kv_heads import kv_projection_parameters
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 
@@ -63,8 +64,10 @@ def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(),
     Per matrix the allowance is its largest shard over the dims it could be split on, so
     rounding of uneven splits never forces one dim over another; a matrix that no split lets
     its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
-    is ``state`` (KV caches: whether to split their heads is the cost model's choice). The
-    budget depends on shapes, the world size and which ops read each parameter, not on the
+    is ``state`` (KV caches: whether to split their heads is the cost model's choice), and so are
+    key/value projections with fewer kv heads than ranks (:mod:`autotp.planning.kv_heads`: the
+    cost model may replicate the kv heads, as Megatron and vLLM do, instead of an all-reduce of
+    k and v in every layer). The budget depends on shapes, the world size and which ops read each parameter, not on the
     strategies offered (constraints and reference plans get the same budget). ``world_size``
     (default: the graph's) gives the same figure at another world size, with the same readers.
 
@@ -74,6 +77,7 @@ def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(),
     """
     world_size = world_size or costed.graph.world_size
     splittable = _splittable_parameters(costed)
+    kv_heads = kv_projection_parameters(costed.graph.graph_module, world_size, set(costed.graph.parameters))
     total = 0.0
     for name in costed.memory_bytes:
         if not costed.graph.nodes[name].users:
@@ -82,7 +86,7 @@ def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(),
         full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
         splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
                   for d, size in enumerate(concrete_shape(val)) if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable or name in state
+        whole = val.dim() <= 1 or not splits or name not in splittable or name in state or name in kv_heads
         training = costed.training
         factor = (trainable_bytes_factor(val, training.optimizer_states)
                   if training is not None and name in training.requires_grad else 1.0)
