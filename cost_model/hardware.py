@@ -55,15 +55,32 @@ from typing import Any
 __all__ = [
     "HARDWARE_JSON_VERSION",
     "KNOWN_HARDWARE",
+    "RUNTIME_MODES",
     "Hardware",
     "LinkProfile",
     "get_hardware",
 ]
 
+RUNTIME_MODES = ("eager", "compiled", "cuda_graph")
+"""How a rank-local graph is run, which decides what each node costs on the host (see
+:class:`Hardware`): ``"eager"`` dispatches every ATen node through PyTorch one by one (the
+GraphModule call autotp's runtime makes); ``"compiled"`` runs Inductor's generated code, which
+calls its kernels directly (no ATen dispatch per node, views folded into indexing);
+``"cuda_graph"`` replays a captured CUDA graph: one host launch per call, kernels back to back."""
+
 # Version of the JSON form written by Hardware.to_json; bump it when fields change meaning.
 HARDWARE_JSON_VERSION = 1
 
 _US = 1e-6  # seconds per microsecond
+
+# Host/runtime fields of Hardware that are non-negative numbers with a 0.0 default.
+_HOST_TIME_FIELDS = (
+    "host_dispatch_s",
+    "graph_launch_s",
+    "collective_wait_s",
+    "gemm_half_efficiency_dim",
+    "transcendental_element_s",
+)
 
 
 def _check_known_fields(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -162,6 +179,28 @@ class Hardware:
     ``achievable_fraction_compute`` / ``achievable_fraction_memory``: fraction of the peak that
     kernels reach; 1.0 (datasheet peak, no derating) unless a calibration measured it.
     ``source``: where the numbers come from (datasheets, or "calibrated on <host>").
+
+    Host and runtime terms (all optional in JSON; a profile written before they existed loads with
+    the defaults, which price exactly as before: no host term beyond ``kernel_floor_s`` and
+    ``view_op_s``, datasheet GEMM rates at every shape):
+
+    ``runtime_mode``: one of :data:`RUNTIME_MODES` (default ``"eager"``), how the rank-local
+    graph runs; it selects which of the host terms below a node pays
+    (:func:`~.runtime.node_host_s`).
+    ``host_dispatch_s``: host seconds per kernel node in ``"eager"`` mode (the FX call, ATen
+    dispatch and kernel launch of one op), as measured in a real graph (``autotp calibrate``
+    fits it over graphs of different sizes). ``host_is_device``: True on a CPU, where the host
+    *is* the device, so the dispatch adds to the kernel's time; False on a GPU, where the host
+    runs ahead and a node takes the longer of its kernel and its dispatch.
+    ``graph_launch_s``: host seconds per call of a rank-local graph (the Python call of the
+    module; in ``"cuda_graph"`` mode the replay launch of the captured graph).
+    ``collective_wait_s``: seconds a collective waits in a graph beyond its alpha-beta time (the
+    skew between ranks arriving at a blocking collective), fitted in a graph, not back to back.
+    ``gemm_half_efficiency_dim``: GEMM rate as a function of shape: a GEMM whose smallest dim
+    (of m, n, k) is ``d`` runs at ``d / (d + gemm_half_efficiency_dim)`` of the peak (0.0: the
+    peak at every shape); :func:`~.compute.gemm_efficiency`.
+    ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
+    tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
     """
 
     name: str
@@ -176,6 +215,13 @@ class Hardware:
     achievable_fraction_memory: float = 1.0
     source: str = field(default="", compare=False)
     view_op_s: float = 0.0
+    runtime_mode: str = "eager"
+    host_dispatch_s: float = 0.0
+    host_is_device: bool = False
+    graph_launch_s: float = 0.0
+    collective_wait_s: float = 0.0
+    gemm_half_efficiency_dim: float = 0.0
+    transcendental_element_s: float = 0.0
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -196,6 +242,13 @@ class Hardware:
         _check_positive_number(owner, "memory_gib", self.memory_gib)
         _check_positive_number(owner, "kernel_floor_s", self.kernel_floor_s, allow_zero=True)
         _check_positive_number(owner, "view_op_s", self.view_op_s, allow_zero=True)
+        if self.runtime_mode not in RUNTIME_MODES:
+            raise ValueError(f"{owner}.runtime_mode must be one of {', '.join(map(repr, RUNTIME_MODES))}, "
+                             f"got {self.runtime_mode!r}; e.g. dataclasses.replace(profile, runtime_mode='cuda_graph')")
+        if not isinstance(self.host_is_device, bool):
+            raise ValueError(f"{owner}.host_is_device must be True or False, got {self.host_is_device!r}")
+        for host_field in _HOST_TIME_FIELDS:
+            _check_positive_number(owner, host_field, getattr(self, host_field), allow_zero=True)
         for link_field in ("intra_node", "inter_node"):
             if not isinstance(getattr(self, link_field), LinkProfile):
                 raise ValueError(f"{owner}.{link_field} must be a LinkProfile")
@@ -225,6 +278,9 @@ class Hardware:
                 self.devices_per_node,
                 self.achievable_fraction_compute,
                 self.achievable_fraction_memory,
+                self.runtime_mode,
+                self.host_is_device,
+                *(getattr(self, host_field) for host_field in _HOST_TIME_FIELDS),
             )
         )
 
@@ -246,6 +302,9 @@ class Hardware:
             "devices_per_node": self.devices_per_node,
             "achievable_fraction_compute": self.achievable_fraction_compute,
             "achievable_fraction_memory": self.achievable_fraction_memory,
+            "runtime_mode": self.runtime_mode,
+            "host_is_device": self.host_is_device,
+            **{host_field: getattr(self, host_field) for host_field in _HOST_TIME_FIELDS},
             "source": self.source,
         }
 
@@ -274,7 +333,8 @@ class Hardware:
             "inter_node",
             "devices_per_node",
         )
-        optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source")
+        optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
+                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS)
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
             if key not in data:
@@ -300,6 +360,10 @@ class Hardware:
                 achievable_fraction_compute=data.get("achievable_fraction_compute", 1.0),
                 achievable_fraction_memory=data.get("achievable_fraction_memory", 1.0),
                 source=data.get("source", ""),
+                # absent in profiles written before the host terms existed: their defaults
+                runtime_mode=data.get("runtime_mode", "eager"),
+                host_is_device=data.get("host_is_device", False),
+                **{host_field: data.get(host_field, 0.0) for host_field in _HOST_TIME_FIELDS},
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None

@@ -10,8 +10,11 @@ this pass only decides *what* each strategy asks of the hardware:
   Partial placements every rank does the whole op. The bytes are counted tensor by tensor at
   their local size: a split tensor is read (or written) in part, a replicated or Partial one
   whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
-  reads the whole weight). View-like ops move no data and launch no kernel: they cost only
-  ``Hardware.view_op_s``, the host's dispatch (0 on GPU profiles, measured on a CPU).
+  reads the whole weight). A GEMM's rate depends on its local shape (the smallest of its local
+  m, n, k: ``cost_model.compute.gemm_efficiency``); a transcendental elementwise op (exp, silu,
+  ...) is priced per local output element where that bounds it. View-like ops move no data and
+  launch no kernel: they cost only the host's dispatch in eager mode
+  (``cost_model.runtime.view_time_s``: ``Hardware.view_op_s``, 0 on GPU profiles).
 - resharding between the producer's and the consumer's placement of one tensor: the cheapest
   route of :func:`autotp.base.reshard.reshard_routes`, each step priced by its row of
   :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
@@ -21,6 +24,7 @@ this pass only decides *what* each strategy asks of the hardware:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.fx as fx
@@ -28,9 +32,11 @@ import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, split_of
 from autotp.base.reshard import Route, reshard_routes
-from autotp.base.shapes import nbytes, numel
+from autotp.base.shapes import concrete_shape, first_tensor, nbytes, numel
 from autotp.base.strategy import Strategy
 from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
+from autotp.cost_model.compute import gemm_dims, is_transcendental
+from autotp.cost_model.runtime import view_time_s
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.rules.args import holds_tensor
@@ -140,7 +146,7 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
     if node.op != "call_function" or not holds_tensor(node):  # size arithmetic runs on the host: free
         return [0.0] * len(strategies)
     if launches_no_kernel(node.target):  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
-        return [hardware.view_op_s] * len(strategies)
+        return [view_time_s(hardware)] * len(strategies)
     args, kwargs = _meta_args(node)
     out = node.meta.get("val")
     try:
@@ -149,14 +155,44 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
         flops = 0
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]  # one per input slot
     dtype = _dtype(out)
+    gemm = flops > 0 and gemm_dims(node.target, args, kwargs) is not None
+    transcendental = is_transcendental(node.target)
     costs = []
     for strategy in strategies:
         moved = _local_nbytes(out, strategy.output, world_size) + sum(
             _local_nbytes(value, placement, world_size) for placement, value in zip(strategy.inputs, inputs)
         )
         share = _work_fraction(strategy, out, inputs, world_size)
-        costs.append(compute_time_s(flops * share, moved, dtype, hardware))
+        min_dim = _local_gemm_min_dim(node, args, kwargs, strategy, inputs, world_size) if gemm else None
+        elements = _local_numel(out, strategy.output, world_size) if transcendental else 0
+        costs.append(compute_time_s(flops * share, moved, dtype, hardware,
+                                    gemm_min_dim=min_dim, transcendental_elements=elements))
     return costs
+
+
+def _local_shape(value: torch.Tensor, placement: Placement, world_size: int) -> tuple[int, ...]:
+    """Shape of ``value`` on the largest rank under ``placement`` (a split dim: ``ceil(size / N)``)."""
+    shape = [int(size) for size in concrete_shape(value)]
+    split = split_of(placement)
+    if split is not None and shape:
+        dim, blocks = split
+        shape[dim] = blocks * math.ceil(shape[dim] // blocks / world_size)
+    return tuple(shape)
+
+
+def _local_numel(value: object, placement: Placement, world_size: int) -> int:
+    leaf = first_tensor(value)
+    return math.prod(_local_shape(leaf, placement, world_size)) if leaf is not None else 0
+
+
+def _local_gemm_min_dim(node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, inputs: list[object],
+                        world_size: int) -> int | None:
+    """The smallest of a GEMM node's (m, n, k) on the largest rank under ``strategy``."""
+    local = {id(value): _local_shape(value, placement, world_size)
+             for placement, value in zip(strategy.inputs, inputs) if isinstance(value, torch.Tensor)}
+    local_args = pytree.tree_map(lambda a: local.get(id(a), a) if isinstance(a, torch.Tensor) else a, args)
+    dims = gemm_dims(node.target, local_args, kwargs)
+    return min(dims) if dims is not None else None
 
 
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph:
