@@ -85,12 +85,16 @@ class GemmSample:
 @dataclasses.dataclass(frozen=True)
 class GraphShape:
     """A synthetic rank-local transformer graph: ``layers`` blocks of ``hidden`` features over
-    ``tokens`` tokens, ``heads`` attention heads before the split over the ranks."""
+    ``tokens`` tokens, ``heads`` attention heads before the split over the ranks; with
+    ``collectives`` (and more than one rank) an all-reduce after each row-split projection.
+    Graphs with and without collectives keep the per-node and per-collective terms apart in the
+    fit (in one kind of graph both grow with the depth alone)."""
 
     layers: int
     tokens: int
     hidden: int
     heads: int = 8
+    collectives: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +261,7 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
         return call(aten.mul.Tensor, call(aten.mul.Tensor, value, inverse), parameter(shape.hidden))
 
     def all_reduce(value: torch.fx.Node) -> torch.fx.Node:
-        if world_size == 1:
+        if world_size == 1 or not shape.collectives:
             return value
         return call(c10d.wait_tensor.default, call(c10d.all_reduce.default, value, "sum", group_name))
 

@@ -439,6 +439,31 @@ INFINIBAND_HDR = LinkProfile(
 # back to back). 4 us, rounded; a calibrated profile replaces it with a measured value.
 _GPU_KERNEL_FLOOR_S = 4.0 * _US
 
+# Host time of one ATen node run eagerly from an FX graph on a GPU: the CUDA driver and runtime
+# spend about 4-6 us of host time per kernel launch (measured per cudaLaunchKernel in "pegainfer
+# (3): From Launch Overhead to CUDA Graph", https://susun-blog.com/blog/pegainfer-3-cuda-graph ;
+# NVIDIA's "Getting Started with CUDA Graphs", https://developer.nvidia.com/blog/cuda-graphs/ ,
+# shows the same few-us launch cost per short kernel), and before it the graph's Python call of
+# the op and PyTorch's dispatcher run (a few us more: `autotp calibrate` measures 6-20 us per op
+# for that path on this project's CPU, where no launch follows). 10 us in all, rounded; the host
+# runs ahead of the GPU, so a node takes the longer of this and its kernel (host_is_device=False).
+_GPU_EAGER_DISPATCH_S = 10.0 * _US
+
+# Host time of one call of a rank-local graph. A captured CUDA graph replays with one
+# cudaGraphLaunch, whose host cost for a straight-line graph does not grow with its node count
+# from CUDA 12.6 on (NVIDIA Technical Blog, "Constant Time Launch for Straight-Line CUDA Graphs
+# and Other Performance Enhancements", https://developer.nvidia.com/blog/constant-time-launch-for-
+# straight-line-graphs-and-other-performance-enhancements/ ) and is a few microseconds; with
+# PyTorch's Python call of the module and of CUDAGraph.replay(), 10 us, rounded.
+_GPU_GRAPH_LAUNCH_S = 10.0 * _US
+
+# GPU profiles price a plan as replayed from a CUDA graph, as serving engines run decode (vLLM
+# captures CUDA graphs of its decode steps by default, https://docs.vllm.ai/en/latest/design/cuda_graphs/ ):
+# each node then costs its kernel, so the planner weighs the device work a split divides. The
+# eager terms stay in the profile: dataclasses.replace(profile, runtime_mode="eager") prices the
+# op-by-op runtime, and Plan.estimate() shows the host time of both.
+_GPU_RUNTIME_MODE = "cuda_graph"
+
 # Hopper (H100 SXM5 / H200 SXM5, same GH100 compute) dense peaks, TFLOP/s. NVIDIA H100 Tensor
 # Core GPU Architecture whitepaper, Table 3 (H100 SXM5), https://resources.nvidia.com/
 # en-us-tensor-core/gtc22-whitepaper-hopper ; the datasheet lists BF16/FP16 1979 TFLOPS *with*
@@ -461,6 +486,9 @@ H100_SXM = Hardware(
     memory_bandwidth_gbps=3350.0,  # HBM3 3.35 TB/s; NVIDIA H100 datasheet (SXM)
     memory_gib=80.0,  # 80 GB HBM3; NVIDIA H100 datasheet (SXM)
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # HGX/DGX H100: 8 GPUs on one NVSwitch fabric; DGX H100 user guide
@@ -475,6 +503,9 @@ H100_MULTINODE = Hardware(
     memory_bandwidth_gbps=3350.0,  # HBM3 3.35 TB/s; NVIDIA H100 datasheet (SXM)
     memory_gib=80.0,  # 80 GB HBM3; NVIDIA H100 datasheet (SXM)
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # DGX H100 nodes, 8 GPUs each; DGX H100 user guide
@@ -487,6 +518,9 @@ H200 = Hardware(
     memory_bandwidth_gbps=4800.0,  # HBM3e 4.8 TB/s; NVIDIA H200 datasheet (SXM)
     memory_gib=141.0,  # 141 GB HBM3e; NVIDIA H200 datasheet (SXM)
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # HGX H200: 8 GPUs on one NVSwitch fabric
@@ -504,6 +538,9 @@ A100_SXM = Hardware(
     memory_bandwidth_gbps=2039.0,  # HBM2e 2,039 GB/s; NVIDIA A100 datasheet (80 GB SXM)
     memory_gib=80.0,  # 80 GB HBM2e; NVIDIA A100 datasheet
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK3_NVSWITCH,
     inter_node=INFINIBAND_HDR,
     devices_per_node=8,  # HGX/DGX A100: 8 GPUs on one NVSwitch fabric; DGX A100 user guide
@@ -523,6 +560,9 @@ PCIE_GPU = Hardware(
     memory_bandwidth_gbps=864.0,  # GDDR6 864 GB/s; NVIDIA L40S datasheet
     memory_gib=48.0,  # 48 GB GDDR6; NVIDIA L40S datasheet
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=PCIE_GEN4_X16,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # a common 8-GPU PCIe server (e.g. NVIDIA-Certified L40S OVX systems)
@@ -554,6 +594,7 @@ CPU_GLOO = Hardware(
         latency_s=50.0 * _US,  # placeholder: TCP over Ethernet
     ),
     devices_per_node=8,  # placeholder: processes on one host
+    host_is_device=True,  # on a CPU the host runs the kernels: dispatch and kernel add up
     source="placeholders, not measurements; run `autotp calibrate` to measure this machine",
 )
 

@@ -141,7 +141,7 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     quick = CalibrationConfig.quick()
     assert len(ranks[0].graphs) == len(quick.graph_shapes), ranks[0].graphs
     for shape, sample in zip(quick.graph_shapes, ranks[0].graphs):
-        assert len(sample.collectives) == 2 * shape.layers, (shape, sample)
+        assert len(sample.collectives) == (2 * shape.layers if shape.collectives else 0), (shape, sample)
         assert sample.seconds > 0 and sample.kernel_nodes > 0, sample
     assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
     assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
