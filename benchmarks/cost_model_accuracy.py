@@ -15,9 +15,11 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
    with ``hardware=`` that profile and time the forward pass: a barrier, then the call, timed on
    each rank; the slowest rank counts; the median of ``--runs`` runs after ``--warmup`` runs.
    The prediction is ``plan.estimate(profile).time_per_call_s``;
-3. time it once more node by node (an ``fx.Interpreter`` over the rank-local graph) to measure
-   the communication: the seconds spent in each collective and its ``wait_tensor`` (where a rank
-   sits until its peers arrive); the measured compute is the forward time minus that.
+3. time it once more with every collective (and its ``wait_tensor``) replaced by a local
+   stand-in of its output's shape: that is the measured compute, and the forward time minus it
+   the measured communication (the collectives and the waits for the slowest rank that they
+   impose). Timing the nodes one by one instead would slow every rank by the timer's own
+   overhead, and the waits with it.
 
 With ``--decisions`` (first round only), each (model, world size, phase) is also run three ways
 and timed the same way: autotp's plan with the calibrated profile and ``memory_budget=None``,
@@ -153,42 +155,34 @@ def _time_forward(model: Any, args: tuple, kwargs: dict, warmup: int, runs: int)
     return _slowest_median(times)
 
 
-class _CommTimer(torch.fx.Interpreter):
-    """Runs a graph node by node, adding the seconds of collectives and their waits to ``comm_s``."""
-
-    def __init__(self, graph_module: torch.fx.GraphModule, is_comm: Any) -> None:
-        super().__init__(graph_module)
-        self.is_comm = is_comm
-        self.comm_s = 0.0
-
-    def run_node(self, node: torch.fx.Node) -> Any:
-        if not self.is_comm(node):
-            return super().run_node(node)
-        start = time.perf_counter()
-        result = super().run_node(node)
-        self.comm_s += time.perf_counter() - start
-        return result
+def _local_stand_in(kind: str) -> Any:
+    """A local op giving a collective's output shape from its input (values do not matter here)."""
+    if kind == "all_gather":
+        return lambda tensor, group_size, group_name: tensor.repeat(group_size, *[1] * (tensor.dim() - 1))
+    if kind == "reduce_scatter":
+        return lambda tensor, op, group_size, group_name: tensor.narrow(0, 0, tensor.shape[0] // group_size)
+    return lambda tensor, *rest: tensor  # all_reduce, all_to_all (even splits), broadcast
 
 
-def _time_comm(tp_model: Any, args: tuple, kwargs: dict, runs: int) -> float:
-    """Median communication seconds of the slowest rank: the time spent in each collective and
-    its ``wait_tensor`` (where a rank sits until its peers arrive), node by node (fx.Interpreter)."""
-    from autotp.passes.rewrite import is_collective
+def _time_compute(tp_model: Any, args: tuple, kwargs: dict, warmup: int, runs: int) -> float:
+    """Median seconds (slowest rank) of the rank-local graph with every collective and its wait
+    replaced by a local stand-in of its output's shape: the forward time without communication."""
+    from autotp.passes.rewrite import COLLECTIVE_OPS
 
     wait = torch.ops._c10d_functional.wait_tensor.default
     graph_module = tp_model.graph_module
-    comm = []
-    for _ in range(runs):
-        timer = _CommTimer(graph_module, lambda n: is_collective(n) or n.target is wait)
-        graph_module.forward = timer.run  # Module.__call__ looks forward up on the instance first
-        try:
-            dist.barrier()
-            with torch.no_grad():
-                tp_model(*args, **kwargs)
-        finally:
-            del graph_module.forward
-        comm.append(timer.comm_s)
-    return _slowest_median(comm)
+    swapped = []
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and (node.target in COLLECTIVE_OPS or node.target is wait):
+            swapped.append((node, node.target))
+            node.target = _local_stand_in(COLLECTIVE_OPS[node.target]) if node.target is not wait else (lambda t: t)
+    graph_module.recompile()
+    try:
+        return _time_forward(tp_model, args, kwargs, warmup, runs)
+    finally:
+        for node, target in swapped:
+            node.target = target
+        graph_module.recompile()
 
 
 def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict, hardware: Any,
@@ -247,14 +241,14 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 tp_model = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                                           hardware=hardware)
                 measured = _time_forward(tp_model, args, kwargs, options.warmup, options.runs)
-                measured_comm = _time_comm(tp_model, args, kwargs, options.runs)
+                measured_compute = _time_compute(tp_model, args, kwargs, options.warmup, options.runs)
                 estimate = tp_model.plan.estimate(hardware)
                 graph = tp_model.graph_module.graph
                 if rank == 0:
                     results.put(Row(
                         name, world_size, round_index, estimate.time_per_call_s,
                         estimate.time_per_call_s - estimate.comm_s, estimate.comm_s,
-                        measured, max(measured - measured_comm, 0.0), measured_comm,
+                        measured, measured_compute, max(measured - measured_compute, 0.0),
                         ops=sum(1 for n in graph.nodes if n.op == "call_function"),
                         collectives=sum(1 for n in graph.nodes if is_collective(n)),
                     ))

@@ -16,7 +16,8 @@ profile field         measurement (median over timed repeats, after warm-up)
 ``memory_bandwidth``  ``dst.copy_(src)`` of a large tensor: it reads and writes ``nbytes`` each,
                       so ``2 * nbytes / time`` — the bytes the roofline counts for a copy
 ``kernel_floor_s``    per op of an FX graph chaining one-element kernel ops (add, exp, mean,
-                      softmax, cat, ...), run as the rewritten graph runs: what every op pays
+                      softmax, cat, ...): the fallback per-op cost, 0.0 once the host terms
+                      below are fitted (the fitted dispatch is then a node's whole fixed cost)
 ``view_op_s``         the same for a chain of views (view, transpose, expand, slice, ...): what an
                       op that launches no kernel costs on a CPU
 ``intra_node``        gloo ``all_reduce``, ``all_gather`` and ``reduce_scatter`` through the same
@@ -26,6 +27,12 @@ profile field         measurement (median over timed repeats, after warm-up)
                       :mod:`.collectives` by non-negative least squares on relative error
                       (each sample ``t`` weighted ``1/t``, so small messages count as much as
                       large ones)
+``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens: the shape curve of the GEMM rate and the
+                      peak it tends to (:func:`.graph_calibration.fit_gemm_curve`)
+``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor
+``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes, with and without
+``collective_wait_s`` all-reduces, run by calling their GraphModule on all ranks at once, the
+``graph_launch_s``    slowest rank counting (:mod:`.graph_calibration`); ``runtime_mode`` eager
 ====================  ==========================================================================
 
 The profile describes *one rank of an N-rank job on this machine*: each rank uses
@@ -63,7 +70,7 @@ from .graph_calibration import (
     GraphSample,
     GraphShape,
     HostFit,
-    fit_gemm_half_dim,
+    fit_gemm_curve,
     fit_host_terms,
     measure_gemm_samples,
     measure_graphs,
@@ -416,7 +423,9 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element")
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
         if compute:
-            kernels_only = _kernel_profile(flops, bandwidth, floor, view, gemms, transcendental)
+            # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
+            kernels_only = dataclasses.replace(_kernel_profile(flops, bandwidth, floor, view, gemms, transcendental),
+                                               kernel_floor_s=0.0)
             graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
             for shape, sample in zip(config.graph_shapes, graphs):
                 _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "
@@ -439,7 +448,9 @@ def _kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, vie
         transcendental_element_s=transcendental,
     )
     if gemms:
-        profile = dataclasses.replace(profile, gemm_half_efficiency_dim=fit_gemm_half_dim(gemms, profile))
+        curve = fit_gemm_curve(gemms, profile)
+        profile = dataclasses.replace(profile, gemm_half_efficiency_dim=curve.half_dim,
+                                      peak_tflops={d: t * curve.peak_scale for d, t in profile.peak_tflops.items()})
     return profile
 
 
@@ -550,12 +561,16 @@ def build_profile(
         + (f"; eager host terms fitted on {host.samples} rank-local graphs (median |relative error| "
            f"{host.median_abs_rel_error:.1%})" if host is not None else "; host terms not measured")
     )
+    scale = kernels.peak_tflops["float32"] * 1e12 / first.matmul_flops_per_s["float32"] if first.gemm_samples else 1.0
     return Hardware(
         name=name,
-        peak_tflops=peak_tflops,
+        # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale
+        peak_tflops={d: tflops * scale for d, tflops in peak_tflops.items()},
         memory_bandwidth_gbps=bandwidth / 1e9,
         memory_gib=_host_memory_bytes() / world_size / 2**30,
-        kernel_floor_s=floor,
+        # With graphs measured, a node's fixed cost is the fitted dispatch (the chain of tiny ops,
+        # timed in a tight loop at another moment, is only the fallback).
+        kernel_floor_s=0.0 if host is not None else floor,
         view_op_s=view,
         intra_node=loopback,
         inter_node=unmeasured_network,

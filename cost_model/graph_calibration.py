@@ -16,15 +16,16 @@ with the slowest rank counting, and :func:`fit_host_terms` solves
 
 by non-negative least squares on relative error (every row divided by its measured time), where
 ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
-no host term) and ``link_s`` the alpha-beta time of its collectives on the link fitted back to
+no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed
+cost, and the calibrated profile sets ``kernel_floor_s`` to 0) and ``link_s`` the alpha-beta time of its collectives on the link fitted back to
 back. What the fit adds is what a graph costs beyond its kernels and its link: the host's
 dispatch per node, the wait per collective, the call of the graph.
 
 Two rates are fitted on single ops first, because the graph fit stands on them:
 
-* :func:`fit_gemm_half_dim`: ``aten.linear`` at a fixed width and growing token counts; the
+* :func:`fit_gemm_curve`: ``aten.linear`` at a fixed width and growing token counts; the
   ``gemm_half_efficiency_dim`` whose roofline (:func:`~.compute.gemm_efficiency`) best matches
-  the timings (median absolute log error over a geometric grid of candidates);
+  the timings, with the peak the curve tends to (the best rate measured is itself below it);
 * :func:`measure_transcendental_element_s`: seconds per element of exp, tanh, sigmoid, silu and
   gelu on a large tensor, the median over them.
 """
@@ -32,6 +33,7 @@ Two rates are fitted on single ops first, because the graph fit stands on them:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -41,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.optimize import nnls
+from scipy.optimize import nnls  # type: ignore[import-untyped]
 
 from .collectives import link_collective_time_s
 from .compute import (
@@ -59,8 +61,9 @@ __all__ = [
     "GraphSample",
     "GraphShape",
     "HostFit",
+    "GemmFit",
     "block_graph",
-    "fit_gemm_half_dim",
+    "fit_gemm_curve",
     "fit_host_terms",
     "graph_sample",
     "measure_gemm_samples",
@@ -126,23 +129,43 @@ class HostFit:
 
 # ------------------------------------------------------------------------------ fits
 
-def fit_gemm_half_dim(samples: Sequence[GemmSample], hardware: Hardware) -> float:
-    """The ``gemm_half_efficiency_dim`` whose roofline best predicts ``samples`` on ``hardware``
-    (its peak, bandwidth and floor; its host terms are ignored): the candidate of a geometric
-    grid (0 and 1/4 to 4096) with the smallest median absolute log error. 0.0 when no candidate
-    beats the flat peak."""
+@dataclasses.dataclass(frozen=True)
+class GemmFit:
+    """The shape-dependent GEMM rate: ``half_dim`` (``Hardware.gemm_half_efficiency_dim``) and the
+    factor ``peak_scale`` from the best measured rate to the curve's asymptote (the best rate was
+    itself measured at a finite shape, so it is below the peak the curve tends to)."""
+
+    half_dim: float
+    peak_scale: float
+    median_abs_log_error: float
+
+
+_HALF_DIMS = (0.0, *(2.0**exponent for exponent in range(-2, 13)))
+_PEAK_SCALES = tuple(2.0 ** (step / 16) for step in range(0, 49))  # 1 to 8, 4.4% apart
+
+
+def fit_gemm_curve(samples: Sequence[GemmSample], hardware: Hardware) -> GemmFit:
+    """The curve ``d / (d + half_dim)`` and the peak it tends to that best predict ``samples`` on
+    ``hardware`` (its float32 peak, bandwidth and floor; its host terms are ignored): a grid over
+    ``half_dim`` (0, and 1/4 to 4096 by powers of 2) and over the peak's scale (1 to 8, 2^(1/16)
+    apart), smallest median absolute log error, the flattest curve on a tie."""
     if not samples:
         raise ValueError("need at least one GEMM sample to fit the shape-dependent GEMM rate")
     device = _device_only(hardware)
-
-    def error(half: float) -> float:
-        profile = dataclasses.replace(device, gemm_half_efficiency_dim=half)
-        return statistics.median(
-            abs(math.log(_linear_time_s(s.m, s.n, s.k, profile) / s.seconds)) for s in samples
-        )
-
-    candidates = [0.0] + [2.0**exponent for exponent in range(-2, 13)]
-    return min(candidates, key=lambda half: (error(half), half))
+    best: tuple[float, float, float] | None = None
+    for half in _HALF_DIMS:
+        for scale in _PEAK_SCALES:
+            peaks = {dtype: tflops * scale for dtype, tflops in device.peak_tflops.items()}
+            profile = dataclasses.replace(device, gemm_half_efficiency_dim=half, peak_tflops=peaks)
+            error = statistics.median(
+                abs(math.log(_linear_time_s(s.m, s.n, s.k, profile) / s.seconds)) for s in samples
+            )
+            if best is None or error < best[0] - 1e-12:
+                best = (error, half, scale)
+            if half == 0.0:
+                break  # a flat curve: the best measured rate is the peak, no scale to fit
+    assert best is not None
+    return GemmFit(best[1], best[2], best[0])
 
 
 def _linear_time_s(m: int, n: int, k: int, hardware: Hardware) -> float:
@@ -217,7 +240,7 @@ def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, r
     samples = []
     for m in tokens:
         x = torch.randn(m, width, generator=generator)
-        seconds = _median_time_s(lambda x=x: aten.linear.default(x, weight, bias), min_time_s, repeats)
+        seconds = _median_time_s(functools.partial(aten.linear.default, x, weight, bias), min_time_s, repeats)
         samples.append(GemmSample(m, width, width, seconds))
     return samples
 
@@ -228,7 +251,8 @@ _TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, at
 def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int) -> float:
     """Seconds per element of exp, tanh, sigmoid, silu and gelu on ``numel`` float32 values (median)."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
-    return statistics.median(_median_time_s(lambda op=op: op(x), min_time_s, repeats) / numel for op in _TRANSCENDENTAL)
+    return statistics.median(_median_time_s(functools.partial(op, x), min_time_s, repeats) / numel
+                             for op in _TRANSCENDENTAL)
 
 
 # ------------------------------------------------------------------------------ graphs

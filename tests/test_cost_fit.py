@@ -19,7 +19,7 @@ from autotp.cost_model.compute import gemm_dims, gemm_efficiency
 from autotp.cost_model.graph_calibration import (
     GemmSample,
     GraphSample,
-    fit_gemm_half_dim,
+    fit_gemm_curve,
     fit_host_terms,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
@@ -60,15 +60,18 @@ def test_host_fit_without_collectives_and_with_too_few_graphs() -> None:
         fit_host_terms(samples[:1], view_op_s=2e-6, link=None)
 
 
-def test_gemm_fit_recovers_the_half_rate_dim() -> None:
-    """Linear (m, 256) @ (256, 256) at m = 1..256 timed by the model with d_half = 32: the fit returns 32."""
+def test_gemm_fit_recovers_the_half_rate_dim_and_the_peak() -> None:
+    """Linear (m, 256) @ (256, 256) at m = 1..256 timed by the model with d_half = 32: the fit returns 32, and
+    the peak the curve tends to from the best rate measured (that of m = 256, 256/288 of the peak)."""
     truth = dataclasses.replace(CPU, host_dispatch_s=0.0, gemm_half_efficiency_dim=32.0)
     samples = []
     for m in (1, 4, 16, 64, 256):
         flops, moved = 2 * m * 256 * 256, 4 * (m * 256 + 256 * 256 + 256 + m * 256)
         samples.append(GemmSample(m, 256, 256, compute_time_s(flops, moved, torch.float32, truth, gemm_min_dim=m)))
-    fitted = fit_gemm_half_dim(samples, dataclasses.replace(truth, gemm_half_efficiency_dim=0.0))
-    assert fitted == 32.0, f"expected d_half 32, got {fitted}"
+    best_rate = {"float32": truth.peak_tflops["float32"] * 256 / (256 + 32)}
+    fitted = fit_gemm_curve(samples, dataclasses.replace(truth, gemm_half_efficiency_dim=0.0, peak_tflops=best_rate))
+    assert fitted.half_dim == 32.0, f"expected d_half 32, got {fitted}"
+    assert math.isclose(fitted.peak_scale, 288 / 256, rel_tol=0.05), f"expected a peak scale of 1.125, got {fitted}"
 
 
 def test_gemm_efficiency_is_monotone_and_saturates() -> None:
