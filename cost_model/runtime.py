@@ -74,12 +74,18 @@ def node_time_s(device_s: Any, hardware: Hardware, *, max_fn: Callable[[Any, Any
 
 @dataclasses.dataclass(frozen=True)
 class HostTime:
-    """Host time of one call of a graph with ``kernels`` kernel nodes and ``views`` view nodes,
-    under each runtime mode of one profile: ``by_mode`` maps a mode to seconds per call."""
+    """Host seconds of one call of a graph with ``kernels`` kernel nodes and ``views`` view
+    nodes, under each runtime mode of one profile (:attr:`by_mode` maps mode -> seconds)."""
 
     kernels: int
     views: int
-    by_mode: Mapping[str, float]
+    eager_s: float
+    compiled_s: float
+    cuda_graph_s: float
+
+    @property
+    def by_mode(self) -> Mapping[str, float]:
+        return MappingProxyType({mode: getattr(self, f"{mode}_s") for mode in RUNTIME_MODES})
 
 
 def host_time_per_call(hardware: Hardware, kernels: int, views: int) -> HostTime:
@@ -91,4 +97,4 @@ def host_time_per_call(hardware: Hardware, kernels: int, views: int) -> HostTime
         + graph_host_s(hardware)
         for mode in RUNTIME_MODES
     }
-    return HostTime(kernels, views, MappingProxyType(by_mode))
+    return HostTime(kernels, views, by_mode["eager"], by_mode["compiled"], by_mode["cuda_graph"])

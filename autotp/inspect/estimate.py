@@ -200,8 +200,8 @@ class Estimate:
         ]
         if self.host is not None:
             modes = ", ".join(f"{mode} {_ms(seconds)}" for mode, seconds in self.host.by_mode.items())
-            lines.append(f"host dispatch per forward ({self.host.kernels} kernel nodes, {self.host.views} views): "
-                         f"{modes}; priced as {self.runtime_mode}, plus {_ms(self.graph_call_s)} per call")
+            lines.append(f"host dispatch per forward ({self.host.kernels} kernel nodes, {self.host.views} views, "
+                         f"{_ms(self.graph_call_s)} call): {modes}; nodes priced as {self.runtime_mode}")
         lines += [
             "",
             f"{'layer':<40} {'compute':>11} {'comm':>11} {'total':>11} {'share':>7}",
