@@ -45,6 +45,8 @@ _EXPORTS = {
     "Replicate": "autotp.base.placements",
     "Shard": "autotp.base.placements",
     "Plan": "autotp.planning.plan",
+    "MeshShape": "autotp.planning.mesh_plan",
+    "ParallelPlan": "autotp.planning.mesh_plan",
     "PlanOptions": "autotp.planning.options",
     "plan_graph": "autotp.planning.planner",
     "TensorParallelModule": "autotp.runtime.module",
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     )
     from autotp.base.placements import Partial, Replicate, Shard
     from autotp.dynamo_backend import backend
+    from autotp.planning.mesh_plan import MeshShape, ParallelPlan
     from autotp.planning.options import PlanOptions
     from autotp.planning.plan import Plan
     from autotp.planning.planner import plan_graph
@@ -88,6 +91,8 @@ __all__ = [
     "AgreementError",
     "AutoTPError",
     "CaptureError",
+    "MeshShape",
+    "ParallelPlan",
     "Partial",
     "Plan",
     "PlanError",

@@ -26,7 +26,8 @@ from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
-from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions
+from autotp.planning.mesh_plan import MeshShape, ParallelPlan
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
 from autotp.planning.plan import Plan, as_plan
 from autotp.planning.planner import plan_graph
 from autotp.runtime.agreement import (
@@ -61,7 +62,11 @@ def plan(
     max_cache_len: int | None = None,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
-) -> Plan:
+    parallelism: str | dict[str, int] = "tp",
+    mesh: MeshShape | None = None,
+    objective: str = "latency",
+    throughput_batch: int = 64,
+) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
     Needs no process group and no real weights: a model built on the ``meta`` device is fine.
@@ -89,8 +94,26 @@ def plan(
     input) as symbols, so the plan serves every size; only static dims are split. ``dynamic=False``
     pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
     (see :mod:`autotp.capture`).
+
+    ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
+    returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
+    ``dp * pp * tp == world_size``, the stage cuts, the microbatches) on ``hardware``'s nodes and
+    returns a :class:`~autotp.planning.mesh_plan.ParallelPlan`; a dict such as ``{"tp": 8}`` (or
+    ``mesh=MeshShape(dp=2, pp=1, tp=8)``) fixes some dims and searches the rest.
+    ``objective``: ``"latency"`` (one request of batch 1) or ``"throughput"`` (requests per second
+    at ``throughput_batch`` requests). See :mod:`autotp.planning.mesh_search`.
     """
     check_model(model)
+    if parallelism != "tp" or mesh is not None:
+        if max_cache_len is not None or constraints is not None:
+            raise ValueError("max_cache_len= and constraints= plan one tensor-parallel group; "
+                             "leave them out with parallelism='auto' or mesh=")
+        from autotp.planning.mesh_search import plan_mesh
+
+        check_world_size(world_size)
+        return plan_mesh(model, example_inputs, example_kwargs, world_size=world_size, hardware=hardware,
+                         parallelism="auto" if parallelism == "tp" else parallelism, mesh=mesh, objective=objective,
+                         throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints)
     if max_cache_len is not None:
@@ -126,7 +149,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
     agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
-) -> TensorParallelModule:
+    training: bool = False,
+    mesh: Any = None,
+) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
     Call it on every rank with the same model weights and example inputs. Returns this rank's
@@ -164,7 +189,36 @@ def compile(  # noqa: A001 - mirrors torch.compile
     row) is planned first and decides every weight's placement; prefill (``seq`` prompt tokens
     per call) is planned with those placements pinned. ``plan=`` then gives the decode plan.
     See :mod:`autotp.generation`.
+
+    ``training=True``: build it for training. The result's parameters (``tp.parameters()``, named
+    by the original FQNs in ``tp.named_parameters()``) are this rank's shards and require grad;
+    ``loss.backward()`` gives each shard the matching block of the single-device gradient and every
+    replicated parameter its whole gradient, the same on every rank (each collective carries its
+    adjoint: :mod:`autotp.passes.adjoints`). Build the optimizer over ``tp.parameters()``;
+    ``tp.full_state_dict()`` gathers the full tensors. See the README's "Training" section.
+
+    ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
+    "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
+    parallel instead (inference) and returns a :class:`~autotp.runtime.mesh.MeshParallelModule`
+    whose output on every rank is the whole batch's; ``plan=`` then takes a
+    :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
+    stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
+    See :mod:`autotp.runtime.mesh`.
     """
+    if mesh is not None and training:
+        raise ValueError("autotp.compile(mesh=..., training=True) is not supported yet: a mesh runs inference; "
+                         "train tensor parallel with group= (one tensor-parallel group) instead")
+    if mesh is not None:
+        return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
+                                plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
+                                max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
+                                tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
+                                                time_limit_s=time_limit_s, progress=progress, constraints=constraints,
+                                                check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
+                                                dynamic=dynamic))
+    if training and max_cache_len is not None:
+        raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
+                         "compile once with training=True to train and once with max_cache_len= to generate")
     timeout_s = check_timeout(agreement_timeout_s)
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
         check_model(model)
@@ -179,7 +233,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                               time_limit_s=time_limit_s, progress=progress, constraints=constraints)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
-                                checkpoint=checkpoint is not None, max_cache_len=max_cache_len)
+                                checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
+                                training=training)
         if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now
             weights = dict(model.state_dict()) if check_weights and checkpoint is None else None
             agreement.record = options_record(agreed, weights=weights)
@@ -199,9 +254,29 @@ def compile(  # noqa: A001 - mirrors torch.compile
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s)
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
                                                 device=trace_device(example_inputs, example_kwargs),
-                                                timeout_s=timeout_s)
+                                                timeout_s=timeout_s, training=training)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
-                                guard=InputGuard(captured, group=group, timeout_s=timeout_s))
+                                guard=InputGuard(captured, group=group, timeout_s=timeout_s),
+                                training=training, original=model, group=group)
+
+
+def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
+                     example_kwargs: dict[str, Any] | None, plan: Any, world_size: int | None,
+                     group: dist.ProcessGroup | None, checkpoint: Any, max_cache_len: int | None,
+                     dynamic_shapes: Any, tp_options: dict[str, Any]) -> Any:
+    """``compile(..., mesh=)``: the options a mesh run does not take raise here, the rest is
+    :func:`autotp.runtime.mesh.compile_on_mesh`."""
+    from autotp.runtime.mesh import compile_on_mesh
+
+    unsupported = {"group": group, "world_size": world_size, "checkpoint": checkpoint,
+                   "max_cache_len": max_cache_len, "dynamic_shapes": dynamic_shapes}
+    given = [name for name, value in unsupported.items() if value is not None]
+    if given:
+        raise ValueError(f"autotp.compile(mesh=...) does not take {', '.join(f'{n}=' for n in given)}: the mesh "
+                         "gives the groups and sizes; drop them (checkpoint= and max_cache_len= with a mesh are "
+                         "not supported yet)")
+    return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
+                           **tp_options)
 
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
@@ -217,18 +292,20 @@ def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptio
 
 def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
                files: Any = None, model: torch.nn.Module | None = None, device: torch.device | None = None,
-               timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
+               timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
                ) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor], dict]:
     """This rank's graph (state updates in place), its local parameter shards, buffers and cache blocks,
     and the parameter layout (global offsets of every rank's block, for ``save``).
 
     With ``files`` (an opened checkpoint) the shards are read from it, agreed by all ranks within
-    ``timeout_s``; otherwise they are sliced from the captured model's weights."""
+    ``timeout_s``; otherwise they are sliced from the captured model's weights. ``training``: the
+    graph differentiates correctly (see :func:`autotp.passes.rewrite.rewrite_for_rank`)."""
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, plan.world_size)
     group_name = (group or dist.group.WORLD).group_name
     local_gm = update_state_in_place(
-        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes()),
+        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes(),
+                         training=training),
         captured.state)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)

@@ -29,7 +29,14 @@ Units: seconds (``_s``), bytes, FLOPs; rates in decimal units as datasheets quot
 a unit and a source, or is marked as a placeholder for calibration.
 """
 
-from .collectives import COLLECTIVE_ALGORITHMS, COLLECTIVE_KINDS, collective_time_s, link_collective_time_s
+from .collectives import (
+    COLLECTIVE_ALGORITHMS,
+    COLLECTIVE_KINDS,
+    collective_time_s,
+    group_spans_nodes,
+    link_collective_time_s,
+    p2p_time_s,
+)
 from .compute import (
     achievable_flops_per_s,
     achievable_memory_bytes_per_s,
@@ -41,22 +48,28 @@ from .compute import (
     tensor_bytes,
 )
 from .hardware import KNOWN_HARDWARE, Hardware, LinkProfile, get_hardware
+from .pipeline import PIPELINE_SCHEDULES, bubble_fraction, pipeline_time_s
 
 __all__ = [
     "COLLECTIVE_ALGORITHMS",
     "COLLECTIVE_KINDS",
     "KNOWN_HARDWARE",
+    "PIPELINE_SCHEDULES",
     "Hardware",
     "LinkProfile",
     "achievable_flops_per_s",
     "achievable_memory_bytes_per_s",
     "aten_flops",
     "aten_memory_bytes",
+    "bubble_fraction",
     "collective_time_s",
     "compute_time_s",
     "dtype_name",
     "get_hardware",
+    "group_spans_nodes",
     "launches_no_kernel",
     "link_collective_time_s",
+    "p2p_time_s",
+    "pipeline_time_s",
     "tensor_bytes",
 ]

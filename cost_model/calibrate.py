@@ -88,6 +88,7 @@ __all__ = [
     "build_profile",
     "calibrate",
     "fit_link",
+    "with_nodes",
     "measure_links",
     "measure_rank",
 ]
@@ -633,6 +634,33 @@ def measure_links(world_size: int, config: CalibrationConfig) -> list[Collective
     if world_size < 2:
         raise ValueError(f"a link needs world_size >= 2, got {world_size}")
     return list(_run_spawned(world_size, config, compute=False, collectives=True)[0].collectives)
+
+
+def with_nodes(profile: Hardware, *, devices_per_node: int | None = None,
+               inter_node_bandwidth_gbps: float | None = None, inter_node_latency_s: float | None = None,
+               inter_node_base_latency_s: float | None = None) -> Hardware:
+    """``profile`` as one node of a two-level machine: ``devices_per_node`` devices share the measured
+    link; between nodes, a link of the given bandwidth (GB/s per direction per device) and latency.
+
+    The inter-node figures are the user's (a datasheet or an nccl-tests run across nodes; one
+    machine cannot measure them); ``source`` records them. Unset figures keep the profile's.
+    """
+    link = profile.inter_node
+    given = {}
+    if inter_node_bandwidth_gbps is not None:
+        given["bandwidth_gbps"] = inter_node_bandwidth_gbps
+    if inter_node_latency_s is not None:
+        given["latency_s"] = inter_node_latency_s
+    if inter_node_base_latency_s is not None:
+        given["base_latency_s"] = inter_node_base_latency_s
+    if given:
+        link = LinkProfile(**{**link.to_dict(), **given, "name": "inter-node-given"})
+    devices = profile.devices_per_node if devices_per_node is None else devices_per_node
+    described = [f"devices_per_node={devices}"] + [f"inter_node.{key}={value!r}" for key, value in given.items()]
+    return dataclasses.replace(
+        profile, devices_per_node=devices, inter_node=link,
+        source=f"{profile.source}; two-level machine as given by the user: {', '.join(described)}",
+    )
 
 
 def calibrate(world_size: int, *, config: CalibrationConfig | None = None, name: str = "cpu-calibrated") -> Hardware:

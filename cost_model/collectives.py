@@ -37,8 +37,26 @@ of compute and collectives timed per rank (0.0 in datasheet profiles: NCCL's ``b
 already prices a GPU collective's launch, and GPU ranks stay in step within microseconds).
 :func:`link_collective_time_s` is the bare link formula, without it.
 
-``spans_nodes=True`` uses the ``inter_node`` link for every step (a flat ring or tree whose
-bottleneck is each GPU's network port); a group inside one node uses ``intra_node``.
+``spans_nodes=True``: the group's ranks lie on several nodes. Two algorithms are priced and the
+cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCCL]):
+
+* flat: the ring or tree above with the ``inter_node`` link for every step (its bottleneck is each
+  GPU's network port);
+* hierarchical ([J18]; NCCL's tree and CollNet do the same split), when the group is ``k`` whole
+  nodes of ``d = Hardware.devices_per_node`` consecutive ranks (:func:`hierarchical_parts`):
+  all-reduce = reduce-scatter inside each node (``d`` ranks, ``n`` bytes, ``intra_node``) +
+  all-reduce across nodes (``k`` ranks, ``n/d`` bytes, ``inter_node``; the ``d`` rails run at
+  once, one NIC per GPU as in DGX H100/A100) + all-gather inside each node. All-gather is the
+  inter-node all-gather of ``n/d`` then the intra-node one of ``n``; reduce-scatter the mirror.
+  Each part is one collective call (pays its base latency). All-to-all and broadcast use the
+  flat form only.
+
+A group inside one node uses ``intra_node``. Which groups span nodes: :func:`group_spans_nodes`
+(ranks laid out with the tensor-parallel dim fastest, as ``init_device_mesh`` does).
+
+Point-to-point (a pipeline stage sending its activations to the next stage):
+:func:`p2p_time_s` = base + alpha + n/B on the link between the two ranks ([T05]'s alpha-beta
+model of one message).
 
 Sources:
 
@@ -51,6 +69,9 @@ Sources:
   https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
 * [SST09] P. Sanders, J. Speck, J. L. Träff, "Two-tree algorithms for full bandwidth broadcast,
   reduction and scan", Parallel Computing 35(12), 2009 (NCCL's double binary tree).
+* [J18] X. Jia et al., "Highly Scalable Deep Learning Training System with Mixed-Precision:
+  Training ImageNet in Four Minutes", arXiv:1807.11205, 2018, section 4.2 (hierarchical
+  all-reduce: intra-node reduce, inter-node all-reduce, intra-node broadcast).
 * [NCCL] NCCL src/graph/tuning.cc: tree algorithm bandwidth = 0.5 x bus bandwidth (so an
   all-reduce moves 2n/B), ``baseLat`` per call, ``hwLat`` per step.
 """
@@ -66,7 +87,10 @@ __all__ = [
     "COLLECTIVE_ALGORITHMS",
     "COLLECTIVE_KINDS",
     "collective_time_s",
+    "group_spans_nodes",
+    "hierarchical_parts",
     "link_collective_time_s",
+    "p2p_time_s",
     "validate_collective",
 ]
 
@@ -154,8 +178,66 @@ def collective_time_s(
     ``algorithm``: ``"ring"`` or ``"tree"`` (formulas and sources in the module docstring).
     """
     validate_collective(kind, algorithm)
-    link_s = link_collective_time_s(
-        kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm
-    )
+    flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm)
+    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
+    if parts is None:
+        link_s = flat
+    else:
+        hierarchical = sum(
+            link_collective_time_s(part_kind, nbytes / divisor, part_group, getattr(hardware, link_field),
+                                   algorithm=algorithm)
+            for part_kind, part_group, link_field, divisor in parts
+        )
+        link_s = min(flat, hierarchical)
+    # in a graph, the wait for the slowest rank: once per call of the collective (see module docstring)
     return link_s + hardware.collective_wait_s if link_s else 0.0
+
+
+def hierarchical_parts(kind: str, group_size: int, devices_per_node: int) -> tuple[tuple[str, int, str, int], ...] | None:
+    """The parts of the hierarchical form of ``kind`` over ``group_size`` ranks ([J18]), or None.
+
+    Each part is ``(collective kind, ranks, Hardware link field, divisor of n)``. None when the
+    group is not a whole number (> 1) of nodes of ``devices_per_node`` ranks, or ``kind`` has no
+    hierarchical form here (all-to-all, broadcast).
+    """
+    d = devices_per_node
+    if d < 2 or group_size <= d or group_size % d:
+        return None
+    k = group_size // d
+    if kind == "all_reduce":
+        return (("reduce_scatter", d, "intra_node", 1), ("all_reduce", k, "inter_node", d),
+                ("all_gather", d, "intra_node", 1))
+    if kind == "all_gather":
+        return (("all_gather", k, "inter_node", d), ("all_gather", d, "intra_node", 1))
+    if kind == "reduce_scatter":
+        return (("reduce_scatter", d, "intra_node", 1), ("reduce_scatter", k, "inter_node", d))
+    return None
+
+
+def group_spans_nodes(group_size: int, devices_per_node: int, world_size: int | None = None) -> bool:
+    """True when some group of ``group_size`` consecutive ranks (out of ``world_size``) crosses a node.
+
+    Ranks ``0..world_size-1`` are cut into groups of ``group_size`` consecutive ranks (the
+    innermost mesh dim, as ``init_device_mesh`` lays ranks out) and nodes hold
+    ``devices_per_node`` consecutive ranks each. ``world_size`` defaults to ``group_size`` (one
+    group): it spans nodes exactly when it has more ranks than a node. A group size that does not
+    divide ``devices_per_node`` makes some group straddle two nodes once there are several nodes.
+    """
+    world = group_size if world_size is None else world_size
+    return any(start // devices_per_node != (start + group_size - 1) // devices_per_node
+               for start in range(0, world, group_size))
+
+
+def p2p_time_s(nbytes: float, hardware: Hardware, *, spans_nodes: bool) -> float:
+    """Seconds to send ``nbytes`` from one rank to another: base + alpha + n/B ([T05] alpha-beta).
+
+    ``spans_nodes``: the two ranks are on different nodes (``inter_node`` link), else ``intra_node``.
+    0.0 for zero bytes.
+    """
+    if not math.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    if nbytes == 0:
+        return 0.0
+    link = hardware.link(spans_nodes=spans_nodes)
+    return float(link.base_latency_s + link.latency_s + nbytes / link.bandwidth_bytes_per_s)
 

@@ -495,8 +495,15 @@ H100_SXM = Hardware(
     source=_H100_SOURCE,
 )
 
-# Same GPUs and links as h100-sxm; listed separately so that a plan records that it was costed
-# for a mesh whose outer axis crosses nodes (8 GPUs per node, InfiniBand NDR between nodes).
+# A cluster of DGX H100 nodes: 8 H100 SXM per node on NVSwitch (NVLink4, 450 GB/s per direction per
+# GPU), nodes joined by a rail-optimised NDR InfiniBand fabric: 8 ConnectX-7 ports of 400 Gb/s per
+# node, one per GPU = 50 GB/s per direction per GPU (DGX H100 user guide; NVIDIA DGX SuperPOD
+# reference architecture, DGX H100, "compute fabric": https://docs.nvidia.com/dgx-superpod/
+# reference-architecture-scalable-infrastructure-h100/latest/network-fabrics.html). A group of more
+# than 8 consecutive ranks crosses nodes: its collectives run on `inter_node` (or hierarchically,
+# see cost_model/collectives.py), 9x slower per byte than NVLink. The device and link figures are
+# those of h100-sxm (whose inter_node is the same fabric); this name says the plan was costed for
+# several nodes.
 H100_MULTINODE = Hardware(
     name="h100-multinode",
     peak_tflops=_HOPPER_SXM_PEAK_TFLOPS,
@@ -550,6 +557,29 @@ A100_SXM = Hardware(
     ),
 )
 
+# A cluster of DGX A100 nodes: 8 A100 SXM 80 GB per node on NVSwitch (NVLink3, 300 GB/s per
+# direction per GPU), nodes joined by HDR InfiniBand: 8 ConnectX-6 ports of 200 Gb/s per node,
+# one per GPU = 25 GB/s per direction per GPU (DGX A100 user guide; NVIDIA DGX SuperPOD reference
+# architecture, DGX A100: https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-a100.pdf).
+A100_MULTINODE = Hardware(
+    name="a100-multinode",
+    peak_tflops=A100_SXM.peak_tflops,
+    memory_bandwidth_gbps=2039.0,  # HBM2e 2,039 GB/s; NVIDIA A100 datasheet (80 GB SXM)
+    memory_gib=80.0,  # 80 GB HBM2e; NVIDIA A100 datasheet
+    kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
+    intra_node=NVLINK3_NVSWITCH,
+    inter_node=INFINIBAND_HDR,
+    devices_per_node=8,  # DGX A100 nodes, 8 GPUs each; DGX A100 user guide
+    source=(
+        "NVIDIA A100 datasheet (peaks, HBM2e, NVLink3); DGX A100 user guide and DGX SuperPOD "
+        "reference architecture (8 x 200 Gb/s HDR InfiniBand per node, one port per GPU); "
+        "NCCL src/graph/tuning.cc (link latencies)"
+    ),
+)
+
 PCIE_GPU = Hardware(
     name="pcie-gpu",
     # NVIDIA L40S, dense peaks, TFLOP/s; L40S datasheet: FP32 91.6, BF16/FP16 Tensor Core 362.05
@@ -599,7 +629,7 @@ CPU_GLOO = Hardware(
 )
 
 KNOWN_HARDWARE: Mapping[str, Hardware] = MappingProxyType(
-    {hw.name: hw for hw in (H100_SXM, H200, A100_SXM, PCIE_GPU, H100_MULTINODE, CPU_GLOO)}
+    {hw.name: hw for hw in (H100_SXM, H200, A100_SXM, PCIE_GPU, H100_MULTINODE, A100_MULTINODE, CPU_GLOO)}
 )
 
 

@@ -23,7 +23,7 @@ import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from .collectives import alpha_beta_terms, validate_collective
+from .collectives import alpha_beta_terms, hierarchical_parts, validate_collective
 from .compute import achievable_flops_per_s, achievable_memory_bytes_per_s, flops_formula, roofline_time_s
 from .hardware import Hardware
 from .runtime import node_time_s
@@ -111,12 +111,22 @@ def symbolic_collective_time_s(
     nbytes_expr = to_sympy(nbytes)
     if group_size == 1 or nbytes_expr == 0:
         return sympy.Integer(0)
-    link = hardware.link(spans_nodes=spans_nodes)
-    steps, factor = alpha_beta_terms(
-        kind, algorithm, sympy.Integer(group_size), sympy.Integer((group_size - 1).bit_length())
-    )
-    return (link.base_latency_s + steps * link.latency_s + factor * nbytes_expr / link.bandwidth_bytes_per_s
-            + hardware.collective_wait_s)
+
+    def on_link(part_kind: str, part_bytes: sympy.Expr, part_group: int, link: Any) -> sympy.Expr:
+        if part_group == 1:
+            return sympy.Integer(0)
+        steps, factor = alpha_beta_terms(
+            part_kind, algorithm, sympy.Integer(part_group), sympy.Integer((part_group - 1).bit_length())
+        )
+        return link.base_latency_s + steps * link.latency_s + factor * part_bytes / link.bandwidth_bytes_per_s
+
+    flat = on_link(kind, nbytes_expr, group_size, hardware.link(spans_nodes=spans_nodes))
+    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
+    if parts is None:
+        return flat + hardware.collective_wait_s  # the in-graph wait, as collective_time_s
+    hierarchical = sum((on_link(part_kind, nbytes_expr / divisor, part_group, getattr(hardware, link_field))
+                        for part_kind, part_group, link_field, divisor in parts), sympy.Integer(0))
+    return sympy.Min(flat, hierarchical) + hardware.collective_wait_s
 
 
 def _shape_of(value: Any) -> Any:

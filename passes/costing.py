@@ -45,7 +45,8 @@ from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "reshard_route", "reshard_time_s", "route_time_s", "tensor_nbytes"]
+__all__ = ["CostedGraph", "cost_strategy_graph", "node_dtype", "node_work", "reshard_route", "reshard_time_s", "route_time_s",
+           "tensor_nbytes"]
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
@@ -142,11 +143,15 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
     return max(shares, default=1.0)
 
 
-def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
-    if node.op != "call_function" or not holds_tensor(node):  # size arithmetic runs on the host: free
-        return [0.0] * len(strategies)
-    if launches_no_kernel(node.target):  # no kernel, no bytes: only the host's dispatch (0 on GPU profiles)
-        return [view_time_s(hardware)] * len(strategies)
+def node_work(node: fx.Node, strategies: list[Strategy], world_size: int) -> list[tuple[float, float]] | None:
+    """Per strategy, ``(FLOPs, bytes moved)`` of the largest rank running ``node``; None for a node
+    priced without work (size arithmetic: free; a view: ``Hardware.view_op_s``).
+
+    What :func:`cost_strategy_graph` feeds the roofline (``compute_time_s(flops, bytes, dtype, hw)``);
+    the mesh search (:mod:`autotp.planning.mesh_search`) reads it at two batch sizes to price any other.
+    """
+    if node.op != "call_function" or not holds_tensor(node) or launches_no_kernel(node.target):
+        return None
     args, kwargs = _meta_args(node)
     out = node.meta.get("val")
     try:
@@ -154,20 +159,46 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
     except Exception:  # noqa: BLE001 - an op the FLOP counter cannot size costs by bytes only
         flops = 0
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]  # one per input slot
-    dtype = _dtype(out)
-    gemm = flops > 0 and gemm_dims(node.target, args, kwargs) is not None
-    transcendental = is_transcendental(node.target)
-    costs = []
+    work = []
     for strategy in strategies:
         moved = _local_nbytes(out, strategy.output, world_size) + sum(
             _local_nbytes(value, placement, world_size) for placement, value in zip(strategy.inputs, inputs)
         )
-        share = _work_fraction(strategy, out, inputs, world_size)
-        min_dim = _local_gemm_min_dim(node, args, kwargs, strategy, inputs, world_size) if gemm else None
-        elements = _local_numel(out, strategy.output, world_size) if transcendental else 0
-        costs.append(compute_time_s(flops * share, moved, dtype, hardware,
-                                    gemm_min_dim=min_dim, transcendental_elements=elements))
-    return costs
+        work.append((flops * _work_fraction(strategy, out, inputs, world_size), moved))
+    return work
+
+
+def node_dtype(node: fx.Node) -> torch.dtype:
+    """The dtype the roofline prices ``node`` at (its output's; float32 when it has no tensor)."""
+    return _dtype(node.meta.get("val"))
+
+
+def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
+    work = node_work(node, strategies, world_size)
+    if work is None:
+        if node.op == "call_function" and holds_tensor(node) and launches_no_kernel(node.target):
+            # no kernel, no bytes: only the host's dispatch in eager mode (0 on GPU profiles)
+            return [view_time_s(hardware)] * len(strategies)
+        return [0.0] * len(strategies)  # size arithmetic runs on the host: free
+    dtype = node_dtype(node)
+    return [compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim, transcendental_elements=elements)
+            for (flops, moved), (min_dim, elements) in zip(work, _shape_terms(node, strategies, world_size, work))]
+
+
+def _shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
+                 work: list[tuple[float, float]]) -> list[tuple[int | None, int]]:
+    """Per strategy, the smallest local dim of a GEMM node (None for other ops) and the local
+    output elements of a transcendental elementwise node (0 for other ops)."""
+    args, kwargs = _meta_args(node)
+    gemm = any(flops > 0 for flops, _ in work) and gemm_dims(node.target, args, kwargs) is not None
+    transcendental = is_transcendental(node.target)
+    if not gemm and not transcendental:
+        return [(None, 0)] * len(strategies)
+    out = node.meta.get("val")
+    inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
+    return [(_local_gemm_min_dim(node, args, kwargs, strategy, inputs, world_size) if gemm else None,
+             _local_numel(out, strategy.output, world_size) if transcendental else 0)
+            for strategy in strategies]
 
 
 def _local_shape(value: torch.Tensor, placement: Placement, world_size: int) -> tuple[int, ...]:

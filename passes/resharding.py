@@ -9,7 +9,10 @@
   the rewrite makes around it), each traceable to a formula of ``autotp.cost_model``;
 - ``emit``: the function that inserts the step into a rank-local graph (functional
   collectives, ``torch.ops._c10d_functional.*`` followed by ``wait_tensor``, or local ops);
-- ``label`` and ``short``: how reports print it.
+- ``label`` and ``short``: how reports print it;
+- ``adjoint``: the steps that carry the gradient back through the step in a training graph
+  (:mod:`autotp.passes.adjoints`; all-reduce <-> identity, all-gather <-> slice,
+  reduce-scatter <-> all-gather, all-to-all <-> all-to-all).
 
 The route from one placement to another (which steps, on which dims) is
 :func:`autotp.base.reshard.reshard_steps`. Adding a collective: a kind there, a row here.
@@ -28,7 +31,7 @@ import torch.fx as fx
 from autotp.base.placements import Placement, Replicate
 from autotp.base.reshard import ReshardKind, ReshardStep, reshard_steps
 from autotp.base.shapes import concrete_shape
-from autotp.cost_model import Hardware, collective_time_s, compute_time_s
+from autotp.cost_model import Hardware, collective_time_s, compute_time_s, group_spans_nodes
 from autotp.cost_model.runtime import view_time_s
 from autotp.cost_model.symbolic import symbolic_collective_time_s, symbolic_compute_time_s
 from autotp.passes.rules import LocalGraph
@@ -68,7 +71,7 @@ class Formulas:
     """The cost-model functions a row's time terms call, on numbers or on sympy expressions."""
 
     compute_time_s: Callable[[Any, Any, torch.dtype, Hardware], Any]
-    collective_time_s: Callable[[str, Any, int, Hardware], Any]
+    collective_time_s: Callable[..., Any]  # (kind, nbytes, group_size, hardware, *, spans_nodes)
 
 
 NUMERIC = Formulas(compute_time_s, collective_time_s)
@@ -87,6 +90,9 @@ class StepSpec:
     emit: Emit
     label: str
     short: str
+    adjoint: Callable[[ReshardStep], tuple[ReshardStep, ...]]
+    """The steps that carry a gradient back through this step in a training graph (empty: the
+    identity), under the gradient convention of :mod:`autotp.passes.adjoints`."""
 
 
 # --------------------------------------------------------------------------- prices
@@ -94,6 +100,13 @@ class StepSpec:
 def _copy_s(nbytes: Any, dtype: torch.dtype, hardware: Hardware, formulas: Formulas) -> Any:
     """One copy of ``nbytes`` (read once, written once): a roofline memory term."""
     return formulas.compute_time_s(0, 2 * nbytes, dtype, hardware)
+
+
+def _collective_s(formulas: Formulas, kind: str, nbytes: Any, world_size: int, hardware: Hardware) -> Any:
+    """A collective over the tensor-parallel group of ``world_size`` consecutive ranks: on the
+    inter-node link (or hierarchically) when the group is bigger than a node."""
+    spans = group_spans_nodes(world_size, hardware.devices_per_node)
+    return formulas.collective_time_s(kind, nbytes, world_size, hardware, spans_nodes=spans)
 
 
 def _slice_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
@@ -108,7 +121,7 @@ def _zero_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, w
 
 def _all_reduce_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
                       hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
-    return (formulas.collective_time_s("all_reduce", whole, world_size, hardware),)
+    return (_collective_s(formulas, "all_reduce", whole, world_size, hardware),)
 
 
 def _gather_scatter_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
@@ -117,7 +130,7 @@ def _gather_scatter_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torc
     copies the rewrite makes around it (the dim is moved to the front and made contiguous, then
     moved back and made contiguous again): the shard and the whole tensor, each copied once."""
     kind = RESHARD_TABLE[step.kind].collective
-    terms: tuple[Any, ...] = (formulas.collective_time_s(kind, whole, world_size, hardware),)  # type: ignore[arg-type]
+    terms: tuple[Any, ...] = (_collective_s(formulas, kind, whole, world_size, hardware),)  # type: ignore[arg-type]
     if world_size > 1 and step.dim not in (None, 0):
         terms += (_copy_s(shard, dtype, hardware, formulas), _copy_s(whole, dtype, hardware, formulas))
     return terms
@@ -129,7 +142,7 @@ def _all_to_all_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dt
     of a shard around it (laying out the pieces to send, putting the received pieces together)."""
     if world_size == 1:
         return ()
-    return (formulas.collective_time_s("all_to_all", shard, world_size, hardware),
+    return (_collective_s(formulas, "all_to_all", shard, world_size, hardware),
             _copy_s(shard, dtype, hardware, formulas), _copy_s(shard, dtype, hardware, formulas))
 
 
@@ -259,16 +272,38 @@ def _emit_all_to_all(b: LocalGraph, x: fx.Node, producer: fx.Node, step: Reshard
     return b.call(aten.contiguous.default, x, meta_from=producer)
 
 
+# --------------------------------------------------------------------------- adjoints (training)
+
+def _identity_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
+    """An all-reduce (P -> R) or a zero-fill (R -> P): the gradient of the sum is every part's gradient."""
+    return ()
+
+
+def _gather_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
+    """A slice (R -> S) or a reduce-scatter (P -> S): the block gradients are gathered back whole."""
+    return (ReshardStep(ReshardKind.ALL_GATHER, step.dim, step.blocks),)
+
+
+def _slice_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
+    """An all-gather (S -> R): every rank holds the whole gradient and keeps its block."""
+    return (ReshardStep(ReshardKind.SLICE, step.dim, step.blocks),)
+
+
+def _all_to_all_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
+    """``S(i) -> S(j)``: the gradient goes ``S(j) -> S(i)``."""
+    return (ReshardStep(ReshardKind.ALL_TO_ALL, step.to_dim, step.blocks, step.dim),)
+
+
 # --------------------------------------------------------------------------- the table
 
 RESHARD_TABLE: Mapping[ReshardKind, StepSpec] = MappingProxyType({
-    ReshardKind.SLICE: StepSpec(None, _slice_terms, _emit_slice, "slice", "slice"),
-    ReshardKind.ZERO: StepSpec(None, _zero_terms, _emit_zero, "zero", "zero"),
-    ReshardKind.ALL_REDUCE: StepSpec("all_reduce", _all_reduce_terms, _emit_all_reduce, "all_reduce", "AR"),
-    ReshardKind.ALL_GATHER: StepSpec("all_gather", _gather_scatter_terms, _emit_all_gather, "all_gather", "AG"),
+    ReshardKind.SLICE: StepSpec(None, _slice_terms, _emit_slice, "slice", "slice", _gather_back),
+    ReshardKind.ZERO: StepSpec(None, _zero_terms, _emit_zero, "zero", "zero", _identity_back),
+    ReshardKind.ALL_REDUCE: StepSpec("all_reduce", _all_reduce_terms, _emit_all_reduce, "all_reduce", "AR", _identity_back),
+    ReshardKind.ALL_GATHER: StepSpec("all_gather", _gather_scatter_terms, _emit_all_gather, "all_gather", "AG", _slice_back),
     ReshardKind.REDUCE_SCATTER: StepSpec("reduce_scatter", _gather_scatter_terms, _emit_reduce_scatter,
-                                         "reduce_scatter", "RS"),
-    ReshardKind.ALL_TO_ALL: StepSpec("all_to_all", _all_to_all_terms, _emit_all_to_all, "all_to_all", "A2A"),
+                                         "reduce_scatter", "RS", _gather_back),
+    ReshardKind.ALL_TO_ALL: StepSpec("all_to_all", _all_to_all_terms, _emit_all_to_all, "all_to_all", "A2A", _all_to_all_back),
 })
 
 

@@ -34,10 +34,11 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanMismatchError
-from autotp.base.placements import BlockShard, Placement, split_of
+from autotp.base.placements import BlockShard, Placement, Replicate, split_of
 from autotp.base.reshard import ReshardKind, reshard_steps, route_with_kinds
 from autotp.base.shapes import concrete_shape, first_tensor
 from autotp.base.strategy import Strategy
+from autotp.passes.adjoints import REPLICATED_INPUT_ADJOINT, EagerSteps, ReshardNode, adjoint_route
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import local_form_for
 from autotp.passes.rules.args import holds_tensor
@@ -64,12 +65,13 @@ _KEEP_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", 
 class _Builder:
     """Emits nodes into the new graph for one rank."""
 
-    def __init__(self, graph: fx.Graph, parts: Partitions, rank: int, group_name: str) -> None:
+    def __init__(self, graph: fx.Graph, parts: Partitions, rank: int, group_name: str, *, training: bool = False) -> None:
         self.graph = graph
         self.parts = parts
         self.rank = rank
         self.world_size = parts.world_size
         self.group_name = group_name
+        self.eager = EagerSteps(parts, rank, group_name) if training else None
 
     def call(self, target: object, *args: object, meta_from: fx.Node | None = None) -> fx.Node:
         node = self.graph.call_function(target, args)
@@ -87,9 +89,17 @@ class _Builder:
             route = reshard_steps(src, dst) if kinds is None else route_with_kinds(src, dst, kinds)
         except ValueError as exc:
             raise PlanMismatchError(f"the plan's resharding of {producer.name}: {exc}") from None
+        if self.eager is not None:  # training: the route and its adjoint, as one autograd-correct node
+            return self.call(ReshardNode(self.eager, producer, route, adjoint_route(route)), x, meta_from=producer)
         for step in route:
             x = RESHARD_TABLE[step.kind].emit(self, x, producer, step)
         return x
+
+    def replicated_input(self, x: fx.Node, producer: fx.Node) -> fx.Node:
+        """Training: ``x`` (replicated) as read by rank-divergent work (Megatron's ``f``, see
+        :mod:`autotp.passes.adjoints`): identity forward, all-reduce of the gradient backward."""
+        assert self.eager is not None, "replicated_input is for training graphs"
+        return self.call(ReshardNode(self.eager, producer, (), REPLICATED_INPUT_ADJOINT), x, meta_from=producer)
 
 
 def _local_split_size(node: fx.Node, placement: Placement, parts: Partitions, rank: int) -> tuple[int, int] | None:
@@ -147,8 +157,13 @@ def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partit
 
 def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: Partitions, rank: int,
                      group_name: str, *,
-                     routes: Mapping[tuple[str, Placement], tuple[ReshardKind, ...]] | None = None) -> fx.GraphModule:
+                     routes: Mapping[tuple[str, Placement], tuple[ReshardKind, ...]] | None = None,
+                     training: bool = False) -> fx.GraphModule:
     """Build the rank-local graph of ``gm`` for ``rank`` (see module docstring).
+
+    ``training=True`` builds a graph that autograd differentiates correctly: each resharding
+    route is one node carrying its adjoint, and replicated float values read by rank-divergent
+    work go through Megatron's ``f`` (see :mod:`autotp.passes.adjoints`).
 
     ``routes``: (producer, needed placement) -> the kinds of the resharding steps the plan chose
     (:meth:`autotp.planning.plan.Plan.reshard_routes`); resharding it does not name takes the
@@ -156,19 +171,29 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
     """
     routes = routes or {}
     graph = fx.Graph()
-    builder = _Builder(graph, parts, rank, group_name)
+    builder = _Builder(graph, parts, rank, group_name, training=training)
     env: dict[str, fx.Node] = {}
     resharded: dict[tuple[str, Placement], fx.Node] = {}
+    shared_inputs: dict[str, fx.Node] = {}  # training: producer -> its value read through f
     by_name = {n.name: n for n in gm.graph.nodes}
 
-    def value_for(producer: fx.Node, needed: Placement) -> fx.Node:
+    def value_for(producer: fx.Node, needed: Placement, divergent: bool) -> fx.Node:
         have = decisions[producer.name].output
-        if have == needed or not isinstance(producer.meta.get("val"), torch.Tensor):
+        val = producer.meta.get("val")
+        if not isinstance(val, torch.Tensor):
             return env[producer.name]
         key = (producer.name, needed)
-        if key not in resharded:
-            resharded[key] = builder.reshard(env[producer.name], producer, have, needed, routes.get(key))
-        return resharded[key]
+        if have == needed:
+            value = env[producer.name]
+        else:
+            if key not in resharded:
+                resharded[key] = builder.reshard(env[producer.name], producer, have, needed, routes.get(key))
+            value = resharded[key]
+        if training and divergent and needed == Replicate() and val.dtype.is_floating_point:
+            if producer.name not in shared_inputs:
+                shared_inputs[producer.name] = builder.replicated_input(value, producer)
+            return shared_inputs[producer.name]
+        return value
 
     for node in gm.graph.nodes:
         strategy = decisions[node.name]
@@ -178,11 +203,12 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
             env[node.name] = new
             continue
         slot = iter(strategy.inputs)
+        divergent = strategy.output != Replicate()
 
-        def map_arg(a: object, slot: Iterator[Placement] = slot) -> object:
+        def map_arg(a: object, slot: Iterator[Placement] = slot, divergent: bool = divergent) -> object:
             if isinstance(a, fx.Node):
                 # a symbolic size (sym_size, s0 * 4) is no input slot: it stays an expression
-                return value_for(by_name[a.name], next(slot)) if holds_tensor(a) else env[a.name]
+                return value_for(by_name[a.name], next(slot), divergent) if holds_tensor(a) else env[a.name]
             return a
 
         args, kwargs = pytree.tree_map(map_arg, (node.args, node.kwargs))
@@ -214,5 +240,10 @@ def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
         if is_collective(node):
             kind = COLLECTIVE_OPS[node.target]
             counts[kind] = counts.get(kind, 0) + 1
+        elif node.op == "call_function" and isinstance(node.target, ReshardNode):  # a training graph's route
+            for step in node.target.forward_steps:
+                collective = RESHARD_TABLE[step.kind].collective
+                if collective is not None:
+                    counts[collective] = counts.get(collective, 0) + 1
     return counts
 

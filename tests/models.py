@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "BUILDERS", "ModelAndInputs", "tiny_bert", "tiny_cnn", "tiny_gpt2", "tiny_llama", "tiny_mistral", "tiny_mixtral",
+    "BUILDERS", "ModelAndInputs", "tiny_bert", "tiny_bert_mlm", "tiny_cnn", "tiny_gpt2", "tiny_llama", "tiny_mistral", "tiny_mixtral",
     "tiny_mlp", "tiny_qwen2", "tiny_tied_lm",
 ]
 
@@ -87,6 +87,21 @@ def tiny_bert(num_heads: int = 8, hidden: int = 256, *, layers: int = 2, interme
         attn_implementation="sdpa",
     )
     model = _build(lambda: BertModel(config), seed, device)
+    return model, (_token_ids(seed, batch, seq_len, vocab_size),), {}
+
+
+def tiny_bert_mlm(num_heads: int = 8, hidden: int = 256, *, layers: int = 2, intermediate: int = 512,
+                  vocab_size: int = VOCAB_SIZE, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0,
+                  device: str | torch.device = "cpu") -> ModelAndInputs:
+    """BertForMaskedLM (a loss from ``labels=``, for training tests): BERT encoder + MLM head tied to the embedding."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(
+        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=num_heads,
+        intermediate_size=intermediate, max_position_embeddings=max(64, seq_len),
+        attn_implementation="sdpa",
+    )
+    model = _build(lambda: BertForMaskedLM(config), seed, device)
     return model, (_token_ids(seed, batch, seq_len, vocab_size),), {}
 
 

@@ -85,8 +85,8 @@ def test_budget_and_constraint_parsing() -> None:
 
 
 @pytest.mark.parametrize("bad, reason", [
-    (["--hardware", "h100"], "unknown hardware profile 'h100'; known profiles: a100-sxm, cpu-gloo, h100-multinode, "
-                             "h100-sxm, h200, pcie-gpu"),
+    (["--hardware", "h100"], "unknown hardware profile 'h100'; known profiles: a100-multinode, a100-sxm, cpu-gloo, "
+                             "h100-multinode, h100-sxm, h200, pcie-gpu"),
     (["--hardware", "missing-profile.json"], "cannot read hardware profile 'missing-profile.json'"),
     (["--json", "/no/such/folder/plan.json"], "folder '/no/such/folder' does not exist"),
     (["--constraint", "lm_head.weight=S(x)"], "cannot parse placement 'S(x)'"),

@@ -9,6 +9,9 @@ more than the tolerance, 2 if a rank failed.
 prints the tokens, prefill ms, ms per token and tokens/s against the single process (exit 1 if the
 tokens differ); see :mod:`autotp.cli.generate_demo`.
 
+``autotp demo --mesh dp2,pp2,tp2`` runs it over a data x pipeline x tensor parallel mesh instead
+(one process per mesh position); see :mod:`autotp.cli.mesh_demo`.
+
 ``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
 op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
 as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.cost_model.calibrate`.
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotp.cli.arguments import hardware_profile, output_path, positive_int
+from autotp.cli.mesh_demo import mesh_spec, run_mesh_demo
 
 __all__ = ["main"]
 
@@ -264,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--generate", type=positive_int, default=0, metavar="N",
                       help="then generate N tokens greedily with a sharded KV cache and compare tokens, prefill ms, "
                            "ms per token and tokens/s with the single-process model.generate")
+    demo.add_argument("--mesh", type=mesh_spec, default=None, metavar="DIMS",
+                      help="run over a data x pipeline x tensor parallel DeviceMesh instead, e.g. dp2,pp2,tp2 "
+                           "(one process per position: the world size is the product of the sizes)")
     _add_calibrate_parser(commands)
     from autotp.cli.plan import add_plan_parser
 
@@ -290,17 +297,36 @@ def _add_calibrate_parser(commands: Any) -> None:
                            help="torch threads per process (default: cores // world size, at least 1)")
     calibrate.add_argument("--quick", action="store_true",
                            help="small sizes and short timings: a rough profile in seconds")
+    nodes = calibrate.add_argument_group(
+        "two-level machine", "describe several nodes of this machine: one machine cannot measure the network "
+                             "between nodes, so give its figures (a datasheet, or nccl-tests across nodes)")
+    nodes.add_argument("--devices-per-node", type=positive_int, default=None,
+                       help="devices that share the measured link (default: the measured world size)")
+    nodes.add_argument("--inter-node-gbps", type=float, default=None,
+                       help="network bandwidth between nodes, GB/s per direction per device (e.g. 50 for one "
+                            "400 Gb/s NDR port per GPU)")
+    nodes.add_argument("--inter-node-latency-us", type=float, default=None,
+                       help="network latency per message step, microseconds (e.g. 2.7, NCCL's hwLat for NET)")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """``autotp calibrate``: measure, write the JSON profile, print what was measured."""
-    from autotp.cost_model.calibrate import CalibrationConfig, calibrate
+    from autotp.cost_model.calibrate import CalibrationConfig, calibrate, with_nodes
 
     if args.quick:
         config = CalibrationConfig.quick(progress=True, threads=args.threads)
     else:
         config = CalibrationConfig(progress=True, threads=args.threads)
     profile = calibrate(args.world_size, config=config, name=args.name)
+    if (args.devices_per_node, args.inter_node_gbps, args.inter_node_latency_us) != (None, None, None):
+        try:
+            profile = with_nodes(profile, devices_per_node=args.devices_per_node,
+                                 inter_node_bandwidth_gbps=args.inter_node_gbps,
+                                 inter_node_latency_s=None if args.inter_node_latency_us is None
+                                 else args.inter_node_latency_us * 1e-6)
+        except ValueError as error:
+            print(f"autotp calibrate: {error}", file=sys.stderr)
+            return 2
     with open(args.output, "w", encoding="utf-8") as file:
         file.write(profile.to_json() + "\n")
     link = profile.intra_node
@@ -317,6 +343,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
           f"{profile.collective_wait_s * 1e6:.1f} us wait per collective (fitted in graphs)")
     print(f"  gloo link        {link.base_latency_s * 1e6:.1f} us per call + {link.latency_s * 1e6:.1f} us per step, "
           f"{link.bandwidth_gbps:.3f} GB/s")
+    print(f"  nodes            {profile.devices_per_node} device(s) per node; between nodes "
+          f"{profile.inter_node.latency_s * 1e6:.1f} us per step, {profile.inter_node.bandwidth_gbps:.3f} GB/s")
     print(f"use it with: autotp.plan(model, inputs, world_size={args.world_size}, hardware={args.output!r})")
     return 0
 
@@ -331,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
             generate=args.generate,
         )
         try:
+            if args.mesh is not None:
+                if args.checkpoint is not None or args.generate:
+                    build_parser().error("autotp demo --mesh does not take --checkpoint or --generate (yet)")
+                return run_mesh_demo(args.mesh, layers=args.layers, seq_len=args.seq_len, seed=args.seed,
+                                     hardware=args.hardware, tolerance=args.tolerance,
+                                     init_method=config.init_method)
             if args.checkpoint is not None:
                 return run_checkpoint_demo(config, args.checkpoint)
             return run_demo(config)

@@ -257,6 +257,52 @@ def add_plan_parser(commands: Any) -> None:
                       help="also explain this node or parameter FQN (repeatable)")
     plan.add_argument("--max-rows", type=positive_int, default=40, help="rows per table in the summary (default: 40)")
     plan.add_argument("--time-limit", type=positive_float, default=120.0, help="solver time limit per plan, seconds (default: 120)")
+    plan.add_argument("--parallelism", type=parallelism, default="tp", metavar="tp|auto|DIM=N,...",
+                      help="'tp' (default): one tensor-parallel group; 'auto': search dp x pp x tp over the nodes of "
+                           "--hardware and print every factorization considered; 'tp=8' or 'tp=8,pp=2': fix dims")
+    plan.add_argument("--objective", choices=("latency", "throughput"), default="latency",
+                      help="with --parallelism: latency of one request, or requests/s at --throughput-batch")
+    plan.add_argument("--throughput-batch", type=positive_int, default=64,
+                      help="with --parallelism: requests per batch for the throughput figures (default: 64)")
+
+
+def parallelism(text: str) -> str | dict[str, int]:
+    """``--parallelism``: ``tp``, ``auto``, or ``dim=size`` pairs separated by commas (``tp=8,pp=2``)."""
+    if text in ("tp", "auto"):
+        return text
+    dims: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.partition("=")
+        if not sep or not size.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r}: use 'tp', 'auto' or dims like 'tp=8,pp=2'")
+        dims[name.strip()] = int(size)
+    return dims
+
+
+def _run_mesh_plan(spec: ModelSpec, args: argparse.Namespace) -> int:
+    """``autotp plan --parallelism auto|DIM=N``: search dp x pp x tp and print every factorization."""
+    from autotp.base.errors import AutoTPError
+    from autotp.planning.mesh_search import plan_mesh
+
+    for flag in ("json", "html", "dot", "plot"):
+        if getattr(args, flag):
+            print(f"autotp plan: --{flag} writes a tensor-parallel Plan; leave it out with --parallelism", file=sys.stderr)
+            return 2
+    model, call_args, call_kwargs = spec.build(args.batch, args.seq_len if args.phase == "prefill" else 1)
+    try:
+        result = plan_mesh(model, call_args, call_kwargs, world_size=args.world_size, hardware=args.hardware,
+                           parallelism=args.parallelism, objective=args.objective,
+                           throughput_batch=args.throughput_batch, time_limit_s=args.time_limit, progress=True)
+    except ValueError as exc:
+        print(f"autotp plan: {exc}", file=sys.stderr)
+        return 2
+    except AutoTPError as exc:
+        print(f"autotp plan: {exc}", file=sys.stderr)
+        return 1
+    print(result.candidates_table())
+    print()
+    print(result)
+    return 0
 
 
 def _shape_for(args: argparse.Namespace, phase: str) -> tuple[int, int]:
@@ -368,6 +414,8 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"autotp plan: {exc}", file=sys.stderr)
         return 2
     _say(f"model: {spec.description}; world size {args.world_size}, hardware {args.hardware}")
+    if args.parallelism != "tp":
+        return _run_mesh_plan(spec, args)
     try:
         captured = _capture(spec, *_shape_for(args, args.phase), args.phase)
         _say(f"{args.phase}: planning (strategies, costs, MILP)...")

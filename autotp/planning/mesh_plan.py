@@ -66,7 +66,10 @@ class ParallelPlan:
 
     ``predicted``: named figures (``latency_s``, ``throughput_per_s``, ``memory_bytes_per_device``,
     ...). ``candidates``: every factorization considered, each a dict of the same figures plus
-    ``mesh`` (a :class:`MeshShape`), for reports.
+    ``mesh`` (a :class:`MeshShape`), for reports (the chosen one has ``chosen: True``; the
+    runner-up ``runner_up: True`` and ``why_lost``). ``layer_blocks``: the module FQN of every
+    layer block, in order (``stages[i].first_block`` indexes it). ``tp_summary``: how the search's
+    tensor-parallel plan places one layer's weights (each stage's graph gets such a plan).
     """
 
     mesh: MeshShape
@@ -77,6 +80,8 @@ class ParallelPlan:
     hardware: str = ""
     predicted: dict[str, float] = dataclasses.field(default_factory=dict)
     candidates: tuple[dict[str, Any], ...] = ()
+    layer_blocks: tuple[str, ...] = ()
+    tp_summary: str = ""
 
     def __post_init__(self) -> None:
         if len(self.stages) != self.mesh.pp:
@@ -86,3 +91,14 @@ class ParallelPlan:
     def split_points(self) -> tuple[str, ...]:
         """Module FQNs where stages 1.. begin (what ``torch.distributed.pipelining`` splits at)."""
         return tuple(stage.begins_at for stage in self.stages[1:])
+
+    def __str__(self) -> str:
+        from autotp.inspect.mesh_text import parallel_plan_text
+
+        return parallel_plan_text(self)
+
+    def candidates_table(self) -> str:
+        """Every factorization considered, one row each, the chosen one marked (``autotp plan`` prints it)."""
+        from autotp.inspect.mesh_text import candidates_table
+
+        return candidates_table(self)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from autotp.planning.plan import Plan
 from autotp.runtime.agreement import InputGuard
 from autotp.runtime.input_check import InputShapeCheck
 from autotp.runtime.kv_cache import CacheLayout
+from autotp.runtime.training import OriginalParameterCheck, full_state_dict, refuse_backward, state_dict_aliases
 
 __all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
 
@@ -120,8 +121,11 @@ class TensorParallelModule(torch.nn.Module):
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
                  local_values: dict[str, torch.Tensor], rank: int,
                  layout: dict[str, tuple[tuple[int, ...], list[Any] | None]] | None = None,
-                 generation: GenerationGraphs | None = None, *, guard: InputGuard | None = None) -> None:
+                 generation: GenerationGraphs | None = None, *, guard: InputGuard | None = None,
+                 training: bool = False, original: torch.nn.Module | None = None, group: Any = None) -> None:
         super().__init__()
+        self.trains = training  # built for training (autotp.compile(..., training=True)): see autotp.runtime.training
+        self._group = group
         self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
         self.generation = generation
         self._state = set(captured.state)
@@ -143,10 +147,36 @@ class TensorParallelModule(torch.nn.Module):
                 continue
             key = slot.name
             if slot.kind == "parameter":
-                self._local[key] = torch.nn.Parameter(local_values[key], requires_grad=False)
+                value = local_values[key]
+                self._local[key] = torch.nn.Parameter(value, requires_grad=training and value.is_floating_point())
             else:
                 self.register_buffer(key, local_values[key], persistent=False)
                 self._buffers_local[key] = local_values[key]
+        # training: the original's state_dict names, and a check that catches an optimizer over its parameters
+        self.state_dict_aliases = state_dict_aliases(original) if training and original is not None else None
+        if training and original is not None:
+            OriginalParameterCheck(self, original)
+        # inference: a scalar output (a loss) gets a backward that says to compile with training=True
+        self._refuse_anchor = torch.zeros((), requires_grad=True)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """This rank's parameters (shards of split ones) under the original model's FQNs.
+
+        The second name of a tied weight (which the graph never reads and which holds nothing) is left
+        out; :meth:`parameters` yields the same tensors, for an optimizer.
+        """
+        for slot in self._slots:
+            if slot.kind == "parameter":
+                param = self._local[slot.name]
+                if param.numel() > 0 or str(slot.target) in self.layout:
+                    yield prefix + ("." if prefix else "") + str(slot.target), param
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The original model's ``state_dict``: full tensors gathered from every rank's shards (call on every rank).
+
+        See :func:`autotp.runtime.training.full_state_dict`."""
+        return full_state_dict(self, self._group)
 
     def local_state(self) -> dict[str, torch.Tensor]:
         """FQN -> this rank's tensor (a shard for split parameters)."""
@@ -243,6 +273,11 @@ class TensorParallelModule(torch.nn.Module):
                 values.append(self._local[slot.name])
             else:
                 values.append(getattr(self, slot.name))
-        with torch.no_grad():
+        if self.trains:
             outputs = self.graph_module(*values)
+        else:
+            with torch.no_grad():
+                outputs = self.graph_module(*values)
+            if torch.is_grad_enabled():
+                outputs = refuse_backward(outputs, self._refuse_anchor)
         return pytree.tree_unflatten(list(outputs), self._out_spec)

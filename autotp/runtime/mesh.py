@@ -1,0 +1,489 @@
+"""Running a model over a ``DeviceMesh``: data parallel x pipeline parallel x tensor parallel (inference).
+
+``autotp.compile(model, mesh=mesh, example_inputs=(ids,), plan=parallel_plan)`` lands here
+(:func:`compile_on_mesh`). The mesh's dims are named ``"dp"``, ``"pp"``, ``"tp"`` (any subset, any
+order; a missing dim has size 1). Every rank builds its own part:
+
+- **tp**: the ranks of one ``mesh["tp"]`` sub-group split the weights of one pipeline stage, as
+  :func:`autotp.compile` does with ``group=mesh["tp"].get_group()`` (the stage's ``tp_plan``
+  from the :class:`~autotp.planning.mesh_plan.ParallelPlan` is applied, or the stage is planned on
+  the first rank of its tp group and sent to the others).
+- **pp**: the model is cut into ``pp`` stages at the plan's ``split_points`` (module FQNs,
+  ``SplitPoint.BEGINNING``) by :func:`torch.distributed.pipelining.pipeline`, which traces the
+  whole model once with ``torch.export``; this rank keeps its stage's module only. Stages talk
+  over ``mesh["pp"]`` with ``PipelineStage`` and run the plan's schedule (``"gpipe"``:
+  ``ScheduleGPipe``; ``"1f1b"``: ``Schedule1F1B`` without a loss, i.e. its forward order only)
+  over ``plan.microbatches`` microbatches. Inference only: no backward, no loss.
+- **dp**: each ``mesh["dp"]`` replica runs its slice of the batch (dim 0 of every tensor input
+  whose dim 0 is the batch, split as ``torch.tensor_split`` does), and the slices' outputs are
+  gathered back, so **every rank returns the output of the whole batch**, the same as the
+  single-process model: a user checks it against one process.
+
+Shapes: with ``pp == 1`` the compiled module serves any batch size (at least ``dp``) and
+sequence length, as :func:`autotp.compile` does. With ``pp > 1`` the stages exchange buffers of
+fixed shapes, so each call must have the batch size and sequence length of ``example_inputs``
+(another shape raises :class:`~autotp.base.errors.InputShapeError` saying to compile again).
+
+Bad input is found before any rank communicates, from values every rank has (mesh, plan, model,
+example), so every rank raises the same error and none waits for the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch import nn
+
+from autotp.base.errors import InputShapeError, TracedValueError
+from autotp.capture import check_model
+from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
+from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan
+
+__all__ = ["MeshParallelModule", "StageSplit", "compile_on_mesh", "mesh_shape_of", "split_stages"]
+
+
+def mesh_shape_of(mesh: Any) -> MeshShape:
+    """The :class:`MeshShape` of a ``DeviceMesh`` whose dims are named from ``("dp", "pp", "tp")``.
+
+    ValueError, saying the fix, when a dim has no name or an unknown one, a name repeats, the mesh
+    does not hold every rank of the process group, or this rank is not in it."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"mesh= takes a torch.distributed.device_mesh.DeviceMesh, got {type(mesh).__name__}; "
+                        "build one with init_device_mesh('cpu' or 'cuda', (dp, pp, tp), "
+                        "mesh_dim_names=('dp', 'pp', 'tp'))")
+    names = mesh.mesh_dim_names
+    sizes = tuple(mesh.mesh.shape)
+    if names is None:
+        raise ValueError(f"the mesh's dims {sizes} have no names; autotp reads them by name: pass "
+                         f"mesh_dim_names= to init_device_mesh, from {MESH_DIM_NAMES} (e.g. ('dp', 'tp'))")
+    unknown = [name for name in names if name not in MESH_DIM_NAMES]
+    if unknown or len(set(names)) != len(names):
+        what = f"unknown dim name(s) {', '.join(map(repr, unknown))}" if unknown else f"repeated dim names {names}"
+        raise ValueError(f"the mesh has {what}; autotp knows {MESH_DIM_NAMES} (data, pipeline and tensor parallel): "
+                         "name each dim one of them, and leave out a dim of size 1")
+    world_size = dist.get_world_size()
+    if mesh.size() != world_size:
+        raise ValueError(
+            f"the mesh {dict(zip(names, sizes))} holds {mesh.size()} ranks but the process group has {world_size}; "
+            f"build the mesh over every rank (sizes multiplying to {world_size}) or start {mesh.size()} processes "
+            f"(torchrun --nproc-per-node {mesh.size()})")
+    if mesh.get_coordinate() is None:
+        raise ValueError(f"rank {dist.get_rank()} is not in the mesh {mesh.mesh.tolist()}; build it over every rank")
+    return MeshShape(**dict(zip(names, sizes)))
+
+
+def _group(mesh: Any, name: str) -> dist.ProcessGroup | None:
+    """The sub-group of ``mesh`` along dim ``name`` that holds this rank (``None`` when the mesh has no such dim)."""
+    return mesh[name].get_group() if name in (mesh.mesh_dim_names or ()) else None
+
+
+def _local_index(mesh: Any, name: str) -> int:
+    """This rank's coordinate along dim ``name`` (0 when the mesh has no such dim)."""
+    names = mesh.mesh_dim_names or ()
+    return mesh.get_coordinate()[names.index(name)] if name in names else 0
+
+
+# --------------------------------------------------------------------------- splitting the batch
+
+def _batch_size(args: Any, kwargs: Any) -> int | None:
+    """Dim 0 of the first tensor input with at least one dim: the batch the replicas split."""
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() >= 1:
+            return int(leaf.shape[0])
+    return None
+
+
+def replica_sizes(batch: int, replicas: int) -> list[int]:
+    """Rows of each replica's slice of a batch of ``batch`` rows (``torch.tensor_split``: earlier slices larger)."""
+    size, extra = divmod(batch, replicas)
+    return [size + (1 if index < extra else 0) for index in range(replicas)]
+
+
+def _slice_batch(args: Any, kwargs: Any, batch: int, start: int, stop: int) -> tuple[Any, Any]:
+    """``(args, kwargs)`` with rows ``[start, stop)`` of every tensor whose dim 0 is the batch."""
+    def cut(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() >= 1 and leaf.shape[0] == batch:
+            return leaf[start:stop]
+        return leaf
+
+    return pytree.tree_map(cut, (args, kwargs))
+
+
+def _gather_batch(output: Any, sizes: Sequence[int], index: int, group: dist.ProcessGroup) -> Any:
+    """Every replica's ``output`` for its slice, concatenated along dim 0 (leaves whose dim 0 is the
+    slice's rows); other leaves are taken from the first replica. One ``all_gather_object`` of the
+    leaves' shapes, then one ``all_gather`` per batch leaf (slices padded to the largest)."""
+    leaves, spec = pytree.tree_flatten(output)
+    shapes = [tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+    every: list[Any] = [None] * len(sizes)
+    dist.all_gather_object(every, shapes, group=group)
+    rows = max(sizes)
+    gathered = []
+    for position, leaf in enumerate(leaves):
+        per_replica = [their[position] for their in every]
+        batched = all(s is not None and len(s) >= 1 and s[0] == n for s, n in zip(per_replica, sizes))
+        if not batched:
+            gathered.append(_from_first(leaf, group) if isinstance(leaf, torch.Tensor) else leaf)
+            continue
+        padded = leaf.new_zeros((rows, *leaf.shape[1:]))
+        padded[: leaf.shape[0]] = leaf
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded.contiguous(), group=group)
+        gathered.append(torch.cat([part[:n] for part, n in zip(parts, sizes)]))
+    return pytree.tree_unflatten(gathered, spec)
+
+
+def _from_first(leaf: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The first replica's value of a leaf that is not split by rows (all replicas hold its shape)."""
+    value = leaf.contiguous().clone()
+    dist.broadcast(value, group=group, group_src=0)
+    return value
+
+
+# --------------------------------------------------------------------------- pipeline stages
+
+@dataclasses.dataclass
+class StageSplit:
+    """A model cut into pipeline stages (:func:`split_stages`), with one microbatch run through it.
+
+    ``modules[i]``: stage ``i``'s module (a ``GraphModule`` of ``torch.distributed.pipelining``);
+    ``inputs[i]`` / ``outputs[i]``: the tensors it took and gave for the example microbatch (stage
+    ``i + 1`` takes stage ``i``'s outputs, in order). To plan a stage's tensor-parallel part the way
+    the runtime applies it: ``autotp.plan(split.modules[i], split.inputs[i], world_size=tp)``.
+    ``first_inputs``: the model arguments stage 0 takes, by name; ``constants``: non-tensor
+    arguments baked into the trace (``use_cache=False``); ``out_spec``: the model's output
+    structure over the last stage's outputs (``None`` when they do not line up).
+    """
+
+    modules: tuple[nn.Module, ...]
+    inputs: tuple[tuple[torch.Tensor, ...], ...]
+    outputs: tuple[tuple[torch.Tensor, ...], ...]
+    first_inputs: tuple[str, ...]
+    constants: dict[str, Any]
+    out_spec: pytree.TreeSpec | None
+
+
+class _Recorder(fx.Interpreter):
+    """Runs ``Pipe.split_gm`` on one microbatch, keeping each stage's arguments and outputs."""
+
+    def __init__(self, module: fx.GraphModule) -> None:
+        super().__init__(module, garbage_collect_values=False)
+        self.calls: dict[str, tuple[tuple[Any, ...], Any]] = {}
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        output = super().call_module(target, args, kwargs)
+        self.calls[str(target)] = (tuple(args), output)
+        return output
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[Any, ...],
+                 mb_kwargs: dict[str, Any] | None = None) -> StageSplit:
+    """Cut ``model`` before each module of ``split_points`` (FQNs) with ``torch.distributed.pipelining``
+    (one ``torch.export`` trace of the whole model on the microbatch ``mb_args``/``mb_kwargs``), then run
+    the microbatch through the stages to record what each takes and gives. ``model`` is left as it was."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    mb_kwargs = dict(mb_kwargs or {})
+    split_spec = {fqn: SplitPoint.BEGINNING for fqn in split_points}
+    patched = [model.get_submodule(fqn) for fqn in split_spec]
+    try:
+        pipe = pipeline(model, mb_args, mb_kwargs or None, split_spec=split_spec)
+    finally:  # pipeline() wraps the forward of each split module in place; give the user their model back
+        for module in patched:
+            module.__dict__.pop("forward", None)
+            module.__dict__.pop("_orig_forward", None)
+    if pipe.num_stages != len(split_spec) + 1:
+        raise ValueError(f"cutting the model at {list(split_points)} gave {pipe.num_stages} stages, not "
+                         f"{len(split_spec) + 1}; split at modules that run once, in order, after the first op")
+    graph = pipe.split_gm.graph
+    names = tuple(str(node.target) for node in graph.nodes if node.op == "placeholder")
+    bound = inspect.signature(model.forward).bind(*mb_args, **mb_kwargs)
+    bound.apply_defaults()
+    values = [bound.arguments.get(name) for name in names]
+    recorder = _Recorder(pipe.split_gm)
+    with torch.no_grad():
+        recorder.run(*values)
+        reference = model(*mb_args, **mb_kwargs)  # only its structure: the pipeline returns flat leaves
+    stage_nodes = [node for node in graph.nodes if node.op == "call_module"]
+    first = stage_nodes[0]
+    if not all(isinstance(arg, fx.Node) and arg.op == "placeholder" for arg in first.args) or first.kwargs:
+        raise ValueError("the first pipeline stage takes something other than the model's arguments; "
+                         "autotp's mesh runtime needs the model's inputs to feed the first stage only")
+    for previous, node in zip(stage_nodes, stage_nodes[1:]):
+        _check_reads_previous(node, previous)
+    calls = [recorder.calls[str(node.target)] for node in stage_nodes]
+    leaves, out_spec = pytree.tree_flatten(reference)
+    used = {str(arg.target) for arg in first.args}
+    return StageSplit(
+        modules=tuple(pipe.get_stage_module(index) for index in range(len(stage_nodes))),
+        inputs=tuple(tuple(args) for args, _ in calls),
+        outputs=tuple(_as_tuple(output) for _, output in calls),
+        first_inputs=tuple(str(arg.target) for arg in first.args),
+        constants={name: value for name, value in zip(names, values)
+                   if name not in used and not isinstance(value, torch.Tensor)},
+        out_spec=out_spec if len(leaves) == len(_as_tuple(calls[-1][1])) else None,
+    )
+
+
+@dataclasses.dataclass
+class _Stage:
+    """This rank's stage: its module (tensor-parallel when tp > 1), its microbatch inputs and outputs,
+    and what it needs of the :class:`StageSplit` to feed stage 0 and rebuild the model's output."""
+
+    module: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+    first_inputs: tuple[str, ...]
+    constants: dict[str, Any]
+    out_spec: pytree.TreeSpec | None
+
+
+def _check_reads_previous(node: fx.Node, previous: fx.Node) -> None:
+    """Stage ``node`` must take exactly the outputs of stage ``previous``, in order (what ``PipelineStage`` sends)."""
+    expected = [user for user in previous.users if user.op == "call_function"]
+    indices = [arg.args[1] if isinstance(arg, fx.Node) and arg.op == "call_function" and arg.args[0] is previous
+               else None for arg in node.args]
+    direct = list(node.args) == [previous]
+    if not direct and (indices != list(range(len(indices))) or len(indices) != len(expected)):
+        raise ValueError(f"pipeline stage {node.target} reads values other than the outputs of {previous.target} "
+                         "(e.g. a model input or an earlier stage's value); autotp's mesh runtime passes only "
+                         "stage-to-stage outputs. Split at other modules (the plan's split_points)")
+
+
+# --------------------------------------------------------------------------- the module
+
+class MeshParallelModule(nn.Module):
+    """This rank's part of a model run over a dp x pp x tp mesh; called like the model, it returns the
+    whole batch's output on every rank (see :mod:`autotp.runtime.mesh`).
+
+    Attributes: ``plan`` (the :class:`ParallelPlan` applied), ``stage_module`` (this rank's stage,
+    a :class:`~autotp.runtime.module.TensorParallelModule` when ``tp > 1``), ``stage_index``,
+    ``replica_index``.
+    """
+
+    def __init__(self, plan: ParallelPlan, mesh: Any, stage_module: nn.Module, *, signature: inspect.Signature,
+                 stage: _Stage | None = None,
+                 example_shapes: tuple[tuple[int, ...], ...] = ()) -> None:
+        super().__init__()
+        self.plan = plan
+        self.stage_module = stage_module
+        self.stage_index = _local_index(mesh, "pp")
+        self.replica_index = _local_index(mesh, "dp")
+        self._dp_group = _group(mesh, "dp") if plan.mesh.dp > 1 else None
+        self._pp_group = _group(mesh, "pp") if plan.mesh.pp > 1 else None
+        self._signature = signature
+        self._stage = stage
+        self._example_shapes = example_shapes
+        self._schedule: Any = None
+        if stage is not None:
+            self._schedule = _schedule(plan, stage_module, stage, self.stage_index,
+                                       self._pp_group, next(iter(stage.inputs)).device)
+
+    def parameter_bytes(self) -> int:
+        """Bytes of the parameters this rank holds: its stage's, split over its tp group."""
+        own = getattr(self.stage_module, "parameter_bytes", None)
+        if callable(own):
+            return int(own())
+        return sum(p.numel() * p.element_size() for p in self.stage_module.parameters())
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        batch = _batch_size(args, kwargs)
+        dp = self.plan.mesh.dp
+        if self._stage is not None:
+            self._check_pipeline_shapes(args, kwargs)
+        if dp > 1:
+            if batch is None or batch < dp:
+                raise InputShapeError(f"the batch ({batch} rows) must have at least dp={dp} rows, one slice per "
+                                      "data-parallel replica; pass a larger batch or use a mesh with a smaller dp")
+            sizes = replica_sizes(batch, dp)
+            start = sum(sizes[: self.replica_index])
+            args, kwargs = _slice_batch(args, kwargs, batch, start, start + sizes[self.replica_index])
+        output = self._run_stages(args, kwargs) if self._stage is not None else self.stage_module(*args, **kwargs)
+        if dp > 1:
+            assert self._dp_group is not None
+            output = _gather_batch(output, sizes, self.replica_index, self._dp_group)
+        return output
+
+    def _check_pipeline_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        assert self._stage is not None
+        shapes = tuple(tuple(t.shape) for t in _first_inputs(self._signature, args, kwargs, self._stage.first_inputs))
+        if shapes != self._example_shapes:
+            raise InputShapeError(
+                f"a pipeline over pp={self.plan.mesh.pp} stages runs the shapes it was compiled for: inputs "
+                f"{list(self._example_shapes)}; this call passes {list(shapes)}. Compile again with example_inputs of "
+                "these shapes")
+
+    def _run_stages(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        stage = self._stage
+        assert stage is not None and self._pp_group is not None
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        for name, traced in stage.constants.items():
+            given = bound.arguments.get(name)
+            if given is not traced and given != traced:
+                raise TracedValueError(f"{name} was {traced!r} when the pipeline was traced and is part of its stages; "
+                                       f"this call passes {given!r}. Call it with {traced!r} or compile again.")
+        first = tuple(bound.arguments[name] for name in stage.first_inputs)
+        with torch.no_grad():
+            result = self._schedule.step(*first) if self.stage_index == 0 else self._schedule.step()
+        return self._from_last_stage(result)
+
+    def _from_last_stage(self, result: Any) -> Any:
+        """The last stage's output, sent to every stage of this pipeline; in the model's output structure."""
+        stage, group = self._stage, self._pp_group
+        assert stage is not None and group is not None
+        last = self.plan.mesh.pp - 1
+        leaves = list(_as_tuple(result)) if self.stage_index == last else []
+        metas: list[Any] = [[(tuple(t.shape), t.dtype) for t in leaves]]
+        dist.broadcast_object_list(metas, group=group, group_src=last)
+        device = stage.outputs[0].device if stage.outputs else torch.device("cpu")
+        if self.stage_index != last:
+            leaves = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in metas[0]]
+        for leaf in leaves:
+            dist.broadcast(leaf, group=group, group_src=last)
+        if stage.out_spec is not None:
+            return pytree.tree_unflatten(leaves, stage.out_spec)
+        return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+
+def _schedule(plan: ParallelPlan, module: nn.Module, stage: _Stage, stage_index: int,
+              group: dist.ProcessGroup | None, device: torch.device) -> Any:
+    """The plan's pipeline schedule over this rank's stage (inference: no loss, so 1F1B runs its forwards only)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    runner = PipelineStage(module, stage_index, plan.mesh.pp, device, input_args=stage.inputs,
+                           output_args=stage.outputs, group=group)
+    kind = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+    return kind(runner, n_microbatches=plan.microbatches)
+
+
+# --------------------------------------------------------------------------- compile
+
+def check_plan_for_mesh(plan: ParallelPlan, shape: MeshShape, model: nn.Module) -> ParallelPlan:
+    """``plan`` with every stage's ``begins_at`` filled in; ValueError, saying the fix, when it does not fit
+    the mesh or the model (another mesh shape, stages that do not cover the layer blocks, an unknown
+    schedule, a split point that is not a module)."""
+    if not isinstance(plan, ParallelPlan):
+        raise TypeError(f"with mesh=, plan= takes a ParallelPlan (autotp.planning.mesh_plan) or None, got "
+                        f"{type(plan).__name__}; for a tensor-parallel Plan alone use group= instead of mesh=")
+    if plan.mesh != shape:
+        raise ValueError(f"the plan was made for a mesh {plan.mesh} but the given mesh is {shape}; build the mesh "
+                         f"the plan asks for (init_device_mesh(..., ({plan.mesh.dp}, {plan.mesh.pp}, {plan.mesh.tp}), "
+                         "mesh_dim_names=('dp', 'pp', 'tp'))) or plan again for this mesh (or pass plan=None)")
+    if plan.schedule not in SCHEDULES:
+        raise ValueError(f"schedule {plan.schedule!r} is not one the mesh runtime runs: {', '.join(SCHEDULES)}")
+    if not isinstance(plan.microbatches, int) or plan.microbatches < 1:
+        raise ValueError(f"microbatches must be a positive int, got {plan.microbatches!r}")
+    if shape.pp == 1:
+        return plan
+    blocks = layer_blocks(model)
+    if shape.pp > len(blocks):
+        raise ValueError(f"pp={shape.pp} pipeline stages need at least {shape.pp} layer blocks, but "
+                         f"{type(model).__name__} has {len(blocks)}; use a mesh with pp <= {max(len(blocks), 1)} "
+                         "and give the other ranks to dp or tp")
+    stops = [0]
+    fixed = []
+    modules = dict(model.named_modules())
+    for index, stage in enumerate(plan.stages):
+        if stage.first_block != stops[-1] or not stage.first_block < stage.stop_block <= len(blocks):
+            ranges = [(s.first_block, s.stop_block) for s in plan.stages]
+            raise ValueError(f"the plan's stages {ranges} must be non-empty, contiguous block ranges from 0 to "
+                             f"{len(blocks)} (the model's layer blocks); fix the ParallelPlan's stages")
+        stops.append(stage.stop_block)
+        begins_at = stage.begins_at or (blocks[stage.first_block] if index else "")
+        if index and begins_at not in modules:
+            raise ValueError(f"stage {index} begins at {begins_at!r}, which is not a module of {type(model).__name__}; "
+                             f"name a layer block such as {blocks[stage.first_block]!r}")
+        fixed.append(dataclasses.replace(stage, begins_at=begins_at))
+    if stops[-1] != len(blocks):
+        raise ValueError(f"the plan's stages end at block {stops[-1]} but the model has {len(blocks)} layer blocks; "
+                         "the last stage must stop at the last block")
+    return dataclasses.replace(plan, stages=tuple(fixed))
+
+
+def _check_pipeline_batch(batch: int | None, shape: MeshShape, microbatches: int) -> int:
+    """Rows of one microbatch; ValueError when the example batch does not split into equal microbatches."""
+    parts = shape.dp * microbatches
+    if batch is None or batch % parts:
+        raise ValueError(
+            f"with pp={shape.pp}, the example batch ({batch} rows) must split into dp={shape.dp} replicas x "
+            f"{microbatches} microbatch(es) of equal rows; pass a batch that is a multiple of {parts} "
+            "(or a ParallelPlan with other microbatches)")
+    return batch // parts
+
+
+def default_microbatches(batch: int | None, shape: MeshShape) -> int:
+    """Microbatches when no plan says: ``pp`` (each stage busy once the pipeline fills) when the replica's
+    batch divides by it, else the largest divisor of the replica's batch below ``pp``, else 1."""
+    if shape.pp == 1 or batch is None or batch % shape.dp:
+        return 1
+    rows = batch // shape.dp
+    return max(m for m in range(1, shape.pp + 1) if rows % m == 0)
+
+
+def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
+                    example_kwargs: dict[str, Any] | None, plan: ParallelPlan | None,
+                    **tp_options: Any) -> MeshParallelModule:
+    """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh`. ``tp_options`` go to
+    :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...)."""
+    from autotp.api import compile as compile_tp
+
+    check_model(model)
+    shape = mesh_shape_of(mesh)
+    example_kwargs = dict(example_kwargs or {})
+    batch = _batch_size(example_inputs, example_kwargs)
+    if plan is None:
+        plan = even_parallel_plan(model, shape, microbatches=default_microbatches(batch, shape))
+    plan = check_plan_for_mesh(plan, shape, model)
+    signature = inspect.signature(model.forward)
+    if shape.dp > 1 and (batch is None or batch < shape.dp):
+        raise ValueError(f"the example batch ({batch} rows) must have at least dp={shape.dp} rows, one per replica; "
+                         "pass a larger example batch")
+    replica = _local_index(mesh, "dp")
+    if shape.pp == 1:
+        if shape.dp > 1:
+            sizes = replica_sizes(batch or 0, shape.dp)
+            start = sum(sizes[:replica])
+            example_inputs, example_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, start,
+                                                          start + sizes[replica])
+        whole: nn.Module = model
+        if shape.tp > 1:
+            whole = compile_tp(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
+                               group=_group(mesh, "tp"), plan=plan.stages[0].tp_plan, **tp_options)
+        return MeshParallelModule(plan, mesh, whole, signature=signature)
+    rows = _check_pipeline_batch(batch, shape, plan.microbatches)
+    mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
+    stage_index = _local_index(mesh, "pp")
+    split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
+    module = split.modules[stage_index]
+    if shape.tp > 1:
+        module = compile_tp(module, example_inputs=split.inputs[stage_index], group=_group(mesh, "tp"),
+                            plan=plan.stages[stage_index].tp_plan, **tp_options)
+    stage = _Stage(module, split.inputs[stage_index], split.outputs[stage_index], split.first_inputs,
+                   split.constants, split.out_spec)
+    del split  # the other stages' modules and activations
+    first_shapes = tuple(tuple(leaf.shape) for leaf in _first_inputs(signature, example_inputs, example_kwargs,
+                                                                        stage.first_inputs))
+    return MeshParallelModule(plan, mesh, module, signature=signature, stage=stage,
+                              example_shapes=first_shapes)
+
+
+def _first_inputs(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  names: Sequence[str]) -> list[torch.Tensor]:
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return [bound.arguments[name] for name in names if isinstance(bound.arguments.get(name), torch.Tensor)]
+

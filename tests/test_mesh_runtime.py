@@ -1,0 +1,161 @@
+"""autotp.compile(model, mesh=...): data parallel x pipeline parallel x tensor parallel over a DeviceMesh.
+
+Unit tests of the equal-stage fallback plan and the plan/mesh checks (no process group), then real
+gloo runs against the single-process model: dp2 x tp2, pp2 x tp2, dp2 x pp2 on 4 processes (one
+pool call), dp2 x pp2 x tp2 on 8, and bad input raising the same clear error on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from models import tiny_llama
+
+from autotp.planning.even_stages import even_parallel_plan, layer_blocks, stage_bounds
+from autotp.planning.mesh_plan import MeshShape, ParallelPlan
+from autotp.runtime.mesh import check_plan_for_mesh, default_microbatches, replica_sizes, split_stages
+
+TINY = {"num_heads": 4, "num_kv_heads": 2, "hidden": 64, "intermediate": 128, "seq_len": 8}
+
+
+def test_even_stages_cut_layer_blocks_and_name_bad_plans() -> None:
+    """pp=3 over 4 blocks, pp > blocks, a plan for another mesh, uneven dp slices (no process group)."""
+    model, _, _ = tiny_llama(**TINY, layers=4, device="meta")
+    blocks = layer_blocks(model)
+    assert blocks == [f"model.layers.{i}" for i in range(4)], f"expected model.layers.0..3, got {blocks}"
+    assert stage_bounds(4, 3) == [(0, 2), (2, 3), (3, 4)], f"got {stage_bounds(4, 3)}"
+    plan = even_parallel_plan(model, MeshShape(dp=1, pp=3, tp=1), microbatches=2, schedule="1f1b")
+    assert plan.split_points == ("model.layers.2", "model.layers.3"), f"got {plan.split_points}"
+    assert check_plan_for_mesh(plan, MeshShape(pp=3), model) == plan
+    with pytest.raises(ValueError, match=r"pp=5 .* the model has 4; use a mesh with pp <= 4"):
+        even_parallel_plan(model, MeshShape(pp=5))
+    with pytest.raises(ValueError, match=r"plan was made for a mesh dp1 x pp3 x tp1 but the given mesh is dp1 x pp2 x tp2"):
+        check_plan_for_mesh(plan, MeshShape(pp=2, tp=2), model)
+    with pytest.raises(ValueError, match="schedule='zb' is not one"):
+        even_parallel_plan(model, MeshShape(pp=2), schedule="zb")
+    assert replica_sizes(5, 2) == [3, 2], f"expected torch.tensor_split's [3, 2], got {replica_sizes(5, 2)}"
+    assert default_microbatches(8, MeshShape(dp=2, pp=2)) == 2
+    assert default_microbatches(6, MeshShape(dp=2, pp=2)) == 1, "3 rows per replica do not split in 2 microbatches"
+
+
+def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], tuple[str, ...], int, dict]]) -> list:
+    """Each case: build the mesh, compile tiny Llama on it, compare with the single-process model."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import autotp
+    from autotp.planning.even_stages import even_parallel_plan
+    from autotp.runtime.mesh import mesh_shape_of
+
+    results = []
+    for dims, names, batch, plan_options in cases:
+        model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
+        mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
+        plan = plan_options if isinstance(plan_options, ParallelPlan) else (
+            even_parallel_plan(model, mesh_shape_of(mesh), **plan_options) if plan_options else None)
+        part = autotp.compile(model, mesh=mesh, example_inputs=args, example_kwargs=kwargs, plan=plan)
+        with torch.no_grad():
+            out, ref = part(*args, **kwargs), model(*args, **kwargs)
+        results.append((type(out).__name__, tuple(out.logits.shape), float((out.logits - ref.logits).abs().max())))
+    return results
+
+
+def _bad_inputs(rank: int, world_size: int) -> list[str]:
+    """Each bad input's error text on this rank (every rank must raise, none may hang)."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    import autotp
+    from autotp.planning.even_stages import even_parallel_plan
+
+    model, args, kwargs = tiny_llama(**TINY, layers=2, batch=4)
+    attempts: list[Any] = [
+        lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "sp")),
+        lambda: init_device_mesh("cpu", (4,), mesh_dim_names=("pp",)),
+        lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")),
+        lambda: DeviceMesh("cpu", torch.arange(2), mesh_dim_names=("tp",)),
+        lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")),
+    ]
+    messages = []
+    for index, make in enumerate(attempts):
+        mesh = make()
+        plan = even_parallel_plan(model, MeshShape(pp=2, tp=2)) if index == 2 else None
+        ids = args[0][:3] if index == 4 else args[0]  # 3 rows do not split over 2 replicas
+        try:
+            autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs=kwargs, plan=plan)
+        except ValueError as exc:
+            messages.append(str(exc))
+        else:
+            messages.append("no error")
+    return messages
+
+
+def _planned_pipeline(shape: MeshShape, batch: int, microbatches: int, schedule: str) -> ParallelPlan:
+    """A ParallelPlan whose stages carry tensor-parallel plans made here (one process, no process group)
+    on the stage graphs split_stages gives, as a mesh search would hand them to the runtime."""
+    import dataclasses
+
+    import autotp
+
+    model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
+    plan = even_parallel_plan(model, shape, microbatches=microbatches, schedule=schedule)
+    rows = batch // (shape.dp * microbatches)
+    split = split_stages(model, plan.split_points, (args[0][:rows],), kwargs)
+    stages = tuple(dataclasses.replace(stage, tp_plan=autotp.plan(module, inputs, world_size=shape.tp))
+                   for stage, module, inputs in zip(plan.stages, split.modules, split.inputs))
+    return dataclasses.replace(plan, stages=stages)
+
+
+def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
+    """dp2 x tp2 (uneven batch 3, planned on each tp group), pp2 x tp2 (1F1B, 4 microbatches, each stage's
+    tp plan made beforehand in this process), dp2 x pp2 (GPipe, 2 microbatches) on 4 gloo processes: every
+    rank returns the whole batch's logits, equal to one process's."""
+    cases = [((2, 2), ("dp", "tp"), 3, {}),
+             ((2, 2), ("pp", "tp"), 4, _planned_pipeline(MeshShape(pp=2, tp=2), 4, 4, "1f1b")),
+             ((2, 2), ("dp", "pp"), 4, {"microbatches": 2, "schedule": "gpipe"})]
+    results = gloo.run(4, _run_meshes, cases)
+    for rank, per_case in enumerate(results):
+        for (dims, names, batch, _), (kind, shape, error) in zip(cases, per_case):
+            setup = " x ".join(f"{n}{d}" for n, d in zip(names, dims))
+            assert kind == "CausalLMOutputWithPast", f"{setup} rank {rank}: expected the model's output type, got {kind}"
+            assert shape == (batch, 8, 1000), f"{setup} rank {rank}: expected the whole batch's logits, got {shape}"
+            assert error < 1e-5, f"{setup} rank {rank}: logits differ from one process by {error}"
+
+
+def test_mesh_bad_input_fails_on_every_rank(gloo: Any) -> None:
+    """4 ranks: unknown dim name, pp=4 over 2 layer blocks, a pp2 x tp2 plan on a dp2 x tp2 mesh, a mesh of 2
+    of the 4 ranks, dp2 x pp2 with a batch of 3: the same error, saying the fix, on every rank."""
+    messages = gloo.run(4, _bad_inputs)
+    expected = ["unknown dim name(s) 'sp'", "pp=4 pipeline stages need at least 4 layer blocks",
+                "plan was made for a mesh dp1 x pp2 x tp2 but the given mesh is dp2 x pp1 x tp2",
+                "holds 2 ranks but the process group has 4",
+                "batch (3 rows) must split into dp=2 replicas x 1 microbatch(es) of equal rows; pass a batch that is "
+                "a multiple of 2"]
+    assert len(messages[0]) == len(expected), f"expected {len(expected)} errors, got {messages[0]}"
+    for rank, texts in enumerate(messages):
+        assert texts == messages[0], f"rank {rank} raised {texts}, rank 0 {messages[0]}"
+        for text, wanted in zip(texts, expected):
+            assert wanted in text, f"expected an error with {wanted!r}, got {text!r}"
+
+
+def test_mesh_dp_pp_tp_on_eight_ranks(gloo: Any) -> None:
+    """dp2 x pp2 x tp2 on 8 gloo processes (GPipe, default 2 microbatches): whole-batch logits on every rank."""
+    results = gloo.run(8, _run_meshes, [((2, 2, 2), ("dp", "pp", "tp"), 4, {})])
+    for rank, [(kind, shape, error)] in enumerate(results):
+        assert shape == (4, 8, 1000), f"rank {rank}: expected the whole batch's logits (4, 8, 1000), got {shape}"
+        assert error < 1e-5, f"rank {rank}: logits differ from one process by {error} ({kind})"
+
+
+def test_demo_mesh_argument() -> None:
+    """`autotp demo --mesh dp2,pp2,tp2` parses to named sizes; a bad item is an argparse error naming the fix."""
+    import argparse
+
+    from autotp.cli.main import build_parser
+    from autotp.cli.mesh_demo import mesh_spec
+
+    args = build_parser().parse_args(["demo", "--mesh", "dp2,pp2,tp2"])
+    assert args.mesh == (("dp", 2), ("pp", 2), ("tp", 2)), f"got {args.mesh}"
+    for bad, why in [("dp2,xp2", "not a dim name"), ("tp2,tp2", "names tp twice"), ("pp0", "size >= 1")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            mesh_spec(bad)

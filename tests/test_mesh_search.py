@@ -1,0 +1,246 @@
+"""dp x pp x tp planning: topology in the cost model, the mesh search, its optimality and its errors.
+
+Fast tier: meta-device capture of tiny Llama configs, no process group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import autotp
+from autotp.base.errors import PlanError
+from autotp.cli import main as cli
+from autotp.cost_model import (
+    KNOWN_HARDWARE,
+    Hardware,
+    bubble_fraction,
+    collective_time_s,
+    get_hardware,
+    group_spans_nodes,
+    p2p_time_s,
+    pipeline_time_s,
+)
+from autotp.cost_model.calibrate import with_nodes
+from autotp.planning.mesh_plan import MeshShape, ParallelPlan
+from autotp.planning.mesh_search import (
+    _GIB,
+    MeshCosts,
+    _stage_boundaries_span,
+    factorizations,
+    forced_dims,
+    mesh_costs,
+    plan_mesh,
+    search_mesh,
+)
+
+H100_NODES = get_hardware("h100-multinode")
+
+
+def _tiny_llama(layers: int, hidden: int = 64) -> tuple[torch.nn.Module, tuple, dict]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=1000, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).eval()
+    return model, (torch.zeros(1, 16, dtype=torch.long, device="meta"),), {"use_cache": False}
+
+
+# --------------------------------------------------------------------------- topology
+
+def test_collectives_across_nodes_pay_the_network() -> None:
+    """tp=16 on nodes of 8 H100s: an all-reduce crosses InfiniBand; hierarchical beats a flat ring."""
+    nbytes = 64 * 2**20
+    inside = collective_time_s("all_reduce", nbytes, 8, H100_NODES)
+    spanning = collective_time_s("all_reduce", nbytes, 16, H100_NODES, spans_nodes=True)
+    flat = collective_time_s("all_reduce", nbytes, 16, dataclasses.replace(H100_NODES, devices_per_node=1),
+                             spans_nodes=True)
+    assert spanning > 1.5 * inside, f"a big all-reduce over 2 nodes should cost > 1.5x one node: {spanning} vs {inside}"
+    small_inside = collective_time_s("all_reduce", 2**16, 8, H100_NODES)
+    small_spanning = collective_time_s("all_reduce", 2**16, 16, H100_NODES, spans_nodes=True)
+    assert small_spanning > 2 * small_inside, (
+        f"a small (latency-bound) all-reduce over 2 nodes should cost > 2x one node: {small_spanning} vs {small_inside}")
+    assert spanning < flat, f"hierarchical all-reduce ({spanning}) should beat a flat ring over IB ({flat})"
+    # RS inside (8 ranks, n) + AR across 2 nodes (n/8) + AG inside: [J18]
+    intra, inter = H100_NODES.intra_node, H100_NODES.inter_node
+    expected = (2 * (intra.base_latency_s + 7 * intra.latency_s + 7 / 8 * nbytes / intra.bandwidth_bytes_per_s)
+                + inter.base_latency_s + 2 * inter.latency_s + nbytes / 8 / inter.bandwidth_bytes_per_s)
+    assert math.isclose(spanning, expected, rel_tol=1e-12), f"hierarchical formula: expected {expected}, got {spanning}"
+    assert group_spans_nodes(16, 8) and not group_spans_nodes(8, 8), "a group spans nodes when bigger than a node"
+    assert group_spans_nodes(3, 8, world_size=24), "tp=3 on nodes of 8: the group of ranks 6-8 straddles two nodes"
+    assert not group_spans_nodes(4, 8, world_size=32), "tp=4 on nodes of 8 never straddles"
+    assert p2p_time_s(nbytes, H100_NODES, spans_nodes=True) > 8 * p2p_time_s(nbytes, H100_NODES, spans_nodes=False)
+
+
+def test_tensor_parallel_across_nodes_is_priced_expensive() -> None:
+    """tp=16 on 2 nodes of 8 vs the same 16 GPUs on one imaginary NVSwitch: the MILP's plan pays more for
+    its collectives from the prices alone (no rule forbids it)."""
+    from autotp.capture import capture
+    from autotp.passes.costing import cost_strategy_graph
+    from autotp.passes.pricing import price_choice
+    from autotp.passes.solver import solve
+    from autotp.passes.strategies import build_strategy_graph
+    from autotp.planning.planner import auto_memory_budget
+
+    model, args, kwargs = _tiny_llama(1)
+    captured = capture(model, args, kwargs)
+    graph = build_strategy_graph(captured.graph_module, 16, captured.parameter_fqns())
+    one_switch = dataclasses.replace(H100_NODES, name="h100-one-switch", devices_per_node=16)
+    comm = {}
+    for hardware in (H100_NODES, one_switch):
+        costed = cost_strategy_graph(graph, hardware)
+        choice = solve(costed, memory_budget_bytes=auto_memory_budget(costed)).choice
+        comm[hardware.name] = price_choice(costed, choice).comm_s
+    across, inside = comm[H100_NODES.name], comm[one_switch.name]
+    assert across > 1.25 * inside, f"tp=16 across 2 nodes should pay > 1.25x one switch's collectives: {across} vs {inside}"
+
+
+def test_pipeline_formulas_and_profiles() -> None:
+    """GPipe/1F1B forward time and bubble; multi-node profiles; calibrate's two-level description."""
+    assert pipeline_time_s([2.0, 2.0, 2.0, 2.0], 8) == pytest.approx((8 + 4 - 1) * 2.0)
+    assert pipeline_time_s([1.0, 3.0], 4) == pytest.approx(1.0 + 3.0 + 3 * 3.0)
+    assert bubble_fraction(4, 12) == pytest.approx(3 / 15)
+    a100 = KNOWN_HARDWARE["a100-multinode"]
+    assert a100.inter_node.bandwidth_gbps == 25.0 and a100.devices_per_node == 8, "DGX A100: 8 x 200 Gb/s HDR"
+    assert H100_NODES.inter_node.bandwidth_gbps == 50.0, "DGX H100: 8 x 400 Gb/s NDR = 50 GB/s per GPU"
+    two_level = with_nodes(KNOWN_HARDWARE["cpu-gloo"], devices_per_node=2, inter_node_bandwidth_gbps=0.5,
+                           inter_node_latency_s=1e-4)
+    again = Hardware.from_json(two_level.to_json())
+    assert (again.devices_per_node, again.inter_node.bandwidth_gbps, again.inter_node.latency_s) == (2, 0.5, 1e-4), (
+        f"two-level profile round-trip: got {again.devices_per_node}, {again.inter_node}")
+    assert "devices_per_node=2" in again.source
+
+
+# --------------------------------------------------------------------------- search
+
+@pytest.fixture(scope="module")
+def six_layer_costs() -> MeshCosts:
+    """Costs of a 6-layer tiny Llama on nodes of 4 H100s (so 8 ranks make 2 nodes), tp in 1, 2, 4, 8."""
+    model, args, kwargs = _tiny_llama(6)
+    hardware = dataclasses.replace(H100_NODES, name="h100-nodes-of-4", devices_per_node=4)
+    return mesh_costs(model, args, kwargs, [1, 2, 4, 8], hardware)
+
+
+def _brute_force(costs: MeshCosts, world_size: int, objective: str, batch: int) -> float:
+    """Best objective over every factorization, every cut of the layers and every microbatch count."""
+    hardware, capacity, layers = costs.hardware, costs.hardware.memory_gib * _GIB, len(costs.names)
+    best = math.inf
+    for mesh in factorizations(world_size):
+        if mesh.pp > layers or (objective == "throughput" and batch % mesh.dp):
+            continue
+        per_replica = 1 if objective == "latency" else batch // mesh.dp
+        counts = [1] if objective == "latency" else [m for m in range(1, per_replica + 1) if per_replica % m == 0]
+        units, pre, post = costs.units[mesh.tp], costs.pre[mesh.tp], costs.post[mesh.tp]
+        spans = _stage_boundaries_span(mesh, hardware)
+        for m in counts:
+            b = per_replica // m
+            unit_s, pre_s, post_s = costs.times(mesh.tp, b)
+            send = [p2p_time_s(units[0].boundary_bytes(b) / mesh.tp, hardware, spans_nodes=s) for s in spans]
+            for inner in itertools.combinations(range(1, layers), mesh.pp - 1):
+                cuts = (0, *inner, layers)
+                stage_s, fits = [], True
+                for k in range(mesh.pp):
+                    span = range(cuts[k], cuts[k + 1])
+                    seconds = sum(unit_s[u] for u in span) + (send[k] if k < mesh.pp - 1 else 0.0)
+                    memory = sum(units[u].parameter_bytes for u in span) + 2 * max(units[u].activation_bytes(b)
+                                                                                     for u in span)
+                    if k == 0:
+                        seconds += pre_s
+                        memory += pre.parameter_bytes + 2 * pre.activation_bytes(b)
+                    if k == mesh.pp - 1:
+                        seconds += post_s
+                        memory += post.parameter_bytes + 2 * post.activation_bytes(b)
+                    fits &= memory <= capacity
+                    stage_s.append(seconds)
+                if fits:
+                    value = pipeline_time_s(stage_s, m)
+                    best = min(best, value if objective == "latency" else -batch / value)
+    return best
+
+
+@pytest.mark.parametrize("objective", ["latency", "throughput"])
+def test_search_is_optimal_against_brute_force(six_layer_costs: MeshCosts, objective: str) -> None:
+    """8 ranks (2 nodes of 4), 6 layers: every factorization x every cut x every microbatch count,
+    with a memory limit that rules out the biggest stages; the search finds the brute-force optimum."""
+    costs = six_layer_costs
+    units = costs.units[1]
+    whole = (sum(u.parameter_bytes for u in units) + costs.pre[1].parameter_bytes + costs.post[1].parameter_bytes)
+    tight = dataclasses.replace(costs.hardware, memory_gib=0.6 * whole / _GIB)  # 1 device cannot hold the model
+    costs = dataclasses.replace(costs, hardware=tight, _times={})
+    plan = search_mesh(costs, 8, objective=objective, batch=16)
+    expected = _brute_force(costs, 8, objective, 16)
+    got = plan.predicted["latency_s"] if objective == "latency" else -plan.predicted["throughput_per_s"]
+    assert got == pytest.approx(expected, rel=1e-9), f"{objective}: search {got} vs brute force {expected} ({plan.mesh})"
+    rows = {str(r["mesh"]): r for r in plan.candidates}
+    assert "does not fit" in rows["dp8 x pp1 x tp1"]["note"], f"one device cannot hold it: {rows['dp8 x pp1 x tp1']}"
+    slow, fast = rows["dp1 x pp1 x tp8"]["latency_s"], rows["dp2 x pp1 x tp4"]["latency_s"]
+    assert slow > fast, f"tp=8 over 2 nodes of 4 should be slower than tp=4 inside one: {slow} vs {fast}"
+    assert plan.stages[0].first_block == 0 and plan.stages[-1].stop_block == 6, f"stages cover the layers: {plan.stages}"
+    assert plan.split_points == tuple(costs.names[s.first_block] for s in plan.stages[1:])
+
+
+def test_plan_front_door_and_cli(capsys) -> None:
+    """autotp.plan(mesh=dp1 x pp2 x tp4) on 8 H100s: a ParallelPlan that prints its mesh, stages and
+    predictions; `autotp plan --parallelism tp=2,pp=2` prints the table with the choice marked."""
+    model, args, kwargs = _tiny_llama(4)
+    plan = autotp.plan(model, args, kwargs, world_size=8, hardware="h100-multinode",
+                       mesh=MeshShape(dp=1, pp=2, tp=4), objective="throughput")
+    assert isinstance(plan, ParallelPlan) and plan.mesh == MeshShape(dp=1, pp=2, tp=4), f"got {plan}"
+    assert len(plan.split_points) == 1 and plan.split_points[0].startswith("model.layers."), plan.split_points
+    text = str(plan)
+    for needed in (str(plan.mesh), "stage 0", "stage 1", "throughput", "GiB per device", "tensor-parallel plan"):
+        assert needed in text, f"{needed!r} missing from:\n{text}"
+    code = cli.main(["plan", "tiny-llama", "--world-size", "8", "--hardware", "h100-multinode", "--seq-len", "16",
+                     "--parallelism", "tp=2,pp=2"])
+    out = capsys.readouterr().out
+    assert code == 0, f"exit code {code}"
+    rows = re.findall(r"^([* ])\s+(\d+)\s+(\d+)\s+(\d+)\s", out, flags=re.MULTILINE)
+    assert rows == [("*", "2", "2", "2")], f"one factorization (dp2 pp2 tp2), chosen; got {rows} in:\n{out}"
+    assert "ParallelPlan: dp2 x pp2 x tp2" in out, out
+
+
+def test_bad_mesh_requests_say_what_to_pass() -> None:
+    """Unknown dim, sizes that do not divide the world, a mesh of another size, tp straddling nodes,
+    pp beyond the layers, nothing that fits: clear errors before (or instead of) planning."""
+    with pytest.raises(ValueError, match="unknown mesh dim 'ep'.*dp, pp, tp"):
+        forced_dims({"ep": 2}, None, 16)
+    with pytest.raises(ValueError, match="not a multiple of tp=3"):
+        forced_dims({"tp": 3}, None, 16)
+    with pytest.raises(ValueError, match="has 8 ranks but world_size is 16"):
+        forced_dims("auto", MeshShape(dp=2, pp=1, tp=4), 16)
+    model, args, kwargs = _tiny_llama(2)
+    with pytest.raises(ValueError, match="tp=3 neither divides nor is a multiple of the 8 devices per node"):
+        plan_mesh(model, args, kwargs, world_size=24, hardware="h100-multinode", parallelism={"tp": 3})
+    with pytest.raises(ValueError, match="pp=4 is more pipeline stages than the model's 2 layers"):
+        plan_mesh(model, args, kwargs, world_size=16, hardware="h100-multinode", parallelism={"pp": 4})
+    with pytest.raises(ValueError, match="objective must be one of"):
+        plan_mesh(model, args, kwargs, world_size=16, hardware="h100-multinode", objective="cost")
+    costs = MeshCosts(dataclasses.replace(H100_NODES, memory_gib=1e-9), ("l.0",), {1: ()}, {}, {}, {})
+    costs.units[1] = (_unit(),)
+    costs.pre[1] = costs.post[1] = _unit()
+    with pytest.raises(PlanError, match="no mesh of 1 .* fits the model.*does not fit"):
+        search_mesh(costs, 1)
+
+
+def _unit():
+    from autotp.planning.mesh_search import _Affine, _Unit
+
+    zero = _Affine(0.0, 0.0)
+    return _Unit((), 1e-3, zero, 2**20, zero, zero)
+
+
+def test_best_cuts_balance_time_not_layer_count() -> None:
+    """pp=2 over 4 layers where layer 0 is as slow as the other three together: cut after layer 0."""
+    from autotp.planning.mesh_search import best_cuts
+
+    unit_s = np.array([3.0, 1.0, 1.0, 1.0])
+    found = best_cuts(unit_s, np.zeros(4), np.zeros(4), [0.0], capacity=1.0)
+    assert found == ((0, 1, 4), 3.0), f"expected cut after layer 0 with slowest stage 3.0, got {found}"
