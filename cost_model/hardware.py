@@ -191,7 +191,8 @@ class Hardware:
     dispatch and kernel launch of one op), as measured in a real graph (``autotp calibrate``
     fits it over graphs of different sizes). ``host_is_device``: True on a CPU, where the host
     *is* the device, so the dispatch adds to the kernel's time; False on a GPU, where the host
-    runs ahead and a node takes the longer of its kernel and its dispatch.
+    runs ahead and a node takes the longer of its kernel and its dispatch. A calibrated CPU
+    profile puts a node's whole fixed cost here and sets ``kernel_floor_s`` to 0.
     ``graph_launch_s``: host seconds per call of a rank-local graph (the Python call of the
     module; in ``"cuda_graph"`` mode the replay launch of the captured graph).
     ``collective_wait_s``: seconds a collective waits in a graph beyond its alpha-beta time (the
