@@ -10,8 +10,11 @@ this pass only decides *what* each strategy asks of the hardware:
   Partial placements every rank does the whole op. The bytes are counted tensor by tensor at
   their local size: a split tensor is read (or written) in part, a replicated or Partial one
   whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
-  reads the whole weight). View-like ops move no data and launch no kernel: they cost only
-  ``Hardware.view_op_s``, the host's dispatch (0 on GPU profiles, measured on a CPU).
+  reads the whole weight). A GEMM's rate depends on its local shape (the smallest of its local
+  m, n, k: ``cost_model.compute.gemm_efficiency``); a transcendental elementwise op (exp, silu,
+  ...) is priced per local output element where that bounds it. View-like ops move no data and
+  launch no kernel: they cost only the host's dispatch in eager mode
+  (``cost_model.runtime.view_time_s``: ``Hardware.view_op_s``, 0 on GPU profiles).
 - resharding between the producer's and the consumer's placement of one tensor: the cheapest
   route of :func:`autotp.base.reshard.reshard_routes`, each step priced by its row of
   :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
@@ -26,6 +29,7 @@ this pass only decides *what* each strategy asks of the hardware:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.fx as fx
@@ -33,9 +37,11 @@ import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, split_of
 from autotp.base.reshard import Route, reshard_routes
-from autotp.base.shapes import nbytes, numel
+from autotp.base.shapes import concrete_shape, first_tensor, nbytes, numel
 from autotp.base.strategy import Strategy
 from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
+from autotp.cost_model.compute import gemm_dims, is_transcendental
+from autotp.cost_model.runtime import view_time_s
 from autotp.passes.backward import (
     REPLICATED_INPUT_BACKWARD,
     Training,
@@ -211,14 +217,57 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
     if work is None:
         if node.op == "call_function" and holds_tensor(node) and launches_no_kernel(node.target):
             steps = 2 if node.name in grads else 1  # the backward of a view is a view
-            return [steps * hardware.view_op_s] * len(strategies)  # no kernel, no bytes: only the host's dispatch
+            # no kernel, no bytes: only the host's dispatch in eager mode (0 on GPU profiles)
+            return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
     dtype = node_dtype(node)
     costs = []
-    for flops, moved in work:
+    for (flops, moved), (min_dim, elements) in zip(work, _shape_terms(node, strategies, world_size, work)):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
-        costs.append(passes * compute_time_s(flops, moved, dtype, hardware))
+        costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
+                                             transcendental_elements=elements))
     return costs
+
+
+def _shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
+                 work: list[tuple[float, float]]) -> list[tuple[int | None, int]]:
+    """Per strategy, the smallest local dim of a GEMM node (None for other ops) and the local
+    output elements of a transcendental elementwise node (0 for other ops)."""
+    args, kwargs = _meta_args(node)
+    gemm = any(flops > 0 for flops, _ in work) and gemm_dims(node.target, args, kwargs) is not None
+    transcendental = is_transcendental(node.target)
+    if not gemm and not transcendental:
+        return [(None, 0)] * len(strategies)
+    out = node.meta.get("val")
+    inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
+    return [(_local_gemm_min_dim(node, args, kwargs, strategy, inputs, world_size) if gemm else None,
+             _local_numel(out, strategy.output, world_size) if transcendental else 0)
+            for strategy in strategies]
+
+
+def _local_shape(value: torch.Tensor, placement: Placement, world_size: int) -> tuple[int, ...]:
+    """Shape of ``value`` on the largest rank under ``placement`` (a split dim: ``ceil(size / N)``)."""
+    shape = [int(size) for size in concrete_shape(value)]
+    split = split_of(placement)
+    if split is not None and shape:
+        dim, blocks = split
+        shape[dim] = blocks * math.ceil(shape[dim] // blocks / world_size)
+    return tuple(shape)
+
+
+def _local_numel(value: object, placement: Placement, world_size: int) -> int:
+    leaf = first_tensor(value)
+    return math.prod(_local_shape(leaf, placement, world_size)) if leaf is not None else 0
+
+
+def _local_gemm_min_dim(node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, inputs: list[object],
+                        world_size: int) -> int | None:
+    """The smallest of a GEMM node's (m, n, k) on the largest rank under ``strategy``."""
+    local = {id(value): _local_shape(value, placement, world_size)
+             for placement, value in zip(strategy.inputs, inputs) if isinstance(value, torch.Tensor)}
+    local_args = pytree.tree_map(lambda a: local.get(id(a), a) if isinstance(a, torch.Tensor) else a, args)
+    dims = gemm_dims(node.target, local_args, kwargs)
+    return min(dims) if dims is not None else None
 
 
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Training | None = None) -> CostedGraph:
