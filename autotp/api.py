@@ -19,8 +19,16 @@ import torch
 import torch.distributed as dist
 
 from autotp.base.progress import log_progress
-from autotp.capture import CapturedGraph, capture, check_model, inputs_on_model_device, trace_device
+from autotp.capture import (
+    CapturedGraph,
+    capture,
+    check_model,
+    inputs_on_model_device,
+    random_state_fingerprint,
+    trace_device,
+)
 from autotp.cost_model import Hardware
+from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
@@ -67,6 +75,8 @@ def plan(
     mesh: MeshShape | None = None,
     objective: str = "latency",
     throughput_batch: int = 64,
+    training: bool = False,
+    optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
 ) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -96,6 +106,13 @@ def plan(
     pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
     (see :mod:`autotp.capture`).
 
+    ``training=True`` plans a training step: forward and backward are priced together (each
+    collective's adjoint, the backward's compute) and memory counts gradients,
+    ``optimizer_states`` fp32 values per parameter element (default 2, AdamW) and the
+    activations kept for the backward (see :mod:`autotp.passes.backward`); ``print(plan)``
+    shows where it differs from the inference plan. (One tensor-parallel group only: not with
+    ``parallelism=`` or ``mesh=``.)
+
     ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
     returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
     ``dp * pp * tp == world_size``, the stage cuts, the microbatches) on ``hardware``'s nodes and
@@ -106,8 +123,8 @@ def plan(
     """
     check_model(model)
     if parallelism != "tp" or mesh is not None:
-        if max_cache_len is not None or constraints is not None:
-            raise ValueError("max_cache_len= and constraints= plan one tensor-parallel group; "
+        if max_cache_len is not None or constraints is not None or training:
+            raise ValueError("max_cache_len=, constraints= and training=True plan one tensor-parallel group; "
                              "leave them out with parallelism='auto' or mesh=")
         from autotp.planning.mesh_search import plan_mesh
 
@@ -116,7 +133,8 @@ def plan(
                          parallelism="auto" if parallelism == "tp" else parallelism, mesh=mesh, objective=objective,
                          throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                          time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+                          time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
+                          optimizer_states=optimizer_states)
     if max_cache_len is not None:
         from autotp.generation import generation_inputs
 
@@ -234,7 +252,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
             )
         plan = as_plan(plan)
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                              time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+                              time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
@@ -245,7 +263,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
             agreement.record = options_record(agreed, weights=weights)
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
-            captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+            captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
+                               training=training)
+            if training and (fingerprint := random_state_fingerprint(captured.graph_module)) is not None:
+                # dropout: every rank must draw the same masks (seed every rank alike before compiling)
+                agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint
             weights = captured.exported.state_dict if check_weights and checkpoint is None else None
             agreement.record = compile_record(captured, weights=weights, options=agreed)
     files = None

@@ -156,6 +156,8 @@ class TensorParallelModule(torch.nn.Module):
             key = slot.name
             if slot.kind == "parameter":
                 value = local_values[key]
+                if training and self.layout.get(str(slot.target), (None, None))[1] is None:
+                    value = value.clone()  # a replicated weight: the optimizer updates tp's copy, not the model's
                 self._local[key] = torch.nn.Parameter(value, requires_grad=training and value.is_floating_point())
             else:
                 self.register_buffer(key, local_values[key], persistent=False)
