@@ -18,6 +18,8 @@ this pass only decides *what* each strategy asks of the hardware:
 - resharding between the producer's and the consumer's placement of one tensor: the cheapest
   route of :func:`autotp.base.reshard.reshard_routes`, each step priced by its row of
   :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
+- collectives an op's rank-local form issues itself (a vocabulary-parallel cross-entropy's two
+  all-gather of two values per row, :func:`op_collectives_s`) are part of its strategy's time.
 - memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
 - training (``training=`` a :class:`~autotp.passes.backward.Training`): each strategy's compute
   adds its backward (:func:`~autotp.passes.backward.backward_flops_factor` times the forward, at
@@ -39,7 +41,14 @@ from autotp.base.placements import Placement, split_of
 from autotp.base.reshard import Route, reshard_routes
 from autotp.base.shapes import concrete_shape, first_tensor, nbytes, numel
 from autotp.base.strategy import Strategy
-from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
+from autotp.cost_model import (
+    Hardware,
+    aten_flops,
+    collective_time_s,
+    compute_time_s,
+    group_spans_nodes,
+    launches_no_kernel,
+)
 from autotp.cost_model.compute import gemm_dims, is_transcendental
 from autotp.cost_model.runtime import view_time_s
 from autotp.passes.backward import (
@@ -50,15 +59,15 @@ from autotp.passes.backward import (
     trainable_bytes_factor,
 )
 from autotp.passes.resharding import RESHARD_TABLE
-from autotp.passes.rules import tensor_inputs
+from autotp.passes.rules import op_collectives_for, tensor_inputs
 from autotp.passes.rules.args import holds_tensor
 from autotp.passes.strategies import StrategyGraph
 from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "node_dtype", "node_work", "reshard_route", "reshard_time_s", "route_time_s",
-           "tensor_nbytes"]
+__all__ = ["CostedGraph", "cost_strategy_graph", "node_dtype", "node_work", "op_collectives_s", "reshard_route",
+           "reshard_time_s", "route_time_s", "tensor_nbytes"]
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
@@ -222,11 +231,25 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
     dtype = node_dtype(node)
     costs = []
-    for (flops, moved), (min_dim, elements) in zip(work, _shape_terms(node, strategies, world_size, work)):
+    for strategy, (flops, moved), (min_dim, elements) in zip(strategies, work,
+                                                             _shape_terms(node, strategies, world_size, work)):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
         costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
-                                             transcendental_elements=elements))
+                                             transcendental_elements=elements)
+                     + op_collectives_s(node, strategy, world_size, hardware))
     return costs
+
+
+def op_collectives_s(node: fx.Node, strategy: Strategy, world_size: int, hardware: Hardware) -> float:
+    """Seconds of the collectives ``node``'s rank-local form issues itself under ``strategy``
+    (:func:`autotp.passes.rules.op_collectives_for`: e.g. a vocabulary-parallel cross-entropy's
+    all-gather of two values per row); 0 for ops whose communication is all resharding."""
+    collectives = op_collectives_for(node.target)
+    if collectives is None or world_size == 1:
+        return 0.0
+    spans = group_spans_nodes(world_size, hardware.devices_per_node)
+    return sum(collective_time_s(kind, nbytes, world_size, hardware, spans_nodes=spans)
+               for kind, nbytes in collectives(node, strategy, world_size))
 
 
 def _shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,

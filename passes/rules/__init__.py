@@ -24,11 +24,13 @@ Layout (one module per op family; each registers into the one table when importe
   :mod:`.norms`, :mod:`.matmul` (einsum-described GEMMs), :mod:`.attention`,
   :mod:`.embedding`, :mod:`.conv` (convolution, batch/group norm, pooling),
   :mod:`.grouped_mm` (mixture-of-experts GEMMs), :mod:`.indexing` (gather/scatter/top-k/sort),
-  :mod:`.symbolic` (size arithmetic of dynamic batch/sequence dims).
+  :mod:`.symbolic` (size arithmetic of dynamic batch/sequence dims), :mod:`.losses`
+  (vocabulary-parallel cross-entropy).
 
 To add an op: write its rule in the family module it belongs to (or a new one imported below),
 decorated with ``@register_rule(aten.op.overload)``; if its rank-local call differs from the
-global one under some strategy, register that too with ``@register_local_form``.
+global one under some strategy, register that too with ``@register_local_form``; if that form
+issues collectives itself, say which with ``@register_op_collectives`` (the cost pass prices them).
 """
 
 from autotp.base.strategy import Strategy
@@ -39,6 +41,7 @@ from autotp.passes.rules import (  # noqa: F401 - imported to register their rul
     embedding,
     grouped_mm,
     indexing,
+    losses,
     matmul,
     norms,
     reductions,
@@ -48,13 +51,16 @@ from autotp.passes.rules import (  # noqa: F401 - imported to register their rul
 from autotp.passes.rules.args import arg, tensor_inputs
 from autotp.passes.rules.registry import (
     LOCAL_FORMS,
+    OP_COLLECTIVES,
     RULES,
     LocalForm,
     LocalGraph,
     RuleContext,
     has_rule,
     local_form_for,
+    op_collectives_for,
     register_local_form,
+    register_op_collectives,
     register_rule,
     rule_for,
     strategies_for,
@@ -62,7 +68,7 @@ from autotp.passes.rules.registry import (
 from autotp.passes.rules.views import block_counts, view_groups
 
 __all__ = [
-    "LOCAL_FORMS", "RULES", "LocalForm", "LocalGraph", "RuleContext", "Strategy", "arg", "block_counts", "has_rule",
-    "local_form_for", "register_local_form", "register_rule", "rule_for", "strategies_for", "tensor_inputs",
-    "view_groups",
+    "LOCAL_FORMS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "RuleContext", "Strategy", "arg",
+    "block_counts", "has_rule", "local_form_for", "op_collectives_for", "register_local_form",
+    "register_op_collectives", "register_rule", "rule_for", "strategies_for", "tensor_inputs", "view_groups",
 ]

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from autotp.passes.uneven import Partitions
 
 __all__ = [
-    "LOCAL_FORMS", "RULES", "LocalForm", "LocalGraph", "Rule", "RuleContext", "has_rule", "local_form_for",
-    "register_local_form", "register_rule", "replicated", "rule_for", "strategies_for",
+    "LOCAL_FORMS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "OpCollectives", "Rule", "RuleContext",
+    "has_rule", "local_form_for", "op_collectives_for", "register_local_form", "register_op_collectives",
+    "register_rule", "replicated", "rule_for", "strategies_for",
 ]
 
 
@@ -67,8 +68,14 @@ LocalForm = Callable[[LocalGraph, fx.Node, tuple, dict, Strategy], "fx.Node | No
 """``emit(builder, node, local_args, local_kwargs, strategy)``: emits the op's rank-local form and
 returns its node, or ``None`` when the op runs unchanged under this strategy."""
 
+OpCollectives = Callable[[fx.Node, Strategy, int], tuple[tuple[str, int], ...]]
+"""``collectives(node, strategy, world_size)``: the ``(kind, bytes of the whole tensor)`` of each
+collective the op's rank-local form issues itself under ``strategy`` (e.g. a vocabulary-parallel cross-entropy's all-gather of
+two values per row); the cost pass adds their time to the strategy's."""
+
 RULES: dict[object, Rule] = {}
 LOCAL_FORMS: dict[object, LocalForm] = {}
+OP_COLLECTIVES: dict[object, OpCollectives] = {}
 
 
 def register_rule(*ops: object) -> Callable[[Rule], Rule]:
@@ -93,6 +100,17 @@ def register_local_form(*ops: object) -> Callable[[LocalForm], LocalForm]:
     return wrap
 
 
+def register_op_collectives(*ops: object) -> Callable[[OpCollectives], OpCollectives]:
+    """Decorator: register the collectives the rank-local form of each op in ``ops`` issues itself."""
+
+    def wrap(collectives: OpCollectives) -> OpCollectives:
+        for op in ops:
+            OP_COLLECTIVES[op] = collectives
+        return collectives
+
+    return wrap
+
+
 def _lookup(table: dict[object, Callable], target: object) -> Callable | None:
     """Entry of ``target`` in ``table``: by overload, else by its qualified name."""
     found = table.get(target)
@@ -109,6 +127,11 @@ def rule_for(target: object) -> Rule | None:
 def local_form_for(target: object) -> LocalForm | None:
     """The rank-local form of an op overload (``None``: the op runs as captured)."""
     return _lookup(LOCAL_FORMS, target)
+
+
+def op_collectives_for(target: object) -> OpCollectives | None:
+    """The collectives an op's rank-local form issues itself (``None``: none under any strategy)."""
+    return _lookup(OP_COLLECTIVES, target)
 
 
 def has_rule(node: fx.Node) -> bool:
