@@ -12,7 +12,11 @@ ids, AdamW, lr 1e-4) two ways, side by side in the same processes:
   ``Shard(-1)`` DTensor output) and ``loss_parallel`` for the cross-entropy; sequence
   parallelism off on both sides, so the two compare like with like;
 - **autotp**: ``autotp.compile(model, ..., training=True)``, the loss computed inside the model
-  (``labels=``), as a user writes it.
+  (``labels=``), as a user writes it. The model also returns its logits, which autotp returns
+  whole on every rank, so they are all-gathered (``batch x seq x vocab`` values);
+- **autotp-loss**: the same, compiling a wrapper whose forward returns only the loss (what the
+  DTensor side computes): nothing needs the logits whole, so the cross-entropy runs
+  vocabulary-parallel on the lm_head's split output (``passes/rules/losses.py``).
 
 Both compute the same loss (the next token of each position, mean over ``batch * (seq - 1)``
 tokens); the first step's losses are printed as a check. Step time: median of ``--steps``
@@ -91,8 +95,23 @@ def _dtensor_side(model: Any, world_size: int) -> tuple[Any, Any]:
     return model, (loss_of, backward)
 
 
-def _autotp_side(model: Any, ids: Any) -> tuple[Any, Any] | str:
-    """``autotp.compile(training=True)``, or why it is not available."""
+def _loss_only(model: Any) -> Any:
+    """``model`` wrapped so that its forward returns only the loss (its logits are no output)."""
+    import torch
+
+    class LossOnly(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return self.model(ids, labels=labels).loss
+
+    return LossOnly()
+
+
+def _autotp_side(model: Any, ids: Any, *, loss_only: bool = False) -> tuple[Any, Any] | str:
+    """``autotp.compile(training=True)`` (of the loss-only wrapper with ``loss_only``), or why it is not available."""
     import inspect
 
     import autotp
@@ -101,10 +120,12 @@ def _autotp_side(model: Any, ids: Any) -> tuple[Any, Any] | str:
         return "autotp.compile(training=True) is not on this branch yet"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids,), example_kwargs={"labels": ids}, training=True)
+        tp = autotp.compile(_loss_only(model) if loss_only else model, example_inputs=(ids,),
+                            example_kwargs={"labels": ids}, training=True)
 
     def loss_of(batch: Any) -> Any:
-        return tp(batch, labels=batch).loss
+        out = tp(batch, labels=batch)
+        return out if loss_only else out.loss
 
     def backward(loss: Any) -> None:
         loss.backward()
@@ -136,11 +157,12 @@ def _measure(rank: int, world_size: int, layers: int, hidden: int, vocab: int, b
     notes: dict[str, str] = {}
     dtensor_model, dtensor_fns = _dtensor_side(copy.deepcopy(base), world_size)
     sides["DTensor"] = (dtensor_model, dtensor_fns)
-    autotp_side = _autotp_side(copy.deepcopy(base), ids)
-    if isinstance(autotp_side, str):
-        notes["autotp"] = autotp_side
-    else:
-        sides["autotp"] = autotp_side
+    for name, loss_only in (("autotp", False), ("autotp-loss", True)):
+        autotp_side = _autotp_side(copy.deepcopy(base), ids, loss_only=loss_only)
+        if isinstance(autotp_side, str):
+            notes[name] = autotp_side
+        else:
+            sides[name] = autotp_side
     optimizers = {name: torch.optim.AdamW(module.parameters(), lr=1e-4) for name, (module, _) in sides.items()}
 
     def step(name: str) -> float:
@@ -185,16 +207,17 @@ def main(argv: list[str] | None = None) -> int:
             first = run_on_ranks(world_size, _measure, args.layers, args.hidden, args.vocab, args.batch, args.seq,
                                  args.steps, timeout_s=1800)[0]
             for name in first["time_s"]:
-                print(f"  tp={world_size} {name:<8} step {first['time_s'][name] * 1e3:9.2f} ms   peak "
+                print(f"  tp={world_size} {name:<11} step {first['time_s'][name] * 1e3:9.2f} ms   peak "
                       f"{first['peak_bytes'][name] / 2**20:8.2f} MiB   first loss {first['first_loss'][name]:.6f}")
             print(f"  tp={world_size} one process (reference) first loss {first['reference_loss']:.6f}")
             for name, note in first["notes"].items():
-                print(f"  tp={world_size} {name:<8} not measured: {note}")
-            if "autotp" in first["time_s"]:
-                time_ratio = first["time_s"]["autotp"] / first["time_s"]["DTensor"]
-                memory_ratio = first["peak_bytes"]["autotp"] / first["peak_bytes"]["DTensor"]
-                print(f"  tp={world_size} autotp / DTensor: step time {time_ratio:.3f}x (goal <= 0.8x), "
-                      f"peak memory {memory_ratio:.3f}x (goal <= 1x)")
+                print(f"  tp={world_size} {name:<11} not measured: {note}")
+            for name in ("autotp", "autotp-loss"):
+                if name in first["time_s"]:
+                    time_ratio = first["time_s"][name] / first["time_s"]["DTensor"]
+                    memory_ratio = first["peak_bytes"][name] / first["peak_bytes"]["DTensor"]
+                    print(f"  tp={world_size} {name} / DTensor: step time {time_ratio:.3f}x (goal <= 0.8x), "
+                          f"peak memory {memory_ratio:.3f}x (goal <= 1x)")
     finally:
         shutdown_all()
     return 0
