@@ -168,9 +168,10 @@ class _CrossEntropy(torch.autograd.Function):
             per_row = grad * valid / valid.sum()
         else:
             per_row = grad * valid
-        grad_x = torch.exp(x - lse)
-        onehot = torch.zeros_like(x).scatter_(_CLASS_DIM, safe, inside.unsqueeze(_CLASS_DIM).to(x.dtype))
-        return (grad_x - onehot) * per_row.unsqueeze(_CLASS_DIM), None, None
+        # in place: one buffer the size of this rank's logits (the softmax), then minus the one-hot
+        grad_x = torch.sub(x, lse).exp_()
+        grad_x.scatter_add_(_CLASS_DIM, safe, inside.unsqueeze(_CLASS_DIM).to(x.dtype).neg_())
+        return grad_x.mul_(per_row.unsqueeze(_CLASS_DIM)), None, None
 
 
 class VocabParallelCrossEntropy:
