@@ -260,3 +260,20 @@ def test_best_cuts_balance_time_not_layer_count() -> None:
     unit_s = np.array([3.0, 1.0, 1.0, 1.0])
     found = best_cuts(unit_s, np.zeros(4), np.zeros(4), [0.0], capacity=1.0)
     assert found == ((0, 1, 4), 3.0), f"expected cut after layer 0 with slowest stage 3.0, got {found}"
+
+
+def test_searched_plan_runs_on_the_mesh_runtime(gloo) -> None:
+    """4 gloo ranks, mesh dp1 x pp2 x tp2 planned on cpu-gloo (throughput at batch 4): the mesh runtime runs
+    the searched ParallelPlan (its cuts and microbatches) and every rank returns the whole batch's logits,
+    equal to one process's."""
+    from models import tiny_llama
+    from test_mesh_runtime import TINY, _run_meshes
+
+    model, args, kwargs = tiny_llama(**TINY, layers=2, batch=4)
+    plan = autotp.plan(model, args, kwargs, world_size=4, hardware="cpu-gloo", mesh=MeshShape(dp=1, pp=2, tp=2),
+                       objective="throughput", throughput_batch=4)
+    dims = (plan.mesh.dp, plan.mesh.pp, plan.mesh.tp)
+    results = gloo.run(4, _run_meshes, [(dims, ("dp", "pp", "tp"), 4, plan)])
+    for rank, [(_, shape, error)] in enumerate(results):
+        assert shape == (4, 8, 1000), f"{plan.mesh} rank {rank}: expected the whole batch's logits, got {shape}"
+        assert error < 1e-5, f"{plan.mesh}, {plan.microbatches} microbatch(es), rank {rank}: logits differ by {error}"
