@@ -269,8 +269,12 @@ def capture(
     *,
     dynamic: bool = True,
     dynamic_shapes: Any = None,
+    training: bool = False,
 ) -> CapturedGraph:
     """Trace ``model(*example_inputs, **example_kwargs)`` with ``torch.export`` (non-strict).
+
+    ``training=True``: the graph may draw random numbers (dropout in training mode), see
+    :func:`from_exported`.
 
     ``dynamic=True`` (default) exports dims 0 and 1 of every tensor input as dynamic (see the
     module docstring); ``dynamic=False`` pins every size; ``dynamic_shapes`` overrides both
@@ -305,7 +309,7 @@ def capture(
             stacklevel=2,
         )
         dynamic_shapes, mode = None, "static-fallback"
-    captured = from_exported(exported, type(model).__name__)
+    captured = from_exported(exported, type(model).__name__, training=training)
     captured.shape_mode = mode
     requested = _requested_dims(dynamic_shapes, model, example_inputs, kwargs) if dynamic_shapes is not None else []
     captured.input_dims = _input_dims(captured, _input_names(model, example_inputs, kwargs), requested)
@@ -400,6 +404,26 @@ def _draws_random_numbers(node: fx.Node) -> bool:
     return bool(bound.get("train", bound.get("training", True)))
 
 
+def random_state_fingerprint(gm: fx.GraphModule) -> str | None:
+    """For a graph that draws random numbers (training with dropout): a hash of this process's RNG state
+    on the devices it draws on, which every rank must share (seed every rank alike); ``None`` otherwise.
+
+    Every random op stays replicated (the dropout rules offer no split), so ranks whose generators
+    agree draw the same masks, the same as one process with that seed.
+    """
+    import hashlib
+
+    random_nodes = [n for n in gm.graph.nodes if _draws_random_numbers(n)]
+    if not random_nodes:
+        return None
+    devices = {val.device for n in random_nodes for val in [n.meta.get("val")] if isinstance(val, torch.Tensor)}
+    digest = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
+    for device in sorted(devices - {torch.device("cpu")}, key=str):
+        module = torch.get_device_module(device.type)
+        digest.update(module.get_rng_state(device).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def _check_no_randomness(gm: fx.GraphModule, what: str) -> None:
     """Refuse graphs that sample: each rank would draw its own numbers and the ranks' outputs would differ."""
     random_nodes = [n for n in gm.graph.nodes if _draws_random_numbers(n)]
@@ -443,10 +467,13 @@ def _check_outputs(exported: ExportedProgram, what: str) -> None:
         )
 
 
-def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
+def from_exported(exported: ExportedProgram, what: str, *, training: bool = False) -> CapturedGraph:
     """The :class:`CapturedGraph` of an ``ExportedProgram`` (``what`` names the traced callable in errors).
 
     Shared by :func:`capture` and the ``torch.compile`` backend, which exports Dynamo's graph.
+    ``training=True`` keeps ops that draw random numbers (dropout): the planner keeps them
+    replicated, so every rank draws the same numbers from the same stream (see
+    :func:`random_state_fingerprint`).
     """
     from torch.export.graph_signature import OutputKind
 
@@ -475,7 +502,8 @@ def from_exported(exported: ExportedProgram, what: str) -> CapturedGraph:
     if other:
         raise CaptureError(f"{what}.forward has outputs autotp cannot handle: {', '.join(other)}; return tensors only.")
     _check_outputs(exported, what)
-    _check_no_randomness(exported.graph_module, what)
+    if not training:
+        _check_no_randomness(exported.graph_module, what)
     _check_straight_line(exported.graph_module, what)
     gm = exported.graph_module
     for node in list(gm.graph.nodes):

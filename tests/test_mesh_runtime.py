@@ -76,15 +76,18 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
         lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")),
         lambda: DeviceMesh("cpu", torch.arange(2), mesh_dim_names=("tp",)),
         lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")),
+        lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")),
     ]
     messages = []
     for index, make in enumerate(attempts):
         mesh = make()
         plan = even_parallel_plan(model, MeshShape(pp=2, tp=2)) if index == 2 else None
+        if index == 5 and rank == 3:  # one rank alone passes another schedule
+            plan = even_parallel_plan(model, MeshShape(dp=2, tp=2), schedule="1f1b")
         ids = args[0][:3] if index == 4 else args[0]  # 3 rows do not split over 2 replicas
         try:
             autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs=kwargs, plan=plan)
-        except ValueError as exc:
+        except (ValueError, autotp.AgreementError) as exc:
             messages.append(str(exc))
         else:
             messages.append("no error")
@@ -125,13 +128,15 @@ def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
 
 def test_mesh_bad_input_fails_on_every_rank(gloo: Any) -> None:
     """4 ranks: unknown dim name, pp=4 over 2 layer blocks, a pp2 x tp2 plan on a dp2 x tp2 mesh, a mesh of 2
-    of the 4 ranks, dp2 x pp2 with a batch of 3: the same error, saying the fix, on every rank."""
+    of the 4 ranks, dp2 x pp2 with a batch of 3, rank 3 alone with another schedule: the same error, saying
+    the fix, on every rank."""
     messages = gloo.run(4, _bad_inputs)
     expected = ["unknown dim name(s) 'sp'", "pp=4 pipeline stages need at least 4 layer blocks",
                 "plan was made for a mesh dp1 x pp2 x tp2 but the given mesh is dp2 x pp1 x tp2",
                 "holds 2 ranks but the process group has 4",
                 "batch (3 rows) must split into dp=2 replicas x 1 microbatch(es) of equal rows; pass a batch that is "
-                "a multiple of 2"]
+                "a multiple of 2",
+                "option schedule: ranks 0, 1, 2 gpipe; rank 3 1f1b"]
     assert len(messages[0]) == len(expected), f"expected {len(expected)} errors, got {messages[0]}"
     for rank, texts in enumerate(messages):
         assert texts == messages[0], f"rank {rank} raised {texts}, rank 0 {messages[0]}"

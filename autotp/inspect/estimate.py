@@ -155,6 +155,7 @@ class Estimate:
     activation_peak_bytes_per_rank: int | None
     activation_peak_after: str
     memory_capacity_bytes: float | None
+    training: bool = False  # a training plan's: times are per forward + backward step, backward collectives included
     runtime_mode: str = "eager"
     graph_call_s: float = 0.0
     host: HostTime | None = None
@@ -195,7 +196,8 @@ class Estimate:
         """A terminal table: totals, the layers, the costliest nodes, memory per rank."""
         lines = [
             f"autotp estimate: world_size={self.world_size} hardware={self.hardware}",
-            f"time per forward: {_ms(self.time_s)} (compute {_ms(self.compute_s)}, "
+            f"time per {'training step (forward + backward)' if self.training else 'forward'}: {_ms(self.time_s)} "
+            f"(compute {_ms(self.compute_s)}, "
             f"communication {_ms(self.comm_s)})",
         ]
         if self.host is not None:
@@ -295,7 +297,8 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
     profile = _resolve_profile(plan, hardware)
     capacity = profile.memory_gib * _GIB if profile is not None else None
     comm_by_producer: dict[str, float] = {}
-    for collective in plan.collectives:
+    collectives = (*plan.collectives, *plan.backward_collectives)  # a training plan prices its backward too
+    for collective in collectives:
         comm_by_producer[collective.producer] = comm_by_producer.get(collective.producer, 0.0) + collective.time_s
     nodes = tuple(
         NodeEstimate(
@@ -320,7 +323,7 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         hardware=plan.hardware,
         world_size=plan.world_size,
         compute_s=sum(n.compute_s for n in nodes),
-        comm_s=sum(c.time_s for c in plan.collectives),
+        comm_s=sum(c.time_s for c in collectives),
         nodes=nodes,
         layers=layers,
         parameter_bytes_per_rank=plan.parameter_bytes_per_rank,
@@ -328,6 +331,7 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         activation_peak_bytes_per_rank=peak,
         activation_peak_after=peak_after,
         memory_capacity_bytes=capacity,
+        training=plan.training,
         runtime_mode=profile.runtime_mode if profile is not None else "eager",
         graph_call_s=graph_host_s(profile) if profile is not None else 0.0,
         host=_host_time(plan, profile) if profile is not None else None,

@@ -11,7 +11,7 @@ import torch.fx as fx
 
 from autotp.base.placements import Placement, Shard
 from autotp.base.strategy import Strategy
-from autotp.passes.rules.args import shape, tensor_inputs
+from autotp.passes.rules.args import arg, shape, tensor_inputs
 from autotp.passes.rules.builders import R
 from autotp.passes.rules.registry import RuleContext, register_rule
 
@@ -30,6 +30,8 @@ def _sdpa(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """
     if node.target is not aten.scaled_dot_product_attention.default:
         return []
+    if arg(node, 4, "dropout_p", 0.0) != 0:
+        return []  # random masks differ per rank: keep replicated, as dropout (rules/elementwise.py)
     inputs = tensor_inputs(node)
     q_shape = shape(inputs[0])
     if len(q_shape) != 4:
