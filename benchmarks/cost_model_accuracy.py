@@ -24,7 +24,8 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
 With ``--decisions`` (first round only), each (model, world size, phase) is also run three ways
 and timed the same way: autotp's plan with the calibrated profile and ``memory_budget=None``,
 Megatron's plan (``autotp.planning.megatron.megatron_plan``, same profile and budget), and no
-split (the model as it is, whole on every rank); a table says whether autotp's plan is the
+split (every tensor whole on every rank, run by the same runtime: autotp's plan on the profile
+with collectives made prohibitively slow); a table says whether autotp's plan is the
 fastest measured or within 5% of it. The phase is the forward pass of the zoo's inputs (batch 2,
 sequence 16; no KV cache).
 
@@ -212,7 +213,15 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
     reference = megatron_plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None)
     theirs = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                             hardware=hardware, plan=reference)
-    times = _time_interleaved([(None, lambda module=module: module(*args, **kwargs)) for module in (ours, theirs, model)],
+    # No split, run by the same runtime: the plan of a profile on which any collective costs an
+    # hour, which the solver (with no memory budget) answers by keeping every tensor whole.
+    no_link = dataclasses.replace(hardware.intra_node, base_latency_s=3600.0)
+    whole = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                           hardware=dataclasses.replace(hardware, intra_node=no_link, inter_node=no_link),
+                           memory_budget=None)
+    if _collective_count(whole.plan):
+        raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
+    times = _time_interleaved([(None, lambda module=module: module(*args, **kwargs)) for module in (ours, theirs, whole)],
                               options.warmup, options.runs)
     return Decision(name, world_size, "forward", *times,
                     autotp_collectives=_collective_count(ours.plan), megatron_collectives=_collective_count(reference))
