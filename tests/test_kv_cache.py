@@ -58,7 +58,7 @@ def test_capture_keeps_cache_updates_as_state_and_the_planner_splits_heads() -> 
 def test_fewer_kv_heads_than_ranks_replicates_kv_projections() -> None:
     """tp=2 (autotp.plan, default budget, no processes), tiny Gemma 2 layers, hidden 64, 4 heads / 1 kv head
     (MQA): k/v projections and the cache stay whole (kv heads replicated, as vLLM does), so each layer has
-    2 all-reduces (after o_proj and down_proj), not 4; and no exception for 2 kv heads over 2 ranks."""
+    2 all-reduces (after o_proj and down_proj), not 4; 2 kv heads: no exception over 2 ranks, k/v over 4."""
     from autotp.planning.kv_heads import kv_projection_parameters
 
     model, (ids,), _ = tiny_gemma(hidden=64, intermediate=128, batch=1, seq_len=4)
@@ -68,10 +68,15 @@ def test_fewer_kv_heads_than_ranks_replicates_kv_projections() -> None:
     per_layer = [sum(step == "all_reduce" for c in plan.collectives if f".layers.{i}" in c.module for step in c.steps)
                  for i in (0, 1)]
     assert per_layer == [2, 2], f"all-reduces per layer {per_layer}, expected [2, 2] (after o_proj and down_proj)"
-    llama, (llama_ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=1, seq_len=4)
-    captured = capture(llama, (llama_ids,), {"use_cache": False})
+    llama, (llama_ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, layers=1, batch=1,
+                                          seq_len=4)
+    captured = capture(llama, (llama_ids,), {"use_cache": False}, dynamic=False)
     kept = kv_projection_parameters(captured.graph_module, 2, set(captured.parameter_fqns()))
     assert not kept, f"2 kv heads over 2 ranks split evenly; expected no whole k/v allowance, got {sorted(kept)}"
+    fqns = captured.parameter_fqns()
+    kept = sorted(fqns[n] for n in kv_projection_parameters(captured.graph_module, 4, set(fqns)))
+    expected = ["model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"]
+    assert kept == expected, f"2 kv heads over 4 ranks: whole allowance for {kept}, expected {expected}"
 
 
 @pytest.fixture

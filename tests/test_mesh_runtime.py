@@ -110,13 +110,24 @@ def _planned_pipeline(shape: MeshShape, batch: int, microbatches: int, schedule:
     return dataclasses.replace(plan, stages=stages)
 
 
+def _searched_plan(shape: MeshShape, batch: int, *, microbatches: int) -> ParallelPlan:
+    """The mesh search's ParallelPlan for ``shape`` (autotp.plan(mesh=...)), run with ``microbatches``."""
+    import dataclasses
+
+    import autotp
+
+    model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
+    plan = autotp.plan(model, args, kwargs, world_size=shape.world_size, mesh=shape)
+    return dataclasses.replace(plan, microbatches=microbatches)
+
+
 def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
     """dp2 x tp2 (uneven batch 3, planned on each tp group), pp2 x tp2 (1F1B, 4 microbatches, each stage's
-    tp plan made beforehand in this process), dp2 x pp2 (GPipe, 2 microbatches) on 4 gloo processes: every
-    rank returns the whole batch's logits, equal to one process's."""
+    tp plan made beforehand in this process), dp2 x pp2 (the mesh search's plan, GPipe, 2 microbatches) on 4
+    gloo processes: every rank returns the whole batch's logits, equal to one process's."""
     cases = [((2, 2), ("dp", "tp"), 3, {}),
              ((2, 2), ("pp", "tp"), 4, _planned_pipeline(MeshShape(pp=2, tp=2), 4, 4, "1f1b")),
-             ((2, 2), ("dp", "pp"), 4, {"microbatches": 2, "schedule": "gpipe"})]
+             ((2, 2), ("dp", "pp"), 4, _searched_plan(MeshShape(dp=2, pp=2), 4, microbatches=2))]
     results = gloo.run(4, _run_meshes, cases)
     for rank, per_case in enumerate(results):
         for (dims, names, batch, _), (kind, shape, error) in zip(cases, per_case):

@@ -79,6 +79,8 @@ class PhaseWeighting:
                 f" + {tokens} x decode {candidate.decode.predicted_time_s * 1e6:8.1f} us"
                 f" = {candidate.request_s(tokens) * 1e3:9.3f} ms per request"
             )
+        if len({tuple(sorted(c.decode.parameters.items())) for c in self.candidates}) == 1:
+            lines.append("  (each phase alone chose the same weight and cache placements)")
         return "\n".join(lines)
 
 

@@ -130,7 +130,7 @@ def _slice_batch(args: Any, kwargs: Any, batch: int, start: int, stop: int) -> t
     return pytree.tree_map(cut, (args, kwargs))
 
 
-def _gather_batch(output: Any, sizes: Sequence[int], index: int, group: dist.ProcessGroup) -> Any:
+def _gather_batch(output: Any, sizes: Sequence[int], group: dist.ProcessGroup) -> Any:
     """Every replica's ``output`` for its slice, concatenated along dim 0 (leaves whose dim 0 is the
     slice's rows); other leaves are taken from the first replica. One ``all_gather_object`` of the
     leaves' shapes, then one ``all_gather`` per batch leaf (slices padded to the largest)."""
@@ -144,6 +144,11 @@ def _gather_batch(output: Any, sizes: Sequence[int], index: int, group: dist.Pro
         per_replica = [their[position] for their in every]
         batched = all(s is not None and len(s) >= 1 and s[0] == n for s, n in zip(per_replica, sizes))
         if not batched:
+            if len(set(per_replica)) > 1:  # every replica sees the same shapes: all raise alike
+                raise InputShapeError(
+                    f"output {position} of the model has shapes {per_replica} on the {len(sizes)} data-parallel "
+                    f"replicas (slices of {list(sizes)} rows): dim 0 is not the batch, so the slices cannot be "
+                    "joined; return outputs whose dim 0 is the batch, or use a mesh without dp")
             gathered.append(_from_first(leaf, group) if isinstance(leaf, torch.Tensor) else leaf)
             continue
         padded = leaf.new_zeros((rows, *leaf.shape[1:]))
@@ -326,7 +331,7 @@ class MeshParallelModule(nn.Module):
         output = self._run_stages(args, kwargs) if self._stage is not None else self.stage_module(*args, **kwargs)
         if dp > 1:
             assert self._dp_group is not None
-            output = _gather_batch(output, sizes, self.replica_index, self._dp_group)
+            output = _gather_batch(output, sizes, self._dp_group)
         return output
 
     def _check_pipeline_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -146,7 +146,7 @@ def save_sharded(tp: TensorParallelModule, directory: str | os.PathLike[str], gr
         shape, blocks = tp.layout.get(fqn, (None, None))
         if shape is None and fqn in tp.plan.parameters:
             continue  # the second name of a tied weight: the graph never reads it, the first name is saved
-        if blocks is None:
+        if blocks is None or shape is None:
             state[fqn] = tensor
         else:
             offsets = [o for o, _ in _chunks(shape, blocks[tp.rank])]
