@@ -187,7 +187,7 @@ def test_loss_curve_matches_single_process(gloo, world_size: int) -> None:
         "backward_through_inference": "training=True",
         "optimizer_over_original": "tp.parameters()",
         "missing_labels": "labels",
-        "static_dim": "16",
+        "static_dim": "dynamic=True",
     }
     for case, fix in fixes.items():
         assert case in messages, f"{case}: no error raised (messages: {sorted(messages)})"
