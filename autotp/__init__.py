@@ -50,6 +50,7 @@ _EXPORTS = {
     "PlanOptions": "autotp.planning.options",
     "plan_graph": "autotp.planning.planner",
     "TensorParallelModule": "autotp.runtime.module",
+    "MeshParallelModule": "autotp.runtime.mesh",
 }
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     from autotp.planning.plan import Plan
     from autotp.planning.planner import plan_graph
     from autotp.pretrained import from_pretrained, load
+    from autotp.runtime.mesh import MeshParallelModule
     from autotp.runtime.module import TensorParallelModule
 
 
@@ -91,6 +93,7 @@ __all__ = [
     "AgreementError",
     "AutoTPError",
     "CaptureError",
+    "MeshParallelModule",
     "MeshShape",
     "ParallelPlan",
     "Partial",

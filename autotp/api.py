@@ -28,6 +28,7 @@ from autotp.capture import (
     trace_device,
 )
 from autotp.cost_model import Hardware
+from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
@@ -35,6 +36,7 @@ from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
+from autotp.planning.phases import DEFAULT_EXPECTED_NEW_TOKENS, check_expected_new_tokens
 from autotp.planning.plan import Plan, as_plan
 from autotp.planning.planner import plan_graph
 from autotp.runtime.agreement import (
@@ -73,6 +75,8 @@ def plan(
     mesh: MeshShape | None = None,
     objective: str = "latency",
     throughput_batch: int = 64,
+    training: bool = False,
+    optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
 ) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -102,6 +106,13 @@ def plan(
     pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
     (see :mod:`autotp.capture`).
 
+    ``training=True`` plans a training step: forward and backward are priced together (each
+    collective's adjoint, the backward's compute) and memory counts gradients,
+    ``optimizer_states`` fp32 values per parameter element (default 2, AdamW) and the
+    activations kept for the backward (see :mod:`autotp.passes.backward`); ``print(plan)``
+    shows where it differs from the inference plan. (One tensor-parallel group only: not with
+    ``parallelism=`` or ``mesh=``.)
+
     ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
     returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
     ``dp * pp * tp == world_size``, the stage cuts, the microbatches) on ``hardware``'s nodes and
@@ -112,8 +123,8 @@ def plan(
     """
     check_model(model)
     if parallelism != "tp" or mesh is not None:
-        if max_cache_len is not None or constraints is not None:
-            raise ValueError("max_cache_len= and constraints= plan one tensor-parallel group; "
+        if max_cache_len is not None or constraints is not None or training:
+            raise ValueError("max_cache_len=, constraints= and training=True plan one tensor-parallel group; "
                              "leave them out with parallelism='auto' or mesh=")
         from autotp.planning.mesh_search import plan_mesh
 
@@ -122,7 +133,8 @@ def plan(
                          parallelism="auto" if parallelism == "tp" else parallelism, mesh=mesh, objective=objective,
                          throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                          time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+                          time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
+                          optimizer_states=optimizer_states)
     if max_cache_len is not None:
         from autotp.generation import generation_inputs
 
@@ -152,6 +164,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     constraints: Constraints | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     max_cache_len: int | None = None,
+    expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS,
     check_weights: bool = True,
     agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
     dynamic: bool = True,
@@ -193,9 +206,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     (:meth:`TensorParallelModule.generate`): a KV cache of ``max_cache_len`` slots per row, one
     row per row of ``example_inputs[0]`` (token ids, ``(batch, seq)``), placed by the planner like
     a parameter. Two graphs share the weights' shards and the cache: decode (one token per
-    row) is planned first and decides every weight's placement; prefill (``seq`` prompt tokens
-    per call) is planned with those placements pinned. ``plan=`` then gives the decode plan.
-    See :mod:`autotp.generation`.
+    row) and prefill (``seq`` prompt tokens per call) share every weight's placement, chosen to
+    minimise the predicted ``prefill + expected_new_tokens x decode`` (default 128 new tokens
+    per prompt; see :mod:`autotp.planning.phases`). ``plan=`` then gives the decode plan, whose
+    placements prefill is pinned to. See :mod:`autotp.generation`.
 
     ``training=True``: build it for training. The result's parameters (``tp.parameters()``, named
     by the original FQNs in ``tp.named_parameters()``) are this rank's shards and require grad;
@@ -238,10 +252,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
             )
         plan = as_plan(plan)
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                              time_limit_s=time_limit_s, progress=progress, constraints=constraints)
+                              time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
-                                training=training)
+                                training=training,
+                                **({"expected_new_tokens": check_expected_new_tokens(expected_new_tokens)}
+                                   if max_cache_len is not None else {}))
         if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now
             weights = dict(model.state_dict()) if check_weights and checkpoint is None else None
             agreement.record = options_record(agreed, weights=weights)
@@ -261,7 +277,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         from autotp.generation import compile_for_generation
 
         return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
-                                      plan=plan, group=group, rank=rank)
+                                      plan=plan, group=group, rank=rank, expected_new_tokens=expected_new_tokens)
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s)
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
                                                 device=trace_device(example_inputs, example_kwargs),

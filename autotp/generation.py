@@ -2,13 +2,16 @@
 
 Two phases share one set of weight shards and one KV cache:
 
-- **decode**: one new token per row at any position (the position is a tensor input); planned
-  first, with the cache as state that the planner places (heads split where attention is
-  head-parallel, whole where that is cheaper, e.g. fewer kv heads than ranks). Its plan decides
-  every weight's placement, since decode runs once per generated token.
-- **prefill**: ``seq`` prompt tokens per call (``seq`` = the example input's sequence length);
-  planned with every weight and cache placement pinned to the decode plan's, so the same
-  shards serve both graphs; the planner chooses only how the activations are split.
+- **decode**: one new token per row at any position (the position is a tensor input), with the
+  cache as state that the planner places (heads split where attention is head-parallel, whole
+  where that is cheaper, e.g. fewer kv heads than ranks);
+- **prefill**: ``seq`` prompt tokens per call (``seq`` = the example input's sequence length).
+
+Every weight and cache has one placement for both graphs, chosen for a whole request: predicted
+``prefill + expected_new_tokens x decode`` (:mod:`autotp.planning.phases`). Each phase is
+planned alone, the other pinned to its placements (only its activations free), and the cheaper
+pair is kept; ``print(tp.generation)`` shows both candidates' predicted times. With ``plan=``
+(a decode plan) its placements are kept and prefill is pinned to them.
 
 Each phase is captured once here; :meth:`~autotp.runtime.module.TensorParallelModule.generate`
 then runs one graph call per prompt chunk and per new token, with no tracing or planning.
@@ -23,8 +26,16 @@ import torch
 import torch.distributed as dist
 
 from autotp.base.errors import PlanError
-from autotp.capture import capture
+from autotp.base.progress import log_progress
+from autotp.capture import CapturedGraph, capture
 from autotp.planning.options import PlanOptions
+from autotp.planning.phases import (
+    DEFAULT_EXPECTED_NEW_TOKENS,
+    PhaseCandidate,
+    PhaseWeighting,
+    check_expected_new_tokens,
+    weigh_phases,
+)
 from autotp.planning.plan import Plan
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm
 from autotp.runtime.module import GenerationGraphs, TensorParallelModule
@@ -50,32 +61,31 @@ def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
             f"example_inputs has {seq} tokens per row but max_cache_len={max_cache_len}; "
             f"pass max_cache_len >= {seq} or a shorter example"
         )
-    return CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len), batch, seq
+    return CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len, last_logits_only=True), batch, seq
 
 
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
-                           rank: int) -> TensorParallelModule:
-    """See :func:`autotp.compile` (``max_cache_len``) and the module docstring."""
-    from autotp.api import apply_plan, plan_or_check
-    from autotp.base.progress import log_progress
+                           rank: int, expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS) -> TensorParallelModule:
+    """See :func:`autotp.compile` (``max_cache_len``, ``expected_new_tokens``) and the module docstring."""
+    from autotp.api import apply_plan
 
+    expected_new_tokens = check_expected_new_tokens(expected_new_tokens)
     wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
     talk = options.progress and rank == 0
     log_progress(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
     # static sizes: the cache fixes the batch, decode reads one token, prefill `seq` tokens per call
     decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
-    decode_plan = plan_or_check(decode, plan, options, group=group, rank=rank)
-    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank)
-    prefill_gm = prefill_plan = None
-    prefill_inputs: tuple[str | int, ...] = ()
+    prefill = None
     if seq > 1:
-        log_progress(talk, f"tracing the prefill graph ({seq} tokens per row), weights pinned to the decode plan")
+        log_progress(talk, f"tracing the prefill graph ({seq} tokens per row)")
         prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False)
-        # the same placement for every weight and cache block (so one set of shards serves both graphs);
-        # with placements pinned, the memory budget has nothing left to decide
-        pinned = dataclasses.replace(options, memory_budget=None, constraints=dict(decode_plan.parameters))
-        prefill_plan = plan_or_check(prefill, None, pinned, group=group, rank=rank)
+    decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, expected_new_tokens,
+                                                        group=group, rank=rank)
+    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank)
+    prefill_gm = None
+    prefill_inputs: tuple[str | int, ...] = ()
+    if prefill is not None and prefill_plan is not None:
         prefill_gm, prefill_values, _ = apply_plan(prefill, prefill_plan, group=group, rank=rank)
         by_fqn = {str(s.target): s.name for s in decode.inputs if s.kind != "user"}
         for slot in prefill.inputs:
@@ -90,6 +100,44 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     cache = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
                          vocab_size=vocab)
     phases = GenerationGraphs(layout=cache, prefill=prefill_gm, prefill_inputs=prefill_inputs,
-                              prefill_plan=prefill_plan, decode_plan=decode_plan)
+                              prefill_plan=prefill_plan, decode_plan=decode_plan, weighting=weighting)
     return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases)
 
+
+def _pinned_to(placed: Plan, options: PlanOptions) -> PlanOptions:
+    """``options`` with every weight and cache pinned to ``placed``'s placement (one set of shards for both
+    graphs); with placements pinned, the memory budget has nothing left to decide."""
+    return dataclasses.replace(options, memory_budget=None, constraints=dict(placed.parameters))
+
+
+def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Plan | None, options: PlanOptions,
+                 expected_new_tokens: int, *, group: dist.ProcessGroup | None, rank: int,
+                 ) -> tuple[Plan, Plan | None, PhaseWeighting | None]:
+    """The decode plan, the prefill plan (``None`` without a prefill graph) and how the phases were weighed.
+
+    With ``plan=`` (a decode plan) its placements are kept and prefill is pinned to them. Otherwise
+    each phase is planned alone and the other pinned to its placements; :func:`weigh_phases` keeps
+    the pair with the least ``prefill + expected_new_tokens x decode`` (see :mod:`autotp.planning.phases`).
+    Every rank receives the same plans from the first rank, so every rank keeps the same pair.
+    """
+    from autotp.api import plan_or_check
+
+    decode_plan = plan_or_check(decode, plan, options, group=group, rank=rank)
+    if prefill is None:
+        return decode_plan, None, None
+    talk = options.progress and rank == 0
+    by_decode = PhaseCandidate("decode", plan_or_check(prefill, None, _pinned_to(decode_plan, options),
+                                                       group=group, rank=rank), decode_plan)
+    if plan is not None:
+        return decode_plan, by_decode.prefill, None
+    log_progress(talk, f"planning prefill alone, then decode pinned to it (phase weights: prefill + "
+                       f"{expected_new_tokens} x decode)")
+    prefill_alone = plan_or_check(prefill, None, options, group=group, rank=rank)
+    if prefill_alone.parameters == decode_plan.parameters:
+        by_prefill = PhaseCandidate("prefill", prefill_alone, decode_plan)
+    else:
+        by_prefill = PhaseCandidate("prefill", prefill_alone,
+                                    plan_or_check(decode, None, _pinned_to(prefill_alone, options), group=group, rank=rank))
+    weighting = weigh_phases([by_decode, by_prefill], expected_new_tokens)
+    log_progress(talk, str(weighting))
+    return weighting.chosen.decode, weighting.chosen.prefill, weighting

@@ -1,18 +1,32 @@
 """Predicted vs measured forward time on this CPU, for the tiny model zoo at world sizes 1, 2, 4.
 
     python benchmarks/cost_model_accuracy.py [--world-sizes 1 2 4] [--rounds 3] [--runs 20] [--threads T]
+                                             [--decisions]
 
 For each world size N, spawn N gloo processes; then, ``--rounds`` times:
 
 1. calibrate (``autotp.cost_model.calibrate.measure_rank``, quick mode unless
-   ``--full-calibration``) in these very processes: matmul peak, copy bandwidth, per-op floor and
-   view cost with all N ranks busy at once, gloo alpha/beta fitted across the N ranks (for N = 1,
-   across 2 other processes, once: a plan on one rank has no collective); build the profile;
+   ``--full-calibration``) in these very processes: matmul peak, GEMM shape curve, copy
+   bandwidth, transcendental rate, per-op floor and view cost with all N ranks busy at once, gloo
+   alpha/beta fitted across the N ranks (for N = 1, across 2 other processes, once: a plan on
+   one rank has no collective), and the eager host terms (dispatch per node, wait per collective,
+   call of the graph) fitted over synthetic rank-local graphs run per rank; build the profile;
 2. for every model (tiny MLP, Llama, GPT-2, BERT from ``tests/models.py``), ``autotp.compile`` it
    with ``hardware=`` that profile and time the forward pass: a barrier, then the call, timed on
-   each rank; the slowest rank counts; the median of ``--runs`` runs after ``--warmup`` runs;
-3. time it once more node by node (an ``fx.Interpreter`` over the rank-local graph, a collective
-   counted with its ``wait_tensor``) to split the measured time into compute and communication.
+   each rank; the slowest rank counts; the median of ``--runs`` runs after ``--warmup`` runs.
+   The prediction is ``plan.estimate(profile).time_per_call_s``;
+3. time it once more with every collective (and its ``wait_tensor``) replaced by a local
+   stand-in of its output's shape: that is the measured compute, and the forward time minus it
+   the measured communication (the collectives and the waits for the slowest rank that they
+   impose). Timing the nodes one by one instead would slow every rank by the timer's own
+   overhead, and the waits with it.
+
+With ``--decisions`` (first round only), each (model, world size, phase) is also run three ways
+and timed the same way: autotp's plan with the calibrated profile and ``memory_budget=None``,
+Megatron's plan (``autotp.planning.megatron.megatron_plan``, same profile and budget), and no
+split (the model as it is, whole on every rank); a table says whether autotp's plan is the
+fastest measured or within 5% of it. The phase is the forward pass of the zoo's inputs (batch 2,
+sequence 16; no KV cache).
 
 Calibrating in the same processes, right before measuring, keeps both under the same conditions
 (on a shared machine the load moves within seconds); the rounds repeat the whole and the
@@ -62,6 +76,29 @@ class Row:
 
 
 @dataclasses.dataclass(frozen=True)
+class Decision:
+    """Measured seconds of autotp's plan, Megatron's plan and no split for one (model, world size)."""
+
+    model: str
+    world_size: int
+    phase: str
+    autotp_s: float
+    megatron_s: float
+    no_split_s: float
+    autotp_collectives: int
+    megatron_collectives: int
+
+    @property
+    def best_s(self) -> float:
+        return min(self.autotp_s, self.megatron_s, self.no_split_s)
+
+    @property
+    def ok(self) -> bool:
+        """autotp's plan is the fastest measured, or within 5% of the fastest."""
+        return self.autotp_s <= 1.05 * self.best_s
+
+
+@dataclasses.dataclass(frozen=True)
 class Summary:
     """Medians over rounds of one (model, world size)."""
 
@@ -80,6 +117,16 @@ class Summary:
     @property
     def error(self) -> float:
         return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def compute_error(self) -> float:
+        return (self.predicted_compute_s - self.measured_compute_s) / self.measured_compute_s
+
+    @property
+    def comm_error(self) -> float | None:
+        if not self.measured_comm_s:
+            return None
+        return (self.predicted_comm_s - self.measured_comm_s) / self.measured_comm_s
 
 
 def _free_port() -> int:
@@ -108,49 +155,54 @@ def _time_forward(model: Any, args: tuple, kwargs: dict, warmup: int, runs: int)
     return _slowest_median(times)
 
 
-class _NodeTimer(torch.fx.Interpreter):
-    """Runs a graph node by node, adding each node's seconds to ``compute_s`` or ``comm_s``."""
-
-    def __init__(self, graph_module: torch.fx.GraphModule, is_comm: Any) -> None:
-        super().__init__(graph_module)
-        self.is_comm = is_comm
-        self.compute_s = self.comm_s = 0.0
-
-    def run_node(self, node: torch.fx.Node) -> Any:
-        start = time.perf_counter()
-        result = super().run_node(node)
-        elapsed = time.perf_counter() - start
-        if self.is_comm(node):
-            self.comm_s += elapsed
-        elif node.op == "call_function":
-            self.compute_s += elapsed
-        return result
+def _local_stand_in(kind: str) -> Any:
+    """A local op giving a collective's output shape from its input (values do not matter here)."""
+    if kind == "all_gather":
+        return lambda tensor, group_size, group_name: tensor.repeat(group_size, *[1] * (tensor.dim() - 1))
+    if kind == "reduce_scatter":
+        return lambda tensor, op, group_size, group_name: tensor.narrow(0, 0, tensor.shape[0] // group_size)
+    return lambda tensor, *rest: tensor  # all_reduce, all_to_all (even splits), broadcast
 
 
-def _time_by_kind(tp_model: Any, args: tuple, kwargs: dict, runs: int) -> tuple[float, float]:
-    """Median (compute, communication) seconds of the slowest rank, node by node (fx.Interpreter).
-
-    A collective counts with its ``wait_tensor``: the wait is where a rank sits until its peers
-    arrive. The interpreter adds its own overhead per node, so the parts add up to somewhat more
-    than the plain forward time; they show where the time goes, not the total.
-    """
-    from autotp.passes.rewrite import is_collective
+def _time_compute(tp_model: Any, args: tuple, kwargs: dict, warmup: int, runs: int) -> float:
+    """Median seconds (slowest rank) of the rank-local graph with every collective and its wait
+    replaced by a local stand-in of its output's shape: the forward time without communication."""
+    from autotp.passes.rewrite import COLLECTIVE_OPS
 
     wait = torch.ops._c10d_functional.wait_tensor.default
     graph_module = tp_model.graph_module
-    compute, comm = [], []
-    for _ in range(runs):
-        timer = _NodeTimer(graph_module, lambda n: is_collective(n) or n.target is wait)
-        graph_module.forward = timer.run  # Module.__call__ looks forward up on the instance first
-        try:
-            dist.barrier()
-            with torch.no_grad():
-                tp_model(*args, **kwargs)
-        finally:
-            del graph_module.forward
-        compute.append(timer.compute_s)
-        comm.append(timer.comm_s)
-    return _slowest_median(compute), _slowest_median(comm)
+    swapped = []
+    for node in graph_module.graph.nodes:
+        if node.op == "call_function" and (node.target in COLLECTIVE_OPS or node.target is wait):
+            swapped.append((node, node.target))
+            node.target = _local_stand_in(COLLECTIVE_OPS[node.target]) if node.target is not wait else (lambda t: t)
+    graph_module.recompile()
+    try:
+        return _time_forward(tp_model, args, kwargs, warmup, runs)
+    finally:
+        for node, target in swapped:
+            node.target = target
+        graph_module.recompile()
+
+
+def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict, hardware: Any,
+              options: argparse.Namespace) -> Decision:
+    """Time autotp's plan (memory_budget=None), Megatron's plan and no split, on every rank."""
+    import autotp
+    from autotp.planning.megatron import megatron_plan
+
+    ours = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                          hardware=hardware, memory_budget=None)
+    reference = megatron_plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None)
+    theirs = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                            hardware=hardware, plan=reference)
+    return Decision(
+        name, world_size, "forward",
+        autotp_s=_time_forward(ours, args, kwargs, options.warmup, options.runs),
+        megatron_s=_time_forward(theirs, args, kwargs, options.warmup, options.runs),
+        no_split_s=_time_forward(model, args, kwargs, options.warmup, options.runs),
+        autotp_collectives=len(ours.plan.collectives), megatron_collectives=len(reference.collectives),
+    )
 
 
 def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namespace, threads: int,
@@ -176,9 +228,12 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
             hardware = build_profile(everyone, links, world_size=world_size, name=f"cpu-calibrated-{world_size}")
             if rank == 0:
                 link = hardware.intra_node
-                print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s, "
+                print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s "
+                      f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
-                      f"view {hardware.view_op_s * 1e6:.1f} us, gloo {link.base_latency_s * 1e6:.0f} us/call + "
+                      f"view {hardware.view_op_s * 1e6:.1f} us, dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, "
+                      f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll, "
+                      f"gloo {link.base_latency_s * 1e6:.0f} us/call + "
                       f"{link.latency_s * 1e6:.0f} us/step, {link.bandwidth_gbps:.3f} GB/s; "
                       f"load average {os.getloadavg()[0]:.1f}", flush=True)
             for name in options.models:
@@ -186,28 +241,34 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 tp_model = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                                           hardware=hardware)
                 measured = _time_forward(tp_model, args, kwargs, options.warmup, options.runs)
-                measured_compute, measured_comm = _time_by_kind(tp_model, args, kwargs, options.runs)
+                measured_compute = _time_compute(tp_model, args, kwargs, options.warmup, options.runs)
                 estimate = tp_model.plan.estimate(hardware)
                 graph = tp_model.graph_module.graph
                 if rank == 0:
                     results.put(Row(
-                        name, world_size, round_index, estimate.time_s, estimate.compute_s, estimate.comm_s,
-                        measured, measured_compute, measured_comm,
+                        name, world_size, round_index, estimate.time_per_call_s,
+                        estimate.time_per_call_s - estimate.comm_s, estimate.comm_s,
+                        measured, measured_compute, max(measured - measured_compute, 0.0),
                         ops=sum(1 for n in graph.nodes if n.op == "call_function"),
                         collectives=sum(1 for n in graph.nodes if is_collective(n)),
                     ))
+                if options.decisions and round_index == 0:
+                    decision = _decision(name, world_size, model, args, kwargs, hardware, options)
+                    if rank == 0:
+                        results.put(decision)
     finally:
         dist.destroy_process_group()
 
 
-def measure(world_size: int, options: argparse.Namespace, threads: int, link_samples: list[Any]) -> list[Row]:
+def measure(world_size: int, options: argparse.Namespace, threads: int,
+            link_samples: list[Any]) -> list[Row | Decision]:
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     context = mp.start_processes(
         _rank, args=(world_size, f"tcp://127.0.0.1:{_free_port()}", options, threads, link_samples, results),
         nprocs=world_size, join=False, start_method="spawn",
     )
-    rows: list[Row] = []
+    rows: list[Row | Decision] = []
     while True:
         while not results.empty():
             rows.append(results.get())
@@ -245,12 +306,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed forward passes first (default: 5)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores // N)")
     parser.add_argument("--full-calibration", action="store_true", help="full calibration instead of quick")
+    parser.add_argument("--decisions", action="store_true",
+                        help="also time autotp's plan (memory_budget=None), Megatron's plan and no split")
     options = parser.parse_args()
 
     from autotp.cost_model.calibrate import CalibrationConfig, measure_links
 
     print(f"torch {torch.__version__}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
     rows: list[Row] = []
+    decisions: list[Decision] = []
     for world_size in options.world_sizes:
         threads = options.threads or max(1, (os.cpu_count() or 1) // world_size)
         link_samples: list[Any] = []
@@ -258,8 +322,9 @@ def main() -> None:
             link_samples = measure_links(2, CalibrationConfig.quick(threads=threads))
         print(f"\n== world size {world_size}, {threads} thread(s) per rank", flush=True)
         measured = measure(world_size, options, threads, link_samples)
-        rows += measured
-        summaries = summarise(measured)
+        rows += [r for r in measured if isinstance(r, Row)]
+        decisions += [d for d in measured if isinstance(d, Decision)]
+        summaries = summarise([r for r in measured if isinstance(r, Row)])
         print(f"{'model':<7} {'ws':>2} {'predicted':>10} {'measured':>10} {'error':>7} "
               f"{'compute pred/meas (ms)':>23} {'comm pred/meas (ms)':>21} {'spread':>7} {'ops':>4} {'colls':>5}")
         for s in summaries:
@@ -269,13 +334,26 @@ def main() -> None:
                   f"{s.ops:>4} {s.collectives:>5}", flush=True)
 
     summaries = summarise(rows)
-    print("\nmedian absolute percentage error (predicted vs measured forward time):")
+    print("\nmedian absolute percentage error (predicted vs measured forward time; compute; communication):")
     for world_size in options.world_sizes:
-        errors = [abs(s.error) for s in summaries if s.world_size == world_size]
-        if errors:
-            print(f"  world size {world_size}: {statistics.median(errors):.1%} over {len(errors)} models")
+        mine = [s for s in summaries if s.world_size == world_size]
+        if not mine:
+            continue
+        comm = [abs(s.comm_error) for s in mine if s.comm_error is not None]
+        comm_text = f"{statistics.median(comm):.1%}" if comm else "-"
+        print(f"  world size {world_size}: {statistics.median(abs(s.error) for s in mine):.1%} over {len(mine)} models; "
+              f"compute {statistics.median(abs(s.compute_error) for s in mine):.1%}, communication {comm_text}")
     overall = statistics.median(abs(s.error) for s in summaries)
     print(f"  overall: {overall:.1%} over {len(summaries)} (model, world size) pairs")
+    if decisions:
+        print("\ndecisions (measured ms per forward; autotp memory_budget=None; ok: fastest or within 5%):")
+        print(f"{'model':<7} {'ws':>2} {'phase':<8} {'autotp':>9} {'megatron':>9} {'no split':>9} "
+              f"{'colls a/m':>9}  verdict")
+        for d in sorted(decisions, key=lambda d: (d.world_size, MODELS.index(d.model))):
+            print(f"{d.model:<7} {d.world_size:>2} {d.phase:<8} {d.autotp_s * 1e3:>9.3f} {d.megatron_s * 1e3:>9.3f} "
+                  f"{d.no_split_s * 1e3:>9.3f} {d.autotp_collectives:>4}/{d.megatron_collectives:<4}  "
+                  f"{'ok' if d.ok else 'SLOWER'} ({d.autotp_s / d.best_s:.2f}x the fastest)")
+        print(f"  autotp fastest or within 5%: {sum(d.ok for d in decisions)} of {len(decisions)}")
     print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 

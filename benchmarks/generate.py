@@ -1,7 +1,8 @@
 """Generation speed: autotp vs transformers' native TP vs hand-written Megatron TP vs the single process.
 
-One run, gloo on this machine's CPU, a tiny Llama (4 layers, hidden 512, 8 query / 4 kv heads,
-vocab 1000, random weights) saved as a checkpoint, batch 1, greedy:
+One run, gloo on this machine's CPU, a Llama with random weights saved as a checkpoint (default:
+tiny, 4 layers, hidden 512, 8 query / 4 kv heads, vocab 1000; ``--layers 12 --hidden 768 --vocab
+32000`` is ~113M parameters), batch 1 by default, greedy:
 
 - ``autotp``: ``autotp.compile(model, example_inputs=(prompt,), max_cache_len=...)`` then
   ``tp.generate`` (the KV cache split as the planner chose);
@@ -17,6 +18,11 @@ decoded token (``(t(N) - t(1)) / (N - 1)``), tokens/s, and whether its tokens eq
 process's. Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/generate.py --world-size 2 --prompt 32 --new-tokens 32
+    OMP_NUM_THREADS=1 python benchmarks/generate.py --layers 12 --hidden 768 --vocab 32000 --batch 8 --prompt 128
+    autotp calibrate --threads 1 --output cpu.json && OMP_NUM_THREADS=1 python benchmarks/generate.py --hardware cpu.json --memory-budget none
+
+autotp is compiled with ``expected_new_tokens=--new-tokens`` (the phase weights) and prints how it
+weighed the phases and which collectives its decode plan issues.
 """
 
 from __future__ import annotations
@@ -43,17 +49,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def save_checkpoint(path: str, layers: int, hidden: int, heads: int, kv_heads: int) -> None:
-    """A random tiny Llama, saved with ``save_pretrained`` (safetensors)."""
+def save_checkpoint(path: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int = 1000) -> int:
+    """A random Llama, saved with ``save_pretrained`` (safetensors); returns its parameter count."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=1000, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
                          attn_implementation="sdpa", tie_word_embeddings=False)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     model.generation_config.pad_token_id = 0
     model.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
 
 
 def _time_interleaved(runs: dict[str, Callable[[int], torch.Tensor]], new_tokens: int, repeats: int,
@@ -129,9 +136,17 @@ def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Names
     import autotp
 
     hf_logging.set_verbosity_error()
-    ids = torch.randint(0, 1000, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, args.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=args.prompt + args.new_tokens)
+    budget = None if args.memory_budget == "none" else args.memory_budget if args.memory_budget == "auto" else float(
+        args.memory_budget)
+    tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=args.prompt + args.new_tokens,
+                        hardware=args.hardware, memory_budget=budget, expected_new_tokens=args.new_tokens)
+    if rank == 0 and tp.generation.weighting is not None:
+        print(tp.generation.weighting, flush=True)
+    if rank == 0:
+        split = sorted({text for text in tp.plan.parameters.values()})
+        print(f"autotp plan: {tp.plan.collective_counts()} per decode step; placements used {split}", flush=True)
     hf_tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
     q_proj = hf_tp.model.layers[0].self_attn.q_proj.weight
     local_rows = int(q_proj.to_local().shape[0]) if hasattr(q_proj, "to_local") else int(q_proj.shape[0])
@@ -164,10 +179,15 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size (32000: Llama-2's)")
+    parser.add_argument("--hardware", default="h100-sxm",
+                        help="autotp's cost profile: a known name or the JSON written by `autotp calibrate`")
+    parser.add_argument("--memory-budget", default="auto", help="autotp's memory_budget: auto, none, or bytes per rank")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as path:
-        save_checkpoint(path, args.layers, args.hidden, heads=8, kv_heads=4)
-        print(f"tiny Llama ({args.layers} layers, hidden {args.hidden}, 8/4 heads) at {path}; batch {args.batch}, "
+        count = save_checkpoint(path, args.layers, args.hidden, heads=8, kv_heads=4, vocab=args.vocab)
+        print(f"Llama ({count / 1e6:.1f}M parameters: {args.layers} layers, hidden {args.hidden}, 8/4 heads, vocab "
+              f"{args.vocab}) at {path}; autotp hardware={args.hardware} memory_budget={args.memory_budget}; batch {args.batch}, "
               f"prompt {args.prompt}, {args.new_tokens} new tokens, gloo, {args.threads} thread(s) per process, "
               f"medians of {args.repeats}")
         for world_size in args.world_size:

@@ -1,11 +1,13 @@
 """Plan time of a Llama-3-70B-shaped model on the meta device, by number of layers.
 
-    python benchmarks/plan_time.py [--layers 10 20 40 80] [--world-size 8] [--hardware h100-sxm] [--untied]
+    python benchmarks/plan_time.py [--layers 10 20 40 80] [--world-size 8] [--hardware h100-sxm] [--untied] [--training]
 
 Shapes: hidden 8192, 64 heads, 8 kv heads, intermediate 28672, vocab 128256, bfloat16, one
 sequence of 2048 tokens (prefill). Prints per stage: capture (torch.export), strategies, cost,
 solve (MILP with identical layers tied) and the total, and the time per layer. ``--untied``
 also solves without tying and prints both objectives (the optimality lost by tying, if any).
+``--training`` prices a training step (forward + backward, gradients, AdamW state, activations;
+``passes/backward.py``), as ``autotp.plan(..., training=True)`` does.
 Wall-clock on a shared machine: read growth with depth and the ratios, not the last digit.
 """
 
@@ -20,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from autotp.capture import capture
 from autotp.cost_model import get_hardware
+from autotp.passes.backward import Training
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.solver import evaluate_choice, solve
 from autotp.passes.strategies import build_strategy_graph
@@ -41,10 +44,12 @@ def main() -> None:
     parser.add_argument("--hardware", default="h100-sxm")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--untied", action="store_true", help="also solve without tying identical layers")
+    parser.add_argument("--training", action="store_true", help="price a training step (forward + backward)")
     options = parser.parse_args()
     warnings.simplefilter("ignore")
     hardware = get_hardware(options.hardware)
-    print(f"Llama-3-70B shape, tp={options.world_size}, {hardware.name}, seq {options.seq_len}")
+    print(f"Llama-3-70B shape, tp={options.world_size}, {hardware.name}, seq {options.seq_len}"
+          + (", training step" if options.training else ""))
     print(f"{'layers':>6} {'nodes':>6} {'vars(node)':>10} {'capture s':>10} {'strategies s':>12} {'cost s':>7} "
           f"{'solve s':>8} {'total s':>8} {'total s/layer':>13}")
     for layers in options.layers:
@@ -55,17 +60,17 @@ def main() -> None:
         t1 = time.perf_counter()
         graph = build_strategy_graph(captured.graph_module, options.world_size, captured.parameter_fqns())
         t2 = time.perf_counter()
-        costed = cost_strategy_graph(graph, hardware)
+        costed = cost_strategy_graph(graph, hardware, Training.of(graph) if options.training else None)
         t3 = time.perf_counter()
         tie = tie_identical_blocks(graph)
         budget = auto_memory_budget(costed)
-        solution = solve(costed, memory_budget_bytes=budget, tie=tie)
+        solution = solve(costed, memory_budget_bytes=budget, tie=tie, count_activations=False)
         t4 = time.perf_counter()
         print(f"{layers:>6} {len(graph.order):>6} {len(set(tie.values())):>10} {t1 - t0:>10.2f} {t2 - t1:>12.2f} "
               f"{t3 - t2:>7.2f} {t4 - t3:>8.2f} {t4 - t0:>8.2f} {(t4 - t0) / layers:>13.3f}", flush=True)
         if options.untied:
             start = time.perf_counter()
-            untied = solve(costed, memory_budget_bytes=budget)
+            untied = solve(costed, memory_budget_bytes=budget, count_activations=False)
             tied_cost, untied_cost = evaluate_choice(costed, solution.choice), evaluate_choice(costed, untied.choice)
             print(f"       untied solve {time.perf_counter() - start:.2f} s; objective tied {tied_cost * 1e3:.4f} ms, "
                   f"untied {untied_cost * 1e3:.4f} ms (tied/untied = {tied_cost / untied_cost:.6f})", flush=True)

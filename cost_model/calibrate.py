@@ -16,7 +16,8 @@ profile field         measurement (median over timed repeats, after warm-up)
 ``memory_bandwidth``  ``dst.copy_(src)`` of a large tensor: it reads and writes ``nbytes`` each,
                       so ``2 * nbytes / time`` — the bytes the roofline counts for a copy
 ``kernel_floor_s``    per op of an FX graph chaining one-element kernel ops (add, exp, mean,
-                      softmax, cat, ...), run as the rewritten graph runs: what every op pays
+                      softmax, cat, ...): the fallback per-op cost, 0.0 once the host terms
+                      below are fitted (the fitted dispatch is then a node's whole fixed cost)
 ``view_op_s``         the same for a chain of views (view, transpose, expand, slice, ...): what an
                       op that launches no kernel costs on a CPU
 ``intra_node``        gloo ``all_reduce``, ``all_gather`` and ``reduce_scatter`` through the same
@@ -26,6 +27,12 @@ profile field         measurement (median over timed repeats, after warm-up)
                       :mod:`.collectives` by non-negative least squares on relative error
                       (each sample ``t`` weighted ``1/t``, so small messages count as much as
                       large ones)
+``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens: the shape curve of the GEMM rate and the
+                      peak it tends to (:func:`.graph_calibration.fit_gemm_curve`)
+``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor
+``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes, with and without
+``collective_wait_s`` all-reduces, run by calling their GraphModule on all ranks at once, the
+``graph_launch_s``    slowest rank counting (:mod:`.graph_calibration`); ``runtime_mode`` eager
 ====================  ==========================================================================
 
 The profile describes *one rank of an N-rank job on this machine*: each rank uses
@@ -58,12 +65,24 @@ import torch.distributed as dist
 from scipy.optimize import nnls
 
 from .collectives import alpha_beta_terms, ceil_log2
+from .graph_calibration import (
+    GemmSample,
+    GraphSample,
+    GraphShape,
+    HostFit,
+    fit_gemm_curve,
+    fit_host_terms,
+    measure_gemm_samples,
+    measure_graphs,
+    measure_transcendental_element_s,
+)
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
     "MEANINGFUL_SLOWDOWN",
     "CalibrationConfig",
     "CollectiveSample",
+    "HostFit",
     "LinkFit",
     "RankMeasurements",
     "build_profile",
@@ -102,6 +121,15 @@ class CalibrationConfig:
     repeats: int = 5
     threads: int | None = None
     progress: bool = False
+    gemm_width: int = 256
+    gemm_tokens: tuple[int, ...] = (1, 4, 16, 64, 256)
+    transcendental_numel: int = 2**20
+    graph_shapes: tuple[GraphShape, ...] = tuple(
+        GraphShape(layers, tokens, hidden, collectives=collectives)
+        for layers in (1, 3) for tokens in (2, 32) for hidden in (64, 256) for collectives in (True, False)
+        if collectives or layers == 3
+    )
+    graph_runs: int = 15
 
     @classmethod
     def quick(cls, *, progress: bool = False, threads: int | None = None) -> CalibrationConfig:
@@ -115,6 +143,11 @@ class CalibrationConfig:
             repeats=3,
             threads=threads,
             progress=progress,
+            gemm_tokens=(1, 8, 64, 256),
+            transcendental_numel=2**18,
+            graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64), GraphShape(3, 2, 64, collectives=False),
+                          GraphShape(1, 32, 256), GraphShape(2, 32, 256)),
+            graph_runs=7,
         )
 
     def __post_init__(self) -> None:
@@ -132,6 +165,9 @@ class CalibrationConfig:
             )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
+        if len(self.graph_shapes) < 3 or self.graph_runs < 1:
+            raise ValueError(f"graph_shapes needs at least 3 shapes (3 host terms are fitted over them) and "
+                             f"graph_runs >= 1; got {len(self.graph_shapes)} shapes and graph_runs={self.graph_runs}")
 
     def threads_for(self, world_size: int) -> int:
         return self.threads if self.threads is not None else max(1, (os.cpu_count() or 1) // world_size)
@@ -158,6 +194,9 @@ class RankMeasurements:
     kernel_floor_s: float
     view_op_s: float
     collectives: tuple[CollectiveSample, ...]
+    gemm_samples: tuple[GemmSample, ...] = ()
+    transcendental_element_s: float = 0.0
+    graphs: tuple[GraphSample, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,14 +396,17 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     Compute is measured on all ranks at once (they start together after a barrier). The number
     of torch threads is set to ``config.threads_for(world_size)`` while measuring and restored
     afterwards. ``compute=False`` measures only the links; ``collectives=False`` only compute (a
-    group of one has no link). What is not measured is left empty (0.0).
+    group of one has no link). What is not measured is left empty (0.0). With ``compute``, the
+    rank-local graphs of :mod:`.graph_calibration` are timed last, on every rank together.
     """
     threads = config.threads_for(world_size)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     progress = config.progress and rank == 0
     flops: dict[str, float] = {}
-    bandwidth = floor = view = 0.0
+    bandwidth = floor = view = transcendental = 0.0
+    gemms: tuple[GemmSample, ...] = ()
+    graphs: tuple[GraphSample, ...] = ()
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -376,10 +418,41 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             _say(progress, f"tiny kernel op in a graph (1 element): {floor * 1e6:.2f} us")
             view = measure_view_op_s(config)
             _say(progress, f"view op in a graph (no kernel): {view * 1e6:.2f} us")
+            gemms = tuple(measure_gemm_samples(config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats))
+            transcendental = measure_transcendental_element_s(config.transcendental_numel, config.min_time_s,
+                                                              config.repeats)
+            _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element")
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
+        if compute:
+            # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
+            kernels_only = dataclasses.replace(_kernel_profile(flops, bandwidth, floor, view, gemms, transcendental),
+                                               kernel_floor_s=0.0)
+            graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
+            for shape, sample in zip(config.graph_shapes, graphs):
+                _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "
+                               f"{sample.kernel_nodes} kernels, {len(sample.collectives)} collectives, "
+                               f"{sample.seconds * 1e3:.3f} ms (kernels {sample.device_s * 1e3:.3f} ms)")
     finally:
         torch.set_num_threads(previous_threads)
-    return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples)
+    return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs)
+
+
+def _kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
+                    gemms: Sequence[GemmSample], transcendental: float) -> Hardware:
+    """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
+    graph samples' kernels are priced with, and the GEMM curve fitted on it."""
+    placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
+    profile = Hardware(
+        name="kernels-only", peak_tflops={d: rate / 1e12 for d, rate in flops.items()},
+        memory_bandwidth_gbps=bandwidth / 1e9, memory_gib=1.0, kernel_floor_s=floor, view_op_s=view,
+        intra_node=placeholder, inter_node=placeholder, devices_per_node=1, host_is_device=True,
+        transcendental_element_s=transcendental,
+    )
+    if gemms:
+        curve = fit_gemm_curve(gemms, profile)
+        profile = dataclasses.replace(profile, gemm_half_efficiency_dim=curve.half_dim,
+                                      peak_tflops={d: t * curve.peak_scale for d, t in profile.peak_tflops.items()})
+    return profile
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:
@@ -462,9 +535,10 @@ def build_profile(
     bandwidth = statistics.median(m.copy_bytes_per_s for m in compute)
     floor = statistics.median(m.kernel_floor_s for m in compute)
     view = statistics.median(m.view_op_s for m in compute)
+    transcendental = statistics.median(m.transcendental_element_s for m in compute)
     fit = fit_link(links)
     group_size = links[0].group_size
-    host = socket.gethostname()
+    hostname = socket.gethostname()
     loopback = LinkProfile(
         name=f"gloo-loopback-{group_size}ranks",
         bandwidth_gbps=fit.bandwidth_bytes_per_s / 1e9,
@@ -472,25 +546,44 @@ def build_profile(
         base_latency_s=fit.base_latency_s,
     )
     unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
+    # The GEMM curve and the host terms: fitted on rank 0's samples (the graph times are already
+    # the slowest rank's), its kernels priced by its own measurements.
+    first = compute[0]
+    kernels = _kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
+                              first.view_op_s, first.gemm_samples, first.transcendental_element_s)
+    host = fit_host_terms(first.graphs, view_op_s=first.view_op_s, link=loopback) if first.graphs else None
     threads = compute[0].threads
     source = (
-        f"calibrated on {host} by `autotp calibrate`: {world_size} rank(s) x {threads} thread(s), "
+        f"calibrated on {hostname} by `autotp calibrate`: {world_size} rank(s) x {threads} thread(s), "
         f"torch {torch.__version__}; matmul peak, copy bandwidth, tiny-op floor measured with all ranks "
         f"busy; gloo links over {group_size} processes, alpha/beta fitted to the ring formulas on "
         f"{fit.samples} samples (median |relative error| {fit.median_abs_rel_error:.1%}); "
         f"inter_node not measured (copy of intra_node); memory_gib = host memory / {world_size}"
+        + (f"; eager host terms fitted on {host.samples} rank-local graphs (median |relative error| "
+           f"{host.median_abs_rel_error:.1%})" if host is not None else "; host terms not measured")
     )
+    scale = kernels.peak_tflops["float32"] * 1e12 / first.matmul_flops_per_s["float32"] if first.gemm_samples else 1.0
     return Hardware(
         name=name,
-        peak_tflops=peak_tflops,
+        # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale
+        peak_tflops={d: tflops * scale for d, tflops in peak_tflops.items()},
         memory_bandwidth_gbps=bandwidth / 1e9,
         memory_gib=_host_memory_bytes() / world_size / 2**30,
-        kernel_floor_s=floor,
+        # With graphs measured, a node's fixed cost is the fitted dispatch (the chain of tiny ops,
+        # timed in a tight loop at another moment, is only the fallback).
+        kernel_floor_s=0.0 if host is not None else floor,
         view_op_s=view,
         intra_node=loopback,
         inter_node=unmeasured_network,
         devices_per_node=max(world_size, group_size),
         source=source,
+        runtime_mode="eager",
+        host_is_device=True,
+        host_dispatch_s=host.host_dispatch_s if host is not None else 0.0,
+        collective_wait_s=host.collective_wait_s if host is not None else 0.0,
+        graph_launch_s=host.graph_launch_s if host is not None else 0.0,
+        gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
+        transcendental_element_s=transcendental,
     )
 
 

@@ -28,6 +28,15 @@ fixed cost of launching the collective kernel, [NCCL]); with ``base_latency_s ==
 are exactly the table above. A group of one rank costs 0.0, and so does a zero-byte collective
 (nothing is issued).
 
+In a graph, a blocking collective also waits for the slowest rank to arrive: ranks drift apart
+by the skew of their host work (scheduling, caches, the other processes of a shared machine),
+and a collective acts as a barrier that each call pays again. Calibrating collectives back to
+back, with the ranks already in step, misses that wait; :func:`collective_time_s` adds
+``Hardware.collective_wait_s`` once per call, a wait that ``autotp calibrate`` fits from graphs
+of compute and collectives timed per rank (0.0 in datasheet profiles: NCCL's ``baseLat``
+already prices a GPU collective's launch, and GPU ranks stay in step within microseconds).
+:func:`link_collective_time_s` is the bare link formula, without it.
+
 ``spans_nodes=True``: the group's ranks lie on several nodes. Two algorithms are priced and the
 cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCCL]):
 
@@ -160,7 +169,8 @@ def collective_time_s(
     spans_nodes: bool = False,
     algorithm: str = "ring",
 ) -> float:
-    """Seconds for one collective of ``kind`` over ``group_size`` ranks.
+    """Seconds for one collective of ``kind`` over ``group_size`` ranks, in a graph: the link's
+    alpha-beta time plus the wait for the slowest rank (``Hardware.collective_wait_s``).
 
     ``nbytes``: bytes of the FULL (unsharded) tensor — the all-reduce buffer, the all-gather
     output, the reduce-scatter input, the all-to-all data per rank, the broadcast buffer.
@@ -171,13 +181,16 @@ def collective_time_s(
     flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm)
     parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
     if parts is None:
-        return flat
-    hierarchical = sum(
-        link_collective_time_s(part_kind, nbytes / divisor, part_group, getattr(hardware, link_field),
-                               algorithm=algorithm)
-        for part_kind, part_group, link_field, divisor in parts
-    )
-    return min(flat, hierarchical)
+        link_s = flat
+    else:
+        hierarchical = sum(
+            link_collective_time_s(part_kind, nbytes / divisor, part_group, getattr(hardware, link_field),
+                                   algorithm=algorithm)
+            for part_kind, part_group, link_field, divisor in parts
+        )
+        link_s = min(flat, hierarchical)
+    # in a graph, the wait for the slowest rank: once per call of the collective (see module docstring)
+    return link_s + hardware.collective_wait_s if link_s else 0.0
 
 
 def hierarchical_parts(kind: str, group_size: int, devices_per_node: int) -> tuple[tuple[str, int, str, int], ...] | None:

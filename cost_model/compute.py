@@ -12,6 +12,23 @@ plus the per-kernel floor (launch and scheduling, see ``Hardware.kernel_floor_s`
 tiny op costs. An op with no FLOPs and no bytes (a view, a shape query) launches no kernel and
 costs 0.0.
 
+Two refinements of the compute roof, both measured by ``autotp calibrate`` and both off (1.0 and
+0.0) in a profile that does not set them:
+
+* **shape-dependent GEMM rate** (:func:`gemm_efficiency`): small and skinny GEMMs run far below
+  peak, because a tile that is mostly empty wastes the units it occupies (CUTLASS and cuBLAS
+  pick tiles of 64-256 along each dim; a dim smaller than a tile leaves it part idle). The
+  fraction of peak is the saturating curve ``d / (d + d_half)`` of the GEMM's smallest dim ``d``
+  (of m, n, k), with ``d_half = Hardware.gemm_half_efficiency_dim`` the dim at which half the
+  peak is reached; it is monotone in ``d`` and tends to 1.
+* **transcendental elementwise ops** (exp, tanh, silu, gelu, softmax, ...): their arithmetic
+  runs on special-function units (GPU) or polynomial code (CPU) at a rate per element,
+  ``Hardware.transcendental_element_s``; the op takes the longer of that and its bytes.
+
+The kernel's time then meets the host's dispatch of the node as the runtime mode says
+(:func:`.runtime.node_time_s`): added on a CPU, overlapped on a GPU, absent when compiled or
+replayed from a CUDA graph.
+
 FLOPs come from ``torch.utils.flop_counter``'s formula table (``flop_registry``) where it covers
 the op, so autotp's counts agree with ``FlopCounterMode``; a few composite ops that appear in
 ``torch.export`` graphs before decomposition (``aten.linear``, ``aten.matmul``,
@@ -32,6 +49,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 from .hardware import Hardware
+from .runtime import node_time_s
 
 __all__ = [
     "achievable_flops_per_s",
@@ -40,6 +58,9 @@ __all__ = [
     "aten_memory_bytes",
     "compute_time_s",
     "dtype_name",
+    "gemm_dims",
+    "gemm_efficiency",
+    "is_transcendental",
     "launches_no_kernel",
     "tensor_bytes",
 ]
@@ -89,28 +110,55 @@ def roofline_time_s(
     return max_fn(flops / flops_per_s, memory_bytes / memory_bytes_per_s) + kernel_floor_s
 
 
-def compute_time_s(flops: float, memory_bytes: float, dtype: torch.dtype, hardware: Hardware) -> float:
-    """Predicted seconds for one kernel doing ``flops`` FLOPs and moving ``memory_bytes`` bytes.
+def gemm_efficiency(min_dim: Any, hardware: Hardware) -> Any:
+    """Fraction of the peak a GEMM whose smallest dim (of m, n, k) is ``min_dim`` reaches:
+    ``d / (d + Hardware.gemm_half_efficiency_dim)``, 1.0 when the profile sets no curve.
+    Monotone increasing in ``d``, equal to 1/2 at ``d = gemm_half_efficiency_dim``."""
+    half = hardware.gemm_half_efficiency_dim
+    if half == 0:
+        return 1.0
+    return min_dim / (min_dim + half)
 
-    ``max(flops / achievable peak(dtype), memory_bytes / achievable bandwidth) + kernel_floor_s``
-    (roofline, Williams et al. 2009). ``flops == 0 and memory_bytes == 0`` means no kernel: 0.0.
-    The dtype's peak is only needed (and only looked up) when ``flops > 0``.
+
+def compute_time_s(
+    flops: float,
+    memory_bytes: float,
+    dtype: torch.dtype,
+    hardware: Hardware,
+    *,
+    gemm_min_dim: float | None = None,
+    transcendental_elements: float = 0,
+) -> float:
+    """Predicted seconds of one kernel node doing ``flops`` FLOPs and moving ``memory_bytes`` bytes.
+
+    ``max(flops / (achievable peak(dtype) * gemm_efficiency), transcendental_elements *
+    transcendental_element_s, memory_bytes / achievable bandwidth) + kernel_floor_s`` (roofline,
+    Williams et al. 2009, with the shape-dependent GEMM rate and per-element transcendental
+    rate of the module docstring), then the node's host dispatch under the profile's runtime
+    mode (:func:`.runtime.node_time_s`). ``gemm_min_dim``: the smallest of the GEMM's local
+    (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``flops == 0 and
+    memory_bytes == 0`` means no kernel: 0.0. The dtype's peak is only needed when ``flops > 0``.
     """
-    if flops < 0 or memory_bytes < 0:
-        raise ValueError(f"flops ({flops}) and memory_bytes ({memory_bytes}) must be >= 0")
+    if flops < 0 or memory_bytes < 0 or transcendental_elements < 0:
+        raise ValueError(f"flops ({flops}), memory_bytes ({memory_bytes}) and transcendental_elements "
+                         f"({transcendental_elements}) must be >= 0")
     if flops == 0 and memory_bytes == 0:
         return 0.0
     # With no arithmetic the dtype's peak does not matter (and may be absent, e.g. int64 copies).
     flops_per_s = achievable_flops_per_s(dtype, hardware) if flops > 0 else math.inf
-    return float(
-        roofline_time_s(
-            flops,
-            memory_bytes,
-            flops_per_s,
-            achievable_memory_bytes_per_s(hardware),
-            hardware.kernel_floor_s,
-        )
+    if flops > 0 and gemm_min_dim is not None:
+        flops_per_s *= gemm_efficiency(max(gemm_min_dim, 1), hardware)
+    device_s = roofline_time_s(
+        flops,
+        memory_bytes,
+        flops_per_s,
+        achievable_memory_bytes_per_s(hardware),
+        hardware.kernel_floor_s,
     )
+    if transcendental_elements:
+        arithmetic_s = transcendental_elements * hardware.transcendental_element_s
+        device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
+    return float(node_time_s(device_s, hardware))
 
 
 def tensor_bytes(shape: Iterable[int], dtype: torch.dtype) -> int:
@@ -455,3 +503,55 @@ def aten_memory_bytes(
         return 0
     leaves, _ = tree_flatten((list(args), dict(kwargs or {}), out))
     return sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+
+# --------------------------------------------------------------------------------------------
+# GEMM shapes and transcendental ops
+# --------------------------------------------------------------------------------------------
+
+_GEMM_OPS = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.linear, aten.matmul})
+
+
+def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> tuple[int, int, int] | None:
+    """``(m, n, k)`` of a GEMM-like op call (tensors or shapes as arguments), None for other ops.
+
+    ``m`` counts every row of the left operand (batch dims of ``bmm``/``matmul`` multiply it, as
+    the kernel runs them as one batched GEMM), ``n`` the output features, ``k`` the contracted
+    dim: ``linear(x (..., k), w (n, k))``, ``mm(a (m, k), b (k, n))``, ``addmm(bias, a, b)``,
+    ``bmm(a (b, m, k), b (b, k, n))``.
+    """
+    packet = _packet_of(op)
+    if packet not in _GEMM_OPS:
+        return None
+    kwargs = kwargs or {}
+    offset = 1 if packet in (aten.addmm, aten.baddbmm) else 0
+    a = _arg(args, kwargs, offset, "input" if packet in (aten.linear, aten.matmul) else "mat1")
+    b = _arg(args, kwargs, offset + 1, "weight" if packet is aten.linear else "mat2")
+    if a is None or b is None:
+        return None
+    a_shape = tuple(_concrete_size(size) for size in _shape(a))
+    b_shape = tuple(_concrete_size(size) for size in _shape(b))
+    if not a_shape or not b_shape:
+        return None
+    k = a_shape[-1]
+    m = max(1, math.prod(a_shape[:-1]))
+    # linear's weight is (n, k); the other ops' right operand is (..., k, n); a 1-D one has n = 1
+    n_dim = 0 if packet is aten.linear else -1
+    n = b_shape[n_dim] if len(b_shape) >= 2 else 1
+    return m, n, k
+
+
+# Elementwise ops whose arithmetic is a transcendental function (special-function units on a GPU,
+# polynomial approximations on a CPU), by overload packet.
+TRANSCENDENTAL_OPS = frozenset(
+    {
+        aten.exp, aten.exp2, aten.expm1, aten.log, aten.log1p, aten.log2, aten.tanh, aten.sigmoid,
+        aten.silu, aten.gelu, aten.erf, aten.rsqrt, aten.sqrt, aten.sin, aten.cos, aten.pow,
+        aten._softmax, aten.softmax, aten._log_softmax, aten.log_softmax, aten.mish, aten.softplus,
+    }
+)
+
+
+def is_transcendental(op: Any) -> bool:
+    """True for elementwise ops priced per element when compute bound (:data:`TRANSCENDENTAL_OPS`)."""
+    return _packet_of(op) in TRANSCENDENTAL_OPS

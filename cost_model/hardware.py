@@ -55,15 +55,32 @@ from typing import Any
 __all__ = [
     "HARDWARE_JSON_VERSION",
     "KNOWN_HARDWARE",
+    "RUNTIME_MODES",
     "Hardware",
     "LinkProfile",
     "get_hardware",
 ]
 
+RUNTIME_MODES = ("eager", "compiled", "cuda_graph")
+"""How a rank-local graph is run, which decides what each node costs on the host (see
+:class:`Hardware`): ``"eager"`` dispatches every ATen node through PyTorch one by one (the
+GraphModule call autotp's runtime makes); ``"compiled"`` runs Inductor's generated code, which
+calls its kernels directly (no ATen dispatch per node, views folded into indexing);
+``"cuda_graph"`` replays a captured CUDA graph: one host launch per call, kernels back to back."""
+
 # Version of the JSON form written by Hardware.to_json; bump it when fields change meaning.
 HARDWARE_JSON_VERSION = 1
 
 _US = 1e-6  # seconds per microsecond
+
+# Host/runtime fields of Hardware that are non-negative numbers with a 0.0 default.
+_HOST_TIME_FIELDS = (
+    "host_dispatch_s",
+    "graph_launch_s",
+    "collective_wait_s",
+    "gemm_half_efficiency_dim",
+    "transcendental_element_s",
+)
 
 
 def _check_known_fields(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -162,6 +179,29 @@ class Hardware:
     ``achievable_fraction_compute`` / ``achievable_fraction_memory``: fraction of the peak that
     kernels reach; 1.0 (datasheet peak, no derating) unless a calibration measured it.
     ``source``: where the numbers come from (datasheets, or "calibrated on <host>").
+
+    Host and runtime terms (all optional in JSON; a profile written before they existed loads with
+    the defaults, which price exactly as before: no host term beyond ``kernel_floor_s`` and
+    ``view_op_s``, datasheet GEMM rates at every shape):
+
+    ``runtime_mode``: one of :data:`RUNTIME_MODES` (default ``"eager"``), how the rank-local
+    graph runs; it selects which of the host terms below a node pays
+    (:func:`~.runtime.node_host_s`).
+    ``host_dispatch_s``: host seconds per kernel node in ``"eager"`` mode (the FX call, ATen
+    dispatch and kernel launch of one op), as measured in a real graph (``autotp calibrate``
+    fits it over graphs of different sizes). ``host_is_device``: True on a CPU, where the host
+    *is* the device, so the dispatch adds to the kernel's time; False on a GPU, where the host
+    runs ahead and a node takes the longer of its kernel and its dispatch. A calibrated CPU
+    profile puts a node's whole fixed cost here and sets ``kernel_floor_s`` to 0.
+    ``graph_launch_s``: host seconds per call of a rank-local graph (the Python call of the
+    module; in ``"cuda_graph"`` mode the replay launch of the captured graph).
+    ``collective_wait_s``: seconds a collective waits in a graph beyond its alpha-beta time (the
+    skew between ranks arriving at a blocking collective), fitted in a graph, not back to back.
+    ``gemm_half_efficiency_dim``: GEMM rate as a function of shape: a GEMM whose smallest dim
+    (of m, n, k) is ``d`` runs at ``d / (d + gemm_half_efficiency_dim)`` of the peak (0.0: the
+    peak at every shape); :func:`~.compute.gemm_efficiency`.
+    ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
+    tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
     """
 
     name: str
@@ -176,6 +216,13 @@ class Hardware:
     achievable_fraction_memory: float = 1.0
     source: str = field(default="", compare=False)
     view_op_s: float = 0.0
+    runtime_mode: str = "eager"
+    host_dispatch_s: float = 0.0
+    host_is_device: bool = False
+    graph_launch_s: float = 0.0
+    collective_wait_s: float = 0.0
+    gemm_half_efficiency_dim: float = 0.0
+    transcendental_element_s: float = 0.0
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -196,6 +243,13 @@ class Hardware:
         _check_positive_number(owner, "memory_gib", self.memory_gib)
         _check_positive_number(owner, "kernel_floor_s", self.kernel_floor_s, allow_zero=True)
         _check_positive_number(owner, "view_op_s", self.view_op_s, allow_zero=True)
+        if self.runtime_mode not in RUNTIME_MODES:
+            raise ValueError(f"{owner}.runtime_mode must be one of {', '.join(map(repr, RUNTIME_MODES))}, "
+                             f"got {self.runtime_mode!r}; e.g. dataclasses.replace(profile, runtime_mode='cuda_graph')")
+        if not isinstance(self.host_is_device, bool):
+            raise ValueError(f"{owner}.host_is_device must be True or False, got {self.host_is_device!r}")
+        for host_field in _HOST_TIME_FIELDS:
+            _check_positive_number(owner, host_field, getattr(self, host_field), allow_zero=True)
         for link_field in ("intra_node", "inter_node"):
             if not isinstance(getattr(self, link_field), LinkProfile):
                 raise ValueError(f"{owner}.{link_field} must be a LinkProfile")
@@ -225,6 +279,9 @@ class Hardware:
                 self.devices_per_node,
                 self.achievable_fraction_compute,
                 self.achievable_fraction_memory,
+                self.runtime_mode,
+                self.host_is_device,
+                *(getattr(self, host_field) for host_field in _HOST_TIME_FIELDS),
             )
         )
 
@@ -246,6 +303,9 @@ class Hardware:
             "devices_per_node": self.devices_per_node,
             "achievable_fraction_compute": self.achievable_fraction_compute,
             "achievable_fraction_memory": self.achievable_fraction_memory,
+            "runtime_mode": self.runtime_mode,
+            "host_is_device": self.host_is_device,
+            **{host_field: getattr(self, host_field) for host_field in _HOST_TIME_FIELDS},
             "source": self.source,
         }
 
@@ -274,7 +334,8 @@ class Hardware:
             "inter_node",
             "devices_per_node",
         )
-        optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source")
+        optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
+                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS)
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
             if key not in data:
@@ -300,6 +361,10 @@ class Hardware:
                 achievable_fraction_compute=data.get("achievable_fraction_compute", 1.0),
                 achievable_fraction_memory=data.get("achievable_fraction_memory", 1.0),
                 source=data.get("source", ""),
+                # absent in profiles written before the host terms existed: their defaults
+                runtime_mode=data.get("runtime_mode", "eager"),
+                host_is_device=data.get("host_is_device", False),
+                **{host_field: data.get(host_field, 0.0) for host_field in _HOST_TIME_FIELDS},
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None
@@ -375,6 +440,31 @@ INFINIBAND_HDR = LinkProfile(
 # back to back). 4 us, rounded; a calibrated profile replaces it with a measured value.
 _GPU_KERNEL_FLOOR_S = 4.0 * _US
 
+# Host time of one ATen node run eagerly from an FX graph on a GPU: the CUDA driver and runtime
+# spend about 4-6 us of host time per kernel launch (measured per cudaLaunchKernel in "pegainfer
+# (3): From Launch Overhead to CUDA Graph", https://susun-blog.com/blog/pegainfer-3-cuda-graph ;
+# NVIDIA's "Getting Started with CUDA Graphs", https://developer.nvidia.com/blog/cuda-graphs/ ,
+# shows the same few-us launch cost per short kernel), and before it the graph's Python call of
+# the op and PyTorch's dispatcher run (a few us more: `autotp calibrate` measures 6-20 us per op
+# for that path on this project's CPU, where no launch follows). 10 us in all, rounded; the host
+# runs ahead of the GPU, so a node takes the longer of this and its kernel (host_is_device=False).
+_GPU_EAGER_DISPATCH_S = 10.0 * _US
+
+# Host time of one call of a rank-local graph. A captured CUDA graph replays with one
+# cudaGraphLaunch, whose host cost for a straight-line graph does not grow with its node count
+# from CUDA 12.6 on (NVIDIA Technical Blog, "Constant Time Launch for Straight-Line CUDA Graphs
+# and Other Performance Enhancements", https://developer.nvidia.com/blog/constant-time-launch-for-
+# straight-line-graphs-and-other-performance-enhancements/ ) and is a few microseconds; with
+# PyTorch's Python call of the module and of CUDAGraph.replay(), 10 us, rounded.
+_GPU_GRAPH_LAUNCH_S = 10.0 * _US
+
+# GPU profiles price a plan as replayed from a CUDA graph, as serving engines run decode (vLLM
+# captures CUDA graphs of its decode steps by default, https://docs.vllm.ai/en/latest/design/cuda_graphs/ ):
+# each node then costs its kernel, so the planner weighs the device work a split divides. The
+# eager terms stay in the profile: dataclasses.replace(profile, runtime_mode="eager") prices the
+# op-by-op runtime, and Plan.estimate() shows the host time of both.
+_GPU_RUNTIME_MODE = "cuda_graph"
+
 # Hopper (H100 SXM5 / H200 SXM5, same GH100 compute) dense peaks, TFLOP/s. NVIDIA H100 Tensor
 # Core GPU Architecture whitepaper, Table 3 (H100 SXM5), https://resources.nvidia.com/
 # en-us-tensor-core/gtc22-whitepaper-hopper ; the datasheet lists BF16/FP16 1979 TFLOPS *with*
@@ -397,6 +487,9 @@ H100_SXM = Hardware(
     memory_bandwidth_gbps=3350.0,  # HBM3 3.35 TB/s; NVIDIA H100 datasheet (SXM)
     memory_gib=80.0,  # 80 GB HBM3; NVIDIA H100 datasheet (SXM)
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # HGX/DGX H100: 8 GPUs on one NVSwitch fabric; DGX H100 user guide
@@ -418,6 +511,9 @@ H100_MULTINODE = Hardware(
     memory_bandwidth_gbps=3350.0,  # HBM3 3.35 TB/s; NVIDIA H100 datasheet (SXM)
     memory_gib=80.0,  # 80 GB HBM3; NVIDIA H100 datasheet (SXM)
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # DGX H100 nodes, 8 GPUs each; DGX H100 user guide
@@ -430,6 +526,9 @@ H200 = Hardware(
     memory_bandwidth_gbps=4800.0,  # HBM3e 4.8 TB/s; NVIDIA H200 datasheet (SXM)
     memory_gib=141.0,  # 141 GB HBM3e; NVIDIA H200 datasheet (SXM)
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # HGX H200: 8 GPUs on one NVSwitch fabric
@@ -447,6 +546,9 @@ A100_SXM = Hardware(
     memory_bandwidth_gbps=2039.0,  # HBM2e 2,039 GB/s; NVIDIA A100 datasheet (80 GB SXM)
     memory_gib=80.0,  # 80 GB HBM2e; NVIDIA A100 datasheet
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK3_NVSWITCH,
     inter_node=INFINIBAND_HDR,
     devices_per_node=8,  # HGX/DGX A100: 8 GPUs on one NVSwitch fabric; DGX A100 user guide
@@ -466,6 +568,9 @@ A100_MULTINODE = Hardware(
     memory_bandwidth_gbps=2039.0,  # HBM2e 2,039 GB/s; NVIDIA A100 datasheet (80 GB SXM)
     memory_gib=80.0,  # 80 GB HBM2e; NVIDIA A100 datasheet
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=NVLINK3_NVSWITCH,
     inter_node=INFINIBAND_HDR,
     devices_per_node=8,  # DGX A100 nodes, 8 GPUs each; DGX A100 user guide
@@ -486,6 +591,9 @@ PCIE_GPU = Hardware(
     memory_bandwidth_gbps=864.0,  # GDDR6 864 GB/s; NVIDIA L40S datasheet
     memory_gib=48.0,  # 48 GB GDDR6; NVIDIA L40S datasheet
     kernel_floor_s=_GPU_KERNEL_FLOOR_S,
+    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
+    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
+    runtime_mode=_GPU_RUNTIME_MODE,
     intra_node=PCIE_GEN4_X16,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # a common 8-GPU PCIe server (e.g. NVIDIA-Certified L40S OVX systems)
@@ -517,6 +625,7 @@ CPU_GLOO = Hardware(
         latency_s=50.0 * _US,  # placeholder: TCP over Ethernet
     ),
     devices_per_node=8,  # placeholder: processes on one host
+    host_is_device=True,  # on a CPU the host runs the kernels: dispatch and kernel add up
     source="placeholders, not measurements; run `autotp calibrate` to measure this machine",
 )
 

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_map
 from .collectives import alpha_beta_terms, hierarchical_parts, validate_collective
 from .compute import achievable_flops_per_s, achievable_memory_bytes_per_s, flops_formula, roofline_time_s
 from .hardware import Hardware
+from .runtime import node_time_s
 
 __all__ = [
     "BATCH",
@@ -68,24 +69,29 @@ def symbolic_tensor_bytes(shape: Iterable[Any], dtype: torch.dtype) -> sympy.Exp
 def symbolic_compute_time_s(
     flops: Any, memory_bytes: Any, dtype: torch.dtype, hardware: Hardware
 ) -> sympy.Expr:
-    """Roofline time of one kernel as an expression: ``Max(flops/peak, bytes/bw) + floor``.
+    """Roofline time of one kernel node as an expression: ``Max(flops/peak, bytes/bw) + floor``,
+    with the node's host dispatch under the profile's runtime mode (:func:`.runtime.node_time_s`).
 
-    Same formula as :func:`compute_time_s`; an op whose FLOPs and bytes are both identically 0
-    costs 0 (no kernel). Sizes are positive, so a non-zero expression stays non-zero.
+    Same formula as :func:`compute_time_s`, at the peak GEMM rate (the shape-dependent
+    efficiency and the transcendental rate need concrete shapes and op kinds, which a symbolic
+    caller does not give); an op whose FLOPs and bytes are both identically 0 costs 0 (no
+    kernel). Sizes are positive, so a non-zero expression stays non-zero.
     """
     flops_expr, bytes_expr = to_sympy(flops), to_sympy(memory_bytes)
     if flops_expr == 0 and bytes_expr == 0:
         return sympy.Integer(0)
     if flops_expr == 0:  # no arithmetic: the dtype's peak is irrelevant
-        return bytes_expr / achievable_memory_bytes_per_s(hardware) + hardware.kernel_floor_s
-    return roofline_time_s(
-        flops_expr,
-        bytes_expr,
-        achievable_flops_per_s(dtype, hardware),
-        achievable_memory_bytes_per_s(hardware),
-        hardware.kernel_floor_s,
-        max_fn=sympy.Max,
-    )
+        device_s = bytes_expr / achievable_memory_bytes_per_s(hardware) + hardware.kernel_floor_s
+    else:
+        device_s = roofline_time_s(
+            flops_expr,
+            bytes_expr,
+            achievable_flops_per_s(dtype, hardware),
+            achievable_memory_bytes_per_s(hardware),
+            hardware.kernel_floor_s,
+            max_fn=sympy.Max,
+        )
+    return node_time_s(device_s, hardware, max_fn=sympy.Max)
 
 
 def symbolic_collective_time_s(
@@ -105,6 +111,7 @@ def symbolic_collective_time_s(
     nbytes_expr = to_sympy(nbytes)
     if group_size == 1 or nbytes_expr == 0:
         return sympy.Integer(0)
+
     def on_link(part_kind: str, part_bytes: sympy.Expr, part_group: int, link: Any) -> sympy.Expr:
         if part_group == 1:
             return sympy.Integer(0)
@@ -116,10 +123,10 @@ def symbolic_collective_time_s(
     flat = on_link(kind, nbytes_expr, group_size, hardware.link(spans_nodes=spans_nodes))
     parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
     if parts is None:
-        return flat
+        return flat + hardware.collective_wait_s  # the in-graph wait, as collective_time_s
     hierarchical = sum((on_link(part_kind, nbytes_expr / divisor, part_group, getattr(hardware, link_field))
                         for part_kind, part_group, link_field, divisor in parts), sympy.Integer(0))
-    return sympy.Min(flat, hierarchical)
+    return sympy.Min(flat, hierarchical) + hardware.collective_wait_s
 
 
 def _shape_of(value: Any) -> Any:

@@ -10,17 +10,26 @@ this pass only decides *what* each strategy asks of the hardware:
   Partial placements every rank does the whole op. The bytes are counted tensor by tensor at
   their local size: a split tensor is read (or written) in part, a replicated or Partial one
   whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
-  reads the whole weight). View-like ops move no data and launch no kernel: they cost only
-  ``Hardware.view_op_s``, the host's dispatch (0 on GPU profiles, measured on a CPU).
+  reads the whole weight). A GEMM's rate depends on its local shape (the smallest of its local
+  m, n, k: ``cost_model.compute.gemm_efficiency``); a transcendental elementwise op (exp, silu,
+  ...) is priced per local output element where that bounds it. View-like ops move no data and
+  launch no kernel: they cost only the host's dispatch in eager mode
+  (``cost_model.runtime.view_time_s``: ``Hardware.view_op_s``, 0 on GPU profiles).
 - resharding between the producer's and the consumer's placement of one tensor: the cheapest
   route of :func:`autotp.base.reshard.reshard_routes`, each step priced by its row of
   :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
 - memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
+- training (``training=`` a :class:`~autotp.passes.backward.Training`): each strategy's compute
+  adds its backward (:func:`~autotp.passes.backward.backward_flops_factor` times the forward, at
+  the same per-rank share), a trainable parameter's bytes count its gradient and optimizer state
+  too, and :meth:`CostedGraph.activation_bytes` sizes what autograd keeps; the backward's
+  reshardings are priced in ``passes/pricing.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.fx as fx
@@ -28,9 +37,18 @@ import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, split_of
 from autotp.base.reshard import Route, reshard_routes
-from autotp.base.shapes import nbytes, numel
+from autotp.base.shapes import concrete_shape, first_tensor, nbytes, numel
 from autotp.base.strategy import Strategy
 from autotp.cost_model import Hardware, aten_flops, compute_time_s, launches_no_kernel
+from autotp.cost_model.compute import gemm_dims, is_transcendental
+from autotp.cost_model.runtime import view_time_s
+from autotp.passes.backward import (
+    REPLICATED_INPUT_BACKWARD,
+    Training,
+    adjoint_steps,
+    backward_flops_factor,
+    trainable_bytes_factor,
+)
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.rules.args import holds_tensor
@@ -84,12 +102,36 @@ def reshard_time_s(src: Placement, dst: Placement, value: object, world_size: in
 
 @dataclasses.dataclass
 class CostedGraph:
-    """The strategy graph with per-strategy compute time and parameter memory."""
+    """The strategy graph with per-strategy compute time and parameter memory.
+
+    With ``training`` (a training step is priced), ``compute_s`` is forward plus backward and
+    ``memory_bytes`` counts each trainable parameter's gradient and optimizer state too.
+    """
 
     graph: StrategyGraph
     hardware: Hardware
     compute_s: dict[str, list[float]]  # node -> per-strategy predicted seconds per rank
     memory_bytes: dict[str, list[int]]  # parameter node -> per-strategy bytes of the largest local shard
+    training: Training | None = None
+
+    def backward_route(self, producer: str, src: Placement, dst: Placement) -> Route:
+        """The steps the gradient of ``producer``'s output takes back through its ``src -> dst`` resharding."""
+        return adjoint_steps(self.reshard_route(producer, src, dst))
+
+    def backward_s(self, producer: str, src: Placement, dst: Placement) -> float:
+        """Seconds of :meth:`backward_route` (0 for an identity adjoint)."""
+        node = self.graph.nodes[producer]
+        route = self.backward_route(producer, src, dst)
+        return route_time_s(route, node.meta.get("val"), self.graph.world_size, self.hardware) if route else 0.0
+
+    def replicated_input_s(self, producer: str) -> float:
+        """Seconds of Megatron's f on ``producer``'s value: the all-reduce of its whole gradient."""
+        return route_time_s(REPLICATED_INPUT_BACKWARD, self.graph.nodes[producer].meta.get("val"), self.graph.world_size,
+                            self.hardware)
+
+    def activation_bytes(self, producer: str, placement: Placement) -> float:
+        """Bytes one rank keeps of ``producer``'s output, saved for the backward in ``placement``."""
+        return _local_nbytes(self.graph.nodes[producer].meta.get("val"), placement, self.graph.world_size)
 
     def reshard_s(self, producer: str, src: Placement, dst: Placement) -> float:
         node = self.graph.nodes[producer]
@@ -167,27 +209,84 @@ def node_dtype(node: fx.Node) -> torch.dtype:
     return _dtype(node.meta.get("val"))
 
 
-def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware) -> list[float]:
+def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware,
+                    training: Training | None = None) -> list[float]:
+    """Per-strategy seconds of ``node``: its forward, and with ``training`` its backward too."""
+    grads = training.requires_grad if training is not None else frozenset()
     work = node_work(node, strategies, world_size)
     if work is None:
         if node.op == "call_function" and holds_tensor(node) and launches_no_kernel(node.target):
-            return [hardware.view_op_s] * len(strategies)  # no kernel, no bytes: only the host's dispatch
+            steps = 2 if node.name in grads else 1  # the backward of a view is a view
+            # no kernel, no bytes: only the host's dispatch in eager mode (0 on GPU profiles)
+            return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
     dtype = node_dtype(node)
-    return [compute_time_s(flops, moved, dtype, hardware) for flops, moved in work]
+    costs = []
+    for (flops, moved), (min_dim, elements) in zip(work, _shape_terms(node, strategies, world_size, work)):
+        passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
+        costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
+                                             transcendental_elements=elements))
+    return costs
 
 
-def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware) -> CostedGraph:
-    """Attach predicted compute seconds to every strategy and bytes to every parameter strategy."""
+def _shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
+                 work: list[tuple[float, float]]) -> list[tuple[int | None, int]]:
+    """Per strategy, the smallest local dim of a GEMM node (None for other ops) and the local
+    output elements of a transcendental elementwise node (0 for other ops)."""
+    args, kwargs = _meta_args(node)
+    gemm = any(flops > 0 for flops, _ in work) and gemm_dims(node.target, args, kwargs) is not None
+    transcendental = is_transcendental(node.target)
+    if not gemm and not transcendental:
+        return [(None, 0)] * len(strategies)
+    out = node.meta.get("val")
+    inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
+    return [(_local_gemm_min_dim(node, args, kwargs, strategy, inputs, world_size) if gemm else None,
+             _local_numel(out, strategy.output, world_size) if transcendental else 0)
+            for strategy in strategies]
+
+
+def _local_shape(value: torch.Tensor, placement: Placement, world_size: int) -> tuple[int, ...]:
+    """Shape of ``value`` on the largest rank under ``placement`` (a split dim: ``ceil(size / N)``)."""
+    shape = [int(size) for size in concrete_shape(value)]
+    split = split_of(placement)
+    if split is not None and shape:
+        dim, blocks = split
+        shape[dim] = blocks * math.ceil(shape[dim] // blocks / world_size)
+    return tuple(shape)
+
+
+def _local_numel(value: object, placement: Placement, world_size: int) -> int:
+    leaf = first_tensor(value)
+    return math.prod(_local_shape(leaf, placement, world_size)) if leaf is not None else 0
+
+
+def _local_gemm_min_dim(node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, inputs: list[object],
+                        world_size: int) -> int | None:
+    """The smallest of a GEMM node's (m, n, k) on the largest rank under ``strategy``."""
+    local = {id(value): _local_shape(value, placement, world_size)
+             for placement, value in zip(strategy.inputs, inputs) if isinstance(value, torch.Tensor)}
+    local_args = pytree.tree_map(lambda a: local.get(id(a), a) if isinstance(a, torch.Tensor) else a, args)
+    dims = gemm_dims(node.target, local_args, kwargs)
+    return min(dims) if dims is not None else None
+
+
+def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Training | None = None) -> CostedGraph:
+    """Attach predicted compute seconds to every strategy and bytes to every parameter strategy.
+
+    ``training``: price a training step (forward + backward, gradients and optimizer state).
+    """
     compute_s = {}
     memory = {}
     for name in graph.order:
         node = graph.nodes[name]
-        compute_s[name] = _node_compute_s(node, graph.strategies[name], graph.world_size, hardware)
+        compute_s[name] = _node_compute_s(node, graph.strategies[name], graph.world_size, hardware, training)
         if name in graph.parameters:
             val = node.meta["val"]
             # a parameter nothing reads (e.g. the second name of a tied weight) is not kept
             unread = not node.users
-            memory[name] = [0 if unread else largest_shard_nbytes(val.shape, val.element_size(), s.output, graph.world_size)
+            factor = (trainable_bytes_factor(val, training.optimizer_states)
+                      if training is not None and name in training.requires_grad else 1.0)
+            memory[name] = [0 if unread else int(factor * largest_shard_nbytes(val.shape, val.element_size(), s.output,
+                                                                                graph.world_size))
                             for s in graph.strategies[name]]
-    return CostedGraph(graph, hardware, compute_s, memory)
+    return CostedGraph(graph, hardware, compute_s, memory, training)

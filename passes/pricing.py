@@ -6,6 +6,14 @@ The price of a choice (one strategy per node) is the sum of two kinds of terms:
 - **resharding**: for every producer, one collective per *distinct* placement its readers need
   that differs from the placement it produces (:func:`reshard_s`); one collective serves every
   reader that needs the same placement.
+- **backward resharding** (a training plan only, ``costed.training``), as the training runtime
+  runs it (:mod:`autotp.passes.backward`): each forward resharding above that a gradient goes
+  back through costs its adjoint route (:meth:`CostedGraph.backward_s`), and each producer
+  whose value some rank-divergent reader takes replicated costs one all-reduce of its gradient
+  (Megatron's f, :meth:`CostedGraph.replicated_input_s`), however many such readers it has.
+
+A training plan's memory adds the activations kept for the backward
+(:func:`saved_activation_bytes`): each saved tensor once per placement it is read in.
 
 Some reshardings are not allowed at all (:func:`is_blocked`, :func:`blocked_reason`): nothing may sit on an edge
 from an op that returns several tensors, and a parameter may only be sliced locally, never
@@ -20,24 +28,36 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 
-from autotp.base.placements import Placement, placement_to_str
+from autotp.base.placements import Partial, Placement, Replicate, placement_to_str
+from autotp.base.reshard import ReshardStep
 from autotp.base.strategy import Strategy
+from autotp.passes.backward import REPLICATED_INPUT_BACKWARD, reads_through_f
 from autotp.passes.costing import CostedGraph
 from autotp.passes.resharding import is_local_reshard
 from autotp.passes.strategies import Edge
 
-__all__ = ["ChoicePrice", "Resharding", "blocked_reason", "compute_s", "is_blocked", "price_choice", "price_outputs", "reshard_s"]
+__all__ = [
+    "ChoicePrice", "Resharding", "blocked_reason", "compute_s", "is_blocked", "price_choice",
+    "price_outputs", "reshard_s", "saved_activation_bytes",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class Resharding:
-    """One collective (or local reshard) on ``producer``'s output: ``src`` -> ``dst`` for ``consumers``."""
+    """One collective (or local reshard) on ``producer``'s output: ``src`` -> ``dst`` for ``consumers``.
+
+    ``backward``: it is on the gradient of ``producer``'s output, in the backward pass: the
+    adjoint ``route`` of the forward ``src -> dst`` resharding, or (``route`` an all-reduce,
+    ``src`` P, ``dst`` R) Megatron's f for the rank-divergent ``consumers`` reading it replicated.
+    """
 
     producer: str
     src: Placement
     dst: Placement
     time_s: float
     consumers: tuple[str, ...]
+    backward: bool = False
+    route: tuple[ReshardStep, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +75,16 @@ class ChoicePrice:
     @property
     def comm_s(self) -> float:
         return sum(r.time_s for r in self.reshardings)
+
+    @property
+    def forward(self) -> tuple[Resharding, ...]:
+        """The reshardings of the forward pass (what the rewrite inserts)."""
+        return tuple(r for r in self.reshardings if not r.backward)
+
+    @property
+    def backward(self) -> tuple[Resharding, ...]:
+        """The reshardings of the backward pass (a training plan's; autograd issues them)."""
+        return tuple(r for r in self.reshardings if r.backward)
 
     @property
     def total_s(self) -> float:
@@ -91,27 +121,62 @@ def price_outputs(costed: CostedGraph, edges: Iterable[Edge], strategy_of: Calla
     """The reshardings on ``edges`` under ``strategy_of`` (node -> its strategy), or why they are impossible.
 
     One :class:`Resharding` per producer and distinct placement its readers need that differs
-    from the one it produces, in the order of first need along ``edges``. ``reshard`` prices
-    one resharding (default :func:`reshard_s`; a caller pricing many choices passes a cached one).
+    from the one it produces, in the order of first need along ``edges``; in a training plan
+    then one per producer and distinct placement its readers' gradients arrive in that differs
+    from the one it needs (``backward=True``). ``reshard`` prices one resharding (default
+    :func:`reshard_s`; a caller pricing many choices passes a cached one).
     """
     needed: dict[tuple[str, Placement], list[str]] = {}
+    graded: set[tuple[str, Placement]] = set()  # (producer, dst) whose resharding a gradient goes back through
+    through_f: dict[str, list[str]] = {}
+    training = costed.training
     for edge in edges:
         src = strategy_of(edge.producer).output
-        dst = strategy_of(edge.consumer).inputs[edge.slot]
+        consumer = strategy_of(edge.consumer)
+        dst = consumer.inputs[edge.slot]
+        grad = training is not None and training.grad_flows(edge.producer, edge.consumer)
+        if grad and reads_through_f(consumer, edge.slot):
+            through_f.setdefault(edge.producer, []).append(edge.consumer)
         if dst == src:
             continue
         why = blocked_reason(costed, edge, src, dst)
         if why:
             return (), why
         needed.setdefault((edge.producer, dst), []).append(edge.consumer)
+        if grad:
+            graded.add((edge.producer, dst))
     price = reshard if reshard is not None else (lambda producer, src, dst: reshard_s(costed, producer, src, dst))
-    return tuple(Resharding(producer, strategy_of(producer).output, dst,
-                            price(producer, strategy_of(producer).output, dst), tuple(users))
-                 for (producer, dst), users in needed.items()), ""
+    forward = tuple(Resharding(producer, strategy_of(producer).output, dst,
+                               price(producer, strategy_of(producer).output, dst), tuple(users))
+                    for (producer, dst), users in needed.items())
+    backward = []
+    for r in forward:
+        if (r.producer, r.dst) in graded:
+            route = costed.backward_route(r.producer, r.src, r.dst)
+            if route:
+                backward.append(Resharding(r.producer, r.src, r.dst, costed.backward_s(r.producer, r.src, r.dst),
+                                           r.consumers, True, route))
+    for producer, users in through_f.items():
+        backward.append(Resharding(producer, Partial(), Replicate(), costed.replicated_input_s(producer), tuple(users),
+                                   True, REPLICATED_INPUT_BACKWARD))
+    return forward + tuple(backward), ""
+
+
+def saved_activation_bytes(costed: CostedGraph, strategy_of: Callable[[str], Strategy]) -> float:
+    """Bytes per rank of the activations a training plan keeps for the backward (0 for inference).
+
+    Each saved tensor (``costed.training.saved``) once per distinct placement its saving
+    readers read it in, at its local size there (the largest rank's).
+    """
+    if costed.training is None:
+        return 0.0
+    kept = {(producer, strategy_of(consumer).inputs[slot]) for producer, consumer, slot in costed.training.saved}
+    return sum(costed.activation_bytes(producer, placement) for producer, placement in kept)
 
 
 def price_choice(costed: CostedGraph, choice: Mapping[str, int]) -> ChoicePrice:
-    """The price of ``choice`` (node -> strategy index, every node of the graph), by the MILP's accounting."""
+    """The price of ``choice`` (node -> strategy index, every node of the graph), by the MILP's accounting
+    (a training plan's: forward and backward)."""
     strategies = costed.graph.strategies
     compute = sum(compute_s(costed, name, index) for name, index in choice.items())
     reshardings, why = price_outputs(costed, costed.graph.edges, lambda name: strategies[name][choice[name]])

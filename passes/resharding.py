@@ -32,6 +32,7 @@ from autotp.base.placements import Placement, Replicate
 from autotp.base.reshard import ReshardKind, ReshardStep, reshard_steps
 from autotp.base.shapes import concrete_shape
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, group_spans_nodes
+from autotp.cost_model.runtime import view_time_s
 from autotp.cost_model.symbolic import symbolic_collective_time_s, symbolic_compute_time_s
 from autotp.passes.rules import LocalGraph
 from autotp.passes.uneven import largest_shard_nbytes
@@ -110,7 +111,7 @@ def _collective_s(formulas: Formulas, kind: str, nbytes: Any, world_size: int, h
 
 def _slice_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
                  hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
-    return (hardware.view_op_s,)  # a narrow: no data moves, only the host's dispatch
+    return (view_time_s(hardware),)  # a narrow: no data moves, only the host's dispatch (eager)
 
 
 def _zero_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,

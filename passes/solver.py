@@ -29,6 +29,15 @@ Formulation (one mesh axis of N ranks)::
 
     minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p]
 
+    A training plan (``costed.training``) prices the backward too, as the runtime runs it
+    (``passes/backward.py``): a forward resharding r[u, q, p] that a gradient goes back through
+    has a twin b[u, q, p] >= y[e, q, p] (those edges e only) priced at its adjoint route; a
+    consumer's strategies are grouped by (p, f) instead of p, f saying whether it reads u
+    replicated for rank-divergent work, and one all-reduce of u's gradient (Megatron's f) is
+    paid once per producer: f[u] >= y[e, q, (R, True)]. Activations kept for the backward join
+    the memory row, once per producer and placement they are read in: m[u, p] >= y[e, q, (p, .)]
+    for every saving edge e, with bytes(u, p) in the memory row (_add_reshard_rows).
+
 The coefficients and the blocked transport variables come from ``passes/pricing.py``
 (:func:`~autotp.passes.pricing.compute_s`, :func:`~autotp.passes.pricing.reshard_s`,
 :func:`~autotp.passes.pricing.is_blocked`), the accounting :func:`evaluate_choice` and the
@@ -51,6 +60,7 @@ from scipy.sparse import coo_matrix
 from autotp.base.errors import PlanError
 from autotp.base.placements import Placement, Replicate, Shard
 from autotp.base.shapes import concrete_shape
+from autotp.passes.backward import reads_through_f
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import compute_s, is_blocked, price_choice, reshard_s
 from autotp.passes.strategies import Edge
@@ -123,26 +133,35 @@ def _canonical_edges(costed: CostedGraph, rep: dict[str, str]) -> tuple[list[_Ed
     return list(keys), {name: frozenset(e) for name, e in out_edges.items()}
 
 
+_ConsumerKey = tuple[Placement, bool]
+"""How a consumer's strategy reads an edge: its input placement, and (training plans, where a
+gradient flows back along the edge) whether it reads it through Megatron's f."""
+
+
 def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
-                   edges: list[_EdgeKey]) -> dict[_EdgeKey, dict[tuple[Placement, Placement], int]]:
+                   edges: list[_EdgeKey]) -> dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]]:
     """Transport blocks, one per canonical edge; returns the y columns of every edge."""
     strategies = costed.graph.strategies
-    y_of: dict[_EdgeKey, dict[tuple[Placement, Placement], int]] = {}
+    training = costed.training
+    saved = {(p, c, slot) for p, c, slot in training.saved} if training is not None else set()
+    y_of: dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]] = {}
     for key in edges:
         producer, consumer, slot, _, _ = key
         edge = Edge(*key)
+        grad = training is not None and training.grad_flows(producer, consumer)
         out_of: dict[Placement, list[int]] = defaultdict(list)
         for s, strategy in enumerate(strategies[producer]):
             out_of[strategy.output].append(x[producer][s])
-        in_of: dict[Placement, list[int]] = defaultdict(list)
+        in_of: dict[_ConsumerKey, list[int]] = defaultdict(list)
         for t, strategy in enumerate(strategies[consumer]):
-            in_of[strategy.inputs[slot]].append(x[consumer][t])
-        if len(out_of) == 1 and len(in_of) == 1 and next(iter(out_of)) == next(iter(in_of)):
+            in_of[strategy.inputs[slot], grad and reads_through_f(strategy, slot)].append(x[consumer][t])
+        trivial = len(out_of) == 1 and len(in_of) == 1 and next(iter(out_of)) == next(iter(in_of))[0]
+        if trivial and not next(iter(in_of))[1] and (producer, consumer, slot) not in saved:
             continue  # nothing to choose and nothing to pay on this edge
-        y: dict[tuple[Placement, Placement], int] = {}
+        y: dict[tuple[Placement, _ConsumerKey], int] = {}
         for q in out_of:
             for p in in_of:
-                blocked = is_blocked(edge, q, p)
+                blocked = is_blocked(edge, q, p[0])
                 y[q, p] = model.column(0.0, 0.0, 0.0 if blocked else 1.0, False)
         for q, cols in out_of.items():
             model.row([(y[q, p], 1.0) for p in in_of] + [(c, -1.0) for c in cols], 0.0, 0.0)
@@ -152,37 +171,73 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
     return y_of
 
 
-def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str],
-                      out_edges: dict[str, frozenset], y_of: dict[_EdgeKey, dict[tuple[Placement, Placement], int]]) -> None:
-    """r columns: one collective per (producer, q, p), shared by all its consumers.
+def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], out_edges: dict[str, frozenset],
+                      y_of: dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]]) -> list[tuple[int, float]]:
+    """r columns: one collective per (producer, q, p), shared by all its consumers; in a training
+    plan b columns (the adjoint of a resharding a gradient goes back through), f columns (one
+    all-reduce of the gradient per producer read replicated by rank-divergent work) and m columns
+    (one saved activation per producer and placement read in). Returns the memory-row terms of
+    the m columns.
 
     Tied producers whose out-edges are the same canonical edges make the same choice and pay
     the same collectives, so they share one r column whose cost is multiplied by their count.
     """
+    training = costed.training
+    saved = set(training.saved) if training is not None else set()
+    memory_terms: list[tuple[int, float]] = []
     groups: dict[tuple[str, frozenset], list[str]] = defaultdict(list)
     for name, keys in out_edges.items():
         groups[rep[name], keys].append(name)
+
+    def at_least(cost: float, ys: list[int]) -> int:
+        col = model.column(cost, 0.0, 1.0, False)
+        for y in ys:
+            model.row([(col, 1.0), (y, -1.0)], 0.0, np.inf)
+        return col
+
     for (_, keys), members in sorted(groups.items(), key=lambda item: (item[0][0], sorted(item[0][1]))):
+        leader, count = members[0], len(members)
         pairs: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
+        graded: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
+        through_f: list[int] = []
+        kept: dict[Placement, list[int]] = defaultdict(list)
         for key in sorted(keys):
-            for (q, p), col in y_of.get(key, {}).items():
-                if q != p and model.ub[col] > 0:
+            grad = training is not None and training.grad_flows(key[0], key[1])
+            saving = (key[0], key[1], key[2]) in saved
+            for (q, (p, f)), col in y_of.get(key, {}).items():
+                if model.ub[col] <= 0:
+                    continue
+                if q != p:
                     pairs[q, p].append(col)
+                    if grad:
+                        graded[q, p].append(col)
+                if f:
+                    through_f.append(col)
+                if saving:
+                    kept[p].append(col)
         for (q, p), ys in sorted(pairs.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
-            cost = reshard_s(costed, members[0], q, p) * len(members)
-            r = model.column(cost, 0.0, 1.0, False)
-            for y in ys:
-                model.row([(r, 1.0), (y, -1.0)], 0.0, np.inf)
+            at_least(reshard_s(costed, leader, q, p) * count, ys)
+        for (q, p), ys in sorted(graded.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
+            seconds = costed.backward_s(leader, q, p)
+            if seconds:
+                at_least(seconds * count, ys)
+        if through_f:
+            at_least(costed.replicated_input_s(leader) * count, through_f)
+        for p, ys in sorted(kept.items(), key=lambda item: str(item[0])):
+            memory_terms.append((at_least(0.0, ys), costed.activation_bytes(leader, p) * count))
+    return memory_terms
 
 
 def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], rep: dict[str, str],
-                    budget_bytes: float | None) -> None:
+                    budget_bytes: float | None, activation_terms: list[tuple[int, float]]) -> None:
     if budget_bytes is None:
         return
     coef: dict[int, float] = defaultdict(float)
     for name, per in costed.memory_bytes.items():
         for s, b in enumerate(per):
             coef[x[rep[name]][s]] += float(b)
+    for col, nbytes in activation_terms:
+        coef[col] += nbytes
     if coef:
         model.row(sorted(coef.items()), -np.inf, float(budget_bytes))
 
@@ -246,8 +301,12 @@ def _smallest_fitting_world_size(costed: CostedGraph, budget_bytes: float) -> in
 
 
 def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_s: float = 60.0,
-          tie: dict[str, str] | None = None) -> Solution:
+          tie: dict[str, str] | None = None, count_activations: bool = True) -> Solution:
     """Solve the plan MILP exactly (HiGHS). Raises :class:`PlanError` when the budget cannot be met.
+
+    ``count_activations`` (a training plan): the activations kept for the backward count
+    against ``memory_budget_bytes`` (False: the budget holds parameters, gradients and optimizer
+    state only, as ``memory_budget="auto"`` means).
 
     ``tie`` maps nodes to representatives (``passes/tying.py``): tied nodes share decision
     variables, so a stack of identical layers costs about one layer to solve.
@@ -267,8 +326,8 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     x = _add_choice_rows(model, costed, rep)
     edges, out_edges = _canonical_edges(costed, rep)
     y_of = _add_edge_rows(model, costed, x, edges)
-    _add_reshard_rows(model, costed, rep, out_edges, y_of)
-    _add_memory_row(model, costed, x, rep, memory_budget_bytes)
+    activation_terms = _add_reshard_rows(model, costed, rep, out_edges, y_of)
+    _add_memory_row(model, costed, x, rep, memory_budget_bytes, activation_terms if count_activations else [])
 
     data, rows, cols = [], [], []
     for i, terms in enumerate(model.rows):

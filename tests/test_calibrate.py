@@ -137,6 +137,16 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     assert {k for k, _ in kinds} == set(KINDS) and len(kinds) == 6, kinds
     profile = build_profile(ranks, ranks[0].collectives, world_size=2)
     assert profile.intra_node.bandwidth_gbps > 0 and profile.devices_per_node == 2, profile
+    # in-graph calibration: every graph shape timed on both ranks, one all-reduce per row-split projection
+    quick = CalibrationConfig.quick()
+    assert len(ranks[0].graphs) == len(quick.graph_shapes), ranks[0].graphs
+    for shape, sample in zip(quick.graph_shapes, ranks[0].graphs):
+        assert len(sample.collectives) == (2 * shape.layers if shape.collectives else 0), (shape, sample)
+        assert sample.seconds > 0 and sample.kernel_nodes > 0, sample
+    assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
+    assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
+    assert profile.runtime_mode == "eager" and profile.host_is_device, profile
+    assert "rank-local graphs" in profile.source, profile.source
 
 
 def test_cli_calibrate_writes_the_profile(tmp_path, monkeypatch, capsys) -> None:

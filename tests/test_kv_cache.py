@@ -5,7 +5,12 @@ Tier (a)/(b): single process, tiny Llama (1 layer where enough), no process grou
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
+import torch.distributed as dist
+from generation_models import tiny_gemma
 from models import tiny_llama
 
 import autotp
@@ -48,6 +53,69 @@ def test_capture_keeps_cache_updates_as_state_and_the_planner_splits_heads() -> 
     assert set(placements.values()) == {"S(1)"}, f"cache placements {placements}, expected S(1) (kv heads)"
     updates = {n.name: (n.inputs, n.output) for n in plan.nodes if n.op == "aten.index_copy.default"}
     assert set(updates.values()) == {(("S(1)", "R", "S(1)"), "S(1)")}, updates
+
+
+def test_fewer_kv_heads_than_ranks_replicates_kv_projections() -> None:
+    """tp=2 (autotp.plan, default budget, no processes), tiny Gemma 2 layers, hidden 64, 4 heads / 1 kv head
+    (MQA): k/v projections and the cache stay whole (kv heads replicated, as vLLM does), so each layer has
+    2 all-reduces (after o_proj and down_proj), not 4; 2 kv heads: no exception over 2 ranks, k/v over 4."""
+    from autotp.planning.kv_heads import kv_projection_parameters
+
+    model, (ids,), _ = tiny_gemma(hidden=64, intermediate=128, batch=1, seq_len=4)
+    plan = autotp.plan(model, (ids,), world_size=2, max_cache_len=16)
+    kv = {fqn: text for fqn, text in plan.parameters.items() if "k_proj" in fqn or "v_proj" in fqn or "cache" in fqn}
+    assert set(kv.values()) == {"R"}, f"k/v projections and caches {kv}, expected all R"
+    per_layer = [sum(step == "all_reduce" for c in plan.collectives if f".layers.{i}" in c.module for step in c.steps)
+                 for i in (0, 1)]
+    assert per_layer == [2, 2], f"all-reduces per layer {per_layer}, expected [2, 2] (after o_proj and down_proj)"
+    llama, (llama_ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, layers=1, batch=1,
+                                          seq_len=4)
+    captured = capture(llama, (llama_ids,), {"use_cache": False}, dynamic=False)
+    kept = kv_projection_parameters(captured.graph_module, 2, set(captured.parameter_fqns()))
+    assert not kept, f"2 kv heads over 2 ranks split evenly; expected no whole k/v allowance, got {sorted(kept)}"
+    fqns = captured.parameter_fqns()
+    kept = sorted(fqns[n] for n in kv_projection_parameters(captured.graph_module, 4, set(fqns)))
+    expected = ["model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"]
+    assert kept == expected, f"2 kv heads over 4 ranks: whole allowance for {kept}, expected {expected}"
+
+
+@pytest.fixture
+def fake_tp2():
+    """A fake process group of 2 ranks (this process is rank 0): compile plans and rewrites without processes."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    yield
+    dist.destroy_process_group()
+
+
+def test_phase_weights_choose_one_placement_for_prefill_and_decode(fake_tp2) -> None:
+    """tp=2 (fake process group), tiny Llama 1 layer, hidden 256, batch 8, prefill 64 tokens, memory_budget=None
+    on h100-sxm: alone, prefill splits the KV cache by batch and decode keeps it whole. With
+    expected_new_tokens=0 the prefill-placed pair is kept (decode pinned to it); with 10000 the decode-placed
+    one; both graphs of the kept pair share every placement, and print(tp.generation) shows the weights."""
+    from autotp.planning.phases import weigh_phases
+
+    model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=256, intermediate=512, layers=1, batch=8,
+                                  seq_len=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, memory_budget=None, expected_new_tokens=0)
+    weighting = tp.generation.weighting
+    by = {c.placed_by: c for c in weighting.candidates}
+    assert by["decode"].decode.parameters["key_cache_0"] == "R", by["decode"].decode.parameters
+    assert by["prefill"].prefill.parameters["key_cache_0"] == "S(0)", by["prefill"].prefill.parameters
+    assert weighting.chosen is by["prefill"], f"expected_new_tokens=0 kept the pair placed by {weighting.chosen.placed_by}"
+    assert tp.plan is by["prefill"].decode and tp.generation.prefill_plan is by["prefill"].prefill
+    assert tp.plan.parameters == tp.generation.prefill_plan.parameters, "the two graphs must share every placement"
+    many = weigh_phases(list(weighting.candidates), 10_000)
+    assert many.chosen is by["decode"], f"expected_new_tokens=10000 kept the pair placed by {many.chosen.placed_by}"
+    text = str(tp.generation)
+    for expected in ("phase weights: prefill x1 + decode x0", "chosen placed by prefill", "placed by decode",
+                     "== decode (1 token per row; placements pinned to prefill's)"):
+        assert expected in text, f"{expected!r} not in print(tp.generation):\n{text[:1500]}"
+    with pytest.raises(ValueError, match="expected_new_tokens must be an int >= 0"):
+        autotp.compile(model, example_inputs=(ids,), max_cache_len=64, expected_new_tokens=-1)
 
 
 def test_sampling_follows_hf_warpers() -> None:

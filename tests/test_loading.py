@@ -207,3 +207,33 @@ def test_save_and_reload_at_other_world_sizes(gloo, tmp_path: Path, name: str) -
     for world_size, per_rank in errors.items():
         for rank, error in enumerate(per_rank):
             assert error < TOLERANCE, f"{name} tp={world_size} rank {rank}: max |tp - model| = {error}"
+
+
+def _save_and_load_in_subgroup(rank: int, world_size: int, source: str, target: str) -> float | None:
+    """Ranks 1 and 2 form the tensor-parallel group: from_pretrained, tp.save and autotp.load all on it."""
+    import torch.distributed as dist
+
+    group = dist.new_group([1, 2])  # every rank of the world takes part in creating it
+    if rank == 0:
+        return None
+    tp = autotp.from_pretrained(source, group=group, dtype=torch.float32,
+                                example_inputs=BUILDERS["llama"](layers=1, device="meta")[1])
+    tp.save(target, group=group)
+    dist.barrier(group=group)
+    meta_model, args, kwargs = BUILDERS["llama"](layers=1, device="meta")
+    loaded = autotp.load(target, meta_model, group=group, example_inputs=args, example_kwargs=kwargs)
+    reference, _, _ = BUILDERS["llama"](layers=1)
+    with torch.no_grad():
+        expected = reference(*args, **kwargs).logits
+    return (loaded(*args, **kwargs).logits - expected).abs().max().item()
+
+
+@pytest.mark.distributed
+def test_save_and_load_on_a_subgroup(gloo, tmp_path: Path) -> None:
+    """tp=2 on a sub-group (global ranks 1 and 2 of a world of 3), tiny Llama 1 layer: save and reload via
+    torch.distributed.checkpoint on that group (chunks carry no world ranks); outputs equal the model's."""
+    source = _save("llama", tmp_path / "hf")
+    errors = gloo.run(3, _save_and_load_in_subgroup, str(source), str(tmp_path / "tp"))
+    assert errors[0] is None, f"rank 0 is outside the group, expected None, got {errors[0]}"
+    for rank, error in enumerate(errors[1:], start=1):
+        assert error < TOLERANCE, f"global rank {rank}: max |tp - model| = {error}, expected < {TOLERANCE}"

@@ -76,15 +76,18 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
         lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")),
         lambda: DeviceMesh("cpu", torch.arange(2), mesh_dim_names=("tp",)),
         lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")),
+        lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")),
     ]
     messages = []
     for index, make in enumerate(attempts):
         mesh = make()
         plan = even_parallel_plan(model, MeshShape(pp=2, tp=2)) if index == 2 else None
+        if index == 5 and rank == 3:  # one rank alone passes another schedule
+            plan = even_parallel_plan(model, MeshShape(dp=2, tp=2), schedule="1f1b")
         ids = args[0][:3] if index == 4 else args[0]  # 3 rows do not split over 2 replicas
         try:
             autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs=kwargs, plan=plan)
-        except ValueError as exc:
+        except (ValueError, autotp.AgreementError) as exc:
             messages.append(str(exc))
         else:
             messages.append("no error")
@@ -107,13 +110,24 @@ def _planned_pipeline(shape: MeshShape, batch: int, microbatches: int, schedule:
     return dataclasses.replace(plan, stages=stages)
 
 
+def _searched_plan(shape: MeshShape, batch: int, *, microbatches: int) -> ParallelPlan:
+    """The mesh search's ParallelPlan for ``shape`` (autotp.plan(mesh=...)), run with ``microbatches``."""
+    import dataclasses
+
+    import autotp
+
+    model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
+    plan = autotp.plan(model, args, kwargs, world_size=shape.world_size, mesh=shape)
+    return dataclasses.replace(plan, microbatches=microbatches)
+
+
 def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
     """dp2 x tp2 (uneven batch 3, planned on each tp group), pp2 x tp2 (1F1B, 4 microbatches, each stage's
-    tp plan made beforehand in this process), dp2 x pp2 (GPipe, 2 microbatches) on 4 gloo processes: every
-    rank returns the whole batch's logits, equal to one process's."""
+    tp plan made beforehand in this process), dp2 x pp2 (the mesh search's plan, GPipe, 2 microbatches) on 4
+    gloo processes: every rank returns the whole batch's logits, equal to one process's."""
     cases = [((2, 2), ("dp", "tp"), 3, {}),
              ((2, 2), ("pp", "tp"), 4, _planned_pipeline(MeshShape(pp=2, tp=2), 4, 4, "1f1b")),
-             ((2, 2), ("dp", "pp"), 4, {"microbatches": 2, "schedule": "gpipe"})]
+             ((2, 2), ("dp", "pp"), 4, _searched_plan(MeshShape(dp=2, pp=2), 4, microbatches=2))]
     results = gloo.run(4, _run_meshes, cases)
     for rank, per_case in enumerate(results):
         for (dims, names, batch, _), (kind, shape, error) in zip(cases, per_case):
@@ -125,13 +139,15 @@ def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
 
 def test_mesh_bad_input_fails_on_every_rank(gloo: Any) -> None:
     """4 ranks: unknown dim name, pp=4 over 2 layer blocks, a pp2 x tp2 plan on a dp2 x tp2 mesh, a mesh of 2
-    of the 4 ranks, dp2 x pp2 with a batch of 3: the same error, saying the fix, on every rank."""
+    of the 4 ranks, dp2 x pp2 with a batch of 3, rank 3 alone with another schedule: the same error, saying
+    the fix, on every rank."""
     messages = gloo.run(4, _bad_inputs)
     expected = ["unknown dim name(s) 'sp'", "pp=4 pipeline stages need at least 4 layer blocks",
                 "plan was made for a mesh dp1 x pp2 x tp2 but the given mesh is dp2 x pp1 x tp2",
                 "holds 2 ranks but the process group has 4",
                 "batch (3 rows) must split into dp=2 replicas x 1 microbatch(es) of equal rows; pass a batch that is "
-                "a multiple of 2"]
+                "a multiple of 2",
+                "option schedule: ranks 0, 1, 2 gpipe; rank 3 1f1b"]
     assert len(messages[0]) == len(expected), f"expected {len(expected)} errors, got {messages[0]}"
     for rank, texts in enumerate(messages):
         assert texts == messages[0], f"rank {rank} raised {texts}, rank 0 {messages[0]}"

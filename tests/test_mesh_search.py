@@ -187,6 +187,22 @@ def test_search_is_optimal_against_brute_force(six_layer_costs: MeshCosts, objec
     assert plan.split_points == tuple(costs.names[s.first_block] for s in plan.stages[1:])
 
 
+def test_two_layer_copy_prices_like_the_whole_model(six_layer_costs: MeshCosts) -> None:
+    """tp=8 over 2 nodes of 4, batch 8 (priced from captures at batch 2 and 4 of a two-layer copy): the
+    search's price of the 6-layer model equals the planner's price of the whole model traced at batch 8."""
+    from autotp.capture import capture
+    from autotp.planning.options import PlanOptions
+    from autotp.planning.planner import plan_graph
+
+    model, args, kwargs = _tiny_llama(6)
+    unit_s, pre_s, post_s = six_layer_costs.times(8, 8)
+    searched = float(unit_s.sum()) + pre_s + post_s
+    captured = capture(model, (torch.zeros(8, 16, dtype=torch.long, device="meta"),), kwargs)
+    whole = plan_graph(captured, PlanOptions(world_size=8, hardware=six_layer_costs.hardware))
+    direct = whole.predicted_compute_s + whole.predicted_comm_s
+    assert searched == pytest.approx(direct, rel=1e-9), f"search prices {searched} s, the whole model {direct} s"
+
+
 def test_plan_front_door_and_cli(capsys) -> None:
     """autotp.plan(mesh=dp1 x pp2 x tp4) on 8 H100s: a ParallelPlan that prints its mesh, stages and
     predictions; `autotp plan --parallelism tp=2,pp=2` prints the table with the choice marked."""

@@ -53,7 +53,8 @@ def generate_demo(rank: int, model: Any, ids: Any, new_tokens: int, hardware: st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         started = time.perf_counter()
-        tp_model = autotp.compile(model, example_inputs=(ids,), max_cache_len=prompt + new_tokens, hardware=hardware)
+        tp_model = autotp.compile(model, example_inputs=(ids,), max_cache_len=prompt + new_tokens, hardware=hardware,
+                                  expected_new_tokens=new_tokens)
         compile_s = time.perf_counter() - started
     with torch.no_grad():
         got, tp_prefill_ms, tp_ms = _timed(lambda n: tp_model.generate(ids, max_new_tokens=n), new_tokens)
@@ -74,6 +75,8 @@ def generate_demo(rank: int, model: Any, ids: Any, new_tokens: int, hardware: st
         _, single_prefill_ms, single_ms = single
         print(f"compile: {compile_s:.2f} s; KV cache on rank 0: {tp_model.cache_bytes() / 2**10:.1f} KiB "
               f"(cache placements: {sorted({v for k, v in tp_model.plan.parameters.items() if 'cache' in k})})")
+        if tp_model.generation.weighting is not None:
+            print(tp_model.generation.weighting)
         print(f"new tokens (row 0): {got[0, prompt:].tolist()}")
         print(f"same tokens as single-process model.generate(do_sample=False): {'OK' if same.item() else 'FAILED'}")
         print(f"{'':18}{'prefill ms':>12}{'ms/token':>10}{'tokens/s':>10}   (medians of {REPEATS})")

@@ -11,6 +11,13 @@ no graph, no process group — and adds up the terms the planner priced:
   graph waits on each collective right after issuing it (``wait_tensor``), so nothing overlaps.
   Both are broken down per node (a collective counts for the node whose output it reshards)
   and per layer (see :func:`layer_of`).
+* **host time** (when the profile is known: a name of ``KNOWN_HARDWARE`` or ``hardware=``): the
+  dispatch the graph's nodes cost on the host under each runtime mode of the profile
+  (:func:`autotp.cost_model.runtime.host_time_per_call`: eager pays every kernel and view node,
+  compiled and cuda_graph only the call of the graph), and the per-call term
+  ``graph_call_s`` (``Hardware.graph_launch_s``: the Python call of the graph, or the replay of a
+  captured CUDA graph), which :attr:`Estimate.time_per_call_s` adds to the per-node terms. The
+  node times already include their host dispatch under the plan's own runtime mode.
 * **memory per rank** = parameters (the plan's ``parameter_bytes_per_rank``: the largest
   rank's shards) + buffers and constants (whole on every rank) + the peak of live activations.
   The activation peak is a liveness walk over the plan's graph in execution order, the order
@@ -43,6 +50,7 @@ from autotp.base.module_paths import block_name
 from autotp.base.placements import Partial, Placement, Replicate, Shard, placement_from_str, split_of
 from autotp.base.reshard import ReshardKind, reshard_steps
 from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware, launches_no_kernel
+from autotp.cost_model.runtime import HostTime, graph_host_s, host_time_per_call
 from autotp.cost_model.symbolic import (
     BATCH,
     SEQ,
@@ -147,11 +155,21 @@ class Estimate:
     activation_peak_bytes_per_rank: int | None
     activation_peak_after: str
     memory_capacity_bytes: float | None
+    training: bool = False  # a training plan's: times are per forward + backward step, backward collectives included
+    runtime_mode: str = "eager"
+    graph_call_s: float = 0.0
+    host: HostTime | None = None
 
     @property
     def time_s(self) -> float:
         """Predicted seconds per forward pass: compute + communication (no overlap)."""
         return self.compute_s + self.comm_s
+
+    @property
+    def time_per_call_s(self) -> float:
+        """Predicted seconds per call of the rank-local graph: :attr:`time_s` plus the per-call
+        host term (``graph_call_s``)."""
+        return self.time_s + self.graph_call_s
 
     @property
     def memory_bytes_per_rank(self) -> int | None:
@@ -170,6 +188,7 @@ class Estimate:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["time_s"] = self.time_s
+        data["time_per_call_s"] = self.time_per_call_s
         data["memory_bytes_per_rank"] = self.memory_bytes_per_rank
         return data
 
@@ -177,8 +196,15 @@ class Estimate:
         """A terminal table: totals, the layers, the costliest nodes, memory per rank."""
         lines = [
             f"autotp estimate: world_size={self.world_size} hardware={self.hardware}",
-            f"time per forward: {_ms(self.time_s)} (compute {_ms(self.compute_s)}, "
+            f"time per {'training step (forward + backward)' if self.training else 'forward'}: {_ms(self.time_s)} "
+            f"(compute {_ms(self.compute_s)}, "
             f"communication {_ms(self.comm_s)})",
+        ]
+        if self.host is not None:
+            modes = ", ".join(f"{mode} {_ms(seconds)}" for mode, seconds in self.host.by_mode.items())
+            lines.append(f"host dispatch per forward ({self.host.kernels} kernel nodes, {self.host.views} views, "
+                         f"{_ms(self.graph_call_s)} call): {modes}; nodes priced as {self.runtime_mode}")
+        lines += [
             "",
             f"{'layer':<40} {'compute':>11} {'comm':>11} {'total':>11} {'share':>7}",
         ]
@@ -237,10 +263,9 @@ def local_nbytes(shape: Iterable[int], dtype: str, placement_text: str, world_si
     return largest_shard_nbytes(tuple(shape), _dtype_itemsize(dtype), placement_from_str(placement_text), world_size)
 
 
-def _resolve_capacity(plan: Plan, hardware: str | Hardware | None) -> float | None:
+def _resolve_profile(plan: Plan, hardware: str | Hardware | None) -> Hardware | None:
     if hardware is None:
-        known = KNOWN_HARDWARE.get(plan.hardware)
-        return known.memory_gib * _GIB if known is not None else None
+        return KNOWN_HARDWARE.get(plan.hardware)
     profile = get_hardware(hardware)
     if profile.name != plan.hardware:
         raise ValueError(
@@ -248,7 +273,18 @@ def _resolve_capacity(plan: Plan, hardware: str | Hardware | None) -> float | No
             f"adds up the plan's own costs, so re-plan with autotp.plan(..., hardware={profile.name!r}) "
             f"to estimate on {profile.name!r}"
         )
-    return profile.memory_gib * _GIB
+    return profile
+
+
+def _host_time(plan: Plan, profile: Hardware) -> HostTime:
+    """Host dispatch of one call of the plan's graph under each runtime mode of ``profile``."""
+    views = sum(1 for node in plan.nodes if node.op not in _NOT_OPS and _launches_no_kernel(node.op))
+    kernels = sum(1 for node in plan.nodes
+                  if node.op not in _NOT_OPS and not _launches_no_kernel(node.op) and node.compute_s > 0)
+    return host_time_per_call(profile, kernels, views)
+
+
+_NOT_OPS = frozenset({"placeholder", "output", "get_attr"})
 
 
 def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Estimate:
@@ -258,9 +294,11 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
     :data:`~autotp.cost_model.KNOWN_HARDWARE` (e.g. a calibrated JSON profile); it must be the
     profile the plan was costed for.
     """
-    capacity = _resolve_capacity(plan, hardware)
+    profile = _resolve_profile(plan, hardware)
+    capacity = profile.memory_gib * _GIB if profile is not None else None
     comm_by_producer: dict[str, float] = {}
-    for collective in plan.collectives:
+    collectives = (*plan.collectives, *plan.backward_collectives)  # a training plan prices its backward too
+    for collective in collectives:
         comm_by_producer[collective.producer] = comm_by_producer.get(collective.producer, 0.0) + collective.time_s
     nodes = tuple(
         NodeEstimate(
@@ -285,7 +323,7 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         hardware=plan.hardware,
         world_size=plan.world_size,
         compute_s=sum(n.compute_s for n in nodes),
-        comm_s=sum(c.time_s for c in plan.collectives),
+        comm_s=sum(c.time_s for c in collectives),
         nodes=nodes,
         layers=layers,
         parameter_bytes_per_rank=plan.parameter_bytes_per_rank,
@@ -293,6 +331,10 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         activation_peak_bytes_per_rank=peak,
         activation_peak_after=peak_after,
         memory_capacity_bytes=capacity,
+        training=plan.training,
+        runtime_mode=profile.runtime_mode if profile is not None else "eager",
+        graph_call_s=graph_host_s(profile) if profile is not None else 0.0,
+        host=_host_time(plan, profile) if profile is not None else None,
     )
 
 

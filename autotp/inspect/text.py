@@ -102,20 +102,54 @@ def _collective_lines(runs: list[BlockRun], max_rows: int) -> list[str]:
     return rows
 
 
+def _training_memory_line(plan: Plan) -> str:
+    """Training memory per rank: weights, their gradients, optimizer state, saved activations."""
+    parts = [plan.parameter_bytes_per_rank, plan.gradient_bytes_per_rank, plan.optimizer_bytes_per_rank,
+             plan.activation_bytes_per_rank]
+    return (f"training memory per rank: {format_bytes(sum(parts))} = weights {format_bytes(parts[0])} + gradients "
+            f"{format_bytes(parts[1])} + optimizer {format_bytes(parts[2])} + activations {format_bytes(parts[3])}")
+
+
+def _training_backward_line(plan: Plan) -> str:
+    counts = plan.collective_counts(backward=True)
+    if not counts:
+        return "collectives per backward: none"
+    return ("collectives per backward: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+            + f" ({format_seconds(plan.predicted_backward_comm_s)})")
+
+
+def _inference_difference_lines(plan: Plan, max_rows: int) -> list[str]:
+    """How the training plan differs from the inference plan of the same model: one line per parameter."""
+    versus = f"; the inference plan's forward: {format_seconds(plan.inference_time_s)}" if plan.inference_time_s else ""
+    if not plan.inference_differences:
+        return [f"same parameter placements as the inference plan{versus}"]
+    lines = [f"differs from the inference plan in {len(plan.inference_differences)} parameter(s){versus}:"]
+    for fqn, inference, training in plan.inference_differences[:max_rows]:
+        lines.append(f"  {_clip(fqn, 60):<60} inference {inference:<7} training {training}")
+    if len(plan.inference_differences) > max_rows:
+        lines.append(f"  ... {len(plan.inference_differences) - max_rows} more")
+    return lines
+
+
 def plan_summary(plan: Plan, max_rows: int = 40) -> str:
     """The text report (see module doc); tables are cut after ``max_rows`` rows."""
     budget = f", budget {format_bytes(plan.memory_budget_bytes)}" if plan.memory_budget_bytes else ", no budget"
     share = plan.predicted_comm_s / plan.predicted_time_s if plan.predicted_time_s else 0.0
     counts = plan.collective_counts()
     solved = f", planned in {plan.plan_time_s:.1f} s" if plan.plan_time_s else ""
+    kind = "training plan" if plan.training else "plan"
+    what = "training step (forward + backward)" if plan.training else "forward"
     lines = [
-        f"autotp plan: tp={plan.world_size} on {plan.hardware} (format v{plan.version}, graph {plan.fingerprint}{solved})",
-        (f"predicted forward: {format_seconds(plan.predicted_time_s)} = compute {format_seconds(plan.predicted_compute_s)}"
+        f"autotp {kind}: tp={plan.world_size} on {plan.hardware} (format v{plan.version}, graph {plan.fingerprint}{solved})",
+        (f"predicted {what}: {format_seconds(plan.predicted_time_s)} = compute {format_seconds(plan.predicted_compute_s)}"
         f" + communication {format_seconds(plan.predicted_comm_s)} ({share:.0%})"),
         (f"parameters per rank: {format_bytes(plan.parameter_bytes_per_rank)} of {format_bytes(plan.parameter_bytes_total)}"
         f" ({plan.parameter_bytes_per_rank / max(plan.parameter_bytes_total, 1):.1%}){budget}"),
         "collectives per forward: " + (", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"),
     ]
+    if plan.training:
+        lines[3:3] = [_training_memory_line(plan)]
+        lines += [_training_backward_line(plan), *_inference_difference_lines(plan, max_rows)]
     if plan.fallback_ops:
         lines.append(_clip("ops without a sharding rule (run replicated): " + ", ".join(plan.fallback_ops), WIDTH))
     runs = [r for r in block_runs(plan) if r.first.nodes or r.first.collectives]

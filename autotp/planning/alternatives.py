@@ -83,7 +83,9 @@ class _Pricer:
                                          lambda name: override.get(name, self.chosen[name]), self.reshard_s)
         by_kind: dict[str, float] = defaultdict(float)
         for r in reshardings:
-            by_kind[route_label(step.kind for step in self.costed.reshard_route(r.producer, r.src, r.dst))] += r.time_s
+            route = r.route if r.backward else self.costed.reshard_route(r.producer, r.src, r.dst)
+            label = route_label(step.kind for step in route)
+            by_kind[f"backward {label}" if r.backward else label] += r.time_s
         return dict(by_kind), why
 
 

@@ -38,11 +38,15 @@ exactly by dynamic programming over cut points (balanced by predicted time and m
 layer count).
 
 Speed (planning a 126-layer model in seconds): for a HuggingFace model whose layers are all
-alike (``config.num_hidden_layers`` identical modules in one ``ModuleList``; no differing
-``config.layer_types``), the search captures a copy with ONE layer (built from the config on the
-meta device) and replicates that layer's costs ``num_hidden_layers`` times. Any other model is
-captured whole (correct, slower). Limits of the copy: a model whose layers differ (sliding and
-full attention, MoE every other layer) or that is not built from its config is captured whole.
+alike (``config.num_hidden_layers`` >= 3 identical modules in one ``ModuleList``; no differing
+``config.layer_types``), the search captures a copy with TWO layers (built from the config on the
+meta device): the first layer's costs (with the resharding of the embeddings into it) stand for
+layer 0, the second's (with the layer-to-layer resharding into it) for each of the others; a
+resharding counts for the block of its first reader. Any other model is captured whole (correct,
+slower). Limits of the copy: a model whose layers differ (sliding and full attention, MoE every
+other layer) or that is not built from its config is captured whole; and the MILP weighs the
+embeddings and head against two layers, not ``num_hidden_layers``, so in a close call its layer
+plan may differ from the full model's (the plan is then priced, not re-solved, at full depth).
 """
 
 from __future__ import annotations
@@ -330,9 +334,14 @@ def _units_from(keys: dict[str, Any], layers: list[Any], costed: tuple[CostedGra
             crosses = any(keys.get(u.name) not in (key, None) for u in c.graph.nodes[name].users)
             if key in layers and crosses and node.op == "call_function":
                 boundary[key][i] += value_nbytes(value)
+    # a resharding counts for the block of its first reader: the layer->layer transition into layer i
+    # belongs to layer i (on the receiving stage when a cut falls there), the last layer's into the head
+    # to the post modules, so every layer after the first costs the same
+    position = {name: index for index, name in enumerate(graph0.order)}
     for i, c in enumerate(costed):
         for r in price_choice(c, choice).reshardings:
-            comm[keys[r.producer]][i] += r.time_s
+            reader = min(r.consumers, key=lambda name: position.get(name, len(position)))
+            comm[keys.get(reader, keys[r.producer])][i] += r.time_s
     return {key: _Unit(tuple(kernels[key]), fixed[key], _Affine.through(tuple(comm[key])), params[key],
                        _Affine.through(tuple(act[key])), _Affine.through(tuple(boundary[key])))
             for key in [*layers, "pre", "post"]}
@@ -359,11 +368,11 @@ def _layer_list(model: torch.nn.Module, count: int) -> str | None:
 
 
 def reduced_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, int, str] | None:
-    """A meta-device copy of an HF-style ``model`` with one layer, the real layer count, and the layer
-    list's FQN; None when the model is not built from a config of identical layers (see module doc)."""
+    """A meta-device copy of an HF-style ``model`` with two layers, the real layer count, and the layer
+    list's FQN; None when the model is not built from a config of 3 or more identical layers (module doc)."""
     config: Any = getattr(model, "config", None)
     layers = getattr(config, "num_hidden_layers", None)
-    if config is None or not isinstance(layers, int) or layers < 2:
+    if config is None or not isinstance(layers, int) or layers < 3:
         return None
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None and len(set(layer_types)) > 1:
@@ -372,16 +381,16 @@ def reduced_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, int, str] | N
     if container is None:
         return None
     small_config = copy.deepcopy(config)
-    small_config.num_hidden_layers = 1
+    small_config.num_hidden_layers = 2
     if layer_types is not None:
-        small_config.layer_types = list(layer_types[:1])
+        small_config.layer_types = list(layer_types[:2])
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     try:
         with torch.device("meta"):
             small = type(model)(small_config).to(dtype).eval()
     except Exception:  # noqa: BLE001 - a model not constructible from its config: capture it whole
         return None
-    if _layer_list(small, 1) != container:
+    if _layer_list(small, 2) != container:
         return None
     return small, layers, container
 
@@ -401,7 +410,7 @@ def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_
         kwargs = _at_batch(example_kwargs or {}, batch)
         if device is not None:
             inputs, kwargs = pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, (inputs, kwargs))
-        log_progress(progress, f"tracing {type(model).__name__}{' (one layer)' if reduced else ''} at batch {batch}")
+        log_progress(progress, f"tracing {type(model).__name__}{' (two layers)' if reduced else ''} at batch {batch}")
         captured.append(capture(target, inputs, kwargs))
     units: dict[int, tuple[_Unit, ...]] = {}
     pre: dict[int, _Unit] = {}
@@ -411,8 +420,8 @@ def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_
     for tp in tp_sizes:
         log_progress(progress, f"tensor-parallel plan over {tp} rank(s)")
         by_key, layers, summaries[tp] = _profile_units((captured[0], captured[1]), tp, hardware, time_limit_s)
-        if reduced is not None:
-            units[tp] = (by_key[layers[0]],) * count if layers else ()
+        if reduced is not None:  # the first layer (reading the embeddings), then the second L - 1 times
+            units[tp] = (by_key[layers[0]],) + (by_key[layers[1]],) * (count - 1)
             names = tuple(f"{container}.{i}" for i in range(count))
         elif layers:
             units[tp] = tuple(by_key[key] for key in layers)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from autotp.cost_model import Hardware, get_hardware
+from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 
 if TYPE_CHECKING:
     from autotp.passes.strategies import StrategyGraph
@@ -67,6 +68,11 @@ class PlanOptions:
             (:mod:`autotp.planning.constraints`); validated here, kept as placement text.
         strategy_filter: ``StrategyGraph -> StrategyGraph`` applied before ``constraints``; it
             may only narrow each node's candidates (e.g. the Megatron reference's pinning).
+        training: plan a training step: price forward *and* backward (each resharding's adjoint,
+            backward compute), and count gradients, optimizer state and the activations kept
+            for the backward in memory (:mod:`autotp.passes.backward`).
+        optimizer_states: with ``training``, fp32 values the optimizer keeps per parameter
+            element (default 2: AdamW's two moments; SGD with momentum 1, plain SGD 0).
     """
 
     world_size: int
@@ -77,14 +83,20 @@ class PlanOptions:
     progress: bool = False
     constraints: Constraints | None = None
     strategy_filter: StrategyFilter | None = None
+    training: bool = False
+    optimizer_states: int = DEFAULT_OPTIMIZER_STATES
 
     def __post_init__(self) -> None:
         check_world_size(self.world_size)
         object.__setattr__(self, "hardware", get_hardware(self.hardware))
         object.__setattr__(self, "memory_budget", _check_memory_budget(self.memory_budget))
-        for flag in ("strict", "progress"):
+        for flag in ("strict", "progress", "training"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        states = self.optimizer_states
+        if isinstance(states, bool) or not isinstance(states, int) or states < 0:
+            raise ValueError(f"optimizer_states must be an int >= 0 (fp32 values the optimizer keeps per parameter "
+                             f"element), got {states!r}; e.g. optimizer_states=2 for AdamW, 1 for SGD with momentum")
         limit = self.time_limit_s
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
             raise ValueError(f"time_limit_s must be a positive number of seconds, got {limit!r}; e.g. time_limit_s=60")

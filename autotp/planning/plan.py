@@ -78,7 +78,9 @@ class Alternative:
     resharding kind (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_gather+slice``...)
     on the node's input and output edges. ``delta_s`` is ``None`` when the strategy is not
     possible while the neighbours keep their choices (``note`` says why, e.g. a parameter would
-    have to be gathered); ``memory_delta_bytes`` is the change in parameter bytes per rank.
+    have to be gathered); ``memory_delta_bytes`` is the change in parameter bytes per rank (in a
+    training plan: with their gradients and optimizer state). In a training plan the deltas are
+    per training step, backward reshardings included (kinds prefixed ``backward``).
     """
 
     strategy: str
@@ -172,6 +174,15 @@ class Plan:
     solver_status: str = ""
     solver_gap: float = 0.0  # relative optimality gap HiGHS reports (0 when solved to optimality)
     version: int = PLAN_FORMAT_VERSION
+    # a training plan (PlanOptions(training=True)): predicted times are per forward + backward step
+    training: bool = False
+    backward_collectives: tuple[CollectiveDecision, ...] = ()  # what autograd issues (nothing is inserted)
+    predicted_backward_comm_s: float = 0.0  # the part of predicted_comm_s spent in the backward
+    gradient_bytes_per_rank: int = 0
+    optimizer_bytes_per_rank: int = 0
+    activation_bytes_per_rank: int = 0  # kept for the backward, at the example's batch and sequence
+    inference_differences: tuple[tuple[str, str, str], ...] = ()  # (FQN, inference placement, training placement)
+    inference_time_s: float = 0.0  # predicted forward of the inference plan of the same graph and options
 
     # ---------------------------------------------------------------- lookups
     @property
@@ -190,10 +201,11 @@ class Plan:
         """(producer, placement a consumer needs) -> the kinds of the resharding steps chosen for it."""
         return {(c.producer, placement_from_str(c.dst)): c.steps for c in self.collectives}
 
-    def collective_counts(self) -> dict[str, int]:
-        """How many of each collective kind one forward pass issues."""
+    def collective_counts(self, *, backward: bool = False) -> dict[str, int]:
+        """How many of each collective kind one forward pass issues (``backward``: one backward pass
+        of a training plan)."""
         counts: Counter[str] = Counter()
-        for c in self.collectives:
+        for c in self.backward_collectives if backward else self.collectives:
             for step in c.steps:
                 if is_collective_step(step):
                     counts[str(step)] += 1
@@ -282,11 +294,16 @@ class Plan:
             )
         try:
             nodes = tuple(_node_from_json(n) for n in data.pop("nodes"))
-            collectives = tuple(
-                CollectiveDecision(**{**c, "steps": tuple(ReshardKind.from_name(s) for s in c["steps"]),
-                                       "consumers": tuple(c["consumers"])})
-                for c in data.pop("collectives")
-            )
+            def collectives_of(rows: list[dict]) -> tuple[CollectiveDecision, ...]:
+                return tuple(
+                    CollectiveDecision(**{**c, "steps": tuple(ReshardKind.from_name(s) for s in c["steps"]),
+                                           "consumers": tuple(c["consumers"])})
+                    for c in rows
+                )
+
+            collectives = collectives_of(data.pop("collectives"))
+            data["backward_collectives"] = collectives_of(data.pop("backward_collectives", []))
+            data["inference_differences"] = tuple(tuple(d) for d in data.pop("inference_differences", []))
             for node in nodes:
                 node.strategy()  # parses every placement: fail here, not during the rewrite
             return cls(nodes=nodes, collectives=collectives, fallback_ops=tuple(data.pop("fallback_ops")), **data)

@@ -15,6 +15,7 @@ It needs no process group and no real weights. State after each step:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 
@@ -25,10 +26,12 @@ from autotp.base.errors import PlanError, UnsupportedOpError
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
 from autotp.base.progress import log_progress
 from autotp.base.shapes import concrete_shape
+from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
+from autotp.passes.backward import Training, trainable_bytes_factor
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
-from autotp.passes.pricing import compute_s, price_choice
+from autotp.passes.pricing import Resharding, compute_s, price_choice, saved_activation_bytes
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, min_parameter_bytes, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
@@ -36,6 +39,7 @@ from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
+from autotp.planning.kv_heads import kv_projection_parameters
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 
@@ -60,13 +64,20 @@ def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(),
     Per matrix the allowance is its largest shard over the dims it could be split on, so
     rounding of uneven splits never forces one dim over another; a matrix that no split lets
     its readers use as is (e.g. read by an op without a sharding rule) is allowed whole, and so
-    is ``state`` (KV caches: whether to split their heads is the cost model's choice). The
-    budget depends on shapes, the world size and which ops read each parameter, not on the
+    is ``state`` (KV caches: whether to split their heads is the cost model's choice), and so are
+    key/value projections with fewer kv heads than ranks (:mod:`autotp.planning.kv_heads`: the
+    cost model may replicate the kv heads, as Megatron and vLLM do, instead of an all-reduce of
+    k and v in every layer). The budget depends on shapes, the world size and which ops read each parameter, not on the
     strategies offered (constraints and reference plans get the same budget). ``world_size``
     (default: the graph's) gives the same figure at another world size, with the same readers.
+
+    A training plan's allowance counts each trainable parameter's gradient and optimizer state
+    with it; the activations kept for the backward are not held to it (the planner solves with
+    ``count_activations=False`` under this budget: it is about distributing the weights).
     """
     world_size = world_size or costed.graph.world_size
     splittable = _splittable_parameters(costed)
+    kv_heads = kv_projection_parameters(costed.graph.graph_module, world_size, set(costed.graph.parameters))
     total = 0.0
     for name in costed.memory_bytes:
         if not costed.graph.nodes[name].users:
@@ -75,8 +86,11 @@ def auto_memory_budget(costed: CostedGraph, state: frozenset[str] = frozenset(),
         full = largest_shard_nbytes(val.shape, val.element_size(), Replicate(), world_size)
         splits = [largest_shard_nbytes(val.shape, val.element_size(), Shard(d), world_size)
                   for d, size in enumerate(concrete_shape(val)) if size > 1]
-        whole = val.dim() <= 1 or not splits or name not in splittable or name in state
-        total += full if whole else max(splits)
+        whole = val.dim() <= 1 or not splits or name not in splittable or name in state or name in kv_heads
+        training = costed.training
+        factor = (trainable_bytes_factor(val, training.optimizer_states)
+                  if training is not None and name in training.requires_grad else 1.0)
+        total += factor * (full if whole else max(splits))
     return total
 
 
@@ -201,15 +215,18 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     _check_fallback(graph, options.strict)
     log_progress(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
                            f"costing on {hw.name}")
-    costed = cost_strategy_graph(graph, hw)
+    training = Training.of(graph, options.optimizer_states, _frozen(captured)) if options.training else None
+    costed = cost_strategy_graph(graph, hw, training)
     budget = resolve_memory_budget(options.memory_budget, costed, frozenset(captured.state))
     log_progress(options.progress, "solving (MILP, HiGHS)")
     try:
         solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
-                         tie=tie_identical_blocks(graph))
+                         tie=tie_identical_blocks(graph), count_activations=options.memory_budget != "auto")
     except PlanError as exc:
         raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
+    if options.training:
+        plan = _compare_with_inference(plan, captured, options, started)
     if plan.fallback_ops:
         warnings.warn(
             f"autotp: {len(graph.fallback)} node(s) of ops without a sharding rule run replicated: "
@@ -218,6 +235,32 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
         )
     log_progress(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
     return plan
+
+
+def _frozen(captured: CapturedGraph) -> frozenset[str]:
+    """Parameter placeholders whose tensor has ``requires_grad=False`` in the model (they do not train)."""
+    weights = captured.exported.state_dict
+    return frozenset(name for name, fqn in captured.parameter_fqns().items()
+                     if not getattr(weights.get(fqn), "requires_grad", True))
+
+
+def _compare_with_inference(plan: Plan, captured: CapturedGraph, options: PlanOptions, started: float) -> Plan:
+    """``plan`` (a training plan) with the parameters whose placement the inference plan of the
+    same graph and options chooses differently (that plan is solved here, quietly)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback warning is the training plan's to give
+        inference = plan_graph(captured, dataclasses.replace(options, training=False, progress=False))
+    differences = tuple((fqn, inference.parameters[fqn], placement) for fqn, placement in plan.parameters.items()
+                        if inference.parameters.get(fqn, placement) != placement)
+    return dataclasses.replace(plan, inference_differences=differences, inference_time_s=inference.predicted_time_s,
+                               plan_time_s=time.perf_counter() - started)
+
+
+def _weight_bytes(costed: CostedGraph, name: str, strategy: Strategy) -> int:
+    """Bytes of parameter ``name``'s largest shard under ``strategy`` (0 when nothing reads it)."""
+    node = costed.graph.nodes[name]
+    val = node.meta["val"]
+    return largest_shard_nbytes(val.shape, val.element_size(), strategy.output, costed.graph.world_size) if node.users else 0
 
 
 def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution, hardware: Hardware,
@@ -247,22 +290,27 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             alternatives=alternatives.get(name, ()),
         ))
     price = price_choice(costed, solution.choice)
-    collectives = [
-        CollectiveDecision(
+    def decision(r: Resharding) -> CollectiveDecision:
+        return CollectiveDecision(
             producer=r.producer,
             src=placement_to_str(r.src),
             dst=placement_to_str(r.dst),
-            steps=tuple(step.kind for step in costed.reshard_route(r.producer, r.src, r.dst)),
+            steps=tuple(step.kind for step in (r.route if r.backward else costed.reshard_route(r.producer, r.src, r.dst))),
             nbytes=tensor_nbytes(graph.nodes[r.producer].meta["val"]),
             time_s=r.time_s,
             consumers=r.consumers,
             module=module_path(graph.nodes[r.producer]),
         )
-        for r in price.reshardings
-    ]
+
+    collectives = [decision(r) for r in price.forward]
     parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
-    per_rank = sum(costed.memory_bytes[name][solution.choice[name]] for name in costed.memory_bytes)
-    total = sum(per[0] for per in costed.memory_bytes.values())
+    per_rank = sum(_weight_bytes(costed, name, chosen[name]) for name in costed.memory_bytes)
+    total = sum(_weight_bytes(costed, name, Strategy((), Replicate())) for name in costed.memory_bytes)
+    training = costed.training
+    trainable = [name for name in costed.memory_bytes if training is not None and name in training.requires_grad]
+    gradient_bytes = sum(_weight_bytes(costed, name, chosen[name]) for name in trainable)
+    optimizer_bytes = sum(_weight_bytes(costed, name, chosen[name]) // graph.nodes[name].meta["val"].element_size()
+                          * 4 * training.optimizer_states for name in trainable) if training is not None else 0
     return Plan(
         world_size=graph.world_size,
         hardware=hardware.name,
@@ -279,4 +327,10 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
         plan_time_s=plan_time_s,
         solver_status=solution.status,
         solver_gap=solution.mip_gap,
+        training=training is not None,
+        backward_collectives=tuple(decision(r) for r in price.backward),
+        predicted_backward_comm_s=sum(r.time_s for r in price.backward),
+        gradient_bytes_per_rank=gradient_bytes,
+        optimizer_bytes_per_rank=optimizer_bytes,
+        activation_bytes_per_rank=int(saved_activation_bytes(costed, lambda name: chosen[name])),
     )

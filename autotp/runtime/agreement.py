@@ -444,7 +444,7 @@ def agreed_options(options: PlanOptions, **extra: object) -> dict[str, object]:
     """The planning options every rank must share, printed as :class:`CompileRecord` holds them, plus ``extra``."""
     return {"world_size": options.world_size, "hardware": hardware_text(options.hardware_profile),
             "memory_budget": repr(options.memory_budget), "constraints": constraints_text(options.constraints),
-            "strict": options.strict, **extra}
+            "strict": options.strict, "optimizer_states": options.optimizer_states, **extra}
 
 
 def hardware_text(hardware: Any) -> str:

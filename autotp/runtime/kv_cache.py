@@ -8,7 +8,7 @@ against a preallocated cache and returns their logits::
         position_ids,     # (batch, S) their positions in the text (left padding shifts them)
         cache_position,   # (S,) the cache slots they are written to
         attention_mask,   # (batch, max_cache_len) 1 where a slot holds a real token
-    )                     # -> (batch, S, vocab)
+    )                     # -> (batch, S, vocab); (batch, 1, vocab) with last_logits_only=True
 
 The cache tensors (``key_cache_<layer>``, ``value_cache_<layer>``, each
 ``(batch, kv_heads, max_cache_len, head_dim)``) are buffers of the wrapper, written with
@@ -91,7 +91,8 @@ def _layer_class() -> type:
 class CachedCausalLM(torch.nn.Module):
     """``model`` with a static KV cache of ``batch_size`` rows and ``max_cache_len`` slots (see module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, *, batch_size: int, max_cache_len: int) -> None:
+    def __init__(self, model: torch.nn.Module, *, batch_size: int, max_cache_len: int,
+                 last_logits_only: bool = False) -> None:
         super().__init__()
         check_causal_lm(model)
         for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
@@ -109,6 +110,9 @@ class CachedCausalLM(torch.nn.Module):
         self.model = model
         self.batch_size = batch_size
         self.max_cache_len = max_cache_len
+        # generation reads only the last position's logits: HF's logits_to_keep=1 skips the LM head (and any
+        # collective on its output) for the other positions of a prefill chunk
+        self.logits_to_keep = 1 if last_logits_only else 0
         config = model.config.get_text_config()
         cache = StaticCache(config=config, max_cache_len=max_cache_len)
         layer_class = _layer_class()
@@ -141,5 +145,14 @@ class CachedCausalLM(torch.nn.Module):
             layer.values = getattr(self, f"value_cache_{i}")
             layer.positions = cache_position
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         cache=self.cache, use_cache=True)
-        return out.logits  # (batch, S, vocab)
+                         cache=self.cache, use_cache=True, **self._logits_kwargs())
+        logits = out.logits  # (batch, S, vocab), or (batch, 1, vocab) with last_logits_only
+        return logits[:, -1:] if self.logits_to_keep and logits.shape[1] != 1 else logits
+
+    def _logits_kwargs(self) -> dict[str, int]:
+        """``logits_to_keep`` for HF models whose forward takes it (transformers >= 4.50), else nothing."""
+        import inspect
+
+        if self.logits_to_keep and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
+            return {"logits_to_keep": self.logits_to_keep}
+        return {}

@@ -24,8 +24,13 @@ sequence length, as :func:`autotp.compile` does. With ``pp > 1`` the stages exch
 fixed shapes, so each call must have the batch size and sequence length of ``example_inputs``
 (another shape raises :class:`~autotp.base.errors.InputShapeError` saying to compile again).
 
-Bad input is found before any rank communicates, from values every rank has (mesh, plan, model,
-example), so every rank raises the same error and none waits for the others.
+Before building, every rank of the mesh checks its input (mesh, plan, model, example batch) and
+the ranks agree on the outcome (:func:`~autotp.runtime.agreement.ranks_agree` over the whole
+world: mesh, plan, example shapes, weight checksums): bad input raises the same error on every
+rank, and one rank that differs raises :class:`~autotp.base.errors.AgreementError` naming it,
+instead of a hang in a pipeline exchange. Each stage's tensor-parallel compile then agrees within
+its tp group as :func:`autotp.compile` always does: the agreement and the plan hand-over use the
+group's own store and group ranks, so they work on mesh sub-groups unchanged.
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.capture import check_model
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan
+from autotp.runtime.agreement import (
+    DEFAULT_AGREEMENT_TIMEOUT_S,
+    check_timeout,
+    options_record,
+    plan_text,
+    ranks_agree,
+)
 
 __all__ = ["MeshParallelModule", "StageSplit", "compile_on_mesh", "mesh_shape_of", "split_stages"]
 
@@ -118,7 +130,7 @@ def _slice_batch(args: Any, kwargs: Any, batch: int, start: int, stop: int) -> t
     return pytree.tree_map(cut, (args, kwargs))
 
 
-def _gather_batch(output: Any, sizes: Sequence[int], index: int, group: dist.ProcessGroup) -> Any:
+def _gather_batch(output: Any, sizes: Sequence[int], group: dist.ProcessGroup) -> Any:
     """Every replica's ``output`` for its slice, concatenated along dim 0 (leaves whose dim 0 is the
     slice's rows); other leaves are taken from the first replica. One ``all_gather_object`` of the
     leaves' shapes, then one ``all_gather`` per batch leaf (slices padded to the largest)."""
@@ -132,6 +144,11 @@ def _gather_batch(output: Any, sizes: Sequence[int], index: int, group: dist.Pro
         per_replica = [their[position] for their in every]
         batched = all(s is not None and len(s) >= 1 and s[0] == n for s, n in zip(per_replica, sizes))
         if not batched:
+            if len(set(per_replica)) > 1:  # every replica sees the same shapes: all raise alike
+                raise InputShapeError(
+                    f"output {position} of the model has shapes {per_replica} on the {len(sizes)} data-parallel "
+                    f"replicas (slices of {list(sizes)} rows): dim 0 is not the batch, so the slices cannot be "
+                    "joined; return outputs whose dim 0 is the batch, or use a mesh without dp")
             gathered.append(_from_first(leaf, group) if isinstance(leaf, torch.Tensor) else leaf)
             continue
         padded = leaf.new_zeros((rows, *leaf.shape[1:]))
@@ -314,7 +331,7 @@ class MeshParallelModule(nn.Module):
         output = self._run_stages(args, kwargs) if self._stage is not None else self.stage_module(*args, **kwargs)
         if dp > 1:
             assert self._dp_group is not None
-            output = _gather_batch(output, sizes, self.replica_index, self._dp_group)
+            output = _gather_batch(output, sizes, self._dp_group)
         return output
 
     def _check_pipeline_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -441,17 +458,28 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...)."""
     from autotp.api import compile as compile_tp
 
-    check_model(model)
-    shape = mesh_shape_of(mesh)
+    timeout_s = check_timeout(tp_options.get("agreement_timeout_s", DEFAULT_AGREEMENT_TIMEOUT_S))
     example_kwargs = dict(example_kwargs or {})
-    batch = _batch_size(example_inputs, example_kwargs)
-    if plan is None:
-        plan = even_parallel_plan(model, shape, microbatches=default_microbatches(batch, shape))
-    plan = check_plan_for_mesh(plan, shape, model)
+    split: StageSplit | None = None
+    # every rank checks the same things and agrees on the outcome: one rank's bad input fails them all
+    with ranks_agree(None, timeout_s=timeout_s, what="autotp.compile(mesh=...)") as agreement:
+        check_model(model)
+        shape = mesh_shape_of(mesh)
+        batch = _batch_size(example_inputs, example_kwargs)
+        if plan is None:
+            plan = even_parallel_plan(model, shape, microbatches=default_microbatches(batch, shape))
+        plan = check_plan_for_mesh(plan, shape, model)
+        if shape.dp > 1 and (batch is None or batch < shape.dp):
+            raise ValueError(f"the example batch ({batch} rows) must have at least dp={shape.dp} rows, one per "
+                             "replica; pass a larger example batch")
+        if shape.pp > 1:
+            rows = _check_pipeline_batch(batch, shape, plan.microbatches)
+            mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
+            split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
+        check_weights = tp_options.get("check_weights", True)
+        agreement.record = options_record(_mesh_record(plan, example_inputs, example_kwargs),
+                                          weights=dict(model.state_dict()) if check_weights else None)
     signature = inspect.signature(model.forward)
-    if shape.dp > 1 and (batch is None or batch < shape.dp):
-        raise ValueError(f"the example batch ({batch} rows) must have at least dp={shape.dp} rows, one per replica; "
-                         "pass a larger example batch")
     replica = _local_index(mesh, "dp")
     if shape.pp == 1:
         if shape.dp > 1:
@@ -464,10 +492,8 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             whole = compile_tp(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                group=_group(mesh, "tp"), plan=plan.stages[0].tp_plan, **tp_options)
         return MeshParallelModule(plan, mesh, whole, signature=signature)
-    rows = _check_pipeline_batch(batch, shape, plan.microbatches)
-    mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
+    assert split is not None
     stage_index = _local_index(mesh, "pp")
-    split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
     module = split.modules[stage_index]
     if shape.tp > 1:
         module = compile_tp(module, example_inputs=split.inputs[stage_index], group=_group(mesh, "tp"),
@@ -479,6 +505,15 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                                                                         stage.first_inputs))
     return MeshParallelModule(plan, mesh, module, signature=signature, stage=stage,
                               example_shapes=first_shapes)
+
+
+def _mesh_record(plan: ParallelPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, object]:
+    """What every rank of the mesh must share before building its part, printed for comparison."""
+    stages = [(stage.first_block, stage.stop_block, stage.begins_at, plan_text(stage.tp_plan)) for stage in plan.stages]
+    inputs = [tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else repr(leaf)
+              for leaf in pytree.tree_leaves((args, kwargs))]
+    return {"mesh": str(plan.mesh), "stages": stages, "microbatches": plan.microbatches, "schedule": plan.schedule,
+            "example inputs": inputs}
 
 
 def _first_inputs(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any],

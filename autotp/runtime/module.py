@@ -28,6 +28,7 @@ from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
+from autotp.planning.phases import PhaseWeighting
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import InputGuard
 from autotp.runtime.input_check import InputShapeCheck
@@ -78,7 +79,9 @@ class GenerationGraphs:
 
     ``prefill``: the rank-local prefill graph (``None`` when prompts go one token per call);
     ``prefill_inputs``: per placeholder of it, the decode graph's slot name whose tensor it takes
-    (weights and cache are shared), or the index of the user input; ``prefill_plan``: its plan.
+    (weights and cache are shared), or the index of the user input; ``prefill_plan``: its plan;
+    ``weighting``: how the shared placement was chosen (:mod:`autotp.planning.phases`; ``None``
+    without a prefill graph or with a given ``plan=``).
     """
 
     layout: CacheLayout
@@ -86,16 +89,21 @@ class GenerationGraphs:
     prefill_inputs: tuple[str | int, ...]
     prefill_plan: Plan | None
     decode_plan: Plan | None = None
+    weighting: PhaseWeighting | None = None
 
     def __str__(self) -> str:
-        """Both phases' plans, decode first (it placed the weights and the cache)."""
+        """How the phases were weighed, then both phases' plans (decode first)."""
         layout = self.layout
         parts = [f"KV cache: {layout.batch_size} rows x {layout.max_cache_len} slots"]
+        placed_by = self.weighting.chosen.placed_by if self.weighting is not None else "decode"
+        if self.weighting is not None:
+            parts.append(str(self.weighting))
         if self.decode_plan is not None:
-            parts.append(f"== decode (1 token per row; places the weights and the cache) ==\n{self.decode_plan}")
+            how = "places the weights and the cache" if placed_by == "decode" else "placements pinned to prefill's"
+            parts.append(f"== decode (1 token per row; {how}) ==\n{self.decode_plan}")
         if self.prefill_plan is not None:
-            parts.append(f"== prefill ({layout.prefill_len} tokens per row; placements pinned to decode's) ==\n"
-                         f"{self.prefill_plan}")
+            how = "places the weights and the cache" if placed_by == "prefill" else "placements pinned to decode's"
+            parts.append(f"== prefill ({layout.prefill_len} tokens per row; {how}) ==\n{self.prefill_plan}")
         return "\n".join(parts)
 
 

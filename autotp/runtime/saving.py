@@ -1,17 +1,24 @@
 """Save a tensor-parallel model with ``torch.distributed.checkpoint`` and read it back at any world size.
 
-:func:`save_sharded` writes every split parameter as a ``ShardedTensor``: each rank contributes its
-block(s) with their global offsets (a block split such as a fused QKV weight is several chunks;
-uneven cuts are described exactly, which DTensor's even ``torch.chunk`` layout could not), so
-the directory describes the full tensors. Replicated parameters and buffers are plain tensors,
-written once. :class:`DistributedCheckpoint` reads such a directory like a safetensors one: the
-metadata gives names, shapes and dtypes; a read asks DCP for exactly the chunks this rank's new
-plan needs (``no_dist=True``: no collective, so a failure on one rank cannot leave the others
-waiting), and DCP reads the overlapping parts of whatever chunks were saved.
+:func:`save_sharded` writes every split parameter as *chunks with global offsets*: each rank
+contributes its block(s) (a block split such as a fused QKV weight is several chunks; uneven
+cuts are described exactly, which DTensor's even ``torch.chunk`` layout could not), so the
+directory describes the full tensors. Replicated parameters and buffers are plain tensors,
+written once. No ``ShardedTensor`` (deprecated) and no ``DTensor``: two small DCP planners
+(:class:`_ChunkSavePlanner`, :class:`_ChunkLoadPlanner`, extending DCP's default planners through
+their documented hooks) turn ``{fqn: [(offsets, tensor), ...]}`` into DCP's write and read items,
+so chunks carry no process-group ranks and the files are those a ShardedTensor save wrote.
+
+:class:`DistributedCheckpoint` reads such a directory like a safetensors one: the metadata gives
+names, shapes and dtypes; a read asks DCP for exactly the chunks this rank's new plan needs
+(``no_dist=True``: no collective and no process group, so a failure on one rank cannot leave
+the others waiting, and the tensor-parallel group may be any sub-group of the world), and DCP
+reads the overlapping parts of whatever chunks were saved.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,10 +26,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
-from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from autotp.runtime.loading import Block, CheckpointError, ReadRequest, TensorEntry
 
@@ -30,6 +42,9 @@ if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
 
 __all__ = ["DistributedCheckpoint", "save_sharded"]
+
+Chunks = list[tuple[list[int], torch.Tensor]]
+"""This rank's pieces of one tensor: ``(global offsets, local tensor)`` per non-empty chunk."""
 
 
 def _chunks(shape: tuple[int, ...], block: Block | None) -> list[tuple[list[int], list[int]]]:
@@ -46,22 +61,64 @@ def _chunks(shape: tuple[int, ...], block: Block | None) -> list[tuple[list[int]
     return chunks
 
 
-def _sharded(local: list[torch.Tensor], shape: tuple[int, ...], blocks: list[Block | None], rank: int,
-             group: Any, dtype: torch.dtype, device: torch.device) -> ShardedTensor:
-    """A ShardedTensor over ``group`` whose rank ``r`` holds the chunks of ``blocks[r]``; ``local`` are this rank's."""
-    metadata, mine = [], []
-    for r, block in enumerate(blocks):
-        global_rank = dist.get_global_rank(group, r) if group is not None else r
-        for offsets, sizes in _chunks(shape, block):
-            meta = ShardMetadata(offsets, sizes, f"rank:{global_rank}/{device}")
-            metadata.append(meta)
-            if r == rank:
-                mine.append(meta)
-    shards = [Shard(tensor, meta) for tensor, meta in zip(local, mine, strict=True)]
-    properties = TensorProperties(dtype=dtype, layout=torch.strided, requires_grad=False,
-                                  memory_format=torch.contiguous_format, pin_memory=False)
-    return ShardedTensor._init_from_local_shards_and_global_metadata(
-        shards, ShardedTensorMetadata(metadata, torch.Size(shape), properties), process_group=group)
+def _piece(chunks: Chunks, index: MetadataIndex) -> torch.Tensor:
+    """The piece of ``chunks`` that DCP's ``index`` (global offsets) names."""
+    offsets = list(index.offset or ())
+    for start, tensor in chunks:
+        if start == offsets:
+            return tensor
+    raise CheckpointError(f"{index.fqn}: no local chunk at offsets {offsets}")
+
+
+class _ChunkSavePlanner(DefaultSavePlanner):
+    """DCP's default save planner, plus one ``SHARD`` write item per local chunk of each split tensor."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], chunks: dict[str, Chunks]) -> None:
+        super().__init__(flatten_state_dict=False)
+        self._shapes, self._chunks = shapes, chunks
+
+    def create_local_plan(self) -> SavePlan:
+        plan = super().create_local_plan()  # the plain (replicated) tensors of the state dict
+        items = [
+            WriteItem(index=MetadataIndex(fqn, torch.Size(offsets)), type=WriteItemType.SHARD,
+                      tensor_data=TensorWriteData(
+                          chunk=ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=tensor.size()),
+                          properties=TensorProperties.create_from_tensor(tensor), size=torch.Size(self._shapes[fqn])))
+            for fqn, pieces in self._chunks.items() for offsets, tensor in pieces
+        ]
+        self.plan = dataclasses.replace(plan, items=[*plan.items, *items])
+        return self.plan
+
+    def lookup_object(self, index: MetadataIndex) -> Any:
+        if index.fqn in self._chunks:
+            return _piece(self._chunks[index.fqn], index)
+        return super().lookup_object(index)
+
+
+class _ChunkLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, plus read items filling each local chunk of each split tensor from the
+    overlapping saved chunks (DCP's own resharding arithmetic, ``create_read_items_for_chunk_list``)."""
+
+    def __init__(self, chunks: dict[str, Chunks]) -> None:
+        super().__init__(flatten_state_dict=False)
+        self._chunks = chunks
+
+    def create_local_plan(self) -> LoadPlan:
+        plan = super().create_local_plan()  # the whole tensors of the state dict
+        assert self.metadata is not None, "DCP sets the metadata before planning"
+        items = []
+        for fqn, pieces in self._chunks.items():
+            saved = self.metadata.state_dict_metadata.get(fqn)
+            if not isinstance(saved, TensorStorageMetadata):
+                raise CheckpointError(f"{fqn}: not a tensor in the torch.distributed.checkpoint metadata")
+            wanted = [ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=tensor.size()) for offsets, tensor in pieces]
+            items += create_read_items_for_chunk_list(fqn, saved, wanted)
+        return dataclasses.replace(plan, items=[*plan.items, *items])
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        if index.fqn in self._chunks:
+            return _piece(self._chunks[index.fqn], index)
+        return super().lookup_tensor(index)
 
 
 def _split_local(tensor: torch.Tensor, block: Block) -> list[torch.Tensor]:
@@ -72,18 +129,30 @@ def _split_local(tensor: torch.Tensor, block: Block) -> list[torch.Tensor]:
 
 
 def save_sharded(tp: TensorParallelModule, directory: str | os.PathLike[str], group: Any = None) -> None:
-    """Write ``tp``'s shards to ``directory`` (collective: call on every rank of ``group``)."""
+    """Write ``tp``'s shards to ``directory`` (collective: call on every rank of ``group``, the model's
+    tensor-parallel group; default: the whole world)."""
+    if dist.is_initialized():
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        if (size, rank) != (tp.world_size, tp.rank):
+            raise ValueError(
+                f"tp.save: this model is rank {tp.rank} of a tensor-parallel group of {tp.world_size}, but the "
+                f"group passed is {'the world' if group is None else 'a group'} of {size} with this process as rank "
+                f"{rank}; pass group=<the process group the model was compiled with>"
+            )
     state: dict[str, Any] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    chunks: dict[str, Chunks] = {}
     for fqn, tensor in tp.local_state().items():
         shape, blocks = tp.layout.get(fqn, (None, None))
         if shape is None and fqn in tp.plan.parameters:
             continue  # the second name of a tied weight: the graph never reads it, the first name is saved
-        if blocks is None:
+        if blocks is None or shape is None:
             state[fqn] = tensor
         else:
-            state[fqn] = _sharded(_split_local(tensor, blocks[tp.rank]), shape, blocks, tp.rank, group, tensor.dtype,
-                                 tensor.device)
-    dcp.save(state, checkpoint_id=str(directory), process_group=group)
+            offsets = [o for o, _ in _chunks(shape, blocks[tp.rank])]
+            shapes[fqn] = tuple(shape)
+            chunks[fqn] = list(zip(offsets, _split_local(tensor, blocks[tp.rank]), strict=True))
+    dcp.save(state, checkpoint_id=str(directory), process_group=group, planner=_ChunkSavePlanner(shapes, chunks))
 
 
 class DistributedCheckpoint:
@@ -111,20 +180,18 @@ class DistributedCheckpoint:
         return f"{self.path} (torch.distributed.checkpoint, {len(self.entries)} tensors)"
 
     def read(self, requests: list[ReadRequest]) -> list[torch.Tensor]:
-        """Every request's block in one ``dcp.load`` (no collective), cast and placed as asked."""
+        """Every request's block in one ``dcp.load`` (no collective, no process group), cast and placed as asked."""
         state: dict[str, Any] = {}
-        pieces: dict[str, list[torch.Tensor]] = {}
+        chunks: dict[str, Chunks] = {}
         for request in requests:
             entry, block = request.entry, request.block
             if request.blocks is None:
                 state[entry.key] = torch.empty(entry.shape, dtype=entry.dtype, device=request.device)
                 continue
-            pieces[entry.key] = [torch.empty(sizes, dtype=entry.dtype, device=request.device)
-                                 for _, sizes in _chunks(entry.shape, block)]
-            state[entry.key] = _sharded(pieces[entry.key], entry.shape, request.blocks, request.rank, None, entry.dtype,
-                                        request.device)
+            chunks[entry.key] = [(offsets, torch.empty(sizes, dtype=entry.dtype, device=request.device))
+                                 for offsets, sizes in _chunks(entry.shape, block)]
         try:
-            dcp.load(state, checkpoint_id=str(self.path), no_dist=True)
+            dcp.load(state, checkpoint_id=str(self.path), no_dist=True, planner=_ChunkLoadPlanner(chunks))
         except Exception as exc:  # noqa: BLE001 - name the directory and the cause
             raise CheckpointError(f"could not read {self.path} with torch.distributed.checkpoint: "
                                   f"{type(exc).__name__}: {exc}") from None
@@ -135,7 +202,7 @@ class DistributedCheckpoint:
                 value = state[entry.key]
             else:
                 dim = request.block[0] if request.block is not None else 0
-                parts = pieces[entry.key]
+                parts = [tensor for _, tensor in chunks[entry.key]]
                 if parts:
                     value = torch.cat(parts, dim) if len(parts) > 1 else parts[0]
                 else:

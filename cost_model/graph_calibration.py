@@ -1,0 +1,378 @@
+"""Calibrating the cost model the way graphs run: shape-dependent GEMM rates, transcendental ops,
+and the host and collective terms fitted over whole rank-local graphs.
+
+An op timed alone in a tight loop runs with warm caches and a warm dispatch path; the same op in a
+graph of two hundred different ops, on real-size tensors, costs several times more on the host,
+and a collective in a graph waits for the slowest rank, which a collective timed back to back
+(ranks already in step) never does. So the per-node and per-collective terms are not measured on
+one op: :func:`measure_graphs` builds rank-local graphs shaped like a tensor-parallel transformer
+(RMSNorm, q/k/v and output projections, SDPA, a gated MLP, an all-reduce after each row-split
+projection, as the rewrite emits them) at several depths, widths and token counts, runs each by
+calling its ``GraphModule`` (what ``TensorParallelModule`` does), timed per rank after a barrier
+with the slowest rank counting, and :func:`fit_host_terms` solves
+
+    measured_s - device_s - view_nodes * view_op_s - link_s
+        = kernel_nodes * host_dispatch_s + collectives * collective_wait_s + graph_launch_s
+
+by non-negative least squares on relative error (every row divided by its measured time), where
+``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
+no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed
+cost, and the calibrated profile sets ``kernel_floor_s`` to 0) and ``link_s`` the alpha-beta time of its collectives on the link fitted back to
+back. What the fit adds is what a graph costs beyond its kernels and its link: the host's
+dispatch per node, the wait per collective, the call of the graph.
+
+Two rates are fitted on single ops first, because the graph fit stands on them:
+
+* :func:`fit_gemm_curve`: ``aten.linear`` at a fixed width and growing token counts; the
+  ``gemm_half_efficiency_dim`` whose roofline (:func:`~.compute.gemm_efficiency`) best matches
+  the timings, with the peak the curve tends to (the best rate measured is itself below it);
+* :func:`measure_transcendental_element_s`: seconds per element of exp, tanh, sigmoid, silu and
+  gelu on a large tensor, the median over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from scipy.optimize import nnls  # type: ignore[import-untyped]
+
+from .collectives import link_collective_time_s
+from .compute import (
+    aten_flops,
+    aten_memory_bytes,
+    compute_time_s,
+    gemm_dims,
+    is_transcendental,
+    launches_no_kernel,
+)
+from .hardware import Hardware, LinkProfile
+
+__all__ = [
+    "GemmSample",
+    "GraphSample",
+    "GraphShape",
+    "HostFit",
+    "GemmFit",
+    "block_graph",
+    "fit_gemm_curve",
+    "fit_host_terms",
+    "graph_sample",
+    "measure_gemm_samples",
+    "measure_graphs",
+    "measure_transcendental_element_s",
+]
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmSample:
+    """One timed ``aten.linear``: input ``(m, k)``, weight ``(n, k)``, float32; ``seconds`` per call."""
+
+    m: int
+    n: int
+    k: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphShape:
+    """A synthetic rank-local transformer graph: ``layers`` blocks of ``hidden`` features over
+    ``tokens`` tokens, ``heads`` attention heads before the split over the ranks; with
+    ``collectives`` (and more than one rank) an all-reduce after each row-split projection.
+    Graphs with and without collectives keep the per-node and per-collective terms apart in the
+    fit (in one kind of graph both grow with the depth alone)."""
+
+    layers: int
+    tokens: int
+    hidden: int
+    heads: int = 8
+    collectives: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSample:
+    """One rank-local graph, timed as the runtime runs it, with what the cost model sees in it.
+
+    ``device_s``: sum of its kernels' roofline times (no host term); ``collectives``: the
+    ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
+    time; ``seconds``: median over runs of the slowest rank's time for one call.
+    """
+
+    kernel_nodes: int
+    view_nodes: int
+    device_s: float
+    collectives: tuple[tuple[str, int, int], ...]
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFit:
+    """Fitted host terms (seconds) and how well they reproduce the graphs they were fitted on."""
+
+    host_dispatch_s: float
+    collective_wait_s: float
+    graph_launch_s: float
+    median_abs_rel_error: float
+    samples: int
+
+
+# ------------------------------------------------------------------------------ fits
+
+@dataclasses.dataclass(frozen=True)
+class GemmFit:
+    """The shape-dependent GEMM rate: ``half_dim`` (``Hardware.gemm_half_efficiency_dim``) and the
+    factor ``peak_scale`` from the best measured rate to the curve's asymptote (the best rate was
+    itself measured at a finite shape, so it is below the peak the curve tends to)."""
+
+    half_dim: float
+    peak_scale: float
+    median_abs_log_error: float
+
+
+_HALF_DIMS = (0.0, *(2.0**exponent for exponent in range(-2, 13)))
+_PEAK_SCALES = tuple(2.0 ** (step / 16) for step in range(0, 49))  # 1 to 8, 4.4% apart
+
+
+def fit_gemm_curve(samples: Sequence[GemmSample], hardware: Hardware) -> GemmFit:
+    """The curve ``d / (d + half_dim)`` and the peak it tends to that best predict ``samples`` on
+    ``hardware`` (its float32 peak, bandwidth and floor; its host terms are ignored): a grid over
+    ``half_dim`` (0, and 1/4 to 4096 by powers of 2) and over the peak's scale (1 to 8, 2^(1/16)
+    apart), smallest median absolute log error, the flattest curve on a tie."""
+    if not samples:
+        raise ValueError("need at least one GEMM sample to fit the shape-dependent GEMM rate")
+    device = _device_only(hardware)
+    best: tuple[float, float, float] | None = None
+    for half in _HALF_DIMS:
+        for scale in _PEAK_SCALES:
+            peaks = {dtype: tflops * scale for dtype, tflops in device.peak_tflops.items()}
+            profile = dataclasses.replace(device, gemm_half_efficiency_dim=half, peak_tflops=peaks)
+            error = statistics.median(
+                abs(math.log(_linear_time_s(s.m, s.n, s.k, profile) / s.seconds)) for s in samples
+            )
+            if best is None or error < best[0] - 1e-12:
+                best = (error, half, scale)
+            if half == 0.0:
+                break  # a flat curve: the best measured rate is the peak, no scale to fit
+    assert best is not None
+    return GemmFit(best[1], best[2], best[0])
+
+
+def _linear_time_s(m: int, n: int, k: int, hardware: Hardware) -> float:
+    flops = 2 * m * n * k
+    moved = 4 * (m * k + n * k + n + m * n)  # input, weight, bias read; output written (float32)
+    return compute_time_s(flops, moved, torch.float32, hardware, gemm_min_dim=min(m, n, k))
+
+
+def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: LinkProfile | None) -> HostFit:
+    """Fit ``host_dispatch_s``, ``collective_wait_s`` and ``graph_launch_s`` (module docstring).
+
+    ``view_op_s`` (measured on a chain of views) prices the view nodes; ``link`` (fitted back to
+    back) prices the collectives' alpha-beta time, and may be None when no sample has one.
+    Non-negative least squares on relative error. Raises ValueError with fewer samples than
+    unknowns.
+    """
+    with_collectives = any(sample.collectives for sample in samples)
+    unknowns = 3 if with_collectives else 2
+    if len(samples) < unknowns:
+        raise ValueError(f"need at least {unknowns} graph samples to fit the host terms, got {len(samples)}")
+    if with_collectives and link is None:
+        raise ValueError("graph samples with collectives need the link they ran on to be priced")
+    rows, target, known = [], [], []
+    for sample in samples:
+        link_s = sum(link_collective_time_s(kind, nbytes, group, link) for kind, nbytes, group in sample.collectives
+                     ) if link is not None else 0.0
+        known_s = sample.device_s + sample.view_nodes * view_op_s + link_s
+        weight = 1.0 / sample.seconds
+        row = [sample.kernel_nodes * weight, weight]
+        if with_collectives:
+            row.append(len(sample.collectives) * weight)
+        rows.append(row)
+        target.append((sample.seconds - known_s) * weight)
+        known.append(known_s)
+    solution, _ = nnls(np.asarray(rows), np.asarray(target))
+    dispatch_s, launch_s = float(solution[0]), float(solution[1])
+    wait_s = float(solution[2]) if with_collectives else 0.0
+    errors = [
+        abs(known_s + sample.kernel_nodes * dispatch_s + launch_s + len(sample.collectives) * wait_s - sample.seconds)
+        / sample.seconds
+        for sample, known_s in zip(samples, known)
+    ]
+    return HostFit(dispatch_s, wait_s, launch_s, statistics.median(errors), len(samples))
+
+
+def _device_only(hardware: Hardware) -> Hardware:
+    """``hardware`` with its host terms off: what the kernels alone cost."""
+    return dataclasses.replace(hardware, host_dispatch_s=0.0, graph_launch_s=0.0, collective_wait_s=0.0)
+
+
+# ------------------------------------------------------------------------------ single ops
+
+def _median_time_s(run: Callable[[], Any], min_time_s: float, repeats: int) -> float:
+    run()
+    start = time.perf_counter()
+    run()
+    calls = max(1, math.ceil(min_time_s / max(time.perf_counter() - start, 1e-9)))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
+    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens`` (float32)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(width, width, generator=generator)
+    bias = torch.randn(width, generator=generator)
+    samples = []
+    for m in tokens:
+        x = torch.randn(m, width, generator=generator)
+        seconds = _median_time_s(functools.partial(aten.linear.default, x, weight, bias), min_time_s, repeats)
+        samples.append(GemmSample(m, width, width, seconds))
+    return samples
+
+
+_TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, aten.silu.default, aten.gelu.default)
+
+
+def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int) -> float:
+    """Seconds per element of exp, tanh, sigmoid, silu and gelu on ``numel`` float32 values (median)."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    return statistics.median(_median_time_s(functools.partial(op, x), min_time_s, repeats) / numel
+                             for op in _TRANSCENDENTAL)
+
+
+# ------------------------------------------------------------------------------ graphs
+
+def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> tuple[torch.fx.GraphModule, torch.Tensor]:
+    """A rank-local graph of ``shape.layers`` Llama-like blocks split over ``world_size`` ranks
+    (heads and MLP columns split, an all-reduce after the output and down projections when
+    ``world_size > 1``), built from the ATen ops the rewrite emits; and an input for it."""
+    heads = max(1, shape.heads // world_size)
+    head_dim = max(1, shape.hidden // shape.heads)
+    local = heads * head_dim  # (tokens, local) after a column-split projection
+    generator = torch.Generator().manual_seed(0)
+    root = torch.nn.Module()
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")  # (1, tokens, hidden)
+    counter = iter(range(10**6))
+
+    def parameter(*size: int) -> torch.fx.Node:
+        name = f"p{next(counter)}"
+        root.register_buffer(name, torch.randn(*size, generator=generator) / math.sqrt(size[-1]))
+        return graph.get_attr(name)
+
+    def call(op: Any, *args: Any) -> torch.fx.Node:
+        return graph.call_function(op, args)
+
+    def rms_norm(value: torch.fx.Node) -> torch.fx.Node:
+        squared = call(aten.pow.Tensor_Scalar, value, 2)
+        mean = call(aten.mean.dim, squared, [-1], True)
+        inverse = call(aten.rsqrt.default, call(aten.add.Tensor, mean, 1e-6))
+        return call(aten.mul.Tensor, call(aten.mul.Tensor, value, inverse), parameter(shape.hidden))
+
+    def all_reduce(value: torch.fx.Node) -> torch.fx.Node:
+        if world_size == 1 or not shape.collectives:
+            return value
+        return call(c10d.wait_tensor.default, call(c10d.all_reduce.default, value, "sum", group_name))
+
+    def heads_first(value: torch.fx.Node) -> torch.fx.Node:  # (1, tokens, local) -> (1, heads, tokens, head_dim)
+        return call(aten.transpose.int, call(aten.view.default, value, [1, shape.tokens, heads, head_dim]), 1, 2)
+
+    for _ in range(shape.layers):
+        normed = rms_norm(x)
+        q, k, v = (heads_first(call(aten.linear.default, normed, parameter(local, shape.hidden))) for _ in range(3))
+        attention = call(aten.scaled_dot_product_attention.default, q, k, v, None, 0.0, True)
+        merged = call(aten.view.default, call(aten.clone.default, call(aten.transpose.int, attention, 1, 2)),
+                      [1, shape.tokens, local])
+        x = call(aten.add.Tensor, x, all_reduce(call(aten.linear.default, merged, parameter(shape.hidden, local))))
+        normed = rms_norm(x)
+        gate = call(aten.silu.default, call(aten.linear.default, normed, parameter(2 * local, shape.hidden)))
+        up = call(aten.linear.default, normed, parameter(2 * local, shape.hidden))
+        down = call(aten.linear.default, call(aten.mul.Tensor, gate, up), parameter(shape.hidden, 2 * local))
+        x = call(aten.add.Tensor, x, all_reduce(down))
+    graph.output(x)
+    example = torch.randn(1, shape.tokens, shape.hidden, generator=generator)
+    return torch.fx.GraphModule(root, graph), example
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs a graph once, pricing each node's kernel on a profile with no host terms."""
+
+    def __init__(self, module: torch.fx.GraphModule, hardware: Hardware) -> None:
+        super().__init__(module)
+        self.hardware = _device_only(hardware)
+        self.kernel_nodes = self.view_nodes = 0
+        self.device_s = 0.0
+        self.collectives: list[tuple[str, int, int]] = []
+
+    def run_node(self, node: torch.fx.Node) -> Any:
+        result = super().run_node(node)
+        if node.op != "call_function":
+            return result
+        if node.target is c10d.wait_tensor.default:
+            return result
+        if node.target is c10d.all_reduce.default:
+            self.collectives.append(("all_reduce", result.numel() * result.element_size(), dist.get_world_size()))
+            return result
+        if launches_no_kernel(node.target):
+            self.view_nodes += 1
+            return result
+        args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
+        flops = aten_flops(node.target, args, kwargs, result)
+        dims = gemm_dims(node.target, args, kwargs) if flops else None
+        elements = result.numel() if is_transcendental(node.target) else 0
+        self.kernel_nodes += 1
+        self.device_s += compute_time_s(flops, aten_memory_bytes(node.target, args, kwargs, result), result.dtype,
+                                        self.hardware, gemm_min_dim=min(dims) if dims else None,
+                                        transcendental_elements=elements)
+        return result
+
+
+def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: Hardware, runs: int,
+                 warmup: int = 3) -> GraphSample:
+    """Time ``module(example)`` ``runs`` times (each after a barrier when a process group is up;
+    the slowest rank counts) and count what the cost model sees in it."""
+    recorder = _Recorder(module, hardware)
+    with torch.no_grad():
+        recorder.run(example)
+        for _ in range(warmup):
+            module(example)
+        times = []
+        for _ in range(runs):
+            if dist.is_initialized():
+                dist.barrier()
+            start = time.perf_counter()
+            module(example)
+            times.append(time.perf_counter() - start)
+    if dist.is_initialized():
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        times = slowest.tolist()
+    return GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
+                       tuple(recorder.collectives), statistics.median(times))
+
+
+def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:
+    """One :class:`GraphSample` per shape, on every rank of the current process group (or alone)."""
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    group_name = dist.group.WORLD.group_name if dist.is_initialized() and dist.group.WORLD is not None else None
+    samples = []
+    for shape in shapes:
+        module, example = block_graph(shape, world_size, group_name)
+        samples.append(graph_sample(module, example, hardware, runs))
+    return tuple(samples)

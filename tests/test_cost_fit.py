@@ -1,0 +1,159 @@
+"""Cost-model fidelity (issue 16): host terms per runtime mode, in-graph fits, GEMM curve, profiles.
+
+Tier (a): pure functions on synthetic measurements and datasheet profiles, no process group;
+one tiny Llama planned on meta at tp=2 for the estimate's host lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from inspect_helpers import tiny_plan
+
+from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
+from autotp.cost_model.compute import gemm_dims, gemm_efficiency
+from autotp.cost_model.graph_calibration import (
+    GemmSample,
+    GraphSample,
+    fit_gemm_curve,
+    fit_host_terms,
+)
+from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
+
+CPU = dataclasses.replace(
+    get_hardware("cpu-gloo"), peak_tflops={"float32": 0.05}, memory_bandwidth_gbps=5.0, kernel_floor_s=6e-6,
+    view_op_s=2e-6, host_dispatch_s=20e-6, host_is_device=True,
+)
+LINK = LinkProfile(name="synthetic", bandwidth_gbps=0.3, latency_s=0.0, base_latency_s=600e-6)
+
+
+def test_host_fit_recovers_known_terms_from_synthetic_graphs() -> None:
+    """tp=2 graphs of 1-4 blocks, the deepest without collectives (synthetic timings): the fit returns the
+    dispatch, wait and call terms they were made with."""
+    dispatch_s, wait_s, launch_s, view_s = 23e-6, 410e-6, 35e-6, 3e-6
+    samples = []
+    for layers in (1, 2, 4):
+        for device_per_layer_s in (0.2e-3, 3e-3):
+            kernels, views, device_s = 25 * layers, 8 * layers, device_per_layer_s * layers
+            collectives = tuple(("all_reduce", 2**14 * (1 + layers), 2) for _ in range(2 * layers if layers < 4 else 0))
+            link_s = sum(link_collective_time_s(k, n, p, LINK) for k, n, p in collectives)
+            seconds = device_s + kernels * dispatch_s + views * view_s + link_s + len(collectives) * wait_s + launch_s
+            samples.append(GraphSample(kernels, views, device_s, collectives, seconds))
+    fit = fit_host_terms(samples, view_op_s=view_s, link=LINK)
+    for name, expected, actual in (("host_dispatch_s", dispatch_s, fit.host_dispatch_s),
+                                   ("collective_wait_s", wait_s, fit.collective_wait_s),
+                                   ("graph_launch_s", launch_s, fit.graph_launch_s)):
+        assert math.isclose(actual, expected, rel_tol=1e-6), f"{name}: expected {expected}, got {actual}"
+    assert fit.median_abs_rel_error < 1e-9, fit
+
+
+def test_host_fit_without_collectives_and_with_too_few_graphs() -> None:
+    """tp=1 graphs: no collective term; fewer graphs than unknowns is a clear error."""
+    samples = [GraphSample(25 * n, 8 * n, 1e-3 * n, (), 1e-3 * n + 25 * n * 7e-6 + 8 * n * 2e-6 + 5e-6) for n in (1, 3)]
+    fit = fit_host_terms(samples, view_op_s=2e-6, link=None)
+    assert math.isclose(fit.host_dispatch_s, 7e-6, rel_tol=1e-6) and fit.collective_wait_s == 0.0, fit
+    with pytest.raises(ValueError, match="at least 2 graph samples"):
+        fit_host_terms(samples[:1], view_op_s=2e-6, link=None)
+
+
+def test_gemm_fit_recovers_the_half_rate_dim_and_the_peak() -> None:
+    """Linear (m, 256) @ (256, 256) at m = 1..256 timed by the model with d_half = 32: the fit returns 32, and
+    the peak the curve tends to from the best rate measured (that of m = 256, 256/288 of the peak)."""
+    truth = dataclasses.replace(CPU, host_dispatch_s=0.0, gemm_half_efficiency_dim=32.0)
+    samples = []
+    for m in (1, 4, 16, 64, 256):
+        flops, moved = 2 * m * 256 * 256, 4 * (m * 256 + 256 * 256 + 256 + m * 256)
+        samples.append(GemmSample(m, 256, 256, compute_time_s(flops, moved, torch.float32, truth, gemm_min_dim=m)))
+    best_rate = {"float32": truth.peak_tflops["float32"] * 256 / (256 + 32)}
+    fitted = fit_gemm_curve(samples, dataclasses.replace(truth, gemm_half_efficiency_dim=0.0, peak_tflops=best_rate))
+    assert fitted.half_dim == 32.0, f"expected d_half 32, got {fitted}"
+    assert math.isclose(fitted.peak_scale, 288 / 256, rel_tol=0.05), f"expected a peak scale of 1.125, got {fitted}"
+
+
+def test_gemm_efficiency_is_monotone_and_saturates() -> None:
+    """The shape curve: increasing in the smallest dim, 1/2 at d_half, below 1, flat 1 without a curve."""
+    profile = dataclasses.replace(CPU, gemm_half_efficiency_dim=48.0)
+    values = [gemm_efficiency(d, profile) for d in (1, 2, 8, 48, 64, 512, 8192)]
+    assert all(a < b for a, b in zip(values, values[1:])), f"not increasing: {values}"
+    assert math.isclose(gemm_efficiency(48, profile), 0.5) and values[-1] < 1, values
+    assert gemm_efficiency(1, CPU) == 1.0, "no curve: the peak at every shape"
+    aten = torch.ops.aten
+    x, w = torch.empty(2, 3, 64, device="meta"), torch.empty(128, 64, device="meta")
+    assert gemm_dims(aten.linear.default, (x, w)) == (6, 128, 64), gemm_dims(aten.linear.default, (x, w))
+    assert gemm_dims(aten.add.Tensor, (x, x)) is None
+
+
+def test_skinny_gemm_and_transcendentals_cost_more_where_compute_bound() -> None:
+    """The roofline uses the curve (a 1-token GEMM runs below peak) and prices exp per element when that bounds it."""
+    curved = dataclasses.replace(CPU, host_dispatch_s=0.0, gemm_half_efficiency_dim=64.0, memory_bandwidth_gbps=1e4)
+    flat = dataclasses.replace(curved, gemm_half_efficiency_dim=0.0)
+    flops, moved = 2 * 4 * 4096 * 4096, 4 * 4096 * 4096
+    assert compute_time_s(flops, moved, torch.float32, curved, gemm_min_dim=4) > 10 * compute_time_s(
+        flops, moved, torch.float32, flat, gemm_min_dim=4), "a 4-row GEMM at 4/68 of peak"
+    slow_exp = dataclasses.replace(flat, transcendental_element_s=1e-9)
+    numel = 2**20
+    memory_only = compute_time_s(0, 8 * numel, torch.float32, slow_exp)
+    with_exp = compute_time_s(0, 8 * numel, torch.float32, slow_exp, transcendental_elements=numel)
+    assert math.isclose(with_exp, numel * 1e-9 + slow_exp.kernel_floor_s + 0.0), (memory_only, with_exp)
+    assert with_exp > memory_only, (memory_only, with_exp)
+
+
+def test_runtime_mode_changes_the_prediction_in_the_expected_direction() -> None:
+    """A tiny op: eager pays its dispatch (added on a CPU, overlapped on a GPU); compiled and cuda_graph do not."""
+    tiny = (0, 64)  # flops, bytes
+    cpu = {mode: compute_time_s(*tiny, torch.float32, dataclasses.replace(CPU, runtime_mode=mode))
+           for mode in RUNTIME_MODES}
+    assert math.isclose(cpu["eager"] - cpu["cuda_graph"], CPU.host_dispatch_s), cpu
+    assert cpu["compiled"] == cpu["cuda_graph"] < cpu["eager"], cpu
+    h200 = dataclasses.replace(get_hardware("h200"), runtime_mode="eager")
+    gpu = {mode: compute_time_s(*tiny, torch.bfloat16, dataclasses.replace(h200, runtime_mode=mode))
+           for mode in RUNTIME_MODES}
+    assert gpu["eager"] == h200.host_dispatch_s > gpu["cuda_graph"], f"host-bound tiny op on a GPU: {gpu}"
+    big = (2 * 8192**3, 3 * 2 * 8192**2)  # a large GEMM hides the dispatch on a GPU
+    eager_big = compute_time_s(*big, torch.bfloat16, h200)
+    graph_big = compute_time_s(*big, torch.bfloat16, dataclasses.replace(h200, runtime_mode="cuda_graph"))
+    assert eager_big == graph_big, (eager_big, graph_big)
+
+
+def test_collective_in_a_graph_pays_its_wait() -> None:
+    """tp=2: a collective costs its link time plus collective_wait_s; nothing when nothing is sent."""
+    waiting = dataclasses.replace(CPU, collective_wait_s=300e-6)
+    bare = collective_time_s("all_reduce", 4096, 2, CPU)
+    assert math.isclose(collective_time_s("all_reduce", 4096, 2, waiting), bare + 300e-6), bare
+    assert collective_time_s("all_reduce", 4096, 1, waiting) == 0.0
+
+
+def test_profiles_save_and_load_the_new_fields_and_old_json_gets_defaults(tmp_path) -> None:
+    """Round trip of every host field; a profile JSON from before them loads with eager, no host terms."""
+    profile = dataclasses.replace(CPU, runtime_mode="cuda_graph", graph_launch_s=9e-6, collective_wait_s=1e-4,
+                                  gemm_half_efficiency_dim=24.0, transcendental_element_s=2e-9)
+    assert Hardware.from_json(profile.to_json()) == profile
+    old = json.loads(profile.to_json())
+    for key in ("runtime_mode", "host_dispatch_s", "host_is_device", "graph_launch_s", "collective_wait_s",
+                "gemm_half_efficiency_dim", "transcendental_element_s"):
+        del old[key]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    loaded = get_hardware(str(path))
+    assert (loaded.runtime_mode, loaded.host_dispatch_s, loaded.host_is_device, loaded.graph_launch_s,
+            loaded.collective_wait_s, loaded.gemm_half_efficiency_dim) == ("eager", 0.0, False, 0.0, 0.0, 0.0), loaded
+    assert compute_time_s(0, 64, torch.float32, loaded) == compute_time_s(
+        0, 64, torch.float32, dataclasses.replace(CPU, host_dispatch_s=0.0)), "old profiles price as before"
+    with pytest.raises(ValueError, match="runtime_mode must be one of"):
+        dataclasses.replace(CPU, runtime_mode="graph")
+
+
+def test_estimate_shows_host_time_per_runtime_mode() -> None:
+    """tp=2, tiny Llama on meta, H100 SXM: the estimate lists host dispatch per forward, eager above cuda_graph."""
+    estimate = tiny_plan("llama", 2).estimate()
+    host = estimate.host
+    assert host is not None and host.kernels > 50, host
+    h100 = get_hardware("h100-sxm")
+    assert math.isclose(host.by_mode["eager"], host.kernels * h100.host_dispatch_s + h100.graph_launch_s), host
+    assert host.by_mode["cuda_graph"] == h100.graph_launch_s < host.by_mode["eager"], host
+    assert estimate.time_per_call_s == estimate.time_s + h100.graph_launch_s
+    assert "host dispatch per forward" in estimate.summary() and "cuda_graph" in estimate.summary()
