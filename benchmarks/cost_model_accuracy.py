@@ -24,7 +24,8 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
 With ``--decisions`` (first round only), each (model, world size, phase) is also run three ways
 and timed the same way: autotp's plan with the calibrated profile and ``memory_budget=None``,
 Megatron's plan (``autotp.planning.megatron.megatron_plan``, same profile and budget), and no
-split (the model as it is, whole on every rank); a table says whether autotp's plan is the
+split (every tensor whole on every rank, run by the same runtime: autotp's plan on the profile
+with collectives made prohibitively slow); a table says whether autotp's plan is the
 fastest measured or within 5% of it. The phase is the forward pass of the zoo's inputs (batch 2,
 sequence 16; no KV cache).
 
@@ -141,18 +142,27 @@ def _slowest_median(times: list[float]) -> float:
     return statistics.median(slowest.tolist())
 
 
-def _time_forward(model: Any, args: tuple, kwargs: dict, warmup: int, runs: int) -> float:
-    """Median over ``runs`` of the slowest rank's forward time (each run starts after a barrier)."""
+def _time_interleaved(entries: list[tuple[Any, Any]], warmup: int, runs: int) -> list[float]:
+    """Per entry ``(setup, call)``, the median over ``runs`` of the slowest rank's seconds per call.
+
+    The entries take turns within every run (setup, then a barrier, then the timed call), so on a
+    shared machine a change of load hits all of them alike instead of whichever ran last."""
     with torch.no_grad():
-        for _ in range(warmup):
-            model(*args, **kwargs)
-        times = []
+        for setup, call in entries:
+            if setup is not None:
+                setup()
+            for _ in range(warmup):
+                call()
+        times: list[list[float]] = [[] for _ in entries]
         for _ in range(runs):
-            dist.barrier()
-            start = time.perf_counter()
-            model(*args, **kwargs)
-            times.append(time.perf_counter() - start)
-    return _slowest_median(times)
+            for index, (setup, call) in enumerate(entries):
+                if setup is not None:
+                    setup()
+                dist.barrier()
+                start = time.perf_counter()
+                call()
+                times[index].append(time.perf_counter() - start)
+    return [_slowest_median(t) for t in times]
 
 
 def _local_stand_in(kind: str) -> Any:
@@ -164,25 +174,32 @@ def _local_stand_in(kind: str) -> Any:
     return lambda tensor, *rest: tensor  # all_reduce, all_to_all (even splits), broadcast
 
 
-def _time_compute(tp_model: Any, args: tuple, kwargs: dict, warmup: int, runs: int) -> float:
-    """Median seconds (slowest rank) of the rank-local graph with every collective and its wait
-    replaced by a local stand-in of its output's shape: the forward time without communication."""
+def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup: int,
+                                runs: int) -> tuple[float, float]:
+    """(forward, forward without communication): median seconds (slowest rank) of the rank-local
+    graph as it is, and with every collective and its wait replaced by a local stand-in of its
+    output's shape; the two take turns within each run."""
     from autotp.passes.rewrite import COLLECTIVE_OPS
 
     wait = torch.ops._c10d_functional.wait_tensor.default
     graph_module = tp_model.graph_module
-    swapped = []
-    for node in graph_module.graph.nodes:
-        if node.op == "call_function" and (node.target in COLLECTIVE_OPS or node.target is wait):
-            swapped.append((node, node.target))
-            node.target = _local_stand_in(COLLECTIVE_OPS[node.target]) if node.target is not wait else (lambda t: t)
-    graph_module.recompile()
+    real = [(node, node.target) for node in graph_module.graph.nodes
+            if node.op == "call_function" and (node.target in COLLECTIVE_OPS or node.target is wait)]
+    stand_ins = [(node, (lambda t: t) if target is wait else _local_stand_in(COLLECTIVE_OPS[target]))
+                 for node, target in real]
+
+    def use(targets: list[tuple[torch.fx.Node, Any]]) -> Any:
+        def setup() -> None:
+            for node, target in targets:
+                node.target = target
+            graph_module.recompile()
+        return setup
+
     try:
-        return _time_forward(tp_model, args, kwargs, warmup, runs)
+        return tuple(_time_interleaved([(use(real), lambda: tp_model(*args, **kwargs)),
+                                        (use(stand_ins), lambda: tp_model(*args, **kwargs))], warmup, runs))
     finally:
-        for node, target in swapped:
-            node.target = target
-        graph_module.recompile()
+        use(real)()
 
 
 def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict, hardware: Any,
@@ -196,13 +213,23 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
     reference = megatron_plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None)
     theirs = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                             hardware=hardware, plan=reference)
-    return Decision(
-        name, world_size, "forward",
-        autotp_s=_time_forward(ours, args, kwargs, options.warmup, options.runs),
-        megatron_s=_time_forward(theirs, args, kwargs, options.warmup, options.runs),
-        no_split_s=_time_forward(model, args, kwargs, options.warmup, options.runs),
-        autotp_collectives=len(ours.plan.collectives), megatron_collectives=len(reference.collectives),
-    )
+    # No split, run by the same runtime: the plan of a profile on which any collective costs an
+    # hour, which the solver (with no memory budget) answers by keeping every tensor whole.
+    no_link = dataclasses.replace(hardware.intra_node, base_latency_s=3600.0)
+    whole = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                           hardware=dataclasses.replace(hardware, intra_node=no_link, inter_node=no_link),
+                           memory_budget=None)
+    if _collective_count(whole.plan):
+        raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
+    times = _time_interleaved([(None, lambda module=module: module(*args, **kwargs)) for module in (ours, theirs, whole)],
+                              options.warmup, options.runs)
+    return Decision(name, world_size, "forward", *times,
+                    autotp_collectives=_collective_count(ours.plan), megatron_collectives=_collective_count(reference))
+
+
+def _collective_count(plan: Any) -> int:
+    """Collectives a forward of ``plan`` issues (local slices are not collectives)."""
+    return sum(plan.collective_counts().values())
 
 
 def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namespace, threads: int,
@@ -240,8 +267,8 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 model, args, kwargs = BUILDERS[name]()
                 tp_model = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                                           hardware=hardware)
-                measured = _time_forward(tp_model, args, kwargs, options.warmup, options.runs)
-                measured_compute = _time_compute(tp_model, args, kwargs, options.warmup, options.runs)
+                measured, measured_compute = _time_with_and_without_comm(tp_model, args, kwargs, options.warmup,
+                                                                         options.runs)
                 estimate = tp_model.plan.estimate(hardware)
                 graph = tp_model.graph_module.graph
                 if rank == 0:

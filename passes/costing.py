@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 
 from autotp.base.placements import Placement, split_of
 from autotp.base.reshard import Route, reshard_routes
-from autotp.base.shapes import concrete_shape, first_tensor, nbytes, numel
+from autotp.base.shapes import concrete_shape, concrete_size, first_tensor, nbytes, numel
 from autotp.base.strategy import Strategy
 from autotp.cost_model import (
     Hardware,
@@ -66,8 +66,8 @@ from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "node_dtype", "node_work", "op_collectives_s", "reshard_route",
-           "reshard_time_s", "route_time_s", "tensor_nbytes"]
+__all__ = ["CostedGraph", "cost_strategy_graph", "node_dtype", "node_shape_terms", "node_work", "op_collectives_s",
+           "reshard_route", "reshard_time_s", "route_time_s", "tensor_nbytes"]
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
@@ -256,6 +256,16 @@ def _shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
                  work: list[tuple[float, float]]) -> list[tuple[int | None, int]]:
     """Per strategy, the smallest local dim of a GEMM node (None for other ops) and the local
     output elements of a transcendental elementwise node (0 for other ops)."""
+    return [(min(dims) if dims is not None else None, elements)
+            for dims, elements in node_shape_terms(node, strategies, world_size, work)]
+
+
+def node_shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
+                     work: list[tuple[float, float]]) -> list[tuple[tuple[int, ...] | None, int]]:
+    """Per strategy, a GEMM node's local ``(m, n, k)`` (None for other ops) and the local output
+    elements of a transcendental elementwise node (0 for other ops): what ``compute_time_s`` takes
+    besides FLOPs and bytes (``work`` is :func:`node_work`'s). The mesh search reads them at two
+    batch sizes, as it reads :func:`node_work`."""
     args, kwargs = _meta_args(node)
     gemm = any(flops > 0 for flops, _ in work) and gemm_dims(node.target, args, kwargs) is not None
     transcendental = is_transcendental(node.target)
@@ -263,7 +273,7 @@ def _shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
         return [(None, 0)] * len(strategies)
     out = node.meta.get("val")
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
-    return [(_local_gemm_min_dim(node, args, kwargs, strategy, inputs, world_size) if gemm else None,
+    return [(_local_gemm_dims(node, args, kwargs, strategy, inputs, world_size) if gemm else None,
              _local_numel(out, strategy.output, world_size) if transcendental else 0)
             for strategy in strategies]
 
@@ -283,14 +293,14 @@ def _local_numel(value: object, placement: Placement, world_size: int) -> int:
     return math.prod(_local_shape(leaf, placement, world_size)) if leaf is not None else 0
 
 
-def _local_gemm_min_dim(node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, inputs: list[object],
-                        world_size: int) -> int | None:
-    """The smallest of a GEMM node's (m, n, k) on the largest rank under ``strategy``."""
+def _local_gemm_dims(node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, inputs: list[object],
+                     world_size: int) -> tuple[int, ...] | None:
+    """A GEMM node's (m, n, k) on the largest rank under ``strategy``."""
     local = {id(value): _local_shape(value, placement, world_size)
              for placement, value in zip(strategy.inputs, inputs) if isinstance(value, torch.Tensor)}
     local_args = pytree.tree_map(lambda a: local.get(id(a), a) if isinstance(a, torch.Tensor) else a, args)
     dims = gemm_dims(node.target, local_args, kwargs)
-    return min(dims) if dims is not None else None
+    return tuple(concrete_size(d) for d in dims) if dims is not None else None
 
 
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Training | None = None) -> CostedGraph:

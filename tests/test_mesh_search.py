@@ -81,8 +81,8 @@ def test_collectives_across_nodes_pay_the_network() -> None:
 
 
 def test_tensor_parallel_across_nodes_is_priced_expensive() -> None:
-    """tp=16 on 2 nodes of 8 vs the same 16 GPUs on one imaginary NVSwitch: the MILP's plan pays more for
-    its collectives from the prices alone (no rule forbids it)."""
+    """tp=16 on 2 nodes of 8: the MILP's plan pays more for its collectives than on one imaginary 16-GPU
+    NVSwitch, and more in all than tp=8 inside one node, from the prices alone (no rule forbids it)."""
     from autotp.capture import capture
     from autotp.passes.costing import cost_strategy_graph
     from autotp.passes.pricing import price_choice
@@ -92,15 +92,18 @@ def test_tensor_parallel_across_nodes_is_priced_expensive() -> None:
 
     model, args, kwargs = _tiny_llama(1)
     captured = capture(model, args, kwargs)
-    graph = build_strategy_graph(captured.graph_module, 16, captured.parameter_fqns())
     one_switch = dataclasses.replace(H100_NODES, name="h100-one-switch", devices_per_node=16)
-    comm = {}
-    for hardware in (H100_NODES, one_switch):
-        costed = cost_strategy_graph(graph, hardware)
-        choice = solve(costed, memory_budget_bytes=auto_memory_budget(costed)).choice
-        comm[hardware.name] = price_choice(costed, choice).comm_s
-    across, inside = comm[H100_NODES.name], comm[one_switch.name]
-    assert across > 1.25 * inside, f"tp=16 across 2 nodes should pay > 1.25x one switch's collectives: {across} vs {inside}"
+    price = {}
+    for world_size, hardware in ((16, H100_NODES), (16, one_switch), (8, H100_NODES)):
+        costed = cost_strategy_graph(build_strategy_graph(captured.graph_module, world_size,
+                                                          captured.parameter_fqns()), hardware)
+        price[world_size, hardware.name] = price_choice(costed, solve(costed, memory_budget_bytes=auto_memory_budget(
+            costed)).choice)
+    across, inside, node = price[16, H100_NODES.name], price[16, one_switch.name], price[8, H100_NODES.name]
+    assert across.comm_s > 1.2 * inside.comm_s, (
+        f"tp=16 across 2 nodes should pay > 1.2x one switch's collectives: {across.comm_s} vs {inside.comm_s}")
+    assert across.total_s > node.total_s, (
+        f"tp=16 across 2 nodes should be slower than tp=8 in one node: {across.total_s} vs {node.total_s}")
 
 
 def test_pipeline_formulas_and_profiles() -> None:
@@ -260,3 +263,20 @@ def test_best_cuts_balance_time_not_layer_count() -> None:
     unit_s = np.array([3.0, 1.0, 1.0, 1.0])
     found = best_cuts(unit_s, np.zeros(4), np.zeros(4), [0.0], capacity=1.0)
     assert found == ((0, 1, 4), 3.0), f"expected cut after layer 0 with slowest stage 3.0, got {found}"
+
+
+def test_searched_plan_runs_on_the_mesh_runtime(gloo) -> None:
+    """4 gloo ranks, mesh dp1 x pp2 x tp2 planned on cpu-gloo (throughput at batch 4): the mesh runtime runs
+    the searched ParallelPlan (its cuts and microbatches) and every rank returns the whole batch's logits,
+    equal to one process's."""
+    from models import tiny_llama
+    from test_mesh_runtime import TINY, _run_meshes
+
+    model, args, kwargs = tiny_llama(**TINY, layers=2, batch=4)
+    plan = autotp.plan(model, args, kwargs, world_size=4, hardware="cpu-gloo", mesh=MeshShape(dp=1, pp=2, tp=2),
+                       objective="throughput", throughput_batch=4)
+    dims = (plan.mesh.dp, plan.mesh.pp, plan.mesh.tp)
+    results = gloo.run(4, _run_meshes, [(dims, ("dp", "pp", "tp"), 4, plan)])
+    for rank, [(_, shape, error)] in enumerate(results):
+        assert shape == (4, 8, 1000), f"{plan.mesh} rank {rank}: expected the whole batch's logits, got {shape}"
+        assert error < 1e-5, f"{plan.mesh}, {plan.microbatches} microbatch(es), rank {rank}: logits differ by {error}"
