@@ -199,11 +199,15 @@ def _load_and_save(rank: int, world_size: int, name: str, source: str, target: s
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_save_and_reload_at_other_world_sizes(gloo, tmp_path: Path, name: str) -> None:
     """tp=2 -> 3 -> 4 (uneven at 3; GPT-2: fused QKV block split, tied lm head): from_pretrained at 2 and
-    tp.save; autotp.load at 3 from the tp=2 directory and save again; autotp.load at 4 from that."""
+    tp.save; autotp.load at 3 from the tp=2 directory and save again; autotp.load at 4 from that.
+    GPT-2 stops at 3 (its uneven block split and tied head are read there; the even tp=4 step is
+    Llama's), which keeps the suite within its CI time."""
     source = _save(name, tmp_path / "hf")
     errors = {2: gloo.run(2, _from_pretrained_and_save, name, str(source), str(tmp_path / "tp2"))}
-    errors[3] = gloo.run(3, _load_and_save, name, str(tmp_path / "tp2"), str(tmp_path / "tp3"))
-    errors[4] = gloo.run(4, _load_and_save, name, str(tmp_path / "tp3"), None)
+    last = 3 if name == "gpt2" else 4
+    errors[3] = gloo.run(3, _load_and_save, name, str(tmp_path / "tp2"), str(tmp_path / "tp3") if last > 3 else None)
+    if last == 4:
+        errors[4] = gloo.run(4, _load_and_save, name, str(tmp_path / "tp3"), None)
     for world_size, per_rank in errors.items():
         for rank, error in enumerate(per_rank):
             assert error < TOLERANCE, f"{name} tp={world_size} rank {rank}: max |tp - model| = {error}"
