@@ -47,7 +47,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -562,18 +562,9 @@ A100_SXM = Hardware(
 # direction per GPU), nodes joined by HDR InfiniBand: 8 ConnectX-6 ports of 200 Gb/s per node,
 # one per GPU = 25 GB/s per direction per GPU (DGX A100 user guide; NVIDIA DGX SuperPOD reference
 # architecture, DGX A100: https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-a100.pdf).
-A100_MULTINODE = Hardware(
+A100_MULTINODE = replace(
+    A100_SXM,  # the same devices, links and node size; named for the cluster it describes
     name="a100-multinode",
-    peak_tflops=A100_SXM.peak_tflops,
-    memory_bandwidth_gbps=2039.0,  # HBM2e 2,039 GB/s; NVIDIA A100 datasheet (80 GB SXM)
-    memory_gib=80.0,  # 80 GB HBM2e; NVIDIA A100 datasheet
-    kernel_floor_s=_GPU_KERNEL_FLOOR_S,
-    host_dispatch_s=_GPU_EAGER_DISPATCH_S,
-    graph_launch_s=_GPU_GRAPH_LAUNCH_S,
-    runtime_mode=_GPU_RUNTIME_MODE,
-    intra_node=NVLINK3_NVSWITCH,
-    inter_node=INFINIBAND_HDR,
-    devices_per_node=8,  # DGX A100 nodes, 8 GPUs each; DGX A100 user guide
     source=(
         "NVIDIA A100 datasheet (peaks, HBM2e, NVLink3); DGX A100 user guide and DGX SuperPOD "
         "reference architecture (8 x 200 Gb/s HDR InfiniBand per node, one port per GPU); "
