@@ -75,17 +75,24 @@ def tiny_gpt2(num_heads: int = 8, hidden: int = 256, *, layers: int = 2, vocab_s
     return model, (_token_ids(seed, batch, seq_len, vocab_size),), {"use_cache": False}
 
 
-def tiny_bert(num_heads: int = 8, hidden: int = 256, *, layers: int = 2, intermediate: int = 512,
-              vocab_size: int = VOCAB_SIZE, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0,
-              device: str | torch.device = "cpu") -> ModelAndInputs:
-    """BertModel (encoder + pooler): post-LayerNorm, bidirectional SDPA attention, GELU MLP."""
-    from transformers import BertConfig, BertModel
+def _bert_config(num_heads: int, hidden: int, layers: int, intermediate: int, vocab_size: int, seq_len: int) -> Any:
+    """The BertConfig both BERT factories build (SDPA attention, positions for at least 64 tokens)."""
+    from transformers import BertConfig
 
-    config = BertConfig(
+    return BertConfig(
         vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=num_heads,
         intermediate_size=intermediate, max_position_embeddings=max(64, seq_len),
         attn_implementation="sdpa",
     )
+
+
+def tiny_bert(num_heads: int = 8, hidden: int = 256, *, layers: int = 2, intermediate: int = 512,
+              vocab_size: int = VOCAB_SIZE, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0,
+              device: str | torch.device = "cpu") -> ModelAndInputs:
+    """BertModel (encoder + pooler): post-LayerNorm, bidirectional SDPA attention, GELU MLP."""
+    from transformers import BertModel
+
+    config = _bert_config(num_heads, hidden, layers, intermediate, vocab_size, seq_len)
     model = _build(lambda: BertModel(config), seed, device)
     return model, (_token_ids(seed, batch, seq_len, vocab_size),), {}
 
@@ -94,13 +101,9 @@ def tiny_bert_mlm(num_heads: int = 8, hidden: int = 256, *, layers: int = 2, int
                   vocab_size: int = VOCAB_SIZE, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0,
                   device: str | torch.device = "cpu") -> ModelAndInputs:
     """BertForMaskedLM (a loss from ``labels=``, for training tests): BERT encoder + MLM head tied to the embedding."""
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers import BertForMaskedLM
 
-    config = BertConfig(
-        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=num_heads,
-        intermediate_size=intermediate, max_position_embeddings=max(64, seq_len),
-        attn_implementation="sdpa",
-    )
+    config = _bert_config(num_heads, hidden, layers, intermediate, vocab_size, seq_len)
     model = _build(lambda: BertForMaskedLM(config), seed, device)
     return model, (_token_ids(seed, batch, seq_len, vocab_size),), {}
 
