@@ -24,6 +24,10 @@ rewrite reads such values through :func:`replicated_input` (Megatron's ``f``: id
 all-reduce backward), once per value, shared by all its divergent consumers, so the shares are
 summed before they meet the gradients of the replicated consumers. A replicated parameter is
 read the same way, so it ends with the full, identical gradient on every rank.
+
+Order: the backward's collectives run in the order autograd's engine reaches these nodes, which
+follows their creation order in the forward; every rank's graph has the same nodes in the same
+order (only local arithmetic such as an uneven slice differs), so the ranks issue them alike.
 """
 
 from __future__ import annotations

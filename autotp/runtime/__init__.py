@@ -1,1 +1,2 @@
-"""What runs on each rank: the rank-local module and the slicing of weights into shards."""
+"""What runs on each rank: the rank-local module and the slicing of weights into shards
+(training: :mod:`.training` — full state dicts and the checks around an optimizer step)."""
