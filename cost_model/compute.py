@@ -60,6 +60,7 @@ __all__ = [
     "dtype_name",
     "gemm_dims",
     "gemm_efficiency",
+    "is_lookup",
     "is_transcendental",
     "launches_no_kernel",
     "tensor_bytes",
@@ -497,12 +498,30 @@ def aten_memory_bytes(
     Views (``view``, ``permute``, ``t``, ``expand``, ``slice``, ... : ops whose schema says the
     output aliases an input) and shape queries move nothing and return 0. This is the ideal
     traffic of one unfused kernel (each operand read once, each output written once); it is the
-    ``memory_bytes`` that :func:`compute_time_s` expects.
+    ``memory_bytes`` that :func:`compute_time_s` expects. A lookup (:data:`GATHER_OPS`: embedding,
+    index_select, gather, index) reads only the rows it returns from its table.
     """
     if launches_no_kernel(op):
         return 0
+    if _packet_of(op) in GATHER_OPS and out is not None and args and isinstance(args[0], torch.Tensor) \
+            and isinstance(out, torch.Tensor):
+        # a lookup reads only the rows it returns from its table (args[0]), not the whole table:
+        # the output's bytes read, the indices read, the output written
+        indices = tree_flatten((list(args[1:]), dict(kwargs or {})))[0]
+        index_bytes = sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in indices if isinstance(leaf, torch.Tensor))
+        return 2 * tensor_bytes(out.shape, out.dtype) + index_bytes
     leaves, _ = tree_flatten((list(args), dict(kwargs or {}), out))
     return sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+
+# Lookups whose first argument is a table they read only at the rows or elements they return
+# (an embedding reads batch x tokens rows of its vocabulary, not the vocabulary), by packet.
+GATHER_OPS = frozenset({aten.embedding, aten.index_select, aten.gather, aten.index})
+
+
+def is_lookup(op: Any) -> bool:
+    """True for a lookup that reads only the rows it returns from its table (:data:`GATHER_OPS`)."""
+    return _packet_of(op) in GATHER_OPS
 
 
 # --------------------------------------------------------------------------------------------
