@@ -126,9 +126,9 @@ class CalibrationConfig:
     gemm_tokens: tuple[int, ...] = (1, 4, 16, 64, 256)
     transcendental_numel: int = 2**20
     graph_shapes: tuple[GraphShape, ...] = tuple(
-        GraphShape(layers, tokens, hidden, collectives=collectives)
+        GraphShape(layers, tokens, hidden, collectives=collectives, family=family)
         for layers in (1, 3) for tokens in (2, 32) for hidden in (64, 256) for collectives in (True, False)
-        if collectives or layers == 3
+        for family in ("llama", "gpt") if collectives or layers == 3
     )
     graph_runs: int = 15
 
@@ -146,8 +146,9 @@ class CalibrationConfig:
             progress=progress,
             gemm_tokens=(1, 8, 64, 256),
             transcendental_numel=2**18,
-            graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64), GraphShape(3, 2, 64, collectives=False),
-                          GraphShape(1, 32, 256), GraphShape(2, 32, 256)),
+            graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64, family="gpt"),
+                          GraphShape(3, 2, 64, collectives=False), GraphShape(2, 16, 128, collectives=False, family="gpt"),
+                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256)),
             graph_runs=7,
         )
 

@@ -537,12 +537,16 @@ def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None
     ``m`` counts every row of the left operand (batch dims of ``bmm``/``matmul`` multiply it, as
     the kernel runs them as one batched GEMM), ``n`` the output features, ``k`` the contracted
     dim: ``linear(x (..., k), w (n, k))``, ``mm(a (m, k), b (k, n))``, ``addmm(bias, a, b)``,
-    ``bmm(a (b, m, k), b (b, k, n))``.
+    ``bmm(a (b, m, k), b (b, k, n))``. Attention (``scaled_dot_product_attention``) runs its two
+    products head by head, ``(Sq, E) @ (E, Sk)`` then ``(Sq, Sk) @ (Sk, Ev)``: ``(Sq, Sk, E)``, so
+    short sequences and small heads run it as far below peak as any small GEMM.
     """
     packet = _packet_of(op)
+    kwargs = kwargs or {}
+    if packet in _ATTENTION_OPS:
+        return _attention_gemm_dims(args, kwargs)
     if packet not in _GEMM_OPS:
         return None
-    kwargs = kwargs or {}
     offset = 1 if packet in (aten.addmm, aten.baddbmm) else 0
     a = _arg(args, kwargs, offset, "input" if packet in (aten.linear, aten.matmul) else "mat1")
     b = _arg(args, kwargs, offset + 1, "weight" if packet is aten.linear else "mat2")
@@ -558,6 +562,20 @@ def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None
     n_dim = 0 if packet is aten.linear else -1
     n = b_shape[n_dim] if len(b_shape) >= 2 else 1
     return m, n, k
+
+
+_ATTENTION_OPS = frozenset({aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu})
+
+
+def _attention_gemm_dims(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int, int, int] | None:
+    query, key = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key")
+    if query is None or key is None:
+        return None
+    q_shape = tuple(_concrete_size(size) for size in _shape(query))
+    k_shape = tuple(_concrete_size(size) for size in _shape(key))
+    if len(q_shape) < 2 or len(k_shape) < 2:
+        return None
+    return q_shape[-2], k_shape[-2], q_shape[-1]
 
 
 # Elementwise ops whose arithmetic is a transcendental function (special-function units on a GPU,

@@ -58,6 +58,7 @@ from .compute import (
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
+    "GRAPH_FAMILIES",
     "GemmSample",
     "GraphSample",
     "GraphShape",
@@ -92,13 +93,19 @@ class GraphShape:
     ``tokens`` tokens, ``heads`` attention heads before the split over the ranks; with
     ``collectives`` (and more than one rank) an all-reduce after each row-split projection.
     Graphs with and without collectives keep the per-node and per-collective terms apart in the
-    fit (in one kind of graph both grow with the depth alone)."""
+    fit (in one kind of graph both grow with the depth alone). ``family``: the op mix of the
+    blocks (:data:`GRAPH_FAMILIES`)."""
 
     layers: int
     tokens: int
     hidden: int
     heads: int = 8
     collectives: bool = True
+    family: str = "llama"
+
+    def __post_init__(self) -> None:
+        if self.family not in GRAPH_FAMILIES:
+            raise ValueError(f"GraphShape.family must be one of {', '.join(GRAPH_FAMILIES)}, got {self.family!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,13 +342,23 @@ def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int
 
 # ------------------------------------------------------------------------------ graphs
 
+GRAPH_FAMILIES = ("llama", "gpt")
+"""Op mixes of the calibration graphs, as the rewrite emits them for HuggingFace models: both open
+with the prologue a traced model runs before its first block (position ids from ``arange``, a
+causal mask built by comparing them, a position-embedding lookup, dtype casts); ``"llama"`` blocks
+have RMSNorm, bias-free projections, rotary embeddings (slices, ``neg``, ``cat``), causal SDPA and a
+SiLU-gated MLP; ``"gpt"`` blocks have LayerNorm, projections with bias, SDPA with a mask tensor and
+a GELU MLP. Every op kind the fitted dispatch prices in a real graph is in them."""
+
+
 def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> tuple[torch.fx.GraphModule, torch.Tensor]:
-    """A rank-local graph of ``shape.layers`` Llama-like blocks split over ``world_size`` ranks
-    (heads and MLP columns split, an all-reduce after the output and down projections when
+    """A rank-local graph of ``shape.layers`` blocks of ``shape.family`` split over ``world_size``
+    ranks (heads and MLP columns split, an all-reduce after the output and down projections when
     ``world_size > 1``), built from the ATen ops the rewrite emits; and an input for it."""
     heads = max(1, shape.heads // world_size)
-    head_dim = max(1, shape.hidden // shape.heads)
+    head_dim = max(2, shape.hidden // shape.heads // 2 * 2)  # even: rotary halves it
     local = heads * head_dim  # (tokens, local) after a column-split projection
+    tokens, hidden, gpt = shape.tokens, shape.hidden, shape.family == "gpt"
     generator = torch.Generator().manual_seed(0)
     root = torch.nn.Module()
     graph = torch.fx.Graph()
@@ -353,14 +370,20 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
         root.register_buffer(name, torch.randn(*size, generator=generator) / math.sqrt(size[-1]))
         return graph.get_attr(name)
 
-    def call(op: Any, *args: Any) -> torch.fx.Node:
-        return graph.call_function(op, args)
+    def call(op: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        return graph.call_function(op, args, kwargs)
 
-    def rms_norm(value: torch.fx.Node) -> torch.fx.Node:
+    def norm(value: torch.fx.Node) -> torch.fx.Node:
+        if gpt:
+            return call(aten.layer_norm.default, value, [hidden], parameter(hidden), parameter(hidden), 1e-5)
         squared = call(aten.pow.Tensor_Scalar, value, 2)
         mean = call(aten.mean.dim, squared, [-1], True)
         inverse = call(aten.rsqrt.default, call(aten.add.Tensor, mean, 1e-6))
-        return call(aten.mul.Tensor, call(aten.mul.Tensor, value, inverse), parameter(shape.hidden))
+        return call(aten.mul.Tensor, call(aten.mul.Tensor, value, inverse), parameter(hidden))
+
+    def linear(value: torch.fx.Node, out_features: int, in_features: int) -> torch.fx.Node:
+        bias = (parameter(out_features),) if gpt else ()
+        return call(aten.linear.default, value, parameter(out_features, in_features), *bias)
 
     def all_reduce(value: torch.fx.Node) -> torch.fx.Node:
         if world_size == 1 or not shape.collectives:
@@ -368,22 +391,47 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
         return call(c10d.wait_tensor.default, call(c10d.all_reduce.default, value, "sum", group_name))
 
     def heads_first(value: torch.fx.Node) -> torch.fx.Node:  # (1, tokens, local) -> (1, heads, tokens, head_dim)
-        return call(aten.transpose.int, call(aten.view.default, value, [1, shape.tokens, heads, head_dim]), 1, 2)
+        return call(aten.transpose.int, call(aten.view.default, value, [1, tokens, heads, head_dim]), 1, 2)
+
+    def rotary(value: torch.fx.Node, cos: torch.fx.Node, sin: torch.fx.Node) -> torch.fx.Node:
+        half = head_dim // 2
+        first = call(aten.slice.Tensor, value, 3, 0, half)
+        second = call(aten.slice.Tensor, value, 3, half, head_dim)
+        rotated = call(aten.cat.default, [call(aten.neg.default, second), first], -1)
+        return call(aten.add.Tensor, call(aten.mul.Tensor, value, cos), call(aten.mul.Tensor, rotated, sin))
+
+    # the prologue: positions, a causal mask from them, a position-embedding lookup, casts
+    positions = call(aten.arange.start, 0, tokens, device=torch.device("cpu"), pin_memory=False)
+    rows = call(aten.unsqueeze.default, positions, 1)
+    columns = call(aten.unsqueeze.default, positions, 0)
+    mask = call(aten.view.default, call(aten.le.Tensor, columns, rows), [1, 1, tokens, tokens])
+    table = parameter(max(tokens, 64), hidden)
+    looked_up = call(aten.embedding.default, table, call(aten.unsqueeze.default, positions, 0))
+    x = call(aten.add.Tensor, x, call(aten._to_copy.default, looked_up, dtype=torch.float32))
+    angles = call(aten.mul.Tensor, call(aten._to_copy.default, rows, dtype=torch.float32), parameter(head_dim))
+    cos, sin = call(aten.cos.default, angles), call(aten.sin.default, angles)
 
     for _ in range(shape.layers):
-        normed = rms_norm(x)
-        q, k, v = (heads_first(call(aten.linear.default, normed, parameter(local, shape.hidden))) for _ in range(3))
-        attention = call(aten.scaled_dot_product_attention.default, q, k, v, None, 0.0, True)
+        normed = norm(x)
+        q, k, v = (heads_first(linear(normed, local, hidden)) for _ in range(3))
+        if gpt:
+            attention = call(aten.scaled_dot_product_attention.default, q, k, v, mask)
+        else:
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+            attention = call(aten.scaled_dot_product_attention.default, q, k, v, None, 0.0, True)
         merged = call(aten.view.default, call(aten.clone.default, call(aten.transpose.int, attention, 1, 2)),
-                      [1, shape.tokens, local])
-        x = call(aten.add.Tensor, x, all_reduce(call(aten.linear.default, merged, parameter(shape.hidden, local))))
-        normed = rms_norm(x)
-        gate = call(aten.silu.default, call(aten.linear.default, normed, parameter(2 * local, shape.hidden)))
-        up = call(aten.linear.default, normed, parameter(2 * local, shape.hidden))
-        down = call(aten.linear.default, call(aten.mul.Tensor, gate, up), parameter(shape.hidden, 2 * local))
+                      [1, tokens, local])
+        x = call(aten.add.Tensor, x, all_reduce(linear(merged, hidden, local)))
+        normed = norm(x)
+        if gpt:
+            inner = call(aten.gelu.default, linear(normed, 4 * local, hidden))
+            down = linear(inner, hidden, 4 * local)
+        else:
+            gate = call(aten.silu.default, linear(normed, 2 * local, hidden))
+            down = linear(call(aten.mul.Tensor, gate, linear(normed, 2 * local, hidden)), hidden, 2 * local)
         x = call(aten.add.Tensor, x, all_reduce(down))
-    graph.output(x)
-    example = torch.randn(1, shape.tokens, shape.hidden, generator=generator)
+    graph.output(norm(x))
+    example = torch.randn(1, tokens, hidden, generator=generator)
     return torch.fx.GraphModule(root, graph), example
 
 
