@@ -129,7 +129,7 @@ class CalibrationConfig:
         GraphShape(layers, tokens, hidden, collectives=collectives, family=family)
         for layers in (1, 3) for tokens in (2, 32) for hidden in (64, 256) for collectives in (True, False)
         for family in ("llama", "gpt") if collectives or layers == 3
-    )
+    ) + (GraphShape(0, 2, 64),)
     graph_runs: int = 15
 
     @classmethod
@@ -148,7 +148,7 @@ class CalibrationConfig:
             transcendental_numel=2**18,
             graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64, family="gpt"),
                           GraphShape(3, 2, 64, collectives=False), GraphShape(2, 16, 128, collectives=False, family="gpt"),
-                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256)),
+                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256), GraphShape(0, 2, 64)),
             graph_runs=7,
         )
 

@@ -94,7 +94,8 @@ class GraphShape:
     ``collectives`` (and more than one rank) an all-reduce after each row-split projection.
     Graphs with and without collectives keep the per-node and per-collective terms apart in the
     fit (in one kind of graph both grow with the depth alone). ``family``: the op mix of the
-    blocks (:data:`GRAPH_FAMILIES`)."""
+    blocks (:data:`GRAPH_FAMILIES`). ``layers=0``: only a norm, no prologue, no block (the call of a
+    graph and little else, which pins the fit's per-call term)."""
 
     layers: int
     tokens: int
@@ -104,6 +105,8 @@ class GraphShape:
     family: str = "llama"
 
     def __post_init__(self) -> None:
+        if self.layers < 0 or self.tokens < 1 or self.hidden < 1:
+            raise ValueError(f"GraphShape needs layers >= 0, tokens >= 1 and hidden >= 1, got {self}")
         if self.family not in GRAPH_FAMILIES:
             raise ValueError(f"GraphShape.family must be one of {', '.join(GRAPH_FAMILIES)}, got {self.family!r}")
 
@@ -400,6 +403,9 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
         rotated = call(aten.cat.default, [call(aten.neg.default, second), first], -1)
         return call(aten.add.Tensor, call(aten.mul.Tensor, value, cos), call(aten.mul.Tensor, rotated, sin))
 
+    if shape.layers == 0:  # the call of a graph and little else: pins the per-call term of the fit
+        graph.output(norm(x))
+        return torch.fx.GraphModule(root, graph), torch.randn(1, tokens, hidden, generator=generator)
     # the prologue: positions, a causal mask from them, a position-embedding lookup, casts
     positions = call(aten.arange.start, 0, tokens, device=torch.device("cpu"), pin_memory=False)
     rows = call(aten.unsqueeze.default, positions, 1)
