@@ -49,6 +49,7 @@ from autotp.runtime.agreement import (
     plan_text,
     ranks_agree,
 )
+from autotp.runtime.checkpointing import check_activation_checkpointing, checkpointed_graph
 from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
@@ -171,6 +172,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     dynamic_shapes: Any = None,
     training: bool = False,
     mesh: Any = None,
+    activation_checkpointing: str | None = None,
 ) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -217,6 +219,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     replicated parameter its whole gradient, the same on every rank (each collective carries its
     adjoint: :mod:`autotp.passes.adjoints`). Build the optimizer over ``tp.parameters()``;
     ``tp.full_state_dict()`` gathers the full tensors. See the README's "Training" section.
+    ``activation_checkpointing="blocks"`` (with ``training=True``) runs each repeated block of the
+    rank-local graph (``model.layers.3``...) under ``torch.utils.checkpoint``: the forward keeps only
+    the blocks' inputs, the backward recomputes each block, collectives included
+    (:mod:`autotp.runtime.checkpointing`).
 
     ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
     "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
@@ -237,6 +243,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                                 time_limit_s=time_limit_s, progress=progress, constraints=constraints,
                                                 check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
                                                 dynamic=dynamic))
+    check_activation_checkpointing(activation_checkpointing, training)
     if training and max_cache_len is not None:
         raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
                          "compile once with training=True to train and once with max_cache_len= to generate")
@@ -256,6 +263,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
+                                **({"activation_checkpointing": activation_checkpointing}
+                                   if activation_checkpointing is not None else {}),
                                 **({"expected_new_tokens": check_expected_new_tokens(expected_new_tokens)}
                                    if max_cache_len is not None else {}))
         if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now
@@ -282,6 +291,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
                                                 device=trace_device(example_inputs, example_kwargs),
                                                 timeout_s=timeout_s, training=training)
+    if activation_checkpointing == "blocks":
+        local_gm = checkpointed_graph(local_gm)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
                                 training=training, original=model, group=group)

@@ -236,7 +236,9 @@ def is_collective(node: fx.Node) -> bool:
 def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
     """Collectives in a rank-local graph, by kind (``all_reduce``...): one forward pass issues each once."""
     counts: dict[str, int] = {}
-    for node in gm.graph.nodes:
+    # a graph cut into submodules (activation checkpointing of blocks) holds its collectives in them
+    nodes = [node for module in gm.modules() if isinstance(module, fx.GraphModule) for node in module.graph.nodes]
+    for node in nodes:
         if is_collective(node):
             kind = COLLECTIVE_OPS[node.target]
             counts[kind] = counts.get(kind, 0) + 1

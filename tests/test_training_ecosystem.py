@@ -38,6 +38,7 @@ def _resume_and_checkpoint(rank: int, world_size: int, directory: str) -> dict:
     checkpoint(lambda batch: tp(batch, labels=batch).loss, ids, use_reentrant=False).backward()
     recomputed = max((p.grad - plain[name]).abs().max().item() for name, p in tp.named_parameters())
     tp.zero_grad(set_to_none=True)
+    blocks = _checkpointed_blocks(tp, ids, plain)
 
     def step(optimizer: torch.optim.Optimizer) -> float:
         loss = tp(ids, labels=ids).loss
@@ -54,16 +55,57 @@ def _resume_and_checkpoint(rank: int, world_size: int, directory: str) -> dict:
     fresh = torch.optim.AdamW(tp.parameters(), lr=0.5)  # its lr is replaced by the saved one
     load_training_state(tp, fresh, directory)
     resumed = [step(fresh) for _ in range(2)]
-    return {"recomputed": recomputed, "after": after, "resumed": resumed}
+    return {"recomputed": recomputed, "after": after, "resumed": resumed, **blocks}
+
+
+def _saved_for_backward(tp: torch.nn.Module, ids: torch.Tensor) -> int:
+    """Tensors autograd keeps for the backward of one loss (counted by a saved-tensors hook), after its backward."""
+    saved = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += 1
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = tp(ids, labels=ids).loss
+    loss.backward()
+    return saved
+
+
+def _checkpointed_blocks(tp: autotp.TensorParallelModule, ids: torch.Tensor, plain: dict) -> dict:
+    """The same model compiled with activation_checkpointing="blocks" (same plan): its gradients' largest
+    difference from ``plain``, the blocks it checkpoints, and the tensors saved for backward with and without."""
+    model, _, _ = models.tiny_llama(**_LLAMA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        blocks = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
+                                plan=tp.plan, activation_checkpointing="blocks")
+    saved = {"saved_plain": _saved_for_backward(tp, ids), "saved_blocks": _saved_for_backward(blocks, ids)}
+    tp.zero_grad(set_to_none=True)
+    grads = dict(blocks.named_parameters())
+    difference = max((grads[name].grad - plain[name]).abs().max().item() / plain[name].abs().max().item()
+                     for name in plain)
+    checkpointed = [m.name for m in blocks.graph_module.modules() if type(m).__name__ == "CheckpointedBlock"]
+    return {"block_difference": difference, "checkpointed": checkpointed, **saved}
 
 
 def test_dcp_resume_and_activation_checkpointing(gloo, tmp_path) -> None:
     """tp=2, Llama: torch.utils.checkpoint around the call recomputes (collectives included) to the
-    same gradients; a DCP checkpoint of shards + AdamW state resumes to the same next two losses
+    same gradients; so does activation_checkpointing="blocks" (each of the 2 layers checkpointed,
+    under half the tensors saved for backward, gradients within 1e-6); a DCP checkpoint of shards + AdamW state resumes to the same next two losses
     (the second depends on the optimizer state)."""
     results = gloo.run(2, _resume_and_checkpoint, str(tmp_path / "step2"))
     for rank, r in enumerate(results):
         assert r["recomputed"] == 0.0, f"rank {rank}: checkpointed gradients differ by {r['recomputed']}"
+        assert r["checkpointed"] == ["model.layers.0", "model.layers.1"], (
+            f"rank {rank}: checkpointed blocks {r['checkpointed']}, expected model.layers.0 and model.layers.1")
+        assert r["block_difference"] <= 1e-6, (
+            f"rank {rank}: per-block checkpointed gradients differ by {r['block_difference']:.3g} relative, "
+            "expected <= 1e-6")
+        assert r["saved_blocks"] < r["saved_plain"] // 2, (
+            f"rank {rank}: {r['saved_blocks']} tensors saved for backward with checkpointed blocks, expected fewer "
+            f"than half of the {r['saved_plain']} saved without")
         assert r["resumed"] == r["after"], f"rank {rank}: losses after resuming {r['resumed']}, expected {r['after']}"
 
 
