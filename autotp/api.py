@@ -36,6 +36,7 @@ from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
+from autotp.planning.outputs import check_outputs
 from autotp.planning.phases import DEFAULT_EXPECTED_NEW_TOKENS, check_expected_new_tokens
 from autotp.planning.plan import Plan, as_plan
 from autotp.planning.planner import plan_graph
@@ -78,6 +79,7 @@ def plan(
     throughput_batch: int = 64,
     training: bool = False,
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
+    outputs: str = "replicated",
 ) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -114,6 +116,9 @@ def plan(
     shows where it differs from the inference plan. (One tensor-parallel group only: not with
     ``parallelism=`` or ``mesh=``.)
 
+    ``outputs="local"`` plans outputs returned as computed (a split output is not gathered, and
+    its gather is not priced) instead of whole on every rank (see :mod:`autotp.planning.outputs`).
+
     ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
     returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
     ``dp * pp * tp == world_size``, the stage cuts, the microbatches) on ``hardware``'s nodes and
@@ -124,9 +129,9 @@ def plan(
     """
     check_model(model)
     if parallelism != "tp" or mesh is not None:
-        if max_cache_len is not None or constraints is not None or training:
-            raise ValueError("max_cache_len=, constraints= and training=True plan one tensor-parallel group; "
-                             "leave them out with parallelism='auto' or mesh=")
+        if max_cache_len is not None or constraints is not None or training or outputs != "replicated":
+            raise ValueError("max_cache_len=, constraints=, training=True and outputs= plan one tensor-parallel "
+                             "group; leave them out with parallelism='auto' or mesh=")
         from autotp.planning.mesh_search import plan_mesh
 
         check_world_size(world_size)
@@ -135,7 +140,7 @@ def plan(
                          throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
-                          optimizer_states=optimizer_states)
+                          optimizer_states=optimizer_states, outputs=outputs)
     if max_cache_len is not None:
         from autotp.generation import generation_inputs
 
@@ -173,6 +178,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     training: bool = False,
     mesh: Any = None,
     activation_checkpointing: str | None = None,
+    outputs: str = "replicated",
 ) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -224,6 +230,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
     the blocks' inputs, the backward recomputes each block, collectives included
     (:mod:`autotp.runtime.checkpointing`).
 
+    ``outputs="local"``: return each output as this rank computes it instead of whole on every rank
+    (``tp.output_placements`` says, per flattened output, ``"R"``, ``"S(d)"`` or ``"P"``): e.g. a
+    training step returning its loss (whole) and this rank's vocabulary block of the logits, which
+    are then never gathered (:mod:`autotp.planning.outputs`). Not with ``max_cache_len=`` or ``mesh=``.
+
     ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
     "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
     parallel instead (inference) and returns a :class:`~autotp.runtime.mesh.MeshParallelModule`
@@ -244,6 +255,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                                 check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
                                                 dynamic=dynamic))
     check_activation_checkpointing(activation_checkpointing, training)
+    if check_outputs(outputs) != "replicated" and (mesh is not None or max_cache_len is not None):
+        raise ValueError("outputs='local' with mesh= or max_cache_len= is not supported: those return whole outputs "
+                         "(generate() returns token ids); leave outputs= out")
     if training and max_cache_len is not None:
         raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
                          "compile once with training=True to train and once with max_cache_len= to generate")
@@ -259,12 +273,14 @@ def compile(  # noqa: A001 - mirrors torch.compile
             )
         plan = as_plan(plan)
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                              time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training)
+                              time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
+                              outputs=outputs)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
                                 **({"activation_checkpointing": activation_checkpointing}
                                    if activation_checkpointing is not None else {}),
+                                **({"outputs": outputs} if outputs != "replicated" else {}),
                                 **({"expected_new_tokens": check_expected_new_tokens(expected_new_tokens)}
                                    if max_cache_len is not None else {}))
         if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now

@@ -42,6 +42,7 @@ def _splits_dynamic_dim(node: object, placement: str) -> bool:
 def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> None:
     """Raise :class:`PlanMismatchError` naming every reason ``plan`` cannot be applied to ``captured``."""
     from autotp.base.placements import placement_to_str
+    from autotp.planning.outputs import is_local_output
 
     plan.check_matches(captured.graph_module, world_size)
     fqns = {**captured.parameter_fqns(), **captured.state_fqns()}
@@ -59,7 +60,7 @@ def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> 
         offered = {(tuple(placement_to_str(p) for p in s.inputs), placement_to_str(s.output)): s
                    for s in graph.strategies[name]}
         node = decisions[name]
-        if (tuple(node.inputs), node.output) not in offered:
+        if (tuple(node.inputs), node.output) not in offered and not is_local_output(plan, name):
             choices = ", ".join(_strategy_text(i, o) for i, o in list(offered)[:6])
             more = " ..." if len(offered) > 6 else ""
             bad.append(f"node {name} ({node.op}): {_strategy_text(node.inputs, node.output)} is not a strategy of this "
