@@ -74,14 +74,22 @@ def _saved_for_backward(tp: torch.nn.Module, ids: torch.Tensor) -> int:
 
 
 def _checkpointed_blocks(tp: autotp.TensorParallelModule, ids: torch.Tensor, plain: dict) -> dict:
-    """The same model compiled with activation_checkpointing="blocks" (same plan): its gradients' largest
-    difference from ``plain``, the blocks it checkpoints, and the tensors saved for backward with and without."""
+    """The same model compiled with activation_checkpointing="blocks" and outputs="local": its gradients'
+    largest difference from ``plain``, the blocks it checkpoints, the tensors saved for backward with and
+    without, its output placements and how far its logits are from this rank's block of ``tp``'s."""
     model, _, _ = models.tiny_llama(**_LLAMA)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         blocks = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
-                                plan=tp.plan, activation_checkpointing="blocks")
-    saved = {"saved_plain": _saved_for_backward(tp, ids), "saved_blocks": _saved_for_backward(blocks, ids)}
+                                activation_checkpointing="blocks", outputs="local")
+    with torch.no_grad():
+        whole, local = tp(ids, labels=ids), blocks(ids, labels=ids)
+    width = whole.logits.shape[-1] // tp.world_size
+    mine = whole.logits[..., tp.rank * width:(tp.rank + 1) * width]
+    outputs = {"placements": blocks.output_placements, "local_shape": tuple(local.logits.shape),
+               "logits_difference": (local.logits - mine).abs().max().item() if local.logits.shape == mine.shape
+               else float("inf"), "loss_difference": abs(local.loss.item() - whole.loss.item())}
+    saved = {"saved_plain": _saved_for_backward(tp, ids), "saved_blocks": _saved_for_backward(blocks, ids), **outputs}
     tp.zero_grad(set_to_none=True)
     grads = dict(blocks.named_parameters())
     difference = max((grads[name].grad - plain[name]).abs().max().item() / plain[name].abs().max().item()
@@ -93,7 +101,8 @@ def _checkpointed_blocks(tp: autotp.TensorParallelModule, ids: torch.Tensor, pla
 def test_dcp_resume_and_activation_checkpointing(gloo, tmp_path) -> None:
     """tp=2, Llama: torch.utils.checkpoint around the call recomputes (collectives included) to the
     same gradients; so does activation_checkpointing="blocks" (each of the 2 layers checkpointed,
-    under half the tensors saved for backward, gradients within 1e-6); a DCP checkpoint of shards + AdamW state resumes to the same next two losses
+    under half the tensors saved for backward, gradients within 1e-6), compiled with outputs="local"
+    (the loss whole, this rank's vocabulary block of the logits, S(2)); a DCP checkpoint of shards + AdamW state resumes to the same next two losses
     (the second depends on the optimizer state)."""
     results = gloo.run(2, _resume_and_checkpoint, str(tmp_path / "step2"))
     for rank, r in enumerate(results):
@@ -103,6 +112,11 @@ def test_dcp_resume_and_activation_checkpointing(gloo, tmp_path) -> None:
         assert r["block_difference"] <= 1e-6, (
             f"rank {rank}: per-block checkpointed gradients differ by {r['block_difference']:.3g} relative, "
             "expected <= 1e-6")
+        assert r["placements"] == ("R", "S(2)"), f"rank {rank}: outputs='local' placements {r['placements']}"
+        assert r["local_shape"] == (2, 8, 48), f"rank {rank}: local logits {r['local_shape']}, expected (2, 8, 48)"
+        assert r["logits_difference"] <= 1e-5 and r["loss_difference"] <= 1e-6, (
+            f"rank {rank}: local logits differ from the rank's block of the whole ones by {r['logits_difference']}, "
+            f"loss by {r['loss_difference']}")
         assert r["saved_blocks"] < r["saved_plain"] // 2, (
             f"rank {rank}: {r['saved_blocks']} tensors saved for backward with checkpointed blocks, expected fewer "
             f"than half of the {r['saved_plain']} saved without")
