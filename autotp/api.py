@@ -29,6 +29,7 @@ from autotp.capture import (
 )
 from autotp.cost_model import Hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
+from autotp.passes.random_streams import check_dropout
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
@@ -80,6 +81,7 @@ def plan(
     training: bool = False,
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
     outputs: str = "replicated",
+    dropout: str = "replicated",
 ) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -118,6 +120,8 @@ def plan(
 
     ``outputs="local"`` plans outputs returned as computed (a split output is not gathered, and
     its gather is not priced) instead of whole on every rank (see :mod:`autotp.planning.outputs`).
+    ``dropout="split"`` lets dropout run on split activations (per-rank random streams, as
+    Megatron-LM's; :mod:`autotp.passes.random_streams`) instead of gathering them first.
 
     ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
     returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
@@ -129,7 +133,8 @@ def plan(
     """
     check_model(model)
     if parallelism != "tp" or mesh is not None:
-        if max_cache_len is not None or constraints is not None or training or outputs != "replicated":
+        if (max_cache_len is not None or constraints is not None or training or outputs != "replicated"
+                or dropout != "replicated"):
             raise ValueError("max_cache_len=, constraints=, training=True and outputs= plan one tensor-parallel "
                              "group; leave them out with parallelism='auto' or mesh=")
         from autotp.planning.mesh_search import plan_mesh
@@ -140,7 +145,7 @@ def plan(
                          throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
-                          optimizer_states=optimizer_states, outputs=outputs)
+                          optimizer_states=optimizer_states, outputs=outputs, dropout=dropout)
     if max_cache_len is not None:
         from autotp.generation import generation_inputs
 
@@ -179,6 +184,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     mesh: Any = None,
     activation_checkpointing: str | None = None,
     outputs: str = "replicated",
+    dropout: str = "replicated",
 ) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -235,6 +241,13 @@ def compile(  # noqa: A001 - mirrors torch.compile
     training step returning its loss (whole) and this rank's vocabulary block of the logits, which
     are then never gathered (:mod:`autotp.planning.outputs`). Not with ``max_cache_len=`` or ``mesh=``.
 
+    ``dropout``: ``"replicated"`` (default) draws every dropout mask whole from the shared random
+    stream (the same on every rank: the loss equals one process's with the same seed), gathering a
+    split activation first; ``"split"`` (with ``training=True``) lets the planner keep it split, each
+    rank masking its block from its own stream seeded ``torch.initial_seed() + 2718 + rank``
+    (Megatron-LM's model-parallel RNG), while replicated activations keep the shared stream
+    (:mod:`autotp.passes.random_streams`).
+
     ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
     "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
     parallel instead (inference) and returns a :class:`~autotp.runtime.mesh.MeshParallelModule`
@@ -255,6 +268,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                                 check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
                                                 dynamic=dynamic))
     check_activation_checkpointing(activation_checkpointing, training)
+    if check_dropout(dropout) != "replicated" and not training:
+        raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
     if check_outputs(outputs) != "replicated" and (mesh is not None or max_cache_len is not None):
         raise ValueError("outputs='local' with mesh= or max_cache_len= is not supported: those return whole outputs "
                          "(generate() returns token ids); leave outputs= out")
@@ -274,13 +289,14 @@ def compile(  # noqa: A001 - mirrors torch.compile
         plan = as_plan(plan)
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                               time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
-                              outputs=outputs)
+                              outputs=outputs, dropout=dropout)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
                                 **({"activation_checkpointing": activation_checkpointing}
                                    if activation_checkpointing is not None else {}),
                                 **({"outputs": outputs} if outputs != "replicated" else {}),
+                                **({"dropout": dropout} if dropout != "replicated" else {}),
                                 **({"expected_new_tokens": check_expected_new_tokens(expected_new_tokens)}
                                    if max_cache_len is not None else {}))
         if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now

@@ -53,7 +53,8 @@ def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> 
         if plan.parameters.get(fqn) != node.output:
             problems.append(f"parameter {fqn}: 'parameters' says {plan.parameters.get(fqn)!r} but its node {name} "
                             f"says {node.output!r}; edit both to the same placement")
-    graph = build_strategy_graph(captured.graph_module, world_size, fqns, frozenset(captured.state))
+    # a sampling op on a split activation is valid: the rank-local graph draws it from a per-rank stream
+    graph = build_strategy_graph(captured.graph_module, world_size, fqns, frozenset(captured.state), split_random=True)
     bad = []
     splits_dynamic = False
     for name in graph.order:

@@ -209,7 +209,8 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     started = time.perf_counter()
     hw = options.hardware_profile
     graph = build_strategy_graph(captured.graph_module, options.world_size,
-                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state),
+                                 split_random=options.dropout == "split")
     if options.strategy_filter is not None:
         graph = _narrowed(graph, options.strategy_filter(graph))
     graph = apply_constraints(graph, options.constraints)

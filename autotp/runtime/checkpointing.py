@@ -18,7 +18,8 @@ block's inputs, and the backward runs the block's forward again before its backw
   Every rank has the same blocks with the same nodes and autograd reaches them in the same
   order, so the ranks issue the recomputed collectives alike.
 - **Random numbers**: the checkpoint restores the CPU (and device) generator state before the
-  recomputation (``preserve_rng_state=True``), so dropout draws the same masks again.
+  recomputation (``preserve_rng_state=True``), so dropout draws the same masks again; a block with
+  dropout on split activations also replays this rank's own stream (``dropout="split"``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from autotp.base.module_paths import block_name
 from autotp.passes.adjoints import ReshardNode
+from autotp.passes.random_streams import RankStream
 from autotp.planning.plan import module_path
 
 __all__ = ["ACTIVATION_CHECKPOINTING", "CheckpointedBlock", "block_runs_of", "check_activation_checkpointing",
@@ -42,17 +44,38 @@ ACTIVATION_CHECKPOINTING = (None, "blocks")
 
 
 class CheckpointedBlock(torch.nn.Module):
-    """One block's submodule, called through ``torch.utils.checkpoint`` (non-reentrant) in grad mode."""
+    """One block's submodule, called through ``torch.utils.checkpoint`` (non-reentrant) in grad mode.
+
+    The checkpoint restores the default generators before recomputing; a block with dropout on split
+    activations also replays this rank's own stream (:class:`~autotp.passes.random_streams.RankStreams`)
+    from where the forward left it, so the recomputed masks are the forward's.
+    """
 
     def __init__(self, block: fx.GraphModule, name: str) -> None:
         super().__init__()
         self.block = block
         self.name = name
+        self.streams = next((node.target.streams for node in block.graph.nodes
+                             if isinstance(node.target, RankStream)), None)
 
     def forward(self, *args: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.block(*args)
-        return checkpoint(self.block, *args, use_reentrant=False)
+        streams = self.streams
+        if streams is None:
+            return checkpoint(self.block, *args, use_reentrant=False)
+        snapshot = streams.snapshot()
+        calls = 0
+
+        def run(*inputs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return self.block(*inputs)
+            with streams.replaying(snapshot):  # the recomputation
+                return self.block(*inputs)
+
+        return checkpoint(run, *args, use_reentrant=False)
 
     def extra_repr(self) -> str:
         return f"block={self.name!r}"

@@ -188,6 +188,14 @@ class TensorParallelModule(torch.nn.Module):
                 if param.numel() > 0 or str(slot.target) in self.layout:
                     yield prefix + ("." if prefix else "") + str(slot.target), param
 
+    def manual_seed(self, seed: int) -> None:
+        """Seed dropout on this rank (call on every rank with the same ``seed``): the shared stream
+        (``torch.manual_seed``) and, with ``dropout="split"``, this rank's own stream
+        (:func:`autotp.passes.random_streams.manual_seed`)."""
+        from autotp.passes.random_streams import manual_seed
+
+        manual_seed(self.graph_module, seed, self.rank)
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The original model's ``state_dict``: full tensors gathered from every rank's shards (call on every rank).
 
