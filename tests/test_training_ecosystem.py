@@ -168,3 +168,75 @@ def test_fsdp2_over_tensor_parallel(gloo) -> None:
         assert r["sharded"] == "DTensor", f"rank {rank}: FSDP2 should hold the parameters as DTensors, got {r['sharded']}"
         for step, (got, want) in enumerate(zip(r["losses"], r["expected"])):
             assert abs(got - want) <= 1e-5 * abs(want), f"rank {rank} step {step}: loss {got}, single process {want}"
+
+
+def _dropout_probes(tp: autotp.TensorParallelModule, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """One forward of ``tp`` in which every sampling node runs on a probe (dropout of ones; attention with
+    uniform scores over values of ones), so its output shows its mask: ``{"split": [...], "replicated": [...]}``."""
+    from torch.fx import Interpreter
+
+    from autotp.capture import draws_random_numbers
+    from autotp.passes.random_streams import RankStream
+
+    probes: dict[str, list[torch.Tensor]] = {"split": [], "replicated": []}
+
+    class Probe(Interpreter):
+        def run_node(self, node: torch.fx.Node) -> object:
+            split = isinstance(node.target, RankStream)
+            if node.op != "call_function" or not (split or draws_random_numbers(node)):
+                return super().run_node(node)
+            args, kwargs = self.fetch_args_kwargs_from_env(node)
+            op = node.target.target if split else node.target
+            if op is torch.ops.aten.scaled_dot_product_attention.default:
+                args = (torch.zeros_like(args[0]), torch.zeros_like(args[1]), torch.ones_like(args[2]), *args[3:])
+            else:
+                args = (torch.ones_like(args[0]), *args[1:])
+            out = node.target(*args, **kwargs)
+            probes["split" if split else "replicated"].append(out.detach().clone())
+            return out
+
+    values = [tp._local[s.name] if s.kind == "parameter" else ids if s.kind == "user" else getattr(tp, s.name)
+              for s in tp._slots]
+    with torch.no_grad():
+        Probe(tp.graph_module).run(*values)
+    return probes
+
+
+def _dropout_streams(rank: int, world_size: int) -> dict:
+    """GPT-2 (dropout 0.1) compiled with dropout="split": its loss, and its sampling nodes' masks after
+    tp.manual_seed(7), twice."""
+    model, (ids,), _ = models.tiny_gpt2(num_heads=4, hidden=48, layers=2, vocab_size=96, seq_len=8)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
+                            dynamic=False, dropout="split")
+    tp.manual_seed(7)
+    loss = tp(ids, labels=ids).loss
+    loss.backward()
+    tp.manual_seed(7)
+    first = _dropout_probes(tp, ids)
+    tp.manual_seed(7)
+    return {"loss": loss.item(), "first": first, "again": _dropout_probes(tp, ids),
+            "gradients": all(p.grad is not None for p in tp.parameters())}
+
+
+def test_dropout_streams_per_rank(gloo) -> None:
+    """tp=2, GPT-2 with dropout 0.1, dropout="split": attention (split by heads) draws its dropout from a
+    per-rank stream, so its masks differ between the ranks; the replicated (and partial) dropouts draw
+    from the shared stream, so their masks are equal on both ranks; after tp.manual_seed(7) both kinds
+    repeat exactly; a training step runs and its loss is the same on both ranks."""
+    results = gloo.run(2, _dropout_streams)
+    for rank, r in enumerate(results):
+        assert r["gradients"], f"rank {rank}: a parameter got no gradient"
+        assert len(r["first"]["split"]) == 2, f"rank {rank}: {len(r['first']['split'])} split dropouts, expected 2 (attention)"
+        assert r["first"]["replicated"], f"rank {rank}: no dropout on the shared stream"
+        for kind in ("split", "replicated"):
+            same = all(torch.equal(a, b) for a, b in zip(r["first"][kind], r["again"][kind], strict=True))
+            assert same, f"rank {rank}: {kind} dropout masks differ after the same tp.manual_seed(7)"
+    assert results[0]["loss"] == results[1]["loss"], f"losses differ between ranks: {results[0]['loss']} vs {results[1]['loss']}"
+    for index, (a, b) in enumerate(zip(results[0]["first"]["replicated"], results[1]["first"]["replicated"], strict=True)):
+        assert torch.equal(a, b), f"replicated dropout {index}: the ranks drew different masks"
+    for index, (a, b) in enumerate(zip(results[0]["first"]["split"], results[1]["first"]["split"], strict=True)):
+        assert a.shape == b.shape and not torch.equal(a, b), (
+            f"split dropout {index}: the ranks drew the same mask (shapes {tuple(a.shape)}, {tuple(b.shape)})")
