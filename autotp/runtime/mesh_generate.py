@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autotp.planning.even_stages import even_parallel_plan, layer_blocks
-from autotp.planning.mesh_plan import ParallelPlan
+from autotp.planning.mesh_plan import ParallelPlan, as_parallel_plan
 from autotp.runtime.agreement import (
     DEFAULT_AGREEMENT_TIMEOUT_S,
     check_timeout,
@@ -314,7 +315,7 @@ class MeshGenerationModule(nn.Module):
 # --------------------------------------------------------------------------- compile
 
 def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...], max_cache_len: int,
-                               plan: ParallelPlan | None, expected_new_tokens: int,
+                               plan: ParallelPlan | str | os.PathLike[str] | None, expected_new_tokens: int,
                                **tp_options: Any) -> MeshGenerationModule:
     """This rank's :class:`MeshGenerationModule` (see the module docstring). ``tp_options``: the planning
     options of :func:`autotp.compile` (hardware, memory_budget, strict, time_limit_s, progress,
@@ -335,6 +336,7 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
         if batch < shape.dp:
             raise ValueError(f"the example ids have {batch} row(s) but the mesh has dp={shape.dp} replicas, each "
                              f"with a cache for its slice of the rows; pass at least {shape.dp} rows")
+        plan = as_parallel_plan(plan)
         plan = check_plan_for_mesh(plan if plan is not None else even_parallel_plan(model, shape), shape, model)
         record = _mesh_record(plan, example_inputs, {})
         record.update(max_cache_len=max_cache_len, expected_new_tokens=expected_new_tokens,
