@@ -263,6 +263,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                 plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
                                 max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
+                                expected_new_tokens=expected_new_tokens,
                                 tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
                                                 time_limit_s=time_limit_s, progress=progress, constraints=constraints,
                                                 check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
@@ -333,18 +334,25 @@ def compile(  # noqa: A001 - mirrors torch.compile
 def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                      example_kwargs: dict[str, Any] | None, plan: Any, world_size: int | None,
                      group: dist.ProcessGroup | None, checkpoint: Any, max_cache_len: int | None,
-                     dynamic_shapes: Any, tp_options: dict[str, Any]) -> Any:
+                     dynamic_shapes: Any, expected_new_tokens: int, tp_options: dict[str, Any]) -> Any:
     """``compile(..., mesh=)``: the options a mesh run does not take raise here, the rest is
-    :func:`autotp.runtime.mesh.compile_on_mesh`."""
+    :func:`autotp.runtime.mesh.compile_on_mesh` (:func:`autotp.runtime.mesh_generate.compile_generation_on_mesh`
+    with ``max_cache_len``)."""
     from autotp.runtime.mesh import compile_on_mesh
 
-    unsupported = {"group": group, "world_size": world_size, "checkpoint": checkpoint,
-                   "max_cache_len": max_cache_len, "dynamic_shapes": dynamic_shapes}
+    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes, "checkpoint": checkpoint}
+    if max_cache_len is not None:
+        unsupported["example_kwargs"] = example_kwargs or None
     given = [name for name, value in unsupported.items() if value is not None]
     if given:
-        raise ValueError(f"autotp.compile(mesh=...) does not take {', '.join(f'{n}=' for n in given)}: the mesh "
-                         "gives the groups and sizes; drop them (checkpoint= and max_cache_len= with a mesh are "
-                         "not supported yet)")
+        raise ValueError(f"autotp.compile(mesh=...{', max_cache_len=...' if max_cache_len is not None else ''}) "
+                         f"does not take {', '.join(f'{n}=' for n in given)}: the mesh gives the groups and sizes; "
+                         "drop them (checkpoint= with mesh= and max_cache_len= is not supported yet)")
+    if max_cache_len is not None:
+        from autotp.runtime.mesh_generate import compile_generation_on_mesh
+
+        return compile_generation_on_mesh(model, mesh, example_inputs=example_inputs, max_cache_len=max_cache_len,
+                                          plan=plan, expected_new_tokens=expected_new_tokens, **tp_options)
     return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
                            **tp_options)
 
