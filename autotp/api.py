@@ -55,6 +55,7 @@ from autotp.runtime.checkpointing import check_activation_checkpointing, checkpo
 from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
+from autotp.trace_cache import open_trace_cache
 
 __all__ = ["compile", "plan"]
 
@@ -185,6 +186,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     activation_checkpointing: str | None = None,
     outputs: str = "replicated",
     dropout: str = "replicated",
+    trace_cache: bool | str | os.PathLike[str] | None = False,
 ) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -255,6 +257,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
     stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
     See :mod:`autotp.runtime.mesh`.
+
+    ``trace_cache``: reuse the program ``torch.export`` made of this model and these inputs' specs
+    before (tracing is most of a large model's load time): ``True`` for ``$AUTOTP_CACHE_DIR``
+    (default ``~/.cache/autotp``; ``$AUTOTP_CACHE=0`` turns it off), a directory, or ``False``
+    (default here; :func:`autotp.from_pretrained` and :func:`autotp.load` default to ``True``).
+    See :mod:`autotp.trace_cache`.
     """
     if mesh is not None and training:
         raise ValueError("autotp.compile(mesh=..., training=True) is not supported yet: a mesh runs inference; "
@@ -306,7 +314,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
             captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
-                               training=training)
+                               training=training, trace_cache=open_trace_cache(trace_cache, checkpoint))
             if training and (fingerprint := random_state_fingerprint(captured.graph_module)) is not None:
                 # dropout: every rank must draw the same masks (seed every rank alike before compiling)
                 agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint
