@@ -5,21 +5,25 @@ An op timed alone in a tight loop runs with warm caches and a warm dispatch path
 graph of two hundred different ops, on real-size tensors, costs several times more on the host,
 and a collective in a graph waits for the slowest rank, which a collective timed back to back
 (ranks already in step) never does. So the per-node and per-collective terms are not measured on
-one op: :func:`measure_graphs` builds rank-local graphs shaped like a tensor-parallel transformer
-(RMSNorm, q/k/v and output projections, SDPA, a gated MLP, an all-reduce after each row-split
-projection, as the rewrite emits them) at several depths, widths and token counts, runs each by
-calling its ``GraphModule`` (what ``TensorParallelModule`` does), timed per rank after a barrier
-with the slowest rank counting, and :func:`fit_host_terms` solves
+one op: :func:`measure_graphs` builds rank-local graphs with the op mix of the graphs the rewrite
+emits for HuggingFace models (:data:`GRAPH_FAMILIES`: the prologue of position ids, causal mask and
+lookups; Llama-like and GPT-like blocks; an all-reduce after each row-split projection) at several
+depths, widths and token counts, and one graph of a single norm (the call of a graph and little
+else); runs each by calling its ``GraphModule`` (what ``TensorParallelModule`` does), after a
+barrier on every rank, timing each call on the wall clock (the slowest rank counting) and on the
+work clock (:func:`work_clock`: the rank's own CPU time); and :func:`fit_host_terms` fits
 
-    measured_s - device_s - view_nodes * view_op_s - link_s
-        = kernel_nodes * host_dispatch_s + collectives * collective_wait_s + graph_launch_s
+    work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
+    seconds = (work_s) / core_share + link_s + collectives * collective_wait_s
 
-by non-negative least squares on relative error (every row divided by its measured time), where
-``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
-no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed
-cost, and the calibrated profile sets ``kernel_floor_s`` to 0) and ``link_s`` the alpha-beta time of its collectives on the link fitted back to
-back. What the fit adds is what a graph costs beyond its kernels and its link: the host's
-dispatch per node, the wait per collective, the call of the graph.
+where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
+no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
+and the calibrated profile sets ``kernel_floor_s`` to 0), ``link_s`` the alpha-beta time of its
+collectives on the link fitted back to back, and ``core_share`` the share of a core a rank got
+running the graphs without collectives (1/2 for four single-thread ranks on two idle cores).
+What the fit adds is what a graph costs beyond its kernels and its link: the host's dispatch per
+node, the call of the graph, the wait per collective for the slowest rank (a median over graphs,
+so that one disturbed run does not move it).
 
 Two rates are fitted on single ops first, because the graph fit stands on them:
 
