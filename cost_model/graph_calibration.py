@@ -123,7 +123,7 @@ class GraphSample:
     ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
     time; ``seconds``: median over runs of the slowest rank's time for one call (wall clock);
     ``work_s``: median over runs of this rank's own work per call (:func:`work_clock`; 0.0: not
-    measured); ``core_share``: median over runs of that work over the slowest rank's wall time, the
+    measured); ``core_share``: the work of all runs over the slowest rank's wall time of all runs, the
     share of a core the graph got (1.0 alone on an idle core; 1/2 with four single-thread ranks on
     two cores; lower when other processes load the machine).
     """
@@ -501,10 +501,12 @@ def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: 
         slowest = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         times = slowest.tolist()
-    shares = [min(1.0, w / t) for w, t in zip(work, times) if t > 0]
+    # the share over all runs together (total work over total wall time), not a median of runs: a
+    # call shorter than the scheduler's time slice mostly runs uninterrupted, and the median of
+    # such calls would miss the pauses that a longer call (a model's forward) does take
+    share = min(1.0, sum(work) / sum(times)) if sum(times) > 0 else 1.0
     return GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
-                       tuple(recorder.collectives), statistics.median(times), statistics.median(work),
-                       statistics.median(shares) if shares else 1.0)
+                       tuple(recorder.collectives), statistics.median(times), statistics.median(work), share)
 
 
 def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:
