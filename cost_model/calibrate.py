@@ -157,7 +157,8 @@ class CalibrationConfig:
             transcendental_numel=2**18,
             graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64, family="gpt"),
                           GraphShape(3, 2, 64, collectives=False), GraphShape(2, 16, 128, collectives=False, family="gpt"),
-                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256), GraphShape(0, 2, 64)),
+                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256),
+                          GraphShape(3, 32, 256, collectives=False), GraphShape(0, 2, 64)),
             graph_runs=11,
         )
 

@@ -211,8 +211,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     1. the dispatch per kernel node and the call of the graph, by non-negative least squares on
        relative error over the work of every graph (a column per collective takes the host work
        of issuing and waiting on one, which belongs to the wait below, not to a node);
-    2. the share of a core a rank gets (:attr:`GraphSample.core_share`), the median over the
-       graphs without collectives: every work term becomes wall time divided by it (the
+    2. the share of a core a rank gets (:attr:`GraphSample.core_share`) over the graphs without
+       collectives together (their total work over their total wall time): every work term
+       becomes wall time divided by it (the
        returned dispatch and call, and :func:`~.calibrate.build_profile` the kernel rates);
     3. the wait per collective: the median over the graphs with collectives of what their
        slowest rank's wall time has beyond their predicted kernels, nodes, call and link, per
@@ -240,8 +241,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         target.append((sample.work_s - sample.device_s - sample.view_nodes * view_op_s) * weight)
     solution, _ = nnls(np.asarray(rows), np.asarray(target))
     dispatch_work_s, launch_work_s = float(solution[0]), float(solution[1])
-    alone = [sample.core_share for sample in samples if not sample.collectives]
-    share = statistics.median(alone or [sample.core_share for sample in samples])
+    # over the graphs together, each weighing by its time (the longest calls are the most like a forward)
+    alone = [sample for sample in samples if not sample.collectives] or list(samples)
+    share = sum(sample.work_s for sample in alone) / sum(sample.work_s / sample.core_share for sample in alone)
 
     def wall_without_wait_s(sample: GraphSample) -> float:
         work_s = (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
