@@ -328,7 +328,7 @@ def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, r
     (:data:`COLD_WEIGHT_BYTES`)."""
     generator = torch.Generator().manual_seed(0)
     copies = max(1, COLD_WEIGHT_BYTES // (width * width * 4))
-    weights = [torch.randn(width, width, generator=generator) for _ in range(copies)]
+    weights = torch.full((copies, width, width), 1.0 / width).unbind(0)  # values do not change a GEMM's time
     bias = torch.randn(width, generator=generator)
     samples = []
     for m in tokens:
