@@ -42,7 +42,7 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -322,6 +322,10 @@ call, long after the previous call evicted it); a weight reused in a tight loop 
 and runs up to twice as fast as the same GEMM in a graph."""
 
 
+def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torch.Tensor) -> torch.Tensor:
+    return aten.linear.default(x, next(weights), bias)
+
+
 def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
     """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens``
     (float32), each call on the next of enough distinct weights that none is in cache
@@ -333,8 +337,8 @@ def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, r
     samples = []
     for m in tokens:
         x = torch.randn(m, width, generator=generator)
-        turn = itertools.cycle(weights)
-        seconds = median_work_s(lambda x=x, turn=turn: aten.linear.default(x, next(turn), bias), min_time_s, repeats)
+        seconds = median_work_s(functools.partial(_linear_on_next, x, itertools.cycle(weights), bias), min_time_s,
+                                repeats)
         samples.append(GemmSample(m, width, width, seconds))
     return samples
 
