@@ -82,6 +82,7 @@ def plan(
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
     outputs: str = "replicated",
     dropout: str = "replicated",
+    activation_checkpointing: str | None = None,
 ) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -122,6 +123,8 @@ def plan(
     its gather is not priced) instead of whole on every rank (see :mod:`autotp.planning.outputs`).
     ``dropout="split"`` lets dropout run on split activations (per-rank random streams, as
     Megatron-LM's; :mod:`autotp.passes.random_streams`) instead of gathering them first.
+    ``activation_checkpointing="blocks"`` (with ``training``) prices checkpointed blocks: activations
+    kept are the blocks' inputs plus one block's, and each block's forward runs again.
 
     ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
     returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
@@ -134,7 +137,7 @@ def plan(
     check_model(model)
     if parallelism != "tp" or mesh is not None:
         if (max_cache_len is not None or constraints is not None or training or outputs != "replicated"
-                or dropout != "replicated"):
+                or dropout != "replicated" or activation_checkpointing is not None):
             raise ValueError("max_cache_len=, constraints=, training=True and outputs= plan one tensor-parallel "
                              "group; leave them out with parallelism='auto' or mesh=")
         from autotp.planning.mesh_search import plan_mesh
@@ -145,7 +148,8 @@ def plan(
                          throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
-                          optimizer_states=optimizer_states, outputs=outputs, dropout=dropout)
+                          optimizer_states=optimizer_states, outputs=outputs, dropout=dropout,
+                          activation_checkpointing=activation_checkpointing)
     if max_cache_len is not None:
         from autotp.generation import generation_inputs
 
@@ -289,7 +293,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         plan = as_plan(plan)
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                               time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
-                              outputs=outputs, dropout=dropout)
+                              outputs=outputs, dropout=dropout, activation_checkpointing=activation_checkpointing)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
