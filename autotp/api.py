@@ -254,29 +254,30 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
     ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
     "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
-    parallel instead (inference) and returns a :class:`~autotp.runtime.mesh.MeshParallelModule`
-    whose output on every rank is the whole batch's; ``plan=`` then takes a
+    parallel instead and returns a :class:`~autotp.runtime.mesh.MeshParallelModule` whose output on
+    every rank is the whole batch's (with ``training=True``, on a mesh without ``pp``: each
+    data-parallel replica's output for its slice of the batch, gradients averaged over ``dp``);
+    ``plan=`` then takes a
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
     stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
     See :mod:`autotp.runtime.mesh`.
     """
-    if mesh is not None and training:
-        raise ValueError("autotp.compile(mesh=..., training=True) is not supported yet: a mesh runs inference; "
-                         "train tensor parallel with group= (one tensor-parallel group) instead")
-    if mesh is not None:
-        return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
-                                plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
-                                max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
-                                tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
-                                                time_limit_s=time_limit_s, progress=progress, constraints=constraints,
-                                                check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
-                                                dynamic=dynamic))
     check_activation_checkpointing(activation_checkpointing, training)
     if check_dropout(dropout) != "replicated" and not training:
         raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
     if check_outputs(outputs) != "replicated" and (mesh is not None or max_cache_len is not None):
         raise ValueError("outputs='local' with mesh= or max_cache_len= is not supported: those return whole outputs "
                          "(generate() returns token ids); leave outputs= out")
+    if mesh is not None:
+        training_options = {"training": True, "dropout": dropout,
+                            "activation_checkpointing": activation_checkpointing} if training else {}
+        return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
+                                plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
+                                max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
+                                tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
+                                                time_limit_s=time_limit_s, progress=progress, constraints=constraints,
+                                                check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
+                                                dynamic=dynamic, **training_options))
     if training and max_cache_len is not None:
         raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
                          "compile once with training=True to train and once with max_cache_len= to generate")

@@ -240,3 +240,46 @@ def test_dropout_streams_per_rank(gloo) -> None:
     for index, (a, b) in enumerate(zip(results[0]["first"]["split"], results[1]["first"]["split"], strict=True)):
         assert a.shape == b.shape and not torch.equal(a, b), (
             f"split dropout {index}: the ranks drew the same mask (shapes {tuple(a.shape)}, {tuple(b.shape)})")
+
+
+def _train_on_mesh(rank: int, world_size: int, steps: int) -> dict:
+    """dp=2 x tp=2 through autotp.compile(mesh=..., training=True): every rank passes the whole batch, each
+    replica trains on its row. Returns the replica's losses, the single process's on the whole batch, and
+    the largest difference of the trained weights from the single process's."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    config = {**_LLAMA, "layers": 1}
+    model, (ids,), _ = models.tiny_llama(batch=2, **config)
+    reference = models.tiny_llama(batch=2, **config)[0].train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model.train(), mesh=mesh, example_inputs=(ids,), example_kwargs={"labels": ids},
+                            training=True)
+    optimizer = torch.optim.AdamW(tp.parameters(), lr=1e-2)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    losses, expected = [], []
+    for _ in range(steps):
+        for module, opt, out in ((tp, optimizer, losses), (reference, reference_optimizer, expected)):
+            loss = module(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+    full, want = tp.full_state_dict(), reference.state_dict()
+    weights = max((full[k] - want[k]).abs().max().item() / want[k].abs().max().item() for k in want)
+    return {"losses": losses, "expected": expected, "weights": weights, "replica": tp.replica_index}
+
+
+def test_training_over_a_dp_tp_mesh(gloo) -> None:
+    """dp=2 x tp=2 (autotp.compile(mesh=..., training=True)), Llama: each replica returns its row's loss, and
+    gradients averaged over dp make 3 AdamW steps equal the single process's on the whole batch: the mean
+    of the two replicas' losses is its loss (<= 1e-5 relative), and the trained weights are its weights."""
+    results = gloo.run(4, _train_on_mesh, 3)
+    by_replica = {r["replica"]: r for r in results}
+    assert sorted(by_replica) == [0, 1], f"replica indices {[r['replica'] for r in results]}"
+    for step, want in enumerate(results[0]["expected"]):
+        got = (by_replica[0]["losses"][step] + by_replica[1]["losses"][step]) / 2
+        assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: mean of the replicas' losses {got}, single process {want}"
+    for rank, r in enumerate(results):
+        assert r["weights"] <= 1e-4, f"rank {rank}: trained weights differ from one process's by {r['weights']:.3g} relative"
