@@ -55,6 +55,7 @@ from autotp.runtime.checkpointing import check_activation_checkpointing, checkpo
 from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
+from autotp.trace_cache import open_trace_cache
 
 __all__ = ["compile", "plan"]
 
@@ -189,6 +190,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     activation_checkpointing: str | None = None,
     outputs: str = "replicated",
     dropout: str = "replicated",
+    trace_cache: bool | str | os.PathLike[str] | None = False,
 ) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -261,8 +263,17 @@ def compile(  # noqa: A001 - mirrors torch.compile
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
     stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
     See :mod:`autotp.runtime.mesh`.
+
+    ``trace_cache``: reuse the program ``torch.export`` made of this model and these inputs' specs
+    before (tracing is most of a large model's load time): ``True`` for ``$AUTOTP_CACHE_DIR``
+    (default ``~/.cache/autotp``; ``$AUTOTP_CACHE=0`` turns it off), a directory, or ``False``
+    (default here; :func:`autotp.from_pretrained` and :func:`autotp.load` default to ``True``).
+    See :mod:`autotp.trace_cache`.
     """
     check_activation_checkpointing(activation_checkpointing, training)
+    if training and max_cache_len is not None:
+        raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
+                         "compile once with training=True to train and once with max_cache_len= to generate")
     if check_dropout(dropout) != "replicated" and not training:
         raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
     if check_outputs(outputs) != "replicated" and (mesh is not None or max_cache_len is not None):
@@ -274,13 +285,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
         return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                 plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
                                 max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
+                                expected_new_tokens=expected_new_tokens,
                                 tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
                                                 time_limit_s=time_limit_s, progress=progress, constraints=constraints,
                                                 check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
                                                 dynamic=dynamic, **training_options))
-    if training and max_cache_len is not None:
-        raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
-                         "compile once with training=True to train and once with max_cache_len= to generate")
     timeout_s = check_timeout(agreement_timeout_s)
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
         check_model(model)
@@ -310,7 +319,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
             captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
-                               training=training)
+                               training=training, trace_cache=open_trace_cache(trace_cache, checkpoint))
             if training and (fingerprint := random_state_fingerprint(captured.graph_module)) is not None:
                 # dropout: every rank must draw the same masks (seed every rank alike before compiling)
                 agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint
@@ -338,18 +347,25 @@ def compile(  # noqa: A001 - mirrors torch.compile
 def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                      example_kwargs: dict[str, Any] | None, plan: Any, world_size: int | None,
                      group: dist.ProcessGroup | None, checkpoint: Any, max_cache_len: int | None,
-                     dynamic_shapes: Any, tp_options: dict[str, Any]) -> Any:
+                     dynamic_shapes: Any, expected_new_tokens: int, tp_options: dict[str, Any]) -> Any:
     """``compile(..., mesh=)``: the options a mesh run does not take raise here, the rest is
-    :func:`autotp.runtime.mesh.compile_on_mesh`."""
+    :func:`autotp.runtime.mesh.compile_on_mesh` (:func:`autotp.runtime.mesh_generate.compile_generation_on_mesh`
+    with ``max_cache_len``)."""
     from autotp.runtime.mesh import compile_on_mesh
 
-    unsupported = {"group": group, "world_size": world_size, "checkpoint": checkpoint,
-                   "max_cache_len": max_cache_len, "dynamic_shapes": dynamic_shapes}
+    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes, "checkpoint": checkpoint}
+    if max_cache_len is not None:
+        unsupported["example_kwargs"] = example_kwargs or None
     given = [name for name, value in unsupported.items() if value is not None]
     if given:
-        raise ValueError(f"autotp.compile(mesh=...) does not take {', '.join(f'{n}=' for n in given)}: the mesh "
-                         "gives the groups and sizes; drop them (checkpoint= and max_cache_len= with a mesh are "
-                         "not supported yet)")
+        raise ValueError(f"autotp.compile(mesh=...{', max_cache_len=...' if max_cache_len is not None else ''}) "
+                         f"does not take {', '.join(f'{n}=' for n in given)}: the mesh gives the groups and sizes; "
+                         "drop them (checkpoint= with mesh= and max_cache_len= is not supported yet)")
+    if max_cache_len is not None:
+        from autotp.runtime.mesh_generate import compile_generation_on_mesh
+
+        return compile_generation_on_mesh(model, mesh, example_inputs=example_inputs, max_cache_len=max_cache_len,
+                                          plan=plan, expected_new_tokens=expected_new_tokens, **tp_options)
     return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
                            **tp_options)
 
