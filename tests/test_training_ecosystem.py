@@ -203,32 +203,45 @@ def _dropout_probes(tp: autotp.TensorParallelModule, ids: torch.Tensor) -> dict[
 
 
 def _dropout_streams(rank: int, world_size: int) -> dict:
-    """GPT-2 (dropout 0.1) compiled with dropout="split": its loss, and its sampling nodes' masks after
-    tp.manual_seed(7), twice."""
+    """GPT-2 (dropout 0.1) compiled with dropout="split": its loss, its sampling nodes' masks after
+    tp.manual_seed(7), twice, and how far the gradients of the same step with checkpointed blocks are."""
     model, (ids,), _ = models.tiny_gpt2(num_heads=4, hidden=48, layers=2, vocab_size=96, seq_len=8)
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
                             dynamic=False, dropout="split")
-    tp.manual_seed(7)
-    loss = tp(ids, labels=ids).loss
-    loss.backward()
+        blocks = autotp.compile(model, example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
+                                dynamic=False, dropout="split", plan=tp.plan, activation_checkpointing="blocks")
+    losses = []
+    for module in (tp, blocks):  # the recomputed blocks replay both streams: the same masks, the same gradients
+        module.manual_seed(7)
+        loss = module(ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+    plain, checkpointed = dict(tp.named_parameters()), dict(blocks.named_parameters())
+    # relative to each tensor's largest gradient (a key bias under softmax has a zero gradient: absolute there)
+    recomputed = max((checkpointed[k].grad - p.grad).abs().max().item() / max(p.grad.abs().max().item(), 1e-3)
+                     for k, p in plain.items())
     tp.manual_seed(7)
     first = _dropout_probes(tp, ids)
     tp.manual_seed(7)
-    return {"loss": loss.item(), "first": first, "again": _dropout_probes(tp, ids),
-            "gradients": all(p.grad is not None for p in tp.parameters())}
+    return {"loss": losses[0], "first": first, "again": _dropout_probes(tp, ids), "recomputed": recomputed,
+            "checkpointed_loss": losses[1], "gradients": all(p.grad is not None for p in tp.parameters())}
 
 
 def test_dropout_streams_per_rank(gloo) -> None:
     """tp=2, GPT-2 with dropout 0.1, dropout="split": attention (split by heads) draws its dropout from a
     per-rank stream, so its masks differ between the ranks; the replicated (and partial) dropouts draw
     from the shared stream, so their masks are equal on both ranks; after tp.manual_seed(7) both kinds
-    repeat exactly; a training step runs and its loss is the same on both ranks."""
+    repeat exactly; a training step runs and its loss is the same on both ranks; with
+    activation_checkpointing="blocks" (same plan) the recomputed masks are the forward's: equal gradients."""
     results = gloo.run(2, _dropout_streams)
     for rank, r in enumerate(results):
         assert r["gradients"], f"rank {rank}: a parameter got no gradient"
+        assert r["checkpointed_loss"] == r["loss"] and r["recomputed"] <= 1e-6, (
+            f"rank {rank}: with checkpointed blocks, loss {r['checkpointed_loss']} (expected {r['loss']}) and "
+            f"gradients {r['recomputed']:.3g} relative off (expected <= 1e-6): a recomputed mask differs")
         assert len(r["first"]["split"]) == 2, f"rank {rank}: {len(r['first']['split'])} split dropouts, expected 2 (attention)"
         assert r["first"]["replicated"], f"rank {rank}: no dropout on the shared stream"
         for kind in ("split", "replicated"):
