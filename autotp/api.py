@@ -160,7 +160,8 @@ def plan(
                           options)
     log_progress(progress, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, inputs_on_model_device(model, example_inputs),
-                       inputs_on_model_device(model, example_kwargs), dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+                       inputs_on_model_device(model, example_kwargs), dynamic=dynamic, dynamic_shapes=dynamic_shapes,
+                       training=training)  # a training plan may sample (dropout in train mode)
     return plan_graph(captured, options)
 
 
