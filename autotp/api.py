@@ -297,9 +297,9 @@ def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple
     with ``max_cache_len``)."""
     from autotp.runtime.mesh import compile_on_mesh
 
-    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes, "checkpoint": checkpoint}
+    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes}
     if max_cache_len is not None:
-        unsupported["example_kwargs"] = example_kwargs or None
+        unsupported.update(checkpoint=checkpoint, example_kwargs=example_kwargs or None)
     given = [name for name, value in unsupported.items() if value is not None]
     if given:
         raise ValueError(f"autotp.compile(mesh=...{', max_cache_len=...' if max_cache_len is not None else ''}) "
@@ -311,7 +311,7 @@ def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple
         return compile_generation_on_mesh(model, mesh, example_inputs=example_inputs, max_cache_len=max_cache_len,
                                           plan=plan, expected_new_tokens=expected_new_tokens, **tp_options)
     return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
-                           **tp_options)
+                           checkpoint=checkpoint, **tp_options)
 
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
