@@ -223,8 +223,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     parallel instead (inference) and returns a :class:`~autotp.runtime.mesh.MeshParallelModule`
     whose output on every rank is the whole batch's; ``plan=`` then takes a
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
-    stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
-    See :mod:`autotp.runtime.mesh`.
+    stages; or the path of one saved with ``ParallelPlan.save``). Not with ``group=`` or
+    ``world_size=``. With ``max_cache_len`` it is compiled for generation instead
+    (:class:`~autotp.runtime.mesh_generate.MeshGenerationModule`, whose ``generate`` returns the
+    whole batch on every rank); ``checkpoint=`` works on meshes without ``pp`` (and not with
+    ``max_cache_len``, as over one group). See :mod:`autotp.runtime.mesh` and
+    :mod:`autotp.runtime.mesh_generate`.
     """
     if mesh is not None and training:
         raise ValueError("autotp.compile(mesh=..., training=True) is not supported yet: a mesh runs inference; "
