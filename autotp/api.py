@@ -262,8 +262,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     data-parallel replica's output for its slice of the batch, gradients averaged over ``dp``);
     ``plan=`` then takes a
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
-    stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
-    See :mod:`autotp.runtime.mesh`.
+    stages; or the path of one saved with ``ParallelPlan.save``). Not with ``group=`` or
+    ``world_size=``. With ``max_cache_len`` it is compiled for generation instead
+    (:class:`~autotp.runtime.mesh_generate.MeshGenerationModule`, whose ``generate`` returns the
+    whole batch on every rank); ``checkpoint=`` works on meshes without ``pp`` (and not with
+    ``max_cache_len``, as over one group). See :mod:`autotp.runtime.mesh` and
+    :mod:`autotp.runtime.mesh_generate`.
 
     ``trace_cache``: reuse the program ``torch.export`` made of this model and these inputs' specs
     before (tracing is most of a large model's load time): ``True`` for ``$AUTOTP_CACHE_DIR``
@@ -354,9 +358,9 @@ def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple
     with ``max_cache_len``)."""
     from autotp.runtime.mesh import compile_on_mesh
 
-    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes, "checkpoint": checkpoint}
+    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes}
     if max_cache_len is not None:
-        unsupported["example_kwargs"] = example_kwargs or None
+        unsupported.update(checkpoint=checkpoint, example_kwargs=example_kwargs or None)
     given = [name for name, value in unsupported.items() if value is not None]
     if given:
         raise ValueError(f"autotp.compile(mesh=...{', max_cache_len=...' if max_cache_len is not None else ''}) "
@@ -368,7 +372,7 @@ def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple
         return compile_generation_on_mesh(model, mesh, example_inputs=example_inputs, max_cache_len=max_cache_len,
                                           plan=plan, expected_new_tokens=expected_new_tokens, **tp_options)
     return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
-                           **tp_options)
+                           checkpoint=checkpoint, **tp_options)
 
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,

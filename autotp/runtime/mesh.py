@@ -491,9 +491,13 @@ def default_microbatches(batch: int | None, shape: MeshShape) -> int:
 
 def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                     example_kwargs: dict[str, Any] | None, plan: ParallelPlan | str | os.PathLike[str] | None,
-                    **tp_options: Any) -> MeshParallelModule:
+                    checkpoint: str | os.PathLike[str] | None = None, **tp_options: Any) -> MeshParallelModule:
     """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh`. ``tp_options`` go to
-    :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...)."""
+    :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...).
+
+    ``checkpoint`` (``pp == 1``): each rank reads its tensor-parallel shards from it
+    (:mod:`autotp.runtime.loading`), so ``model`` may be on the meta device; the model is compiled
+    through :func:`autotp.compile` on every replica (over a group of one where ``tp == 1``)."""
     from autotp.api import compile as compile_tp
 
     timeout_s = check_timeout(tp_options.get("agreement_timeout_s", DEFAULT_AGREEMENT_TIMEOUT_S))
@@ -504,6 +508,14 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     with ranks_agree(None, timeout_s=timeout_s, what="autotp.compile(mesh=...)") as agreement:
         check_model(model)
         shape = mesh_shape_of(mesh)
+        if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
+            raise ValueError("autotp.compile(mesh=...) needs real weights, but the model has parameters on the meta "
+                             "device; pass checkpoint='path/to/model.safetensors' (or its directory) to read each "
+                             "rank's stage shards from it, or load the weights first")
+        if checkpoint is not None and shape.pp > 1:
+            raise ValueError(f"checkpoint= with pp={shape.pp} pipeline stages is not supported yet (the stages are cut "
+                             "by tracing the whole model, which needs its weights); load the weights into the model "
+                             "and leave checkpoint= out, or use a mesh without pp (dp x tp reads each rank's shards)")
         batch = _batch_size(example_inputs, example_kwargs)
         plan = as_parallel_plan(plan)
         if plan is None:
@@ -519,9 +531,16 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             rows = _check_pipeline_batch(batch, shape, plan.microbatches)
             mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
             split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
-        check_weights = tp_options.get("check_weights", True)
-        agreement.record = options_record({**_mesh_record(plan, example_inputs, example_kwargs), "training": training},
-                                          weights=dict(model.state_dict()) if check_weights else None)
+        check_weights = tp_options.get("check_weights", True) and checkpoint is None
+        record = {**_mesh_record(plan, example_inputs, example_kwargs), "training": training}
+        record["checkpoint"] = checkpoint is not None
+        agreement.record = options_record(record, weights=dict(model.state_dict()) if check_weights else None)
+    tp_group = _group(mesh, "tp")
+    if checkpoint is not None:
+        tp_options["checkpoint"] = checkpoint
+        if tp_group is None:  # no tp dim: each rank reads its part alone (groups of one, made on every rank in order)
+            tp_group, _ = dist.new_subgroups(group_size=1)
+    compile_stage = shape.tp > 1 or checkpoint is not None
     signature = inspect.signature(model.forward)
     replica = _local_index(mesh, "dp")
     if shape.pp == 1:
@@ -531,15 +550,15 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             example_inputs, example_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, start,
                                                           start + sizes[replica])
         whole: nn.Module = model
-        if shape.tp > 1:
+        if compile_stage:
             whole = compile_tp(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
-                               group=_group(mesh, "tp"), plan=plan.stages[0].tp_plan, **tp_options)
+                               group=tp_group, plan=plan.stages[0].tp_plan, **tp_options)
         return MeshParallelModule(plan, mesh, whole, signature=signature, training=training)
     assert split is not None
     stage_index = _local_index(mesh, "pp")
     module = split.modules[stage_index]
-    if shape.tp > 1:
-        module = compile_tp(module, example_inputs=split.inputs[stage_index], group=_group(mesh, "tp"),
+    if compile_stage:
+        module = compile_tp(module, example_inputs=split.inputs[stage_index], group=tp_group,
                             plan=plan.stages[stage_index].tp_plan, **tp_options)
     stage = _Stage(module, split.inputs[stage_index], split.outputs[stage_index], split.first_inputs,
                    split.constants, split.out_spec)
