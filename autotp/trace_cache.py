@@ -41,6 +41,7 @@ import os
 import pickle
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ __all__ = ["TraceCache", "default_cache_dir", "open_trace_cache"]
 
 _MAGIC = b"autotp-trace-cache 1\n"
 _FORMAT = 1
+_STALE_LOCK_S = 600.0
 
 
 def default_cache_dir() -> Path:
@@ -224,20 +226,37 @@ class TraceCache:
         return None
 
     def put(self, key: str, exported: ExportedProgram) -> None:
-        """Store ``exported`` (as ``torch.export`` returned it) under ``key``; a failure to write only warns."""
+        """Store ``exported`` (as ``torch.export`` returned it) under ``key``; a failure to write only warns.
+
+        Of several processes storing the same key at once (the ranks of one load), the one that
+        creates ``<key>.lock`` first writes; the others skip (a lock older than ten minutes is stale).
+        """
+        path = self.path(key)
+        lock = path.with_suffix(".lock")
         try:
-            _write_entry(self.path(key), _entry(key, exported))
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+                    lock.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass
+            try:
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            except FileExistsError:
+                return  # another process is writing this entry
+            try:
+                _write_entry(path, _entry(key, exported))
+            finally:
+                lock.unlink(missing_ok=True)
         except Exception as exc:  # noqa: BLE001 - the cache is an optimisation: loading goes on
-            warnings.warn(f"autotp: could not write the trace cache entry {self.path(key)} "
+            warnings.warn(f"autotp: could not write the trace cache entry {path} "
                           f"({type(exc).__name__}: {exc}); the next load traces again", stacklevel=3)
 
 
 def _entry(key: str, exported: ExportedProgram) -> _Entry:
-    from torch._export.serde.serialize import ExportedProgramSerializer
     from torch._subclasses.fake_tensor import FakeTensor
 
-    serialized = ExportedProgramSerializer().serialize(exported, serialize_state_dict=False, serialize_constants=False,
-                                                       serialize_example_inputs=False)
+    program = _serialize(exported)
     state = {fqn: (tuple(t.shape), tuple(t.stride()), t.dtype, isinstance(t, torch.nn.Parameter), bool(t.requires_grad))
              for fqn, t in exported.state_dict.items()}
     constants: dict[str, Any] = {}
@@ -248,7 +267,32 @@ def _entry(key: str, exported: ExportedProgram) -> _Entry:
             constants[fqn] = (tuple(value.shape), tuple(value.stride()), value.dtype)
         else:
             constants[fqn] = value.detach().cpu() if value.device.type != "cpu" else value.detach()
-    return _Entry(key, serialized.exported_program, state, constants)
+    return _Entry(key, program, state, constants)
+
+
+def _serialize(exported: ExportedProgram) -> Any:
+    """``torch._export.serde``'s schema form of ``exported``'s program, without weights.
+
+    ``ExportedProgramSerializer.serialize`` less its checks of the program (``validate``, and
+    ``canonicalize``, which only tests that a canonical form exists and is two thirds of its time):
+    the program comes straight from ``torch.export``.
+    """
+    from torch._export.serde import schema
+    from torch._export.serde import serialize as serde
+
+    graph_serializer = serde.GraphModuleSerializer(exported.graph_signature, exported.module_call_graph)
+    graph_module = graph_serializer.serialize(exported.graph_module)
+    if graph_serializer.custom_objs:
+        raise TypeError(f"the program holds script objects ({', '.join(graph_serializer.custom_objs)})")
+    return schema.ExportedProgram(
+        graph_module=graph_module,
+        opset_version={"aten": torch._C._get_max_operator_version()},
+        range_constraints=serde.serialize_range_constraints(exported.range_constraints),
+        schema_version=schema.SchemaVersion(major=serde.SCHEMA_VERSION[0], minor=serde.SCHEMA_VERSION[1]),
+        verifiers=[v.dialect for v in exported.verifiers],
+        torch_version=torch.__version__,
+        guards_code=exported._guards_code,
+    )
 
 
 def _write_entry(path: Path, entry: _Entry) -> None:
@@ -329,20 +373,23 @@ def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[s
     from torch.fx.experimental import symbolic_shapes
     from torch.utils._sympy.numbers import int_oo
 
-    class Deserializer(serde.GraphModuleDeserializer):
-        def _parse_sym_expr(self, expr_str: str, hint: Any = None) -> Any:
-            memo = self.__dict__.setdefault("_autotp_parsed", {})
-            sym = memo.get(expr_str)
-            if sym is None:
-                sym = memo[expr_str] = super()._parse_sym_expr(expr_str, hint)
-            elif hint is not None and sym not in self.shape_env.backed_var_to_val:
-                self.shape_env.add_backed_var_to_val(sym, hint)
-            return sym
+    deserializer = serde.GraphModuleDeserializer()
+    parse = deserializer._parse_sym_expr
+    parsed: dict[Any, Any] = {}
 
+    def parse_once(expr: Any, hint: Any = None) -> Any:
+        sym = parsed.get(expr)
+        if sym is None:
+            sym = parsed[expr] = parse(expr, hint)
+        elif hint is not None and sym not in deserializer.shape_env.backed_var_to_val:
+            deserializer.shape_env.add_backed_var_to_val(sym, hint)
+        return sym
+
+    deserializer._parse_sym_expr = parse_once  # type: ignore[method-assign]  # this instance only
     ranges = {name: symbolic_shapes.ValueRanges(serde._int_to_sympy_int(r.min_val, -int_oo),
                                                 serde._int_to_sympy_int(r.max_val, int_oo))
               for name, r in program.range_constraints.items()}
-    result = Deserializer().deserialize(program.graph_module, state, constants, None, ranges)
+    result = deserializer.deserialize(program.graph_module, state, constants, None, ranges)
     range_constraints = serde.ExportedProgramDeserializer().deserialize_range_constraints(ranges, result.names_to_symbols)
     exported = ep.ExportedProgram(
         root=result.graph_module, graph=result.graph_module.graph, graph_signature=result.signature,
