@@ -369,6 +369,7 @@ def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[s
     """``torch._export.serde``'s ``ExportedProgramDeserializer.deserialize``, with each symbolic
     expression parsed once (sympy's parser is most of its time; the same few expressions recur)."""
     from torch._export.serde import serialize as serde
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
     from torch.export import exported_program as ep
     from torch.fx.experimental import symbolic_shapes
     from torch.utils._sympy.numbers import int_oo
@@ -385,7 +386,18 @@ def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[s
             deserializer.shape_env.add_backed_var_to_val(sym, hint)
         return sym
 
+    def tensor_meta(meta: Any) -> torch.Tensor:
+        # what FakeTensorMode does for empty_strided, without its dispatch cache (keyed on every size)
+        mode = deserializer.fake_tensor_mode
+        sizes = tuple(deserializer.deserialize_sym_int(v) for v in meta.sizes)
+        strides = tuple(deserializer.deserialize_sym_int(v) for v in meta.strides)
+        with in_kernel_invocation_manager(mode), deserializer.shape_env.suppress_guards():
+            empty = torch.empty_strided(sizes, strides, dtype=serde._SERIALIZE_TO_TORCH_DTYPE[meta.dtype], device="meta",
+                                        requires_grad=meta.requires_grad)
+        return FakeTensor(mode, empty, serde.deserialize_device(meta.device))
+
     deserializer._parse_sym_expr = parse_once  # type: ignore[method-assign]  # this instance only
+    deserializer.deserialize_tensor_meta = tensor_meta  # type: ignore[method-assign]
     ranges = {name: symbolic_shapes.ValueRanges(serde._int_to_sympy_int(r.min_val, -int_oo),
                                                 serde._int_to_sympy_int(r.max_val, int_oo))
               for name, r in program.range_constraints.items()}
