@@ -11,7 +11,8 @@ import torch
 from models import tiny_llama
 
 import autotp
-from autotp.trace_cache import open_trace_cache
+from autotp.capture import capture
+from autotp.trace_cache import TraceCache, open_trace_cache
 
 HIDDEN = 64
 
@@ -59,6 +60,7 @@ def test_hit_skips_export_and_gives_the_same_outputs(tmp_path: Path, export_call
     outputs equal the first's bit for bit; another config (rms_norm_eps only, same shapes) misses;
     a corrupt entry is ignored with a warning, traced again and rewritten."""
     source, model, args = _checkpoint(tmp_path / "hf")
+    listing = sorted(p.name for p in source.iterdir())
     cache = tmp_path / "cache"
     first = autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
     assert len(export_calls) == 1, f"expected 1 export on an empty cache, got {export_calls}"
@@ -66,27 +68,30 @@ def test_hit_skips_export_and_gives_the_same_outputs(tmp_path: Path, export_call
     assert len(entries) == 1, f"expected one cache entry, found {entries}"
     second = autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
     assert len(export_calls) == 1, f"the second load should not export, export calls: {export_calls}"
-    expected = _logits(model, args)
     assert torch.equal(_logits(second, args), _logits(first, args)), "cached and traced programs give other outputs"
-    difference = (_logits(second, args) - expected).abs().max().item()
+    difference = (_logits(second, args) - _logits(model, args)).abs().max().item()
     assert difference < 1e-4, f"max |tp - model| = {difference}, expected < 1e-4"
-    assert sorted(source.iterdir()) == sorted((tmp_path / "hf").iterdir())
+    assert sorted(p.name for p in source.iterdir()) == listing, "the checkpoint directory was written to"
 
-    other, _, _ = _checkpoint(tmp_path / "hf-eps", rms_norm_eps=1e-3)
-    autotp.from_pretrained(other, world_size=1, example_inputs=args, trace_cache=cache)
-    assert len(export_calls) == 2, f"another rms_norm_eps must miss the cache, export calls: {export_calls}"
+    store = TraceCache(cache)
+    with torch.device("meta"):
+        meta = type(model)(model.config)
+    assert capture(meta, args, {"use_cache": False}, trace_cache=store).from_cache, "same model: expected a hit"
+    with torch.device("meta"):
+        other = type(model)(type(model.config).from_dict({**model.config.to_dict(), "rms_norm_eps": 1e-3}))
+    assert not capture(other, args, {"use_cache": False}, trace_cache=store).from_cache, \
+        "another rms_norm_eps (same shapes) must miss the cache"
+    assert len(export_calls) == 2, f"expected 2 exports, got {export_calls}"
 
     data = bytearray(entries[0].read_bytes())
     data[len(data) // 2] ^= 0xFF
     entries[0].write_bytes(bytes(data))
     with pytest.warns(UserWarning, match="ignoring the trace cache entry .*checksum"):
-        again = autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
-    assert len(export_calls) == 3, f"a corrupt entry must not be used, export calls: {export_calls}"
-    assert torch.equal(_logits(again, args), _logits(first, args)), "re-traced program gives other outputs"
+        again = capture(meta, args, {"use_cache": False}, trace_cache=store)
+    assert not again.from_cache and len(export_calls) == 3, f"a corrupt entry must not be used: {export_calls}"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the rewritten entry reads cleanly
-        autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
-    assert len(export_calls) == 3, f"the rewritten entry should be used, export calls: {export_calls}"
+        assert capture(meta, args, {"use_cache": False}, trace_cache=store).from_cache, "rewritten entry: expected a hit"
 
 
 def test_cache_never_inside_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
