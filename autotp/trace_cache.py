@@ -22,6 +22,11 @@ and its parameter names, shapes and dtypes against the model's. A stale, corrupt
 entry is never used: it is ignored with a warning naming the file and why, the model is traced
 again and the entry rewritten.
 
+**Plans.** The plan made for a traced graph is kept beside it (``plans/<key>.json``, the plan's own
+JSON), keyed by the graph's fingerprint, the plan options and the contents of autotp's source
+files; the first rank reuses it after checking it against the graph as a given ``plan=`` is
+(:func:`plan_key`, :func:`autotp.runtime.group.plan_on_first_rank`).
+
 Where: ``trace_cache=True`` uses ``$AUTOTP_CACHE_DIR`` (default ``~/.cache/autotp``) unless
 ``$AUTOTP_CACHE=0``; a path uses that directory (always); ``False``/``None`` turns it off. A
 checkpoint directory is never written to: a cache directory inside it is refused with a warning
@@ -253,6 +258,59 @@ class TraceCache:
                           f"({type(exc).__name__}: {exc}); the next load traces again", stacklevel=3)
 
 
+    def plan_path(self, key: str) -> Path:
+        return self.directory / "plans" / f"{key}.json"
+
+    def get_plan(self, key: str, captured: Any, world_size: int) -> Any:
+        """The plan stored under ``key`` if it applies to ``captured`` (checked as a given ``plan=`` is),
+        else None; a stored plan that does not read or apply is ignored with a warning."""
+        from autotp.planning.checks import check_plan_applies
+        from autotp.planning.plan import Plan
+
+        path = self.plan_path(key)
+        if not path.is_file():
+            return None
+        try:
+            plan = Plan.from_json(path.read_text(), source=str(path))
+            check_plan_applies(plan, captured, world_size)
+        except Exception as exc:  # noqa: BLE001 - any failure means: plan again
+            warnings.warn(f"autotp: ignoring the cached plan {path} ({type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); planning again", stacklevel=3)
+            return None
+        if plan.fallback_ops:  # the warning planning gives
+            warnings.warn(f"autotp: ops without a sharding rule run replicated: {', '.join(plan.fallback_ops)} "
+                          "(see plan.fallback_ops; strict=True makes this an error)", stacklevel=3)
+        return plan
+
+    def put_plan(self, key: str, plan: Any) -> None:
+        """Store ``plan`` under ``key`` (atomically); a failure to write only warns."""
+        path = self.plan_path(key)
+        try:
+            _write_atomically(path, plan.to_json().encode())
+        except Exception as exc:  # noqa: BLE001 - the cache is an optimisation
+            warnings.warn(f"autotp: could not write the cached plan {path} ({type(exc).__name__}: {exc})", stacklevel=3)
+
+
+def plan_key(captured: Any, options: Any) -> str:
+    """The SHA-256 naming the plan of ``captured`` under ``options``: the graph's fingerprint (names, ops,
+    shapes), the options (``progress`` aside; a hardware profile file by its contents), torch's
+    version and the contents of every autotp source file (the planner's code)."""
+    from autotp.planning.plan import graph_fingerprint
+
+    memo: dict[str, str] = {}
+    options = dataclasses.replace(options, progress=False)
+    hardware = options.hardware
+    profile = _hash_file(hardware, memo) if isinstance(hardware, (str, os.PathLike)) and os.path.isfile(hardware) else ""
+    package = Path(__file__).parent
+    sources = hashlib.sha256()
+    for file in sorted(package.rglob("*.py")):
+        sources.update(str(file.relative_to(package)).encode())
+        sources.update(file.read_bytes())
+    text = json.dumps([_FORMAT, graph_fingerprint(captured.graph_module), repr(options), profile, torch.__version__,
+                       sources.hexdigest()])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _entry(key: str, exported: ExportedProgram) -> _Entry:
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -297,10 +355,15 @@ def _serialize(exported: ExportedProgram) -> Any:
 
 def _write_entry(path: Path, entry: _Entry) -> None:
     payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     digest = hashlib.sha256(payload).hexdigest().encode()
+    _write_atomically(path, _MAGIC + digest + b"\n" + payload)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it: readers see all or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as file:
-        file.write(_MAGIC + digest + b"\n" + payload)
+        file.write(data)
         temporary = file.name
     os.replace(temporary, path)
 

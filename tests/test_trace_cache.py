@@ -3,12 +3,14 @@ instead of calling torch.export, gives the same outputs, and never uses a stale 
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from models import tiny_llama
+from transformers import AutoConfig
 
 import autotp
 from autotp.capture import capture
@@ -42,6 +44,22 @@ def export_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.fixture
+def plan_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the plans made by the first rank (``plan_graph`` still runs)."""
+    import autotp.runtime.group as group
+
+    calls: list[int] = []
+    original = group.plan_graph
+
+    def counted(captured, options):
+        calls.append(options.world_size)
+        return original(captured, options)
+
+    monkeypatch.setattr(group, "plan_graph", counted)
+    return calls
+
+
 def _checkpoint(directory: Path, **config: object) -> tuple[Path, torch.nn.Module, tuple]:
     model, args, _ = tiny_llama(layers=1, hidden=HIDDEN, intermediate=128)
     for name, value in config.items():
@@ -55,8 +73,10 @@ def _logits(tp: torch.nn.Module, args: tuple) -> torch.Tensor:
         return tp(*args, use_cache=False).logits
 
 
-def test_hit_skips_export_and_gives_the_same_outputs(tmp_path: Path, export_calls: list[str], one_rank: None) -> None:
-    """tp=1, tiny Llama from a checkpoint on meta: the second from_pretrained reads the cache (no export),
+def test_hit_skips_export_and_gives_the_same_outputs(tmp_path: Path, export_calls: list[str], plan_calls: list[int],
+                                                     one_rank: None) -> None:
+    """tp=1, tiny Llama from a checkpoint on meta: the second from_pretrained reads the cache (no export, no
+    planning),
     outputs equal the first's bit for bit; another config (rms_norm_eps only, same shapes) misses;
     a corrupt entry is ignored with a warning, traced again and rewritten."""
     source, model, args = _checkpoint(tmp_path / "hf")
@@ -68,17 +88,23 @@ def test_hit_skips_export_and_gives_the_same_outputs(tmp_path: Path, export_call
     assert len(entries) == 1, f"expected one cache entry, found {entries}"
     second = autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
     assert len(export_calls) == 1, f"the second load should not export, export calls: {export_calls}"
+    assert plan_calls == [1], f"the second load should reuse the plan, plans made: {plan_calls}"
+    assert second.plan.to_json() == first.plan.to_json(), "the cached plan differs from the one made"
     assert torch.equal(_logits(second, args), _logits(first, args)), "cached and traced programs give other outputs"
     difference = (_logits(second, args) - _logits(model, args)).abs().max().item()
     assert difference < 1e-4, f"max |tp - model| = {difference}, expected < 1e-4"
     assert sorted(p.name for p in source.iterdir()) == listing, "the checkpoint directory was written to"
 
     store = TraceCache(cache)
-    with torch.device("meta"):
-        meta = type(model)(model.config)
+    config = AutoConfig.from_pretrained(source)
+    config.use_cache = False
+    with torch.device("meta"):  # as from_pretrained builds it
+        meta = type(model)._from_config(config, dtype=torch.float32).eval()
     assert capture(meta, args, {"use_cache": False}, trace_cache=store).from_cache, "same model: expected a hit"
+    config = copy.deepcopy(config)  # the meta model keeps its own
+    config.rms_norm_eps = 1e-3
     with torch.device("meta"):
-        other = type(model)(type(model.config).from_dict({**model.config.to_dict(), "rms_norm_eps": 1e-3}))
+        other = type(model)._from_config(config, dtype=torch.float32).eval()
     assert not capture(other, args, {"use_cache": False}, trace_cache=store).from_cache, \
         "another rms_norm_eps (same shapes) must miss the cache"
     assert len(export_calls) == 2, f"expected 2 exports, got {export_calls}"
