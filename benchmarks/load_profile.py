@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import os
 import subprocess
@@ -44,6 +45,7 @@ SPANS = [  # (label, module, attribute): the function autotp calls for that stag
     ("agreement record", "autotp.api", "compile_record"),
     ("headers", "autotp.api", "open_checkpoint"),
     ("plan (rank 0 plans, others wait)", "autotp.api", "plan_on_first_rank"),
+    ("  cached plan read", "autotp.trace_cache", "TraceCache.get_plan"),
     ("  strategies", "autotp.planning.planner", "build_strategy_graph"),
     ("  cost", "autotp.planning.planner", "cost_strategy_graph"),
     ("  solve", "autotp.planning.planner", "solve"),
@@ -76,7 +78,8 @@ def _wrap(totals: dict[str, float], label: str, module_name: str, attribute: str
         finally:
             totals[label] = totals.get(label, 0.0) + time.perf_counter() - started
 
-    setattr(owner, name, staticmethod(timed) if path and isinstance(owner, type) else timed)
+    static = isinstance(owner, type) and isinstance(inspect.getattr_static(owner, name), (classmethod, staticmethod))
+    setattr(owner, name, staticmethod(timed) if static else timed)  # a bound classmethod stays bound
 
 
 def worker(path: str) -> None:
