@@ -65,7 +65,7 @@ from autotp.passes.rules.args import arg
 
 __all__ = [
     "CapturedGraph", "InputDims", "InputSlot", "capture", "check_model", "default_dynamic_shapes", "from_exported",
-    "inputs_on_model_device",
+    "draws_random_numbers", "inputs_on_model_device",
 ]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -447,6 +447,11 @@ def random_state_fingerprint(gm: fx.GraphModule) -> str | None:
         module = torch.get_device_module(device.type)
         digest.update(module.get_rng_state(device).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def draws_random_numbers(node: fx.Node) -> bool:
+    """True for ops that sample (dropout in training mode, ``rand``...): see :func:`_draws_random_numbers`."""
+    return _draws_random_numbers(node)
 
 
 def _check_no_randomness(gm: fx.GraphModule, what: str) -> None:
