@@ -410,21 +410,23 @@ def _rebuild(entry: _Entry, model: torch.nn.Module, device: torch.device) -> Exp
 
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
+    on_meta = any(t.device.type == "meta" for t in tensors.values())  # traced with fake tensors (capture._as_if_on)
     state: dict[str, torch.Tensor] = {}
     for fqn, (shape, stride, dtype, is_parameter, requires_grad) in entry.state.items():
         tensor = tensors[fqn]
-        if tensor.device.type == "meta":  # traced as a fake tensor on the trace device
+        if on_meta:
             tensor = fake(shape, stride, dtype)
             tensor = torch.nn.Parameter(tensor, requires_grad=requires_grad) if is_parameter else tensor
         state[fqn] = tensor
     constants: dict[str, Any] = {}
     for fqn, value in entry.constants.items():
-        if isinstance(value, torch.Tensor):
+        spec = (tuple(value.shape), tuple(value.stride()), value.dtype) if isinstance(value, torch.Tensor) else value
+        if fqn in tensors:  # a buffer of the model (not persistent): its value now, never the stored one
+            constants[fqn] = fake(*spec) if on_meta else tensors[fqn]
+        elif isinstance(value, torch.Tensor):  # a tensor the forward made (its code is in the key)
             constants[fqn] = value
-        elif fqn in tensors and tensors[fqn].device.type != "meta":
-            constants[fqn] = tensors[fqn]
         else:
-            constants[fqn] = fake(*value)
+            constants[fqn] = fake(*spec)
     return _deserialize(entry.program, state, constants)
 
 
