@@ -273,7 +273,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     before (tracing is most of a large model's load time): ``True`` for ``$AUTOTP_CACHE_DIR``
     (default ``~/.cache/autotp``; ``$AUTOTP_CACHE=0`` turns it off), a directory, or ``False``
     (default here; :func:`autotp.from_pretrained` and :func:`autotp.load` default to ``True``).
-    See :mod:`autotp.trace_cache`.
+    The plan made for the traced graph and these options is kept there too and reused (checked
+    against the graph as a given ``plan=`` is). See :mod:`autotp.trace_cache`.
     """
     check_activation_checkpointing(activation_checkpointing, training)
     if training and max_cache_len is not None:
@@ -296,6 +297,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                                 check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
                                                 dynamic=dynamic, **training_options))
     timeout_s = check_timeout(agreement_timeout_s)
+    cache = open_trace_cache(trace_cache, checkpoint)
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
         check_model(model)
         world_size, rank = bind_group(group, world_size, caller="autotp.compile")
@@ -324,7 +326,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
             captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
-                               training=training, trace_cache=open_trace_cache(trace_cache, checkpoint))
+                               training=training, trace_cache=cache)
             if training and (fingerprint := random_state_fingerprint(captured.graph_module)) is not None:
                 # dropout: every rank must draw the same masks (seed every rank alike before compiling)
                 agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint
@@ -338,7 +340,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
         return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
                                       plan=plan, group=group, rank=rank, expected_new_tokens=expected_new_tokens)
-    plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s)
+    plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
+                         plan_cache=cache)
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
                                                 device=trace_device(example_inputs, example_kwargs),
                                                 timeout_s=timeout_s, training=training)
@@ -377,10 +380,12 @@ def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
                   group: dist.ProcessGroup | None, rank: int,
-                  agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
-    """Plan ``captured`` (on the first rank, broadcast), or check that the given ``plan`` applies to it."""
+                  agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, plan_cache: Any = None) -> Plan:
+    """Plan ``captured`` (on the first rank, broadcast; through ``plan_cache`` when given), or check that the
+    given ``plan`` applies to it."""
     if plan is None:
-        return plan_on_first_rank(captured, options, group=group, rank=rank, agreement_timeout_s=agreement_timeout_s)
+        return plan_on_first_rank(captured, options, group=group, rank=rank, agreement_timeout_s=agreement_timeout_s,
+                                  plan_cache=plan_cache)
     check_plan_applies(plan, captured, options.world_size)
     check_plan_constraints(plan, options.constraints)
     return plan
