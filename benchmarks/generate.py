@@ -148,7 +148,12 @@ def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Names
         print(tp.generation.weighting, flush=True)
     if rank == 0:
         split = sorted({text for text in tp.plan.parameters.values()})
-        print(f"autotp plan: {tp.plan.collective_counts()} per decode step; placements used {split}", flush=True)
+        prefill_plan = tp.generation.prefill_plan
+        prefill_counts = prefill_plan.collective_counts() if prefill_plan is not None else "no prefill graph"
+        print(f"autotp plan: {tp.plan.collective_counts()} per decode step, {prefill_counts} per prefill call; "
+              f"placements used {split}", flush=True)
+        if args.show_plans:
+            print(tp.generation, flush=True)
     hf_tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
     q_proj = hf_tp.model.layers[0].self_attn.q_proj.weight
     local_rows = int(q_proj.to_local().shape[0]) if hasattr(q_proj, "to_local") else int(q_proj.shape[0])
@@ -184,6 +189,7 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size (32000: Llama-2's)")
     parser.add_argument("--hardware", default="h100-sxm",
                         help="autotp's cost profile: a known name or the JSON written by `autotp calibrate`")
+    parser.add_argument("--show-plans", action="store_true", help="print autotp's decode and prefill plans")
     parser.add_argument("--memory-budget", default="auto", help="autotp's memory_budget: auto, none, or bytes per rank")
     args = parser.parse_args()
     summary: list[str] = []
