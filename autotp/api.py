@@ -29,6 +29,7 @@ from autotp.capture import (
 )
 from autotp.cost_model import Hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
+from autotp.passes.random_streams import check_dropout
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.small_collectives import one_shot_small_all_reduces
 from autotp.passes.state import update_state_in_place
@@ -37,6 +38,7 @@ from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
+from autotp.planning.outputs import check_outputs
 from autotp.planning.phases import DEFAULT_EXPECTED_NEW_TOKENS, check_expected_new_tokens
 from autotp.planning.plan import Plan, as_plan
 from autotp.planning.planner import plan_graph
@@ -50,9 +52,11 @@ from autotp.runtime.agreement import (
     plan_text,
     ranks_agree,
 )
+from autotp.runtime.checkpointing import check_activation_checkpointing, checkpointed_graph
 from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
+from autotp.trace_cache import open_trace_cache
 
 __all__ = ["compile", "plan"]
 
@@ -78,6 +82,8 @@ def plan(
     throughput_batch: int = 64,
     training: bool = False,
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
+    outputs: str = "replicated",
+    dropout: str = "replicated",
 ) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -114,6 +120,11 @@ def plan(
     shows where it differs from the inference plan. (One tensor-parallel group only: not with
     ``parallelism=`` or ``mesh=``.)
 
+    ``outputs="local"`` plans outputs returned as computed (a split output is not gathered, and
+    its gather is not priced) instead of whole on every rank (see :mod:`autotp.planning.outputs`).
+    ``dropout="split"`` lets dropout run on split activations (per-rank random streams, as
+    Megatron-LM's; :mod:`autotp.passes.random_streams`) instead of gathering them first.
+
     ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
     returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
     ``dp * pp * tp == world_size``, the stage cuts, the microbatches) on ``hardware``'s nodes and
@@ -124,9 +135,10 @@ def plan(
     """
     check_model(model)
     if parallelism != "tp" or mesh is not None:
-        if max_cache_len is not None or constraints is not None or training:
-            raise ValueError("max_cache_len=, constraints= and training=True plan one tensor-parallel group; "
-                             "leave them out with parallelism='auto' or mesh=")
+        if (max_cache_len is not None or constraints is not None or training or outputs != "replicated"
+                or dropout != "replicated"):
+            raise ValueError("max_cache_len=, constraints=, training=True and outputs= plan one tensor-parallel "
+                             "group; leave them out with parallelism='auto' or mesh=")
         from autotp.planning.mesh_search import plan_mesh
 
         check_world_size(world_size)
@@ -135,7 +147,7 @@ def plan(
                          throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
-                          optimizer_states=optimizer_states)
+                          optimizer_states=optimizer_states, outputs=outputs, dropout=dropout)
     if max_cache_len is not None:
         from autotp.generation import generation_inputs
 
@@ -172,6 +184,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     dynamic_shapes: Any = None,
     training: bool = False,
     mesh: Any = None,
+    activation_checkpointing: str | None = None,
+    outputs: str = "replicated",
+    dropout: str = "replicated",
+    trace_cache: bool | str | os.PathLike[str] | None = False,
 ) -> Any:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -218,6 +234,22 @@ def compile(  # noqa: A001 - mirrors torch.compile
     replicated parameter its whole gradient, the same on every rank (each collective carries its
     adjoint: :mod:`autotp.passes.adjoints`). Build the optimizer over ``tp.parameters()``;
     ``tp.full_state_dict()`` gathers the full tensors. See the README's "Training" section.
+    ``activation_checkpointing="blocks"`` (with ``training=True``) runs each repeated block of the
+    rank-local graph (``model.layers.3``...) under ``torch.utils.checkpoint``: the forward keeps only
+    the blocks' inputs, the backward recomputes each block, collectives included
+    (:mod:`autotp.runtime.checkpointing`).
+
+    ``outputs="local"``: return each output as this rank computes it instead of whole on every rank
+    (``tp.output_placements`` says, per flattened output, ``"R"``, ``"S(d)"`` or ``"P"``): e.g. a
+    training step returning its loss (whole) and this rank's vocabulary block of the logits, which
+    are then never gathered (:mod:`autotp.planning.outputs`). Not with ``max_cache_len=`` or ``mesh=``.
+
+    ``dropout``: ``"replicated"`` (default) draws every dropout mask whole from the shared random
+    stream (the same on every rank: the loss equals one process's with the same seed), gathering a
+    split activation first; ``"split"`` (with ``training=True``) lets the planner keep it split, each
+    rank masking its block from its own stream seeded ``torch.initial_seed() + 2718 + rank``
+    (Megatron-LM's model-parallel RNG), while replicated activations keep the shared stream
+    (:mod:`autotp.passes.random_streams`).
 
     ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
     "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
@@ -226,6 +258,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
     stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
     See :mod:`autotp.runtime.mesh`.
+
+    ``trace_cache``: reuse the program ``torch.export`` made of this model and these inputs' specs
+    before (tracing is most of a large model's load time): ``True`` for ``$AUTOTP_CACHE_DIR``
+    (default ``~/.cache/autotp``; ``$AUTOTP_CACHE=0`` turns it off), a directory, or ``False``
+    (default here; :func:`autotp.from_pretrained` and :func:`autotp.load` default to ``True``).
+    See :mod:`autotp.trace_cache`.
     """
     if mesh is not None and training:
         raise ValueError("autotp.compile(mesh=..., training=True) is not supported yet: a mesh runs inference; "
@@ -234,10 +272,17 @@ def compile(  # noqa: A001 - mirrors torch.compile
         return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                 plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
                                 max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
+                                expected_new_tokens=expected_new_tokens,
                                 tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
                                                 time_limit_s=time_limit_s, progress=progress, constraints=constraints,
                                                 check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
                                                 dynamic=dynamic))
+    check_activation_checkpointing(activation_checkpointing, training)
+    if check_dropout(dropout) != "replicated" and not training:
+        raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
+    if check_outputs(outputs) != "replicated" and (mesh is not None or max_cache_len is not None):
+        raise ValueError("outputs='local' with mesh= or max_cache_len= is not supported: those return whole outputs "
+                         "(generate() returns token ids); leave outputs= out")
     if training and max_cache_len is not None:
         raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
                          "compile once with training=True to train and once with max_cache_len= to generate")
@@ -253,10 +298,15 @@ def compile(  # noqa: A001 - mirrors torch.compile
             )
         plan = as_plan(plan)
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
-                              time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training)
+                              time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
+                              outputs=outputs, dropout=dropout)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
+                                **({"activation_checkpointing": activation_checkpointing}
+                                   if activation_checkpointing is not None else {}),
+                                **({"outputs": outputs} if outputs != "replicated" else {}),
+                                **({"dropout": dropout} if dropout != "replicated" else {}),
                                 **({"expected_new_tokens": check_expected_new_tokens(expected_new_tokens)}
                                    if max_cache_len is not None else {}))
         if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now
@@ -265,7 +315,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
             captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
-                               training=training)
+                               training=training, trace_cache=open_trace_cache(trace_cache, checkpoint))
             if training and (fingerprint := random_state_fingerprint(captured.graph_module)) is not None:
                 # dropout: every rank must draw the same masks (seed every rank alike before compiling)
                 agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint
@@ -283,6 +333,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
                                                 device=trace_device(example_inputs, example_kwargs),
                                                 timeout_s=timeout_s, training=training)
+    if activation_checkpointing == "blocks":
+        local_gm = checkpointed_graph(local_gm)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
                                 training=training, original=model, group=group)
@@ -291,18 +343,25 @@ def compile(  # noqa: A001 - mirrors torch.compile
 def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                      example_kwargs: dict[str, Any] | None, plan: Any, world_size: int | None,
                      group: dist.ProcessGroup | None, checkpoint: Any, max_cache_len: int | None,
-                     dynamic_shapes: Any, tp_options: dict[str, Any]) -> Any:
+                     dynamic_shapes: Any, expected_new_tokens: int, tp_options: dict[str, Any]) -> Any:
     """``compile(..., mesh=)``: the options a mesh run does not take raise here, the rest is
-    :func:`autotp.runtime.mesh.compile_on_mesh`."""
+    :func:`autotp.runtime.mesh.compile_on_mesh` (:func:`autotp.runtime.mesh_generate.compile_generation_on_mesh`
+    with ``max_cache_len``)."""
     from autotp.runtime.mesh import compile_on_mesh
 
-    unsupported = {"group": group, "world_size": world_size, "checkpoint": checkpoint,
-                   "max_cache_len": max_cache_len, "dynamic_shapes": dynamic_shapes}
+    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes, "checkpoint": checkpoint}
+    if max_cache_len is not None:
+        unsupported["example_kwargs"] = example_kwargs or None
     given = [name for name, value in unsupported.items() if value is not None]
     if given:
-        raise ValueError(f"autotp.compile(mesh=...) does not take {', '.join(f'{n}=' for n in given)}: the mesh "
-                         "gives the groups and sizes; drop them (checkpoint= and max_cache_len= with a mesh are "
-                         "not supported yet)")
+        raise ValueError(f"autotp.compile(mesh=...{', max_cache_len=...' if max_cache_len is not None else ''}) "
+                         f"does not take {', '.join(f'{n}=' for n in given)}: the mesh gives the groups and sizes; "
+                         "drop them (checkpoint= with mesh= and max_cache_len= is not supported yet)")
+    if max_cache_len is not None:
+        from autotp.runtime.mesh_generate import compile_generation_on_mesh
+
+        return compile_generation_on_mesh(model, mesh, example_inputs=example_inputs, max_cache_len=max_cache_len,
+                                          plan=plan, expected_new_tokens=expected_new_tokens, **tp_options)
     return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
                            **tp_options)
 

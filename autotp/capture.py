@@ -65,7 +65,7 @@ from autotp.passes.rules.args import arg
 
 __all__ = [
     "CapturedGraph", "InputDims", "InputSlot", "capture", "check_model", "default_dynamic_shapes", "from_exported",
-    "inputs_on_model_device",
+    "draws_random_numbers", "inputs_on_model_device",
 ]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -122,6 +122,8 @@ class CapturedGraph:
     """How input sizes were traced: ``"dynamic"`` (batch and sequence dims dynamic, the default),
     ``"static"`` (``dynamic=False``), ``"custom"`` (``dynamic_shapes=``), ``"static-fallback"``
     (dynamic export failed; traced static with a warning)."""
+    from_cache: bool = False
+    """True when the program came from the trace cache (:mod:`autotp.trace_cache`) instead of ``torch.export``."""
 
     def state_fqns(self) -> dict[str, str]:
         """Placeholder name -> FQN of every state buffer (e.g. ``key_cache_0``)."""
@@ -270,8 +272,13 @@ def capture(
     dynamic: bool = True,
     dynamic_shapes: Any = None,
     training: bool = False,
+    trace_cache: Any = None,
 ) -> CapturedGraph:
     """Trace ``model(*example_inputs, **example_kwargs)`` with ``torch.export`` (non-strict).
+
+    ``trace_cache`` (a :class:`autotp.trace_cache.TraceCache`, or None): reuse the program traced
+    for the same model and inputs before, and store a new one (see :mod:`autotp.trace_cache`);
+    :attr:`CapturedGraph.from_cache` says which happened.
 
     ``training=True``: the graph may draw random numbers (dropout in training mode), see
     :func:`from_exported`.
@@ -295,7 +302,7 @@ def capture(
     if not explicit and dynamic:
         dynamic_shapes = default_dynamic_shapes(model, example_inputs, kwargs)
     try:
-        exported = _export(model, example_inputs, kwargs, dynamic_shapes)
+        exported, from_cache = _export_or_reuse(model, example_inputs, kwargs, dynamic_shapes, training, trace_cache)
     except CaptureError as exc:
         if explicit or dynamic_shapes is None:
             raise
@@ -308,12 +315,30 @@ def capture(
             f"traced at the example sizes only (other sizes raise an error naming the dim): {str(exc).splitlines()[0]}",
             stacklevel=2,
         )
-        dynamic_shapes, mode = None, "static-fallback"
+        dynamic_shapes, mode, from_cache = None, "static-fallback", False
     captured = from_exported(exported, type(model).__name__, training=training)
     captured.shape_mode = mode
+    captured.from_cache = from_cache
     requested = _requested_dims(dynamic_shapes, model, example_inputs, kwargs) if dynamic_shapes is not None else []
     captured.input_dims = _input_dims(captured, _input_names(model, example_inputs, kwargs), requested)
     return captured
+
+
+def _export_or_reuse(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
+                     training: bool, trace_cache: Any) -> tuple[ExportedProgram, bool]:
+    """:func:`_export`, through ``trace_cache`` when there is one; and whether the program came from the cache."""
+    if trace_cache is None:
+        return _export(model, args, kwargs, dynamic_shapes), False
+    from autotp.trace_cache import trace_key
+
+    device = trace_device(args, kwargs)
+    key = trace_key(model, args, kwargs, dynamic_shapes, device=device, training=training)
+    exported = trace_cache.get(key, model, device)
+    if exported is not None:
+        return exported, True
+    exported = _export(model, args, kwargs, dynamic_shapes)
+    trace_cache.put(key, exported)
+    return exported, False
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:
@@ -422,6 +447,11 @@ def random_state_fingerprint(gm: fx.GraphModule) -> str | None:
         module = torch.get_device_module(device.type)
         digest.update(module.get_rng_state(device).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def draws_random_numbers(node: fx.Node) -> bool:
+    """True for ops that sample (dropout in training mode, ``rand``...): see :func:`_draws_random_numbers`."""
+    return _draws_random_numbers(node)
 
 
 def _check_no_randomness(gm: fx.GraphModule, what: str) -> None:

@@ -40,12 +40,19 @@ from autotp.planning.plan import Plan
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm
 from autotp.runtime.module import GenerationGraphs, TensorParallelModule
 
-__all__ = ["compile_for_generation", "generation_inputs"]
+__all__ = ["check_generation_inputs", "compile_for_generation", "generation_inputs"]
 
 
 def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
                       max_cache_len: int) -> tuple[CachedCausalLM, int, int]:
     """The cache wrapper of ``model`` and ``(batch, prefill_len)`` from ``example_inputs[0]`` (token ids)."""
+    batch, seq = check_generation_inputs(model, example_inputs, max_cache_len)
+    return CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len, last_logits_only=True), batch, seq
+
+
+def check_generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
+                            max_cache_len: int) -> tuple[int, int]:
+    """``(batch, prefill_len)`` from ``example_inputs[0]`` (token ids); ValueError/TypeError saying the fix."""
     check_causal_lm(model)
     ids = example_inputs[0] if isinstance(example_inputs, tuple) and example_inputs else None
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int):
@@ -61,17 +68,24 @@ def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
             f"example_inputs has {seq} tokens per row but max_cache_len={max_cache_len}; "
             f"pass max_cache_len >= {seq} or a shorter example"
         )
-    return CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len, last_logits_only=True), batch, seq
+    return batch, seq
 
 
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
-                           rank: int, expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS) -> TensorParallelModule:
-    """See :func:`autotp.compile` (``max_cache_len``, ``expected_new_tokens``) and the module docstring."""
+                           rank: int, expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS,
+                           wrapper: CachedCausalLM | None = None) -> TensorParallelModule:
+    """See :func:`autotp.compile` (``max_cache_len``, ``expected_new_tokens``) and the module docstring.
+
+    ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
+    :class:`autotp.runtime.mesh_generate.StageCachedLM`)."""
     from autotp.api import apply_plan
 
     expected_new_tokens = check_expected_new_tokens(expected_new_tokens)
-    wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
+    if wrapper is None:
+        wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
+    else:
+        batch, seq = check_generation_inputs(model, example_inputs, max_cache_len)
     talk = options.progress and rank == 0
     log_progress(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
     # static sizes: the cache fixes the batch, decode reads one token, prefill `seq` tokens per call

@@ -22,7 +22,8 @@ __all__ = ["from_pretrained", "load"]
 
 def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = None, dtype: torch.dtype | None = None,
                     device: str | torch.device = "cpu", example_inputs: tuple[Any, ...] | None = None,
-                    example_kwargs: dict[str, Any] | None = None, **options: Any) -> TensorParallelModule:
+                    example_kwargs: dict[str, Any] | None = None, trace_cache: bool | str | os.PathLike[str] | None = True,
+                    **options: Any) -> TensorParallelModule:
     """A transformers checkpoint directory -> this rank's tensor-parallel model (call on every rank).
 
     The config's architecture (``config.architectures[0]``) is built on the meta device in
@@ -31,6 +32,11 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto
     ``device``. Other keyword options as in :func:`autotp.compile` (``hardware``, ``memory_budget``,
     ``plan``, ``group``...).
+
+    ``trace_cache`` (default True): the traced program is kept in ``$AUTOTP_CACHE_DIR`` (default
+    ``~/.cache/autotp``, never inside ``path``) and reused by the next load of the same model and
+    inputs' specs, which then skips ``torch.export`` (see :mod:`autotp.trace_cache`); ``False`` or
+    ``$AUTOTP_CACHE=0`` turns it off, a path puts it there.
     """
     import transformers
 
@@ -53,13 +59,14 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     if example_kwargs is None:
         example_kwargs = {"use_cache": False}
     return _compile(model, world_size=world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
-                    **options)
+                    trace_cache=trace_cache, **options)
 
 
 def load(path: str | os.PathLike[str], model: torch.nn.Module, *, world_size: int | None = None,
          example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None,
-         **options: Any) -> TensorParallelModule:
+         trace_cache: bool | str | os.PathLike[str] | None = True, **options: Any) -> TensorParallelModule:
     """Read a directory written by ``tp.save(path)`` (at any world size) into ``model`` (meta is fine), split
-    over ``world_size`` ranks: ``autotp.compile(model, world_size=world_size, ..., checkpoint=path)``."""
+    over ``world_size`` ranks: ``autotp.compile(model, world_size=world_size, ..., checkpoint=path)``
+    (``trace_cache`` as in :func:`from_pretrained`)."""
     return _compile(model, world_size=world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
-                    **options)
+                    trace_cache=trace_cache, **options)

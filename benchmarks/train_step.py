@@ -13,7 +13,11 @@ ids, AdamW, lr 1e-4) two ways, side by side in the same processes:
   parallelism off on both sides, so the two compare like with like;
 - **autotp**: ``autotp.compile(model, ..., training=True)``, the loss computed inside the model
   (``labels=``), as a user writes it. The model also returns its logits, which autotp returns
-  whole on every rank, so they are all-gathered (``batch x seq x vocab`` values);
+  whole on every rank (the default ``outputs="replicated"``), so they are all-gathered
+  (``batch x seq x vocab`` values);
+- **autotp-local**: the same with ``outputs="local"``: the loss whole, the logits as each rank
+  computes them (its vocabulary block, ``tp.output_placements`` ``S(2)``), like the DTensor
+  side's ``Shard(-1)`` logits: this is the like-for-like comparison;
 - **autotp-loss**: the same, compiling a wrapper whose forward returns only the loss (what the
   DTensor side computes): nothing needs the logits whole, so the cross-entropy runs
   vocabulary-parallel on the lm_head's split output (``passes/rules/losses.py``).
@@ -110,18 +114,23 @@ def _loss_only(model: Any) -> Any:
     return LossOnly()
 
 
-def _autotp_side(model: Any, ids: Any, *, loss_only: bool = False) -> tuple[Any, Any] | str:
-    """``autotp.compile(training=True)`` (of the loss-only wrapper with ``loss_only``), or why it is not available."""
+def _autotp_side(model: Any, ids: Any, *, loss_only: bool = False,
+                 outputs: str = "replicated") -> tuple[Any, Any] | str:
+    """``autotp.compile(training=True, outputs=outputs)`` (of the loss-only wrapper with ``loss_only``), or why
+    it is not available."""
     import inspect
 
     import autotp
 
     if "training" not in inspect.signature(autotp.compile).parameters:
         return "autotp.compile(training=True) is not on this branch yet"
+    if outputs != "replicated" and "outputs" not in inspect.signature(autotp.compile).parameters:
+        return "autotp.compile(outputs=) is not on this branch yet"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile(_loss_only(model) if loss_only else model, example_inputs=(ids,),
-                            example_kwargs={"labels": ids}, training=True)
+                            example_kwargs={"labels": ids}, training=True,
+                            **({"outputs": outputs} if outputs != "replicated" else {}))
 
     def loss_of(batch: Any) -> Any:
         out = tp(batch, labels=batch)
@@ -131,6 +140,19 @@ def _autotp_side(model: Any, ids: Any, *, loss_only: bool = False) -> tuple[Any,
         loss.backward()
 
     return tp, (loss_of, backward)
+
+
+AUTOTP_SIDES = (("autotp", False, "replicated"), ("autotp-local", False, "local"), ("autotp-loss", True, "replicated"))
+"""(name, compile the loss-only wrapper, ``outputs=``) of each autotp side."""
+
+
+def _predicted_bytes(module: Any) -> int:
+    """The plan's training memory per rank (weights + gradients + optimizer state + saved activations)."""
+    plan = getattr(module, "plan", None)
+    if plan is None:
+        return 0
+    return (plan.parameter_bytes_per_rank + plan.gradient_bytes_per_rank + plan.optimizer_bytes_per_rank
+            + plan.activation_bytes_per_rank)
 
 
 def _peak_bytes(module: Any, optimizer: Any, step: Any) -> int:
@@ -157,8 +179,8 @@ def _measure(rank: int, world_size: int, layers: int, hidden: int, vocab: int, b
     notes: dict[str, str] = {}
     dtensor_model, dtensor_fns = _dtensor_side(copy.deepcopy(base), world_size)
     sides["DTensor"] = (dtensor_model, dtensor_fns)
-    for name, loss_only in (("autotp", False), ("autotp-loss", True)):
-        autotp_side = _autotp_side(copy.deepcopy(base), ids, loss_only=loss_only)
+    for name, loss_only, outputs in AUTOTP_SIDES:
+        autotp_side = _autotp_side(copy.deepcopy(base), ids, loss_only=loss_only, outputs=outputs)
         if isinstance(autotp_side, str):
             notes[name] = autotp_side
         else:
@@ -187,6 +209,7 @@ def _measure(rank: int, world_size: int, layers: int, hidden: int, vocab: int, b
     peaks = {name: _peak_bytes(sides[name][0], optimizers[name], lambda name=name: step(name)) for name in sides}
     torch.distributed.barrier()
     return {"time_s": {name: statistics.median(t) for name, t in times.items()}, "peak_bytes": peaks,
+            "predicted_bytes": {name: _predicted_bytes(sides[name][0]) for name in sides},
             "first_loss": first_loss, "reference_loss": reference, "notes": notes}
 
 
@@ -207,12 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             first = run_on_ranks(world_size, _measure, args.layers, args.hidden, args.vocab, args.batch, args.seq,
                                  args.steps, timeout_s=1800)[0]
             for name in first["time_s"]:
-                print(f"  tp={world_size} {name:<11} step {first['time_s'][name] * 1e3:9.2f} ms   peak "
-                      f"{first['peak_bytes'][name] / 2**20:8.2f} MiB   first loss {first['first_loss'][name]:.6f}")
+                predicted = first["predicted_bytes"][name]
+                print(f"  tp={world_size} {name:<12} step {first['time_s'][name] * 1e3:9.2f} ms   peak "
+                      f"{first['peak_bytes'][name] / 2**20:8.2f} MiB   first loss {first['first_loss'][name]:.6f}"
+                      + (f"   plan's training memory {predicted / 2**20:.2f} MiB" if predicted else ""))
             print(f"  tp={world_size} one process (reference) first loss {first['reference_loss']:.6f}")
             for name, note in first["notes"].items():
                 print(f"  tp={world_size} {name:<11} not measured: {note}")
-            for name in ("autotp", "autotp-loss"):
+            for name, _, _ in AUTOTP_SIDES:
                 if name in first["time_s"]:
                     time_ratio = first["time_s"][name] / first["time_s"]["DTensor"]
                     memory_ratio = first["peak_bytes"][name] / first["peak_bytes"]["DTensor"]

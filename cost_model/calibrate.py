@@ -75,6 +75,7 @@ from .graph_calibration import (
     measure_gemm_samples,
     measure_graphs,
     measure_transcendental_element_s,
+    work_clock,
 )
 from .hardware import Hardware, LinkProfile
 
@@ -125,9 +126,9 @@ class CalibrationConfig:
     gemm_tokens: tuple[int, ...] = (1, 4, 16, 64, 256)
     transcendental_numel: int = 2**20
     graph_shapes: tuple[GraphShape, ...] = tuple(
-        GraphShape(layers, tokens, hidden, collectives=collectives)
+        GraphShape(layers, tokens, hidden, collectives=collectives, family=family)
         for layers in (1, 3) for tokens in (2, 32) for hidden in (64, 256) for collectives in (True, False)
-        if collectives or layers == 3
+        for family in ("llama", "gpt") if collectives or layers == 3
     )
     graph_runs: int = 15
 
@@ -145,8 +146,9 @@ class CalibrationConfig:
             progress=progress,
             gemm_tokens=(1, 8, 64, 256),
             transcendental_numel=2**18,
-            graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64), GraphShape(3, 2, 64, collectives=False),
-                          GraphShape(1, 32, 256), GraphShape(2, 32, 256)),
+            graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64, family="gpt"),
+                          GraphShape(3, 2, 64, collectives=False), GraphShape(2, 16, 128, collectives=False, family="gpt"),
+                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256)),
             graph_runs=7,
         )
 
@@ -218,19 +220,22 @@ def _say(enabled: bool, message: str) -> None:
 
 
 def _timed_median_s(run: Callable[[], Any], min_time_s: float, repeats: int, *, sync: Callable[[], Any] | None = None) -> float:
-    """Median seconds per call of ``run``: each timed measurement loops for at least ``min_time_s``."""
+    """Median seconds of work per call of ``run`` (:func:`~.graph_calibration.work_clock`: this
+    thread's CPU time when torch runs one thread, so another process taking the core mid-loop
+    does not count); each timed measurement loops for at least ``min_time_s``."""
+    clock = work_clock()
     run()  # warm-up: first-call allocation, lazy initialisation
-    start = time.perf_counter()
+    start = clock()
     run()
-    calls = max(1, math.ceil(min_time_s / max(time.perf_counter() - start, 1e-9)))
+    calls = max(1, math.ceil(min_time_s / max(clock() - start, 1e-9)))
     samples = []
     for _ in range(repeats):
         if sync is not None:
             sync()
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             run()
-        samples.append((time.perf_counter() - start) / calls)
+        samples.append((clock() - start) / calls)
     return statistics.median(samples)
 
 
@@ -563,16 +568,21 @@ def build_profile(
            f"{host.median_abs_rel_error:.1%})" if host is not None else "; host terms not measured")
     )
     scale = kernels.peak_tflops["float32"] * 1e12 / first.matmul_flops_per_s["float32"] if first.gemm_samples else 1.0
+    # The kernels were timed on the work clock (a rank's own work); a rank running a graph gets
+    # only a share of a core (other ranks, other processes): every work rate slows by it.
+    share = host.core_share if host is not None else 1.0
+    if share < 1.0:
+        source += f"; work terms divided by the share of a core a rank got in the graphs ({share:.2f})"
     return Hardware(
         name=name,
         # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale
-        peak_tflops={d: tflops * scale for d, tflops in peak_tflops.items()},
-        memory_bandwidth_gbps=bandwidth / 1e9,
+        peak_tflops={d: tflops * scale * share for d, tflops in peak_tflops.items()},
+        memory_bandwidth_gbps=bandwidth * share / 1e9,
         memory_gib=_host_memory_bytes() / world_size / 2**30,
         # With graphs measured, a node's fixed cost is the fitted dispatch (the chain of tiny ops,
         # timed in a tight loop at another moment, is only the fallback).
         kernel_floor_s=0.0 if host is not None else floor,
-        view_op_s=view,
+        view_op_s=view / share,
         intra_node=loopback,
         inter_node=unmeasured_network,
         devices_per_node=max(world_size, group_size),
@@ -583,7 +593,7 @@ def build_profile(
         collective_wait_s=host.collective_wait_s if host is not None else 0.0,
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
-        transcendental_element_s=transcendental,
+        transcendental_element_s=transcendental / share,
     )
 
 

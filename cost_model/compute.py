@@ -60,6 +60,7 @@ __all__ = [
     "dtype_name",
     "gemm_dims",
     "gemm_efficiency",
+    "is_lookup",
     "is_transcendental",
     "launches_no_kernel",
     "tensor_bytes",
@@ -497,12 +498,30 @@ def aten_memory_bytes(
     Views (``view``, ``permute``, ``t``, ``expand``, ``slice``, ... : ops whose schema says the
     output aliases an input) and shape queries move nothing and return 0. This is the ideal
     traffic of one unfused kernel (each operand read once, each output written once); it is the
-    ``memory_bytes`` that :func:`compute_time_s` expects.
+    ``memory_bytes`` that :func:`compute_time_s` expects. A lookup (:data:`GATHER_OPS`: embedding,
+    index_select, gather, index) reads only the rows it returns from its table.
     """
     if launches_no_kernel(op):
         return 0
+    if _packet_of(op) in GATHER_OPS and out is not None and args and isinstance(args[0], torch.Tensor) \
+            and isinstance(out, torch.Tensor):
+        # a lookup reads only the rows it returns from its table (args[0]), not the whole table:
+        # the output's bytes read, the indices read, the output written
+        indices = tree_flatten((list(args[1:]), dict(kwargs or {})))[0]
+        index_bytes = sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in indices if isinstance(leaf, torch.Tensor))
+        return 2 * tensor_bytes(out.shape, out.dtype) + index_bytes
     leaves, _ = tree_flatten((list(args), dict(kwargs or {}), out))
     return sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+
+# Lookups whose first argument is a table they read only at the rows or elements they return
+# (an embedding reads batch x tokens rows of its vocabulary, not the vocabulary), by packet.
+GATHER_OPS = frozenset({aten.embedding, aten.index_select, aten.gather, aten.index})
+
+
+def is_lookup(op: Any) -> bool:
+    """True for a lookup that reads only the rows it returns from its table (:data:`GATHER_OPS`)."""
+    return _packet_of(op) in GATHER_OPS
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,12 +537,16 @@ def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None
     ``m`` counts every row of the left operand (batch dims of ``bmm``/``matmul`` multiply it, as
     the kernel runs them as one batched GEMM), ``n`` the output features, ``k`` the contracted
     dim: ``linear(x (..., k), w (n, k))``, ``mm(a (m, k), b (k, n))``, ``addmm(bias, a, b)``,
-    ``bmm(a (b, m, k), b (b, k, n))``.
+    ``bmm(a (b, m, k), b (b, k, n))``. Attention (``scaled_dot_product_attention``) runs its two
+    products head by head, ``(Sq, E) @ (E, Sk)`` then ``(Sq, Sk) @ (Sk, Ev)``: ``(Sq, Sk, E)``, so
+    short sequences and small heads run it as far below peak as any small GEMM.
     """
     packet = _packet_of(op)
+    kwargs = kwargs or {}
+    if packet in _ATTENTION_OPS:
+        return _attention_gemm_dims(args, kwargs)
     if packet not in _GEMM_OPS:
         return None
-    kwargs = kwargs or {}
     offset = 1 if packet in (aten.addmm, aten.baddbmm) else 0
     a = _arg(args, kwargs, offset, "input" if packet in (aten.linear, aten.matmul) else "mat1")
     b = _arg(args, kwargs, offset + 1, "weight" if packet is aten.linear else "mat2")
@@ -539,6 +562,20 @@ def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None
     n_dim = 0 if packet is aten.linear else -1
     n = b_shape[n_dim] if len(b_shape) >= 2 else 1
     return m, n, k
+
+
+_ATTENTION_OPS = frozenset({aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu})
+
+
+def _attention_gemm_dims(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int, int, int] | None:
+    query, key = _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key")
+    if query is None or key is None:
+        return None
+    q_shape = tuple(_concrete_size(size) for size in _shape(query))
+    k_shape = tuple(_concrete_size(size) for size in _shape(key))
+    if len(q_shape) < 2 or len(k_shape) < 2:
+        return None
+    return q_shape[-2], k_shape[-2], q_shape[-1]
 
 
 # Elementwise ops whose arithmetic is a transcendental function (special-function units on a GPU,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import statistics
 import time
@@ -57,6 +58,7 @@ from .compute import (
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
+    "GRAPH_FAMILIES",
     "GemmSample",
     "GraphSample",
     "GraphShape",
@@ -91,13 +93,19 @@ class GraphShape:
     ``tokens`` tokens, ``heads`` attention heads before the split over the ranks; with
     ``collectives`` (and more than one rank) an all-reduce after each row-split projection.
     Graphs with and without collectives keep the per-node and per-collective terms apart in the
-    fit (in one kind of graph both grow with the depth alone)."""
+    fit (in one kind of graph both grow with the depth alone). ``family``: the op mix of the
+    blocks (:data:`GRAPH_FAMILIES`)."""
 
     layers: int
     tokens: int
     hidden: int
     heads: int = 8
     collectives: bool = True
+    family: str = "llama"
+
+    def __post_init__(self) -> None:
+        if self.family not in GRAPH_FAMILIES:
+            raise ValueError(f"GraphShape.family must be one of {', '.join(GRAPH_FAMILIES)}, got {self.family!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +114,11 @@ class GraphSample:
 
     ``device_s``: sum of its kernels' roofline times (no host term); ``collectives``: the
     ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
-    time; ``seconds``: median over runs of the slowest rank's time for one call.
+    time; ``seconds``: median over runs of the slowest rank's time for one call (wall clock);
+    ``work_s``: median over runs of this rank's own work per call (:func:`work_clock`; 0.0: not
+    measured); ``core_share``: median over runs of that work over the slowest rank's wall time, the
+    share of a core the graph got (1.0 alone on an idle core; 1/2 with four single-thread ranks on
+    two cores; lower when other processes load the machine).
     """
 
     kernel_nodes: int
@@ -114,17 +126,22 @@ class GraphSample:
     device_s: float
     collectives: tuple[tuple[str, int, int], ...]
     seconds: float
+    work_s: float = 0.0
+    core_share: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class HostFit:
-    """Fitted host terms (seconds) and how well they reproduce the graphs they were fitted on."""
+    """Fitted host terms (wall seconds) and how well they reproduce the graphs they were fitted on;
+    ``core_share``: the share of a core a rank got while running them (1.0 when not measured),
+    by which the profile divides every work term measured on the work clock."""
 
     host_dispatch_s: float
     collective_wait_s: float
     graph_launch_s: float
     median_abs_rel_error: float
     samples: int
+    core_share: float = 1.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -179,8 +196,22 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
 
     ``view_op_s`` (measured on a chain of views) prices the view nodes; ``link`` (fitted back to
     back) prices the collectives' alpha-beta time, and may be None when no sample has one.
-    Non-negative least squares on relative error. Raises ValueError with fewer samples than
-    unknowns.
+    Raises ValueError with fewer samples than unknowns.
+
+    When the samples carry their own work (``work_s``, timed on the work clock like the single
+    ops whose rates price ``device_s``), the fit has three steps, each on what it can see:
+
+    1. the dispatch per kernel node and the call of the graph, by non-negative least squares on
+       relative error over the work of every graph (a column per collective takes the host work
+       of issuing and waiting on one, which belongs to the wait below, not to a node);
+    2. the share of a core a rank gets (:attr:`GraphSample.core_share`), the median over the
+       graphs without collectives: every work term becomes wall time divided by it (the
+       returned dispatch and call, and :func:`~.calibrate.build_profile` the kernel rates);
+    3. the wait per collective: the median over the graphs with collectives of what their
+       slowest rank's wall time has beyond their predicted kernels, nodes, call and link, per
+       collective, at least 0 (a median over graphs does not swing with one disturbed run).
+
+    Without ``work_s`` (older samples), one least-squares fit of all three terms on wall time.
     """
     with_collectives = any(sample.collectives for sample in samples)
     unknowns = 3 if with_collectives else 2
@@ -188,11 +219,43 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         raise ValueError(f"need at least {unknowns} graph samples to fit the host terms, got {len(samples)}")
     if with_collectives and link is None:
         raise ValueError("graph samples with collectives need the link they ran on to be priced")
+
+    def link_s(sample: GraphSample) -> float:
+        return sum(link_collective_time_s(kind, nbytes, group, link) for kind, nbytes, group in sample.collectives
+                   ) if link is not None else 0.0
+
+    if not all(sample.work_s > 0 for sample in samples):
+        return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
+    rows, target = [], []
+    for sample in samples:
+        weight = 1.0 / sample.work_s
+        rows.append([sample.kernel_nodes * weight, weight, len(sample.collectives) * weight])
+        target.append((sample.work_s - sample.device_s - sample.view_nodes * view_op_s) * weight)
+    solution, _ = nnls(np.asarray(rows), np.asarray(target))
+    dispatch_work_s, launch_work_s = float(solution[0]), float(solution[1])
+    alone = [sample.core_share for sample in samples if not sample.collectives]
+    share = statistics.median(alone or [sample.core_share for sample in samples])
+
+    def wall_without_wait_s(sample: GraphSample) -> float:
+        work_s = (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
+                  + launch_work_s)
+        return work_s / share + link_s(sample)
+
+    waits = [(sample.seconds - wall_without_wait_s(sample)) / len(sample.collectives)
+             for sample in samples if sample.collectives]
+    wait_s = max(0.0, statistics.median(waits)) if waits else 0.0
+    errors = [abs(wall_without_wait_s(sample) + len(sample.collectives) * wait_s - sample.seconds) / sample.seconds
+              for sample in samples]
+    return HostFit(dispatch_work_s / share, wait_s, launch_work_s / share, statistics.median(errors), len(samples),
+                   share)
+
+
+def _fit_wall_terms(samples: Sequence[GraphSample], view_op_s: float, link_s: Callable[[GraphSample], float],
+                    with_collectives: bool) -> HostFit:
+    """The three host terms by one non-negative least-squares fit on wall time (relative error)."""
     rows, target, known = [], [], []
     for sample in samples:
-        link_s = sum(link_collective_time_s(kind, nbytes, group, link) for kind, nbytes, group in sample.collectives
-                     ) if link is not None else 0.0
-        known_s = sample.device_s + sample.view_nodes * view_op_s + link_s
+        known_s = sample.device_s + sample.view_nodes * view_op_s + link_s(sample)
         weight = 1.0 / sample.seconds
         row = [sample.kernel_nodes * weight, weight]
         if with_collectives:
@@ -218,29 +281,51 @@ def _device_only(hardware: Hardware) -> Hardware:
 
 # ------------------------------------------------------------------------------ single ops
 
-def _median_time_s(run: Callable[[], Any], min_time_s: float, repeats: int) -> float:
+def work_clock() -> Callable[[], float]:
+    """The clock that times this process's own work: the calling thread's CPU time when torch runs
+    one thread (a rank descheduled by other processes then loses no time: the op's cost, not the
+    machine's load, is measured; :func:`graph_sample` measures the share of a core a rank gets
+    separately), else the wall clock (CPU time of one thread would miss torch's other threads)."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def median_work_s(run: Callable[[], Any], min_time_s: float, repeats: int) -> float:
+    """Median seconds of work per call of ``run`` (:func:`work_clock`), each timed repeat looping
+    for at least ``min_time_s``."""
+    clock = work_clock()
     run()
-    start = time.perf_counter()
+    start = clock()
     run()
-    calls = max(1, math.ceil(min_time_s / max(time.perf_counter() - start, 1e-9)))
+    calls = max(1, math.ceil(min_time_s / max(clock() - start, 1e-9)))
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             run()
-        samples.append((time.perf_counter() - start) / calls)
+        samples.append((clock() - start) / calls)
     return statistics.median(samples)
 
 
+COLD_WEIGHT_BYTES = 64 * 2**20
+"""Bytes of distinct weights a GEMM sample cycles through: more than a CPU's last-level cache, so
+each call reads its weight from memory, as a model's forward does (it reads each weight once per
+call, long after the previous call evicted it); a weight reused in a tight loop stays in cache
+and runs up to twice as fast as the same GEMM in a graph."""
+
+
 def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
-    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens`` (float32)."""
+    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens``
+    (float32), each call on the next of enough distinct weights that none is in cache
+    (:data:`COLD_WEIGHT_BYTES`)."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(width, width, generator=generator)
+    copies = max(1, COLD_WEIGHT_BYTES // (width * width * 4))
+    weights = [torch.randn(width, width, generator=generator) for _ in range(copies)]
     bias = torch.randn(width, generator=generator)
     samples = []
     for m in tokens:
         x = torch.randn(m, width, generator=generator)
-        seconds = _median_time_s(functools.partial(aten.linear.default, x, weight, bias), min_time_s, repeats)
+        turn = itertools.cycle(weights)
+        seconds = median_work_s(lambda x=x, turn=turn: aten.linear.default(x, next(turn), bias), min_time_s, repeats)
         samples.append(GemmSample(m, width, width, seconds))
     return samples
 
@@ -251,19 +336,29 @@ _TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, at
 def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int) -> float:
     """Seconds per element of exp, tanh, sigmoid, silu and gelu on ``numel`` float32 values (median)."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
-    return statistics.median(_median_time_s(functools.partial(op, x), min_time_s, repeats) / numel
+    return statistics.median(median_work_s(functools.partial(op, x), min_time_s, repeats) / numel
                              for op in _TRANSCENDENTAL)
 
 
 # ------------------------------------------------------------------------------ graphs
 
+GRAPH_FAMILIES = ("llama", "gpt")
+"""Op mixes of the calibration graphs, as the rewrite emits them for HuggingFace models: both open
+with the prologue a traced model runs before its first block (position ids from ``arange``, a
+causal mask built by comparing them, a position-embedding lookup, dtype casts); ``"llama"`` blocks
+have RMSNorm, bias-free projections, rotary embeddings (slices, ``neg``, ``cat``), causal SDPA and a
+SiLU-gated MLP; ``"gpt"`` blocks have LayerNorm, projections with bias, SDPA with a mask tensor and
+a GELU MLP. Every op kind the fitted dispatch prices in a real graph is in them."""
+
+
 def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> tuple[torch.fx.GraphModule, torch.Tensor]:
-    """A rank-local graph of ``shape.layers`` Llama-like blocks split over ``world_size`` ranks
-    (heads and MLP columns split, an all-reduce after the output and down projections when
+    """A rank-local graph of ``shape.layers`` blocks of ``shape.family`` split over ``world_size``
+    ranks (heads and MLP columns split, an all-reduce after the output and down projections when
     ``world_size > 1``), built from the ATen ops the rewrite emits; and an input for it."""
     heads = max(1, shape.heads // world_size)
-    head_dim = max(1, shape.hidden // shape.heads)
+    head_dim = max(2, shape.hidden // shape.heads // 2 * 2)  # even: rotary halves it
     local = heads * head_dim  # (tokens, local) after a column-split projection
+    tokens, hidden, gpt = shape.tokens, shape.hidden, shape.family == "gpt"
     generator = torch.Generator().manual_seed(0)
     root = torch.nn.Module()
     graph = torch.fx.Graph()
@@ -275,14 +370,20 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
         root.register_buffer(name, torch.randn(*size, generator=generator) / math.sqrt(size[-1]))
         return graph.get_attr(name)
 
-    def call(op: Any, *args: Any) -> torch.fx.Node:
-        return graph.call_function(op, args)
+    def call(op: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        return graph.call_function(op, args, kwargs)
 
-    def rms_norm(value: torch.fx.Node) -> torch.fx.Node:
+    def norm(value: torch.fx.Node) -> torch.fx.Node:
+        if gpt:
+            return call(aten.layer_norm.default, value, [hidden], parameter(hidden), parameter(hidden), 1e-5)
         squared = call(aten.pow.Tensor_Scalar, value, 2)
         mean = call(aten.mean.dim, squared, [-1], True)
         inverse = call(aten.rsqrt.default, call(aten.add.Tensor, mean, 1e-6))
-        return call(aten.mul.Tensor, call(aten.mul.Tensor, value, inverse), parameter(shape.hidden))
+        return call(aten.mul.Tensor, call(aten.mul.Tensor, value, inverse), parameter(hidden))
+
+    def linear(value: torch.fx.Node, out_features: int, in_features: int) -> torch.fx.Node:
+        bias = (parameter(out_features),) if gpt else ()
+        return call(aten.linear.default, value, parameter(out_features, in_features), *bias)
 
     def all_reduce(value: torch.fx.Node) -> torch.fx.Node:
         if world_size == 1 or not shape.collectives:
@@ -290,22 +391,47 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
         return call(c10d.wait_tensor.default, call(c10d.all_reduce.default, value, "sum", group_name))
 
     def heads_first(value: torch.fx.Node) -> torch.fx.Node:  # (1, tokens, local) -> (1, heads, tokens, head_dim)
-        return call(aten.transpose.int, call(aten.view.default, value, [1, shape.tokens, heads, head_dim]), 1, 2)
+        return call(aten.transpose.int, call(aten.view.default, value, [1, tokens, heads, head_dim]), 1, 2)
+
+    def rotary(value: torch.fx.Node, cos: torch.fx.Node, sin: torch.fx.Node) -> torch.fx.Node:
+        half = head_dim // 2
+        first = call(aten.slice.Tensor, value, 3, 0, half)
+        second = call(aten.slice.Tensor, value, 3, half, head_dim)
+        rotated = call(aten.cat.default, [call(aten.neg.default, second), first], -1)
+        return call(aten.add.Tensor, call(aten.mul.Tensor, value, cos), call(aten.mul.Tensor, rotated, sin))
+
+    # the prologue: positions, a causal mask from them, a position-embedding lookup, casts
+    positions = call(aten.arange.start, 0, tokens, device=torch.device("cpu"), pin_memory=False)
+    rows = call(aten.unsqueeze.default, positions, 1)
+    columns = call(aten.unsqueeze.default, positions, 0)
+    mask = call(aten.view.default, call(aten.le.Tensor, columns, rows), [1, 1, tokens, tokens])
+    table = parameter(max(tokens, 64), hidden)
+    looked_up = call(aten.embedding.default, table, call(aten.unsqueeze.default, positions, 0))
+    x = call(aten.add.Tensor, x, call(aten._to_copy.default, looked_up, dtype=torch.float32))
+    angles = call(aten.mul.Tensor, call(aten._to_copy.default, rows, dtype=torch.float32), parameter(head_dim))
+    cos, sin = call(aten.cos.default, angles), call(aten.sin.default, angles)
 
     for _ in range(shape.layers):
-        normed = rms_norm(x)
-        q, k, v = (heads_first(call(aten.linear.default, normed, parameter(local, shape.hidden))) for _ in range(3))
-        attention = call(aten.scaled_dot_product_attention.default, q, k, v, None, 0.0, True)
+        normed = norm(x)
+        q, k, v = (heads_first(linear(normed, local, hidden)) for _ in range(3))
+        if gpt:
+            attention = call(aten.scaled_dot_product_attention.default, q, k, v, mask)
+        else:
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+            attention = call(aten.scaled_dot_product_attention.default, q, k, v, None, 0.0, True)
         merged = call(aten.view.default, call(aten.clone.default, call(aten.transpose.int, attention, 1, 2)),
-                      [1, shape.tokens, local])
-        x = call(aten.add.Tensor, x, all_reduce(call(aten.linear.default, merged, parameter(shape.hidden, local))))
-        normed = rms_norm(x)
-        gate = call(aten.silu.default, call(aten.linear.default, normed, parameter(2 * local, shape.hidden)))
-        up = call(aten.linear.default, normed, parameter(2 * local, shape.hidden))
-        down = call(aten.linear.default, call(aten.mul.Tensor, gate, up), parameter(shape.hidden, 2 * local))
+                      [1, tokens, local])
+        x = call(aten.add.Tensor, x, all_reduce(linear(merged, hidden, local)))
+        normed = norm(x)
+        if gpt:
+            inner = call(aten.gelu.default, linear(normed, 4 * local, hidden))
+            down = linear(inner, hidden, 4 * local)
+        else:
+            gate = call(aten.silu.default, linear(normed, 2 * local, hidden))
+            down = linear(call(aten.mul.Tensor, gate, linear(normed, 2 * local, hidden)), hidden, 2 * local)
         x = call(aten.add.Tensor, x, all_reduce(down))
-    graph.output(x)
-    example = torch.randn(1, shape.tokens, shape.hidden, generator=generator)
+    graph.output(norm(x))
+    example = torch.randn(1, tokens, hidden, generator=generator)
     return torch.fx.GraphModule(root, graph), example
 
 
@@ -348,23 +474,27 @@ def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: 
     """Time ``module(example)`` ``runs`` times (each after a barrier when a process group is up;
     the slowest rank counts) and count what the cost model sees in it."""
     recorder = _Recorder(module, hardware)
+    clock = work_clock()
     with torch.no_grad():
         recorder.run(example)
         for _ in range(warmup):
             module(example)
-        times = []
+        times, work = [], []
         for _ in range(runs):
             if dist.is_initialized():
                 dist.barrier()
-            start = time.perf_counter()
+            start, start_work = time.perf_counter(), clock()
             module(example)
+            work.append(clock() - start_work)
             times.append(time.perf_counter() - start)
     if dist.is_initialized():
         slowest = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         times = slowest.tolist()
+    shares = [min(1.0, w / t) for w, t in zip(work, times) if t > 0]
     return GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
-                       tuple(recorder.collectives), statistics.median(times))
+                       tuple(recorder.collectives), statistics.median(times), statistics.median(work),
+                       statistics.median(shares) if shares else 1.0)
 
 
 def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:

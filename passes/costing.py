@@ -49,7 +49,7 @@ from autotp.cost_model import (
     group_spans_nodes,
     launches_no_kernel,
 )
-from autotp.cost_model.compute import gemm_dims, is_transcendental
+from autotp.cost_model.compute import gemm_dims, is_lookup, is_transcendental
 from autotp.cost_model.runtime import view_time_s
 from autotp.passes.backward import (
     REPLICATED_INPUT_BACKWARD,
@@ -205,10 +205,13 @@ def node_work(node: fx.Node, strategies: list[Strategy], world_size: int) -> lis
         flops = 0
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]  # one per input slot
     work = []
+    lookup = is_lookup(node.target)  # reads only the rows it returns from its table
     for strategy in strategies:
-        moved = _local_nbytes(out, strategy.output, world_size) + sum(
-            _local_nbytes(value, placement, world_size) for placement, value in zip(strategy.inputs, inputs)
-        )
+        written = _local_nbytes(out, strategy.output, world_size)
+        read = [_local_nbytes(value, placement, world_size) for placement, value in zip(strategy.inputs, inputs)]
+        if lookup and read:
+            read[0] = min(read[0], written)
+        moved = written + sum(read)
         work.append((flops * _work_fraction(strategy, out, inputs, world_size), moved))
     return work
 

@@ -39,6 +39,7 @@ from autotp.base.reshard import ReshardKind, reshard_steps, route_with_kinds
 from autotp.base.shapes import concrete_shape, first_tensor
 from autotp.base.strategy import Strategy
 from autotp.passes.adjoints import REPLICATED_INPUT_ADJOINT, EagerSteps, ReshardNode, adjoint_route
+from autotp.passes.random_streams import RankStreams, rank_seed, rank_stream_target
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import local_form_for
 from autotp.passes.rules.args import holds_tensor
@@ -177,6 +178,8 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
     env: dict[str, fx.Node] = {}
     resharded: dict[tuple[str, Placement], fx.Node] = {}
     shared_inputs: dict[str, fx.Node] = {}  # training: producer -> its value read through f
+    # training: dropout on a split activation draws from this rank's own stream (passes/random_streams.py)
+    streams = RankStreams(rank_seed(torch.initial_seed(), rank)) if training else None
     by_name = {n.name: n for n in gm.graph.nodes}
 
     def value_for(producer: fx.Node, needed: Placement, divergent: bool) -> fx.Node:
@@ -221,7 +224,7 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
         local_form = local_form_for(node.target)
         new = local_form(builder, node, args, kwargs, strategy) if local_form is not None else None
         if new is None:
-            new = graph.call_function(node.target, args, kwargs)
+            new = graph.call_function(rank_stream_target(node, strategy.output, streams), args, kwargs)
         new.name = node.name
         new.meta.update({k: v for k, v in node.meta.items() if k in _KEEP_META})
         new.meta["autotp_placement"] = str(strategy.output)
@@ -238,7 +241,9 @@ def is_collective(node: fx.Node) -> bool:
 def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
     """Collectives in a rank-local graph, by kind (``all_reduce``...): one forward pass issues each once."""
     counts: dict[str, int] = {}
-    for node in gm.graph.nodes:
+    # a graph cut into submodules (activation checkpointing of blocks) holds its collectives in them
+    nodes = [node for module in gm.modules() if isinstance(module, fx.GraphModule) for node in module.graph.nodes]
+    for node in nodes:
         if is_collective(node):
             kind = COLLECTIVE_OPS[node.target]
             counts[kind] = counts.get(kind, 0) + 1

@@ -94,18 +94,19 @@ def _static_splits_only(node: fx.Node, strategies: list[Strategy]) -> list[Strat
 
 
 def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str],
-                         state: frozenset[str] = frozenset()) -> StrategyGraph:
+                         state: frozenset[str] = frozenset(), *, split_random: bool = False) -> StrategyGraph:
     """Enumerate the strategies of every node of ``gm`` for a mesh axis of ``world_size`` ranks.
 
     ``parameters``: placeholder name -> FQN of everything placed like a parameter (state buffers
-    included); ``state``: the placeholders among them that the graph updates.
+    included); ``state``: the placeholders among them that the graph updates. ``split_random``:
+    sampling ops may be split (per-rank streams, :mod:`autotp.passes.random_streams`).
     """
     order: list[str] = []
     nodes: dict[str, fx.Node] = {}
     strategies: dict[str, list[Strategy]] = {}
     edges: list[Edge] = []
     fallback: list[str] = []
-    ctx = RuleContext(world_size, block_counts(gm))
+    ctx = RuleContext(world_size, block_counts(gm), split_random)
     for node in gm.graph.nodes:
         order.append(node.name)
         nodes[node.name] = node

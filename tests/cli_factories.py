@@ -14,3 +14,10 @@ def tiny_mlp(batch: int = 2, seq_len: int = 16) -> tuple[nn.Module, tuple[torch.
 
 def not_a_model() -> int:
     return 3
+
+
+def failing_rank(rank: int, message: str, results: object) -> None:
+    """A spawn target that raises on rank 1 and reports 0.0 from rank 0 (for ``spawn_ranks``' error path)."""
+    if rank == 1:
+        raise ValueError(message)
+    results.put(0.0)  # type: ignore[attr-defined]

@@ -15,10 +15,13 @@ import torch
 from inspect_helpers import tiny_plan
 
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
-from autotp.cost_model.compute import gemm_dims, gemm_efficiency
+from autotp.cost_model.compute import aten_memory_bytes, gemm_dims, gemm_efficiency
 from autotp.cost_model.graph_calibration import (
+    GRAPH_FAMILIES,
     GemmSample,
     GraphSample,
+    GraphShape,
+    block_graph,
     fit_gemm_curve,
     fit_host_terms,
 )
@@ -157,3 +160,55 @@ def test_estimate_shows_host_time_per_runtime_mode() -> None:
     assert host.by_mode["cuda_graph"] == h100.graph_launch_s < host.by_mode["eager"], host
     assert estimate.time_per_call_s == estimate.time_s + h100.graph_launch_s
     assert "host dispatch per forward" in estimate.summary() and "cuda_graph" in estimate.summary()
+
+
+def test_host_fit_on_the_work_clock_divides_by_the_core_share_and_takes_the_median_wait() -> None:
+    """tp=4 on two cores (synthetic timings): graphs timed on the work clock with a core share of 1/2; the fit
+    returns dispatch and call in wall time (work / share), the share, and the median wait, which one disturbed
+    graph does not move."""
+    dispatch_s, launch_s, view_s, share, wait_s = 6e-6, 40e-6, 2e-6, 0.5, 700e-6
+    samples = []
+    for layers in (1, 2, 3, 4):
+        kernels, views, device_s = 30 * layers, 9 * layers, 0.4e-3 * layers
+        work_s = device_s + kernels * dispatch_s + views * view_s + launch_s
+        for with_collectives in (True, False):
+            collectives = tuple(("all_reduce", 2**14, 4) for _ in range(2 * layers)) if with_collectives else ()
+            link_s = sum(link_collective_time_s(k, n, p, LINK) for k, n, p in collectives)
+            seconds = work_s / share + link_s + len(collectives) * wait_s * (3.0 if layers == 4 else 1.0)
+            samples.append(GraphSample(kernels, views, device_s, collectives, seconds, work_s, share))
+    fit = fit_host_terms(samples, view_op_s=view_s, link=LINK)
+    for name, expected, actual in (("host_dispatch_s", dispatch_s / share, fit.host_dispatch_s),
+                                   ("graph_launch_s", launch_s / share, fit.graph_launch_s),
+                                   ("core_share", share, fit.core_share),
+                                   ("collective_wait_s", wait_s, fit.collective_wait_s)):
+        assert math.isclose(actual, expected, rel_tol=1e-6), f"{name}: expected {expected}, got {actual}"
+
+
+def test_lookups_read_rows_and_attention_runs_as_small_gemms() -> None:
+    """Pricing terms on meta tensors: an embedding reads the rows it returns, not its table; attention's
+    GEMM dims are (Sq, Sk, head dim), so a short sequence runs it below peak."""
+    aten = torch.ops.aten
+    table, ids = torch.empty(50_000, 64, device="meta"), torch.empty(2, 16, dtype=torch.long, device="meta")
+    rows = torch.empty(2, 16, 64, device="meta")
+    expected = 2 * 2 * 16 * 64 * 4 + 2 * 16 * 8
+    assert aten_memory_bytes(aten.embedding.default, (table, ids), {}, rows) == expected, (
+        f"expected {expected} bytes, got {aten_memory_bytes(aten.embedding.default, (table, ids), {}, rows)}")
+    q, k = torch.empty(2, 8, 16, 32, device="meta"), torch.empty(2, 8, 24, 32, device="meta")
+    dims = gemm_dims(aten.scaled_dot_product_attention.default, (q, k, k))
+    assert dims == (16, 24, 32), f"expected (16, 24, 32), got {dims}"
+
+
+@pytest.mark.parametrize("family", GRAPH_FAMILIES)
+def test_calibration_graphs_hold_the_op_kinds_of_hf_graphs(family: str) -> None:
+    """tp=1, one tiny block of each family: the graph runs and holds the prologue (arange, mask, embedding) and
+    the family's norm, attention and activation."""
+    module, example = block_graph(GraphShape(1, 4, 32, heads=4, family=family), 1, None)
+    out = module(example)
+    assert out.shape == example.shape, f"expected {tuple(example.shape)}, got {tuple(out.shape)}"
+    targets = {str(node.target) for node in module.graph.nodes if node.op == "call_function"}
+    expected = {"aten.arange.start", "aten.le.Tensor", "aten.embedding.default",
+                "aten.scaled_dot_product_attention.default"}
+    expected |= {"aten.layer_norm.default", "aten.gelu.default"} if family == "gpt" else {"aten.rsqrt.default",
+                                                                                           "aten.silu.default",
+                                                                                           "aten.cat.default"}
+    assert expected <= targets, f"missing {sorted(expected - targets)}"

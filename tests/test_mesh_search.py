@@ -280,3 +280,44 @@ def test_searched_plan_runs_on_the_mesh_runtime(gloo) -> None:
     for rank, [(_, shape, error)] in enumerate(results):
         assert shape == (4, 8, 1000), f"{plan.mesh} rank {rank}: expected the whole batch's logits, got {shape}"
         assert error < 1e-5, f"{plan.mesh}, {plan.microbatches} microbatch(es), rank {rank}: logits differ by {error}"
+
+
+def test_parallel_plan_json_round_trip_and_corrupt_files(tmp_path) -> None:
+    """A dp1 x pp2 x tp2 plan with a stage tp_plan, predictions and a search row saves and loads equal; a file
+    that is not JSON, a tensor-parallel Plan, another version, a missing field: PlanMismatchError naming the
+    file and the fix."""
+    import json
+
+    from autotp.base.errors import PlanMismatchError
+    from autotp.planning.even_stages import even_parallel_plan
+    from autotp.planning.mesh_plan import as_parallel_plan
+
+    model, _, _ = _tiny_llama(2)
+    even = even_parallel_plan(model, MeshShape(pp=2, tp=2), microbatches=2, schedule="1f1b")
+    tp_plan = autotp.plan(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)),
+                          (torch.randn(2, 8),), world_size=2)
+    row = {"mesh": MeshShape(pp=2, tp=2), "note": "", "latency_s": 1e-3, "latency_cuts": (0, 1, 2),
+           "latency_parts": {"compute": 8e-4}, "chosen": True}
+    plan = dataclasses.replace(even, stages=(dataclasses.replace(even.stages[0], tp_plan=tp_plan), *even.stages[1:]),
+                               predicted={"latency_s": 1e-3}, candidates=(row,), layer_blocks=("model.layers.0",
+                                                                                              "model.layers.1"))
+    path = tmp_path / "mesh_plan.json"
+    plan.save(path)
+    loaded = as_parallel_plan(str(path))
+    assert loaded == plan, f"round trip changed the plan:\n{plan}\n--- loaded ---\n{loaded}"
+    assert loaded.stages[0].tp_plan == tp_plan and loaded.candidates[0]["mesh"] == MeshShape(pp=2, tp=2)
+    data = json.loads(path.read_text())
+    bad = {"not_json.json": "{oops", "tp_plan.json": tp_plan.to_json(),
+           "version.json": json.dumps({**data, "version": 99}),
+           "missing.json": json.dumps({k: v for k, v in data.items() if k != "stages"})}
+    expected = {"not_json.json": "not JSON", "tp_plan.json": "a tensor-parallel Plan (load it with autotp.Plan.load)",
+                "version.json": "format version 99; this autotp reads version 1", "missing.json": "missing field 'stages'"}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(PlanMismatchError) as info:
+            ParallelPlan.load(tmp_path / name)
+        message = str(info.value)
+        assert expected[name] in message and name in message and "re-create it" in message, \
+            f"{name}: expected {expected[name]!r}, got {message!r}"
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        as_parallel_plan(str(tmp_path / "absent.json"))

@@ -38,6 +38,7 @@ def _resume_and_checkpoint(rank: int, world_size: int, directory: str) -> dict:
     checkpoint(lambda batch: tp(batch, labels=batch).loss, ids, use_reentrant=False).backward()
     recomputed = max((p.grad - plain[name]).abs().max().item() for name, p in tp.named_parameters())
     tp.zero_grad(set_to_none=True)
+    blocks = _checkpointed_blocks(tp, ids, plain)
 
     def step(optimizer: torch.optim.Optimizer) -> float:
         loss = tp(ids, labels=ids).loss
@@ -54,16 +55,71 @@ def _resume_and_checkpoint(rank: int, world_size: int, directory: str) -> dict:
     fresh = torch.optim.AdamW(tp.parameters(), lr=0.5)  # its lr is replaced by the saved one
     load_training_state(tp, fresh, directory)
     resumed = [step(fresh) for _ in range(2)]
-    return {"recomputed": recomputed, "after": after, "resumed": resumed}
+    return {"recomputed": recomputed, "after": after, "resumed": resumed, **blocks}
+
+
+def _saved_for_backward(tp: torch.nn.Module, ids: torch.Tensor) -> int:
+    """Tensors autograd keeps for the backward of one loss (counted by a saved-tensors hook), after its backward."""
+    saved = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += 1
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = tp(ids, labels=ids).loss
+    loss.backward()
+    return saved
+
+
+def _checkpointed_blocks(tp: autotp.TensorParallelModule, ids: torch.Tensor, plain: dict) -> dict:
+    """The same model compiled with activation_checkpointing="blocks" and outputs="local": its gradients'
+    largest difference from ``plain``, the blocks it checkpoints, the tensors saved for backward with and
+    without, its output placements and how far its logits are from this rank's block of ``tp``'s."""
+    model, _, _ = models.tiny_llama(**_LLAMA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        blocks = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
+                                activation_checkpointing="blocks", outputs="local")
+    with torch.no_grad():
+        whole, local = tp(ids, labels=ids), blocks(ids, labels=ids)
+    width = whole.logits.shape[-1] // tp.world_size
+    mine = whole.logits[..., tp.rank * width:(tp.rank + 1) * width]
+    outputs = {"placements": blocks.output_placements, "local_shape": tuple(local.logits.shape),
+               "logits_difference": (local.logits - mine).abs().max().item() if local.logits.shape == mine.shape
+               else float("inf"), "loss_difference": abs(local.loss.item() - whole.loss.item())}
+    saved = {"saved_plain": _saved_for_backward(tp, ids), "saved_blocks": _saved_for_backward(blocks, ids), **outputs}
+    tp.zero_grad(set_to_none=True)
+    grads = dict(blocks.named_parameters())
+    difference = max((grads[name].grad - plain[name]).abs().max().item() / plain[name].abs().max().item()
+                     for name in plain)
+    checkpointed = [m.name for m in blocks.graph_module.modules() if type(m).__name__ == "CheckpointedBlock"]
+    return {"block_difference": difference, "checkpointed": checkpointed, **saved}
 
 
 def test_dcp_resume_and_activation_checkpointing(gloo, tmp_path) -> None:
     """tp=2, Llama: torch.utils.checkpoint around the call recomputes (collectives included) to the
-    same gradients; a DCP checkpoint of shards + AdamW state resumes to the same next two losses
+    same gradients; so does activation_checkpointing="blocks" (each of the 2 layers checkpointed,
+    under half the tensors saved for backward, gradients within 1e-6), compiled with outputs="local"
+    (the loss whole, this rank's vocabulary block of the logits, S(2)); a DCP checkpoint of shards + AdamW state resumes to the same next two losses
     (the second depends on the optimizer state)."""
     results = gloo.run(2, _resume_and_checkpoint, str(tmp_path / "step2"))
     for rank, r in enumerate(results):
         assert r["recomputed"] == 0.0, f"rank {rank}: checkpointed gradients differ by {r['recomputed']}"
+        assert r["checkpointed"] == ["model.layers.0", "model.layers.1"], (
+            f"rank {rank}: checkpointed blocks {r['checkpointed']}, expected model.layers.0 and model.layers.1")
+        assert r["block_difference"] <= 1e-6, (
+            f"rank {rank}: per-block checkpointed gradients differ by {r['block_difference']:.3g} relative, "
+            "expected <= 1e-6")
+        assert r["placements"] == ("R", "S(2)"), f"rank {rank}: outputs='local' placements {r['placements']}"
+        assert r["local_shape"] == (2, 8, 48), f"rank {rank}: local logits {r['local_shape']}, expected (2, 8, 48)"
+        assert r["logits_difference"] <= 1e-5 and r["loss_difference"] <= 1e-6, (
+            f"rank {rank}: local logits differ from the rank's block of the whole ones by {r['logits_difference']}, "
+            f"loss by {r['loss_difference']}")
+        assert r["saved_blocks"] < r["saved_plain"] // 2, (
+            f"rank {rank}: {r['saved_blocks']} tensors saved for backward with checkpointed blocks, expected fewer "
+            f"than half of the {r['saved_plain']} saved without")
         assert r["resumed"] == r["after"], f"rank {rank}: losses after resuming {r['resumed']}, expected {r['after']}"
 
 
@@ -112,3 +168,75 @@ def test_fsdp2_over_tensor_parallel(gloo) -> None:
         assert r["sharded"] == "DTensor", f"rank {rank}: FSDP2 should hold the parameters as DTensors, got {r['sharded']}"
         for step, (got, want) in enumerate(zip(r["losses"], r["expected"])):
             assert abs(got - want) <= 1e-5 * abs(want), f"rank {rank} step {step}: loss {got}, single process {want}"
+
+
+def _dropout_probes(tp: autotp.TensorParallelModule, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """One forward of ``tp`` in which every sampling node runs on a probe (dropout of ones; attention with
+    uniform scores over values of ones), so its output shows its mask: ``{"split": [...], "replicated": [...]}``."""
+    from torch.fx import Interpreter
+
+    from autotp.capture import draws_random_numbers
+    from autotp.passes.random_streams import RankStream
+
+    probes: dict[str, list[torch.Tensor]] = {"split": [], "replicated": []}
+
+    class Probe(Interpreter):
+        def run_node(self, node: torch.fx.Node) -> object:
+            split = isinstance(node.target, RankStream)
+            if node.op != "call_function" or not (split or draws_random_numbers(node)):
+                return super().run_node(node)
+            args, kwargs = self.fetch_args_kwargs_from_env(node)
+            op = node.target.target if split else node.target
+            if op is torch.ops.aten.scaled_dot_product_attention.default:
+                args = (torch.zeros_like(args[0]), torch.zeros_like(args[1]), torch.ones_like(args[2]), *args[3:])
+            else:
+                args = (torch.ones_like(args[0]), *args[1:])
+            out = node.target(*args, **kwargs)
+            probes["split" if split else "replicated"].append(out.detach().clone())
+            return out
+
+    values = [tp._local[s.name] if s.kind == "parameter" else ids if s.kind == "user" else getattr(tp, s.name)
+              for s in tp._slots]
+    with torch.no_grad():
+        Probe(tp.graph_module).run(*values)
+    return probes
+
+
+def _dropout_streams(rank: int, world_size: int) -> dict:
+    """GPT-2 (dropout 0.1) compiled with dropout="split": its loss, and its sampling nodes' masks after
+    tp.manual_seed(7), twice."""
+    model, (ids,), _ = models.tiny_gpt2(num_heads=4, hidden=48, layers=2, vocab_size=96, seq_len=8)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
+                            dynamic=False, dropout="split")
+    tp.manual_seed(7)
+    loss = tp(ids, labels=ids).loss
+    loss.backward()
+    tp.manual_seed(7)
+    first = _dropout_probes(tp, ids)
+    tp.manual_seed(7)
+    return {"loss": loss.item(), "first": first, "again": _dropout_probes(tp, ids),
+            "gradients": all(p.grad is not None for p in tp.parameters())}
+
+
+def test_dropout_streams_per_rank(gloo) -> None:
+    """tp=2, GPT-2 with dropout 0.1, dropout="split": attention (split by heads) draws its dropout from a
+    per-rank stream, so its masks differ between the ranks; the replicated (and partial) dropouts draw
+    from the shared stream, so their masks are equal on both ranks; after tp.manual_seed(7) both kinds
+    repeat exactly; a training step runs and its loss is the same on both ranks."""
+    results = gloo.run(2, _dropout_streams)
+    for rank, r in enumerate(results):
+        assert r["gradients"], f"rank {rank}: a parameter got no gradient"
+        assert len(r["first"]["split"]) == 2, f"rank {rank}: {len(r['first']['split'])} split dropouts, expected 2 (attention)"
+        assert r["first"]["replicated"], f"rank {rank}: no dropout on the shared stream"
+        for kind in ("split", "replicated"):
+            same = all(torch.equal(a, b) for a, b in zip(r["first"][kind], r["again"][kind], strict=True))
+            assert same, f"rank {rank}: {kind} dropout masks differ after the same tp.manual_seed(7)"
+    assert results[0]["loss"] == results[1]["loss"], f"losses differ between ranks: {results[0]['loss']} vs {results[1]['loss']}"
+    for index, (a, b) in enumerate(zip(results[0]["first"]["replicated"], results[1]["first"]["replicated"], strict=True)):
+        assert torch.equal(a, b), f"replicated dropout {index}: the ranks drew different masks"
+    for index, (a, b) in enumerate(zip(results[0]["first"]["split"], results[1]["first"]["split"], strict=True)):
+        assert a.shape == b.shape and not torch.equal(a, b), (
+            f"split dropout {index}: the ranks drew the same mask (shapes {tuple(a.shape)}, {tuple(b.shape)})")

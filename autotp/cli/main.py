@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import socket
 import sys
 import time
 import warnings
@@ -30,16 +29,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotp.cli.arguments import hardware_profile, output_path, positive_int
+from autotp.cli.demo_ranks import (
+    DEMO_BATCH,
+    DEMO_HEADS,
+    DEMO_HIDDEN,
+    DEMO_KV_HEADS,
+    DEMO_VOCAB,
+    build_demo_llama,
+    free_port,
+    say,
+    spawn_ranks,
+)
 from autotp.cli.mesh_demo import mesh_spec, run_mesh_demo
 
 __all__ = ["main"]
 
-DEMO_HIDDEN = 256
-DEMO_HEADS = 8
-DEMO_KV_HEADS = 4
-DEMO_INTERMEDIATE = 512
-DEMO_VOCAB = 1000
-DEMO_BATCH = 2
 DEFAULT_TOLERANCE = 1e-4  # float32 logits: summation order differs under TP, far below this
 
 
@@ -70,30 +74,6 @@ class DemoReport:
     collective_counts: dict[str, int] = field(default_factory=dict)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _say(rank: int, message: str) -> None:
-    if rank == 0:
-        print(message, flush=True)
-
-
-def _build_llama(layers: int, seq_len: int, seed: int) -> Any:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=DEMO_VOCAB, hidden_size=DEMO_HIDDEN, intermediate_size=DEMO_INTERMEDIATE,
-        num_hidden_layers=layers, num_attention_heads=DEMO_HEADS, num_key_value_heads=DEMO_KV_HEADS,
-        max_position_embeddings=max(1024, seq_len), attn_implementation="sdpa", use_cache=False,
-    )
-    torch.manual_seed(seed)  # same seed on every rank: identical weights everywhere
-    return LlamaForCausalLM(config).eval()
-
-
 def _logits(output: Any) -> Any:
     return output.logits if hasattr(output, "logits") else output[0]
 
@@ -112,24 +92,24 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group("gloo", init_method=config.init_method, rank=rank, world_size=world_size)
     try:
-        _say(rank, f"process group up: gloo, {world_size} ranks")
-        _say(rank, f"building LlamaForCausalLM ({config.layers} layers, hidden {DEMO_HIDDEN}, {DEMO_HEADS} heads, "
+        say(rank, f"process group up: gloo, {world_size} ranks")
+        say(rank, f"building LlamaForCausalLM ({config.layers} layers, hidden {DEMO_HIDDEN}, {DEMO_HEADS} heads, "
                    f"{DEMO_KV_HEADS} kv heads, vocab {DEMO_VOCAB}) with seed {config.seed} on every rank...")
-        model = _build_llama(config.layers, config.seq_len, config.seed)
+        model = build_demo_llama(config.layers, config.seq_len, config.seed)
         generator = torch.Generator().manual_seed(config.seed + 1)
         ids = torch.randint(0, DEMO_VOCAB, (DEMO_BATCH, config.seq_len), generator=generator)  # (batch, seq)
         with torch.no_grad():
             reference = _logits(model(ids, use_cache=False))  # (batch, seq, vocab), single process
         original_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-        _say(rank, f"compiling with autotp.compile(world_size={world_size}, hardware={config.hardware!r}); "
+        say(rank, f"compiling with autotp.compile(world_size={world_size}, hardware={config.hardware!r}); "
                    f"the plan is costed for that profile, the run is CPU gloo...")
         started = time.perf_counter()
         tp_model = autotp.compile(model, world_size=world_size, example_inputs=(ids,),
                                   example_kwargs={"use_cache": False}, hardware=config.hardware)
         compile_time_s = time.perf_counter() - started
 
-        _say(rank, "running the tensor-parallel model...")
+        say(rank, "running the tensor-parallel model...")
         with torch.no_grad():
             logits = _logits(tp_model(ids, use_cache=False))
         diff = torch.tensor([(logits - reference).abs().max().item()], dtype=torch.float64)
@@ -197,50 +177,28 @@ def format_report(report: DemoReport, config: DemoConfig) -> str:
 
 def run_demo(config: DemoConfig) -> int:
     """Spawn the ranks, wait for them, return the exit code."""
-    import torch.multiprocessing as mp
-
     if importlib.util.find_spec("transformers") is None:
         print("autotp demo builds a HuggingFace Llama and needs transformers: pip install 'autotp[hf]'",
               file=sys.stderr)
         return 2
     print(f"spawning {config.world_size} gloo processes...", flush=True)
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    try:
-        mp.start_processes(_demo_rank, args=(config, results), nprocs=config.world_size, join=True,
-                           start_method="spawn")
-    except mp.ProcessRaisedException as exc:
-        print(f"autotp demo failed on rank {exc.error_index}:\n{exc}", file=sys.stderr, flush=True)
-        return 2
-    except mp.ProcessExitedException as exc:
-        print(f"autotp demo: rank {exc.error_index} exited with code {exc.exit_code}", file=sys.stderr, flush=True)
-        return 2
-    if results.empty():
-        print("autotp demo: rank 0 finished without a report", file=sys.stderr, flush=True)
-        return 2
-    max_abs_diff: float = results.get()
+    code, max_abs_diff = spawn_ranks(_demo_rank, (config,), config.world_size, "autotp demo")
+    if code:
+        return code
     return 0 if max_abs_diff <= config.tolerance else 1
 
 
 def run_checkpoint_demo(config: DemoConfig, checkpoint: str) -> int:
     """``autotp demo --checkpoint DIR``: spawn the ranks of :mod:`autotp.cli.load_demo`, return the exit code."""
-    import torch.multiprocessing as mp
-
     from autotp.cli.load_demo import run_checkpoint_rank
 
     print(f"spawning {config.world_size} gloo processes to load {checkpoint}...", flush=True)
-    results = mp.get_context("spawn").SimpleQueue()
-    try:
-        mp.start_processes(run_checkpoint_rank, nprocs=config.world_size, join=True, start_method="spawn",
-                           args=(config.world_size, config.init_method, checkpoint, config.seq_len, config.hardware,
-                                 config.tolerance, results))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        print(f"autotp demo --checkpoint failed on rank {exc.error_index}:\n{exc}", file=sys.stderr, flush=True)
-        return 2
-    if results.empty():
-        print("autotp demo: rank 0 finished without a result", file=sys.stderr, flush=True)
-        return 2
-    return 0 if results.get() <= config.tolerance else 1
+    code, max_abs_diff = spawn_ranks(
+        run_checkpoint_rank, (config.world_size, config.init_method, checkpoint, config.seq_len, config.hardware,
+                              config.tolerance), config.world_size, "autotp demo --checkpoint")
+    if code:
+        return code
+    return 0 if max_abs_diff <= config.tolerance else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -355,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         config = DemoConfig(
             world_size=args.world_size, layers=args.layers, seq_len=args.seq_len, seed=args.seed,
-            tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{_free_port()}", hardware=args.hardware,
+            tolerance=args.tolerance, init_method=f"tcp://127.0.0.1:{free_port()}", hardware=args.hardware,
             generate=args.generate,
         )
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import warnings
 from typing import Any
 
@@ -48,7 +47,7 @@ def _mesh_rank(rank: int, world_size: int, init_method: str, dims: tuple[tuple[s
     from torch.distributed.device_mesh import init_device_mesh
 
     import autotp
-    from autotp.cli.main import DEMO_BATCH, DEMO_VOCAB, _build_llama, _say
+    from autotp.cli.demo_ranks import DEMO_BATCH, DEMO_VOCAB, build_demo_llama, say
 
     if rank != 0:
         warnings.simplefilter("ignore")
@@ -57,13 +56,13 @@ def _mesh_rank(rank: int, world_size: int, init_method: str, dims: tuple[tuple[s
     try:
         sizes = dict(dims)
         batch = DEMO_BATCH * sizes.get("dp", 1)  # DEMO_BATCH rows per data-parallel replica
-        _say(rank, f"process group up: gloo, {world_size} ranks; mesh {', '.join(f'{n}={s}' for n, s in dims)}")
-        model = _build_llama(layers, seq_len, seed)
+        say(rank, f"process group up: gloo, {world_size} ranks; mesh {', '.join(f'{n}={s}' for n, s in dims)}")
+        model = build_demo_llama(layers, seq_len, seed)
         ids = torch.randint(0, DEMO_VOCAB, (batch, seq_len), generator=torch.Generator().manual_seed(seed + 1))
         with torch.no_grad():
             reference = model(ids, use_cache=False).logits  # (batch, seq, vocab), single process
         mesh = init_device_mesh("cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
-        _say(rank, f"compiling with autotp.compile(mesh=..., hardware={hardware!r}) on a batch of {batch}...")
+        say(rank, f"compiling with autotp.compile(mesh=..., hardware={hardware!r}) on a batch of {batch}...")
         part = autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
                               hardware=hardware)
         with torch.no_grad():
@@ -95,21 +94,14 @@ def _mesh_rank(rank: int, world_size: int, init_method: str, dims: tuple[tuple[s
 def run_mesh_demo(dims: tuple[tuple[str, int], ...], *, layers: int, seq_len: int, seed: int, hardware: str,
                   tolerance: float, init_method: str) -> int:
     """Spawn one process per mesh position, wait, return the exit code."""
-    import torch.multiprocessing as mp
+    from autotp.cli.demo_ranks import spawn_ranks
 
     world_size = math.prod(size for _, size in dims)
     print(f"spawning {world_size} gloo processes for the mesh {','.join(f'{n}{s}' for n, s in dims)}...", flush=True)
-    results = mp.get_context("spawn").SimpleQueue()
-    try:
-        mp.start_processes(_mesh_rank, nprocs=world_size, join=True, start_method="spawn",
-                           args=(world_size, init_method, dims, layers, seq_len, seed, hardware, results))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        print(f"autotp demo --mesh failed on rank {exc.error_index}:\n{exc}", file=sys.stderr, flush=True)
-        return 2
-    if results.empty():
-        print("autotp demo --mesh: rank 0 finished without a result", file=sys.stderr, flush=True)
-        return 2
-    diff = results.get()
+    code, diff = spawn_ranks(_mesh_rank, (world_size, init_method, dims, layers, seq_len, seed, hardware),
+                             world_size, "autotp demo --mesh")
+    if code:
+        return code
     verdict = "OK" if diff <= tolerance else "FAILED"
     print(f"tolerance {tolerance:.0e}: {verdict}", flush=True)
     return 0 if diff <= tolerance else 1

@@ -42,6 +42,7 @@ def _splits_dynamic_dim(node: object, placement: str) -> bool:
 def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> None:
     """Raise :class:`PlanMismatchError` naming every reason ``plan`` cannot be applied to ``captured``."""
     from autotp.base.placements import placement_to_str
+    from autotp.planning.outputs import is_local_output
 
     plan.check_matches(captured.graph_module, world_size)
     fqns = {**captured.parameter_fqns(), **captured.state_fqns()}
@@ -52,14 +53,15 @@ def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> 
         if plan.parameters.get(fqn) != node.output:
             problems.append(f"parameter {fqn}: 'parameters' says {plan.parameters.get(fqn)!r} but its node {name} "
                             f"says {node.output!r}; edit both to the same placement")
-    graph = build_strategy_graph(captured.graph_module, world_size, fqns, frozenset(captured.state))
+    # a sampling op on a split activation is valid: the rank-local graph draws it from a per-rank stream
+    graph = build_strategy_graph(captured.graph_module, world_size, fqns, frozenset(captured.state), split_random=True)
     bad = []
     splits_dynamic = False
     for name in graph.order:
         offered = {(tuple(placement_to_str(p) for p in s.inputs), placement_to_str(s.output)): s
                    for s in graph.strategies[name]}
         node = decisions[name]
-        if (tuple(node.inputs), node.output) not in offered:
+        if (tuple(node.inputs), node.output) not in offered and not is_local_output(plan, name):
             choices = ", ".join(_strategy_text(i, o) for i, o in list(offered)[:6])
             more = " ..." if len(offered) > 6 else ""
             bad.append(f"node {name} ({node.op}): {_strategy_text(node.inputs, node.output)} is not a strategy of this "

@@ -12,13 +12,19 @@ ranks, so with ``tp`` dividing the devices per node it never spans nodes.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any
 
+from autotp.base.errors import PlanMismatchError
 from autotp.planning.plan import Plan
 
-__all__ = ["MESH_DIM_NAMES", "MeshShape", "ParallelPlan", "StagePlan"]
+__all__ = ["MESH_DIM_NAMES", "PARALLEL_PLAN_FORMAT", "PARALLEL_PLAN_VERSION", "MeshShape", "ParallelPlan", "StagePlan",
+           "as_parallel_plan"]
 
 MESH_DIM_NAMES = ("dp", "pp", "tp")
+PARALLEL_PLAN_FORMAT = "autotp.ParallelPlan"
+PARALLEL_PLAN_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +103,91 @@ class ParallelPlan:
 
         return parallel_plan_text(self)
 
+    # ---------------------------------------------------------------- JSON
+    def to_json(self) -> str:
+        """Versioned JSON of every field; each stage's ``tp_plan`` as a :meth:`Plan.to_json` object."""
+        data = {"format": PARALLEL_PLAN_FORMAT, "version": PARALLEL_PLAN_VERSION,
+                "mesh": dataclasses.asdict(self.mesh),
+                "stages": [{**{f.name: getattr(stage, f.name) for f in dataclasses.fields(stage) if f.name != "tp_plan"},
+                            "tp_plan": None if stage.tp_plan is None else json.loads(stage.tp_plan.to_json())}
+                           for stage in self.stages],
+                "microbatches": self.microbatches, "schedule": self.schedule, "objective": self.objective,
+                "hardware": self.hardware, "predicted": dict(self.predicted),
+                "candidates": [{**row, "mesh": dataclasses.asdict(row["mesh"])} if isinstance(row.get("mesh"), MeshShape)
+                               else dict(row) for row in self.candidates],
+                "layer_blocks": list(self.layer_blocks), "tp_summary": self.tp_summary}
+        return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "<string>") -> ParallelPlan:
+        """The plan :meth:`to_json` wrote; :class:`PlanMismatchError` naming ``source`` and the problem
+        for anything else (not JSON, another format or version, a missing or malformed field)."""
+        redo = "re-create it with autotp.plan(..., parallelism='auto').save(path)"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanMismatchError(f"{source} is not a valid autotp ParallelPlan: not JSON ({exc}); {redo}") from exc
+        if not isinstance(data, dict) or data.get("format") != PARALLEL_PLAN_FORMAT:
+            what = (f"format {data.get('format')!r}" if isinstance(data, dict) and "format" in data
+                    else "a tensor-parallel Plan (load it with autotp.Plan.load)" if isinstance(data, dict)
+                    and "nodes" in data else f"a JSON {type(data).__name__} without format {PARALLEL_PLAN_FORMAT!r}")
+            raise PlanMismatchError(f"{source} is not an autotp ParallelPlan: it is {what}; {redo}")
+        if data.get("version") != PARALLEL_PLAN_VERSION:
+            raise PlanMismatchError(f"{source} is a ParallelPlan of format version {data.get('version')!r}; this autotp "
+                                    f"reads version {PARALLEL_PLAN_VERSION}; {redo}")
+        try:
+            stages = []
+            for row in data["stages"]:
+                tp_plan = row.pop("tp_plan", None)
+                plan = None if tp_plan is None else Plan.from_json(json.dumps(tp_plan), source=f"{source} (a stage's tp_plan)")
+                stages.append(StagePlan(**row, tp_plan=plan))
+            candidates = tuple({**_tuples(row), "mesh": MeshShape(**row["mesh"])} if isinstance(row.get("mesh"), dict)
+                               else _tuples(row) for row in data["candidates"])
+            return cls(mesh=MeshShape(**data["mesh"]), stages=tuple(stages), microbatches=data["microbatches"],
+                       schedule=data["schedule"], objective=data["objective"], hardware=data["hardware"],
+                       predicted=dict(data["predicted"]), candidates=candidates,
+                       layer_blocks=tuple(data["layer_blocks"]), tp_summary=data["tp_summary"])
+        except PlanMismatchError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise PlanMismatchError(f"{source} is not a valid autotp ParallelPlan: {what}; {redo}") from exc
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as versioned JSON (:meth:`load` reads it back)."""
+        with open(path, "w") as f:
+            f.write(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ParallelPlan:
+        """Read a plan written by :meth:`save` (checked against the mesh and model when compiled)."""
+        with open(path) as f:
+            return cls.from_json(f.read(), source=str(path))
+
     def candidates_table(self) -> str:
         """Every factorization considered, one row each, the chosen one marked (``autotp plan`` prints it)."""
         from autotp.inspect.mesh_text import candidates_table
 
         return candidates_table(self)
+
+
+def _tuples(row: dict[str, Any]) -> dict[str, Any]:
+    """A candidate row read from JSON with its lists as the tuples the search wrote."""
+    def fix(value: Any) -> Any:
+        if isinstance(value, list):
+            return tuple(fix(item) for item in value)
+        if isinstance(value, dict):
+            return {key: fix(item) for key, item in value.items()}
+        return value
+
+    return {key: fix(value) for key, value in row.items()}
+
+
+def as_parallel_plan(plan: object) -> ParallelPlan | None:
+    """``plan=`` as ``autotp.compile(mesh=...)`` takes it: a ParallelPlan, the path of a saved one (loaded), or None."""
+    if isinstance(plan, (str, os.PathLike)):
+        if not os.path.isfile(plan):
+            raise FileNotFoundError(f"plan={str(plan)!r}: no such file; pass the path of a ParallelPlan saved with "
+                                    "plan.save(path), or a ParallelPlan object")
+        return ParallelPlan.load(plan)
+    return plan  # type: ignore[return-value]  # checked by check_plan_for_mesh

@@ -71,6 +71,11 @@ class PlanOptions:
         training: plan a training step: price forward *and* backward (each resharding's adjoint,
             backward compute), and count gradients, optimizer state and the activations kept
             for the backward in memory (:mod:`autotp.passes.backward`).
+        outputs: ``"replicated"`` (default: every output whole on every rank) or ``"local"``
+            (each output in the placement it is computed in, no gather: :mod:`autotp.planning.outputs`).
+        dropout: ``"replicated"`` (default: every dropout mask drawn whole, the same on every rank)
+            or ``"split"`` (dropout may run on split activations, from per-rank random streams:
+            :mod:`autotp.passes.random_streams`).
         optimizer_states: with ``training``, fp32 values the optimizer keeps per parameter
             element (default 2: AdamW's two moments; SGD with momentum 1, plain SGD 0).
     """
@@ -85,6 +90,8 @@ class PlanOptions:
     strategy_filter: StrategyFilter | None = None
     training: bool = False
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES
+    outputs: str = "replicated"
+    dropout: str = "replicated"
 
     def __post_init__(self) -> None:
         check_world_size(self.world_size)
@@ -93,6 +100,11 @@ class PlanOptions:
         for flag in ("strict", "progress", "training"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        from autotp.passes.random_streams import check_dropout
+        from autotp.planning.outputs import check_outputs
+
+        check_outputs(self.outputs)
+        check_dropout(self.dropout)
         states = self.optimizer_states
         if isinstance(states, bool) or not isinstance(states, int) or states < 0:
             raise ValueError(f"optimizer_states must be an int >= 0 (fp32 values the optimizer keeps per parameter "

@@ -41,6 +41,7 @@ from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.kv_heads import kv_projection_parameters
 from autotp.planning.options import PlanOptions
+from autotp.planning.outputs import free_outputs, with_local_outputs
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
 
 __all__ = ["auto_memory_budget", "check_fits_device", "plan_graph", "resolve_memory_budget"]
@@ -208,10 +209,13 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     started = time.perf_counter()
     hw = options.hardware_profile
     graph = build_strategy_graph(captured.graph_module, options.world_size,
-                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state),
+                                 split_random=options.dropout == "split")
     if options.strategy_filter is not None:
         graph = _narrowed(graph, options.strategy_filter(graph))
     graph = apply_constraints(graph, options.constraints)
+    if options.outputs == "local":
+        graph = free_outputs(graph)
     _check_fallback(graph, options.strict)
     log_progress(options.progress, f"{len(graph.order)} nodes, {sum(len(s) for s in graph.strategies.values())} strategies; "
                            f"costing on {hw.name}")
@@ -225,6 +229,8 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     except PlanError as exc:
         raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
+    if options.outputs == "local":
+        plan = with_local_outputs(plan)
     if options.training:
         plan = _compare_with_inference(plan, captured, options, started)
     if plan.fallback_ops:

@@ -20,14 +20,17 @@ a prompt shorter than ``prefill_len`` goes one token per call through the decode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autotp.runtime.kv_cache import CacheLayout
+
 if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
 
-__all__ = ["generate", "next_tokens"]
+__all__ = ["check_request", "generate", "generation_loop", "next_tokens"]
 
 
 def next_tokens(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int | None,
@@ -59,6 +62,13 @@ def _check(tp: TensorParallelModule, input_ids: Any, attention_mask: Any, max_ne
             "this tensor-parallel model was compiled without a KV cache, so it cannot generate; compile it with "
             "autotp.compile(model, example_inputs=(ids,), max_cache_len=N) (N: prompt + new tokens per row)"
         )
+    check_request(layout, tp.world_size, input_ids, attention_mask, max_new_tokens, do_sample, seed)
+
+
+def check_request(layout: CacheLayout, world_size: int, input_ids: Any, attention_mask: Any, max_new_tokens: Any,
+                  do_sample: bool, seed: int | None) -> None:
+    """ValueError, saying the fix, when a generate request does not fit the cache or lacks a seed to sample
+    the same tokens on ``world_size`` ranks."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.long, torch.int):
         raise ValueError(f"input_ids must be integer token ids of shape (batch, seq), got {input_ids!r:.80}")
     batch, prompt = (int(s) for s in input_ids.shape)
@@ -81,7 +91,7 @@ def _check(tp: TensorParallelModule, input_ids: Any, attention_mask: Any, max_ne
                                        or tuple(attention_mask.shape) != (batch, prompt)):
         shown = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
         raise ValueError(f"attention_mask must have the shape of input_ids {(batch, prompt)}, got {shown}")
-    if do_sample and seed is None and tp.world_size > 1:
+    if do_sample and seed is None and world_size > 1:
         raise ValueError(
             "do_sample=True needs seed=<int> on more than one rank: every rank draws the tokens itself, and only "
             "the same seed makes them draw the same ones"
@@ -103,7 +113,27 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     """
     _check(tp, input_ids, attention_mask, max_new_tokens, do_sample, seed)
     assert tp.generation is not None
-    layout = tp.generation.layout
+    return generation_loop(tp.generation.layout, tp.phase_runner, input_ids, attention_mask,
+                           max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                           seed=seed, streamer=streamer,
+                           pick=lambda logits, generator: next_tokens(
+                               logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                               generator=generator))
+
+
+def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[[tuple[torch.Tensor, ...]], Any]],
+                    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
+                    eos_token_id: int | list[int] | None, pad_token_id: int | None, seed: int | None, streamer: Any,
+                    pick: Callable[[Any, torch.Generator | None], torch.Tensor]) -> torch.Tensor:
+    """The loop of :func:`generate` over a checked request: the prompt through the prefill (or decode) graph,
+    then one decode call per new token.
+
+    ``phase_runner("decode" | "prefill")`` gives a function of the graph's flat inputs ``(tokens,
+    positions, cache_position, mask)`` returning logits ``(batch, S, vocab)`` (or ``None`` where this
+    rank computes no logits: a pipeline stage other than the last); ``pick(logits, generator)``
+    returns every row's next token (the same on every rank). A pipeline
+    (:mod:`autotp.runtime.mesh_generate`) runs this same loop on every stage.
+    """
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
     rows, prompt = (int(s) for s in input_ids.shape)
@@ -121,16 +151,17 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     chunk = layout.prefill_len
     prefill_in_chunks = chunk > 1 and prompt >= chunk
-    runners = {"decode": tp.phase_runner("decode")}
+    runners = {"decode": phase_runner("decode")}
     if prefill_in_chunks:
-        runners["prefill"] = tp.phase_runner("prefill")
+        runners["prefill"] = phase_runner("prefill")
 
-    def run(start: int, tokens: torch.Tensor) -> torch.Tensor:
+    def run(start: int, tokens: torch.Tensor) -> torch.Tensor | None:
         """Run ``tokens`` (batch, S) at cache slots start..start+S-1; logits of the last one (batch, vocab)."""
         length = int(tokens.shape[1])
         cache_position = torch.arange(start, start + length)
         runner = runners["decode" if length == 1 else "prefill"]
-        return runner((tokens, positions[:, start:start + length], cache_position, mask))[:, -1]
+        logits = runner((tokens, positions[:, start:start + length], cache_position, mask))
+        return None if logits is None else logits[:, -1]
 
     if prefill_in_chunks:
         starts = list(range(0, prompt - chunk + 1, chunk))
@@ -148,8 +179,7 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     eos_ids = torch.tensor(eos, dtype=torch.long)
     new: list[torch.Tensor] = []
     for step in range(max_new_tokens):
-        token = next_tokens(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                            generator=generator)
+        token = pick(logits, generator)
         if eos:
             token = torch.where(unfinished, token, torch.full_like(token, pad))
             unfinished &= ~torch.isin(token, eos_ids)

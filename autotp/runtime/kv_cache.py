@@ -92,7 +92,9 @@ class CachedCausalLM(torch.nn.Module):
     """``model`` with a static KV cache of ``batch_size`` rows and ``max_cache_len`` slots (see module docstring)."""
 
     def __init__(self, model: torch.nn.Module, *, batch_size: int, max_cache_len: int,
-                 last_logits_only: bool = False) -> None:
+                 last_logits_only: bool = False, layers: range | None = None) -> None:
+        """``layers``: the decoder layers whose cache this wrapper holds (default: all); a pipeline stage
+        holds its own layers' only (:mod:`autotp.runtime.mesh_generate`), the others get no buffer."""
         super().__init__()
         check_causal_lm(model)
         for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
@@ -121,16 +123,19 @@ class CachedCausalLM(torch.nn.Module):
         kv_heads, head_dim = get_head_shapes(config)
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
-        cache.early_initialization(batch_size, kv_heads, head_dim, dtype, device)
+        self.own_layers = range(len(cache.layers)) if layers is None else layers
+        for i in self.own_layers:
+            cache.layers[i].lazy_initialization(torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device),
+                                                torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device))
         self.cache = cache
-        for i, layer in enumerate(cache.layers):
-            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
-            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+        for i in self.own_layers:
+            self.register_buffer(f"key_cache_{i}", cache.layers[i].keys, persistent=False)
+            self.register_buffer(f"value_cache_{i}", cache.layers[i].values, persistent=False)
 
     def example_inputs(self, tokens: int, batch_size: int | None = None) -> tuple[torch.Tensor, ...]:
         """Inputs of a call with ``tokens`` new tokens per row, at the start of the cache."""
         batch = self.batch_size if batch_size is None else batch_size
-        device = self.key_cache_0.device
+        device = getattr(self, f"key_cache_{self.own_layers[0]}").device
         input_ids = torch.zeros(batch, tokens, dtype=torch.long, device=device)
         positions = torch.arange(tokens, device=device)
         attention_mask = torch.zeros(batch, self.max_cache_len, dtype=torch.long, device=device)
@@ -139,15 +144,20 @@ class CachedCausalLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache_position: torch.Tensor,
                 attention_mask: torch.Tensor) -> torch.Tensor:
-        for i, layer in enumerate(self.cache.layers):
-            # read the buffers through the module, so that export sees the writes as buffer updates
-            layer.keys = getattr(self, f"key_cache_{i}")
-            layer.values = getattr(self, f"value_cache_{i}")
-            layer.positions = cache_position
+        self._bind_cache(cache_position)
         out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                          cache=self.cache, use_cache=True, **self._logits_kwargs())
         logits = out.logits  # (batch, S, vocab), or (batch, 1, vocab) with last_logits_only
         return logits[:, -1:] if self.logits_to_keep and logits.shape[1] != 1 else logits
+
+    def _bind_cache(self, cache_position: torch.Tensor) -> None:
+        """Point every cache layer at this call's slots, and each held layer at its buffers."""
+        for i, layer in enumerate(self.cache.layers):
+            layer.positions = cache_position
+            if i in self.own_layers:
+                # read the buffers through the module, so that export sees the writes as buffer updates
+                layer.keys = getattr(self, f"key_cache_{i}")
+                layer.values = getattr(self, f"value_cache_{i}")
 
     def _logits_kwargs(self) -> dict[str, int]:
         """``logits_to_keep`` for HF models whose forward takes it (transformers >= 4.50), else nothing."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ from torch import nn
 from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.capture import check_model
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
-from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan
+from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.runtime.agreement import (
     DEFAULT_AGREEMENT_TIMEOUT_S,
     check_timeout,
@@ -452,7 +453,7 @@ def default_microbatches(batch: int | None, shape: MeshShape) -> int:
 
 
 def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
-                    example_kwargs: dict[str, Any] | None, plan: ParallelPlan | None,
+                    example_kwargs: dict[str, Any] | None, plan: ParallelPlan | str | os.PathLike[str] | None,
                     **tp_options: Any) -> MeshParallelModule:
     """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh`. ``tp_options`` go to
     :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...)."""
@@ -466,6 +467,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
         check_model(model)
         shape = mesh_shape_of(mesh)
         batch = _batch_size(example_inputs, example_kwargs)
+        plan = as_parallel_plan(plan)
         if plan is None:
             plan = even_parallel_plan(model, shape, microbatches=default_microbatches(batch, shape))
         plan = check_plan_for_mesh(plan, shape, model)

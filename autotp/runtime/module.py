@@ -28,6 +28,7 @@ from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
+from autotp.planning.outputs import output_placements
 from autotp.planning.phases import PhaseWeighting
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import InputGuard
@@ -124,6 +125,9 @@ class TensorParallelModule(torch.nn.Module):
         plan: the :class:`~autotp.Plan` that was applied.
         graph_module: the rank-local ``torch.fx.GraphModule`` that runs.
         rank, world_size: this process's place in the tensor-parallel group.
+        output_placements: per flattened output, what this rank returns: ``"R"`` (whole; every
+            output unless compiled with ``outputs="local"``), ``"S(d)"`` (its block along dim ``d``)
+            or ``"P"`` (a partial sum); see :mod:`autotp.planning.outputs`.
     """
 
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
@@ -145,6 +149,8 @@ class TensorParallelModule(torch.nn.Module):
         self._slots = captured.inputs
         self._in_spec = captured.in_spec
         self._out_spec = captured.out_spec
+        # per flattened output: "R" (whole), or with outputs="local" this rank's "S(d)" block / "P" part
+        self.output_placements = output_placements(plan)
         self._check_shapes = InputShapeCheck(captured)  # static dims must keep their traced size
         self._fqn_of = {s.name: str(s.target) for s in captured.inputs if s.kind != "user"}
         self._param_names = {s.name for s in captured.inputs if s.kind == "parameter"}
@@ -181,6 +187,14 @@ class TensorParallelModule(torch.nn.Module):
                 param = self._local[slot.name]
                 if param.numel() > 0 or str(slot.target) in self.layout:
                     yield prefix + ("." if prefix else "") + str(slot.target), param
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed dropout on this rank (call on every rank with the same ``seed``): the shared stream
+        (``torch.manual_seed``) and, with ``dropout="split"``, this rank's own stream
+        (:func:`autotp.passes.random_streams.manual_seed`)."""
+        from autotp.passes.random_streams import manual_seed
+
+        manual_seed(self.graph_module, seed, self.rank)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The original model's ``state_dict``: full tensors gathered from every rank's shards (call on every rank).

@@ -30,7 +30,7 @@ def _sdpa(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """
     if node.target is not aten.scaled_dot_product_attention.default:
         return []
-    if arg(node, 4, "dropout_p", 0.0) != 0:
+    if arg(node, 4, "dropout_p", 0.0) != 0 and not ctx.split_random:
         return []  # random masks differ per rank: keep replicated, as dropout (rules/elementwise.py)
     inputs = tensor_inputs(node)
     q_shape = shape(inputs[0])

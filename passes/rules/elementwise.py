@@ -94,8 +94,8 @@ def _nonlinear_elementwise(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 @register_rule(*_IDENTITY_LIKE)
 def _identity_like(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     dropout = node.target in (aten.dropout.default, aten.native_dropout.default, aten.feature_dropout.default)
-    if dropout and arg(node, 2, "train", False):
-        return []  # random masks differ per rank: keep replicated
+    if dropout and arg(node, 2, "train", False) and not ctx.split_random:
+        return []  # random masks differ per rank: keep replicated (dropout="split": per-rank streams)
     inputs = tensor_inputs(node)
     strategies = _elementwise(node, ctx, None)
     if len(inputs) == 1 and shape(inputs[0]) == shape(node):

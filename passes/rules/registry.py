@@ -43,10 +43,14 @@ class RuleContext:
 
     ``block_counts``: the k of every equal k-way ``split``/``chunk`` in the graph; GEMMs and
     views offer ``BlockShard(d, k)`` for these k only (fused projections split per block).
+    ``split_random``: sampling ops (dropout, attention with ``dropout_p``) may run on split
+    activations, each rank drawing from its own stream (:mod:`autotp.passes.random_streams`);
+    otherwise they are offered replicated only, so every rank draws the same mask.
     """
 
     world_size: int
     block_counts: frozenset[int] = frozenset()
+    split_random: bool = False
 
 
 class LocalGraph(Protocol):
