@@ -19,6 +19,11 @@ order; a missing dim has size 1). Every rank builds its own part:
   gathered back, so **every rank returns the output of the whole batch**, the same as the
   single-process model: a user checks it against one process.
 
+Weights: with ``checkpoint=`` (meshes without ``pp``) the model may be on the meta device and each
+rank reads only its tensor-parallel shards (:mod:`autotp.runtime.loading`). Generation
+(``max_cache_len=``) over a mesh is :mod:`autotp.runtime.mesh_generate`; a
+:class:`~autotp.planning.mesh_plan.ParallelPlan` saved with ``save`` may be passed as its path.
+
 Shapes: with ``pp == 1`` the compiled module serves any batch size (at least ``dp``) and
 sequence length, as :func:`autotp.compile` does. With ``pp > 1`` the stages exchange buffers of
 fixed shapes, so each call must have the batch size and sequence length of ``example_inputs``
