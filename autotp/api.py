@@ -258,7 +258,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     stages; or the path of one saved with ``ParallelPlan.save``). Not with ``group=`` or
     ``world_size=``. With ``max_cache_len`` it is compiled for generation instead
     (:class:`~autotp.runtime.mesh_generate.MeshGenerationModule`, whose ``generate`` returns the
-    whole batch on every rank); ``checkpoint=`` works on meshes without ``pp`` (and not with
+    whole batch on every rank); ``checkpoint=`` reads each rank's stage shards (not with
     ``max_cache_len``, as over one group). See :mod:`autotp.runtime.mesh` and
     :mod:`autotp.runtime.mesh_generate`.
 
