@@ -24,6 +24,18 @@ stage's tensor-parallel shards (:mod:`autotp.runtime.loading`). Generation
 (``max_cache_len=``) over a mesh is :mod:`autotp.runtime.mesh_generate`; a
 :class:`~autotp.planning.mesh_plan.ParallelPlan` saved with ``save`` may be passed as its path.
 
+**Training** (``autotp.compile(..., mesh=mesh, training=True)``, a mesh without ``pp``: dp x tp):
+each replica's tp group compiles its part with ``training=True`` (the tp shards are trainable
+parameters, collectives carry their adjoints: :mod:`autotp.passes.adjoints`); a call runs the
+replica's slice of the batch and returns **that slice's** output (its loss: the loss of its rows),
+not the whole batch's, so ``loss.backward()`` stays local to the replica; each parameter's
+gradient is then averaged over ``dp`` as it is accumulated (a hook per parameter: one all-reduce
+over ``mesh["dp"]``, in the same order on every replica), as DDP does. With slices of equal token
+counts the averaged gradient is the single process's on the whole batch. ``tp.parameters()`` are
+this rank's shards, the same on every replica: build the optimizer over them. Not yet: ``pp > 1``
+with training (a pipeline schedule with a loss), or FSDP-style sharding over ``dp`` (compose with
+``fully_shard`` over ``group=`` for that: README "FSDP2").
+
 Shapes: with ``pp == 1`` the compiled module serves any batch size (at least ``dp``) and
 sequence length, as :func:`autotp.compile` does. With ``pp > 1`` the stages exchange buffers of
 fixed shapes, so each call must have the batch size and sequence length of ``example_inputs``
@@ -65,7 +77,8 @@ from autotp.runtime.agreement import (
     ranks_agree,
 )
 
-__all__ = ["MeshParallelModule", "StageSplit", "compile_on_mesh", "mesh_shape_of", "split_stages"]
+__all__ = ["MeshParallelModule", "StageSplit", "average_gradients_over", "compile_on_mesh", "mesh_shape_of",
+           "split_stages"]
 
 
 def mesh_shape_of(mesh: Any) -> MeshShape:
@@ -328,8 +341,9 @@ class MeshParallelModule(nn.Module):
 
     def __init__(self, plan: ParallelPlan, mesh: Any, stage_module: nn.Module, *, signature: inspect.Signature,
                  stage: _Stage | None = None,
-                 example_shapes: tuple[tuple[int, ...], ...] = ()) -> None:
+                 example_shapes: tuple[tuple[int, ...], ...] = (), training: bool = False) -> None:
         super().__init__()
+        self.trains = training
         self.plan = plan
         self.stage_module = stage_module
         self.stage_index = _local_index(mesh, "pp")
@@ -343,6 +357,15 @@ class MeshParallelModule(nn.Module):
         if stage is not None:
             self._schedule = _schedule(plan, stage_module, stage, self.stage_index,
                                        self._pp_group, next(iter(stage.inputs)).device)
+        if training and self._dp_group is not None:
+            average_gradients_over(stage_module, self._dp_group, plan.mesh.dp)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's ``state_dict``, full tensors (call on every rank): the tp stage's
+        :meth:`~autotp.runtime.module.TensorParallelModule.full_state_dict`, or its own ``state_dict``
+        when ``tp == 1``."""
+        own = getattr(self.stage_module, "full_state_dict", None)
+        return own() if callable(own) else {k: v.detach().clone() for k, v in self.stage_module.state_dict().items()}
 
     def parameter_bytes(self) -> int:
         """Bytes of the parameters this rank holds: its stage's, split over its tp group."""
@@ -364,7 +387,7 @@ class MeshParallelModule(nn.Module):
             start = sum(sizes[: self.replica_index])
             args, kwargs = _slice_batch(args, kwargs, batch, start, start + sizes[self.replica_index])
         output = self._run_stages(args, kwargs) if self._stage is not None else self.stage_module(*args, **kwargs)
-        if dp > 1:
+        if dp > 1 and not self.trains:  # training: the replica's own rows (its gradients are averaged over dp)
             assert self._dp_group is not None
             output = _gather_batch(output, sizes, self._dp_group)
         return output
@@ -409,6 +432,20 @@ class MeshParallelModule(nn.Module):
         if stage.out_spec is not None:
             return pytree.tree_unflatten(leaves, stage.out_spec)
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+
+def average_gradients_over(module: nn.Module, group: dist.ProcessGroup, replicas: int) -> None:
+    """After every gradient accumulation into a parameter of ``module``, average it over ``group``
+    (``replicas`` ranks: one all-reduce per parameter, summed then divided, which gloo supports).
+    Every replica's autograd reaches the parameters in the same order, so the all-reduces match."""
+    def average(param: torch.Tensor) -> None:
+        assert param.grad is not None
+        dist.all_reduce(param.grad, group=group)
+        param.grad.div_(replicas)
+
+    for param in module.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(average)
 
 
 def _schedule(plan: ParallelPlan, module: nn.Module, stage: _Stage, stage_index: int,
@@ -499,6 +536,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     from autotp.api import compile as compile_tp
 
     timeout_s = check_timeout(tp_options.get("agreement_timeout_s", DEFAULT_AGREEMENT_TIMEOUT_S))
+    training = bool(tp_options.get("training", False))
     example_kwargs = dict(example_kwargs or {})
     split: StageSplit | None = None
     # every rank checks the same things and agrees on the outcome: one rank's bad input fails them all
@@ -514,6 +552,9 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
         if plan is None:
             plan = even_parallel_plan(model, shape, microbatches=default_microbatches(batch, shape))
         plan = check_plan_for_mesh(plan, shape, model)
+        if training and shape.pp > 1:
+            raise ValueError(f"autotp.compile(mesh=..., training=True) trains over dp x tp; this mesh has pp={shape.pp} "
+                             "(pipeline training, a schedule with a loss, is not supported yet): use a mesh without pp")
         if shape.dp > 1 and (batch is None or batch < shape.dp):
             raise ValueError(f"the example batch ({batch} rows) must have at least dp={shape.dp} rows, one per "
                              "replica; pass a larger example batch")
@@ -527,7 +568,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
             split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
         check_weights = tp_options.get("check_weights", True) and checkpoint is None
-        record = _mesh_record(plan, example_inputs, example_kwargs)
+        record = {**_mesh_record(plan, example_inputs, example_kwargs), "training": training}
         record["checkpoint"] = checkpoint is not None
         agreement.record = options_record(record, weights=dict(model.state_dict()) if check_weights else None)
     tp_group = _group(mesh, "tp")
@@ -548,7 +589,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
         if compile_stage:
             whole = compile_tp(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                group=tp_group, plan=plan.stages[0].tp_plan, **tp_options)
-        return MeshParallelModule(plan, mesh, whole, signature=signature)
+        return MeshParallelModule(plan, mesh, whole, signature=signature, training=training)
     assert split is not None
     stage_index = _local_index(mesh, "pp")
     module = split.modules[stage_index]
