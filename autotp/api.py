@@ -410,7 +410,7 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
                          training=training),
         captured.state)
     if not training:  # small all-reduces on gloo in one exchange round (a decode step's are all small)
-        local_gm = one_shot_small_all_reduces(local_gm, plan.world_size)
+        local_gm = one_shot_small_all_reduces(local_gm, group, plan.world_size)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)
     else:
