@@ -451,6 +451,13 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
     return torch.fx.GraphModule(root, graph), example
 
 
+def _one_shot_all_reduce() -> Any:
+    """The runtime's one-exchange all-reduce op (:mod:`autotp.passes.small_collectives`)."""
+    from autotp.passes.small_collectives import one_shot_all_reduce
+
+    return one_shot_all_reduce
+
+
 class _Recorder(torch.fx.Interpreter):
     """Runs a graph once, pricing each node's kernel on a profile with no host terms."""
 
@@ -467,7 +474,7 @@ class _Recorder(torch.fx.Interpreter):
             return result
         if node.target is c10d.wait_tensor.default:
             return result
-        if node.target is c10d.all_reduce.default:
+        if node.target is c10d.all_reduce.default or node.target is _one_shot_all_reduce():
             self.collectives.append(("all_reduce", result.numel() * result.element_size(), dist.get_world_size()))
             return result
         if launches_no_kernel(node.target):
@@ -517,10 +524,14 @@ def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: 
 
 def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:
     """One :class:`GraphSample` per shape, on every rank of the current process group (or alone)."""
+    from autotp.passes.small_collectives import one_shot_small_all_reduces
+
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     group_name = dist.group.WORLD.group_name if dist.is_initialized() and dist.group.WORLD is not None else None
     samples = []
     for shape in shapes:
         module, example = block_graph(shape, world_size, group_name)
+        # as autotp.compile runs an inference graph: small gloo all-reduces in one exchange (tp > 2)
+        module = one_shot_small_all_reduces(module, world_size)
         samples.append(graph_sample(module, example, hardware, runs))
     return tuple(samples)
