@@ -266,7 +266,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     stages; or the path of one saved with ``ParallelPlan.save``). Not with ``group=`` or
     ``world_size=``. With ``max_cache_len`` it is compiled for generation instead
     (:class:`~autotp.runtime.mesh_generate.MeshGenerationModule`, whose ``generate`` returns the
-    whole batch on every rank); ``checkpoint=`` works on meshes without ``pp`` (and not with
+    whole batch on every rank); ``checkpoint=`` reads each rank's stage shards (not with
     ``max_cache_len``, as over one group). See :mod:`autotp.runtime.mesh` and
     :mod:`autotp.runtime.mesh_generate`.
 
@@ -410,7 +410,7 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
                          training=training),
         captured.state)
     if not training:  # small all-reduces on gloo in one exchange round (a decode step's are all small)
-        local_gm = one_shot_small_all_reduces(local_gm, plan.world_size)
+        local_gm = one_shot_small_all_reduces(local_gm, group, plan.world_size)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)
     else:

@@ -55,21 +55,15 @@ def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> to
     return received.view(world_size, *x.shape).sum(0)
 
 
-def _uses_gloo(group_name: str) -> bool:
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    if not dist.is_initialized():
-        return False
-    return str(dist.get_backend(_resolve_process_group(group_name))) == "gloo"
-
-
-def one_shot_small_all_reduces(gm: fx.GraphModule, world_size: int) -> fx.GraphModule:
+def one_shot_small_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None,
+                               world_size: int) -> fx.GraphModule:
     """``gm`` with its small gloo sum all-reduces done by :func:`one_shot_all_reduce` (see the module docstring).
 
+    ``group``: the process group the graph's collectives run on (``None``: the default group).
     Changes ``gm`` in place and returns it; a graph on another backend, or at ``world_size <= 2``
     (where gloo's ring is one exchange already), is returned unchanged.
     """
-    if world_size <= 2:
+    if world_size <= 2 or not dist.is_initialized() or str(dist.get_backend(group)) != "gloo":
         return gm
     changed = False
     for node in list(gm.graph.nodes):
@@ -77,8 +71,7 @@ def one_shot_small_all_reduces(gm: fx.GraphModule, world_size: int) -> fx.GraphM
             continue
         source, op, group_name = node.args[:3]
         waits = list(node.users)
-        if (op != "sum" or len(waits) != 1 or waits[0].target is not c10d.wait_tensor.default
-                or not _uses_gloo(str(group_name))):
+        if op != "sum" or len(waits) != 1 or waits[0].target is not c10d.wait_tensor.default:
             continue
         wait = waits[0]
         with gm.graph.inserting_before(node):

@@ -33,7 +33,7 @@ def _all_reduce_graph(group_name: str) -> fx.GraphModule:
 
 def _sums(rank: int, world_size: int) -> dict[str, Any]:
     group_name = dist.group.WORLD.group_name
-    gm = one_shot_small_all_reduces(_all_reduce_graph(group_name), world_size)
+    gm = one_shot_small_all_reduces(_all_reduce_graph(group_name), None, world_size)
     targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
     out: dict[str, Any] = {"targets": [getattr(t, "__name__", str(t)) for t in targets],
                            "counts": count_collectives(gm)}

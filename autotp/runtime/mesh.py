@@ -19,6 +19,11 @@ order; a missing dim has size 1). Every rank builds its own part:
   gathered back, so **every rank returns the output of the whole batch**, the same as the
   single-process model: a user checks it against one process.
 
+Weights: with ``checkpoint=`` the model may be on the meta device and each rank reads only its
+stage's tensor-parallel shards (:mod:`autotp.runtime.loading`). Generation
+(``max_cache_len=``) over a mesh is :mod:`autotp.runtime.mesh_generate`; a
+:class:`~autotp.planning.mesh_plan.ParallelPlan` saved with ``save`` may be passed as its path.
+
 **Training** (``autotp.compile(..., mesh=mesh, training=True)``, a mesh without ``pp``: dp x tp):
 each replica's tp group compiles its part with ``training=True`` (the tp shards are trainable
 parameters, collectives carry their adjoints: :mod:`autotp.passes.adjoints`); a call runs the
@@ -47,6 +52,7 @@ group's own store and group ranks, so they work on mesh sub-groups unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -60,7 +66,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from autotp.base.errors import InputShapeError, TracedValueError
-from autotp.capture import check_model
+from autotp.capture import _as_if_on, check_model, trace_device
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.runtime.agreement import (
@@ -224,30 +230,46 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
                  mb_kwargs: dict[str, Any] | None = None) -> StageSplit:
     """Cut ``model`` before each module of ``split_points`` (FQNs) with ``torch.distributed.pipelining``
     (one ``torch.export`` trace of the whole model on the microbatch ``mb_args``/``mb_kwargs``), then run
-    the microbatch through the stages to record what each takes and gives. ``model`` is left as it was."""
+    the microbatch through the stages to record what each takes and gives. ``model`` is left as it was.
+
+    A model on the meta device (weights to be read from a checkpoint) is traced and run with fake
+    weights on the device of ``mb_args`` (so the stage graphs make their tensors there); its stages
+    then hold the model's meta tensors again, and the recorded inputs and outputs are zeros of the
+    right shapes on that device."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
     mb_kwargs = dict(mb_kwargs or {})
     split_spec = {fqn: SplitPoint.BEGINNING for fqn in split_points}
     patched = [model.get_submodule(fqn) for fqn in split_spec]
-    try:
-        pipe = pipeline(model, mb_args, mb_kwargs or None, split_spec=split_spec)
-    finally:  # pipeline() wraps the forward of each split module in place; give the user their model back
-        for module in patched:
-            module.__dict__.pop("forward", None)
-            module.__dict__.pop("_orig_forward", None)
-    if pipe.num_stages != len(split_spec) + 1:
-        raise ValueError(f"cutting the model at {list(split_points)} gave {pipe.num_stages} stages, not "
-                         f"{len(split_spec) + 1}; split at modules that run once, in order, after the first op")
-    graph = pipe.split_gm.graph
-    names = tuple(str(node.target) for node in graph.nodes if node.op == "placeholder")
-    bound = inspect.signature(model.forward).bind(*mb_args, **mb_kwargs)
-    bound.apply_defaults()
-    values = [bound.arguments.get(name) for name in names]
-    recorder = _Recorder(pipe.split_gm)
-    with torch.no_grad():
-        recorder.run(*values)
-        reference = model(*mb_args, **mb_kwargs)  # only its structure: the pipeline returns flat leaves
+    on_meta = any(p.device.type == "meta" for p in model.parameters())
+    device = trace_device(mb_args, mb_kwargs)
+    with contextlib.ExitStack() as fake:
+        if on_meta:
+            mb_args, mb_kwargs = fake.enter_context(_as_if_on(model, device, (mb_args, mb_kwargs)))
+        try:
+            pipe = pipeline(model, mb_args, mb_kwargs or None, split_spec=split_spec)
+        finally:  # pipeline() wraps the forward of each split module in place; give the user their model back
+            for module in patched:
+                module.__dict__.pop("forward", None)
+                module.__dict__.pop("_orig_forward", None)
+        if pipe.num_stages != len(split_spec) + 1:
+            raise ValueError(f"cutting the model at {list(split_points)} gave {pipe.num_stages} stages, not "
+                             f"{len(split_spec) + 1}; split at modules that run once, in order, after the first op")
+        graph = pipe.split_gm.graph
+        names = tuple(str(node.target) for node in graph.nodes if node.op == "placeholder")
+        bound = inspect.signature(model.forward).bind(*mb_args, **mb_kwargs)
+        bound.apply_defaults()
+        values = [bound.arguments.get(name) for name in names]
+        recorder = _Recorder(pipe.split_gm)
+        with torch.no_grad():
+            recorder.run(*values)
+            reference = model(*mb_args, **mb_kwargs)  # only its structure: the pipeline returns flat leaves
+    calls_by_stage = recorder.calls
+    if on_meta:
+        _restore_meta_tensors([pipe.get_stage_module(i) for i in range(pipe.num_stages)], model)
+        calls_by_stage = pytree.tree_map_only(
+            torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device), calls_by_stage)
+        values = [None if isinstance(value, torch.Tensor) else value for value in values]
     stage_nodes = [node for node in graph.nodes if node.op == "call_module"]
     first = stage_nodes[0]
     if not all(isinstance(arg, fx.Node) and arg.op == "placeholder" for arg in first.args) or first.kwargs:
@@ -255,7 +277,7 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
                          "autotp's mesh runtime needs the model's inputs to feed the first stage only")
     for previous, node in zip(stage_nodes, stage_nodes[1:]):
         _check_reads_previous(node, previous)
-    calls = [recorder.calls[str(node.target)] for node in stage_nodes]
+    calls = [calls_by_stage[str(node.target)] for node in stage_nodes]
     leaves, out_spec = pytree.tree_flatten(reference)
     used = {str(arg.target) for arg in first.args}
     return StageSplit(
@@ -264,9 +286,21 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
         outputs=tuple(_as_tuple(output) for _, output in calls),
         first_inputs=tuple(str(arg.target) for arg in first.args),
         constants={name: value for name, value in zip(names, values)
-                   if name not in used and not isinstance(value, torch.Tensor)},
+                   if name not in used and value is not None and not isinstance(value, torch.Tensor)},
         out_spec=out_spec if len(leaves) == len(_as_tuple(calls[-1][1])) else None,
     )
+
+
+def _restore_meta_tensors(stages: Sequence[nn.Module], model: nn.Module) -> None:
+    """Give the stages of a pipeline traced with fake weights the model's own (meta) parameters and
+    buffers back, by FQN (a stage module keeps the model's names)."""
+    for stage in stages:
+        for name, _ in list(stage.named_parameters(remove_duplicate=False)):
+            path, _, leaf = name.rpartition(".")
+            stage.get_submodule(path)._parameters[leaf] = model.get_parameter(name)
+        for name, _ in list(stage.named_buffers(remove_duplicate=False)):
+            path, _, leaf = name.rpartition(".")
+            stage.get_submodule(path)._buffers[leaf] = model.get_buffer(name)
 
 
 @dataclasses.dataclass
@@ -495,9 +529,10 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh`. ``tp_options`` go to
     :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...).
 
-    ``checkpoint`` (``pp == 1``): each rank reads its tensor-parallel shards from it
-    (:mod:`autotp.runtime.loading`), so ``model`` may be on the meta device; the model is compiled
-    through :func:`autotp.compile` on every replica (over a group of one where ``tp == 1``)."""
+    ``checkpoint``: each rank reads its stage's tensor-parallel shards from it
+    (:mod:`autotp.runtime.loading`), so ``model`` may be on the meta device (the stages are cut
+    with fake weights, :func:`split_stages`); every stage is compiled through :func:`autotp.compile`
+    (over a group of one where ``tp == 1``)."""
     from autotp.api import compile as compile_tp
 
     timeout_s = check_timeout(tp_options.get("agreement_timeout_s", DEFAULT_AGREEMENT_TIMEOUT_S))
@@ -512,10 +547,6 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             raise ValueError("autotp.compile(mesh=...) needs real weights, but the model has parameters on the meta "
                              "device; pass checkpoint='path/to/model.safetensors' (or its directory) to read each "
                              "rank's stage shards from it, or load the weights first")
-        if checkpoint is not None and shape.pp > 1:
-            raise ValueError(f"checkpoint= with pp={shape.pp} pipeline stages is not supported yet (the stages are cut "
-                             "by tracing the whole model, which needs its weights); load the weights into the model "
-                             "and leave checkpoint= out, or use a mesh without pp (dp x tp reads each rank's shards)")
         batch = _batch_size(example_inputs, example_kwargs)
         plan = as_parallel_plan(plan)
         if plan is None:
@@ -529,6 +560,11 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                              "replica; pass a larger example batch")
         if shape.pp > 1:
             rows = _check_pipeline_batch(batch, shape, plan.microbatches)
+            if checkpoint is not None:  # buffers transformers derives from the config (rotary inv_freq): real ones
+                from autotp.runtime.loading import _materialize_hf_buffers
+
+                derived = [name for name, b in model.named_buffers() if b.device.type == "meta"]
+                _materialize_hf_buffers(model, derived, trace_device(example_inputs, example_kwargs))
             mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
             split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
         check_weights = tp_options.get("check_weights", True) and checkpoint is None
