@@ -22,6 +22,11 @@ and its parameter names, shapes and dtypes against the model's. A stale, corrupt
 entry is never used: it is ignored with a warning naming the file and why, the model is traced
 again and the entry rewritten.
 
+**Plans.** The plan made for a traced graph is kept beside it (``plans/<key>.json``, the plan's own
+JSON), keyed by the graph's fingerprint, the plan options and the contents of autotp's source
+files; the first rank reuses it after checking it against the graph as a given ``plan=`` is
+(:func:`plan_key`, :func:`autotp.runtime.group.plan_on_first_rank`).
+
 Where: ``trace_cache=True`` uses ``$AUTOTP_CACHE_DIR`` (default ``~/.cache/autotp``) unless
 ``$AUTOTP_CACHE=0``; a path uses that directory (always); ``False``/``None`` turns it off. A
 checkpoint directory is never written to: a cache directory inside it is refused with a warning
@@ -41,6 +46,7 @@ import os
 import pickle
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -53,6 +59,7 @@ __all__ = ["TraceCache", "default_cache_dir", "open_trace_cache"]
 
 _MAGIC = b"autotp-trace-cache 1\n"
 _FORMAT = 1
+_STALE_LOCK_S = 600.0
 
 
 def default_cache_dir() -> Path:
@@ -224,20 +231,90 @@ class TraceCache:
         return None
 
     def put(self, key: str, exported: ExportedProgram) -> None:
-        """Store ``exported`` (as ``torch.export`` returned it) under ``key``; a failure to write only warns."""
+        """Store ``exported`` (as ``torch.export`` returned it) under ``key``; a failure to write only warns.
+
+        Of several processes storing the same key at once (the ranks of one load), the one that
+        creates ``<key>.lock`` first writes; the others skip (a lock older than ten minutes is stale).
+        """
+        path = self.path(key)
+        lock = path.with_suffix(".lock")
         try:
-            _write_entry(self.path(key), _entry(key, exported))
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+                    lock.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass
+            try:
+                os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            except FileExistsError:
+                return  # another process is writing this entry
+            try:
+                _write_entry(path, _entry(key, exported))
+            finally:
+                lock.unlink(missing_ok=True)
         except Exception as exc:  # noqa: BLE001 - the cache is an optimisation: loading goes on
-            warnings.warn(f"autotp: could not write the trace cache entry {self.path(key)} "
+            warnings.warn(f"autotp: could not write the trace cache entry {path} "
                           f"({type(exc).__name__}: {exc}); the next load traces again", stacklevel=3)
 
 
+    def plan_path(self, key: str) -> Path:
+        return self.directory / "plans" / f"{key}.json"
+
+    def get_plan(self, key: str, captured: Any, world_size: int) -> Any:
+        """The plan stored under ``key`` if it applies to ``captured`` (checked as a given ``plan=`` is),
+        else None; a stored plan that does not read or apply is ignored with a warning."""
+        from autotp.planning.checks import check_plan_applies
+        from autotp.planning.plan import Plan
+
+        path = self.plan_path(key)
+        if not path.is_file():
+            return None
+        try:
+            plan = Plan.from_json(path.read_text(), source=str(path))
+            check_plan_applies(plan, captured, world_size)
+        except Exception as exc:  # noqa: BLE001 - any failure means: plan again
+            warnings.warn(f"autotp: ignoring the cached plan {path} ({type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); planning again", stacklevel=3)
+            return None
+        if plan.fallback_ops:  # the warning planning gives
+            warnings.warn(f"autotp: ops without a sharding rule run replicated: {', '.join(plan.fallback_ops)} "
+                          "(see plan.fallback_ops; strict=True makes this an error)", stacklevel=3)
+        return plan
+
+    def put_plan(self, key: str, plan: Any) -> None:
+        """Store ``plan`` under ``key`` (atomically); a failure to write only warns."""
+        path = self.plan_path(key)
+        try:
+            _write_atomically(path, plan.to_json().encode())
+        except Exception as exc:  # noqa: BLE001 - the cache is an optimisation
+            warnings.warn(f"autotp: could not write the cached plan {path} ({type(exc).__name__}: {exc})", stacklevel=3)
+
+
+def plan_key(captured: Any, options: Any) -> str:
+    """The SHA-256 naming the plan of ``captured`` under ``options``: the graph's fingerprint (names, ops,
+    shapes), the options (``progress`` aside; a hardware profile file by its contents), torch's
+    version and the contents of every autotp source file (the planner's code)."""
+    from autotp.planning.plan import graph_fingerprint
+
+    memo: dict[str, str] = {}
+    options = dataclasses.replace(options, progress=False)
+    hardware = options.hardware
+    profile = _hash_file(hardware, memo) if isinstance(hardware, (str, os.PathLike)) and os.path.isfile(hardware) else ""
+    package = Path(__file__).parent
+    sources = hashlib.sha256()
+    for file in sorted(package.rglob("*.py")):
+        sources.update(str(file.relative_to(package)).encode())
+        sources.update(file.read_bytes())
+    text = json.dumps([_FORMAT, graph_fingerprint(captured.graph_module), repr(options), profile, torch.__version__,
+                       sources.hexdigest()])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _entry(key: str, exported: ExportedProgram) -> _Entry:
-    from torch._export.serde.serialize import ExportedProgramSerializer
     from torch._subclasses.fake_tensor import FakeTensor
 
-    serialized = ExportedProgramSerializer().serialize(exported, serialize_state_dict=False, serialize_constants=False,
-                                                       serialize_example_inputs=False)
+    program = _serialize(exported)
     state = {fqn: (tuple(t.shape), tuple(t.stride()), t.dtype, isinstance(t, torch.nn.Parameter), bool(t.requires_grad))
              for fqn, t in exported.state_dict.items()}
     constants: dict[str, Any] = {}
@@ -248,15 +325,45 @@ def _entry(key: str, exported: ExportedProgram) -> _Entry:
             constants[fqn] = (tuple(value.shape), tuple(value.stride()), value.dtype)
         else:
             constants[fqn] = value.detach().cpu() if value.device.type != "cpu" else value.detach()
-    return _Entry(key, serialized.exported_program, state, constants)
+    return _Entry(key, program, state, constants)
+
+
+def _serialize(exported: ExportedProgram) -> Any:
+    """``torch._export.serde``'s schema form of ``exported``'s program, without weights.
+
+    ``ExportedProgramSerializer.serialize`` less its checks of the program (``validate``, and
+    ``canonicalize``, which only tests that a canonical form exists and is two thirds of its time):
+    the program comes straight from ``torch.export``.
+    """
+    from torch._export.serde import schema
+    from torch._export.serde import serialize as serde
+
+    graph_serializer = serde.GraphModuleSerializer(exported.graph_signature, exported.module_call_graph)
+    graph_module = graph_serializer.serialize(exported.graph_module)
+    if graph_serializer.custom_objs:
+        raise TypeError(f"the program holds script objects ({', '.join(graph_serializer.custom_objs)})")
+    return schema.ExportedProgram(
+        graph_module=graph_module,
+        opset_version={"aten": torch._C._get_max_operator_version()},
+        range_constraints=serde.serialize_range_constraints(exported.range_constraints),
+        schema_version=schema.SchemaVersion(major=serde.SCHEMA_VERSION[0], minor=serde.SCHEMA_VERSION[1]),
+        verifiers=[v.dialect for v in exported.verifiers],
+        torch_version=torch.__version__,
+        guards_code=exported._guards_code,
+    )
 
 
 def _write_entry(path: Path, entry: _Entry) -> None:
     payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     digest = hashlib.sha256(payload).hexdigest().encode()
+    _write_atomically(path, _MAGIC + digest + b"\n" + payload)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it: readers see all or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as file:
-        file.write(_MAGIC + digest + b"\n" + payload)
+        file.write(data)
         temporary = file.name
     os.replace(temporary, path)
 
@@ -303,21 +410,23 @@ def _rebuild(entry: _Entry, model: torch.nn.Module, device: torch.device) -> Exp
 
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
+    on_meta = any(t.device.type == "meta" for t in tensors.values())  # traced with fake tensors (capture._as_if_on)
     state: dict[str, torch.Tensor] = {}
     for fqn, (shape, stride, dtype, is_parameter, requires_grad) in entry.state.items():
         tensor = tensors[fqn]
-        if tensor.device.type == "meta":  # traced as a fake tensor on the trace device
+        if on_meta:
             tensor = fake(shape, stride, dtype)
             tensor = torch.nn.Parameter(tensor, requires_grad=requires_grad) if is_parameter else tensor
         state[fqn] = tensor
     constants: dict[str, Any] = {}
     for fqn, value in entry.constants.items():
-        if isinstance(value, torch.Tensor):
+        spec = (tuple(value.shape), tuple(value.stride()), value.dtype) if isinstance(value, torch.Tensor) else value
+        if fqn in tensors:  # a buffer of the model (not persistent): its value now, never the stored one
+            constants[fqn] = fake(*spec) if on_meta else tensors[fqn]
+        elif isinstance(value, torch.Tensor):  # a tensor the forward made (its code is in the key)
             constants[fqn] = value
-        elif fqn in tensors and tensors[fqn].device.type != "meta":
-            constants[fqn] = tensors[fqn]
         else:
-            constants[fqn] = fake(*value)
+            constants[fqn] = fake(*spec)
     return _deserialize(entry.program, state, constants)
 
 
@@ -325,24 +434,39 @@ def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[s
     """``torch._export.serde``'s ``ExportedProgramDeserializer.deserialize``, with each symbolic
     expression parsed once (sympy's parser is most of its time; the same few expressions recur)."""
     from torch._export.serde import serialize as serde
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
     from torch.export import exported_program as ep
     from torch.fx.experimental import symbolic_shapes
     from torch.utils._sympy.numbers import int_oo
 
-    class Deserializer(serde.GraphModuleDeserializer):
-        def _parse_sym_expr(self, expr_str: str, hint: Any = None) -> Any:
-            memo = self.__dict__.setdefault("_autotp_parsed", {})
-            sym = memo.get(expr_str)
-            if sym is None:
-                sym = memo[expr_str] = super()._parse_sym_expr(expr_str, hint)
-            elif hint is not None and sym not in self.shape_env.backed_var_to_val:
-                self.shape_env.add_backed_var_to_val(sym, hint)
-            return sym
+    deserializer = serde.GraphModuleDeserializer()
+    parse = deserializer._parse_sym_expr
+    parsed: dict[Any, Any] = {}
 
+    def parse_once(expr: Any, hint: Any = None) -> Any:
+        sym = parsed.get(expr)
+        if sym is None:
+            sym = parsed[expr] = parse(expr, hint)
+        elif hint is not None and sym not in deserializer.shape_env.backed_var_to_val:
+            deserializer.shape_env.add_backed_var_to_val(sym, hint)
+        return sym
+
+    def tensor_meta(meta: Any) -> torch.Tensor:
+        # what FakeTensorMode does for empty_strided, without its dispatch cache (keyed on every size)
+        mode = deserializer.fake_tensor_mode
+        sizes = tuple(deserializer.deserialize_sym_int(v) for v in meta.sizes)
+        strides = tuple(deserializer.deserialize_sym_int(v) for v in meta.strides)
+        with in_kernel_invocation_manager(mode), deserializer.shape_env.suppress_guards():
+            empty = torch.empty_strided(sizes, strides, dtype=serde._SERIALIZE_TO_TORCH_DTYPE[meta.dtype], device="meta",
+                                        requires_grad=meta.requires_grad)
+        return FakeTensor(mode, empty, serde.deserialize_device(meta.device))
+
+    deserializer._parse_sym_expr = parse_once  # type: ignore[method-assign]  # this instance only
+    deserializer.deserialize_tensor_meta = tensor_meta  # type: ignore[method-assign]
     ranges = {name: symbolic_shapes.ValueRanges(serde._int_to_sympy_int(r.min_val, -int_oo),
                                                 serde._int_to_sympy_int(r.max_val, int_oo))
               for name, r in program.range_constraints.items()}
-    result = Deserializer().deserialize(program.graph_module, state, constants, None, ranges)
+    result = deserializer.deserialize(program.graph_module, state, constants, None, ranges)
     range_constraints = serde.ExportedProgramDeserializer().deserialize_range_constraints(ranges, result.names_to_symbols)
     exported = ep.ExportedProgram(
         root=result.graph_module, graph=result.graph_module.graph, graph_signature=result.signature,

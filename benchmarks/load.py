@@ -16,13 +16,17 @@ variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and in each m
   DTensors: their local shards are counted). A run in which some rank holds the whole model is
   reported as "NOT SPLIT".
 
-Loaders: ``autotp`` = ``autotp.from_pretrained(path, world_size)``; ``hf-tp`` =
+Loaders: ``autotp-cold`` = ``autotp.from_pretrained(path, world_size)`` with an empty trace cache
+(``AUTOTP_CACHE_DIR`` a fresh directory: it traces with ``torch.export`` and writes the cache);
+``autotp-warm`` = the same with the cache filled by one unmeasured load before (it reads the traced
+program instead of tracing); ``hf-tp`` =
 ``AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")``; ``single`` = one process,
 ``from_pretrained(path)`` (world size 1). Before measuring, each process imports its loader and
 (autotp) traces and plans a one-layer model of the same config, so lazily imported code is not
 counted as loading. Figures are medians over ``--repeats`` runs of the largest rank (ratio: growth after the
-forward pass / the rank's share of the checkpoint); wall-clock on
-a shared machine, so compare ratios.
+forward pass / the rank's share of the checkpoint; "/ hf-tp": load time over transformers' TP load
+time at the same world size and layout, measured just before); wall-clock on a shared machine,
+so compare ratios.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def worker(mode: str, path: str) -> None:
     if mode != "single":
         dist.init_process_group("gloo")
     ids = torch.randint(0, CONFIG["vocab_size"], (1, SEQ_LEN), generator=torch.Generator().manual_seed(0))  # (batch, seq)
-    if mode == "autotp":
+    if mode.startswith("autotp"):
         import autotp
 
         with torch.device("meta"):
@@ -95,7 +99,7 @@ def worker(mode: str, path: str) -> None:
         autotp.plan(warm, (ids,), {"use_cache": False}, world_size=world_size)
     before = resident_bytes()
     started = time.perf_counter()
-    if mode == "autotp":
+    if mode.startswith("autotp"):
         tp = autotp.from_pretrained(path, world_size=world_size, example_inputs=(ids,))
         held = tp.parameter_bytes()
     elif mode == "hf-tp":
@@ -107,7 +111,7 @@ def worker(mode: str, path: str) -> None:
     seconds = time.perf_counter() - started
     grown = peak_rss_bytes() - before
     with torch.no_grad():
-        (tp if mode == "autotp" else model)(ids, use_cache=False)
+        (tp if mode.startswith("autotp") else model)(ids, use_cache=False)
     after_forward = peak_rss_bytes() - before
     print(json.dumps({"rank": rank, "grown": grown, "forward": after_forward, "held": held, "seconds": seconds}),
           flush=True)
@@ -115,12 +119,14 @@ def worker(mode: str, path: str) -> None:
         dist.destroy_process_group()
 
 
-def run(mode: str, path: Path, world_size: int) -> list[dict]:
-    """Start ``world_size`` fresh processes of ``mode`` on ``path``; their JSON results by rank."""
+def run(mode: str, path: Path, world_size: int, cache_dir: str | None = None) -> list[dict]:
+    """Start ``world_size`` fresh processes of ``mode`` on ``path``; their JSON results by rank.
+    ``cache_dir``: the trace cache directory (default: a fresh, empty one)."""
     port = str(_free_port())
     processes = []
+    cache_dir = cache_dir or tempfile.mkdtemp(prefix="autotp-cache-")
     for rank in range(world_size):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+        env = {**os.environ, "AUTOTP_CACHE_DIR": cache_dir, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         processes.append(subprocess.Popen([sys.executable, __file__, "--worker", mode, str(path)], env=env,
@@ -140,7 +146,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layouts", nargs="+", default=["single-file", "sharded"], choices=["single-file", "sharded"])
-    parser.add_argument("--modes", nargs="+", default=["autotp", "hf-tp", "single"], choices=["autotp", "hf-tp", "single"])
+    parser.add_argument("--modes", nargs="+", default=["hf-tp", "autotp-cold", "autotp-warm", "single"],
+                        choices=["autotp-cold", "autotp-warm", "hf-tp", "single"])
     parser.add_argument("--dir", type=Path, default=None, help="where to write the checkpoints (default: a temp dir)")
     parser.add_argument("--worker", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -153,23 +160,30 @@ def main() -> None:
     mib = 2**20
     print(f"checkpoint: {size / mib:.0f} MiB ({args.layers} layers), in {directory}; medians of {args.repeats} runs, "
           "largest rank", flush=True)
-    print(f"{'ws':>3} {'layout':<12} {'loader':<7} {'peak growth: load':>18} {'+forward':>9} {'share (1/ws)':>13} "
-          f"{'ratio':>6} {'held/rank':>10} {'load s':>7}", flush=True)
+    print(f"{'ws':>3} {'layout':<12} {'loader':<11} {'peak growth: load':>18} {'+forward':>9} {'share (1/ws)':>13} "
+          f"{'ratio':>6} {'held/rank':>10} {'load s':>7} {'/ hf-tp':>8}", flush=True)
     for world_size in args.world_sizes:
         for layout in args.layouts:
+            hf_seconds = None
             for mode in args.modes:
                 ranks = 1 if mode == "single" else world_size
                 if mode == "single" and world_size != args.world_sizes[0]:
                     continue
-                runs = [run(mode, paths[layout], ranks) for _ in range(args.repeats)]
+                warm = None
+                if mode == "autotp-warm":  # one unmeasured load fills the trace cache
+                    warm = tempfile.mkdtemp(prefix="autotp-cache-")
+                    run(mode, paths[layout], ranks, warm)
+                runs = [run(mode, paths[layout], ranks, warm) for _ in range(args.repeats)]
                 grown = statistics.median(max(r["grown"] for r in rs) for rs in runs)
                 forward = statistics.median(max(r["forward"] for r in rs) for rs in runs)
                 seconds = statistics.median(max(r["seconds"] for r in rs) for rs in runs)
                 held = max(r["held"] for r in runs[0])
                 split = "" if mode == "single" or held < 0.75 * size else "  NOT SPLIT"
+                hf_seconds = seconds if mode == "hf-tp" else hf_seconds
+                versus = f"{seconds / hf_seconds:8.2f}" if hf_seconds and mode != "single" else f"{'':>8}"
                 share = size / ranks
-                print(f"{ranks:>3} {layout:<12} {mode:<7} {grown / mib:>14.0f} MiB {forward / mib:>5.0f} MiB "
-                      f"{share / mib:>9.0f} MiB {forward / share:>6.2f} {held / mib:>6.0f} MiB {seconds:>7.2f}{split}",
+                print(f"{ranks:>3} {layout:<12} {mode:<11} {grown / mib:>14.0f} MiB {forward / mib:>5.0f} MiB "
+                      f"{share / mib:>9.0f} MiB {forward / share:>6.2f} {held / mib:>6.0f} MiB {seconds:>7.2f} {versus}{split}",
                       flush=True)
 
 

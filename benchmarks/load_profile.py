@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import os
 import subprocess
@@ -36,11 +37,15 @@ SPANS = [  # (label, module, attribute): the function autotp calls for that stag
     ("config", "transformers", "AutoConfig.from_pretrained"),
     ("capture", "autotp.api", "capture"),
     ("  export", "autotp.capture", "_export"),
+    ("  trace cache key", "autotp.trace_cache", "trace_key"),
     ("  trace cache read", "autotp.trace_cache", "_read_entry"),
-    ("  trace cache write", "autotp.trace_cache", "_write_entry"),
+    ("  trace cache rebuild", "autotp.trace_cache", "_rebuild"),
+    ("  trace cache write", "autotp.trace_cache", "_entry"),
+    ("  trace cache write file", "autotp.trace_cache", "_write_entry"),
     ("agreement record", "autotp.api", "compile_record"),
     ("headers", "autotp.api", "open_checkpoint"),
     ("plan (rank 0 plans, others wait)", "autotp.api", "plan_on_first_rank"),
+    ("  cached plan read", "autotp.trace_cache", "TraceCache.get_plan"),
     ("  strategies", "autotp.planning.planner", "build_strategy_graph"),
     ("  cost", "autotp.planning.planner", "cost_strategy_graph"),
     ("  solve", "autotp.planning.planner", "solve"),
@@ -73,7 +78,8 @@ def _wrap(totals: dict[str, float], label: str, module_name: str, attribute: str
         finally:
             totals[label] = totals.get(label, 0.0) + time.perf_counter() - started
 
-    setattr(owner, name, staticmethod(timed) if path and isinstance(owner, type) else timed)
+    static = isinstance(owner, type) and isinstance(inspect.getattr_static(owner, name), (classmethod, staticmethod))
+    setattr(owner, name, staticmethod(timed) if static else timed)  # a bound classmethod stays bound
 
 
 def worker(path: str) -> None:
@@ -138,18 +144,22 @@ def main() -> None:
     env = {"AUTOTP_CACHE_DIR": cache_dir}
     if args.cache == "off":
         env["AUTOTP_CACHE"] = "0"
-    if args.cache == "warm":
-        run(path, args.world_size, env)
-    results = run(path, args.world_size, env)
+    runs = [("cold", run(path, args.world_size, env))] if args.cache == "warm" else []
+    runs.append((args.cache, run(path, args.world_size, env)))
+    for cache, results in runs:
+        _print(results, f"{args.layers} layers, {args.layout}, world size {args.world_size}, trace cache {cache}")
+
+
+def _print(results: list[dict], title: str) -> None:
     labels = [label for label, *_ in SPANS if any(label in r for r in results)]
     total = {r["rank"]: r["total"] for r in results}
-    print(f"autotp.from_pretrained, {args.layers} layers, {args.layout}, world size {args.world_size}, "
-          f"trace cache {args.cache}: seconds per stage (share of rank 0's total)")
+    print(f"autotp.from_pretrained, {title}: seconds per stage, by rank (share of rank 0's total)")
     for label in [*labels, "total"]:
         values = [r.get(label, 0.0) for r in results]
         print(f"  {label:<34} " + " ".join(f"{v:8.2f}" for v in values) + f"   {values[0] / total[0]:6.1%}")
     known = sum(results[0].get(label, 0.0) for label in labels if not label.startswith("  "))
-    print(f"  {'rest (meta build, agreement, ...)':<34} {total[0] - known:8.2f}   {(total[0] - known) / total[0]:6.1%}")
+    print(f"  {'rest (meta build, agreement, ...)':<34} {total[0] - known:8.2f}   {(total[0] - known) / total[0]:6.1%}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,21 @@ Tiers (pytest markers, registered in pyproject.toml):
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import distributed
 import pytest
+
+# from_pretrained and load keep traced programs in a cache directory (autotp/trace_cache.py): the
+# suite's go to a fresh directory of its own (worker processes inherit it), never to ~/.cache
+if "AUTOTP_TEST_CACHE_DIR" not in os.environ:
+    os.environ["AUTOTP_TEST_CACHE_DIR"] = os.environ["AUTOTP_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotp-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["AUTOTP_TEST_CACHE_DIR"], ignore_errors=True)
 
 PROCESS_FIXTURES = frozenset({"gloo", "private_pools"})
 """Fixtures that start real gloo worker processes; a test using any of them is ``distributed``."""

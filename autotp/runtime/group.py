@@ -8,6 +8,7 @@ same things with the same messages and every rank applies the same plan.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch.distributed as dist
 
@@ -43,21 +44,25 @@ def bind_group(group: dist.ProcessGroup | None, world_size: int | None, *, calle
 
 
 def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: dist.ProcessGroup | None,
-                       rank: int, agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> Plan:
+                       rank: int, agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
+                       plan_cache: Any = None) -> Plan:
     """Plan on the group's first rank and send the plan to the others: every rank applies the same
     plan, and the others spend no time solving. They wait at most ``options.time_limit_s +
     agreement_timeout_s`` (:func:`~autotp.runtime.agreement.share_from_first`), then name rank 0.
     (A fake process group, used for tests, cannot carry objects, so there every rank plans;
-    planning is deterministic.) ``options.progress`` is honoured on the first rank only."""
+    planning is deterministic.) ``options.progress`` is honoured on the first rank only.
+    ``plan_cache`` (a :class:`autotp.trace_cache.TraceCache`): the first rank reuses the plan made
+    before for the same graph and options, or stores the one it makes (only it reads the cache,
+    so the ranks cannot disagree on whether to wait for a plan)."""
     if rank != 0 and options.progress:
         options = dataclasses.replace(options, progress=False)
     if options.world_size == 1 or dist.get_backend(group) == "fake":
-        return plan_graph(captured, options)
+        return _plan(captured, options, plan_cache)
     made: Plan | None = None
     failure: Exception | None = None
     if rank == 0:
         try:
-            made = plan_graph(captured, options)
+            made = _plan(captured, options, plan_cache)
         except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for a plan that never comes
             failure = exc
     sent = share_from_first(made if failure is None else f"{type(failure).__name__}: {failure}", group=group,
@@ -69,3 +74,17 @@ def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: 
     if not isinstance(sent, Plan):
         raise PlanError(f"rank 0 sent {type(sent).__name__} instead of a Plan")
     return sent
+
+
+def _plan(captured: CapturedGraph, options: PlanOptions, plan_cache: Any) -> Plan:
+    """:func:`plan_graph`, through ``plan_cache`` when there is one."""
+    if plan_cache is None:
+        return plan_graph(captured, options)
+    from autotp.trace_cache import plan_key
+
+    key = plan_key(captured, options)
+    plan = plan_cache.get_plan(key, captured, options.world_size)
+    if plan is None:
+        plan = plan_graph(captured, options)
+        plan_cache.put_plan(key, plan)
+    return plan

@@ -1,0 +1,138 @@
+"""The trace cache (autotp/trace_cache.py): a second load of the same model reads the traced program
+instead of calling torch.export, gives the same outputs, and never uses a stale or corrupt entry."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from models import tiny_llama
+from transformers import AutoConfig
+
+import autotp
+from autotp.capture import capture
+from autotp.trace_cache import TraceCache, open_trace_cache
+
+HIDDEN = 64
+
+
+@pytest.fixture
+def one_rank():
+    """A fake process group of one rank (autotp.compile needs one; tp=1 runs no collective)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def export_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Counts calls of ``torch.export.export`` (it still runs: a spy, not a stand-in)."""
+    calls: list[str] = []
+    original = torch.export.export
+
+    def counted(model, *args, **kwargs):
+        calls.append(type(model).__name__)
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counted)
+    return calls
+
+
+@pytest.fixture
+def plan_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the plans made by the first rank (``plan_graph`` still runs)."""
+    import autotp.runtime.group as group
+
+    calls: list[int] = []
+    original = group.plan_graph
+
+    def counted(captured, options):
+        calls.append(options.world_size)
+        return original(captured, options)
+
+    monkeypatch.setattr(group, "plan_graph", counted)
+    return calls
+
+
+def _checkpoint(directory: Path, **config: object) -> tuple[Path, torch.nn.Module, tuple]:
+    model, args, _ = tiny_llama(layers=1, hidden=HIDDEN, intermediate=128)
+    for name, value in config.items():
+        setattr(model.config, name, value)
+    model.save_pretrained(directory)
+    return directory, model, args
+
+
+def _logits(tp: torch.nn.Module, args: tuple) -> torch.Tensor:
+    with torch.no_grad():
+        return tp(*args, use_cache=False).logits
+
+
+def test_hit_skips_export_and_gives_the_same_outputs(tmp_path: Path, export_calls: list[str], plan_calls: list[int],
+                                                     one_rank: None) -> None:
+    """tp=1, tiny Llama from a checkpoint on meta: the second from_pretrained reads the cache (no export, no
+    planning),
+    outputs equal the first's bit for bit; another config (rms_norm_eps only, same shapes) misses;
+    a corrupt entry is ignored with a warning, traced again and rewritten."""
+    source, model, args = _checkpoint(tmp_path / "hf")
+    listing = sorted(p.name for p in source.iterdir())
+    cache = tmp_path / "cache"
+    first = autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
+    assert len(export_calls) == 1, f"expected 1 export on an empty cache, got {export_calls}"
+    entries = sorted((cache / "traces").glob("*.pt2c"))
+    assert len(entries) == 1, f"expected one cache entry, found {entries}"
+    second = autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
+    assert len(export_calls) == 1, f"the second load should not export, export calls: {export_calls}"
+    assert plan_calls == [1], f"the second load should reuse the plan, plans made: {plan_calls}"
+    assert second.plan.to_json() == first.plan.to_json(), "the cached plan differs from the one made"
+    assert torch.equal(_logits(second, args), _logits(first, args)), "cached and traced programs give other outputs"
+    difference = (_logits(second, args) - _logits(model, args)).abs().max().item()
+    assert difference < 1e-4, f"max |tp - model| = {difference}, expected < 1e-4"
+    assert sorted(p.name for p in source.iterdir()) == listing, "the checkpoint directory was written to"
+
+    store = TraceCache(cache)
+    config = AutoConfig.from_pretrained(source)
+    config.use_cache = False
+    with torch.device("meta"):  # as from_pretrained builds it
+        meta = type(model)._from_config(config, dtype=torch.float32).eval()
+    assert capture(meta, args, {"use_cache": False}, trace_cache=store).from_cache, "same model: expected a hit"
+    config = copy.deepcopy(config)  # the meta model keeps its own
+    config.rms_norm_eps = 1e-3
+    with torch.device("meta"):
+        other = type(model)._from_config(config, dtype=torch.float32).eval()
+    assert not capture(other, args, {"use_cache": False}, trace_cache=store).from_cache, \
+        "another rms_norm_eps (same shapes) must miss the cache"
+    assert len(export_calls) == 2, f"expected 2 exports, got {export_calls}"
+
+    data = bytearray(entries[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    entries[0].write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="ignoring the trace cache entry .*checksum"):
+        again = capture(meta, args, {"use_cache": False}, trace_cache=store)
+    assert not again.from_cache and len(export_calls) == 3, f"a corrupt entry must not be used: {export_calls}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rewritten entry reads cleanly
+        assert capture(meta, args, {"use_cache": False}, trace_cache=store).from_cache, "rewritten entry: expected a hit"
+
+
+def test_cache_never_inside_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No process group: a cache directory inside the checkpoint directory is refused with a warning
+    (the checkpoint is only read); $AUTOTP_CACHE=0 turns the default cache off, an explicit path stays on."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    with pytest.warns(UserWarning, match="inside the checkpoint directory"):
+        assert open_trace_cache(checkpoint / "cache", checkpoint) is None
+    assert list(checkpoint.iterdir()) == [], f"the checkpoint directory was written to: {list(checkpoint.iterdir())}"
+    monkeypatch.setenv("AUTOTP_CACHE_DIR", str(tmp_path / "env-cache"))
+    monkeypatch.setenv("AUTOTP_CACHE", "0")
+    assert open_trace_cache(True, checkpoint) is None, "AUTOTP_CACHE=0 should turn the default cache off"
+    explicit = open_trace_cache(tmp_path / "mine", checkpoint)
+    assert explicit is not None and explicit.directory == tmp_path / "mine", f"got {explicit}"
+    monkeypatch.setenv("AUTOTP_CACHE", "1")
+    default = open_trace_cache(True, checkpoint)
+    assert default is not None and default.directory == tmp_path / "env-cache", f"got {default}"
