@@ -31,6 +31,7 @@ from autotp.cost_model import Hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.random_streams import check_dropout
 from autotp.passes.rewrite import rewrite_for_rank
+from autotp.passes.small_collectives import one_shot_small_all_reduces
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
@@ -83,6 +84,7 @@ def plan(
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES,
     outputs: str = "replicated",
     dropout: str = "replicated",
+    activation_checkpointing: str | None = None,
 ) -> Plan | ParallelPlan:
     """Decide how to split ``model`` over ``world_size`` ranks, without running anything.
 
@@ -123,6 +125,8 @@ def plan(
     its gather is not priced) instead of whole on every rank (see :mod:`autotp.planning.outputs`).
     ``dropout="split"`` lets dropout run on split activations (per-rank random streams, as
     Megatron-LM's; :mod:`autotp.passes.random_streams`) instead of gathering them first.
+    ``activation_checkpointing="blocks"`` (with ``training``) prices checkpointed blocks: activations
+    kept are the blocks' inputs plus one block's, and each block's forward runs again.
 
     ``parallelism``: ``"tp"`` (default) plans one tensor-parallel group of ``world_size`` ranks and
     returns a :class:`Plan`. ``"auto"`` searches data x pipeline x tensor parallelism (every
@@ -135,7 +139,7 @@ def plan(
     check_model(model)
     if parallelism != "tp" or mesh is not None:
         if (max_cache_len is not None or constraints is not None or training or outputs != "replicated"
-                or dropout != "replicated"):
+                or dropout != "replicated" or activation_checkpointing is not None):
             raise ValueError("max_cache_len=, constraints=, training=True and outputs= plan one tensor-parallel "
                              "group; leave them out with parallelism='auto' or mesh=")
         from autotp.planning.mesh_search import plan_mesh
@@ -146,7 +150,8 @@ def plan(
                          throughput_batch=throughput_batch, time_limit_s=time_limit_s, progress=progress)
     options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                           time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
-                          optimizer_states=optimizer_states, outputs=outputs, dropout=dropout)
+                          optimizer_states=optimizer_states, outputs=outputs, dropout=dropout,
+                          activation_checkpointing=activation_checkpointing)
     if max_cache_len is not None:
         from autotp.generation import generation_inputs
 
@@ -156,7 +161,8 @@ def plan(
                           options)
     log_progress(progress, f"tracing {type(model).__name__} with torch.export")
     captured = capture(model, inputs_on_model_device(model, example_inputs),
-                       inputs_on_model_device(model, example_kwargs), dynamic=dynamic, dynamic_shapes=dynamic_shapes)
+                       inputs_on_model_device(model, example_kwargs), dynamic=dynamic, dynamic_shapes=dynamic_shapes,
+                       training=training)  # a training plan may sample (dropout in train mode)
     return plan_graph(captured, options)
 
 
@@ -252,11 +258,17 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
     ``mesh``: a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from ``("dp", "pp",
     "tp")`` (a missing dim has size 1) runs the model data parallel x pipeline parallel x tensor
-    parallel instead (inference) and returns a :class:`~autotp.runtime.mesh.MeshParallelModule`
-    whose output on every rank is the whole batch's; ``plan=`` then takes a
+    parallel instead and returns a :class:`~autotp.runtime.mesh.MeshParallelModule` whose output on
+    every rank is the whole batch's (with ``training=True``, on a mesh without ``pp``: each
+    data-parallel replica's output for its slice of the batch, gradients averaged over ``dp``);
+    ``plan=`` then takes a
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (``None``: the layer blocks cut into equal
-    stages). Not with ``group=``, ``world_size=``, ``checkpoint=`` or ``max_cache_len=`` (yet).
-    See :mod:`autotp.runtime.mesh`.
+    stages; or the path of one saved with ``ParallelPlan.save``). Not with ``group=`` or
+    ``world_size=``. With ``max_cache_len`` it is compiled for generation instead
+    (:class:`~autotp.runtime.mesh_generate.MeshGenerationModule`, whose ``generate`` returns the
+    whole batch on every rank); ``checkpoint=`` reads each rank's stage shards (not with
+    ``max_cache_len``, as over one group). See :mod:`autotp.runtime.mesh` and
+    :mod:`autotp.runtime.mesh_generate`.
 
     ``trace_cache``: reuse the program ``torch.export`` made of this model and these inputs' specs
     before (tracing is most of a large model's load time): ``True`` for ``$AUTOTP_CACHE_DIR``
@@ -265,10 +277,18 @@ def compile(  # noqa: A001 - mirrors torch.compile
     The plan made for the traced graph and these options is kept there too and reused (checked
     against the graph as a given ``plan=`` is). See :mod:`autotp.trace_cache`.
     """
-    if mesh is not None and training:
-        raise ValueError("autotp.compile(mesh=..., training=True) is not supported yet: a mesh runs inference; "
-                         "train tensor parallel with group= (one tensor-parallel group) instead")
+    check_activation_checkpointing(activation_checkpointing, training)
+    if training and max_cache_len is not None:
+        raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
+                         "compile once with training=True to train and once with max_cache_len= to generate")
+    if check_dropout(dropout) != "replicated" and not training:
+        raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
+    if check_outputs(outputs) != "replicated" and (mesh is not None or max_cache_len is not None):
+        raise ValueError("outputs='local' with mesh= or max_cache_len= is not supported: those return whole outputs "
+                         "(generate() returns token ids); leave outputs= out")
     if mesh is not None:
+        training_options = {"training": True, "dropout": dropout,
+                            "activation_checkpointing": activation_checkpointing} if training else {}
         return _compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                 plan=plan, world_size=world_size, group=group, checkpoint=checkpoint,
                                 max_cache_len=max_cache_len, dynamic_shapes=dynamic_shapes,
@@ -276,16 +296,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                 tp_options=dict(hardware=hardware, memory_budget=memory_budget, strict=strict,
                                                 time_limit_s=time_limit_s, progress=progress, constraints=constraints,
                                                 check_weights=check_weights, agreement_timeout_s=agreement_timeout_s,
-                                                dynamic=dynamic))
-    check_activation_checkpointing(activation_checkpointing, training)
-    if check_dropout(dropout) != "replicated" and not training:
-        raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
-    if check_outputs(outputs) != "replicated" and (mesh is not None or max_cache_len is not None):
-        raise ValueError("outputs='local' with mesh= or max_cache_len= is not supported: those return whole outputs "
-                         "(generate() returns token ids); leave outputs= out")
-    if training and max_cache_len is not None:
-        raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
-                         "compile once with training=True to train and once with max_cache_len= to generate")
+                                                dynamic=dynamic, **training_options))
     timeout_s = check_timeout(agreement_timeout_s)
     cache = open_trace_cache(trace_cache, checkpoint)
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
@@ -300,7 +311,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         plan = as_plan(plan)
         options = PlanOptions(world_size=world_size, hardware=hardware, memory_budget=memory_budget, strict=strict,
                               time_limit_s=time_limit_s, progress=progress, constraints=constraints, training=training,
-                              outputs=outputs, dropout=dropout)
+                              outputs=outputs, dropout=dropout, activation_checkpointing=activation_checkpointing)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
@@ -351,9 +362,9 @@ def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple
     with ``max_cache_len``)."""
     from autotp.runtime.mesh import compile_on_mesh
 
-    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes, "checkpoint": checkpoint}
+    unsupported = {"group": group, "world_size": world_size, "dynamic_shapes": dynamic_shapes}
     if max_cache_len is not None:
-        unsupported["example_kwargs"] = example_kwargs or None
+        unsupported.update(checkpoint=checkpoint, example_kwargs=example_kwargs or None)
     given = [name for name, value in unsupported.items() if value is not None]
     if given:
         raise ValueError(f"autotp.compile(mesh=...{', max_cache_len=...' if max_cache_len is not None else ''}) "
@@ -365,7 +376,7 @@ def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple
         return compile_generation_on_mesh(model, mesh, example_inputs=example_inputs, max_cache_len=max_cache_len,
                                           plan=plan, expected_new_tokens=expected_new_tokens, **tp_options)
     return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
-                           **tp_options)
+                           checkpoint=checkpoint, **tp_options)
 
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
@@ -398,6 +409,8 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
         rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes(),
                          training=training),
         captured.state)
+    if not training:  # small all-reduces on gloo in one exchange round (a decode step's are all small)
+        local_gm = one_shot_small_all_reduces(local_gm, group, plan.world_size)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)
     else:

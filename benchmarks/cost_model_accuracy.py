@@ -10,7 +10,10 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
    bandwidth, transcendental rate, per-op floor and view cost with all N ranks busy at once, gloo
    alpha/beta fitted across the N ranks (for N = 1, across 2 other processes, once: a plan on
    one rank has no collective), and the eager host terms (dispatch per node, wait per collective,
-   call of the graph) fitted over synthetic rank-local graphs run per rank; build the profile;
+   call of the graph) fitted over rank-local graphs with the op mix of HF graphs, run on all
+   ranks at once; single ops and graphs are timed on each rank's work clock (its CPU time) and
+   the share of a core a rank gets while running graphs is measured apart and divides every work
+   term (``autotp.cost_model.graph_calibration``); build the profile;
 2. for every model (tiny MLP, Llama, GPT-2, BERT from ``tests/models.py``), ``autotp.compile`` it
    with ``hardware=`` that profile and time the forward pass: a barrier, then the call, timed on
    each rank; the slowest rank counts; the median of ``--runs`` runs after ``--warmup`` runs.

@@ -15,9 +15,11 @@ tiny, 4 layers, hidden 512, 8 query / 4 kv heads, vocab 1000; ``--layers 12 --hi
 
 Prints, per variant, the median prefill ms (``generate(max_new_tokens=1)``), the median ms per
 decoded token (``(t(N) - t(1)) / (N - 1)``), tokens/s, and whether its tokens equal the single
-process's. Usage::
+process's, then one markdown row per (world size, batch, prompt): every variant's prefill ms / ms
+per token and autotp's ratios. Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/generate.py --world-size 2 --prompt 32 --new-tokens 32
+    OMP_NUM_THREADS=1 python benchmarks/generate.py --world-size 2 4 --batch 1 8 --prompt 32 512 --new-tokens 128
     OMP_NUM_THREADS=1 python benchmarks/generate.py --layers 12 --hidden 768 --vocab 32000 --batch 8 --prompt 128
     autotp calibrate --threads 1 --output cpu.json && OMP_NUM_THREADS=1 python benchmarks/generate.py --hardware cpu.json --memory-budget none
 
@@ -146,7 +148,12 @@ def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Names
         print(tp.generation.weighting, flush=True)
     if rank == 0:
         split = sorted({text for text in tp.plan.parameters.values()})
-        print(f"autotp plan: {tp.plan.collective_counts()} per decode step; placements used {split}", flush=True)
+        prefill_plan = tp.generation.prefill_plan
+        prefill_counts = prefill_plan.collective_counts() if prefill_plan is not None else "no prefill graph"
+        print(f"autotp plan: {tp.plan.collective_counts()} per decode step, {prefill_counts} per prefill call; "
+              f"placements used {split}", flush=True)
+        if args.show_plans:
+            print(tp.generation, flush=True)
     hf_tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
     q_proj = hf_tp.model.layers[0].self_attn.q_proj.weight
     local_rows = int(q_proj.to_local().shape[0]) if hasattr(q_proj, "to_local") else int(q_proj.shape[0])
@@ -172,9 +179,9 @@ def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Names
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, nargs="+", default=[2])
-    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--prompt", type=int, nargs="+", default=[32], help="prompt lengths (one run each)")
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes (one run each)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
@@ -182,27 +189,40 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size (32000: Llama-2's)")
     parser.add_argument("--hardware", default="h100-sxm",
                         help="autotp's cost profile: a known name or the JSON written by `autotp calibrate`")
+    parser.add_argument("--show-plans", action="store_true", help="print autotp's decode and prefill plans")
     parser.add_argument("--memory-budget", default="auto", help="autotp's memory_budget: auto, none, or bytes per rank")
     args = parser.parse_args()
+    summary: list[str] = []
     with tempfile.TemporaryDirectory() as path:
         count = save_checkpoint(path, args.layers, args.hidden, heads=8, kv_heads=4, vocab=args.vocab)
         print(f"Llama ({count / 1e6:.1f}M parameters: {args.layers} layers, hidden {args.hidden}, 8/4 heads, vocab "
-              f"{args.vocab}) at {path}; autotp hardware={args.hardware} memory_budget={args.memory_budget}; batch {args.batch}, "
-              f"prompt {args.prompt}, {args.new_tokens} new tokens, gloo, {args.threads} thread(s) per process, "
-              f"medians of {args.repeats}")
+              f"{args.vocab}) at {path}; autotp hardware={args.hardware} memory_budget={args.memory_budget}; batch "
+              f"{args.batch}, prompt {args.prompt}, {args.new_tokens} new tokens, gloo, {args.threads} thread(s) per "
+              f"process, medians of {args.repeats}", flush=True)
         for world_size in args.world_size:
-            ctx = mp.get_context("spawn")
-            results = ctx.SimpleQueue()
-            mp.start_processes(_rank, args=(world_size, _free_port(), path, args, results), nprocs=world_size,
-                               start_method="spawn")
-            table = results.get()
-            print(f"\nworld size {world_size}")
-            print(f"{'variant':10}{'prefill ms':>12}{'ms/token':>10}{'tokens/s':>10}{'same tokens':>13}{'vs hf-tp':>10}")
-            for name, (same, prefill, ms) in table.items():
-                ratio = ms / table["hf-tp"][2]
-                print(f"{name:10}{prefill:12.2f}{ms:10.2f}{1e3 * args.batch / ms:10.1f}{str(same):>13}{ratio:10.2f}")
+            for batch in args.batch:
+                for prompt in args.prompt:
+                    run_args = argparse.Namespace(**{**vars(args), "batch": batch, "prompt": prompt})
+                    ctx = mp.get_context("spawn")
+                    results = ctx.SimpleQueue()
+                    mp.start_processes(_rank, args=(world_size, _free_port(), path, run_args, results),
+                                       nprocs=world_size, start_method="spawn")
+                    table = results.get()
+                    print(f"\nworld size {world_size}, batch {batch}, prompt {prompt}")
+                    print(f"{'variant':10}{'prefill ms':>12}{'ms/token':>10}{'tokens/s':>10}{'same tokens':>13}"
+                          f"{'vs hf-tp':>10}{'vs megatron':>13}")
+                    for name, (same, prefill, ms) in table.items():
+                        ratio, versus_megatron = ms / table["hf-tp"][2], ms / table["megatron"][2]
+                        print(f"{name:10}{prefill:12.2f}{ms:10.2f}{1e3 * batch / ms:10.1f}{str(same):>13}{ratio:10.2f}"
+                              f"{versus_megatron:13.2f}", flush=True)
+                    summary.append(f"| {world_size} | {batch} | {prompt} | " + " | ".join(
+                        f"{table[name][1]:.1f} / {table[name][2]:.1f}{'' if table[name][0] else ' (tokens differ)'}"
+                        for name in ("autotp", "hf-tp", "megatron", "single"))
+                        + f" | {table['autotp'][2] / table['hf-tp'][2]:.2f} | {table['autotp'][2] / table['megatron'][2]:.2f} |")
+    print("\nprefill ms / ms per token (markdown)\n| ws | batch | prompt | autotp | transformers tp_plan=auto | "
+          "hand-written Megatron | single | autotp/hf-tp | autotp/megatron |\n|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(summary))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,13 +27,22 @@ profile field         measurement (median over timed repeats, after warm-up)
                       :mod:`.collectives` by non-negative least squares on relative error
                       (each sample ``t`` weighted ``1/t``, so small messages count as much as
                       large ones)
-``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens: the shape curve of the GEMM rate and the
-                      peak it tends to (:func:`.graph_calibration.fit_gemm_curve`)
+``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens, each call on another of 64 MiB of weights
+                      (read from memory, as a forward reads each weight once): the shape curve of
+                      the GEMM rate and the peak it tends to (:func:`.graph_calibration.fit_gemm_curve`)
 ``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor
-``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes, with and without
-``collective_wait_s`` all-reduces, run by calling their GraphModule on all ranks at once, the
-``graph_launch_s``    slowest rank counting (:mod:`.graph_calibration`); ``runtime_mode`` eager
+``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
+``collective_wait_s`` (Llama-like and GPT-like blocks after the prologue HF graphs run), with and
+``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks at once, the
+                      slowest rank counting (:mod:`.graph_calibration`); ``runtime_mode`` eager
 ====================  ==========================================================================
+
+Single ops and graphs are timed on the *work clock* (:func:`~.graph_calibration.work_clock`: the
+thread's CPU time when torch runs one thread per rank), so a rank that another process takes off
+its core mid-measurement does not record the pause as the op's cost; the share of a core a rank
+gets while it runs a graph (other ranks on the same cores, other processes) is measured on its
+own, in the graphs, and every work term of the profile is divided by it. Collectives and the
+graphs' wall times stay on the wall clock (waiting for another rank is real time).
 
 The profile describes *one rank of an N-rank job on this machine*: each rank uses
 ``max(1, cores // N)`` threads (what ``autotp demo`` and the benchmarks use), compute is
@@ -129,7 +138,7 @@ class CalibrationConfig:
         GraphShape(layers, tokens, hidden, collectives=collectives, family=family)
         for layers in (1, 3) for tokens in (2, 32) for hidden in (64, 256) for collectives in (True, False)
         for family in ("llama", "gpt") if collectives or layers == 3
-    )
+    ) + (GraphShape(0, 2, 64),)
     graph_runs: int = 15
 
     @classmethod
@@ -148,8 +157,9 @@ class CalibrationConfig:
             transcendental_numel=2**18,
             graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64, family="gpt"),
                           GraphShape(3, 2, 64, collectives=False), GraphShape(2, 16, 128, collectives=False, family="gpt"),
-                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256)),
-            graph_runs=7,
+                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256),
+                          GraphShape(3, 32, 256, collectives=False), GraphShape(0, 2, 64)),
+            graph_runs=11,
         )
 
     def __post_init__(self) -> None:

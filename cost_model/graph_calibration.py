@@ -5,21 +5,25 @@ An op timed alone in a tight loop runs with warm caches and a warm dispatch path
 graph of two hundred different ops, on real-size tensors, costs several times more on the host,
 and a collective in a graph waits for the slowest rank, which a collective timed back to back
 (ranks already in step) never does. So the per-node and per-collective terms are not measured on
-one op: :func:`measure_graphs` builds rank-local graphs shaped like a tensor-parallel transformer
-(RMSNorm, q/k/v and output projections, SDPA, a gated MLP, an all-reduce after each row-split
-projection, as the rewrite emits them) at several depths, widths and token counts, runs each by
-calling its ``GraphModule`` (what ``TensorParallelModule`` does), timed per rank after a barrier
-with the slowest rank counting, and :func:`fit_host_terms` solves
+one op: :func:`measure_graphs` builds rank-local graphs with the op mix of the graphs the rewrite
+emits for HuggingFace models (:data:`GRAPH_FAMILIES`: the prologue of position ids, causal mask and
+lookups; Llama-like and GPT-like blocks; an all-reduce after each row-split projection) at several
+depths, widths and token counts, and one graph of a single norm (the call of a graph and little
+else); runs each by calling its ``GraphModule`` (what ``TensorParallelModule`` does), after a
+barrier on every rank, timing each call on the wall clock (the slowest rank counting) and on the
+work clock (:func:`work_clock`: the rank's own CPU time); and :func:`fit_host_terms` fits
 
-    measured_s - device_s - view_nodes * view_op_s - link_s
-        = kernel_nodes * host_dispatch_s + collectives * collective_wait_s + graph_launch_s
+    work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
+    seconds = (work_s) / core_share + link_s + collectives * collective_wait_s
 
-by non-negative least squares on relative error (every row divided by its measured time), where
-``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
-no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed
-cost, and the calibrated profile sets ``kernel_floor_s`` to 0) and ``link_s`` the alpha-beta time of its collectives on the link fitted back to
-back. What the fit adds is what a graph costs beyond its kernels and its link: the host's
-dispatch per node, the wait per collective, the call of the graph.
+where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
+no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
+and the calibrated profile sets ``kernel_floor_s`` to 0), ``link_s`` the alpha-beta time of its
+collectives on the link fitted back to back, and ``core_share`` the share of a core a rank got
+running the graphs without collectives (1/2 for four single-thread ranks on two idle cores).
+What the fit adds is what a graph costs beyond its kernels and its link: the host's dispatch per
+node, the call of the graph, the wait per collective for the slowest rank (a median over graphs,
+so that one disturbed run does not move it).
 
 Two rates are fitted on single ops first, because the graph fit stands on them:
 
@@ -38,7 +42,7 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,7 +98,8 @@ class GraphShape:
     ``collectives`` (and more than one rank) an all-reduce after each row-split projection.
     Graphs with and without collectives keep the per-node and per-collective terms apart in the
     fit (in one kind of graph both grow with the depth alone). ``family``: the op mix of the
-    blocks (:data:`GRAPH_FAMILIES`)."""
+    blocks (:data:`GRAPH_FAMILIES`). ``layers=0``: only a norm, no prologue, no block (the call of a
+    graph and little else, which pins the fit's per-call term)."""
 
     layers: int
     tokens: int
@@ -104,6 +109,8 @@ class GraphShape:
     family: str = "llama"
 
     def __post_init__(self) -> None:
+        if self.layers < 0 or self.tokens < 1 or self.hidden < 1:
+            raise ValueError(f"GraphShape needs layers >= 0, tokens >= 1 and hidden >= 1, got {self}")
         if self.family not in GRAPH_FAMILIES:
             raise ValueError(f"GraphShape.family must be one of {', '.join(GRAPH_FAMILIES)}, got {self.family!r}")
 
@@ -116,7 +123,7 @@ class GraphSample:
     ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
     time; ``seconds``: median over runs of the slowest rank's time for one call (wall clock);
     ``work_s``: median over runs of this rank's own work per call (:func:`work_clock`; 0.0: not
-    measured); ``core_share``: median over runs of that work over the slowest rank's wall time, the
+    measured); ``core_share``: the work of all runs over the slowest rank's wall time of all runs, the
     share of a core the graph got (1.0 alone on an idle core; 1/2 with four single-thread ranks on
     two cores; lower when other processes load the machine).
     """
@@ -204,8 +211,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     1. the dispatch per kernel node and the call of the graph, by non-negative least squares on
        relative error over the work of every graph (a column per collective takes the host work
        of issuing and waiting on one, which belongs to the wait below, not to a node);
-    2. the share of a core a rank gets (:attr:`GraphSample.core_share`), the median over the
-       graphs without collectives: every work term becomes wall time divided by it (the
+    2. the share of a core a rank gets (:attr:`GraphSample.core_share`) over the graphs without
+       collectives together (their total work over their total wall time): every work term
+       becomes wall time divided by it (the
        returned dispatch and call, and :func:`~.calibrate.build_profile` the kernel rates);
     3. the wait per collective: the median over the graphs with collectives of what their
        slowest rank's wall time has beyond their predicted kernels, nodes, call and link, per
@@ -233,8 +241,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         target.append((sample.work_s - sample.device_s - sample.view_nodes * view_op_s) * weight)
     solution, _ = nnls(np.asarray(rows), np.asarray(target))
     dispatch_work_s, launch_work_s = float(solution[0]), float(solution[1])
-    alone = [sample.core_share for sample in samples if not sample.collectives]
-    share = statistics.median(alone or [sample.core_share for sample in samples])
+    # over the graphs together, each weighing by its time (the longest calls are the most like a forward)
+    alone = [sample for sample in samples if not sample.collectives] or list(samples)
+    share = sum(sample.work_s for sample in alone) / sum(sample.work_s / sample.core_share for sample in alone)
 
     def wall_without_wait_s(sample: GraphSample) -> float:
         work_s = (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
@@ -313,19 +322,23 @@ call, long after the previous call evicted it); a weight reused in a tight loop 
 and runs up to twice as fast as the same GEMM in a graph."""
 
 
+def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torch.Tensor) -> torch.Tensor:
+    return aten.linear.default(x, next(weights), bias)
+
+
 def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
     """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens``
     (float32), each call on the next of enough distinct weights that none is in cache
     (:data:`COLD_WEIGHT_BYTES`)."""
     generator = torch.Generator().manual_seed(0)
     copies = max(1, COLD_WEIGHT_BYTES // (width * width * 4))
-    weights = [torch.randn(width, width, generator=generator) for _ in range(copies)]
+    weights = torch.full((copies, width, width), 1.0 / width).unbind(0)  # values do not change a GEMM's time
     bias = torch.randn(width, generator=generator)
     samples = []
     for m in tokens:
         x = torch.randn(m, width, generator=generator)
-        turn = itertools.cycle(weights)
-        seconds = median_work_s(lambda x=x, turn=turn: aten.linear.default(x, next(turn), bias), min_time_s, repeats)
+        seconds = median_work_s(functools.partial(_linear_on_next, x, itertools.cycle(weights), bias), min_time_s,
+                                repeats)
         samples.append(GemmSample(m, width, width, seconds))
     return samples
 
@@ -400,6 +413,9 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
         rotated = call(aten.cat.default, [call(aten.neg.default, second), first], -1)
         return call(aten.add.Tensor, call(aten.mul.Tensor, value, cos), call(aten.mul.Tensor, rotated, sin))
 
+    if shape.layers == 0:  # the call of a graph and little else: pins the per-call term of the fit
+        graph.output(norm(x))
+        return torch.fx.GraphModule(root, graph), torch.randn(1, tokens, hidden, generator=generator)
     # the prologue: positions, a causal mask from them, a position-embedding lookup, casts
     positions = call(aten.arange.start, 0, tokens, device=torch.device("cpu"), pin_memory=False)
     rows = call(aten.unsqueeze.default, positions, 1)
@@ -435,6 +451,13 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
     return torch.fx.GraphModule(root, graph), example
 
 
+def _one_shot_all_reduce() -> Any:
+    """The runtime's one-exchange all-reduce op (:mod:`autotp.passes.small_collectives`)."""
+    from autotp.passes.small_collectives import one_shot_all_reduce
+
+    return one_shot_all_reduce
+
+
 class _Recorder(torch.fx.Interpreter):
     """Runs a graph once, pricing each node's kernel on a profile with no host terms."""
 
@@ -451,7 +474,7 @@ class _Recorder(torch.fx.Interpreter):
             return result
         if node.target is c10d.wait_tensor.default:
             return result
-        if node.target is c10d.all_reduce.default:
+        if node.target is c10d.all_reduce.default or node.target is _one_shot_all_reduce():
             self.collectives.append(("all_reduce", result.numel() * result.element_size(), dist.get_world_size()))
             return result
         if launches_no_kernel(node.target):
@@ -491,18 +514,24 @@ def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: 
         slowest = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         times = slowest.tolist()
-    shares = [min(1.0, w / t) for w, t in zip(work, times) if t > 0]
+    # the share over all runs together (total work over total wall time), not a median of runs: a
+    # call shorter than the scheduler's time slice mostly runs uninterrupted, and the median of
+    # such calls would miss the pauses that a longer call (a model's forward) does take
+    share = min(1.0, sum(work) / sum(times)) if sum(times) > 0 else 1.0
     return GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
-                       tuple(recorder.collectives), statistics.median(times), statistics.median(work),
-                       statistics.median(shares) if shares else 1.0)
+                       tuple(recorder.collectives), statistics.median(times), statistics.median(work), share)
 
 
 def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:
     """One :class:`GraphSample` per shape, on every rank of the current process group (or alone)."""
+    from autotp.passes.small_collectives import one_shot_small_all_reduces
+
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     group_name = dist.group.WORLD.group_name if dist.is_initialized() and dist.group.WORLD is not None else None
     samples = []
     for shape in shapes:
         module, example = block_graph(shape, world_size, group_name)
+        # as autotp.compile runs an inference graph: small gloo all-reduces in one exchange (tp > 2)
+        module = one_shot_small_all_reduces(module, world_size)
         samples.append(graph_sample(module, example, hardware, runs))
     return tuple(samples)

@@ -36,13 +36,13 @@ alternatives all see the same price.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.base.placements import Replicate
+from autotp.base.placements import Placement, Replicate
 from autotp.base.reshard import ReshardStep
 from autotp.base.strategy import Strategy
 from autotp.cost_model import launches_no_kernel
@@ -54,11 +54,13 @@ aten = torch.ops.aten
 
 __all__ = [
     "DEFAULT_OPTIMIZER_STATES",
+    "CheckpointedBlocks",
     "REPLICATED_INPUT_BACKWARD",
     "SAVES_NO_INPUT",
     "Training",
     "adjoint_steps",
     "backward_flops_factor",
+    "checkpointed_blocks_price",
     "reads_through_f",
     "requires_grad_nodes",
     "saved_slots",
@@ -180,3 +182,56 @@ def trainable_bytes_factor(value: torch.Tensor, optimizer_states: int) -> float:
     """Bytes a trainable parameter holds per byte of its shard: itself, its gradient (same dtype)
     and ``optimizer_states`` fp32 values per element."""
     return 2.0 + optimizer_states * 4 / value.element_size()
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointedBlocks:
+    """What activation checkpointing of blocks changes in a training step's price (see
+    :func:`checkpointed_blocks_price`): the activation bytes kept per rank, and the recomputation."""
+
+    activation_bytes: float
+    recompute_compute_s: float
+    recompute_comm_s: float
+
+
+def checkpointed_blocks_price(graph: StrategyGraph, saved: frozenset[tuple[str, str, int]],
+                              strategy_of: Callable[[str], Strategy], activation_bytes: Callable[[str, Placement], float],
+                              forward_s: Callable[[str], float], reshardings: Iterable[tuple[str, tuple[str, ...], float]],
+                              block_of: Callable[[str], str | None]) -> CheckpointedBlocks:
+    """The price of ``activation_checkpointing="blocks"`` (:mod:`autotp.runtime.checkpointing`).
+
+    - **Activations kept**: what nodes outside every block save, as without checkpointing; for
+      each block only its inputs (values produced outside it and read inside, once per placement
+      read in); plus, while one block is recomputed for its backward, the tensors it saves of its
+      own values: the largest block's (blocks are recomputed one at a time).
+    - **Recomputation**: the forward compute of every node inside a block (``forward_s``) and the
+      forward reshardings read only inside blocks (``reshardings``: ``(producer, consumers,
+      seconds)``), run once more in the backward.
+
+    ``saved``: ``(producer, consumer, slot)`` of every tensor the backward keeps
+    (:attr:`Training.saved`); ``activation_bytes(producer, placement)``: its size on one rank;
+    ``block_of(name)``: the block a node lies in (``None`` outside every block).
+    """
+    def kept_bytes(items: Iterable[tuple[str, Placement]]) -> float:
+        return sum(activation_bytes(producer, placement) for producer, placement in set(items))
+
+    outside = [(producer, strategy_of(consumer).inputs[slot]) for producer, consumer, slot in saved
+               if block_of(consumer) is None]
+    inputs: list[tuple[str, Placement]] = []
+    inside: dict[str, list[tuple[str, Placement]]] = {}
+    for name in graph.order:
+        block = block_of(name)
+        node = graph.nodes[name]
+        if block is None or node.op != "call_function":
+            continue
+        for slot, producer in enumerate(tensor_inputs(node)):
+            if block_of(producer.name) != block and producer.name not in graph.parameters:
+                inputs.append((producer.name, strategy_of(name).inputs[slot]))
+    for producer, consumer, slot in saved:  # a block's own values: its inputs are kept already
+        if (block := block_of(consumer)) is not None and block_of(producer) == block:
+            inside.setdefault(block, []).append((producer, strategy_of(consumer).inputs[slot]))
+    largest = max((kept_bytes(items) for items in inside.values()), default=0.0)
+    compute = sum(forward_s(name) for name in graph.order if block_of(name) is not None)
+    comm = sum(seconds for _, consumers, seconds in reshardings
+               if consumers and all(block_of(c) is not None for c in consumers))
+    return CheckpointedBlocks(kept_bytes(outside) + kept_bytes(inputs) + largest, compute, comm)

@@ -66,7 +66,7 @@ from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "node_dtype", "node_shape_terms", "node_work", "op_collectives_s",
+__all__ = ["CostedGraph", "cost_strategy_graph", "forward_compute_s", "node_dtype", "node_shape_terms", "node_work", "op_collectives_s",
            "reshard_route", "reshard_time_s", "route_time_s", "tensor_nbytes"]
 
 def tensor_nbytes(value: object) -> int:
@@ -241,6 +241,11 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
                                              transcendental_elements=elements)
                      + op_collectives_s(node, strategy, world_size, hardware))
     return costs
+
+
+def forward_compute_s(node: fx.Node, strategy: Strategy, world_size: int, hardware: Hardware) -> float:
+    """Seconds per rank of ``node``'s forward alone under ``strategy`` (a recomputation's price)."""
+    return _node_compute_s(node, [strategy], world_size, hardware, None)[0]
 
 
 def op_collectives_s(node: fx.Node, strategy: Strategy, world_size: int, hardware: Hardware) -> float:

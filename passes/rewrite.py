@@ -43,6 +43,7 @@ from autotp.passes.random_streams import RankStreams, rank_seed, rank_stream_tar
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import local_form_for
 from autotp.passes.rules.args import holds_tensor
+from autotp.passes.small_collectives import one_shot_all_reduce
 from autotp.passes.uneven import Partitions
 
 aten = torch.ops.aten
@@ -56,6 +57,7 @@ COLLECTIVE_OPS = {
     c10d.reduce_scatter_tensor.default: "reduce_scatter",
     c10d.all_to_all_single.default: "all_to_all",
     c10d.broadcast.default: "broadcast",
+    one_shot_all_reduce: "all_reduce",  # a small gloo all-reduce in one exchange (autotp.passes.small_collectives)
 }
 
 _SHAPE_ARG_OPS = {aten.view.default: 1, aten.reshape.default: 1, aten._unsafe_view.default: 1, aten.expand.default: 1}

@@ -115,7 +115,7 @@ def test_view_op_field_is_optional_in_json() -> None:
 
 
 def _measure_quick(rank: int, world_size: int) -> RankMeasurements:
-    config = dataclasses.replace(CalibrationConfig.quick(), min_time_s=0.005, repeats=2,
+    config = dataclasses.replace(CalibrationConfig.quick(), min_time_s=0.005, repeats=2, graph_runs=3,
                                  collective_bytes=(4 * 2**10, 4 * 2**20))  # 1000x apart: latency vs bandwidth
     before = torch.get_num_threads()
     measured = measure_rank(rank, world_size, config)
@@ -143,6 +143,7 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     for shape, sample in zip(quick.graph_shapes, ranks[0].graphs):
         assert len(sample.collectives) == (2 * shape.layers if shape.collectives else 0), (shape, sample)
         assert sample.seconds > 0 and sample.kernel_nodes > 0, sample
+        assert sample.work_s > 0 and 0 < sample.core_share <= 1, f"work clock and core share measured: {sample}"
     assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
     assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
     assert profile.runtime_mode == "eager" and profile.host_is_device, profile

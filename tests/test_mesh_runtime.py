@@ -39,8 +39,10 @@ def test_even_stages_cut_layer_blocks_and_name_bad_plans() -> None:
     assert default_microbatches(6, MeshShape(dp=2, pp=2)) == 1, "3 rows per replica do not split in 2 microbatches"
 
 
-def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], tuple[str, ...], int, dict]]) -> list:
-    """Each case: build the mesh, compile tiny Llama on it, compare with the single-process model."""
+def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], tuple[str, ...], int, dict]],
+                checkpoint: str | None = None) -> list:
+    """Each case: build the mesh, compile tiny Llama on it, compare with the single-process model. With
+    ``checkpoint``, the first two cases compile a meta-device copy that reads its shards from that file."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -49,12 +51,15 @@ def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], t
     from autotp.runtime.mesh import mesh_shape_of
 
     results = []
-    for dims, names, batch, plan_options in cases:
+    for index, (dims, names, batch, plan_options) in enumerate(cases):
         model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
         mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
         plan = plan_options if isinstance(plan_options, ParallelPlan) else (
             even_parallel_plan(model, mesh_shape_of(mesh), **plan_options) if plan_options else None)
-        part = autotp.compile(model, mesh=mesh, example_inputs=args, example_kwargs=kwargs, plan=plan)
+        read = checkpoint if index < 2 else None
+        compiled = tiny_llama(**TINY, layers=2, batch=batch, device="meta")[0] if read else model
+        part = autotp.compile(compiled, mesh=mesh, example_inputs=args, example_kwargs=kwargs, plan=plan,
+                              checkpoint=read)
         with torch.no_grad():
             out, ref = part(*args, **kwargs), model(*args, **kwargs)
         results.append((type(out).__name__, tuple(out.logits.shape), float((out.logits - ref.logits).abs().max())))
@@ -77,6 +82,7 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
         lambda: DeviceMesh("cpu", torch.arange(2), mesh_dim_names=("tp",)),
         lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp")),
         lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")),
+        lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")),
     ]
     messages = []
     for index, make in enumerate(attempts):
@@ -84,9 +90,12 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
         plan = even_parallel_plan(model, MeshShape(pp=2, tp=2)) if index == 2 else None
         if index == 5 and rank == 3:  # one rank alone passes another schedule
             plan = even_parallel_plan(model, MeshShape(dp=2, tp=2), schedule="1f1b")
-        ids = args[0][:3] if index == 4 else args[0]  # 3 rows do not split over 2 replicas
+        ids = args[0][:3] if index == 4 else args[0][:1] if index == 6 else args[0]  # 3 rows do not split over 2
+        extra: dict[str, Any] = {}
+        if index == 6:  # generation: one row for 2 replicas
+            kwargs, extra = {}, {"max_cache_len": 16}
         try:
-            autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs=kwargs, plan=plan)
+            autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs=kwargs, plan=plan, **extra)
         except (ValueError, autotp.AgreementError) as exc:
             messages.append(str(exc))
         else:
@@ -121,14 +130,20 @@ def _searched_plan(shape: MeshShape, batch: int, *, microbatches: int) -> Parall
     return dataclasses.replace(plan, microbatches=microbatches)
 
 
-def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
-    """dp2 x tp2 (uneven batch 3, planned on each tp group), pp2 x tp2 (1F1B, 4 microbatches, each stage's
-    tp plan made beforehand in this process), dp2 x pp2 (the mesh search's plan, GPipe, 2 microbatches) on 4
-    gloo processes: every rank returns the whole batch's logits, equal to one process's."""
+def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any, tmp_path: Any) -> None:
+    """dp2 x tp2 (uneven batch 3, planned on each tp group) and pp2 x tp2 (1F1B, 4 microbatches, each stage's tp
+    plan made beforehand in this process), both compiling a meta model that reads its shards from a safetensors
+    checkpoint; dp2 x pp2 (the mesh search's plan, GPipe, 2 microbatches) on 4 gloo processes: every rank
+    returns the whole batch's logits, equal to one process's."""
+    from safetensors.torch import save_file
+
+    model, _, _ = tiny_llama(**TINY, layers=2)
+    checkpoint = str(tmp_path / "model.safetensors")
+    save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()}, checkpoint)
     cases = [((2, 2), ("dp", "tp"), 3, {}),
              ((2, 2), ("pp", "tp"), 4, _planned_pipeline(MeshShape(pp=2, tp=2), 4, 4, "1f1b")),
              ((2, 2), ("dp", "pp"), 4, _searched_plan(MeshShape(dp=2, pp=2), 4, microbatches=2))]
-    results = gloo.run(4, _run_meshes, cases)
+    results = gloo.run(4, _run_meshes, cases, checkpoint)
     for rank, per_case in enumerate(results):
         for (dims, names, batch, _), (kind, shape, error) in zip(cases, per_case):
             setup = " x ".join(f"{n}{d}" for n, d in zip(names, dims))
@@ -139,15 +154,16 @@ def test_mesh_outputs_equal_single_process_on_four_ranks(gloo: Any) -> None:
 
 def test_mesh_bad_input_fails_on_every_rank(gloo: Any) -> None:
     """4 ranks: unknown dim name, pp=4 over 2 layer blocks, a pp2 x tp2 plan on a dp2 x tp2 mesh, a mesh of 2
-    of the 4 ranks, dp2 x pp2 with a batch of 3, rank 3 alone with another schedule: the same error, saying
-    the fix, on every rank."""
+    of the 4 ranks, dp2 x pp2 with a batch of 3, rank 3 alone with another schedule, generation on dp2 with
+    one example row: the same error, saying the fix, on every rank."""
     messages = gloo.run(4, _bad_inputs)
     expected = ["unknown dim name(s) 'sp'", "pp=4 pipeline stages need at least 4 layer blocks",
                 "plan was made for a mesh dp1 x pp2 x tp2 but the given mesh is dp2 x pp1 x tp2",
                 "holds 2 ranks but the process group has 4",
                 "batch (3 rows) must split into dp=2 replicas x 1 microbatch(es) of equal rows; pass a batch that is "
                 "a multiple of 2",
-                "option schedule: ranks 0, 1, 2 gpipe; rank 3 1f1b"]
+                "option schedule: ranks 0, 1, 2 gpipe; rank 3 1f1b",
+                "example ids have 1 row(s) but the mesh has dp=2 replicas"]
     assert len(messages[0]) == len(expected), f"expected {len(expected)} errors, got {messages[0]}"
     for rank, texts in enumerate(messages):
         assert texts == messages[0], f"rank {rank} raised {texts}, rank 0 {messages[0]}"

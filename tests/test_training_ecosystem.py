@@ -203,32 +203,45 @@ def _dropout_probes(tp: autotp.TensorParallelModule, ids: torch.Tensor) -> dict[
 
 
 def _dropout_streams(rank: int, world_size: int) -> dict:
-    """GPT-2 (dropout 0.1) compiled with dropout="split": its loss, and its sampling nodes' masks after
-    tp.manual_seed(7), twice."""
+    """GPT-2 (dropout 0.1) compiled with dropout="split": its loss, its sampling nodes' masks after
+    tp.manual_seed(7), twice, and how far the gradients of the same step with checkpointed blocks are."""
     model, (ids,), _ = models.tiny_gpt2(num_heads=4, hidden=48, layers=2, vocab_size=96, seq_len=8)
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
                             dynamic=False, dropout="split")
-    tp.manual_seed(7)
-    loss = tp(ids, labels=ids).loss
-    loss.backward()
+        blocks = autotp.compile(model, example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
+                                dynamic=False, dropout="split", plan=tp.plan, activation_checkpointing="blocks")
+    losses = []
+    for module in (tp, blocks):  # the recomputed blocks replay both streams: the same masks, the same gradients
+        module.manual_seed(7)
+        loss = module(ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+    plain, checkpointed = dict(tp.named_parameters()), dict(blocks.named_parameters())
+    # relative to each tensor's largest gradient (a key bias under softmax has a zero gradient: absolute there)
+    recomputed = max((checkpointed[k].grad - p.grad).abs().max().item() / max(p.grad.abs().max().item(), 1e-3)
+                     for k, p in plain.items())
     tp.manual_seed(7)
     first = _dropout_probes(tp, ids)
     tp.manual_seed(7)
-    return {"loss": loss.item(), "first": first, "again": _dropout_probes(tp, ids),
-            "gradients": all(p.grad is not None for p in tp.parameters())}
+    return {"loss": losses[0], "first": first, "again": _dropout_probes(tp, ids), "recomputed": recomputed,
+            "checkpointed_loss": losses[1], "gradients": all(p.grad is not None for p in tp.parameters())}
 
 
 def test_dropout_streams_per_rank(gloo) -> None:
     """tp=2, GPT-2 with dropout 0.1, dropout="split": attention (split by heads) draws its dropout from a
     per-rank stream, so its masks differ between the ranks; the replicated (and partial) dropouts draw
     from the shared stream, so their masks are equal on both ranks; after tp.manual_seed(7) both kinds
-    repeat exactly; a training step runs and its loss is the same on both ranks."""
+    repeat exactly; a training step runs and its loss is the same on both ranks; with
+    activation_checkpointing="blocks" (same plan) the recomputed masks are the forward's: equal gradients."""
     results = gloo.run(2, _dropout_streams)
     for rank, r in enumerate(results):
         assert r["gradients"], f"rank {rank}: a parameter got no gradient"
+        assert r["checkpointed_loss"] == r["loss"] and r["recomputed"] <= 1e-6, (
+            f"rank {rank}: with checkpointed blocks, loss {r['checkpointed_loss']} (expected {r['loss']}) and "
+            f"gradients {r['recomputed']:.3g} relative off (expected <= 1e-6): a recomputed mask differs")
         assert len(r["first"]["split"]) == 2, f"rank {rank}: {len(r['first']['split'])} split dropouts, expected 2 (attention)"
         assert r["first"]["replicated"], f"rank {rank}: no dropout on the shared stream"
         for kind in ("split", "replicated"):
@@ -240,3 +253,46 @@ def test_dropout_streams_per_rank(gloo) -> None:
     for index, (a, b) in enumerate(zip(results[0]["first"]["split"], results[1]["first"]["split"], strict=True)):
         assert a.shape == b.shape and not torch.equal(a, b), (
             f"split dropout {index}: the ranks drew the same mask (shapes {tuple(a.shape)}, {tuple(b.shape)})")
+
+
+def _train_on_mesh(rank: int, world_size: int, steps: int) -> dict:
+    """dp=2 x tp=2 through autotp.compile(mesh=..., training=True): every rank passes the whole batch, each
+    replica trains on its row. Returns the replica's losses, the single process's on the whole batch, and
+    the largest difference of the trained weights from the single process's."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    config = {**_LLAMA, "layers": 1}
+    model, (ids,), _ = models.tiny_llama(batch=2, **config)
+    reference = models.tiny_llama(batch=2, **config)[0].train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model.train(), mesh=mesh, example_inputs=(ids,), example_kwargs={"labels": ids},
+                            training=True)
+    optimizer = torch.optim.AdamW(tp.parameters(), lr=1e-2)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    losses, expected = [], []
+    for _ in range(steps):
+        for module, opt, out in ((tp, optimizer, losses), (reference, reference_optimizer, expected)):
+            loss = module(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+    full, want = tp.full_state_dict(), reference.state_dict()
+    weights = max((full[k] - want[k]).abs().max().item() / want[k].abs().max().item() for k in want)
+    return {"losses": losses, "expected": expected, "weights": weights, "replica": tp.replica_index}
+
+
+def test_training_over_a_dp_tp_mesh(gloo) -> None:
+    """dp=2 x tp=2 (autotp.compile(mesh=..., training=True)), Llama: each replica returns its row's loss, and
+    gradients averaged over dp make 3 AdamW steps equal the single process's on the whole batch: the mean
+    of the two replicas' losses is its loss (<= 1e-5 relative), and the trained weights are its weights."""
+    results = gloo.run(4, _train_on_mesh, 3)
+    by_replica = {r["replica"]: r for r in results}
+    assert sorted(by_replica) == [0, 1], f"replica indices {[r['replica'] for r in results]}"
+    for step, want in enumerate(results[0]["expected"]):
+        got = (by_replica[0]["losses"][step] + by_replica[1]["losses"][step]) / 2
+        assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: mean of the replicas' losses {got}, single process {want}"
+    for rank, r in enumerate(results):
+        assert r["weights"] <= 1e-4, f"rank {rank}: trained weights differ from one process's by {r['weights']:.3g} relative"

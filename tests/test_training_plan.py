@@ -5,6 +5,8 @@ All planning only: no process group, tiny models (an MLP of hidden 32).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -163,3 +165,48 @@ def test_frozen_parameters_and_one_rank():
     trainable = FP32 * (8 + 8 * 8 + 8)  # both biases and the second weight
     assert plan.gradient_bytes_per_rank == trainable, f"gradients: expected {trainable}, got {plan.gradient_bytes_per_rank}"
     assert plan.optimizer_bytes_per_rank == 2 * trainable, (plan.optimizer_bytes_per_rank, 2 * trainable)
+
+
+def test_activation_checkpointing_of_blocks_is_priced():
+    """tp=2, two blocks Sequential(Linear(32, 64), GELU, Linear(64, 32)) under Megatron's plan: with
+    activation_checkpointing="blocks" the plan keeps the two blocks' inputs (2 x 2*16*32 fp32, replicated)
+    plus one block's own saved values (GELU's input and output, column-split: 2 x 2*16*32 fp32 per rank)
+    instead of every block's (24 KiB -> 16 KiB, by hand), and the step costs the blocks' forward again."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(HIDDEN, INTERMEDIATE), torch.nn.GELU(),
+                                                      torch.nn.Linear(INTERMEDIATE, HIDDEN)) for _ in range(2)])
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    plain = autotp.plan(model, (x,), world_size=2, training=True)
+    blocks = autotp.plan(model, (x,), world_size=2, training=True, activation_checkpointing="blocks")
+    megatron = {f"{i}.{j}.weight": p for i in (0, 1) for j, p in ((0, "S(0)"), (2, "S(1)"))}
+    assert {k: blocks.parameters[k] for k in megatron} == megatron, f"not Megatron's plan: {dict(blocks.parameters)}"
+    activation = BATCH * SEQ * HIDDEN * FP32  # one (2, 16, 32) fp32 tensor, or a (2, 16, 64) one split in two
+    assert plain.activation_bytes_per_rank == 6 * activation, (
+        f"without checkpointing: {plain.activation_bytes_per_rank} B kept, expected {6 * activation}")
+    assert blocks.activation_bytes_per_rank == 4 * activation, (
+        f"blocks checkpointed: {blocks.activation_bytes_per_rank} B kept, expected {4 * activation}")
+    assert blocks.predicted_compute_s > plain.predicted_compute_s and blocks.predicted_comm_s > plain.predicted_comm_s, (
+        f"recomputation not priced: compute {blocks.predicted_compute_s} vs {plain.predicted_compute_s}, "
+        f"communication {blocks.predicted_comm_s} vs {plain.predicted_comm_s}")
+    assert "blocks checkpointed" in str(blocks) and blocks.activation_checkpointing == "blocks"
+    assert Plan.from_json(blocks.to_json()).activation_checkpointing == "blocks"
+    with pytest.raises(ValueError, match="training=True"):
+        autotp.plan(model, (x,), world_size=2, activation_checkpointing="blocks")
+
+
+def test_split_dropout_plan_gathers_less():
+    """tp=2, GPT-2 (2 layers, hidden 48, 4 heads) in training mode with dropout 0.1, captured for training
+    (the dropouts kept): by default attention with dropout runs whole on every rank (its q/k/v gathered);
+    dropout="split" (per-rank streams) keeps it split by heads: fewer all-gathers, a cheaper predicted step."""
+    from tests.models import tiny_gpt2
+
+    model, (ids,), _ = tiny_gpt2(num_heads=4, hidden=48, layers=2, vocab_size=96, seq_len=8)
+    captured = capture(model.train(), (ids,), {"labels": ids}, training=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GPT-2's ops without a rule run replicated in both plans
+        plans = {d: plan_graph(captured, PlanOptions(world_size=2, training=True, dropout=d))
+                 for d in ("replicated", "split")}
+    gathers = {d: p.collective_counts().get("all_gather", 0) for d, p in plans.items()}
+    assert gathers["split"] < gathers["replicated"], f"all-gathers per forward: {gathers}"
+    assert plans["split"].predicted_time_s < plans["replicated"].predicted_time_s, (
+        f"predicted step: split {plans['split'].predicted_time_s}, replicated {plans['replicated'].predicted_time_s}")

@@ -106,8 +106,10 @@ def _training_memory_line(plan: Plan) -> str:
     """Training memory per rank: weights, their gradients, optimizer state, saved activations."""
     parts = [plan.parameter_bytes_per_rank, plan.gradient_bytes_per_rank, plan.optimizer_bytes_per_rank,
              plan.activation_bytes_per_rank]
+    checkpointed = " (blocks checkpointed: their inputs + one block's, recomputed)" if plan.activation_checkpointing else ""
     return (f"training memory per rank: {format_bytes(sum(parts))} = weights {format_bytes(parts[0])} + gradients "
-            f"{format_bytes(parts[1])} + optimizer {format_bytes(parts[2])} + activations {format_bytes(parts[3])}")
+            f"{format_bytes(parts[1])} + optimizer {format_bytes(parts[2])} + activations {format_bytes(parts[3])}"
+            f"{checkpointed}")
 
 
 def _training_backward_line(plan: Plan) -> str:

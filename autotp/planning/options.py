@@ -76,6 +76,8 @@ class PlanOptions:
         dropout: ``"replicated"`` (default: every dropout mask drawn whole, the same on every rank)
             or ``"split"`` (dropout may run on split activations, from per-rank random streams:
             :mod:`autotp.passes.random_streams`).
+        activation_checkpointing: ``None`` or ``"blocks"`` (with ``training``): the plan's activation
+            bytes and time count checkpointed blocks (:func:`autotp.passes.backward.checkpointed_blocks_price`).
         optimizer_states: with ``training``, fp32 values the optimizer keeps per parameter
             element (default 2: AdamW's two moments; SGD with momentum 1, plain SGD 0).
     """
@@ -92,6 +94,7 @@ class PlanOptions:
     optimizer_states: int = DEFAULT_OPTIMIZER_STATES
     outputs: str = "replicated"
     dropout: str = "replicated"
+    activation_checkpointing: str | None = None
 
     def __post_init__(self) -> None:
         check_world_size(self.world_size)
@@ -102,9 +105,11 @@ class PlanOptions:
                 raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         from autotp.passes.random_streams import check_dropout
         from autotp.planning.outputs import check_outputs
+        from autotp.runtime.checkpointing import check_activation_checkpointing
 
         check_outputs(self.outputs)
         check_dropout(self.dropout)
+        check_activation_checkpointing(self.activation_checkpointing, self.training)
         states = self.optimizer_states
         if isinstance(states, bool) or not isinstance(states, int) or states < 0:
             raise ValueError(f"optimizer_states must be an int >= 0 (fp32 values the optimizer keeps per parameter "

@@ -183,6 +183,8 @@ class Plan:
     activation_bytes_per_rank: int = 0  # kept for the backward, at the example's batch and sequence
     inference_differences: tuple[tuple[str, str, str], ...] = ()  # (FQN, inference placement, training placement)
     inference_time_s: float = 0.0  # predicted forward of the inference plan of the same graph and options
+    # "blocks": activations and times count checkpointed blocks (PlanOptions.activation_checkpointing)
+    activation_checkpointing: str = ""
 
     # ---------------------------------------------------------------- lookups
     @property

@@ -23,14 +23,15 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
+from autotp.base.module_paths import block_name
 from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
 from autotp.base.progress import log_progress
 from autotp.base.shapes import concrete_shape
 from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph
 from autotp.cost_model import Hardware
-from autotp.passes.backward import Training, trainable_bytes_factor
-from autotp.passes.costing import CostedGraph, cost_strategy_graph, tensor_nbytes
+from autotp.passes.backward import Training, checkpointed_blocks_price, trainable_bytes_factor
+from autotp.passes.costing import CostedGraph, cost_strategy_graph, forward_compute_s, tensor_nbytes
 from autotp.passes.pricing import Resharding, compute_s, price_choice, saved_activation_bytes
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, min_parameter_bytes, solve
@@ -231,6 +232,8 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
     if options.outputs == "local":
         plan = with_local_outputs(plan)
+    if options.activation_checkpointing == "blocks":
+        plan = _with_checkpointed_blocks(plan, costed, hw)
     if options.training:
         plan = _compare_with_inference(plan, captured, options, started)
     if plan.fallback_ops:
@@ -241,6 +244,28 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
         )
     log_progress(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
     return plan
+
+
+def _with_checkpointed_blocks(plan: Plan, costed: CostedGraph, hardware: Hardware) -> Plan:
+    """``plan``'s activation bytes and predicted times with every repeated block checkpointed (kept: the
+    blocks' inputs and one block's saved tensors; recomputed: each block's forward, reshardings included)."""
+    graph = costed.graph
+    if costed.training is None:
+        return plan
+    chosen = plan.decisions()
+    modules = {name: module_path(graph.nodes[name]) for name in graph.order}
+
+    def block_of(name: str) -> str | None:
+        return block_name(modules[name]) if modules.get(name) else None
+
+    price = checkpointed_blocks_price(
+        graph, costed.training.saved, lambda name: chosen[name], costed.activation_bytes,
+        lambda name: forward_compute_s(graph.nodes[name], chosen[name], graph.world_size, hardware),
+        [(c.producer, c.consumers, c.time_s) for c in plan.collectives], block_of)
+    return dataclasses.replace(plan, activation_bytes_per_rank=int(price.activation_bytes),
+                               predicted_compute_s=plan.predicted_compute_s + price.recompute_compute_s,
+                               predicted_comm_s=plan.predicted_comm_s + price.recompute_comm_s,
+                               activation_checkpointing="blocks")
 
 
 def _frozen(captured: CapturedGraph) -> frozenset[str]:
@@ -255,7 +280,8 @@ def _compare_with_inference(plan: Plan, captured: CapturedGraph, options: PlanOp
     same graph and options chooses differently (that plan is solved here, quietly)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback warning is the training plan's to give
-        inference = plan_graph(captured, dataclasses.replace(options, training=False, progress=False))
+        inference = plan_graph(captured, dataclasses.replace(options, training=False, progress=False,
+                                                                   activation_checkpointing=None))
     differences = tuple((fqn, inference.parameters[fqn], placement) for fqn, placement in plan.parameters.items()
                         if inference.parameters.get(fqn, placement) != placement)
     return dataclasses.replace(plan, inference_differences=differences, inference_time_s=inference.predicted_time_s,

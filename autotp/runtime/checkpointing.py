@@ -116,7 +116,7 @@ def checkpoint_blocks(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
             path = module_path(node)
             if path and runs[node.name] not in block_of_run:
                 block_of_run[runs[node.name]] = block_name(path)
-    split = split_module(gm, None, lambda node: runs[node.name], keep_original_order=True,
+    split = split_module(gm, gm, lambda node: runs[node.name], keep_original_order=True,
                          keep_original_node_name=True)
     names: list[str] = []
     for node in split.graph.nodes:

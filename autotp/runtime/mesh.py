@@ -19,6 +19,23 @@ order; a missing dim has size 1). Every rank builds its own part:
   gathered back, so **every rank returns the output of the whole batch**, the same as the
   single-process model: a user checks it against one process.
 
+Weights: with ``checkpoint=`` the model may be on the meta device and each rank reads only its
+stage's tensor-parallel shards (:mod:`autotp.runtime.loading`). Generation
+(``max_cache_len=``) over a mesh is :mod:`autotp.runtime.mesh_generate`; a
+:class:`~autotp.planning.mesh_plan.ParallelPlan` saved with ``save`` may be passed as its path.
+
+**Training** (``autotp.compile(..., mesh=mesh, training=True)``, a mesh without ``pp``: dp x tp):
+each replica's tp group compiles its part with ``training=True`` (the tp shards are trainable
+parameters, collectives carry their adjoints: :mod:`autotp.passes.adjoints`); a call runs the
+replica's slice of the batch and returns **that slice's** output (its loss: the loss of its rows),
+not the whole batch's, so ``loss.backward()`` stays local to the replica; each parameter's
+gradient is then averaged over ``dp`` as it is accumulated (a hook per parameter: one all-reduce
+over ``mesh["dp"]``, in the same order on every replica), as DDP does. With slices of equal token
+counts the averaged gradient is the single process's on the whole batch. ``tp.parameters()`` are
+this rank's shards, the same on every replica: build the optimizer over them. Not yet: ``pp > 1``
+with training (a pipeline schedule with a loss), or FSDP-style sharding over ``dp`` (compose with
+``fully_shard`` over ``group=`` for that: README "FSDP2").
+
 Shapes: with ``pp == 1`` the compiled module serves any batch size (at least ``dp``) and
 sequence length, as :func:`autotp.compile` does. With ``pp > 1`` the stages exchange buffers of
 fixed shapes, so each call must have the batch size and sequence length of ``example_inputs``
@@ -35,6 +52,7 @@ group's own store and group ranks, so they work on mesh sub-groups unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -48,7 +66,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from autotp.base.errors import InputShapeError, TracedValueError
-from autotp.capture import check_model
+from autotp.capture import _as_if_on, check_model, trace_device
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.runtime.agreement import (
@@ -59,7 +77,8 @@ from autotp.runtime.agreement import (
     ranks_agree,
 )
 
-__all__ = ["MeshParallelModule", "StageSplit", "compile_on_mesh", "mesh_shape_of", "split_stages"]
+__all__ = ["MeshParallelModule", "StageSplit", "average_gradients_over", "compile_on_mesh", "mesh_shape_of",
+           "split_stages"]
 
 
 def mesh_shape_of(mesh: Any) -> MeshShape:
@@ -211,30 +230,46 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
                  mb_kwargs: dict[str, Any] | None = None) -> StageSplit:
     """Cut ``model`` before each module of ``split_points`` (FQNs) with ``torch.distributed.pipelining``
     (one ``torch.export`` trace of the whole model on the microbatch ``mb_args``/``mb_kwargs``), then run
-    the microbatch through the stages to record what each takes and gives. ``model`` is left as it was."""
+    the microbatch through the stages to record what each takes and gives. ``model`` is left as it was.
+
+    A model on the meta device (weights to be read from a checkpoint) is traced and run with fake
+    weights on the device of ``mb_args`` (so the stage graphs make their tensors there); its stages
+    then hold the model's meta tensors again, and the recorded inputs and outputs are zeros of the
+    right shapes on that device."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
     mb_kwargs = dict(mb_kwargs or {})
     split_spec = {fqn: SplitPoint.BEGINNING for fqn in split_points}
     patched = [model.get_submodule(fqn) for fqn in split_spec]
-    try:
-        pipe = pipeline(model, mb_args, mb_kwargs or None, split_spec=split_spec)
-    finally:  # pipeline() wraps the forward of each split module in place; give the user their model back
-        for module in patched:
-            module.__dict__.pop("forward", None)
-            module.__dict__.pop("_orig_forward", None)
-    if pipe.num_stages != len(split_spec) + 1:
-        raise ValueError(f"cutting the model at {list(split_points)} gave {pipe.num_stages} stages, not "
-                         f"{len(split_spec) + 1}; split at modules that run once, in order, after the first op")
-    graph = pipe.split_gm.graph
-    names = tuple(str(node.target) for node in graph.nodes if node.op == "placeholder")
-    bound = inspect.signature(model.forward).bind(*mb_args, **mb_kwargs)
-    bound.apply_defaults()
-    values = [bound.arguments.get(name) for name in names]
-    recorder = _Recorder(pipe.split_gm)
-    with torch.no_grad():
-        recorder.run(*values)
-        reference = model(*mb_args, **mb_kwargs)  # only its structure: the pipeline returns flat leaves
+    on_meta = any(p.device.type == "meta" for p in model.parameters())
+    device = trace_device(mb_args, mb_kwargs)
+    with contextlib.ExitStack() as fake:
+        if on_meta:
+            mb_args, mb_kwargs = fake.enter_context(_as_if_on(model, device, (mb_args, mb_kwargs)))
+        try:
+            pipe = pipeline(model, mb_args, mb_kwargs or None, split_spec=split_spec)
+        finally:  # pipeline() wraps the forward of each split module in place; give the user their model back
+            for module in patched:
+                module.__dict__.pop("forward", None)
+                module.__dict__.pop("_orig_forward", None)
+        if pipe.num_stages != len(split_spec) + 1:
+            raise ValueError(f"cutting the model at {list(split_points)} gave {pipe.num_stages} stages, not "
+                             f"{len(split_spec) + 1}; split at modules that run once, in order, after the first op")
+        graph = pipe.split_gm.graph
+        names = tuple(str(node.target) for node in graph.nodes if node.op == "placeholder")
+        bound = inspect.signature(model.forward).bind(*mb_args, **mb_kwargs)
+        bound.apply_defaults()
+        values = [bound.arguments.get(name) for name in names]
+        recorder = _Recorder(pipe.split_gm)
+        with torch.no_grad():
+            recorder.run(*values)
+            reference = model(*mb_args, **mb_kwargs)  # only its structure: the pipeline returns flat leaves
+    calls_by_stage = recorder.calls
+    if on_meta:
+        _restore_meta_tensors([pipe.get_stage_module(i) for i in range(pipe.num_stages)], model)
+        calls_by_stage = pytree.tree_map_only(
+            torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device), calls_by_stage)
+        values = [None if isinstance(value, torch.Tensor) else value for value in values]
     stage_nodes = [node for node in graph.nodes if node.op == "call_module"]
     first = stage_nodes[0]
     if not all(isinstance(arg, fx.Node) and arg.op == "placeholder" for arg in first.args) or first.kwargs:
@@ -242,7 +277,7 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
                          "autotp's mesh runtime needs the model's inputs to feed the first stage only")
     for previous, node in zip(stage_nodes, stage_nodes[1:]):
         _check_reads_previous(node, previous)
-    calls = [recorder.calls[str(node.target)] for node in stage_nodes]
+    calls = [calls_by_stage[str(node.target)] for node in stage_nodes]
     leaves, out_spec = pytree.tree_flatten(reference)
     used = {str(arg.target) for arg in first.args}
     return StageSplit(
@@ -251,9 +286,21 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
         outputs=tuple(_as_tuple(output) for _, output in calls),
         first_inputs=tuple(str(arg.target) for arg in first.args),
         constants={name: value for name, value in zip(names, values)
-                   if name not in used and not isinstance(value, torch.Tensor)},
+                   if name not in used and value is not None and not isinstance(value, torch.Tensor)},
         out_spec=out_spec if len(leaves) == len(_as_tuple(calls[-1][1])) else None,
     )
+
+
+def _restore_meta_tensors(stages: Sequence[nn.Module], model: nn.Module) -> None:
+    """Give the stages of a pipeline traced with fake weights the model's own (meta) parameters and
+    buffers back, by FQN (a stage module keeps the model's names)."""
+    for stage in stages:
+        for name, _ in list(stage.named_parameters(remove_duplicate=False)):
+            path, _, leaf = name.rpartition(".")
+            stage.get_submodule(path)._parameters[leaf] = model.get_parameter(name)
+        for name, _ in list(stage.named_buffers(remove_duplicate=False)):
+            path, _, leaf = name.rpartition(".")
+            stage.get_submodule(path)._buffers[leaf] = model.get_buffer(name)
 
 
 @dataclasses.dataclass
@@ -294,8 +341,9 @@ class MeshParallelModule(nn.Module):
 
     def __init__(self, plan: ParallelPlan, mesh: Any, stage_module: nn.Module, *, signature: inspect.Signature,
                  stage: _Stage | None = None,
-                 example_shapes: tuple[tuple[int, ...], ...] = ()) -> None:
+                 example_shapes: tuple[tuple[int, ...], ...] = (), training: bool = False) -> None:
         super().__init__()
+        self.trains = training
         self.plan = plan
         self.stage_module = stage_module
         self.stage_index = _local_index(mesh, "pp")
@@ -309,6 +357,15 @@ class MeshParallelModule(nn.Module):
         if stage is not None:
             self._schedule = _schedule(plan, stage_module, stage, self.stage_index,
                                        self._pp_group, next(iter(stage.inputs)).device)
+        if training and self._dp_group is not None:
+            average_gradients_over(stage_module, self._dp_group, plan.mesh.dp)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's ``state_dict``, full tensors (call on every rank): the tp stage's
+        :meth:`~autotp.runtime.module.TensorParallelModule.full_state_dict`, or its own ``state_dict``
+        when ``tp == 1``."""
+        own = getattr(self.stage_module, "full_state_dict", None)
+        return own() if callable(own) else {k: v.detach().clone() for k, v in self.stage_module.state_dict().items()}
 
     def parameter_bytes(self) -> int:
         """Bytes of the parameters this rank holds: its stage's, split over its tp group."""
@@ -330,7 +387,7 @@ class MeshParallelModule(nn.Module):
             start = sum(sizes[: self.replica_index])
             args, kwargs = _slice_batch(args, kwargs, batch, start, start + sizes[self.replica_index])
         output = self._run_stages(args, kwargs) if self._stage is not None else self.stage_module(*args, **kwargs)
-        if dp > 1:
+        if dp > 1 and not self.trains:  # training: the replica's own rows (its gradients are averaged over dp)
             assert self._dp_group is not None
             output = _gather_batch(output, sizes, self._dp_group)
         return output
@@ -375,6 +432,20 @@ class MeshParallelModule(nn.Module):
         if stage.out_spec is not None:
             return pytree.tree_unflatten(leaves, stage.out_spec)
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+
+def average_gradients_over(module: nn.Module, group: dist.ProcessGroup, replicas: int) -> None:
+    """After every gradient accumulation into a parameter of ``module``, average it over ``group``
+    (``replicas`` ranks: one all-reduce per parameter, summed then divided, which gloo supports).
+    Every replica's autograd reaches the parameters in the same order, so the all-reduces match."""
+    def average(param: torch.Tensor) -> None:
+        assert param.grad is not None
+        dist.all_reduce(param.grad, group=group)
+        param.grad.div_(replicas)
+
+    for param in module.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(average)
 
 
 def _schedule(plan: ParallelPlan, module: nn.Module, stage: _Stage, stage_index: int,
@@ -454,33 +525,58 @@ def default_microbatches(batch: int | None, shape: MeshShape) -> int:
 
 def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                     example_kwargs: dict[str, Any] | None, plan: ParallelPlan | str | os.PathLike[str] | None,
-                    **tp_options: Any) -> MeshParallelModule:
+                    checkpoint: str | os.PathLike[str] | None = None, **tp_options: Any) -> MeshParallelModule:
     """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh`. ``tp_options`` go to
-    :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...)."""
+    :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...).
+
+    ``checkpoint``: each rank reads its stage's tensor-parallel shards from it
+    (:mod:`autotp.runtime.loading`), so ``model`` may be on the meta device (the stages are cut
+    with fake weights, :func:`split_stages`); every stage is compiled through :func:`autotp.compile`
+    (over a group of one where ``tp == 1``)."""
     from autotp.api import compile as compile_tp
 
     timeout_s = check_timeout(tp_options.get("agreement_timeout_s", DEFAULT_AGREEMENT_TIMEOUT_S))
+    training = bool(tp_options.get("training", False))
     example_kwargs = dict(example_kwargs or {})
     split: StageSplit | None = None
     # every rank checks the same things and agrees on the outcome: one rank's bad input fails them all
     with ranks_agree(None, timeout_s=timeout_s, what="autotp.compile(mesh=...)") as agreement:
         check_model(model)
         shape = mesh_shape_of(mesh)
+        if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
+            raise ValueError("autotp.compile(mesh=...) needs real weights, but the model has parameters on the meta "
+                             "device; pass checkpoint='path/to/model.safetensors' (or its directory) to read each "
+                             "rank's stage shards from it, or load the weights first")
         batch = _batch_size(example_inputs, example_kwargs)
         plan = as_parallel_plan(plan)
         if plan is None:
             plan = even_parallel_plan(model, shape, microbatches=default_microbatches(batch, shape))
         plan = check_plan_for_mesh(plan, shape, model)
+        if training and shape.pp > 1:
+            raise ValueError(f"autotp.compile(mesh=..., training=True) trains over dp x tp; this mesh has pp={shape.pp} "
+                             "(pipeline training, a schedule with a loss, is not supported yet): use a mesh without pp")
         if shape.dp > 1 and (batch is None or batch < shape.dp):
             raise ValueError(f"the example batch ({batch} rows) must have at least dp={shape.dp} rows, one per "
                              "replica; pass a larger example batch")
         if shape.pp > 1:
             rows = _check_pipeline_batch(batch, shape, plan.microbatches)
+            if checkpoint is not None:  # buffers transformers derives from the config (rotary inv_freq): real ones
+                from autotp.runtime.loading import _materialize_hf_buffers
+
+                derived = [name for name, b in model.named_buffers() if b.device.type == "meta"]
+                _materialize_hf_buffers(model, derived, trace_device(example_inputs, example_kwargs))
             mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
             split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
-        check_weights = tp_options.get("check_weights", True)
-        agreement.record = options_record(_mesh_record(plan, example_inputs, example_kwargs),
-                                          weights=dict(model.state_dict()) if check_weights else None)
+        check_weights = tp_options.get("check_weights", True) and checkpoint is None
+        record = {**_mesh_record(plan, example_inputs, example_kwargs), "training": training}
+        record["checkpoint"] = checkpoint is not None
+        agreement.record = options_record(record, weights=dict(model.state_dict()) if check_weights else None)
+    tp_group = _group(mesh, "tp")
+    if checkpoint is not None:
+        tp_options["checkpoint"] = checkpoint
+        if tp_group is None:  # no tp dim: each rank reads its part alone (groups of one, made on every rank in order)
+            tp_group, _ = dist.new_subgroups(group_size=1)
+    compile_stage = shape.tp > 1 or checkpoint is not None
     signature = inspect.signature(model.forward)
     replica = _local_index(mesh, "dp")
     if shape.pp == 1:
@@ -490,15 +586,15 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             example_inputs, example_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, start,
                                                           start + sizes[replica])
         whole: nn.Module = model
-        if shape.tp > 1:
+        if compile_stage:
             whole = compile_tp(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
-                               group=_group(mesh, "tp"), plan=plan.stages[0].tp_plan, **tp_options)
-        return MeshParallelModule(plan, mesh, whole, signature=signature)
+                               group=tp_group, plan=plan.stages[0].tp_plan, **tp_options)
+        return MeshParallelModule(plan, mesh, whole, signature=signature, training=training)
     assert split is not None
     stage_index = _local_index(mesh, "pp")
     module = split.modules[stage_index]
-    if shape.tp > 1:
-        module = compile_tp(module, example_inputs=split.inputs[stage_index], group=_group(mesh, "tp"),
+    if compile_stage:
+        module = compile_tp(module, example_inputs=split.inputs[stage_index], group=tp_group,
                             plan=plan.stages[stage_index].tp_plan, **tp_options)
     stage = _Stage(module, split.inputs[stage_index], split.outputs[stage_index], split.first_inputs,
                    split.constants, split.out_spec)

@@ -60,6 +60,7 @@ from autotp.runtime.mesh import (
     mesh_shape_of,
     replica_sizes,
 )
+from autotp.runtime.module import GenerationGraphs, TensorParallelModule
 
 __all__ = ["MeshGenerationModule", "StageCachedLM", "compile_generation_on_mesh", "stage_view"]
 
@@ -156,6 +157,9 @@ class StageCachedLM(CachedCausalLM):
     returns logits ``(batch, 1, vocab)`` on the last stage, its last block's hidden states
     ``(batch, S, hidden)`` on the others."""
 
+    _inject: _Inject | None
+    _tap: _Tap | None
+
     def __init__(self, model: nn.Module, first: int, stop: int, *, last: bool, batch_size: int,
                  max_cache_len: int) -> None:
         view, inject, tap = stage_view(model, first, stop, last=last)
@@ -203,13 +207,17 @@ class MeshGenerationModule(nn.Module):
     ``stage_index``, ``replica_index``.
     """
 
-    def __init__(self, plan: ParallelPlan, mesh: Any, stage_module: nn.Module, *, hidden_size: int,
+    stage_module: TensorParallelModule
+    generation: GenerationGraphs
+
+    def __init__(self, plan: ParallelPlan, mesh: Any, stage_module: TensorParallelModule, *, hidden_size: int,
                  dtype: torch.dtype, seed_offset: int) -> None:
         super().__init__()
         self.plan = plan
         self.stage_module = stage_module
         self.stage_index = _local_index(mesh, "pp")
         self.replica_index = _local_index(mesh, "dp")
+        assert stage_module.generation is not None, "compiled with max_cache_len, the stage has generation graphs"
         self.generation = stage_module.generation
         self._dp_group = _group(mesh, "dp") if plan.mesh.dp > 1 else None
         self._pp_group = _group(mesh, "pp") if plan.mesh.pp > 1 else None
