@@ -532,6 +532,6 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
     for shape in shapes:
         module, example = block_graph(shape, world_size, group_name)
         # as autotp.compile runs an inference graph: small gloo all-reduces in one exchange (tp > 2)
-        module = one_shot_small_all_reduces(module, world_size)
+        module = one_shot_small_all_reduces(module, None, world_size)
         samples.append(graph_sample(module, example, hardware, runs))
     return tuple(samples)

@@ -8,12 +8,15 @@ code 2 and the failing rank's traceback. Importing this module imports no torch.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["DEMO_BATCH", "DEMO_VOCAB", "build_demo_llama", "free_port", "say", "spawn_ranks"]
+__all__ = ["DEMO_BATCH", "DEMO_VOCAB", "build_demo_llama", "free_port", "joined_group", "say", "spawn_ranks"]
 
 DEMO_HIDDEN = 256
 DEMO_HEADS = 8
@@ -30,6 +33,27 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def joined_group(rank: int, world_size: int, init_method: str) -> Iterator[None]:
+    """Run the block as ``rank`` of the demo's gloo group, and leave the group after it, raised or not.
+
+    Every rank is on this machine (loopback), the cores are shared out among the ranks, and only
+    rank 0 shows warnings, so each shows once rather than ``world_size`` times.
+    """
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+
+    if rank != 0:
+        warnings.simplefilter("ignore")
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def say(rank: int, message: str) -> None:

@@ -13,7 +13,6 @@ import os
 import resource
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +55,14 @@ def checkpoint_bytes(path: str | os.PathLike[str]) -> int:
 def run_checkpoint_rank(rank: int, world_size: int, init_method: str, checkpoint: str, seq_len: int, hardware: Any,
                         tolerance: float, results: Any) -> None:
     """One rank (the target of ``torch.multiprocessing.spawn``): load, report figures, rank 0 checks."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
     import transformers
 
     import autotp
+    from autotp.cli.demo_ranks import joined_group
 
-    if rank != 0:
-        warnings.simplefilter("ignore")
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
-    try:
+    with joined_group(rank, world_size, init_method):
         config = transformers.AutoConfig.from_pretrained(checkpoint)
         ids = torch.randint(0, config.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(0))  # (batch, seq)
         before = resident_bytes()
@@ -94,8 +89,6 @@ def run_checkpoint_rank(rank: int, world_size: int, init_method: str, checkpoint
                   f"{tolerance:.0e}): {'OK' if ok else 'FAILED'}", flush=True)
             results.put(float(diff.item()))
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def tp_dtype(tp: Any) -> Any:

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +35,7 @@ from autotp.cli.demo_ranks import (
     DEMO_VOCAB,
     build_demo_llama,
     free_port,
+    joined_group,
     say,
     spawn_ranks,
 )
@@ -80,18 +79,13 @@ def _logits(output: Any) -> Any:
 
 def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
     """One rank of the demo (the target of ``torch.multiprocessing.spawn``)."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
     import torch
     import torch.distributed as dist
 
     import autotp
 
-    if rank != 0:
-        warnings.simplefilter("ignore")  # rank 0 shows each warning once, not world_size times
     world_size = config.world_size
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group("gloo", init_method=config.init_method, rank=rank, world_size=world_size)
-    try:
+    with joined_group(rank, world_size, config.init_method):
         say(rank, f"process group up: gloo, {world_size} ranks")
         say(rank, f"building LlamaForCausalLM ({config.layers} layers, hidden {DEMO_HIDDEN}, {DEMO_HEADS} heads, "
                    f"{DEMO_KV_HEADS} kv heads, vocab {DEMO_VOCAB}) with seed {config.seed} on every rank...")
@@ -136,8 +130,6 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
         if rank == 0:
             # small: a large message would block the pipe until join
             results.put(report.max_abs_diff if same_tokens else float("inf"))
-    finally:
-        dist.destroy_process_group()
 
 
 def _costed_for(config: DemoConfig) -> str:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import warnings
 from typing import Any
 
 __all__ = ["mesh_spec", "run_mesh_demo"]
@@ -41,19 +39,14 @@ def mesh_spec(text: str) -> tuple[tuple[str, int], ...]:
 def _mesh_rank(rank: int, world_size: int, init_method: str, dims: tuple[tuple[str, int], ...], layers: int,
                seq_len: int, seed: int, hardware: str, results: Any) -> None:
     """One rank of the mesh demo (the target of ``torch.multiprocessing.spawn``)."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     import autotp
-    from autotp.cli.demo_ranks import DEMO_BATCH, DEMO_VOCAB, build_demo_llama, say
+    from autotp.cli.demo_ranks import DEMO_BATCH, DEMO_VOCAB, build_demo_llama, joined_group, say
 
-    if rank != 0:
-        warnings.simplefilter("ignore")
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
-    try:
+    with joined_group(rank, world_size, init_method):
         sizes = dict(dims)
         batch = DEMO_BATCH * sizes.get("dp", 1)  # DEMO_BATCH rows per data-parallel replica
         say(rank, f"process group up: gloo, {world_size} ranks; mesh {', '.join(f'{n}={s}' for n, s in dims)}")
@@ -87,8 +80,6 @@ def _mesh_rank(rank: int, world_size: int, init_method: str, dims: tuple[tuple[s
             lines.append(f"max abs diff of the whole batch's logits vs single process: {diff.item():.3e}")
             print("\n".join(lines), flush=True)
             results.put(float(diff.item()))
-    finally:
-        dist.destroy_process_group()
 
 
 def run_mesh_demo(dims: tuple[tuple[str, int], ...], *, layers: int, seq_len: int, seed: int, hardware: str,
