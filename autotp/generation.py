@@ -37,7 +37,7 @@ from autotp.planning.phases import (
     weigh_phases,
 )
 from autotp.planning.plan import Plan
-from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm
+from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
 from autotp.runtime.module import GenerationGraphs, TensorParallelModule
 
 __all__ = ["check_generation_inputs", "compile_for_generation", "generation_inputs"]
@@ -111,8 +111,9 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         # the prefill graph's placeholders take the decode graph's tensors (one set of shards, one cache)
         prefill_inputs = tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in prefill.inputs)
     vocab = int(model.get_output_embeddings().weight.shape[0])
+    eos_ids, pad_id = generation_defaults(model)
     cache = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
-                         vocab_size=vocab)
+                         vocab_size=vocab, eos_token_ids=eos_ids, pad_token_id=pad_id)
     phases = GenerationGraphs(layout=cache, prefill=prefill_gm, prefill_inputs=prefill_inputs,
                               prefill_plan=prefill_plan, decode_plan=decode_plan, weighting=weighting)
     return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases)

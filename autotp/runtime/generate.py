@@ -107,7 +107,9 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     Same arguments and result as HuggingFace ``model.generate`` (``top_k=50``, ``top_p=1.0``,
     ``temperature=1.0`` are its defaults). ``attention_mask`` (1 = token, 0 = padding) allows a
     left-padded batch. Generation stops early when every row has produced an ``eos_token_id``;
-    rows that finished earlier continue with ``pad_token_id`` (default: the first eos id).
+    rows that finished earlier continue with ``pad_token_id``. Where the call names neither, the
+    model's ``generation_config`` does, as in HF (pad falls back to the first eos id); pass
+    ``eos_token_id=[]`` to generate ``max_new_tokens`` whatever the model's eos.
     ``seed`` seeds the sampling generator (needed with ``do_sample`` on more than one rank).
     A ``streamer`` gets the prompt, then each step's tokens, then ``end()``.
     """
@@ -134,6 +136,10 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
     returns every row's next token (the same on every rank). A pipeline
     (:mod:`autotp.runtime.mesh_generate`) runs this same loop on every stage.
     """
+    if eos_token_id is None:  # as HF's generate: the model's generation_config decides
+        eos_token_id = list(layout.eos_token_ids)
+    if pad_token_id is None:
+        pad_token_id = layout.pad_token_id
     eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
     pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
     rows, prompt = (int(s) for s in input_ids.shape)

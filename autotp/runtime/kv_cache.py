@@ -37,13 +37,26 @@ class CacheLayout:
     ``batch_size``: rows of the cache (a generate call may use fewer); ``max_cache_len``: the most
     tokens (prompt + new) one row can hold; ``prefill_len``: tokens one prefill call takes (the
     example input's sequence length; 1 when there is no separate prefill graph);
-    ``vocab_size``: size of the logits' last dim.
+    ``vocab_size``: size of the logits' last dim; ``eos_token_ids`` and ``pad_token_id``: the
+    model's ``generation_config`` defaults, which ``generate`` uses when the call names none (as
+    HF's ``model.generate`` does).
     """
 
     batch_size: int
     max_cache_len: int
     prefill_len: int
     vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+
+
+def generation_defaults(model: torch.nn.Module) -> tuple[tuple[int, ...], int | None]:
+    """``(eos ids, pad id)`` from ``model.generation_config`` (empty / ``None`` where it names none)."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    pad = getattr(config, "pad_token_id", None)
+    eos_ids = (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in (eos or ()))
+    return eos_ids, (int(pad) if isinstance(pad, int) else None)
 
 
 def check_causal_lm(model: torch.nn.Module) -> None:
