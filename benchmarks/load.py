@@ -97,6 +97,8 @@ def worker(mode: str, path: str) -> None:
         with torch.device("meta"):
             warm = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=1, **CONFIG))
         autotp.plan(warm, (ids,), {"use_cache": False}, world_size=world_size)
+    if mode != "single":
+        dist.barrier()  # every rank starts the clock together: a rank slower to warm up is not counted as loading
     before = resident_bytes()
     started = time.perf_counter()
     if mode.startswith("autotp"):
