@@ -131,7 +131,8 @@ class Summary:
 
     @property
     def comm_error(self) -> float | None:
-        if not self.measured_comm_s:
+        """None without collectives: what is measured then is timing noise between two runs of one graph."""
+        if not self.collectives or not self.measured_comm_s:
             return None
         return (self.predicted_comm_s - self.measured_comm_s) / self.measured_comm_s
 
