@@ -1,5 +1,8 @@
 """Loading each rank's shards from safetensors (issue 13): autotp.compile(meta_model, checkpoint=...).
 
+The models here are traced with static shapes (``dynamic=False``, about 3x faster to export): what is
+tested is which bytes each rank reads; one graph serving every shape is tests/test_shapes.py's.
+
 Tier (c) tests run on the shared gloo pool; the checkpoint is written once by the test process
 (tiny HF models: ``save_pretrained``, single file or sharded with an index) and every rank reads
 only its block. Outputs are compared with the single-process model built from the same seed.
@@ -40,7 +43,8 @@ def _load_and_compare(rank: int, world_size: int, cases: list[tuple[str, str, st
     results = []
     for name, path, file_dtype in cases:
         meta_model, args, kwargs = BUILDERS[name](layers=1, device="meta")
-        tp = autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=path)
+        tp = autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=path,
+                            dynamic=False)
         reference, _, _ = BUILDERS[name](layers=1)
         if file_dtype is not None:  # the file holds rounded weights: so does the reference
             reference = reference.to(getattr(torch, file_dtype)).float()
@@ -119,7 +123,8 @@ def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]]) -> dic
     for case, paths in cases.items():
         meta_model, args, kwargs = BUILDERS["llama"](layers=1, device="meta")
         try:
-            autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=paths[rank])
+            autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=paths[rank],
+                           dynamic=False)
             errors[case] = ""
         except CheckpointError as exc:
             errors[case] = str(exc)
@@ -173,7 +178,7 @@ def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
 def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str, target: str) -> float:
     """from_pretrained(source) at this world size, compared with the model; then tp.save(target)."""
     tp = autotp.from_pretrained(source, world_size=world_size, dtype=torch.float32,
-                                example_inputs=BUILDERS[name](layers=1, device="meta")[1])
+                                example_inputs=BUILDERS[name](layers=1, device="meta")[1], dynamic=False)
     reference, args, kwargs = BUILDERS[name](layers=1)
     with torch.no_grad():
         expected = reference(*args, **kwargs).logits
@@ -185,7 +190,8 @@ def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str
 def _load_and_save(rank: int, world_size: int, name: str, source: str, target: str | None) -> float:
     """autotp.load(source) into a meta model at this world size, compared with the model; then tp.save(target)."""
     meta_model, args, kwargs = BUILDERS[name](layers=1, device="meta")
-    tp = autotp.load(source, meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs)
+    tp = autotp.load(source, meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                     dynamic=False)
     reference, _, _ = BUILDERS[name](layers=1)
     with torch.no_grad():
         expected = reference(*args, **kwargs).logits
