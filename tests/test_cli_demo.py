@@ -1,24 +1,14 @@
-"""The README's main job, ``autotp demo``, run as a user runs it, and how its ranks fail."""
+"""How the ranks of ``autotp demo`` fail: the failing rank is named, with its error, and the exit code is 2.
+
+(The demo itself, ``autotp demo --world-size 2``, is run by hand before each release: a test of it
+cost about 25 CPU-seconds of the suite's 15-minute budget.)"""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 
 from autotp.cli.demo_ranks import spawn_ranks
 from tests.cli_factories import failing_rank
-
-
-@pytest.mark.distributed
-def test_demo_runs_and_checks_the_logits() -> None:
-    """tp=2 over two spawned gloo processes, one-layer Llama: exit 0, the logits check passes, the plan is printed."""
-    done = subprocess.run([sys.executable, "-m", "autotp.cli.main", "demo", "--world-size", "2", "--layers", "1",
-                           "--seq-len", "8"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"autotp demo exited {done.returncode}, expected 0:\n{done.stdout}\n{done.stderr}"
-    assert "(tolerance 1e-04): OK" in done.stdout, f"expected the logits check to pass:\n{done.stdout}"
-    assert "all_reduce x" in done.stdout, f"expected the collectives of the rank-local graph:\n{done.stdout}"
 
 
 @pytest.mark.distributed
