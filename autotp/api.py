@@ -140,8 +140,9 @@ def plan(
     if parallelism != "tp" or mesh is not None:
         if (max_cache_len is not None or constraints is not None or training or outputs != "replicated"
                 or dropout != "replicated" or activation_checkpointing is not None):
-            raise ValueError("max_cache_len=, constraints=, training=True and outputs= plan one tensor-parallel "
-                             "group; leave them out with parallelism='auto' or mesh=")
+            raise ValueError("max_cache_len=, constraints=, training=True, outputs=, dropout= and "
+                             "activation_checkpointing= plan one tensor-parallel group; leave them out with "
+                             "parallelism='auto' or mesh=")
         from autotp.planning.mesh_search import plan_mesh
 
         check_world_size(world_size)
@@ -315,10 +316,6 @@ def compile(  # noqa: A001 - mirrors torch.compile
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
-                                **({"activation_checkpointing": activation_checkpointing}
-                                   if activation_checkpointing is not None else {}),
-                                **({"outputs": outputs} if outputs != "replicated" else {}),
-                                **({"dropout": dropout} if dropout != "replicated" else {}),
                                 **({"expected_new_tokens": check_expected_new_tokens(expected_new_tokens)}
                                    if max_cache_len is not None else {}))
         if max_cache_len is not None:  # the generation graphs are captured later; agree on options and weights now
