@@ -21,8 +21,11 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
 3. time it once more with every collective (and its ``wait_tensor``) replaced by a local
    stand-in of its output's shape: that is the measured compute, and the forward time minus it
    the measured communication (the collectives and the waits for the slowest rank that they
-   impose). Timing the nodes one by one instead would slow every rank by the timer's own
-   overhead, and the waits with it.
+   impose). The calibration times its graphs' compute in the same form, so predicted and
+   measured compute mean the same thing: the time a rank takes to compute, sharing its core
+   with the other ranks as they compute too. Timing the nodes one by one instead would slow
+   every rank by the timer's own overhead, and the waits with it. Both forms are compiled once
+   and take turns without recompiling (a freshly generated ``forward`` runs slower).
 
 With ``--decisions`` (first round only), each (model, world size, phase) is also run three ways
 and timed the same way: autotp's plan with the calibrated profile and ``memory_budget=None``,
@@ -172,39 +175,27 @@ def _time_interleaved(entries: list[tuple[Any, Any]], warmup: int, runs: int) ->
     return [_slowest_median(t) for t in times]
 
 
-def _local_stand_in(kind: str) -> Any:
-    """A local op giving a collective's output shape from its input (values do not matter here)."""
-    if kind == "all_gather":
-        return lambda tensor, group_size, group_name: tensor.repeat(group_size, *[1] * (tensor.dim() - 1))
-    if kind == "reduce_scatter":
-        return lambda tensor, op, group_size, group_name: tensor.narrow(0, 0, tensor.shape[0] // group_size)
-    return lambda tensor, *rest: tensor  # all_reduce, all_to_all (even splits), broadcast
-
-
 def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup: int,
                                 runs: int) -> tuple[float, float]:
     """(forward, forward without communication): median seconds (slowest rank) of the rank-local
-    graph as it is, and with every collective and its wait replaced by a local stand-in of its
-    output's shape; the two take turns within each run."""
-    from autotp.passes.rewrite import COLLECTIVE_OPS
+    graph as it is, and of a copy of it with every collective and its wait replaced by a local
+    stand-in of its output's shape (``autotp.cost_model.graph_calibration.local_stand_ins``, the
+    same form the calibration times a graph's compute in); the two take turns within each run.
+    Each form is compiled once and swapped in by attribute: recompiling before every call would
+    time a freshly generated ``forward``, 5-20% slower than the one a model runs call after call."""
+    from autotp.cost_model.graph_calibration import local_stand_ins
 
-    wait = torch.ops._c10d_functional.wait_tensor.default
-    graph_module = tp_model.graph_module
-    real = [(node, node.target) for node in graph_module.graph.nodes
-            if node.op == "call_function" and (node.target in COLLECTIVE_OPS or node.target is wait)]
-    stand_ins = [(node, (lambda t: t) if target is wait else _local_stand_in(COLLECTIVE_OPS[target]))
-                 for node, target in real]
+    real = tp_model.graph_module
+    compute = local_stand_ins(real) or real
 
-    def use(targets: list[tuple[torch.fx.Node, Any]]) -> Any:
+    def use(module: torch.fx.GraphModule) -> Any:
         def setup() -> None:
-            for node, target in targets:
-                node.target = target
-            graph_module.recompile()
+            tp_model.graph_module = module
         return setup
 
     try:
         return tuple(_time_interleaved([(use(real), lambda: tp_model(*args, **kwargs)),
-                                        (use(stand_ins), lambda: tp_model(*args, **kwargs))], warmup, runs))
+                                        (use(compute), lambda: tp_model(*args, **kwargs))], warmup, runs))
     finally:
         use(real)()
 
@@ -248,6 +239,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
 
     import autotp
     from autotp.cost_model.calibrate import CalibrationConfig, build_profile, measure_rank
+    from autotp.cost_model.graph_calibration import fit_host_terms
     from autotp.passes.rewrite import is_collective
 
     torch.set_num_threads(threads)
@@ -271,10 +263,12 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                         print(f"   round {round_index}: calibration unusable ({error}); measuring again", flush=True)
             if rank == 0:
                 link = hardware.intra_node
+                share = fit_host_terms(everyone[0].graphs, view_op_s=everyone[0].view_op_s, link=link).core_share
                 print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s "
                       f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
                       f"view {hardware.view_op_s * 1e6:.1f} us, dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, "
+                      f"core share {share:.2f}, "
                       f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll, "
                       f"gloo {link.base_latency_s * 1e6:.0f} us/call + "
                       f"{link.latency_s * 1e6:.0f} us/step, {link.bandwidth_gbps:.3f} GB/s; "

@@ -72,6 +72,7 @@ __all__ = [
     "fit_gemm_curve",
     "fit_host_terms",
     "graph_sample",
+    "local_stand_ins",
     "measure_gemm_samples",
     "measure_graphs",
     "measure_transcendental_element_s",
@@ -123,9 +124,17 @@ class GraphSample:
     ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
     time; ``seconds``: median over runs of the slowest rank's time for one call (wall clock);
     ``work_s``: median over runs of this rank's own work per call (:func:`work_clock`; 0.0: not
-    measured); ``core_share``: the work of all runs over the slowest rank's wall time of all runs, the
-    share of a core the graph got (1.0 alone on an idle core; 1/2 with four single-thread ranks on
-    two cores; lower when other processes load the machine).
+    measured).
+
+    The graph's *compute* is measured as the accuracy benchmark measures a model's: the same
+    graph with every collective replaced by a local stand-in of its output's shape
+    (:func:`local_stand_ins`), timed in turn with the real one. ``compute_s``: median over runs of
+    the slowest rank's wall time of that form; ``compute_work_s``: median of this rank's work in
+    it (both equal ``seconds`` and ``work_s`` for a graph without collectives; 0.0: not measured,
+    older samples). ``core_share``: the work of all runs of that form over the slowest rank's wall
+    time of all runs, the share of a core a rank gets *while computing* (1.0 alone on an idle
+    core; 1/2 with four single-thread ranks on two cores; lower when other processes load the
+    machine); the time a rank waits in a collective is not in it.
     """
 
     kernel_nodes: int
@@ -135,6 +144,8 @@ class GraphSample:
     seconds: float
     work_s: float = 0.0
     core_share: float = 1.0
+    compute_s: float = 0.0
+    compute_work_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +230,11 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
        slowest rank's wall time has beyond their predicted kernels, nodes, call and link, per
        collective, at least 0 (a median over graphs does not swing with one disturbed run).
 
-    Without ``work_s`` (older samples), one least-squares fit of all three terms on wall time.
+    When the samples also carry their compute (``compute_work_s``, ``compute_s``: the graph with
+    its collectives replaced by local stand-ins, :func:`graph_sample`), compute and communication
+    are fitted on what each of them is, so that the predicted split means what the measured one
+    does (:func:`_fit_compute_then_wait`). Without ``work_s`` (older samples), one least-squares
+    fit of all three terms on wall time.
     """
     with_collectives = any(sample.collectives for sample in samples)
     unknowns = 3 if with_collectives else 2
@@ -234,6 +249,8 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
 
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
+    if all(sample.compute_work_s > 0 and sample.compute_s > 0 for sample in samples):
+        return _fit_compute_then_wait(samples, view_op_s, link_s)
     rows, target = [], []
     for sample in samples:
         weight = 1.0 / sample.work_s
@@ -255,6 +272,50 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     wait_s = max(0.0, statistics.median(waits)) if waits else 0.0
     errors = [abs(wall_without_wait_s(sample) + len(sample.collectives) * wait_s - sample.seconds) / sample.seconds
               for sample in samples]
+    return HostFit(dispatch_work_s / share, wait_s, launch_work_s / share, statistics.median(errors), len(samples),
+                   share)
+
+
+def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
+                           link_s: Callable[[GraphSample], float]) -> HostFit:
+    """The host terms from samples whose compute was timed apart (:attr:`GraphSample.compute_s`).
+
+    Compute and communication mean here what the accuracy benchmark measures: a graph's compute
+    is its time with every collective replaced by a local stand-in, its communication what the
+    real collectives add to that. So:
+
+    1. the dispatch per kernel node and the call of the graph: non-negative least squares on
+       relative error over the *compute work* of every graph (``compute_work_s``; the graphs with
+       collectives count too, without a column for them: their stand-ins cost nothing);
+    2. the share of a core a rank gets while computing: the compute work of every graph over
+       its compute wall time, each graph weighing by its time; every work term becomes wall time
+       divided by it. With four single-thread ranks on two cores it is about 1/2: the ranks take
+       turns on the cores while they compute, which is compute time, not a wait for a collective;
+    3. the wait per collective: the median over the graphs with collectives of what their real
+       form's wall time has beyond their measured compute and their link time, per collective,
+       at least 0. Measured against the compute *measured* in the same runs (taking turns with
+       the real form), it holds what the collectives add (the skew between ranks, the wake-up of
+       a rank that slept in one), not what the compute terms miss.
+    """
+    rows, target = [], []
+    for sample in samples:
+        weight = 1.0 / sample.compute_work_s
+        rows.append([sample.kernel_nodes * weight, weight])
+        target.append((sample.compute_work_s - sample.device_s - sample.view_nodes * view_op_s) * weight)
+    solution, _ = nnls(np.asarray(rows), np.asarray(target))
+    dispatch_work_s, launch_work_s = float(solution[0]), float(solution[1])
+    share = (sum(sample.compute_work_s for sample in samples)
+             / sum(sample.compute_work_s / sample.core_share for sample in samples))
+
+    def compute_wall_s(sample: GraphSample) -> float:
+        return (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
+                + launch_work_s) / share
+
+    waits = [(sample.seconds - sample.compute_s - link_s(sample)) / len(sample.collectives)
+             for sample in samples if sample.collectives]
+    wait_s = max(0.0, statistics.median(waits)) if waits else 0.0
+    errors = [abs(compute_wall_s(sample) + link_s(sample) + len(sample.collectives) * wait_s - sample.seconds)
+              / sample.seconds for sample in samples]
     return HostFit(dispatch_work_s / share, wait_s, launch_work_s / share, statistics.median(errors), len(samples),
                    share)
 
@@ -492,24 +553,79 @@ class _Recorder(torch.fx.Interpreter):
         return result
 
 
+def _same(tensor: torch.Tensor, *_: Any) -> torch.Tensor:
+    """Stand-in of a collective whose output has its input's shape (all-reduce, all-to-all of even
+    splits, broadcast) and of ``wait_tensor``: the input itself."""
+    return tensor
+
+
+def _gathered(tensor: torch.Tensor, group_size: int, *_: Any) -> torch.Tensor:
+    """Stand-in of ``all_gather_into_tensor``: ``group_size`` copies along dim 0 (the output's shape)."""
+    return tensor.repeat(group_size, *[1] * (tensor.dim() - 1))
+
+
+def _scattered(tensor: torch.Tensor, op: str, group_size: int, *_: Any) -> torch.Tensor:
+    """Stand-in of ``reduce_scatter_tensor``: this rank's block of dim 0 (the output's shape)."""
+    return tensor.narrow(0, 0, tensor.shape[0] // group_size)
+
+
+def _stand_in_of(target: Any) -> Callable[..., torch.Tensor] | None:
+    """The local stand-in of a collective op of a rank-local graph, or None for any other op."""
+    if target is c10d.all_gather_into_tensor.default:
+        return _gathered
+    if target is c10d.reduce_scatter_tensor.default:
+        return _scattered
+    if target in (c10d.all_reduce.default, c10d.all_to_all_single.default, c10d.broadcast.default,
+                  c10d.wait_tensor.default) or target is _one_shot_all_reduce():
+        return _same
+    return None
+
+
+def local_stand_ins(module: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
+    """A copy of ``module`` whose collectives (and their waits) are local stand-ins of their outputs'
+    shapes, or None when it has none: the graph's *compute*, as the cost model prices it.
+
+    The copy shares ``module``'s parameters and buffers and is compiled once, so that timing it in
+    turn with ``module`` recompiles neither (a freshly generated ``forward`` runs 5-20% slower on
+    its first calls). The values are wrong wherever a collective would have combined ranks; the
+    shapes, and so the kernels and their times, are those of the real graph.
+    """
+    if not any(node.op == "call_function" and _stand_in_of(node.target) is not None for node in module.graph.nodes):
+        return None
+    graph = torch.fx.Graph()
+    graph._codegen = module.graph._codegen  # the same calling convention (flat inputs, pytree outputs)
+    graph.output(graph.graph_copy(module.graph, {}))
+    for node in graph.nodes:
+        stand_in = _stand_in_of(node.target) if node.op == "call_function" else None
+        if stand_in is not None:
+            node.target = stand_in
+    return torch.fx.GraphModule(module, graph)
+
+
 def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: Hardware, runs: int,
                  warmup: int = 3) -> GraphSample:
     """Time ``module(example)`` ``runs`` times (each after a barrier when a process group is up;
-    the slowest rank counts) and count what the cost model sees in it."""
+    the slowest rank counts), and in turn with it its compute (:func:`local_stand_ins`) when it has
+    collectives; and count what the cost model sees in it."""
     recorder = _Recorder(module, hardware)
+    compute_module = local_stand_ins(module)
+    forms = [module] if compute_module is None else [module, compute_module]
     clock = work_clock()
+    times: list[list[float]] = [[] for _ in forms]
+    work: list[list[float]] = [[] for _ in forms]
     with torch.no_grad():
         recorder.run(example)
-        for _ in range(warmup):
-            module(example)
-        times, work = [], []
+        for form in forms:
+            for _ in range(warmup):
+                form(example)
         for _ in range(runs):
-            if dist.is_initialized():
-                dist.barrier()
-            start, start_work = time.perf_counter(), clock()
-            module(example)
-            work.append(clock() - start_work)
-            times.append(time.perf_counter() - start)
+            for index, form in enumerate(forms):  # in turn: a change of load hits both forms alike
+                if dist.is_initialized():
+                    dist.barrier()
+                start, start_work = time.perf_counter(), clock()
+                form(example)
+                work[index].append(clock() - start_work)
+                times[index].append(time.perf_counter() - start)
     if dist.is_initialized():
         slowest = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -517,9 +633,11 @@ def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: 
     # the share over all runs together (total work over total wall time), not a median of runs: a
     # call shorter than the scheduler's time slice mostly runs uninterrupted, and the median of
     # such calls would miss the pauses that a longer call (a model's forward) does take
-    share = min(1.0, sum(work) / sum(times)) if sum(times) > 0 else 1.0
+    compute_times, compute_work = times[-1], work[-1]
+    share = min(1.0, sum(compute_work) / sum(compute_times)) if sum(compute_times) > 0 else 1.0
     return GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
-                       tuple(recorder.collectives), statistics.median(times), statistics.median(work), share)
+                       tuple(recorder.collectives), statistics.median(times[0]), statistics.median(work[0]), share,
+                       statistics.median(compute_times), statistics.median(compute_work))
 
 
 def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:
