@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -69,6 +70,7 @@ __all__ = [
     "HostFit",
     "GemmFit",
     "block_graph",
+    "fair_core_share",
     "fit_gemm_curve",
     "fit_host_terms",
     "graph_sample",
@@ -634,10 +636,27 @@ def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: 
     # call shorter than the scheduler's time slice mostly runs uninterrupted, and the median of
     # such calls would miss the pauses that a longer call (a model's forward) does take
     compute_times, compute_work = times[-1], work[-1]
-    share = min(1.0, sum(compute_work) / sum(compute_times)) if sum(compute_times) > 0 else 1.0
+    share = sum(compute_work) / sum(compute_times) if sum(compute_times) > 0 else 1.0
     return GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
-                       tuple(recorder.collectives), statistics.median(times[0]), statistics.median(work[0]), share,
-                       statistics.median(compute_times), statistics.median(compute_work))
+                       tuple(recorder.collectives), statistics.median(times[0]), statistics.median(work[0]),
+                       min(share, fair_core_share()), statistics.median(compute_times),
+                       statistics.median(compute_work))
+
+
+def fair_core_share() -> float:
+    """The most of a core one rank can get while every rank computes: the cores this process may
+    run on over the threads of all ranks (``min(1, cores / (ranks * threads))``; 1/2 for four
+    single-thread ranks on two cores).
+
+    A physical bound on :attr:`GraphSample.core_share`: the slowest of N ranks that start
+    together cannot finish before their work together has run on the cores, so its own work over
+    its wall time is at most this. A short graph that one rank happens to run within one time
+    slice, before the others get the core, would otherwise measure more (up to 1) and price the
+    forward, which is paused, as if it were not.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = dist.get_world_size() if dist.is_initialized() else 1
+    return min(1.0, cores / (ranks * torch.get_num_threads()))
 
 
 def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:

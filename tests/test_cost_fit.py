@@ -24,6 +24,7 @@ from autotp.cost_model.graph_calibration import (
     block_graph,
     fit_gemm_curve,
     fit_host_terms,
+    local_stand_ins,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
 
@@ -182,6 +183,57 @@ def test_host_fit_on_the_work_clock_divides_by_the_core_share_and_takes_the_medi
                                    ("core_share", share, fit.core_share),
                                    ("collective_wait_s", wait_s, fit.collective_wait_s)):
         assert math.isclose(actual, expected, rel_tol=1e-6), f"{name}: expected {expected}, got {actual}"
+
+
+def test_host_fit_prices_the_core_share_while_computing_as_compute_and_the_wait_beyond_measured_compute() -> None:
+    """tp=4 on two cores (synthetic timings): each graph's compute is timed apart (collectives replaced by
+    stand-ins) at a core share of 1/2. The fit takes the share from that compute, not from graphs without
+    collectives alone, so compute is priced at the share a rank gets while computing; the wait is what the
+    real form adds beyond measured compute and link, so a compute the kernels underprice (the deepest
+    graphs here) does not leak into it; the real form's own work (host work of the collectives) is not used."""
+    dispatch_s, launch_s, view_s, share, wait_s = 8e-6, 30e-6, 2e-6, 0.5, 250e-6
+    samples = []
+    for layers in (1, 2, 3, 4):
+        kernels, views, device_s = 30 * layers, 9 * layers, 0.4e-3 * layers
+        compute_work_s = device_s + kernels * dispatch_s + views * view_s + launch_s
+        compute_wall_s = compute_work_s / share
+        for with_collectives in (True, False):
+            collectives = tuple(("all_reduce", 2**14, 4) for _ in range(2 * layers)) if with_collectives else ()
+            link_s = sum(link_collective_time_s(k, n, p, LINK) for k, n, p in collectives)
+            measured_compute_s = compute_wall_s * (1.5 if layers == 4 and with_collectives else 1.0)
+            seconds = measured_compute_s + link_s + len(collectives) * wait_s
+            real_work_s = compute_work_s + len(collectives) * 400e-6  # spinning in gloo: not compute
+            samples.append(GraphSample(kernels, views, device_s, collectives, seconds, real_work_s, share,
+                                       measured_compute_s, compute_work_s))
+    fit = fit_host_terms(samples, view_op_s=view_s, link=LINK)
+    for name, expected, actual in (("host_dispatch_s", dispatch_s / share, fit.host_dispatch_s),
+                                   ("graph_launch_s", launch_s / share, fit.graph_launch_s),
+                                   ("core_share", share, fit.core_share),
+                                   ("collective_wait_s", wait_s, fit.collective_wait_s)):
+        assert math.isclose(actual, expected, rel_tol=1e-6), f"{name}: expected {expected}, got {actual}"
+
+
+def test_local_stand_ins_keep_shapes_and_weights_without_a_process_group() -> None:
+    """tp=2 calibration graph (llama block, all-reduces after the row-split projections) and an all-gather
+    then reduce-scatter at tp=4: the compute form has no collective left, runs without a process group,
+    gives the real outputs' shapes and shares the weights; a graph without collectives has no compute form."""
+    module, example = block_graph(GraphShape(1, 4, 32, heads=4), 2, "not-a-group")
+    compute = local_stand_ins(module)
+    assert compute is not None, "a graph with collectives has a compute form"
+    left = [str(n.target) for n in compute.graph.nodes if n.op == "call_function" and "c10d" in str(n.target)]
+    assert not left, f"expected no collective in the compute form, found {left}"
+    assert compute(example).shape == example.shape, f"expected {tuple(example.shape)}, got {compute(example).shape}"
+    assert compute.p0 is module.p0, "the compute form shares the real graph's weights"
+    c10d = torch.ops._c10d_functional
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    gathered = graph.call_function(c10d.wait_tensor.default,
+                                   (graph.call_function(c10d.all_gather_into_tensor.default, (x, 4, "g")),))
+    graph.output(graph.call_function(c10d.reduce_scatter_tensor.default, (gathered, "sum", 4, "g")))
+    shape = tuple(local_stand_ins(torch.fx.GraphModule(torch.nn.Module(), graph))(torch.ones(3, 5)).shape)
+    assert shape == (3, 5), f"all-gather then reduce-scatter over 4 ranks keeps (3, 5), got {shape}"
+    alone, _ = block_graph(GraphShape(1, 4, 32, heads=4), 1, None)
+    assert local_stand_ins(alone) is None, "a graph without collectives is its own compute"
 
 
 def test_lookups_read_rows_and_attention_runs_as_small_gemms() -> None:
