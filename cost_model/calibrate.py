@@ -40,9 +40,11 @@ profile field         measurement (median over timed repeats, after warm-up)
 Single ops and graphs are timed on the *work clock* (:func:`~.graph_calibration.work_clock`: the
 thread's CPU time when torch runs one thread per rank), so a rank that another process takes off
 its core mid-measurement does not record the pause as the op's cost; the share of a core a rank
-gets while it runs a graph (other ranks on the same cores, other processes) is measured on its
-own, in the graphs, and every work term of the profile is divided by it. Collectives and the
-graphs' wall times stay on the wall clock (waiting for another rank is real time).
+gets while it computes (other ranks on the same cores, other processes) is measured on its own,
+in the graphs' compute forms (collectives replaced by local stand-ins, as the accuracy benchmark
+measures a model's compute), and every work term of the profile is divided by it. Collectives
+and the graphs' wall times stay on the wall clock (waiting for another rank is real time); the
+wait per collective is what a graph's real form takes beyond its measured compute and its link.
 
 The profile describes *one rank of an N-rank job on this machine*: each rank uses
 ``max(1, cores // N)`` threads (what ``autotp demo`` and the benchmarks use), compute is

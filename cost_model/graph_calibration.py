@@ -11,19 +11,30 @@ lookups; Llama-like and GPT-like blocks; an all-reduce after each row-split proj
 depths, widths and token counts, and one graph of a single norm (the call of a graph and little
 else); runs each by calling its ``GraphModule`` (what ``TensorParallelModule`` does), after a
 barrier on every rank, timing each call on the wall clock (the slowest rank counting) and on the
-work clock (:func:`work_clock`: the rank's own CPU time); and :func:`fit_host_terms` fits
+work clock (:func:`work_clock`: the rank's own CPU time); times a graph with collectives also in
+its *compute form* (:func:`local_stand_ins`: every collective replaced by a local op of its
+output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
-    work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
-    seconds = (work_s) / core_share + link_s + collectives * collective_wait_s
+    compute_work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
+    compute_s = compute_work_s / core_share
+    seconds   = compute_s + link_s + collectives * collective_wait_s
 
 where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
 no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
 and the calibrated profile sets ``kernel_floor_s`` to 0), ``link_s`` the alpha-beta time of its
-collectives on the link fitted back to back, and ``core_share`` the share of a core a rank got
-running the graphs without collectives (1/2 for four single-thread ranks on two idle cores).
-What the fit adds is what a graph costs beyond its kernels and its link: the host's dispatch per
-node, the call of the graph, the wait per collective for the slowest rank (a median over graphs,
-so that one disturbed run does not move it).
+collectives on the link fitted back to back, and ``core_share`` the share of a core a rank gets
+while computing: its work over the slowest rank's wall time in the compute forms of all graphs
+(about 1/2 for four single-thread ranks on two idle cores, at most ``cores / (ranks * threads)``,
+:func:`fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
+link: the host's dispatch per node, the call of the graph, and the wait per collective for the
+slowest rank, which is what the real form takes beyond its measured compute and its link (a
+median over graphs, so that one disturbed run does not move it).
+
+Compute and communication mean the same in the prediction as in the accuracy benchmark
+(``benchmarks/cost_model_accuracy.py``), which measures a model's compute in the same compute
+form: the compute of a rank is the time it takes to run its kernels and dispatch its nodes
+while the other ranks compute too (four ranks taking turns on two cores is compute time, priced
+through the core share), and the communication is what the collectives add to that.
 
 Two rates are fitted on single ops first, because the graph fit stands on them:
 
