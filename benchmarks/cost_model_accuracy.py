@@ -263,7 +263,8 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                         print(f"   round {round_index}: calibration unusable ({error}); measuring again", flush=True)
             if rank == 0:
                 link = hardware.intra_node
-                share = fit_host_terms(everyone[0].graphs, view_op_s=everyone[0].view_op_s, link=link).core_share
+                share = statistics.median(fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=link).core_share
+                                          for m in everyone)
                 print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s "
                       f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "

@@ -563,12 +563,14 @@ def build_profile(
         base_latency_s=fit.base_latency_s,
     )
     unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
-    # The GEMM curve and the host terms: fitted on rank 0's samples (the graph times are already
-    # the slowest rank's), its kernels priced by its own measurements.
+    # The GEMM curve: fitted on rank 0's samples, its kernels priced by its own measurements. The
+    # host terms: fitted on every rank's graphs (wall times are the slowest rank's, the work each
+    # rank's own), the median over ranks of each term, steadier than one rank's fit.
     first = compute[0]
     kernels = _kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s)
-    host = fit_host_terms(first.graphs, view_op_s=first.view_op_s, link=loopback) if first.graphs else None
+    host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback) for m in compute
+                             if m.graphs])
     threads = compute[0].threads
     source = (
         f"calibrated on {hostname} by `autotp calibrate`: {world_size} rank(s) x {threads} thread(s), "
@@ -607,6 +609,15 @@ def build_profile(
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
         transcendental_element_s=transcendental / share,
     )
+
+
+def _median_host_fit(fits: Sequence[HostFit]) -> HostFit | None:
+    """Each host term's median over the ranks' fits (None without any)."""
+    if not fits:
+        return None
+    medians = {field.name: statistics.median(getattr(fit, field.name) for fit in fits)
+               for field in dataclasses.fields(HostFit)}
+    return HostFit(**{**medians, "samples": fits[0].samples})
 
 
 # ------------------------------------------------------------------------------ processes

@@ -85,6 +85,7 @@ __all__ = [
     "fit_gemm_curve",
     "fit_host_terms",
     "graph_sample",
+    "graph_samples",
     "local_stand_ins",
     "measure_gemm_samples",
     "measure_graphs",
@@ -617,41 +618,59 @@ def local_stand_ins(module: torch.fx.GraphModule) -> torch.fx.GraphModule | None
 
 def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: Hardware, runs: int,
                  warmup: int = 3) -> GraphSample:
-    """Time ``module(example)`` ``runs`` times (each after a barrier when a process group is up;
-    the slowest rank counts), and in turn with it its compute (:func:`local_stand_ins`) when it has
-    collectives; and count what the cost model sees in it."""
-    recorder = _Recorder(module, hardware)
-    compute_module = local_stand_ins(module)
-    forms = [module] if compute_module is None else [module, compute_module]
+    """:func:`graph_samples` of one graph."""
+    return graph_samples([(module, example)], hardware, runs, warmup)[0]
+
+
+def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor]], hardware: Hardware, runs: int,
+                  warmup: int = 3) -> tuple[GraphSample, ...]:
+    """Time each ``module(example)`` ``runs`` times (each call after a barrier when a process group
+    is up; the slowest rank counts), and in turn with it its compute form (:func:`local_stand_ins`)
+    when it has collectives; and count what the cost model sees in each.
+
+    The graphs take turns within every run (each graph and form once per run), so a change of
+    load during the calibration hits every graph alike instead of whichever ran last: the fit
+    compares graphs measured under the same conditions."""
+    recorders = [_Recorder(module, hardware) for module, _ in graphs]
+    forms: list[list[torch.fx.GraphModule]] = []
+    for module, _ in graphs:
+        compute_module = local_stand_ins(module)
+        forms.append([module] if compute_module is None else [module, compute_module])
     clock = work_clock()
-    times: list[list[float]] = [[] for _ in forms]
-    work: list[list[float]] = [[] for _ in forms]
+    times: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
+    work: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
     with torch.no_grad():
-        recorder.run(example)
-        for form in forms:
-            for _ in range(warmup):
-                form(example)
+        for recorder, (_, example), mine in zip(recorders, graphs, forms):
+            recorder.run(example)
+            for form in mine:
+                for _ in range(warmup):
+                    form(example)
         for _ in range(runs):
-            for index, form in enumerate(forms):  # in turn: a change of load hits both forms alike
-                if dist.is_initialized():
-                    dist.barrier()
-                start, start_work = time.perf_counter(), clock()
-                form(example)
-                work[index].append(clock() - start_work)
-                times[index].append(time.perf_counter() - start)
+            for index, ((_, example), mine) in enumerate(zip(graphs, forms)):
+                for which, form in enumerate(mine):
+                    if dist.is_initialized():
+                        dist.barrier()
+                    start, start_work = time.perf_counter(), clock()
+                    form(example)
+                    work[index][which].append(clock() - start_work)
+                    times[index][which].append(time.perf_counter() - start)
     if dist.is_initialized():
-        slowest = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        times = slowest.tolist()
-    # the share over all runs together (total work over total wall time), not a median of runs: a
-    # call shorter than the scheduler's time slice mostly runs uninterrupted, and the median of
-    # such calls would miss the pauses that a longer call (a model's forward) does take
-    compute_times, compute_work = times[-1], work[-1]
-    share = sum(compute_work) / sum(compute_times) if sum(compute_times) > 0 else 1.0
-    return GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
-                       tuple(recorder.collectives), statistics.median(times[0]), statistics.median(work[0]),
-                       min(share, fair_core_share()), statistics.median(compute_times),
-                       statistics.median(compute_work))
+        flat = torch.tensor([t for per_graph in times for per_form in per_graph for t in per_form], dtype=torch.float64)
+        dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+        slowest = iter(flat.tolist())
+        times = [[[next(slowest) for _ in per_form] for per_form in per_graph] for per_graph in times]
+    samples = []
+    for recorder, graph_times, graph_work in zip(recorders, times, work):
+        # the share over all runs together (total work over total wall time), not a median of runs: a
+        # call shorter than the scheduler's time slice mostly runs uninterrupted, and the median of
+        # such calls would miss the pauses that a longer call (a model's forward) does take
+        compute_times, compute_work = graph_times[-1], graph_work[-1]
+        share = sum(compute_work) / sum(compute_times) if sum(compute_times) > 0 else 1.0
+        samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
+                                   tuple(recorder.collectives), statistics.median(graph_times[0]),
+                                   statistics.median(graph_work[0]), min(share, fair_core_share()),
+                                   statistics.median(compute_times), statistics.median(compute_work)))
+    return tuple(samples)
 
 
 def fair_core_share() -> float:
@@ -676,10 +695,9 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
 
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     group_name = dist.group.WORLD.group_name if dist.is_initialized() and dist.group.WORLD is not None else None
-    samples = []
+    graphs = []
     for shape in shapes:
         module, example = block_graph(shape, world_size, group_name)
         # as autotp.compile runs an inference graph: small gloo all-reduces in one exchange (tp > 2)
-        module = one_shot_small_all_reduces(module, None, world_size)
-        samples.append(graph_sample(module, example, hardware, runs))
-    return tuple(samples)
+        graphs.append((one_shot_small_all_reduces(module, None, world_size), example))
+    return graph_samples(graphs, hardware, runs)
