@@ -144,6 +144,7 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
         assert len(sample.collectives) == (2 * shape.layers if shape.collectives else 0), (shape, sample)
         assert sample.seconds > 0 and sample.kernel_nodes > 0, sample
         assert sample.work_s > 0 and 0 < sample.core_share <= 1, f"work clock and core share measured: {sample}"
+        assert sample.compute_s > 0 and sample.compute_work_s > 0, f"compute form measured: {sample}"
     assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
     assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
     assert profile.runtime_mode == "eager" and profile.host_is_device, profile
