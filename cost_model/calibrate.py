@@ -571,6 +571,11 @@ def build_profile(
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s)
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback) for m in compute
                              if m.graphs])
+    if host is not None and host.link_base_adjust_s < 0:
+        # collectives in a graph take less than back to back (graph_calibration._fit_compute_then_wait)
+        loopback = dataclasses.replace(loopback, base_latency_s=max(0.0, loopback.base_latency_s
+                                                                    + host.link_base_adjust_s))
+        unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
     threads = compute[0].threads
     source = (
         f"calibrated on {hostname} by `autotp calibrate`: {world_size} rank(s) x {threads} thread(s), "
@@ -587,6 +592,9 @@ def build_profile(
     share = host.core_share if host is not None else 1.0
     if share < 1.0:
         source += f"; work terms divided by the share of a core a rank got in the graphs ({share:.2f})"
+    if host is not None and host.link_base_adjust_s < 0:
+        source += (f"; per-call link latency {fit.base_latency_s * 1e6:.0f} us back to back, "
+                   f"{loopback.base_latency_s * 1e6:.0f} us in graphs")
     return Hardware(
         name=name,
         # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale

@@ -166,7 +166,10 @@ class GraphSample:
 class HostFit:
     """Fitted host terms (wall seconds) and how well they reproduce the graphs they were fitted on;
     ``core_share``: the share of a core a rank got while running them (1.0 when not measured),
-    by which the profile divides every work term measured on the work clock."""
+    by which the profile divides every work term measured on the work clock;
+    ``link_base_adjust_s`` (at most 0): what a collective in a graph takes *less* than the link
+    fitted back to back, per call, which the profile takes off the link's ``base_latency_s``
+    (:func:`_fit_compute_then_wait`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -174,6 +177,7 @@ class HostFit:
     median_abs_rel_error: float
     samples: int
     core_share: float = 1.0
+    link_base_adjust_s: float = 0.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -309,7 +313,12 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        form's wall time has beyond their measured compute and their link time, per collective,
        at least 0. Measured against the compute *measured* in the same runs (taking turns with
        the real form), it holds what the collectives add (the skew between ranks, the wake-up of
-       a rank that slept in one), not what the compute terms miss.
+       a rank that slept in one), not what the compute terms miss. A negative median is kept
+       apart as ``link_base_adjust_s``: the collectives take less in a graph than back to back,
+       where every step needs every rank on a core, while in a graph a rank that waits in a
+       collective gives its core to ranks still computing (four ranks on two cores), so part of
+       its link time runs while they compute. The profile takes it off the link's per-call
+       latency (never below 0), so no collective is priced below nothing.
     """
     rows, target = [], []
     for sample in samples:
@@ -327,11 +336,11 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
 
     waits = [(sample.seconds - sample.compute_s - link_s(sample)) / len(sample.collectives)
              for sample in samples if sample.collectives]
-    wait_s = max(0.0, statistics.median(waits)) if waits else 0.0
-    errors = [abs(compute_wall_s(sample) + link_s(sample) + len(sample.collectives) * wait_s - sample.seconds)
+    in_graph_s = statistics.median(waits) if waits else 0.0
+    errors = [abs(compute_wall_s(sample) + link_s(sample) + len(sample.collectives) * in_graph_s - sample.seconds)
               / sample.seconds for sample in samples]
-    return HostFit(dispatch_work_s / share, wait_s, launch_work_s / share, statistics.median(errors), len(samples),
-                   share)
+    return HostFit(dispatch_work_s / share, max(0.0, in_graph_s), launch_work_s / share, statistics.median(errors),
+                   len(samples), share, min(0.0, in_graph_s))
 
 
 def _fit_wall_terms(samples: Sequence[GraphSample], view_op_s: float, link_s: Callable[[GraphSample], float],

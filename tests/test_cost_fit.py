@@ -211,6 +211,12 @@ def test_host_fit_prices_the_core_share_while_computing_as_compute_and_the_wait_
                                    ("core_share", share, fit.core_share),
                                    ("collective_wait_s", wait_s, fit.collective_wait_s)):
         assert math.isclose(actual, expected, rel_tol=1e-6), f"{name}: expected {expected}, got {actual}"
+    assert fit.link_base_adjust_s == 0.0, f"expected no link adjustment, got {fit.link_base_adjust_s}"
+    # collectives that take less in a graph than back to back: no wait, the difference taken off the link
+    faster = [dataclasses.replace(s, seconds=s.seconds - 2 * wait_s * len(s.collectives)) for s in samples]
+    fit = fit_host_terms(faster, view_op_s=view_s, link=LINK)
+    assert fit.collective_wait_s == 0.0 and math.isclose(fit.link_base_adjust_s, -wait_s, rel_tol=1e-6), (
+        f"expected wait 0 and link adjustment {-wait_s}, got {fit.collective_wait_s}, {fit.link_base_adjust_s}")
 
 
 def test_local_stand_ins_keep_shapes_and_weights_without_a_process_group() -> None:
