@@ -78,9 +78,11 @@ def test_gemm_fit_recovers_the_half_rate_dim_and_the_peak() -> None:
 
 
 def test_gemm_efficiency_is_monotone_and_saturates() -> None:
-    """The shape curve: increasing in the smallest dim, 1/2 at d_half, below 1, flat 1 without a curve."""
+    """The shape curve: increasing in the smallest dim from 2, 1/2 at d_half, below 1, flat 1 without a curve;
+    a dim of 1 (a matrix-vector product, bandwidth bound) is not derated."""
     profile = dataclasses.replace(CPU, gemm_half_efficiency_dim=48.0)
-    values = [gemm_efficiency(d, profile) for d in (1, 2, 8, 48, 64, 512, 8192)]
+    assert gemm_efficiency(1, profile) == 1.0, "a GEMV's roof is its bytes"
+    values = [gemm_efficiency(d, profile) for d in (2, 8, 48, 64, 512, 8192)]
     assert all(a < b for a, b in zip(values, values[1:])), f"not increasing: {values}"
     assert math.isclose(gemm_efficiency(48, profile), 0.5) and values[-1] < 1, values
     assert gemm_efficiency(1, CPU) == 1.0, "no curve: the peak at every shape"
