@@ -175,8 +175,12 @@ def link_collective_time_s(
     link: LinkProfile,
     *,
     algorithm: str = "ring",
+    small_all_reduce: str = "ring",
 ) -> float:
-    """:func:`collective_time_s` on an explicit link instead of a hardware profile."""
+    """:func:`collective_time_s` on an explicit link instead of a hardware profile (no in-graph wait).
+
+    ``small_all_reduce="one_shot"``: an all-reduce that :func:`uses_one_shot_all_reduce` takes one
+    all-to-all round of ``group_size * nbytes`` (the runtime's form on gloo; module docstring)."""
     validate_collective(kind, algorithm)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
@@ -184,6 +188,8 @@ def link_collective_time_s(
         raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     if group_size == 1 or nbytes == 0:
         return 0.0
+    if kind == "all_reduce" and small_all_reduce == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes):
+        kind, algorithm, nbytes = "all_to_all", "ring", group_size * nbytes  # every rank sends n to each rank
     steps, factor = alpha_beta_terms(kind, algorithm, group_size, ceil_log2(group_size))
     return float(link.base_latency_s + steps * link.latency_s + factor * nbytes / link.bandwidth_bytes_per_s)
 
@@ -206,13 +212,11 @@ def collective_time_s(
     ``algorithm``: ``"ring"`` or ``"tree"`` (formulas and sources in the module docstring).
     """
     validate_collective(kind, algorithm)
-    if kind == "all_reduce" and hardware.small_all_reduce == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes):
-        # every rank sends its n bytes to each other rank in one round: an all-to-all of p * n bytes
-        link_s = link_collective_time_s("all_to_all", group_size * nbytes, group_size,
-                                        hardware.link(spans_nodes=spans_nodes), algorithm="ring")
-        return link_s + hardware.collective_wait_s if link_s else 0.0
-    flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm)
-    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
+    flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm,
+                                  small_all_reduce=hardware.small_all_reduce)
+    one_shot = (kind == "all_reduce" and hardware.small_all_reduce == "one_shot"
+                and uses_one_shot_all_reduce(group_size, nbytes))  # the runtime does not split it by node
+    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes and not one_shot else None
     if parts is None:
         link_s = flat
     else:

@@ -229,8 +229,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         raise ValueError("graph samples with collectives need the link they ran on to be priced")
 
     def link_s(sample: GraphSample) -> float:
-        return sum(link_collective_time_s(kind, nbytes, group, link) for kind, nbytes, group in sample.collectives
-                   ) if link is not None else 0.0
+        # the graphs ran small all-reduces in one round at tp > 2 (measure_graphs), so they are priced so
+        return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce="one_shot")
+                   for kind, nbytes, group in sample.collectives) if link is not None else 0.0
 
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
