@@ -141,3 +141,15 @@ def test_one_token_linear_is_bandwidth_bound_at_its_working_set() -> None:
     assert gemv == pytest.approx(moved / (resolved.memory_bandwidth_gbps * 1e9)), gemv
     two = compute_time_s(2 * 2 * 512 * 512, moved, torch.float32, resolved, gemm_min_dim=2)
     assert two == pytest.approx(2 * 2 * 512 * 512 / (resolved.peak_tflops["float32"] * 1e12 * 2 / 34)), two
+
+
+def test_symbolic_all_reduce_prices_the_one_shot_below_the_threshold() -> None:
+    """tp=4 on a gloo profile: the symbolic all-reduce of ``seq`` x 1 KiB equals the numeric price on both
+    sides of ONE_SHOT_MAX_BYTES (one round below, the ring above)."""
+    from autotp.cost_model.symbolic import SEQ, evaluate_s, symbolic_collective_time_s
+
+    gloo = get_hardware("cpu-gloo")
+    expression = symbolic_collective_time_s("all_reduce", SEQ * 1024, 4, gloo)
+    for seq in (2, 256, 257, 4096):
+        numeric = collective_time_s("all_reduce", seq * 1024, 4, gloo)
+        assert math.isclose(evaluate_s(expression, {SEQ: seq}), numeric, rel_tol=1e-9), (seq, numeric)
