@@ -56,6 +56,7 @@ from autotp.runtime.checkpointing import check_activation_checkpointing, checkpo
 from autotp.runtime.group import bind_group, plan_on_first_rank
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
+from autotp.runtime.shared_trace import FirstRankTrace
 from autotp.trace_cache import open_trace_cache
 
 __all__ = ["compile", "plan"]
@@ -324,7 +325,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
             captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
-                               training=training, trace_cache=cache)
+                               training=training, trace_cache=cache,
+                               share=FirstRankTrace(group, timeout_s=timeout_s))
             if training and (fingerprint := random_state_fingerprint(captured.graph_module)) is not None:
                 # dropout: every rank must draw the same masks (seed every rank alike before compiling)
                 agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint

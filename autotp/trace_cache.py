@@ -291,6 +291,22 @@ class TraceCache:
             warnings.warn(f"autotp: could not write the cached plan {path} ({type(exc).__name__}: {exc})", stacklevel=3)
 
 
+def program_bytes(key: str, exported: ExportedProgram) -> bytes:
+    """``exported`` without its weights, as bytes (what a cache entry holds), for another process
+    to rebuild with :func:`program_from_bytes` (one rank traces for its group:
+    :mod:`autotp.runtime.shared_trace`)."""
+    return pickle.dumps(_entry(key, exported), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def program_from_bytes(data: bytes, key: str, model: torch.nn.Module, device: torch.device) -> ExportedProgram | None:
+    """The program of :func:`program_bytes` with ``model``'s weights bound, or None when it was made
+    for another key or its parameters do not fit ``model``."""
+    entry = pickle.loads(data)
+    if not isinstance(entry, _Entry) or entry.key != key or _mismatch(entry, model) is not None:
+        return None
+    return _rebuild(entry, model, device)
+
+
 def plan_key(captured: Any, options: Any) -> str:
     """The SHA-256 naming the plan of ``captured`` under ``options``: the graph's fingerprint (names, ops,
     shapes), the options (``progress`` aside; a hardware profile file by its contents), torch's
