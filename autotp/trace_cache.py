@@ -54,6 +54,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 
 __all__ = ["TraceCache", "default_cache_dir", "open_trace_cache"]
 
@@ -334,10 +335,12 @@ def _entry(key: str, exported: ExportedProgram) -> _Entry:
     state = {fqn: (tuple(t.shape), tuple(t.stride()), t.dtype, isinstance(t, torch.nn.Parameter), bool(t.requires_grad))
              for fqn, t in exported.state_dict.items()}
     constants: dict[str, Any] = {}
+    # the model's non-persistent buffers (a KV cache, RoPE's inv_freq) are bound from the model on rebuild
+    buffers = {spec.target for spec in exported.graph_signature.input_specs if spec.kind == InputKind.BUFFER}
     for fqn, value in exported.constants.items():
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"constant {fqn} is a {type(value).__name__}, not a tensor")
-        if isinstance(value, FakeTensor) or value.device.type == "meta":
+        if isinstance(value, FakeTensor) or value.device.type == "meta" or fqn in buffers:
             constants[fqn] = (tuple(value.shape), tuple(value.stride()), value.dtype)
         else:
             constants[fqn] = value.detach().cpu() if value.device.type != "cpu" else value.detach()

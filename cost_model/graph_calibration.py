@@ -262,8 +262,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         raise ValueError("graph samples with collectives need the link they ran on to be priced")
 
     def link_s(sample: GraphSample) -> float:
-        return sum(link_collective_time_s(kind, nbytes, group, link) for kind, nbytes, group in sample.collectives
-                   ) if link is not None else 0.0
+        # the graphs ran small all-reduces in one round at tp > 2 (measure_graphs), so they are priced so
+        return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce="one_shot")
+                   for kind, nbytes, group in sample.collectives) if link is not None else 0.0
 
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
@@ -628,34 +629,35 @@ def local_stand_ins(module: torch.fx.GraphModule) -> torch.fx.GraphModule | None
 def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: Hardware, runs: int,
                  warmup: int = 3) -> GraphSample:
     """:func:`graph_samples` of one graph."""
-    return graph_samples([(module, example)], hardware, runs, warmup)[0]
+    return graph_samples([(module, example, hardware)], runs, warmup)[0]
 
 
-def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor]], hardware: Hardware, runs: int,
+def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Hardware]], runs: int,
                   warmup: int = 3) -> tuple[GraphSample, ...]:
     """Time each ``module(example)`` ``runs`` times (each call after a barrier when a process group
     is up; the slowest rank counts), and in turn with it its compute form (:func:`local_stand_ins`)
-    when it has collectives; and count what the cost model sees in each.
+    when it has collectives; and count what the cost model sees in each, its kernels priced on
+    its own ``hardware``.
 
     The graphs take turns within every run (each graph and form once per run), so a change of
     load during the calibration hits every graph alike instead of whichever ran last: the fit
     compares graphs measured under the same conditions."""
-    recorders = [_Recorder(module, hardware) for module, _ in graphs]
+    recorders = [_Recorder(module, hardware) for module, _, hardware in graphs]
     forms: list[list[torch.fx.GraphModule]] = []
-    for module, _ in graphs:
+    for module, _, _ in graphs:
         compute_module = local_stand_ins(module)
         forms.append([module] if compute_module is None else [module, compute_module])
     clock = work_clock()
     times: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
     work: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
     with torch.no_grad():
-        for recorder, (_, example), mine in zip(recorders, graphs, forms):
+        for recorder, (_, example, _), mine in zip(recorders, graphs, forms):
             recorder.run(example)
             for form in mine:
                 for _ in range(warmup):
                     form(example)
         for _ in range(runs):
-            for index, ((_, example), mine) in enumerate(zip(graphs, forms)):
+            for index, ((_, example, _), mine) in enumerate(zip(graphs, forms)):
                 for which, form in enumerate(mine):
                     if dist.is_initialized():
                         dist.barrier()
@@ -702,11 +704,16 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
     """One :class:`GraphSample` per shape, on every rank of the current process group (or alone)."""
     from autotp.passes.small_collectives import one_shot_small_all_reduces
 
+    from .bandwidth import at_working_set  # bandwidth imports this module's timing helper
+
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     group_name = dist.group.WORLD.group_name if dist.is_initialized() and dist.group.WORLD is not None else None
     graphs = []
     for shape in shapes:
         module, example = block_graph(shape, world_size, group_name)
         # as autotp.compile runs an inference graph: small gloo all-reduces in one exchange (tp > 2)
-        graphs.append((one_shot_small_all_reduces(module, None, world_size), example))
-    return graph_samples(graphs, hardware, runs)
+        module = one_shot_small_all_reduces(module, None, world_size)
+        # its kernels priced at the bandwidth of its own working set (weights and input), as the cost pass does
+        touched = sum(t.numel() * t.element_size() for t in (*module.buffers(), example))
+        graphs.append((module, example, at_working_set(hardware, touched)))
+    return graph_samples(graphs, runs)

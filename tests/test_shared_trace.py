@@ -21,6 +21,8 @@ def _exports_per_compile(rank: int, world_size: int) -> dict:
         counted["calls"] += 1
         return export(*args, **kwargs)
 
+    from autotp.runtime import shared_trace
+
     model, (ids,), kwargs = tiny_llama(hidden=64, intermediate=128, num_heads=4, num_kv_heads=2, layers=1, seq_len=8)
     torch.export.export = counting_export
     try:
@@ -28,9 +30,12 @@ def _exports_per_compile(rank: int, world_size: int) -> dict:
             warnings.simplefilter("ignore")
             tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs)
             forward_exports = counted["calls"]
+            # programs above the limit go by a broadcast instead of the key-value store: take that path here
+            shared_trace._STORE_MESSAGE_BYTES = 0
             generating = autotp.compile(model, example_inputs=(ids,), max_cache_len=16)
     finally:
         torch.export.export = export
+        shared_trace._STORE_MESSAGE_BYTES = 4 << 20
     other = ids[:1, :5]  # another batch and length: the rebuilt program keeps the symbolic dims
     with torch.no_grad():
         diff = (tp(other, **kwargs).logits - model(other, **kwargs).logits).abs().max().item()
@@ -42,8 +47,9 @@ def _exports_per_compile(rank: int, world_size: int) -> dict:
 
 @pytest.mark.distributed
 def test_only_the_first_rank_traces(gloo) -> None:
-    """tp=2, Llama: rank 0 exports once for compile (dynamic dims) and twice for generation (decode, prefill);
-    rank 1 exports nothing and rebuilds rank 0's programs with its own weights; its outputs at an untraced
+    """tp=2, Llama: rank 0 exports once for compile (dynamic dims) and twice for generation (decode, prefill;
+    sent by broadcast as a program too large for the key-value store would be); rank 1 exports nothing and
+    rebuilds rank 0's programs with its own weights; its outputs at an untraced
     shape equal the single process's, and its greedy tokens HF's."""
     results = gloo.run(2, _exports_per_compile)
     assert [r["forward_exports"] for r in results] == [1, 0], f"exports per rank in compile: {results}"

@@ -234,7 +234,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     if options.outputs == "local":
         plan = with_local_outputs(plan)
     if options.activation_checkpointing == "blocks":
-        plan = _with_checkpointed_blocks(plan, costed, hw)
+        plan = _with_checkpointed_blocks(plan, costed, costed.hardware)
     if options.training:
         plan = _compare_with_inference(plan, captured, options, started)
     if plan.fallback_ops:

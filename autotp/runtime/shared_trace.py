@@ -31,6 +31,10 @@ from autotp.base.errors import CaptureError
 from autotp.capture import Traced, trace_device
 from autotp.runtime.agreement import share_from_first
 
+_STORE_MESSAGE_BYTES = 4 << 20
+"""Programs larger than this go by a broadcast over the group instead of the key-value store
+(a TCPStore message is capped at 8 MiB)."""
+
 
 class FirstRankTrace:
     """``capture(..., share=FirstRankTrace(group, timeout_s=...))``: see the module docstring."""
@@ -56,6 +60,8 @@ class FirstRankTrace:
                                 what="the traced program from rank 0")
         if sent.get("failure") is not None:
             raise CaptureError(f"tracing failed on rank 0 of the group: {sent['failure']}")
+        if sent.get("large"):
+            sent["entry"] = self._broadcast(None)
         exported = (program_from_bytes(sent["entry"], key, model, device)
                     if key is not None and sent.get("key") == key else None)
         if exported is None:
@@ -67,6 +73,13 @@ class FirstRankTrace:
         return Traced(exported, sent["mode"],
                       None if sent["mode"] == "static-fallback" else dynamic_shapes,
                       from_cache=sent["from_cache"], fallback_warning=sent["fallback_warning"])
+
+    def _broadcast(self, entry: bytes | None) -> bytes:
+        """Rank 0's ``entry`` on every rank, by a broadcast over the group (every rank has learned from the
+        exchange that one follows, so none waits for a broadcast that does not come)."""
+        box = [entry]
+        dist.broadcast_object_list(box, group_src=0, group=self.group)
+        return box[0]
 
     def _trace_and_send(self, key: str | None, trace: Any, to_bytes: Any) -> Traced:
         """Rank 0: trace, send the program (or the failure) to the group, return the trace."""
@@ -84,7 +97,12 @@ class FirstRankTrace:
             except Exception:  # noqa: BLE001 - a program that cannot be serialized: each rank traces its own
                 message["key"] = None
             message.update(mode=traced.mode, from_cache=traced.from_cache, fallback_warning=traced.fallback_warning)
-        share_from_first(message, group=self.group, timeout_s=self.timeout_s, what="the traced program from rank 0")
+        large = message.get("entry") is not None and len(message["entry"]) > _STORE_MESSAGE_BYTES
+        entry = message.pop("entry", None) if large else None
+        share_from_first({**message, "large": large}, group=self.group, timeout_s=self.timeout_s,
+                         what="the traced program from rank 0")
+        if large:
+            self._broadcast(entry)
         if failure is not None:
             raise failure
         assert traced is not None
