@@ -23,7 +23,8 @@ where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute
 no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
 and the calibrated profile sets ``kernel_floor_s`` to 0), ``link_s`` the alpha-beta time of its
 collectives on the link fitted back to back, and ``core_share`` the share of a core a rank gets
-while computing: its work over the slowest rank's wall time in the compute forms of all graphs
+while computing: its median work over the median of the slowest rank's wall times in the compute
+forms of all graphs, each graph weighing by its time
 (about 1/2 for four single-thread ranks on two idle cores, at most ``cores / (ranks * threads)``,
 :func:`fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
 link: the host's dispatch per node, the call of the graph, and the wait per collective for the
@@ -145,8 +146,8 @@ class GraphSample:
     (:func:`local_stand_ins`), timed in turn with the real one. ``compute_s``: median over runs of
     the slowest rank's wall time of that form; ``compute_work_s``: median of this rank's work in
     it (both equal ``seconds`` and ``work_s`` for a graph without collectives; 0.0: not measured,
-    older samples). ``core_share``: the work of all runs of that form over the slowest rank's wall
-    time of all runs, the share of a core a rank gets *while computing* (1.0 alone on an idle
+    older samples). ``core_share``: ``compute_work_s / compute_s`` (medians, as the benchmark times a
+    forward), at most :func:`fair_core_share`: the share of a core a rank gets *while computing* (1.0 alone on an idle
     core; 1/2 with four single-thread ranks on two cores; lower when other processes load the
     machine); the time a rank waits in a collective is not in it.
     """
@@ -672,15 +673,17 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
         times = [[[next(slowest) for _ in per_form] for per_form in per_graph] for per_graph in times]
     samples = []
     for recorder, graph_times, graph_work in zip(recorders, times, work):
-        # the share over all runs together (total work over total wall time), not a median of runs: a
-        # call shorter than the scheduler's time slice mostly runs uninterrupted, and the median of
-        # such calls would miss the pauses that a longer call (a model's forward) does take
+        # the share as the benchmark measures a forward: median work over the median of the slowest
+        # rank's wall times (a sum over runs would let one run paused for a whole time slice under
+        # load set the share of every graph; fit_host_terms weighs the graphs by their time, so the
+        # longest, most like a forward, count most, and fair_core_share bounds the short ones)
         compute_times, compute_work = graph_times[-1], graph_work[-1]
-        share = sum(compute_work) / sum(compute_times) if sum(compute_times) > 0 else 1.0
+        compute_s, compute_work_s = statistics.median(compute_times), statistics.median(compute_work)
+        share = compute_work_s / compute_s if compute_s > 0 else 1.0
         samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
                                    tuple(recorder.collectives), statistics.median(graph_times[0]),
                                    statistics.median(graph_work[0]), min(share, fair_core_share()),
-                                   statistics.median(compute_times), statistics.median(compute_work)))
+                                   compute_s, compute_work_s))
     return tuple(samples)
 
 
