@@ -10,7 +10,10 @@ only its block. Outputs are compared with the single-process model built from th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -131,7 +134,7 @@ class _ValueBranch(torch.nn.Module):
 
 def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]], cache: str) -> dict[str, str]:
     """Each case gives one checkpoint path per rank; returns each case's error text on this rank, and the
-    error of a model that cannot be traced, compiled with the trace cache ``cache`` (only rank 0 traces)."""
+    error of a model that cannot be traced, compiled with the trace cache ``cache`` on one CPU (only rank 0 traces)."""
     errors = {}
     for case, paths in cases.items():
         meta_model, args, kwargs = BUILDERS["llama"](layers=1, device="meta")
@@ -142,7 +145,8 @@ def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]], cache:
         except CheckpointError as exc:
             errors[case] = str(exc)
     try:
-        autotp.compile(_ValueBranch(), example_inputs=(torch.ones(2, 4),), trace_cache=cache, dynamic=False)
+        with _one_cpu():
+            autotp.compile(_ValueBranch(), example_inputs=(torch.ones(2, 4),), trace_cache=cache, dynamic=False)
         errors["untraceable"] = ""
     except CaptureError as exc:
         errors["untraceable"] = str(exc)
@@ -156,7 +160,7 @@ def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]], cache:
 def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
     """tp=2, Llama on meta: missing tensor (on rank 1 only), shape mismatch, integer dtype, truncated file
     (rank 1 only), GPT-2's checkpoint; each names the tensor and the file, on both ranks; files untouched.
-    A model torch.export cannot trace, with a trace cache (rank 0 traces, rank 1 waits): the same error on both."""
+    A model torch.export cannot trace, with a trace cache, on one CPU (rank 0 traces, rank 1 waits): the same error on both."""
     state = _llama_state()
     good = tmp_path / "good.safetensors"
     save_file(state, good)
@@ -197,10 +201,22 @@ def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
     assert _listing(tmp_path) == before, f"{tmp_path} changed: before {before}, after {_listing(tmp_path)}"
 
 
+@contextlib.contextmanager
+def _one_cpu() -> Iterator[None]:
+    """This worker on one CPU (the lowest it may use; every rank of the pool picks the same one): the
+    host then runs more ranks than it has CPUs, so one rank traces for the others (runtime/shared_trace.py)."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str, target: str,
                               cache: str) -> tuple[float, int]:
-    """from_pretrained(source) at this world size with an empty trace cache ``cache``, compared with the
-    model; then tp.save(target). Returns the error and how often this rank called torch.export."""
+    """from_pretrained(source) at this world size with an empty trace cache ``cache`` (the ranks on one CPU),
+    compared with the model; then tp.save(target). Returns the error and how often this rank called torch.export."""
     original, exports = torch.export.export, []
 
     def counted(*args, **kwargs):
@@ -209,8 +225,9 @@ def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str
 
     torch.export.export = counted  # a spy in this worker only (it still traces)
     try:
-        tp = autotp.from_pretrained(source, world_size=world_size, dtype=torch.float32, trace_cache=cache,
-                                    example_inputs=BUILDERS[name](layers=1, device="meta")[1], dynamic=False)
+        with _one_cpu():
+            tp = autotp.from_pretrained(source, world_size=world_size, dtype=torch.float32, trace_cache=cache,
+                                        example_inputs=BUILDERS[name](layers=1, device="meta")[1], dynamic=False)
     finally:
         torch.export.export = original
     reference, args, kwargs = BUILDERS[name](layers=1)
@@ -239,7 +256,7 @@ def _load_and_save(rank: int, world_size: int, name: str, source: str, target: s
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_save_and_reload_at_other_world_sizes(gloo, tmp_path: Path, name: str) -> None:
     """tp=2 -> 3 -> 4 (uneven at 3; GPT-2: fused QKV block split, tied lm head): from_pretrained at 2 and
-    tp.save (from an empty trace cache: only rank 0 exports, rank 1 reads its entry); autotp.load at 3 from
+    tp.save (empty trace cache, both ranks on one CPU: only rank 0 exports, rank 1 reads its entry); autotp.load at 3 from
     the tp=2 directory and save again; autotp.load at 4 from that.
     GPT-2 stops at 3 (its uneven block split and tied head are read there; the even tp=4 step is
     Llama's), which keeps the suite within its CI time."""

@@ -1,28 +1,31 @@
-"""Trace once per host: the ranks that share a machine (and its cores) share one ``torch.export``.
+"""Trace once per host when the host's ranks outnumber its cores; write each cache entry once.
 
 Every rank of a load needs the traced program of the same model, and with the trace cache
 (:mod:`autotp.trace_cache`) that program is one file that every rank of a host can read. Tracing
-is most of a cold load's time and is pure CPU work, so when all ranks of a host trace at once on
-fewer cores than ranks (four ranks on two cores), each export takes about ranks/cores times as
-long. Here one rank per host and cache directory traces and writes the cache entry while the
-others wait; they then read the entry, which costs about a third of an export
-(:meth:`~autotp.trace_cache.TraceCache.get`), and that read overlaps with the first rank's planning.
+is most of a cold load's time and is single-threaded CPU work. When a host runs more ranks than it
+has cores (four ranks on two), all of them tracing at once makes each export take about
+ranks/cores times as long; then one rank per host and cache directory traces and writes the entry
+while the others wait, and they read it (a few times cheaper than an export,
+:meth:`~autotp.trace_cache.TraceCache.get`), overlapping with the first rank's planning. When the
+host has a core per rank, tracing side by side costs no more than one trace, and waiting for the
+entry would only add its write and read: every rank traces, and one of them (the last, so that
+rank 0 goes on to plan) writes the entry.
 
 The protocol, on every rank of the group, at the same point of :func:`autotp.compile`:
 
 1. **Probe**: look the program up in the cache without tracing. A hit is kept (a warm load
    changes nothing: every rank reads its own copy, nobody waits).
-2. **Exchange 1** (:func:`autotp.runtime.agreement.exchange`): each rank says its host, cache
-   directory, key and whether it hit. Of the ranks that missed with the same host, directory and
-   key, the lowest traces; when every such set has one rank, nobody waits and step 3 is skipped
-   (every rank computes the same table, so all skip it or none does).
-3. **Exchange 2**: the tracers trace (export, then write the entry) and say how it went; the
-   others wait for it (at most ``timeout_s``), then read the entry. A tracer's error reaches the
-   ranks that waited for it, which raise the same error, so the agreement after capture sees
-   every rank fail alike (:func:`autotp.runtime.agreement.ranks_agree`). A waiter that still
-   misses (the tracer could not write the entry) traces itself: slower, never wrong.
+2. **Exchange 1** (:func:`autotp.runtime.agreement.exchange`): each rank says its host, the CPUs
+   it may run on, its cache directory, key and whether it hit. The ranks that missed with the same
+   host, directory and key form a set; every rank computes the same roles from this table.
+3. **Exchange 2** (only when some rank waits): the set's first rank traces (export, then writes
+   the entry) and says how it went; the others wait for it (at most ``timeout_s``), then read the
+   entry. A tracer's error reaches the ranks that waited for it, which raise the same error, so
+   the agreement after capture sees every rank fail alike
+   (:func:`autotp.runtime.agreement.ranks_agree`). A waiter that still misses (the tracer could
+   not write the entry) traces itself: slower, never wrong.
 
-Nothing here raises out of :func:`capture_once_per_host` before both exchanges are made: every
+Nothing here raises out of :func:`capture_once_per_host` before its exchanges are made: every
 error is kept in the :class:`SharedCapture` and raised by :meth:`SharedCapture.result` inside the
 agreement, so a rank that fails never leaves the others waiting at an exchange.
 """
@@ -30,6 +33,7 @@ agreement, so a rank that fails never leaves the others waiting at an exchange.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import socket
 from typing import Any
@@ -72,6 +76,7 @@ class _Arrival:
     """What each rank says at exchange 1."""
 
     host: str
+    cpus: frozenset[int]  # the CPUs this process may run on
     directory: str
     key: str | None  # None: the probe failed before it knew the key (an error, raised later)
     hit: bool
@@ -101,6 +106,34 @@ def _portable(error: BaseException, model: torch.nn.Module, rank: int) -> BaseEx
     except Exception:  # noqa: BLE001 - any exception that cannot travel is described instead
         pass
     return CaptureError(f"rank {rank} could not trace {type(model).__name__}: {type(error).__name__}: {error}")
+
+
+def _cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity where the OS says it, else all of them)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def _role(arrivals: list[_Arrival], rank: int) -> tuple[str, int]:
+    """What ``rank`` does, and the rank that writes the entry it needs: ``"done"`` (the probe read the
+    entry, or failed: its error is kept), ``"wait"`` (for the writer), ``"trace and write"``, or
+    ``"trace"`` (without writing).
+
+    The ranks that missed with the same host, directory and key share one trace when their host
+    runs more ranks than it has CPUs (the union of their affinities); otherwise each traces and
+    the last of them writes the entry."""
+    mine = arrivals[rank]
+    if mine.hit or mine.key is None:
+        return "done", rank
+    same = [r for r, a in enumerate(arrivals)
+            if not a.hit and (a.host, a.directory, a.key) == (mine.host, mine.directory, mine.key)]
+    on_host = [a for a in arrivals if a.host == mine.host]
+    cpus = frozenset().union(*(a.cpus for a in on_host))
+    if len(same) > 1 and len(on_host) > len(cpus):
+        return ("trace and write" if rank == same[0] else "wait"), same[0]
+    return ("trace and write" if rank == same[-1] else "trace"), same[-1]
 
 
 def capture_once_per_host(model: torch.nn.Module, example_inputs: tuple[Any, ...],
@@ -135,23 +168,18 @@ def capture_once_per_host(model: torch.nn.Module, example_inputs: tuple[Any, ...
         hit = error is None
     except _Miss:
         captured, error, hit = None, None, False
-    arrival = _Arrival(socket.gethostname(), str(trace_cache.directory), probe.key if error is None else None, hit)
+    arrival = _Arrival(socket.gethostname(), _cpus(), str(trace_cache.directory),
+                       probe.key if error is None else None, hit)
     arrivals: list[_Arrival] = exchange(arrival, group=group, timeout_s=timeout_s,
                                         what="autotp.compile: which rank traces on each host")
-    tracer_of: dict[int, int] = {}  # rank that missed -> the rank that traces for it
-    first: dict[tuple[str, str, str], int] = {}
-    for r, a in enumerate(arrivals):
-        if not a.hit and a.key is not None:
-            tracer_of[r] = first.setdefault((a.host, a.directory, a.key), r)
-    waiting = any(r != t for r, t in tracer_of.items())
-    tracer = tracer_of.get(rank)
-    if tracer == rank:
-        captured, error = run(trace_cache)  # torch.export, then the cache entry is written
-    if not waiting:
+    role, tracer = _role(arrivals, rank)
+    if role in ("trace", "trace and write"):
+        captured, error = run(trace_cache if role == "trace and write" else None)
+    if not any(_role(arrivals, r)[0] == "wait" for r in range(len(arrivals))):
         return SharedCapture(captured, error)
-    outcomes: list[BaseException | None] = exchange(error if tracer == rank else None, group=group,
+    outcomes: list[BaseException | None] = exchange(error if role == "trace and write" else None, group=group,
                                                     timeout_s=timeout_s, what="autotp.compile: the traces made once per host")
-    if tracer is None or tracer == rank:
+    if role != "wait":
         return SharedCapture(captured, error)
     if outcomes[tracer] is not None:
         return SharedCapture(None, outcomes[tracer])
