@@ -113,12 +113,12 @@ def mesh_shape_of(mesh: Any) -> MeshShape:
     return MeshShape(**dict(zip(names, sizes)))
 
 
-def _group(mesh: Any, name: str) -> dist.ProcessGroup | None:
+def dim_group(mesh: Any, name: str) -> dist.ProcessGroup | None:
     """The sub-group of ``mesh`` along dim ``name`` that holds this rank (``None`` when the mesh has no such dim)."""
     return mesh[name].get_group() if name in (mesh.mesh_dim_names or ()) else None
 
 
-def _local_index(mesh: Any, name: str) -> int:
+def mesh_coordinate(mesh: Any, name: str) -> int:
     """This rank's coordinate along dim ``name`` (0 when the mesh has no such dim)."""
     names = mesh.mesh_dim_names or ()
     return mesh.get_coordinate()[names.index(name)] if name in names else 0
@@ -150,7 +150,7 @@ def _slice_batch(args: Any, kwargs: Any, batch: int, start: int, stop: int) -> t
     return pytree.tree_map(cut, (args, kwargs))
 
 
-def _gather_batch(output: Any, sizes: Sequence[int], group: dist.ProcessGroup) -> Any:
+def gather_batch(output: Any, sizes: Sequence[int], group: dist.ProcessGroup) -> Any:
     """Every replica's ``output`` for its slice, concatenated along dim 0 (leaves whose dim 0 is the
     slice's rows); other leaves are taken from the first replica. One ``all_gather_object`` of the
     leaves' shapes, then one ``all_gather`` per batch leaf (slices padded to the largest)."""
@@ -346,10 +346,10 @@ class MeshParallelModule(nn.Module):
         self.trains = training
         self.plan = plan
         self.stage_module = stage_module
-        self.stage_index = _local_index(mesh, "pp")
-        self.replica_index = _local_index(mesh, "dp")
-        self._dp_group = _group(mesh, "dp") if plan.mesh.dp > 1 else None
-        self._pp_group = _group(mesh, "pp") if plan.mesh.pp > 1 else None
+        self.stage_index = mesh_coordinate(mesh, "pp")
+        self.replica_index = mesh_coordinate(mesh, "dp")
+        self._dp_group = dim_group(mesh, "dp") if plan.mesh.dp > 1 else None
+        self._pp_group = dim_group(mesh, "pp") if plan.mesh.pp > 1 else None
         self._signature = signature
         self._stage = stage
         self._example_shapes = example_shapes
@@ -389,7 +389,7 @@ class MeshParallelModule(nn.Module):
         output = self._run_stages(args, kwargs) if self._stage is not None else self.stage_module(*args, **kwargs)
         if dp > 1 and not self.trains:  # training: the replica's own rows (its gradients are averaged over dp)
             assert self._dp_group is not None
-            output = _gather_batch(output, sizes, self._dp_group)
+            output = gather_batch(output, sizes, self._dp_group)
         return output
 
     def _check_pipeline_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -568,17 +568,17 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
             split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
         check_weights = tp_options.get("check_weights", True) and checkpoint is None
-        record = {**_mesh_record(plan, example_inputs, example_kwargs), "training": training}
+        record = {**mesh_record(plan, example_inputs, example_kwargs), "training": training}
         record["checkpoint"] = checkpoint is not None
         agreement.record = options_record(record, weights=dict(model.state_dict()) if check_weights else None)
-    tp_group = _group(mesh, "tp")
+    tp_group = dim_group(mesh, "tp")
     if checkpoint is not None:
         tp_options["checkpoint"] = checkpoint
         if tp_group is None:  # no tp dim: each rank reads its part alone (groups of one, made on every rank in order)
             tp_group, _ = dist.new_subgroups(group_size=1)
     compile_stage = shape.tp > 1 or checkpoint is not None
     signature = inspect.signature(model.forward)
-    replica = _local_index(mesh, "dp")
+    replica = mesh_coordinate(mesh, "dp")
     if shape.pp == 1:
         if shape.dp > 1:
             sizes = replica_sizes(batch or 0, shape.dp)
@@ -591,7 +591,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                                group=tp_group, plan=plan.stages[0].tp_plan, **tp_options)
         return MeshParallelModule(plan, mesh, whole, signature=signature, training=training)
     assert split is not None
-    stage_index = _local_index(mesh, "pp")
+    stage_index = mesh_coordinate(mesh, "pp")
     module = split.modules[stage_index]
     if compile_stage:
         module = compile_tp(module, example_inputs=split.inputs[stage_index], group=tp_group,
@@ -605,7 +605,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                               example_shapes=first_shapes)
 
 
-def _mesh_record(plan: ParallelPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, object]:
+def mesh_record(plan: ParallelPlan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, object]:
     """What every rank of the mesh must share before building its part, printed for comparison."""
     stages = [(stage.first_block, stage.stop_block, stage.begins_at, plan_text(stage.tp_plan)) for stage in plan.stages]
     inputs = [tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else repr(leaf)

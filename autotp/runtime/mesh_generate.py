@@ -52,11 +52,11 @@ from autotp.runtime.agreement import (
 )
 from autotp.runtime.kv_cache import CachedCausalLM
 from autotp.runtime.mesh import (
-    _gather_batch,
-    _group,
-    _local_index,
-    _mesh_record,
     check_plan_for_mesh,
+    dim_group,
+    gather_batch,
+    mesh_coordinate,
+    mesh_record,
     mesh_shape_of,
     replica_sizes,
 )
@@ -215,12 +215,12 @@ class MeshGenerationModule(nn.Module):
         super().__init__()
         self.plan = plan
         self.stage_module = stage_module
-        self.stage_index = _local_index(mesh, "pp")
-        self.replica_index = _local_index(mesh, "dp")
+        self.stage_index = mesh_coordinate(mesh, "pp")
+        self.replica_index = mesh_coordinate(mesh, "dp")
         assert stage_module.generation is not None, "compiled with max_cache_len, the stage has generation graphs"
         self.generation = stage_module.generation
-        self._dp_group = _group(mesh, "dp") if plan.mesh.dp > 1 else None
-        self._pp_group = _group(mesh, "pp") if plan.mesh.pp > 1 else None
+        self._dp_group = dim_group(mesh, "dp") if plan.mesh.dp > 1 else None
+        self._pp_group = dim_group(mesh, "pp") if plan.mesh.pp > 1 else None
         self._hidden = (hidden_size, dtype)
         self._seed_offset = seed_offset
 
@@ -295,7 +295,7 @@ class MeshGenerationModule(nn.Module):
         dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self._dp_group)
         if output.shape[1] < int(longest):  # this replica's rows all ended early: pad them, as HF does
             output = torch.cat([output, output.new_full((output.shape[0], int(longest) - output.shape[1]), pad)], 1)
-        return _gather_batch(output, sizes, self._dp_group)
+        return gather_batch(output, sizes, self._dp_group)
 
     def _phase_runner(self, phase: str) -> Any:
         """The stage's graph for ``phase`` between a receive from the previous stage and a send to the next:
@@ -346,16 +346,16 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
                              f"with a cache for its slice of the rows; pass at least {shape.dp} rows")
         plan = as_parallel_plan(plan)
         plan = check_plan_for_mesh(plan if plan is not None else even_parallel_plan(model, shape), shape, model)
-        record = _mesh_record(plan, example_inputs, {})
+        record = mesh_record(plan, example_inputs, {})
         record.update(max_cache_len=max_cache_len, expected_new_tokens=expected_new_tokens,
                       options=sorted((k, repr(v)) for k, v in tp_options.items()))
         agreement.record = options_record(record, weights=dict(model.state_dict()) if check_weights else None)
     rows = math.ceil(batch / shape.dp)  # every replica's cache holds the largest slice
     ids = example_inputs[0][:rows]
-    tp_group = _group(mesh, "tp")
+    tp_group = dim_group(mesh, "tp")
     if tp_group is None:  # no tp dim: each rank is its own group of one (created on every rank, in order)
         tp_group, _ = dist.new_subgroups(group_size=1)
-    stage_index = _local_index(mesh, "pp")
+    stage_index = mesh_coordinate(mesh, "pp")
     wrapper = None
     if shape.pp > 1:
         stage = plan.stages[stage_index]
@@ -366,4 +366,4 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
                                     group=tp_group, rank=dist.get_rank(tp_group),
                                     expected_new_tokens=expected_new_tokens, wrapper=wrapper)
     return MeshGenerationModule(plan, mesh, module, hidden_size=int(model.get_input_embeddings().weight.shape[-1]),
-                                dtype=next(model.parameters()).dtype, seed_offset=_local_index(mesh, "dp"))
+                                dtype=next(model.parameters()).dtype, seed_offset=mesh_coordinate(mesh, "dp"))
