@@ -55,9 +55,9 @@ from autotp.runtime.agreement import (
 )
 from autotp.runtime.checkpointing import check_activation_checkpointing, checkpointed_graph
 from autotp.runtime.group import bind_group, plan_on_first_rank
+from autotp.runtime.host_trace import capture_once_per_host
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
-from autotp.runtime.shared_trace import capture_once_per_host
 from autotp.trace_cache import open_trace_cache
 
 __all__ = ["compile", "plan"]

@@ -7,9 +7,11 @@ processes with torchrun's environment variables, each calling ``autotp.from_pret
 prints the seconds spent in each stage (wall clock, rank 0 and the largest rank):
 
 config (``AutoConfig``), meta build (the model on ``meta``), capture (``torch.export`` + turning the
-program into a CapturedGraph, or reading it from the trace cache), agreement (ranks compare graphs
+program into a CapturedGraph, or reading it from the trace cache; a rank that waits for another rank
+of its host to trace counts the wait here), agreement (ranks compare graphs
 and options), headers (safetensors headers), strategies, cost, solve, plan data (rank 0 plans; the
-other ranks wait for its plan), rewrite (the rank-local graph), reads (this rank's blocks), the rest.
+other ranks wait for its plan), rewrite (the rank-local graph), reads (this rank's blocks, read in a thread while
+the graph is rewritten, so "the rest" can be negative), the rest.
 
 The spans are measured by wrapping the stage functions where ``autotp`` calls them (this process
 only; the library is unchanged). ``--cache cold`` starts from an empty ``AUTOTP_CACHE_DIR``,
@@ -36,6 +38,7 @@ from load import CONFIG, SEQ_LEN, _free_port, write_checkpoints  # noqa: E402
 SPANS = [  # (label, module, attribute): the function autotp calls for that stage, where it looks it up
     ("config", "transformers", "AutoConfig.from_pretrained"),
     ("capture", "autotp.api", "capture"),
+    ("capture", "autotp.api", "capture_once_per_host"),  # with a trace cache: one rank per host may trace, others wait
     ("  export", "autotp.capture", "_export"),
     ("  trace cache key", "autotp.trace_cache", "trace_key"),
     ("  trace cache read", "autotp.trace_cache", "_read_entry"),
@@ -51,7 +54,7 @@ SPANS = [  # (label, module, attribute): the function autotp calls for that stag
     ("  solve", "autotp.planning.planner", "solve"),
     ("  plan data", "autotp.planning.planner", "_build_plan"),
     ("rewrite", "autotp.api", "rewrite_for_rank"),
-    ("reads", "autotp.api", "read_local_values"),
+    ("reads (a thread, beside the rewrite)", "autotp.api", "read_local_values"),
     ("module", "autotp.api", "TensorParallelModule"),
 ]
 
@@ -151,7 +154,7 @@ def main() -> None:
 
 
 def _print(results: list[dict], title: str) -> None:
-    labels = [label for label, *_ in SPANS if any(label in r for r in results)]
+    labels = list(dict.fromkeys(label for label, *_ in SPANS if any(label in r for r in results)))
     total = {r["rank"]: r["total"] for r in results}
     print(f"autotp.from_pretrained, {title}: seconds per stage, by rank (share of rank 0's total)")
     for label in [*labels, "total"]:

@@ -204,7 +204,7 @@ def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
 @contextlib.contextmanager
 def _one_cpu() -> Iterator[None]:
     """This worker on one CPU (the lowest it may use; every rank of the pool picks the same one): the
-    host then runs more ranks than it has CPUs, so one rank traces for the others (runtime/shared_trace.py)."""
+    host then runs more ranks than it has CPUs, so one rank traces for the others (runtime/host_trace.py)."""
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(before)})
     try:
