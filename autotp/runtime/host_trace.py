@@ -140,8 +140,9 @@ def capture_once_per_host(model: torch.nn.Module, example_inputs: tuple[Any, ...
                           example_kwargs: dict[str, Any] | None, *, trace_cache: Any,
                           group: dist.ProcessGroup | None, timeout_s: float,
                           **capture_options: Any) -> SharedCapture | None:
-    """:func:`autotp.capture.capture` with ``trace_cache``, made by one rank per host (see the module
-    docstring); None where there is nothing to share (no cache, no process group, one rank, a
+    """:func:`autotp.capture.capture` with ``trace_cache``, with one trace per host where the host has fewer
+    CPUs than ranks and one cache write per host always (see the module docstring); None where there
+    is nothing to share (no cache, no process group, one rank, a
     fake group, or this process outside ``group``): then capture as usual.
 
     Call it on every rank of ``group`` at the same point; it makes one or two exchanges there,
