@@ -13,7 +13,6 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -409,20 +408,17 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, plan.world_size)
     group_name = (group or dist.group.WORLD).group_name
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="autotp-read") as reader:
-        # the checkpoint's blocks are read while the graph is rewritten (file copies release the GIL)
-        reading = None if files is None else reader.submit(read_local_values, captured, plan, parts, rank, files,
-                                                           model, device)
-        local_gm = update_state_in_place(
-            rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes(),
-                             training=training),
-            captured.state)
-        if not training:  # small all-reduces on gloo in one exchange round (a decode step's are all small)
-            local_gm = one_shot_small_all_reduces(local_gm, group, plan.world_size)
-        if reading is None:
-            local_values = _local_values(captured, plan, parts, rank)
-        else:
-            local_values = agree_on_success(group, reading.result, timeout_s=timeout_s)
+    local_gm = update_state_in_place(
+        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes(),
+                         training=training),
+        captured.state)
+    if not training:  # small all-reduces on gloo in one exchange round (a decode step's are all small)
+        local_gm = one_shot_small_all_reduces(local_gm, group, plan.world_size)
+    if files is None:
+        local_values = _local_values(captured, plan, parts, rank)
+    else:
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model,
+                                                                          device), timeout_s=timeout_s)
     return local_gm, local_values, parameter_layout(captured, plan, parts)
 
 
