@@ -10,8 +10,7 @@ config (``AutoConfig``), meta build (the model on ``meta``), capture (``torch.ex
 program into a CapturedGraph, or reading it from the trace cache; a rank that waits for another rank
 of its host to trace counts the wait here), agreement (ranks compare graphs
 and options), headers (safetensors headers), strategies, cost, solve, plan data (rank 0 plans; the
-other ranks wait for its plan), rewrite (the rank-local graph), reads (this rank's blocks, read in a thread while
-the graph is rewritten, so "the rest" can be negative), the rest.
+other ranks wait for its plan), rewrite (the rank-local graph), reads (this rank's blocks), the rest.
 
 The spans are measured by wrapping the stage functions where ``autotp`` calls them (this process
 only; the library is unchanged). ``--cache cold`` starts from an empty ``AUTOTP_CACHE_DIR``,
@@ -54,7 +53,7 @@ SPANS = [  # (label, module, attribute): the function autotp calls for that stag
     ("  solve", "autotp.planning.planner", "solve"),
     ("  plan data", "autotp.planning.planner", "_build_plan"),
     ("rewrite", "autotp.api", "rewrite_for_rank"),
-    ("reads (a thread, beside the rewrite)", "autotp.api", "read_local_values"),
+    ("reads", "autotp.api", "read_local_values"),
     ("module", "autotp.api", "TensorParallelModule"),
 ]
 
