@@ -54,9 +54,9 @@ from autotp.runtime.agreement import (
 )
 from autotp.runtime.checkpointing import check_activation_checkpointing, checkpointed_graph
 from autotp.runtime.group import bind_group, plan_on_first_rank
-from autotp.runtime.host_trace import capture_once_per_host
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
+from autotp.runtime.shared_trace import FirstRankTrace
 from autotp.trace_cache import open_trace_cache
 
 __all__ = ["compile", "plan"]
@@ -301,10 +301,6 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                                 dynamic=dynamic, **training_options))
     timeout_s = check_timeout(agreement_timeout_s)
     cache = open_trace_cache(trace_cache, checkpoint)
-    # with a cache, one rank per host traces and the others read its entry (errors kept for the agreement below)
-    shared = None if max_cache_len is not None else capture_once_per_host(
-        model, example_inputs, example_kwargs, trace_cache=cache, group=group, timeout_s=timeout_s, dynamic=dynamic,
-        dynamic_shapes=dynamic_shapes, training=training)
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
         check_model(model)
         world_size, rank = bind_group(group, world_size, caller="autotp.compile")
@@ -328,9 +324,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
             agreement.record = options_record(agreed, weights=weights)
         else:
             log_progress(progress and rank == 0, f"tracing {type(model).__name__} with torch.export")
-            captured = shared.result() if shared is not None else capture(
-                model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes, training=training,
-                trace_cache=cache)
+            captured = capture(model, example_inputs, example_kwargs, dynamic=dynamic, dynamic_shapes=dynamic_shapes,
+                               training=training, trace_cache=cache,
+                               share=FirstRankTrace(group, timeout_s=timeout_s))
             if training and (fingerprint := random_state_fingerprint(captured.graph_module)) is not None:
                 # dropout: every rank must draw the same masks (seed every rank alike before compiling)
                 agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint

@@ -51,6 +51,7 @@ import inspect
 import os
 import traceback
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -273,12 +274,14 @@ def capture(
     dynamic_shapes: Any = None,
     training: bool = False,
     trace_cache: Any = None,
+    share: TraceShare | None = None,
 ) -> CapturedGraph:
     """Trace ``model(*example_inputs, **example_kwargs)`` with ``torch.export`` (non-strict).
 
     ``trace_cache`` (a :class:`autotp.trace_cache.TraceCache`, or None): reuse the program traced
     for the same model and inputs before, and store a new one (see :mod:`autotp.trace_cache`);
-    :attr:`CapturedGraph.from_cache` says which happened.
+    :attr:`CapturedGraph.from_cache` says which happened. ``share`` (see :data:`TraceShare`): how
+    to obtain the program instead of tracing it here.
 
     ``training=True``: the graph may draw random numbers (dropout in training mode), see
     :func:`from_exported`.
@@ -298,30 +301,62 @@ def capture(
         )
     kwargs = dict(example_kwargs or {})
     explicit = dynamic_shapes is not None
-    mode = "custom" if explicit else "dynamic" if dynamic else "static"
     if not explicit and dynamic:
         dynamic_shapes = default_dynamic_shapes(model, example_inputs, kwargs)
-    try:
-        exported, from_cache = _export_or_reuse(model, example_inputs, kwargs, dynamic_shapes, training, trace_cache)
-    except CaptureError as exc:
-        if explicit or dynamic_shapes is None:
-            raise
-        try:
-            exported = _export(model, example_inputs, kwargs, None)
-        except CaptureError:
-            raise exc from None
-        warnings.warn(
-            f"autotp: {type(model).__name__} could not be traced with dynamic batch and sequence dims, so it is "
-            f"traced at the example sizes only (other sizes raise an error naming the dim): {str(exc).splitlines()[0]}",
-            stacklevel=2,
-        )
-        dynamic_shapes, mode, from_cache = None, "static-fallback", False
-    captured = from_exported(exported, type(model).__name__, training=training)
-    captured.shape_mode = mode
-    captured.from_cache = from_cache
-    requested = _requested_dims(dynamic_shapes, model, example_inputs, kwargs) if dynamic_shapes is not None else []
+    mode = "custom" if explicit else "dynamic" if dynamic else "static"
+
+    def trace() -> Traced:
+        return _trace(model, example_inputs, kwargs, dynamic_shapes, mode, training, trace_cache)
+
+    traced = trace() if share is None else share(model, example_inputs, kwargs, dynamic_shapes, training, trace)
+    captured = from_exported(traced.exported, type(model).__name__, training=training)
+    captured.shape_mode = traced.mode
+    captured.from_cache = traced.from_cache
+    requested = (_requested_dims(traced.dynamic_shapes, model, example_inputs, kwargs)
+                 if traced.dynamic_shapes is not None else [])
     captured.input_dims = _input_dims(captured, _input_names(model, example_inputs, kwargs), requested)
     return captured
+
+
+@dataclasses.dataclass
+class Traced:
+    """What tracing gave :func:`capture`: the program and how its input sizes were traced."""
+
+    exported: ExportedProgram
+    mode: str
+    """:attr:`CapturedGraph.shape_mode`."""
+    dynamic_shapes: Any
+    """The ``dynamic_shapes`` the program was exported with (None: static)."""
+    from_cache: bool = False
+    fallback_warning: str | None = None
+    """The warning given when dynamic export failed and the model was traced static (``"static-fallback"``)."""
+
+
+TraceShare = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any, bool, Callable[[], Traced]], Traced]
+"""``capture(share=...)``: called as ``share(model, args, kwargs, dynamic_shapes, training, trace)``
+instead of ``trace()``, to obtain the program some other way when it is the same (one rank traces
+for its group: :class:`autotp.runtime.shared_trace.FirstRankTrace`)."""
+
+
+def _trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any, mode: str,
+           training: bool, trace_cache: Any) -> Traced:
+    """Export (through ``trace_cache``); a model that cannot be exported with the default dynamic dims
+    is exported static, with a warning."""
+    try:
+        exported, from_cache = _export_or_reuse(model, args, kwargs, dynamic_shapes, training, trace_cache)
+    except CaptureError as exc:
+        if mode != "dynamic" or dynamic_shapes is None:
+            raise
+        try:
+            exported = _export(model, args, kwargs, None)
+        except CaptureError:
+            raise exc from None
+        message = (f"autotp: {type(model).__name__} could not be traced with dynamic batch and sequence dims, so it "
+                   f"is traced at the example sizes only (other sizes raise an error naming the dim): "
+                   f"{str(exc).splitlines()[0]}")
+        warnings.warn(message, stacklevel=2)
+        return Traced(exported, "static-fallback", None, fallback_warning=message)
+    return Traced(exported, mode, dynamic_shapes, from_cache)
 
 
 def _export_or_reuse(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,

@@ -37,8 +37,10 @@ from autotp.planning.phases import (
     weigh_phases,
 )
 from autotp.planning.plan import Plan
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
 from autotp.runtime.module import GenerationGraphs, TensorParallelModule
+from autotp.runtime.shared_trace import FirstRankTrace
 
 __all__ = ["check_generation_inputs", "compile_for_generation", "generation_inputs"]
 
@@ -89,11 +91,12 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     talk = options.progress and rank == 0
     log_progress(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
     # static sizes: the cache fixes the batch, decode reads one token, prefill `seq` tokens per call
-    decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
+    share = FirstRankTrace(group, timeout_s=DEFAULT_AGREEMENT_TIMEOUT_S)  # rank 0 traces, the others rebuild
+    decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False, share=share)
     prefill = None
     if seq > 1:
         log_progress(talk, f"tracing the prefill graph ({seq} tokens per row)")
-        prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False)
+        prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share)
     decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, expected_new_tokens,
                                                         group=group, rank=rank)
     decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank)

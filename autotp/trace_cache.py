@@ -54,6 +54,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 
 __all__ = ["TraceCache", "default_cache_dir", "open_trace_cache"]
 
@@ -291,6 +292,22 @@ class TraceCache:
             warnings.warn(f"autotp: could not write the cached plan {path} ({type(exc).__name__}: {exc})", stacklevel=3)
 
 
+def program_bytes(key: str, exported: ExportedProgram) -> bytes:
+    """``exported`` without its weights, as bytes (what a cache entry holds), for another process
+    to rebuild with :func:`program_from_bytes` (one rank traces for its group:
+    :mod:`autotp.runtime.shared_trace`)."""
+    return pickle.dumps(_entry(key, exported), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def program_from_bytes(data: bytes, key: str, model: torch.nn.Module, device: torch.device) -> ExportedProgram | None:
+    """The program of :func:`program_bytes` with ``model``'s weights bound, or None when it was made
+    for another key or its parameters do not fit ``model``."""
+    entry = pickle.loads(data)
+    if not isinstance(entry, _Entry) or entry.key != key or _mismatch(entry, model) is not None:
+        return None
+    return _rebuild(entry, model, device)
+
+
 def plan_key(captured: Any, options: Any) -> str:
     """The SHA-256 naming the plan of ``captured`` under ``options``: the graph's fingerprint (names, ops,
     shapes), the options (``progress`` aside; a hardware profile file by its contents), torch's
@@ -318,10 +335,12 @@ def _entry(key: str, exported: ExportedProgram) -> _Entry:
     state = {fqn: (tuple(t.shape), tuple(t.stride()), t.dtype, isinstance(t, torch.nn.Parameter), bool(t.requires_grad))
              for fqn, t in exported.state_dict.items()}
     constants: dict[str, Any] = {}
+    # the model's non-persistent buffers (a KV cache, RoPE's inv_freq) are bound from the model on rebuild
+    buffers = {spec.target for spec in exported.graph_signature.input_specs if spec.kind == InputKind.BUFFER}
     for fqn, value in exported.constants.items():
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"constant {fqn} is a {type(value).__name__}, not a tensor")
-        if isinstance(value, FakeTensor) or value.device.type == "meta":
+        if isinstance(value, FakeTensor) or value.device.type == "meta" or fqn in buffers:
             constants[fqn] = (tuple(value.shape), tuple(value.stride()), value.dtype)
         else:
             constants[fqn] = value.detach().cpu() if value.device.type != "cpu" else value.detach()

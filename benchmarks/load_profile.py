@@ -7,8 +7,8 @@ processes with torchrun's environment variables, each calling ``autotp.from_pret
 prints the seconds spent in each stage (wall clock, rank 0 and the largest rank):
 
 config (``AutoConfig``), meta build (the model on ``meta``), capture (``torch.export`` + turning the
-program into a CapturedGraph, or reading it from the trace cache; a rank that waits for another rank
-of its host to trace counts the wait here), agreement (ranks compare graphs
+program into a CapturedGraph, or reading it from the trace cache; a rank that waits for rank 0's
+program counts the wait here), agreement (ranks compare graphs
 and options), headers (safetensors headers), strategies, cost, solve, plan data (rank 0 plans; the
 other ranks wait for its plan), rewrite (the rank-local graph), reads (this rank's blocks), the rest.
 
@@ -37,7 +37,6 @@ from load import CONFIG, SEQ_LEN, _free_port, write_checkpoints  # noqa: E402
 SPANS = [  # (label, module, attribute): the function autotp calls for that stage, where it looks it up
     ("config", "transformers", "AutoConfig.from_pretrained"),
     ("capture", "autotp.api", "capture"),
-    ("capture", "autotp.api", "capture_once_per_host"),  # with a trace cache: one rank per host may trace, others wait
     ("  export", "autotp.capture", "_export"),
     ("  trace cache key", "autotp.trace_cache", "trace_key"),
     ("  trace cache read", "autotp.trace_cache", "_read_entry"),

@@ -15,6 +15,9 @@ profile field         measurement (median over timed repeats, after warm-up)
                       out, and planning a model in those dtypes asks for the figure)
 ``memory_bandwidth``  ``dst.copy_(src)`` of a large tensor: it reads and writes ``nbytes`` each,
                       so ``2 * nbytes / time`` — the bytes the roofline counts for a copy
+``memory_..._curve``  the same copy at working sets from 1 MiB to 256 MiB per rank (L2, last-level
+                      cache, DRAM), plus the large copy: the bandwidth a graph gets at its own
+                      working set (:mod:`.bandwidth`)
 ``kernel_floor_s``    per op of an FX graph chaining one-element kernel ops (add, exp, mean,
                       softmax, cat, ...): the fallback per-op cost, 0.0 once the host terms
                       below are fitted (the fitted dispatch is then a node's whole fixed cost)
@@ -73,8 +76,10 @@ import torch
 import torch.distributed as dist
 from scipy.optimize import nnls
 
+from .bandwidth import DEFAULT_WORKING_SETS, at_working_set, measure_copy_curve
 from .collectives import alpha_beta_terms, ceil_log2
 from .graph_calibration import (
+    COLD_WEIGHT_BYTES,
     GemmSample,
     GraphSample,
     GraphShape,
@@ -126,6 +131,7 @@ class CalibrationConfig:
     matmul_sizes: tuple[int, ...] = (256, 512, 1024, 2048)
     reduced_dtypes: tuple[str, ...] = ("bfloat16", "float16")
     copy_bytes: int = 256 * 2**20
+    bandwidth_working_sets: tuple[int, ...] = DEFAULT_WORKING_SETS
     collective_bytes: tuple[int, ...] = (4 * 2**10, 64 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
     min_time_s: float = 0.2
     repeats: int = 5
@@ -148,6 +154,7 @@ class CalibrationConfig:
             matmul_sizes=(128, 256),
             reduced_dtypes=("bfloat16",),
             copy_bytes=16 * 2**20,
+            bandwidth_working_sets=(2**20, 8 * 2**20),
             collective_bytes=(4 * 2**10, 64 * 2**10, 2**20),
             min_time_s=0.02,
             repeats=3,
@@ -209,6 +216,9 @@ class RankMeasurements:
     gemm_samples: tuple[GemmSample, ...] = ()
     transcendental_element_s: float = 0.0
     graphs: tuple[GraphSample, ...] = ()
+    copy_curve: tuple[tuple[int, float], ...] = ()
+    """``(working_set_bytes, bytes_per_s)``, ascending: copies at ``CalibrationConfig.bandwidth_working_sets``
+    and the large copy behind ``copy_bytes_per_s`` (a working set of twice ``copy_bytes``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,6 +430,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     progress = config.progress and rank == 0
     flops: dict[str, float] = {}
     bandwidth = floor = view = transcendental = 0.0
+    curve: tuple[tuple[int, float], ...] = ()
     gemms: tuple[GemmSample, ...] = ()
     graphs: tuple[GraphSample, ...] = ()
     try:
@@ -429,6 +440,10 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             flops = _measure_matmuls(config, threads, progress)
             bandwidth = measure_copy_bytes_per_s(config)
             _say(progress, f"copy of {config.copy_bytes / 2**20:.0f} MiB: {bandwidth / 1e9:.2f} GB/s per rank")
+            measured = dict(measure_copy_curve(config.bandwidth_working_sets, config.min_time_s, config.repeats))
+            curve = tuple(sorted({**measured, 2 * (config.copy_bytes // 4) * 4: bandwidth}.items()))
+            _say(progress, "copy bandwidth by working set: " + ", ".join(
+                f"{size / 2**20:g} MiB {rate / 1e9:.1f} GB/s" for size, rate in curve))
             floor = measure_kernel_floor_s(config)
             _say(progress, f"tiny kernel op in a graph (1 element): {floor * 1e6:.2f} us")
             view = measure_view_op_s(config)
@@ -440,8 +455,8 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
         if compute:
             # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
-            kernels_only = dataclasses.replace(_kernel_profile(flops, bandwidth, floor, view, gemms, transcendental),
-                                               kernel_floor_s=0.0)
+            kernels_only = dataclasses.replace(_kernel_profile(flops, bandwidth, floor, view, gemms, transcendental,
+                                                               curve), kernel_floor_s=0.0)
             graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
             for shape, sample in zip(config.graph_shapes, graphs):
                 _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "
@@ -449,22 +464,27 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
                                f"{sample.seconds * 1e3:.3f} ms (kernels {sample.device_s * 1e3:.3f} ms)")
     finally:
         torch.set_num_threads(previous_threads)
-    return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs)
+    return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
+                            curve)
 
 
 def _kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
-                    gemms: Sequence[GemmSample], transcendental: float) -> Hardware:
+                    gemms: Sequence[GemmSample], transcendental: float,
+                    bandwidth_points: Sequence[tuple[int, float]] = ()) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
-    graph samples' kernels are priced with, and the GEMM curve fitted on it."""
+    graph samples' kernels are priced with, and the GEMM curve fitted on it. ``bandwidth_points``:
+    ``(working_set_bytes, bytes_per_s)``; the GEMM samples are priced at the bandwidth of the
+    weights they cycle through (``COLD_WEIGHT_BYTES``), as a graph is priced at its working set."""
     placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
     profile = Hardware(
         name="kernels-only", peak_tflops={d: rate / 1e12 for d, rate in flops.items()},
         memory_bandwidth_gbps=bandwidth / 1e9, memory_gib=1.0, kernel_floor_s=floor, view_op_s=view,
         intra_node=placeholder, inter_node=placeholder, devices_per_node=1, host_is_device=True,
         transcendental_element_s=transcendental,
+        memory_bandwidth_curve=tuple((size, rate / 1e9) for size, rate in bandwidth_points),
     )
     if gemms:
-        curve = fit_gemm_curve(gemms, profile)
+        curve = fit_gemm_curve(gemms, at_working_set(profile, COLD_WEIGHT_BYTES))
         profile = dataclasses.replace(profile, gemm_half_efficiency_dim=curve.half_dim,
                                       peak_tflops={d: t * curve.peak_scale for d, t in profile.peak_tflops.items()})
     return profile
@@ -548,6 +568,8 @@ def build_profile(
     dtypes = set.intersection(*(set(m.matmul_flops_per_s) for m in compute))
     peak_tflops = {d: statistics.median(m.matmul_flops_per_s[d] for m in compute) / 1e12 for d in sorted(dtypes)}
     bandwidth = statistics.median(m.copy_bytes_per_s for m in compute)
+    sizes = sorted(set.intersection(*(set(dict(m.copy_curve)) for m in compute)))
+    curve_points = [(size, statistics.median(dict(m.copy_curve)[size] for m in compute)) for size in sizes]
     floor = statistics.median(m.kernel_floor_s for m in compute)
     view = statistics.median(m.view_op_s for m in compute)
     transcendental = statistics.median(m.transcendental_element_s for m in compute)
@@ -565,7 +587,8 @@ def build_profile(
     # the slowest rank's), its kernels priced by its own measurements.
     first = compute[0]
     kernels = _kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
-                              first.view_op_s, first.gemm_samples, first.transcendental_element_s)
+                              first.view_op_s, first.gemm_samples, first.transcendental_element_s,
+                              first.copy_curve)
     host = fit_host_terms(first.graphs, view_op_s=first.view_op_s, link=loopback) if first.graphs else None
     threads = compute[0].threads
     source = (
@@ -604,6 +627,8 @@ def build_profile(
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
         transcendental_element_s=transcendental / share,
+        memory_bandwidth_curve=tuple((size, rate * share / 1e9) for size, rate in curve_points),
+        small_all_reduce="one_shot",  # gloo: the inference runtime sums small all-reduces in one round
     )
 
 

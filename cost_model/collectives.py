@@ -51,6 +51,15 @@ cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCC
   Each part is one collective call (pays its base latency). All-to-all and broadcast use the
   flat form only.
 
+**One-shot all-reduce** (``Hardware.small_all_reduce == "one_shot"``: autotp's inference runtime
+on gloo, ``autotp.passes.small_collectives``): an all-reduce of at most :data:`ONE_SHOT_MAX_BYTES`
+over at least :data:`ONE_SHOT_MIN_GROUP` ranks (:func:`uses_one_shot_all_reduce`, the condition
+the runtime itself checks) runs as one ``all_to_all_single`` in which every rank sends its whole
+tensor to every other rank and sums the ``p`` copies: ``(p-1)·alpha + (p-1)·n/B`` (the
+all-to-all row above with ``p·n`` bytes per rank, [T05] pairwise exchange) instead of the ring's
+``2(p-1)·alpha + 2(p-1)/p·n/B``; the local sum of ``p`` copies is memory bound and not priced,
+as the ring's reduction is not. Flat link only (the runtime does not split it by node).
+
 A group inside one node uses ``intra_node``. Which groups span nodes: :func:`group_spans_nodes`
 (ranks laid out with the tensor-parallel dim fastest, as ``init_device_mesh`` does).
 
@@ -86,16 +95,35 @@ from .hardware import Hardware, LinkProfile
 __all__ = [
     "COLLECTIVE_ALGORITHMS",
     "COLLECTIVE_KINDS",
+    "ONE_SHOT_MAX_BYTES",
+    "ONE_SHOT_MIN_GROUP",
     "collective_time_s",
     "group_spans_nodes",
     "hierarchical_parts",
     "link_collective_time_s",
     "p2p_time_s",
+    "uses_one_shot_all_reduce",
     "validate_collective",
 ]
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 COLLECTIVE_ALGORITHMS = ("ring", "tree")
+
+ONE_SHOT_MAX_BYTES = 256 * 1024
+"""Largest all-reduce (bytes on one rank) summed by one exchange round where the runtime does so;
+larger ones keep the backend's ring. Each rank sends ``p - 1`` copies of the tensor instead of the
+ring's ``2 (p - 1) / p``, which costs nothing while latency dominates (measured at tp 4 on gloo:
+2 KiB one-shot 2x faster, 256 KiB still ~1.3x faster)."""
+
+ONE_SHOT_MIN_GROUP = 3
+"""Smallest group the one-shot all-reduce is used for: on 2 ranks the ring is one exchange already."""
+
+
+def uses_one_shot_all_reduce(group_size: int, nbytes: float) -> bool:
+    """True when an all-reduce of ``nbytes`` (per rank) over ``group_size`` ranks takes the one-shot
+    form on a runtime that has it: the one condition the runtime (``autotp.passes.small_collectives``)
+    and the pricing (:func:`collective_time_s`) both read."""
+    return group_size >= ONE_SHOT_MIN_GROUP and nbytes <= ONE_SHOT_MAX_BYTES
 
 
 def ceil_log2(group_size: int) -> int:
@@ -147,8 +175,12 @@ def link_collective_time_s(
     link: LinkProfile,
     *,
     algorithm: str = "ring",
+    small_all_reduce: str = "ring",
 ) -> float:
-    """:func:`collective_time_s` on an explicit link instead of a hardware profile."""
+    """:func:`collective_time_s` on an explicit link instead of a hardware profile (no in-graph wait).
+
+    ``small_all_reduce="one_shot"``: an all-reduce that :func:`uses_one_shot_all_reduce` takes one
+    all-to-all round of ``group_size * nbytes`` (the runtime's form on gloo; module docstring)."""
     validate_collective(kind, algorithm)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
@@ -156,6 +188,8 @@ def link_collective_time_s(
         raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     if group_size == 1 or nbytes == 0:
         return 0.0
+    if kind == "all_reduce" and small_all_reduce == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes):
+        kind, algorithm, nbytes = "all_to_all", "ring", group_size * nbytes  # every rank sends n to each rank
     steps, factor = alpha_beta_terms(kind, algorithm, group_size, ceil_log2(group_size))
     return float(link.base_latency_s + steps * link.latency_s + factor * nbytes / link.bandwidth_bytes_per_s)
 
@@ -178,8 +212,11 @@ def collective_time_s(
     ``algorithm``: ``"ring"`` or ``"tree"`` (formulas and sources in the module docstring).
     """
     validate_collective(kind, algorithm)
-    flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm)
-    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
+    flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm,
+                                  small_all_reduce=hardware.small_all_reduce)
+    one_shot = (kind == "all_reduce" and hardware.small_all_reduce == "one_shot"
+                and uses_one_shot_all_reduce(group_size, nbytes))  # the runtime does not split it by node
+    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes and not one_shot else None
     if parts is None:
         link_s = flat
     else:

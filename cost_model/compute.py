@@ -20,7 +20,12 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
   pick tiles of 64-256 along each dim; a dim smaller than a tile leaves it part idle). The
   fraction of peak is the saturating curve ``d / (d + d_half)`` of the GEMM's smallest dim ``d``
   (of m, n, k), with ``d_half = Hardware.gemm_half_efficiency_dim`` the dim at which half the
-  peak is reached; it is monotone in ``d`` and tends to 1.
+  peak is reached; it is monotone in ``d`` and tends to 1. A dim of 1 makes the product a
+  matrix-vector product (decode's linears at batch 1, attention over the cache for one query):
+  BLAS runs it as a GEMV kernel that streams the matrix once with no tile to fill, so its roof
+  is its bytes (measured on this project's CPU: a one-token ``aten.linear`` of a 512 x 512 weight
+  reads it at the copy bandwidth of its working set, where the curve at ``d = 1`` predicted
+  1.45x longer); the curve applies from ``d = 2``.
 * **transcendental elementwise ops** (exp, tanh, silu, gelu, softmax, ...): their arithmetic
   runs on special-function units (GPU) or polynomial code (CPU) at a rate per element,
   ``Hardware.transcendental_element_s``; the op takes the longer of that and its bytes.
@@ -114,9 +119,10 @@ def roofline_time_s(
 def gemm_efficiency(min_dim: Any, hardware: Hardware) -> Any:
     """Fraction of the peak a GEMM whose smallest dim (of m, n, k) is ``min_dim`` reaches:
     ``d / (d + Hardware.gemm_half_efficiency_dim)``, 1.0 when the profile sets no curve.
-    Monotone increasing in ``d``, equal to 1/2 at ``d = gemm_half_efficiency_dim``."""
+    Monotone increasing in ``d``, equal to 1/2 at ``d = gemm_half_efficiency_dim``; 1.0 at ``d = 1``
+    (a matrix-vector product: bandwidth bound, see the module docstring)."""
     half = hardware.gemm_half_efficiency_dim
-    if half == 0:
+    if half == 0 or (isinstance(min_dim, (int, float)) and min_dim <= 1):
         return 1.0
     return min_dim / (min_dim + half)
 

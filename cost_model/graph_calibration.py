@@ -229,8 +229,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         raise ValueError("graph samples with collectives need the link they ran on to be priced")
 
     def link_s(sample: GraphSample) -> float:
-        return sum(link_collective_time_s(kind, nbytes, group, link) for kind, nbytes, group in sample.collectives
-                   ) if link is not None else 0.0
+        # the graphs ran small all-reduces in one round at tp > 2 (measure_graphs), so they are priced so
+        return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce="one_shot")
+                   for kind, nbytes, group in sample.collectives) if link is not None else 0.0
 
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
@@ -526,6 +527,8 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
     """One :class:`GraphSample` per shape, on every rank of the current process group (or alone)."""
     from autotp.passes.small_collectives import one_shot_small_all_reduces
 
+    from .bandwidth import at_working_set  # bandwidth imports this module's timing helper
+
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     group_name = dist.group.WORLD.group_name if dist.is_initialized() and dist.group.WORLD is not None else None
     samples = []
@@ -533,5 +536,7 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
         module, example = block_graph(shape, world_size, group_name)
         # as autotp.compile runs an inference graph: small gloo all-reduces in one exchange (tp > 2)
         module = one_shot_small_all_reduces(module, None, world_size)
-        samples.append(graph_sample(module, example, hardware, runs))
+        # its kernels priced at the bandwidth of its own working set (weights and input), as the cost pass does
+        touched = sum(t.numel() * t.element_size() for t in (*module.buffers(), example))
+        samples.append(graph_sample(module, example, at_working_set(hardware, touched), runs))
     return tuple(samples)

@@ -56,6 +56,7 @@ __all__ = [
     "HARDWARE_JSON_VERSION",
     "KNOWN_HARDWARE",
     "RUNTIME_MODES",
+    "SMALL_ALL_REDUCE_ALGORITHMS",
     "Hardware",
     "LinkProfile",
     "get_hardware",
@@ -72,6 +73,12 @@ calls its kernels directly (no ATen dispatch per node, views folded into indexin
 HARDWARE_JSON_VERSION = 1
 
 _US = 1e-6  # seconds per microsecond
+
+SMALL_ALL_REDUCE_ALGORITHMS = ("ring", "one_shot")
+"""How the runtime runs an all-reduce small enough for the one-shot form
+(:func:`~.collectives.uses_one_shot_all_reduce`): ``"ring"`` (the backend's own all-reduce) or
+``"one_shot"`` (every rank sends its tensor to every rank in one exchange round and sums the
+copies: autotp's inference runtime on gloo, ``autotp.passes.small_collectives``)."""
 
 # Host/runtime fields of Hardware that are non-negative numbers with a 0.0 default.
 _HOST_TIME_FIELDS = (
@@ -101,6 +108,40 @@ def _check_positive_number(owner: str, field_name: str, value: Any, *, allow_zer
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{owner}.{field_name} must be {bound}, got {value!r}")
+
+
+def _checked_curve(owner: str, curve: Any) -> tuple[tuple[float, float], ...]:
+    """``curve`` as a tuple of ``(working_set_bytes, bandwidth_gbps)`` pairs, ascending in bytes;
+    ValueError naming what is wrong otherwise."""
+    try:
+        points = tuple((size, gbps) for size, gbps in curve)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}.memory_bandwidth_curve must be (working_set_bytes, bandwidth_gbps) pairs, "
+                         f"got {curve!r}") from None
+    for index, (size, gbps) in enumerate(points):
+        _check_positive_number(owner, f"memory_bandwidth_curve[{index}] working_set_bytes", size)
+        _check_positive_number(owner, f"memory_bandwidth_curve[{index}] bandwidth_gbps", gbps)
+    if any(later[0] <= earlier[0] for earlier, later in zip(points, points[1:])):
+        raise ValueError(f"{owner}.memory_bandwidth_curve must be in ascending working_set_bytes, each size once; "
+                         f"got sizes {[size for size, _ in points]}")
+    return points
+
+
+def _curve_from_json(data: Any) -> tuple[tuple[float, float], ...]:
+    """The JSON form of ``memory_bandwidth_curve`` (a list of ``{"working_set_bytes", "bandwidth_gbps"}``)."""
+    if not isinstance(data, list):
+        raise ValueError(f"memory_bandwidth_curve must be a list of {{'working_set_bytes', 'bandwidth_gbps'}} "
+                         f"objects, got {type(data).__name__}")
+    points = []
+    for index, point in enumerate(data):
+        if not isinstance(point, Mapping):
+            raise ValueError(f"memory_bandwidth_curve[{index}] must be an object, got {point!r}")
+        _check_known_fields(point, ("working_set_bytes", "bandwidth_gbps"), f"memory_bandwidth_curve[{index}]")
+        if "working_set_bytes" not in point or "bandwidth_gbps" not in point:
+            raise ValueError(f"memory_bandwidth_curve[{index}] needs 'working_set_bytes' and 'bandwidth_gbps', "
+                             f"got {dict(point)!r}")
+        points.append((point["working_set_bytes"], point["bandwidth_gbps"]))
+    return tuple(points)
 
 
 @dataclass(frozen=True)
@@ -202,6 +243,20 @@ class Hardware:
     peak at every shape); :func:`~.compute.gemm_efficiency`.
     ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
     tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
+
+    Working set and small collectives (optional in JSON; absent, they price as before):
+
+    ``memory_bandwidth_curve``: ``(working_set_bytes, bandwidth_gbps)`` points, ascending in
+    bytes, measured per rank with every rank busy (``autotp calibrate``): the bandwidth a rank
+    gets when the data it touches per call is that large (cache-resident data moves faster than
+    DRAM). Empty (GPU profiles): ``memory_bandwidth_gbps`` at every size. The cost pass prices a
+    graph at the bandwidth of its own working set (:func:`~.bandwidth.at_working_set`), so
+    ``memory_bandwidth_gbps`` is then that graph's figure; a calibrated profile stores its
+    largest-working-set (DRAM) figure there.
+    ``small_all_reduce``: one of :data:`SMALL_ALL_REDUCE_ALGORITHMS`, how the runtime runs an
+    all-reduce that fits the one-shot form; ``"one_shot"`` on gloo profiles, ``"ring"`` on NCCL
+    ones. A profile written before the field existed reads ``"one_shot"`` when
+    ``host_is_device`` (a CPU profile: gloo) and ``"ring"`` otherwise.
     """
 
     name: str
@@ -223,6 +278,8 @@ class Hardware:
     collective_wait_s: float = 0.0
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
+    memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
+    small_all_reduce: str = "ring"
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -250,6 +307,10 @@ class Hardware:
             raise ValueError(f"{owner}.host_is_device must be True or False, got {self.host_is_device!r}")
         for host_field in _HOST_TIME_FIELDS:
             _check_positive_number(owner, host_field, getattr(self, host_field), allow_zero=True)
+        if self.small_all_reduce not in SMALL_ALL_REDUCE_ALGORITHMS:
+            raise ValueError(f"{owner}.small_all_reduce must be one of "
+                             f"{', '.join(map(repr, SMALL_ALL_REDUCE_ALGORITHMS))}, got {self.small_all_reduce!r}")
+        object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
         for link_field in ("intra_node", "inter_node"):
             if not isinstance(getattr(self, link_field), LinkProfile):
                 raise ValueError(f"{owner}.{link_field} must be a LinkProfile")
@@ -282,6 +343,8 @@ class Hardware:
                 self.runtime_mode,
                 self.host_is_device,
                 *(getattr(self, host_field) for host_field in _HOST_TIME_FIELDS),
+                self.memory_bandwidth_curve,
+                self.small_all_reduce,
             )
         )
 
@@ -306,6 +369,9 @@ class Hardware:
             "runtime_mode": self.runtime_mode,
             "host_is_device": self.host_is_device,
             **{host_field: getattr(self, host_field) for host_field in _HOST_TIME_FIELDS},
+            "memory_bandwidth_curve": [{"working_set_bytes": size, "bandwidth_gbps": gbps}
+                                       for size, gbps in self.memory_bandwidth_curve],
+            "small_all_reduce": self.small_all_reduce,
             "source": self.source,
         }
 
@@ -335,7 +401,8 @@ class Hardware:
             "devices_per_node",
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
-                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS)
+                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "memory_bandwidth_curve",
+                    "small_all_reduce")
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
             if key not in data:
@@ -365,6 +432,10 @@ class Hardware:
                 runtime_mode=data.get("runtime_mode", "eager"),
                 host_is_device=data.get("host_is_device", False),
                 **{host_field: data.get(host_field, 0.0) for host_field in _HOST_TIME_FIELDS},
+                # absent in profiles written before the working-set curve and the one-shot pricing
+                memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
+                small_all_reduce=data.get("small_all_reduce",
+                                          "one_shot" if data.get("host_is_device", False) is True else "ring"),
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None
@@ -617,6 +688,7 @@ CPU_GLOO = Hardware(
     ),
     devices_per_node=8,  # placeholder: processes on one host
     host_is_device=True,  # on a CPU the host runs the kernels: dispatch and kernel add up
+    small_all_reduce="one_shot",  # gloo: autotp's inference runtime sums small all-reduces in one round
     source="placeholders, not measurements; run `autotp calibrate` to measure this machine",
 )
 

@@ -23,7 +23,13 @@ import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from .collectives import alpha_beta_terms, hierarchical_parts, validate_collective
+from .collectives import (
+    ONE_SHOT_MAX_BYTES,
+    ONE_SHOT_MIN_GROUP,
+    alpha_beta_terms,
+    hierarchical_parts,
+    validate_collective,
+)
 from .compute import achievable_flops_per_s, achievable_memory_bytes_per_s, flops_formula, roofline_time_s
 from .hardware import Hardware
 from .runtime import node_time_s
@@ -120,13 +126,21 @@ def symbolic_collective_time_s(
         )
         return link.base_latency_s + steps * link.latency_s + factor * part_bytes / link.bandwidth_bytes_per_s
 
-    flat = on_link(kind, nbytes_expr, group_size, hardware.link(spans_nodes=spans_nodes))
+    link = hardware.link(spans_nodes=spans_nodes)
+    flat = on_link(kind, nbytes_expr, group_size, link)
     parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
     if parts is None:
-        return flat + hardware.collective_wait_s  # the in-graph wait, as collective_time_s
-    hierarchical = sum((on_link(part_kind, nbytes_expr / divisor, part_group, getattr(hardware, link_field))
-                        for part_kind, part_group, link_field, divisor in parts), sympy.Integer(0))
-    return sympy.Min(flat, hierarchical) + hardware.collective_wait_s
+        ring = flat
+    else:
+        hierarchical = sum((on_link(part_kind, nbytes_expr / divisor, part_group, getattr(hardware, link_field))
+                            for part_kind, part_group, link_field, divisor in parts), sympy.Integer(0))
+        ring = sympy.Min(flat, hierarchical)
+    if kind == "all_reduce" and hardware.small_all_reduce == "one_shot" and group_size >= ONE_SHOT_MIN_GROUP:
+        # the runtime's one exchange round up to ONE_SHOT_MAX_BYTES (collectives.uses_one_shot_all_reduce)
+        steps, factor = alpha_beta_terms("all_to_all", "ring", sympy.Integer(group_size), sympy.Integer(0))
+        one_shot = link.base_latency_s + steps * link.latency_s + factor * group_size * nbytes_expr / link.bandwidth_bytes_per_s
+        ring = sympy.Piecewise((one_shot, nbytes_expr <= ONE_SHOT_MAX_BYTES), (ring, True))
+    return ring + hardware.collective_wait_s  # the in-graph wait, as collective_time_s
 
 
 def _shape_of(value: Any) -> Any:

@@ -49,6 +49,7 @@ from autotp.cost_model import (
     group_spans_nodes,
     launches_no_kernel,
 )
+from autotp.cost_model.bandwidth import graph_profile, graph_working_set_bytes
 from autotp.cost_model.compute import gemm_dims, is_lookup, is_transcendental
 from autotp.cost_model.runtime import view_time_s
 from autotp.passes.backward import (
@@ -315,7 +316,11 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Trai
     """Attach predicted compute seconds to every strategy and bytes to every parameter strategy.
 
     ``training``: price a training step (forward + backward, gradients and optimizer state).
+    ``hardware`` is first resolved for this graph (:func:`autotp.cost_model.bandwidth.graph_profile`:
+    the memory bandwidth at the graph's working set, the all-reduce the runtime runs); the
+    :class:`CostedGraph` carries the resolved profile, so every later price of it agrees.
     """
+    hardware = graph_profile(hardware, graph_working_set_bytes(graph.graph_module.graph), training=training is not None)
     compute_s = {}
     memory = {}
     for name in graph.order:

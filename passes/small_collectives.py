@@ -14,7 +14,9 @@ same bits, as with gloo's ring; tokens chosen from the result agree on every ran
 :func:`one_shot_small_all_reduces` rewrites an inference graph after :mod:`autotp.passes.rewrite`:
 each ``all_reduce(x, "sum") -> wait_tensor`` pair becomes one :func:`one_shot_all_reduce` node,
 which sums ``x`` in one round when it holds at most :data:`ONE_SHOT_MAX_BYTES` and through the
-ring otherwise (rank-local sizes are known only when the graph runs).
+ring otherwise (rank-local sizes are known only when the graph runs). The condition is
+:func:`autotp.cost_model.collectives.uses_one_shot_all_reduce`, which the cost model reads too, so
+a plan for a gloo profile (``Hardware.small_all_reduce == "one_shot"``) prices what runs.
 :func:`autotp.passes.rewrite.count_collectives` still counts it as an ``all_reduce``. NCCL and
 other backends keep their own all-reduce (NCCL already picks latency-optimal protocols for small
 messages), and so do training graphs (the backward of the functional all-reduce is kept).
@@ -26,16 +28,11 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 
+from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, ONE_SHOT_MIN_GROUP, uses_one_shot_all_reduce
+
 __all__ = ["ONE_SHOT_MAX_BYTES", "one_shot_all_reduce", "one_shot_small_all_reduces"]
 
 c10d = torch.ops._c10d_functional
-
-ONE_SHOT_MAX_BYTES = 256 * 1024
-"""Largest tensor (bytes on one rank) summed by one exchange round; larger ones keep gloo's ring.
-
-Each rank sends ``ws - 1`` copies of the tensor instead of the ring's ``2 (ws - 1) / ws``, which
-costs nothing while latency dominates (measured at tp 4 on gloo: 2 KiB one-shot 2x faster, 256 KiB
-still ~1.3x faster)."""
 
 
 def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> torch.Tensor:
@@ -46,7 +43,7 @@ def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> to
     the functional all-reduce (gloo's ring). The size is checked per call, so a graph with dynamic
     batch or sequence dims takes the right path for each call's size, on every rank alike.
     """
-    if x.numel() * x.element_size() > ONE_SHOT_MAX_BYTES:
+    if not uses_one_shot_all_reduce(world_size, x.numel() * x.element_size()):
         return c10d.wait_tensor(c10d.all_reduce(x, "sum", group_name))
     flat = x.reshape(-1)
     count = int(flat.numel())
@@ -63,7 +60,7 @@ def one_shot_small_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | No
     Changes ``gm`` in place and returns it; a graph on another backend, or at ``world_size <= 2``
     (where gloo's ring is one exchange already), is returned unchanged.
     """
-    if world_size <= 2 or not dist.is_initialized() or str(dist.get_backend(group)) != "gloo":
+    if world_size < ONE_SHOT_MIN_GROUP or not dist.is_initialized() or str(dist.get_backend(group)) != "gloo":
         return gm
     changed = False
     for node in list(gm.graph.nodes):

@@ -60,6 +60,8 @@ def _compile_with_fault(rank: int, world_size: int, fault: str) -> tuple[str, st
         model, args, kwargs = _mlp(rank, seed=1)
     elif faulty and fault == "example_input_shapes":
         model, args, kwargs = _mlp(rank, seq_len=8)
+    elif faulty and fault == "gelu_approximate":  # same classes and shapes, another graph (trace keys differ)
+        model[1].approximate = "tanh"
     elif faulty and fault == "trace_fails":
         model = _DataDependent()
     elif faulty and fault == "memory_budget":
@@ -84,6 +86,7 @@ FAULTS = {
     "wider_mlp": ["parameter 0.weight: rank 0 (64, 32) float32; rank 1 (128, 32) float32", "same model"],
     "weights": ["weight 0.weight: rank 1 holds other values than rank 0", "torch.manual_seed", "check_weights=False"],
     "example_input_shapes": ["input argument 0: rank 0 (2, 4, 32) float32; rank 1 (2, 8, 32) float32"],
+    "gelu_approximate": ["constant arguments of node gelu (aten.gelu.default)", "rank 1 "],
     "trace_fails": ["rank 1 failed: CaptureError: could not trace _DataDependent", "rank 0 succeeded"],
     "memory_budget": ["option memory_budget: rank 0 'auto'; rank 1 None", "same options"],
     "constraints": ["option constraints: rank 0 none; rank 1 2.weight=R"],

@@ -147,6 +147,10 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
     assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
     assert profile.runtime_mode == "eager" and profile.host_is_device, profile
+    sizes = [size for size, _ in ranks[0].copy_curve]  # the quick working sets and the large copy, ascending
+    assert sizes == sorted(sizes) and len(sizes) == len(quick.bandwidth_working_sets) + 1, ranks[0].copy_curve
+    assert [size for size, _ in profile.memory_bandwidth_curve] == sizes, profile.memory_bandwidth_curve
+    assert profile.small_all_reduce == "one_shot", "a gloo profile prices the one-shot all-reduce the runtime runs"
     assert "rank-local graphs" in profile.source, profile.source
 
 

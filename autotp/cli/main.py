@@ -284,6 +284,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for dtype, tflops in profile.peak_tflops.items():
         print(f"  matmul {dtype:<9} {tflops * 1e3:10.2f} GFLOP/s per rank")
     print(f"  memory           {profile.memory_bandwidth_gbps:10.2f} GB/s per rank")
+    if profile.memory_bandwidth_curve:
+        print("  by working set   " + ", ".join(f"{size / 2**20:g} MiB {gbps:.1f}"
+                                                for size, gbps in profile.memory_bandwidth_curve) + " GB/s")
     print(f"  tiny op          {profile.kernel_floor_s * 1e6:10.2f} us")
     print(f"  view op          {profile.view_op_s * 1e6:10.2f} us")
     print(f"  GEMM half rate   at smallest dim {profile.gemm_half_efficiency_dim:g}")

@@ -198,14 +198,15 @@ def _blame_constraints(error: PlanError, options: PlanOptions, budget: float | N
     )
 
 
-def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
+def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: bool = True) -> Plan:
     """Decide how to split ``captured`` over ``options.world_size`` ranks; returns the :class:`Plan`.
 
     Deterministic: the same graph and options give the same plan on every process. Raises
     :class:`~autotp.PlanError` when no plan meets the memory budget or the constraints, and
     :class:`~autotp.UnsupportedOpError` for ops without a rule when ``options.strict``; otherwise
     such ops run replicated, with a warning (see ``plan.fallback_ops``).
-    ``plan.plan_time_s`` is the wall-clock time of this call.
+    ``plan.plan_time_s`` is the wall-clock time of this call. ``alternatives=False`` leaves
+    ``NodeDecision.alternatives`` empty (a plan made only to compare with: a third of a small plan's time).
     """
     started = time.perf_counter()
     hw = options.hardware_profile
@@ -229,11 +230,11 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions) -> Plan:
                          tie=tie_identical_blocks(graph), count_activations=options.memory_budget != "auto")
     except PlanError as exc:
         raise _blame_constraints(exc, options, budget, costed) from None
-    plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started)
+    plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started, alternatives=alternatives)
     if options.outputs == "local":
         plan = with_local_outputs(plan)
     if options.activation_checkpointing == "blocks":
-        plan = _with_checkpointed_blocks(plan, costed, hw)
+        plan = _with_checkpointed_blocks(plan, costed, costed.hardware)
     if options.training:
         plan = _compare_with_inference(plan, captured, options, started)
     if plan.fallback_ops:
@@ -281,7 +282,7 @@ def _compare_with_inference(plan: Plan, captured: CapturedGraph, options: PlanOp
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback warning is the training plan's to give
         inference = plan_graph(captured, dataclasses.replace(options, training=False, progress=False,
-                                                                   activation_checkpointing=None))
+                                                                   activation_checkpointing=None), alternatives=False)
     differences = tuple((fqn, inference.parameters[fqn], placement) for fqn, placement in plan.parameters.items()
                         if inference.parameters.get(fqn, placement) != placement)
     return dataclasses.replace(plan, inference_differences=differences, inference_time_s=inference.predicted_time_s,
@@ -296,11 +297,11 @@ def _weight_bytes(costed: CostedGraph, name: str, strategy: Strategy) -> int:
 
 
 def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution, hardware: Hardware,
-                budget: float | None, plan_time_s: float) -> Plan:
+                budget: float | None, plan_time_s: float, *, alternatives: bool = True) -> Plan:
     graph = costed.graph
     chosen = {name: graph.strategies[name][index] for name, index in solution.choice.items()}
     fallback = set(graph.fallback)
-    alternatives = node_alternatives(costed, solution.choice, memory_budget_bytes=budget)
+    priced = node_alternatives(costed, solution.choice, memory_budget_bytes=budget) if alternatives else {}
     targets = {slot.name: str(slot.target) for slot in captured.inputs if slot.kind != "user"}
     nodes = []
     for name in graph.order:
@@ -319,7 +320,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             target=targets.get(name, ""),
             shape=concrete_shape(value) if value is not None else (),
             dtype=str(value.dtype).removeprefix("torch.") if value is not None else "",
-            alternatives=alternatives.get(name, ()),
+            alternatives=priced.get(name, ()),
         ))
     price = price_choice(costed, solution.choice)
     def decision(r: Resharding) -> CollectiveDecision:

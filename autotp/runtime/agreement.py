@@ -160,6 +160,11 @@ def exchange(value: Any, *, group: dist.ProcessGroup | None, timeout_s: float, w
         for key in [*keys, f"{base}/read"]:
             store.delete_key(key)
     if len(places) > 1:
+        failed_at = [place for place, ranks in places.items()
+                     if any(isinstance(values[r], CompileRecord) and values[r].error for r in ranks)]
+        if failed_at:  # some ranks failed and went to agree on it while the others went on: say why, everywhere
+            records = [value if isinstance(value, CompileRecord) else CompileRecord() for value in values]
+            raise AgreementError(_disagreement_message(records, failed_at[0]))
         where = "; ".join(f"{_ranks(ranks)} at {place}" for place, ranks in places.items())
         raise AgreementError(f"the ranks are at different points of the program: {where}. Every rank must make "
                              "the same autotp calls in the same order (run the same script on every rank).")
@@ -236,6 +241,9 @@ class CompileRecord:
     inputs: tuple[tuple[str, str], ...] = ()
     weights: tuple[tuple[str, WeightChecksum], ...] | None = None
     torch_version: str = torch.__version__
+    arguments: tuple[tuple[str, str, str], ...] = ()
+    """(node, op, hash of its constant arguments) of every call: the graph fingerprint has names,
+    ops and shapes only, so a setting that is not a weight (GELU's ``approximate``, an eps) shows here."""
 
 
 def _leaf_labels(in_spec: pytree.TreeSpec) -> list[str]:
@@ -304,11 +312,24 @@ def compile_record(captured: CapturedGraph, *, options: Mapping[str, object],
             summed.append((fqn, found))
     return CompileRecord(
         fingerprint=graph_fingerprint(captured.graph_module),
+        arguments=constant_arguments(captured.graph_module),
         options=tuple((name, str(value)) for name, value in options.items()),
         parameters=tuple(held),
         inputs=tuple(inputs),
         weights=tuple(summed) if weights is not None else None,
     )
+
+
+def constant_arguments(gm: torch.fx.GraphModule) -> tuple[tuple[str, str, str], ...]:
+    """:attr:`CompileRecord.arguments` of ``gm``. Devices count by type only (ranks trace on their own GPU)."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        leaves = [leaf.type if isinstance(leaf, torch.device) else leaf
+                  for leaf in pytree.tree_leaves((node.args, node.kwargs)) if not isinstance(leaf, torch.fx.Node)]
+        found.append((node.name, str(node.target), hashlib.sha256(repr(leaves).encode()).hexdigest()[:8]))
+    return tuple(found)
 
 
 def _grouped(values: Sequence[object]) -> dict[object, list[int]]:
@@ -364,6 +385,10 @@ def disagreement(records: Sequence[CompileRecord]) -> tuple[list[str], str] | No
             lines.append("the traced graphs differ although their parameters and input shapes agree "
                          f"(fingerprints: {_differs('graph', [r.fingerprint for r in records])})")
         return lines, _SAME_MODEL
+    if len({r.arguments for r in records}) > 1:  # same structure, other settings (an activation's variant, an eps)
+        name, op, _ = next(row[0] for row in zip(*(r.arguments for r in records)) if len(set(row)) > 1)
+        hashes = [dict((n, h) for n, _, h in r.arguments).get(name) for r in records]
+        return [_differs(f"constant arguments of node {name} ({op}), a setting that is not a weight", hashes)], _SAME_MODEL
     if any(r.weights is None for r in records):
         return None  # check_weights=False everywhere (a difference in it is an option difference above)
     tables = [dict(r.weights or ()) for r in records]
@@ -401,13 +426,15 @@ def _agree(record: CompileRecord, failure: Exception | None, *, group: dist.Proc
     errors = {r.error for r in records}
     if failure is not None and len(errors) == 1:
         raise failure  # the same error on every rank: raise it as it is (its own type and traceback)
-    found = disagreement(records)
-    if found is None:
-        return
-    lines, hint = found
-    message = (f"the {len(records)} ranks disagree at {what}; every rank raises this error:\n  - "
-               + "\n  - ".join(line.replace("\n", "\n      ") for line in lines) + f"\n{hint}")
-    raise AgreementError(message) from failure
+    if disagreement(records) is not None:
+        raise AgreementError(_disagreement_message(records, what)) from failure
+
+
+def _disagreement_message(records: Sequence[CompileRecord], what: str) -> str:
+    """The error every rank raises when ``records`` disagree (:func:`disagreement`)."""
+    lines, hint = disagreement(records) or ([], "")
+    return (f"the {len(records)} ranks disagree at {what}; every rank raises this error:\n  - "
+            + "\n  - ".join(line.replace("\n", "\n      ") for line in lines) + f"\n{hint}")
 
 
 class _Agreement:
@@ -432,6 +459,8 @@ def ranks_agree(group: dist.ProcessGroup | None, *, timeout_s: float, what: str)
         return
     try:
         yield agreement
+    except AgreementError:
+        raise  # raised by an exchange in the body on every rank that reached it: nobody waits for the others again
     except Exception as exc:  # noqa: BLE001 - the other ranks must learn of it, then it is raised
         _agree(CompileRecord(error=_error_text(exc)), exc, group=group, timeout_s=timeout_s, what=what)
         raise

@@ -1,0 +1,155 @@
+"""Memory bandwidth at a graph's working set, and the one-shot all-reduce priced where it runs (issue 12).
+
+Tier (b): formulas and planning on the meta device; no process group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import pytest
+import torch
+import torch.fx as fx
+from models import tiny_mlp
+
+import autotp
+from autotp.cost_model import Hardware, collective_time_s, get_hardware
+from autotp.cost_model.bandwidth import at_working_set, bandwidth_at_gbps, graph_profile, graph_working_set_bytes
+from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, link_collective_time_s, uses_one_shot_all_reduce
+
+MIB = 2**20
+
+# L2-, cache- and DRAM-sized working sets, as `autotp calibrate` measures them; DRAM is the flat figure
+CURVE = ((1 * MIB, 400.0), (16 * MIB, 200.0), (1024 * MIB, 2.0))
+
+
+def _cpu(curve: tuple[tuple[float, float], ...] = CURVE) -> Hardware:
+    """cpu-gloo with a slow DRAM figure (2 GB/s) and, optionally, a working-set curve; no host terms, a flat
+    GEMM rate: only memory, the link and the kernel floor price a small decode step."""
+    return dataclasses.replace(get_hardware("cpu-gloo"), memory_bandwidth_gbps=2.0, memory_bandwidth_curve=curve)
+
+
+def test_bandwidth_interpolates_in_log_working_set_and_clamps() -> None:
+    """No parallelism: the measured points are returned as is, halfway in log(bytes) is halfway in GB/s,
+    and sizes outside the curve take its end points (L2 below, DRAM above)."""
+    hw = _cpu()
+    assert bandwidth_at_gbps(hw, 16 * MIB) == 200.0, "a measured point is returned as is"
+    assert bandwidth_at_gbps(hw, 4 * MIB) == pytest.approx(300.0), "4 MiB is halfway (in log) from 1 to 16 MiB"
+    assert bandwidth_at_gbps(hw, 1024) == 400.0 and bandwidth_at_gbps(hw, 2**40) == 2.0, "clamped to the ends"
+    assert at_working_set(hw, 4 * MIB).memory_bandwidth_gbps == pytest.approx(300.0)
+    again = at_working_set(at_working_set(hw, 4 * MIB), 1024 * MIB)
+    assert again.memory_bandwidth_gbps == 2.0, f"resolving again starts from the curve, got {again.memory_bandwidth_gbps}"
+
+
+def test_gpu_profiles_and_old_cpu_profiles_price_as_before() -> None:
+    """No parallelism: a profile without a curve (GPU datasheets; CPU JSON written before the curve) is
+    priced at memory_bandwidth_gbps at every size; old JSON loads, its all-reduce read from host_is_device."""
+    for name in ("h100-sxm", "a100-sxm", "pcie-gpu"):
+        gpu = get_hardware(name)
+        assert gpu.memory_bandwidth_curve == () and gpu.small_all_reduce == "ring", gpu
+        assert at_working_set(gpu, 40 * MIB) is gpu, f"{name}: no curve, the profile is unchanged"
+    old = _cpu().to_dict()
+    del old["memory_bandwidth_curve"], old["small_all_reduce"]
+    loaded = Hardware.from_dict(old)
+    assert loaded.memory_bandwidth_curve == () and loaded.small_all_reduce == "one_shot", loaded
+    old_gpu = get_hardware("h100-sxm").to_dict()
+    del old_gpu["small_all_reduce"]
+    assert Hardware.from_dict(old_gpu).small_all_reduce == "ring"
+    assert Hardware.from_json(_cpu().to_json()) == _cpu(), "the curve round-trips through JSON"
+    with pytest.raises(ValueError, match="ascending working_set_bytes"):
+        _cpu(((16 * MIB, 200.0), (1 * MIB, 400.0)))
+    with pytest.raises(ValueError, match="memory_bandwidth_curve\\[0\\] needs"):
+        Hardware.from_dict({**_cpu().to_dict(), "memory_bandwidth_curve": [{"bandwidth_gbps": 3.0}]})
+
+
+def test_graph_working_set_counts_placeholders_and_the_largest_value() -> None:
+    """No parallelism: a weight (4 KiB), an input (64 B) and two results (1 KiB, 4 B): 4 KiB + 64 B + 1 KiB."""
+    graph = fx.Graph()
+    weight, x = graph.placeholder("weight"), graph.placeholder("x")
+    product = graph.call_function(torch.ops.aten.mm.default, (weight, x))
+    total = graph.call_function(torch.ops.aten.sum.default, (product,))
+    graph.output(total)
+    for node, shape in ((weight, (32, 32)), (x, (16,)), (product, (32, 8)), (total, ())):
+        node.meta["val"] = torch.empty(shape, device="meta")  # float32
+    assert graph_working_set_bytes(graph) == 4096 + 64 + 1024, graph_working_set_bytes(graph)
+
+
+def _decode_plan(hardware: Hardware) -> autotp.Plan:
+    model, args, _ = tiny_mlp(batch=1, seq_len=1, device="meta")  # 2 MiB of weights
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return autotp.plan(model, args, world_size=2, hardware=hardware, memory_budget=None, dynamic=False)
+
+
+def test_decode_is_priced_at_its_working_set_and_kept_whole() -> None:
+    """tp=2, batch 1, one token, no memory budget: at DRAM's 2 GB/s the 2 MiB of weights take ~1 ms, so
+    splitting them pays for an all-reduce and the planner splits; priced at the bandwidth of its 2 MiB
+    working set (~350 GB/s) the same step takes microseconds and the planner keeps it whole."""
+    flat = _decode_plan(_cpu(()))
+    assert flat.collective_counts(), f"expected a split at a flat 2 GB/s, got no collective: {flat.parameters}"
+    curved = _decode_plan(_cpu())
+    assert curved.collective_counts() == {}, f"expected no collective at the working set's bandwidth, got " \
+                                             f"{curved.collective_counts()}"
+    assert curved.predicted_time_s < flat.predicted_time_s / 10, (curved.predicted_time_s, flat.predicted_time_s)
+
+
+def test_one_shot_all_reduce_is_priced_where_the_runtime_runs_it() -> None:
+    """tp=2, 3 and 4 on a gloo profile: an all-reduce of <= ONE_SHOT_MAX_BYTES over >= 3 ranks costs one
+    all-to-all round of p copies; at tp 2, above the threshold, on NCCL profiles and in training graphs,
+    the ring."""
+    gloo = get_hardware("cpu-gloo")
+    link = gloo.intra_node
+    small = 2 * 1024
+    for p in (3, 4):
+        expected = link.base_latency_s + (p - 1) * link.latency_s + (p - 1) * small / link.bandwidth_bytes_per_s
+        assert collective_time_s("all_reduce", small, p, gloo) == pytest.approx(expected + gloo.collective_wait_s)
+        ring = link_collective_time_s("all_reduce", small, p, link)
+        assert collective_time_s("all_reduce", small, p, gloo) < ring, f"tp={p}: one round is cheaper than the ring"
+    for p, nbytes in ((2, small), (4, ONE_SHOT_MAX_BYTES + 4)):
+        assert not uses_one_shot_all_reduce(p, nbytes)
+        assert collective_time_s("all_reduce", nbytes, p, gloo) == pytest.approx(
+            link_collective_time_s("all_reduce", nbytes, p, link) + gloo.collective_wait_s), (p, nbytes)
+    training = graph_profile(gloo, 0, training=True)
+    assert collective_time_s("all_reduce", small, 4, training) == pytest.approx(
+        link_collective_time_s("all_reduce", small, 4, link)), "training graphs keep the functional all-reduce"
+    h100 = get_hardware("h100-sxm")
+    assert collective_time_s("all_reduce", small, 4, h100) == pytest.approx(
+        link_collective_time_s("all_reduce", small, 4, h100.intra_node)), "NCCL keeps its own all-reduce"
+    # the plan itself: tp 4 Megatron MLP at decode, its one all-reduce of 1 KiB priced as the one-shot
+    model, args, _ = tiny_mlp(batch=1, seq_len=1, device="meta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = autotp.plan(model, args, world_size=4, hardware="cpu-gloo", dynamic=False)
+    reduces = [c for c in plan.collectives if c.steps == ("all_reduce",)]
+    assert reduces, f"expected an all-reduce in the default-budget tp-4 plan, got {plan.collective_counts()}"
+    for decision in reduces:
+        one_round = link_collective_time_s("all_to_all", 4 * decision.nbytes, 4, link) + gloo.collective_wait_s
+        assert math.isclose(decision.time_s, one_round, rel_tol=1e-9), (decision, one_round)
+
+
+def test_one_token_linear_is_bandwidth_bound_at_its_working_set() -> None:
+    """No parallelism: a one-token linear (512 x 512 float32 weight: 1 MiB) costs its bytes at the working
+    set's bandwidth, not the shape curve's rate at d = 1; two tokens already run on the GEMM curve."""
+    from autotp.cost_model import compute_time_s
+
+    hw = dataclasses.replace(_cpu(), gemm_half_efficiency_dim=32.0, kernel_floor_s=0.0)
+    resolved = at_working_set(hw, 40 * MIB)
+    moved = 4 * (512 * 512 + 2 * 512)
+    gemv = compute_time_s(2 * 512 * 512, moved, torch.float32, resolved, gemm_min_dim=1)
+    assert gemv == pytest.approx(moved / (resolved.memory_bandwidth_gbps * 1e9)), gemv
+    two = compute_time_s(2 * 2 * 512 * 512, moved, torch.float32, resolved, gemm_min_dim=2)
+    assert two == pytest.approx(2 * 2 * 512 * 512 / (resolved.peak_tflops["float32"] * 1e12 * 2 / 34)), two
+
+
+def test_symbolic_all_reduce_prices_the_one_shot_below_the_threshold() -> None:
+    """tp=4 on a gloo profile: the symbolic all-reduce of ``seq`` x 1 KiB equals the numeric price on both
+    sides of ONE_SHOT_MAX_BYTES (one round below, the ring above)."""
+    from autotp.cost_model.symbolic import SEQ, evaluate_s, symbolic_collective_time_s
+
+    gloo = get_hardware("cpu-gloo")
+    expression = symbolic_collective_time_s("all_reduce", SEQ * 1024, 4, gloo)
+    for seq in (2, 256, 257, 4096):
+        numeric = collective_time_s("all_reduce", seq * 1024, 4, gloo)
+        assert math.isclose(evaluate_s(expression, {SEQ: seq}), numeric, rel_tol=1e-9), (seq, numeric)

@@ -1,0 +1,59 @@
+"""One trace per group (autotp/runtime/shared_trace.py): rank 0 runs torch.export, the others rebuild its program."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from models import tiny_llama
+
+import autotp
+
+
+def _exports_per_compile(rank: int, world_size: int) -> dict:
+    """Count torch.export.export calls on this rank through a compile (dynamic shapes) and a generation
+    compile (decode + prefill graphs); check the outputs at another shape than the traced one."""
+    counted = {"calls": 0}
+    export = torch.export.export
+
+    def counting_export(*args, **kwargs):
+        counted["calls"] += 1
+        return export(*args, **kwargs)
+
+    from autotp.runtime import shared_trace
+
+    model, (ids,), kwargs = tiny_llama(hidden=64, intermediate=128, num_heads=4, num_kv_heads=2, layers=1, seq_len=8)
+    torch.export.export = counting_export
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs)
+            forward_exports = counted["calls"]
+            # programs above the limit go by a broadcast instead of the key-value store: take that path here
+            shared_trace._STORE_MESSAGE_BYTES = 0
+            generating = autotp.compile(model, example_inputs=(ids,), max_cache_len=16)
+    finally:
+        torch.export.export = export
+        shared_trace._STORE_MESSAGE_BYTES = 4 << 20
+    other = ids[:1, :5]  # another batch and length: the rebuilt program keeps the symbolic dims
+    with torch.no_grad():
+        diff = (tp(other, **kwargs).logits - model(other, **kwargs).logits).abs().max().item()
+        expected = model.generate(ids, max_new_tokens=4, do_sample=False)
+    tokens = generating.generate(ids, max_new_tokens=4)
+    return {"forward_exports": forward_exports, "generation_exports": counted["calls"] - forward_exports,
+            "diff": diff, "tokens_equal": torch.equal(tokens, expected)}
+
+
+@pytest.mark.distributed
+def test_only_the_first_rank_traces(gloo) -> None:
+    """tp=2, Llama: rank 0 exports once for compile (dynamic dims) and twice for generation (decode, prefill;
+    sent by broadcast as a program too large for the key-value store would be); rank 1 exports nothing and
+    rebuilds rank 0's programs with its own weights; its outputs at an untraced
+    shape equal the single process's, and its greedy tokens HF's."""
+    results = gloo.run(2, _exports_per_compile)
+    assert [r["forward_exports"] for r in results] == [1, 0], f"exports per rank in compile: {results}"
+    assert [r["generation_exports"] for r in results] == [2, 0], f"exports per rank in generation: {results}"
+    for rank, r in enumerate(results):
+        assert r["diff"] <= 1e-4, f"rank {rank}: max abs diff {r['diff']:.3g} at batch 1, length 5"
+        assert r["tokens_equal"], f"rank {rank}: generated tokens differ from HF's greedy generate"
