@@ -119,7 +119,8 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                          vocab_size=vocab, eos_token_ids=eos_ids, pad_token_id=pad_id)
     phases = GenerationGraphs(layout=cache, prefill=prefill_gm, prefill_inputs=prefill_inputs,
                               prefill_plan=prefill_plan, decode_plan=decode_plan, weighting=weighting)
-    return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases)
+    return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases,
+                                group=group)
 
 
 def _pinned_to(placed: Plan, options: PlanOptions) -> PlanOptions:

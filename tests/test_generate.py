@@ -165,6 +165,46 @@ def test_left_padding_eos_streamer_and_smaller_batch(gloo) -> None:
             f"rank {rank}: streamer got {result['streamed']}, expected {expected_stream + [['end']]}")
 
 
+def _whole_model(rank: int, world_size: int) -> dict[str, Any]:
+    model, ids = _model("llama", 6)
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids[:, :4],), max_cache_len=16, constraints={"*": "R"})
+    graphs = [tp.graph_module, tp.generation.prefill]
+    calls = [0]
+    hooks = [g.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for g in graphs]
+    streamed: list[Any] = []
+
+    class Streamer:
+        def put(self, value: torch.Tensor) -> None:
+            streamed.append(value.tolist())
+
+        def end(self) -> None:
+            streamed.append("end")
+
+    got = tp.generate(ids, max_new_tokens=NEW_TOKENS, streamer=Streamer())
+    for hook in hooks:
+        hook.remove()
+    collectives = len(tp.generation.decode_plan.collectives) + len(tp.generation.prefill_plan.collectives)
+    return {"got": got.tolist(), "expected": expected.tolist(), "calls": calls[0], "streamed": streamed,
+            "collectives": collectives}
+
+
+def test_a_whole_model_plan_runs_on_the_first_rank_only(gloo) -> None:
+    """tp=2 gloo, tiny Llama with every weight pinned whole (no collective in either phase): rank 0 alone runs
+    the graphs, and both ranks return HF's greedy tokens; rank 1's streamer gets the same calls afterwards."""
+    results = gloo.run(2, _whole_model)
+    assert [r["collectives"] for r in results] == [0, 0], f"the pinned plans issue collectives: {results}"
+    assert results[0]["calls"] > 0 and results[1]["calls"] == 0, (
+        f"graph calls by rank: {[r['calls'] for r in results]}, expected rank 0 only")
+    for rank, result in enumerate(results):
+        assert result["got"] == result["expected"], f"rank {rank}: {result['got']} != HF {result['expected']}"
+    assert results[1]["streamed"] == results[0]["streamed"], (
+        f"streamer calls differ: rank 0 {results[0]['streamed']}\nrank 1 {results[1]['streamed']}")
+    assert results[0]["streamed"][-1] == "end" and len(results[0]["streamed"]) == NEW_TOKENS + 2, results[0]["streamed"]
+
+
 def _errors(rank: int, world_size: int) -> dict[str, str]:
     model, ids = _model("llama", 6)
     tp = _compile(model, ids, 1, max_cache_len=10)

@@ -11,6 +11,17 @@ from models import tiny_llama
 import autotp
 
 
+class _DataDependent(torch.nn.Module):
+    """Branches on a tensor value: torch.export cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) if x.sum() > 0 else -self.proj(x)
+
+
 def _exports_per_compile(rank: int, world_size: int) -> dict:
     """Count torch.export.export calls on this rank through a compile (dynamic shapes) and a generation
     compile (decode + prefill graphs); check the outputs at another shape than the traced one."""
@@ -41,7 +52,12 @@ def _exports_per_compile(rank: int, world_size: int) -> dict:
         diff = (tp(other, **kwargs).logits - model(other, **kwargs).logits).abs().max().item()
         expected = model.generate(ids, max_new_tokens=4, do_sample=False)
     tokens = generating.generate(ids, max_new_tokens=4)
-    return {"forward_exports": forward_exports, "generation_exports": counted["calls"] - forward_exports,
+    try:
+        autotp.compile(_DataDependent(), example_inputs=(torch.randn(2, 8),))
+        untraceable = "no error"
+    except Exception as exc:  # noqa: BLE001 - the test compares what every rank raised
+        untraceable = f"{type(exc).__name__}: {exc}"
+    return {"untraceable": untraceable,"forward_exports": forward_exports, "generation_exports": counted["calls"] - forward_exports,
             "diff": diff, "tokens_equal": torch.equal(tokens, expected)}
 
 
@@ -50,10 +66,13 @@ def test_only_the_first_rank_traces(gloo) -> None:
     """tp=2, Llama: rank 0 exports once for compile (dynamic dims) and twice for generation (decode, prefill;
     sent by broadcast as a program too large for the key-value store would be); rank 1 exports nothing and
     rebuilds rank 0's programs with its own weights; its outputs at an untraced
-    shape equal the single process's, and its greedy tokens HF's."""
+    shape equal the single process's, and its greedy tokens HF's. A model no rank can trace gives every rank
+    the same CaptureError (rank 0's, not a disagreement)."""
     results = gloo.run(2, _exports_per_compile)
     assert [r["forward_exports"] for r in results] == [1, 0], f"exports per rank in compile: {results}"
     assert [r["generation_exports"] for r in results] == [2, 0], f"exports per rank in generation: {results}"
     for rank, r in enumerate(results):
         assert r["diff"] <= 1e-4, f"rank {rank}: max abs diff {r['diff']:.3g} at batch 1, length 5"
         assert r["tokens_equal"], f"rank {rank}: generated tokens differ from HF's greedy generate"
+        assert r["untraceable"].startswith("CaptureError: could not trace _DataDependent"), r["untraceable"]
+    assert results[0]["untraceable"] == results[1]["untraceable"], [r["untraceable"] for r in results]

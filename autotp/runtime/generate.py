@@ -13,6 +13,12 @@ before ``model.generate``). Per token the loop does one graph call (the decode g
 per row, the position as a tensor) and a few small tensor ops; nothing is traced, planned or
 compiled after :func:`autotp.compile`.
 
+When neither phase's plan issues a collective (the planner kept the whole model on every rank:
+at batch 1 on CPU ranks that share cores, "communication eats the gain"), every rank would run
+the same computation; on a gloo (CPU) group only the group's first rank runs the loop, and the
+others receive its tokens at the end (a streamer there gets them after the loop). On GPUs each
+rank has its own device, and every rank runs the loop as above.
+
 Prompts go through the prefill graph ``prefill_len`` tokens per call; a prompt whose length is
 not a multiple reads its last ``prefill_len`` tokens again (rewriting the same cache slots), and
 a prompt shorter than ``prefill_len`` goes one token per call through the decode graph.
@@ -31,6 +37,9 @@ if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
 
 __all__ = ["check_request", "generate", "generation_loop", "next_tokens"]
+
+_ONE_RANK_TIMEOUT_S = 3600.0
+"""How long the other ranks wait for rank 0's tokens when it generates alone (a whole request)."""
 
 
 def next_tokens(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int | None,
@@ -115,12 +124,62 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     """
     _check(tp, input_ids, attention_mask, max_new_tokens, do_sample, seed)
     assert tp.generation is not None
-    return generation_loop(tp.generation.layout, tp.phase_runner, input_ids, attention_mask,
-                           max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                           seed=seed, streamer=streamer,
-                           pick=lambda logits, generator: next_tokens(
-                               logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                               generator=generator))
+    layout = tp.generation.layout
+
+    def loop(streamer: Any) -> torch.Tensor:
+        return generation_loop(layout, tp.phase_runner, input_ids, attention_mask,
+                               max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                               seed=seed, streamer=streamer,
+                               pick=lambda logits, generator: next_tokens(
+                                   logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   generator=generator))
+
+    if not _one_rank_runs(tp):
+        return loop(streamer)
+    return _on_first_rank(tp, loop, input_ids, streamer)
+
+
+def _one_rank_runs(tp: TensorParallelModule) -> bool:
+    """True where one rank computes for all (see the module docstring): a gloo group of several ranks,
+    and plans of both phases without a collective."""
+    import torch.distributed as dist
+
+    generation = tp.generation
+    if tp.world_size == 1 or not dist.is_initialized() or dist.get_backend(tp.group) != "gloo" or generation is None:
+        return False
+    plans = [generation.decode_plan or tp.plan, generation.prefill_plan]
+    return all(not plan.collectives for plan in plans if plan is not None)
+
+
+def _on_first_rank(tp: TensorParallelModule, loop: Callable[[Any], torch.Tensor], input_ids: torch.Tensor,
+                   streamer: Any) -> torch.Tensor:
+    """Run ``loop`` on the group's first rank and give its tokens (or its error) to every rank."""
+    import torch.distributed as dist
+
+    from autotp.base.errors import AutoTPError
+    from autotp.runtime.agreement import share_from_first
+
+    first = dist.get_rank(tp.group) == 0
+    tokens: torch.Tensor | None = None
+    failure: Exception | None = None
+    if first:
+        try:
+            tokens = loop(streamer)
+        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for tokens that never come
+            failure = exc
+    sent = share_from_first(tokens if failure is None else f"{type(failure).__name__}: {failure}", group=tp.group,
+                            timeout_s=_ONE_RANK_TIMEOUT_S, what="the tokens generated on rank 0")
+    if failure is not None:
+        raise failure
+    if isinstance(sent, str):
+        raise AutoTPError(f"generation failed on rank 0 of the group: {sent}")
+    if not first and streamer is not None:  # the same calls a streamer gets on rank 0, after the fact
+        prompt = int(input_ids.shape[1])
+        streamer.put(sent[:, :prompt])
+        for step in range(prompt, int(sent.shape[1])):
+            streamer.put(sent[:, step])
+        streamer.end()
+    return sent
 
 
 def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[[tuple[torch.Tensor, ...]], Any]],

@@ -196,6 +196,11 @@ class TensorParallelModule(torch.nn.Module):
 
         manual_seed(self.graph_module, seed, self.rank)
 
+    @property
+    def group(self) -> Any:
+        """The process group this model was compiled over (``None``: the default group)."""
+        return self._group
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The original model's ``state_dict``: full tensors gathered from every rank's shards (call on every rank).
 

@@ -16,8 +16,9 @@ agreement records (:mod:`autotp.runtime.agreement`) then compare the graphs and 
 Weights are never shared: each rank's program holds its own, so a rank with other weights is
 still caught by the agreement on weights.
 
-Rank 0's failure to trace reaches every rank as a :class:`~autotp.base.errors.CaptureError`
-naming rank 0; no rank is left waiting (the exchange is bounded by ``timeout_s``).
+Rank 0's failure to trace reaches every rank as a :class:`~autotp.base.errors.CaptureError` (the
+same error where the ranks' keys agree, so an untraceable model gives every rank the usual error;
+naming rank 0 otherwise); no rank is left waiting (the exchange is bounded by ``timeout_s``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ class FirstRankTrace:
         sent = share_from_first(None, group=self.group, timeout_s=self.timeout_s,
                                 what="the traced program from rank 0")
         if sent.get("failure") is not None:
-            raise CaptureError(f"tracing failed on rank 0 of the group: {sent['failure']}")
+            kind, text = sent["failure"]
+            if kind == "CaptureError" and sent.get("key") == key:  # the same model: the same error as rank 0's
+                raise CaptureError(text)
+            raise CaptureError(f"tracing failed on rank 0 of the group: {kind}: {text}")
         if sent.get("large"):
             sent["entry"] = self._broadcast(None)
         exported = (program_from_bytes(sent["entry"], key, model, device)
@@ -90,7 +94,7 @@ class FirstRankTrace:
             traced = trace()
         except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for a program that never comes
             failure = exc
-            message["failure"] = f"{type(exc).__name__}: {exc}"
+            message["failure"] = (type(exc).__name__, str(exc))
         if traced is not None and key is not None:
             try:
                 message["entry"] = to_bytes(key, traced.exported)
