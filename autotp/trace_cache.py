@@ -347,18 +347,51 @@ def _entry(key: str, exported: ExportedProgram) -> _Entry:
     return _Entry(key, program, state, constants)
 
 
+def _symbolic_key(value: Any) -> Any:
+    """A hashable stand-in for an int or a SymInt: the int, or the SymInt's sympy expression."""
+    return value.node.expr if isinstance(value, torch.SymInt) else int(value)
+
+
 def _serialize(exported: ExportedProgram) -> Any:
     """``torch._export.serde``'s schema form of ``exported``'s program, without weights.
 
     ``ExportedProgramSerializer.serialize`` less its checks of the program (``validate``, and
     ``canonicalize``, which only tests that a canonical form exists and is two thirds of its time):
-    the program comes straight from ``torch.export``.
+    the program comes straight from ``torch.export``. Two more savings, same schema: the tensor
+    metadata of equal shapes (the same sizes, strides and dtype in every layer) is made once and
+    shared, so it is also pickled and read once; and the graph is not formatted for torch's debug
+    log line when that log is off (torch formats it before the logger decides).
     """
+    import logging
+
     from torch._export.serde import schema
     from torch._export.serde import serialize as serde
 
     graph_serializer = serde.GraphModuleSerializer(exported.graph_signature, exported.module_call_graph)
-    graph_module = graph_serializer.serialize(exported.graph_module)
+    tensor_values = graph_serializer.graph_state.tensor_values
+    metas: dict[tuple[Any, ...], Any] = {}
+
+    def tensor_output(name: str, value: torch.Tensor) -> Any:  # GraphModuleSerializer.serialize_tensor_output, shared
+        if name in tensor_values:
+            raise AssertionError(f"name {name!r} already in tensor_values")
+        key = (tuple(map(_symbolic_key, value.shape)), tuple(map(_symbolic_key, value.stride())),
+               _symbolic_key(value.storage_offset()), value.dtype, value.requires_grad, value.device, value.layout)
+        meta = metas.get(key)
+        if meta is None:
+            meta = metas[key] = serde.serialize_tensor_meta(value)
+        tensor_values[name] = meta
+        return schema.TensorArgument(name=name)
+
+    graph_serializer.serialize_tensor_output = tensor_output  # type: ignore[method-assign]  # this instance only
+    program_module = exported.graph_module
+    quiet = not serde.log.isEnabledFor(logging.DEBUG)
+    if quiet:  # serialize_graph calls print_readable() for a debug line: this module's own, for this call only
+        program_module.print_readable = lambda *args, **kwargs: ""  # type: ignore[method-assign]
+    try:
+        graph_module = graph_serializer.serialize(program_module)
+    finally:
+        if quiet:
+            del program_module.print_readable
     if graph_serializer.custom_objs:
         raise TypeError(f"the program holds script objects ({', '.join(graph_serializer.custom_objs)})")
     return schema.ExportedProgram(
@@ -470,11 +503,15 @@ def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[s
             deserializer.shape_env.add_backed_var_to_val(sym, hint)
         return sym
 
+    sizes_and_strides: dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}  # id(meta): metas are shared (_serialize)
+
     def tensor_meta(meta: Any) -> torch.Tensor:
         # what FakeTensorMode does for empty_strided, without its dispatch cache (keyed on every size)
         mode = deserializer.fake_tensor_mode
-        sizes = tuple(deserializer.deserialize_sym_int(v) for v in meta.sizes)
-        strides = tuple(deserializer.deserialize_sym_int(v) for v in meta.strides)
+        if id(meta) not in sizes_and_strides:
+            sizes_and_strides[id(meta)] = (tuple(deserializer.deserialize_sym_int(v) for v in meta.sizes),
+                                           tuple(deserializer.deserialize_sym_int(v) for v in meta.strides))
+        sizes, strides = sizes_and_strides[id(meta)]
         with in_kernel_invocation_manager(mode), deserializer.shape_env.suppress_guards():
             empty = torch.empty_strided(sizes, strides, dtype=serde._SERIALIZE_TO_TORCH_DTYPE[meta.dtype], device="meta",
                                         requires_grad=meta.requires_grad)

@@ -26,7 +26,8 @@ program instead of tracing); ``hf-tp`` =
 counted as loading. Figures are medians over ``--repeats`` runs of the largest rank (ratio: growth after the
 forward pass / the rank's share of the checkpoint; "/ hf-tp": load time over transformers' TP load
 time at the same world size and layout, measured just before); wall-clock on a shared machine,
-so compare ratios.
+so compare ratios. ``--baseline CHECKOUT`` also runs each autotp mode with that checkout's ``autotp``
+(e.g. ``main``'s worktree) just before this one's, labelled "(base)".
 """
 
 from __future__ import annotations
@@ -121,14 +122,16 @@ def worker(mode: str, path: str) -> None:
         dist.destroy_process_group()
 
 
-def run(mode: str, path: Path, world_size: int, cache_dir: str | None = None) -> list[dict]:
+def run(mode: str, path: Path, world_size: int, cache_dir: str | None = None, autotp_from: str | None = None) -> list[dict]:
     """Start ``world_size`` fresh processes of ``mode`` on ``path``; their JSON results by rank.
-    ``cache_dir``: the trace cache directory (default: a fresh, empty one)."""
+    ``cache_dir``: the trace cache directory (default: a fresh, empty one); ``autotp_from``: a checkout
+    whose ``autotp`` the processes import instead (put first on ``PYTHONPATH``)."""
     port = str(_free_port())
     processes = []
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="autotp-cache-")
+    extra = {"PYTHONPATH": os.pathsep.join(filter(None, [autotp_from, os.environ.get("PYTHONPATH")]))} if autotp_from else {}
     for rank in range(world_size):
-        env = {**os.environ, "AUTOTP_CACHE_DIR": cache_dir, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+        env = {**os.environ, **extra, "AUTOTP_CACHE_DIR": cache_dir, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         processes.append(subprocess.Popen([sys.executable, __file__, "--worker", mode, str(path)], env=env,
@@ -151,6 +154,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["hf-tp", "autotp-cold", "autotp-warm", "single"],
                         choices=["autotp-cold", "autotp-warm", "hf-tp", "single"])
     parser.add_argument("--dir", type=Path, default=None, help="where to write the checkpoints (default: a temp dir)")
+    parser.add_argument("--baseline", default=None, metavar="CHECKOUT",
+                        help="another autotp checkout (e.g. main's worktree): its autotp modes run just before this one's")
     parser.add_argument("--worker", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -162,20 +167,22 @@ def main() -> None:
     mib = 2**20
     print(f"checkpoint: {size / mib:.0f} MiB ({args.layers} layers), in {directory}; medians of {args.repeats} runs, "
           "largest rank", flush=True)
-    print(f"{'ws':>3} {'layout':<12} {'loader':<11} {'peak growth: load':>18} {'+forward':>9} {'share (1/ws)':>13} "
+    print(f"{'ws':>3} {'layout':<12} {'loader':<18} {'peak growth: load':>18} {'+forward':>9} {'share (1/ws)':>13} "
           f"{'ratio':>6} {'held/rank':>10} {'load s':>7} {'/ hf-tp':>8}", flush=True)
     for world_size in args.world_sizes:
         for layout in args.layouts:
             hf_seconds = None
-            for mode in args.modes:
+            loaders = [(mode, source) for mode in args.modes
+                       for source in ([args.baseline] if args.baseline and mode.startswith("autotp") else []) + [None]]
+            for mode, source in loaders:
                 ranks = 1 if mode == "single" else world_size
                 if mode == "single" and world_size != args.world_sizes[0]:
                     continue
                 warm = None
                 if mode == "autotp-warm":  # one unmeasured load fills the trace cache
                     warm = tempfile.mkdtemp(prefix="autotp-cache-")
-                    run(mode, paths[layout], ranks, warm)
-                runs = [run(mode, paths[layout], ranks, warm) for _ in range(args.repeats)]
+                    run(mode, paths[layout], ranks, warm, source)
+                runs = [run(mode, paths[layout], ranks, warm, source) for _ in range(args.repeats)]
                 grown = statistics.median(max(r["grown"] for r in rs) for rs in runs)
                 forward = statistics.median(max(r["forward"] for r in rs) for rs in runs)
                 seconds = statistics.median(max(r["seconds"] for r in rs) for rs in runs)
@@ -184,7 +191,8 @@ def main() -> None:
                 hf_seconds = seconds if mode == "hf-tp" else hf_seconds
                 versus = f"{seconds / hf_seconds:8.2f}" if hf_seconds and mode != "single" else f"{'':>8}"
                 share = size / ranks
-                print(f"{ranks:>3} {layout:<12} {mode:<11} {grown / mib:>14.0f} MiB {forward / mib:>5.0f} MiB "
+                label = f"{mode} (base)" if source else mode
+                print(f"{ranks:>3} {layout:<12} {label:<18} {grown / mib:>14.0f} MiB {forward / mib:>5.0f} MiB "
                       f"{share / mib:>9.0f} MiB {forward / share:>6.2f} {held / mib:>6.0f} MiB {seconds:>7.2f} {versus}{split}",
                       flush=True)
 

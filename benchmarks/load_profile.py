@@ -7,7 +7,8 @@ processes with torchrun's environment variables, each calling ``autotp.from_pret
 prints the seconds spent in each stage (wall clock, rank 0 and the largest rank):
 
 config (``AutoConfig``), meta build (the model on ``meta``), capture (``torch.export`` + turning the
-program into a CapturedGraph, or reading it from the trace cache), agreement (ranks compare graphs
+program into a CapturedGraph, or reading it from the trace cache; a rank that waits for rank 0's
+program counts the wait here), agreement (ranks compare graphs
 and options), headers (safetensors headers), strategies, cost, solve, plan data (rank 0 plans; the
 other ranks wait for its plan), rewrite (the rank-local graph), reads (this rank's blocks), the rest.
 
@@ -151,7 +152,7 @@ def main() -> None:
 
 
 def _print(results: list[dict], title: str) -> None:
-    labels = [label for label, *_ in SPANS if any(label in r for r in results)]
+    labels = list(dict.fromkeys(label for label, *_ in SPANS if any(label in r for r in results)))
     total = {r["rank"]: r["total"] for r in results}
     print(f"autotp.from_pretrained, {title}: seconds per stage, by rank (share of rank 0's total)")
     for label in [*labels, "total"]:

@@ -20,6 +20,7 @@ from models import BUILDERS
 from safetensors.torch import save_file
 
 import autotp
+from autotp.base.errors import AutoTPError
 from autotp.runtime.loading import Checkpoint, CheckpointError, match_keys, tensor_aliases
 
 TOLERANCE = 1e-4
@@ -117,8 +118,20 @@ def _llama_state() -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in model.state_dict().items()}
 
 
-def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]]) -> dict[str, str]:
-    """Each case gives one checkpoint path per rank; returns each case's error text on this rank."""
+class _ValueBranch(torch.nn.Module):
+    """Branches on a tensor's value: torch.export cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) if x.sum() > 0 else -x
+
+
+def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]], cache: str) -> dict[str, str]:
+    """Each case gives one checkpoint path per rank; returns each case's error text on this rank, and the
+    error of a model that cannot be traced, compiled with the trace cache ``cache`` (only rank 0 traces)."""
     errors = {}
     for case, paths in cases.items():
         meta_model, args, kwargs = BUILDERS["llama"](layers=1, device="meta")
@@ -128,6 +141,11 @@ def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]]) -> dic
             errors[case] = ""
         except CheckpointError as exc:
             errors[case] = str(exc)
+    try:
+        autotp.compile(_ValueBranch(), example_inputs=(torch.ones(2, 4),), trace_cache=cache, dynamic=False)
+        errors["untraceable"] = ""
+    except AutoTPError as exc:  # rank 0's CaptureError; the ranks then agree on one error
+        errors["untraceable"] = str(exc)
     flag = torch.ones(1)
     dist.all_reduce(flag)  # every rank got here: none is left waiting in a collective
     errors["all_reduce"] = str(int(flag.item()))
@@ -137,7 +155,8 @@ def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]]) -> dic
 @pytest.mark.distributed
 def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
     """tp=2, Llama on meta: missing tensor (on rank 1 only), shape mismatch, integer dtype, truncated file
-    (rank 1 only), GPT-2's checkpoint; each names the tensor and the file, on both ranks; files untouched."""
+    (rank 1 only), GPT-2's checkpoint; each names the tensor and the file, on both ranks; files untouched.
+    A model torch.export cannot trace, with a trace cache (rank 0 traces, rank 1 waits): an error naming it on both."""
     state = _llama_state()
     good = tmp_path / "good.safetensors"
     save_file(state, good)
@@ -158,7 +177,7 @@ def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
         "truncated": [str(good), str(truncated)],
         "other": [str(other), str(other)],
     }
-    results = gloo.run(2, _compile_bad, cases)
+    results = gloo.run(2, _compile_bad, cases, str(tmp_path / "cache"))
     expected = {
         "missing": ("model.layers.0.mlp.up_proj.weight", "missing.safetensors"),
         "shape": ("[256, 128]", "shape.safetensors"),
@@ -172,19 +191,34 @@ def test_bad_checkpoints_fail_on_every_rank(gloo, tmp_path: Path) -> None:
             for needle in needles:
                 assert needle in errors[case], f"rank {rank}, {case}: expected {needle!r} in the error, got {errors[case]!r}"
     assert "rank 1" in results[0]["missing"], f"rank 0 should say rank 1 failed: {results[0]['missing']!r}"
+    untraceable = [errors["untraceable"] for errors in results]
+    assert all("could not trace _ValueBranch" in text for text in untraceable), (
+        f"rank 0's export error should reach rank 1 (which waited for it), got {untraceable}")
     assert _listing(tmp_path) == before, f"{tmp_path} changed: before {before}, after {_listing(tmp_path)}"
 
 
-def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str, target: str) -> float:
-    """from_pretrained(source) at this world size, compared with the model; then tp.save(target)."""
-    tp = autotp.from_pretrained(source, world_size=world_size, dtype=torch.float32,
-                                example_inputs=BUILDERS[name](layers=1, device="meta")[1], dynamic=False)
+def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str, target: str,
+                              cache: str) -> tuple[float, int]:
+    """from_pretrained(source) at this world size with an empty trace cache ``cache``, compared with the
+    model; then tp.save(target). Returns the error and how often this rank called torch.export."""
+    original, exports = torch.export.export, []
+
+    def counted(*args, **kwargs):
+        exports.append(1)
+        return original(*args, **kwargs)
+
+    torch.export.export = counted  # a spy in this worker only (it still traces)
+    try:
+        tp = autotp.from_pretrained(source, world_size=world_size, dtype=torch.float32, trace_cache=cache,
+                                    example_inputs=BUILDERS[name](layers=1, device="meta")[1], dynamic=False)
+    finally:
+        torch.export.export = original
     reference, args, kwargs = BUILDERS[name](layers=1)
     with torch.no_grad():
         expected = reference(*args, **kwargs).logits
     error = (tp(*args, use_cache=False).logits - expected).abs().max().item()
     tp.save(target)
-    return error
+    return error, len(exports)
 
 
 def _load_and_save(rank: int, world_size: int, name: str, source: str, target: str | None) -> float:
@@ -205,11 +239,16 @@ def _load_and_save(rank: int, world_size: int, name: str, source: str, target: s
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_save_and_reload_at_other_world_sizes(gloo, tmp_path: Path, name: str) -> None:
     """tp=2 -> 3 -> 4 (uneven at 3; GPT-2: fused QKV block split, tied lm head): from_pretrained at 2 and
-    tp.save; autotp.load at 3 from the tp=2 directory and save again; autotp.load at 4 from that.
+    tp.save (empty trace cache: only rank 0 exports, rank 1 rebuilds its program); autotp.load at 3 from
+    the tp=2 directory and save again; autotp.load at 4 from that.
     GPT-2 stops at 3 (its uneven block split and tied head are read there; the even tp=4 step is
     Llama's), which keeps the suite within its CI time."""
     source = _save(name, tmp_path / "hf")
-    errors = {2: gloo.run(2, _from_pretrained_and_save, name, str(source), str(tmp_path / "tp2"))}
+    first = gloo.run(2, _from_pretrained_and_save, name, str(source), str(tmp_path / "tp2"), str(tmp_path / "cache"))
+    exports = [count for _, count in first]
+    assert exports == [1, 0], (f"{name} tp=2, empty trace cache: torch.export calls by rank {exports}, expected "
+                               "[1, 0] (rank 0 traces for the group, rank 1 rebuilds its program: runtime/shared_trace.py)")
+    errors = {2: [error for error, _ in first]}
     last = 3 if name == "gpt2" else 4
     errors[3] = gloo.run(3, _load_and_save, name, str(tmp_path / "tp2"), str(tmp_path / "tp3") if last > 3 else None)
     if last == 4:
