@@ -13,11 +13,13 @@ before ``model.generate``). Per token the loop does one graph call (the decode g
 per row, the position as a tensor) and a few small tensor ops; nothing is traced, planned or
 compiled after :func:`autotp.compile`.
 
-When neither phase's plan issues a collective (the planner kept the whole model on every rank:
-at batch 1 on CPU ranks that share cores, "communication eats the gain"), every rank would run
-the same computation; on a gloo (CPU) group only the group's first rank runs the loop, and the
-others receive its tokens at the end (a streamer there gets them after the loop). On GPUs each
-rank has its own device, and every rank runs the loop as above.
+When the decode plan issues no collective (the planner kept the whole model and cache on every
+rank: at batch 1 on CPU ranks that share cores, "communication eats the gain"), every rank would
+run the same decode steps; on a gloo (CPU) group only the group's first rank decodes, and the
+others receive its tokens at the end (a streamer there gets them after the loop). The prompt goes
+through the prefill graph on every rank when that graph has collectives (it fills every rank's
+copy of the cache), and on the first rank alone when it has none. On GPUs each rank has its own
+device, and every rank runs the loop as above.
 
 Prompts go through the prefill graph ``prefill_len`` tokens per call; a prompt whose length is
 not a multiple reads its last ``prefill_len`` tokens again (rewriting the same cache slots), and
@@ -126,34 +128,40 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     assert tp.generation is not None
     layout = tp.generation.layout
 
-    def loop(streamer: Any) -> torch.Tensor:
+    def loop(streamer: Any, new_tokens: int = max_new_tokens) -> torch.Tensor:
         return generation_loop(layout, tp.phase_runner, input_ids, attention_mask,
-                               max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                               max_new_tokens=new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                                seed=seed, streamer=streamer,
                                pick=lambda logits, generator: next_tokens(
                                    logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                    generator=generator))
 
-    if not _one_rank_runs(tp):
+    alone = _first_rank_decodes_alone(tp)
+    if alone is None:
         return loop(streamer)
-    return _on_first_rank(tp, loop, input_ids, streamer)
+    return _on_first_rank(tp, loop, input_ids, streamer, prompt_together=alone == "after the prompt")
 
 
-def _one_rank_runs(tp: TensorParallelModule) -> bool:
-    """True where one rank computes for all (see the module docstring): a gloo group of several ranks,
-    and plans of both phases without a collective."""
+def _first_rank_decodes_alone(tp: TensorParallelModule) -> str | None:
+    """Where one rank decodes for all (see the module docstring): on a gloo group of several ranks whose
+    decode plan issues no collective, ``"from the start"`` when the prefill plan issues none either,
+    ``"after the prompt"`` when it does (every rank runs the prompt, then rank 0 goes on); else None."""
     import torch.distributed as dist
 
     generation = tp.generation
     if tp.world_size == 1 or not dist.is_initialized() or dist.get_backend(tp.group) != "gloo" or generation is None:
-        return False
-    plans = [generation.decode_plan or tp.plan, generation.prefill_plan]
-    return all(not plan.collectives for plan in plans if plan is not None)
+        return None
+    if (generation.decode_plan or tp.plan).collectives:
+        return None
+    prefill = generation.prefill_plan
+    return "after the prompt" if prefill is not None and prefill.collectives else "from the start"
 
 
-def _on_first_rank(tp: TensorParallelModule, loop: Callable[[Any], torch.Tensor], input_ids: torch.Tensor,
-                   streamer: Any) -> torch.Tensor:
-    """Run ``loop`` on the group's first rank and give its tokens (or its error) to every rank."""
+def _on_first_rank(tp: TensorParallelModule, loop: Callable[..., torch.Tensor], input_ids: torch.Tensor,
+                   streamer: Any, *, prompt_together: bool) -> torch.Tensor:
+    """Run ``loop`` on the group's first rank and give its tokens (or its error) to every rank; with
+    ``prompt_together`` the other ranks first run the prompt with it (its prefill graph has collectives)
+    and stop before the first decode step."""
     import torch.distributed as dist
 
     from autotp.base.errors import AutoTPError
@@ -162,11 +170,13 @@ def _on_first_rank(tp: TensorParallelModule, loop: Callable[[Any], torch.Tensor]
     first = dist.get_rank(tp.group) == 0
     tokens: torch.Tensor | None = None
     failure: Exception | None = None
-    if first:
-        try:
+    try:
+        if first:
             tokens = loop(streamer)
-        except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for tokens that never come
-            failure = exc
+        elif prompt_together:
+            loop(None, 1)  # the prompt through the prefill graph with rank 0; the first token needs no decode call
+    except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for tokens that never come
+        failure = exc
     sent = share_from_first(tokens if failure is None else f"{type(failure).__name__}: {failure}", group=tp.group,
                             timeout_s=_ONE_RANK_TIMEOUT_S, what="the tokens generated on rank 0")
     if failure is not None:
