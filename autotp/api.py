@@ -339,7 +339,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         from autotp.generation import compile_for_generation
 
         return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
-                                      plan=plan, group=group, rank=rank, expected_new_tokens=expected_new_tokens)
+                                      plan=plan, group=group, rank=rank, expected_new_tokens=expected_new_tokens,
+                                      timeout_s=timeout_s)
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
                          plan_cache=cache)
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,

@@ -76,11 +76,13 @@ def check_generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, .
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
                            rank: int, expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS,
-                           wrapper: CachedCausalLM | None = None) -> TensorParallelModule:
+                           wrapper: CachedCausalLM | None = None,
+                           timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> TensorParallelModule:
     """See :func:`autotp.compile` (``max_cache_len``, ``expected_new_tokens``) and the module docstring.
 
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
-    :class:`autotp.runtime.mesh_generate.StageCachedLM`)."""
+    :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``timeout_s``: how long the other ranks wait
+    for rank 0's traced programs (``agreement_timeout_s``)."""
     from autotp.api import apply_plan
 
     expected_new_tokens = check_expected_new_tokens(expected_new_tokens)
@@ -91,7 +93,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     talk = options.progress and rank == 0
     log_progress(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
     # static sizes: the cache fixes the batch, decode reads one token, prefill `seq` tokens per call
-    share = FirstRankTrace(group, timeout_s=DEFAULT_AGREEMENT_TIMEOUT_S)  # rank 0 traces, the others rebuild
+    share = FirstRankTrace(group, timeout_s=timeout_s)  # rank 0 traces, the others rebuild
     decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False, share=share)
     prefill = None
     if seq > 1:

@@ -234,7 +234,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     if options.outputs == "local":
         plan = with_local_outputs(plan)
     if options.activation_checkpointing == "blocks":
-        plan = _with_checkpointed_blocks(plan, costed, costed.hardware)
+        plan = _with_checkpointed_blocks(plan, costed)
     if options.training:
         plan = _compare_with_inference(plan, captured, options, started)
     if plan.fallback_ops:
@@ -247,7 +247,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     return plan
 
 
-def _with_checkpointed_blocks(plan: Plan, costed: CostedGraph, hardware: Hardware) -> Plan:
+def _with_checkpointed_blocks(plan: Plan, costed: CostedGraph) -> Plan:
     """``plan``'s activation bytes and predicted times with every repeated block checkpointed (kept: the
     blocks' inputs and one block's saved tensors; recomputed: each block's forward, reshardings included)."""
     graph = costed.graph
@@ -261,7 +261,7 @@ def _with_checkpointed_blocks(plan: Plan, costed: CostedGraph, hardware: Hardwar
 
     price = checkpointed_blocks_price(
         graph, costed.training.saved, lambda name: chosen[name], costed.activation_bytes,
-        lambda name: forward_compute_s(graph.nodes[name], chosen[name], graph.world_size, hardware),
+        lambda name: forward_compute_s(graph.nodes[name], chosen[name], graph.world_size, costed.hardware),
         [(c.producer, c.consumers, c.time_s) for c in plan.collectives], block_of)
     return dataclasses.replace(plan, activation_bytes_per_rank=int(price.activation_bytes),
                                predicted_compute_s=plan.predicted_compute_s + price.recompute_compute_s,

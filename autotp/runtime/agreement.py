@@ -92,7 +92,7 @@ def check_timeout(timeout_s: object) -> float:
     return float(timeout_s)
 
 
-def _exchanges(group: dist.ProcessGroup | None) -> bool:
+def exchanges_with_others(group: dist.ProcessGroup | None) -> bool:
     """False where there is nothing to exchange: no process group, one rank, or a fake group (one process)."""
     if not dist.is_available() or not dist.is_initialized():
         return False
@@ -164,7 +164,7 @@ def exchange(value: Any, *, group: dist.ProcessGroup | None, timeout_s: float, w
                      if any(isinstance(values[r], CompileRecord) and values[r].error for r in ranks)]
         if failed_at:  # some ranks failed and went to agree on it while the others went on: say why, everywhere
             records = [value if isinstance(value, CompileRecord) else CompileRecord() for value in values]
-            raise AgreementError(_disagreement_message(records, failed_at[0]))
+            raise AgreementError(_disagreement_message(disagreement(records) or ([], ""), len(records), failed_at[0]))
         where = "; ".join(f"{_ranks(ranks)} at {place}" for place, ranks in places.items())
         raise AgreementError(f"the ranks are at different points of the program: {where}. Every rank must make "
                              "the same autotp calls in the same order (run the same script on every rank).")
@@ -388,7 +388,9 @@ def disagreement(records: Sequence[CompileRecord]) -> tuple[list[str], str] | No
     if len({r.arguments for r in records}) > 1:  # same structure, other settings (an activation's variant, an eps)
         name, op, _ = next(row[0] for row in zip(*(r.arguments for r in records)) if len(set(row)) > 1)
         hashes = [dict((n, h) for n, _, h in r.arguments).get(name) for r in records]
-        return [_differs(f"constant arguments of node {name} ({op}), a setting that is not a weight", hashes)], _SAME_MODEL
+        line = _differs(f"constant arguments of node {name} ({op}), a setting that is not a weight", hashes)
+        assert line is not None  # the ranks' hashes differ at this node
+        return [line], _SAME_MODEL
     if any(r.weights is None for r in records):
         return None  # check_weights=False everywhere (a difference in it is an option difference above)
     tables = [dict(r.weights or ()) for r in records]
@@ -426,14 +428,15 @@ def _agree(record: CompileRecord, failure: Exception | None, *, group: dist.Proc
     errors = {r.error for r in records}
     if failure is not None and len(errors) == 1:
         raise failure  # the same error on every rank: raise it as it is (its own type and traceback)
-    if disagreement(records) is not None:
-        raise AgreementError(_disagreement_message(records, what)) from failure
+    found = disagreement(records)
+    if found is not None:
+        raise AgreementError(_disagreement_message(found, len(records), what)) from failure
 
 
-def _disagreement_message(records: Sequence[CompileRecord], what: str) -> str:
-    """The error every rank raises when ``records`` disagree (:func:`disagreement`)."""
-    lines, hint = disagreement(records) or ([], "")
-    return (f"the {len(records)} ranks disagree at {what}; every rank raises this error:\n  - "
+def _disagreement_message(found: tuple[list[str], str], ranks: int, what: str) -> str:
+    """The error every rank raises when ``ranks`` records disagree as ``found`` (:func:`disagreement`) says."""
+    lines, hint = found
+    return (f"the {ranks} ranks disagree at {what}; every rank raises this error:\n  - "
             + "\n  - ".join(line.replace("\n", "\n      ") for line in lines) + f"\n{hint}")
 
 
@@ -454,7 +457,7 @@ def ranks_agree(group: dist.ProcessGroup | None, *, timeout_s: float, what: str)
     :class:`~autotp.base.errors.AgreementError` on every rank.
     """
     agreement = _Agreement()
-    if not _exchanges(group):
+    if not exchanges_with_others(group):
         yield agreement
         return
     try:
@@ -526,7 +529,7 @@ class InputGuard:
         self._tensors = tuple(index for index, arg in _user_specs(captured) if isinstance(arg, TensorArgument))
         self._group = group
         self._timeout_s = timeout_s
-        self._exchanges = _exchanges(group)
+        self._exchanges = exchanges_with_others(group)
         self._checked: set[tuple] = set()
 
     def check(self, flat: Sequence[Any]) -> None:

@@ -136,25 +136,22 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
                                    logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                    generator=generator))
 
-    alone = _first_rank_decodes_alone(tp)
-    if alone is None:
+    if not _first_rank_decodes_alone(tp):
         return loop(streamer)
-    return _on_first_rank(tp, loop, input_ids, streamer, prompt_together=alone == "after the prompt")
+    prefill = tp.generation.prefill_plan
+    return _on_first_rank(tp, loop, input_ids, streamer,
+                          prompt_together=prefill is not None and bool(prefill.collectives))
 
 
-def _first_rank_decodes_alone(tp: TensorParallelModule) -> str | None:
-    """Where one rank decodes for all (see the module docstring): on a gloo group of several ranks whose
-    decode plan issues no collective, ``"from the start"`` when the prefill plan issues none either,
-    ``"after the prompt"`` when it does (every rank runs the prompt, then rank 0 goes on); else None."""
+def _first_rank_decodes_alone(tp: TensorParallelModule) -> bool:
+    """True where one rank decodes for all (see the module docstring): a gloo group of several ranks
+    whose decode plan issues no collective."""
     import torch.distributed as dist
 
     generation = tp.generation
     if tp.world_size == 1 or not dist.is_initialized() or dist.get_backend(tp.group) != "gloo" or generation is None:
-        return None
-    if (generation.decode_plan or tp.plan).collectives:
-        return None
-    prefill = generation.prefill_plan
-    return "after the prompt" if prefill is not None and prefill.collectives else "from the start"
+        return False
+    return not (generation.decode_plan or tp.plan).collectives
 
 
 def _on_first_rank(tp: TensorParallelModule, loop: Callable[..., torch.Tensor], input_ids: torch.Tensor,

@@ -33,7 +33,7 @@ from autotp.base.errors import AutoTPError
 from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
-from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange, exchanges_with_others
 from autotp.runtime.module import parameter_layout
 
 __all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
@@ -399,13 +399,12 @@ def agree_on_success(group: object, load: Callable[[], T], *,
     collective of the forward pass. (A fake process group cannot carry objects; there each rank
     raises its own error.)
     """
-    import torch.distributed as dist
 
     try:
         result, error = load(), None
     except CheckpointError as exc:
         result, error = None, str(exc)
-    if dist.is_initialized() and dist.get_world_size(group) > 1 and dist.get_backend(group) != "fake":
+    if exchanges_with_others(group):
         errors: list[str | None] = exchange(error, group=group, timeout_s=timeout_s,  # type: ignore[arg-type]
                                             what="loading the checkpoint")
     else:

@@ -364,6 +364,6 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
     options = PlanOptions(world_size=shape.tp, **tp_options)
     module = compile_for_generation(model, (ids,), max_cache_len=max_cache_len, options=options, plan=None,
                                     group=tp_group, rank=dist.get_rank(tp_group),
-                                    expected_new_tokens=expected_new_tokens, wrapper=wrapper)
+                                    expected_new_tokens=expected_new_tokens, wrapper=wrapper, timeout_s=timeout_s)
     return MeshGenerationModule(plan, mesh, module, hidden_size=int(model.get_input_embeddings().weight.shape[-1]),
                                 dtype=next(model.parameters()).dtype, seed_offset=mesh_coordinate(mesh, "dp"))

@@ -23,6 +23,7 @@ naming rank 0 otherwise); no rank is left waiting (the exchange is bounded by ``
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from autotp.base.errors import CaptureError
 from autotp.capture import Traced, trace_device
-from autotp.runtime.agreement import share_from_first
+from autotp.runtime.agreement import exchanges_with_others, share_from_first
 
 _STORE_MESSAGE_BYTES = 4 << 20
 """Programs larger than this go by a broadcast over the group instead of the key-value store
@@ -46,7 +47,7 @@ class FirstRankTrace:
 
     def __call__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
                  training: bool, trace: Any) -> Traced:
-        if not dist.is_initialized() or dist.get_world_size(self.group) == 1 or dist.get_backend(self.group) == "fake":
+        if not exchanges_with_others(self.group):
             return trace()
         from autotp.trace_cache import program_bytes, program_from_bytes, trace_key
 
@@ -71,8 +72,6 @@ class FirstRankTrace:
         if exported is None:
             return trace()  # another model (or inputs) than rank 0's: the agreement on graphs says where
         if sent["fallback_warning"] is not None:
-            import warnings
-
             warnings.warn(sent["fallback_warning"], stacklevel=3)
         return Traced(exported, sent["mode"],
                       None if sent["mode"] == "static-fallback" else dynamic_shapes,
