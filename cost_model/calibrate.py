@@ -610,10 +610,6 @@ def build_profile(
            f"{host.median_abs_rel_error:.1%})" if host is not None else "; host terms not measured")
     )
     scale = kernels.peak_tflops["float32"] * 1e12 / first.matmul_flops_per_s["float32"] if first.gemm_samples else 1.0
-    if host is not None and host.gemm_scale != 1.0:
-        # GEMMs in the graphs took gemm_scale times what the single-op rates priced (graph_calibration._fit_compute_work)
-        scale /= host.gemm_scale
-        source += f"; GEMM rate in graphs {1 / host.gemm_scale:.2f}x the single-op loop's"
     # The kernels were timed on the work clock (a rank's own work); a rank running a graph gets
     # only a share of a core (other ranks, other processes): every work rate slows by it.
     share = host.core_share if host is not None else 1.0

@@ -146,9 +146,7 @@ class GraphSample:
     (:func:`local_stand_ins`), timed in turn with the real one. ``compute_s``: median over runs of
     the slowest rank's wall time of that form; ``compute_work_s``: median of this rank's work in
     it (both equal ``seconds`` and ``work_s`` for a graph without collectives; 0.0: not measured,
-    older samples). ``gemm_device_s``: the part of ``device_s`` that its GEMMs (matmuls, linears,
-    attention's per-head products) take on the single-op rates, which :func:`fit_host_terms`
-    rescales to what GEMMs take in a graph (:attr:`HostFit.gemm_scale`). ``core_share``: ``compute_work_s / compute_s`` (medians, as the benchmark times a
+    older samples). ``core_share``: ``compute_work_s / compute_s`` (medians, as the benchmark times a
     forward), at most :func:`fair_core_share`: the share of a core a rank gets *while computing* (1.0 alone on an idle
     core; 1/2 with four single-thread ranks on two cores; lower when other processes load the
     machine); the time a rank waits in a collective is not in it.
@@ -163,7 +161,6 @@ class GraphSample:
     core_share: float = 1.0
     compute_s: float = 0.0
     compute_work_s: float = 0.0
-    gemm_device_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,9 +170,7 @@ class HostFit:
     by which the profile divides every work term measured on the work clock;
     ``link_base_adjust_s`` (at most 0): what a collective in a graph takes *less* than the link
     fitted back to back, per call, which the profile takes off the link's ``base_latency_s``
-    (:func:`_fit_compute_then_wait`); ``gemm_scale``: what a GEMM takes in a graph over what the
-    single-op rates (:func:`fit_gemm_curve`, timed in a loop) price it at, by which the profile
-    divides its GEMM peak (1.0: not fitted)."""
+    (:func:`_fit_compute_then_wait`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -184,7 +179,6 @@ class HostFit:
     samples: int
     core_share: float = 1.0
     link_base_adjust_s: float = 0.0
-    gemm_scale: float = 1.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -328,13 +322,18 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        its link time runs while they compute. The profile takes it off the link's per-call
        latency (never below 0), so no collective is priced below nothing.
     """
-    dispatch_work_s, launch_work_s, gemm_scale = _fit_compute_work(samples, view_op_s)
+    rows, target = [], []
+    for sample in samples:
+        weight = 1.0 / sample.compute_work_s
+        rows.append([sample.kernel_nodes * weight, weight])
+        target.append((sample.compute_work_s - sample.device_s - sample.view_nodes * view_op_s) * weight)
+    solution, _ = nnls(np.asarray(rows), np.asarray(target))
+    dispatch_work_s, launch_work_s = float(solution[0]), float(solution[1])
     share = (sum(sample.compute_work_s for sample in samples)
              / sum(sample.compute_work_s / sample.core_share for sample in samples))
 
     def compute_wall_s(sample: GraphSample) -> float:
-        device_s = sample.device_s + (gemm_scale - 1.0) * sample.gemm_device_s
-        return (device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
+        return (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
                 + launch_work_s) / share
 
     waits = [(sample.seconds - sample.compute_s - link_s(sample)) / len(sample.collectives)
@@ -343,51 +342,7 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     errors = [abs(compute_wall_s(sample) + link_s(sample) + len(sample.collectives) * in_graph_s - sample.seconds)
               / sample.seconds for sample in samples]
     return HostFit(dispatch_work_s / share, max(0.0, in_graph_s), launch_work_s / share, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s), gemm_scale)
-
-
-GEMM_SCALE_BOUNDS = (0.25, 4.0)
-"""The range :attr:`HostFit.gemm_scale` is kept in: GEMMs in a graph have run up to 1.8x faster and
-up to 2x slower than the single-op loop priced them (cache state of the weights), never by more
-than 4x; a fit outside it (too few graphs whose GEMM share differs) keeps the nearest bound."""
-
-
-def _fit_compute_work(samples: Sequence[GraphSample], view_op_s: float) -> tuple[float, float, float]:
-    """(dispatch per kernel node, call, GEMM scale) on the work clock: non-negative least squares on
-    relative error of ``compute_work_s = (device_s - gemm_device_s) + gemm_scale * gemm_device_s +
-    view_nodes * view_op_s + kernel_nodes * dispatch + call``.
-
-    Why the GEMM scale is fitted here and not taken from the single-op rates alone: the rates are
-    timed in a loop on one shape, and a graph's GEMMs run between other ops (other cache state,
-    other shapes); if the loop overprices them, a fit that trusts it lowers the dispatch per node
-    to match the graphs, and the two errors cancel only where GEMMs take the share of a graph they
-    took in the calibration graphs: at tp 2 each rank's GEMMs halve while its nodes do not, and
-    the compute was predicted 28-38% low. The calibration graphs vary tokens and width at each
-    depth, so their GEMM time moves apart from their node count and the three terms separate.
-    Without GEMM time in the samples (older samples), the scale is 1."""
-    with_gemms = any(sample.gemm_device_s > 0 for sample in samples)
-
-    def solve(scale: float | None) -> tuple[float, float, float]:
-        rows, target = [], []
-        for sample in samples:
-            weight = 1.0 / sample.compute_work_s
-            other_s = sample.device_s - sample.gemm_device_s
-            known_s = other_s + sample.view_nodes * view_op_s + (scale * sample.gemm_device_s if scale is not None else 0.0)
-            row = [sample.kernel_nodes * weight, weight]
-            if scale is None:
-                row.append(sample.gemm_device_s * weight)
-            rows.append(row)
-            target.append((sample.compute_work_s - known_s) * weight)
-        solution, _ = nnls(np.asarray(rows), np.asarray(target))
-        return float(solution[0]), float(solution[1]), float(solution[2]) if scale is None else scale
-
-    if not with_gemms:
-        return solve(1.0)
-    dispatch_s, launch_s, scale = solve(None)
-    low, high = GEMM_SCALE_BOUNDS
-    if not low <= scale <= high:
-        dispatch_s, launch_s, scale = solve(min(max(scale, low), high))
-    return dispatch_s, launch_s, scale
+                   len(samples), share, min(0.0, in_graph_s))
 
 
 def _fit_wall_terms(samples: Sequence[GraphSample], view_op_s: float, link_s: Callable[[GraphSample], float],
@@ -596,7 +551,7 @@ class _Recorder(torch.fx.Interpreter):
         super().__init__(module)
         self.hardware = _device_only(hardware)
         self.kernel_nodes = self.view_nodes = 0
-        self.device_s = self.gemm_device_s = 0.0
+        self.device_s = 0.0
         self.collectives: list[tuple[str, int, int]] = []
 
     def run_node(self, node: torch.fx.Node) -> Any:
@@ -617,12 +572,9 @@ class _Recorder(torch.fx.Interpreter):
         dims = gemm_dims(node.target, args, kwargs) if flops else None
         elements = result.numel() if is_transcendental(node.target) else 0
         self.kernel_nodes += 1
-        seconds = compute_time_s(flops, aten_memory_bytes(node.target, args, kwargs, result), result.dtype,
-                                 self.hardware, gemm_min_dim=min(dims) if dims else None,
-                                 transcendental_elements=elements)
-        self.device_s += seconds
-        if flops:  # linears, matmuls, attention: priced by the GEMM rates
-            self.gemm_device_s += seconds
+        self.device_s += compute_time_s(flops, aten_memory_bytes(node.target, args, kwargs, result), result.dtype,
+                                        self.hardware, gemm_min_dim=min(dims) if dims else None,
+                                        transcendental_elements=elements)
         return result
 
 
@@ -731,7 +683,7 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
         samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
                                    tuple(recorder.collectives), statistics.median(graph_times[0]),
                                    statistics.median(graph_work[0]), min(share, fair_core_share()),
-                                   compute_s, compute_work_s, recorder.gemm_device_s))
+                                   compute_s, compute_work_s))
     return tuple(samples)
 
 

@@ -17,7 +17,6 @@ from inspect_helpers import tiny_plan
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
 from autotp.cost_model.compute import aten_memory_bytes, gemm_dims, gemm_efficiency
 from autotp.cost_model.graph_calibration import (
-    GEMM_SCALE_BOUNDS,
     GRAPH_FAMILIES,
     GemmSample,
     GraphSample,
@@ -276,51 +275,3 @@ def test_calibration_graphs_hold_the_op_kinds_of_hf_graphs(family: str) -> None:
                                                                                            "aten.silu.default",
                                                                                            "aten.cat.default"}
     assert expected <= targets, f"missing {sorted(expected - targets)}"
-
-
-def test_host_fit_rescales_gemms_to_what_they_take_in_graphs() -> None:
-    """tp=2 on two cores (synthetic timings): the graphs' GEMMs take 1.3x what the single-op rates price
-    them at. The fit returns that scale and the true dispatch and call; samples without GEMM time (older ones)
-    keep the scale at 1 and fit worse; a scale beyond GEMM_SCALE_BOUNDS is clamped to the bound."""
-    dispatch_s, launch_s, view_s, share, gemm_scale = 12e-6, 20e-6, 2e-6, 0.9, 1.3
-    samples = []
-    for layers in (1, 2, 3):
-        for gemm_s in (0.05e-3, 0.6e-3, 1.5e-3):  # tokens and width change the GEMMs at a fixed node count
-            kernels, views, other_s = 40 * layers, 12 * layers, 0.02e-3 * layers
-            gemm_device_s = gemm_s * layers
-            work_s = other_s + gemm_scale * gemm_device_s + kernels * dispatch_s + views * view_s + launch_s
-            samples.append(GraphSample(kernels, views, other_s + gemm_device_s, (), work_s / share, work_s, share,
-                                       work_s / share, work_s, gemm_device_s))
-    fit = fit_host_terms(samples, view_op_s=view_s, link=None)
-    assert math.isclose(fit.gemm_scale, gemm_scale, rel_tol=1e-6), f"gemm_scale: expected {gemm_scale}, got {fit.gemm_scale}"
-    _check_host_fit(fit, dispatch_s=dispatch_s, launch_s=launch_s, share=share, wait_s=0.0)
-    assert fit.median_abs_rel_error < 1e-6, f"expected an exact fit, got {fit.median_abs_rel_error}"
-    unscaled = fit_host_terms([dataclasses.replace(s, gemm_device_s=0.0) for s in samples], view_op_s=view_s, link=None)
-    assert unscaled.gemm_scale == 1.0 and unscaled.median_abs_rel_error > 0.01, (
-        f"expected scale 1 and a worse fit without GEMM times, got {unscaled.gemm_scale}, {unscaled.median_abs_rel_error}")
-    slow = [dataclasses.replace(s, compute_work_s=s.compute_work_s + 9 * s.gemm_device_s) for s in samples]
-    clamped = fit_host_terms(slow, view_op_s=view_s, link=None)
-    assert clamped.gemm_scale == GEMM_SCALE_BOUNDS[1], f"expected the bound {GEMM_SCALE_BOUNDS[1]}, got {clamped.gemm_scale}"
-
-
-def test_profile_divides_the_gemm_peak_by_the_fitted_gemm_scale() -> None:
-    """tp=1 (synthetic measurements, no process group): build_profile with graphs whose GEMMs took twice
-    what the rates priced gives half the float32 peak of the same measurements with GEMM time unrecorded."""
-    from autotp.cost_model.calibrate import CollectiveSample, RankMeasurements, build_profile
-
-    dispatch_s, launch_s, view_s = 10e-6, 20e-6, 2e-6
-    graphs = []
-    for layers in (1, 2, 3):
-        for gemm_s in (0.05e-3, 0.6e-3, 1.5e-3):
-            kernels, gemm_device_s = 40 * layers, gemm_s * layers
-            work_s = 2.0 * gemm_device_s + kernels * dispatch_s + 12 * layers * view_s + launch_s
-            graphs.append(GraphSample(kernels, 12 * layers, gemm_device_s, (), work_s, work_s, 1.0, work_s, work_s,
-                                      gemm_device_s))
-    gemms = tuple(GemmSample(m, 256, 256, 2 * m * 256 * 256 / 50e9 + 5e-6) for m in (1, 8, 64, 256))
-    measured = RankMeasurements(0, 1, {"float32": 50e9}, 10e9, 5e-6, view_s, (), gemms, 1e-9, tuple(graphs))
-    links = [CollectiveSample("all_reduce", 2, n, link_collective_time_s("all_reduce", n, 2, LINK)) for n in (2**12, 2**16, 2**20)]
-    scaled = build_profile([measured], links, world_size=1)
-    plain = build_profile([dataclasses.replace(measured, graphs=tuple(dataclasses.replace(g, gemm_device_s=0.0)
-                                                                       for g in graphs))], links, world_size=1)
-    ratio = scaled.peak_tflops["float32"] / plain.peak_tflops["float32"]
-    assert math.isclose(ratio, 0.5, rel_tol=1e-6), f"expected half the peak, got {ratio:.4f}x"
