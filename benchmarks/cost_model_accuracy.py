@@ -21,11 +21,17 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
 3. time it once more with every collective (and its ``wait_tensor``) replaced by a local
    stand-in of its output's shape: that is the measured compute, and the forward time minus it
    the measured communication (the collectives and the waits for the slowest rank that they
-   impose). The calibration times its graphs' compute in the same form, so predicted and
-   measured compute mean the same thing: the time a rank takes to compute, sharing its core
-   with the other ranks as they compute too. Timing the nodes one by one instead would slow
+   impose, and the wait of a rank that slept in a collective to get its core back). The compute
+   form is timed after one untimed call of itself, not right after the real form, whose
+   collectives would leave it waiting for a core (``graph_calibration.graph_samples``). The
+   calibration times its graphs' compute in the same form, so predicted and measured compute
+   mean the same thing: the time a rank takes to compute, sharing its core with the other ranks
+   as they compute too. Timing the nodes one by one instead would slow
    every rank by the timer's own overhead, and the waits with it. Both forms are compiled once
-   and take turns without recompiling (a freshly generated ``forward`` runs slower).
+   and take turns without recompiling (a freshly generated ``forward`` runs slower). The compute
+   form's work (each rank's CPU time, mean over ranks) splits the compute error in two: the work
+   terms (predicted compute times the profile's core share against that work) and the share of a
+   core the forward got (its work over its wall time) against the profile's.
 
 With ``--decisions`` (first round only), each (model, world size, phase) is also run three ways
 and timed the same way: autotp's plan with the calibrated profile and ``memory_budget=None``,
@@ -83,6 +89,8 @@ class Row:
     measured_comm_s: float
     ops: int
     collectives: int
+    profile_share: float = 1.0
+    measured_compute_work_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +131,23 @@ class Summary:
     spread: float
     ops: int
     collectives: int
+    profile_share: float = 1.0
+    measured_compute_work_s: float = 0.0
+
+    @property
+    def predicted_compute_work_s(self) -> float:
+        """The predicted compute on the work clock: the profile prices work divided by the core share."""
+        return self.predicted_compute_s * self.profile_share
+
+    @property
+    def work_error(self) -> float:
+        """Error of the work terms alone (kernels, dispatch, call), with the share taken out of both sides."""
+        return self.predicted_compute_work_s / self.measured_compute_work_s - 1 if self.measured_compute_work_s else 0.0
+
+    @property
+    def forward_share(self) -> float:
+        """The share of a core the forward's compute got: its work over its wall time (slowest rank)."""
+        return self.measured_compute_work_s / self.measured_compute_s if self.measured_compute_s else 0.0
 
     @property
     def error(self) -> float:
@@ -152,11 +177,19 @@ def _slowest_median(times: list[float]) -> float:
     return statistics.median(slowest.tolist())
 
 
-def _time_interleaved(entries: list[tuple[Any, Any]], warmup: int, runs: int) -> list[float]:
+def _time_interleaved(entries: list[tuple[Any, Any]], warmup: int, runs: int,
+                      work: list[float] | None = None) -> list[float]:
     """Per entry ``(setup, call)``, the median over ``runs`` of the slowest rank's seconds per call.
 
     The entries take turns within every run (setup, then a barrier, then the timed call), so on a
-    shared machine a change of load hits all of them alike instead of whichever ran last."""
+    shared machine a change of load hits all of them alike instead of whichever ran last. With
+    ``work`` (a list), it receives per entry the mean over ranks of each rank's median work per
+    call (its CPU time, ``graph_calibration.work_clock``: what a rank computed, without the time
+    it waited for a core)."""
+    from autotp.cost_model.graph_calibration import work_clock
+
+    clock = work_clock()
+    own: list[list[float]] = [[] for _ in entries]
     with torch.no_grad():
         for setup, call in entries:
             if setup is not None:
@@ -169,18 +202,24 @@ def _time_interleaved(entries: list[tuple[Any, Any]], warmup: int, runs: int) ->
                 if setup is not None:
                     setup()
                 dist.barrier()
-                start = time.perf_counter()
+                start, start_work = time.perf_counter(), clock()
                 call()
+                own[index].append(clock() - start_work)
                 times[index].append(time.perf_counter() - start)
+    if work is not None:
+        mean = torch.tensor([statistics.median(t) for t in own], dtype=torch.float64)
+        dist.all_reduce(mean)
+        work.extend((mean / dist.get_world_size()).tolist())
     return [_slowest_median(t) for t in times]
 
 
 def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup: int,
-                                runs: int) -> tuple[float, float]:
+                                runs: int) -> tuple[float, float, float]:
     """(forward, forward without communication): median seconds (slowest rank) of the rank-local
     graph as it is, and of a copy of it with every collective and its wait replaced by a local
     stand-in of its output's shape (``autotp.cost_model.graph_calibration.local_stand_ins``, the
-    same form the calibration times a graph's compute in); the two take turns within each run.
+    same form the calibration times a graph's compute in); the two take turns within each run; and
+    the work (CPU time, mean over ranks) of the second.
     Each form is compiled once and swapped in by attribute: recompiling before every call would
     time a freshly generated ``forward``, 5-20% slower than the one a model runs call after call."""
     from autotp.cost_model.graph_calibration import local_stand_ins
@@ -188,14 +227,19 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
     real = tp_model.graph_module
     compute = local_stand_ins(real) or real
 
-    def use(module: torch.fx.GraphModule) -> Any:
+    def use(module: torch.fx.GraphModule, *, settle: bool = False) -> Any:
         def setup() -> None:
             tp_model.graph_module = module
+            if settle:  # one untimed call: the compute is timed in steady state, as the calibration times it
+                tp_model(*args, **kwargs)
         return setup
 
+    work: list[float] = []
     try:
-        return tuple(_time_interleaved([(use(real), lambda: tp_model(*args, **kwargs)),
-                                        (use(compute), lambda: tp_model(*args, **kwargs))], warmup, runs))
+        seconds, compute_s = _time_interleaved([(use(real), lambda: tp_model(*args, **kwargs)),
+                                                (use(compute, settle=True), lambda: tp_model(*args, **kwargs))],
+                                               warmup, runs, work)
+        return seconds, compute_s, work[1]
     finally:
         use(real)()
 
@@ -261,10 +305,10 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                         raise
                     if rank == 0:
                         print(f"   round {round_index}: calibration unusable ({error}); measuring again", flush=True)
+            link = hardware.intra_node
+            share = statistics.median(fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=link).core_share
+                                      for m in everyone)
             if rank == 0:
-                link = hardware.intra_node
-                share = statistics.median(fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=link).core_share
-                                          for m in everyone)
                 print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s "
                       f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
@@ -278,8 +322,8 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 model, args, kwargs = BUILDERS[name]()
                 tp_model = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                                           hardware=hardware)
-                measured, measured_compute = _time_with_and_without_comm(tp_model, args, kwargs, options.warmup,
-                                                                         options.runs)
+                measured, measured_compute, compute_work = _time_with_and_without_comm(
+                    tp_model, args, kwargs, options.warmup, options.runs)
                 estimate = tp_model.plan.estimate(hardware)
                 graph = tp_model.graph_module.graph
                 if rank == 0:
@@ -289,6 +333,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                         measured, measured_compute, max(measured - measured_compute, 0.0),
                         ops=sum(1 for n in graph.nodes if n.op == "call_function"),
                         collectives=sum(1 for n in graph.nodes if is_collective(n)),
+                        profile_share=share, measured_compute_work_s=compute_work,
                     ))
                 if options.decisions and round_index == 0:
                     decision = _decision(name, world_size, model, args, kwargs, hardware, options)
@@ -331,6 +376,7 @@ def summarise(rows: list[Row]) -> list[Summary]:
             model, world_size, median("predicted_s"), median("predicted_compute_s"), median("predicted_comm_s"),
             median("measured_s"), median("measured_compute_s"), median("measured_comm_s"),
             max(measured) / min(measured), mine[0].ops, mine[0].collectives,
+            median("profile_share"), median("measured_compute_work_s"),
         ))
     return summaries
 
@@ -370,6 +416,11 @@ def main() -> None:
                   f"{s.error:>+7.1%} {s.predicted_compute_s * 1e3:>11.3f} / {s.measured_compute_s * 1e3:>8.3f} "
                   f"{s.predicted_comm_s * 1e3:>9.3f} / {s.measured_comm_s * 1e3:>8.3f} {s.spread:>6.2f}x "
                   f"{s.ops:>4} {s.collectives:>5}", flush=True)
+        print("  compute split into work (CPU time: kernels, dispatch, call) and the share of a core it ran at:")
+        for s in summaries:
+            print(f"  {s.model:<7} {s.world_size:>2} work pred/meas {s.predicted_compute_work_s * 1e3:7.3f} / "
+                  f"{s.measured_compute_work_s * 1e3:7.3f} ms ({s.work_error:+.1%}); share profile/forward "
+                  f"{s.profile_share:.2f} / {s.forward_share:.2f}", flush=True)
 
     summaries = summarise(rows)
     print("\nmedian absolute percentage error (predicted vs measured forward time; compute; communication):")

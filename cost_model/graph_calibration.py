@@ -642,7 +642,15 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
 
     The graphs take turns within every run (each graph and form once per run), so a change of
     load during the calibration hits every graph alike instead of whichever ran last: the fit
-    compares graphs measured under the same conditions."""
+    compares graphs measured under the same conditions.
+
+    The compute form is timed after one untimed call of itself, not right after the real form: a
+    rank that slept in the real form's collectives gave its core away, and the compute that
+    follows a collective waits to get it back (at tp 2 on a busy two-core machine, a compute form
+    timed right after its real form got half a core, one timed after itself 0.9-0.97). That wait
+    is caused by the collectives, so it belongs to what they add (the real form beyond its compute,
+    :func:`fit_host_terms`' wait per collective), not to the compute; the accuracy benchmark
+    times a model's compute form the same way."""
     recorders = [_Recorder(module, hardware) for module, _, hardware in graphs]
     forms: list[list[torch.fx.GraphModule]] = []
     for module, _, _ in graphs:
@@ -660,6 +668,8 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
         for _ in range(runs):
             for index, ((_, example, _), mine) in enumerate(zip(graphs, forms)):
                 for which, form in enumerate(mine):
+                    if which:  # the compute form once untimed first: timed in steady state (see above)
+                        form(example)
                     if dist.is_initialized():
                         dist.barrier()
                     start, start_work = time.perf_counter(), clock()
