@@ -38,8 +38,10 @@ and timed the same way: autotp's plan with the calibrated profile and ``memory_b
 Megatron's plan (``autotp.planning.megatron.megatron_plan``, same profile and budget), and no
 split (every tensor whole on every rank, run by the same runtime: autotp's plan on the profile
 with collectives made prohibitively slow); a table says whether autotp's plan is the
-fastest measured or within 5% of it. The phase is the forward pass of the zoo's inputs (batch 2,
-sequence 16; no KV cache).
+fastest measured or within 5% of it, or runs the very rank-local graph (the same generated code) as
+the fastest: two plans that compile to one graph differ only by the spread of timing it, which
+the table says. The phase is the forward pass of the zoo's inputs (batch 2, sequence 16; no KV
+cache).
 
 Calibrating in the same processes, right before measuring, keeps both under the same conditions
 (on a shared machine the load moves within seconds); the rounds repeat the whole and the
@@ -105,15 +107,22 @@ class Decision:
     no_split_s: float
     autotp_collectives: int
     megatron_collectives: int
+    same_graph_as: tuple[str, ...] = ()
+    """The other plans (``"megatron"``, ``"no split"``) whose rank-local graph is autotp's, line for line."""
 
     @property
     def best_s(self) -> float:
         return min(self.autotp_s, self.megatron_s, self.no_split_s)
 
     @property
+    def fastest(self) -> str:
+        return min((self.autotp_s, "autotp"), (self.megatron_s, "megatron"), (self.no_split_s, "no split"))[1]
+
+    @property
     def ok(self) -> bool:
-        """autotp's plan is the fastest measured, or within 5% of the fastest."""
-        return self.autotp_s <= 1.05 * self.best_s
+        """autotp's plan is the fastest measured, within 5% of the fastest, or the very graph of the fastest
+        (then the two times measure one graph twice, and their difference is the spread of the timing)."""
+        return self.autotp_s <= 1.05 * self.best_s or self.fastest in self.same_graph_as
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,8 +274,11 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
         raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
     times = _time_interleaved([(None, lambda module=module: module(*args, **kwargs)) for module in (ours, theirs, whole)],
                               options.warmup, options.runs)
+    same = tuple(label for label, module in (("megatron", theirs), ("no split", whole))
+                 if module.graph_module.code == ours.graph_module.code)
     return Decision(name, world_size, "forward", *times,
-                    autotp_collectives=_collective_count(ours.plan), megatron_collectives=_collective_count(reference))
+                    autotp_collectives=_collective_count(ours.plan), megatron_collectives=_collective_count(reference),
+                    same_graph_as=same)
 
 
 def _collective_count(plan: Any) -> int:
@@ -435,14 +447,18 @@ def main() -> None:
     overall = statistics.median(abs(s.error) for s in summaries)
     print(f"  overall: {overall:.1%} over {len(summaries)} (model, world size) pairs")
     if decisions:
-        print("\ndecisions (measured ms per forward; autotp memory_budget=None; ok: fastest or within 5%):")
+        print("\ndecisions (measured ms per forward; autotp memory_budget=None; ok: fastest, within 5%, or the same "
+              "rank-local graph as the fastest):")
         print(f"{'model':<7} {'ws':>2} {'phase':<8} {'autotp':>9} {'megatron':>9} {'no split':>9} "
               f"{'colls a/m':>9}  verdict")
         for d in sorted(decisions, key=lambda d: (d.world_size, MODELS.index(d.model))):
             print(f"{d.model:<7} {d.world_size:>2} {d.phase:<8} {d.autotp_s * 1e3:>9.3f} {d.megatron_s * 1e3:>9.3f} "
                   f"{d.no_split_s * 1e3:>9.3f} {d.autotp_collectives:>4}/{d.megatron_collectives:<4}  "
-                  f"{'ok' if d.ok else 'SLOWER'} ({d.autotp_s / d.best_s:.2f}x the fastest)")
-        print(f"  autotp fastest or within 5%: {sum(d.ok for d in decisions)} of {len(decisions)}")
+                  f"{'ok' if d.ok else 'SLOWER'} ({d.autotp_s / d.best_s:.2f}x the fastest"
+                  + (f"; the same rank-local graph as {' and '.join(d.same_graph_as)}" if d.same_graph_as else "")
+                  + ")")
+        print(f"  autotp fastest, within 5%, or the same graph as the fastest: {sum(d.ok for d in decisions)} of "
+              f"{len(decisions)} ({sum(d.autotp_s <= 1.05 * d.best_s for d in decisions)} by time alone)")
     print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
