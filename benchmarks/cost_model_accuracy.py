@@ -402,6 +402,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed forward passes first (default: 5)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: cores // N)")
     parser.add_argument("--full-calibration", action="store_true", help="full calibration instead of quick")
+    parser.add_argument("--per-round", action="store_true",
+                        help="also print every round's prediction and measurement (the table shows medians over rounds)")
     parser.add_argument("--decisions", action="store_true",
                         help="also time autotp's plan (memory_budget=None), Megatron's plan and no split")
     options = parser.parse_args()
@@ -421,6 +423,14 @@ def main() -> None:
         rows += [r for r in measured if isinstance(r, Row)]
         decisions += [d for d in measured if isinstance(d, Decision)]
         summaries = summarise([r for r in measured if isinstance(r, Row)])
+        if options.per_round:
+            for r in sorted((r for r in measured if isinstance(r, Row)), key=lambda r: (r.round_index, MODELS.index(r.model))):
+                print(f"   round {r.round_index} {r.model:<7} predicted {r.predicted_s * 1e3:.3f} / measured "
+                      f"{r.measured_s * 1e3:.3f} ms ({r.predicted_s / r.measured_s - 1:+.1%}); compute "
+                      f"{r.predicted_compute_s * 1e3:.3f} / {r.measured_compute_s * 1e3:.3f}; work "
+                      f"{r.predicted_compute_s * r.profile_share * 1e3:.3f} / {r.measured_compute_work_s * 1e3:.3f}; "
+                      f"share {r.profile_share:.2f} / "
+                      f"{r.measured_compute_work_s / r.measured_compute_s if r.measured_compute_s else 0:.2f}", flush=True)
         print(f"{'model':<7} {'ws':>2} {'predicted':>10} {'measured':>10} {'error':>7} "
               f"{'compute pred/meas (ms)':>23} {'comm pred/meas (ms)':>21} {'spread':>7} {'ops':>4} {'colls':>5}")
         for s in summaries:
