@@ -103,6 +103,7 @@ __all__ = [
     "link_collective_time_s",
     "p2p_time_s",
     "uses_one_shot_all_reduce",
+    "uses_shared_memory_all_reduce",
     "validate_collective",
 ]
 
@@ -124,6 +125,20 @@ def uses_one_shot_all_reduce(group_size: int, nbytes: float) -> bool:
     form on a runtime that has it: the one condition the runtime (``autotp.passes.small_collectives``)
     and the pricing (:func:`collective_time_s`) both read."""
     return group_size >= ONE_SHOT_MIN_GROUP and nbytes <= ONE_SHOT_MAX_BYTES
+
+
+SHARED_MEMORY_MACHINES = ("x86_64", "AMD64")
+"""``platform.machine()`` values with total store order (x86-64): there a flag stored after the data
+is seen after it by the other cores, which the shared-memory all-reduce relies on."""
+
+
+def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str) -> bool:
+    """True when autotp's inference runtime sums a group's all-reduces through shared memory
+    (``autotp.runtime.shared_memory``): a gloo group whose ranks all run on one host, on x86-64.
+
+    The one condition the runtime (with the group's real backend, host check and machine) and
+    ``autotp calibrate`` (which then gives the profile ``small_all_reduce="shared_memory"``) read."""
+    return backend == "gloo" and one_host and machine in SHARED_MEMORY_MACHINES
 
 
 def ceil_log2(group_size: int) -> int:

@@ -537,11 +537,11 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
     return torch.fx.GraphModule(root, graph), example
 
 
-def _one_shot_all_reduce() -> Any:
-    """The runtime's one-exchange all-reduce op (:mod:`autotp.passes.small_collectives`)."""
-    from autotp.passes.small_collectives import one_shot_all_reduce
+def _is_inference_all_reduce(target: Any) -> bool:
+    """True for the runtime's inference all-reduces (one-shot, shared memory: :mod:`autotp.passes.small_collectives`)."""
+    from autotp.passes.small_collectives import is_inference_all_reduce
 
-    return one_shot_all_reduce
+    return is_inference_all_reduce(target)
 
 
 class _Recorder(torch.fx.Interpreter):
@@ -560,7 +560,7 @@ class _Recorder(torch.fx.Interpreter):
             return result
         if node.target is c10d.wait_tensor.default:
             return result
-        if node.target is c10d.all_reduce.default or node.target is _one_shot_all_reduce():
+        if node.target is c10d.all_reduce.default or _is_inference_all_reduce(node.target):
             self.collectives.append(("all_reduce", result.numel() * result.element_size(), dist.get_world_size()))
             return result
         if launches_no_kernel(node.target):
@@ -601,7 +601,7 @@ def _stand_in_of(target: Any) -> Callable[..., torch.Tensor] | None:
     if target is c10d.reduce_scatter_tensor.default:
         return _scattered
     if target in (c10d.all_reduce.default, c10d.all_to_all_single.default, c10d.broadcast.default,
-                  c10d.wait_tensor.default) or target is _one_shot_all_reduce():
+                  c10d.wait_tensor.default) or _is_inference_all_reduce(target):
         return _same
     return None
 

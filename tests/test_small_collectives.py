@@ -64,3 +64,60 @@ def test_one_shot_all_reduce_sums_like_gloo_and_agrees_across_ranks(gloo) -> Non
             check = result[name]
             assert check["close"], f"rank {rank}, {name}: differs from dist.all_reduce by {check['max_error']}"
             assert check["same_bits_on_every_rank"], f"rank {rank}, {name}: ranks got different sums"
+
+
+def _shared_memory_sums(rank: int, world_size: int) -> dict[str, Any]:
+    from autotp.base.errors import RankTimeoutError
+    from autotp.passes.small_collectives import inference_all_reduces
+    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
+
+    gm = inference_all_reduces(_all_reduce_graph(dist.group.WORLD.group_name), None, world_size, timeout_s=30.0)
+    out: dict[str, Any] = {"targets": [type(n.target).__name__ for n in gm.graph.nodes if n.op == "call_function"],
+                           "counts": count_collectives(gm)}
+    # a 256-byte slot: 64 floats per chunk, so the larger tensors go through in many chunks
+    small_slots = shared_memory_all_reduce_for(None, timeout_s=30.0, slot_bytes=256)
+    generator = torch.Generator().manual_seed(rank)
+    for name, shape in (("graph, (2, 3)", (2, 3)), ("graph, (7, 33): another size", (7, 33)),
+                        ("chunks, 1000 = 15 slots + 40", (1000,)), ("chunks, one slot exactly", (64,))):
+        x = torch.randn(*shape, generator=generator)
+        expected = x.clone()
+        dist.all_reduce(expected)
+        got = gm(x)[0] / 2.0 if name.startswith("graph") else small_slots(x)
+        gathered = [torch.empty_like(got) for _ in range(world_size)]
+        dist.all_gather(gathered, got)
+        out[name] = {"close": bool(torch.allclose(got, expected, rtol=1e-5, atol=1e-6)),
+                     "max_error": float((got - expected).abs().max()),
+                     "same_bits_on_every_rank": all(torch.equal(g, gathered[0]) for g in gathered)}
+    # the last rank never calls: the others give up after 0.2 s and name it
+    absent = shared_memory_all_reduce_for(None, timeout_s=0.2)
+    out["timeout"] = None
+    if rank != world_size - 1:
+        try:
+            absent(torch.ones(4))
+        except RankTimeoutError as error:
+            out["timeout"] = str(error)
+    dist.barrier()
+    return out
+
+
+def test_shared_memory_all_reduce_sums_like_gloo_agrees_across_ranks_and_times_out(gloo) -> None:
+    """tp=2 and tp=3, gloo ranks on one host: the pass replaces all_reduce + wait_tensor by one
+    shared-memory node (counted as one all_reduce); uneven sizes, sizes changing across calls and
+    tensors of many slots sum like dist.all_reduce with the same bits on every rank; a rank that
+    never arrives makes the others raise RankTimeoutError naming it and the timeout."""
+    for world_size in (2, 3):
+        results = gloo.run(world_size, _shared_memory_sums)
+        for rank, result in enumerate(results):
+            where = f"tp={world_size}, rank {rank}"
+            assert result["targets"] == ["SharedMemoryAllReduce", "OpOverload"], (
+                f"{where}: expected the all-reduce pair replaced by one shared-memory node, got {result['targets']}")
+            assert result["counts"] == {"all_reduce": 1}, f"{where}: counted {result['counts']}, expected 1 all_reduce"
+            for name, check in result.items():
+                if isinstance(check, dict) and "close" in check:
+                    assert check["close"], f"{where}, {name}: differs from dist.all_reduce by {check['max_error']}"
+                    assert check["same_bits_on_every_rank"], f"{where}, {name}: ranks got different sums"
+            if rank == world_size - 1:
+                continue
+            message = result["timeout"] or ""
+            assert f"rank {world_size - 1} of the group did not arrive within 0.2 s" in message, (
+                f"{where}: expected a timeout naming rank {world_size - 1} and 0.2 s, got {message!r}")
