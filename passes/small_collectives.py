@@ -123,5 +123,5 @@ def one_shot_small_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | No
     """
     if world_size < ONE_SHOT_MIN_GROUP or not dist.is_initialized() or str(dist.get_backend(group)) != "gloo":
         return gm
-    return _replace(gm, _sum_all_reduces(gm), one_shot_all_reduce, 
+    return _replace(gm, _sum_all_reduces(gm), one_shot_all_reduce,
                     lambda node: (node.args[2], world_size))  # (group name, world size)

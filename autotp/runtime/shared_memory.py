@@ -39,6 +39,7 @@ target of a ``call_function`` node (:mod:`autotp.passes.small_collectives`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -174,10 +175,8 @@ def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: 
     failures = exchange(failure or failures[0], group=group, timeout_s=timeout_s,
                         what="the shared-memory segment's mapping")
     if rank == 0 and segment is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)  # every rank holds its mapping: nothing is left behind after a crash
-        except OSError:
-            pass
     problems = [f for f in failures if f]
     if problems or segment is None:
         warnings.warn(f"autotp keeps gloo's all-reduce on this group: {problems[0] if problems else 'no segment'}",
