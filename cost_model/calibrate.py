@@ -539,7 +539,7 @@ def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) ->
 def _link_terms(sample: CollectiveSample) -> tuple[float, float]:
     """(latency steps, bandwidth factor) of one sample's algorithm (:mod:`.collectives`)."""
     if sample.kind == SHARED_MEMORY_KIND:
-        return shared_memory_terms(sample.group_size)
+        return shared_memory_terms("all_reduce", sample.group_size)
     return alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
 
 

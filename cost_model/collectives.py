@@ -105,6 +105,7 @@ __all__ = [
     "COLLECTIVE_KINDS",
     "ONE_SHOT_MAX_BYTES",
     "ONE_SHOT_MIN_GROUP",
+    "SHARED_MEMORY_KINDS",
     "collective_time_s",
     "group_spans_nodes",
     "hierarchical_parts",
@@ -151,10 +152,20 @@ def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str)
     return backend == "gloo" and one_host and machine in SHARED_MEMORY_MACHINES
 
 
-def shared_memory_terms(group_size: Any) -> tuple[Any, Any]:
-    """(latency steps, bandwidth factor) of the shared-memory all-reduce: ``p - 1`` flags waited for,
-    ``(p + 1) · n`` bytes moved per rank (``n`` in, ``p · n`` read); numbers or sympy expressions."""
-    return group_size - 1, group_size + 1
+SHARED_MEMORY_KINDS = ("all_reduce", "all_gather")
+"""Collectives the shared-memory runtime runs (the others keep gloo's)."""
+
+
+def shared_memory_terms(kind: str, group_size: Any) -> tuple[Any, Any]:
+    """(latency steps, bandwidth factor) of a collective through shared memory: ``p - 1`` flags waited
+    for; bytes moved per rank: an all-reduce copies its ``n`` in and reads the ``p`` copies
+    (``(p + 1) · n``), an all-gather copies its ``n / p`` in and reads the ``n`` of the output
+    (``(p + 1) / p · n``). Numbers or sympy expressions."""
+    if kind == "all_reduce":
+        return group_size - 1, group_size + 1
+    if kind == "all_gather":
+        return group_size - 1, (group_size + 1) / group_size
+    raise ValueError(f"no shared-memory form of {kind!r}; it has: {', '.join(SHARED_MEMORY_KINDS)}")
 
 
 def ceil_log2(group_size: int) -> int:
@@ -222,10 +233,10 @@ def link_collective_time_s(
         raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     if group_size == 1 or nbytes == 0:
         return 0.0
-    if kind == "all_reduce" and small_all_reduce == "shared_memory":
+    if kind in SHARED_MEMORY_KINDS and small_all_reduce == "shared_memory":
         if shared_memory_link is None:
             raise ValueError('small_all_reduce="shared_memory" needs shared_memory_link= (Hardware.shared_memory_link)')
-        steps, factor = shared_memory_terms(group_size)
+        steps, factor = shared_memory_terms(kind, group_size)
         return float(shared_memory_link.base_latency_s + steps * shared_memory_link.latency_s
                      + factor * nbytes / shared_memory_link.bandwidth_bytes_per_s)
     if kind == "all_reduce" and small_all_reduce == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes):
@@ -263,8 +274,8 @@ def collective_time_s(
     form = inference_all_reduce_form(hardware, spans_nodes=spans_nodes)
     flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm,
                                   small_all_reduce=form, shared_memory_link=hardware.shared_memory_link)
-    one_shot = kind == "all_reduce" and (form == "shared_memory" or (  # the runtime does not split these by node
-        form == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes)))
+    one_shot = (kind in SHARED_MEMORY_KINDS and form == "shared_memory") or (  # the runtime does not split these
+        kind == "all_reduce" and form == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes))
     parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes and not one_shot else None
     if parts is None:
         link_s = flat

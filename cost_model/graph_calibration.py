@@ -543,11 +543,12 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
     return torch.fx.GraphModule(root, graph), example
 
 
-def _is_inference_all_reduce(target: Any) -> bool:
-    """True for the runtime's inference all-reduces (one-shot, shared memory: :mod:`autotp.passes.small_collectives`)."""
-    from autotp.passes.small_collectives import is_inference_all_reduce
+def _inference_kind(target: Any) -> str | None:
+    """The kind of one of the runtime's inference collectives (one-shot or shared-memory all-reduce,
+    shared-memory all-gather: :mod:`autotp.passes.small_collectives`), else None."""
+    from autotp.passes.small_collectives import inference_collective_kind
 
-    return is_inference_all_reduce(target)
+    return inference_collective_kind(target)
 
 
 class _Recorder(torch.fx.Interpreter):
@@ -566,7 +567,7 @@ class _Recorder(torch.fx.Interpreter):
             return result
         if node.target is c10d.wait_tensor.default:
             return result
-        if node.target is c10d.all_reduce.default or _is_inference_all_reduce(node.target):
+        if node.target is c10d.all_reduce.default or _inference_kind(node.target) == "all_reduce":
             self.collectives.append(("all_reduce", result.numel() * result.element_size(), dist.get_world_size()))
             return result
         if launches_no_kernel(node.target):
@@ -607,8 +608,10 @@ def _stand_in_of(target: Any) -> Callable[..., torch.Tensor] | None:
     if target is c10d.reduce_scatter_tensor.default:
         return _scattered
     if target in (c10d.all_reduce.default, c10d.all_to_all_single.default, c10d.broadcast.default,
-                  c10d.wait_tensor.default) or _is_inference_all_reduce(target):
+                  c10d.wait_tensor.default) or _inference_kind(target) == "all_reduce":
         return _same
+    if _inference_kind(target) == "all_gather":  # the shared-memory all-gather: its world size is its own
+        return lambda tensor: _gathered(tensor, target.world_size)
     return None
 
 

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_map
 from .collectives import (
     ONE_SHOT_MAX_BYTES,
     ONE_SHOT_MIN_GROUP,
+    SHARED_MEMORY_KINDS,
     alpha_beta_terms,
     hierarchical_parts,
     inference_all_reduce_form,
@@ -138,10 +139,10 @@ def symbolic_collective_time_s(
                             for part_kind, part_group, link_field, divisor in parts), sympy.Integer(0))
         ring = sympy.Min(flat, hierarchical)
     form = inference_all_reduce_form(hardware, spans_nodes=spans_nodes)
-    if kind == "all_reduce" and form == "shared_memory":
-        # the runtime's shared-memory all-reduce at every size (collectives.uses_shared_memory_all_reduce)
+    if kind in SHARED_MEMORY_KINDS and form == "shared_memory":
+        # the runtime's shared-memory collectives at every size (collectives.uses_shared_memory_all_reduce)
         shm = hardware.shared_memory_link
-        steps, factor = shared_memory_terms(sympy.Integer(group_size))
+        steps, factor = shared_memory_terms(kind, sympy.Integer(group_size))
         ring = shm.base_latency_s + steps * shm.latency_s + factor * nbytes_expr / shm.bandwidth_bytes_per_s
     elif kind == "all_reduce" and form == "one_shot" and group_size >= ONE_SHOT_MIN_GROUP:
         # the runtime's one exchange round up to ONE_SHOT_MAX_BYTES (collectives.uses_one_shot_all_reduce)

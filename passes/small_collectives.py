@@ -2,8 +2,8 @@
 
 :func:`inference_all_reduces` is the pass :func:`autotp.api.apply_plan` runs on every inference
 graph. Where the group's ranks share one x86-64 host
-(:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`), every sum all-reduce of the
-graph goes through a shared-memory segment (:mod:`autotp.runtime.shared_memory`, one per graph and
+(:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`), every sum all-reduce and
+every all-gather over the group goes through a shared-memory segment (:mod:`autotp.runtime.shared_memory`, one per graph and
 group; about 20x faster than gloo's TCP loopback for a decode step's 2 KiB). Elsewhere (ranks on
 several hosts, another architecture) small all-reduces take the one-shot form below.
 
@@ -39,9 +39,9 @@ import torch.distributed as dist
 import torch.fx as fx
 
 from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, ONE_SHOT_MIN_GROUP, uses_one_shot_all_reduce
-from autotp.runtime.shared_memory import SharedMemoryAllReduce, shared_memory_all_reduce_for
+from autotp.runtime.shared_memory import SharedMemoryAllGather, SharedMemoryAllReduce, shared_memory_all_reduce_for
 
-__all__ = ["ONE_SHOT_MAX_BYTES", "inference_all_reduces", "is_inference_all_reduce", "one_shot_all_reduce",
+__all__ = ["ONE_SHOT_MAX_BYTES", "inference_all_reduces", "inference_collective_kind", "one_shot_all_reduce",
            "one_shot_small_all_reduces"]
 
 c10d = torch.ops._c10d_functional
@@ -64,22 +64,36 @@ def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> to
     return received.view(world_size, *x.shape).sum(0)
 
 
-def is_inference_all_reduce(target: object) -> bool:
-    """True for the targets this module puts in place of an all-reduce and its wait (each counts as
-    one ``all_reduce``)."""
-    return target is one_shot_all_reduce or isinstance(target, SharedMemoryAllReduce)
+def inference_collective_kind(target: object) -> str | None:
+    """The collective kind (``"all_reduce"``, ``"all_gather"``) of a target this module puts in place of
+    a functional collective and its wait, or None for any other target."""
+    if target is one_shot_all_reduce or isinstance(target, SharedMemoryAllReduce):
+        return "all_reduce"
+    if isinstance(target, SharedMemoryAllGather):
+        return "all_gather"
+    return None
+
+
+def _waited_once(gm: fx.GraphModule, op: Any, keep: Callable[[fx.Node], bool]) -> list[tuple[fx.Node, fx.Node]]:
+    """``(collective, wait_tensor)`` node pairs of ``gm``'s ``op`` nodes that ``keep`` accepts, waited on once."""
+    pairs = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not op or not keep(node):
+            continue
+        waits = list(node.users)
+        if len(waits) == 1 and waits[0].target is c10d.wait_tensor.default:
+            pairs.append((node, waits[0]))
+    return pairs
 
 
 def _sum_all_reduces(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
     """``(all_reduce, wait_tensor)`` node pairs of ``gm``'s sum all-reduces waited on once."""
-    pairs = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is not c10d.all_reduce.default:
-            continue
-        waits = list(node.users)
-        if node.args[1] == "sum" and len(waits) == 1 and waits[0].target is c10d.wait_tensor.default:
-            pairs.append((node, waits[0]))
-    return pairs
+    return _waited_once(gm, c10d.all_reduce.default, lambda node: node.args[1] == "sum")
+
+
+def _all_gathers(gm: fx.GraphModule, world_size: int) -> list[tuple[fx.Node, fx.Node]]:
+    """``(all_gather_into_tensor, wait_tensor)`` pairs over the whole group, waited on once."""
+    return _waited_once(gm, c10d.all_gather_into_tensor.default, lambda node: node.args[1] == world_size)
 
 
 def _replace(gm: fx.GraphModule, pairs: list[tuple[fx.Node, fx.Node]], target: Any,
@@ -100,16 +114,18 @@ def _replace(gm: fx.GraphModule, pairs: list[tuple[fx.Node, fx.Node]], target: A
 
 def inference_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None, world_size: int, *,
                           timeout_s: float) -> fx.GraphModule:
-    """``gm`` with its sum all-reduces in the fastest form ``group`` has (module docstring).
+    """``gm`` with its sum all-reduces (and, through shared memory, its all-gathers over the whole group) in
+    the fastest form ``group`` has (module docstring).
 
     Collective where the graph has all-reduces on a gloo group of several ranks (the host check and
     the segment): every rank calls it for the same graph. ``timeout_s``: how long a rank waits for
     the others, there and in every shared-memory all-reduce. Changes ``gm`` in place and returns it.
     """
-    pairs = _sum_all_reduces(gm)
-    shared = shared_memory_all_reduce_for(group, timeout_s=timeout_s) if pairs and world_size > 1 else None
+    pairs, gathers = _sum_all_reduces(gm), _all_gathers(gm, world_size)
+    shared = shared_memory_all_reduce_for(group, timeout_s=timeout_s) if (pairs or gathers) and world_size > 1 else None
     if shared is None:
         return one_shot_small_all_reduces(gm, group, world_size)
+    _replace(gm, gathers, SharedMemoryAllGather(shared))
     return _replace(gm, pairs, shared)
 
 

@@ -158,7 +158,7 @@ def test_symbolic_all_reduce_prices_the_one_shot_below_the_threshold() -> None:
 def test_shared_memory_all_reduce_is_priced_on_its_own_link() -> None:
     """tp=2 and 4 on a gloo profile of one host (small_all_reduce="shared_memory"): every all-reduce inside a
     node, small or large, costs base + (p-1) alpha + (p+1) n/B on shared_memory_link, numerically and
-    symbolically; other kinds and groups spanning nodes (no shared memory: the one-shot fallback) price as
+    symbolically, an all-gather (p+1)/p n/B; other kinds and groups spanning nodes (no shared memory: the one-shot fallback) price as
     before; the link round-trips through JSON and is required; one condition says where the runtime uses it."""
     from autotp.cost_model import LinkProfile
     from autotp.cost_model.collectives import uses_shared_memory_all_reduce
@@ -175,7 +175,9 @@ def test_shared_memory_all_reduce_is_priced_on_its_own_link() -> None:
     for seq in (1, 4096):
         numeric = collective_time_s("all_reduce", seq * 1024, 4, hw)
         assert math.isclose(evaluate_s(expression, {SEQ: seq}), numeric, rel_tol=1e-9), (seq, numeric)
-    assert collective_time_s("all_gather", 2048, 4, hw) == collective_time_s("all_gather", 2048, 4, fallback)
+    gather = 5e-6 + 3 * 20e-6 + 5 / 4 * 2048 / 4e9 + hw.collective_wait_s  # its n/4 in, the n of the output read
+    assert collective_time_s("all_gather", 2048, 4, hw) == pytest.approx(gather), "the all-gather runs there too"
+    assert collective_time_s("reduce_scatter", 2048, 4, hw) == collective_time_s("reduce_scatter", 2048, 4, fallback)
     assert collective_time_s("all_reduce", 2048, 16, hw, spans_nodes=True) == pytest.approx(
         collective_time_s("all_reduce", 2048, 16, fallback, spans_nodes=True)), "across hosts: the one-shot fallback"
     assert Hardware.from_json(hw.to_json()) == hw, "shared_memory_link round-trips through JSON"

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from autotp.base.errors import RankTimeoutError
 from autotp.cost_model.collectives import uses_shared_memory_all_reduce
 
-__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllReduce", "host_identity", "shared_memory_all_reduce_for"]
+__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "host_identity", "shared_memory_all_reduce_for"]
 
 DEFAULT_SLOT_BYTES = 1 << 20
 """Bytes of one rank's slot: larger tensors go through in chunks of this size (a prefill's
@@ -105,17 +105,32 @@ class SharedMemoryAllReduce:
         out = torch.empty_like(flat)
         per_slot = self.slot_bytes // x.element_size()
         for start in range(0, flat.numel(), per_slot):
-            count = min(per_slot, flat.numel() - start)
-            self.calls += 1
-            slots = self.slots[self.calls % 2].view(x.dtype)[:, :count]  # (ws, count)
-            slots[self.rank].copy_(flat[start:start + count])
-            self.counters[self.rank] = self.calls  # after the data: seen after it on x86-64 (TSO)
-            self._wait_for_all(self.calls)
-            piece = out[start:start + count]
+            slots = self._exchange(flat[start:start + per_slot])  # (ws, count)
+            piece = out[start:start + slots.shape[1]]
             torch.add(slots[0], slots[1], out=piece)
             for r in range(2, self.world_size):  # rank order: the same bits on every rank
                 piece.add_(slots[r])
         return out.view(x.shape)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``x`` stacked along dim 0 in rank order (``all_gather_into_tensor``'s result)."""
+        flat = x.reshape(-1)
+        out = torch.empty((self.world_size, flat.numel()), dtype=x.dtype)
+        per_slot = self.slot_bytes // x.element_size()
+        for start in range(0, flat.numel(), per_slot):
+            slots = self._exchange(flat[start:start + per_slot])  # (ws, count)
+            out[:, start:start + slots.shape[1]].copy_(slots)
+        return out.view((self.world_size * x.shape[0], *x.shape[1:]) if x.dim() else (self.world_size,))
+
+    def _exchange(self, piece: torch.Tensor) -> torch.Tensor:
+        """Put ``piece`` (at most one slot) in this rank's slot of the next call and wait for every rank's;
+        returns the ``(ws, count)`` view of the slots, valid until this rank's call after next."""
+        self.calls += 1
+        slots = self.slots[self.calls % 2].view(piece.dtype)[:, :piece.numel()]  # (ws, count)
+        slots[self.rank].copy_(piece)
+        self.counters[self.rank] = self.calls  # after the data: seen after it on x86-64 (TSO)
+        self._wait_for_all(self.calls)
+        return slots
 
     def _wait_for_all(self, call: int) -> None:
         """Return once every rank's counter reached ``call``; RankTimeoutError after ``timeout_s``."""
@@ -129,10 +144,31 @@ class SharedMemoryAllReduce:
             if spins % _SPINS_PER_CLOCK_READ == 0 and time.monotonic() > deadline:
                 missing = [r for r, c in enumerate(self.counters.tolist()) if c < call]
                 raise RankTimeoutError(
-                    f"shared-memory all-reduce (call {call}): rank{'s' if len(missing) > 1 else ''} "
+                    f"shared-memory collective (call {call}): rank{'s' if len(missing) > 1 else ''} "
                     f"{', '.join(map(str, missing))} of the group did not arrive within {self.timeout_s:g} s "
                     f"(rank {self.rank} waited). Those processes crashed, hang, or run other code; if they are "
                     "only slow, pass a larger agreement_timeout_s= to autotp.compile.")
+
+
+class SharedMemoryAllGather:
+    """``all_gather_into_tensor`` through the segment of a :class:`SharedMemoryAllReduce` (the same
+    calls counter, so the two kinds interleave in one graph); called as ``op(x)`` from a graph node."""
+
+    __module__ = "autotp.runtime.shared_memory"
+
+    def __init__(self, segment: SharedMemoryAllReduce) -> None:
+        self.segment = segment
+        self.world_size = segment.world_size
+        self.__name__ = "autotp_shared_memory_all_gather"
+
+    def __repr__(self) -> str:
+        return f"SharedMemoryAllGather(rank={self.segment.rank}, world_size={self.world_size})"
+
+    def __deepcopy__(self, memo: dict) -> SharedMemoryAllGather:
+        return self
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.segment.all_gather(x)
 
 
 def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: float,
