@@ -1,4 +1,4 @@
-"""A shared-memory all-reduce for the ranks of a gloo group that run on one host.
+"""A shared-memory all-reduce (and all-gather) for the ranks of a gloo group that run on one host.
 
 On one host, gloo still moves every collective over TCP loopback and wakes each rank through the
 kernel: about 0.7 ms per all-reduce of 2 KiB at tp 2 on a busy 2-core machine, most of a decode
@@ -26,11 +26,19 @@ the stores before it, so no fence is needed; elsewhere the ranks keep gloo
 (:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`, the one condition the runtime
 and the cost model read).
 
+The data is copied with ordinary stores (slots of 1 MiB stay below the sizes at which copy
+routines switch to non-temporal stores, which TSO does not order); a deployment with other copy
+routines would need a store fence after the copy.
+
 Every rank adds the slots in rank order (rank 0 first), so every rank gets the same bits: tokens
-picked from the result agree on every rank. Waiting spins with ``os.sched_yield()`` (ranks may
-outnumber cores) up to ``timeout_s``; then :class:`~autotp.base.errors.RankTimeoutError` names
-the ranks that did not arrive; where the ranks outnumber the cores, a rank spins only briefly and then
-sleeps between looks, so that the ranks still computing get the cores. The segment is unlinked as soon as every rank has mapped it, so a
+picked from the result agree on every rank. An all-gather (:meth:`SharedMemoryAllReduce.all_gather`,
+graph target :class:`SharedMemoryAllGather`) uses the same slots and counter: every rank copies
+the ``ws`` slots into its output in rank order.
+
+Waiting spins with ``os.sched_yield()`` (ranks may outnumber cores) up to ``timeout_s``; then
+:class:`~autotp.base.errors.RankTimeoutError` names the ranks that did not arrive. Where the ranks
+outnumber the cores, a rank spins only briefly and then sleeps between looks, so that the ranks
+still computing get the cores. The segment is unlinked as soon as every rank has mapped it, so a
 crash leaves nothing under ``/dev/shm``; its memory goes when the last rank drops its mapping.
 
 :func:`shared_memory_all_reduce_for` builds one :class:`SharedMemoryAllReduce` per graph and
