@@ -26,9 +26,9 @@ the stores before it, so no fence is needed; elsewhere the ranks keep gloo
 (:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`, the one condition the runtime
 and the cost model read).
 
-The data is copied with ordinary stores (slots of 1 MiB stay below the sizes at which copy
-routines switch to non-temporal stores, which TSO does not order); a deployment with other copy
-routines would need a store fence after the copy.
+TSO does not order non-temporal stores; the copies into the slots use ordinary stores (torch's
+vectorised copy), or non-temporal ones that the copy routine fences itself (glibc's ``memcpy`` ends
+its non-temporal loop with ``sfence``).
 
 Every rank adds the slots in rank order (rank 0 first), so every rank gets the same bits: tokens
 picked from the result agree on every rank. An all-gather (:meth:`SharedMemoryAllReduce.all_gather`,
