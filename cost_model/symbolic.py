@@ -142,6 +142,8 @@ def symbolic_collective_time_s(
     if kind in SHARED_MEMORY_KINDS and form == "shared_memory":
         # the runtime's shared-memory collectives at every size (collectives.uses_shared_memory_all_reduce)
         shm = hardware.shared_memory_link
+        if shm is None:  # Hardware requires it with small_all_reduce="shared_memory"
+            raise AssertionError(f"{hardware.name}: small_all_reduce='shared_memory' without shared_memory_link")
         steps, factor = shared_memory_terms(kind, sympy.Integer(group_size))
         ring = shm.base_latency_s + steps * shm.latency_s + factor * nbytes_expr / shm.bandwidth_bytes_per_s
     elif kind == "all_reduce" and form == "one_shot" and group_size >= ONE_SHOT_MIN_GROUP:

@@ -88,12 +88,12 @@ def _waited_once(gm: fx.GraphModule, op: Any, keep: Callable[[fx.Node], bool]) -
 
 def _sum_all_reduces(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
     """``(all_reduce, wait_tensor)`` node pairs of ``gm``'s sum all-reduces waited on once."""
-    return _waited_once(gm, c10d.all_reduce.default, lambda node: node.args[1] == "sum")
+    return _waited_once(gm, c10d.all_reduce.default, lambda node: bool(node.args[1] == "sum"))
 
 
 def _all_gathers(gm: fx.GraphModule, world_size: int) -> list[tuple[fx.Node, fx.Node]]:
     """``(all_gather_into_tensor, wait_tensor)`` pairs over the whole group, waited on once."""
-    return _waited_once(gm, c10d.all_gather_into_tensor.default, lambda node: node.args[1] == world_size)
+    return _waited_once(gm, c10d.all_gather_into_tensor.default, lambda node: bool(node.args[1] == world_size))
 
 
 def _replace(gm: fx.GraphModule, pairs: list[tuple[fx.Node, fx.Node]], target: Any,
