@@ -272,11 +272,12 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
                            memory_budget=None)
     if _collective_count(whole.plan):
         raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
-    times = _time_interleaved([(None, lambda module=module: module(*args, **kwargs)) for module in (ours, theirs, whole)],
-                              options.warmup, options.runs)
+    autotp_s, megatron_s, no_split_s = _time_interleaved(
+        [(None, lambda module=module: module(*args, **kwargs)) for module in (ours, theirs, whole)],
+        options.warmup, options.runs)
     same = tuple(label for label, module in (("megatron", theirs), ("no split", whole))
                  if module.graph_module.code == ours.graph_module.code)
-    return Decision(name, world_size, "forward", *times,
+    return Decision(name, world_size, "forward", autotp_s, megatron_s, no_split_s,
                     autotp_collectives=_collective_count(ours.plan), megatron_collectives=_collective_count(reference),
                     same_graph_as=same)
 

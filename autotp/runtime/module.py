@@ -171,8 +171,9 @@ class TensorParallelModule(torch.nn.Module):
         # Where forward reads each graph input: the flat user inputs (0), this rank's parameters (1) or
         # buffers (2), looked up in the live dicts on every call (so .to(), loading and KV-cache resets
         # stay visible) but without Module.__getattr__ per slot, which cost ~2 us each (~0.1 ms for BERT).
-        self._slot_keys = tuple((0, int(s.target)) if s.kind == "user" else (1 if s.kind == "parameter" else 2, s.name)
-                                for s in captured.inputs)
+        self._slot_keys: tuple[tuple[int, Any], ...] = tuple(
+            (0, int(s.target)) if s.kind == "user" else (1 if s.kind == "parameter" else 2, s.name)
+            for s in captured.inputs)
         # training: the original's state_dict names, and a check that catches an optimizer over its parameters
         self.state_dict_aliases = state_dict_aliases(original) if training and original is not None else None
         if training and original is not None:
