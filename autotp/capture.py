@@ -377,6 +377,15 @@ def _export_or_reuse(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:
+    """:func:`_export_whole`, or for a transformers decoder, two of its layers exported and the graph stamped
+    out to all of them (:mod:`autotp.stamping`: the same program in a fraction of the time)."""
+    from autotp.stamping import export_stamped
+
+    stamped = export_stamped(model, args, kwargs, dynamic_shapes, _export_whole)
+    return stamped if stamped is not None else _export_whole(model, args, kwargs, dynamic_shapes)
+
+
+def _export_whole(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:
     """``torch.export.export`` (non-strict); a failure becomes a :class:`CaptureError` with the user's line."""
     try:
         with torch.no_grad():

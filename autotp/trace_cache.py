@@ -179,7 +179,7 @@ def trace_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         "format": _FORMAT,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "autotp capture": [_hash_file(os.path.join(here, f), memo) for f in ("capture.py", "trace_cache.py")],
+        "autotp capture": [_hash_file(os.path.join(here, f), memo) for f in ("capture.py", "stamping.py", "trace_cache.py")],
         "library": _library_version(model),
         "model": _model_description(model, memo),
         "state": _state_spec(model, device),
