@@ -90,10 +90,13 @@ def export_stamped(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
                   str(exc).splitlines()[0])
         return None
     try:
-        return _stamp(small, model, path, count)
+        stamped = _stamp(small, model, path, count)
     except _Refused as why:
         log.debug("autotp: %s is exported whole: %s", type(model).__name__, why)
         return None
+    log.debug("autotp: %s traced with %d of its %d layers, the others stamped", type(model).__name__,
+              _TRACED_LAYERS, count)
+    return stamped
 
 
 def _config_layer_count(model: torch.nn.Module) -> int | None:
@@ -368,11 +371,19 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     layer_fqn = {i: f"{path}.{i}" for i in range(count)}
     copied = program.prefixes[last]
 
-    def add(name: str, op: str, target: Any, args: Any, kwargs: Any, like: fx.Node, meta: dict[str, Any]) -> fx.Node:
-        """A node named ``name``, or (``name`` a base such as ``mul``) the base's next free number, as export names."""
+    highest: dict[str, int] = {}  # name base -> highest number given so far
+
+    def add(name: str | None, op: str, target: Any, args: Any, kwargs: Any, like: fx.Node, meta: dict[str, Any]) -> fx.Node:
+        """A node named ``name``, or (None) numbered on from the highest name of ``like``'s kind so far, as
+        export numbers the nodes it makes."""
+        if name is None:
+            base = _split_name(like.name)[0]
+            name = _numbered(base, highest[base] + 1) if base in highest else base
         node = graph.create_node(op, target, args, kwargs, name=name, type_expr=like.type)
-        if node.name != name and _split_name(name)[1]:
+        if node.name != name:
             raise _Refused(f"the name {name} is taken twice")
+        base, number = _split_name(name)
+        highest[base] = max(highest.get(base, 0), number)
         node.meta = meta
         return node
 
@@ -427,7 +438,7 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
             if "nn_module_stack" in meta:
                 meta["nn_module_stack"] = _stack_renamed(meta["nn_module_stack"], copied, layer_fqn[layer])
             torch_fn_shifted(node, meta, layer - last)
-            this[node] = add(_split_name(node.name)[0], node.op, node.target,
+            this[node] = add(None, node.op, node.target,
                              fx.map_arg(node.args, source), fx.map_arg(node.kwargs, source), node, meta)
     final = stamped[count - 1]
 
@@ -438,7 +449,7 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     layer_bases = {_split_name(node.name)[0] for node in second}
     for node in (*program.after, program.output):
         # numbered on after the layers' names, as export does; a kind of op the layers do not use keeps its name
-        name = _split_name(node.name)[0] if _split_name(node.name)[0] in layer_bases else node.name
+        name = None if _split_name(node.name)[0] in layer_bases else node.name
         meta = dict(node.meta)
         torch_fn_shifted(node, meta, count - 1 - last)
         env[node] = add(name, node.op, node.target, fx.map_arg(node.args, after_layers),
