@@ -48,7 +48,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, Output
 
 from autotp.base.errors import CaptureError
 
-__all__ = ["MIN_LAYERS", "export_stamped", "layer_stack"]
+__all__ = ["MIN_LAYERS", "StampError", "StampedFrom", "export_stamped", "layer_stack", "restamp", "stamped_from", "twin"]
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,9 @@ _EXPORT_ADDED_NODE = "_empty_nn_module_stack_from_metadata_hook"
 _NAME_NUMBER = re.compile(r"(.*)_(\d+)$")
 
 
-class _Refused(Exception):
-    """Why a model is not stamped (logged at debug level; the model is then exported whole)."""
+class StampError(ValueError):
+    """Why a model's program cannot be stamped from its twin's (the model is then exported whole)."""
+
 
 
 Export = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], ExportedProgram]
@@ -79,7 +80,7 @@ def export_stamped(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     None when stamping does not apply or cannot be proven right (see the module docstring)."""
     try:
         path, count = layer_stack(model)
-    except _Refused as why:
+    except StampError as why:
         log.debug("autotp: %s is exported whole: %s", type(model).__name__, why)
         return None
     twin = _twin(model, path)
@@ -90,12 +91,50 @@ def export_stamped(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
                   str(exc).splitlines()[0])
         return None
     try:
-        stamped = _stamp(small, model, path, count)
-    except _Refused as why:
+        stamped = restamp(small, model, path, count)
+    except StampError as why:
         log.debug("autotp: %s is exported whole: %s", type(model).__name__, why)
         return None
     log.debug("autotp: %s traced with %d of its %d layers, the others stamped", type(model).__name__,
               _TRACED_LAYERS, count)
+    return stamped
+
+
+@dataclasses.dataclass(frozen=True)
+class StampedFrom:
+    """How a stamped program was made: the twin's program (``torch.export``'s, unchanged) and the list
+    of layers (``path``, ``count`` layers). The trace cache and the shared trace store and send ``traced``
+    (a few layers: smaller, and quicker to rebuild) and stamp again where it is read (:func:`restamp`)."""
+
+    traced: ExportedProgram
+    path: str
+    count: int
+
+
+_STAMPED_FROM = "_autotp_stamped_from"
+"""Attribute of a stamped ``ExportedProgram`` holding its :class:`StampedFrom`."""
+
+
+def stamped_from(exported: ExportedProgram) -> StampedFrom | None:
+    """How ``exported`` was stamped, or None when ``torch.export`` made it whole."""
+    return getattr(exported, _STAMPED_FROM, None)
+
+
+def twin(model: torch.nn.Module, path: str, count: int) -> torch.nn.Module | None:
+    """The twin :func:`export_stamped` traces for ``model`` (its first layers of the list at ``path``), or
+    None when ``model`` is not one to stamp that way (another list, another length, layers not uniform)."""
+    try:
+        found = layer_stack(model)
+    except StampError:
+        return None
+    return _twin(model, path) if found == (path, count) else None
+
+
+def restamp(traced: ExportedProgram, model: torch.nn.Module, path: str, count: int) -> ExportedProgram:
+    """``model``'s program stamped from ``traced``, its twin's (:func:`twin`); raises ValueError when the
+    twin's program cannot be stamped (see the module docstring)."""
+    stamped = _stamp(traced, model, path, count)
+    setattr(stamped, _STAMPED_FROM, StampedFrom(traced, path, count))
     return stamped
 
 
@@ -108,30 +147,30 @@ def _config_layer_count(model: torch.nn.Module) -> int | None:
 
 
 def layer_stack(model: torch.nn.Module) -> tuple[str, int]:
-    """The FQN of the model's one list of identical layers and its length; :class:`_Refused` says why not."""
+    """The FQN of the model's one list of identical layers and its length; :class:`StampError` says why not."""
     count = _config_layer_count(model)
     if count is None:
-        raise _Refused("it has no config.num_hidden_layers (not a transformers model)")
+        raise StampError("it has no config.num_hidden_layers (not a transformers model)")
     if count < MIN_LAYERS:
-        raise _Refused(f"{count} layers: fewer than {MIN_LAYERS}, nothing to stamp")
+        raise StampError(f"{count} layers: fewer than {MIN_LAYERS}, nothing to stamp")
     lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count]
     if len(lists) != 1:
-        raise _Refused(f"{len(lists)} ModuleLists of {count} modules (config.num_hidden_layers); stamping needs one")
+        raise StampError(f"{len(lists)} ModuleLists of {count} modules (config.num_hidden_layers); stamping needs one")
     path, layers = lists[0]
     reference = _layer_signature(layers[1])
     for index, layer in enumerate(layers):
         if _layer_signature(layer) != reference:
-            raise _Refused(f"{path}.{index} differs from {path}.1 (module classes, attributes, weights or hooks)")
+            raise StampError(f"{path}.{index} differs from {path}.1 (module classes, attributes, weights or hooks)")
     owners: dict[int, int] = {}
     for index, layer in enumerate(layers):
         for tensor in (*layer.parameters(), *layer.buffers()):
             if owners.setdefault(id(tensor), index) != index:
-                raise _Refused(f"{path}.{index} shares a weight with {path}.{owners[id(tensor)]}")
+                raise StampError(f"{path}.{index} shares a weight with {path}.{owners[id(tensor)]}")
     config = getattr(model, "config", None)
     settings = config.to_dict() if hasattr(config, "to_dict") else {}
     for key, value in settings.items():
         if isinstance(value, (list, tuple)) and len(value) == count and len({repr(v) for v in value}) > 1:
-            raise _Refused(f"config.{key} differs between layers")
+            raise StampError(f"config.{key} differs between layers")
     return path, count
 
 
@@ -270,14 +309,14 @@ def _take_apart(small: ExportedProgram, path: str) -> _Program:
                 layer_inputs[node] = index
     calls = [n for n in nodes if n.op not in ("placeholder", "output")]
     if any(n.op != "call_function" for n in calls):
-        raise _Refused("the graph has nodes other than calls (get_attr)")
+        raise StampError("the graph has nodes other than calls (get_attr)")
     layer_of = [_block_of(n, prefixes) for n in calls]
     positions = [[i for i, b in enumerate(layer_of) if b == layer] for layer in range(_TRACED_LAYERS)]
     if not all(positions):
-        raise _Refused("some traced layer has no nodes (by nn_module_stack)")
+        raise StampError("some traced layer has no nodes (by nn_module_stack)")
     start = positions[0][0]
     if [i for p in positions for i in p] != list(range(start, positions[-1][-1] + 1)):
-        raise _Refused("the traced layers' nodes are not back-to-back runs in the graph")
+        raise StampError("the traced layers' nodes are not back-to-back runs in the graph")
     return _Program(prefixes, placeholders, calls[:start], [[calls[i] for i in p] for p in positions],
                     calls[positions[-1][-1] + 1:], nodes[-1], layer_inputs)
 
@@ -289,7 +328,7 @@ def _stack_renamed(stack: dict[str, Any], old: str, new: str) -> dict[str, Any]:
 
 def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
     """The next-to-last traced layer's node -> the last one's, when the two are the same graph up to names;
-    else :class:`_Refused`.
+    else :class:`StampError`.
 
     Also checks what the last layer reads: its own nodes, its own weights (the layer before's,
     renamed), values shared with the layer before (the same node), or values of the layer before
@@ -299,7 +338,7 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
     *_, grand, first, second = program.blocks
     last = len(program.blocks) - 1
     if len(first) != len(second) or len(grand) != len(first):
-        raise _Refused(f"the traced layers have {len(grand)}, {len(first)} and {len(second)} nodes")
+        raise StampError(f"the traced layers have {len(grand)}, {len(first)} and {len(second)} nodes")
     counterpart: dict[fx.Node, fx.Node] = {}
     position_in_grand = {node: i for i, node in enumerate(grand)}
     position_in_first = {node: i for i, node in enumerate(first)}
@@ -318,7 +357,7 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
             else:
                 ok = a is b and a not in program.layer_inputs and a not in in_second
             if not ok:
-                raise _Refused(f"{where.name} of {program.prefixes[last]} reads {b.name} where the layer before reads {a.name}")
+                raise StampError(f"{where.name} of {program.prefixes[last]} reads {b.name} where the layer before reads {a.name}")
         elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and type(a) is type(b) and len(a) == len(b):
             for x, y in zip(a, b):
                 same(x, y, where)
@@ -326,24 +365,24 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
             for key in a:
                 same(a[key], b[key], where)
         elif isinstance(a, fx.Node) or isinstance(b, fx.Node) or type(a) is not type(b) or repr(a) != repr(b):
-            raise _Refused(f"{where.name} of {program.prefixes[last]} has argument {b!r} where the layer before has {a!r}")
+            raise StampError(f"{where.name} of {program.prefixes[last]} has argument {b!r} where the layer before has {a!r}")
 
     for g, a, b in zip(grand, first, second):
         if not (g.op == a.op == b.op and g.target == a.target == b.target):
-            raise _Refused(f"{a.name} ({a.target}) and {b.name} ({b.target}) of consecutive layers differ")
+            raise StampError(f"{a.name} ({a.target}) and {b.name} ({b.target}) of consecutive layers differ")
         same(a.args, b.args, b)
         same(a.kwargs, b.kwargs, b)
         if _value_text(a.meta.get("val")) != _value_text(b.meta.get("val")):
-            raise _Refused(f"{a.name} and {b.name} of consecutive layers have different shapes")
+            raise StampError(f"{a.name} and {b.name} of consecutive layers have different shapes")
         renamed = _stack_renamed(a.meta.get("nn_module_stack") or {}, program.prefixes[last - 1], program.prefixes[last])
         if renamed != b.meta.get("nn_module_stack"):
-            raise _Refused(f"{a.name} and {b.name} of consecutive layers come from different modules")
+            raise StampError(f"{a.name} and {b.name} of consecutive layers come from different modules")
         counterpart[a] = b
     earlier = {n for block in program.blocks[:-1] for n in block}
     for node in (*program.after, program.output):
         for used in node.all_input_nodes:
             if used in earlier:
-                raise _Refused(f"{node.name} after the layers reads {used.name} of a layer before the last")
+                raise StampError(f"{node.name} after the layers reads {used.name} of a layer before the last")
     return counterpart
 
 
@@ -353,7 +392,7 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
 
     signature = small.graph_signature
     if any(spec.kind != OutputKind.USER_OUTPUT for spec in signature.output_specs):
-        raise _Refused("the program updates buffers or inputs (its outputs are not user outputs only)")
+        raise StampError("the program updates buffers or inputs (its outputs are not user outputs only)")
     program = _take_apart(small, path)
     last = _TRACED_LAYERS - 1  # the layer copied; it reads from the layer before (``last - 1``)
     counterpart = _check_isomorphic(program)
@@ -381,7 +420,7 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
             name = _numbered(base, highest[base] + 1) if base in highest else base
         node = graph.create_node(op, target, args, kwargs, name=name, type_expr=like.type)
         if node.name != name:
-            raise _Refused(f"the name {name} is taken twice")
+            raise StampError(f"the name {name} is taken twice")
         base, number = _split_name(name)
         highest[base] = max(highest.get(base, 0), number)
         node.meta = meta
@@ -411,7 +450,7 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
         specs.append(spec_of[node.name])
         if program.layer_inputs.get(node) == last:
             if program.sanitized(last) not in node.name:
-                raise _Refused(f"placeholder {node.name} does not name its layer")
+                raise StampError(f"placeholder {node.name} does not name its layer")
             run.append(node)
     flush_run()
 
@@ -459,15 +498,14 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
                if hasattr(spec.arg, "name") else spec for spec in signature.output_specs]
     graph.lint()
 
-    module = fx.GraphModule(small.graph_module, graph)
-    module.meta.update(small.graph_module.meta)
     state_dict, constants = _stamped_state(small, model, specs, copied, layer_fqn, maybe_get_fake_mode)
-    exported = ExportedProgram(
-        root=module, graph=module.graph, graph_signature=ExportGraphSignature(specs, outputs),
+    exported = ExportedProgram(  # makes the graph module (generating its code once)
+        root=small.graph_module, graph=graph, graph_signature=ExportGraphSignature(specs, outputs),
         state_dict=state_dict, range_constraints=small.range_constraints,
         module_call_graph=_stamped_call_graph(small.module_call_graph, copied, layer_fqn, count),
         example_inputs=small.example_inputs, constants=constants, verifiers=list(small.verifiers))
     exported._guards_code = small._guards_code
+    exported.graph_module.meta.update(small.graph_module.meta)
     return exported
 
 
@@ -475,6 +513,8 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
                    layer_fqn: dict[int, str], fake_mode_of: Callable[[Any], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """State dict and constants of the stamped program: the twin's, plus layers 2.. from the model's own
     tensors, or (a model traced as fake tensors) fakes made like layer 1's in its fake mode."""
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
     own = dict(model.named_parameters(remove_duplicate=False))
     own.update(model.named_buffers(remove_duplicate=False))
     state_dict: dict[str, Any] = {}
@@ -491,9 +531,10 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
             mode = fake_mode_of(like)
             if mode is None:
                 known = own[fqn]
-            else:
-                with mode:
-                    known = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=like.device)
+            else:  # what the fake mode makes of empty_strided, without a dispatch per tensor
+                with in_kernel_invocation_manager(mode):
+                    empty = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device="meta")
+                known = FakeTensor(mode, empty, like.device)
                 if isinstance(like, torch.nn.Parameter):
                     known = torch.nn.Parameter(known, requires_grad=like.requires_grad)
         if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
@@ -510,7 +551,7 @@ def _stamped_call_graph(entries: list[Any], prefix: str, layer_fqn: dict[int, st
     for entry in [*entries, None]:
         if entry is not None and _under(entry.fqn, prefix):
             if entry.signature is not None:
-                raise _Refused(f"the call signature of {entry.fqn} is kept")
+                raise StampError(f"the call signature of {entry.fqn} is kept")
             run.append(entry)
             result.append(entry)
             continue

@@ -5,6 +5,7 @@ exported whole."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ from generation_models import tiny_gemma, tiny_phi
 from models import tiny_gpt2, tiny_llama, tiny_mlp, tiny_qwen2
 
 from autotp.capture import _export_whole, capture, default_dynamic_shapes, from_exported
+from autotp.planning.plan import graph_fingerprint
 from autotp.stamping import export_stamped
+from autotp.trace_cache import TraceCache
 
 SMALL = {"hidden": 64, "intermediate": 128, "seq_len": 8}
 FAMILIES = {  # name -> (model and inputs, traced with dynamic batch and sequence dims); static traces are cheaper
@@ -40,11 +43,12 @@ def _structure(gm: fx.GraphModule) -> list[tuple[str, ...]]:
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No parallelism (capture only), 4 layers of each family (meta models traced as fake tensors, as
-    from_pretrained does; the others with real weights; Llama with dynamic batch and sequence): capture exports a 3-layer twin and stamps the 4th
-    layer; the graph, signature, state, constants, symbolic ranges and module call graph equal a whole
-    export's (node names too, within the layers)."""
+    from_pretrained does; the others with real weights; Llama with dynamic batch and sequence dims):
+    capture exports a 3-layer twin and stamps the 4th layer; the trace cache keeps the twin's program and
+    stamps it again to the same graph; graph, signature, state, constants, symbolic ranges and module
+    call graph equal a whole export's (node names too, within the layers)."""
     build, dynamic = FAMILIES[family]
     model, args, kwargs = build()
     exported: list[int] = []
@@ -55,11 +59,16 @@ def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.
         return original(traced, *rest, **options)
 
     monkeypatch.setattr(torch.export, "export", spy)
-    captured = capture(model, args, kwargs, dynamic=dynamic)
+    cache = TraceCache(tmp_path)
+    captured = capture(model, args, kwargs, dynamic=dynamic, trace_cache=cache)
+    again = capture(model, args, kwargs, dynamic=dynamic, trace_cache=cache)  # the twin's program, stamped again
     monkeypatch.setattr(torch.export, "export", original)
     every = sum(1 for _ in model.parameters())
     assert len(exported) == 1 and exported[0] < every, \
         f"expected one export of a twin with fewer than {every} parameters, got exports with {exported}"
+    assert again.from_cache, "the second capture should read the trace cache"
+    assert graph_fingerprint(again.graph_module) == graph_fingerprint(captured.graph_module), \
+        "the program stamped from the cached twin differs from the one stamped after export"
     whole = from_exported(_export_whole(model, args, kwargs, default_dynamic_shapes(model, args, kwargs) if dynamic else None), family)
     stamped_nodes, whole_nodes = _structure(captured.graph_module), _structure(whole.graph_module)
     assert len(stamped_nodes) == len(whole_nodes), f"nodes: stamped {len(stamped_nodes)}, whole export {len(whole_nodes)}"
