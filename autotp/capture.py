@@ -1,7 +1,8 @@
 """Capture: ``nn.Module`` + example inputs -> ATen-level FX graph with shapes on every node.
 
 ``torch.export.export(strict=False)`` gives a graph in which parameters, buffers and constants
-are lifted to placeholders; ``node.meta["val"]`` holds a FakeTensor (shape, dtype) for every
+are lifted to placeholders (for a transformers decoder of 4 or more identical layers, export traces
+three of them and :mod:`autotp.stamping` copies the last for the others: the same program, sooner); ``node.meta["val"]`` holds a FakeTensor (shape, dtype) for every
 node. We keep that lifted form: the planner sees a parameter as an input it may split, and
 the runtime feeds each rank its own shard in the parameter's place.
 

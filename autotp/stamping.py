@@ -1,35 +1,38 @@
-"""Trace two layers, stamp the rest: the program of an N-layer decoder from a 2-layer export.
+"""Trace three layers, stamp the rest: the program of an N-layer decoder from a 3-layer export.
 
 ``torch.export`` time grows linearly with depth, and a transformers decoder's layers are the same
 module N times in one ``ModuleList``. So :func:`export_stamped` exports a *twin* of the model that
-holds only the first two layers (shallow copies of the modules on the path to the list; every
-module, weight and the config are the model's own), then extends the ATen graph to N layers:
-the nodes of layer 1 (those whose ``nn_module_stack`` lies under ``<list>.1``) are copied for
-layers 2..N-1 with
+holds only the first three layers (shallow copies of the modules on the path to the list; every
+module, weight and the config are the model's own), then extends the ATen graph to N layers: the
+nodes of layer 2 (those whose ``nn_module_stack`` lies under ``<list>.2``) are copied for layers
+3..N-1 with
 
 - parameter and buffer placeholders renamed to ``<list>.i`` (placeholders and signature entries
   inserted where ``torch.export`` puts them: after layer i-1's, layer by layer);
-- each value layer 1 took from layer 0 (the hidden states) taken from the copy of layer i-1;
+- each value layer 2 took from layer 1 (the hidden states) taken from the copy of layer i-1;
 - values shared by every layer (rotary cos/sin, the attention mask, positions, symbolic sizes)
   left shared;
-- node names numbered on as ``torch.export`` numbers them (``linear_7`` in layer 1, ``linear_14``
-  in layer 2: the step per name is read off layers 0 and 1), and the nodes after the layers
-  (final norm, head) renumbered alike; ``nn_module_stack`` and ``torch_fn`` renamed to layer i.
+- node names numbered on from the highest number of their kind so far, as export numbers the nodes
+  it makes (``linear_14`` .. ``linear_20`` in layer 2, ``linear_21`` .. in layer 3), the nodes after
+  the layers (final norm, head) alike; ``nn_module_stack`` and ``torch_fn`` renamed to layer i.
 
-The result is an ``ExportedProgram`` like ``torch.export``'s for the whole model (same signature,
-symbolic dims, state, module call graph), node for node (tests compare the two on several
-transformers families), so the trace cache, the shared trace and everything downstream take it
-unchanged.
+Three layers, not two: export's numbering has gaps that depend on its internal caches (Llama's
+first and third attention use up names of nodes export deletes), so the names of layers 0 and 1
+do not predict the next layer's. The result is an ``ExportedProgram`` like ``torch.export``'s for
+the whole model node for node (ops, arguments, shapes and symbols, placeholder names, signature,
+state, module call graph; tests compare the two on several transformers families) but for the
+numbers in some names (the symbolic-size nodes export adds after tracing; a few nodes after the
+layers), so the trace cache, the shared trace and everything downstream take it unchanged.
 
 Only stamped when that is provably the same graph, else the model is exported whole (the reason
 logged at debug level on the ``autotp.stamping`` logger): the model has ``config.num_hidden_layers``
-(>= 3) and exactly one ``ModuleList`` of that length; every layer has the same module classes,
+(>= 4) and exactly one ``ModuleList`` of that length; every layer has the same module classes,
 plain attributes (layer-index attributes aside), parameter and buffer specs and hooks, shares no
 weight with another layer, and every per-layer list of the config (``layer_types``, ...) holds
-one value; the 2-layer export succeeds; layers 0 and 1 are isomorphic blocks (same ops, constant
-arguments, shapes, module paths and numbering step) that sit back to back in the graph; layer 1
-reads from layer 0 only values layer 0 read from before the layers; nothing after the layers reads
-layer 0, and the program's outputs are user outputs only.
+one value; the twin exports; layers 1 and 2 are isomorphic blocks (same ops, constant arguments,
+shapes, module paths) that sit back to back in the graph; layer 2 reads from layer 1 only values
+that stand where layer 1 read layer 0's; nothing after the layers reads an earlier layer than the
+last, and the program's outputs are user outputs only.
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ def restamp(traced: ExportedProgram, model: torch.nn.Module, path: str, count: i
 
 
 def _config_layer_count(model: torch.nn.Module) -> int | None:
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     count = getattr(config, "num_hidden_layers", None)
     if count is None and hasattr(config, "get_text_config"):
         count = getattr(config.get_text_config(), "num_hidden_layers", None)
@@ -166,7 +169,7 @@ def layer_stack(model: torch.nn.Module) -> tuple[str, int]:
         for tensor in (*layer.parameters(), *layer.buffers()):
             if owners.setdefault(id(tensor), index) != index:
                 raise StampError(f"{path}.{index} shares a weight with {path}.{owners[id(tensor)]}")
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     settings = config.to_dict() if hasattr(config, "to_dict") else {}
     for key, value in settings.items():
         if isinstance(value, (list, tuple)) and len(value) == count and len({repr(v) for v in value}) > 1:
@@ -200,19 +203,20 @@ def _layer_signature(layer: torch.nn.Module) -> list[Any]:
 
 
 def _twin(model: torch.nn.Module, path: str) -> torch.nn.Module:
-    """``model`` with only the first two modules of the list at ``path``: shallow copies of the
-    modules on the way there (their submodule dicts copied), everything else the model's own."""
+    """``model`` with only the first ``_TRACED_LAYERS`` modules of the list at ``path``: shallow copies of
+    the modules on the way there (their submodule dicts copied), everything else the model's own."""
     twin = copy.copy(model)
     twin._modules = dict(model._modules)
     parent = twin
     *ancestors, last = path.split(".")
     for name in ancestors:
-        child = copy.copy(parent._modules[name])
+        child = copy.copy(parent.get_submodule(name))
         child._modules = dict(child._modules)
         parent._modules[name] = child
         parent = child
-    layers = parent._modules[last]
-    assert layers is not None, f"{path} is not a module of {type(model).__name__}"
+    layers = parent.get_submodule(last)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise StampError(f"{path} is not a ModuleList of {type(model).__name__}")
     parent._modules[last] = torch.nn.ModuleList(list(layers)[:_TRACED_LAYERS])
     return twin
 
@@ -337,8 +341,12 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
     """
     *_, grand, first, second = program.blocks
     last = len(program.blocks) - 1
-    if len(first) != len(second) or len(grand) != len(first):
-        raise StampError(f"the traced layers have {len(grand)}, {len(first)} and {len(second)} nodes")
+    if len(first) != len(second):
+        raise StampError(f"the last two traced layers have {len(first)} and {len(second)} nodes")
+    # the first layer may make more nodes (symbolic sizes the later layers reuse, as Mixtral's): then a value
+    # handed on is matched by where it is read, not by its position in the layer
+    same_length = len(grand) == len(first)
+    handed_on: dict[fx.Node, fx.Node] = {}
     counterpart: dict[fx.Node, fx.Node] = {}
     position_in_grand = {node: i for i, node in enumerate(grand)}
     position_in_first = {node: i for i, node in enumerate(first)}
@@ -351,7 +359,11 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
             if a in position_in_first:  # the layer's own value: the next layer's own counterpart
                 ok = counterpart.get(a) is b
             elif b in position_in_first:  # handed on from the layer before, as the layer before had it from its own
-                ok = position_in_grand.get(a) == position_in_first[b]
+                if same_length:
+                    ok = position_in_grand.get(a) == position_in_first[b]
+                else:  # one value of the layer before per value handed on
+                    ok = a in position_in_grand and handed_on.setdefault(b, a) is a
+                    ok = ok and len(set(handed_on.values())) == len(handed_on)
             elif program.layer_inputs.get(a) == last - 1:
                 ok = placeholder_names.get(a.name.replace(layer_names[0], layer_names[1], 1)) is b
             else:
@@ -367,8 +379,8 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
         elif isinstance(a, fx.Node) or isinstance(b, fx.Node) or type(a) is not type(b) or repr(a) != repr(b):
             raise StampError(f"{where.name} of {program.prefixes[last]} has argument {b!r} where the layer before has {a!r}")
 
-    for g, a, b in zip(grand, first, second):
-        if not (g.op == a.op == b.op and g.target == a.target == b.target):
+    for a, b in zip(first, second):
+        if a.op != b.op or a.target != b.target:
             raise StampError(f"{a.name} ({a.target}) and {b.name} ({b.target}) of consecutive layers differ")
         same(a.args, b.args, b)
         same(a.kwargs, b.kwargs, b)
@@ -515,7 +527,7 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
     tensors, or (a model traced as fake tensors) fakes made like layer 1's in its fake mode."""
     from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
-    own = dict(model.named_parameters(remove_duplicate=False))
+    own: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     own.update(model.named_buffers(remove_duplicate=False))
     state_dict: dict[str, Any] = {}
     constants: dict[str, Any] = dict(small.constants)
