@@ -73,13 +73,12 @@ class StampError(ValueError):
     """Why a model's program cannot be stamped from its twin's (the model is then exported whole)."""
 
 
-
 Export = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], ExportedProgram]
 
 
 def export_stamped(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
                    export: Export) -> ExportedProgram | None:
-    """``model``'s program from a 2-layer export (``export(twin, args, kwargs, dynamic_shapes)``), or
+    """``model``'s program from its twin's export (``export(twin, args, kwargs, dynamic_shapes)``), or
     None when stamping does not apply or cannot be proven right (see the module docstring)."""
     try:
         path, count = layer_stack(model)
@@ -90,7 +89,7 @@ def export_stamped(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     try:
         small = export(twin, args, kwargs, dynamic_shapes)
     except CaptureError as exc:
-        log.debug("autotp: %s is exported whole: its 2-layer twin did not export (%s)", type(model).__name__,
+        log.debug("autotp: %s is exported whole: its twin did not export (%s)", type(model).__name__,
                   str(exc).splitlines()[0])
         return None
     try:
@@ -134,7 +133,7 @@ def twin(model: torch.nn.Module, path: str, count: int) -> torch.nn.Module | Non
 
 
 def restamp(traced: ExportedProgram, model: torch.nn.Module, path: str, count: int) -> ExportedProgram:
-    """``model``'s program stamped from ``traced``, its twin's (:func:`twin`); raises ValueError when the
+    """``model``'s program stamped from ``traced``, its twin's (:func:`twin`); :class:`StampError` when the
     twin's program cannot be stamped (see the module docstring)."""
     stamped = _stamp(traced, model, path, count)
     setattr(stamped, _STAMPED_FROM, StampedFrom(traced, path, count))
@@ -523,8 +522,8 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
 
 def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterable[Any], prefix: str,
                    layer_fqn: dict[int, str], fake_mode_of: Callable[[Any], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """State dict and constants of the stamped program: the twin's, plus layers 2.. from the model's own
-    tensors, or (a model traced as fake tensors) fakes made like layer 1's in its fake mode."""
+    """State dict and constants of the stamped program: the twin's, plus the stamped layers' from the model's
+    own tensors, or (a model traced as fake tensors) fakes made like the copied layer's in its fake mode."""
     from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
     own: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
@@ -557,7 +556,8 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
 
 
 def _stamped_call_graph(entries: list[Any], prefix: str, layer_fqn: dict[int, str], count: int) -> list[Any]:
-    """The module call graph with layer 1's entries repeated for layers 2..count-1 right after them."""
+    """The module call graph with the copied layer's entries (under ``prefix``) repeated for the stamped
+    layers right after them."""
     result, run = [], []
     copied = int(prefix.rsplit(".", 1)[1])
     for entry in [*entries, None]:

@@ -327,7 +327,10 @@ def _bind(entry: _Entry, model: torch.nn.Module, device: torch.device) -> tuple[
     problem = _mismatch(entry, twin)
     if problem is not None:
         return None, problem
-    return stamping.restamp(_rebuild(entry, twin, device), model, path, count), None
+    try:
+        return stamping.restamp(_rebuild(entry, twin, device), model, path, count), None
+    except stamping.StampError as exc:
+        return None, f"its program does not stamp out to the model's layers: {exc}"
 
 
 def plan_key(captured: Any, options: Any) -> str:
