@@ -31,7 +31,7 @@ from autotp.cost_model import Hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.random_streams import check_dropout
 from autotp.passes.rewrite import rewrite_for_rank
-from autotp.passes.small_collectives import one_shot_small_all_reduces
+from autotp.passes.small_collectives import inference_all_reduces
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import build_partitions
 from autotp.planning.checks import check_plan_applies
@@ -409,8 +409,8 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
         rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes(),
                          training=training),
         captured.state)
-    if not training:  # small all-reduces on gloo in one exchange round (a decode step's are all small)
-        local_gm = one_shot_small_all_reduces(local_gm, group, plan.world_size)
+    if not training:  # gloo all-reduces through shared memory on one host, else small ones in one round
+        local_gm = inference_all_reduces(local_gm, group, plan.world_size, timeout_s=timeout_s)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)
     else:

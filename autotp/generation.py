@@ -101,11 +101,13 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share)
     decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, expected_new_tokens,
                                                         group=group, rank=rank)
-    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank)
+    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank,
+                                                         timeout_s=timeout_s)
     prefill_gm = None
     prefill_inputs: tuple[str | int, ...] = ()
     if prefill is not None and prefill_plan is not None:
-        prefill_gm, prefill_values, _ = apply_plan(prefill, prefill_plan, group=group, rank=rank)
+        prefill_gm, prefill_values, _ = apply_plan(prefill, prefill_plan, group=group, rank=rank,
+                                                      timeout_s=timeout_s)
         by_fqn = {str(s.target): s.name for s in decode.inputs if s.kind != "user"}
         for slot in prefill.inputs:
             if slot.kind != "user" and values[by_fqn[str(slot.target)]].shape != prefill_values[slot.name].shape:

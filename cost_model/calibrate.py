@@ -79,7 +79,7 @@ import torch.distributed as dist
 from scipy.optimize import nnls
 
 from .bandwidth import DEFAULT_WORKING_SETS, at_working_set, measure_copy_curve
-from .collectives import alpha_beta_terms, ceil_log2
+from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
 from .graph_calibration import (
     COLD_WEIGHT_BYTES,
     GemmSample,
@@ -111,6 +111,9 @@ __all__ = [
 ]
 
 MEASURED_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+SHARED_MEMORY_KIND = "shared_memory_all_reduce"
+"""Kind of the samples of autotp's shared-memory all-reduce (``autotp.runtime.shared_memory``),
+measured besides gloo's where the ranks can use it; fitted to ``Hardware.shared_memory_link``."""
 
 MEANINGFUL_SLOWDOWN = 8.0
 """A reduced-precision dtype whose matmuls run more than this many times slower than float32 is
@@ -391,29 +394,48 @@ def measure_collectives(rank: int, world_size: int, config: CalibrationConfig) -
         for nbytes in config.collective_bytes:
             call = _collective_call(kind, nbytes, world_size, group_name)
             elements = max(1, nbytes // 4 // world_size) * world_size
-            # min_time_s is per measurement; every rank must run the same number of calls, so the
-            # count comes from rank 0's probe.
-            call()
-            start = time.perf_counter()
-            call()
-            probe = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.broadcast(probe, src=0)
-            calls = max(1, math.ceil(config.min_time_s / max(float(probe.item()), 1e-9)))
-            times = []
-            for _ in range(config.repeats):
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    call()
-                times.append((time.perf_counter() - start) / calls)
-            slowest = torch.tensor(times, dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            sample = CollectiveSample(kind, world_size, elements * 4, statistics.median(slowest.tolist()))
+            sample = CollectiveSample(kind, world_size, elements * 4, _slowest_rank_s(call, config))
             samples.append(sample)
             _say(config.progress and rank == 0,
                  f"gloo {kind:<14} {sample.nbytes / 2**10:>9.1f} KiB over {world_size} ranks: "
                  f"{sample.seconds * 1e6:>9.1f} us")
+    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
+
+    # the all-reduce autotp's inference graphs run instead where the ranks share a host
+    shared = shared_memory_all_reduce_for(world, timeout_s=_SHARED_MEMORY_TIMEOUT_S)
+    for nbytes in config.collective_bytes if shared is not None else ():
+        full = torch.ones(max(1, nbytes // 4))
+        sample = CollectiveSample(SHARED_MEMORY_KIND, world_size, full.numel() * 4,
+                                  _slowest_rank_s(lambda full=full: shared(full), config))
+        samples.append(sample)
+        _say(config.progress and rank == 0, f"shared-memory all_reduce {sample.nbytes / 2**10:>9.1f} KiB over "
+                                            f"{world_size} ranks: {sample.seconds * 1e6:>9.1f} us")
     return tuple(samples)
+
+
+_SHARED_MEMORY_TIMEOUT_S = 300.0  # how long a rank waits for the others in a measured all-reduce
+
+
+def _slowest_rank_s(call: Callable[[], Any], config: CalibrationConfig) -> float:
+    """Seconds per ``call`` on the slowest rank: the median over repeats, each after a barrier."""
+    # min_time_s is per measurement; every rank must run the same number of calls, so the
+    # count comes from rank 0's probe.
+    call()
+    start = time.perf_counter()
+    call()
+    probe = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.broadcast(probe, src=0)
+    calls = max(1, math.ceil(config.min_time_s / max(float(probe.item()), 1e-9)))
+    times = []
+    for _ in range(config.repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - start) / calls)
+    slowest = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return statistics.median(slowest.tolist())
 
 
 def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compute: bool = True,
@@ -514,11 +536,19 @@ def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) ->
 
 # ------------------------------------------------------------------------------ fitting
 
+def _link_terms(sample: CollectiveSample) -> tuple[float, float]:
+    """(latency steps, bandwidth factor) of one sample's algorithm (:mod:`.collectives`)."""
+    if sample.kind == SHARED_MEMORY_KIND:
+        return shared_memory_terms("all_reduce", sample.group_size)
+    return alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
+
+
 def fit_link(samples: Sequence[CollectiveSample]) -> LinkFit:
     """Fit ``base``, ``alpha`` and ``B`` of the ring formulas of :mod:`.collectives` to ``samples``.
 
     Model: ``t = base + steps * alpha + factor * n / B`` with ``(steps, factor)`` from
-    :func:`~.collectives.alpha_beta_terms` (ring) for each sample's kind and group size.
+    :func:`~.collectives.alpha_beta_terms` (ring) for each sample's kind and group size, or from
+    :func:`~.collectives.shared_memory_terms` for samples of :data:`SHARED_MEMORY_KIND` (fit those alone).
     Non-negative least squares on relative error: every row is divided by its measured time.
     Raises ValueError when the samples cannot determine a bandwidth (all sizes too small).
     """
@@ -526,7 +556,7 @@ def fit_link(samples: Sequence[CollectiveSample]) -> LinkFit:
         raise ValueError(f"need at least 2 collective samples to fit a link, got {len(samples)}")
     rows, target = [], []
     for sample in samples:
-        steps, factor = alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
+        steps, factor = _link_terms(sample)
         weight = 1.0 / sample.seconds
         # columns: base (s), alpha (s), 1/B scaled to seconds per GB so the columns are comparable
         rows.append([weight, steps * weight, factor * sample.nbytes / 1e9 * weight])
@@ -541,7 +571,7 @@ def fit_link(samples: Sequence[CollectiveSample]) -> LinkFit:
     bandwidth = 1e9 / seconds_per_gb
     errors = []
     for sample in samples:
-        steps, factor = alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
+        steps, factor = _link_terms(sample)
         predicted = base_s + steps * alpha_s + factor * sample.nbytes / bandwidth
         errors.append(abs(predicted - sample.seconds) / sample.seconds)
     return LinkFit(base_s, alpha_s, bandwidth, statistics.median(errors), len(samples))
@@ -575,7 +605,8 @@ def build_profile(
     floor = statistics.median(m.kernel_floor_s for m in compute)
     view = statistics.median(m.view_op_s for m in compute)
     transcendental = statistics.median(m.transcendental_element_s for m in compute)
-    fit = fit_link(links)
+    shared_samples = [sample for sample in links if sample.kind == SHARED_MEMORY_KIND]
+    fit = fit_link([sample for sample in links if sample.kind != SHARED_MEMORY_KIND])
     group_size = links[0].group_size
     hostname = socket.gethostname()
     loopback = LinkProfile(
@@ -583,6 +614,14 @@ def build_profile(
         bandwidth_gbps=fit.bandwidth_bytes_per_s / 1e9,
         latency_s=fit.latency_s,
         base_latency_s=fit.base_latency_s,
+    )
+    # where the ranks share a host, inference graphs sum through shared memory (its own link)
+    shared_fit = fit_link(shared_samples) if shared_samples else None
+    shared_link = None if shared_fit is None else LinkProfile(
+        name=f"shared-memory-{group_size}ranks",
+        bandwidth_gbps=shared_fit.bandwidth_bytes_per_s / 1e9,
+        latency_s=shared_fit.latency_s,
+        base_latency_s=shared_fit.base_latency_s,
     )
     unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
     # The GEMM curve: fitted on rank 0's samples, its kernels priced by its own measurements. The
@@ -592,13 +631,17 @@ def build_profile(
     kernels = _kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
                               first.copy_curve)
-    host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback) for m in compute
-                             if m.graphs])
+    host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
+                                            shared_memory_link=shared_link) for m in compute if m.graphs])
+    graph_link_before = loopback if shared_link is None else shared_link  # the link the graphs' all-reduces ran on
     if host is not None and host.link_base_adjust_s < 0:
         # collectives in a graph take less than back to back (graph_calibration._fit_compute_then_wait)
-        loopback = dataclasses.replace(loopback, base_latency_s=max(0.0, loopback.base_latency_s
-                                                                    + host.link_base_adjust_s))
-        unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
+        adjusted = max(0.0, graph_link_before.base_latency_s + host.link_base_adjust_s)
+        if shared_link is None:
+            loopback = dataclasses.replace(loopback, base_latency_s=adjusted)
+            unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
+        else:
+            shared_link = dataclasses.replace(shared_link, base_latency_s=adjusted)
     threads = compute[0].threads
     source = (
         f"calibrated on {hostname} by `autotp calibrate`: {world_size} rank(s) x {threads} thread(s), "
@@ -606,6 +649,8 @@ def build_profile(
         f"busy; gloo links over {group_size} processes, alpha/beta fitted to the ring formulas on "
         f"{fit.samples} samples (median |relative error| {fit.median_abs_rel_error:.1%}); "
         f"inter_node not measured (copy of intra_node); memory_gib = host memory / {world_size}"
+        + (f"; shared-memory all-reduce fitted on {shared_fit.samples} samples (median |relative error| "
+           f"{shared_fit.median_abs_rel_error:.1%})" if shared_fit is not None else "")
         + (f"; eager host terms fitted on {host.samples} rank-local graphs (median |relative error| "
            f"{host.median_abs_rel_error:.1%})" if host is not None else "; host terms not measured")
     )
@@ -616,8 +661,9 @@ def build_profile(
     if share < 1.0:
         source += f"; work terms divided by the share of a core a rank got in the graphs ({share:.2f})"
     if host is not None and host.link_base_adjust_s < 0:
-        source += (f"; per-call link latency {fit.base_latency_s * 1e6:.0f} us back to back, "
-                   f"{loopback.base_latency_s * 1e6:.0f} us in graphs")
+        graph_link = loopback if shared_link is None else shared_link
+        source += (f"; per-call {graph_link.name} latency {graph_link_before.base_latency_s * 1e6:.0f} us back to "
+                   f"back, {graph_link.base_latency_s * 1e6:.0f} us in graphs")
     return Hardware(
         name=name,
         # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale
@@ -640,7 +686,9 @@ def build_profile(
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
         transcendental_element_s=transcendental / share,
         memory_bandwidth_curve=tuple((size, rate * share / 1e9) for size, rate in curve_points),
-        small_all_reduce="one_shot",  # gloo: the inference runtime sums small all-reduces in one round
+        # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
+        small_all_reduce="one_shot" if shared_link is None else "shared_memory",
+        shared_memory_link=shared_link,
     )
 
 

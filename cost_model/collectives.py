@@ -60,6 +60,14 @@ all-to-all row above with ``p·n`` bytes per rank, [T05] pairwise exchange) inst
 ``2(p-1)·alpha + 2(p-1)/p·n/B``; the local sum of ``p`` copies is memory bound and not priced,
 as the ring's reduction is not. Flat link only (the runtime does not split it by node).
 
+**Shared-memory all-reduce** (``Hardware.small_all_reduce == "shared_memory"``: autotp's inference
+runtime on a gloo group whose ranks share one x86-64 host, :func:`uses_shared_memory_all_reduce`,
+``autotp.runtime.shared_memory``): every all-reduce inside a node, at any size, on the profile's own
+``Hardware.shared_memory_link`` (fitted by ``autotp calibrate``):
+``base + (p-1)·alpha + (p+1)·n/B`` (:func:`shared_memory_terms`: each rank waits for the flags of
+``p - 1`` others; it copies its ``n`` bytes in, reads the ``p`` copies and writes the sum). A group
+that spans nodes cannot share memory: it is priced as the one-shot form the runtime falls back to.
+
 A group inside one node uses ``intra_node``. Which groups span nodes: :func:`group_spans_nodes`
 (ranks laid out with the tensor-parallel dim fastest, as ``init_device_mesh`` does).
 
@@ -97,12 +105,16 @@ __all__ = [
     "COLLECTIVE_KINDS",
     "ONE_SHOT_MAX_BYTES",
     "ONE_SHOT_MIN_GROUP",
+    "SHARED_MEMORY_KINDS",
     "collective_time_s",
     "group_spans_nodes",
     "hierarchical_parts",
+    "inference_all_reduce_form",
     "link_collective_time_s",
     "p2p_time_s",
+    "shared_memory_terms",
     "uses_one_shot_all_reduce",
+    "uses_shared_memory_all_reduce",
     "validate_collective",
 ]
 
@@ -124,6 +136,36 @@ def uses_one_shot_all_reduce(group_size: int, nbytes: float) -> bool:
     form on a runtime that has it: the one condition the runtime (``autotp.passes.small_collectives``)
     and the pricing (:func:`collective_time_s`) both read."""
     return group_size >= ONE_SHOT_MIN_GROUP and nbytes <= ONE_SHOT_MAX_BYTES
+
+
+SHARED_MEMORY_MACHINES = ("x86_64", "AMD64")
+"""``platform.machine()`` values with total store order (x86-64): there a flag stored after the data
+is seen after it by the other cores, which the shared-memory all-reduce relies on."""
+
+
+def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str) -> bool:
+    """True when autotp's inference runtime sums a group's all-reduces through shared memory
+    (``autotp.runtime.shared_memory``): a gloo group whose ranks all run on one host, on x86-64.
+
+    The one condition the runtime (with the group's real backend, host check and machine) and
+    ``autotp calibrate`` (which then gives the profile ``small_all_reduce="shared_memory"``) read."""
+    return backend == "gloo" and one_host and machine in SHARED_MEMORY_MACHINES
+
+
+SHARED_MEMORY_KINDS = ("all_reduce", "all_gather")
+"""Collectives the shared-memory runtime runs (the others keep gloo's)."""
+
+
+def shared_memory_terms(kind: str, group_size: Any) -> tuple[Any, Any]:
+    """(latency steps, bandwidth factor) of a collective through shared memory: ``p - 1`` flags waited
+    for; bytes moved per rank: an all-reduce copies its ``n`` in and reads the ``p`` copies
+    (``(p + 1) · n``), an all-gather copies its ``n / p`` in and reads the ``n`` of the output
+    (``(p + 1) / p · n``). Numbers or sympy expressions."""
+    if kind == "all_reduce":
+        return group_size - 1, group_size + 1
+    if kind == "all_gather":
+        return group_size - 1, (group_size + 1) / group_size
+    raise ValueError(f"no shared-memory form of {kind!r}; it has: {', '.join(SHARED_MEMORY_KINDS)}")
 
 
 def ceil_log2(group_size: int) -> int:
@@ -176,11 +218,14 @@ def link_collective_time_s(
     *,
     algorithm: str = "ring",
     small_all_reduce: str = "ring",
+    shared_memory_link: LinkProfile | None = None,
 ) -> float:
     """:func:`collective_time_s` on an explicit link instead of a hardware profile (no in-graph wait).
 
     ``small_all_reduce="one_shot"``: an all-reduce that :func:`uses_one_shot_all_reduce` takes one
-    all-to-all round of ``group_size * nbytes`` (the runtime's form on gloo; module docstring)."""
+    all-to-all round of ``group_size * nbytes`` (the runtime's form on gloo; module docstring).
+    ``small_all_reduce="shared_memory"``: every all-reduce runs through shared memory, priced on
+    ``shared_memory_link`` (required then)."""
     validate_collective(kind, algorithm)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
@@ -188,10 +233,24 @@ def link_collective_time_s(
         raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     if group_size == 1 or nbytes == 0:
         return 0.0
+    if kind in SHARED_MEMORY_KINDS and small_all_reduce == "shared_memory":
+        if shared_memory_link is None:
+            raise ValueError('small_all_reduce="shared_memory" needs shared_memory_link= (Hardware.shared_memory_link)')
+        steps, factor = shared_memory_terms(kind, group_size)
+        return float(shared_memory_link.base_latency_s + steps * shared_memory_link.latency_s
+                     + factor * nbytes / shared_memory_link.bandwidth_bytes_per_s)
     if kind == "all_reduce" and small_all_reduce == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes):
         kind, algorithm, nbytes = "all_to_all", "ring", group_size * nbytes  # every rank sends n to each rank
     steps, factor = alpha_beta_terms(kind, algorithm, group_size, ceil_log2(group_size))
     return float(link.base_latency_s + steps * link.latency_s + factor * nbytes / link.bandwidth_bytes_per_s)
+
+
+def inference_all_reduce_form(hardware: Hardware, *, spans_nodes: bool) -> str:
+    """How the runtime runs an all-reduce on ``hardware``: its ``small_all_reduce``, except that a
+    group spanning nodes shares no memory and falls back to the one-shot form (gloo)."""
+    if hardware.small_all_reduce == "shared_memory" and spans_nodes:
+        return "one_shot"
+    return hardware.small_all_reduce
 
 
 def collective_time_s(
@@ -212,10 +271,11 @@ def collective_time_s(
     ``algorithm``: ``"ring"`` or ``"tree"`` (formulas and sources in the module docstring).
     """
     validate_collective(kind, algorithm)
+    form = inference_all_reduce_form(hardware, spans_nodes=spans_nodes)
     flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm,
-                                  small_all_reduce=hardware.small_all_reduce)
-    one_shot = (kind == "all_reduce" and hardware.small_all_reduce == "one_shot"
-                and uses_one_shot_all_reduce(group_size, nbytes))  # the runtime does not split it by node
+                                  small_all_reduce=form, shared_memory_link=hardware.shared_memory_link)
+    one_shot = (kind in SHARED_MEMORY_KINDS and form == "shared_memory") or (  # the runtime does not split these
+        kind == "all_reduce" and form == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes))
     parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes and not one_shot else None
     if parts is None:
         link_s = flat

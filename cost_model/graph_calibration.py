@@ -228,8 +228,12 @@ def _linear_time_s(m: int, n: int, k: int, hardware: Hardware) -> float:
     return compute_time_s(flops, moved, torch.float32, hardware, gemm_min_dim=min(m, n, k))
 
 
-def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: LinkProfile | None) -> HostFit:
+def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: LinkProfile | None,
+                   shared_memory_link: LinkProfile | None = None) -> HostFit:
     """Fit ``host_dispatch_s``, ``collective_wait_s`` and ``graph_launch_s`` (module docstring).
+
+    ``shared_memory_link``: the graphs' all-reduces ran through shared memory (``measure_graphs`` on
+    ranks of one host) and are priced on it; None: small ones ran in one round (one-shot form).
 
     ``view_op_s`` (measured on a chain of views) prices the view nodes; ``link`` (fitted back to
     back) prices the collectives' alpha-beta time, and may be None when no sample has one.
@@ -263,8 +267,10 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         raise ValueError("graph samples with collectives need the link they ran on to be priced")
 
     def link_s(sample: GraphSample) -> float:
-        # the graphs ran small all-reduces in one round at tp > 2 (measure_graphs), so they are priced so
-        return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce="one_shot")
+        # the graphs ran their all-reduces as autotp.compile's inference graphs do (measure_graphs), priced so
+        form = "shared_memory" if shared_memory_link is not None else "one_shot"
+        return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce=form,
+                                          shared_memory_link=shared_memory_link)
                    for kind, nbytes, group in sample.collectives) if link is not None else 0.0
 
     if not all(sample.work_s > 0 for sample in samples):
@@ -537,11 +543,12 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
     return torch.fx.GraphModule(root, graph), example
 
 
-def _one_shot_all_reduce() -> Any:
-    """The runtime's one-exchange all-reduce op (:mod:`autotp.passes.small_collectives`)."""
-    from autotp.passes.small_collectives import one_shot_all_reduce
+def _inference_kind(target: Any) -> str | None:
+    """The kind of one of the runtime's inference collectives (one-shot or shared-memory all-reduce,
+    shared-memory all-gather: :mod:`autotp.passes.small_collectives`), else None."""
+    from autotp.passes.small_collectives import inference_collective_kind
 
-    return one_shot_all_reduce
+    return inference_collective_kind(target)
 
 
 class _Recorder(torch.fx.Interpreter):
@@ -560,7 +567,7 @@ class _Recorder(torch.fx.Interpreter):
             return result
         if node.target is c10d.wait_tensor.default:
             return result
-        if node.target is c10d.all_reduce.default or node.target is _one_shot_all_reduce():
+        if node.target is c10d.all_reduce.default or _inference_kind(node.target) == "all_reduce":
             self.collectives.append(("all_reduce", result.numel() * result.element_size(), dist.get_world_size()))
             return result
         if launches_no_kernel(node.target):
@@ -601,8 +608,10 @@ def _stand_in_of(target: Any) -> Callable[..., torch.Tensor] | None:
     if target is c10d.reduce_scatter_tensor.default:
         return _scattered
     if target in (c10d.all_reduce.default, c10d.all_to_all_single.default, c10d.broadcast.default,
-                  c10d.wait_tensor.default) or target is _one_shot_all_reduce():
+                  c10d.wait_tensor.default) or _inference_kind(target) == "all_reduce":
         return _same
+    if _inference_kind(target) == "all_gather":  # the shared-memory all-gather: its world size is its own
+        return lambda tensor: _gathered(tensor, target.world_size)
     return None
 
 
@@ -687,6 +696,9 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
     return tuple(samples)
 
 
+_GRAPH_TIMEOUT_S = 300.0  # how long a rank waits for the others in a calibration graph's all-reduce
+
+
 def fair_core_share() -> float:
     """The most of a core one rank can get while every rank computes: the cores this process may
     run on over the threads of all ranks (``min(1, cores / (ranks * threads))``; 1/2 for four
@@ -705,7 +717,7 @@ def fair_core_share() -> float:
 
 def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:
     """One :class:`GraphSample` per shape, on every rank of the current process group (or alone)."""
-    from autotp.passes.small_collectives import one_shot_small_all_reduces
+    from autotp.passes.small_collectives import inference_all_reduces
 
     from .bandwidth import at_working_set  # bandwidth imports this module's timing helper
 
@@ -714,8 +726,8 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
     graphs = []
     for shape in shapes:
         module, example = block_graph(shape, world_size, group_name)
-        # as autotp.compile runs an inference graph: small gloo all-reduces in one exchange (tp > 2)
-        module = one_shot_small_all_reduces(module, None, world_size)
+        # as autotp.compile runs an inference graph: through shared memory on one host, else one-shot (tp > 2)
+        module = inference_all_reduces(module, None, world_size, timeout_s=_GRAPH_TIMEOUT_S)
         # its kernels priced at the bandwidth of its own working set (weights and input), as the cost pass does
         touched = sum(t.numel() * t.element_size() for t in (*module.buffers(), example))
         graphs.append((module, example, at_working_set(hardware, touched)))

@@ -74,11 +74,13 @@ HARDWARE_JSON_VERSION = 1
 
 _US = 1e-6  # seconds per microsecond
 
-SMALL_ALL_REDUCE_ALGORITHMS = ("ring", "one_shot")
-"""How the runtime runs an all-reduce small enough for the one-shot form
-(:func:`~.collectives.uses_one_shot_all_reduce`): ``"ring"`` (the backend's own all-reduce) or
-``"one_shot"`` (every rank sends its tensor to every rank in one exchange round and sums the
-copies: autotp's inference runtime on gloo, ``autotp.passes.small_collectives``)."""
+SMALL_ALL_REDUCE_ALGORITHMS = ("ring", "one_shot", "shared_memory")
+"""How the runtime runs an inference all-reduce: ``"ring"`` (the backend's own all-reduce),
+``"one_shot"`` (one small enough for :func:`~.collectives.uses_one_shot_all_reduce`: every rank
+sends its tensor to every rank in one exchange round and sums the copies: autotp's inference
+runtime on gloo across hosts, ``autotp.passes.small_collectives``) or ``"shared_memory"`` (every
+all-reduce of a group inside one node through a shared segment, priced on
+``Hardware.shared_memory_link``: gloo ranks on one x86-64 host, ``autotp.runtime.shared_memory``)."""
 
 # Host/runtime fields of Hardware that are non-negative numbers with a 0.0 default.
 _HOST_TIME_FIELDS = (
@@ -254,9 +256,13 @@ class Hardware:
     ``memory_bandwidth_gbps`` is then that graph's figure; a calibrated profile stores its
     largest-working-set (DRAM) figure there.
     ``small_all_reduce``: one of :data:`SMALL_ALL_REDUCE_ALGORITHMS`, how the runtime runs an
-    all-reduce that fits the one-shot form; ``"one_shot"`` on gloo profiles, ``"ring"`` on NCCL
-    ones. A profile written before the field existed reads ``"one_shot"`` when
-    ``host_is_device`` (a CPU profile: gloo) and ``"ring"`` otherwise.
+    inference all-reduce; ``"shared_memory"`` on gloo profiles calibrated on one x86-64 host,
+    ``"one_shot"`` on other gloo profiles, ``"ring"`` on NCCL ones. A profile written before the
+    field existed reads ``"one_shot"`` when ``host_is_device`` (a CPU profile: gloo) and
+    ``"ring"`` otherwise.
+    ``shared_memory_link``: the shared-memory all-reduce's own latency and bandwidth (fitted by
+    ``autotp calibrate`` to :func:`~.collectives.shared_memory_terms`); required with
+    ``small_all_reduce="shared_memory"``, None otherwise.
     """
 
     name: str
@@ -280,6 +286,7 @@ class Hardware:
     transcendental_element_s: float = 0.0
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = "ring"
+    shared_memory_link: LinkProfile | None = None
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -310,6 +317,11 @@ class Hardware:
         if self.small_all_reduce not in SMALL_ALL_REDUCE_ALGORITHMS:
             raise ValueError(f"{owner}.small_all_reduce must be one of "
                              f"{', '.join(map(repr, SMALL_ALL_REDUCE_ALGORITHMS))}, got {self.small_all_reduce!r}")
+        if self.shared_memory_link is not None and not isinstance(self.shared_memory_link, LinkProfile):
+            raise ValueError(f"{owner}.shared_memory_link must be a LinkProfile or None")
+        if self.small_all_reduce == "shared_memory" and self.shared_memory_link is None:
+            raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
+                             "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
         for link_field in ("intra_node", "inter_node"):
             if not isinstance(getattr(self, link_field), LinkProfile):
@@ -345,6 +357,7 @@ class Hardware:
                 *(getattr(self, host_field) for host_field in _HOST_TIME_FIELDS),
                 self.memory_bandwidth_curve,
                 self.small_all_reduce,
+                self.shared_memory_link,
             )
         )
 
@@ -372,6 +385,7 @@ class Hardware:
             "memory_bandwidth_curve": [{"working_set_bytes": size, "bandwidth_gbps": gbps}
                                        for size, gbps in self.memory_bandwidth_curve],
             "small_all_reduce": self.small_all_reduce,
+            **({"shared_memory_link": self.shared_memory_link.to_dict()} if self.shared_memory_link else {}),
             "source": self.source,
         }
 
@@ -402,7 +416,7 @@ class Hardware:
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "memory_bandwidth_curve",
-                    "small_all_reduce")
+                    "small_all_reduce", "shared_memory_link")
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
             if key not in data:
@@ -414,6 +428,8 @@ class Hardware:
             )
         intra_node = LinkProfile.from_dict(data["intra_node"], where="intra_node")
         inter_node = LinkProfile.from_dict(data["inter_node"], where="inter_node")
+        shared_memory_link = (LinkProfile.from_dict(data["shared_memory_link"], where="shared_memory_link")
+                              if data.get("shared_memory_link") is not None else None)
         try:
             return cls(
                 name=data["name"],
@@ -436,6 +452,7 @@ class Hardware:
                 memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
                 small_all_reduce=data.get("small_all_reduce",
                                           "one_shot" if data.get("host_is_device", False) is True else "ring"),
+                shared_memory_link=shared_memory_link,
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None

@@ -26,8 +26,11 @@ from torch.utils._pytree import tree_map
 from .collectives import (
     ONE_SHOT_MAX_BYTES,
     ONE_SHOT_MIN_GROUP,
+    SHARED_MEMORY_KINDS,
     alpha_beta_terms,
     hierarchical_parts,
+    inference_all_reduce_form,
+    shared_memory_terms,
     validate_collective,
 )
 from .compute import achievable_flops_per_s, achievable_memory_bytes_per_s, flops_formula, roofline_time_s
@@ -135,7 +138,15 @@ def symbolic_collective_time_s(
         hierarchical = sum((on_link(part_kind, nbytes_expr / divisor, part_group, getattr(hardware, link_field))
                             for part_kind, part_group, link_field, divisor in parts), sympy.Integer(0))
         ring = sympy.Min(flat, hierarchical)
-    if kind == "all_reduce" and hardware.small_all_reduce == "one_shot" and group_size >= ONE_SHOT_MIN_GROUP:
+    form = inference_all_reduce_form(hardware, spans_nodes=spans_nodes)
+    if kind in SHARED_MEMORY_KINDS and form == "shared_memory":
+        # the runtime's shared-memory collectives at every size (collectives.uses_shared_memory_all_reduce)
+        shm = hardware.shared_memory_link
+        if shm is None:  # Hardware requires it with small_all_reduce="shared_memory"
+            raise AssertionError(f"{hardware.name}: small_all_reduce='shared_memory' without shared_memory_link")
+        steps, factor = shared_memory_terms(kind, sympy.Integer(group_size))
+        ring = shm.base_latency_s + steps * shm.latency_s + factor * nbytes_expr / shm.bandwidth_bytes_per_s
+    elif kind == "all_reduce" and form == "one_shot" and group_size >= ONE_SHOT_MIN_GROUP:
         # the runtime's one exchange round up to ONE_SHOT_MAX_BYTES (collectives.uses_one_shot_all_reduce)
         steps, factor = alpha_beta_terms("all_to_all", "ring", sympy.Integer(group_size), sympy.Integer(0))
         one_shot = link.base_latency_s + steps * link.latency_s + factor * group_size * nbytes_expr / link.bandwidth_bytes_per_s

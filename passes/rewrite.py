@@ -43,7 +43,7 @@ from autotp.passes.random_streams import RankStreams, rank_seed, rank_stream_tar
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import local_form_for
 from autotp.passes.rules.args import holds_tensor
-from autotp.passes.small_collectives import one_shot_all_reduce
+from autotp.passes.small_collectives import inference_collective_kind, one_shot_all_reduce
 from autotp.passes.uneven import Partitions
 
 aten = torch.ops.aten
@@ -234,8 +234,10 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
 
 
 def is_collective(node: fx.Node) -> bool:
-    """True for inserted functional collectives (not their ``wait_tensor``)."""
-    return node.op == "call_function" and node.target in COLLECTIVE_OPS
+    """True for inserted functional collectives (not their ``wait_tensor``) and the inference forms of
+    an all-reduce or all-gather (:mod:`autotp.passes.small_collectives`)."""
+    return node.op == "call_function" and (node.target in COLLECTIVE_OPS
+                                           or inference_collective_kind(node.target) is not None)
 
 
 def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
@@ -245,7 +247,7 @@ def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
     nodes = [node for module in gm.modules() if isinstance(module, fx.GraphModule) for node in module.graph.nodes]
     for node in nodes:
         if is_collective(node):
-            kind = COLLECTIVE_OPS[node.target]
+            kind = COLLECTIVE_OPS.get(node.target) or str(inference_collective_kind(node.target))
             counts[kind] = counts.get(kind, 0) + 1
         elif node.op == "call_function" and isinstance(node.target, ReshardNode):  # a training graph's route
             for step in node.target.forward_steps:

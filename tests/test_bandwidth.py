@@ -153,3 +153,38 @@ def test_symbolic_all_reduce_prices_the_one_shot_below_the_threshold() -> None:
     for seq in (2, 256, 257, 4096):
         numeric = collective_time_s("all_reduce", seq * 1024, 4, gloo)
         assert math.isclose(evaluate_s(expression, {SEQ: seq}), numeric, rel_tol=1e-9), (seq, numeric)
+
+
+def test_shared_memory_all_reduce_is_priced_on_its_own_link() -> None:
+    """tp=2 and 4 on a gloo profile of one host (small_all_reduce="shared_memory"): every all-reduce inside a
+    node, small or large, costs base + (p-1) alpha + (p+1) n/B on shared_memory_link, numerically and
+    symbolically, an all-gather (p+1)/p n/B; other kinds and groups spanning nodes (no shared memory: the one-shot fallback) price as
+    before; the link round-trips through JSON and is required; one condition says where the runtime uses it."""
+    from autotp.cost_model import LinkProfile
+    from autotp.cost_model.collectives import uses_shared_memory_all_reduce
+    from autotp.cost_model.symbolic import SEQ, evaluate_s, symbolic_collective_time_s
+
+    shm = LinkProfile(name="shm", bandwidth_gbps=4.0, latency_s=20e-6, base_latency_s=5e-6)
+    hw = dataclasses.replace(get_hardware("cpu-gloo"), small_all_reduce="shared_memory", shared_memory_link=shm)
+    fallback = dataclasses.replace(hw, small_all_reduce="one_shot", shared_memory_link=None)
+    for p, nbytes in ((2, 2048), (4, 2048), (4, 8 * MIB)):
+        expected = 5e-6 + (p - 1) * 20e-6 + (p + 1) * nbytes / 4e9 + hw.collective_wait_s
+        got = collective_time_s("all_reduce", nbytes, p, hw)
+        assert got == pytest.approx(expected), f"tp={p}, {nbytes} B: expected {expected}, got {got}"
+    expression = symbolic_collective_time_s("all_reduce", SEQ * 1024, 4, hw)
+    for seq in (1, 4096):
+        numeric = collective_time_s("all_reduce", seq * 1024, 4, hw)
+        assert math.isclose(evaluate_s(expression, {SEQ: seq}), numeric, rel_tol=1e-9), (seq, numeric)
+    gather = 5e-6 + 3 * 20e-6 + 5 / 4 * 2048 / 4e9 + hw.collective_wait_s  # its n/4 in, the n of the output read
+    assert collective_time_s("all_gather", 2048, 4, hw) == pytest.approx(gather), "the all-gather runs there too"
+    assert collective_time_s("reduce_scatter", 2048, 4, hw) == collective_time_s("reduce_scatter", 2048, 4, fallback)
+    assert collective_time_s("all_reduce", 2048, 16, hw, spans_nodes=True) == pytest.approx(
+        collective_time_s("all_reduce", 2048, 16, fallback, spans_nodes=True)), "across hosts: the one-shot fallback"
+    assert Hardware.from_json(hw.to_json()) == hw, "shared_memory_link round-trips through JSON"
+    assert "shared_memory_link" not in fallback.to_dict(), "profiles without it write what they wrote before"
+    with pytest.raises(ValueError, match="needs shared_memory_link"):
+        dataclasses.replace(hw, shared_memory_link=None)
+    assert uses_shared_memory_all_reduce(backend="gloo", one_host=True, machine="x86_64")
+    for backend, one_host, machine in (("nccl", True, "x86_64"), ("gloo", False, "x86_64"), ("gloo", True, "aarch64")):
+        assert not uses_shared_memory_all_reduce(backend=backend, one_host=one_host, machine=machine), (
+            f"{backend}, one host {one_host}, {machine}: expected gloo's own all-reduce")

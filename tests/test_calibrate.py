@@ -18,6 +18,7 @@ from autotp.cli import main as cli
 from autotp.cost_model import Hardware, LinkProfile, get_hardware, link_collective_time_s
 from autotp.cost_model import calibrate as calibration
 from autotp.cost_model.calibrate import (
+    SHARED_MEMORY_KIND,
     CalibrationConfig,
     CollectiveSample,
     RankMeasurements,
@@ -134,7 +135,8 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
         assert 0 < measured.view_op_s < 1e-2, measured
     assert ranks[0].collectives == ranks[1].collectives, "every rank records the slowest rank's times"
     kinds = {(s.kind, s.nbytes) for s in ranks[0].collectives}
-    assert {k for k, _ in kinds} == set(KINDS) and len(kinds) == 6, kinds
+    # gloo's three kinds and, ranks on one x86-64 host, the shared-memory all-reduce: two sizes each
+    assert {k for k, _ in kinds} == {*KINDS, SHARED_MEMORY_KIND} and len(kinds) == 8, kinds
     profile = build_profile(ranks, ranks[0].collectives, world_size=2)
     assert profile.intra_node.bandwidth_gbps > 0 and profile.devices_per_node == 2, profile
     # in-graph calibration: every graph shape timed on both ranks, one all-reduce per row-split projection
@@ -151,7 +153,10 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     sizes = [size for size, _ in ranks[0].copy_curve]  # the quick working sets and the large copy, ascending
     assert sizes == sorted(sizes) and len(sizes) == len(quick.bandwidth_working_sets) + 1, ranks[0].copy_curve
     assert [size for size, _ in profile.memory_bandwidth_curve] == sizes, profile.memory_bandwidth_curve
-    assert profile.small_all_reduce == "one_shot", "a gloo profile prices the one-shot all-reduce the runtime runs"
+    assert profile.small_all_reduce == "shared_memory" and profile.shared_memory_link is not None, (
+        f"a gloo profile on one host prices the shared-memory all-reduce the runtime runs, got "
+        f"{profile.small_all_reduce!r} on {profile.shared_memory_link}")
+    assert profile.shared_memory_link.bandwidth_gbps > 0, profile.shared_memory_link
     assert "rank-local graphs" in profile.source, profile.source
 
 

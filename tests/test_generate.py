@@ -205,6 +205,38 @@ def test_a_whole_model_plan_runs_on_the_first_rank_only(gloo) -> None:
     assert results[0]["streamed"][-1] == "end" and len(results[0]["streamed"]) == NEW_TOKENS + 2, results[0]["streamed"]
 
 
+def _prompt_together(rank: int, world_size: int) -> dict[str, Any]:
+    model, ids = _model("llama", 24)
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # every weight whole: decode (one token) has nothing to split, while the 24-token prefill splits its
+        # tokens across the ranks on the cpu-gloo profile and gathers them (collectives in one phase only)
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, memory_budget=None,
+                            constraints={"*.weight": "R"}, hardware="cpu-gloo")
+    calls = {"decode": 0, "prefill": 0}
+    for phase, graph in (("decode", tp.graph_module), ("prefill", tp.generation.prefill)):
+        graph.register_forward_pre_hook(lambda *_, phase=phase: calls.__setitem__(phase, calls[phase] + 1))
+    got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
+    return {"got": got.tolist(), "expected": expected.tolist(), "calls": calls,
+            "collectives": (tp.generation.decode_plan.collective_counts(),
+                            tp.generation.prefill_plan.collective_counts())}
+
+
+def test_prompt_on_every_rank_then_the_first_rank_decodes_alone(gloo) -> None:
+    """tp=2 gloo, tiny Llama with every weight whole, prompt 24 tokens in one prefill chunk: the prefill plan
+    gathers (collectives), the decode plan has none. Both ranks run the prompt together, only rank 0 decodes,
+    and both return HF's greedy tokens."""
+    results = gloo.run(2, _prompt_together)
+    decode, prefill = results[0]["collectives"]
+    assert decode == {} and prefill, f"expected collectives in prefill only, got decode {decode}, prefill {prefill}"
+    calls = [r["calls"] for r in results]
+    assert calls == [{"decode": NEW_TOKENS - 1, "prefill": 1}, {"decode": 0, "prefill": 1}], (
+        f"graph calls by rank: {calls}; expected the prompt on both ranks and {NEW_TOKENS - 1} decode calls on rank 0")
+    for rank, result in enumerate(results):
+        assert result["got"] == result["expected"], f"rank {rank}: {result['got']} != HF {result['expected']}"
+
+
 def _errors(rank: int, world_size: int) -> dict[str, str]:
     model, ids = _model("llama", 6)
     tp = _compile(model, ids, 1, max_cache_len=10)

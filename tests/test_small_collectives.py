@@ -64,3 +64,83 @@ def test_one_shot_all_reduce_sums_like_gloo_and_agrees_across_ranks(gloo) -> Non
             check = result[name]
             assert check["close"], f"rank {rank}, {name}: differs from dist.all_reduce by {check['max_error']}"
             assert check["same_bits_on_every_rank"], f"rank {rank}, {name}: ranks got different sums"
+
+
+def _reduce_and_gather_graph(group_name: str, world_size: int) -> fx.GraphModule:
+    """``x -> (all_reduce(x) * 2, all_gather_into_tensor(x))``, each waited on, as the rewrite emits them."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    reduced = graph.call_function(c10d.wait_tensor.default,
+                                  (graph.call_function(c10d.all_reduce.default, (x, "sum", group_name)),))
+    gathered = graph.call_function(c10d.wait_tensor.default, (
+        graph.call_function(c10d.all_gather_into_tensor.default, (x, world_size, group_name)),))
+    graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (reduced, 2.0)), gathered))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _shared_memory_sums(rank: int, world_size: int) -> dict[str, Any]:
+    from autotp.base.errors import RankTimeoutError
+    from autotp.passes.small_collectives import inference_all_reduces
+    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
+
+    gm = inference_all_reduces(_reduce_and_gather_graph(dist.group.WORLD.group_name, world_size), None, world_size,
+                               timeout_s=30.0)
+    out: dict[str, Any] = {"targets": [type(n.target).__name__ for n in gm.graph.nodes if n.op == "call_function"],
+                           "counts": count_collectives(gm)}
+    # a 256-byte slot: 64 floats per chunk, so the larger tensors go through in many chunks
+    small_slots = shared_memory_all_reduce_for(None, timeout_s=30.0, slot_bytes=256)
+    generator = torch.Generator().manual_seed(rank)
+    for name, shape in (("graph, (2, 3)", (2, 3)), ("graph, (7, 33): another size", (7, 33)),
+                        ("chunks, 1000 = 15 slots + 40", (1000,)), ("chunks, one slot exactly", (64,))):
+        x = torch.randn(*shape, generator=generator)
+        expected = x.clone()
+        dist.all_reduce(expected)
+        expected_gather = torch.empty(world_size * shape[0], *shape[1:])
+        dist.all_gather_into_tensor(expected_gather, x)
+        if name.startswith("graph"):
+            got, got_gather = gm(x)
+            got = got / 2.0
+        else:
+            got, got_gather = small_slots(x), small_slots.all_gather(x)
+        gathered = [torch.empty_like(got) for _ in range(world_size)]
+        dist.all_gather(gathered, got)
+        out[name] = {"close": bool(torch.allclose(got, expected, rtol=1e-5, atol=1e-6)),
+                     "max_error": float((got - expected).abs().max()),
+                     "same_bits_on_every_rank": all(torch.equal(g, gathered[0]) for g in gathered),
+                     "gather_equal": torch.equal(got_gather, expected_gather)}
+    # the last rank never calls: the others give up after 0.2 s and name it
+    absent = shared_memory_all_reduce_for(None, timeout_s=0.2)
+    out["timeout"] = None
+    if rank != world_size - 1:
+        try:
+            absent(torch.ones(4))
+        except RankTimeoutError as error:
+            out["timeout"] = str(error)
+    dist.barrier()
+    return out
+
+
+def test_shared_memory_all_reduce_sums_like_gloo_agrees_across_ranks_and_times_out(gloo) -> None:
+    """tp=2 and tp=3, gloo ranks on one host: the pass replaces all_reduce + wait_tensor (and all_gather_into_tensor
+    + wait_tensor) by one shared-memory node each (counted as before); uneven sizes, sizes changing across calls
+    and tensors of many slots sum like dist.all_reduce with the same bits on every rank and gather like
+    dist.all_gather_into_tensor; a rank that
+    never arrives makes the others raise RankTimeoutError naming it and the timeout."""
+    for world_size in (2, 3):
+        results = gloo.run(world_size, _shared_memory_sums)
+        for rank, result in enumerate(results):
+            where = f"tp={world_size}, rank {rank}"
+            assert sorted(result["targets"]) == ["OpOverload", "SharedMemoryAllGather", "SharedMemoryAllReduce"], (
+                f"{where}: expected each collective pair replaced by one shared-memory node, got {result['targets']}")
+            assert result["counts"] == {"all_reduce": 1, "all_gather": 1}, (
+                f"{where}: counted {result['counts']}, expected one all_reduce and one all_gather")
+            for name, check in result.items():
+                if isinstance(check, dict) and "close" in check:
+                    assert check["close"], f"{where}, {name}: differs from dist.all_reduce by {check['max_error']}"
+                    assert check["same_bits_on_every_rank"], f"{where}, {name}: ranks got different sums"
+                    assert check["gather_equal"], f"{where}, {name}: the all-gather differs from gloo's"
+            if rank == world_size - 1:
+                continue
+            message = result["timeout"] or ""
+            assert f"rank {world_size - 1} of the group did not arrive within 0.2 s" in message, (
+                f"{where}: expected a timeout naming rank {world_size - 1} and 0.2 s, got {message!r}")
