@@ -46,8 +46,8 @@ def _structure(gm: fx.GraphModule) -> list[tuple[str, ...]]:
 def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No parallelism (capture only), 4 layers of each family (meta models traced as fake tensors, as
     from_pretrained does; the others with real weights; Llama with dynamic batch and sequence dims):
-    capture exports a 3-layer twin and stamps the 4th layer; the trace cache keeps the twin's program and
-    stamps it again to the same graph; graph, signature, state, constants, symbolic ranges and module
+    capture exports a 3-layer twin and stamps the 4th layer (Llama: the trace cache keeps the twin's
+    program and stamps it again to the same graph); graph, signature, state, constants, symbolic ranges and module
     call graph equal a whole export's (node names too, within the layers)."""
     build, dynamic = FAMILIES[family]
     model, args, kwargs = build()
@@ -59,16 +59,17 @@ def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.
         return original(traced, *rest, **options)
 
     monkeypatch.setattr(torch.export, "export", spy)
-    cache = TraceCache(tmp_path)
+    cache = TraceCache(tmp_path) if dynamic else None  # the cache round trip once (the dynamic model)
     captured = capture(model, args, kwargs, dynamic=dynamic, trace_cache=cache)
-    again = capture(model, args, kwargs, dynamic=dynamic, trace_cache=cache)  # the twin's program, stamped again
     monkeypatch.setattr(torch.export, "export", original)
     every = sum(1 for _ in model.parameters())
     assert len(exported) == 1 and exported[0] < every, \
         f"expected one export of a twin with fewer than {every} parameters, got exports with {exported}"
-    assert again.from_cache, "the second capture should read the trace cache"
-    assert graph_fingerprint(again.graph_module) == graph_fingerprint(captured.graph_module), \
-        "the program stamped from the cached twin differs from the one stamped after export"
+    if cache is not None:
+        again = capture(model, args, kwargs, dynamic=dynamic, trace_cache=cache)  # the twin's program, stamped again
+        assert again.from_cache, "the second capture should read the trace cache"
+        assert graph_fingerprint(again.graph_module) == graph_fingerprint(captured.graph_module), \
+            "the program stamped from the cached twin differs from the one stamped after export"
     whole = from_exported(_export_whole(model, args, kwargs, default_dynamic_shapes(model, args, kwargs) if dynamic else None), family)
     stamped_nodes, whole_nodes = _structure(captured.graph_module), _structure(whole.graph_module)
     assert len(stamped_nodes) == len(whole_nodes), f"nodes: stamped {len(stamped_nodes)}, whole export {len(whole_nodes)}"
