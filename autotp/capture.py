@@ -1,7 +1,8 @@
 """Capture: ``nn.Module`` + example inputs -> ATen-level FX graph with shapes on every node.
 
 ``torch.export.export(strict=False)`` gives a graph in which parameters, buffers and constants
-are lifted to placeholders; ``node.meta["val"]`` holds a FakeTensor (shape, dtype) for every
+are lifted to placeholders (for a transformers decoder of 4 or more identical layers, export traces
+three of them and :mod:`autotp.stamping` copies the last for the others: the same program, sooner); ``node.meta["val"]`` holds a FakeTensor (shape, dtype) for every
 node. We keep that lifted form: the planner sees a parameter as an input it may split, and
 the runtime feeds each rank its own shard in the parameter's place.
 
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import os
 import traceback
@@ -309,6 +311,8 @@ def capture(
         return _trace(model, example_inputs, kwargs, dynamic_shapes, mode, training, trace_cache)
 
     traced = trace() if share is None else share(model, example_inputs, kwargs, dynamic_shapes, training, trace)
+    if traced.store is not None:  # after sharing: the other ranks rebuild the program meanwhile
+        traced.store()
     captured = from_exported(traced.exported, type(model).__name__, training=training)
     captured.shape_mode = traced.mode
     captured.from_cache = traced.from_cache
@@ -330,6 +334,9 @@ class Traced:
     from_cache: bool = False
     fallback_warning: str | None = None
     """The warning given when dynamic export failed and the model was traced static (``"static-fallback"``)."""
+    store: Callable[[], None] | None = None
+    """Writes the new program to the trace cache: left to :func:`capture`, which does it once the program
+    is shared with the group."""
 
 
 TraceShare = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any, bool, Callable[[], Traced]], Traced]
@@ -343,7 +350,7 @@ def _trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     """Export (through ``trace_cache``); a model that cannot be exported with the default dynamic dims
     is exported static, with a warning."""
     try:
-        exported, from_cache = _export_or_reuse(model, args, kwargs, dynamic_shapes, training, trace_cache)
+        exported, from_cache, store = _export_or_reuse(model, args, kwargs, dynamic_shapes, training, trace_cache)
     except CaptureError as exc:
         if mode != "dynamic" or dynamic_shapes is None:
             raise
@@ -356,27 +363,36 @@ def _trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                    f"{str(exc).splitlines()[0]}")
         warnings.warn(message, stacklevel=2)
         return Traced(exported, "static-fallback", None, fallback_warning=message)
-    return Traced(exported, mode, dynamic_shapes, from_cache)
+    return Traced(exported, mode, dynamic_shapes, from_cache, store=store)
 
 
 def _export_or_reuse(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
-                     training: bool, trace_cache: Any) -> tuple[ExportedProgram, bool]:
-    """:func:`_export`, through ``trace_cache`` when there is one; and whether the program came from the cache."""
+                     training: bool, trace_cache: Any) -> tuple[ExportedProgram, bool, Callable[[], None] | None]:
+    """:func:`_export`, through ``trace_cache`` when there is one; whether the program came from the cache,
+    and the write of a new one to the cache (:attr:`Traced.store`)."""
     if trace_cache is None:
-        return _export(model, args, kwargs, dynamic_shapes), False
+        return _export(model, args, kwargs, dynamic_shapes), False, None
     from autotp.trace_cache import trace_key
 
     device = trace_device(args, kwargs)
     key = trace_key(model, args, kwargs, dynamic_shapes, device=device, training=training)
     exported = trace_cache.get(key, model, device)
     if exported is not None:
-        return exported, True
+        return exported, True, None
     exported = _export(model, args, kwargs, dynamic_shapes)
-    trace_cache.put(key, exported)
-    return exported, False
+    return exported, False, functools.partial(trace_cache.put, key, exported)
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:
+    """:func:`_export_whole`, or for a transformers decoder, two of its layers exported and the graph stamped
+    out to all of them (:mod:`autotp.stamping`: the same program in a fraction of the time)."""
+    from autotp.stamping import export_stamped
+
+    stamped = export_stamped(model, args, kwargs, dynamic_shapes, _export_whole)
+    return stamped if stamped is not None else _export_whole(model, args, kwargs, dynamic_shapes)
+
+
+def _export_whole(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:
     """``torch.export.export`` (non-strict); a failure becomes a :class:`CaptureError` with the user's line."""
     try:
         with torch.no_grad():

@@ -7,7 +7,9 @@ weights, so it can be stored once and reused by every later load of the same mod
 
 What is stored: the program *without weights* (``torch.export``'s own serialized form, the
 ``torch._export.serde`` schema, pickled), the names, shapes and dtypes of the parameters and buffers
-it was traced with, and the values of lifted constants that are real tensors. On a hit the weights
+it was traced with, and the values of lifted constants that are real tensors. For a decoder whose
+program was stamped from a few traced layers (:mod:`autotp.stamping`) that is the traced layers'
+program, stamped out again on a hit (quicker to rebuild than all the layers). On a hit the weights
 are bound back from the model (real tensors), or presented as fake tensors on the trace device (a
 model on ``meta``, as :func:`autotp.capture._as_if_on` does), so the result is the program export
 would have returned.
@@ -179,7 +181,7 @@ def trace_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         "format": _FORMAT,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "autotp capture": [_hash_file(os.path.join(here, f), memo) for f in ("capture.py", "trace_cache.py")],
+        "autotp capture": [_hash_file(os.path.join(here, f), memo) for f in ("capture.py", "stamping.py", "trace_cache.py")],
         "library": _library_version(model),
         "model": _model_description(model, memo),
         "state": _state_spec(model, device),
@@ -203,6 +205,9 @@ class _Entry:
     """State-dict FQN -> (shape, stride, dtype, is a Parameter, requires_grad) as traced."""
     constants: dict[str, Any]
     """Constant FQN -> a real tensor (stored), or (shape, stride, dtype) of a fake one."""
+    stamp: tuple[str, int] | None = None
+    """For a stamped program (:mod:`autotp.stamping`): the list of layers (FQN, length); ``program`` is
+    then the twin's (a few layers), stamped out again when read."""
 
 
 class TraceCache:
@@ -221,10 +226,9 @@ class TraceCache:
         if not path.is_file():
             return None
         try:
-            entry = _read_entry(path, key)
-            problem = _mismatch(entry, model)
-            if problem is None:
-                return _rebuild(entry, model, device)
+            exported, problem = _bind(_read_entry(path, key), model, device)
+            if exported is not None:
+                return exported
         except Exception as exc:  # noqa: BLE001 - any failure to read means: trace again
             problem = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         warnings.warn(f"autotp: ignoring the trace cache entry {path} ({problem}); tracing the model again",
@@ -303,9 +307,30 @@ def program_from_bytes(data: bytes, key: str, model: torch.nn.Module, device: to
     """The program of :func:`program_bytes` with ``model``'s weights bound, or None when it was made
     for another key or its parameters do not fit ``model``."""
     entry = pickle.loads(data)
-    if not isinstance(entry, _Entry) or entry.key != key or _mismatch(entry, model) is not None:
+    if not isinstance(entry, _Entry) or entry.key != key:
         return None
-    return _rebuild(entry, model, device)
+    return _bind(entry, model, device)[0]
+
+
+def _bind(entry: _Entry, model: torch.nn.Module, device: torch.device) -> tuple[ExportedProgram | None, str | None]:
+    """The program of ``entry`` with ``model``'s weights bound (stamped out to all its layers when the entry
+    holds a twin's), or None and why it does not fit ``model``."""
+    from autotp import stamping
+
+    if entry.stamp is None:
+        problem = _mismatch(entry, model)
+        return (_rebuild(entry, model, device), None) if problem is None else (None, problem)
+    path, count = entry.stamp
+    twin = stamping.twin(model, path, count)
+    if twin is None:
+        return None, f"it was stamped from {path} of {count} layers, which the model does not have"
+    problem = _mismatch(entry, twin)
+    if problem is not None:
+        return None, problem
+    try:
+        return stamping.restamp(_rebuild(entry, twin, device), model, path, count), None
+    except stamping.StampError as exc:
+        return None, f"its program does not stamp out to the model's layers: {exc}"
 
 
 def plan_key(captured: Any, options: Any) -> str:
@@ -330,6 +355,12 @@ def plan_key(captured: Any, options: Any) -> str:
 
 def _entry(key: str, exported: ExportedProgram) -> _Entry:
     from torch._subclasses.fake_tensor import FakeTensor
+
+    from autotp.stamping import stamped_from
+
+    stamped = stamped_from(exported)
+    if stamped is not None:  # the twin's program: a few layers, stamped out again when read
+        return dataclasses.replace(_entry(key, stamped.traced), stamp=(stamped.path, stamped.count))
 
     program = _serialize(exported)
     state = {fqn: (tuple(t.shape), tuple(t.stride()), t.dtype, isinstance(t, torch.nn.Parameter), bool(t.requires_grad))

@@ -34,12 +34,14 @@ def _exports_per_compile(rank: int, world_size: int) -> dict:
 
     from autotp.runtime import shared_trace
 
-    model, (ids,), kwargs = tiny_llama(hidden=64, intermediate=128, num_heads=4, num_kv_heads=2, layers=1, seq_len=8)
+    small = {"hidden": 64, "intermediate": 128, "num_heads": 4, "num_kv_heads": 2, "seq_len": 8}
+    deep, _, _ = tiny_llama(layers=4, **small)  # traced with 3 layers, the 4th stamped (autotp.stamping)
+    model, (ids,), kwargs = tiny_llama(layers=1, **small)
     torch.export.export = counting_export
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs)
+            tp = autotp.compile(deep, example_inputs=(ids,), example_kwargs=kwargs)
             forward_exports = counted["calls"]
             # programs above the limit go by a broadcast instead of the key-value store: take that path here
             shared_trace._STORE_MESSAGE_BYTES = 0
@@ -49,7 +51,7 @@ def _exports_per_compile(rank: int, world_size: int) -> dict:
         shared_trace._STORE_MESSAGE_BYTES = 4 << 20
     other = ids[:1, :5]  # another batch and length: the rebuilt program keeps the symbolic dims
     with torch.no_grad():
-        diff = (tp(other, **kwargs).logits - model(other, **kwargs).logits).abs().max().item()
+        diff = (tp(other, **kwargs).logits - deep(other, **kwargs).logits).abs().max().item()
         expected = model.generate(ids, max_new_tokens=4, do_sample=False)
     tokens = generating.generate(ids, max_new_tokens=4)
     try:
@@ -63,7 +65,8 @@ def _exports_per_compile(rank: int, world_size: int) -> dict:
 
 @pytest.mark.distributed
 def test_only_the_first_rank_traces(gloo) -> None:
-    """tp=2, Llama: rank 0 exports once for compile (dynamic dims) and twice for generation (decode, prefill;
+    """tp=2, Llama: rank 0 exports once for compile (dynamic dims; 4 layers: a 3-layer twin, sent as such and
+    stamped out on rank 1) and twice for generation (decode, prefill;
     sent by broadcast as a program too large for the key-value store would be); rank 1 exports nothing and
     rebuilds rank 0's programs with its own weights; its outputs at an untraced
     shape equal the single process's, and its greedy tokens HF's. A model no rank can trace gives every rank

@@ -1,0 +1,575 @@
+"""Trace three layers, stamp the rest: the program of an N-layer decoder from a 3-layer export.
+
+``torch.export`` time grows linearly with depth, and a transformers decoder's layers are the same
+module N times in one ``ModuleList``. So :func:`export_stamped` exports a *twin* of the model that
+holds only the first three layers (shallow copies of the modules on the path to the list; every
+module, weight and the config are the model's own), then extends the ATen graph to N layers: the
+nodes of layer 2 (those whose ``nn_module_stack`` lies under ``<list>.2``) are copied for layers
+3..N-1 with
+
+- parameter and buffer placeholders renamed to ``<list>.i`` (placeholders and signature entries
+  inserted where ``torch.export`` puts them: after layer i-1's, layer by layer);
+- each value layer 2 took from layer 1 (the hidden states) taken from the copy of layer i-1;
+- values shared by every layer (rotary cos/sin, the attention mask, positions, symbolic sizes)
+  left shared;
+- node names numbered on from the highest number of their kind so far, as export numbers the nodes
+  it makes (``linear_14`` .. ``linear_20`` in layer 2, ``linear_21`` .. in layer 3), the nodes after
+  the layers (final norm, head) alike; ``nn_module_stack`` and ``torch_fn`` renamed to layer i.
+
+Three layers, not two: export's numbering has gaps that depend on its internal caches (Llama's
+first and third attention use up names of nodes export deletes), so the names of layers 0 and 1
+do not predict the next layer's. The result is an ``ExportedProgram`` like ``torch.export``'s for
+the whole model node for node (ops, arguments, shapes and symbols, placeholder names, signature,
+state, module call graph; tests compare the two on several transformers families) but for the
+numbers in some names (the symbolic-size nodes export adds after tracing; a few nodes after the
+layers), so the trace cache, the shared trace and everything downstream take it unchanged.
+
+Only stamped when that is provably the same graph, else the model is exported whole (the reason
+logged at debug level on the ``autotp.stamping`` logger): the model has ``config.num_hidden_layers``
+(>= 4) and exactly one ``ModuleList`` of that length; every layer has the same module classes,
+plain attributes (layer-index attributes aside), parameter and buffer specs and hooks, shares no
+weight with another layer, and every per-layer list of the config (``layer_types``, ...) holds
+one value; the twin exports; layers 1 and 2 are isomorphic blocks (same ops, constant arguments,
+shapes, module paths) that sit back to back in the graph; layer 2 reads from layer 1 only values
+that stand where layer 1 read layer 0's; nothing after the layers reads an earlier layer than the
+last, and the program's outputs are user outputs only.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind, TensorArgument
+
+from autotp.base.errors import CaptureError
+
+__all__ = ["MIN_LAYERS", "StampError", "StampedFrom", "export_stamped", "layer_stack", "restamp", "stamped_from", "twin"]
+
+log = logging.getLogger(__name__)
+
+_TRACED_LAYERS = 3
+"""Layers the twin keeps: the last is copied; the step of each name's number is read off the last two (the
+first layer may use up more numbers than the others, e.g. for checks made once)."""
+
+MIN_LAYERS = _TRACED_LAYERS + 1
+"""Fewest layers worth stamping."""
+
+_INDEX_ATTRIBUTES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "block_idx"})
+"""Plain attributes that say which layer a module is, and so differ between otherwise equal layers."""
+
+_EXPORT_ADDED_NODE = "_empty_nn_module_stack_from_metadata_hook"
+_NAME_NUMBER = re.compile(r"(.*)_(\d+)$")
+
+
+class StampError(ValueError):
+    """Why a model's program cannot be stamped from its twin's (the model is then exported whole)."""
+
+
+Export = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any], ExportedProgram]
+
+
+def export_stamped(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
+                   export: Export) -> ExportedProgram | None:
+    """``model``'s program from its twin's export (``export(twin, args, kwargs, dynamic_shapes)``), or
+    None when stamping does not apply or cannot be proven right (see the module docstring)."""
+    try:
+        path, count = layer_stack(model)
+    except StampError as why:
+        log.debug("autotp: %s is exported whole: %s", type(model).__name__, why)
+        return None
+    twin = _twin(model, path)
+    try:
+        small = export(twin, args, kwargs, dynamic_shapes)
+    except CaptureError as exc:
+        log.debug("autotp: %s is exported whole: its twin did not export (%s)", type(model).__name__,
+                  str(exc).splitlines()[0])
+        return None
+    try:
+        stamped = restamp(small, model, path, count)
+    except StampError as why:
+        log.debug("autotp: %s is exported whole: %s", type(model).__name__, why)
+        return None
+    log.debug("autotp: %s traced with %d of its %d layers, the others stamped", type(model).__name__,
+              _TRACED_LAYERS, count)
+    return stamped
+
+
+@dataclasses.dataclass(frozen=True)
+class StampedFrom:
+    """How a stamped program was made: the twin's program (``torch.export``'s, unchanged) and the list
+    of layers (``path``, ``count`` layers). The trace cache and the shared trace store and send ``traced``
+    (a few layers: smaller, and quicker to rebuild) and stamp again where it is read (:func:`restamp`)."""
+
+    traced: ExportedProgram
+    path: str
+    count: int
+
+
+_STAMPED_FROM = "_autotp_stamped_from"
+"""Attribute of a stamped ``ExportedProgram`` holding its :class:`StampedFrom`."""
+
+
+def stamped_from(exported: ExportedProgram) -> StampedFrom | None:
+    """How ``exported`` was stamped, or None when ``torch.export`` made it whole."""
+    return getattr(exported, _STAMPED_FROM, None)
+
+
+def twin(model: torch.nn.Module, path: str, count: int) -> torch.nn.Module | None:
+    """The twin :func:`export_stamped` traces for ``model`` (its first layers of the list at ``path``), or
+    None when ``model`` is not one to stamp that way (another list, another length, layers not uniform)."""
+    try:
+        found = layer_stack(model)
+    except StampError:
+        return None
+    return _twin(model, path) if found == (path, count) else None
+
+
+def restamp(traced: ExportedProgram, model: torch.nn.Module, path: str, count: int) -> ExportedProgram:
+    """``model``'s program stamped from ``traced``, its twin's (:func:`twin`); :class:`StampError` when the
+    twin's program cannot be stamped (see the module docstring)."""
+    stamped = _stamp(traced, model, path, count)
+    setattr(stamped, _STAMPED_FROM, StampedFrom(traced, path, count))
+    return stamped
+
+
+def _config_layer_count(model: torch.nn.Module) -> int | None:
+    config: Any = getattr(model, "config", None)
+    count = getattr(config, "num_hidden_layers", None)
+    if count is None and hasattr(config, "get_text_config"):
+        count = getattr(config.get_text_config(), "num_hidden_layers", None)
+    return count if isinstance(count, int) else None
+
+
+def layer_stack(model: torch.nn.Module) -> tuple[str, int]:
+    """The FQN of the model's one list of identical layers and its length; :class:`StampError` says why not."""
+    count = _config_layer_count(model)
+    if count is None:
+        raise StampError("it has no config.num_hidden_layers (not a transformers model)")
+    if count < MIN_LAYERS:
+        raise StampError(f"{count} layers: fewer than {MIN_LAYERS}, nothing to stamp")
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count]
+    if len(lists) != 1:
+        raise StampError(f"{len(lists)} ModuleLists of {count} modules (config.num_hidden_layers); stamping needs one")
+    path, layers = lists[0]
+    reference = _layer_signature(layers[1])
+    for index, layer in enumerate(layers):
+        if _layer_signature(layer) != reference:
+            raise StampError(f"{path}.{index} differs from {path}.1 (module classes, attributes, weights or hooks)")
+    owners: dict[int, int] = {}
+    for index, layer in enumerate(layers):
+        for tensor in (*layer.parameters(), *layer.buffers()):
+            if owners.setdefault(id(tensor), index) != index:
+                raise StampError(f"{path}.{index} shares a weight with {path}.{owners[id(tensor)]}")
+    config: Any = getattr(model, "config", None)
+    settings = config.to_dict() if hasattr(config, "to_dict") else {}
+    for key, value in settings.items():
+        if isinstance(value, (list, tuple)) and len(value) == count and len({repr(v) for v in value}) > 1:
+            raise StampError(f"config.{key} differs between layers")
+    return path, count
+
+
+def _plain(value: Any) -> Any:
+    """A comparable form of a plain attribute value, or None when it is not plain (a config, a module)."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return repr(value)
+    if isinstance(value, (tuple, list)) and all(v is None or isinstance(v, (bool, int, float, str)) for v in value):
+        return repr(value)
+    return None
+
+
+def _layer_signature(layer: torch.nn.Module) -> list[Any]:
+    """What must be equal between two layers for their graphs to be equal (up to names)."""
+    signature = []
+    for name, module in layer.named_modules():
+        attributes = sorted((key, plain) for key, value in vars(module).items()
+                            if not key.startswith("_") and key not in _INDEX_ATTRIBUTES
+                            and (plain := _plain(value)) is not None)
+        parameters = [(n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in module.named_parameters(recurse=False)]
+        buffers = [(n, tuple(b.shape), b.dtype, n in module._non_persistent_buffers_set)
+                   for n, b in module.named_buffers(recurse=False)]
+        hooks = [len(module._forward_hooks), len(module._forward_pre_hooks)]
+        signature.append([name, f"{type(module).__module__}.{type(module).__qualname__}", attributes, parameters,
+                          buffers, hooks])
+    return signature
+
+
+def _twin(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    """``model`` with only the first ``_TRACED_LAYERS`` modules of the list at ``path``: shallow copies of
+    the modules on the way there (their submodule dicts copied), everything else the model's own."""
+    twin = copy.copy(model)
+    twin._modules = dict(model._modules)
+    parent = twin
+    *ancestors, last = path.split(".")
+    for name in ancestors:
+        child = copy.copy(parent.get_submodule(name))
+        child._modules = dict(child._modules)
+        parent._modules[name] = child
+        parent = child
+    layers = parent.get_submodule(last)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise StampError(f"{path} is not a ModuleList of {type(model).__name__}")
+    parent._modules[last] = torch.nn.ModuleList(list(layers)[:_TRACED_LAYERS])
+    return twin
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".")
+
+
+def _block_of(node: fx.Node, prefixes: tuple[str, ...]) -> int | None:
+    """The layer that made ``node`` (by its ``nn_module_stack``: under ``prefixes[i]``), else None."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [path for key, (path, *_) in stack.items() if key != _EXPORT_ADDED_NODE]
+    for index, prefix in enumerate(prefixes):
+        if any(_under(p, prefix) for p in paths):
+            return index
+    return None
+
+
+def _split_name(name: str) -> tuple[str, int]:
+    """``linear_7`` -> (``linear``, 7); ``linear`` -> (``linear``, 0): FX's numbering of names."""
+    match = _NAME_NUMBER.match(name)
+    return (match.group(1), int(match.group(2))) if match else (name, 0)
+
+
+def _numbered(base: str, number: int) -> str:
+    return f"{base}_{number}" if number else base
+
+
+class _Numbering:
+    """Per name base, how far the number of a ``torch_fn`` name moves from one layer to the next (read
+    off the last two traced layers)."""
+
+    def __init__(self) -> None:
+        self.step: dict[str, int] = {}
+        self.irregular: set[str] = set()
+
+    def learn(self, first: str, second: str) -> None:
+        """Learn from a name of the layer before and the same node's in the next; a base numbered
+        irregularly is left as it is."""
+        (base, number), (base_1, number_1) = _split_name(first), _split_name(second)
+        step = number_1 - number
+        if base != base_1 or step < 0 or self.step.setdefault(base, step) != step:
+            self.irregular.add(base)
+
+    def shifted(self, name: str, layers: int) -> str:
+        """``name`` moved on by ``layers`` layers (names of bases that no layer uses stay)."""
+        base, number = _split_name(name)
+        step = self.step.get(base)
+        return name if step is None or base in self.irregular else _numbered(base, number + layers * step)
+
+
+def _torch_fn_name(node: fx.Node) -> str | None:
+    value = node.meta.get("torch_fn")
+    return value[0] if isinstance(value, tuple) and value and isinstance(value[0], str) else None
+
+
+def _value_text(value: Any) -> str:
+    """Shape, stride and dtype of a node's value (symbolic sizes as their expressions), for comparing."""
+    if isinstance(value, torch.Tensor):
+        return f"T{tuple(value.shape)}{tuple(value.stride())}{value.dtype}{value.device}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_value_text(v) for v in value) + "]"
+    return repr(value)
+
+
+@dataclasses.dataclass
+class _Program:
+    """The traced program (``_TRACED_LAYERS`` layers) taken apart: its nodes by role."""
+
+    prefixes: tuple[str, ...]
+    """FQN of each traced layer (``model.layers.0``...)."""
+    placeholders: list[fx.Node]
+    before: list[fx.Node]
+    blocks: list[list[fx.Node]]
+    """Each traced layer's nodes, in graph order."""
+    after: list[fx.Node]
+    output: fx.Node
+    layer_inputs: dict[fx.Node, int]
+    """Placeholder -> its layer, for a parameter, buffer or constant of a traced layer."""
+
+    def sanitized(self, layer: int) -> str:
+        """How the layer's FQN shows in its placeholders' names (``model_layers_2_``)."""
+        return self.prefixes[layer].replace(".", "_") + "_"
+
+
+def _take_apart(small: ExportedProgram, path: str) -> _Program:
+    prefixes = tuple(f"{path}.{i}" for i in range(_TRACED_LAYERS))
+    nodes = list(small.graph_module.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    layer_inputs = {}
+    for node, spec in zip(placeholders, small.graph_signature.input_specs):
+        for index, prefix in enumerate(prefixes):
+            if spec.target is not None and _under(str(spec.target), prefix):
+                layer_inputs[node] = index
+    calls = [n for n in nodes if n.op not in ("placeholder", "output")]
+    if any(n.op != "call_function" for n in calls):
+        raise StampError("the graph has nodes other than calls (get_attr)")
+    layer_of = [_block_of(n, prefixes) for n in calls]
+    positions = [[i for i, b in enumerate(layer_of) if b == layer] for layer in range(_TRACED_LAYERS)]
+    if not all(positions):
+        raise StampError("some traced layer has no nodes (by nn_module_stack)")
+    start = positions[0][0]
+    if [i for p in positions for i in p] != list(range(start, positions[-1][-1] + 1)):
+        raise StampError("the traced layers' nodes are not back-to-back runs in the graph")
+    return _Program(prefixes, placeholders, calls[:start], [[calls[i] for i in p] for p in positions],
+                    calls[positions[-1][-1] + 1:], nodes[-1], layer_inputs)
+
+
+def _stack_renamed(stack: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    pattern = re.compile(re.escape(old) + r"(?=\.|$)")
+    return {pattern.sub(new, key): (pattern.sub(new, value[0]), *value[1:]) for key, value in stack.items()}
+
+
+def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
+    """The next-to-last traced layer's node -> the last one's, when the two are the same graph up to names;
+    else :class:`StampError`.
+
+    Also checks what the last layer reads: its own nodes, its own weights (the layer before's,
+    renamed), values shared with the layer before (the same node), or values of the layer before
+    that stand where that layer read the same value of the layer before it (the hidden states
+    handed on).
+    """
+    *_, grand, first, second = program.blocks
+    last = len(program.blocks) - 1
+    if len(first) != len(second):
+        raise StampError(f"the last two traced layers have {len(first)} and {len(second)} nodes")
+    # the first layer may make more nodes (symbolic sizes the later layers reuse, as Mixtral's): then a value
+    # handed on is matched by where it is read, not by its position in the layer
+    same_length = len(grand) == len(first)
+    handed_on: dict[fx.Node, fx.Node] = {}
+    counterpart: dict[fx.Node, fx.Node] = {}
+    position_in_grand = {node: i for i, node in enumerate(grand)}
+    position_in_first = {node: i for i, node in enumerate(first)}
+    in_second = set(second)
+    placeholder_names = {n.name: n for n in program.placeholders}
+    layer_names = (program.sanitized(last - 1), program.sanitized(last))
+
+    def same(a: Any, b: Any, where: fx.Node) -> None:
+        if isinstance(a, fx.Node) and isinstance(b, fx.Node):
+            if a in position_in_first:  # the layer's own value: the next layer's own counterpart
+                ok = counterpart.get(a) is b
+            elif b in position_in_first:  # handed on from the layer before, as the layer before had it from its own
+                if same_length:
+                    ok = position_in_grand.get(a) == position_in_first[b]
+                else:  # one value of the layer before per value handed on
+                    ok = a in position_in_grand and handed_on.setdefault(b, a) is a
+                    ok = ok and len(set(handed_on.values())) == len(handed_on)
+            elif program.layer_inputs.get(a) == last - 1:
+                ok = placeholder_names.get(a.name.replace(layer_names[0], layer_names[1], 1)) is b
+            else:
+                ok = a is b and a not in program.layer_inputs and a not in in_second
+            if not ok:
+                raise StampError(f"{where.name} of {program.prefixes[last]} reads {b.name} where the layer before reads {a.name}")
+        elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and type(a) is type(b) and len(a) == len(b):
+            for x, y in zip(a, b):
+                same(x, y, where)
+        elif isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+            for key in a:
+                same(a[key], b[key], where)
+        elif isinstance(a, fx.Node) or isinstance(b, fx.Node) or type(a) is not type(b) or repr(a) != repr(b):
+            raise StampError(f"{where.name} of {program.prefixes[last]} has argument {b!r} where the layer before has {a!r}")
+
+    for a, b in zip(first, second):
+        if a.op != b.op or a.target != b.target:
+            raise StampError(f"{a.name} ({a.target}) and {b.name} ({b.target}) of consecutive layers differ")
+        same(a.args, b.args, b)
+        same(a.kwargs, b.kwargs, b)
+        if _value_text(a.meta.get("val")) != _value_text(b.meta.get("val")):
+            raise StampError(f"{a.name} and {b.name} of consecutive layers have different shapes")
+        renamed = _stack_renamed(a.meta.get("nn_module_stack") or {}, program.prefixes[last - 1], program.prefixes[last])
+        if renamed != b.meta.get("nn_module_stack"):
+            raise StampError(f"{a.name} and {b.name} of consecutive layers come from different modules")
+        counterpart[a] = b
+    earlier = {n for block in program.blocks[:-1] for n in block}
+    for node in (*program.after, program.output):
+        for used in node.all_input_nodes:
+            if used in earlier:
+                raise StampError(f"{node.name} after the layers reads {used.name} of a layer before the last")
+    return counterpart
+
+
+def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int) -> ExportedProgram:
+    """The program of ``model`` (``count`` layers at ``path``) from ``small``, its twin's with ``_TRACED_LAYERS``."""
+    from torch._subclasses.fake_tensor import maybe_get_fake_mode
+
+    signature = small.graph_signature
+    if any(spec.kind != OutputKind.USER_OUTPUT for spec in signature.output_specs):
+        raise StampError("the program updates buffers or inputs (its outputs are not user outputs only)")
+    program = _take_apart(small, path)
+    last = _TRACED_LAYERS - 1  # the layer copied; it reads from the layer before (``last - 1``)
+    counterpart = _check_isomorphic(program)
+    torch_fns = _Numbering()
+    for a, b in counterpart.items():
+        if (fn_a := _torch_fn_name(a)) is not None and (fn_b := _torch_fn_name(b)) is not None:
+            torch_fns.learn(fn_a, fn_b)
+
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}  # node of the traced graph -> its node in the new one
+    stamped: dict[int, dict[fx.Node, fx.Node]] = {layer: {} for layer in range(last - 1, count)}
+    """Per layer from ``last - 1`` on: the copied layer's node (or placeholder) -> that layer's."""
+    specs: list[Any] = []
+    spec_of = {spec.arg.name: spec for spec in signature.input_specs}
+    layer_fqn = {i: f"{path}.{i}" for i in range(count)}
+    copied = program.prefixes[last]
+
+    highest: dict[str, int] = {}  # name base -> highest number given so far
+
+    def add(name: str | None, op: str, target: Any, args: Any, kwargs: Any, like: fx.Node, meta: dict[str, Any]) -> fx.Node:
+        """A node named ``name``, or (None) numbered on from the highest name of ``like``'s kind so far, as
+        export numbers the nodes it makes."""
+        if name is None:
+            base = _split_name(like.name)[0]
+            name = _numbered(base, highest[base] + 1) if base in highest else base
+        node = graph.create_node(op, target, args, kwargs, name=name, type_expr=like.type)
+        if node.name != name:
+            raise StampError(f"the name {name} is taken twice")
+        base, number = _split_name(name)
+        highest[base] = max(highest.get(base, 0), number)
+        node.meta = meta
+        return node
+
+    def torch_fn_shifted(node: fx.Node, meta: dict[str, Any], layers: int) -> None:
+        if (fn := _torch_fn_name(node)) is not None:
+            meta["torch_fn"] = (torch_fns.shifted(fn, layers), *meta["torch_fn"][1:])
+
+    # placeholders, with each run of the copied layer's followed by layers last+1..count-1's
+    run: list[fx.Node] = []
+
+    def flush_run() -> None:
+        for layer in range(last + 1, count):
+            for node in run:
+                name = node.name.replace(program.sanitized(last), f"{layer_fqn[layer].replace('.', '_')}_", 1)
+                stamped[layer][node] = add(name, "placeholder", name, (), {}, node, dict(node.meta))
+                spec = spec_of[node.name]
+                specs.append(dataclasses.replace(spec, arg=TensorArgument(name=name),
+                                                 target=layer_fqn[layer] + str(spec.target)[len(copied):]))
+        run.clear()
+
+    for node in program.placeholders:
+        if run and program.layer_inputs.get(node) != last:
+            flush_run()
+        env[node] = add(node.name, "placeholder", node.target, (), {}, node, dict(node.meta))
+        specs.append(spec_of[node.name])
+        if program.layer_inputs.get(node) == last:
+            if program.sanitized(last) not in node.name:
+                raise StampError(f"placeholder {node.name} does not name its layer")
+            run.append(node)
+    flush_run()
+
+    first, second = program.blocks[-2], program.blocks[-1]
+    previous = {b: a for a, b in counterpart.items()}  # copied layer's node -> the layer before's
+    for node in (*program.before, *(n for block in program.blocks for n in block)):
+        env[node] = add(node.name, node.op, node.target, fx.map_arg(node.args, env.__getitem__),
+                        fx.map_arg(node.kwargs, env.__getitem__), node, dict(node.meta))
+    stamped[last].update({b: env[b] for b in second})
+    stamped[last - 1].update({b: env[previous[b]] for b in second})
+    in_first = set(first)
+    for layer in range(last + 1, count):
+        this, before = stamped[layer], stamped[layer - 1]
+
+        def source(used: fx.Node, this: dict[fx.Node, fx.Node] = this, before: dict[fx.Node, fx.Node] = before) -> fx.Node:
+            if used in this:  # this layer's own node, or its weight (placeholders were stamped above)
+                return this[used]
+            if used in in_first:  # what the copied layer reads of the layer before: this layer's layer before's
+                return before[counterpart[used]]
+            return env[used]
+
+        for node in second:
+            meta = dict(node.meta)
+            if "nn_module_stack" in meta:
+                meta["nn_module_stack"] = _stack_renamed(meta["nn_module_stack"], copied, layer_fqn[layer])
+            torch_fn_shifted(node, meta, layer - last)
+            this[node] = add(None, node.op, node.target,
+                             fx.map_arg(node.args, source), fx.map_arg(node.kwargs, source), node, meta)
+    final = stamped[count - 1]
+
+    def after_layers(used: fx.Node) -> fx.Node:
+        return final[used] if used in final else env[used]
+
+    renamed: dict[str, str] = {node.name: final[node].name for node in second}
+    layer_bases = {_split_name(node.name)[0] for node in second}
+    for node in (*program.after, program.output):
+        # numbered on after the layers' names, as export does; a kind of op the layers do not use keeps its name
+        name = None if _split_name(node.name)[0] in layer_bases else node.name
+        meta = dict(node.meta)
+        torch_fn_shifted(node, meta, count - 1 - last)
+        env[node] = add(name, node.op, node.target, fx.map_arg(node.args, after_layers),
+                        fx.map_arg(node.kwargs, after_layers), node, meta)
+        renamed[node.name] = env[node].name
+    outputs = [dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=renamed.get(spec.arg.name, spec.arg.name)))
+               if hasattr(spec.arg, "name") else spec for spec in signature.output_specs]
+    graph.lint()
+
+    state_dict, constants = _stamped_state(small, model, specs, copied, layer_fqn, maybe_get_fake_mode)
+    exported = ExportedProgram(  # makes the graph module (generating its code once)
+        root=small.graph_module, graph=graph, graph_signature=ExportGraphSignature(specs, outputs),
+        state_dict=state_dict, range_constraints=small.range_constraints,
+        module_call_graph=_stamped_call_graph(small.module_call_graph, copied, layer_fqn, count),
+        example_inputs=small.example_inputs, constants=constants, verifiers=list(small.verifiers))
+    exported._guards_code = small._guards_code
+    exported.graph_module.meta.update(small.graph_module.meta)
+    return exported
+
+
+def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterable[Any], prefix: str,
+                   layer_fqn: dict[int, str], fake_mode_of: Callable[[Any], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """State dict and constants of the stamped program: the twin's, plus the stamped layers' from the model's
+    own tensors, or (a model traced as fake tensors) fakes made like the copied layer's in its fake mode."""
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    own: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    own.update(model.named_buffers(remove_duplicate=False))
+    state_dict: dict[str, Any] = {}
+    constants: dict[str, Any] = dict(small.constants)
+    for spec in specs:
+        fqn = str(spec.target)
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            continue
+        known = small.state_dict.get(fqn, small.constants.get(fqn))
+        if known is None:
+            layer = next(i for i, p in layer_fqn.items() if _under(fqn, p))
+            like = small.state_dict.get(prefix + fqn[len(layer_fqn[layer]):],
+                                        small.constants.get(prefix + fqn[len(layer_fqn[layer]):]))
+            mode = fake_mode_of(like)
+            if mode is None:
+                known = own[fqn]
+            else:  # what the fake mode makes of empty_strided, without a dispatch per tensor
+                with in_kernel_invocation_manager(mode):
+                    empty = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device="meta")
+                known = FakeTensor(mode, empty, like.device)
+                if isinstance(like, torch.nn.Parameter):
+                    known = torch.nn.Parameter(known, requires_grad=like.requires_grad)
+        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+            state_dict[fqn] = known
+        else:
+            constants[fqn] = known
+    return state_dict, constants
+
+
+def _stamped_call_graph(entries: list[Any], prefix: str, layer_fqn: dict[int, str], count: int) -> list[Any]:
+    """The module call graph with the copied layer's entries (under ``prefix``) repeated for the stamped
+    layers right after them."""
+    result, run = [], []
+    copied = int(prefix.rsplit(".", 1)[1])
+    for entry in [*entries, None]:
+        if entry is not None and _under(entry.fqn, prefix):
+            if entry.signature is not None:
+                raise StampError(f"the call signature of {entry.fqn} is kept")
+            run.append(entry)
+            result.append(entry)
+            continue
+        for layer in range(copied + 1, count):
+            result.extend(dataclasses.replace(e, fqn=layer_fqn[layer] + e.fqn[len(prefix):]) for e in run)
+        run = []
+        if entry is not None:
+            result.append(entry)
+    return result

@@ -1,0 +1,112 @@
+"""Trace three layers, stamp the rest (autotp/stamping.py): the program of a transformers decoder
+equals a whole ``torch.export`` of it node for node, and models it cannot prove that for are
+exported whole."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import torch.fx as fx
+from generation_models import tiny_gemma, tiny_phi
+from models import tiny_gpt2, tiny_llama, tiny_mlp, tiny_qwen2
+
+from autotp.capture import _export_whole, capture, default_dynamic_shapes, from_exported
+from autotp.planning.plan import graph_fingerprint
+from autotp.stamping import export_stamped
+from autotp.trace_cache import TraceCache
+
+SMALL = {"hidden": 64, "intermediate": 128, "seq_len": 8}
+FAMILIES = {  # name -> (model and inputs, traced with dynamic batch and sequence dims); static traces are cheaper
+    "llama, meta, dynamic": (lambda: tiny_llama(4, 2, layers=4, device="meta", **SMALL), True),
+    "qwen2, meta": (lambda: tiny_qwen2(4, 2, layers=4, device="meta", **SMALL), False),
+    "gpt2": (lambda: tiny_gpt2(4, layers=4, hidden=64, seq_len=8), False),
+    "gemma": (lambda: tiny_gemma(4, layers=4, **SMALL), False),
+    "phi": (lambda: tiny_phi(4, layers=4, **SMALL), False),
+}
+
+
+def _structure(gm: fx.GraphModule) -> list[tuple[str, ...]]:
+    """Every node as (placeholder name, op, target, arguments by node position, value's shape/stride/dtype,
+    module path): what a plan depends on, with the numbering of intermediate names left out."""
+    position = {node: f"%{i}" for i, node in enumerate(gm.graph.nodes)}
+    described = []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        shape = (f"{tuple(val.shape)} {tuple(val.stride())} {val.dtype}" if isinstance(val, torch.Tensor) else repr(val))
+        stack = [path for path, _ in (node.meta.get("nn_module_stack") or {}).values()]
+        described.append((node.name if node.op == "placeholder" else "", node.op, str(node.target),
+                          str(fx.map_arg((node.args, node.kwargs), position.__getitem__)), shape, str(stack)))
+    return described
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No parallelism (capture only), 4 layers of each family (meta models traced as fake tensors, as
+    from_pretrained does; the others with real weights; Llama with dynamic batch and sequence dims):
+    capture exports a 3-layer twin and stamps the 4th layer (Llama: the trace cache keeps the twin's
+    program and stamps it again to the same graph); graph, signature, state, constants, symbolic ranges and module
+    call graph equal a whole export's (node names too, within the layers)."""
+    build, dynamic = FAMILIES[family]
+    model, args, kwargs = build()
+    exported: list[int] = []
+    original = torch.export.export
+
+    def spy(traced, *rest, **options):
+        exported.append(sum(1 for _ in traced.parameters()))
+        return original(traced, *rest, **options)
+
+    monkeypatch.setattr(torch.export, "export", spy)
+    cache = TraceCache(tmp_path) if dynamic else None  # the cache round trip once (the dynamic model)
+    captured = capture(model, args, kwargs, dynamic=dynamic, trace_cache=cache)
+    monkeypatch.setattr(torch.export, "export", original)
+    every = sum(1 for _ in model.parameters())
+    assert len(exported) == 1 and exported[0] < every, \
+        f"expected one export of a twin with fewer than {every} parameters, got exports with {exported}"
+    if cache is not None:
+        again = capture(model, args, kwargs, dynamic=dynamic, trace_cache=cache)  # the twin's program, stamped again
+        assert again.from_cache, "the second capture should read the trace cache"
+        assert graph_fingerprint(again.graph_module) == graph_fingerprint(captured.graph_module), \
+            "the program stamped from the cached twin differs from the one stamped after export"
+    whole = from_exported(_export_whole(model, args, kwargs, default_dynamic_shapes(model, args, kwargs) if dynamic else None), family)
+    stamped_nodes, whole_nodes = _structure(captured.graph_module), _structure(whole.graph_module)
+    assert len(stamped_nodes) == len(whole_nodes), f"nodes: stamped {len(stamped_nodes)}, whole export {len(whole_nodes)}"
+    for index, (got, expected) in enumerate(zip(stamped_nodes, whole_nodes)):
+        assert got == expected, f"node {index}: stamped {got}, whole export {expected}"
+    ours, theirs = captured.exported, whole.exported
+    assert str(ours.graph_signature) == str(theirs.graph_signature), \
+        f"signatures differ:\n{ours.graph_signature}\nvs\n{theirs.graph_signature}"
+    assert list(ours.state_dict) == list(theirs.state_dict), "state dict keys differ"
+    assert list(ours.constants) == list(theirs.constants), "constants differ"
+    assert str(ours.range_constraints) == str(theirs.range_constraints), \
+        f"ranges: {ours.range_constraints} vs {theirs.range_constraints}"
+    assert [e.fqn for e in ours.module_call_graph] == [e.fqn for e in theirs.module_call_graph], "module call graphs differ"
+    layer_names = [n.name for n in captured.graph_module.graph.nodes if ".layers.3" in str(n.meta.get("nn_module_stack"))
+                   or ".h.3" in str(n.meta.get("nn_module_stack"))]
+    whole_names = [n.name for n in whole.graph_module.graph.nodes if ".layers.3" in str(n.meta.get("nn_module_stack"))
+                   or ".h.3" in str(n.meta.get("nn_module_stack"))]
+    assert layer_names and layer_names == whole_names, f"the stamped layer's node names differ: {layer_names[:5]}..."
+
+
+def test_models_not_provably_uniform_are_exported_whole(caplog: pytest.LogCaptureFixture) -> None:
+    """No parallelism: Qwen2 with sliding-window attention on some layers only (config.layer_types mixed), a
+    3-layer Llama (nothing to stamp) and a plain torch MLP (no config) are not stamped: no export is made for
+    a twin, and the reason is logged at debug level."""
+    exports: list[str] = []
+
+    def export(model, *rest):
+        exports.append(type(model).__name__)
+        raise AssertionError("no twin should be exported")
+
+    mixed, args, kwargs = tiny_qwen2(4, 2, layers=4, device="meta", **SMALL)
+    mixed.config.layer_types = ["full_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    shallow, _, _ = tiny_llama(4, 2, layers=3, device="meta", **SMALL)
+    plain, plain_args, _ = tiny_mlp(hidden=16, intermediate=32)
+    with caplog.at_level(logging.DEBUG, logger="autotp.stamping"):
+        for model, inputs in ((mixed, args), (shallow, args), (plain, plain_args)):
+            assert export_stamped(model, inputs, {}, None, export) is None, f"{type(model).__name__} was stamped"
+    assert exports == [], f"twins exported: {exports}"
+    for reason in ("config.layer_types differs between layers", "3 layers: fewer than 4", "no config.num_hidden_layers"):
+        assert reason in caplog.text, f"expected the reason {reason!r} in the debug log: {caplog.text!r}"
