@@ -133,3 +133,39 @@ def test_sampling_follows_hf_warpers() -> None:
     assert torch.equal(got, expected), f"sampled {got.tolist()}, HF warpers give {expected.tolist()}"
     greedy = next_tokens(logits, do_sample=False, temperature=1.0, top_k=None, top_p=None, generator=None)
     assert torch.equal(greedy, logits.argmax(-1)), f"greedy {greedy.tolist()} != argmax {logits.argmax(-1).tolist()}"
+
+
+class _ScaledLinear(torch.nn.Module):
+    """A linear layer and a buffer that scales its output (a parameter and a buffer as graph inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.register_buffer("scale", torch.full((8,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale
+
+
+def test_forward_reads_the_live_parameters_and_buffers(fake_tp2) -> None:
+    """tp=2 (fake process group), a linear layer and a scale buffer, memory_budget=None (no collective): forward
+    reads each graph input from the module's live dicts, so a buffer that .to() replaces and a parameter assigned
+    in place are what the next call uses."""
+    import autotp
+
+    torch.manual_seed(0)
+    model, x = _ScaledLinear(), torch.randn(3, 8)
+    tp = autotp.compile(model, world_size=2, example_inputs=(x,), memory_budget=None, hardware="cpu-gloo")
+    assert not tp.plan.collective_counts(), f"expected a plan without collectives, got {tp.plan.collective_counts()}"
+    with torch.no_grad():
+        torch.testing.assert_close(tp(x), model(x))
+        tp.to(torch.float64)  # replaces the buffer tensor in _buffers, and each parameter's data
+        for buffer in tp.buffers():
+            buffer.fill_(3.0)  # on the new tensor: the old one, held anywhere, still says 2
+        model.scale = torch.full((8,), 3.0)  # not in place: the old tensor may be the one tp was built with
+        out = tp(x.double())
+        assert out.dtype == torch.float64, f"expected float64 after .to(torch.float64), got {out.dtype}"
+        torch.testing.assert_close(out, model.double()(x.double()))
+        for param in tp.parameters():
+            param.zero_()
+        assert torch.count_nonzero(tp(x.double())) == 0, "expected zeros after zeroing every parameter in place"
