@@ -336,7 +336,8 @@ class Traced:
     """The warning given when dynamic export failed and the model was traced static (``"static-fallback"``)."""
     store: Callable[[], None] | None = None
     """Writes the new program to the trace cache: left to :func:`capture`, which does it once the program
-    is shared with the group."""
+    is shared with the group (``functools.partial(TraceCache.put, key, exported)``; the sharing rank binds
+    ``payload=`` to the bytes it sent, so the program is not serialized twice)."""
 
 
 TraceShare = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any, bool, Callable[[], Traced]], Traced]

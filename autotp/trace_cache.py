@@ -235,8 +235,11 @@ class TraceCache:
                       stacklevel=3)
         return None
 
-    def put(self, key: str, exported: ExportedProgram) -> None:
+    def put(self, key: str, exported: ExportedProgram, *, payload: bytes | None = None) -> None:
         """Store ``exported`` (as ``torch.export`` returned it) under ``key``; a failure to write only warns.
+
+        ``payload``: ``exported`` already serialized by :func:`program_bytes` for the same ``key`` (rank 0
+        made it to send to its group), written as it is instead of serializing the program again.
 
         Of several processes storing the same key at once (the ranks of one load), the one that
         creates ``<key>.lock`` first writes; the others skip (a lock older than ten minutes is stale).
@@ -255,7 +258,9 @@ class TraceCache:
             except FileExistsError:
                 return  # another process is writing this entry
             try:
-                _write_entry(path, _entry(key, exported))
+                if payload is None or key.encode() not in payload:  # (the key is pickled as it is, in the entry)
+                    payload = pickle.dumps(_entry(key, exported), protocol=pickle.HIGHEST_PROTOCOL)
+                _write_payload(path, payload)
             finally:
                 lock.unlink(missing_ok=True)
         except Exception as exc:  # noqa: BLE001 - the cache is an optimisation: loading goes on
@@ -437,7 +442,11 @@ def _serialize(exported: ExportedProgram) -> Any:
 
 
 def _write_entry(path: Path, entry: _Entry) -> None:
-    payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+    _write_payload(path, pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _write_payload(path: Path, payload: bytes) -> None:
+    """A cache file of ``payload`` (a pickled :class:`_Entry`): magic, checksum, payload, written atomically."""
     digest = hashlib.sha256(payload).hexdigest().encode()
     _write_atomically(path, _MAGIC + digest + b"\n" + payload)
 

@@ -42,7 +42,7 @@ SPANS = [  # (label, module, attribute): the function autotp calls for that stag
     ("  trace cache read", "autotp.trace_cache", "_read_entry"),
     ("  trace cache rebuild", "autotp.trace_cache", "_rebuild"),
     ("  trace cache write", "autotp.trace_cache", "_entry"),
-    ("  trace cache write file", "autotp.trace_cache", "_write_entry"),
+    ("  trace cache write file", "autotp.trace_cache", "_write_payload"),
     ("agreement record", "autotp.api", "compile_record"),
     ("headers", "autotp.api", "open_checkpoint"),
     ("plan (rank 0 plans, others wait)", "autotp.api", "plan_on_first_rank"),

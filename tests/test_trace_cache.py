@@ -136,3 +136,28 @@ def test_cache_never_inside_the_checkpoint(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("AUTOTP_CACHE", "1")
     default = open_trace_cache(True, checkpoint)
     assert default is not None and default.directory == tmp_path / "env-cache", f"got {default}"
+
+
+def test_put_writes_the_bytes_sent_to_the_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process (tp=1 view of rank 0's write): the bytes rank 0 made for its group are written as the
+    cache entry without serializing the program again; bytes made for another key are not trusted."""
+    import autotp.trace_cache as trace_cache
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    exported = torch.export.export(model, (torch.randn(3, 4),))
+    key, other = "a" * 64, "b" * 64
+    sent = trace_cache.program_bytes(key, exported)
+    serialized: list[str] = []
+    original = trace_cache._entry
+    monkeypatch.setattr(trace_cache, "_entry", lambda k, e: serialized.append(k) or original(k, e))
+    cache = TraceCache(tmp_path)
+    cache.put(key, exported, payload=sent)
+    assert serialized == [], f"expected the sent bytes written as they are, but the program was serialized for {serialized}"
+    assert cache.path(key).read_bytes().endswith(sent), "expected the cache file to end with the sent bytes"
+    reread = cache.get(key, model, torch.device("cpu"))
+    assert reread is not None, "expected the entry written from the sent bytes to read back"
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(reread.module()(x), model(x), msg="expected the reread program to compute the model")
+    cache.put(other, exported, payload=sent)  # bytes of another key: serialized again under its own key
+    assert serialized == [other], f"expected one serialization for the other key, got {serialized}"
+    assert cache.get(other, model, torch.device("cpu")) is not None, "expected the other key's entry to read back"

@@ -25,6 +25,7 @@ naming rank 0 otherwise); no rank is left waiting (the exchange is bounded by ``
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -101,6 +102,9 @@ class FirstRankTrace:
                 message["entry"] = to_bytes(key, traced.exported)
             except Exception:  # noqa: BLE001 - a program that cannot be serialized: each rank traces its own
                 message["key"] = None
+            else:
+                if traced.store is not None:  # the cache entry is these bytes: written without serializing again
+                    traced.store = functools.partial(traced.store, payload=message["entry"])
             message.update(mode=traced.mode, from_cache=traced.from_cache, fallback_warning=traced.fallback_warning)
         large = message.get("entry") is not None and len(message["entry"]) > _STORE_MESSAGE_BYTES
         entry = message.pop("entry", None) if large else None
