@@ -62,14 +62,25 @@ class _Pricer:
         self._cache: dict[tuple[tuple, Placement, Placement], float] = {}
         self._keys: dict[str, tuple] = {}
         self._base: dict[str, dict[str, float]] = {}
+        self._labels: dict[tuple[tuple, Placement, Placement], str] = {}
 
-    def reshard_s(self, producer: str, src: Placement, dst: Placement) -> float:
+    def _key(self, producer: str, src: Placement, dst: Placement) -> tuple[tuple, Placement, Placement]:
         if producer not in self._keys:
             self._keys[producer] = _value_key(self.costed.graph.nodes[producer].meta.get("val"))
-        key = (self._keys[producer], src, dst)  # the same tensor shape in every layer: priced once
+        return (self._keys[producer], src, dst)  # the same tensor shape in every layer: priced once
+
+    def reshard_s(self, producer: str, src: Placement, dst: Placement) -> float:
+        key = self._key(producer, src, dst)
         if key not in self._cache:
             self._cache[key] = reshard_s(self.costed, producer, src, dst)
         return self._cache[key]
+
+    def route_label(self, producer: str, src: Placement, dst: Placement) -> str:
+        """The label of the route :meth:`reshard_s` prices (chosen by the same shapes: found once per key)."""
+        key = self._key(producer, src, dst)
+        if key not in self._labels:
+            self._labels[key] = route_label(step.kind for step in self.costed.reshard_route(producer, src, dst))
+        return self._labels[key]
 
     def base_cost(self, producer: str) -> dict[str, float]:
         """:meth:`producer_cost` of the plan as chosen (cached)."""
@@ -83,8 +94,8 @@ class _Pricer:
                                          lambda name: override.get(name, self.chosen[name]), self.reshard_s)
         by_kind: dict[str, float] = defaultdict(float)
         for r in reshardings:
-            route = r.route if r.backward else self.costed.reshard_route(r.producer, r.src, r.dst)
-            label = route_label(step.kind for step in route)
+            label = (route_label(step.kind for step in r.route) if r.backward
+                     else self.route_label(r.producer, r.src, r.dst))
             by_kind[f"backward {label}" if r.backward else label] += r.time_s
         return dict(by_kind), why
 
