@@ -51,6 +51,7 @@ SPANS = [  # (label, module, attribute): the function autotp calls for that stag
     ("  cost", "autotp.planning.planner", "cost_strategy_graph"),
     ("  solve", "autotp.planning.planner", "solve"),
     ("  plan data", "autotp.planning.planner", "_build_plan"),
+    ("  cached plan write (after sending)", "autotp.trace_cache", "TraceCache.put_plan"),
     ("rewrite", "autotp.api", "rewrite_for_rank"),
     ("reads", "autotp.api", "read_local_values"),
     ("module", "autotp.api", "TensorParallelModule"),

@@ -8,6 +8,8 @@ same things with the same messages and every rank applies the same plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -57,18 +59,24 @@ def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: 
     if rank != 0 and options.progress:
         options = dataclasses.replace(options, progress=False)
     if options.world_size == 1 or dist.get_backend(group) == "fake":
-        return _plan(captured, options, plan_cache)
+        plan, store = _plan(captured, options, plan_cache)
+        if store is not None:
+            store()
+        return plan
     made: Plan | None = None
+    store = None
     failure: Exception | None = None
     if rank == 0:
         try:
-            made = _plan(captured, options, plan_cache)
+            made, store = _plan(captured, options, plan_cache)
         except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for a plan that never comes
             failure = exc
     sent = share_from_first(made if failure is None else f"{type(failure).__name__}: {failure}", group=group,
                             timeout_s=options.time_limit_s + agreement_timeout_s, what="the plan from rank 0")
     if failure is not None:
         raise failure
+    if store is not None:  # after sending: the other ranks go on while rank 0 writes the plan cache
+        store()
     if isinstance(sent, str):
         raise PlanError(f"planning failed on rank 0: {sent}")
     if not isinstance(sent, Plan):
@@ -76,15 +84,17 @@ def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: 
     return sent
 
 
-def _plan(captured: CapturedGraph, options: PlanOptions, plan_cache: Any) -> Plan:
-    """:func:`plan_graph`, through ``plan_cache`` when there is one."""
+def _plan(captured: CapturedGraph, options: PlanOptions,
+          plan_cache: Any) -> tuple[Plan, Callable[[], None] | None]:
+    """:func:`plan_graph`, through ``plan_cache`` when there is one; and the write of a new plan to the
+    cache (None: nothing to write), left to the caller so that it can send the plan first."""
     if plan_cache is None:
-        return plan_graph(captured, options)
+        return plan_graph(captured, options), None
     from autotp.trace_cache import plan_key
 
     key = plan_key(captured, options)
     plan = plan_cache.get_plan(key, captured, options.world_size)
-    if plan is None:
-        plan = plan_graph(captured, options)
-        plan_cache.put_plan(key, plan)
-    return plan
+    if plan is not None:
+        return plan, None
+    plan = plan_graph(captured, options)
+    return plan, functools.partial(plan_cache.put_plan, key, plan)
