@@ -266,9 +266,13 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
                             hardware=hardware, plan=reference)
     # No split, run by the same runtime: the plan of a profile on which any collective costs an
     # hour, which the solver (with no memory budget) answers by keeping every tensor whole.
+    # Every link the profile prices collectives on costs that hour, the shared-memory one included.
     no_link = dataclasses.replace(hardware.intra_node, base_latency_s=3600.0)
+    no_shared_memory = (None if hardware.shared_memory_link is None
+                        else dataclasses.replace(hardware.shared_memory_link, base_latency_s=3600.0))
     whole = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
-                           hardware=dataclasses.replace(hardware, intra_node=no_link, inter_node=no_link),
+                           hardware=dataclasses.replace(hardware, intra_node=no_link, inter_node=no_link,
+                                                        shared_memory_link=no_shared_memory),
                            memory_budget=None)
     if _collective_count(whole.plan):
         raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")

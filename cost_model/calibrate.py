@@ -543,13 +543,14 @@ def _link_terms(sample: CollectiveSample) -> tuple[float, float]:
     return alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
 
 
-def fit_link(samples: Sequence[CollectiveSample]) -> LinkFit:
+def fit_link(samples: Sequence[CollectiveSample], *, bandwidth_bytes_per_s: float | None = None) -> LinkFit:
     """Fit ``base``, ``alpha`` and ``B`` of the ring formulas of :mod:`.collectives` to ``samples``.
 
     Model: ``t = base + steps * alpha + factor * n / B`` with ``(steps, factor)`` from
     :func:`~.collectives.alpha_beta_terms` (ring) for each sample's kind and group size, or from
     :func:`~.collectives.shared_memory_terms` for samples of :data:`SHARED_MEMORY_KIND` (fit those alone).
     Non-negative least squares on relative error: every row is divided by its measured time.
+    ``bandwidth_bytes_per_s``: ``B`` given instead of fitted (only ``base`` and ``alpha`` are fitted).
     Raises ValueError when the samples cannot determine a bandwidth (all sizes too small).
     """
     if len(samples) < 2:
@@ -558,11 +559,19 @@ def fit_link(samples: Sequence[CollectiveSample]) -> LinkFit:
     for sample in samples:
         steps, factor = _link_terms(sample)
         weight = 1.0 / sample.seconds
-        # columns: base (s), alpha (s), 1/B scaled to seconds per GB so the columns are comparable
-        rows.append([weight, steps * weight, factor * sample.nbytes / 1e9 * weight])
-        target.append(1.0)
+        if bandwidth_bytes_per_s is None:
+            # columns: base (s), alpha (s), 1/B scaled to seconds per GB so the columns are comparable
+            rows.append([weight, steps * weight, factor * sample.nbytes / 1e9 * weight])
+            target.append(1.0)
+        else:  # the known bandwidth term moves to the target side
+            rows.append([weight, steps * weight])
+            target.append(1.0 - factor * sample.nbytes / bandwidth_bytes_per_s * weight)
     solution, _ = nnls(np.asarray(rows), np.asarray(target))
-    base_s, alpha_s, seconds_per_gb = (float(v) for v in solution)
+    if bandwidth_bytes_per_s is None:
+        base_s, alpha_s, seconds_per_gb = (float(v) for v in solution)
+    else:
+        base_s, alpha_s = (float(v) for v in solution)
+        seconds_per_gb = 1e9 / bandwidth_bytes_per_s
     if seconds_per_gb <= 0:
         raise ValueError(
             "the collective timings do not grow with message size, so no bandwidth can be fitted; "
@@ -575,6 +584,16 @@ def fit_link(samples: Sequence[CollectiveSample]) -> LinkFit:
         predicted = base_s + steps * alpha_s + factor * sample.nbytes / bandwidth
         errors.append(abs(predicted - sample.seconds) / sample.seconds)
     return LinkFit(base_s, alpha_s, bandwidth, statistics.median(errors), len(samples))
+
+
+def _fit_shared_memory_link(samples: Sequence[CollectiveSample], copy_bytes_per_s: float) -> LinkFit:
+    """The shared-memory all-reduce's link. When its timings do not grow with size (ranks that outnumber
+    the cores: waking up dominates every size), its bandwidth is the ranks' measured copy bandwidth (it
+    copies into and sums out of memory) and only the latency terms are fitted."""
+    try:
+        return fit_link(samples)
+    except ValueError:
+        return fit_link(samples, bandwidth_bytes_per_s=copy_bytes_per_s)
 
 
 def _host_memory_bytes() -> float:
@@ -616,7 +635,7 @@ def build_profile(
         base_latency_s=fit.base_latency_s,
     )
     # where the ranks share a host, inference graphs sum through shared memory (its own link)
-    shared_fit = fit_link(shared_samples) if shared_samples else None
+    shared_fit = _fit_shared_memory_link(shared_samples, bandwidth) if shared_samples else None
     shared_link = None if shared_fit is None else LinkProfile(
         name=f"shared-memory-{group_size}ranks",
         bandwidth_gbps=shared_fit.bandwidth_bytes_per_s / 1e9,

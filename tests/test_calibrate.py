@@ -178,3 +178,16 @@ def test_cli_calibrate_writes_the_profile(tmp_path, monkeypatch, capsys) -> None
     assert get_hardware(str(path)).name == "box"
     out = capsys.readouterr().out
     assert "wrote" in out and "hardware=" in out, out
+
+
+def test_shared_memory_link_keeps_the_copy_bandwidth_when_sizes_do_not_tell() -> None:
+    """One host, 4 ranks on fewer cores: shared-memory timings flat in size (waking up dominates).
+    The link is still fitted: latency from the samples, bandwidth the ranks' measured copy bandwidth."""
+    flat = [CollectiveSample(SHARED_MEMORY_KIND, 4, n, t) for n, t in ((4 << 10, 4e-4), (16 << 10, 4e-4), (64 << 10, 3.9e-4))]
+    with pytest.raises(ValueError, match="do not grow with message size"):
+        fit_link(flat)
+    fit = calibration._fit_shared_memory_link(flat, 10e9)
+    assert fit.bandwidth_bytes_per_s == 10e9, f"expected the copy bandwidth 1e10 B/s, got {fit.bandwidth_bytes_per_s}"
+    steps, factor = calibration._link_terms(flat[0])
+    smallest = fit.base_latency_s + steps * fit.latency_s + factor * flat[0].nbytes / fit.bandwidth_bytes_per_s
+    assert math.isclose(smallest, 4e-4, rel_tol=0.25), f"the 4 KiB call should cost about 0.4 ms, fitted {smallest}"
