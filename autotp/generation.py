@@ -10,8 +10,10 @@ Two phases share one set of weight shards and one KV cache:
 Every weight and cache has one placement for both graphs, chosen for a whole request: predicted
 ``prefill + expected_new_tokens x decode`` (:mod:`autotp.planning.phases`). Each phase is
 planned alone, the other pinned to its placements (only its activations free), and the cheaper
-pair is kept; ``print(tp.generation)`` shows both candidates' predicted times. With ``plan=``
-(a decode plan) its placements are kept and prefill is pinned to them.
+pair is kept; ``print(tp.generation)`` shows the candidates' predicted times. Where the first rank
+would run a phase without collectives alone (CPU ranks sharing cores), a whole-model candidate priced
+at a whole core is compared too. With ``plan=`` (a decode plan) its placements are kept and prefill
+is pinned to them.
 
 Each phase is captured once here; :meth:`~autotp.runtime.module.TensorParallelModule.generate`
 then runs one graph call per prompt chunk and per new token, with no tracing or planning.
@@ -34,6 +36,8 @@ from autotp.planning.phases import (
     PhaseCandidate,
     PhaseWeighting,
     check_expected_new_tokens,
+    first_rank_alone,
+    keep_whole,
     weigh_phases,
 )
 from autotp.planning.plan import Plan
@@ -161,6 +165,53 @@ def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Pla
     else:
         by_prefill = PhaseCandidate("prefill", prefill_alone,
                                     plan_or_check(decode, None, _pinned_to(prefill_alone, options), group=group, rank=rank))
-    weighting = weigh_phases([by_decode, by_prefill], expected_new_tokens)
+    candidates = [by_decode, by_prefill]
+    hardware = options.hardware_profile
+    could_run_alone = first_rank_alone(world_size=options.world_size, ranks_share_host=hardware.host_is_device,
+                                       decode_collectives=False, prefill_collectives=False).prefill
+    if could_run_alone and hardware.core_share < 1.0:  # at a share of 1.0 the MILP already priced it so
+        log_progress(talk, f"planning both phases whole, priced at a whole core (one rank alone; the profile's "
+                           f"rates are at a share of {hardware.core_share:.2f})")
+        whole = _whole_candidate(decode, prefill, options, decode_plan.memory_budget_bytes, group=group, rank=rank)
+        if whole is not None:
+            candidates = [_priced_as_run(c, whole, options.world_size, hardware.host_is_device) for c in candidates]
+            candidates.append(whole)
+    weighting = weigh_phases(candidates, expected_new_tokens)
     log_progress(talk, str(weighting))
     return weighting.chosen.decode, weighting.chosen.prefill, weighting
+
+
+def _whole_candidate(decode: CapturedGraph, prefill: CapturedGraph, options: PlanOptions,
+                     decode_budget_bytes: float | None, *, group: dist.ProcessGroup | None,
+                     rank: int) -> PhaseCandidate | None:
+    """Both phases with every tensor whole, priced on ``Hardware.alone()`` (the first rank runs them while
+    the others wait); None when the memory budget or the constraints do not allow every weight whole.
+
+    ``decode_budget_bytes``: the decode plan's budget in bytes; ``memory_budget="auto"`` is resolved on the
+    graph with every split on offer, so it is passed as that number (with splits filtered out, "auto"
+    would find no matrix to split and allow every one whole)."""
+    from autotp.api import plan_or_check
+
+    narrow = options.strategy_filter
+    budget = decode_budget_bytes if options.memory_budget == "auto" else options.memory_budget
+    alone = dataclasses.replace(options, hardware=options.hardware_profile.alone(), memory_budget=budget,
+                                strategy_filter=keep_whole if narrow is None else lambda g: keep_whole(narrow(g)))
+    try:
+        decode_plan = plan_or_check(decode, None, alone, group=group, rank=rank)
+        prefill_plan = plan_or_check(prefill, None, alone, group=group, rank=rank)
+    except PlanError:  # raised on every rank alike (plan_on_first_rank shares rank 0's failure)
+        return None
+    return PhaseCandidate("whole", prefill_plan, decode_plan)
+
+
+def _priced_as_run(candidate: PhaseCandidate, whole: PhaseCandidate, world_size: int,
+                   ranks_share_host: bool) -> PhaseCandidate:
+    """``candidate`` with the phases the first rank would run alone (:func:`first_rank_alone`) replaced by
+    ``whole``'s plans of them, which compute the same on one rank and are priced at a whole core; as is
+    when it has collectives in decode or its placements are not all whole."""
+    alone = first_rank_alone(world_size=world_size, ranks_share_host=ranks_share_host,
+                             decode_collectives=bool(candidate.decode.collectives),
+                             prefill_collectives=bool(candidate.prefill.collectives))
+    if not alone.decode or candidate.decode.parameters != whole.decode.parameters:
+        return candidate
+    return PhaseCandidate(candidate.placed_by, whole.prefill if alone.prefill else candidate.prefill, whole.decode)

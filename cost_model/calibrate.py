@@ -708,6 +708,7 @@ def build_profile(
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",
         shared_memory_link=shared_link,
+        core_share=share,
     )
 
 

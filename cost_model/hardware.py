@@ -263,6 +263,14 @@ class Hardware:
     ``shared_memory_link``: the shared-memory all-reduce's own latency and bandwidth (fitted by
     ``autotp calibrate`` to :func:`~.collectives.shared_memory_terms`); required with
     ``small_all_reduce="shared_memory"``, None otherwise.
+
+    ``core_share`` (optional in JSON; 1.0 when absent and for every named profile): the share of
+    a core one rank got while every rank of the group computed, in (0, 1]. ``autotp calibrate``
+    measures it (about 1/2 for four single-thread ranks on two cores) and has already divided the
+    work terms by it: ``peak_tflops``, ``memory_bandwidth_gbps`` and ``memory_bandwidth_curve``
+    are the rates a rank gets with the others busy, ``view_op_s``, ``host_dispatch_s``,
+    ``graph_launch_s`` and ``transcendental_element_s`` the times. :meth:`alone` undoes it for a
+    graph that one rank runs while the others wait (generation without collectives on a CPU group).
     """
 
     name: str
@@ -287,6 +295,7 @@ class Hardware:
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = "ring"
     shared_memory_link: LinkProfile | None = None
+    core_share: float = 1.0
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -332,7 +341,7 @@ class Hardware:
             or self.devices_per_node < 1
         ):
             raise ValueError(f"{owner}.devices_per_node must be an int >= 1, got {self.devices_per_node!r}")
-        for fraction_field in ("achievable_fraction_compute", "achievable_fraction_memory"):
+        for fraction_field in ("achievable_fraction_compute", "achievable_fraction_memory", "core_share"):
             value = getattr(self, fraction_field)
             _check_positive_number(owner, fraction_field, value)
             if value > 1:
@@ -358,7 +367,30 @@ class Hardware:
                 self.memory_bandwidth_curve,
                 self.small_all_reduce,
                 self.shared_memory_link,
+                self.core_share,
             )
+        )
+
+    def alone(self) -> Hardware:
+        """This profile as one rank sees it while the other ranks of its group wait: the work terms at
+        a whole core (each rate divided, each time multiplied by ``core_share``; see the class
+        docstring). The profile itself when ``core_share`` is 1.0. Links and the per-collective wait
+        are unchanged (a graph run alone issues no collective)."""
+        share = self.core_share
+        if share == 1.0:
+            return self
+        return replace(
+            self,
+            name=f"{self.name}-alone",
+            peak_tflops={dtype: tflops / share for dtype, tflops in self.peak_tflops.items()},
+            memory_bandwidth_gbps=self.memory_bandwidth_gbps / share,
+            memory_bandwidth_curve=tuple((size, gbps / share) for size, gbps in self.memory_bandwidth_curve),
+            view_op_s=self.view_op_s * share,
+            host_dispatch_s=self.host_dispatch_s * share,
+            graph_launch_s=self.graph_launch_s * share,
+            transcendental_element_s=self.transcendental_element_s * share,
+            core_share=1.0,
+            source=f"{self.source}; work terms at a whole core (one rank alone; measured share {share:.2f})",
         )
 
     def link(self, *, spans_nodes: bool) -> LinkProfile:
@@ -386,6 +418,7 @@ class Hardware:
                                        for size, gbps in self.memory_bandwidth_curve],
             "small_all_reduce": self.small_all_reduce,
             **({"shared_memory_link": self.shared_memory_link.to_dict()} if self.shared_memory_link else {}),
+            "core_share": self.core_share,
             "source": self.source,
         }
 
@@ -416,7 +449,7 @@ class Hardware:
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "memory_bandwidth_curve",
-                    "small_all_reduce", "shared_memory_link")
+                    "small_all_reduce", "shared_memory_link", "core_share")
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
             if key not in data:
@@ -453,6 +486,8 @@ class Hardware:
                 small_all_reduce=data.get("small_all_reduce",
                                           "one_shot" if data.get("host_is_device", False) is True else "ring"),
                 shared_memory_link=shared_memory_link,
+                # absent in profiles written before it was recorded: work terms taken as measured alone
+                core_share=data.get("core_share", 1.0),
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None

@@ -153,6 +153,39 @@ def test_profiles_save_and_load_the_new_fields_and_old_json_gets_defaults(tmp_pa
         dataclasses.replace(CPU, runtime_mode="graph")
 
 
+def test_core_share_round_trips_old_json_reads_one_and_alone_undoes_it(tmp_path) -> None:
+    """tp=4 on 2 cores (synthetic profile, core share 0.5): the share survives JSON; a profile written before
+    the field loads with 1.0 (alone() is then the profile itself); alone() gives every work rate at a whole
+    core (rates x2, host and per-element times /2) and leaves the links; a share outside (0, 1] is refused."""
+    busy = dataclasses.replace(CPU, core_share=0.5, graph_launch_s=40e-6, transcendental_element_s=2e-9,
+                               memory_bandwidth_curve=((2**20, 40.0), (2**28, 8.0)))
+    assert Hardware.from_json(busy.to_json()) == busy and json.loads(busy.to_json())["core_share"] == 0.5
+    old = json.loads(busy.to_json())
+    del old["core_share"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    loaded = get_hardware(str(path))
+    assert loaded.core_share == 1.0 and loaded.alone() is loaded, loaded
+    alone = busy.alone()
+    for name, expected, actual in (
+            ("peak_tflops", 0.1, alone.peak_tflops["float32"]),
+            ("memory_bandwidth_gbps", 10.0, alone.memory_bandwidth_gbps),
+            ("memory_bandwidth_curve", (80.0, 16.0), tuple(gbps for _, gbps in alone.memory_bandwidth_curve)),
+            ("view_op_s", 1e-6, alone.view_op_s),
+            ("host_dispatch_s", 10e-6, alone.host_dispatch_s),
+            ("graph_launch_s", 20e-6, alone.graph_launch_s),
+            ("transcendental_element_s", 1e-9, alone.transcendental_element_s),
+            ("core_share", 1.0, alone.core_share),
+            ("kernel_floor_s", busy.kernel_floor_s, alone.kernel_floor_s)):
+        assert expected == pytest.approx(actual), f"alone().{name}: expected {expected}, got {actual}"
+    assert (alone.intra_node, alone.inter_node) == (busy.intra_node, busy.inter_node), "links unchanged"
+    assert compute_time_s(2 * 64**3, 3 * 64 * 64 * 4, torch.float32, alone) < compute_time_s(
+        2 * 64**3, 3 * 64 * 64 * 4, torch.float32, busy), "a whole core computes faster than half of one"
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"core_share must be"):
+            dataclasses.replace(CPU, core_share=bad)
+
+
 def test_estimate_shows_host_time_per_runtime_mode() -> None:
     """tp=2, tiny Llama on meta, H100 SXM: the estimate lists host dispatch per forward, eager above cuda_graph."""
     estimate = tiny_plan("llama", 2).estimate()

@@ -5,6 +5,7 @@ Tier (a)/(b): single process, tiny Llama (1 layer where enough), no process grou
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -116,6 +117,52 @@ def test_phase_weights_choose_one_placement_for_prefill_and_decode(fake_tp2) -> 
         assert expected in text, f"{expected!r} not in print(tp.generation):\n{text[:1500]}"
     with pytest.raises(ValueError, match="expected_new_tokens must be an int >= 0"):
         autotp.compile(model, example_inputs=(ids,), max_cache_len=64, expected_new_tokens=-1)
+
+
+def test_a_phase_the_first_rank_runs_alone_is_priced_at_a_whole_core(fake_tp2) -> None:
+    """tp=2 (fake process group), tiny Llama 1 layer, hidden 256, batch 4, prefill 32, memory_budget=None, a CPU
+    profile (host_is_device) with a fast link whose rates carry a core share of 0.5 (two ranks busy on one
+    core): priced at that share both phases split (the decode- and prefill-placed candidates have
+    collectives), but a plan without collectives runs on the first rank alone at a whole core
+    (first_rank_alone), so the whole candidate, priced on Hardware.alone(), is kept: no collective in either
+    phase. With memory_budget='auto' every weight must split, so there is no whole candidate."""
+    from autotp.cost_model import LinkProfile, get_hardware
+    from autotp.planning.phases import AlonePhases, first_rank_alone
+
+    link = LinkProfile("fast-synthetic", bandwidth_gbps=100.0, latency_s=1e-6)
+    cpu = get_hardware("cpu-gloo")
+    busy = dataclasses.replace(cpu, peak_tflops={d: t / 2 for d, t in cpu.peak_tflops.items()}, kernel_floor_s=1e-6,
+                               memory_bandwidth_gbps=cpu.memory_bandwidth_gbps / 2, intra_node=link, inter_node=link,
+                               core_share=0.5)
+    model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=256, intermediate=512, layers=1, batch=4,
+                                  seq_len=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, memory_budget=None, hardware=busy)
+    by = {c.placed_by: c for c in tp.generation.weighting.candidates}
+    assert set(by) == {"decode", "prefill", "whole"}, f"candidates {sorted(by)}"
+    for placed_by in ("decode", "prefill"):
+        split = by[placed_by]
+        assert split.decode.collectives and split.prefill.collectives, (
+            f"placed by {placed_by} at a core share of 0.5: expected both phases split, got decode "
+            f"{split.decode.collective_counts()}, prefill {split.prefill.collective_counts()}")
+    assert tp.generation.weighting.chosen is by["whole"], str(tp.generation.weighting)
+    assert not tp.plan.collectives and not tp.generation.prefill_plan.collectives, (
+        tp.plan.collective_counts(), tp.generation.prefill_plan.collective_counts())
+    assert set(tp.plan.parameters.values()) == {"R"}, tp.plan.parameters
+    assert by["whole"].request_s(128) < min(by[p].request_s(128) for p in ("decode", "prefill"))
+    assert first_rank_alone(world_size=2, ranks_share_host=True, decode_collectives=False,
+                            prefill_collectives=False) == AlonePhases(decode=True, prefill=True)
+    assert first_rank_alone(world_size=2, ranks_share_host=True, decode_collectives=False,
+                            prefill_collectives=True) == AlonePhases(decode=True, prefill=False)
+    for world_size, shared, decode_collectives in ((1, True, False), (2, False, False), (2, True, True)):
+        assert first_rank_alone(world_size=world_size, ranks_share_host=shared, decode_collectives=decode_collectives,
+                                prefill_collectives=False) == AlonePhases(decode=False, prefill=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        budgeted = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, hardware=busy)
+    assert [c.placed_by for c in budgeted.generation.weighting.candidates] == ["decode", "prefill"], (
+        str(budgeted.generation.weighting))
 
 
 def test_sampling_follows_hf_warpers() -> None:

@@ -15,6 +15,15 @@ keeps the pair with the smaller ``request_s`` (ties go to decode). A joint MILP 
 parameter placement variables of both graphs could find a third placement better than both;
 with the two-phase decomposition every candidate is a plan the planner proves optimal for one
 phase, and the comparison uses the planner's own predicted times (:attr:`Plan.predicted_time_s`).
+
+Phases run by one rank alone (:func:`first_rank_alone`): on ranks that share one host's cores (a
+gloo group of CPU processes), a phase whose plan issues no collective is run by the group's first
+rank while the others wait, so it gets a whole core, where the planner's profile prices every rank
+computing at once (``Hardware.core_share``: about 1/2 for four single-thread ranks on two cores).
+The MILP cannot see that (it prices per op, on one profile), so where it can happen a third
+candidate is compared: every tensor whole in both phases (:func:`keep_whole`), priced on
+``Hardware.alone()``; and a candidate whose decode plan has no collective is priced with that whole
+decode plan (its prompt too when it has none either), as the runtime will run it.
 """
 
 from __future__ import annotations
@@ -22,11 +31,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from autotp.base.placements import Replicate
+
 if TYPE_CHECKING:
+    from autotp.base.strategy import Strategy
+    from autotp.passes.strategies import StrategyGraph
     from autotp.planning.plan import Plan
 
-__all__ = ["DEFAULT_EXPECTED_NEW_TOKENS", "PhaseCandidate", "PhaseWeighting", "check_expected_new_tokens",
-           "weigh_phases"]
+__all__ = ["DEFAULT_EXPECTED_NEW_TOKENS", "AlonePhases", "PhaseCandidate", "PhaseWeighting",
+           "check_expected_new_tokens", "first_rank_alone", "keep_whole", "weigh_phases"]
 
 DEFAULT_EXPECTED_NEW_TOKENS = 128
 """Decode steps per prefill assumed by default: a typical chat/completion answer length (HF's
@@ -44,11 +57,46 @@ def check_expected_new_tokens(value: object) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class AlonePhases:
+    """Which phases of generation the group's first rank runs alone while the other ranks wait."""
+
+    decode: bool
+    prefill: bool
+
+
+def first_rank_alone(*, world_size: int, ranks_share_host: bool, decode_collectives: bool,
+                     prefill_collectives: bool) -> AlonePhases:
+    """The one rule, read by the planner and by :func:`autotp.runtime.generate.generate`, for which phases
+    one rank runs alone.
+
+    With several ranks on one host's cores (``ranks_share_host``: a gloo group at run time, a profile
+    with ``host_is_device`` at planning time), a decode plan without collectives would have every rank
+    compute the same steps on the cores they share, so the first rank decodes alone and sends the tokens.
+    The prompt runs alone too when the prefill plan has no collective either (``prefill_collectives``:
+    False also where prompts go through the decode graph); with collectives every rank must run it.
+    """
+    decode = world_size > 1 and ranks_share_host and not decode_collectives
+    return AlonePhases(decode=decode, prefill=decode and not prefill_collectives)
+
+
+def keep_whole(graph: StrategyGraph) -> StrategyGraph:
+    """A copy of ``graph`` (a ``strategy_filter``) where every node keeps only its strategies that split
+    nothing: every input and the output replicated, as one rank runs the graph alone."""
+
+    def whole(strategy: Strategy) -> bool:
+        return all(isinstance(p, Replicate) for p in (*strategy.inputs, strategy.output))
+
+    return dataclasses.replace(graph, strategies={name: [s for s in strategies if whole(s)]
+                                                  for name, strategies in graph.strategies.items()})
+
+
+@dataclasses.dataclass(frozen=True)
 class PhaseCandidate:
     """One weight placement for both phases and the predicted seconds of each phase under it.
 
     ``placed_by``: the phase whose own optimal plan chose the weight and cache placements
-    (``"decode"`` or ``"prefill"``); ``prefill``/``decode``: the two phases' plans with those
+    (``"decode"`` or ``"prefill"``), or ``"whole"`` (nothing split, both phases run by the first rank
+    alone, priced on ``Hardware.alone()``); ``prefill``/``decode``: the two phases' plans with those
     placements.
     """
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autotp.planning.phases import AlonePhases, first_rank_alone
 from autotp.runtime.kv_cache import CacheLayout
 
 if TYPE_CHECKING:
@@ -136,22 +137,24 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
                                    logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                    generator=generator))
 
-    if not _first_rank_decodes_alone(tp):
+    alone = _alone_phases(tp)
+    if not alone.decode:
         return loop(streamer)
-    prefill = tp.generation.prefill_plan
-    return _on_first_rank(tp, loop, input_ids, streamer,
-                          prompt_together=prefill is not None and bool(prefill.collectives))
+    return _on_first_rank(tp, loop, input_ids, streamer, prompt_together=not alone.prefill)
 
 
-def _first_rank_decodes_alone(tp: TensorParallelModule) -> bool:
-    """True where one rank decodes for all (see the module docstring): a gloo group of several ranks
-    whose decode plan issues no collective."""
+def _alone_phases(tp: TensorParallelModule) -> AlonePhases:
+    """Which phases the group's first rank runs alone (see the module docstring), by the rule the planner
+    priced them with (:func:`~autotp.planning.phases.first_rank_alone`): ranks of a gloo group share a host."""
     import torch.distributed as dist
 
     generation = tp.generation
-    if tp.world_size == 1 or not dist.is_initialized() or dist.get_backend(tp.group) != "gloo" or generation is None:
-        return False
-    return not (generation.decode_plan or tp.plan).collectives
+    assert generation is not None, "generate checks that the model was compiled for generation"
+    prefill = generation.prefill_plan
+    return first_rank_alone(world_size=tp.world_size,
+                            ranks_share_host=dist.is_initialized() and dist.get_backend(tp.group) == "gloo",
+                            decode_collectives=bool((generation.decode_plan or tp.plan).collectives),
+                            prefill_collectives=prefill is not None and bool(prefill.collectives))
 
 
 def _on_first_rank(tp: TensorParallelModule, loop: Callable[..., torch.Tensor], input_ids: torch.Tensor,
