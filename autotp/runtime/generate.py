@@ -19,7 +19,8 @@ run the same decode steps; on a gloo (CPU) group only the group's first rank dec
 others receive its tokens at the end (a streamer there gets them after the loop). The prompt goes
 through the prefill graph on every rank when that graph has collectives (it fills every rank's
 copy of the cache), and on the first rank alone when it has none. On GPUs each rank has its own
-device, and every rank runs the loop as above.
+device, and every rank runs the loop as above. The rule is :func:`autotp.planning.phases.first_rank_alone`,
+which the planner reads too: it prices a phase run alone at a whole core (``Hardware.alone()``).
 
 Prompts go through the prefill graph ``prefill_len`` tokens per call; a prompt whose length is
 not a multiple reads its last ``prefill_len`` tokens again (rewriting the same cache slots), and
