@@ -331,7 +331,8 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
                       f"view {hardware.view_op_s * 1e6:.1f} us, dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, "
                       f"core share {share:.2f}, "
-                      f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll, "
+                      f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll "
+                      f"+ {hardware.call_sync_wait_s * 1e6:.0f} us/call, "
                       f"gloo {link.base_latency_s * 1e6:.0f} us/call + "
                       f"{link.latency_s * 1e6:.0f} us/step, {link.bandwidth_gbps:.3f} GB/s; "
                       f"load average {os.getloadavg()[0]:.1f}", flush=True)
@@ -346,7 +347,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 if rank == 0:
                     results.put(Row(
                         name, world_size, round_index, estimate.time_per_call_s,
-                        estimate.time_per_call_s - estimate.comm_s, estimate.comm_s,
+                        estimate.time_per_call_s - estimate.comm_per_call_s, estimate.comm_per_call_s,
                         measured, measured_compute, max(measured - measured_compute, 0.0),
                         ops=sum(1 for n in graph.nodes if n.op == "call_function"),
                         collectives=sum(1 for n in graph.nodes if is_collective(n)),

@@ -701,6 +701,7 @@ def build_profile(
         host_is_device=True,
         host_dispatch_s=host.host_dispatch_s if host is not None else 0.0,
         collective_wait_s=host.collective_wait_s if host is not None else 0.0,
+        call_sync_wait_s=host.call_sync_wait_s if host is not None else 0.0,
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
         transcendental_element_s=transcendental / share,

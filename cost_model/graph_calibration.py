@@ -17,7 +17,7 @@ output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
     compute_work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
     compute_s = compute_work_s / core_share
-    seconds   = compute_s + link_s + collectives * collective_wait_s
+    seconds   = compute_s + link_s + collectives * collective_wait_s + call_sync_wait_s (with collectives)
 
 where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
 no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
@@ -27,9 +27,11 @@ while computing: its median work over the median of the slowest rank's wall time
 forms of all graphs, each graph weighing by its time
 (about 1/2 for four single-thread ranks on two idle cores, at most ``cores / (ranks * threads)``,
 :func:`fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
-link: the host's dispatch per node, the call of the graph, and the wait per collective for the
-slowest rank, which is what the real form takes beyond its measured compute and its link (a
-median over graphs, so that one disturbed run does not move it).
+link: the host's dispatch per node, the call of the graph, and the wait for the slowest rank,
+which is what the real form takes beyond its measured compute and its link: a line over the
+graphs' numbers of collectives (:func:`fit_wait_line`, medians, so that one disturbed run does not
+move it), whose slope is the wait per collective and whose intercept the wait a call pays once
+for ranks that entered it out of step (``call_sync_wait_s``).
 
 Compute and communication mean the same in the prediction as in the accuracy benchmark
 (``benchmarks/cost_model_accuracy.py``), which measures a model's compute in the same compute
@@ -85,6 +87,7 @@ __all__ = [
     "fair_core_share",
     "fit_gemm_curve",
     "fit_host_terms",
+    "fit_wait_line",
     "graph_sample",
     "graph_samples",
     "local_stand_ins",
@@ -169,8 +172,9 @@ class HostFit:
     ``core_share``: the share of a core a rank got while running them (1.0 when not measured),
     by which the profile divides every work term measured on the work clock;
     ``link_base_adjust_s`` (at most 0): what a collective in a graph takes *less* than the link
-    fitted back to back, per call, which the profile takes off the link's ``base_latency_s``
-    (:func:`_fit_compute_then_wait`)."""
+    fitted back to back, per call, which the profile takes off the link's ``base_latency_s``;
+    ``call_sync_wait_s``: the wait a graph's first collective pays once per call for ranks that
+    entered it out of step (:func:`_fit_compute_then_wait`, :func:`fit_wait_line`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -179,6 +183,7 @@ class HostFit:
     samples: int
     core_share: float = 1.0
     link_base_adjust_s: float = 0.0
+    call_sync_wait_s: float = 0.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -317,9 +322,10 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        its compute wall time, each graph weighing by its time; every work term becomes wall time
        divided by it. With four single-thread ranks on two cores it is about 1/2: the ranks take
        turns on the cores while they compute, which is compute time, not a wait for a collective;
-    3. the wait per collective: the median over the graphs with collectives of what their real
-       form's wall time has beyond their measured compute and their link time, per collective,
-       at least 0. Measured against the compute *measured* in the same runs (taking turns with
+    3. the wait: what the real form's wall time of each graph with collectives has beyond its
+       measured compute and its link time, as a line over the graphs' numbers of collectives
+       (:func:`fit_wait_line`): the slope is the wait per collective (at least 0), the intercept
+       the wait a call pays once (``call_sync_wait_s``) for ranks that entered it out of step. Measured against the compute *measured* in the same runs (taking turns with
        the real form), it holds what the collectives add (the skew between ranks, the wake-up of
        a rank that slept in one), not what the compute terms miss. A negative median is kept
        apart as ``link_base_adjust_s``: the collectives take less in a graph than back to back,
@@ -342,13 +348,49 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
         return (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
                 + launch_work_s) / share
 
-    waits = [(sample.seconds - sample.compute_s - link_s(sample)) / len(sample.collectives)
-             for sample in samples if sample.collectives]
-    in_graph_s = statistics.median(waits) if waits else 0.0
-    errors = [abs(compute_wall_s(sample) + link_s(sample) + len(sample.collectives) * in_graph_s - sample.seconds)
-              / sample.seconds for sample in samples]
+    synced = [sample for sample in samples if sample.collectives]
+    entry_s, in_graph_s = fit_wait_line([len(sample.collectives) for sample in synced],
+                                        [sample.seconds - sample.compute_s - link_s(sample) for sample in synced])
+    errors = [abs(compute_wall_s(sample) + link_s(sample) + (entry_s if sample.collectives else 0.0)
+                  + len(sample.collectives) * in_graph_s - sample.seconds) / sample.seconds for sample in samples]
     return HostFit(dispatch_work_s / share, max(0.0, in_graph_s), launch_work_s / share, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s))
+                   len(samples), share, min(0.0, in_graph_s), entry_s)
+
+
+def fit_wait_line(collectives: Sequence[int], waits_s: Sequence[float]) -> tuple[float, float]:
+    """``(per call, per collective)``: the line ``waits_s ≈ per_call + collectives * per_collective`` through
+    what graphs with collectives waited (each graph: its real form's time beyond its measured compute and
+    its link) against how many collectives each has.
+
+    Why a line: the ranks enter a call out of step (they left the barrier before it at different
+    times), and the first collective pays that skew once; every later one pays only the skew built
+    up since the previous one. Pricing the whole wait per collective (the median of wait over
+    count, as before) overprices a graph with many collectives and underprices one with a single
+    collective (at tp 4 on two cores: 6 collectives priced at 6.7 ms that took about 4 ms, one
+    priced at 1.1 ms that took 1.5 ms).
+
+    Theil-Sen (median of the slopes between every two graphs with different counts, then the median
+    intercept): one disturbed graph moves neither term, as the median over graphs did before. The
+    per-call term is at least 0; when the line would need a negative one, the whole wait is priced per
+    collective (the median of wait over count). The per-collective term may be negative (collectives
+    that take less in a graph than back to back; ``HostFit.link_base_adjust_s``). Graphs that all have
+    the same count cannot tell the two apart: all of it is priced per collective. ``(0.0, 0.0)``
+    without graphs."""
+    if len(collectives) != len(waits_s):
+        raise ValueError(f"need one wait per graph, got {len(collectives)} counts and {len(waits_s)} waits")
+    pairs = [(count, wait) for count, wait in zip(collectives, waits_s) if count > 0]
+    if not pairs:
+        return 0.0, 0.0
+    per_collective_only = statistics.median(wait / count for count, wait in pairs)
+    slopes = [(wait_b - wait_a) / (count_b - count_a)
+              for (count_a, wait_a), (count_b, wait_b) in itertools.combinations(pairs, 2) if count_a != count_b]
+    if not slopes:
+        return 0.0, per_collective_only
+    slope = statistics.median(slopes)
+    intercept = statistics.median(wait - count * slope for count, wait in pairs)
+    if intercept <= 0:
+        return 0.0, per_collective_only
+    return intercept, slope
 
 
 def _fit_wall_terms(samples: Sequence[GraphSample], view_op_s: float, link_s: Callable[[GraphSample], float],

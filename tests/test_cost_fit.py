@@ -24,6 +24,7 @@ from autotp.cost_model.graph_calibration import (
     block_graph,
     fit_gemm_curve,
     fit_host_terms,
+    fit_wait_line,
     local_stand_ins,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
@@ -136,17 +137,18 @@ def test_collective_in_a_graph_pays_its_wait() -> None:
 def test_profiles_save_and_load_the_new_fields_and_old_json_gets_defaults(tmp_path) -> None:
     """Round trip of every host field; a profile JSON from before them loads with eager, no host terms."""
     profile = dataclasses.replace(CPU, runtime_mode="cuda_graph", graph_launch_s=9e-6, collective_wait_s=1e-4,
-                                  gemm_half_efficiency_dim=24.0, transcendental_element_s=2e-9)
+                                  call_sync_wait_s=7e-4, gemm_half_efficiency_dim=24.0, transcendental_element_s=2e-9)
     assert Hardware.from_json(profile.to_json()) == profile
     old = json.loads(profile.to_json())
     for key in ("runtime_mode", "host_dispatch_s", "host_is_device", "graph_launch_s", "collective_wait_s",
-                "gemm_half_efficiency_dim", "transcendental_element_s"):
+                "call_sync_wait_s", "gemm_half_efficiency_dim", "transcendental_element_s"):
         del old[key]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))
     loaded = get_hardware(str(path))
     assert (loaded.runtime_mode, loaded.host_dispatch_s, loaded.host_is_device, loaded.graph_launch_s,
-            loaded.collective_wait_s, loaded.gemm_half_efficiency_dim) == ("eager", 0.0, False, 0.0, 0.0, 0.0), loaded
+            loaded.collective_wait_s, loaded.call_sync_wait_s, loaded.gemm_half_efficiency_dim) == (
+        "eager", 0.0, False, 0.0, 0.0, 0.0, 0.0), loaded
     assert compute_time_s(0, 64, torch.float32, loaded) == compute_time_s(
         0, 64, torch.float32, dataclasses.replace(CPU, host_dispatch_s=0.0)), "old profiles price as before"
     with pytest.raises(ValueError, match="runtime_mode must be one of"):
@@ -222,6 +224,62 @@ def test_host_fit_prices_the_core_share_while_computing_as_compute_and_the_wait_
     fit = fit_host_terms(faster, view_op_s=view_s, link=LINK)
     assert fit.collective_wait_s == 0.0 and math.isclose(fit.link_base_adjust_s, -wait_s, rel_tol=1e-6), (
         f"expected wait 0 and link adjustment {-wait_s}, got {fit.collective_wait_s}, {fit.link_base_adjust_s}")
+
+
+def test_host_fit_separates_the_wait_of_a_call_from_the_wait_per_collective() -> None:
+    """tp=4 on two cores (synthetic timings): graphs with 2 to 8 collectives whose real form waits 0.9 ms once
+    per call (ranks entering out of step) plus 0.3 ms per collective beyond measured compute and link, one of
+    them disturbed (three times the wait). The fit returns both terms, not their mix per collective (the median
+    of wait over count, 0.45-0.75 ms here, which overprices many collectives and underprices one); graphs
+    without collectives pay neither."""
+    dispatch_s, launch_s, view_s, share = 8e-6, 30e-6, 2e-6, 0.5
+    sync_s, wait_s = 900e-6, 300e-6
+    samples = []
+    for layers in (1, 2, 3, 4):
+        for device_per_layer_s in (0.2e-3, 1e-3):
+            kernels, views, device_s = 30 * layers, 9 * layers, device_per_layer_s * layers
+            compute_work_s = device_s + kernels * dispatch_s + views * view_s + launch_s
+            for with_collectives in (True, False):
+                collectives = tuple(("all_reduce", 2**14, 4) for _ in range(2 * layers)) if with_collectives else ()
+                link_s = sum(link_collective_time_s(k, n, p, LINK, small_all_reduce="one_shot")
+                             for k, n, p in collectives)
+                waited_s = (sync_s + len(collectives) * wait_s) if collectives else 0.0
+                disturbed = 3.0 if (layers, device_per_layer_s, with_collectives) == (2, 1e-3, True) else 1.0
+                seconds = compute_work_s / share + link_s + waited_s * disturbed
+                samples.append(GraphSample(kernels, views, device_s, collectives, seconds, compute_work_s, share,
+                                           compute_work_s / share, compute_work_s))
+    fit = fit_host_terms(samples, view_op_s=view_s, link=LINK)
+    _check_host_fit(fit, dispatch_s=dispatch_s, launch_s=launch_s, share=share, wait_s=wait_s)
+    assert math.isclose(fit.call_sync_wait_s, sync_s, rel_tol=1e-6), f"expected {sync_s}, got {fit.call_sync_wait_s}"
+    assert fit.link_base_adjust_s == 0.0, fit
+
+
+def test_wait_line_falls_back_to_a_wait_per_collective() -> None:
+    """The line through (collectives, wait): exact on a line; all of it per collective when the graphs all have
+    one count (nothing tells the two terms apart) or when the intercept would be negative; nothing without
+    graphs; a negative slope (collectives faster in a graph than back to back) is kept for the link."""
+    assert fit_wait_line([2, 4, 6], [1.6e-3, 2.2e-3, 2.8e-3]) == pytest.approx((1.0e-3, 0.3e-3))
+    assert fit_wait_line([2, 2, 2], [1.0e-3, 1.2e-3, 5.0e-3]) == pytest.approx((0.0, 0.6e-3))
+    assert fit_wait_line([2, 4, 6], [0.8e-3, 2.4e-3, 4.0e-3]) == pytest.approx((0.0, 0.6e-3))  # median of 0.4, 0.6, 0.67 ms
+    assert fit_wait_line([], []) == (0.0, 0.0)
+    assert fit_wait_line([2, 4], [-0.2e-3, -0.4e-3]) == pytest.approx((0.0, -0.1e-3))
+    with pytest.raises(ValueError, match="one wait per graph"):
+        fit_wait_line([2, 4], [1e-3])
+
+
+def test_estimate_pays_the_call_sync_wait_once_with_collectives() -> None:
+    """tp=2 and tp=1, tiny Llama on meta, H100 SXM with a call sync wait of 1 ms: the tp=2 plan (with
+    collectives) pays it once per call, in its communication; the tp=1 plan never waits for another rank."""
+    h100 = dataclasses.replace(get_hardware("h100-sxm"), call_sync_wait_s=1e-3)
+    split = tiny_plan("llama", 2)
+    assert sum(split.collective_counts().values()) > 1, split.collective_counts()
+    estimate = split.estimate(h100)
+    assert estimate.call_sync_wait_s == 1e-3, estimate.call_sync_wait_s
+    assert math.isclose(estimate.comm_per_call_s, estimate.comm_s + 1e-3), estimate
+    assert math.isclose(estimate.time_per_call_s, estimate.time_s + h100.graph_launch_s + 1e-3), estimate
+    assert "first collective's wait" in estimate.summary()
+    alone = tiny_plan("llama", 1).estimate(h100)
+    assert alone.call_sync_wait_s == 0.0 and alone.comm_per_call_s == alone.comm_s == 0.0, alone
 
 
 def test_local_stand_ins_keep_shapes_and_weights_without_a_process_group() -> None:
