@@ -325,13 +325,14 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     3. the wait: what the real form's wall time of each graph with collectives has beyond its
        measured compute and its link time, as a line over the graphs' numbers of collectives
        (:func:`fit_wait_line`): the slope is the wait per collective (at least 0), the intercept
-       the wait a call pays once (``call_sync_wait_s``) for ranks that entered it out of step. Measured against the compute *measured* in the same runs (taking turns with
-       the real form), it holds what the collectives add (the skew between ranks, the wake-up of
-       a rank that slept in one), not what the compute terms miss. A negative median is kept
-       apart as ``link_base_adjust_s``: the collectives take less in a graph than back to back,
-       where every step needs every rank on a core, while in a graph a rank that waits in a
-       collective gives its core to ranks still computing (four ranks on two cores), so part of
-       its link time runs while they compute. The profile takes it off the link's per-call
+       the wait a call pays once (``call_sync_wait_s``) for ranks that entered it out of step.
+       Measured against the compute *measured* in the same runs (taking turns with the real
+       form), it holds what the collectives add (the skew between ranks, the wake-up of a rank
+       that slept in one), not what the compute terms miss. A negative slope is kept apart
+       as ``link_base_adjust_s``: the collectives take less in a graph than back to back, where
+       every step needs every rank on a core, while in a graph a rank that waits in a collective
+       gives its core to ranks still computing (four ranks on two cores), so part of its link
+       time runs while they compute. The profile takes it off the link's per-call
        latency (never below 0), so no collective is priced below nothing.
     """
     rows, target = [], []
