@@ -332,7 +332,8 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                       f"view {hardware.view_op_s * 1e6:.1f} us, dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, "
                       f"core share {share:.2f}, "
                       f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll "
-                      f"+ {hardware.call_sync_wait_s * 1e6:.0f} us/call, "
+                      f"+ {hardware.call_sync_wait_s * 1e6:.0f} us/call + {hardware.call_sync_wait_per_compute:.2f} "
+                      f"x compute, "
                       f"gloo {link.base_latency_s * 1e6:.0f} us/call + "
                       f"{link.latency_s * 1e6:.0f} us/step, {link.bandwidth_gbps:.3f} GB/s; "
                       f"load average {os.getloadavg()[0]:.1f}", flush=True)

@@ -17,7 +17,8 @@ output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
     compute_work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
     compute_s = compute_work_s / core_share
-    seconds   = compute_s + link_s + collectives * collective_wait_s + call_sync_wait_s (with collectives)
+    seconds   = compute_s + link_s + collectives * collective_wait_s
+                + call_sync_wait_s + call_sync_wait_per_compute * compute_s   (with collectives)
 
 where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
 no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
@@ -28,10 +29,11 @@ forms of all graphs, each graph weighing by its time
 (about 1/2 for four single-thread ranks on two idle cores, at most ``cores / (ranks * threads)``,
 :func:`fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
 link: the host's dispatch per node, the call of the graph, and the wait for the slowest rank,
-which is what the real form takes beyond its measured compute and its link: a line over the
-graphs' numbers of collectives (:func:`fit_wait_line`, medians, so that one disturbed run does not
-move it), whose slope is the wait per collective and whose intercept the wait a call pays once
-for ranks that entered it out of step (``call_sync_wait_s``).
+which is what the real form takes beyond its measured compute and its link, fitted over the
+graphs' numbers of collectives and their compute (:func:`fit_wait_terms`): a wait per
+collective, a wait a call pays once for ranks that entered it out of step (``call_sync_wait_s``),
+and a wait per second of compute for ranks that drift apart while they compute between
+collectives (``call_sync_wait_per_compute``).
 
 Compute and communication mean the same in the prediction as in the accuracy benchmark
 (``benchmarks/cost_model_accuracy.py``), which measures a model's compute in the same compute
@@ -63,7 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.optimize import nnls  # type: ignore[import-untyped]
+from scipy.optimize import lsq_linear, nnls  # type: ignore[import-untyped]
 
 from .collectives import link_collective_time_s
 from .compute import (
@@ -88,6 +90,7 @@ __all__ = [
     "fit_gemm_curve",
     "fit_host_terms",
     "fit_wait_line",
+    "fit_wait_terms",
     "graph_sample",
     "graph_samples",
     "local_stand_ins",
@@ -174,7 +177,8 @@ class HostFit:
     ``link_base_adjust_s`` (at most 0): what a collective in a graph takes *less* than the link
     fitted back to back, per call, which the profile takes off the link's ``base_latency_s``;
     ``call_sync_wait_s``: the wait a graph's first collective pays once per call for ranks that
-    entered it out of step (:func:`_fit_compute_then_wait`, :func:`fit_wait_line`)."""
+    entered it out of step; ``call_sync_wait_per_compute``: the wait, per second of a call's compute,
+    of ranks that drift apart while they compute between collectives (:func:`fit_wait_terms`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -184,6 +188,7 @@ class HostFit:
     core_share: float = 1.0
     link_base_adjust_s: float = 0.0
     call_sync_wait_s: float = 0.0
+    call_sync_wait_per_compute: float = 0.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -324,8 +329,10 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        turns on the cores while they compute, which is compute time, not a wait for a collective;
     3. the wait: what the real form's wall time of each graph with collectives has beyond its
        measured compute and its link time, as a line over the graphs' numbers of collectives
-       (:func:`fit_wait_line`): the slope is the wait per collective (at least 0), the intercept
-       the wait a call pays once (``call_sync_wait_s``) for ranks that entered it out of step.
+       and their compute (:func:`fit_wait_terms`): the wait per collective (at least 0), the wait
+       a call pays once (``call_sync_wait_s``) for ranks that entered it out of step, and the wait
+       per second of compute (``call_sync_wait_per_compute``) of ranks that drift apart while
+       they compute.
        Measured against the compute *measured* in the same runs (taking turns with the real
        form), it holds what the collectives add (the skew between ranks, the wake-up of a rank
        that slept in one), not what the compute terms miss. A negative slope is kept apart
@@ -350,12 +357,56 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
                 + launch_work_s) / share
 
     synced = [sample for sample in samples if sample.collectives]
-    entry_s, in_graph_s = fit_wait_line([len(sample.collectives) for sample in synced],
-                                        [sample.seconds - sample.compute_s - link_s(sample) for sample in synced])
-    errors = [abs(compute_wall_s(sample) + link_s(sample) + (entry_s if sample.collectives else 0.0)
-                  + len(sample.collectives) * in_graph_s - sample.seconds) / sample.seconds for sample in samples]
+    entry_s, in_graph_s, per_compute = fit_wait_terms(
+        [len(sample.collectives) for sample in synced], [sample.compute_s for sample in synced],
+        [sample.seconds - sample.compute_s - link_s(sample) for sample in synced])
+
+    def waited_s(sample: GraphSample, compute_s: float) -> float:
+        count = len(sample.collectives)
+        return entry_s + count * in_graph_s + per_compute * compute_s if count else 0.0
+
+    errors = [abs(compute_wall_s(sample) + link_s(sample) + waited_s(sample, compute_wall_s(sample)) - sample.seconds)
+              / sample.seconds for sample in samples]
     return HostFit(dispatch_work_s / share, max(0.0, in_graph_s), launch_work_s / share, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s), entry_s)
+                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute)
+
+
+WAIT_TERMS_MIN_GRAPHS = 4
+"""Graphs with collectives needed to fit the wait's three terms (:func:`fit_wait_terms`); with fewer, the
+wait per call and per collective alone (:func:`fit_wait_line`)."""
+
+
+def fit_wait_terms(collectives: Sequence[int], compute_s: Sequence[float],
+                   waits_s: Sequence[float]) -> tuple[float, float, float]:
+    """``(per call, per collective, per second of compute)``: the wait of graphs with collectives (each
+    graph: its real form's time beyond its measured compute and its link) as
+    ``per_call + collectives * per_collective + compute_s * per_compute``.
+
+    Why three terms: the ranks enter a call out of step and the first collective pays that skew once
+    (:func:`fit_wait_line`); between two collectives the ranks drift apart again, by a fixed amount
+    (waking up a rank that slept in the previous collective) and by a share of the compute they do in
+    between, since the longer a rank computes the likelier another process or rank takes its core
+    for a time slice (under load, a graph's wait grew with its compute, not with its count of
+    collectives). Summed over a call, that share applies to the compute before its last collective;
+    the graphs here, like the models, do nearly all their compute before it, so their whole compute
+    is the column.
+
+    Bounded least squares on relative error (each graph weighted by ``1 / (compute + |wait|)``):
+    ``per_call`` and ``per_compute`` at least 0, ``per_collective`` of any sign (negative: collectives
+    that take less in a graph than back to back, ``HostFit.link_base_adjust_s``). With fewer than
+    :data:`WAIT_TERMS_MIN_GRAPHS` graphs, :func:`fit_wait_line` and no compute term."""
+    if not len(collectives) == len(compute_s) == len(waits_s):
+        raise ValueError(f"need one count, compute and wait per graph, got {len(collectives)}, {len(compute_s)} "
+                         f"and {len(waits_s)}")
+    graphs = [(count, compute, wait) for count, compute, wait in zip(collectives, compute_s, waits_s) if count > 0]
+    if len(graphs) < WAIT_TERMS_MIN_GRAPHS:
+        per_call, per_collective = fit_wait_line([g[0] for g in graphs], [g[2] for g in graphs])
+        return per_call, per_collective, 0.0
+    weights = np.asarray([1.0 / max(compute + abs(wait), 1e-9) for _, compute, wait in graphs])
+    rows = np.asarray([[1.0, count, compute] for count, compute, _ in graphs]) * weights[:, None]
+    target = np.asarray([wait for _, _, wait in graphs]) * weights
+    solution = lsq_linear(rows, target, bounds=([0.0, -np.inf, 0.0], [np.inf, np.inf, np.inf]), method="bvls").x
+    return float(solution[0]), float(solution[1]), float(solution[2])
 
 
 def fit_wait_line(collectives: Sequence[int], waits_s: Sequence[float]) -> tuple[float, float]:

@@ -19,7 +19,8 @@ no graph, no process group — and adds up the terms the planner priced:
   captured CUDA graph), which :attr:`Estimate.time_per_call_s` adds to the per-node terms. The
   node times already include their host dispatch under the plan's own runtime mode. A plan with
   collectives also pays ``call_sync_wait_s`` once per call (``Hardware.call_sync_wait_s``: its
-  first collective waits for ranks that entered the call out of step,
+  first collective waits for ranks that entered the call out of step, plus
+  ``Hardware.call_sync_wait_per_compute`` times its compute: ranks drift apart while they compute,
   :func:`autotp.cost_model.collectives.call_sync_wait_s`), in :attr:`Estimate.comm_per_call_s`
   and :attr:`Estimate.time_per_call_s`; the solver does not see it (it prices collectives one by
   one), so a plan is chosen without it.
@@ -218,7 +219,8 @@ class Estimate:
             lines.append(f"host dispatch per forward ({self.host.kernels} kernel nodes, {self.host.views} views, "
                          f"{_ms(self.graph_call_s)} call): {modes}; nodes priced as {self.runtime_mode}")
         if self.call_sync_wait_s:
-            lines.append(f"first collective's wait per call (ranks entering out of step): {_ms(self.call_sync_wait_s)}")
+            lines.append("wait per call for ranks out of step (entering the call, drifting while computing): "
+                         f"{_ms(self.call_sync_wait_s)}")
         lines += [
             "",
             f"{'layer':<40} {'compute':>11} {'comm':>11} {'total':>11} {'share':>7}",
@@ -350,7 +352,8 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         runtime_mode=profile.runtime_mode if profile is not None else "eager",
         graph_call_s=graph_host_s(profile) if profile is not None else 0.0,
         host=_host_time(plan, profile) if profile is not None else None,
-        call_sync_wait_s=(call_sync_wait_s(profile, sum(plan.collective_counts().values()))
+        call_sync_wait_s=(call_sync_wait_s(profile, sum(plan.collective_counts().values()),
+                                           sum(n.compute_s for n in nodes))
                           if profile is not None and plan.world_size > 1 else 0.0),
     )
 
