@@ -91,6 +91,7 @@ __all__ = [
     "fit_host_terms",
     "fit_wait_line",
     "fit_wait_terms",
+    "graph_link_s",
     "graph_sample",
     "graph_samples",
     "local_stand_ins",
@@ -277,11 +278,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         raise ValueError("graph samples with collectives need the link they ran on to be priced")
 
     def link_s(sample: GraphSample) -> float:
-        # the graphs ran their all-reduces as autotp.compile's inference graphs do (measure_graphs), priced so
-        form = "shared_memory" if shared_memory_link is not None else "one_shot"
-        return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce=form,
-                                          shared_memory_link=shared_memory_link)
-                   for kind, nbytes, group in sample.collectives) if link is not None else 0.0
+        return graph_link_s(sample, link, shared_memory_link)
 
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
@@ -310,6 +307,16 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
               for sample in samples]
     return HostFit(dispatch_work_s / share, wait_s, launch_work_s / share, statistics.median(errors), len(samples),
                    share)
+
+
+def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_link: LinkProfile | None) -> float:
+    """Link time of ``sample``'s collectives, run as ``autotp.compile``'s inference graphs run them
+    (:func:`measure_graphs`): through shared memory on ``shared_memory_link`` when given, else small
+    all-reduces in one round on ``link``; 0.0 without a link."""
+    form = "shared_memory" if shared_memory_link is not None else "one_shot"
+    return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce=form,
+                                      shared_memory_link=shared_memory_link)
+               for kind, nbytes, group in sample.collectives) if link is not None else 0.0
 
 
 def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
