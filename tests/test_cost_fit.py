@@ -299,6 +299,29 @@ def test_estimate_pays_the_call_sync_wait_once_with_collectives() -> None:
     assert alone.call_sync_wait_s == 0.0 and alone.comm_per_call_s == alone.comm_s == 0.0, alone
 
 
+def test_solver_weighs_the_call_sync_wait_against_splitting() -> None:
+    """tp=2 tiny MLP on meta, memory_budget=None, a CPU profile slow enough that splitting pays: with a small
+    call sync wait the plan splits (one all-reduce) and its predicted communication holds the wait once; with a
+    wait dearer than what splitting saves, the solver keeps every tensor whole (no collective)."""
+    import autotp
+    from models import tiny_mlp
+
+    slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01)
+    plans = {}
+    for sync_s in (1e-4, 10.0):
+        hardware = dataclasses.replace(slow, call_sync_wait_s=sync_s)
+        model, args, kwargs = tiny_mlp(device="meta")
+        plan = autotp.plan(model, args, kwargs, world_size=2, memory_budget=None, hardware=hardware)
+        plans[sync_s] = (plan, hardware)
+    split, hardware = plans[1e-4]
+    assert split.collective_counts() == {"all_reduce": 1}, split.collective_counts()
+    estimate = split.estimate(hardware)
+    assert math.isclose(split.predicted_comm_s, estimate.comm_s + 1e-4), (split.predicted_comm_s, estimate.comm_s)
+    assert math.isclose(estimate.comm_per_call_s, split.predicted_comm_s), estimate
+    whole, _ = plans[10.0]
+    assert whole.collective_counts() == {} and whole.predicted_comm_s == 0.0, whole.collective_counts()
+
+
 def test_local_stand_ins_keep_shapes_and_weights_without_a_process_group() -> None:
     """tp=2 calibration graph (llama block, all-reduces after the row-split projections) and an all-gather
     then reduce-scatter at tp=4: the compute form has no collective left, runs without a process group,
