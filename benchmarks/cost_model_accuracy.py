@@ -93,6 +93,9 @@ class Row:
     collectives: int
     profile_share: float = 1.0
     measured_compute_work_s: float = 0.0
+    predicted_comm_per_collective_only_s: float = 0.0
+    """The communication priced with the whole fitted wait per collective (the median over the calibration graphs
+    of wait over count, the model before ``graph_calibration.fit_wait_terms``), from the same calibration."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +145,14 @@ class Summary:
     collectives: int
     profile_share: float = 1.0
     measured_compute_work_s: float = 0.0
+    predicted_comm_per_collective_only_s: float = 0.0
+
+    @property
+    def comm_error_per_collective_only(self) -> float | None:
+        """:attr:`comm_error` of the wait priced per collective alone (``Row.predicted_comm_per_collective_only_s``)."""
+        if not self.collectives or not self.measured_comm_s:
+            return None
+        return (self.predicted_comm_per_collective_only_s - self.measured_comm_s) / self.measured_comm_s
 
     @property
     def predicted_compute_work_s(self) -> float:
@@ -286,6 +297,22 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
                     same_graph_as=same)
 
 
+def _per_collective_only_wait_s(everyone: list[Any], hardware: Any) -> float:
+    """The wait per collective of the model before ``fit_wait_terms``: per rank, the median over its calibration
+    graphs with collectives of their wait (real form beyond measured compute and link) over their count, at least
+    0; the median over ranks. For comparison only, from the very samples the profile was fitted on."""
+    from autotp.cost_model.graph_calibration import graph_link_s
+
+    link, shared = hardware.intra_node, hardware.shared_memory_link
+    per_rank = []
+    for measured in everyone:
+        waits = [(g.seconds - g.compute_s - graph_link_s(g, link, shared)) / len(g.collectives)
+                 for g in measured.graphs if g.collectives and g.compute_s > 0]
+        if waits:
+            per_rank.append(max(0.0, statistics.median(waits)))
+    return statistics.median(per_rank) if per_rank else 0.0
+
+
 def _collective_count(plan: Any) -> int:
     """Collectives a forward of ``plan`` issues (local slices are not collectives)."""
     return sum(plan.collective_counts().values())
@@ -325,13 +352,16 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
             link = hardware.intra_node
             share = statistics.median(fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=link).core_share
                                       for m in everyone)
+            flat_wait_s = _per_collective_only_wait_s(everyone, hardware)
             if rank == 0:
                 print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s "
                       f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
                       f"view {hardware.view_op_s * 1e6:.1f} us, dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, "
                       f"core share {share:.2f}, "
-                      f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll, "
+                      f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll "
+                      f"+ {hardware.call_sync_wait_s * 1e6:.0f} us/call + {hardware.call_sync_wait_per_compute:.2f} "
+                      f"x compute, "
                       f"gloo {link.base_latency_s * 1e6:.0f} us/call + "
                       f"{link.latency_s * 1e6:.0f} us/step, {link.bandwidth_gbps:.3f} GB/s; "
                       f"load average {os.getloadavg()[0]:.1f}", flush=True)
@@ -343,14 +373,17 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                     tp_model, args, kwargs, options.warmup, options.runs)
                 estimate = tp_model.plan.estimate(hardware)
                 graph = tp_model.graph_module.graph
+                count = sum(tp_model.plan.collective_counts().values())
+                flat_comm_s = estimate.comm_s + count * (flat_wait_s - hardware.collective_wait_s)
                 if rank == 0:
                     results.put(Row(
                         name, world_size, round_index, estimate.time_per_call_s,
-                        estimate.time_per_call_s - estimate.comm_s, estimate.comm_s,
+                        estimate.time_per_call_s - estimate.comm_per_call_s, estimate.comm_per_call_s,
                         measured, measured_compute, max(measured - measured_compute, 0.0),
                         ops=sum(1 for n in graph.nodes if n.op == "call_function"),
                         collectives=sum(1 for n in graph.nodes if is_collective(n)),
                         profile_share=share, measured_compute_work_s=compute_work,
+                        predicted_comm_per_collective_only_s=flat_comm_s,
                     ))
                 if options.decisions and round_index == 0:
                     decision = _decision(name, world_size, model, args, kwargs, hardware, options)
@@ -393,7 +426,7 @@ def summarise(rows: list[Row]) -> list[Summary]:
             model, world_size, median("predicted_s"), median("predicted_compute_s"), median("predicted_comm_s"),
             median("measured_s"), median("measured_compute_s"), median("measured_comm_s"),
             max(measured) / min(measured), mine[0].ops, mine[0].collectives,
-            median("profile_share"), median("measured_compute_work_s"),
+            median("profile_share"), median("measured_compute_work_s"), median("predicted_comm_per_collective_only_s"),
         ))
     return summaries
 
@@ -435,7 +468,10 @@ def main() -> None:
                       f"{r.predicted_compute_s * 1e3:.3f} / {r.measured_compute_s * 1e3:.3f}; work "
                       f"{r.predicted_compute_s * r.profile_share * 1e3:.3f} / {r.measured_compute_work_s * 1e3:.3f}; "
                       f"share {r.profile_share:.2f} / "
-                      f"{r.measured_compute_work_s / r.measured_compute_s if r.measured_compute_s else 0:.2f}", flush=True)
+                      f"{r.measured_compute_work_s / r.measured_compute_s if r.measured_compute_s else 0:.2f}; comm "
+                      f"{r.predicted_comm_s * 1e3:.3f} (per collective only "
+                      f"{r.predicted_comm_per_collective_only_s * 1e3:.3f}) / {r.measured_comm_s * 1e3:.3f}",
+                      flush=True)
         print(f"{'model':<7} {'ws':>2} {'predicted':>10} {'measured':>10} {'error':>7} "
               f"{'compute pred/meas (ms)':>23} {'comm pred/meas (ms)':>21} {'spread':>7} {'ops':>4} {'colls':>5}")
         for s in summaries:
@@ -457,6 +493,9 @@ def main() -> None:
             continue
         comm = [abs(s.comm_error) for s in mine if s.comm_error is not None]
         comm_text = f"{statistics.median(comm):.1%}" if comm else "-"
+        flat = [abs(e) for s in mine if (e := s.comm_error_per_collective_only) is not None]
+        if flat:
+            comm_text += f" (wait per collective only: {statistics.median(flat):.1%})"
         print(f"  world size {world_size}: {statistics.median(abs(s.error) for s in mine):.1%} over {len(mine)} models; "
               f"compute {statistics.median(abs(s.compute_error) for s in mine):.1%}, communication {comm_text}")
     overall = statistics.median(abs(s.error) for s in summaries)

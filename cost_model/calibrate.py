@@ -170,6 +170,7 @@ class CalibrationConfig:
             graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64, family="gpt"),
                           GraphShape(3, 2, 64, collectives=False), GraphShape(2, 16, 128, collectives=False, family="gpt"),
                           GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256),
+                          GraphShape(3, 32, 256, family="gpt"),
                           GraphShape(3, 32, 256, collectives=False), GraphShape(0, 2, 64)),
             graph_runs=11,
         )
@@ -701,6 +702,8 @@ def build_profile(
         host_is_device=True,
         host_dispatch_s=host.host_dispatch_s if host is not None else 0.0,
         collective_wait_s=host.collective_wait_s if host is not None else 0.0,
+        call_sync_wait_s=host.call_sync_wait_s if host is not None else 0.0,
+        call_sync_wait_per_compute=host.call_sync_wait_per_compute if host is not None else 0.0,
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
         transcendental_element_s=transcendental / share,

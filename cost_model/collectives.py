@@ -37,6 +37,16 @@ of compute and collectives timed per rank (0.0 in datasheet profiles: NCCL's ``b
 already prices a GPU collective's launch, and GPU ranks stay in step within microseconds).
 :func:`link_collective_time_s` is the bare link formula, without it.
 
+The first collective of a call waits longer: the ranks enter the call out of step (they left the
+barrier or the host work before it at different times; four ranks on two cores leave a barrier
+two at a time), and that skew is paid once per call, where the following collectives only pay
+the skew that builds up between two of them, which grows with the compute in between (the longer
+a rank computes, the likelier it loses its core for a time slice to another rank or process).
+:func:`call_sync_wait_s` prices both, once per call of a graph that has at least one collective:
+``Hardware.call_sync_wait_s + Hardware.call_sync_wait_per_compute * compute`` (fitted with
+``collective_wait_s`` over calibration graphs of different numbers of collectives and compute,
+``graph_calibration.fit_wait_terms``); a graph without collectives never waits for another rank.
+
 ``spans_nodes=True``: the group's ranks lie on several nodes. Two algorithms are priced and the
 cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCCL]):
 
@@ -106,6 +116,7 @@ __all__ = [
     "ONE_SHOT_MAX_BYTES",
     "ONE_SHOT_MIN_GROUP",
     "SHARED_MEMORY_KINDS",
+    "call_sync_wait_s",
     "collective_time_s",
     "group_spans_nodes",
     "hierarchical_parts",
@@ -288,6 +299,17 @@ def collective_time_s(
         link_s = min(flat, hierarchical)
     # in a graph, the wait for the slowest rank: once per call of the collective (see module docstring)
     return link_s + hardware.collective_wait_s if link_s else 0.0
+
+
+def call_sync_wait_s(hardware: Hardware, collectives: int, compute_s: float) -> float:
+    """Seconds one call of a rank-local graph with ``collectives`` collectives and ``compute_s`` of compute
+    waits for ranks out of step beyond its collectives' own waits: ``Hardware.call_sync_wait_s`` once
+    plus ``Hardware.call_sync_wait_per_compute * compute_s`` (module docstring); 0.0 without collectives."""
+    if collectives < 0 or not math.isfinite(compute_s) or compute_s < 0:
+        raise ValueError(f"need a count of collectives >= 0 and compute_s >= 0, got {collectives!r} and {compute_s!r}")
+    if not collectives:
+        return 0.0
+    return hardware.call_sync_wait_s + hardware.call_sync_wait_per_compute * compute_s
 
 
 def hierarchical_parts(kind: str, group_size: int, devices_per_node: int) -> tuple[tuple[str, int, str, int], ...] | None:

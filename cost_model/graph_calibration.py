@@ -18,6 +18,7 @@ output's shape, in turn with the real form); and :func:`fit_host_terms` fits
     compute_work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
     compute_s = compute_work_s / core_share
     seconds   = compute_s + link_s + collectives * collective_wait_s
+                + call_sync_wait_s + call_sync_wait_per_compute * compute_s   (with collectives)
 
 where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
 no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
@@ -27,9 +28,12 @@ while computing: its median work over the median of the slowest rank's wall time
 forms of all graphs, each graph weighing by its time
 (about 1/2 for four single-thread ranks on two idle cores, at most ``cores / (ranks * threads)``,
 :func:`fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
-link: the host's dispatch per node, the call of the graph, and the wait per collective for the
-slowest rank, which is what the real form takes beyond its measured compute and its link (a
-median over graphs, so that one disturbed run does not move it).
+link: the host's dispatch per node, the call of the graph, and the wait for the slowest rank,
+which is what the real form takes beyond its measured compute and its link, fitted over the
+graphs' numbers of collectives and their compute (:func:`fit_wait_terms`): a wait per
+collective, a wait a call pays once for ranks that entered it out of step (``call_sync_wait_s``),
+and a wait per second of compute for ranks that drift apart while they compute between
+collectives (``call_sync_wait_per_compute``).
 
 Compute and communication mean the same in the prediction as in the accuracy benchmark
 (``benchmarks/cost_model_accuracy.py``), which measures a model's compute in the same compute
@@ -61,7 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.optimize import nnls  # type: ignore[import-untyped]
+from scipy.optimize import lsq_linear, nnls  # type: ignore[import-untyped]
 
 from .collectives import link_collective_time_s
 from .compute import (
@@ -85,6 +89,9 @@ __all__ = [
     "fair_core_share",
     "fit_gemm_curve",
     "fit_host_terms",
+    "fit_wait_line",
+    "fit_wait_terms",
+    "graph_link_s",
     "graph_sample",
     "graph_samples",
     "local_stand_ins",
@@ -169,8 +176,10 @@ class HostFit:
     ``core_share``: the share of a core a rank got while running them (1.0 when not measured),
     by which the profile divides every work term measured on the work clock;
     ``link_base_adjust_s`` (at most 0): what a collective in a graph takes *less* than the link
-    fitted back to back, per call, which the profile takes off the link's ``base_latency_s``
-    (:func:`_fit_compute_then_wait`)."""
+    fitted back to back, per call, which the profile takes off the link's ``base_latency_s``;
+    ``call_sync_wait_s``: the wait a graph's first collective pays once per call for ranks that
+    entered it out of step; ``call_sync_wait_per_compute``: the wait, per second of a call's compute,
+    of ranks that drift apart while they compute between collectives (:func:`fit_wait_terms`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -179,6 +188,8 @@ class HostFit:
     samples: int
     core_share: float = 1.0
     link_base_adjust_s: float = 0.0
+    call_sync_wait_s: float = 0.0
+    call_sync_wait_per_compute: float = 0.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -267,11 +278,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         raise ValueError("graph samples with collectives need the link they ran on to be priced")
 
     def link_s(sample: GraphSample) -> float:
-        # the graphs ran their all-reduces as autotp.compile's inference graphs do (measure_graphs), priced so
-        form = "shared_memory" if shared_memory_link is not None else "one_shot"
-        return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce=form,
-                                          shared_memory_link=shared_memory_link)
-                   for kind, nbytes, group in sample.collectives) if link is not None else 0.0
+        return graph_link_s(sample, link, shared_memory_link)
 
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
@@ -302,6 +309,16 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
                    share)
 
 
+def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_link: LinkProfile | None) -> float:
+    """Link time of ``sample``'s collectives, run as ``autotp.compile``'s inference graphs run them
+    (:func:`measure_graphs`): through shared memory on ``shared_memory_link`` when given, else small
+    all-reduces in one round on ``link``; 0.0 without a link."""
+    form = "shared_memory" if shared_memory_link is not None else "one_shot"
+    return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce=form,
+                                      shared_memory_link=shared_memory_link)
+               for kind, nbytes, group in sample.collectives) if link is not None else 0.0
+
+
 def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
                            link_s: Callable[[GraphSample], float]) -> HostFit:
     """The host terms from samples whose compute was timed apart (:attr:`GraphSample.compute_s`).
@@ -317,15 +334,19 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        its compute wall time, each graph weighing by its time; every work term becomes wall time
        divided by it. With four single-thread ranks on two cores it is about 1/2: the ranks take
        turns on the cores while they compute, which is compute time, not a wait for a collective;
-    3. the wait per collective: the median over the graphs with collectives of what their real
-       form's wall time has beyond their measured compute and their link time, per collective,
-       at least 0. Measured against the compute *measured* in the same runs (taking turns with
-       the real form), it holds what the collectives add (the skew between ranks, the wake-up of
-       a rank that slept in one), not what the compute terms miss. A negative median is kept
-       apart as ``link_base_adjust_s``: the collectives take less in a graph than back to back,
-       where every step needs every rank on a core, while in a graph a rank that waits in a
-       collective gives its core to ranks still computing (four ranks on two cores), so part of
-       its link time runs while they compute. The profile takes it off the link's per-call
+    3. the wait: what the real form's wall time of each graph with collectives has beyond its
+       measured compute and its link time, as a line over the graphs' numbers of collectives
+       and their compute (:func:`fit_wait_terms`): the wait per collective (at least 0), the wait
+       a call pays once (``call_sync_wait_s``) for ranks that entered it out of step, and the wait
+       per second of compute (``call_sync_wait_per_compute``) of ranks that drift apart while
+       they compute.
+       Measured against the compute *measured* in the same runs (taking turns with the real
+       form), it holds what the collectives add (the skew between ranks, the wake-up of a rank
+       that slept in one), not what the compute terms miss. A negative slope is kept apart
+       as ``link_base_adjust_s``: the collectives take less in a graph than back to back, where
+       every step needs every rank on a core, while in a graph a rank that waits in a collective
+       gives its core to ranks still computing (four ranks on two cores), so part of its link
+       time runs while they compute. The profile takes it off the link's per-call
        latency (never below 0), so no collective is priced below nothing.
     """
     rows, target = [], []
@@ -342,13 +363,93 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
         return (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
                 + launch_work_s) / share
 
-    waits = [(sample.seconds - sample.compute_s - link_s(sample)) / len(sample.collectives)
-             for sample in samples if sample.collectives]
-    in_graph_s = statistics.median(waits) if waits else 0.0
-    errors = [abs(compute_wall_s(sample) + link_s(sample) + len(sample.collectives) * in_graph_s - sample.seconds)
+    synced = [sample for sample in samples if sample.collectives]
+    entry_s, in_graph_s, per_compute = fit_wait_terms(
+        [len(sample.collectives) for sample in synced], [sample.compute_s for sample in synced],
+        [sample.seconds - sample.compute_s - link_s(sample) for sample in synced])
+
+    def waited_s(sample: GraphSample, compute_s: float) -> float:
+        count = len(sample.collectives)
+        return entry_s + count * in_graph_s + per_compute * compute_s if count else 0.0
+
+    errors = [abs(compute_wall_s(sample) + link_s(sample) + waited_s(sample, compute_wall_s(sample)) - sample.seconds)
               / sample.seconds for sample in samples]
     return HostFit(dispatch_work_s / share, max(0.0, in_graph_s), launch_work_s / share, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s))
+                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute)
+
+
+WAIT_TERMS_MIN_GRAPHS = 4
+"""Graphs with collectives needed to fit the wait's three terms (:func:`fit_wait_terms`); with fewer, the
+wait per call and per collective alone (:func:`fit_wait_line`)."""
+
+
+def fit_wait_terms(collectives: Sequence[int], compute_s: Sequence[float],
+                   waits_s: Sequence[float]) -> tuple[float, float, float]:
+    """``(per call, per collective, per second of compute)``: the wait of graphs with collectives (each
+    graph: its real form's time beyond its measured compute and its link) as
+    ``per_call + collectives * per_collective + compute_s * per_compute``.
+
+    Why three terms: the ranks enter a call out of step and the first collective pays that skew once
+    (:func:`fit_wait_line`); between two collectives the ranks drift apart again, by a fixed amount
+    (waking up a rank that slept in the previous collective) and by a share of the compute they do in
+    between, since the longer a rank computes the likelier another process or rank takes its core
+    for a time slice (under load, a graph's wait grew with its compute, not with its count of
+    collectives). Summed over a call, that share applies to the compute before its last collective;
+    the graphs here, like the models, do nearly all their compute before it, so their whole compute
+    is the column.
+
+    Bounded least squares on relative error (each graph weighted by ``1 / (compute + |wait|)``):
+    ``per_call`` and ``per_compute`` at least 0, ``per_collective`` of any sign (negative: collectives
+    that take less in a graph than back to back, ``HostFit.link_base_adjust_s``). With fewer than
+    :data:`WAIT_TERMS_MIN_GRAPHS` graphs, :func:`fit_wait_line` and no compute term."""
+    if not len(collectives) == len(compute_s) == len(waits_s):
+        raise ValueError(f"need one count, compute and wait per graph, got {len(collectives)}, {len(compute_s)} "
+                         f"and {len(waits_s)}")
+    graphs = [(count, compute, wait) for count, compute, wait in zip(collectives, compute_s, waits_s) if count > 0]
+    if len(graphs) < WAIT_TERMS_MIN_GRAPHS:
+        per_call, per_collective = fit_wait_line([g[0] for g in graphs], [g[2] for g in graphs])
+        return per_call, per_collective, 0.0
+    weights = np.asarray([1.0 / max(compute + abs(wait), 1e-9) for _, compute, wait in graphs])
+    rows = np.asarray([[1.0, count, compute] for count, compute, _ in graphs]) * weights[:, None]
+    target = np.asarray([wait for _, _, wait in graphs]) * weights
+    solution = lsq_linear(rows, target, bounds=([0.0, -np.inf, 0.0], [np.inf, np.inf, np.inf]), method="bvls").x
+    return float(solution[0]), float(solution[1]), float(solution[2])
+
+
+def fit_wait_line(collectives: Sequence[int], waits_s: Sequence[float]) -> tuple[float, float]:
+    """``(per call, per collective)``: the line ``waits_s ≈ per_call + collectives * per_collective`` through
+    what graphs with collectives waited (each graph: its real form's time beyond its measured compute and
+    its link) against how many collectives each has.
+
+    Why a line: the ranks enter a call out of step (they left the barrier before it at different
+    times), and the first collective pays that skew once; every later one pays only the skew built
+    up since the previous one. Pricing the whole wait per collective (the median of wait over
+    count, as before) overprices a graph with many collectives and underprices one with a single
+    collective (at tp 4 on two cores: 6 collectives priced at 6.7 ms that took about 4 ms, one
+    priced at 1.1 ms that took 1.5 ms).
+
+    Theil-Sen (median of the slopes between every two graphs with different counts, then the median
+    intercept): one disturbed graph moves neither term, as the median over graphs did before. The
+    per-call term is at least 0; when the line would need a negative one, the whole wait is priced per
+    collective (the median of wait over count). The per-collective term may be negative (collectives
+    that take less in a graph than back to back; ``HostFit.link_base_adjust_s``). Graphs that all have
+    the same count cannot tell the two apart: all of it is priced per collective. ``(0.0, 0.0)``
+    without graphs."""
+    if len(collectives) != len(waits_s):
+        raise ValueError(f"need one wait per graph, got {len(collectives)} counts and {len(waits_s)} waits")
+    pairs = [(count, wait) for count, wait in zip(collectives, waits_s) if count > 0]
+    if not pairs:
+        return 0.0, 0.0
+    per_collective_only = statistics.median(wait / count for count, wait in pairs)
+    slopes = [(wait_b - wait_a) / (count_b - count_a)
+              for (count_a, wait_a), (count_b, wait_b) in itertools.combinations(pairs, 2) if count_a != count_b]
+    if not slopes:
+        return 0.0, per_collective_only
+    slope = statistics.median(slopes)
+    intercept = statistics.median(wait - count * slope for count, wait in pairs)
+    if intercept <= 0:
+        return 0.0, per_collective_only
+    return intercept, slope
 
 
 def _fit_wall_terms(samples: Sequence[GraphSample], view_op_s: float, link_s: Callable[[GraphSample], float],

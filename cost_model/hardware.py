@@ -87,6 +87,8 @@ _HOST_TIME_FIELDS = (
     "host_dispatch_s",
     "graph_launch_s",
     "collective_wait_s",
+    "call_sync_wait_s",
+    "call_sync_wait_per_compute",
     "gemm_half_efficiency_dim",
     "transcendental_element_s",
 )
@@ -240,6 +242,14 @@ class Hardware:
     module; in ``"cuda_graph"`` mode the replay launch of the captured graph).
     ``collective_wait_s``: seconds a collective waits in a graph beyond its alpha-beta time (the
     skew between ranks arriving at a blocking collective), fitted in a graph, not back to back.
+    ``call_sync_wait_s``: seconds the first collective of a call waits, once per call of a graph
+    that has collectives, for ranks that entered the call out of step (they left the barrier or
+    the host work before the call at different times: on a host with more ranks than cores, a
+    rank may wait most of a time slice for a core); the ranks then run in step from one
+    collective to the next, and each collective pays ``collective_wait_s``. Fitted together with
+    it. ``call_sync_wait_per_compute``: seconds that call also waits per second of its compute
+    (ranks drift apart while they compute between collectives: the longer a rank computes, the
+    likelier it loses its core for a time slice to another rank or process); 0.0 on GPUs.
     ``gemm_half_efficiency_dim``: GEMM rate as a function of shape: a GEMM whose smallest dim
     (of m, n, k) is ``d`` runs at ``d / (d + gemm_half_efficiency_dim)`` of the peak (0.0: the
     peak at every shape); :func:`~.compute.gemm_efficiency`.
@@ -290,6 +300,8 @@ class Hardware:
     host_is_device: bool = False
     graph_launch_s: float = 0.0
     collective_wait_s: float = 0.0
+    call_sync_wait_s: float = 0.0
+    call_sync_wait_per_compute: float = 0.0
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()

@@ -12,6 +12,13 @@ The price of a choice (one strategy per node) is the sum of two kinds of terms:
   whose value some rank-divergent reader takes replicated costs one all-reduce of its gradient
   (Megatron's f, :meth:`CostedGraph.replicated_input_s`), however many such readers it has.
 
+- **call sync** (:func:`call_sync_s`): a choice with at least one forward resharding that talks to
+  other ranks pays ``Hardware.call_sync_wait_s`` once, the wait of the call's first collective for
+  ranks that entered the call out of step (:func:`autotp.cost_model.collectives.call_sync_wait_s`;
+  its share that grows with the call's compute, ``call_sync_wait_per_compute``, is a product of
+  this choice and the compute, which the MILP's linear objective cannot hold: ``Plan.estimate()``
+  adds it, the solver does not).
+
 A training plan's memory adds the activations kept for the backward
 (:func:`saved_activation_bytes`): each saved tensor once per placement it is read in.
 
@@ -33,11 +40,13 @@ from autotp.base.reshard import ReshardStep
 from autotp.base.strategy import Strategy
 from autotp.passes.backward import REPLICATED_INPUT_BACKWARD, reads_through_f
 from autotp.passes.costing import CostedGraph
-from autotp.passes.resharding import is_local_reshard
+from autotp.cost_model.collectives import call_sync_wait_s
+from autotp.passes.resharding import is_collective_step, is_local_reshard
 from autotp.passes.strategies import Edge
 
 __all__ = [
-    "ChoicePrice", "Resharding", "blocked_reason", "compute_s", "is_blocked", "price_choice",
+    "ChoicePrice", "Resharding", "blocked_reason", "call_sync_s", "compute_s", "is_blocked", "is_collective_reshard",
+    "price_choice",
     "price_outputs", "reshard_s", "saved_activation_bytes",
 ]
 
@@ -71,10 +80,11 @@ class ChoicePrice:
     compute_s: float
     reshardings: tuple[Resharding, ...]
     blocked: str = ""
+    sync_s: float = 0.0  # the call's wait for ranks out of step, once when it has a collective (call_sync_s)
 
     @property
     def comm_s(self) -> float:
-        return sum(r.time_s for r in self.reshardings)
+        return sum(r.time_s for r in self.reshardings) + self.sync_s
 
     @property
     def forward(self) -> tuple[Resharding, ...]:
@@ -99,6 +109,17 @@ def compute_s(costed: CostedGraph, name: str, index: int) -> float:
 def reshard_s(costed: CostedGraph, producer: str, src: Placement, dst: Placement) -> float:
     """Seconds to turn ``producer``'s output from ``src`` into ``dst`` (paid once per producer and ``dst``)."""
     return costed.reshard_s(producer, src, dst)
+
+
+def is_collective_reshard(costed: CostedGraph, producer: str, src: Placement, dst: Placement) -> bool:
+    """True when turning ``producer``'s output from ``src`` into ``dst`` talks to other ranks (its route has a
+    collective step), False for local slices alone."""
+    return any(is_collective_step(step.kind) for step in costed.reshard_route(producer, src, dst))
+
+
+def call_sync_s(costed: CostedGraph) -> float:
+    """Seconds a call whose forward has a collective waits once for ranks out of step (module docstring)."""
+    return call_sync_wait_s(costed.hardware, 1, 0.0)
 
 
 def is_blocked(edge: Edge, src: Placement, dst: Placement) -> bool:
@@ -180,4 +201,5 @@ def price_choice(costed: CostedGraph, choice: Mapping[str, int]) -> ChoicePrice:
     strategies = costed.graph.strategies
     compute = sum(compute_s(costed, name, index) for name, index in choice.items())
     reshardings, why = price_outputs(costed, costed.graph.edges, lambda name: strategies[name][choice[name]])
-    return ChoicePrice(compute, reshardings, why)
+    synced = any(not r.backward and is_collective_reshard(costed, r.producer, r.src, r.dst) for r in reshardings)
+    return ChoicePrice(compute, reshardings, why, call_sync_s(costed) if synced else 0.0)

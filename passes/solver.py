@@ -27,7 +27,11 @@ Formulation (one mesh axis of N ranks)::
 
     memory:  sum_{parameters n} sum_s bytes[n, s] x[n, s] <= budget     (_add_memory_row)
 
-    minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p]
+    minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p] + z call_sync_s
+
+    where z >= r[u, q, p] for every resharding that talks to other ranks: the call's wait for ranks
+    out of step, paid once when it has any collective (``pricing.call_sync_s``; 0 on profiles
+    without ``Hardware.call_sync_wait_s``, and then z is not built).
 
     A training plan (``costed.training``) prices the backward too, as the runtime runs it
     (``passes/backward.py``): a forward resharding r[u, q, p] that a gradient goes back through
@@ -62,7 +66,7 @@ from autotp.base.placements import Placement, Replicate, Shard
 from autotp.base.shapes import concrete_shape
 from autotp.passes.backward import reads_through_f
 from autotp.passes.costing import CostedGraph
-from autotp.passes.pricing import compute_s, is_blocked, price_choice, reshard_s
+from autotp.passes.pricing import call_sync_s, compute_s, is_blocked, is_collective_reshard, price_choice, reshard_s
 from autotp.passes.strategies import Edge
 from autotp.passes.uneven import largest_shard_nbytes
 
@@ -195,6 +199,7 @@ def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], o
             model.row([(col, 1.0), (y, -1.0)], 0.0, np.inf)
         return col
 
+    talking: list[int] = []  # r columns of reshardings that talk to other ranks
     for (_, keys), members in sorted(groups.items(), key=lambda item: (item[0][0], sorted(item[0][1]))):
         leader, count = members[0], len(members)
         pairs: dict[tuple[Placement, Placement], list[int]] = defaultdict(list)
@@ -216,7 +221,9 @@ def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], o
                 if saving:
                     kept[p].append(col)
         for (q, p), ys in sorted(pairs.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
-            at_least(reshard_s(costed, leader, q, p) * count, ys)
+            col = at_least(reshard_s(costed, leader, q, p) * count, ys)
+            if is_collective_reshard(costed, leader, q, p):
+                talking.append(col)
         for (q, p), ys in sorted(graded.items(), key=lambda item: (str(item[0][0]), str(item[0][1]))):
             seconds = costed.backward_s(leader, q, p)
             if seconds:
@@ -225,6 +232,9 @@ def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], o
             at_least(costed.replicated_input_s(leader) * count, through_f)
         for p, ys in sorted(kept.items(), key=lambda item: str(item[0])):
             memory_terms.append((at_least(0.0, ys), costed.activation_bytes(leader, p) * count))
+    sync_s = call_sync_s(costed)
+    if sync_s and talking:  # once per call with any collective (pricing.call_sync_s)
+        at_least(sync_s, talking)
     return memory_terms
 
 

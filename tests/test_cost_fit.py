@@ -24,6 +24,8 @@ from autotp.cost_model.graph_calibration import (
     block_graph,
     fit_gemm_curve,
     fit_host_terms,
+    fit_wait_line,
+    fit_wait_terms,
     local_stand_ins,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
@@ -136,17 +138,20 @@ def test_collective_in_a_graph_pays_its_wait() -> None:
 def test_profiles_save_and_load_the_new_fields_and_old_json_gets_defaults(tmp_path) -> None:
     """Round trip of every host field; a profile JSON from before them loads with eager, no host terms."""
     profile = dataclasses.replace(CPU, runtime_mode="cuda_graph", graph_launch_s=9e-6, collective_wait_s=1e-4,
-                                  gemm_half_efficiency_dim=24.0, transcendental_element_s=2e-9)
+                                  call_sync_wait_s=7e-4, call_sync_wait_per_compute=0.3, gemm_half_efficiency_dim=24.0,
+                                  transcendental_element_s=2e-9)
     assert Hardware.from_json(profile.to_json()) == profile
     old = json.loads(profile.to_json())
     for key in ("runtime_mode", "host_dispatch_s", "host_is_device", "graph_launch_s", "collective_wait_s",
-                "gemm_half_efficiency_dim", "transcendental_element_s"):
+                "call_sync_wait_s", "call_sync_wait_per_compute", "gemm_half_efficiency_dim",
+                "transcendental_element_s"):
         del old[key]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))
     loaded = get_hardware(str(path))
     assert (loaded.runtime_mode, loaded.host_dispatch_s, loaded.host_is_device, loaded.graph_launch_s,
-            loaded.collective_wait_s, loaded.gemm_half_efficiency_dim) == ("eager", 0.0, False, 0.0, 0.0, 0.0), loaded
+            loaded.collective_wait_s, loaded.call_sync_wait_s, loaded.call_sync_wait_per_compute,
+            loaded.gemm_half_efficiency_dim) == ("eager", 0.0, False, 0.0, 0.0, 0.0, 0.0, 0.0), loaded
     assert compute_time_s(0, 64, torch.float32, loaded) == compute_time_s(
         0, 64, torch.float32, dataclasses.replace(CPU, host_dispatch_s=0.0)), "old profiles price as before"
     with pytest.raises(ValueError, match="runtime_mode must be one of"):
@@ -255,6 +260,99 @@ def test_host_fit_prices_the_core_share_while_computing_as_compute_and_the_wait_
     fit = fit_host_terms(faster, view_op_s=view_s, link=LINK)
     assert fit.collective_wait_s == 0.0 and math.isclose(fit.link_base_adjust_s, -wait_s, rel_tol=1e-6), (
         f"expected wait 0 and link adjustment {-wait_s}, got {fit.collective_wait_s}, {fit.link_base_adjust_s}")
+
+
+def test_host_fit_separates_the_wait_of_a_call_from_the_wait_per_collective() -> None:
+    """tp=4 on two cores (synthetic timings): graphs with 2 to 8 collectives and 0.6-9 ms of compute whose real
+    form waits 0.9 ms once per call (ranks entering out of step), 0.3 ms per collective and 0.25 s per second of
+    compute (ranks drifting apart while computing) beyond measured compute and link. The fit returns the three
+    terms, not their mix per collective (the median of wait over count), which overprices many collectives
+    and underprices one; graphs without collectives pay none of them."""
+    dispatch_s, launch_s, view_s, share = 8e-6, 30e-6, 2e-6, 0.5
+    sync_s, wait_s, per_compute = 900e-6, 300e-6, 0.25
+    samples = []
+    for layers in (1, 2, 3, 4):
+        for device_per_layer_s in (0.2e-3, 1e-3):
+            kernels, views, device_s = 30 * layers, 9 * layers, device_per_layer_s * layers
+            compute_work_s = device_s + kernels * dispatch_s + views * view_s + launch_s
+            compute_wall_s = compute_work_s / share
+            for with_collectives in (True, False):
+                collectives = tuple(("all_reduce", 2**14, 4) for _ in range(2 * layers)) if with_collectives else ()
+                link_s = sum(link_collective_time_s(k, n, p, LINK, small_all_reduce="one_shot")
+                             for k, n, p in collectives)
+                waited_s = (sync_s + len(collectives) * wait_s + per_compute * compute_wall_s) if collectives else 0.0
+                samples.append(GraphSample(kernels, views, device_s, collectives, compute_wall_s + link_s + waited_s,
+                                           compute_work_s, share, compute_wall_s, compute_work_s))
+    fit = fit_host_terms(samples, view_op_s=view_s, link=LINK)
+    _check_host_fit(fit, dispatch_s=dispatch_s, launch_s=launch_s, share=share, wait_s=wait_s)
+    for name, expected, actual in (("call_sync_wait_s", sync_s, fit.call_sync_wait_s),
+                                   ("call_sync_wait_per_compute", per_compute, fit.call_sync_wait_per_compute)):
+        assert math.isclose(actual, expected, rel_tol=1e-6), f"{name}: expected {expected}, got {actual}"
+    assert fit.link_base_adjust_s == 0.0 and fit.median_abs_rel_error < 1e-9, fit
+
+
+def test_wait_terms_keep_a_negative_wait_per_collective_and_need_enough_graphs() -> None:
+    """Collectives faster in a graph than back to back: a negative wait per collective is returned (the
+    profile takes it off the link); with fewer than 4 graphs, the line over counts alone."""
+    counts, compute = [2, 4, 6, 2, 4], [1e-3, 2e-3, 3e-3, 4e-3, 6e-3]
+    waits = [0.5e-3 - 0.1e-3 * n + 0.2 * c for n, c in zip(counts, compute)]
+    assert fit_wait_terms(counts, compute, waits) == pytest.approx((0.5e-3, -0.1e-3, 0.2), rel=1e-6, abs=1e-12)
+    assert fit_wait_terms([2, 4, 6], [1e-3] * 3, [1.6e-3, 2.2e-3, 2.8e-3]) == pytest.approx((1.0e-3, 0.3e-3, 0.0))
+    with pytest.raises(ValueError, match="one count, compute and wait per graph"):
+        fit_wait_terms([2, 4], [1e-3], [1e-3, 2e-3])
+
+
+def test_wait_line_falls_back_to_a_wait_per_collective() -> None:
+    """The line through (collectives, wait): exact on a line; all of it per collective when the graphs all have
+    one count (nothing tells the two terms apart) or when the intercept would be negative; nothing without
+    graphs; a negative slope (collectives faster in a graph than back to back) is kept for the link."""
+    assert fit_wait_line([2, 4, 6], [1.6e-3, 2.2e-3, 2.8e-3]) == pytest.approx((1.0e-3, 0.3e-3))
+    assert fit_wait_line([2, 2, 2], [1.0e-3, 1.2e-3, 5.0e-3]) == pytest.approx((0.0, 0.6e-3))
+    assert fit_wait_line([2, 4, 6], [0.8e-3, 2.4e-3, 4.0e-3]) == pytest.approx((0.0, 0.6e-3))  # 0.4-0.67 ms
+    assert fit_wait_line([], []) == (0.0, 0.0)
+    assert fit_wait_line([2, 4], [-0.2e-3, -0.4e-3]) == pytest.approx((0.0, -0.1e-3))
+    with pytest.raises(ValueError, match="one wait per graph"):
+        fit_wait_line([2, 4], [1e-3])
+
+
+def test_estimate_pays_the_call_sync_wait_once_with_collectives() -> None:
+    """tp=2 and tp=1, tiny Llama on meta, H100 SXM with a call sync wait of 1 ms and 0.1 s per second of
+    compute: the tp=2 plan (with collectives) pays it once per call, in its communication; the tp=1 plan never
+    waits for another rank."""
+    h100 = dataclasses.replace(get_hardware("h100-sxm"), call_sync_wait_s=1e-3, call_sync_wait_per_compute=0.1)
+    split = tiny_plan("llama", 2)
+    assert sum(split.collective_counts().values()) > 1, split.collective_counts()
+    estimate = split.estimate(h100)
+    expected = 1e-3 + 0.1 * estimate.compute_s
+    assert math.isclose(estimate.call_sync_wait_s, expected), (estimate.call_sync_wait_s, expected)
+    assert math.isclose(estimate.comm_per_call_s, estimate.comm_s + expected), estimate
+    assert math.isclose(estimate.time_per_call_s, estimate.time_s + h100.graph_launch_s + expected), estimate
+    assert "ranks out of step" in estimate.summary()
+    alone = tiny_plan("llama", 1).estimate(h100)
+    assert alone.call_sync_wait_s == 0.0 and alone.comm_per_call_s == alone.comm_s == 0.0, alone
+
+
+def test_solver_weighs_the_call_sync_wait_against_splitting() -> None:
+    """tp=2 tiny MLP on meta, memory_budget=None, a CPU profile slow enough that splitting pays: with a small
+    call sync wait the plan splits (one all-reduce) and its predicted communication holds the wait once; with a
+    wait dearer than what splitting saves, the solver keeps every tensor whole (no collective)."""
+    import autotp
+    from models import tiny_mlp
+
+    slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01)
+    plans = {}
+    for sync_s in (1e-4, 10.0):
+        hardware = dataclasses.replace(slow, call_sync_wait_s=sync_s)
+        model, args, kwargs = tiny_mlp(device="meta")
+        plan = autotp.plan(model, args, kwargs, world_size=2, memory_budget=None, hardware=hardware)
+        plans[sync_s] = (plan, hardware)
+    split, hardware = plans[1e-4]
+    assert split.collective_counts() == {"all_reduce": 1}, split.collective_counts()
+    estimate = split.estimate(hardware)
+    assert math.isclose(split.predicted_comm_s, estimate.comm_s + 1e-4), (split.predicted_comm_s, estimate.comm_s)
+    assert math.isclose(estimate.comm_per_call_s, split.predicted_comm_s), estimate
+    whole, _ = plans[10.0]
+    assert whole.collective_counts() == {} and whole.predicted_comm_s == 0.0, whole.collective_counts()
 
 
 def test_local_stand_ins_keep_shapes_and_weights_without_a_process_group() -> None:

@@ -293,7 +293,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"  transcendental   {profile.transcendental_element_s * 1e9:10.3f} ns per element")
     print(f"  runtime          {profile.runtime_mode}: {profile.host_dispatch_s * 1e6:.2f} us host dispatch per "
           f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call, "
-          f"{profile.collective_wait_s * 1e6:.1f} us wait per collective (fitted in graphs)")
+          f"{profile.collective_wait_s * 1e6:.1f} us wait per collective + {profile.call_sync_wait_s * 1e6:.1f} us "
+          f"+ {profile.call_sync_wait_per_compute:.2f} s per s of compute per call with collectives "
+          "(fitted in graphs)")
     print(f"  gloo link        {link.base_latency_s * 1e6:.1f} us per call + {link.latency_s * 1e6:.1f} us per step, "
           f"{link.bandwidth_gbps:.3f} GB/s")
     print(f"  nodes            {profile.devices_per_node} device(s) per node; between nodes "

@@ -17,7 +17,13 @@ no graph, no process group — and adds up the terms the planner priced:
   compiled and cuda_graph only the call of the graph), and the per-call term
   ``graph_call_s`` (``Hardware.graph_launch_s``: the Python call of the graph, or the replay of a
   captured CUDA graph), which :attr:`Estimate.time_per_call_s` adds to the per-node terms. The
-  node times already include their host dispatch under the plan's own runtime mode.
+  node times already include their host dispatch under the plan's own runtime mode. A plan with
+  collectives also pays ``call_sync_wait_s`` once per call (``Hardware.call_sync_wait_s``: its
+  first collective waits for ranks that entered the call out of step, plus
+  ``Hardware.call_sync_wait_per_compute`` times its compute: ranks drift apart while they compute,
+  :func:`autotp.cost_model.collectives.call_sync_wait_s`), in :attr:`Estimate.comm_per_call_s`
+  and :attr:`Estimate.time_per_call_s`; the solver does not see it (it prices collectives one by
+  one), so a plan is chosen without it.
 * **memory per rank** = parameters (the plan's ``parameter_bytes_per_rank``: the largest
   rank's shards) + buffers and constants (whole on every rank) + the peak of live activations.
   The activation peak is a liveness walk over the plan's graph in execution order, the order
@@ -50,6 +56,7 @@ from autotp.base.module_paths import block_name
 from autotp.base.placements import Partial, Placement, Replicate, Shard, placement_from_str, split_of
 from autotp.base.reshard import ReshardKind, reshard_steps
 from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware, launches_no_kernel
+from autotp.cost_model.collectives import call_sync_wait_s
 from autotp.cost_model.runtime import HostTime, graph_host_s, host_time_per_call
 from autotp.cost_model.symbolic import (
     BATCH,
@@ -159,6 +166,7 @@ class Estimate:
     runtime_mode: str = "eager"
     graph_call_s: float = 0.0
     host: HostTime | None = None
+    call_sync_wait_s: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -166,10 +174,16 @@ class Estimate:
         return self.compute_s + self.comm_s
 
     @property
+    def comm_per_call_s(self) -> float:
+        """Predicted communication per call of the rank-local graph: :attr:`comm_s` plus the wait its
+        first collective pays once for ranks that entered the call out of step (``call_sync_wait_s``)."""
+        return self.comm_s + self.call_sync_wait_s
+
+    @property
     def time_per_call_s(self) -> float:
         """Predicted seconds per call of the rank-local graph: :attr:`time_s` plus the per-call
-        host term (``graph_call_s``)."""
-        return self.time_s + self.graph_call_s
+        terms (``graph_call_s``, the host's call; ``call_sync_wait_s``, the first collective's wait)."""
+        return self.time_s + self.graph_call_s + self.call_sync_wait_s
 
     @property
     def memory_bytes_per_rank(self) -> int | None:
@@ -204,6 +218,9 @@ class Estimate:
             modes = ", ".join(f"{mode} {_ms(seconds)}" for mode, seconds in self.host.by_mode.items())
             lines.append(f"host dispatch per forward ({self.host.kernels} kernel nodes, {self.host.views} views, "
                          f"{_ms(self.graph_call_s)} call): {modes}; nodes priced as {self.runtime_mode}")
+        if self.call_sync_wait_s:
+            lines.append("wait per call for ranks out of step (entering the call, drifting while computing): "
+                         f"{_ms(self.call_sync_wait_s)}")
         lines += [
             "",
             f"{'layer':<40} {'compute':>11} {'comm':>11} {'total':>11} {'share':>7}",
@@ -335,6 +352,9 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         runtime_mode=profile.runtime_mode if profile is not None else "eager",
         graph_call_s=graph_host_s(profile) if profile is not None else 0.0,
         host=_host_time(plan, profile) if profile is not None else None,
+        call_sync_wait_s=(call_sync_wait_s(profile, sum(plan.collective_counts().values()),
+                                           sum(n.compute_s for n in nodes))
+                          if profile is not None and plan.world_size > 1 else 0.0),
     )
 
 
