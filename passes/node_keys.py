@@ -13,7 +13,7 @@ anything else that cannot be compared by value (an unhashable constant, an objec
 
 Used to compute strategies (:func:`autotp.passes.strategies.build_strategy_graph`) and compute
 costs (:func:`autotp.passes.costing.cost_strategy_graph`) once per distinct key; 16 layers of a
-Llama then cost what about one does (the results are the same, tested node by node).
+decoder then cost about what one does (the results are the same, tested node by node).
 """
 
 from __future__ import annotations
