@@ -53,7 +53,7 @@ from autotp.runtime.agreement import (
     ranks_agree,
 )
 from autotp.runtime.checkpointing import check_activation_checkpointing, checkpointed_graph
-from autotp.runtime.group import bind_group, plan_on_first_rank
+from autotp.runtime.group import PlannedAhead, bind_group, plan_ahead, plan_on_first_rank
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 from autotp.runtime.shared_trace import FirstRankTrace
@@ -205,14 +205,15 @@ def compile(  # noqa: A001 - mirrors torch.compile
     to apply a saved or hand-edited :class:`Plan` (or the path of a saved one) instead of
     planning. Other options as in :func:`autotp.plan`.
 
-    The ranks check that they agree before planning (:mod:`autotp.runtime.agreement`): that
+    The ranks check that they agree before a plan is used (:mod:`autotp.runtime.agreement`; rank 0 plans
+    meanwhile, while the others rebuild the program it traced, and sends its plan once they agree): that
     every rank traced the model, the same graph, with the same options and the same full
     weights (a float64 sum and a sampled hash per weight; ``check_weights=False`` skips this
     for huge models loaded from one checkpoint, and it is skipped with ``checkpoint=``). Any
     difference raises the same :class:`~autotp.AgreementError` on every rank, naming the ranks
     and what differs. No rank waits for the others longer than ``agreement_timeout_s`` seconds
     at any exchange (:class:`~autotp.RankTimeoutError` names the ranks that did not arrive; the
-    plan from rank 0 may take ``time_limit_s`` more). Each call of the result checks that
+    agreement and the plan from rank 0 may take ``time_limit_s`` more). Each call of the result checks that
     non-tensor arguments have their traced values and that the input shapes agree across ranks
     (once per new shape).
 
@@ -301,6 +302,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                                 dynamic=dynamic, **training_options))
     timeout_s = check_timeout(agreement_timeout_s)
     cache = open_trace_cache(trace_cache, checkpoint)
+    ahead: PlannedAhead | None = None
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
         check_model(model)
         world_size, rank = bind_group(group, world_size, caller="autotp.compile")
@@ -332,6 +334,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
                 agreed["random number generator state (seed every rank alike, e.g. torch.manual_seed(0))"] = fingerprint
             weights = captured.exported.state_dict if check_weights and checkpoint is None else None
             agreement.record = compile_record(captured, weights=weights, options=agreed)
+            if plan is None:  # rank 0 plans while the others rebuild the program it sent (used once the ranks agree)
+                agreement.extra_wait_s = options.time_limit_s
+                ahead = plan_ahead(captured, options, group=group, rank=rank, plan_cache=cache)
     files = None
     if checkpoint is not None:  # headers only, agreed by all ranks: a bad file fails before planning, everywhere
         files = agree_on_success(group, lambda: open_checkpoint(checkpoint), timeout_s=timeout_s)
@@ -342,7 +347,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                       plan=plan, group=group, rank=rank, expected_new_tokens=expected_new_tokens,
                                       timeout_s=timeout_s)
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
-                         plan_cache=cache)
+                         plan_cache=cache, ahead=ahead)
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
                                                 device=trace_device(example_inputs, example_kwargs),
                                                 timeout_s=timeout_s, training=training)
@@ -381,12 +386,13 @@ def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple
 
 def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
                   group: dist.ProcessGroup | None, rank: int,
-                  agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, plan_cache: Any = None) -> Plan:
-    """Plan ``captured`` (on the first rank, broadcast; through ``plan_cache`` when given), or check that the
-    given ``plan`` applies to it."""
+                  agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, plan_cache: Any = None,
+                  ahead: PlannedAhead | None = None) -> Plan:
+    """Plan ``captured`` (on the first rank, broadcast; through ``plan_cache`` when given; ``ahead``: the first
+    rank's plan made already), or check that the given ``plan`` applies to it."""
     if plan is None:
         return plan_on_first_rank(captured, options, group=group, rank=rank, agreement_timeout_s=agreement_timeout_s,
-                                  plan_cache=plan_cache)
+                                  plan_cache=plan_cache, ahead=ahead)
     check_plan_applies(plan, captured, options.world_size)
     check_plan_constraints(plan, options.constraints)
     return plan

@@ -296,7 +296,7 @@ class TraceCache:
         """Store ``plan`` under ``key`` (atomically); a failure to write only warns."""
         path = self.plan_path(key)
         try:
-            _write_atomically(path, plan.to_json().encode())
+            _write_atomically(path, plan.to_json(indent=None).encode())
         except Exception as exc:  # noqa: BLE001 - the cache is an optimisation
             warnings.warn(f"autotp: could not write the cached plan {path} ({type(exc).__name__}: {exc})", stacklevel=3)
 

@@ -59,6 +59,7 @@ from autotp.passes.backward import (
     backward_flops_factor,
     trainable_bytes_factor,
 )
+from autotp.passes.node_keys import node_keys
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import op_collectives_for, tensor_inputs
 from autotp.passes.rules.args import holds_tensor
@@ -312,6 +313,16 @@ def _local_gemm_dims(node: fx.Node, args: tuple, kwargs: dict, strategy: Strateg
     return tuple(concrete_size(d) for d in dims) if dims is not None else None
 
 
+def _compute_key(node: fx.Node, key: object, strategies: list[Strategy], training: Training | None) -> object:
+    """What :func:`_node_compute_s` reads of ``node`` besides the graph-wide world size and hardware: its
+    :func:`~autotp.passes.node_keys.node_key` ``key``, its strategies and, when training, which of it and
+    its inputs take gradients (None: no key, price it directly)."""
+    if key is None:
+        return None
+    grads = training.requires_grad if training is not None else frozenset()
+    return (key, tuple(strategies), node.name in grads, tuple(p.name in grads for p in tensor_inputs(node)))
+
+
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Training | None = None) -> CostedGraph:
     """Attach predicted compute seconds to every strategy and bytes to every parameter strategy.
 
@@ -323,9 +334,16 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Trai
     hardware = graph_profile(hardware, graph_working_set_bytes(graph.graph_module.graph), training=training is not None)
     compute_s = {}
     memory = {}
+    priced: dict[object, list[float]] = {}  # _compute_key -> seconds per strategy: each layer's copy priced once
+    keys = node_keys(graph.nodes[name] for name in graph.order)
     for name in graph.order:
         node = graph.nodes[name]
-        compute_s[name] = _node_compute_s(node, graph.strategies[name], graph.world_size, hardware, training)
+        key = _compute_key(node, keys[node], graph.strategies[name], training)
+        if key is None or key not in priced:
+            seconds = _node_compute_s(node, graph.strategies[name], graph.world_size, hardware, training)
+            if key is not None:
+                priced[key] = seconds
+        compute_s[name] = list(priced[key]) if key is not None else seconds
         if name in graph.parameters:
             val = node.meta["val"]
             # a parameter nothing reads (e.g. the second name of a tied weight) is not kept

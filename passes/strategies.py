@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from autotp.base.placements import BlockShard, Placement, Replicate, Shard, split_of
 from autotp.base.shapes import concrete_shape, is_static
 from autotp.base.strategy import Strategy
+from autotp.passes.node_keys import node_keys
 from autotp.passes.rules import RuleContext, block_counts, has_rule, strategies_for, tensor_inputs
 from autotp.passes.rules.builders import fitting_blocks
 
@@ -100,6 +101,8 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
     ``parameters``: placeholder name -> FQN of everything placed like a parameter (state buffers
     included); ``state``: the placeholders among them that the graph updates. ``split_random``:
     sampling ops may be split (per-rank streams, :mod:`autotp.passes.random_streams`).
+    A call's strategies are enumerated once per :func:`~autotp.passes.node_keys.node_key` (every layer of
+    a decoder: once), as rules read only the node, its arguments' values and the graph-wide context.
     """
     order: list[str] = []
     nodes: dict[str, fx.Node] = {}
@@ -107,6 +110,8 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
     edges: list[Edge] = []
     fallback: list[str] = []
     ctx = RuleContext(world_size, block_counts(gm), split_random)
+    keys = node_keys(gm.graph.nodes)
+    enumerated: dict[object, list[Strategy]] = {}  # node key -> the strategies of the first node with it
     for node in gm.graph.nodes:
         order.append(node.name)
         nodes[node.name] = node
@@ -117,7 +122,12 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
         elif node.op == "call_function":
             if not has_rule(node):
                 fallback.append(node.name)
-            strategies[node.name] = _static_splits_only(node, strategies_for(node, ctx))
+            key = keys[node]
+            if key is None or key not in enumerated:
+                found = _static_splits_only(node, strategies_for(node, ctx))
+                if key is not None:
+                    enumerated[key] = found
+            strategies[node.name] = list(enumerated[key]) if key is not None else found
         else:
             raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
         if world_size == 1:

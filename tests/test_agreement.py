@@ -109,6 +109,24 @@ def test_one_rank_differs_at_compile(gloo, fault: str) -> None:
         assert words in outcomes[0][1], f"expected {words!r} in the error, got:\n{outcomes[0][1]}"
 
 
+def _compile_unplannable(rank: int, world_size: int) -> tuple[str, str]:
+    """Compile a tiny MLP with a memory budget no plan meets: rank 0 fails to plan (ahead of the agreement)."""
+    model, args, kwargs = _mlp(rank)
+    return _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs, memory_budget=64,
+                                           agreement_timeout_s=60.0))
+
+
+@pytest.mark.distributed
+def test_rank0_failure_to_plan_reaches_every_rank(gloo) -> None:
+    """tp=2, a 64-byte memory budget on both ranks: rank 0 plans while the others rebuild its program, fails,
+    and after the ranks agree on their graphs every rank raises a PlanError (rank 1 naming rank 0); nobody hangs."""
+    outcomes = gloo.run(2, _compile_unplannable, timeout_s=DEADLINE_S)
+    assert [kind for kind, _ in outcomes] == ["PlanError", "PlanError"], f"expected PlanError on both ranks, got {outcomes}"
+    assert "memory" in outcomes[0][1], outcomes[0][1]
+    assert outcomes[1][1].startswith("planning failed on rank 0: PlanError: "), outcomes[1][1]
+    assert outcomes[0][1] in outcomes[1][1], f"rank 1 should carry rank 0's error:\n{outcomes[0][1]}\n---\n{outcomes[1][1]}"
+
+
 def _compile_llama_depth(rank: int, world_size: int) -> tuple[str, str]:
     model, args, kwargs = tiny_llama(hidden=64, intermediate=128, num_heads=4, num_kv_heads=2, seq_len=8,
                                      layers=2 if rank == 0 else 1)

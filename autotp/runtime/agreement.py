@@ -444,6 +444,9 @@ class _Agreement:
     """What the body of :func:`ranks_agree` fills in: this rank's :class:`CompileRecord`."""
 
     record: CompileRecord | None = None
+    extra_wait_s: float = 0.0
+    """Seconds the ranks may wait at the exchange beyond ``timeout_s``, set alike on every rank: work some
+    rank does after its record and before the exchange (rank 0 plans ahead, up to the solver's time limit)."""
 
 
 @contextlib.contextmanager
@@ -469,7 +472,7 @@ def ranks_agree(group: dist.ProcessGroup | None, *, timeout_s: float, what: str)
         raise
     if agreement.record is None:
         raise AgreementError(f"internal: {what} made no record to agree on")
-    _agree(agreement.record, None, group=group, timeout_s=timeout_s, what=what)
+    _agree(agreement.record, None, group=group, timeout_s=timeout_s + agreement.extra_wait_s, what=what)
 
 
 def agreed_options(options: PlanOptions, **extra: object) -> dict[str, object]:

@@ -19,9 +19,9 @@ from autotp.capture import CapturedGraph
 from autotp.planning.options import PlanOptions, check_world_size
 from autotp.planning.plan import Plan
 from autotp.planning.planner import plan_graph
-from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, share_from_first
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchanges_with_others, share_from_first
 
-__all__ = ["bind_group", "plan_on_first_rank"]
+__all__ = ["PlannedAhead", "bind_group", "plan_ahead", "plan_on_first_rank"]
 
 
 def bind_group(group: dist.ProcessGroup | None, world_size: int | None, *, caller: str) -> tuple[int, int]:
@@ -45,9 +45,34 @@ def bind_group(group: dist.ProcessGroup | None, world_size: int | None, *, calle
     return world_size, dist.get_rank(group)
 
 
+@dataclasses.dataclass
+class PlannedAhead:
+    """Rank 0's plan made before the ranks agree on their graphs (:func:`plan_ahead`): the plan and its
+    plan-cache write, or the failure to plan, handed to :func:`plan_on_first_rank`."""
+
+    plan: Plan | None
+    store: Callable[[], None] | None
+    failure: Exception | None
+
+
+def plan_ahead(captured: CapturedGraph, options: PlanOptions, *, group: dist.ProcessGroup | None, rank: int,
+               plan_cache: Any = None) -> PlannedAhead | None:
+    """On the group's first rank, where :func:`plan_on_first_rank` will send the plan: plan now, while the
+    other ranks are still rebuilding the traced program rank 0 sent them, instead of after the agreement
+    on the graphs (the plan is used and sent only once that agreement holds; a failure to plan is kept and
+    reaches every rank as before). None elsewhere (nothing to overlap)."""
+    if rank != 0 or options.world_size == 1 or not exchanges_with_others(group):
+        return None
+    try:
+        plan, store = _plan(captured, options, plan_cache)
+    except Exception as exc:  # noqa: BLE001 - sent to the other ranks by plan_on_first_rank, then raised
+        return PlannedAhead(None, None, exc)
+    return PlannedAhead(plan, store, None)
+
+
 def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: dist.ProcessGroup | None,
                        rank: int, agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
-                       plan_cache: Any = None) -> Plan:
+                       plan_cache: Any = None, ahead: PlannedAhead | None = None) -> Plan:
     """Plan on the group's first rank and send the plan to the others: every rank applies the same
     plan, and the others spend no time solving. They wait at most ``options.time_limit_s +
     agreement_timeout_s`` (:func:`~autotp.runtime.agreement.share_from_first`), then name rank 0.
@@ -55,7 +80,8 @@ def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: 
     planning is deterministic.) ``options.progress`` is honoured on the first rank only.
     ``plan_cache`` (a :class:`autotp.trace_cache.TraceCache`): the first rank reuses the plan made
     before for the same graph and options, or stores the one it makes (only it reads the cache,
-    so the ranks cannot disagree on whether to wait for a plan)."""
+    so the ranks cannot disagree on whether to wait for a plan). ``ahead``: the first rank's plan made
+    already (:func:`plan_ahead`), sent instead of planning here."""
     if rank != 0 and options.progress:
         options = dataclasses.replace(options, progress=False)
     if options.world_size == 1 or dist.get_backend(group) == "fake":
@@ -66,7 +92,9 @@ def plan_on_first_rank(captured: CapturedGraph, options: PlanOptions, *, group: 
     made: Plan | None = None
     store = None
     failure: Exception | None = None
-    if rank == 0:
+    if rank == 0 and ahead is not None:
+        made, store, failure = ahead.plan, ahead.store, ahead.failure
+    elif rank == 0:
         try:
             made, store = _plan(captured, options, plan_cache)
         except Exception as exc:  # noqa: BLE001 - the other ranks must not wait for a plan that never comes
