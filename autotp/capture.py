@@ -385,7 +385,7 @@ def _export_or_reuse(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:
-    """:func:`_export_whole`, or for a transformers decoder, two of its layers exported and the graph stamped
+    """:func:`_export_whole`, or for a transformers decoder, three of its layers exported and the graph stamped
     out to all of them (:mod:`autotp.stamping`: the same program in a fraction of the time)."""
     from autotp.stamping import export_stamped
 

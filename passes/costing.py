@@ -31,6 +31,7 @@ this pass only decides *what* each strategy asks of the hardware:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 import math
 
 import torch
@@ -59,7 +60,7 @@ from autotp.passes.backward import (
     backward_flops_factor,
     trainable_bytes_factor,
 )
-from autotp.passes.node_keys import node_keys
+from autotp.passes.node_keys import once_per_key
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import op_collectives_for, tensor_inputs
 from autotp.passes.rules.args import holds_tensor
@@ -313,7 +314,8 @@ def _local_gemm_dims(node: fx.Node, args: tuple, kwargs: dict, strategy: Strateg
     return tuple(concrete_size(d) for d in dims) if dims is not None else None
 
 
-def _compute_key(node: fx.Node, key: object, strategies: list[Strategy], training: Training | None) -> object:
+def _compute_key(node: fx.Node, key: Hashable | None, strategies: list[Strategy],
+                 training: Training | None) -> Hashable | None:
     """What :func:`_node_compute_s` reads of ``node`` besides the graph-wide world size and hardware: its
     :func:`~autotp.passes.node_keys.node_key` ``key``, its strategies and, when training, which of it and
     its inputs take gradients (None: no key, price it directly)."""
@@ -334,16 +336,12 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Trai
     hardware = graph_profile(hardware, graph_working_set_bytes(graph.graph_module.graph), training=training is not None)
     compute_s = {}
     memory = {}
-    priced: dict[object, list[float]] = {}  # _compute_key -> seconds per strategy: each layer's copy priced once
-    keys = node_keys(graph.nodes[name] for name in graph.order)
+    priced: dict[Hashable, list[float]] = {}  # _compute_key -> seconds per strategy: each layer's copy priced once
     for name in graph.order:
         node = graph.nodes[name]
-        key = _compute_key(node, keys[node], graph.strategies[name], training)
-        if key is None or key not in priced:
-            seconds = _node_compute_s(node, graph.strategies[name], graph.world_size, hardware, training)
-            if key is not None:
-                priced[key] = seconds
-        compute_s[name] = list(priced[key]) if key is not None else seconds
+        key = _compute_key(node, graph.structural_keys[name], graph.strategies[name], training)
+        compute_s[name] = once_per_key(
+            priced, key, lambda: _node_compute_s(node, graph.strategies[name], graph.world_size, hardware, training))
         if name in graph.parameters:
             val = node.meta["val"]
             # a parameter nothing reads (e.g. the second name of a tied weight) is not kept

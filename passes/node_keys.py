@@ -18,14 +18,16 @@ decoder then cost about what one does (the results are the same, tested node by 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
 
 import torch
 import torch.fx as fx
 
-__all__ = ["node_key", "node_keys", "value_key"]
+__all__ = ["node_key", "node_keys", "once_per_key", "value_key"]
 
 _NO_KEY = object()
+_T = TypeVar("_T")
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _PLAIN = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -63,6 +65,16 @@ def node_keys(nodes: Iterable[fx.Node]) -> dict[fx.Node, Hashable | None]:
     for node in nodes:
         keys[node] = _node_key(node, values)
     return keys
+
+
+def once_per_key(made: dict[Hashable, list[_T]], key: Hashable | None, make: Callable[[], list[_T]]) -> list[_T]:
+    """``make()``, called once per ``key`` (kept in ``made``) and copied for every node with that key; called
+    every time for a node without a key (None)."""
+    if key is None:
+        return make()
+    if key not in made:
+        made[key] = make()
+    return list(made[key])
 
 
 def node_key(node: fx.Node) -> Hashable | None:

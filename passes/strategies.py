@@ -19,6 +19,7 @@ sequence needs ``dynamic=False`` at capture: then those dims are static.)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 
 import torch
 import torch.fx as fx
@@ -27,7 +28,7 @@ import torch.utils._pytree as pytree
 from autotp.base.placements import BlockShard, Placement, Replicate, Shard, split_of
 from autotp.base.shapes import concrete_shape, is_static
 from autotp.base.strategy import Strategy
-from autotp.passes.node_keys import node_keys
+from autotp.passes.node_keys import node_keys, once_per_key
 from autotp.passes.rules import RuleContext, block_counts, has_rule, strategies_for, tensor_inputs
 from autotp.passes.rules.builders import fitting_blocks
 
@@ -63,6 +64,7 @@ class StrategyGraph:
     edges: list[Edge]
     parameters: dict[str, str]  # placeholder name -> parameter FQN
     fallback: list[str]  # call_function nodes with no sharding rule (run replicated)
+    structural_keys: dict[str, Hashable | None]  # node name -> node_keys.node_key (costing prices once per key too)
 
 
 def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strategy]:
@@ -111,7 +113,7 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
     fallback: list[str] = []
     ctx = RuleContext(world_size, block_counts(gm), split_random)
     keys = node_keys(gm.graph.nodes)
-    enumerated: dict[object, list[Strategy]] = {}  # node key -> the strategies of the first node with it
+    enumerated: dict[Hashable, list[Strategy]] = {}  # node key -> the strategies of the first node with it
     for node in gm.graph.nodes:
         order.append(node.name)
         nodes[node.name] = node
@@ -122,12 +124,8 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
         elif node.op == "call_function":
             if not has_rule(node):
                 fallback.append(node.name)
-            key = keys[node]
-            if key is None or key not in enumerated:
-                found = _static_splits_only(node, strategies_for(node, ctx))
-                if key is not None:
-                    enumerated[key] = found
-            strategies[node.name] = list(enumerated[key]) if key is not None else found
+            strategies[node.name] = once_per_key(enumerated, keys[node],
+                                                 lambda: _static_splits_only(node, strategies_for(node, ctx)))
         else:
             raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
         if world_size == 1:
@@ -138,4 +136,5 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
             producer_val = producer.meta.get("val")
             must_match = isinstance(producer_val, (tuple, list)) or producer.name in state
             edges.append(Edge(producer.name, node.name, slot, must_match, local_only=producer.name in parameters))
-    return StrategyGraph(gm, world_size, order, nodes, strategies, edges, dict(parameters), fallback)
+    return StrategyGraph(gm, world_size, order, nodes, strategies, edges, dict(parameters), fallback,
+                         {node.name: key for node, key in keys.items()})

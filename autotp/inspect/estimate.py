@@ -22,8 +22,8 @@ no graph, no process group — and adds up the terms the planner priced:
   first collective waits for ranks that entered the call out of step, plus
   ``Hardware.call_sync_wait_per_compute`` times its compute: ranks drift apart while they compute,
   :func:`autotp.cost_model.collectives.call_sync_wait_s`), in :attr:`Estimate.comm_per_call_s`
-  and :attr:`Estimate.time_per_call_s`; the solver does not see it (it prices collectives one by
-  one), so a plan is chosen without it.
+  and :attr:`Estimate.time_per_call_s`; the solver pays the once-per-call part for a plan with any
+  collective, not the part that grows with compute (a product of the choice and its compute).
 * **memory per rank** = parameters (the plan's ``parameter_bytes_per_rank``: the largest
   rank's shards) + buffers and constants (whole on every rank) + the peak of live activations.
   The activation peak is a liveness walk over the plan's graph in execution order, the order
