@@ -64,6 +64,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
+from autotp.passes.grouped_query import pack_one_token_gqa
 from autotp.passes.rules.args import arg
 
 __all__ = [
@@ -592,6 +593,8 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
             gm.graph.erase_node(node)
     state_by_placeholder = _drop_state_outputs(exported, state)
+    if not training:
+        pack_one_token_gqa(gm)  # a decode step attends to the KV cache without copying it per head
     gm.graph.lint()
     gm.recompile()
 

@@ -2,6 +2,8 @@
 
 - :mod:`.rules`: op -> candidate placements (one table, pure functions; a package by op
   family), and each op's rank-local form where it differs from the global one.
+- :mod:`.grouped_query`: a captured graph's one-token grouped-query attention attends to the
+  unrepeated KV cache (run by capture, before anything is planned).
 - :mod:`.strategies`: every node's candidates (analysis; the FX graph is unchanged).
 - :mod:`.costing`: predicted time/memory of every candidate and resharding.
 - :mod:`.resharding`: one table from each resharding step kind to its price, its rewrite and

@@ -101,7 +101,10 @@ class SharedMemoryAllReduce:
         header = world_size * _LINE_BYTES
         self.rank, self.world_size, self.slot_bytes, self.timeout_s = rank, world_size, slot_bytes, timeout_s
         self.counters = segment[:header].view(torch.int64)[::_LINE_INT64]  # (ws,) one per line
+        # the same memory through numpy: a store or a min() costs ~0.2 us there against ~5-10 us per torch op
+        self._counters = self.counters.numpy()
         self.slots = segment[header:header + 2 * world_size * slot_bytes].view(2, world_size, slot_bytes)
+        self._views: dict[tuple[int, torch.dtype, int], tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
         self.calls = 0
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.oversubscribed = world_size > cores  # the waiting ranks then sleep after a short spin
@@ -115,35 +118,54 @@ class SharedMemoryAllReduce:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1)
-        out = torch.empty_like(flat)
         per_slot = self.slot_bytes // x.element_size()
+        if flat.numel() <= per_slot:  # one call (every decode step's all-reduce): no output to slice
+            rows = self._exchange(flat)[1]
+            out = torch.add(rows[0], rows[1])
+            for row in rows[2:]:  # rank order: the same bits on every rank
+                out.add_(row)
+            return out.view(x.shape)
+        out = torch.empty_like(flat)
         for start in range(0, flat.numel(), per_slot):
-            slots = self._exchange(flat[start:start + per_slot])  # (ws, count)
-            piece = out[start:start + slots.shape[1]]
-            torch.add(slots[0], slots[1], out=piece)
-            for r in range(2, self.world_size):  # rank order: the same bits on every rank
-                piece.add_(slots[r])
+            rows = self._exchange(flat[start:start + per_slot])[1]
+            piece = out[start:start + rows[0].numel()]
+            torch.add(rows[0], rows[1], out=piece)
+            for row in rows[2:]:
+                piece.add_(row)
         return out.view(x.shape)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's ``x`` stacked along dim 0 in rank order (``all_gather_into_tensor``'s result)."""
         flat = x.reshape(-1)
-        out = torch.empty((self.world_size, flat.numel()), dtype=x.dtype)
+        shape = (self.world_size * x.shape[0], *x.shape[1:]) if x.dim() else (self.world_size,)
         per_slot = self.slot_bytes // x.element_size()
+        if flat.numel() <= per_slot:
+            return self._exchange(flat)[0].clone().view(shape)
+        out = torch.empty((self.world_size, flat.numel()), dtype=x.dtype)
         for start in range(0, flat.numel(), per_slot):
-            slots = self._exchange(flat[start:start + per_slot])  # (ws, count)
+            slots = self._exchange(flat[start:start + per_slot])[0]  # (ws, count)
             out[:, start:start + slots.shape[1]].copy_(slots)
-        return out.view((self.world_size * x.shape[0], *x.shape[1:]) if x.dim() else (self.world_size,))
+        return out.view(shape)
 
-    def _exchange(self, piece: torch.Tensor) -> torch.Tensor:
+    def _slot_views(self, parity: int, dtype: torch.dtype, count: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The ``(ws, count)`` view of the slots of ``parity`` and its rows, made once per kind of call:
+        a graph makes the same few calls every step, and slicing costs more than the data at decode sizes."""
+        key = (parity, dtype, count)
+        views = self._views.get(key)
+        if views is None:
+            slots = self.slots[parity].view(dtype)[:, :count]
+            views = self._views[key] = (slots, tuple(slots.unbind(0)))
+        return views
+
+    def _exchange(self, piece: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Put ``piece`` (at most one slot) in this rank's slot of the next call and wait for every rank's;
-        returns the ``(ws, count)`` view of the slots, valid until this rank's call after next."""
+        returns the ``(ws, count)`` view of the slots and its rows, valid until this rank's call after next."""
         self.calls += 1
-        slots = self.slots[self.calls % 2].view(piece.dtype)[:, :piece.numel()]  # (ws, count)
-        slots[self.rank].copy_(piece)
-        self.counters[self.rank] = self.calls  # after the data: seen after it on x86-64 (TSO)
+        views = self._slot_views(self.calls % 2, piece.dtype, piece.numel())
+        views[1][self.rank].copy_(piece)
+        self._counters[self.rank] = self.calls  # after the data: seen after it on x86-64 (TSO)
         self._wait_for_all(self.calls)
-        return slots
+        return views
 
     def _wait_for_all(self, call: int) -> None:
         """Return once every rank's counter reached ``call``; RankTimeoutError after ``timeout_s``.
@@ -151,20 +173,21 @@ class SharedMemoryAllReduce:
         Spins with ``os.sched_yield()``; where the group's ranks outnumber this process's cores, only for
         :data:`_SPIN_S`, then sleeps :data:`_SLEEP_S` between looks, so that the ranks still computing
         get the cores (measured at tp 4 on 2 cores: ~1.5x faster per decode-like step than spinning)."""
-        if int(self.counters.min()) >= call:
+        counters = self._counters
+        if counters.min() >= call:
             return
         start = time.monotonic()
         deadline = start + self.timeout_s
         spin_until = start + (_SPIN_S if self.oversubscribed else self.timeout_s)
         spins = 0
-        while int(self.counters.min()) < call:
+        while counters.min() < call:
             spins += 1
             if spins % _SPINS_PER_CLOCK_READ:
                 os.sched_yield()
                 continue
             now = time.monotonic()
             if now > deadline:
-                missing = [r for r, c in enumerate(self.counters.tolist()) if c < call]
+                missing = [r for r, c in enumerate(counters.tolist()) if c < call]
                 raise RankTimeoutError(
                     f"shared-memory collective (call {call}): rank{'s' if len(missing) > 1 else ''} "
                     f"{', '.join(map(str, missing))} of the group did not arrive within {self.timeout_s:g} s "

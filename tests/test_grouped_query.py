@@ -1,0 +1,77 @@
+"""One-token grouped-query attention attends to the unrepeated KV cache (passes/grouped_query.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from autotp.capture import capture
+from autotp.passes.grouped_query import pack_one_token_gqa
+from autotp.runtime.kv_cache import CachedCausalLM
+
+aten = torch.ops.aten
+
+
+class RepeatKV(torch.nn.Module):
+    """Attention over kv heads repeated the way HF's ``repeat_kv`` does it."""
+
+    def __init__(self, rep: int) -> None:
+        super().__init__()
+        self.rep = rep
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, hkv, s, d = k.shape
+        k = k[:, :, None].expand(b, hkv, self.rep, s, d).reshape(b, hkv * self.rep, s, d)
+        v = v[:, :, None].expand(b, hkv, self.rep, s, d).reshape(b, hkv * self.rep, s, d)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _graph(q_len: int, mask_heads: int) -> tuple[torch.fx.GraphModule, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    args = (torch.randn(2, 6, q_len, 8), torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8),
+            torch.rand(2, mask_heads, q_len, 10) > 0.3)
+    args[3][..., 0] = True  # every row attends somewhere
+    return torch.export.export(RepeatKV(2), args).run_decompositions({}).graph_module, args
+
+
+def _ops(gm: torch.fx.GraphModule) -> list[object]:
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_one_token_attention_reads_the_cache_unrepeated_and_computes_the_same() -> None:
+    gm, args = _graph(q_len=1, mask_heads=1)
+    expected = gm(*args)[0]
+    assert aten.clone.default in _ops(gm)
+    assert pack_one_token_gqa(gm) == 1
+    ops = _ops(gm)
+    assert aten.clone.default not in ops and aten.expand.default not in ops
+    (sdpa,) = [n for n in gm.graph.nodes if n.target is aten.scaled_dot_product_attention.default]
+    assert tuple(sdpa.args[0].meta["val"].shape) == (2, 3, 2, 8)  # (batch, kv heads, group, dim)
+    assert sdpa.args[1].op == "placeholder" and sdpa.args[2].op == "placeholder"
+    torch.testing.assert_close(gm(*args)[0], expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("q_len, mask_heads", [(2, 1), (1, 6)], ids=["two-query-tokens", "per-head-mask"])
+def test_attention_the_packing_would_change_is_left_alone(q_len: int, mask_heads: int) -> None:
+    gm, _ = _graph(q_len=q_len, mask_heads=mask_heads)
+    before = _ops(gm)
+    assert pack_one_token_gqa(gm) == 0
+    assert _ops(gm) == before
+
+
+def test_captured_decode_step_attends_to_the_cache_itself() -> None:
+    """The decode graph of a GQA Llama (4 query / 2 kv heads) reads each cache where the step wrote it:
+    attention's keys and values are the cache updates, with no per-head copy in between."""
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    wrapper = CachedCausalLM(LlamaForCausalLM(config).eval(), batch_size=2, max_cache_len=16, last_logits_only=True)
+    decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
+    attentions = [n for n in decode.graph_module.graph.nodes if n.target is aten.scaled_dot_product_attention.default]
+    assert len(attentions) == 2
+    for sdpa in attentions:
+        assert sdpa.args[1].target is aten.index_copy.default and sdpa.args[2].target is aten.index_copy.default
+    assert aten.clone.default not in _ops(decode.graph_module)
+    prefill = capture(wrapper, wrapper.example_inputs(3), dynamic=False)  # three query tokens: copies kept
+    assert aten.clone.default in _ops(prefill.graph_module)
