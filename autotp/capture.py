@@ -65,6 +65,7 @@ from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
 from autotp.passes.grouped_query import pack_one_token_gqa
+from autotp.passes.state import WRITES_IN_PLACE
 from autotp.passes.rules.args import arg
 
 __all__ = [
@@ -593,6 +594,9 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
             gm.graph.erase_node(node)
     state_by_placeholder = _drop_state_outputs(exported, state)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for update in state_by_placeholder.values():
+        nodes[update].meta[WRITES_IN_PLACE] = True  # priced as the rows it writes (passes/state.py)
     if not training:
         pack_one_token_gqa(gm)  # a decode step attends to the KV cache without copying it per head
     gm.graph.lint()

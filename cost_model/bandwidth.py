@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
+import time
 from collections.abc import Sequence
 
 import torch
@@ -42,6 +44,7 @@ __all__ = [
     "bandwidth_at_gbps",
     "graph_profile",
     "graph_working_set_bytes",
+    "measure_cold_touch_s_per_byte",
     "measure_copy_curve",
 ]
 
@@ -122,3 +125,36 @@ def measure_copy_curve(working_sets: Sequence[int], min_time_s: float, repeats: 
         seconds = median_work_s(functools.partial(dst.copy_, src), min_time_s, repeats)
         curve.append((2 * numel * 4, 2 * numel * 4 / seconds))
     return tuple(curve)
+
+
+COLD_TOUCH_BYTES = (4 * 2**10, 24 * 2**10, 96 * 2**10)
+"""Slot sizes :func:`measure_cold_touch_s_per_byte` times: a decode step's all-reduces (a few rows of
+hidden size) up to a short prefill's."""
+
+
+def measure_cold_touch_s_per_byte(world_size: int, flush_bytes: int, repeats: int) -> float:
+    """Seconds per byte a shared-memory collective's local work pays when its slots are out of cache,
+    over what it pays with them cached: copy ``n`` bytes into one slot and add ``world_size`` slots
+    (the ``(p+1)·n`` bytes :func:`~.collectives.shared_memory_terms` counts), timed right after a
+    copy of ``flush_bytes`` (as a decode step's weights and cache stream between two collectives)
+    and timed again at once (warm). Median over ``repeats`` and :data:`COLD_TOUCH_BYTES`; at least 0.
+    Call it on every rank at once, as the ranks of a running plan stream together."""
+    numel = max(1, flush_bytes // 2 // 4)
+    src, dst = torch.ones(numel), torch.empty(numel)
+    per_byte = []
+    for nbytes in COLD_TOUCH_BYTES:
+        count = nbytes // 4
+        piece, slots = torch.zeros(count), torch.zeros(world_size, count)
+        for _ in range(repeats):
+            dst.copy_(src)  # the working set pushes the slots out
+            piece.fill_(1.0)  # the collective's input was just computed: in cache
+            times = []
+            for _ in range(2):  # cold, then warm
+                started = time.perf_counter()
+                slots[0].copy_(piece)
+                total = slots[0] + slots[1] if world_size > 1 else slots[0].clone()
+                for row in range(2, world_size):
+                    total.add_(slots[row])
+                times.append(time.perf_counter() - started)
+            per_byte.append((times[0] - times[1]) / ((world_size + 1) * nbytes))
+    return max(0.0, statistics.median(per_byte))

@@ -78,7 +78,7 @@ import torch
 import torch.distributed as dist
 from scipy.optimize import nnls
 
-from .bandwidth import DEFAULT_WORKING_SETS, at_working_set, measure_copy_curve
+from .bandwidth import DEFAULT_WORKING_SETS, at_working_set, measure_cold_touch_s_per_byte, measure_copy_curve
 from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
 from .graph_calibration import (
     COLD_WEIGHT_BYTES,
@@ -225,6 +225,9 @@ class RankMeasurements:
     copy_curve: tuple[tuple[int, float], ...] = ()
     """``(working_set_bytes, bytes_per_s)``, ascending: copies at ``CalibrationConfig.bandwidth_working_sets``
     and the large copy behind ``copy_bytes_per_s`` (a working set of twice ``copy_bytes``)."""
+    cold_touch_s_per_byte: float = 0.0
+    """A shared-memory collective's extra seconds per byte with its slots out of cache
+    (:func:`~.bandwidth.measure_cold_touch_s_per_byte`; 0.0: not measured, a group of one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,7 +457,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     torch.set_num_threads(threads)
     progress = config.progress and rank == 0
     flops: dict[str, float] = {}
-    bandwidth = floor = view = transcendental = 0.0
+    bandwidth = floor = view = transcendental = cold = 0.0
     curve: tuple[tuple[int, float], ...] = ()
     gemms: tuple[GemmSample, ...] = ()
     graphs: tuple[GraphSample, ...] = ()
@@ -469,6 +472,9 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             curve = tuple(sorted({**measured, 2 * (config.copy_bytes // 4) * 4: bandwidth}.items()))
             _say(progress, "copy bandwidth by working set: " + ", ".join(
                 f"{size / 2**20:g} MiB {rate / 1e9:.1f} GB/s" for size, rate in curve))
+            if world_size > 1 and collectives:
+                cold = measure_cold_touch_s_per_byte(world_size, config.copy_bytes, config.repeats)
+                _say(progress, f"shared-memory slots out of cache: +{cold * 1e9:.2f} ns per byte touched")
             floor = measure_kernel_floor_s(config)
             _say(progress, f"tiny kernel op in a graph (1 element): {floor * 1e6:.2f} us")
             view = measure_view_op_s(config)
@@ -490,7 +496,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve)
+                            curve, cold)
 
 
 def _kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
@@ -711,6 +717,8 @@ def build_profile(
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",
         shared_memory_link=shared_link,
+        shared_memory_cold_s_per_byte=(statistics.median(m.cold_touch_s_per_byte for m in compute)
+                                       if shared_link is not None else 0.0),
         core_share=share,
     )
 

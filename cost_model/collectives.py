@@ -77,6 +77,9 @@ runtime on a gloo group whose ranks share one x86-64 host, :func:`uses_shared_me
 ``base + (p-1)·alpha + (p+1)·n/B`` (:func:`shared_memory_terms`: each rank waits for the flags of
 ``p - 1`` others; it copies its ``n`` bytes in, reads the ``p`` copies and writes the sum). A group
 that spans nodes cannot share memory: it is priced as the one-shot form the runtime falls back to.
+In a graph whose working set pushes the slots out of the caches between two uses (a decode step
+streaming hundreds of MiB of weights and cache), every byte touched also pays
+``Hardware.shared_memory_cold_s_per_byte`` times :func:`shared_memory_coldness`.
 
 A group inside one node uses ``intra_node``. Which groups span nodes: :func:`group_spans_nodes`
 (ranks laid out with the tensor-parallel dim fastest, as ``init_device_mesh`` does).
@@ -123,6 +126,7 @@ __all__ = [
     "inference_all_reduce_form",
     "link_collective_time_s",
     "p2p_time_s",
+    "shared_memory_coldness",
     "shared_memory_terms",
     "uses_one_shot_all_reduce",
     "uses_shared_memory_all_reduce",
@@ -297,8 +301,25 @@ def collective_time_s(
             for part_kind, part_group, link_field, divisor in parts
         )
         link_s = min(flat, hierarchical)
+    if kind in SHARED_MEMORY_KINDS and form == "shared_memory" and hardware.shared_memory_cold_s_per_byte:
+        _, factor = shared_memory_terms(kind, group_size)  # the bytes it touches, as its bandwidth term counts them
+        link_s += factor * nbytes * hardware.shared_memory_cold_s_per_byte * shared_memory_coldness(hardware)
     # in a graph, the wait for the slowest rank: once per call of the collective (see module docstring)
     return link_s + hardware.collective_wait_s if link_s else 0.0
+
+
+def shared_memory_coldness(hardware: Hardware) -> float:
+    """How far out of the caches a graph priced on ``hardware`` pushes the shared-memory slots between
+    two uses, in [0, 1]: where its working-set bandwidth (``memory_bandwidth_gbps``, resolved for the
+    graph by ``cost_model.bandwidth.graph_profile``) lies between the curve's first (cached) and last
+    (DRAM) points; 1.0 without a curve (the profile's one bandwidth is DRAM's)."""
+    curve = hardware.memory_bandwidth_curve
+    if not curve:
+        return 1.0
+    cached, dram = curve[0][1], curve[-1][1]
+    if cached <= dram:
+        return 1.0
+    return min(1.0, max(0.0, (cached - hardware.memory_bandwidth_gbps) / (cached - dram)))
 
 
 def call_sync_wait_s(hardware: Hardware, collectives: int, compute_s: float) -> float:

@@ -24,6 +24,8 @@ from typing import TypeVar
 import torch
 import torch.fx as fx
 
+from autotp.passes.state import WRITES_IN_PLACE
+
 __all__ = ["node_key", "node_keys", "once_per_key", "value_key"]
 
 _NO_KEY = object()
@@ -102,5 +104,5 @@ def _node_key(node: fx.Node, values: dict[fx.Node, object]) -> Hashable | None:
             return _NO_KEY if any(v is _NO_KEY for _, v in keys) else ("dict", keys)
         return _value_key(arg)
 
-    key = (node.op, node.target, walk(node.args), walk(node.kwargs), of_node(node))
+    key = (node.op, node.target, walk(node.args), walk(node.kwargs), of_node(node), bool(node.meta.get(WRITES_IN_PLACE)))
     return None if any(part is _NO_KEY for part in key) else key

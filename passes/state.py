@@ -20,7 +20,11 @@ from autotp.base.errors import PlanError
 
 aten = torch.ops.aten
 
-__all__ = ["update_state_in_place"]
+__all__ = ["WRITES_IN_PLACE", "update_state_in_place"]
+
+WRITES_IN_PLACE = "autotp_writes_in_place"
+"""``node.meta`` key that capture sets (True) on each state update: the planner prices the update as
+the rows it writes, not a copy of the whole buffer, because :func:`update_state_in_place` makes it so."""
 
 _IN_PLACE = {aten.index_copy.default: aten.index_copy_.default}
 

@@ -75,3 +75,27 @@ def test_captured_decode_step_attends_to_the_cache_itself() -> None:
     assert aten.clone.default not in _ops(decode.graph_module)
     prefill = capture(wrapper, wrapper.example_inputs(3), dynamic=False)  # three query tokens: copies kept
     assert aten.clone.default in _ops(prefill.graph_module)
+
+
+def test_cache_update_is_priced_as_the_rows_it_writes() -> None:
+    """The decode step's cache update runs in place (passes/state.py), so the planner prices the rows it
+    writes, not a copy of the whole cache (8 MiB per cache here against 2 KiB per row)."""
+    from autotp.cost_model import get_hardware
+    from autotp.cost_model.compute import compute_time_s
+    from autotp.planning.options import PlanOptions
+    from autotp.planning.planner import plan_graph
+
+    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+    wrapper = CachedCausalLM(LlamaForCausalLM(config).eval(), batch_size=4, max_cache_len=2048, last_logits_only=True)
+    decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
+    hardware = get_hardware("cpu-gloo")
+    plan = plan_graph(decode, PlanOptions(world_size=1, hardware=hardware, memory_budget=None))
+    updates = [d for d in plan.nodes if d.op == "aten.index_copy.default"]
+    assert len(updates) == 2
+    rows = 4 * 2 * 1 * 64 * 4  # (batch, kv heads, 1 position, head dim) float32
+    in_place_s = compute_time_s(0, rows + 8 + rows, torch.float32, hardware)  # rows read, int64 index, rows written
+    whole_cache_copy_s = compute_time_s(0, 2 * 4 * 2 * 2048 * 64 * 4, torch.float32, hardware)
+    for update in updates:
+        assert update.compute_s == pytest.approx(in_place_s), (update.name, update.compute_s, in_place_s)
+    assert in_place_s < 0.1 * whole_cache_copy_s
