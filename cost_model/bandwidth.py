@@ -44,7 +44,7 @@ __all__ = [
     "bandwidth_at_gbps",
     "graph_profile",
     "graph_working_set_bytes",
-    "measure_cold_touch_s_per_byte",
+    "measure_cold_call_s",
     "measure_copy_curve",
 ]
 
@@ -127,22 +127,22 @@ def measure_copy_curve(working_sets: Sequence[int], min_time_s: float, repeats: 
     return tuple(curve)
 
 
-COLD_TOUCH_BYTES = (4 * 2**10, 24 * 2**10, 96 * 2**10)
-"""Slot sizes :func:`measure_cold_touch_s_per_byte` times: a decode step's all-reduces (a few rows of
-hidden size) up to a short prefill's."""
+COLD_SLOT_BYTES = (4 * 2**10, 24 * 2**10, 96 * 2**10)
+"""Slot sizes :func:`measure_cold_call_s` times: a decode step's all-reduces (a few rows of hidden
+size) up to a short prefill's."""
 
 
-def measure_cold_touch_s_per_byte(world_size: int, flush_bytes: int, repeats: int) -> float:
-    """Seconds per byte a shared-memory collective's local work pays when its slots are out of cache,
-    over what it pays with them cached: copy ``n`` bytes into one slot and add ``world_size`` slots
-    (the ``(p+1)·n`` bytes :func:`~.collectives.shared_memory_terms` counts), timed right after a
-    copy of ``flush_bytes`` (as a decode step's weights and cache stream between two collectives)
-    and timed again at once (warm). Median over ``repeats`` and :data:`COLD_TOUCH_BYTES`; at least 0.
+def measure_cold_call_s(world_size: int, flush_bytes: int, repeats: int) -> float:
+    """Seconds a shared-memory collective's local work pays per call when its slots are out of cache,
+    over what it pays with them cached: copy a slot's bytes in and add ``world_size`` slots, timed
+    right after a copy of ``flush_bytes`` (as a decode step's weights and cache stream between two
+    collectives) and again at once (warm). Median over ``repeats`` and :data:`COLD_SLOT_BYTES` (the
+    extra barely grows with the size: misses of the slots' pages and lines, not bandwidth); at least 0.
     Call it on every rank at once, as the ranks of a running plan stream together."""
     numel = max(1, flush_bytes // 2 // 4)
     src, dst = torch.ones(numel), torch.empty(numel)
-    per_byte = []
-    for nbytes in COLD_TOUCH_BYTES:
+    extra = []
+    for nbytes in COLD_SLOT_BYTES:
         count = nbytes // 4
         piece, slots = torch.zeros(count), torch.zeros(world_size, count)
         for _ in range(repeats):
@@ -156,5 +156,5 @@ def measure_cold_touch_s_per_byte(world_size: int, flush_bytes: int, repeats: in
                 for row in range(2, world_size):
                     total.add_(slots[row])
                 times.append(time.perf_counter() - started)
-            per_byte.append((times[0] - times[1]) / ((world_size + 1) * nbytes))
-    return max(0.0, statistics.median(per_byte))
+            extra.append(times[0] - times[1])
+    return max(0.0, statistics.median(extra))

@@ -78,7 +78,7 @@ import torch
 import torch.distributed as dist
 from scipy.optimize import nnls
 
-from .bandwidth import DEFAULT_WORKING_SETS, at_working_set, measure_cold_touch_s_per_byte, measure_copy_curve
+from .bandwidth import DEFAULT_WORKING_SETS, at_working_set, measure_cold_call_s, measure_copy_curve
 from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
 from .graph_calibration import (
     COLD_WEIGHT_BYTES,
@@ -225,9 +225,9 @@ class RankMeasurements:
     copy_curve: tuple[tuple[int, float], ...] = ()
     """``(working_set_bytes, bytes_per_s)``, ascending: copies at ``CalibrationConfig.bandwidth_working_sets``
     and the large copy behind ``copy_bytes_per_s`` (a working set of twice ``copy_bytes``)."""
-    cold_touch_s_per_byte: float = 0.0
-    """A shared-memory collective's extra seconds per byte with its slots out of cache
-    (:func:`~.bandwidth.measure_cold_touch_s_per_byte`; 0.0: not measured, a group of one)."""
+    cold_call_s: float = 0.0
+    """A shared-memory collective's extra seconds per call with its slots out of cache
+    (:func:`~.bandwidth.measure_cold_call_s`; 0.0: not measured, a group of one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,8 +473,8 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             _say(progress, "copy bandwidth by working set: " + ", ".join(
                 f"{size / 2**20:g} MiB {rate / 1e9:.1f} GB/s" for size, rate in curve))
             if world_size > 1 and collectives:
-                cold = measure_cold_touch_s_per_byte(world_size, config.copy_bytes, config.repeats)
-                _say(progress, f"shared-memory slots out of cache: +{cold * 1e9:.2f} ns per byte touched")
+                cold = measure_cold_call_s(world_size, config.copy_bytes, config.repeats)
+                _say(progress, f"shared-memory slots out of cache: +{cold * 1e6:.1f} us per call")
             floor = measure_kernel_floor_s(config)
             _say(progress, f"tiny kernel op in a graph (1 element): {floor * 1e6:.2f} us")
             view = measure_view_op_s(config)
@@ -717,7 +717,7 @@ def build_profile(
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",
         shared_memory_link=shared_link,
-        shared_memory_cold_s_per_byte=(statistics.median(m.cold_touch_s_per_byte for m in compute)
+        shared_memory_cold_call_s=(statistics.median(m.cold_call_s for m in compute)
                                        if shared_link is not None else 0.0),
         core_share=share,
     )

@@ -78,8 +78,8 @@ runtime on a gloo group whose ranks share one x86-64 host, :func:`uses_shared_me
 ``p - 1`` others; it copies its ``n`` bytes in, reads the ``p`` copies and writes the sum). A group
 that spans nodes cannot share memory: it is priced as the one-shot form the runtime falls back to.
 In a graph whose working set pushes the slots out of the caches between two uses (a decode step
-streaming hundreds of MiB of weights and cache), every byte touched also pays
-``Hardware.shared_memory_cold_s_per_byte`` times :func:`shared_memory_coldness`.
+streaming hundreds of MiB of weights and cache), each call also pays
+``Hardware.shared_memory_cold_call_s`` times :func:`shared_memory_coldness`.
 
 A group inside one node uses ``intra_node``. Which groups span nodes: :func:`group_spans_nodes`
 (ranks laid out with the tensor-parallel dim fastest, as ``init_device_mesh`` does).
@@ -301,9 +301,8 @@ def collective_time_s(
             for part_kind, part_group, link_field, divisor in parts
         )
         link_s = min(flat, hierarchical)
-    if kind in SHARED_MEMORY_KINDS and form == "shared_memory" and hardware.shared_memory_cold_s_per_byte:
-        _, factor = shared_memory_terms(kind, group_size)  # the bytes it touches, as its bandwidth term counts them
-        link_s += factor * nbytes * hardware.shared_memory_cold_s_per_byte * shared_memory_coldness(hardware)
+    if kind in SHARED_MEMORY_KINDS and form == "shared_memory":
+        link_s += hardware.shared_memory_cold_call_s * shared_memory_coldness(hardware)
     # in a graph, the wait for the slowest rank: once per call of the collective (see module docstring)
     return link_s + hardware.collective_wait_s if link_s else 0.0
 

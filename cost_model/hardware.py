@@ -91,7 +91,7 @@ _HOST_TIME_FIELDS = (
     "call_sync_wait_per_compute",
     "gemm_half_efficiency_dim",
     "transcendental_element_s",
-    "shared_memory_cold_s_per_byte",
+    "shared_memory_cold_call_s",
 )
 
 
@@ -256,12 +256,12 @@ class Hardware:
     peak at every shape); :func:`~.compute.gemm_efficiency`.
     ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
     tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
-    ``shared_memory_cold_s_per_byte``: what a shared-memory collective pays per byte it touches
-    (its own slot written, every rank's slot read) when the graph's working set has pushed its
-    slots out of the caches since their last use, over what it pays back to back (slots cached).
-    A small copy into memory not in cache runs at the latency of one miss per line, far below the
-    streaming bandwidth (measured on a 2-core VM: 24 KiB in 58 us after a 64 MiB stream, 2 us warm).
-    Priced in proportion to how far the graph's working set sits down the bandwidth curve
+    ``shared_memory_cold_call_s``: what one shared-memory collective pays beyond its back-to-back
+    time when the graph's working set has pushed its slots (and their page-table entries) out of
+    the caches since their last use: about the same at every size on a 2-core VM (copying a slot in
+    and summing two after a 128 MiB stream: +77 us at 4 KiB, +81 us at 24 KiB, +92 us at 384 KiB),
+    so a decode step's small all-reduces cost several times their back-to-back time. Priced in
+    proportion to how far the graph's working set sits down the bandwidth curve
     (:func:`~.collectives.shared_memory_coldness`); 0.0: not measured.
 
     Working set and small collectives (optional in JSON; absent, they price as before):
@@ -312,7 +312,7 @@ class Hardware:
     call_sync_wait_per_compute: float = 0.0
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
-    shared_memory_cold_s_per_byte: float = 0.0
+    shared_memory_cold_call_s: float = 0.0
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = "ring"
     shared_memory_link: LinkProfile | None = None

@@ -191,28 +191,31 @@ def test_shared_memory_all_reduce_is_priced_on_its_own_link() -> None:
 
 
 def test_shared_memory_collectives_pay_for_slots_pushed_out_of_cache() -> None:
-    """A profile with ``shared_memory_cold_s_per_byte``: a graph whose working set is cached (the curve's
-    first point) prices the shared-memory all-reduce as back to back; at DRAM's working set it adds
-    (p+1) n bytes at that rate, in between a share by the bandwidth curve; numerically and symbolically
+    """A profile with ``shared_memory_cold_call_s``: a graph whose working set is cached (the curve's
+    first point) prices the shared-memory all-reduce as back to back; at DRAM's working set each call
+    adds the whole term, in between a share by the bandwidth curve; numerically and symbolically
     alike; the field round-trips through JSON and older profiles read 0."""
+    import json
+
     from autotp.cost_model import LinkProfile
     from autotp.cost_model.collectives import shared_memory_coldness
     from autotp.cost_model.symbolic import evaluate_s, symbolic_collective_time_s
 
     shm = LinkProfile(name="shm", bandwidth_gbps=4.0, latency_s=0.0, base_latency_s=5e-6)
     warm = dataclasses.replace(_cpu(), small_all_reduce="shared_memory", shared_memory_link=shm)
-    cold = dataclasses.replace(warm, shared_memory_cold_s_per_byte=2e-9)
+    cold = dataclasses.replace(warm, shared_memory_cold_call_s=80e-6)
     nbytes = 24 * 2**10
     cached, middle, dram = (at_working_set(cold, size) for size in (MIB, 16 * MIB, 4096 * MIB))
     assert [shared_memory_coldness(h) for h in (cached, dram)] == [0.0, 1.0]
     assert 0.0 < shared_memory_coldness(middle) < 1.0
     base = collective_time_s("all_reduce", nbytes, 2, at_working_set(warm, 4096 * MIB))
     assert collective_time_s("all_reduce", nbytes, 2, cached) == pytest.approx(base)
-    assert collective_time_s("all_reduce", nbytes, 2, dram) == pytest.approx(base + 3 * nbytes * 2e-9)
-    assert base < collective_time_s("all_reduce", nbytes, 2, middle) < base + 3 * nbytes * 2e-9
+    assert collective_time_s("all_reduce", nbytes, 2, dram) == pytest.approx(base + 80e-6)
+    assert base < collective_time_s("all_reduce", nbytes, 2, middle) < base + 80e-6
+    assert collective_time_s("all_gather", nbytes, 2, dram) == pytest.approx(
+        collective_time_s("all_gather", nbytes, 2, at_working_set(warm, 4096 * MIB)) + 80e-6)
     assert evaluate_s(symbolic_collective_time_s("all_reduce", nbytes, 2, dram), {}) == pytest.approx(
         collective_time_s("all_reduce", nbytes, 2, dram))
     assert Hardware.from_json(cold.to_json()) == cold
-    old = {key: value for key, value in cold.to_dict().items() if key != "shared_memory_cold_s_per_byte"}
-    import json
-    assert Hardware.from_json(json.dumps(old)).shared_memory_cold_s_per_byte == 0.0
+    old = {key: value for key, value in cold.to_dict().items() if key != "shared_memory_cold_call_s"}
+    assert Hardware.from_json(json.dumps(old)).shared_memory_cold_call_s == 0.0
