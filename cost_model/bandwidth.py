@@ -60,28 +60,37 @@ def bandwidth_at_gbps(hardware: Hardware, working_set_bytes: float) -> float:
     Interpolated in ``log(bytes)`` between the points of ``Hardware.memory_bandwidth_curve``,
     clamped to its end points; ``memory_bandwidth_gbps`` when the profile has no curve.
     """
-    curve = hardware.memory_bandwidth_curve
-    if not curve:
+    if not hardware.memory_bandwidth_curve:
         return hardware.memory_bandwidth_gbps
+    return _on_curve(hardware.memory_bandwidth_curve, working_set_bytes)
+
+
+def _on_curve(curve: Sequence[tuple[float, float]], working_set_bytes: float) -> float:
+    """A working-set curve's value at ``working_set_bytes``: linear in ``log(bytes)`` between its
+    points, clamped to its end points."""
     if not math.isfinite(working_set_bytes) or working_set_bytes < 0:
         raise ValueError(f"working_set_bytes must be a finite number >= 0, got {working_set_bytes!r}")
     if working_set_bytes <= curve[0][0]:
         return curve[0][1]
-    for (small, small_gbps), (large, large_gbps) in zip(curve, curve[1:]):
+    for (small, small_value), (large, large_value) in zip(curve, curve[1:]):
         if working_set_bytes <= large:
             weight = math.log(working_set_bytes / small) / math.log(large / small)
-            return small_gbps + weight * (large_gbps - small_gbps)
+            return small_value + weight * (large_value - small_value)
     return curve[-1][1]
 
 
 def at_working_set(hardware: Hardware, working_set_bytes: float) -> Hardware:
     """``hardware`` with ``memory_bandwidth_gbps`` set to :func:`bandwidth_at_gbps` of
-    ``working_set_bytes``: the profile every kernel of one graph is priced with. The curve is
-    kept, so resolving again (for another working set) starts from the measurements, not from
-    this figure. A profile with no curve is returned unchanged."""
-    if not hardware.memory_bandwidth_curve:
-        return hardware
-    return dataclasses.replace(hardware, memory_bandwidth_gbps=bandwidth_at_gbps(hardware, working_set_bytes))
+    ``working_set_bytes`` and ``shared_memory_cold_call_s`` to its curve's value there: the profile
+    every kernel and collective of one graph is priced with. The curves are kept, so resolving
+    again (for another working set) starts from the measurements, not from these figures. A
+    profile with no curve is returned unchanged."""
+    resolved = {}
+    if hardware.memory_bandwidth_curve:
+        resolved["memory_bandwidth_gbps"] = bandwidth_at_gbps(hardware, working_set_bytes)
+    if hardware.shared_memory_cold_curve:
+        resolved["shared_memory_cold_call_s"] = _on_curve(hardware.shared_memory_cold_curve, working_set_bytes)
+    return dataclasses.replace(hardware, **resolved) if resolved else hardware
 
 
 def graph_profile(hardware: Hardware, working_set_bytes: float, *, training: bool = False) -> Hardware:

@@ -225,9 +225,10 @@ class RankMeasurements:
     copy_curve: tuple[tuple[int, float], ...] = ()
     """``(working_set_bytes, bytes_per_s)``, ascending: copies at ``CalibrationConfig.bandwidth_working_sets``
     and the large copy behind ``copy_bytes_per_s`` (a working set of twice ``copy_bytes``)."""
-    cold_call_s: float = 0.0
-    """A shared-memory collective's extra seconds per call with its slots out of cache
-    (:func:`~.bandwidth.measure_cold_call_s`; 0.0: not measured, a group of one)."""
+    cold_curve: tuple[tuple[int, float], ...] = ()
+    """``(working_set_bytes, seconds)`` at the sizes of ``copy_curve``: a shared-memory collective's extra
+    seconds per call after a stream of that working set (:func:`~.bandwidth.measure_cold_call_s`;
+    empty: not measured, a group of one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,7 +458,8 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     torch.set_num_threads(threads)
     progress = config.progress and rank == 0
     flops: dict[str, float] = {}
-    bandwidth = floor = view = transcendental = cold = 0.0
+    bandwidth = floor = view = transcendental = 0.0
+    cold: tuple[tuple[int, float], ...] = ()
     curve: tuple[tuple[int, float], ...] = ()
     gemms: tuple[GemmSample, ...] = ()
     graphs: tuple[GraphSample, ...] = ()
@@ -473,8 +475,9 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             _say(progress, "copy bandwidth by working set: " + ", ".join(
                 f"{size / 2**20:g} MiB {rate / 1e9:.1f} GB/s" for size, rate in curve))
             if world_size > 1 and collectives:
-                cold = measure_cold_call_s(world_size, config.copy_bytes, config.repeats)
-                _say(progress, f"shared-memory slots out of cache: +{cold * 1e6:.1f} us per call")
+                cold = tuple((size, measure_cold_call_s(world_size, size, config.repeats)) for size, _ in curve)
+                _say(progress, "shared-memory collective after a stream of: " + ", ".join(
+                    f"{size / 2**20:g} MiB +{seconds * 1e6:.1f} us" for size, seconds in cold))
             floor = measure_kernel_floor_s(config)
             _say(progress, f"tiny kernel op in a graph (1 element): {floor * 1e6:.2f} us")
             view = measure_view_op_s(config)
@@ -631,6 +634,8 @@ def build_profile(
     floor = statistics.median(m.kernel_floor_s for m in compute)
     view = statistics.median(m.view_op_s for m in compute)
     transcendental = statistics.median(m.transcendental_element_s for m in compute)
+    cold_sizes = sorted(set.intersection(*(set(dict(m.cold_curve)) for m in compute)))
+    cold_curve = tuple((size, statistics.median(dict(m.cold_curve)[size] for m in compute)) for size in cold_sizes)
     shared_samples = [sample for sample in links if sample.kind == SHARED_MEMORY_KIND]
     fit = fit_link([sample for sample in links if sample.kind != SHARED_MEMORY_KIND])
     group_size = links[0].group_size
@@ -717,8 +722,9 @@ def build_profile(
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",
         shared_memory_link=shared_link,
-        shared_memory_cold_call_s=(statistics.median(m.cold_call_s for m in compute)
-                                       if shared_link is not None else 0.0),
+        # the figure at the largest working set (DRAM), as memory_bandwidth_gbps; graphs resolve the curve
+        shared_memory_cold_call_s=cold_curve[-1][1] if cold_curve and shared_link is not None else 0.0,
+        shared_memory_cold_curve=cold_curve if shared_link is not None else (),
         core_share=share,
     )
 

@@ -79,7 +79,7 @@ runtime on a gloo group whose ranks share one x86-64 host, :func:`uses_shared_me
 that spans nodes cannot share memory: it is priced as the one-shot form the runtime falls back to.
 In a graph whose working set pushes the slots out of the caches between two uses (a decode step
 streaming hundreds of MiB of weights and cache), each call also pays
-``Hardware.shared_memory_cold_call_s`` times :func:`shared_memory_coldness`.
+``Hardware.shared_memory_cold_call_s``, resolved at the graph's working set.
 
 A group inside one node uses ``intra_node``. Which groups span nodes: :func:`group_spans_nodes`
 (ranks laid out with the tensor-parallel dim fastest, as ``init_device_mesh`` does).
@@ -126,7 +126,6 @@ __all__ = [
     "inference_all_reduce_form",
     "link_collective_time_s",
     "p2p_time_s",
-    "shared_memory_coldness",
     "shared_memory_terms",
     "uses_one_shot_all_reduce",
     "uses_shared_memory_all_reduce",
@@ -302,23 +301,9 @@ def collective_time_s(
         )
         link_s = min(flat, hierarchical)
     if kind in SHARED_MEMORY_KINDS and form == "shared_memory":
-        link_s += hardware.shared_memory_cold_call_s * shared_memory_coldness(hardware)
+        link_s += hardware.shared_memory_cold_call_s  # resolved at the graph's working set (graph_profile)
     # in a graph, the wait for the slowest rank: once per call of the collective (see module docstring)
     return link_s + hardware.collective_wait_s if link_s else 0.0
-
-
-def shared_memory_coldness(hardware: Hardware) -> float:
-    """How far out of the caches a graph priced on ``hardware`` pushes the shared-memory slots between
-    two uses, in [0, 1]: where its working-set bandwidth (``memory_bandwidth_gbps``, resolved for the
-    graph by ``cost_model.bandwidth.graph_profile``) lies between the curve's first (cached) and last
-    (DRAM) points; 1.0 without a curve (the profile's one bandwidth is DRAM's)."""
-    curve = hardware.memory_bandwidth_curve
-    if not curve:
-        return 1.0
-    cached, dram = curve[0][1], curve[-1][1]
-    if cached <= dram:
-        return 1.0
-    return min(1.0, max(0.0, (cached - hardware.memory_bandwidth_gbps) / (cached - dram)))
 
 
 def call_sync_wait_s(hardware: Hardware, collectives: int, compute_s: float) -> float:

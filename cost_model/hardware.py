@@ -115,37 +115,37 @@ def _check_positive_number(owner: str, field_name: str, value: Any, *, allow_zer
         raise ValueError(f"{owner}.{field_name} must be {bound}, got {value!r}")
 
 
-def _checked_curve(owner: str, curve: Any) -> tuple[tuple[float, float], ...]:
-    """``curve`` as a tuple of ``(working_set_bytes, bandwidth_gbps)`` pairs, ascending in bytes;
+def _checked_curve(owner: str, curve: Any, field_name: str = "memory_bandwidth_curve",
+                   value: str = "bandwidth_gbps", allow_zero: bool = False) -> tuple[tuple[float, float], ...]:
+    """``curve`` as a tuple of ``(working_set_bytes, value)`` pairs, ascending in bytes;
     ValueError naming what is wrong otherwise."""
     try:
-        points = tuple((size, gbps) for size, gbps in curve)
+        points = tuple((size, y) for size, y in curve)
     except (TypeError, ValueError):
-        raise ValueError(f"{owner}.memory_bandwidth_curve must be (working_set_bytes, bandwidth_gbps) pairs, "
-                         f"got {curve!r}") from None
-    for index, (size, gbps) in enumerate(points):
-        _check_positive_number(owner, f"memory_bandwidth_curve[{index}] working_set_bytes", size)
-        _check_positive_number(owner, f"memory_bandwidth_curve[{index}] bandwidth_gbps", gbps)
+        raise ValueError(f"{owner}.{field_name} must be (working_set_bytes, {value}) pairs, got {curve!r}") from None
+    for index, (size, y) in enumerate(points):
+        _check_positive_number(owner, f"{field_name}[{index}] working_set_bytes", size)
+        _check_positive_number(owner, f"{field_name}[{index}] {value}", y, allow_zero=allow_zero)
     if any(later[0] <= earlier[0] for earlier, later in zip(points, points[1:])):
-        raise ValueError(f"{owner}.memory_bandwidth_curve must be in ascending working_set_bytes, each size once; "
+        raise ValueError(f"{owner}.{field_name} must be in ascending working_set_bytes, each size once; "
                          f"got sizes {[size for size, _ in points]}")
     return points
 
 
-def _curve_from_json(data: Any) -> tuple[tuple[float, float], ...]:
-    """The JSON form of ``memory_bandwidth_curve`` (a list of ``{"working_set_bytes", "bandwidth_gbps"}``)."""
+def _curve_from_json(data: Any, field_name: str = "memory_bandwidth_curve",
+                     value: str = "bandwidth_gbps") -> tuple[tuple[float, float], ...]:
+    """The JSON form of a working-set curve (a list of ``{"working_set_bytes", value}`` objects)."""
     if not isinstance(data, list):
-        raise ValueError(f"memory_bandwidth_curve must be a list of {{'working_set_bytes', 'bandwidth_gbps'}} "
+        raise ValueError(f"{field_name} must be a list of {{'working_set_bytes', '{value}'}} "
                          f"objects, got {type(data).__name__}")
     points = []
     for index, point in enumerate(data):
         if not isinstance(point, Mapping):
-            raise ValueError(f"memory_bandwidth_curve[{index}] must be an object, got {point!r}")
-        _check_known_fields(point, ("working_set_bytes", "bandwidth_gbps"), f"memory_bandwidth_curve[{index}]")
-        if "working_set_bytes" not in point or "bandwidth_gbps" not in point:
-            raise ValueError(f"memory_bandwidth_curve[{index}] needs 'working_set_bytes' and 'bandwidth_gbps', "
-                             f"got {dict(point)!r}")
-        points.append((point["working_set_bytes"], point["bandwidth_gbps"]))
+            raise ValueError(f"{field_name}[{index}] must be an object, got {point!r}")
+        _check_known_fields(point, ("working_set_bytes", value), f"{field_name}[{index}]")
+        if "working_set_bytes" not in point or value not in point:
+            raise ValueError(f"{field_name}[{index}] needs 'working_set_bytes' and '{value}', got {dict(point)!r}")
+        points.append((point["working_set_bytes"], point[value]))
     return tuple(points)
 
 
@@ -262,7 +262,13 @@ class Hardware:
     and summing two after a 128 MiB stream: +77 us at 4 KiB, +81 us at 24 KiB, +92 us at 384 KiB),
     so a decode step's small all-reduces cost several times their back-to-back time. Priced in
     proportion to how far the graph's working set sits down the bandwidth curve
-    (:func:`~.collectives.shared_memory_coldness`); 0.0: not measured.
+    (``shared_memory_cold_curve``, resolved like the bandwidth at the graph's working set); 0.0:
+    not measured.
+    ``shared_memory_cold_curve``: ``(working_set_bytes, seconds)`` points, ascending in bytes: that
+    extra measured after a stream of each working set (``autotp calibrate``: +1 us after 2 MiB,
+    +25 us after 32-128 MiB, +52 us after 256 MiB on the same VM). The cost pass sets
+    ``shared_memory_cold_call_s`` from it at each graph's working set
+    (:func:`~.bandwidth.at_working_set`); without a curve the field is used as it is.
 
     Working set and small collectives (optional in JSON; absent, they price as before):
 
@@ -313,6 +319,7 @@ class Hardware:
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
     shared_memory_cold_call_s: float = 0.0
+    shared_memory_cold_curve: tuple[tuple[float, float], ...] = ()
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = "ring"
     shared_memory_link: LinkProfile | None = None
@@ -353,6 +360,8 @@ class Hardware:
             raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
                              "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
+        object.__setattr__(self, "shared_memory_cold_curve", _checked_curve(
+            owner, self.shared_memory_cold_curve, "shared_memory_cold_curve", "seconds", allow_zero=True))
         for link_field in ("intra_node", "inter_node"):
             if not isinstance(getattr(self, link_field), LinkProfile):
                 raise ValueError(f"{owner}.{link_field} must be a LinkProfile")
@@ -386,6 +395,7 @@ class Hardware:
                 self.host_is_device,
                 *(getattr(self, host_field) for host_field in _HOST_TIME_FIELDS),
                 self.memory_bandwidth_curve,
+                self.shared_memory_cold_curve,
                 self.small_all_reduce,
                 self.shared_memory_link,
                 self.core_share,
@@ -439,6 +449,9 @@ class Hardware:
                                        for size, gbps in self.memory_bandwidth_curve],
             "small_all_reduce": self.small_all_reduce,
             **({"shared_memory_link": self.shared_memory_link.to_dict()} if self.shared_memory_link else {}),
+            **({"shared_memory_cold_curve": [{"working_set_bytes": size, "seconds": seconds}
+                                             for size, seconds in self.shared_memory_cold_curve]}
+               if self.shared_memory_cold_curve else {}),
             "core_share": self.core_share,
             "source": self.source,
         }
@@ -470,7 +483,7 @@ class Hardware:
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "memory_bandwidth_curve",
-                    "small_all_reduce", "shared_memory_link", "core_share")
+                    "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share")
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
             if key not in data:
@@ -507,6 +520,8 @@ class Hardware:
                 small_all_reduce=data.get("small_all_reduce",
                                           "one_shot" if data.get("host_is_device", False) is True else "ring"),
                 shared_memory_link=shared_memory_link,
+                shared_memory_cold_curve=_curve_from_json(data.get("shared_memory_cold_curve", []),
+                                                          "shared_memory_cold_curve", "seconds"),
                 # absent in profiles written before it was recorded: work terms taken as measured alone
                 core_share=data.get("core_share", 1.0),
             )

@@ -30,7 +30,6 @@ from .collectives import (
     alpha_beta_terms,
     hierarchical_parts,
     inference_all_reduce_form,
-    shared_memory_coldness,
     shared_memory_terms,
     validate_collective,
 )
@@ -147,7 +146,7 @@ def symbolic_collective_time_s(
             raise AssertionError(f"{hardware.name}: small_all_reduce='shared_memory' without shared_memory_link")
         steps, factor = shared_memory_terms(kind, sympy.Integer(group_size))
         ring = shm.base_latency_s + steps * shm.latency_s + factor * nbytes_expr / shm.bandwidth_bytes_per_s
-        ring += hardware.shared_memory_cold_call_s * shared_memory_coldness(hardware)  # as collective_time_s
+        ring += hardware.shared_memory_cold_call_s  # as collective_time_s
     elif kind == "all_reduce" and form == "one_shot" and group_size >= ONE_SHOT_MIN_GROUP:
         # the runtime's one exchange round up to ONE_SHOT_MAX_BYTES (collectives.uses_one_shot_all_reduce)
         steps, factor = alpha_beta_terms("all_to_all", "ring", sympy.Integer(group_size), sympy.Integer(0))

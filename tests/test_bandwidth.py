@@ -191,31 +191,34 @@ def test_shared_memory_all_reduce_is_priced_on_its_own_link() -> None:
 
 
 def test_shared_memory_collectives_pay_for_slots_pushed_out_of_cache() -> None:
-    """A profile with ``shared_memory_cold_call_s``: a graph whose working set is cached (the curve's
-    first point) prices the shared-memory all-reduce as back to back; at DRAM's working set each call
-    adds the whole term, in between a share by the bandwidth curve; numerically and symbolically
-    alike; the field round-trips through JSON and older profiles read 0."""
+    """A profile with a ``shared_memory_cold_curve``: each graph's shared-memory collectives pay the
+    curve's value at the graph's working set per call (nothing where the working set stays cached,
+    the DRAM figure beyond the last point, log-interpolated between), numerically and symbolically
+    alike; the curve round-trips through JSON and older profiles read none."""
     import json
 
     from autotp.cost_model import LinkProfile
-    from autotp.cost_model.collectives import shared_memory_coldness
     from autotp.cost_model.symbolic import evaluate_s, symbolic_collective_time_s
 
     shm = LinkProfile(name="shm", bandwidth_gbps=4.0, latency_s=0.0, base_latency_s=5e-6)
     warm = dataclasses.replace(_cpu(), small_all_reduce="shared_memory", shared_memory_link=shm)
-    cold = dataclasses.replace(warm, shared_memory_cold_call_s=80e-6)
+    cold = dataclasses.replace(warm, shared_memory_cold_call_s=80e-6,
+                               shared_memory_cold_curve=((MIB, 0.0), (16 * MIB, 20e-6), (1024 * MIB, 80e-6)))
     nbytes = 24 * 2**10
-    cached, middle, dram = (at_working_set(cold, size) for size in (MIB, 16 * MIB, 4096 * MIB))
-    assert [shared_memory_coldness(h) for h in (cached, dram)] == [0.0, 1.0]
-    assert 0.0 < shared_memory_coldness(middle) < 1.0
     base = collective_time_s("all_reduce", nbytes, 2, at_working_set(warm, 4096 * MIB))
-    assert collective_time_s("all_reduce", nbytes, 2, cached) == pytest.approx(base)
-    assert collective_time_s("all_reduce", nbytes, 2, dram) == pytest.approx(base + 80e-6)
-    assert base < collective_time_s("all_reduce", nbytes, 2, middle) < base + 80e-6
-    assert collective_time_s("all_gather", nbytes, 2, dram) == pytest.approx(
-        collective_time_s("all_gather", nbytes, 2, at_working_set(warm, 4096 * MIB)) + 80e-6)
-    assert evaluate_s(symbolic_collective_time_s("all_reduce", nbytes, 2, dram), {}) == pytest.approx(
-        collective_time_s("all_reduce", nbytes, 2, dram))
+    for size, extra in ((MIB // 2, 0.0), (MIB, 0.0), (4 * MIB, 10e-6), (16 * MIB, 20e-6), (4096 * MIB, 80e-6)):
+        resolved = at_working_set(cold, size)
+        assert resolved.shared_memory_cold_call_s == pytest.approx(extra), size
+        assert collective_time_s("all_reduce", nbytes, 2, resolved) == pytest.approx(base + extra), size
+        assert collective_time_s("all_gather", nbytes, 2, resolved) == pytest.approx(
+            collective_time_s("all_gather", nbytes, 2, at_working_set(warm, size)) + extra), size
+        assert evaluate_s(symbolic_collective_time_s("all_reduce", nbytes, 2, resolved), {}) == pytest.approx(
+            collective_time_s("all_reduce", nbytes, 2, resolved)), size
+    assert at_working_set(at_working_set(cold, MIB), 4096 * MIB) == at_working_set(cold, 4096 * MIB), \
+        "resolving again starts from the curve"
     assert Hardware.from_json(cold.to_json()) == cold
-    old = {key: value for key, value in cold.to_dict().items() if key != "shared_memory_cold_call_s"}
-    assert Hardware.from_json(json.dumps(old)).shared_memory_cold_call_s == 0.0
+    old = {key: value for key, value in cold.to_dict().items()
+           if key not in ("shared_memory_cold_call_s", "shared_memory_cold_curve")}
+    assert Hardware.from_json(json.dumps(old)).shared_memory_cold_curve == ()
+    with pytest.raises(ValueError, match="shared_memory_cold_curve must be in ascending"):
+        dataclasses.replace(cold, shared_memory_cold_curve=((MIB, 0.0), (MIB, 1e-6)))

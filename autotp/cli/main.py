@@ -302,6 +302,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         shared = profile.shared_memory_link
         print(f"  shared memory    {shared.base_latency_s * 1e6:.1f} us per call, {shared.bandwidth_gbps:.2f} GB/s; "
               f"+{profile.shared_memory_cold_call_s * 1e6:.1f} us per call with its slots out of cache")
+        if profile.shared_memory_cold_curve:
+            print("  slots cold after " + ", ".join(f"{size / 2**20:g} MiB +{seconds * 1e6:.1f}"
+                                                    for size, seconds in profile.shared_memory_cold_curve) + " us")
     print(f"  nodes            {profile.devices_per_node} device(s) per node; between nodes "
           f"{profile.inter_node.latency_s * 1e6:.1f} us per step, {profile.inter_node.bandwidth_gbps:.3f} GB/s")
     print(f"use it with: autotp.plan(model, inputs, world_size={args.world_size}, hardware={args.output!r})")
