@@ -65,8 +65,8 @@ from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
 from autotp.passes.grouped_query import pack_one_token_gqa
-from autotp.passes.state import WRITES_IN_PLACE
 from autotp.passes.rules.args import arg
+from autotp.passes.state import WRITES_IN_PLACE
 
 __all__ = [
     "CapturedGraph", "InputDims", "InputSlot", "capture", "check_model", "default_dynamic_shapes", "from_exported",

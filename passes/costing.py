@@ -61,10 +61,10 @@ from autotp.passes.backward import (
     trainable_bytes_factor,
 )
 from autotp.passes.node_keys import once_per_key
-from autotp.passes.state import WRITES_IN_PLACE
 from autotp.passes.resharding import RESHARD_TABLE
 from autotp.passes.rules import op_collectives_for, tensor_inputs
 from autotp.passes.rules.args import holds_tensor
+from autotp.passes.state import WRITES_IN_PLACE
 from autotp.passes.strategies import StrategyGraph
 from autotp.passes.uneven import largest_shard_nbytes
 

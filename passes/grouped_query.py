@@ -121,7 +121,8 @@ def pack_one_token_gqa(gm: fx.GraphModule) -> int:
         old_k, old_v = sdpa.args[1], sdpa.args[2]
         sdpa.replace_all_uses_with(unpacked)
         graph.erase_node(sdpa)
-        for copy in (old_k, old_v):
+        copies = [old_k] if old_v is old_k else [old_k, old_v]
+        for copy in copies:  # view <- clone <- expand <- unsqueeze, erased from the top while unused
             chain = [copy, copy.args[0], copy.args[0].args[0], copy.args[0].args[0].args[0]]
             for node in chain:
                 if not node.users:
