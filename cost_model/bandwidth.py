@@ -143,7 +143,7 @@ size) up to a short prefill's."""
 
 def measure_cold_call_s(world_size: int, flush_bytes: int, repeats: int) -> float:
     """Seconds a shared-memory collective's local work pays per call when its slots are out of cache,
-    over what it pays with them cached: copy a slot's bytes in and add ``world_size`` slots, timed
+    over what it pays with them cached: copy a slot's bytes in and add ``world_size`` (>= 2) slots, timed
     right after a copy of ``flush_bytes`` (as a decode step's weights and cache stream between two
     collectives) and again at once (warm). Median over ``repeats`` and :data:`COLD_SLOT_BYTES` (the
     extra barely grows with the size: misses of the slots' pages and lines, not bandwidth); at least 0.
@@ -161,7 +161,7 @@ def measure_cold_call_s(world_size: int, flush_bytes: int, repeats: int) -> floa
             for _ in range(2):  # cold, then warm
                 started = time.perf_counter()
                 slots[0].copy_(piece)
-                total = slots[0] + slots[1] if world_size > 1 else slots[0].clone()
+                total = slots[0] + slots[1]
                 for row in range(2, world_size):
                     total.add_(slots[row])
                 times.append(time.perf_counter() - started)

@@ -260,10 +260,10 @@ class Hardware:
     time when the graph's working set has pushed its slots (and their page-table entries) out of
     the caches since their last use: about the same at every size on a 2-core VM (copying a slot in
     and summing two after a 128 MiB stream: +77 us at 4 KiB, +81 us at 24 KiB, +92 us at 384 KiB),
-    so a decode step's small all-reduces cost several times their back-to-back time. Priced in
-    proportion to how far the graph's working set sits down the bandwidth curve
-    (``shared_memory_cold_curve``, resolved like the bandwidth at the graph's working set); 0.0:
-    not measured.
+    so a decode step's small all-reduces cost several times their back-to-back time. Added to every
+    shared-memory collective; ``autotp calibrate`` writes the figure at its largest working set
+    (DRAM, as ``memory_bandwidth_gbps``), and each graph is priced with the value
+    ``shared_memory_cold_curve`` gives at its own working set; 0.0: not measured.
     ``shared_memory_cold_curve``: ``(working_set_bytes, seconds)`` points, ascending in bytes: that
     extra measured after a stream of each working set (``autotp calibrate``: +1 us after 2 MiB,
     +25 us after 32-128 MiB, +52 us after 256 MiB on the same VM). The cost pass sets
