@@ -6,6 +6,10 @@ Two phases share one set of weight shards and one KV cache:
   cache as state that the planner places (heads split where attention is head-parallel, whole
   where that is cheaper, e.g. fewer kv heads than ranks);
 - **prefill**: ``seq`` prompt tokens per call (``seq`` = the example input's sequence length).
+  The first chunk of a prompt runs a graph that attends to the chunk's own keys only (the cache is
+  empty before it; :meth:`~autotp.runtime.kv_cache.CachedCausalLM.first_chunk`), as HF's prefill
+  does; a prompt longer than ``seq`` runs its later chunks through a *continuation* graph that
+  attends to the whole cache, planned pinned to the same placements.
 
 Every weight and cache has one placement for both graphs, chosen for a whole request: predicted
 ``prefill + expected_new_tokens x decode`` (:mod:`autotp.planning.phases`). Each phase is
@@ -43,7 +47,7 @@ from autotp.planning.phases import (
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
-from autotp.runtime.module import GenerationGraphs, TensorParallelModule
+from autotp.runtime.module import GenerationGraphs, PhaseGraph, TensorParallelModule
 from autotp.runtime.shared_trace import FirstRankTrace
 
 __all__ = ["check_generation_inputs", "compile_for_generation", "generation_inputs"]
@@ -87,7 +91,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
     :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``timeout_s``: how long the other ranks wait
     for rank 0's traced programs (``agreement_timeout_s``)."""
-    from autotp.api import apply_plan
+    from autotp.api import apply_plan, plan_or_check
 
     expected_new_tokens = check_expected_new_tokens(expected_new_tokens)
     if wrapper is None:
@@ -99,36 +103,52 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     # static sizes: the cache fixes the batch, decode reads one token, prefill `seq` tokens per call
     share = FirstRankTrace(group, timeout_s=timeout_s)  # rank 0 traces, the others rebuild
     decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False, share=share)
-    prefill = None
+    prefill = continuation = None
     if seq > 1:
-        log_progress(talk, f"tracing the prefill graph ({seq} tokens per row)")
-        prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share)
+        log_progress(talk, f"tracing the prefill graph ({seq} tokens per row, the prompt's first chunk)")
+        with wrapper.first_chunk():
+            prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share)
+        if max_cache_len - 1 > seq:  # a prompt (at most max_cache_len - 1 tokens) may need more than one chunk
+            log_progress(talk, f"tracing the continuation graph (a longer prompt's later chunks of {seq} tokens)")
+            continuation = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share)
     decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, expected_new_tokens,
                                                         group=group, rank=rank)
+    continuation_plan = None
+    if continuation is not None:
+        continuation_plan = plan_or_check(continuation, None, _pinned_to(decode_plan, options), group=group, rank=rank)
     decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank,
                                                          timeout_s=timeout_s)
-    prefill_gm = None
-    prefill_inputs: tuple[str | int, ...] = ()
-    if prefill is not None and prefill_plan is not None:
-        prefill_gm, prefill_values, _ = apply_plan(prefill, prefill_plan, group=group, rank=rank,
-                                                      timeout_s=timeout_s)
-        by_fqn = {str(s.target): s.name for s in decode.inputs if s.kind != "user"}
-        for slot in prefill.inputs:
-            if slot.kind != "user" and values[by_fqn[str(slot.target)]].shape != prefill_values[slot.name].shape:
-                raise PlanError(
-                    f"{slot.target}: the prefill plan's shard {tuple(prefill_values[slot.name].shape)} differs from "
-                    f"the decode plan's {tuple(values[by_fqn[str(slot.target)]].shape)}; the two graphs must share it"
-                )
-        # the prefill graph's placeholders take the decode graph's tensors (one set of shards, one cache)
-        prefill_inputs = tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in prefill.inputs)
+
+    def sharing(graph: CapturedGraph | None, graph_plan: Plan | None, name: str) -> PhaseGraph | None:
+        """``graph`` made rank-local, its weights and cache taken from the decode graph's tensors."""
+        if graph is None or graph_plan is None:
+            return None
+        graph_module, graph_values, _ = apply_plan(graph, graph_plan, group=group, rank=rank, timeout_s=timeout_s)
+        return PhaseGraph(graph_module, _shared_inputs(graph, graph_values, decode, values, name), graph_plan)
+
     vocab = int(model.get_output_embeddings().weight.shape[0])
     eos_ids, pad_id = generation_defaults(model)
     cache = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
                          vocab_size=vocab, eos_token_ids=eos_ids, pad_token_id=pad_id)
-    phases = GenerationGraphs(layout=cache, prefill=prefill_gm, prefill_inputs=prefill_inputs,
-                              prefill_plan=prefill_plan, decode_plan=decode_plan, weighting=weighting)
+    phases = GenerationGraphs(layout=cache, prefill=sharing(prefill, prefill_plan, "prefill"),
+                              continuation=sharing(continuation, continuation_plan, "continuation"),
+                              decode_plan=decode_plan, weighting=weighting)
     return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases,
                                 group=group)
+
+
+def _shared_inputs(graph: CapturedGraph, graph_values: dict[str, torch.Tensor], decode: CapturedGraph,
+                   values: dict[str, torch.Tensor], name: str) -> tuple[str | int, ...]:
+    """Per placeholder of ``graph``: the decode graph's slot whose tensor it takes (one set of shards, one
+    cache), or the index of the user input. PlanError if a shard differs from the decode graph's."""
+    by_fqn = {str(s.target): s.name for s in decode.inputs if s.kind != "user"}
+    for slot in graph.inputs:
+        if slot.kind != "user" and values[by_fqn[str(slot.target)]].shape != graph_values[slot.name].shape:
+            raise PlanError(
+                f"{slot.target}: the {name} plan's shard {tuple(graph_values[slot.name].shape)} differs from "
+                f"the decode plan's {tuple(values[by_fqn[str(slot.target)]].shape)}; the graphs must share it"
+            )
+    return tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in graph.inputs)
 
 
 def _pinned_to(placed: Plan, options: PlanOptions) -> PlanOptions:

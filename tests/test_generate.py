@@ -41,7 +41,8 @@ def _greedy(rank: int, world_size: int, family: str, chunk: int, prompt: int) ->
     model, ids = _model(family, prompt)
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
     tp = _compile(model, ids, chunk, max_cache_len=32)
-    graphs = [tp.graph_module] + ([tp.generation.prefill] if tp.generation.prefill is not None else [])
+    graphs = [tp.graph_module] + [g.graph_module for g in (tp.generation.prefill, tp.generation.continuation)
+                                  if g is not None]
     calls = [0]
     hooks = [g.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for g in graphs]
     codes = [g.code for g in graphs]
@@ -78,8 +79,9 @@ def _check_greedy(results: list[dict[str, Any]], graph_calls: int) -> None:
 def test_llama_greedy_matches_hf(gloo, world_size: int) -> None:
     """tp=2, 3 (uneven: 4 kv heads over 3 ranks), 4; tiny Llama (GQA 8/4 heads), batch 2, prompt 6, 8 new tokens.
 
-    Prompts go through the prefill graph 4 tokens per call at tp=2 (chunks at 0 and 2: the second
-    rereads two tokens), one token per decode call otherwise. Exactly one graph call per prompt
+    Prompts go 4 tokens per call at tp=2 (chunks at 0 through the prefill graph, which attends to the chunk
+    only, and at 2 through the continuation graph, which rereads two tokens and attends to the cache), one
+    token per decode call otherwise. Exactly one graph call per prompt
     chunk and per new token after the first; the cache is split by kv heads, ~1/ws per rank.
     """
     chunk = 4 if world_size == 2 else 1
@@ -171,7 +173,7 @@ def _whole_model(rank: int, world_size: int) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile(model, example_inputs=(ids[:, :4],), max_cache_len=16, constraints={"*": "R"})
-    graphs = [tp.graph_module, tp.generation.prefill]
+    graphs = [tp.graph_module, tp.generation.prefill.graph_module, tp.generation.continuation.graph_module]
     calls = [0]
     hooks = [g.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for g in graphs]
     streamed: list[Any] = []
@@ -206,16 +208,16 @@ def test_a_whole_model_plan_runs_on_the_first_rank_only(gloo) -> None:
 
 
 def _prompt_together(rank: int, world_size: int) -> dict[str, Any]:
-    model, ids = _model("llama", 24)
+    model, ids = _model("llama", 48)
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        # every weight whole: decode (one token) has nothing to split, while the 24-token prefill splits its
+        # every weight whole: decode (one token) has nothing to split, while the 48-token prefill splits its
         # tokens across the ranks on the cpu-gloo profile and gathers them (collectives in one phase only)
         tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, memory_budget=None,
                             constraints={"*.weight": "R"}, hardware="cpu-gloo")
     calls = {"decode": 0, "prefill": 0}
-    for phase, graph in (("decode", tp.graph_module), ("prefill", tp.generation.prefill)):
+    for phase, graph in (("decode", tp.graph_module), ("prefill", tp.generation.prefill.graph_module)):
         graph.register_forward_pre_hook(lambda *_, phase=phase: calls.__setitem__(phase, calls[phase] + 1))
     got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
     return {"got": got.tolist(), "expected": expected.tolist(), "calls": calls,
@@ -224,7 +226,7 @@ def _prompt_together(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def test_prompt_on_every_rank_then_the_first_rank_decodes_alone(gloo) -> None:
-    """tp=2 gloo, tiny Llama with every weight whole, prompt 24 tokens in one prefill chunk: the prefill plan
+    """tp=2 gloo, tiny Llama with every weight whole, prompt 48 tokens in one prefill chunk: the prefill plan
     gathers (collectives), the decode plan has none. Both ranks run the prompt together, only rank 0 decodes,
     and both return HF's greedy tokens."""
     results = gloo.run(2, _prompt_together)

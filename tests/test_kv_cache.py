@@ -11,8 +11,8 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from generation_models import tiny_gemma
-from models import tiny_llama
+from generation_models import tiny_gemma, tiny_phi
+from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
 from autotp.capture import capture, inputs_on_model_device
@@ -35,6 +35,46 @@ def test_cache_wrapper_matches_the_model() -> None:
         decode = wrapper(ids[:, 5:], positions[:, 5:], torch.tensor([5]), mask)
     diff = max((prefill - expected[:, :5]).abs().max().item(), (decode - expected[:, 5:]).abs().max().item())
     assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma", "gpt2", "phi", "qwen2", "mixtral"])
+def test_first_chunk_attends_to_the_prompt_only_and_fills_the_cache_alike(family: str) -> None:
+    """tp=1, batch 2 (row 1 left-padded by 3), 12-slot cache, prompt of 10 (Mistral: sliding window 8 < 10): a
+    call in ``first_chunk()`` gives the logits and writes the cache of a call reading every slot, eager and as
+    a captured graph; the captured graph's attention reads no cache buffer (10 keys, not 12)."""
+    build = {"llama": tiny_llama, "mistral": tiny_mistral, "gemma": tiny_gemma, "gpt2": tiny_gpt2, "phi": tiny_phi,
+             "qwen2": tiny_qwen2, "mixtral": tiny_mixtral}[family]
+    model, (ids,), _ = build(batch=2, seq_len=10, layers=1)
+    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=12)
+    mask = torch.zeros(2, 12, dtype=torch.long)
+    mask[:, :10] = 1
+    mask[1, :3] = 0
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, :10]
+    inputs = (ids, positions, torch.arange(10), mask)
+    caches = {name: buffer for name, buffer in wrapper.named_buffers() if "cache" in name}
+
+    def run(first: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        for buffer in caches.values():
+            buffer.normal_()  # stale slots from an earlier request: masked either way
+        with torch.no_grad():
+            if first:
+                with wrapper.first_chunk():
+                    logits = wrapper(*inputs)
+            else:
+                logits = wrapper(*inputs)
+        return logits, {name: buffer[:, :, :10].clone() for name, buffer in caches.items()}
+
+    (whole, whole_cache), (first, first_cache) = run(False), run(True)
+    diff = (whole - first).abs().max().item()
+    assert diff < 1e-4, f"{family}: first-chunk logits differ from the whole-cache call by {diff:.3g}"
+    for name in caches:
+        assert torch.allclose(whole_cache[name], first_cache[name], atol=1e-5), f"{family}: {name} written differently"
+    with wrapper.first_chunk():
+        captured = capture(wrapper, wrapper.example_inputs(10), dynamic=False)
+    assert wrapper.reads_cache, "first_chunk() must end with the block"
+    attention = [n for n in captured.graph_module.graph.nodes if "scaled_dot_product" in str(n.target)]
+    keys = {tuple(n.args[1].meta["val"].shape)[2] for n in attention}
+    assert keys == {10}, f"{family}: attention over {keys} keys in the first-chunk graph, expected the prompt's 10"
 
 
 def test_capture_keeps_cache_updates_as_state_and_the_planner_splits_heads() -> None:

@@ -22,9 +22,11 @@ copy of the cache), and on the first rank alone when it has none. On GPUs each r
 device, and every rank runs the loop as above. The rule is :func:`autotp.planning.phases.first_rank_alone`,
 which the planner reads too: it prices a phase run alone at a whole core (``Hardware.alone()``).
 
-Prompts go through the prefill graph ``prefill_len`` tokens per call; a prompt whose length is
-not a multiple reads its last ``prefill_len`` tokens again (rewriting the same cache slots), and
-a prompt shorter than ``prefill_len`` goes one token per call through the decode graph.
+Prompts go through the prefill graph ``prefill_len`` tokens per call: the first chunk through the
+prefill graph (attending to its own keys only), later ones through the continuation graph
+(attending to the cache); a prompt whose length is not a multiple reads its last ``prefill_len``
+tokens again (rewriting the same cache slots), and a prompt shorter than ``prefill_len`` goes one
+token per call through the decode graph.
 """
 
 from __future__ import annotations
@@ -151,11 +153,11 @@ def _alone_phases(tp: TensorParallelModule) -> AlonePhases:
 
     generation = tp.generation
     assert generation is not None, "generate checks that the model was compiled for generation"
-    prefill = generation.prefill_plan
+    prompt_plans = [graph.plan for graph in (generation.prefill, generation.continuation) if graph is not None]
     return first_rank_alone(world_size=tp.world_size,
                             ranks_share_host=dist.is_initialized() and dist.get_backend(tp.group) == "gloo",
                             decode_collectives=bool((generation.decode_plan or tp.plan).collectives),
-                            prefill_collectives=prefill is not None and bool(prefill.collectives))
+                            prefill_collectives=any(plan.collectives for plan in prompt_plans))
 
 
 def _on_first_rank(tp: TensorParallelModule, loop: Callable[..., torch.Tensor], input_ids: torch.Tensor,
@@ -229,13 +231,15 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
     prefill_in_chunks = chunk > 1 and prompt >= chunk
     runners = {"decode": phase_runner("decode")}
     if prefill_in_chunks:
-        runners["prefill"] = phase_runner("prefill")
+        runners["prefill"] = phase_runner("prefill")  # the first chunk: attends to its own keys only
+        if prompt > chunk:
+            runners["continuation"] = phase_runner("continuation")
 
     def run(start: int, tokens: torch.Tensor) -> torch.Tensor | None:
         """Run ``tokens`` (batch, S) at cache slots start..start+S-1; logits of the last one (batch, vocab)."""
         length = int(tokens.shape[1])
         cache_position = torch.arange(start, start + length)
-        runner = runners["decode" if length == 1 else "prefill"]
+        runner = runners["decode" if length == 1 else "prefill" if start == 0 else "continuation"]
         logits = runner((tokens, positions[:, start:start + length], cache_position, mask))
         return None if logits is None else logits[:, -1]
 

@@ -18,11 +18,18 @@ parameter's (split by kv heads where attention is head-parallel, or whole), and 
 applies the update in place on its own block. Nothing here names a model family: the cache is
 HuggingFace's ``StaticCache`` (its layer sizes come from the model's config), and the positions
 come in as tensors, so one captured graph serves every position.
+
+Inside :meth:`CachedCausalLM.first_chunk` a call is the first chunk of a prompt (slots ``0..S-1`` of an
+empty cache): it still writes its keys and values, but attends to those ``S`` only (the mask built for
+``S`` keys, not ``max_cache_len``), as HF's own prefill does. The graph captured that way serves the
+common case, a prompt of one chunk, without reading or masking the cache's empty slots.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -86,17 +93,24 @@ def _layer_class() -> type:
         """
 
         positions: torch.Tensor
+        first_chunk: bool = False  # the call fills slots 0..S-1 of an empty cache and attends to them only
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             # keys, values: (batch, kv_heads, max_cache_len, head_dim); key_states: (batch, kv_heads, S, head_dim)
             self.keys.index_copy_(2, self.positions, key_states)
             self.values.index_copy_(2, self.positions, value_states)
+            if self.first_chunk:
+                return key_states, value_states
             return self.keys, self.values
 
-        def get_seq_length(self) -> torch.Tensor:  # type: ignore[override]
+        def get_seq_length(self) -> torch.Tensor | int:  # type: ignore[override]
             """Slot of the first new token: the offset of the queries in the attention mask."""
-            return self.positions[0]
+            return 0 if self.first_chunk else self.positions[0]
+
+        def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, int]:
+            """``(keys attended, offset of the first)``: the whole cache, or the chunk's own keys."""
+            return (query_length, 0) if self.first_chunk else (self.max_cache_len, 0)
 
     return PositionedLayer
 
@@ -141,6 +155,7 @@ class CachedCausalLM(torch.nn.Module):
             cache.layers[i].lazy_initialization(torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device),
                                                 torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device))
         self.cache = cache
+        self.reads_cache = True  # False inside first_chunk()
         for i in self.own_layers:
             self.register_buffer(f"key_cache_{i}", cache.layers[i].keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", cache.layers[i].values, persistent=False)
@@ -155,10 +170,22 @@ class CachedCausalLM(torch.nn.Module):
         attention_mask[:, :tokens] = 1
         return input_ids, positions.expand(batch, tokens).clone(), positions, attention_mask
 
+    @contextmanager
+    def first_chunk(self) -> Iterator[None]:
+        """Calls in this block are the first chunk of a prompt: written to slots ``0..S-1`` of an empty cache,
+        attending to those ``S`` keys only (see the module docstring). For capture only: the graph traced
+        here is right only at ``cache_position = 0..S-1``."""
+        self.reads_cache = False
+        try:
+            yield
+        finally:
+            self.reads_cache = True
+
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache_position: torch.Tensor,
                 attention_mask: torch.Tensor) -> torch.Tensor:
         self._bind_cache(cache_position)
-        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+        out = self.model(input_ids=input_ids, position_ids=position_ids,
+                         attention_mask=self._mask_of_call(attention_mask, int(input_ids.shape[1])),
                          cache=self.cache, use_cache=True, **self._logits_kwargs())
         logits = out.logits  # (batch, S, vocab), or (batch, 1, vocab) with last_logits_only
         return logits[:, -1:] if self.logits_to_keep and logits.shape[1] != 1 else logits
@@ -167,10 +194,15 @@ class CachedCausalLM(torch.nn.Module):
         """Point every cache layer at this call's slots, and each held layer at its buffers."""
         for i, layer in enumerate(self.cache.layers):
             layer.positions = cache_position
+            layer.first_chunk = not self.reads_cache
             if i in self.own_layers:
                 # read the buffers through the module, so that export sees the writes as buffer updates
                 layer.keys = getattr(self, f"key_cache_{i}")
                 layer.values = getattr(self, f"value_cache_{i}")
+
+    def _mask_of_call(self, attention_mask: torch.Tensor, tokens: int) -> torch.Tensor:
+        """The padding mask the model gets: every slot's, or in a first chunk its own ``tokens`` slots'."""
+        return attention_mask if self.reads_cache else attention_mask[:, :tokens]
 
     def _logits_kwargs(self) -> dict[str, int]:
         """``logits_to_keep`` for HF models whose forward takes it (transformers >= 4.50), else nothing."""

@@ -186,7 +186,8 @@ class StageCachedLM(CachedCausalLM):
         else:
             self._inject.slot.value = first_input
             given = {"inputs_embeds": first_input}  # shapes the mask; the first block reads first_input itself
-        out = self.model(**given, position_ids=position_ids, attention_mask=attention_mask, cache=self.cache,
+        out = self.model(**given, position_ids=position_ids,
+                         attention_mask=self._mask_of_call(attention_mask, int(first_input.shape[1])), cache=self.cache,
                          use_cache=True, **self._logits_kwargs())
         if self._tap is not None:
             value, self._tap.slot.value = self._tap.slot.value, None

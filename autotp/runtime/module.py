@@ -74,26 +74,40 @@ def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> 
     return layout
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class PhaseGraph:
+    """A generation graph beside the decode graph: ``graph_module`` (rank-local), ``inputs`` (per placeholder, the
+    decode graph's slot name whose tensor it takes — weights and cache are shared — or the index of the user
+    input) and its ``plan``."""
+
+    graph_module: fx.GraphModule
+    inputs: tuple[str | int, ...]
+    plan: Plan
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationGraphs:
     """What a model compiled with ``max_cache_len`` adds (see :mod:`autotp.generation`).
 
-    ``prefill``: the rank-local prefill graph (``None`` when prompts go one token per call);
-    ``prefill_inputs``: per placeholder of it, the decode graph's slot name whose tensor it takes
-    (weights and cache are shared), or the index of the user input; ``prefill_plan``: its plan;
-    ``weighting``: how the shared placement was chosen (:mod:`autotp.planning.phases`; ``None``
-    without a prefill graph or with a given ``plan=``).
+    ``prefill``: the graph of a prompt's first chunk (attends to the chunk only; ``None`` when prompts go
+    one token per call); ``continuation``: the graph of a longer prompt's later chunks (attends to the
+    cache; ``None`` when no prompt can be longer than a chunk); ``weighting``: how the shared placement
+    was chosen (:mod:`autotp.planning.phases`; ``None`` without a prefill graph or with a given ``plan=``).
     """
 
     layout: CacheLayout
-    prefill: fx.GraphModule | None
-    prefill_inputs: tuple[str | int, ...]
-    prefill_plan: Plan | None
+    prefill: PhaseGraph | None
+    continuation: PhaseGraph | None = None
     decode_plan: Plan | None = None
     weighting: PhaseWeighting | None = None
 
+    @property
+    def prefill_plan(self) -> Plan | None:
+        """The plan of a prompt's first chunk (the prefill phase the placements were weighed with)."""
+        return self.prefill.plan if self.prefill is not None else None
+
     def __str__(self) -> str:
-        """How the phases were weighed, then both phases' plans (decode first)."""
+        """How the phases were weighed, then the phases' plans (decode first)."""
         layout = self.layout
         parts = [f"KV cache: {layout.batch_size} rows x {layout.max_cache_len} slots"]
         placed_by = self.weighting.chosen.placed_by if self.weighting is not None else "decode"
@@ -102,9 +116,13 @@ class GenerationGraphs:
         if self.decode_plan is not None:
             how = "places the weights and the cache" if placed_by == "decode" else "placements pinned to prefill's"
             parts.append(f"== decode (1 token per row; {how}) ==\n{self.decode_plan}")
-        if self.prefill_plan is not None:
+        if self.prefill is not None:
             how = "places the weights and the cache" if placed_by == "prefill" else "placements pinned to decode's"
-            parts.append(f"== prefill ({layout.prefill_len} tokens per row; {how}) ==\n{self.prefill_plan}")
+            parts.append(f"== prefill (a prompt's first {layout.prefill_len} tokens per row; {how}) ==\n"
+                         f"{self.prefill.plan}")
+        if self.continuation is not None:
+            parts.append(f"== continuation (a longer prompt's later chunks of {layout.prefill_len} tokens; placements "
+                         f"pinned) ==\n{self.continuation.plan}")
         return "\n".join(parts)
 
 
@@ -251,15 +269,16 @@ class TensorParallelModule(torch.nn.Module):
         return self._local[slot_name] if slot_name in self._param_names else getattr(self, slot_name)
 
     def phase_runner(self, phase: str) -> Callable[[tuple[torch.Tensor, ...]], torch.Tensor]:
-        """A function running the ``"decode"`` or ``"prefill"`` graph on flat user inputs, returning its
-        first output. The weights and cache tensors are looked up once here, not on every call (the
-        cache is updated in place, so the same tensors serve every position)."""
+        """A function running the ``"decode"``, ``"prefill"`` or ``"continuation"`` graph on flat user inputs,
+        returning its first output. The weights and cache tensors are looked up once here, not on every call
+        (the cache is updated in place, so the same tensors serve every position)."""
+        other = getattr(self.generation, phase, None) if phase in ("prefill", "continuation") else None
         if phase == "decode":
             keys: list[str | int] = [int(s.target) if s.kind == "user" else s.name for s in self._slots]
             graph_module = self.graph_module
-        elif self.generation is not None and self.generation.prefill is not None:
-            keys = list(self.generation.prefill_inputs)
-            graph_module = self.generation.prefill
+        elif isinstance(other, PhaseGraph):
+            keys = list(other.inputs)
+            graph_module = other.graph_module
         else:
             raise ValueError(f"no {phase!r} graph: compile with max_cache_len= and example ids of more than one token")
         template: list[Any] = [None if isinstance(key, int) else self._value_of(key) for key in keys]
