@@ -14,10 +14,10 @@ The price of a choice (one strategy per node) is the sum of two kinds of terms:
 
 - **call sync** (:func:`call_sync_s`): a choice with at least one forward resharding that talks to
   other ranks pays ``Hardware.call_sync_wait_s`` once, the wait of the call's first collective for
-  ranks that entered the call out of step (:func:`autotp.cost_model.collectives.call_sync_wait_s`;
-  its share that grows with the call's compute, ``call_sync_wait_per_compute``, is a product of
-  this choice and the compute, which the MILP's linear objective cannot hold: ``Plan.estimate()``
-  adds it, the solver does not).
+  ranks that entered the call out of step, plus ``call_sync_wait_per_compute`` times the choice's
+  compute, for ranks that drift apart while they compute
+  (:func:`autotp.cost_model.collectives.call_sync_wait_s`; the MILP holds the product with a
+  big-M row, ``passes/solver.py``).
 
 A training plan's memory adds the activations kept for the backward
 (:func:`saved_activation_bytes`): each saved tensor once per placement it is read in.
@@ -80,7 +80,7 @@ class ChoicePrice:
     compute_s: float
     reshardings: tuple[Resharding, ...]
     blocked: str = ""
-    sync_s: float = 0.0  # the call's wait for ranks out of step, once when it has a collective (call_sync_s)
+    sync_s: float = 0.0  # the call's wait for ranks out of step when it has a collective (call_sync_s)
 
     @property
     def comm_s(self) -> float:
@@ -117,9 +117,10 @@ def is_collective_reshard(costed: CostedGraph, producer: str, src: Placement, ds
     return any(is_collective_step(step.kind) for step in costed.reshard_route(producer, src, dst))
 
 
-def call_sync_s(costed: CostedGraph) -> float:
-    """Seconds a call whose forward has a collective waits once for ranks out of step (module docstring)."""
-    return call_sync_wait_s(costed.hardware, 1, 0.0)
+def call_sync_s(costed: CostedGraph, compute_s: float = 0.0) -> float:
+    """Seconds a call whose forward has a collective and ``compute_s`` of compute waits for ranks out of step
+    (module docstring)."""
+    return call_sync_wait_s(costed.hardware, 1, compute_s)
 
 
 def is_blocked(edge: Edge, src: Placement, dst: Placement) -> bool:
@@ -202,4 +203,4 @@ def price_choice(costed: CostedGraph, choice: Mapping[str, int]) -> ChoicePrice:
     compute = sum(compute_s(costed, name, index) for name, index in choice.items())
     reshardings, why = price_outputs(costed, costed.graph.edges, lambda name: strategies[name][choice[name]])
     synced = any(not r.backward and is_collective_reshard(costed, r.producer, r.src, r.dst) for r in reshardings)
-    return ChoicePrice(compute, reshardings, why, call_sync_s(costed) if synced else 0.0)
+    return ChoicePrice(compute, reshardings, why, call_sync_s(costed, compute) if synced else 0.0)

@@ -27,11 +27,13 @@ Formulation (one mesh axis of N ranks)::
 
     memory:  sum_{parameters n} sum_s bytes[n, s] x[n, s] <= budget     (_add_memory_row)
 
-    minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p] + z call_sync_s
+    minimise sum x[n, s] compute_s[n, s] + sum r[u, q, p] reshard_s[u, q, p] + z call_sync_s + w
 
     where z >= r[u, q, p] for every resharding that talks to other ranks: the call's wait for ranks
-    out of step, paid once when it has any collective (``pricing.call_sync_s``; 0 on profiles
-    without ``Hardware.call_sync_wait_s``, and then z is not built).
+    out of step, paid once when it has any collective (``pricing.call_sync_s``), and
+    w >= per_compute sum x[n, s] compute_s[n, s] - M (1 - z), its share per second of the call's
+    compute (``Hardware.call_sync_wait_per_compute``; M: per_compute times the largest compute, so
+    w is 0 without a collective). Neither is built on profiles without those terms.
 
     A training plan (``costed.training``) prices the backward too, as the runtime runs it
     (``passes/backward.py``): a forward resharding r[u, q, p] that a gradient goes back through
@@ -176,12 +178,13 @@ def _add_edge_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]],
 
 
 def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], out_edges: dict[str, frozenset],
-                      y_of: dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]]) -> list[tuple[int, float]]:
+                      y_of: dict[_EdgeKey, dict[tuple[Placement, _ConsumerKey], int]],
+                      ) -> tuple[list[tuple[int, float]], list[int]]:
     """r columns: one collective per (producer, q, p), shared by all its consumers; in a training
     plan b columns (the adjoint of a resharding a gradient goes back through), f columns (one
     all-reduce of the gradient per producer read replicated by rank-divergent work) and m columns
     (one saved activation per producer and placement read in). Returns the memory-row terms of
-    the m columns.
+    the m columns and the r columns of the reshardings that talk to other ranks.
 
     Tied producers whose out-edges are the same canonical edges make the same choice and pay
     the same collectives, so they share one r column whose cost is multiplied by their count.
@@ -232,10 +235,29 @@ def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], o
             at_least(costed.replicated_input_s(leader) * count, through_f)
         for p, ys in sorted(kept.items(), key=lambda item: str(item[0])):
             memory_terms.append((at_least(0.0, ys), costed.activation_bytes(leader, p) * count))
+    return memory_terms, talking
+
+
+def _add_call_sync_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]], talking: list[int]) -> None:
+    """The call's wait for ranks out of step, paid when it has any collective (``pricing.call_sync_s``):
+    z >= r for every resharding r that talks, priced ``Hardware.call_sync_wait_s``; and its share per
+    second of the call's compute, w >= per_compute * compute - M (1 - z), M = per_compute * the largest
+    compute any choice has (w = 0 when z = 0, the whole share when z = 1). Nothing is built on
+    profiles without those terms."""
     sync_s = call_sync_s(costed)
-    if sync_s and talking:  # once per call with any collective (pricing.call_sync_s)
-        at_least(sync_s, talking)
-    return memory_terms
+    per_compute = costed.hardware.call_sync_wait_per_compute
+    if not talking or not (sync_s or per_compute):
+        return
+    z = model.column(sync_s, 0.0, 1.0, False)
+    for r in talking:
+        model.row([(z, 1.0), (r, -1.0)], 0.0, np.inf)
+    if not per_compute:
+        return
+    # in microseconds, like the objective: the solver's tolerances are absolute
+    big = per_compute * sum(max(model.cost[col] for col in cols) for cols in x.values()) * _OBJECTIVE_SCALE
+    w = model.column(1.0, 0.0, np.inf, False)
+    compute = [(col, -per_compute * model.cost[col] * _OBJECTIVE_SCALE) for cols in x.values() for col in cols]
+    model.row([(w, _OBJECTIVE_SCALE), (z, -big)] + compute, -big, np.inf)
 
 
 def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], rep: dict[str, str],
@@ -336,7 +358,8 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     x = _add_choice_rows(model, costed, rep)
     edges, out_edges = _canonical_edges(costed, rep)
     y_of = _add_edge_rows(model, costed, x, edges)
-    activation_terms = _add_reshard_rows(model, costed, rep, out_edges, y_of)
+    activation_terms, talking = _add_reshard_rows(model, costed, rep, out_edges, y_of)
+    _add_call_sync_rows(model, costed, x, talking)
     _add_memory_row(model, costed, x, rep, memory_budget_bytes, activation_terms if count_activations else [])
 
     data, rows, cols = [], [], []

@@ -355,6 +355,32 @@ def test_solver_weighs_the_call_sync_wait_against_splitting() -> None:
     assert whole.collective_counts() == {} and whole.predicted_comm_s == 0.0, whole.collective_counts()
 
 
+def test_solver_weighs_the_wait_per_second_of_compute_against_splitting() -> None:
+    """tp=2 tiny MLP on meta, memory_budget=None, the slow CPU profile above with no call sync wait but a wait per
+    second of compute: at 0.1 s per s the plan splits (one all-reduce) and its predicted communication holds
+    0.1 x its compute; at 1.5 s per s a split (half the compute, plus 1.5 x that half as wait) costs more than
+    the whole compute, and the solver keeps every tensor whole — as ``plan.estimate()`` prices it."""
+    import autotp
+    from models import tiny_mlp
+
+    slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01,
+                               call_sync_wait_s=0.0)
+    plans = {}
+    for per_compute in (0.1, 1.5):
+        hardware = dataclasses.replace(slow, call_sync_wait_per_compute=per_compute)
+        model, args, kwargs = tiny_mlp(device="meta")
+        plans[per_compute] = (autotp.plan(model, args, kwargs, world_size=2, memory_budget=None, hardware=hardware),
+                              hardware)
+    split, hardware = plans[0.1]
+    assert split.collective_counts() == {"all_reduce": 1}, split.collective_counts()
+    estimate = split.estimate(hardware)
+    assert math.isclose(estimate.call_sync_wait_s, 0.1 * estimate.compute_s), estimate
+    assert math.isclose(split.predicted_comm_s, estimate.comm_s + 0.1 * estimate.compute_s), (
+        split.predicted_comm_s, estimate.comm_s, estimate.compute_s)
+    whole, _ = plans[1.5]
+    assert whole.collective_counts() == {} and whole.predicted_comm_s == 0.0, whole.collective_counts()
+
+
 def test_local_stand_ins_keep_shapes_and_weights_without_a_process_group() -> None:
     """tp=2 calibration graph (llama block, all-reduces after the row-split projections) and an all-gather
     then reduce-scatter at tp=4: the compute form has no collective left, runs without a process group,
