@@ -339,7 +339,10 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        and their compute (:func:`fit_wait_terms`): the wait per collective (at least 0), the wait
        a call pays once (``call_sync_wait_s``) for ranks that entered it out of step, and the wait
        per second of compute (``call_sync_wait_per_compute``) of ranks that drift apart while
-       they compute.
+       they compute, at most ``1 - share``: ranks drift apart by the time slices they lose, and
+       a rank is off its core for ``1 - share`` of its compute's wall time (about 0.5 for four
+       ranks on two cores, about 0.02 for two: there a wait that grows with compute is not drift,
+       and the fit must put it elsewhere).
        Measured against the compute *measured* in the same runs (taking turns with the real
        form), it holds what the collectives add (the skew between ranks, the wake-up of a rank
        that slept in one), not what the compute terms miss. A negative slope is kept apart
@@ -366,7 +369,7 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     synced = [sample for sample in samples if sample.collectives]
     entry_s, in_graph_s, per_compute = fit_wait_terms(
         [len(sample.collectives) for sample in synced], [sample.compute_s for sample in synced],
-        [sample.seconds - sample.compute_s - link_s(sample) for sample in synced])
+        [sample.seconds - sample.compute_s - link_s(sample) for sample in synced], per_compute_at_most=max(0.0, 1.0 - share))
 
     def waited_s(sample: GraphSample, compute_s: float) -> float:
         count = len(sample.collectives)
@@ -383,8 +386,8 @@ WAIT_TERMS_MIN_GRAPHS = 4
 wait per call and per collective alone (:func:`fit_wait_line`)."""
 
 
-def fit_wait_terms(collectives: Sequence[int], compute_s: Sequence[float],
-                   waits_s: Sequence[float]) -> tuple[float, float, float]:
+def fit_wait_terms(collectives: Sequence[int], compute_s: Sequence[float], waits_s: Sequence[float], *,
+                   per_compute_at_most: float = math.inf) -> tuple[float, float, float]:
     """``(per call, per collective, per second of compute)``: the wait of graphs with collectives (each
     graph: its real form's time beyond its measured compute and its link) as
     ``per_call + collectives * per_collective + compute_s * per_compute``.
@@ -399,9 +402,10 @@ def fit_wait_terms(collectives: Sequence[int], compute_s: Sequence[float],
     is the column.
 
     Bounded least squares on relative error (each graph weighted by ``1 / (compute + |wait|)``):
-    ``per_call`` and ``per_compute`` at least 0, ``per_collective`` of any sign (negative: collectives
-    that take less in a graph than back to back, ``HostFit.link_base_adjust_s``). With fewer than
-    :data:`WAIT_TERMS_MIN_GRAPHS` graphs, :func:`fit_wait_line` and no compute term."""
+    ``per_call`` and ``per_compute`` at least 0 (``per_compute`` at most ``per_compute_at_most``),
+    ``per_collective`` of any sign (negative: collectives that take less in a graph than back to back,
+    ``HostFit.link_base_adjust_s``). With fewer than :data:`WAIT_TERMS_MIN_GRAPHS` graphs,
+    :func:`fit_wait_line` and no compute term."""
     if not len(collectives) == len(compute_s) == len(waits_s):
         raise ValueError(f"need one count, compute and wait per graph, got {len(collectives)}, {len(compute_s)} "
                          f"and {len(waits_s)}")
@@ -412,7 +416,13 @@ def fit_wait_terms(collectives: Sequence[int], compute_s: Sequence[float],
     weights = np.asarray([1.0 / max(compute + abs(wait), 1e-9) for _, compute, wait in graphs])
     rows = np.asarray([[1.0, count, compute] for count, compute, _ in graphs]) * weights[:, None]
     target = np.asarray([wait for _, _, wait in graphs]) * weights
-    solution = lsq_linear(rows, target, bounds=([0.0, -np.inf, 0.0], [np.inf, np.inf, np.inf]), method="bvls").x
+    if not per_compute_at_most >= 0.0:
+        raise ValueError(f"per_compute_at_most must be >= 0, got {per_compute_at_most!r}")
+    if per_compute_at_most == 0.0:  # no compute term: the bounds must differ
+        solution = lsq_linear(rows[:, :2], target, bounds=([0.0, -np.inf], [np.inf, np.inf]), method="bvls").x
+        return float(solution[0]), float(solution[1]), 0.0
+    upper = [np.inf, np.inf, per_compute_at_most]
+    solution = lsq_linear(rows, target, bounds=([0.0, -np.inf, 0.0], upper), method="bvls").x
     return float(solution[0]), float(solution[1]), float(solution[2])
 
 

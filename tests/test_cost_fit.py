@@ -302,6 +302,21 @@ def test_wait_terms_keep_a_negative_wait_per_collective_and_need_enough_graphs()
         fit_wait_terms([2, 4], [1e-3], [1e-3, 2e-3])
 
 
+def test_wait_per_compute_is_bounded_by_the_time_a_rank_is_off_its_core() -> None:
+    """Two ranks on two cores (core share 0.98): graphs whose wait grows 0.3 s per second of compute cannot be
+    drift (a rank is off its core 2% of the time), so the fit keeps that term at its bound and puts the rest
+    in the per-call and per-collective terms; at a bound of 0 the term is dropped; a negative bound is refused."""
+    counts, compute = [2, 4, 6, 2, 4, 6], [1e-3, 2e-3, 3e-3, 3e-3, 6e-3, 9e-3]
+    waits = [0.1e-3 + 0.05e-3 * n + 0.3 * c for n, c in zip(counts, compute)]
+    assert fit_wait_terms(counts, compute, waits)[2] == pytest.approx(0.3, rel=1e-6)
+    per_call, per_collective, per_compute = fit_wait_terms(counts, compute, waits, per_compute_at_most=0.02)
+    assert per_compute == pytest.approx(0.02, rel=1e-6), per_compute
+    assert per_call >= 0.0 and per_collective > 0.05e-3, (per_call, per_collective)
+    assert fit_wait_terms(counts, compute, waits, per_compute_at_most=0.0)[2] == 0.0
+    with pytest.raises(ValueError, match="per_compute_at_most must be >= 0"):
+        fit_wait_terms(counts, compute, waits, per_compute_at_most=-0.1)
+
+
 def test_wait_line_falls_back_to_a_wait_per_collective() -> None:
     """The line through (collectives, wait): exact on a line; all of it per collective when the graphs all have
     one count (nothing tells the two terms apart) or when the intercept would be negative; nothing without
