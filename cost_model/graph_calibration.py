@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.optimize import lsq_linear, nnls  # type: ignore[import-untyped]
+from scipy.optimize import least_squares, lsq_linear, nnls  # type: ignore[import-untyped]
 
 from .collectives import link_collective_time_s
 from .compute import (
@@ -381,6 +381,11 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
                    len(samples), share, min(0.0, in_graph_s), entry_s, per_compute)
 
 
+WAIT_FIT_INLIER_ERROR = 0.1
+"""Relative error up to which a graph counts about fully in the wait fit (:func:`fit_wait_terms`' Cauchy-loss
+scale); far beyond it a graph counts little: one graph whose ranks lost a time slice should not move the
+terms every model is priced with."""
+
 WAIT_TERMS_MIN_GRAPHS = 4
 """Graphs with collectives needed to fit the wait's three terms (:func:`fit_wait_terms`); with fewer, the
 wait per call and per collective alone (:func:`fit_wait_line`)."""
@@ -401,7 +406,8 @@ def fit_wait_terms(collectives: Sequence[int], compute_s: Sequence[float], waits
     the graphs here, like the models, do nearly all their compute before it, so their whole compute
     is the column.
 
-    Bounded least squares on relative error (each graph weighted by ``1 / (compute + |wait|)``):
+    Bounded robust least squares on relative error (each graph weighted by ``1 / (compute + |wait|)``;
+    Cauchy loss at the scale :data:`WAIT_FIT_INLIER_ERROR`, started from the plain least-squares solution):
     ``per_call`` and ``per_compute`` at least 0 (``per_compute`` at most ``per_compute_at_most``),
     ``per_collective`` of any sign (negative: collectives that take less in a graph than back to back,
     ``HostFit.link_base_adjust_s``). With fewer than :data:`WAIT_TERMS_MIN_GRAPHS` graphs,
@@ -418,12 +424,15 @@ def fit_wait_terms(collectives: Sequence[int], compute_s: Sequence[float], waits
     target = np.asarray([wait for _, _, wait in graphs]) * weights
     if not per_compute_at_most >= 0.0:
         raise ValueError(f"per_compute_at_most must be >= 0, got {per_compute_at_most!r}")
-    if per_compute_at_most == 0.0:  # no compute term: the bounds must differ
-        solution = lsq_linear(rows[:, :2], target, bounds=([0.0, -np.inf], [np.inf, np.inf]), method="bvls").x
-        return float(solution[0]), float(solution[1]), 0.0
-    upper = [np.inf, np.inf, per_compute_at_most]
-    solution = lsq_linear(rows, target, bounds=([0.0, -np.inf, 0.0], upper), method="bvls").x
-    return float(solution[0]), float(solution[1]), float(solution[2])
+    terms = 2 if per_compute_at_most == 0.0 else 3  # without a compute term (its bounds would meet)
+    rows = rows[:, :terms]
+    bounds = ([0.0, -np.inf, 0.0][:terms], [np.inf, np.inf, per_compute_at_most][:terms])
+    start = lsq_linear(rows, target, bounds=bounds, method="bvls").x
+    # a graph that lost a time slice waited far more than the line: the Cauchy loss counts it little
+    robust = least_squares(lambda terms_: rows @ terms_ - target, np.clip(start, *bounds), bounds=bounds,
+                           loss="cauchy", f_scale=WAIT_FIT_INLIER_ERROR, x_scale="jac").x
+    per_call, per_collective = float(robust[0]), float(robust[1])
+    return per_call, per_collective, float(robust[2]) if terms == 3 else 0.0
 
 
 def fit_wait_line(collectives: Sequence[int], waits_s: Sequence[float]) -> tuple[float, float]:

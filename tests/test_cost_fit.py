@@ -302,6 +302,20 @@ def test_wait_terms_keep_a_negative_wait_per_collective_and_need_enough_graphs()
         fit_wait_terms([2, 4], [1e-3], [1e-3, 2e-3])
 
 
+def test_one_graph_that_lost_a_time_slice_does_not_move_the_wait_terms() -> None:
+    """Eight graphs on ``0.2 ms + 0.05 ms per collective + 0.1 x compute``, one of them waiting 4 ms more (its
+    ranks lost a time slice): the fit stays within 10% of each term (Cauchy loss), where least squares puts the
+    outlier's wait into them (per collective 14 instead of 50 us)."""
+    counts = [2, 4, 6, 2, 4, 6, 2, 6]
+    compute = [1e-3, 2e-3, 3e-3, 3e-3, 6e-3, 9e-3, 5e-3, 5e-3]
+    waits = [0.2e-3 + 0.05e-3 * n + 0.1 * c for n, c in zip(counts, compute)]
+    waits[4] += 4e-3
+    per_call, per_collective, per_compute = fit_wait_terms(counts, compute, waits)
+    for name, got, expected in (("per call", per_call, 0.2e-3), ("per collective", per_collective, 0.05e-3),
+                                ("per compute", per_compute, 0.1)):
+        assert got == pytest.approx(expected, rel=0.1), f"{name}: {got:.3g}, expected {expected:.3g}"
+
+
 def test_wait_per_compute_is_bounded_by_the_time_a_rank_is_off_its_core() -> None:
     """Two ranks on two cores (core share 0.98): graphs whose wait grows 0.3 s per second of compute cannot be
     drift (a rank is off its core 2% of the time), so the fit keeps that term at its bound and puts the rest
