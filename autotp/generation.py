@@ -115,7 +115,8 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                                                         group=group, rank=rank)
     continuation_plan = None
     if continuation is not None:
-        continuation_plan = plan_or_check(continuation, None, _pinned_to(decode_plan, options), group=group, rank=rank)
+        continuation_plan = plan_or_check(continuation, None, _continuation_options(decode_plan, prefill_plan, options),
+                                          group=group, rank=rank)
     decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank,
                                                          timeout_s=timeout_s)
 
@@ -149,6 +150,17 @@ def _shared_inputs(graph: CapturedGraph, graph_values: dict[str, torch.Tensor], 
                 f"the decode plan's {tuple(values[by_fqn[str(slot.target)]].shape)}; the graphs must share it"
             )
     return tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in graph.inputs)
+
+
+def _continuation_options(decode_plan: Plan, prefill_plan: Plan | None, options: PlanOptions) -> PlanOptions:
+    """Options of the continuation graph: every placement pinned to the decode plan's; and where neither other
+    phase has a collective (the first rank may run a request alone, :func:`first_rank_alone`), every tensor
+    whole, so that a long prompt does not bring the other ranks in."""
+    pinned = _pinned_to(decode_plan, options)
+    if decode_plan.collectives or (prefill_plan is not None and prefill_plan.collectives):
+        return pinned
+    narrow = options.strategy_filter
+    return dataclasses.replace(pinned, strategy_filter=keep_whole if narrow is None else lambda g: keep_whole(narrow(g)))
 
 
 def _pinned_to(placed: Plan, options: PlanOptions) -> PlanOptions:
