@@ -64,7 +64,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
-from autotp.passes.grouped_query import pack_one_token_gqa
+from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
 from autotp.passes.rules.args import arg
 from autotp.passes.state import WRITES_IN_PLACE
 
@@ -599,6 +599,7 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
         nodes[update].meta[WRITES_IN_PLACE] = True  # priced as the rows it writes (passes/state.py)
     if not training:
         pack_one_token_gqa(gm)  # a decode step attends to the KV cache without copying it per head
+        attend_grouped_query(gm)  # so does a prefill chunk (enable_gqa)
     gm.graph.lint()
     gm.recompile()
 

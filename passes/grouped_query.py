@@ -19,6 +19,13 @@ The graph that results is ordinary attention over ``Hkv`` heads, so the planner'
 notion of GQA here: splitting kv heads splits the packed query with them, and where kv heads are
 fewer than ranks the query rows (dim 2) can be split with the cache kept whole.
 
+With several query tokens (a prefill chunk) the mask differs per query row, so the heads cannot
+become rows; there :func:`attend_grouped_query` drops the copies and asks attention itself to share
+each kv head with its group (``enable_gqa=True``, which PyTorch's kernels run without expanding
+the keys), as transformers does in eager prefill. The attention rule splits query heads and kv
+heads at the same fractions (``passes/rules/attention.py``), so every rank keeps each kv head with
+its own query group.
+
 Input: a captured inference ``GraphModule`` (``autotp.capture.from_exported``). Output: the same
 module, rewritten in place where the pattern matches exactly; nothing else changes.
 """
@@ -32,7 +39,7 @@ import torch.fx as fx
 
 aten = torch.ops.aten
 
-__all__ = ["pack_one_token_gqa"]
+__all__ = ["attend_grouped_query", "pack_one_token_gqa"]
 
 _SDPA = aten.scaled_dot_product_attention.default
 _VIEWS = (aten._unsafe_view.default, aten.view.default, aten.reshape.default)
@@ -70,19 +77,32 @@ def _repeated_kv(node: Any) -> tuple[fx.Node, int] | None:
     return kv, rep
 
 
-def _packable(sdpa: fx.Node) -> tuple[fx.Node, fx.Node, int] | None:
-    """``(k, v, rep)`` of a one-token attention over repeated kv heads whose mask is shared by every
-    query row (absent, or of size 1 in its head and query dims); None otherwise."""
+def _over_repeated_kv(sdpa: fx.Node) -> tuple[fx.Node, fx.Node, int] | None:
+    """``(k, v, rep)`` of an attention without dropout or ``enable_gqa`` whose keys and values are both
+    ``repeat_kv`` copies by ``rep`` of ``H / rep`` kv heads (``H``: the query's heads); None otherwise."""
     args, kwargs = list(sdpa.args), sdpa.kwargs
     # (query, key, value, attn_mask, dropout_p, is_causal, *, scale, enable_gqa)
-    if len(args) < 3 or any(args[4:6]) or any(kwargs.get(k) for k in ("dropout_p", "is_causal", "enable_gqa")):
+    if len(args) < 3 or (len(args) > 4 and args[4]) or any(kwargs.get(k) for k in ("dropout_p", "enable_gqa")):
         return None
     q_shape = _static_shape(args[0])
     keys, values = _repeated_kv(args[1]), _repeated_kv(args[2])
-    if q_shape is None or keys is None or values is None or len(q_shape) != 4 or q_shape[2] != 1:
+    if q_shape is None or keys is None or values is None or len(q_shape) != 4:
         return None
     (k, rep), (v, rep_v) = keys, values
-    if rep != rep_v or q_shape[1] != _static_shape(k)[1] * rep or not args[0].meta["val"].is_contiguous():
+    if rep != rep_v or q_shape[1] != _static_shape(k)[1] * rep:
+        return None
+    return k, v, rep
+
+
+def _packable(sdpa: fx.Node) -> tuple[fx.Node, fx.Node, int] | None:
+    """``(k, v, rep)`` of a one-token attention over repeated kv heads whose mask is shared by every
+    query row (absent, or of size 1 in its head and query dims); None otherwise."""
+    args = list(sdpa.args)
+    found = _over_repeated_kv(sdpa)
+    if found is None or (len(args) > 5 and args[5]) or sdpa.kwargs.get("is_causal"):
+        return None
+    k, v, rep = found
+    if _static_shape(args[0])[2] != 1 or not args[0].meta["val"].is_contiguous():
         return None
     mask = args[3] if len(args) > 3 else sdpa.kwargs.get("attn_mask")
     if mask is not None:
@@ -100,6 +120,40 @@ def _node(graph: fx.Graph, target: Any, args: tuple[Any, ...], kwargs: dict[str,
     kwvals = {key: value.meta["val"] if isinstance(value, fx.Node) else value for key, value in kwargs.items()}
     node.meta["val"] = target(*vals, **kwvals)
     return node
+
+
+def _erase_unused_copies(graph: fx.Graph, copies: list[fx.Node]) -> None:
+    """Erase each ``repeat_kv`` chain (view <- clone <- expand <- unsqueeze) from the top while unused."""
+    for copy in dict.fromkeys(copies):
+        chain = [copy, copy.args[0], copy.args[0].args[0], copy.args[0].args[0].args[0]]
+        for node in chain:
+            if not node.users:
+                graph.erase_node(node)
+
+
+def attend_grouped_query(gm: fx.GraphModule) -> int:
+    """Rewrite every attention over ``repeat_kv`` copies left in ``gm`` to attend to the kv heads themselves with
+    ``enable_gqa=True`` (module docstring); returns how many were rewritten. Run :func:`pack_one_token_gqa`
+    first: the one-token attentions it packs need neither copy nor grouping."""
+    graph = gm.graph
+    rewritten = 0
+    for sdpa in [n for n in graph.nodes if n.op == "call_function" and n.target is _SDPA]:
+        found = _over_repeated_kv(sdpa)
+        if found is None:
+            continue
+        k, v, _ = found
+        old_k, old_v = sdpa.args[1], sdpa.args[2]
+        with graph.inserting_before(sdpa):
+            attention = _node(graph, _SDPA, (sdpa.args[0], k, v, *sdpa.args[3:]), {**sdpa.kwargs, "enable_gqa": True},
+                              sdpa)
+        sdpa.replace_all_uses_with(attention)
+        graph.erase_node(sdpa)
+        _erase_unused_copies(graph, [old_k, old_v])
+        rewritten += 1
+    if rewritten:
+        graph.lint()
+        gm.recompile()
+    return rewritten
 
 
 def pack_one_token_gqa(gm: fx.GraphModule) -> int:
@@ -121,12 +175,7 @@ def pack_one_token_gqa(gm: fx.GraphModule) -> int:
         old_k, old_v = sdpa.args[1], sdpa.args[2]
         sdpa.replace_all_uses_with(unpacked)
         graph.erase_node(sdpa)
-        copies = [old_k] if old_v is old_k else [old_k, old_v]
-        for copy in copies:  # view <- clone <- expand <- unsqueeze, erased from the top while unused
-            chain = [copy, copy.args[0], copy.args[0].args[0], copy.args[0].args[0].args[0]]
-            for node in chain:
-                if not node.users:
-                    graph.erase_node(node)
+        _erase_unused_copies(graph, [old_k, old_v])
         rewritten += 1
     if rewritten:
         graph.lint()

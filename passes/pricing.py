@@ -16,8 +16,8 @@ The price of a choice (one strategy per node) is the sum of two kinds of terms:
   other ranks pays ``Hardware.call_sync_wait_s`` once, the wait of the call's first collective for
   ranks that entered the call out of step, plus ``call_sync_wait_per_compute`` times the choice's
   compute, for ranks that drift apart while they compute
-  (:func:`autotp.cost_model.collectives.call_sync_wait_s`; the MILP holds the product with a
-  big-M row, ``passes/solver.py``).
+  (:func:`autotp.cost_model.collectives.call_sync_wait_s`; the MILP holds the product with one
+  column per strategy, ``passes/solver.py``).
 
 A training plan's memory adds the activations kept for the backward
 (:func:`saved_activation_bytes`): each saved tensor once per placement it is read in.

@@ -31,9 +31,10 @@ Formulation (one mesh axis of N ranks)::
 
     where z >= r[u, q, p] for every resharding that talks to other ranks: the call's wait for ranks
     out of step, paid once when it has any collective (``pricing.call_sync_s``), and
-    w >= per_compute sum x[n, s] compute_s[n, s] - M (1 - z), its share per second of the call's
-    compute (``Hardware.call_sync_wait_per_compute``; M: per_compute times the largest compute, so
-    w is 0 without a collective). Neither is built on profiles without those terms.
+    w = per_compute sum u[n, s] compute_s[n, s] with u[n, s] >= x[n, s] + z - 1, its share per
+    second of the call's compute (``Hardware.call_sync_wait_per_compute``: the product of z and the
+    compute, exact at the optimum since every price is at least 0). Neither is built on profiles
+    without those terms.
 
     A training plan (``costed.training``) prices the backward too, as the runtime runs it
     (``passes/backward.py``): a forward resharding r[u, q, p] that a gradient goes back through
@@ -241,9 +242,9 @@ def _add_reshard_rows(model: _Model, costed: CostedGraph, rep: dict[str, str], o
 def _add_call_sync_rows(model: _Model, costed: CostedGraph, x: dict[str, list[int]], talking: list[int]) -> None:
     """The call's wait for ranks out of step, paid when it has any collective (``pricing.call_sync_s``):
     z >= r for every resharding r that talks, priced ``Hardware.call_sync_wait_s``; and its share per
-    second of the call's compute, w >= per_compute * compute - M (1 - z), M = per_compute * the largest
-    compute any choice has (w = 0 when z = 0, the whole share when z = 1). Nothing is built on
-    profiles without those terms."""
+    second of the call's compute, the product z x compute: per strategy column x, u >= x + z - 1 priced
+    ``per_compute`` times x's compute (u = x z at the optimum, since every price is at least 0; the
+    tightest linear form of the product, no big-M). Nothing is built on profiles without those terms."""
     sync_s = call_sync_s(costed)
     per_compute = costed.hardware.call_sync_wait_per_compute
     if not talking or not (sync_s or per_compute):
@@ -253,11 +254,11 @@ def _add_call_sync_rows(model: _Model, costed: CostedGraph, x: dict[str, list[in
         model.row([(z, 1.0), (r, -1.0)], 0.0, np.inf)
     if not per_compute:
         return
-    # in microseconds, like the objective: the solver's tolerances are absolute
-    big = per_compute * sum(max(model.cost[col] for col in cols) for cols in x.values()) * _OBJECTIVE_SCALE
-    w = model.column(1.0, 0.0, np.inf, False)
-    compute = [(col, -per_compute * model.cost[col] * _OBJECTIVE_SCALE) for cols in x.values() for col in cols]
-    model.row([(w, _OBJECTIVE_SCALE), (z, -big)] + compute, -big, np.inf)
+    for cols in x.values():
+        for col in cols:
+            if model.cost[col] > 0:
+                u = model.column(per_compute * model.cost[col], 0.0, 1.0, False)
+                model.row([(u, 1.0), (col, -1.0), (z, -1.0)], -1.0, np.inf)
 
 
 def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], rep: dict[str, str],

@@ -79,12 +79,12 @@ def _check_greedy(results: list[dict[str, Any]], graph_calls: int) -> None:
 def test_llama_greedy_matches_hf(gloo, world_size: int) -> None:
     """tp=2, 3 (uneven: 4 kv heads over 3 ranks), 4; tiny Llama (GQA 8/4 heads), batch 2, prompt 6, 8 new tokens.
 
-    Prompts go 4 tokens per call at tp=2 (chunks at 0 through the prefill graph, which attends to the chunk
-    only, and at 2 through the continuation graph, which rereads two tokens and attends to the cache), one
-    token per decode call otherwise. Exactly one graph call per prompt
+    Prompts go 4 tokens per call at tp=2 and 3 (chunks at 0 through the prefill graph, which attends to the
+    chunk only, and at 2 through the continuation graph, which rereads two tokens and attends to the cache;
+    both attend with enable_gqa, at tp=3 over 4 kv heads split unevenly), one token per decode call at tp=4. Exactly one graph call per prompt
     chunk and per new token after the first; the cache is split by kv heads, ~1/ws per rank.
     """
-    chunk = 4 if world_size == 2 else 1
+    chunk = 4 if world_size in (2, 3) else 1
     results = gloo.run(world_size, _greedy, "llama", chunk, 6)
     prompt_calls = 2 if chunk == 4 else 6
     _check_greedy(results, prompt_calls + NEW_TOKENS - 1)

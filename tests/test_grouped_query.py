@@ -1,4 +1,5 @@
-"""One-token grouped-query attention attends to the unrepeated KV cache (passes/grouped_query.py)."""
+"""Grouped-query attention attends to the unrepeated kv heads (passes/grouped_query.py): one-token attention
+packed, longer attention with enable_gqa."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from autotp.capture import capture
-from autotp.passes.grouped_query import pack_one_token_gqa
+from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
 from autotp.runtime.kv_cache import CachedCausalLM
 
 aten = torch.ops.aten
@@ -73,8 +74,26 @@ def test_captured_decode_step_attends_to_the_cache_itself() -> None:
     for sdpa in attentions:
         assert sdpa.args[1].target is aten.index_copy.default and sdpa.args[2].target is aten.index_copy.default
     assert aten.clone.default not in _ops(decode.graph_module)
-    prefill = capture(wrapper, wrapper.example_inputs(3), dynamic=False)  # three query tokens: copies kept
-    assert aten.clone.default in _ops(prefill.graph_module)
+    prefill = capture(wrapper, wrapper.example_inputs(3), dynamic=False)  # three query tokens: grouped, no copy
+    assert aten.clone.default not in _ops(prefill.graph_module)
+    attentions = [n for n in prefill.graph_module.graph.nodes if n.target is aten.scaled_dot_product_attention.default]
+    assert len(attentions) == 2 and all(n.kwargs.get("enable_gqa") for n in attentions), [n.kwargs for n in attentions]
+
+
+@pytest.mark.parametrize("q_len, mask_heads", [(4, 1), (1, 6)], ids=["four-query-tokens", "per-head-mask"])
+def test_attention_over_copies_the_packing_leaves_groups_kv_heads_and_computes_the_same(q_len: int,
+                                                                                        mask_heads: int) -> None:
+    """Four query tokens (the mask differs per row), or one token with a per-head mask: the packing leaves
+    them, attend_grouped_query drops the copies and sets enable_gqa; outputs equal the copying form."""
+    gm, args = _graph(q_len=q_len, mask_heads=mask_heads)
+    expected = gm(*args)[0]
+    assert pack_one_token_gqa(gm) == 0 and attend_grouped_query(gm) == 1
+    ops = _ops(gm)
+    assert aten.clone.default not in ops and aten.expand.default not in ops
+    (sdpa,) = [n for n in gm.graph.nodes if n.target is aten.scaled_dot_product_attention.default]
+    assert sdpa.kwargs.get("enable_gqa") and sdpa.args[1].op == "placeholder" and sdpa.args[2].op == "placeholder"
+    torch.testing.assert_close(gm(*args)[0], expected, rtol=1e-6, atol=1e-6)
+    assert attend_grouped_query(gm) == 0, "a grouped attention is not rewritten again"
 
 
 def test_cache_update_is_priced_as_the_rows_it_writes() -> None:

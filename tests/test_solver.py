@@ -71,7 +71,7 @@ def test_milp_optimum_equals_brute_force(world_size: int, hardware: str, tokens:
 def test_milp_prices_the_wait_per_second_of_compute_like_brute_force(per_compute: float, sync_s: float,
                                                                      tokens: int) -> None:
     """tp=2, MLP of 7 nodes, cpu-gloo with a call sync wait of ``sync_s`` plus ``per_compute`` s per s of compute
-    (a product of "any collective" and the compute, held by a big-M row): MILP objective == brute force. At 4096
+    (a product of "any collective" and the compute, one column per strategy): MILP objective == brute force. At 4096
     and 2048 tokens the best plan splits and pays the wait; at 512 it keeps the MLP whole, where a solver
     blind to the per-compute term splits it."""
     captured = capture(TwoLayerMLP(), (torch.randn(tokens, 256),))
