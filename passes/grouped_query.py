@@ -32,6 +32,7 @@ module, rewritten in place where the pattern matches exactly; nothing else chang
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -131,22 +132,18 @@ def _erase_unused_copies(graph: fx.Graph, copies: list[fx.Node]) -> None:
                 graph.erase_node(node)
 
 
-def attend_grouped_query(gm: fx.GraphModule) -> int:
-    """Rewrite every attention over ``repeat_kv`` copies left in ``gm`` to attend to the kv heads themselves with
-    ``enable_gqa=True`` (module docstring); returns how many were rewritten. Run :func:`pack_one_token_gqa`
-    first: the one-token attentions it packs need neither copy nor grouping."""
+def _rewrite_attentions(gm: fx.GraphModule, rewrite: Callable[[fx.Graph, fx.Node], fx.Node | None]) -> int:
+    """Replace every attention of ``gm`` for which ``rewrite`` builds a node (inserted before it) by that node,
+    erasing the ``repeat_kv`` copies left without users; returns how many were replaced."""
     graph = gm.graph
     rewritten = 0
     for sdpa in [n for n in graph.nodes if n.op == "call_function" and n.target is _SDPA]:
-        found = _over_repeated_kv(sdpa)
-        if found is None:
-            continue
-        k, v, _ = found
         old_k, old_v = sdpa.args[1], sdpa.args[2]
         with graph.inserting_before(sdpa):
-            attention = _node(graph, _SDPA, (sdpa.args[0], k, v, *sdpa.args[3:]), {**sdpa.kwargs, "enable_gqa": True},
-                              sdpa)
-        sdpa.replace_all_uses_with(attention)
+            replacement = rewrite(graph, sdpa)
+        if replacement is None:
+            continue
+        sdpa.replace_all_uses_with(replacement)
         graph.erase_node(sdpa)
         _erase_unused_copies(graph, [old_k, old_v])
         rewritten += 1
@@ -154,30 +151,36 @@ def attend_grouped_query(gm: fx.GraphModule) -> int:
         graph.lint()
         gm.recompile()
     return rewritten
+
+
+def attend_grouped_query(gm: fx.GraphModule) -> int:
+    """Rewrite every attention over ``repeat_kv`` copies left in ``gm`` to attend to the kv heads themselves with
+    ``enable_gqa=True`` (module docstring); returns how many were rewritten. Run :func:`pack_one_token_gqa`
+    first: the one-token attentions it packs need neither copy nor grouping."""
+
+    def grouped(graph: fx.Graph, sdpa: fx.Node) -> fx.Node | None:
+        found = _over_repeated_kv(sdpa)
+        if found is None:
+            return None
+        k, v, _ = found
+        return _node(graph, _SDPA, (sdpa.args[0], k, v, *sdpa.args[3:]), {**sdpa.kwargs, "enable_gqa": True}, sdpa)
+
+    return _rewrite_attentions(gm, grouped)
 
 
 def pack_one_token_gqa(gm: fx.GraphModule) -> int:
     """Rewrite every one-token attention over ``repeat_kv`` copies in ``gm`` to the packed form (module
     docstring); returns how many were rewritten. The copies left without users are erased."""
-    graph = gm.graph
-    rewritten = 0
-    for sdpa in [n for n in graph.nodes if n.op == "call_function" and n.target is _SDPA]:
+
+    def packed(graph: fx.Graph, sdpa: fx.Node) -> fx.Node | None:
         found = _packable(sdpa)
         if found is None:
-            continue
+            return None
         k, v, rep = found
         q = sdpa.args[0]
         b, h, _, d = _static_shape(q)
-        with graph.inserting_before(sdpa):
-            packed = _node(graph, aten.view.default, (q, [b, h // rep, rep, d]), {}, sdpa)
-            attention = _node(graph, _SDPA, (packed, k, v, *sdpa.args[3:]), dict(sdpa.kwargs), sdpa)
-            unpacked = _node(graph, aten.view.default, (attention, [b, h, 1, d]), {}, sdpa)
-        old_k, old_v = sdpa.args[1], sdpa.args[2]
-        sdpa.replace_all_uses_with(unpacked)
-        graph.erase_node(sdpa)
-        _erase_unused_copies(graph, [old_k, old_v])
-        rewritten += 1
-    if rewritten:
-        graph.lint()
-        gm.recompile()
-    return rewritten
+        rows = _node(graph, aten.view.default, (q, [b, h // rep, rep, d]), {}, sdpa)
+        attention = _node(graph, _SDPA, (rows, k, v, *sdpa.args[3:]), dict(sdpa.kwargs), sdpa)
+        return _node(graph, aten.view.default, (attention, [b, h, 1, d]), {}, sdpa)
+
+    return _rewrite_attentions(gm, packed)
