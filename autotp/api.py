@@ -33,7 +33,7 @@ from autotp.passes.random_streams import check_dropout
 from autotp.passes.rewrite import rewrite_for_rank
 from autotp.passes.small_collectives import inference_all_reduces
 from autotp.passes.state import update_state_in_place
-from autotp.passes.uneven import build_partitions
+from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
@@ -408,6 +408,20 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
     With ``files`` (an opened checkpoint) the shards are read from it, agreed by all ranks within
     ``timeout_s``; otherwise they are sliced from the captured model's weights. ``training``: the
     graph differentiates correctly (see :func:`autotp.passes.rewrite.rewrite_for_rank`)."""
+    local_gm, parts = rank_local_graph(captured, plan, group=group, rank=rank, timeout_s=timeout_s, training=training)
+    if files is None:
+        local_values = _local_values(captured, plan, parts, rank)
+    else:
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model,
+                                                                          device), timeout_s=timeout_s)
+    return local_gm, local_values, parameter_layout(captured, plan, parts)
+
+
+def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
+                     timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
+                     ) -> tuple[torch.fx.GraphModule, Partitions]:
+    """This rank's graph of :func:`apply_plan` (state updates in place) and the partitions its shards follow,
+    without the shards: for a graph that takes another graph's tensors (generation's prefill graphs)."""
     decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, plan.world_size)
     group_name = (group or dist.group.WORLD).group_name
@@ -417,12 +431,7 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
         captured.state)
     if not training:  # gloo all-reduces through shared memory on one host, else small ones in one round
         local_gm = inference_all_reduces(local_gm, group, plan.world_size, timeout_s=timeout_s)
-    if files is None:
-        local_values = _local_values(captured, plan, parts, rank)
-    else:
-        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model,
-                                                                          device), timeout_s=timeout_s)
-    return local_gm, local_values, parameter_layout(captured, plan, parts)
+    return local_gm, parts
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:

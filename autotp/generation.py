@@ -34,6 +34,7 @@ import torch.distributed as dist
 from autotp.base.errors import PlanError
 from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture
+from autotp.passes.uneven import Partitions
 from autotp.planning.options import PlanOptions
 from autotp.planning.phases import (
     DEFAULT_EXPECTED_NEW_TOKENS,
@@ -47,7 +48,7 @@ from autotp.planning.phases import (
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
-from autotp.runtime.module import GenerationGraphs, PhaseGraph, TensorParallelModule
+from autotp.runtime.module import GenerationGraphs, PhaseGraph, TensorParallelModule, local_shape
 from autotp.runtime.shared_trace import FirstRankTrace
 
 __all__ = ["check_generation_inputs", "compile_for_generation", "generation_inputs"]
@@ -91,7 +92,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
     :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``timeout_s``: how long the other ranks wait
     for rank 0's traced programs (``agreement_timeout_s``)."""
-    from autotp.api import apply_plan, plan_or_check
+    from autotp.api import apply_plan, plan_or_check, rank_local_graph
 
     expected_new_tokens = check_expected_new_tokens(expected_new_tokens)
     if wrapper is None:
@@ -124,8 +125,9 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         """``graph`` made rank-local, its weights and cache taken from the decode graph's tensors."""
         if graph is None or graph_plan is None:
             return None
-        graph_module, graph_values, _ = apply_plan(graph, graph_plan, group=group, rank=rank, timeout_s=timeout_s)
-        return PhaseGraph(graph_module, _shared_inputs(graph, graph_values, decode, values, name), graph_plan)
+        graph_module, parts = rank_local_graph(graph, graph_plan, group=group, rank=rank, timeout_s=timeout_s)
+        return PhaseGraph(graph_module, _shared_inputs(graph, graph_plan, parts, rank, decode, values, name),
+                          graph_plan)
 
     vocab = int(model.get_output_embeddings().weight.shape[0])
     eos_ids, pad_id = generation_defaults(model)
@@ -138,16 +140,25 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                                 group=group)
 
 
-def _shared_inputs(graph: CapturedGraph, graph_values: dict[str, torch.Tensor], decode: CapturedGraph,
+def _shared_inputs(graph: CapturedGraph, graph_plan: Plan, parts: Partitions, rank: int, decode: CapturedGraph,
                    values: dict[str, torch.Tensor], name: str) -> tuple[str | int, ...]:
     """Per placeholder of ``graph``: the decode graph's slot whose tensor it takes (one set of shards, one
-    cache), or the index of the user input. PlanError if a shard differs from the decode graph's."""
+    cache), or the index of the user input. PlanError if a weight or cache ``graph`` reads would have a shard
+    of another shape under ``graph_plan`` (its ``parts``) than the decode graph's."""
     by_fqn = {str(s.target): s.name for s in decode.inputs if s.kind != "user"}
+    placeholders = {n.name: n for n in graph.graph_module.graph.nodes if n.op == "placeholder"}
     for slot in graph.inputs:
-        if slot.kind != "user" and values[by_fqn[str(slot.target)]].shape != graph_values[slot.name].shape:
+        node = placeholders[slot.name]
+        if slot.kind == "user" or not node.users:
+            continue
+        split = slot.kind == "parameter" or slot.name in graph.state  # other buffers and constants stay whole
+        placement = graph_plan.parameters[str(slot.target)] if split else "R"
+        expected = local_shape(node.meta["val"].shape, placement, parts, slot.name, rank)
+        held = tuple(values[by_fqn[str(slot.target)]].shape)
+        if held != expected:
             raise PlanError(
-                f"{slot.target}: the {name} plan's shard {tuple(graph_values[slot.name].shape)} differs from "
-                f"the decode plan's {tuple(values[by_fqn[str(slot.target)]].shape)}; the graphs must share it"
+                f"{slot.target}: the {name} plan's shard {expected} differs from the decode plan's {held}; the "
+                f"graphs must share it"
             )
     return tuple(s.target if s.kind == "user" else by_fqn[str(s.target)] for s in graph.inputs)
 

@@ -256,3 +256,41 @@ def test_forward_reads_the_live_parameters_and_buffers(fake_tp2) -> None:
         for param in tp.parameters():
             param.zero_()
         assert torch.count_nonzero(tp(x.double())) == 0, "expected zeros after zeroing every parameter in place"
+
+
+def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> None:
+    """tp=2 (fake process group), tiny Llama 2 layers, 4 heads / 2 kv heads, a CPU profile slow enough that the
+    plan splits the cache: for the prefill graph planned with the
+    decode plan's placements, the shard shapes the check derives without slicing (``local_shape``) equal those
+    ``apply_plan`` slices, on both ranks, so the graph takes the decode graph's tensors; a tensor of another
+    shape is refused with PlanError naming it."""
+    from autotp.api import apply_plan, plan_or_check, rank_local_graph
+    from autotp.base.errors import PlanError
+    from autotp.generation import _pinned_to, _shared_inputs
+    from autotp.planning.options import PlanOptions
+
+    model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=4, layers=2)
+    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=16, last_logits_only=True)
+    decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
+    with wrapper.first_chunk():
+        prefill = capture(wrapper, wrapper.example_inputs(4), dynamic=False)
+    from autotp.cost_model import get_hardware
+
+    slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01)
+    options = PlanOptions(world_size=2, hardware=slow, memory_budget=None)  # slow enough that splitting pays
+    decode_plan = plan_or_check(decode, None, options, group=None, rank=0)
+    prefill_plan = plan_or_check(prefill, None, _pinned_to(decode_plan, options), group=None, rank=0)
+    assert decode_plan.parameters["key_cache_0"] != "R", decode_plan.parameters
+    for rank in (0, 1):
+        _, values, _ = apply_plan(decode, decode_plan, group=None, rank=rank)
+        _, prefill_values, _ = apply_plan(prefill, prefill_plan, group=None, rank=rank)
+        _, parts = rank_local_graph(prefill, prefill_plan, group=None, rank=rank)
+        inputs = _shared_inputs(prefill, prefill_plan, parts, rank, decode, values, "prefill")
+        for slot, key in zip(prefill.inputs, inputs):
+            if slot.kind != "user":
+                assert values[key].shape == prefill_values[slot.name].shape, (rank, slot.target)
+    wrong = dict(values)
+    cache = next(key for key in wrong if "key_cache" in str(dict((s.name, s.target) for s in decode.inputs)[key]))
+    wrong[cache] = torch.zeros(1)
+    with pytest.raises(PlanError, match="key_cache_0: the prefill plan's shard"):
+        _shared_inputs(prefill, prefill_plan, parts, 1, decode, wrong, "prefill")

@@ -58,6 +58,17 @@ def local_block(shape: tuple[int, ...] | torch.Size, placement_text: str, parts:
     return dim, [(b * block + offset, b * block + offset + length) for b in range(blocks)]
 
 
+def local_shape(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
+                rank: int) -> tuple[int, ...]:
+    """The shape of rank ``rank``'s block (:func:`local_block`) of a tensor of ``shape``, without slicing it."""
+    local = [int(size) for size in shape]
+    where = local_block(shape, placement_text, parts, name, rank)
+    if where is not None:
+        dim, ranges = where
+        local[dim] = sum(stop - start for start, stop in ranges)
+    return tuple(local)
+
+
 def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> dict[str, tuple[tuple[int, ...], list[Any] | None]]:
     """FQN -> (full shape, every rank's :func:`local_block`, or None when not split), for each parameter the graph reads.
 
