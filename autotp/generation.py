@@ -35,7 +35,7 @@ from autotp.base.errors import PlanError
 from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture
 from autotp.passes.uneven import Partitions
-from autotp.planning.options import PlanOptions
+from autotp.planning.options import PlanOptions, StrategyFilter
 from autotp.planning.phases import (
     DEFAULT_EXPECTED_NEW_TOKENS,
     PhaseCandidate,
@@ -170,8 +170,13 @@ def _continuation_options(decode_plan: Plan, prefill_plan: Plan | None, options:
     pinned = _pinned_to(decode_plan, options)
     if decode_plan.collectives or (prefill_plan is not None and prefill_plan.collectives):
         return pinned
+    return dataclasses.replace(pinned, strategy_filter=_whole_only(options))
+
+
+def _whole_only(options: PlanOptions) -> StrategyFilter:
+    """``options``' strategy filter narrowed to strategies that keep every tensor whole (``keep_whole``)."""
     narrow = options.strategy_filter
-    return dataclasses.replace(pinned, strategy_filter=keep_whole if narrow is None else lambda g: keep_whole(narrow(g)))
+    return keep_whole if narrow is None else lambda graph: keep_whole(narrow(graph))
 
 
 def _pinned_to(placed: Plan, options: PlanOptions) -> PlanOptions:
@@ -235,10 +240,9 @@ def _whole_candidate(decode: CapturedGraph, prefill: CapturedGraph, options: Pla
     would find no matrix to split and allow every one whole)."""
     from autotp.api import plan_or_check
 
-    narrow = options.strategy_filter
     budget = decode_budget_bytes if options.memory_budget == "auto" else options.memory_budget
     alone = dataclasses.replace(options, hardware=options.hardware_profile.alone(), memory_budget=budget,
-                                strategy_filter=keep_whole if narrow is None else lambda g: keep_whole(narrow(g)))
+                                strategy_filter=_whole_only(options))
     try:
         decode_plan = plan_or_check(decode, None, alone, group=group, rank=rank)
         prefill_plan = plan_or_check(prefill, None, alone, group=group, rank=rank)
