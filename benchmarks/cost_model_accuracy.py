@@ -16,7 +16,10 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
    term (``autotp.cost_model.graph_calibration``); build the profile;
 2. for every model (tiny MLP, Llama, GPT-2, BERT from ``tests/models.py``), ``autotp.compile`` it
    with ``hardware=`` that profile and time the forward pass: a barrier, then the call, timed on
-   each rank; the slowest rank counts; the median of ``--runs`` runs after ``--warmup`` runs.
+   each rank; the slowest rank counts, from the moment the last rank entered the call when the
+   forward has collectives (``graph_calibration.slowest_call_s``: gloo's barrier releases the ranks
+   up to 0.8 ms apart, a skew ranks that serve call after call do not have); the median of
+   ``--runs`` runs after ``--warmup`` runs.
    The prediction is ``plan.estimate(profile).time_per_call_s``;
 3. time it once more with every collective (and its ``wait_tensor``) replaced by a local
    stand-in of its output's shape: that is the measured compute, and the forward time minus it
@@ -191,46 +194,48 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _slowest_median(times: list[float]) -> float:
-    slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return statistics.median(slowest.tolist())
-
-
-def _time_interleaved(entries: list[tuple[Any, Any]], warmup: int, runs: int,
+def _time_interleaved(entries: list[tuple[Any, Any, bool]], warmup: int, runs: int,
                       work: list[float] | None = None) -> list[float]:
-    """Per entry ``(setup, call)``, the median over ``runs`` of the slowest rank's seconds per call.
+    """Per entry ``(setup, call, synced)``, the median over ``runs`` of one call's seconds on every rank:
+    the slowest rank's own time, or with ``synced`` (the call has collectives) from the moment the last
+    rank entered it (``graph_calibration.slowest_call_s``, as the calibration times its graphs: gloo's
+    barrier before each call lets the ranks go up to 0.8 ms apart, which an early rank would otherwise
+    wait for in the call's first collective).
 
     The entries take turns within every run (setup, then a barrier, then the timed call), so on a
     shared machine a change of load hits all of them alike instead of whichever ran last. With
     ``work`` (a list), it receives per entry the mean over ranks of each rank's median work per
     call (its CPU time, ``graph_calibration.work_clock``: what a rank computed, without the time
     it waited for a core)."""
-    from autotp.cost_model.graph_calibration import work_clock
+    from autotp.cost_model.graph_calibration import ranks_share_a_clock, slowest_call_s, work_clock
 
     clock = work_clock()
+    share_a_clock = ranks_share_a_clock()
     own: list[list[float]] = [[] for _ in entries]
+    starts: list[list[float]] = [[] for _ in entries]
+    ends: list[list[float]] = [[] for _ in entries]
     with torch.no_grad():
-        for setup, call in entries:
+        for setup, call, _ in entries:
             if setup is not None:
                 setup()
             for _ in range(warmup):
                 call()
-        times: list[list[float]] = [[] for _ in entries]
         for _ in range(runs):
-            for index, (setup, call) in enumerate(entries):
+            for index, (setup, call, _) in enumerate(entries):
                 if setup is not None:
                     setup()
                 dist.barrier()
                 start, start_work = time.perf_counter(), clock()
                 call()
                 own[index].append(clock() - start_work)
-                times[index].append(time.perf_counter() - start)
+                ends[index].append(time.perf_counter())
+                starts[index].append(start)
     if work is not None:
         mean = torch.tensor([statistics.median(t) for t in own], dtype=torch.float64)
         dist.all_reduce(mean)
         work.extend((mean / dist.get_world_size()).tolist())
-    return [_slowest_median(t) for t in times]
+    return [statistics.median(slowest_call_s(starts[index], ends[index], synced=synced, share_a_clock=share_a_clock))
+            for index, (_, _, synced) in enumerate(entries)]
 
 
 def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup: int,
@@ -256,8 +261,8 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
 
     work: list[float] = []
     try:
-        seconds, compute_s = _time_interleaved([(use(real), lambda: tp_model(*args, **kwargs)),
-                                                (use(compute, settle=True), lambda: tp_model(*args, **kwargs))],
+        seconds, compute_s = _time_interleaved([(use(real), lambda: tp_model(*args, **kwargs), compute is not real),
+                                                (use(compute, settle=True), lambda: tp_model(*args, **kwargs), False)],
                                                warmup, runs, work)
         return seconds, compute_s, work[1]
     finally:
@@ -288,7 +293,8 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
     if _collective_count(whole.plan):
         raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
     autotp_s, megatron_s, no_split_s = _time_interleaved(
-        [(None, lambda module=module: module(*args, **kwargs)) for module in (ours, theirs, whole)],
+        [(None, lambda module=module: module(*args, **kwargs), _collective_count(module.plan) > 0)
+         for module in (ours, theirs, whole)],
         options.warmup, options.runs)
     same = tuple(label for label, module in (("megatron", theirs), ("no split", whole))
                  if module.graph_module.code == ours.graph_module.code)
@@ -303,10 +309,10 @@ def _per_collective_only_wait_s(everyone: list[Any], hardware: Any) -> float:
     0; the median over ranks. For comparison only, from the very samples the profile was fitted on."""
     from autotp.cost_model.graph_calibration import graph_link_s
 
-    link, shared = hardware.intra_node, hardware.shared_memory_link
+    link, shared, cold = hardware.intra_node, hardware.shared_memory_link, hardware.shared_memory_cold_curve
     per_rank = []
     for measured in everyone:
-        waits = [(g.seconds - g.compute_s - graph_link_s(g, link, shared)) / len(g.collectives)
+        waits = [(g.seconds - g.compute_s - graph_link_s(g, link, shared, cold)) / len(g.collectives)
                  for g in measured.graphs if g.collectives and g.compute_s > 0]
         if waits:
             per_rank.append(max(0.0, statistics.median(waits)))

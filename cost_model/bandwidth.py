@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_WORKING_SETS",
     "at_working_set",
     "bandwidth_at_gbps",
+    "cold_call_at_s",
     "graph_profile",
     "graph_working_set_bytes",
     "measure_cold_call_s",
@@ -63,6 +64,13 @@ def bandwidth_at_gbps(hardware: Hardware, working_set_bytes: float) -> float:
     if not hardware.memory_bandwidth_curve:
         return hardware.memory_bandwidth_gbps
     return _on_curve(hardware.memory_bandwidth_curve, working_set_bytes)
+
+
+def cold_call_at_s(curve: Sequence[tuple[float, float]], working_set_bytes: float) -> float:
+    """Seconds a shared-memory collective pays beyond its back-to-back time in a graph of ``working_set_bytes``
+    (``Hardware.shared_memory_cold_curve``'s value there, as :func:`at_working_set` resolves it); 0.0 without a
+    curve."""
+    return _on_curve(curve, working_set_bytes) if curve else 0.0
 
 
 def _on_curve(curve: Sequence[tuple[float, float]], working_set_bytes: float) -> float:

@@ -663,7 +663,9 @@ def build_profile(
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
                               first.copy_curve)
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
-                                            shared_memory_link=shared_link) for m in compute if m.graphs])
+                                            shared_memory_link=shared_link,
+                                            shared_memory_cold_curve=cold_curve if shared_link is not None else ())
+                             for m in compute if m.graphs])
     graph_link_before = loopback if shared_link is None else shared_link  # the link the graphs' all-reduces ran on
     if host is not None and host.link_base_adjust_s < 0:
         # collectives in a graph take less than back to back (graph_calibration._fit_compute_then_wait)

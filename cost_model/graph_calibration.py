@@ -67,7 +67,8 @@ import torch
 import torch.distributed as dist
 from scipy.optimize import least_squares, lsq_linear, nnls  # type: ignore[import-untyped]
 
-from .collectives import link_collective_time_s
+from .bandwidth import at_working_set, cold_call_at_s
+from .collectives import SHARED_MEMORY_KINDS, link_collective_time_s
 from .compute import (
     aten_flops,
     aten_memory_bytes,
@@ -98,6 +99,8 @@ __all__ = [
     "measure_gemm_samples",
     "measure_graphs",
     "measure_transcendental_element_s",
+    "ranks_share_a_clock",
+    "slowest_call_s",
 ]
 
 aten = torch.ops.aten
@@ -144,7 +147,8 @@ class GraphSample:
 
     ``device_s``: sum of its kernels' roofline times (no host term); ``collectives``: the
     ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
-    time; ``seconds``: median over runs of the slowest rank's time for one call (wall clock);
+    time; ``seconds``: median over runs of the slowest rank's time for one call (wall clock; with
+    collectives, from the last rank's start: :func:`slowest_call_s`);
     ``work_s``: median over runs of this rank's own work per call (:func:`work_clock`; 0.0: not
     measured).
 
@@ -156,7 +160,10 @@ class GraphSample:
     older samples). ``core_share``: ``compute_work_s / compute_s`` (medians, as the benchmark times a
     forward), at most :func:`fair_core_share`: the share of a core a rank gets *while computing* (1.0 alone on an idle
     core; 1/2 with four single-thread ranks on two cores; lower when other processes load the
-    machine); the time a rank waits in a collective is not in it.
+    machine); the time a rank waits in a collective is not in it. ``working_set_bytes``: the bytes the
+    cost pass would size this graph's model at (``bandwidth.graph_working_set_bytes``: its tensors held
+    whole), at which a shared-memory collective's cold-cache cost is resolved (:func:`graph_link_s`;
+    0: not recorded, no cold cost).
     """
 
     kernel_nodes: int
@@ -168,6 +175,7 @@ class GraphSample:
     core_share: float = 1.0
     compute_s: float = 0.0
     compute_work_s: float = 0.0
+    working_set_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,11 +248,14 @@ def _linear_time_s(m: int, n: int, k: int, hardware: Hardware) -> float:
 
 
 def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: LinkProfile | None,
-                   shared_memory_link: LinkProfile | None = None) -> HostFit:
+                   shared_memory_link: LinkProfile | None = None,
+                   shared_memory_cold_curve: Sequence[tuple[float, float]] = ()) -> HostFit:
     """Fit ``host_dispatch_s``, ``collective_wait_s`` and ``graph_launch_s`` (module docstring).
 
     ``shared_memory_link``: the graphs' all-reduces ran through shared memory (``measure_graphs`` on
-    ranks of one host) and are priced on it; None: small ones ran in one round (one-shot form).
+    ranks of one host) and are priced on it, with the cold-cache cost of ``shared_memory_cold_curve``
+    (``Hardware.shared_memory_cold_curve``) as a model's collectives are; None: small ones ran in one
+    round (one-shot form).
 
     ``view_op_s`` (measured on a chain of views) prices the view nodes; ``link`` (fitted back to
     back) prices the collectives' alpha-beta time, and may be None when no sample has one.
@@ -278,7 +289,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         raise ValueError("graph samples with collectives need the link they ran on to be priced")
 
     def link_s(sample: GraphSample) -> float:
-        return graph_link_s(sample, link, shared_memory_link)
+        return graph_link_s(sample, link, shared_memory_link, shared_memory_cold_curve)
 
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
@@ -309,14 +320,22 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
                    share)
 
 
-def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_link: LinkProfile | None) -> float:
+def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_link: LinkProfile | None,
+                 shared_memory_cold_curve: Sequence[tuple[float, float]] = ()) -> float:
     """Link time of ``sample``'s collectives, run as ``autotp.compile``'s inference graphs run them
-    (:func:`measure_graphs`): through shared memory on ``shared_memory_link`` when given, else small
-    all-reduces in one round on ``link``; 0.0 without a link."""
+    (:func:`measure_graphs`): through shared memory on ``shared_memory_link`` when given, each
+    paying the cold-cache cost of ``shared_memory_cold_curve`` at the graph's working set as the
+    cost model prices a model's (``collectives.collective_time_s``; the wait fitted beyond this
+    time must not hold it again), else small all-reduces in one round on ``link``; 0.0 without a
+    link."""
+    if link is None:
+        return 0.0
     form = "shared_memory" if shared_memory_link is not None else "one_shot"
+    cold_s = cold_call_at_s(shared_memory_cold_curve, sample.working_set_bytes) if form == "shared_memory" else 0.0
     return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce=form,
                                       shared_memory_link=shared_memory_link)
-               for kind, nbytes, group in sample.collectives) if link is not None else 0.0
+               + (cold_s if kind in SHARED_MEMORY_KINDS else 0.0)
+               for kind, nbytes, group in sample.collectives)
 
 
 def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
@@ -565,6 +584,53 @@ def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int
                              for op in _TRANSCENDENTAL)
 
 
+# ------------------------------------------------------------------------------ calls on every rank
+
+def ranks_share_a_clock() -> bool:
+    """Whether every rank of the current process group runs under one kernel (the same host and boot), so
+    that their ``time.perf_counter()`` readings (``CLOCK_MONOTONIC`` on Linux) are on one time line; True
+    without a process group."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return True
+    from autotp.runtime.shared_memory import host_identity
+
+    identities: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(identities, host_identity())
+    return all(identity == identities[0] for identity in identities)
+
+
+def slowest_call_s(starts: Sequence[float], ends: Sequence[float], *, synced: bool,
+                   share_a_clock: bool) -> list[float]:
+    """Per run, the seconds of one call of a graph on every rank, from this rank's ``time.perf_counter()``
+    readings at the start and end of each run's call (call it on every rank of the current process group,
+    with the same number of runs; without one, this rank's own times).
+
+    ``synced`` (the graph has collectives, so its ranks meet in them): from the moment the *last* rank
+    entered the call to the moment the last one left it, when the ranks share a clock
+    (:func:`ranks_share_a_clock`); otherwise, and for a graph whose ranks never meet, the slowest rank's
+    own time.
+
+    Why from the last start: the calls are timed after a barrier, and gloo's barrier lets the ranks go at
+    different moments, usually within tens of microseconds but in some runs 0.7-0.8 ms apart (measured at
+    tp 2 on two idle cores: the median skew of a round of 15 calls was 15-30 us in most rounds and
+    0.7-0.8 ms in others, a rank asleep in the barrier's TCP wait woken late). A rank that enters a call
+    early waits for that skew in the call's first collective; timed from its own start, the call then
+    measured up to 2.6x its usual communication. That wait is the harness's, not the model's: ranks that
+    serve call after call enter each call together, released by the previous call's last collective.
+    """
+    if len(starts) != len(ends):
+        raise ValueError(f"need one end per start, got {len(starts)} starts and {len(ends)} ends")
+    own = torch.tensor([end - start for start, end in zip(starts, ends)], dtype=torch.float64)
+    if not dist.is_initialized():
+        return own.tolist()
+    if not (synced and share_a_clock):
+        dist.all_reduce(own, op=dist.ReduceOp.MAX)
+        return own.tolist()
+    last = torch.tensor([list(starts), list(ends)], dtype=torch.float64)
+    dist.all_reduce(last, op=dist.ReduceOp.MAX)
+    return (last[1] - last[0]).tolist()
+
+
 # ------------------------------------------------------------------------------ graphs
 
 GRAPH_FAMILIES = ("llama", "gpt")
@@ -765,7 +831,8 @@ def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: 
 def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Hardware]], runs: int,
                   warmup: int = 3) -> tuple[GraphSample, ...]:
     """Time each ``module(example)`` ``runs`` times (each call after a barrier when a process group
-    is up; the slowest rank counts), and in turn with it its compute form (:func:`local_stand_ins`)
+    is up; the slowest rank counts, and a graph with collectives counts from the moment the last rank
+    entered it: :func:`slowest_call_s`), and in turn with it its compute form (:func:`local_stand_ins`)
     when it has collectives; and count what the cost model sees in each, its kernels priced on
     its own ``hardware``.
 
@@ -786,8 +853,10 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
         compute_module = local_stand_ins(module)
         forms.append([module] if compute_module is None else [module, compute_module])
     clock = work_clock()
-    times: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
+    starts: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
+    ends: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
     work: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
+    share_a_clock = ranks_share_a_clock()
     with torch.no_grad():
         for recorder, (_, example, _), mine in zip(recorders, graphs, forms):
             recorder.run(example)
@@ -797,19 +866,18 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
         for _ in range(runs):
             for index, ((_, example, _), mine) in enumerate(zip(graphs, forms)):
                 for which, form in enumerate(mine):
-                    if which:  # the compute form once untimed first: timed in steady state (see above)
-                        form(example)
+                    form(example)  # once untimed first: timed in steady state (see above)
                     if dist.is_initialized():
                         dist.barrier()
                     start, start_work = time.perf_counter(), clock()
                     form(example)
                     work[index][which].append(clock() - start_work)
-                    times[index][which].append(time.perf_counter() - start)
-    if dist.is_initialized():
-        flat = torch.tensor([t for per_graph in times for per_form in per_graph for t in per_form], dtype=torch.float64)
-        dist.all_reduce(flat, op=dist.ReduceOp.MAX)
-        slowest = iter(flat.tolist())
-        times = [[[next(slowest) for _ in per_form] for per_form in per_graph] for per_graph in times]
+                    ends[index][which].append(time.perf_counter())
+                    starts[index][which].append(start)
+    # the real form of a graph with collectives from the last rank's start (slowest_call_s), the rest each rank's own
+    times = [[slowest_call_s(starts[index][which], ends[index][which], synced=which == 0 and len(mine) > 1,
+                             share_a_clock=share_a_clock) for which in range(len(mine))]
+             for index, mine in enumerate(forms)]
     samples = []
     for recorder, graph_times, graph_work in zip(recorders, times, work):
         # the share as the benchmark measures a forward: median work over the median of the slowest
@@ -849,11 +917,9 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
     """One :class:`GraphSample` per shape, on every rank of the current process group (or alone)."""
     from autotp.passes.small_collectives import inference_all_reduces
 
-    from .bandwidth import at_working_set  # bandwidth imports this module's timing helper
-
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     group_name = dist.group.WORLD.group_name if dist.is_initialized() and dist.group.WORLD is not None else None
-    graphs = []
+    graphs, whole = [], []
     for shape in shapes:
         module, example = block_graph(shape, world_size, group_name)
         # as autotp.compile runs an inference graph: through shared memory on one host, else one-shot (tp > 2)
@@ -861,4 +927,8 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
         # its kernels priced at the bandwidth of its own working set (weights and input), as the cost pass does
         touched = sum(t.numel() * t.element_size() for t in (*module.buffers(), example))
         graphs.append((module, example, at_working_set(hardware, touched)))
-    return graph_samples(graphs, runs)
+        # the cost pass sizes a model's graph with its tensors held whole: its weights on every rank together
+        whole.append(sum(t.numel() * t.element_size() for t in module.buffers()) * world_size
+                     + example.numel() * example.element_size())
+    return tuple(dataclasses.replace(sample, working_set_bytes=size)
+                 for sample, size in zip(graph_samples(graphs, runs), whole))

@@ -6,8 +6,10 @@ no graph, no process group — and adds up the terms the planner priced:
 * **time per forward** = compute + communication. Compute is the sum of every node's roofline
   time on one rank (``NodeDecision.compute_s``: max(FLOPs / peak, bytes / bandwidth) + kernel
   floor, see :mod:`autotp.cost_model.compute`); communication is the sum of every resharding
-  the rewrite inserts (``CollectiveDecision.time_s``: alpha-beta collectives, see
-  :mod:`autotp.cost_model.collectives`). The two are added, not overlapped: the rewritten
+  the rewrite inserts that talks to other ranks (``CollectiveDecision.time_s``: alpha-beta
+  collectives, see :mod:`autotp.cost_model.collectives`); a resharding without a collective (a
+  local slice, zeros on the ranks other than 0) runs on the rank like any op and counts as compute
+  of the node whose output it reshards. The two are added, not overlapped: the rewritten
   graph waits on each collective right after issuing it (``wait_tensor``), so nothing overlaps.
   Both are broken down per node (a collective counts for the node whose output it reshards)
   and per layer (see :func:`layer_of`).
@@ -66,9 +68,9 @@ from autotp.cost_model.symbolic import (
     symbolic_aten_flops,
     symbolic_compute_time_s,
 )
-from autotp.passes.resharding import SYMBOLIC, tensor_route_time_s
+from autotp.passes.resharding import SYMBOLIC, is_collective_step, tensor_route_time_s
 from autotp.passes.uneven import largest_shard_nbytes
-from autotp.planning.plan import NodeDecision, Plan
+from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 __all__ = [
     "SPLIT_KINDS",
@@ -314,16 +316,18 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
     profile = _resolve_profile(plan, hardware)
     capacity = profile.memory_gib * _GIB if profile is not None else None
     comm_by_producer: dict[str, float] = {}
-    collectives = (*plan.collectives, *plan.backward_collectives)  # a training plan prices its backward too
-    for collective in collectives:
-        comm_by_producer[collective.producer] = comm_by_producer.get(collective.producer, 0.0) + collective.time_s
+    local_by_producer: dict[str, float] = {}  # reshardings without a collective run on the rank: compute
+    collectives = tuple(c for c in (*plan.collectives, *plan.backward_collectives) if _talks(c))
+    for collective in (*plan.collectives, *plan.backward_collectives):  # a training plan prices its backward too
+        into = comm_by_producer if _talks(collective) else local_by_producer
+        into[collective.producer] = into.get(collective.producer, 0.0) + collective.time_s
     nodes = tuple(
         NodeEstimate(
             name=node.name,
             op=node.op,
             module=node.module,
             layer=layer_of(node.module),
-            compute_s=node.compute_s,
+            compute_s=node.compute_s + local_by_producer.get(node.name, 0.0),
             comm_s=comm_by_producer.get(node.name, 0.0),
             output_bytes_per_rank=local_nbytes(node.shape, node.dtype, node.output, plan.world_size),
         )
@@ -353,9 +357,15 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         graph_call_s=graph_host_s(profile) if profile is not None else 0.0,
         host=_host_time(plan, profile) if profile is not None else None,
         call_sync_wait_s=(call_sync_wait_s(profile, sum(plan.collective_counts().values()),
-                                           sum(n.compute_s for n in nodes))
+                                           sum(node.compute_s for node in plan.nodes))  # as the solver prices it
                           if profile is not None and plan.world_size > 1 else 0.0),
     )
+
+
+def _talks(collective: CollectiveDecision) -> bool:
+    """Whether a resharding talks to other ranks; one that does not (a local slice, zeros on the ranks
+    other than 0) runs on the rank like any op, and counts as compute."""
+    return any(is_collective_step(step) for step in collective.steps)
 
 
 def _by_layer(plan: Plan, nodes: tuple[NodeEstimate, ...]) -> tuple[LayerEstimate, ...]:
@@ -367,7 +377,7 @@ def _by_layer(plan: Plan, nodes: tuple[NodeEstimate, ...]) -> tuple[LayerEstimat
     for node in nodes:  # first appearance orders the layers: execution order
         compute[node.layer] = compute.get(node.layer, 0.0) + node.compute_s
         counts[node.layer] = counts.get(node.layer, 0) + 1
-    for collective in plan.collectives:
+    for collective in filter(_talks, plan.collectives):
         layer = layer_by_node.get(collective.producer, layer_of(collective.module))
         comm[layer] = comm.get(layer, 0.0) + collective.time_s
         collectives[layer] = collectives.get(layer, 0) + 1

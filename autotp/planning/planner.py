@@ -353,7 +353,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
         parameter_bytes_total=total,
         parameter_bytes_per_rank=per_rank,
         memory_budget_bytes=budget,
-        predicted_compute_s=price.compute_s,
+        predicted_compute_s=price.predicted_compute_s,
         predicted_comm_s=price.comm_s,
         fallback_ops=tuple(sorted({str(graph.nodes[n].target) for n in graph.fallback})),
         fingerprint=graph_fingerprint(captured.graph_module),
