@@ -15,18 +15,19 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
    the share of a core a rank gets while running graphs is measured apart and divides every work
    term (``autotp.cost_model.graph_calibration``); build the profile;
 2. for every model (tiny MLP, Llama, GPT-2, BERT from ``tests/models.py``), ``autotp.compile`` it
-   with ``hardware=`` that profile and time the forward pass: a barrier, then the call, timed on
-   each rank; the slowest rank counts, from the moment the last rank entered the call when the
-   forward has collectives (``graph_calibration.slowest_call_s``: gloo's barrier releases the ranks
-   up to 0.8 ms apart, a skew ranks that serve call after call do not have); the median of
-   ``--runs`` runs after ``--warmup`` runs.
+   with ``hardware=`` that profile and time the forward pass as the calibration times its graphs
+   (``graph_calibration.time_in_turn``): one untimed call, a barrier, then the timed call on each
+   rank; the slowest rank counts, from the moment the last rank entered the call when the forward
+   has collectives (``graph_calibration.slowest_call_s``: gloo's barrier releases the ranks up to
+   0.8 ms apart, a skew ranks that serve call after call do not have); the median of ``--runs``
+   runs after ``--warmup`` runs.
    The prediction is ``plan.estimate(profile).time_per_call_s``;
 3. time it once more with every collective (and its ``wait_tensor``) replaced by a local
    stand-in of its output's shape: that is the measured compute, and the forward time minus it
    the measured communication (the collectives and the waits for the slowest rank that they
-   impose, and the wait of a rank that slept in a collective to get its core back). The compute
-   form is timed after one untimed call of itself, not right after the real form, whose
-   collectives would leave it waiting for a core (``graph_calibration.graph_samples``). The
+   impose, and the wait of a rank that slept in a collective to get its core back). The two
+   forms take turns, each timed after one untimed call of itself (not right after the real form,
+   whose collectives would leave the compute form waiting for a core). The
    calibration times its graphs' compute in the same form, so predicted and measured compute
    mean the same thing: the time a rank takes to compute, sharing its core with the other ranks
    as they compute too. Timing the nodes one by one instead would slow
@@ -63,7 +64,6 @@ import os
 import socket
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -194,85 +194,43 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _time_interleaved(entries: list[tuple[Any, Any, bool]], warmup: int, runs: int,
-                      work: list[float] | None = None) -> list[float]:
-    """Per entry ``(setup, call, synced)``, the median over ``runs`` of one call's seconds on every rank:
-    the slowest rank's own time, or with ``synced`` (the call has collectives) from the moment the last
-    rank entered it (``graph_calibration.slowest_call_s``, as the calibration times its graphs: gloo's
-    barrier before each call lets the ranks go up to 0.8 ms apart, which an early rank would otherwise
-    wait for in the call's first collective).
-
-    The entries take turns within every run (setup, then a barrier, then the timed call), so on a
-    shared machine a change of load hits all of them alike instead of whichever ran last. With
-    ``work`` (a list), it receives per entry the mean over ranks of each rank's median work per
-    call (its CPU time, ``graph_calibration.work_clock``: what a rank computed, without the time
-    it waited for a core)."""
-    from autotp.cost_model.graph_calibration import ranks_share_a_clock, slowest_call_s, work_clock
-
-    clock = work_clock()
-    share_a_clock = ranks_share_a_clock()
-    own: list[list[float]] = [[] for _ in entries]
-    starts: list[list[float]] = [[] for _ in entries]
-    ends: list[list[float]] = [[] for _ in entries]
-    with torch.no_grad():
-        for setup, call, _ in entries:
-            if setup is not None:
-                setup()
-            for _ in range(warmup):
-                call()
-        for _ in range(runs):
-            for index, (setup, call, _) in enumerate(entries):
-                if setup is not None:
-                    setup()
-                dist.barrier()
-                start, start_work = time.perf_counter(), clock()
-                call()
-                own[index].append(clock() - start_work)
-                ends[index].append(time.perf_counter())
-                starts[index].append(start)
-    if work is not None:
-        mean = torch.tensor([statistics.median(t) for t in own], dtype=torch.float64)
-        dist.all_reduce(mean)
-        work.extend((mean / dist.get_world_size()).tolist())
-    return [statistics.median(slowest_call_s(starts[index], ends[index], synced=synced, share_a_clock=share_a_clock))
-            for index, (_, _, synced) in enumerate(entries)]
-
-
 def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup: int,
                                 runs: int) -> tuple[float, float, float]:
-    """(forward, forward without communication): median seconds (slowest rank) of the rank-local
-    graph as it is, and of a copy of it with every collective and its wait replaced by a local
-    stand-in of its output's shape (``autotp.cost_model.graph_calibration.local_stand_ins``, the
-    same form the calibration times a graph's compute in); the two take turns within each run; and
-    the work (CPU time, mean over ranks) of the second.
+    """(forward, forward without communication): median seconds of the rank-local graph as it is, and of
+    a copy of it with every collective and its wait replaced by a local stand-in of its output's shape
+    (``autotp.cost_model.graph_calibration.local_stand_ins``, the same form the calibration times a
+    graph's compute in), timed in turn as the calibration times its graphs
+    (``graph_calibration.time_in_turn``: each after one untimed call of itself and a barrier, the slowest
+    rank counting, the forward with collectives from the moment the last rank entered it); and the work
+    (CPU time, mean over ranks) of the second.
     Each form is compiled once and swapped in by attribute: recompiling before every call would
     time a freshly generated ``forward``, 5-20% slower than the one a model runs call after call."""
-    from autotp.cost_model.graph_calibration import local_stand_ins
+    from autotp.cost_model.graph_calibration import local_stand_ins, time_in_turn
 
     real = tp_model.graph_module
     compute = local_stand_ins(real) or real
 
-    def use(module: torch.fx.GraphModule, *, settle: bool = False) -> Any:
-        def setup() -> None:
+    def calling(module: torch.fx.GraphModule) -> Any:
+        def call() -> Any:
             tp_model.graph_module = module
-            if settle:  # one untimed call: the compute is timed in steady state, as the calibration times it
-                tp_model(*args, **kwargs)
-        return setup
+            return tp_model(*args, **kwargs)
+        return call
 
-    work: list[float] = []
     try:
-        seconds, compute_s = _time_interleaved([(use(real), lambda: tp_model(*args, **kwargs), compute is not real),
-                                                (use(compute, settle=True), lambda: tp_model(*args, **kwargs), False)],
-                                               warmup, runs, work)
-        return seconds, compute_s, work[1]
+        (seconds, _), (compute_s, compute_work_s) = time_in_turn(
+            [(calling(real), compute is not real), (calling(compute), False)], runs, warmup)
     finally:
-        use(real)()
+        tp_model.graph_module = real
+    mean_work = torch.tensor([compute_work_s], dtype=torch.float64)
+    dist.all_reduce(mean_work)
+    return seconds, compute_s, float(mean_work) / dist.get_world_size()
 
 
 def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict, hardware: Any,
               options: argparse.Namespace) -> Decision:
     """Time autotp's plan (memory_budget=None), Megatron's plan and no split, on every rank."""
     import autotp
+    from autotp.cost_model.graph_calibration import time_in_turn
     from autotp.planning.megatron import megatron_plan
 
     ours = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
@@ -292,10 +250,9 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
                            memory_budget=None)
     if _collective_count(whole.plan):
         raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
-    autotp_s, megatron_s, no_split_s = _time_interleaved(
-        [(None, lambda module=module: module(*args, **kwargs), _collective_count(module.plan) > 0)
-         for module in (ours, theirs, whole)],
-        options.warmup, options.runs)
+    (autotp_s, _), (megatron_s, _), (no_split_s, _) = time_in_turn(
+        [(lambda module=module: module(*args, **kwargs), _collective_count(module.plan) > 0)
+         for module in (ours, theirs, whole)], options.runs, options.warmup)
     same = tuple(label for label, module in (("megatron", theirs), ("no split", whole))
                  if module.graph_module.code == ours.graph_module.code)
     return Decision(name, world_size, "forward", autotp_s, megatron_s, no_split_s,

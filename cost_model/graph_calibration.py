@@ -101,6 +101,7 @@ __all__ = [
     "measure_transcendental_element_s",
     "ranks_share_a_clock",
     "slowest_call_s",
+    "time_in_turn",
 ]
 
 aten = torch.ops.aten
@@ -830,68 +831,75 @@ def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: 
 
 def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Hardware]], runs: int,
                   warmup: int = 3) -> tuple[GraphSample, ...]:
-    """Time each ``module(example)`` ``runs`` times (each call after a barrier when a process group
-    is up; the slowest rank counts, and a graph with collectives counts from the moment the last rank
-    entered it: :func:`slowest_call_s`), and in turn with it its compute form (:func:`local_stand_ins`)
-    when it has collectives; and count what the cost model sees in each, its kernels priced on
-    its own ``hardware``.
+    """Time each ``module(example)`` ``runs`` times, and in turn with it its compute form
+    (:func:`local_stand_ins`) when it has collectives (:func:`time_in_turn`: each call after one
+    untimed call of itself and a barrier; the slowest rank counts, a graph with collectives from the
+    moment the last rank entered it); and count what the cost model sees in each, its kernels priced
+    on its own ``hardware``.
 
-    The graphs take turns within every run (each graph and form once per run), so a change of
-    load during the calibration hits every graph alike instead of whichever ran last: the fit
-    compares graphs measured under the same conditions.
-
-    The compute form is timed after one untimed call of itself, not right after the real form: a
-    rank that slept in the real form's collectives gave its core away, and the compute that
-    follows a collective waits to get it back (at tp 2 on a busy two-core machine, a compute form
-    timed right after its real form got half a core, one timed after itself 0.9-0.97). That wait
-    is caused by the collectives, so it belongs to what they add (the real form beyond its compute,
-    :func:`fit_host_terms`' wait per collective), not to the compute; the accuracy benchmark
-    times a model's compute form the same way."""
-    recorders = [_Recorder(module, hardware) for module, _, hardware in graphs]
-    forms: list[list[torch.fx.GraphModule]] = []
-    for module, _, _ in graphs:
-        compute_module = local_stand_ins(module)
-        forms.append([module] if compute_module is None else [module, compute_module])
-    clock = work_clock()
-    starts: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
-    ends: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
-    work: list[list[list[float]]] = [[[] for _ in mine] for mine in forms]
-    share_a_clock = ranks_share_a_clock()
-    with torch.no_grad():
-        for recorder, (_, example, _), mine in zip(recorders, graphs, forms):
-            recorder.run(example)
-            for form in mine:
-                for _ in range(warmup):
-                    form(example)
-        for _ in range(runs):
-            for index, ((_, example, _), mine) in enumerate(zip(graphs, forms)):
-                for which, form in enumerate(mine):
-                    form(example)  # once untimed first: timed in steady state (see above)
-                    if dist.is_initialized():
-                        dist.barrier()
-                    start, start_work = time.perf_counter(), clock()
-                    form(example)
-                    work[index][which].append(clock() - start_work)
-                    ends[index][which].append(time.perf_counter())
-                    starts[index][which].append(start)
-    # the real form of a graph with collectives from the last rank's start (slowest_call_s), the rest each rank's own
-    times = [[slowest_call_s(starts[index][which], ends[index][which], synced=which == 0 and len(mine) > 1,
-                             share_a_clock=share_a_clock) for which in range(len(mine))]
-             for index, mine in enumerate(forms)]
+    Each graph is timed on its own, as a model runs the same graph call after call (and as the
+    accuracy benchmark times one): graphs that took turns within every run measured twice the wait
+    (a 3-block GPT graph with 6 all-reduces at tp 2 on two cores: 0.64-0.79 ms taking turns with
+    the eight other quick-calibration graphs, 0.31-0.38 ms alone, 0.23-0.45 ms in the benchmark's
+    harness; the compute forms alike), although each call came after an untimed call of itself.
+    :func:`fit_host_terms` weighs the graphs robustly, so a change of load during one graph's runs
+    does not set the terms."""
     samples = []
-    for recorder, graph_times, graph_work in zip(recorders, times, work):
-        # the share as the benchmark measures a forward: median work over the median of the slowest
-        # rank's wall times (a sum over runs would let one run paused for a whole time slice under
-        # load set the share of every graph; fit_host_terms weighs the graphs by their time, so the
-        # longest, most like a forward, count most, and fair_core_share bounds the short ones)
-        compute_times, compute_work = graph_times[-1], graph_work[-1]
-        compute_s, compute_work_s = statistics.median(compute_times), statistics.median(compute_work)
-        share = compute_work_s / compute_s if compute_s > 0 else 1.0
-        samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
-                                   tuple(recorder.collectives), statistics.median(graph_times[0]),
-                                   statistics.median(graph_work[0]), min(share, fair_core_share()),
-                                   compute_s, compute_work_s))
+    with torch.no_grad():
+        for module, example, hardware in graphs:
+            recorder = _Recorder(module, hardware)
+            recorder.run(example)
+            compute_module = local_stand_ins(module)
+            forms = [module] if compute_module is None else [module, compute_module]
+            timed = time_in_turn([(functools.partial(form, example), which == 0 and len(forms) > 1)
+                                  for which, form in enumerate(forms)], runs, warmup)
+            # the share as the benchmark measures a forward: median work over the median of the slowest
+            # rank's wall times (a sum over runs would let one run paused for a whole time slice under
+            # load set the share of every graph; fit_host_terms weighs the graphs by their time, so the
+            # longest, most like a forward, count most, and fair_core_share bounds the short ones)
+            (seconds, work_s), (compute_s, compute_work_s) = timed[0], timed[-1]
+            share = compute_work_s / compute_s if compute_s > 0 else 1.0
+            samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
+                                       tuple(recorder.collectives), seconds, work_s, min(share, fair_core_share()),
+                                       compute_s, compute_work_s))
     return tuple(samples)
+
+
+def time_in_turn(calls: Sequence[tuple[Callable[[], Any], bool]], runs: int,
+                 warmup: int = 3) -> list[tuple[float, float]]:
+    """Per ``(call, synced)``: the median over ``runs`` of one call's seconds on every rank (the slowest
+    rank's, and with ``synced``, a call with collectives, from the moment the last rank entered it:
+    :func:`slowest_call_s`) and the median of this rank's work per call (:func:`work_clock`).
+
+    Call it on every rank of the current process group at once (or without one). The calls take turns
+    within every run, so a change of load hits all of them alike (a graph's real and compute form,
+    three plans of one model). Each timed call comes after one untimed call of itself, then a barrier:
+    timed in steady state, its caches holding its own tensors as they do call after call, and not right
+    after another call's collectives (a rank that slept in them gave its core away, and the compute
+    that follows waits to get it back: at tp 2 on a busy two-core machine, a compute form timed right
+    after its real form got half a core, one timed after itself 0.9-0.97; that wait is caused by the
+    collectives, so it belongs to what they add, not to the compute)."""
+    clock = work_clock()
+    share_a_clock = ranks_share_a_clock()
+    starts: list[list[float]] = [[] for _ in calls]
+    ends: list[list[float]] = [[] for _ in calls]
+    work: list[list[float]] = [[] for _ in calls]
+    with torch.no_grad():
+        for call, _ in calls:
+            for _ in range(warmup):
+                call()
+        for _ in range(runs):
+            for index, (call, _) in enumerate(calls):
+                call()
+                if dist.is_initialized():
+                    dist.barrier()
+                start, start_work = time.perf_counter(), clock()
+                call()
+                work[index].append(clock() - start_work)
+                ends[index].append(time.perf_counter())
+                starts[index].append(start)
+    return [(statistics.median(slowest_call_s(starts[index], ends[index], synced=synced, share_a_clock=share_a_clock)),
+             statistics.median(work[index])) for index, (_, synced) in enumerate(calls)]
 
 
 _GRAPH_TIMEOUT_S = 300.0  # how long a rank waits for the others in a calibration graph's all-reduce

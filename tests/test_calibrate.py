@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
 from models import tiny_mlp
 
 import autotp
@@ -147,6 +149,7 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
         assert sample.seconds > 0 and sample.kernel_nodes > 0, sample
         assert sample.work_s > 0 and 0 < sample.core_share <= 1, f"work clock and core share measured: {sample}"
         assert sample.compute_s > 0 and sample.compute_work_s > 0, f"compute form measured: {sample}"
+        assert sample.working_set_bytes > 0, f"the working set its cold cost is resolved at: {sample}"
     assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
     assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
     assert profile.runtime_mode == "eager" and profile.host_is_device, profile
@@ -191,3 +194,35 @@ def test_shared_memory_link_keeps_the_copy_bandwidth_when_sizes_do_not_tell() ->
     steps, factor = calibration._link_terms(flat[0])
     smallest = fit.base_latency_s + steps * fit.latency_s + factor * flat[0].nbytes / fit.bandwidth_bytes_per_s
     assert math.isclose(smallest, 4e-4, rel_tol=0.25), f"the 4 KiB call should cost about 0.4 ms, fitted {smallest}"
+
+
+def _call_times(rank: int, world_size: int) -> tuple[list[float], list[float], bool, float]:
+    from autotp.cost_model.graph_calibration import ranks_share_a_clock, slowest_call_s, time_in_turn
+
+    # rank 0 entered at 0.0 and left at 1.0, rank 1 entered at 0.4 and left at 1.1 (seconds on one clock)
+    starts, ends = ([0.0], [1.0]) if rank == 0 else ([0.4], [1.1])
+    shared = ranks_share_a_clock()
+    synced = slowest_call_s(starts, ends, synced=True, share_a_clock=shared)
+    own = slowest_call_s(starts, ends, synced=False, share_a_clock=shared)
+    tensor = torch.ones(4)
+
+    def late_rank_one() -> None:  # rank 1 reaches the all-reduce 20 ms after rank 0, on every call
+        if rank == 1:
+            time.sleep(0.02)
+        dist.all_reduce(tensor)
+
+    (together_s, _), = time_in_turn([(late_rank_one, True)], runs=3, warmup=1)
+    return synced, own, shared, together_s
+
+
+def test_calls_with_collectives_count_from_the_last_rank_in(gloo) -> None:
+    """tp=2, real gloo processes: the ranks share a clock (one host); a call whose ranks meet in collectives
+    counts from the moment the last rank entered it to the moment the last left it (1.1 - 0.4 s), one whose ranks
+    never meet the slowest rank's own time (1.0 s); a timed call where rank 1 always reaches the all-reduce 20 ms
+    late takes those 20 ms on every rank."""
+    ranks = gloo.run(2, _call_times)
+    for synced, own, shared, together_s in ranks:
+        assert shared, "ranks of one host share a clock"
+        assert synced == pytest.approx([0.7]) and own == pytest.approx([1.0]), (synced, own)
+        assert together_s >= 0.02, together_s
+    assert ranks[0][3] == ranks[1][3], "every rank returns the same call time"

@@ -15,6 +15,7 @@ import torch
 from inspect_helpers import tiny_plan
 
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
+from autotp.cost_model.bandwidth import cold_call_at_s
 from autotp.cost_model.compute import aten_memory_bytes, gemm_dims, gemm_efficiency
 from autotp.cost_model.graph_calibration import (
     GRAPH_FAMILIES,
@@ -26,6 +27,7 @@ from autotp.cost_model.graph_calibration import (
     fit_host_terms,
     fit_wait_line,
     fit_wait_terms,
+    graph_link_s,
     local_stand_ins,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
@@ -463,3 +465,67 @@ def test_calibration_graphs_hold_the_op_kinds_of_hf_graphs(family: str) -> None:
                                                                                            "aten.silu.default",
                                                                                            "aten.cat.default"}
     assert expected <= targets, f"missing {sorted(expected - targets)}"
+
+
+def test_the_wait_fit_takes_the_shared_memory_cold_cost_out_as_a_model_is_priced_with_it() -> None:
+    """tp=2 graphs of 1-4 blocks through the shared-memory all-reduce (synthetic timings), their working sets
+    1-8 MiB: each collective pays the cold-cache cost of the profile's curve at its graph's working set, and the
+    ranks wait 40 us per collective beyond it. Fitted with the curve, the wait per collective is those 40 us; a
+    model's collective is priced with the curve too (``collective_time_s``), so the cold cost is counted once.
+    Fitted without the curve, the wait holds the cold cost as well (the double count the curve removes)."""
+    shared = LinkProfile(name="shared-memory-2ranks", bandwidth_gbps=10.0, latency_s=0.0, base_latency_s=12e-6)
+    cold = ((2**20, 10e-6), (8 * 2**20, 35e-6))
+    dispatch_s, launch_s, view_s, wait_s = 8e-6, 30e-6, 2e-6, 40e-6
+    samples = []
+    for layers in (1, 2, 3, 4):
+        for device_per_layer_s in (0.2e-3, 0.6e-3):
+            kernels, views, device_s = 30 * layers, 9 * layers, device_per_layer_s * layers
+            compute_s = device_s + kernels * dispatch_s + views * view_s + launch_s
+            working_set = 2**20 * 2 ** (layers - 1)
+            for with_collectives in (True, False):
+                collectives = tuple(("all_reduce", 2**15, 2) for _ in range(2 * layers)) if with_collectives else ()
+                sample = GraphSample(kernels, views, device_s, collectives, 0.0, compute_s, 1.0, compute_s, compute_s,
+                                     working_set_bytes=working_set)
+                link_s = graph_link_s(sample, LINK, shared, cold)
+                assert math.isclose(link_s, graph_link_s(sample, LINK, shared) + len(collectives) * cold_call_at_s(
+                    cold, working_set)), "each shared-memory collective pays the cold cost at its graph's working set"
+                samples.append(dataclasses.replace(sample, seconds=compute_s + link_s + len(collectives) * wait_s))
+    fit = fit_host_terms(samples, view_op_s=view_s, link=LINK, shared_memory_link=shared,
+                         shared_memory_cold_curve=cold)
+    assert math.isclose(fit.collective_wait_s, wait_s, rel_tol=1e-3), fit
+    assert fit.call_sync_wait_s < 1e-7 and fit.call_sync_wait_per_compute < 1e-4, fit
+    blind = fit_host_terms(samples, view_op_s=view_s, link=LINK, shared_memory_link=shared)
+    assert blind.collective_wait_s > wait_s + 10e-6 or blind.call_sync_wait_s > 50e-6, (
+        f"without the curve the fitted wait must hold the cold cost too: {blind}")
+    profile = dataclasses.replace(CPU, small_all_reduce="shared_memory", shared_memory_link=shared,
+                                  shared_memory_cold_call_s=cold_call_at_s(cold, 4 * 2**20), collective_wait_s=wait_s)
+    priced = collective_time_s("all_reduce", 2**15, 2, profile)
+    assert math.isclose(priced, link_collective_time_s("all_reduce", 2**15, 2, LINK, small_all_reduce="shared_memory",
+                                                       shared_memory_link=shared)
+                        + cold_call_at_s(cold, 4 * 2**20) + wait_s), priced
+
+
+def test_reshardings_without_a_collective_count_as_compute() -> None:
+    """tp=2 tiny MLP on meta: its plan zeroes the second linear's bias on rank 1 (a local resharding) and
+    all-reduces the output. The estimate counts the zeros as compute of the bias (they run on the rank like any
+    op, and the accuracy benchmark's compute form runs them), the all-reduce as communication; the plan's
+    predicted split says the same."""
+    import autotp
+    from models import tiny_mlp
+
+    slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01)
+    model, args, kwargs = tiny_mlp(device="meta")
+    plan = autotp.plan(model, args, kwargs, world_size=2, memory_budget=None, hardware=slow)
+    local = [c for c in plan.collectives if all(str(step) in ("zero", "slice") for step in c.steps)]
+    talking = [c for c in plan.collectives if c not in local]
+    assert local and talking, plan.collectives
+    estimate = plan.estimate(slow)
+    assert math.isclose(estimate.comm_s, sum(c.time_s for c in talking)), estimate
+    nodes = {node.name: node for node in estimate.nodes}
+    for collective in local:
+        assert nodes[collective.producer].comm_s == 0.0, nodes[collective.producer]
+        assert math.isclose(nodes[collective.producer].compute_s,
+                            next(n.compute_s for n in plan.nodes if n.name == collective.producer) + collective.time_s)
+    assert math.isclose(estimate.compute_s, sum(n.compute_s for n in plan.nodes) + sum(c.time_s for c in local))
+    assert math.isclose(plan.predicted_compute_s, estimate.compute_s), (plan.predicted_compute_s, estimate.compute_s)
+    assert math.isclose(plan.predicted_comm_s, estimate.comm_per_call_s), (plan.predicted_comm_s, estimate)

@@ -147,6 +147,18 @@ def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, nam
     return torch.cat(pieces, dim).clone() if len(pieces) > 1 else pieces[0].clone()
 
 
+def _leaf_inputs(in_spec: pytree.TreeSpec) -> tuple[int, dict[str, None]] | None:
+    """``(positional count, keyword names in traced order)`` when every traced input was one leaf (each
+    argument a tensor, not a container), else None: then a call with tensors alone flattens to its
+    arguments in that order."""
+    positional, keywords = in_spec.child(0), in_spec.child(1)
+    if keywords.context is None and keywords.num_children:
+        return None
+    if not all(spec.is_leaf() for spec in (*positional.children(), *keywords.children())):
+        return None
+    return positional.num_children, dict.fromkeys(keywords.context or ())
+
+
 class TensorParallelModule(torch.nn.Module):
     """One rank's tensor-parallel model: same call signature and outputs as the original.
 
@@ -177,6 +189,7 @@ class TensorParallelModule(torch.nn.Module):
         self.world_size = plan.world_size
         self._slots = captured.inputs
         self._in_spec = captured.in_spec
+        self._leaf_inputs = _leaf_inputs(captured.in_spec)
         self._out_spec = captured.out_spec
         # per flattened output: "R" (whole), or with outputs="local" this rank's "S(d)" block / "P" part
         self.output_placements = output_placements(plan)
@@ -309,6 +322,13 @@ class TensorParallelModule(torch.nn.Module):
         return count_collectives(self.graph_module)
 
     def _flatten_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
+        leaves = self._leaf_inputs
+        if leaves is not None and len(args) == leaves[0] and kwargs.keys() == leaves[1].keys():
+            # traced with tensors only, called with tensors only: the flat list is the inputs in order
+            # (pytree's flatten and spec check cost ~20 us per call, a tenth of a tiny model's step)
+            flat = [*args, *(kwargs[key] for key in leaves[1])]
+            if all(isinstance(value, torch.Tensor) for value in flat):
+                return flat
         kw_spec = self._in_spec.child(1)
         expected = list(kw_spec.context) if kw_spec.context is not None else []
         if set(kwargs) != set(expected):
