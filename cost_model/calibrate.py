@@ -82,6 +82,7 @@ from .bandwidth import DEFAULT_WORKING_SETS, at_working_set, measure_cold_call_s
 from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
 from .graph_calibration import (
     COLD_WEIGHT_BYTES,
+    GRAPH_FAMILIES,
     GemmSample,
     GraphSample,
     GraphShape,
@@ -148,7 +149,7 @@ class CalibrationConfig:
     graph_shapes: tuple[GraphShape, ...] = tuple(
         GraphShape(layers, tokens, hidden, collectives=collectives, family=family)
         for layers in (1, 3) for tokens in (2, 32) for hidden in (64, 256) for collectives in (True, False)
-        for family in ("llama", "gpt") if collectives or layers == 3
+        for family in GRAPH_FAMILIES if collectives or (layers == 3 and family != "mlp")
     ) + (GraphShape(0, 2, 64),)
     graph_runs: int = 15
 
@@ -171,7 +172,8 @@ class CalibrationConfig:
                           GraphShape(3, 2, 64, collectives=False), GraphShape(2, 16, 128, collectives=False, family="gpt"),
                           GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256),
                           GraphShape(3, 32, 256, family="gpt"),
-                          GraphShape(3, 32, 256, collectives=False), GraphShape(0, 2, 64)),
+                          GraphShape(3, 32, 256, collectives=False), GraphShape(0, 2, 64),
+                          GraphShape(1, 32, 256, family="mlp"), GraphShape(3, 32, 256, family="mlp")),
             graph_runs=11,
         )
 

@@ -135,6 +135,11 @@ class GraphShape:
     collectives: bool = True
     family: str = "llama"
 
+    @property
+    def all_reduces(self) -> int:
+        """All-reduces one call issues at more than one rank: one per ``"mlp"`` block, two per other block."""
+        return self.layers * (1 if self.family == "mlp" else 2) if self.collectives else 0
+
     def __post_init__(self) -> None:
         if self.layers < 0 or self.tokens < 1 or self.hidden < 1:
             raise ValueError(f"GraphShape needs layers >= 0, tokens >= 1 and hidden >= 1, got {self}")
@@ -634,13 +639,17 @@ def slowest_call_s(starts: Sequence[float], ends: Sequence[float], *, synced: bo
 
 # ------------------------------------------------------------------------------ graphs
 
-GRAPH_FAMILIES = ("llama", "gpt")
-"""Op mixes of the calibration graphs, as the rewrite emits them for HuggingFace models: both open
-with the prologue a traced model runs before its first block (position ids from ``arange``, a
-causal mask built by comparing them, a position-embedding lookup, dtype casts); ``"llama"`` blocks
-have RMSNorm, bias-free projections, rotary embeddings (slices, ``neg``, ``cat``), causal SDPA and a
-SiLU-gated MLP; ``"gpt"`` blocks have LayerNorm, projections with bias, SDPA with a mask tensor and
-a GELU MLP. Every op kind the fitted dispatch prices in a real graph is in them."""
+GRAPH_FAMILIES = ("llama", "gpt", "mlp")
+"""Op mixes of the calibration graphs, as the rewrite emits them for HuggingFace models: ``"llama"``
+and ``"gpt"`` open with the prologue a traced model runs before its first block (position ids from
+``arange``, a causal mask built by comparing them, a position-embedding lookup, dtype casts);
+``"llama"`` blocks have RMSNorm, bias-free projections, rotary embeddings (slices, ``neg``, ``cat``),
+causal SDPA and a SiLU-gated MLP, two all-reduces each; ``"gpt"`` blocks have LayerNorm, projections
+with bias, SDPA with a mask tensor and a GELU MLP, two all-reduces each. Every op kind the fitted
+dispatch prices in a real graph is in them. ``"mlp"`` blocks are a feed-forward layer alone
+(Linear, GELU, Linear, as a Megatron MLP splits it: one all-reduce each, no prologue): graphs of one
+and three collectives, so that the wait a call pays once is told apart from the wait per collective
+(with two per block, every count is even)."""
 
 
 def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> tuple[torch.fx.GraphModule, torch.Tensor]:
@@ -651,6 +660,7 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
     head_dim = max(2, shape.hidden // shape.heads // 2 * 2)  # even: rotary halves it
     local = heads * head_dim  # (tokens, local) after a column-split projection
     tokens, hidden, gpt = shape.tokens, shape.hidden, shape.family == "gpt"
+    biased = shape.family != "llama"
     generator = torch.Generator().manual_seed(0)
     root = torch.nn.Module()
     graph = torch.fx.Graph()
@@ -674,7 +684,7 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
         return call(aten.mul.Tensor, call(aten.mul.Tensor, value, inverse), parameter(hidden))
 
     def linear(value: torch.fx.Node, out_features: int, in_features: int) -> torch.fx.Node:
-        bias = (parameter(out_features),) if gpt else ()
+        bias = (parameter(out_features),) if biased else ()
         return call(aten.linear.default, value, parameter(out_features, in_features), *bias)
 
     def all_reduce(value: torch.fx.Node) -> torch.fx.Node:
@@ -694,6 +704,11 @@ def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> t
 
     if shape.layers == 0:  # the call of a graph and little else: pins the per-call term of the fit
         graph.output(norm(x))
+        return torch.fx.GraphModule(root, graph), torch.randn(1, tokens, hidden, generator=generator)
+    if shape.family == "mlp":
+        for _ in range(shape.layers):
+            x = all_reduce(linear(call(aten.gelu.default, linear(x, 4 * local, hidden)), hidden, 4 * local))
+        graph.output(x)
         return torch.fx.GraphModule(root, graph), torch.randn(1, tokens, hidden, generator=generator)
     # the prologue: positions, a causal mask from them, a position-embedding lookup, casts
     positions = call(aten.arange.start, 0, tokens, device=torch.device("cpu"), pin_memory=False)

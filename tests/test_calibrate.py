@@ -145,7 +145,7 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     quick = CalibrationConfig.quick()
     assert len(ranks[0].graphs) == len(quick.graph_shapes), ranks[0].graphs
     for shape, sample in zip(quick.graph_shapes, ranks[0].graphs):
-        assert len(sample.collectives) == (2 * shape.layers if shape.collectives else 0), (shape, sample)
+        assert len(sample.collectives) == shape.all_reduces, (shape, sample)
         assert sample.seconds > 0 and sample.kernel_nodes > 0, sample
         assert sample.work_s > 0 and 0 < sample.core_share <= 1, f"work clock and core share measured: {sample}"
         assert sample.compute_s > 0 and sample.compute_work_s > 0, f"compute form measured: {sample}"

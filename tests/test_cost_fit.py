@@ -454,17 +454,25 @@ def test_lookups_read_rows_and_attention_runs_as_small_gemms() -> None:
 @pytest.mark.parametrize("family", GRAPH_FAMILIES)
 def test_calibration_graphs_hold_the_op_kinds_of_hf_graphs(family: str) -> None:
     """tp=1, one tiny block of each family: the graph runs and holds the prologue (arange, mask, embedding) and
-    the family's norm, attention and activation."""
-    module, example = block_graph(GraphShape(1, 4, 32, heads=4, family=family), 1, None)
+    the family's norm, attention and activation; an ``"mlp"`` block is a feed-forward layer alone. At tp=2 an
+    ``"mlp"`` block has one all-reduce, the others two (``GraphShape.all_reduces``)."""
+    shape = GraphShape(1, 4, 32, heads=4, family=family)
+    module, example = block_graph(shape, 1, None)
     out = module(example)
     assert out.shape == example.shape, f"expected {tuple(example.shape)}, got {tuple(out.shape)}"
     targets = {str(node.target) for node in module.graph.nodes if node.op == "call_function"}
-    expected = {"aten.arange.start", "aten.le.Tensor", "aten.embedding.default",
-                "aten.scaled_dot_product_attention.default"}
-    expected |= {"aten.layer_norm.default", "aten.gelu.default"} if family == "gpt" else {"aten.rsqrt.default",
-                                                                                           "aten.silu.default",
-                                                                                           "aten.cat.default"}
+    if family == "mlp":
+        expected = {"aten.linear.default", "aten.gelu.default"}
+        assert "aten.scaled_dot_product_attention.default" not in targets, targets
+    else:
+        expected = {"aten.arange.start", "aten.le.Tensor", "aten.embedding.default",
+                    "aten.scaled_dot_product_attention.default"}
+        expected |= ({"aten.layer_norm.default", "aten.gelu.default"} if family == "gpt"
+                     else {"aten.rsqrt.default", "aten.silu.default", "aten.cat.default"})
     assert expected <= targets, f"missing {sorted(expected - targets)}"
+    split, _ = block_graph(dataclasses.replace(shape, layers=3), 2, "a-group")
+    all_reduces = sum(1 for node in split.graph.nodes if node.target is torch.ops._c10d_functional.all_reduce.default)
+    assert all_reduces == dataclasses.replace(shape, layers=3).all_reduces == (3 if family == "mlp" else 6), all_reduces
 
 
 def test_the_wait_fit_takes_the_shared_memory_cold_cost_out_as_a_model_is_priced_with_it() -> None:
