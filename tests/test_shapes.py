@@ -1,7 +1,7 @@
 """One compiled model serves every batch size and sequence length (dynamic batch and sequence dims).
 
 Tier (b): symbolic localisation of shape arguments on a fake process group (no gloo), the
-clear error for a static dim. Tier (c): real gloo runs at tp 2 and 3 (uneven heads), one
+clear error for a static dim, keyword inputs in any order and the errors for other structures. Tier (c): real gloo runs at tp 2 and 3 (uneven heads), one
 compile per model, called at three shapes, compared with the single-process model (1e-4).
 """
 
@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch import nn
 from models import BUILDERS, tiny_llama, tiny_mlp
 
 import autotp
@@ -163,3 +164,31 @@ def test_plan_that_splits_the_batch_says_to_pin_shapes() -> None:
     captured = capture(model, inputs_on_model_device(model, args), kwargs)
     with pytest.raises(PlanMismatchError, match=r"never split.*dynamic=False"):
         check_plan_applies(plan, captured, 4)
+
+
+class _Shifted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(24, 24)
+
+    def forward(self, x: torch.Tensor, *, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * scale + shift
+
+
+def test_keyword_tensors_in_any_order_and_clear_errors_for_other_structures(fake_group) -> None:
+    """Keyword tensors given in another order than traced reach the same graph slots (the fast path keys them by
+    name); a missing keyword and a container where a tensor was traced are refused with TypeError, as before."""
+    torch.manual_seed(0)
+    model = _Shifted()
+    x, shift, scale = torch.randn(2, 5, 24), torch.randn(24), torch.randn(24)
+    tp = _compile(model, (x,), {"shift": shift, "scale": scale})
+    with torch.no_grad():
+        traced_order = tp(x, shift=shift, scale=scale)
+        other_order = tp(x, scale=scale, shift=shift)
+        swapped = tp(x, shift=scale, scale=shift)
+    assert torch.equal(traced_order, other_order), "keyword order must not matter"
+    assert not torch.equal(traced_order, swapped), "each keyword reaches its own slot"
+    with pytest.raises(TypeError, match="keyword arguments"):
+        tp(x, shift=shift)
+    with pytest.raises(TypeError, match="structure"):
+        tp((x,), shift=shift, scale=scale)
