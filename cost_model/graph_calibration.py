@@ -7,12 +7,14 @@ and a collective in a graph waits for the slowest rank, which a collective timed
 (ranks already in step) never does. So the per-node and per-collective terms are not measured on
 one op: :func:`measure_graphs` builds rank-local graphs with the op mix of the graphs the rewrite
 emits for HuggingFace models (:data:`GRAPH_FAMILIES`: the prologue of position ids, causal mask and
-lookups; Llama-like and GPT-like blocks; an all-reduce after each row-split projection) at several
-depths, widths and token counts, and one graph of a single norm (the call of a graph and little
-else); runs each by calling its ``GraphModule`` (what ``TensorParallelModule`` does), after a
-barrier on every rank, timing each call on the wall clock (the slowest rank counting) and on the
-work clock (:func:`work_clock`: the rank's own CPU time); times a graph with collectives also in
-its *compute form* (:func:`local_stand_ins`: every collective replaced by a local op of its
+lookups; Llama-like and GPT-like blocks; feed-forward blocks alone; an all-reduce after each
+row-split projection) at several depths, widths and token counts, and one graph of a single norm
+(the call of a graph and little else); runs each by calling its ``GraphModule`` (what
+``TensorParallelModule`` does), one graph at a time, each call after an untimed call of itself and
+a barrier on every rank (:func:`time_in_turn`), timing it on the wall clock (the slowest rank
+counting; a graph with collectives from the moment the last rank entered it, :func:`slowest_call_s`)
+and on the work clock (:func:`work_clock`: the rank's own CPU time); times a graph with collectives
+also in its *compute form* (:func:`local_stand_ins`: every collective replaced by a local op of its
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
     compute_work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
@@ -621,7 +623,7 @@ def slowest_call_s(starts: Sequence[float], ends: Sequence[float], *, synced: bo
     tp 2 on two idle cores: the median skew of a round of 15 calls was 15-30 us in most rounds and
     0.7-0.8 ms in others, a rank asleep in the barrier's TCP wait woken late). A rank that enters a call
     early waits for that skew in the call's first collective; timed from its own start, the call then
-    measured up to 2.6x its usual communication. That wait is the harness's, not the model's: ranks that
+    measured 2.6-2.8x its usual communication. That wait is the harness's, not the model's: ranks that
     serve call after call enter each call together, released by the previous call's last collective.
     """
     if len(starts) != len(ends):
@@ -856,7 +858,8 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
     accuracy benchmark times one): graphs that took turns within every run measured twice the wait
     (a 3-block GPT graph with 6 all-reduces at tp 2 on two cores: 0.64-0.79 ms taking turns with
     the eight other quick-calibration graphs, 0.31-0.38 ms alone, 0.23-0.45 ms in the benchmark's
-    harness; the compute forms alike), although each call came after an untimed call of itself.
+    harness, while its compute form measured the same either way), although each call came after an
+    untimed call of itself.
     :func:`fit_host_terms` weighs the graphs robustly, so a change of load during one graph's runs
     does not set the terms."""
     samples = []
