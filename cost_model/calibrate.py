@@ -664,9 +664,10 @@ def build_profile(
     kernels = _kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
                               first.copy_curve)
+    if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
+        cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
-                                            shared_memory_link=shared_link,
-                                            shared_memory_cold_curve=cold_curve if shared_link is not None else ())
+                                            shared_memory_link=shared_link, shared_memory_cold_curve=cold_curve)
                              for m in compute if m.graphs])
     graph_link_before = loopback if shared_link is None else shared_link  # the link the graphs' all-reduces ran on
     if host is not None and host.link_base_adjust_s < 0:
@@ -727,8 +728,8 @@ def build_profile(
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",
         shared_memory_link=shared_link,
         # the figure at the largest working set (DRAM), as memory_bandwidth_gbps; graphs resolve the curve
-        shared_memory_cold_call_s=cold_curve[-1][1] if cold_curve and shared_link is not None else 0.0,
-        shared_memory_cold_curve=cold_curve if shared_link is not None else (),
+        shared_memory_cold_call_s=cold_curve[-1][1] if cold_curve else 0.0,
+        shared_memory_cold_curve=cold_curve,
         core_share=share,
     )
 

@@ -396,7 +396,8 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     synced = [sample for sample in samples if sample.collectives]
     entry_s, in_graph_s, per_compute = fit_wait_terms(
         [len(sample.collectives) for sample in synced], [sample.compute_s for sample in synced],
-        [sample.seconds - sample.compute_s - link_s(sample) for sample in synced], per_compute_at_most=max(0.0, 1.0 - share))
+        [sample.seconds - sample.compute_s - link_s(sample) for sample in synced],
+        per_compute_at_most=max(0.0, 1.0 - share))
 
     def waited_s(sample: GraphSample, compute_s: float) -> float:
         count = len(sample.collectives)
@@ -863,6 +864,7 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
     :func:`fit_host_terms` weighs the graphs robustly, so a change of load during one graph's runs
     does not set the terms."""
     samples = []
+    share_a_clock = ranks_share_a_clock()  # a property of the group: asked once, not per graph
     with torch.no_grad():
         for module, example, hardware in graphs:
             recorder = _Recorder(module, hardware)
@@ -870,7 +872,7 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
             compute_module = local_stand_ins(module)
             forms = [module] if compute_module is None else [module, compute_module]
             timed = time_in_turn([(functools.partial(form, example), which == 0 and len(forms) > 1)
-                                  for which, form in enumerate(forms)], runs, warmup)
+                                  for which, form in enumerate(forms)], runs, warmup, share_a_clock=share_a_clock)
             # the share as the benchmark measures a forward: median work over the median of the slowest
             # rank's wall times (a sum over runs would let one run paused for a whole time slice under
             # load set the share of every graph; fit_host_terms weighs the graphs by their time, so the
@@ -883,11 +885,12 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
     return tuple(samples)
 
 
-def time_in_turn(calls: Sequence[tuple[Callable[[], Any], bool]], runs: int,
-                 warmup: int = 3) -> list[tuple[float, float]]:
+def time_in_turn(calls: Sequence[tuple[Callable[[], Any], bool]], runs: int, warmup: int = 3, *,
+                 share_a_clock: bool | None = None) -> list[tuple[float, float]]:
     """Per ``(call, synced)``: the median over ``runs`` of one call's seconds on every rank (the slowest
     rank's, and with ``synced``, a call with collectives, from the moment the last rank entered it:
     :func:`slowest_call_s`) and the median of this rank's work per call (:func:`work_clock`).
+    ``share_a_clock``: :func:`ranks_share_a_clock`'s answer when the caller has it (None: asked here).
 
     Call it on every rank of the current process group at once (or without one). The calls take turns
     within every run, so a change of load hits all of them alike (a graph's real and compute form,
@@ -898,7 +901,8 @@ def time_in_turn(calls: Sequence[tuple[Callable[[], Any], bool]], runs: int,
     after its real form got half a core, one timed after itself 0.9-0.97; that wait is caused by the
     collectives, so it belongs to what they add, not to the compute)."""
     clock = work_clock()
-    share_a_clock = ranks_share_a_clock()
+    if share_a_clock is None:
+        share_a_clock = ranks_share_a_clock()
     starts: list[list[float]] = [[] for _ in calls]
     ends: list[list[float]] = [[] for _ in calls]
     work: list[list[float]] = [[] for _ in calls]
@@ -951,10 +955,9 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
         # as autotp.compile runs an inference graph: through shared memory on one host, else one-shot (tp > 2)
         module = inference_all_reduces(module, None, world_size, timeout_s=_GRAPH_TIMEOUT_S)
         # its kernels priced at the bandwidth of its own working set (weights and input), as the cost pass does
-        touched = sum(t.numel() * t.element_size() for t in (*module.buffers(), example))
-        graphs.append((module, example, at_working_set(hardware, touched)))
+        weights = sum(t.numel() * t.element_size() for t in module.buffers())
+        graphs.append((module, example, at_working_set(hardware, weights + example.numel() * example.element_size())))
         # the cost pass sizes a model's graph with its tensors held whole: its weights on every rank together
-        whole.append(sum(t.numel() * t.element_size() for t in module.buffers()) * world_size
-                     + example.numel() * example.element_size())
+        whole.append(weights * world_size + example.numel() * example.element_size())
     return tuple(dataclasses.replace(sample, working_set_bytes=size)
                  for sample, size in zip(graph_samples(graphs, runs), whole))
