@@ -17,14 +17,16 @@ and on the work clock (:func:`work_clock`: the rank's own CPU time); times a gra
 also in its *compute form* (:func:`local_stand_ins`: every collective replaced by a local op of its
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
-    compute_work_s - device_s - view_nodes * view_op_s = kernel_nodes * dispatch + call
+    compute_work_s - view_nodes * view_op_s = slowdown * device_s + kernel_nodes * dispatch + call
     compute_s = compute_work_s / core_share
     seconds   = compute_s + link_s + collectives * collective_wait_s
                 + call_sync_wait_s + call_sync_wait_per_compute * compute_s   (with collectives)
 
 where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
 no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
-and the calibrated profile sets ``kernel_floor_s`` to 0), ``link_s`` the alpha-beta time of its
+and the calibrated profile sets ``kernel_floor_s`` to 0), ``slowdown`` how much longer kernels take
+in a graph than the single ops their rates were timed on (:func:`fit_compute_terms`; the profile's
+``achievable_fraction_*``), ``link_s`` the alpha-beta time of its
 collectives on the link fitted back to back, and ``core_share`` the share of a core a rank gets
 while computing: its median work over the median of the slowest rank's wall times in the compute
 forms of all graphs, each graph weighing by its time
@@ -90,6 +92,7 @@ __all__ = [
     "GemmFit",
     "block_graph",
     "fair_core_share",
+    "fit_compute_terms",
     "fit_gemm_curve",
     "fit_host_terms",
     "fit_wait_line",
@@ -195,7 +198,9 @@ class HostFit:
     fitted back to back, per call, which the profile takes off the link's ``base_latency_s``;
     ``call_sync_wait_s``: the wait a graph's first collective pays once per call for ranks that
     entered it out of step; ``call_sync_wait_per_compute``: the wait, per second of a call's compute,
-    of ranks that drift apart while they compute between collectives (:func:`fit_wait_terms`)."""
+    of ranks that drift apart while they compute between collectives (:func:`fit_wait_terms`);
+    ``kernel_slowdown`` (at least 1): how many times longer the graphs' kernels took than their
+    roofline at the rates timed on single ops in a tight loop (:func:`fit_compute_terms`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -206,6 +211,7 @@ class HostFit:
     link_base_adjust_s: float = 0.0
     call_sync_wait_s: float = 0.0
     call_sync_wait_per_compute: float = 0.0
+    kernel_slowdown: float = 1.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -272,9 +278,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     When the samples carry their own work (``work_s``, timed on the work clock like the single
     ops whose rates price ``device_s``), the fit has three steps, each on what it can see:
 
-    1. the dispatch per kernel node and the call of the graph, by non-negative least squares on
-       relative error over the work of every graph (a column per collective takes the host work
-       of issuing and waiting on one, which belongs to the wait below, not to a node);
+    1. the kernels' slowdown in a graph, the dispatch per kernel node and the call of the graph
+       (:func:`fit_compute_terms`) over the work of every graph (a column per collective takes the
+       host work of issuing and waiting on one, which belongs to the wait below, not to a node);
     2. the share of a core a rank gets (:attr:`GraphSample.core_share`) over the graphs without
        collectives together (their total work over their total wall time): every work term
        becomes wall time divided by it (the
@@ -303,19 +309,17 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
     if all(sample.compute_work_s > 0 and sample.compute_s > 0 for sample in samples):
         return _fit_compute_then_wait(samples, view_op_s, link_s)
-    rows, target = [], []
-    for sample in samples:
-        weight = 1.0 / sample.work_s
-        rows.append([sample.kernel_nodes * weight, weight, len(sample.collectives) * weight])
-        target.append((sample.work_s - sample.device_s - sample.view_nodes * view_op_s) * weight)
-    solution, _ = nnls(np.asarray(rows), np.asarray(target))
-    dispatch_work_s, launch_work_s = float(solution[0]), float(solution[1])
+    # a column per collective takes the host work of issuing and waiting on one (it belongs to the wait)
+    slowdown, dispatch_work_s, launch_work_s = fit_compute_terms(
+        [sample.device_s for sample in samples], [sample.kernel_nodes for sample in samples],
+        [sample.work_s - sample.view_nodes * view_op_s for sample in samples],
+        extra_columns=[[len(sample.collectives)] for sample in samples])
     # over the graphs together, each weighing by its time (the longest calls are the most like a forward)
     alone = [sample for sample in samples if not sample.collectives] or list(samples)
     share = sum(sample.work_s for sample in alone) / sum(sample.work_s / sample.core_share for sample in alone)
 
     def wall_without_wait_s(sample: GraphSample) -> float:
-        work_s = (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
+        work_s = (slowdown * sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
                   + launch_work_s)
         return work_s / share + link_s(sample)
 
@@ -325,7 +329,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     errors = [abs(wall_without_wait_s(sample) + len(sample.collectives) * wait_s - sample.seconds) / sample.seconds
               for sample in samples]
     return HostFit(dispatch_work_s / share, wait_s, launch_work_s / share, statistics.median(errors), len(samples),
-                   share)
+                   share, kernel_slowdown=slowdown)
 
 
 def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_link: LinkProfile | None,
@@ -354,9 +358,9 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     is its time with every collective replaced by a local stand-in, its communication what the
     real collectives add to that. So:
 
-    1. the dispatch per kernel node and the call of the graph: non-negative least squares on
-       relative error over the *compute work* of every graph (``compute_work_s``; the graphs with
-       collectives count too, without a column for them: their stand-ins cost nothing);
+    1. the kernels' slowdown in a graph, the dispatch per kernel node and the call of the graph
+       (:func:`fit_compute_terms`) over the *compute work* of every graph (``compute_work_s``; the
+       graphs with collectives count too, without a column for them: their stand-ins cost nothing);
     2. the share of a core a rank gets while computing: the compute work of every graph over
        its compute wall time, each graph weighing by its time; every work term becomes wall time
        divided by it. With four single-thread ranks on two cores it is about 1/2: the ranks take
@@ -379,18 +383,14 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        time runs while they compute. The profile takes it off the link's per-call
        latency (never below 0), so no collective is priced below nothing.
     """
-    rows, target = [], []
-    for sample in samples:
-        weight = 1.0 / sample.compute_work_s
-        rows.append([sample.kernel_nodes * weight, weight])
-        target.append((sample.compute_work_s - sample.device_s - sample.view_nodes * view_op_s) * weight)
-    solution, _ = nnls(np.asarray(rows), np.asarray(target))
-    dispatch_work_s, launch_work_s = float(solution[0]), float(solution[1])
+    slowdown, dispatch_work_s, launch_work_s = fit_compute_terms(
+        [sample.device_s for sample in samples], [sample.kernel_nodes for sample in samples],
+        [sample.compute_work_s - sample.view_nodes * view_op_s for sample in samples])
     share = (sum(sample.compute_work_s for sample in samples)
              / sum(sample.compute_work_s / sample.core_share for sample in samples))
 
     def compute_wall_s(sample: GraphSample) -> float:
-        return (sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
+        return (slowdown * sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
                 + launch_work_s) / share
 
     synced = [sample for sample in samples if sample.collectives]
@@ -406,7 +406,46 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     errors = [abs(compute_wall_s(sample) + link_s(sample) + waited_s(sample, compute_wall_s(sample)) - sample.seconds)
               / sample.seconds for sample in samples]
     return HostFit(dispatch_work_s / share, max(0.0, in_graph_s), launch_work_s / share, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute)
+                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, slowdown)
+
+
+KERNEL_SLOWDOWN_AT_MOST = 4.0
+"""Upper bound of the fitted kernel slowdown in a graph (:func:`fit_compute_terms`): a fit that wants more
+has samples the roofline does not describe, and the bound keeps one such calibration from pricing every
+kernel several times over."""
+
+
+def fit_compute_terms(device_s: Sequence[float], kernel_nodes: Sequence[int], work_s: Sequence[float], *,
+                      extra_columns: Sequence[Sequence[float]] | None = None) -> tuple[float, float, float]:
+    """``(slowdown, dispatch, call)`` of ``work_s ≈ slowdown * device_s + kernel_nodes * dispatch + call``
+    over graphs (``work_s``: each graph's work without its views' dispatch), by bounded least squares on
+    relative error (each graph weighted ``1 / work``).
+
+    Why a slowdown: ``device_s`` is the roofline at rates timed on one op in a tight loop (its code, its
+    weights and its inputs hot in the caches, its branches learnt); in a graph, every kernel follows
+    others that evicted them. Fitted as a fixed cost per node alone, that extra was an average over the
+    calibration graphs' mix of small and large kernels: graphs of 2 tokens over-predicted (the extra of
+    their small kernels is small) and graphs of 32 tokens under-predicted by 25-30% (on this project's
+    2-core VM: a Linear of 32 x 256 x 256 took 37 us in a loop and about 90 in a BERT graph; its GELU
+    16 and 80). ``slowdown`` is in ``[1, KERNEL_SLOWDOWN_AT_MOST]``, dispatch and call at least 0.
+    ``extra_columns``: more non-negative unknowns per graph (a count of collectives), fitted and
+    dropped."""
+    extra = [list(columns) for columns in extra_columns] if extra_columns is not None else [[] for _ in device_s]
+    if not len(device_s) == len(kernel_nodes) == len(work_s) == len(extra):
+        raise ValueError(f"need one device time, kernel count and work per graph, got {len(device_s)}, "
+                         f"{len(kernel_nodes)} and {len(work_s)}")
+    if not work_s or any(not work > 0 for work in work_s):
+        raise ValueError(f"every graph's work must be > 0, got {list(work_s)}")
+    width = 3 + len(extra[0])
+    rows = np.asarray([[device, nodes, 1.0, *more] for device, nodes, more in zip(device_s, kernel_nodes, extra)])
+    weights = 1.0 / np.asarray(work_s, dtype=float)
+    lower = [1.0] + [0.0] * (width - 1)
+    upper = [KERNEL_SLOWDOWN_AT_MOST] + [np.inf] * (width - 1)
+    if not any(device > 0 for device in device_s):  # nothing to scale: the slowdown stays 1
+        upper[0] = 1.0 + 1e-12
+    solution = lsq_linear(rows * weights[:, None], np.asarray(work_s) * weights, bounds=(lower, upper),
+                          method="bvls").x
+    return float(solution[0]), float(solution[1]), float(solution[2])
 
 
 WAIT_FIT_INLIER_ERROR = 0.1

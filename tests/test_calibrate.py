@@ -17,7 +17,7 @@ from models import tiny_mlp
 
 import autotp
 from autotp.cli import main as cli
-from autotp.cost_model import Hardware, LinkProfile, get_hardware, link_collective_time_s
+from autotp.cost_model import Hardware, LinkProfile, compute_time_s, get_hardware, link_collective_time_s
 from autotp.cost_model import calibrate as calibration
 from autotp.cost_model.calibrate import (
     SHARED_MEMORY_KIND,
@@ -28,6 +28,7 @@ from autotp.cost_model.calibrate import (
     fit_link,
     measure_rank,
 )
+from autotp.cost_model.graph_calibration import GraphSample
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 SIZES = (4 * 2**10, 64 * 2**10, 2**20, 16 * 2**20)
@@ -108,6 +109,30 @@ def test_profile_is_usable_as_hardware_json(tmp_path) -> None:
     plan = autotp.plan(model, args, world_size=2, hardware=str(path))
     assert plan.hardware == "cpu-test"
     assert plan.estimate(profile).memory_capacity_bytes == pytest.approx(profile.memory_gib * 2**30)
+
+
+def test_profile_prices_kernels_at_the_slowdown_the_graphs_showed() -> None:
+    """tp=2 (synthetic measurements): graphs whose kernels took 1.5x their roofline make a profile whose
+    achievable fractions are 1/1.5 and whose transcendental rate is 1.5x slower, so a GEMM and a GELU are
+    priced 1.5x their single-op time (beyond the fitted dispatch)."""
+    samples = synthetic_samples(group_sizes=(2,))
+    graphs = tuple(GraphSample(40 * layers, 10 * layers, device_s * layers, (),
+                               1.5 * device_s * layers + 40 * layers * 5e-6 + 10 * layers * 2e-6 + 10e-6,
+                               1.5 * device_s * layers + 40 * layers * 5e-6 + 10 * layers * 2e-6 + 10e-6)
+                   for layers in (1, 3) for device_s in (40e-6, 1e-3))
+    rank = dataclasses.replace(synthetic_rank(0, samples), graphs=graphs, transcendental_element_s=1e-9)
+    profile = build_profile([rank], samples, world_size=2)
+    assert profile.achievable_fraction_compute == pytest.approx(1 / 1.5)
+    assert profile.achievable_fraction_memory == pytest.approx(1 / 1.5)
+    assert profile.transcendental_element_s == pytest.approx(1.5e-9)
+    assert profile.host_dispatch_s == pytest.approx(5e-6) and "1.50x their roofline" in profile.source
+    single_op = dataclasses.replace(profile, achievable_fraction_compute=1.0, achievable_fraction_memory=1.0,
+                                    transcendental_element_s=1e-9, host_dispatch_s=0.0)
+    in_graph = dataclasses.replace(profile, host_dispatch_s=0.0)
+    for flops, moved, elements in ((2 * 32 * 256 * 256, 4 * (32 * 256 * 2 + 256 * 256), 0), (0, 8 * 2**16, 2**16)):
+        assert compute_time_s(flops, moved, torch.float32, in_graph, transcendental_elements=elements) == (
+            pytest.approx(1.5 * compute_time_s(flops, moved, torch.float32, single_op, transcendental_elements=elements)))
+    assert Hardware.from_json(profile.to_json()) == profile
 
 
 def test_view_op_field_is_optional_in_json() -> None:

@@ -22,7 +22,9 @@ from autotp.cost_model.graph_calibration import (
     GemmSample,
     GraphSample,
     GraphShape,
+    KERNEL_SLOWDOWN_AT_MOST,
     block_graph,
+    fit_compute_terms,
     fit_gemm_curve,
     fit_host_terms,
     fit_wait_line,
@@ -203,6 +205,44 @@ def test_estimate_shows_host_time_per_runtime_mode() -> None:
     assert host.by_mode["cuda_graph"] == h100.graph_launch_s < host.by_mode["eager"], host
     assert estimate.time_per_call_s == estimate.time_s + h100.graph_launch_s
     assert "host dispatch per forward" in estimate.summary() and "cuda_graph" in estimate.summary()
+
+
+def _graphs_with_slow_kernels(slowdown: float, dispatch_s: float, launch_s: float, view_s: float,
+                              share: float) -> list[GraphSample]:
+    """Graphs of 1-3 blocks at 2 and 32 tokens (small and large kernels per node), without collectives,
+    whose kernels took ``slowdown`` times their roofline ``device_s``: both clocks and the compute form."""
+    samples = []
+    for layers in (1, 2, 3):
+        for device_per_node_s in (1e-6, 25e-6):  # 2 tokens, 32 tokens
+            kernels, views = 40 * layers, 12 * layers
+            device_s = kernels * device_per_node_s
+            work_s = slowdown * device_s + kernels * dispatch_s + views * view_s + launch_s
+            samples.append(GraphSample(kernels, views, device_s, (), work_s / share, work_s, share, work_s / share,
+                                       work_s))
+    return samples
+
+
+def test_kernels_in_a_graph_take_a_fitted_multiple_of_their_single_op_roofline() -> None:
+    """No parallelism (synthetic timings): graphs whose kernels ran 1.3x their roofline at the single-op rates,
+    at two sizes of kernel per node, give back that slowdown with the dispatch and the call, on the compute
+    form and on the work clock alone; a fixed cost per node alone could not fit both sizes. The slowdown is
+    bounded to [1, KERNEL_SLOWDOWN_AT_MOST]."""
+    slowdown, dispatch_s, launch_s, view_s, share = 1.3, 6e-6, 20e-6, 2e-6, 0.5
+    samples = _graphs_with_slow_kernels(slowdown, dispatch_s, launch_s, view_s, share)
+    for graphs in (samples, [dataclasses.replace(s, compute_s=0.0, compute_work_s=0.0) for s in samples]):
+        fit = fit_host_terms(graphs, view_op_s=view_s, link=None)
+        assert math.isclose(fit.kernel_slowdown, slowdown, rel_tol=1e-6), fit
+        _check_host_fit(fit, dispatch_s=dispatch_s, launch_s=launch_s, share=share, wait_s=0.0)
+        assert fit.median_abs_rel_error < 1e-9, fit
+    device = [s.device_s for s in samples]
+    nodes = [s.kernel_nodes for s in samples]
+    faster = [0.8 * d + n * dispatch_s + launch_s for d, n in zip(device, nodes)]
+    assert fit_compute_terms(device, nodes, faster)[0] == pytest.approx(1.0)
+    slower = [10 * d + n * dispatch_s + launch_s for d, n in zip(device, nodes)]
+    assert fit_compute_terms(device, nodes, slower)[0] == pytest.approx(KERNEL_SLOWDOWN_AT_MOST)
+    assert fit_compute_terms([0.0, 0.0], [3, 6], [40e-6, 70e-6]) == pytest.approx((1.0, 10e-6, 10e-6))
+    with pytest.raises(ValueError, match="work must be > 0"):
+        fit_compute_terms([1e-3], [3], [0.0])
 
 
 def test_host_fit_on_the_work_clock_divides_by_the_core_share_and_takes_the_median_wait() -> None:
