@@ -426,26 +426,28 @@ def fit_compute_terms(device_s: Sequence[float], kernel_nodes: Sequence[int], wo
     others that evicted them. Fitted as a fixed cost per node alone, that extra was an average over the
     calibration graphs' mix of small and large kernels: graphs of 2 tokens over-predicted (the extra of
     their small kernels is small) and graphs of 32 tokens under-predicted by 25-30% (on this project's
-    2-core VM: a Linear of 32 x 256 x 256 took 37 us in a loop and about 90 in a BERT graph; its GELU
-    16 and 80). ``slowdown`` is in ``[1, KERNEL_SLOWDOWN_AT_MOST]``, dispatch and call at least 0.
-    ``extra_columns``: more non-negative unknowns per graph (a count of collectives), fitted and
-    dropped."""
+    2-core VM, a GELU of 32 x 512 took 16 us in a loop, while ``linear -> GELU -> linear`` took 31 us
+    longer than ``linear -> linear``). ``slowdown`` is in ``[1, KERNEL_SLOWDOWN_AT_MOST]`` (1 when no
+    graph has kernel time), dispatch and call at least 0. ``extra_columns``: more non-negative unknowns
+    per graph (a count of collectives), fitted and dropped."""
     extra = [list(columns) for columns in extra_columns] if extra_columns is not None else [[] for _ in device_s]
     if not len(device_s) == len(kernel_nodes) == len(work_s) == len(extra):
         raise ValueError(f"need one device time, kernel count and work per graph, got {len(device_s)}, "
                          f"{len(kernel_nodes)} and {len(work_s)}")
     if not work_s or any(not work > 0 for work in work_s):
         raise ValueError(f"every graph's work must be > 0, got {list(work_s)}")
-    width = 3 + len(extra[0])
-    rows = np.asarray([[device, nodes, 1.0, *more] for device, nodes, more in zip(device_s, kernel_nodes, extra)])
+    scaled = any(device > 0 for device in device_s)  # without kernel time there is nothing to slow down
+    rows = np.asarray([[*([device] if scaled else []), nodes, 1.0, *more]
+                       for device, nodes, more in zip(device_s, kernel_nodes, extra)])
     weights = 1.0 / np.asarray(work_s, dtype=float)
-    lower = [1.0] + [0.0] * (width - 1)
-    upper = [KERNEL_SLOWDOWN_AT_MOST] + [np.inf] * (width - 1)
-    if not any(device > 0 for device in device_s):  # nothing to scale: the slowdown stays 1
-        upper[0] = 1.0 + 1e-12
+    others = rows.shape[1] - int(scaled)
+    lower = [1.0] * int(scaled) + [0.0] * others
+    upper = [KERNEL_SLOWDOWN_AT_MOST] * int(scaled) + [np.inf] * others
     solution = lsq_linear(rows * weights[:, None], np.asarray(work_s) * weights, bounds=(lower, upper),
                           method="bvls").x
-    return float(solution[0]), float(solution[1]), float(solution[2])
+    slowdown, dispatch_s, call_s = (solution[0], solution[1], solution[2]) if scaled else (1.0, solution[0],
+                                                                                            solution[1])
+    return float(slowdown), float(dispatch_s), float(call_s)
 
 
 WAIT_FIT_INLIER_ERROR = 0.1
