@@ -545,12 +545,18 @@ def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None
     dim: ``linear(x (..., k), w (n, k))``, ``mm(a (m, k), b (k, n))``, ``addmm(bias, a, b)``,
     ``bmm(a (b, m, k), b (b, k, n))``. Attention (``scaled_dot_product_attention``) runs its two
     products head by head, ``(Sq, E) @ (E, Sk)`` then ``(Sq, Sk) @ (Sk, Ev)``: ``(Sq, Sk, E)``, so
-    short sequences and small heads run it as far below peak as any small GEMM.
+    short sequences and small heads run it as far below peak as any small GEMM. A convolution is
+    the implicit GEMM its kernels run (cuDNN and oneDNN lower it so): ``m`` the batch times the
+    output's positions, ``n`` the output channels of a group, ``k`` a group's input channels times
+    the kernel's positions; a depthwise convolution (one channel per group) has ``n = 1`` and is
+    priced by its bytes, as a matrix-vector product is.
     """
     packet = _packet_of(op)
     kwargs = kwargs or {}
     if packet in _ATTENTION_OPS:
         return _attention_gemm_dims(args, kwargs)
+    if packet in _CONV_GROUPS_ARG:
+        return _conv_gemm_dims(packet, args, kwargs)
     if packet not in _GEMM_OPS:
         return None
     offset = 1 if packet in (aten.addmm, aten.baddbmm) else 0
@@ -571,6 +577,31 @@ def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None
 
 
 _ATTENTION_OPS = frozenset({aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu})
+
+# convolutions: where their ``groups`` argument sits (and whether the op is transposed at all)
+_CONV_GROUPS_ARG = {aten.conv1d: 6, aten.conv2d: 6, aten.conv3d: 6, aten.convolution: 8}
+
+
+def _conv_gemm_dims(packet: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int, int, int] | None:
+    x, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    if x is None or weight is None:
+        return None
+    transposed = packet is aten.convolution and bool(_arg(args, kwargs, 6, "transposed", False))
+    if transposed:  # a transposed convolution's GEMM is a convolution's backward: leave it to its FLOPs
+        return None
+    x_shape = [_concrete_size(size) for size in _shape(x)]
+    w_shape = [_concrete_size(size) for size in _shape(weight)]
+    if len(x_shape) == len(w_shape) - 1:  # unbatched input: (C, *spatial)
+        x_shape = [1, *x_shape]
+    if len(w_shape) < 3 or len(x_shape) != len(w_shape):
+        return None
+    groups = int(_arg(args, kwargs, _CONV_GROUPS_ARG[packet], "groups", 1) or 1)
+    spatial = _conv_out_spatial(x_shape[2:], w_shape[2:], _arg(args, kwargs, 3, "stride", 1),
+                                _arg(args, kwargs, 4, "padding", 0), _arg(args, kwargs, 5, "dilation", 1), False, 0)
+    m = x_shape[0] * math.prod(spatial)
+    n = max(1, w_shape[0] // groups)
+    k = w_shape[1] * math.prod(w_shape[2:])
+    return max(1, m), n, max(1, k)
 
 
 def _attention_gemm_dims(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int, int, int] | None:

@@ -491,6 +491,29 @@ def test_lookups_read_rows_and_attention_runs_as_small_gemms() -> None:
     assert dims == (16, 24, 32), f"expected (16, 24, 32), got {dims}"
 
 
+def test_convolutions_run_as_their_implicit_gemm() -> None:
+    """Pricing terms on meta tensors: a convolution's GEMM dims are (batch x output positions, output channels of
+    a group, a group's input channels x kernel positions), with stride and padding; a depthwise one has n = 1 (priced
+    by its bytes) and a transposed one none; a 3-channel stem convolution is priced below the peak."""
+    aten = torch.ops.aten
+    images, stem = torch.empty(2, 3, 16, 16, device="meta"), torch.empty(32, 3, 3, 3, device="meta")
+    assert gemm_dims(aten.conv2d.default, (images, stem, None, [1, 1], [1, 1])) == (2 * 16 * 16, 32, 27)
+    features, strided = torch.empty(2, 32, 16, 16, device="meta"), torch.empty(64, 32, 3, 3, device="meta")
+    assert gemm_dims(aten.conv2d.default, (features, strided, None, [2, 2], [1, 1])) == (2 * 8 * 8, 64, 288)
+    depthwise = torch.empty(32, 1, 3, 3, device="meta")
+    assert gemm_dims(aten.conv2d.default, (features, depthwise, None, [1, 1], [1, 1], [1, 1], 32)) == (512, 1, 9)
+    assert gemm_dims(aten.convolution.default, (features, strided, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1)) \
+        == (128, 64, 288)
+    assert gemm_dims(aten.convolution.default, (features, strided, None, [2, 2], [1, 1], [1, 1], True, [0, 0], 1)) \
+        is None
+    curved = dataclasses.replace(CPU, gemm_half_efficiency_dim=32.0)
+    flops, fixed_s = 2 * 512 * 32 * 27, CPU.kernel_floor_s + CPU.host_dispatch_s
+    at_peak = compute_time_s(flops, 0, torch.float32, curved)
+    as_gemm = compute_time_s(flops, 0, torch.float32, curved, gemm_min_dim=min(
+        gemm_dims(aten.conv2d.default, (images, stem, None, [1, 1], [1, 1]))))
+    assert math.isclose(as_gemm - fixed_s, (at_peak - fixed_s) * (27 + 32) / 27, rel_tol=1e-9), (as_gemm, at_peak)
+
+
 @pytest.mark.parametrize("family", GRAPH_FAMILIES)
 def test_calibration_graphs_hold_the_op_kinds_of_hf_graphs(family: str) -> None:
     """tp=1, one tiny block of each family: the graph runs and holds the prologue (arange, mask, embedding) and
