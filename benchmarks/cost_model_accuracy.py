@@ -327,7 +327,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s "
                       f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
-                      f"kernels in graphs x{1 / hardware.achievable_fraction_compute:.2f}, "
+                      f"kernel extra {hardware.kernel_extra_fraction:.2f} x up to {hardware.kernel_extra_cap_s * 1e6:.0f} us, "
                       f"view {hardware.view_op_s * 1e6:.1f} us, dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, "
                       f"core share {share:.2f}, "
                       f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll "

@@ -54,9 +54,9 @@ The profile describes *one rank of an N-rank job on this machine*: each rank use
 measured with all N ranks busy at once, ``memory_gib`` is the host's memory divided by N, and
 the links are measured across N processes (across 2 when N is 1, since one process has no
 link). No network is measured: ``inter_node`` repeats the loopback link and says so in its
-name. The peaks are achieved rates of single ops in a tight loop; ``achievable_fraction_*`` are
-the share of them the kernels of a graph reach (``1 / HostFit.kernel_slowdown``, fitted on the
-rank-local graphs; 1.0 without graphs).
+name. ``achievable_fraction_*`` stay 1.0: the peaks are already achieved rates (of single ops
+in a tight loop; what a kernel costs beyond them in a graph is ``kernel_extra_fraction``, fitted
+on the rank-local graphs).
 
 The measuring functions take an initialised process group, so tests run them on a shared pool
 of workers (:func:`measure_rank`), and :func:`build_profile` turns the per-rank measurements into
@@ -152,7 +152,8 @@ class CalibrationConfig:
         GraphShape(layers, tokens, hidden, collectives=collectives, family=family)
         for layers in (1, 3) for tokens in (2, 32) for hidden in (64, 256) for collectives in (True, False)
         for family in GRAPH_FAMILIES if collectives or (layers == 3 and family != "mlp")
-    ) + (GraphShape(0, 2, 64),)
+    ) + (GraphShape(0, 2, 64), GraphShape(1, 64, 1024, collectives=False),
+         GraphShape(1, 128, 768, collectives=False, family="gpt"))
     graph_runs: int = 15
 
     @classmethod
@@ -175,7 +176,8 @@ class CalibrationConfig:
                           GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256),
                           GraphShape(3, 32, 256, family="gpt"),
                           GraphShape(3, 32, 256, collectives=False), GraphShape(0, 2, 64),
-                          GraphShape(1, 32, 256, family="mlp"), GraphShape(3, 32, 256, family="mlp")),
+                          GraphShape(1, 32, 256, family="mlp"), GraphShape(3, 32, 256, family="mlp"),
+                          GraphShape(1, 64, 1024, collectives=False)),
             graph_runs=11,
         )
 
@@ -696,10 +698,11 @@ def build_profile(
     # The kernels were timed on the work clock (a rank's own work); a rank running a graph gets
     # only a share of a core (other ranks, other processes): every work rate slows by it.
     share = host.core_share if host is not None else 1.0
-    slowdown = host.kernel_slowdown if host is not None else 1.0
-    if slowdown > 1.0:
-        source += (f"; kernels in the graphs took {slowdown:.2f}x their roofline at the single-op rates "
-                   f"(achievable_fraction_compute and _memory {1 / slowdown:.2f})")
+    extra = host.kernel_extra_fraction if host is not None else 0.0
+    cap_s = host.kernel_extra_cap_s if host is not None else 0.0
+    if extra > 0:
+        source += (f"; a kernel in the graphs cost {extra:.2f} x its roofline time more, at most "
+                   f"{extra * cap_s * 1e6:.0f} us (kernel_extra_fraction, kernel_extra_cap_s)")
     if share < 1.0:
         source += f"; work terms divided by the share of a core a rank got in the graphs ({share:.2f})"
     if host is not None and host.link_base_adjust_s < 0:
@@ -728,10 +731,10 @@ def build_profile(
         call_sync_wait_per_compute=host.call_sync_wait_per_compute if host is not None else 0.0,
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
-        transcendental_element_s=transcendental * slowdown / share,
-        # kernels in a graph run slower than the single ops their rates were timed on
-        achievable_fraction_compute=1.0 / slowdown,
-        achievable_fraction_memory=1.0 / slowdown,
+        transcendental_element_s=transcendental / share,
+        # what a kernel costs in a graph beyond the single op its rate was timed on (work seconds / share)
+        kernel_extra_fraction=extra,
+        kernel_extra_cap_s=cap_s / share,
         memory_bandwidth_curve=tuple((size, rate * share / 1e9) for size, rate in curve_points),
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",

@@ -30,7 +30,8 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
   runs on special-function units (GPU) or polynomial code (CPU) at a rate per element,
   ``Hardware.transcendental_element_s``; the op takes the longer of that and its bytes.
 
-The kernel's time then meets the host's dispatch of the node as the runtime mode says
+In a graph a kernel costs more than the same op timed in a loop (``Hardware.kernel_extra_fraction``,
+:func:`in_graph_kernel_s`). The kernel's time then meets the host's dispatch of the node as the runtime mode says
 (:func:`.runtime.node_time_s`): added on a CPU, overlapped on a GPU, absent when compiled or
 replayed from a CUDA graph.
 
@@ -65,6 +66,7 @@ __all__ = [
     "dtype_name",
     "gemm_dims",
     "gemm_efficiency",
+    "in_graph_kernel_s",
     "is_lookup",
     "is_transcendental",
     "launches_no_kernel",
@@ -165,7 +167,17 @@ def compute_time_s(
     if transcendental_elements:
         arithmetic_s = transcendental_elements * hardware.transcendental_element_s
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
-    return float(node_time_s(device_s, hardware))
+    return float(node_time_s(in_graph_kernel_s(device_s, hardware), hardware))
+
+
+def in_graph_kernel_s(device_s: Any, hardware: Hardware) -> Any:
+    """A kernel's time in a graph from its roofline time ``device_s``: plus
+    ``kernel_extra_fraction * d * cap / (cap + d)`` with ``cap = Hardware.kernel_extra_cap_s`` (see
+    there); ``device_s`` itself on a profile without the terms. Works on numbers and expressions."""
+    extra, cap = hardware.kernel_extra_fraction, hardware.kernel_extra_cap_s
+    if extra == 0 or cap == 0:
+        return device_s
+    return device_s + extra * device_s * cap / (cap + device_s)
 
 
 def tensor_bytes(shape: Iterable[int], dtype: torch.dtype) -> int:

@@ -17,16 +17,17 @@ and on the work clock (:func:`work_clock`: the rank's own CPU time); times a gra
 also in its *compute form* (:func:`local_stand_ins`: every collective replaced by a local op of its
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
-    compute_work_s - view_nodes * view_op_s = slowdown * device_s + kernel_nodes * dispatch + call
+    compute_work_s - view_nodes * view_op_s = sum over kernels of (d + extra * d * cap / (cap + d))
+                                              + kernel_nodes * dispatch + call
     compute_s = compute_work_s / core_share
     seconds   = compute_s + link_s + collectives * collective_wait_s
                 + call_sync_wait_s + call_sync_wait_per_compute * compute_s   (with collectives)
 
 where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
 no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
-and the calibrated profile sets ``kernel_floor_s`` to 0), ``slowdown`` how much longer kernels take
-in a graph than the single ops their rates were timed on (:func:`fit_compute_terms`; the profile's
-``achievable_fraction_*``), ``link_s`` the alpha-beta time of its
+and the calibrated profile sets ``kernel_floor_s`` to 0), ``d`` a kernel's part of it, ``extra`` and
+``cap`` what a kernel costs in a graph beyond it, up to a cap (:func:`fit_compute_terms`; the
+profile's ``kernel_extra_fraction`` and ``kernel_extra_cap_s``), ``link_s`` the alpha-beta time of its
 collectives on the link fitted back to back, and ``core_share`` the share of a core a rank gets
 while computing: its median work over the median of the slowest rank's wall times in the compute
 forms of all graphs, each graph weighing by its time
@@ -93,6 +94,7 @@ __all__ = [
     "block_graph",
     "fair_core_share",
     "fit_compute_terms",
+    "kernels_in_graph_s",
     "fit_gemm_curve",
     "fit_host_terms",
     "fit_wait_line",
@@ -174,7 +176,9 @@ class GraphSample:
     machine); the time a rank waits in a collective is not in it. ``working_set_bytes``: the bytes the
     cost pass would size this graph's model at (``bandwidth.graph_working_set_bytes``: its tensors held
     whole), at which a shared-memory collective's cold-cache cost is resolved (:func:`graph_link_s`;
-    0: not recorded, no cold cost).
+    0: not recorded, no cold cost). ``kernel_s``: each kernel node's roofline time (they sum to
+    ``device_s``), from which the fit prices what a kernel costs in a graph beyond it
+    (:func:`fit_compute_terms`; empty: not recorded, priced as if one kernel of ``device_s``).
     """
 
     kernel_nodes: int
@@ -187,6 +191,7 @@ class GraphSample:
     compute_s: float = 0.0
     compute_work_s: float = 0.0
     working_set_bytes: int = 0
+    kernel_s: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,8 +204,8 @@ class HostFit:
     ``call_sync_wait_s``: the wait a graph's first collective pays once per call for ranks that
     entered it out of step; ``call_sync_wait_per_compute``: the wait, per second of a call's compute,
     of ranks that drift apart while they compute between collectives (:func:`fit_wait_terms`);
-    ``kernel_slowdown`` (at least 1): how many times longer the graphs' kernels took than their
-    roofline at the rates timed on single ops in a tight loop (:func:`fit_compute_terms`)."""
+    ``kernel_extra_fraction`` and ``kernel_extra_cap_s``: what a kernel cost in the graphs beyond its
+    roofline (``Hardware.kernel_extra_fraction``; work seconds, :func:`fit_compute_terms`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -211,7 +216,8 @@ class HostFit:
     link_base_adjust_s: float = 0.0
     call_sync_wait_s: float = 0.0
     call_sync_wait_per_compute: float = 0.0
-    kernel_slowdown: float = 1.0
+    kernel_extra_fraction: float = 0.0
+    kernel_extra_cap_s: float = 0.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -278,7 +284,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     When the samples carry their own work (``work_s``, timed on the work clock like the single
     ops whose rates price ``device_s``), the fit has three steps, each on what it can see:
 
-    1. the kernels' slowdown in a graph, the dispatch per kernel node and the call of the graph
+    1. the kernels' extra in a graph, the dispatch per kernel node and the call of the graph
        (:func:`fit_compute_terms`) over the work of every graph (a column per collective takes the
        host work of issuing and waiting on one, which belongs to the wait below, not to a node);
     2. the share of a core a rank gets (:attr:`GraphSample.core_share`) over the graphs without
@@ -310,16 +316,16 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     if all(sample.compute_work_s > 0 and sample.compute_s > 0 for sample in samples):
         return _fit_compute_then_wait(samples, view_op_s, link_s)
     # a column per collective takes the host work of issuing and waiting on one (it belongs to the wait)
-    slowdown, dispatch_work_s, launch_work_s = fit_compute_terms(
-        [sample.device_s for sample in samples], [sample.kernel_nodes for sample in samples],
-        [sample.work_s - sample.view_nodes * view_op_s for sample in samples],
+    extra, cap, dispatch_work_s, launch_work_s = fit_compute_terms(
+        samples, [sample.work_s - sample.view_nodes * view_op_s for sample in samples],
         extra_columns=[[len(sample.collectives)] for sample in samples])
     # over the graphs together, each weighing by its time (the longest calls are the most like a forward)
     alone = [sample for sample in samples if not sample.collectives] or list(samples)
     share = sum(sample.work_s for sample in alone) / sum(sample.work_s / sample.core_share for sample in alone)
 
     def wall_without_wait_s(sample: GraphSample) -> float:
-        work_s = (slowdown * sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
+        work_s = (kernels_in_graph_s(sample, extra, cap) + sample.view_nodes * view_op_s
+                  + sample.kernel_nodes * dispatch_work_s
                   + launch_work_s)
         return work_s / share + link_s(sample)
 
@@ -329,7 +335,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     errors = [abs(wall_without_wait_s(sample) + len(sample.collectives) * wait_s - sample.seconds) / sample.seconds
               for sample in samples]
     return HostFit(dispatch_work_s / share, wait_s, launch_work_s / share, statistics.median(errors), len(samples),
-                   share, kernel_slowdown=slowdown)
+                   share, kernel_extra_fraction=extra, kernel_extra_cap_s=cap)
 
 
 def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_link: LinkProfile | None,
@@ -358,7 +364,7 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     is its time with every collective replaced by a local stand-in, its communication what the
     real collectives add to that. So:
 
-    1. the kernels' slowdown in a graph, the dispatch per kernel node and the call of the graph
+    1. the kernels' extra in a graph, the dispatch per kernel node and the call of the graph
        (:func:`fit_compute_terms`) over the *compute work* of every graph (``compute_work_s``; the
        graphs with collectives count too, without a column for them: their stand-ins cost nothing);
     2. the share of a core a rank gets while computing: the compute work of every graph over
@@ -383,14 +389,14 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        time runs while they compute. The profile takes it off the link's per-call
        latency (never below 0), so no collective is priced below nothing.
     """
-    slowdown, dispatch_work_s, launch_work_s = fit_compute_terms(
-        [sample.device_s for sample in samples], [sample.kernel_nodes for sample in samples],
-        [sample.compute_work_s - sample.view_nodes * view_op_s for sample in samples])
+    extra, cap, dispatch_work_s, launch_work_s = fit_compute_terms(
+        samples, [sample.compute_work_s - sample.view_nodes * view_op_s for sample in samples])
     share = (sum(sample.compute_work_s for sample in samples)
              / sum(sample.compute_work_s / sample.core_share for sample in samples))
 
     def compute_wall_s(sample: GraphSample) -> float:
-        return (slowdown * sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * dispatch_work_s
+        return (kernels_in_graph_s(sample, extra, cap) + sample.view_nodes * view_op_s
+                + sample.kernel_nodes * dispatch_work_s
                 + launch_work_s) / share
 
     synced = [sample for sample in samples if sample.collectives]
@@ -406,48 +412,75 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     errors = [abs(compute_wall_s(sample) + link_s(sample) + waited_s(sample, compute_wall_s(sample)) - sample.seconds)
               / sample.seconds for sample in samples]
     return HostFit(dispatch_work_s / share, max(0.0, in_graph_s), launch_work_s / share, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, slowdown)
+                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, extra, cap)
 
 
-KERNEL_SLOWDOWN_AT_MOST = 4.0
-"""Upper bound of the fitted kernel slowdown in a graph (:func:`fit_compute_terms`): a fit that wants more
+KERNEL_EXTRA_AT_MOST = 3.0
+"""Upper bound of the fitted ``kernel_extra_fraction`` (:func:`fit_compute_terms`): a fit that wants more
 has samples the roofline does not describe, and the bound keeps one such calibration from pricing every
 kernel several times over."""
 
+KERNEL_EXTRA_CAPS_S = tuple(2.0**step * 1e-6 for step in range(0, 15))
+"""The caps :func:`fit_compute_terms` tries: 1 us to 16 ms, a factor 2 apart."""
 
-def fit_compute_terms(device_s: Sequence[float], kernel_nodes: Sequence[int], work_s: Sequence[float], *,
-                      extra_columns: Sequence[Sequence[float]] | None = None) -> tuple[float, float, float]:
-    """``(slowdown, dispatch, call)`` of ``work_s ≈ slowdown * device_s + kernel_nodes * dispatch + call``
-    over graphs (``work_s``: each graph's work without its views' dispatch), by bounded least squares on
-    relative error (each graph weighted ``1 / work``).
 
-    Why a slowdown: ``device_s`` is the roofline at rates timed on one op in a tight loop (its code, its
-    weights and its inputs hot in the caches, its branches learnt); in a graph, every kernel follows
-    others that evicted them. Fitted as a fixed cost per node alone, that extra was an average over the
-    calibration graphs' mix of small and large kernels: graphs of 2 tokens over-predicted (the extra of
-    their small kernels is small) and graphs of 32 tokens under-predicted by 25-30% (on this project's
+def _extra_basis_s(sample: GraphSample, cap_s: float) -> float:
+    """``sum(d * cap / (cap + d))`` over ``sample``'s kernels: its kernels' extra per unit of fraction."""
+    kernels = sample.kernel_s or ((sample.device_s,) if sample.device_s > 0 else ())
+    return sum(d * cap_s / (cap_s + d) for d in kernels)
+
+
+def kernels_in_graph_s(sample: GraphSample, extra: float, cap_s: float) -> float:
+    """``sample``'s kernels' time in a graph: their roofline time plus ``extra * d * cap / (cap + d)`` each
+    (``compute.in_graph_kernel_s``)."""
+    return sample.device_s + (extra * _extra_basis_s(sample, cap_s) if extra and cap_s else 0.0)
+
+
+def fit_compute_terms(samples: Sequence[GraphSample], work_s: Sequence[float], *,
+                      extra_columns: Sequence[Sequence[float]] | None = None) -> tuple[float, float, float, float]:
+    """``(extra, cap, dispatch, call)`` of ``work ≈ sum over kernels of (d + extra * d * cap / (cap + d))
+    + kernel_nodes * dispatch + call`` over ``samples`` (``work_s``: each graph's work without its views'
+    dispatch; ``d``: a kernel's roofline time, :attr:`GraphSample.kernel_s`): for each cap of
+    :data:`KERNEL_EXTRA_CAPS_S`, bounded least squares on relative error (each graph weighted
+    ``1 / work``; ``extra`` in ``[0, KERNEL_EXTRA_AT_MOST]``, dispatch and call at least 0), the cap
+    with the smallest residual.
+
+    Why the extra: ``d`` is the roofline at rates timed on one op in a tight loop (its code, its
+    inputs and weights hot in the caches); in a graph, every kernel follows others that evicted them.
+    Fitted as a fixed cost per node alone, that was an average over the calibration graphs' kernels:
+    graphs of 2 tokens came out over-predicted and graphs of 32 tokens 25-30% under (on this project's
     2-core VM, a GELU of 32 x 512 took 16 us in a loop, while ``linear -> GELU -> linear`` took 31 us
-    longer than ``linear -> linear``). ``slowdown`` is in ``[1, KERNEL_SLOWDOWN_AT_MOST]`` (1 when no
-    graph has kernel time), dispatch and call at least 0. ``extra_columns``: more non-negative unknowns
-    per graph (a count of collectives), fitted and dropped."""
-    extra = [list(columns) for columns in extra_columns] if extra_columns is not None else [[] for _ in device_s]
-    if not len(device_s) == len(kernel_nodes) == len(work_s) == len(extra):
-        raise ValueError(f"need one device time, kernel count and work per graph, got {len(device_s)}, "
-                         f"{len(kernel_nodes)} and {len(work_s)}")
+    longer than ``linear -> linear``). The extra grows with a kernel's size only up to the cap: large
+    kernels stream their data from memory in the loop too (a slowdown of every kernel by one factor,
+    fitted on small graphs, priced a Llama of hidden 1024 at 64 tokens and a GPT-2 of 768 at 128 tokens
+    27-31% too slow, where the roofline alone was within 2%). ``extra_columns``: more non-negative
+    unknowns per graph (a count of collectives), fitted and dropped. Without kernel time, no extra."""
+    extra = [list(columns) for columns in extra_columns] if extra_columns is not None else [[] for _ in samples]
+    if not len(samples) == len(work_s) == len(extra):
+        raise ValueError(f"need one work and one row of extra columns per graph, got {len(samples)} graphs, "
+                         f"{len(work_s)} works and {len(extra)} rows")
     if not work_s or any(not work > 0 for work in work_s):
         raise ValueError(f"every graph's work must be > 0, got {list(work_s)}")
-    scaled = any(device > 0 for device in device_s)  # without kernel time there is nothing to slow down
-    rows = np.asarray([[*([device] if scaled else []), nodes, 1.0, *more]
-                       for device, nodes, more in zip(device_s, kernel_nodes, extra)])
     weights = 1.0 / np.asarray(work_s, dtype=float)
-    others = rows.shape[1] - int(scaled)
-    lower = [1.0] * int(scaled) + [0.0] * others
-    upper = [KERNEL_SLOWDOWN_AT_MOST] * int(scaled) + [np.inf] * others
-    solution = lsq_linear(rows * weights[:, None], np.asarray(work_s) * weights, bounds=(lower, upper),
-                          method="bvls").x
-    slowdown, dispatch_s, call_s = (solution[0], solution[1], solution[2]) if scaled else (1.0, solution[0],
-                                                                                            solution[1])
-    return float(slowdown), float(dispatch_s), float(call_s)
+    target = (np.asarray(work_s, dtype=float) - np.asarray([s.device_s for s in samples])) * weights
+    fixed = np.asarray([[s.kernel_nodes, 1.0, *more] for s, more in zip(samples, extra)])
+    if not any(sample.device_s > 0 for sample in samples):
+        solution = lsq_linear(fixed * weights[:, None], target, bounds=(0.0, np.inf), method="bvls").x
+        return 0.0, 0.0, float(solution[0]), float(solution[1])
+    best: tuple[float, float, np.ndarray] | None = None
+    for cap_s in KERNEL_EXTRA_CAPS_S:
+        rows = np.column_stack([[_extra_basis_s(s, cap_s) for s in samples], fixed]) * weights[:, None]
+        lower = np.zeros(rows.shape[1])
+        upper = np.full(rows.shape[1], np.inf)
+        upper[0] = KERNEL_EXTRA_AT_MOST
+        solution = lsq_linear(rows, target, bounds=(lower, upper), method="bvls").x
+        residual = float(np.sum((rows @ solution - target) ** 2))
+        if best is None or residual < best[0] - 1e-15:
+            best = (residual, cap_s, solution)
+    assert best is not None
+    _, cap_s, solution = best
+    fraction = float(solution[0])
+    return fraction, cap_s if fraction > 0 else 0.0, float(solution[1]), float(solution[2])
 
 
 WAIT_FIT_INLIER_ERROR = 0.1
@@ -805,6 +838,7 @@ class _Recorder(torch.fx.Interpreter):
         self.hardware = _device_only(hardware)
         self.kernel_nodes = self.view_nodes = 0
         self.device_s = 0.0
+        self.kernel_s: list[float] = []
         self.collectives: list[tuple[str, int, int]] = []
 
     def run_node(self, node: torch.fx.Node) -> Any:
@@ -825,9 +859,11 @@ class _Recorder(torch.fx.Interpreter):
         dims = gemm_dims(node.target, args, kwargs) if flops else None
         elements = result.numel() if is_transcendental(node.target) else 0
         self.kernel_nodes += 1
-        self.device_s += compute_time_s(flops, aten_memory_bytes(node.target, args, kwargs, result), result.dtype,
-                                        self.hardware, gemm_min_dim=min(dims) if dims else None,
-                                        transcendental_elements=elements)
+        seconds = compute_time_s(flops, aten_memory_bytes(node.target, args, kwargs, result), result.dtype,
+                                 self.hardware, gemm_min_dim=min(dims) if dims else None,
+                                 transcendental_elements=elements)
+        self.device_s += seconds
+        self.kernel_s.append(seconds)
         return result
 
 
@@ -922,7 +958,7 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
             share = compute_work_s / compute_s if compute_s > 0 else 1.0
             samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
                                        tuple(recorder.collectives), seconds, work_s, min(share, fair_core_share()),
-                                       compute_s, compute_work_s))
+                                       compute_s, compute_work_s, kernel_s=tuple(recorder.kernel_s)))
     return tuple(samples)
 
 

@@ -92,6 +92,8 @@ _HOST_TIME_FIELDS = (
     "gemm_half_efficiency_dim",
     "transcendental_element_s",
     "shared_memory_cold_call_s",
+    "kernel_extra_fraction",
+    "kernel_extra_cap_s",
 )
 
 
@@ -254,6 +256,13 @@ class Hardware:
     ``gemm_half_efficiency_dim``: GEMM rate as a function of shape: a GEMM whose smallest dim
     (of m, n, k) is ``d`` runs at ``d / (d + gemm_half_efficiency_dim)`` of the peak (0.0: the
     peak at every shape); :func:`~.compute.gemm_efficiency`.
+    ``kernel_extra_fraction`` and ``kernel_extra_cap_s``: what a kernel costs in a graph beyond its
+    roofline at the rates of single ops timed in a tight loop (its code, inputs and weights were hot
+    there; in a graph other kernels ran in between), ``extra * d * cap / (cap + d)`` for a kernel of
+    roofline time ``d`` (:func:`~.compute.in_graph_kernel_s`): about ``extra * d`` for small kernels,
+    at most ``extra * cap`` for large ones, which stream their data either way. ``autotp calibrate``
+    fits both on its rank-local graphs (on a 2-core VM: 0.2-0.5 and tens of microseconds); 0.0: no
+    extra (every named profile).
     ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
     tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
     ``shared_memory_cold_call_s``: what one shared-memory collective pays beyond its back-to-back
@@ -319,6 +328,8 @@ class Hardware:
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
     shared_memory_cold_call_s: float = 0.0
+    kernel_extra_fraction: float = 0.0
+    kernel_extra_cap_s: float = 0.0
     shared_memory_cold_curve: tuple[tuple[float, float], ...] = ()
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = "ring"
@@ -417,6 +428,7 @@ class Hardware:
             memory_bandwidth_gbps=self.memory_bandwidth_gbps / share,
             memory_bandwidth_curve=tuple((size, gbps / share) for size, gbps in self.memory_bandwidth_curve),
             view_op_s=self.view_op_s * share,
+            kernel_extra_cap_s=self.kernel_extra_cap_s * share,
             host_dispatch_s=self.host_dispatch_s * share,
             graph_launch_s=self.graph_launch_s * share,
             transcendental_element_s=self.transcendental_element_s * share,

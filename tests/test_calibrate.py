@@ -111,27 +111,28 @@ def test_profile_is_usable_as_hardware_json(tmp_path) -> None:
     assert plan.estimate(profile).memory_capacity_bytes == pytest.approx(profile.memory_gib * 2**30)
 
 
-def test_profile_prices_kernels_at_the_slowdown_the_graphs_showed() -> None:
-    """tp=2 (synthetic measurements): graphs whose kernels took 1.5x their roofline make a profile whose
-    achievable fractions are 1/1.5 and whose transcendental rate is 1.5x slower, so a GEMM and a GELU are
-    priced 1.5x their single-op time (beyond the fitted dispatch)."""
+def test_profile_prices_the_kernel_extra_the_graphs_showed() -> None:
+    """tp=2 (synthetic measurements): graphs whose kernels each took half their roofline time more, up to
+    half of a 32 us cap, make a profile with that extra and cap (the cap in wall time: work over the core share
+    of 1 here), which prices a kernel's extra in a graph, and says so in its source."""
     samples = synthetic_samples(group_sizes=(2,))
-    graphs = tuple(GraphSample(40 * layers, 10 * layers, device_s * layers, (),
-                               1.5 * device_s * layers + 40 * layers * 5e-6 + 10 * layers * 2e-6 + 10e-6,
-                               1.5 * device_s * layers + 40 * layers * 5e-6 + 10 * layers * 2e-6 + 10e-6)
-                   for layers in (1, 3) for device_s in (40e-6, 1e-3))
-    rank = dataclasses.replace(synthetic_rank(0, samples), graphs=graphs, transcendental_element_s=1e-9)
+    graphs = []
+    for layers in (1, 2, 3):
+        for kernel_s in ((1e-6, 3e-6, 20e-6), (2e-6, 50e-6, 400e-6), (1e-3, 3e-3)):
+            kernels = tuple(kernel_s) * 20 * layers
+            extra_s = sum(0.5 * d * 32e-6 / (32e-6 + d) for d in kernels)
+            work_s = sum(kernels) + extra_s + len(kernels) * 5e-6 + 10 * layers * 2e-6 + 10e-6
+            graphs.append(GraphSample(len(kernels), 10 * layers, sum(kernels), (), work_s, work_s, kernel_s=kernels))
+    rank = dataclasses.replace(synthetic_rank(0, samples), graphs=tuple(graphs), transcendental_element_s=1e-9)
     profile = build_profile([rank], samples, world_size=2)
-    assert profile.achievable_fraction_compute == pytest.approx(1 / 1.5)
-    assert profile.achievable_fraction_memory == pytest.approx(1 / 1.5)
-    assert profile.transcendental_element_s == pytest.approx(1.5e-9)
-    assert profile.host_dispatch_s == pytest.approx(5e-6) and "1.50x their roofline" in profile.source
-    single_op = dataclasses.replace(profile, achievable_fraction_compute=1.0, achievable_fraction_memory=1.0,
-                                    transcendental_element_s=1e-9, host_dispatch_s=0.0)
+    assert profile.kernel_extra_fraction == pytest.approx(0.5) and profile.kernel_extra_cap_s == pytest.approx(32e-6)
+    assert profile.host_dispatch_s == pytest.approx(5e-6) and "0.50 x its roofline time more" in profile.source
+    assert (profile.achievable_fraction_compute, profile.achievable_fraction_memory) == (1.0, 1.0)
+    plain = dataclasses.replace(profile, kernel_extra_fraction=0.0, host_dispatch_s=0.0)
     in_graph = dataclasses.replace(profile, host_dispatch_s=0.0)
-    for flops, moved, elements in ((2 * 32 * 256 * 256, 4 * (32 * 256 * 2 + 256 * 256), 0), (0, 8 * 2**16, 2**16)):
-        assert compute_time_s(flops, moved, torch.float32, in_graph, transcendental_elements=elements) == (
-            pytest.approx(1.5 * compute_time_s(flops, moved, torch.float32, single_op, transcendental_elements=elements)))
+    flops, moved = 2 * 32 * 256 * 256, 4 * (32 * 256 * 2 + 256 * 256)
+    d = compute_time_s(flops, moved, torch.float32, plain)
+    assert compute_time_s(flops, moved, torch.float32, in_graph) == pytest.approx(d + 0.5 * d * 32e-6 / (32e-6 + d))
     assert Hardware.from_json(profile.to_json()) == profile
 
 

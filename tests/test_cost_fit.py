@@ -22,9 +22,10 @@ from autotp.cost_model.graph_calibration import (
     GemmSample,
     GraphSample,
     GraphShape,
-    KERNEL_SLOWDOWN_AT_MOST,
+    KERNEL_EXTRA_AT_MOST,
     block_graph,
     fit_compute_terms,
+    kernels_in_graph_s,
     fit_gemm_curve,
     fit_host_terms,
     fit_wait_line,
@@ -207,42 +208,69 @@ def test_estimate_shows_host_time_per_runtime_mode() -> None:
     assert "host dispatch per forward" in estimate.summary() and "cuda_graph" in estimate.summary()
 
 
-def _graphs_with_slow_kernels(slowdown: float, dispatch_s: float, launch_s: float, view_s: float,
+def _graphs_with_kernel_extra(extra: float, cap_s: float, dispatch_s: float, launch_s: float, view_s: float,
                               share: float) -> list[GraphSample]:
-    """Graphs of 1-3 blocks at 2 and 32 tokens (small and large kernels per node), without collectives,
-    whose kernels took ``slowdown`` times their roofline ``device_s``: both clocks and the compute form."""
+    """Graphs of 1-3 blocks of small kernels (2 tokens) and of large ones (a wide layer), without collectives,
+    each kernel of roofline time ``d`` taking ``d + extra * d * cap / (cap + d)``: both clocks and the compute
+    form."""
     samples = []
     for layers in (1, 2, 3):
-        for device_per_node_s in (1e-6, 25e-6):  # 2 tokens, 32 tokens
-            kernels, views = 40 * layers, 12 * layers
-            device_s = kernels * device_per_node_s
-            work_s = slowdown * device_s + kernels * dispatch_s + views * view_s + launch_s
-            samples.append(GraphSample(kernels, views, device_s, (), work_s / share, work_s, share, work_s / share,
-                                       work_s))
+        for kernel_s in ((1e-6, 3e-6, 20e-6), (2e-6, 50e-6, 400e-6), (1e-3, 3e-3)):
+            kernels = tuple(kernel_s) * 10 * layers
+            views = 12 * layers
+            device_s = sum(kernels)
+            sample = GraphSample(len(kernels), views, device_s, (), 0.0, kernel_s=kernels)
+            work_s = (kernels_in_graph_s(sample, extra, cap_s) + len(kernels) * dispatch_s + views * view_s
+                      + launch_s)
+            samples.append(dataclasses.replace(sample, seconds=work_s / share, work_s=work_s, core_share=share,
+                                               compute_s=work_s / share, compute_work_s=work_s))
     return samples
 
 
-def test_kernels_in_a_graph_take_a_fitted_multiple_of_their_single_op_roofline() -> None:
-    """No parallelism (synthetic timings): graphs whose kernels ran 1.3x their roofline at the single-op rates,
-    at two sizes of kernel per node, give back that slowdown with the dispatch and the call, on the compute
-    form and on the work clock alone; a fixed cost per node alone could not fit both sizes. The slowdown is
-    bounded to [1, KERNEL_SLOWDOWN_AT_MOST]."""
-    slowdown, dispatch_s, launch_s, view_s, share = 1.3, 6e-6, 20e-6, 2e-6, 0.5
-    samples = _graphs_with_slow_kernels(slowdown, dispatch_s, launch_s, view_s, share)
+def test_kernels_in_a_graph_cost_a_fitted_extra_up_to_a_cap() -> None:
+    """No parallelism (synthetic timings): graphs whose kernels each took ``d + 0.5 * d * cap / (cap + d)`` with
+    a cap of 16 us (small kernels half as long again, large ones 8 us more) give back that extra, its cap, the
+    dispatch and the call, on the compute form and on the work clock alone; one factor on every kernel, or a
+    fixed cost per node alone, could not fit both sizes. The extra is at most KERNEL_EXTRA_AT_MOST, and graphs
+    without kernel time fit no extra."""
+    extra, cap_s, dispatch_s, launch_s, view_s, share = 0.5, 16e-6, 6e-6, 20e-6, 2e-6, 0.5
+    samples = _graphs_with_kernel_extra(extra, cap_s, dispatch_s, launch_s, view_s, share)
     for graphs in (samples, [dataclasses.replace(s, compute_s=0.0, compute_work_s=0.0) for s in samples]):
         fit = fit_host_terms(graphs, view_op_s=view_s, link=None)
-        assert math.isclose(fit.kernel_slowdown, slowdown, rel_tol=1e-6), fit
+        assert math.isclose(fit.kernel_extra_fraction, extra, rel_tol=1e-6), fit
+        assert math.isclose(fit.kernel_extra_cap_s, cap_s, rel_tol=1e-9), fit
         _check_host_fit(fit, dispatch_s=dispatch_s, launch_s=launch_s, share=share, wait_s=0.0)
         assert fit.median_abs_rel_error < 1e-9, fit
-    device = [s.device_s for s in samples]
-    nodes = [s.kernel_nodes for s in samples]
-    faster = [0.8 * d + n * dispatch_s + launch_s for d, n in zip(device, nodes)]
-    assert fit_compute_terms(device, nodes, faster)[0] == pytest.approx(1.0)
-    slower = [10 * d + n * dispatch_s + launch_s for d, n in zip(device, nodes)]
-    assert fit_compute_terms(device, nodes, slower)[0] == pytest.approx(KERNEL_SLOWDOWN_AT_MOST)
-    assert fit_compute_terms([0.0, 0.0], [3, 6], [40e-6, 70e-6]) == pytest.approx((1.0, 10e-6, 10e-6))
+    work = [s.compute_work_s - s.view_nodes * view_s for s in samples]
+    wild = [w + 20 * s.device_s for s, w in zip(samples, work)]
+    assert fit_compute_terms(samples, wild)[0] == pytest.approx(KERNEL_EXTRA_AT_MOST)
+    empty = [GraphSample(n, 0, 0.0, (), 0.0) for n in (3, 6)]
+    assert fit_compute_terms(empty, [40e-6, 70e-6]) == pytest.approx((0.0, 0.0, 10e-6, 10e-6))
     with pytest.raises(ValueError, match="work must be > 0"):
-        fit_compute_terms([1e-3], [3], [0.0])
+        fit_compute_terms(samples[:1], [0.0])
+
+
+def test_a_kernel_in_a_graph_costs_its_extra_in_every_pricing_path() -> None:
+    """No parallelism: a profile's kernel extra adds ``extra * d * cap / (cap + d)`` to a kernel's roofline
+    ``d`` (numbers and expressions), nothing to a view; an old profile reads no extra, and the alone profile
+    scales the cap with the other work times."""
+    from autotp.cost_model.compute import in_graph_kernel_s
+    from autotp.cost_model.symbolic import symbolic_compute_time_s
+
+    plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
+    extra = dataclasses.replace(plain, kernel_extra_fraction=0.5, kernel_extra_cap_s=10e-6)
+    for flops, moved in ((2 * 32 * 256 * 256, 4 * 3 * 256 * 256), (0, 4 * 2**20), (0, 64)):
+        d = compute_time_s(flops, moved, torch.float32, plain)
+        assert compute_time_s(flops, moved, torch.float32, extra) == pytest.approx(d + 0.5 * d * 10e-6 / (10e-6 + d))
+        assert float(symbolic_compute_time_s(flops, moved, torch.float32, extra)) == pytest.approx(
+            in_graph_kernel_s(float(symbolic_compute_time_s(flops, moved, torch.float32, plain)), extra))
+    assert in_graph_kernel_s(1.0, extra) < 1.0 + 0.5 * 10e-6 + 1e-12, "a large kernel pays at most extra x cap"
+    data = extra.to_dict()
+    assert Hardware.from_dict(data) == extra
+    del data["kernel_extra_fraction"], data["kernel_extra_cap_s"]
+    assert Hardware.from_dict(data).kernel_extra_fraction == 0.0
+    shared = dataclasses.replace(extra, core_share=0.5)
+    assert shared.alone().kernel_extra_cap_s == pytest.approx(5e-6)
 
 
 def test_host_fit_on_the_work_clock_divides_by_the_core_share_and_takes_the_median_wait() -> None:
