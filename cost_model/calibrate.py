@@ -37,7 +37,9 @@ profile field         measurement (median over timed repeats, after warm-up)
 ``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
 ``collective_wait_s`` (Llama-like and GPT-like blocks after the prologue HF graphs run), with and
 ``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks at once, the
-                      slowest rank counting (:mod:`.graph_calibration`); ``runtime_mode`` eager
+``kernel_extra_..``   slowest rank counting (:mod:`.graph_calibration`), and one wide block (hidden
+                      1024, 64 tokens) where a kernel's extra in a graph reaches its cap;
+                      ``runtime_mode`` eager
 ====================  ==========================================================================
 
 Single ops and graphs are timed on the *work clock* (:func:`~.graph_calibration.work_clock`: the

@@ -86,15 +86,14 @@ from .hardware import Hardware, LinkProfile
 
 __all__ = [
     "GRAPH_FAMILIES",
+    "GemmFit",
     "GemmSample",
     "GraphSample",
     "GraphShape",
     "HostFit",
-    "GemmFit",
     "block_graph",
     "fair_core_share",
     "fit_compute_terms",
-    "kernels_in_graph_s",
     "fit_gemm_curve",
     "fit_host_terms",
     "fit_wait_line",
@@ -102,6 +101,7 @@ __all__ = [
     "graph_link_s",
     "graph_sample",
     "graph_samples",
+    "kernels_in_graph_s",
     "local_stand_ins",
     "measure_gemm_samples",
     "measure_graphs",
@@ -455,15 +455,15 @@ def fit_compute_terms(samples: Sequence[GraphSample], work_s: Sequence[float], *
     fitted on small graphs, priced a Llama of hidden 1024 at 64 tokens and a GPT-2 of 768 at 128 tokens
     27-31% too slow, where the roofline alone was within 2%). ``extra_columns``: more non-negative
     unknowns per graph (a count of collectives), fitted and dropped. Without kernel time, no extra."""
-    extra = [list(columns) for columns in extra_columns] if extra_columns is not None else [[] for _ in samples]
-    if not len(samples) == len(work_s) == len(extra):
+    more = [list(columns) for columns in extra_columns] if extra_columns is not None else [[] for _ in samples]
+    if not len(samples) == len(work_s) == len(more):
         raise ValueError(f"need one work and one row of extra columns per graph, got {len(samples)} graphs, "
-                         f"{len(work_s)} works and {len(extra)} rows")
+                         f"{len(work_s)} works and {len(more)} rows")
     if not work_s or any(not work > 0 for work in work_s):
         raise ValueError(f"every graph's work must be > 0, got {list(work_s)}")
     weights = 1.0 / np.asarray(work_s, dtype=float)
     target = (np.asarray(work_s, dtype=float) - np.asarray([s.device_s for s in samples])) * weights
-    fixed = np.asarray([[s.kernel_nodes, 1.0, *more] for s, more in zip(samples, extra)])
+    fixed = np.asarray([[s.kernel_nodes, 1.0, *row] for s, row in zip(samples, more)])
     if not any(sample.device_s > 0 for sample in samples):
         solution = lsq_linear(fixed * weights[:, None], target, bounds=(0.0, np.inf), method="bvls").x
         return 0.0, 0.0, float(solution[0]), float(solution[1])
@@ -599,7 +599,8 @@ def _fit_wall_terms(samples: Sequence[GraphSample], view_op_s: float, link_s: Ca
 
 def _device_only(hardware: Hardware) -> Hardware:
     """``hardware`` with its host terms off: what the kernels alone cost."""
-    return dataclasses.replace(hardware, host_dispatch_s=0.0, graph_launch_s=0.0, collective_wait_s=0.0)
+    return dataclasses.replace(hardware, host_dispatch_s=0.0, graph_launch_s=0.0, collective_wait_s=0.0,
+                               kernel_extra_fraction=0.0)
 
 
 # ------------------------------------------------------------------------------ single ops

@@ -261,8 +261,8 @@ class Hardware:
     there; in a graph other kernels ran in between), ``extra * d * cap / (cap + d)`` for a kernel of
     roofline time ``d`` (:func:`~.compute.in_graph_kernel_s`): about ``extra * d`` for small kernels,
     at most ``extra * cap`` for large ones, which stream their data either way. ``autotp calibrate``
-    fits both on its rank-local graphs (on a 2-core VM: 0.2-0.5 and tens of microseconds); 0.0: no
-    extra (every named profile).
+    fits both on its rank-local graphs (on a 2-core VM: 2.4-3.0 and 2-8 microseconds, so a kernel
+    costs at most 5-24 us more); 0.0: no extra (every named profile).
     ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
     tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
     ``shared_memory_cold_call_s``: what one shared-memory collective pays beyond its back-to-back
