@@ -23,6 +23,7 @@ from autotp.cost_model.graph_calibration import (
     GraphSample,
     GraphShape,
     KERNEL_EXTRA_AT_MOST,
+    KERNEL_EXTRA_CAPS_S,
     block_graph,
     fit_compute_terms,
     kernels_in_graph_s,
@@ -244,6 +245,16 @@ def test_kernels_in_a_graph_cost_a_fitted_extra_up_to_a_cap() -> None:
     work = [s.compute_work_s - s.view_nodes * view_s for s in samples]
     wild = [w + 20 * s.device_s for s, w in zip(samples, work)]
     assert fit_compute_terms(samples, wild)[0] == pytest.approx(KERNEL_EXTRA_AT_MOST)
+    # graphs of small kernels only cannot tell large caps apart: the smallest that fits as well is taken
+    small = [dataclasses.replace(s, kernel_s=tuple(d / 100 for d in s.kernel_s), device_s=s.device_s / 100)
+             for s in samples]
+    flat = [(1.5 * s.device_s + s.kernel_nodes * dispatch_s + launch_s) * (1.03 if index % 2 else 0.97)
+            for index, s in enumerate(small)]  # timings 3% off either way, as measured ones are
+    fraction, cap, dispatch, call = fit_compute_terms(small, flat)
+    assert cap < KERNEL_EXTRA_CAPS_S[-1] / 8, f"expected a bounded cap, got {cap}"
+    for sample, work in zip(small, flat):
+        predicted = kernels_in_graph_s(sample, fraction, cap) + sample.kernel_nodes * dispatch + call
+        assert predicted == pytest.approx(work, rel=0.06), (predicted, work)  # within twice the timing noise
     empty = [GraphSample(n, 0, 0.0, (), 0.0) for n in (3, 6)]
     assert fit_compute_terms(empty, [40e-6, 70e-6]) == pytest.approx((0.0, 0.0, 10e-6, 10e-6))
     with pytest.raises(ValueError, match="work must be > 0"):
