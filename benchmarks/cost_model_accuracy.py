@@ -88,20 +88,19 @@ WIDE = {
 """Wider versions of two zoo models (``--models llama_wide gpt2_wide``): kernels far larger than any the
 calibration graphs' fit is tuned on, so that what a kernel costs in a graph is checked where it levels off."""
 ORDER = MODELS + HELD_OUT + tuple(WIDE)
+CALIBRATION_ATTEMPTS = 3
+"""Calibrations per round before giving up: on a loaded machine the gloo timings of one attempt
+may not grow with the message size, and no link can be fitted to them."""
 
 
 def build(name: str) -> tuple[Any, tuple, dict]:
     """``(model, args, kwargs)`` of a model named by ``--models`` (``tests/models.py`` on the path)."""
     from models import BUILDERS
 
-
     if name in WIDE:
         options = dict(WIDE[name])
         return BUILDERS[options.pop("builder")](**options)
     return BUILDERS[name]()
-CALIBRATION_ATTEMPTS = 3
-"""Calibrations per round before giving up: on a loaded machine the gloo timings of one attempt
-may not grow with the message size, and no link can be fitted to them."""
 
 
 @dataclasses.dataclass(frozen=True)

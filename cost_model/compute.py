@@ -62,6 +62,7 @@ __all__ = [
     "achievable_memory_bytes_per_s",
     "aten_flops",
     "aten_memory_bytes",
+    "capped_kernel_s",
     "compute_time_s",
     "dtype_name",
     "gemm_dims",
@@ -177,7 +178,13 @@ def in_graph_kernel_s(device_s: Any, hardware: Hardware) -> Any:
     extra, cap = hardware.kernel_extra_fraction, hardware.kernel_extra_cap_s
     if extra == 0 or cap == 0:
         return device_s
-    return device_s + extra * device_s * cap / (cap + device_s)
+    return device_s + extra * capped_kernel_s(device_s, cap)
+
+
+def capped_kernel_s(device_s: Any, cap_s: float) -> Any:
+    """``d * cap / (cap + d)`` of a kernel of roofline time ``d``: about ``d`` when small, at most ``cap``;
+    what :func:`in_graph_kernel_s` multiplies by the extra fraction (and the calibration fits it on)."""
+    return device_s * cap_s / (cap_s + device_s)
 
 
 def tensor_bytes(shape: Iterable[int], dtype: torch.dtype) -> int:
@@ -590,7 +597,7 @@ def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None
 
 _ATTENTION_OPS = frozenset({aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu})
 
-# convolutions: where their ``groups`` argument sits (and whether the op is transposed at all)
+# convolutions, by the position of their ``groups`` argument
 _CONV_GROUPS_ARG = {aten.conv1d: 6, aten.conv2d: 6, aten.conv3d: 6, aten.convolution: 8}
 
 

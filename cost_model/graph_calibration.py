@@ -77,6 +77,7 @@ from .collectives import SHARED_MEMORY_KINDS, link_collective_time_s
 from .compute import (
     aten_flops,
     aten_memory_bytes,
+    capped_kernel_s,
     compute_time_s,
     gemm_dims,
     is_transcendental,
@@ -431,12 +432,12 @@ good; the smallest wins."""
 def _extra_basis_s(sample: GraphSample, cap_s: float) -> float:
     """``sum(d * cap / (cap + d))`` over ``sample``'s kernels: its kernels' extra per unit of fraction."""
     kernels = sample.kernel_s or ((sample.device_s,) if sample.device_s > 0 else ())
-    return sum(d * cap_s / (cap_s + d) for d in kernels)
+    return sum(capped_kernel_s(d, cap_s) for d in kernels)
 
 
 def kernels_in_graph_s(sample: GraphSample, extra: float, cap_s: float) -> float:
     """``sample``'s kernels' time in a graph: their roofline time plus ``extra * d * cap / (cap + d)`` each
-    (``compute.in_graph_kernel_s``)."""
+    (:func:`~.compute.in_graph_kernel_s`)."""
     return sample.device_s + (extra * _extra_basis_s(sample, cap_s) if extra and cap_s else 0.0)
 
 

@@ -317,10 +317,12 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
     capacity = profile.memory_gib * _GIB if profile is not None else None
     comm_by_producer: dict[str, float] = {}
     local_by_producer: dict[str, float] = {}  # reshardings without a collective run on the rank: compute
-    collectives = tuple(c for c in (*plan.collectives, *plan.backward_collectives) if _talks(c))
+    comm_s = 0.0
     for collective in (*plan.collectives, *plan.backward_collectives):  # a training plan prices its backward too
-        into = comm_by_producer if _talks(collective) else local_by_producer
+        talks = _talks(collective)
+        into = comm_by_producer if talks else local_by_producer
         into[collective.producer] = into.get(collective.producer, 0.0) + collective.time_s
+        comm_s += collective.time_s if talks else 0.0
     nodes = tuple(
         NodeEstimate(
             name=node.name,
@@ -344,7 +346,7 @@ def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Esti
         hardware=plan.hardware,
         world_size=plan.world_size,
         compute_s=sum(n.compute_s for n in nodes),
-        comm_s=sum(c.time_s for c in collectives),
+        comm_s=comm_s,
         nodes=nodes,
         layers=layers,
         parameter_bytes_per_rank=plan.parameter_bytes_per_rank,
