@@ -20,11 +20,11 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
    term (``autotp.cost_model.graph_calibration``); build the profile;
 2. for every model (tiny MLP, Llama, GPT-2, BERT from ``tests/models.py``), ``autotp.compile`` it
    with ``hardware=`` that profile and time the forward pass as the calibration times its graphs
-   (``graph_calibration.time_in_turn``): one untimed call, a barrier, then the timed call on each
-   rank; the slowest rank counts, from the moment the last rank entered the call when the forward
-   has collectives (``graph_calibration.slowest_call_s``: gloo's barrier releases the ranks up to
-   0.8 ms apart, a skew ranks that serve call after call do not have); the median of ``--runs``
-   runs after ``--warmup`` runs.
+   (``graph_calibration.time_in_turn``): one untimed call, then the timed call on every rank from
+   one moment (``graph_calibration.common_start``: gloo's barrier alone releases the ranks up to
+   0.8 ms apart, a skew ranks that serve call after call do not have) to the last rank's end, the
+   time the group takes to have the forward's result on every rank; the median of ``--runs`` runs
+   after ``--warmup`` runs.
    The prediction is ``plan.estimate(profile).time_per_call_s``;
 3. time it once more with every collective (and its ``wait_tensor``) replaced by a local
    stand-in of its output's shape: that is the measured compute, and the forward time minus it
@@ -193,7 +193,7 @@ class Summary:
 
     @property
     def forward_share(self) -> float:
-        """The share of a core the forward's compute got: its work over its wall time (slowest rank)."""
+        """The share of a core the forward's compute got: its work over its wall time on the group."""
         return self.measured_compute_work_s / self.measured_compute_s if self.measured_compute_s else 0.0
 
     @property
@@ -224,8 +224,8 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
     a copy of it with every collective and its wait replaced by a local stand-in of its output's shape
     (``autotp.cost_model.graph_calibration.local_stand_ins``, the same form the calibration times a
     graph's compute in), timed in turn as the calibration times its graphs
-    (``graph_calibration.time_in_turn``: each after one untimed call of itself and a barrier, the slowest
-    rank counting, the forward with collectives from the moment the last rank entered it); and the work
+    (``graph_calibration.time_in_turn``: each after one untimed call of itself, from a start common to every
+    rank to the last rank's end); and the work
     (CPU time, mean over ranks) of the second.
     Each form is compiled once and swapped in by attribute: recompiling before every call would
     time a freshly generated ``forward``, 5-20% slower than the one a model runs call after call."""
@@ -242,7 +242,7 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
 
     try:
         (seconds, _), (compute_s, compute_work_s) = time_in_turn(
-            [(calling(real), compute is not real), (calling(compute), False)], runs, warmup)
+            [calling(real), calling(compute)], runs, warmup)
     finally:
         tp_model.graph_module = real
     mean_work = torch.tensor([compute_work_s], dtype=torch.float64)
@@ -275,8 +275,8 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
     if _collective_count(whole.plan):
         raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
     (autotp_s, _), (megatron_s, _), (no_split_s, _) = time_in_turn(
-        [(lambda module=module: module(*args, **kwargs), _collective_count(module.plan) > 0)
-         for module in (ours, theirs, whole)], options.runs, options.warmup)
+        [lambda module=module: module(*args, **kwargs) for module in (ours, theirs, whole)],
+        options.runs, options.warmup)
     same = tuple(label for label, module in (("megatron", theirs), ("no split", whole))
                  if module.graph_module.code == ours.graph_module.code)
     return Decision(name, world_size, "forward", autotp_s, megatron_s, no_split_s,

@@ -36,8 +36,8 @@ profile field         measurement (median over timed repeats, after warm-up)
 ``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor
 ``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
 ``collective_wait_s`` (Llama-like and GPT-like blocks after the prologue HF graphs run), with and
-``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks at once, the
-``kernel_extra_..``   slowest rank counting (:mod:`.graph_calibration`), and one wide block (hidden
+``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks from one moment to
+``kernel_extra_..``   the last rank's end (:mod:`.graph_calibration`), and one wide block (hidden
                       1024, 64 tokens) where a kernel's extra in a graph reaches its cap;
                       ``runtime_mode`` eager
 ====================  ==========================================================================
@@ -664,7 +664,7 @@ def build_profile(
     )
     unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
     # The GEMM curve: fitted on rank 0's samples, its kernels priced by its own measurements. The
-    # host terms: fitted on every rank's graphs (wall times are the slowest rank's, the work each
+    # host terms: fitted on every rank's graphs (wall times are the group's, the work each
     # rank's own), the median over ranks of each term, steadier than one rank's fit.
     first = compute[0]
     kernels = _kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,

@@ -11,8 +11,8 @@ lookups; Llama-like and GPT-like blocks; feed-forward blocks alone; an all-reduc
 row-split projection) at several depths, widths and token counts, and one graph of a single norm
 (the call of a graph and little else); runs each by calling its ``GraphModule`` (what
 ``TensorParallelModule`` does), one graph at a time, each call after an untimed call of itself and
-a barrier on every rank (:func:`time_in_turn`), timing it on the wall clock (the slowest rank
-counting; a graph with collectives from the moment the last rank entered it, :func:`slowest_call_s`)
+a common start on every rank (:func:`time_in_turn`), timing it on the wall clock (from the moment every
+rank started it to the moment the last finished it, :func:`common_start`, :func:`group_call_s`)
 and on the work clock (:func:`work_clock`: the rank's own CPU time); times a graph with collectives
 also in its *compute form* (:func:`local_stand_ins`: every collective replaced by a local op of its
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
@@ -29,7 +29,7 @@ and the calibrated profile sets ``kernel_floor_s`` to 0), ``d`` a kernel's part 
 ``cap`` what a kernel costs in a graph beyond it, up to a cap (:func:`fit_compute_terms`; the
 profile's ``kernel_extra_fraction`` and ``kernel_extra_cap_s``), ``link_s`` the alpha-beta time of its
 collectives on the link fitted back to back, and ``core_share`` the share of a core a rank gets
-while computing: its median work over the median of the slowest rank's wall times in the compute
+while computing: its median work over the median of the group's wall times in the compute
 forms of all graphs, each graph weighing by its time
 (about 1/2 for four single-thread ranks on two idle cores, at most ``cores / (ranks * threads)``,
 :func:`fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
@@ -92,7 +92,9 @@ __all__ = [
     "GraphSample",
     "GraphShape",
     "HostFit",
+    "COMMON_START_LEAD_S",
     "block_graph",
+    "common_start",
     "fair_core_share",
     "fit_compute_terms",
     "fit_gemm_curve",
@@ -102,13 +104,13 @@ __all__ = [
     "graph_link_s",
     "graph_sample",
     "graph_samples",
+    "group_call_s",
     "kernels_in_graph_s",
     "local_stand_ins",
     "measure_gemm_samples",
     "measure_graphs",
     "measure_transcendental_element_s",
     "ranks_share_a_clock",
-    "slowest_call_s",
     "time_in_turn",
 ]
 
@@ -161,15 +163,15 @@ class GraphSample:
 
     ``device_s``: sum of its kernels' roofline times (no host term); ``collectives``: the
     ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
-    time; ``seconds``: median over runs of the slowest rank's time for one call (wall clock; with
-    collectives, from the last rank's start: :func:`slowest_call_s`);
+    time; ``seconds``: median over runs of one call's time on the group (wall clock, from a start
+    common to every rank to the last rank's end: :func:`group_call_s`);
     ``work_s``: median over runs of this rank's own work per call (:func:`work_clock`; 0.0: not
     measured).
 
     The graph's *compute* is measured as the accuracy benchmark measures a model's: the same
     graph with every collective replaced by a local stand-in of its output's shape
     (:func:`local_stand_ins`), timed in turn with the real one. ``compute_s``: median over runs of
-    the slowest rank's wall time of that form; ``compute_work_s``: median of this rank's work in
+    that form's time on the group; ``compute_work_s``: median of this rank's work in
     it (both equal ``seconds`` and ``work_s`` for a graph without collectives; 0.0: not measured,
     older samples). ``core_share``: ``compute_work_s / compute_s`` (medians, as the benchmark times a
     forward), at most :func:`fair_core_share`: the share of a core a rank gets *while computing* (1.0 alone on an idle
@@ -689,36 +691,63 @@ def ranks_share_a_clock() -> bool:
     return all(identity == identities[0] for identity in identities)
 
 
-def slowest_call_s(starts: Sequence[float], ends: Sequence[float], *, synced: bool,
-                   share_a_clock: bool) -> list[float]:
-    """Per run, the seconds of one call of a graph on every rank, from this rank's ``time.perf_counter()``
-    readings at the start and end of each run's call (call it on every rank of the current process group,
-    with the same number of runs; without one, this rank's own times).
+COMMON_START_LEAD_S = 3e-3
+"""How far ahead of now rank 0 names the moment every rank starts a timed call (:func:`common_start`): longer
+than gloo takes to deliver the broadcast to a rank that was asleep in the barrier before it (up to 0.8 ms)."""
+_SPIN_S = 5e-4  # the last stretch before the common moment is spun, not slept: a sleep overshoots by ~0.1 ms
 
-    ``synced`` (the graph has collectives, so its ranks meet in them): from the moment the *last* rank
-    entered the call to the moment the last one left it, when the ranks share a clock
-    (:func:`ranks_share_a_clock`); otherwise, and for a graph whose ranks never meet, the slowest rank's
-    own time.
 
-    Why from the last start: the calls are timed after a barrier, and gloo's barrier lets the ranks go at
-    different moments, usually within tens of microseconds but in some runs 0.7-0.8 ms apart (measured at
-    tp 2 on two idle cores: the median skew of a round of 15 calls was 15-30 us in most rounds and
-    0.7-0.8 ms in others, a rank asleep in the barrier's TCP wait woken late). A rank that enters a call
-    early waits for that skew in the call's first collective; timed from its own start, the call then
-    measured 2.6-2.8x its usual communication. That wait is the harness's, not the model's: ranks that
-    serve call after call enter each call together, released by the previous call's last collective.
-    """
+def common_start(share_a_clock: bool) -> float:
+    """Wait for every rank of the current process group, then until one moment on every rank, and return it (this
+    rank's ``time.perf_counter()``; without a process group, now).
+
+    After a barrier rank 0 names a moment :data:`COMMON_START_LEAD_S` ahead and broadcasts it; each rank sleeps
+    until just before it and spins to it. Ranks that do not share a clock (:func:`ranks_share_a_clock`) leave the
+    barrier and return their own now.
+
+    Why: a barrier alone releases the ranks up to 0.8 ms apart (gloo wakes a rank asleep in its TCP wait late;
+    measured at tp 2 on two idle cores), and where ranks outnumber cores, a rank that waits for a core leaves the
+    barrier only once it has one, so timed from its own start it never counts that wait. Released at one moment,
+    every rank is ready together, and the call's time on the group (:func:`group_call_s`) counts what the ranks
+    really share: cores, and each other's pace in the collectives."""
+    if not dist.is_initialized():
+        return time.perf_counter()
+    dist.barrier()
+    if not share_a_clock:
+        return time.perf_counter()
+    moment = torch.tensor([time.perf_counter() + COMMON_START_LEAD_S if dist.get_rank() == 0 else 0.0],
+                          dtype=torch.float64)
+    dist.broadcast(moment, src=0)
+    start = float(moment)
+    asleep = start - _SPIN_S - time.perf_counter()
+    if asleep > 0:
+        time.sleep(asleep)
+    while time.perf_counter() < start:
+        pass
+    return start
+
+
+def group_call_s(starts: Sequence[float], ends: Sequence[float], *, share_a_clock: bool) -> list[float]:
+    """Per run, the seconds of one call on the current process group, from this rank's ``time.perf_counter()``
+    readings at the start and end of each run's call (call it on every rank, with the same number of runs;
+    without a process group, this rank's own times).
+
+    On one clock (:func:`ranks_share_a_clock`; the starts from :func:`common_start`, one moment on every rank):
+    from the first start to the last end, the time the group takes to have the call's result on every rank,
+    whether or not its ranks meet in collectives. On separate clocks: the slowest rank's own time."""
     if len(starts) != len(ends):
         raise ValueError(f"need one end per start, got {len(starts)} starts and {len(ends)} ends")
-    own = torch.tensor([end - start for start, end in zip(starts, ends)], dtype=torch.float64)
     if not dist.is_initialized():
-        return own.tolist()
-    if not (synced and share_a_clock):
+        return [end - start for start, end in zip(starts, ends)]
+    if not share_a_clock:
+        own = torch.tensor([end - start for start, end in zip(starts, ends)], dtype=torch.float64)
         dist.all_reduce(own, op=dist.ReduceOp.MAX)
         return own.tolist()
-    last = torch.tensor([list(starts), list(ends)], dtype=torch.float64)
-    dist.all_reduce(last, op=dist.ReduceOp.MAX)
-    return (last[1] - last[0]).tolist()
+    first = torch.tensor([-start for start in starts], dtype=torch.float64)
+    last = torch.tensor(list(ends), dtype=torch.float64)
+    both = torch.stack([first, last])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return (both[1] + both[0]).tolist()
 
 
 # ------------------------------------------------------------------------------ graphs
@@ -935,8 +964,7 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
                   warmup: int = 3) -> tuple[GraphSample, ...]:
     """Time each ``module(example)`` ``runs`` times, and in turn with it its compute form
     (:func:`local_stand_ins`) when it has collectives (:func:`time_in_turn`: each call after one
-    untimed call of itself and a barrier; the slowest rank counts, a graph with collectives from the
-    moment the last rank entered it); and count what the cost model sees in each, its kernels priced
+    untimed call of itself, from a start common to every rank to the last rank's end); and count what the cost model sees in each, its kernels priced
     on its own ``hardware``.
 
     Each graph is timed on its own, as a model runs the same graph call after call (and as the
@@ -955,9 +983,9 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
             recorder.run(example)
             compute_module = local_stand_ins(module)
             forms = [module] if compute_module is None else [module, compute_module]
-            timed = time_in_turn([(functools.partial(form, example), which == 0 and len(forms) > 1)
-                                  for which, form in enumerate(forms)], runs, warmup, share_a_clock=share_a_clock)
-            # the share as the benchmark measures a forward: median work over the median of the slowest
+            timed = time_in_turn([functools.partial(form, example) for form in forms], runs, warmup,
+                                 share_a_clock=share_a_clock)
+            # the share as the benchmark measures a forward: median work over the median of the group's
             # rank's wall times (a sum over runs would let one run paused for a whole time slice under
             # load set the share of every graph; fit_host_terms weighs the graphs by their time, so the
             # longest, most like a forward, count most, and fair_core_share bounds the short ones)
@@ -969,21 +997,26 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
     return tuple(samples)
 
 
-def time_in_turn(calls: Sequence[tuple[Callable[[], Any], bool]], runs: int, warmup: int = 3, *,
+def time_in_turn(calls: Sequence[Callable[[], Any]], runs: int, warmup: int = 3, *,
                  share_a_clock: bool | None = None) -> list[tuple[float, float]]:
-    """Per ``(call, synced)``: the median over ``runs`` of one call's seconds on every rank (the slowest
-    rank's, and with ``synced``, a call with collectives, from the moment the last rank entered it:
-    :func:`slowest_call_s`) and the median of this rank's work per call (:func:`work_clock`).
-    ``share_a_clock``: :func:`ranks_share_a_clock`'s answer when the caller has it (None: asked here).
+    """Per call: the median over ``runs`` of its seconds on the group (:func:`group_call_s`: from the moment
+    every rank started it, :func:`common_start`, to the moment the last rank finished it) and the median of
+    this rank's work per call (:func:`work_clock`). ``share_a_clock``: :func:`ranks_share_a_clock`'s answer
+    when the caller has it (None: asked here).
 
     Call it on every rank of the current process group at once (or without one). The calls take turns
     within every run, so a change of load hits all of them alike (a graph's real and compute form,
-    three plans of one model). Each timed call comes after one untimed call of itself, then a barrier:
+    three plans of one model). Each timed call comes after one untimed call of itself, then a common start:
     timed in steady state, its caches holding its own tensors as they do call after call, and not right
     after another call's collectives (a rank that slept in them gave its core away, and the compute
     that follows waits to get it back: at tp 2 on a busy two-core machine, a compute form timed right
     after its real form got half a core, one timed after itself 0.9-0.97; that wait is caused by the
-    collectives, so it belongs to what they add, not to the compute)."""
+    collectives, so it belongs to what they add, not to the compute).
+
+    A call whose ranks never meet counts to its slowest rank's end from the common start, as one with
+    collectives does: four ranks on two cores each take the half core they share (timed on its own clock, a
+    rank that waited for a core before it left the barrier did not count the wait, and the MLP unsplit at tp 4
+    measured 0.58-0.92 ms against 1.7 ms of the four ranks' work on two cores)."""
     clock = work_clock()
     if share_a_clock is None:
         share_a_clock = ranks_share_a_clock()
@@ -991,21 +1024,20 @@ def time_in_turn(calls: Sequence[tuple[Callable[[], Any], bool]], runs: int, war
     ends: list[list[float]] = [[] for _ in calls]
     work: list[list[float]] = [[] for _ in calls]
     with torch.no_grad():
-        for call, _ in calls:
+        for call in calls:
             for _ in range(warmup):
                 call()
         for _ in range(runs):
-            for index, (call, _) in enumerate(calls):
+            for index, call in enumerate(calls):
                 call()
-                if dist.is_initialized():
-                    dist.barrier()
-                start, start_work = time.perf_counter(), clock()
+                start = common_start(share_a_clock)
+                start_work = clock()
                 call()
                 work[index].append(clock() - start_work)
                 ends[index].append(time.perf_counter())
                 starts[index].append(start)
-    return [(statistics.median(slowest_call_s(starts[index], ends[index], synced=synced, share_a_clock=share_a_clock)),
-             statistics.median(work[index])) for index, (_, synced) in enumerate(calls)]
+    return [(statistics.median(group_call_s(starts[index], ends[index], share_a_clock=share_a_clock)),
+             statistics.median(work[index])) for index in range(len(calls))]
 
 
 _GRAPH_TIMEOUT_S = 300.0  # how long a rank waits for the others in a calibration graph's all-reduce

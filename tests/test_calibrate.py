@@ -222,14 +222,15 @@ def test_shared_memory_link_keeps_the_copy_bandwidth_when_sizes_do_not_tell() ->
     assert math.isclose(smallest, 4e-4, rel_tol=0.25), f"the 4 KiB call should cost about 0.4 ms, fitted {smallest}"
 
 
-def _call_times(rank: int, world_size: int) -> tuple[list[float], list[float], bool, float]:
-    from autotp.cost_model.graph_calibration import ranks_share_a_clock, slowest_call_s, time_in_turn
+def _call_times(rank: int, world_size: int) -> tuple[list[float], bool, float, float, float, float]:
+    from autotp.cost_model.graph_calibration import common_start, group_call_s, ranks_share_a_clock, time_in_turn
 
     # rank 0 entered at 0.0 and left at 1.0, rank 1 entered at 0.4 and left at 1.1 (seconds on one clock)
     starts, ends = ([0.0], [1.0]) if rank == 0 else ([0.4], [1.1])
     shared = ranks_share_a_clock()
-    synced = slowest_call_s(starts, ends, synced=True, share_a_clock=shared)
-    own = slowest_call_s(starts, ends, synced=False, share_a_clock=shared)
+    group = group_call_s(starts, ends, share_a_clock=shared)
+    moment = common_start(shared)
+    arrived = time.perf_counter()
     tensor = torch.ones(4)
 
     def late_rank_one() -> None:  # rank 1 reaches the all-reduce 20 ms after rank 0, on every call
@@ -237,18 +238,24 @@ def _call_times(rank: int, world_size: int) -> tuple[list[float], list[float], b
             time.sleep(0.02)
         dist.all_reduce(tensor)
 
-    (together_s, _), = time_in_turn([(late_rank_one, True)], runs=3, warmup=1)
-    return synced, own, shared, together_s
+    def slow_rank_one() -> None:  # no collective: rank 1 takes 20 ms, rank 0 nothing
+        if rank == 1:
+            time.sleep(0.02)
+
+    (together_s, _), (apart_s, _) = time_in_turn([late_rank_one, slow_rank_one], runs=3, warmup=1)
+    return group, shared, moment, arrived, together_s, apart_s
 
 
-def test_calls_with_collectives_count_from_the_last_rank_in(gloo) -> None:
-    """tp=2, real gloo processes: the ranks share a clock (one host); a call whose ranks meet in collectives
-    counts from the moment the last rank entered it to the moment the last left it (1.1 - 0.4 s), one whose ranks
-    never meet the slowest rank's own time (1.0 s); a timed call where rank 1 always reaches the all-reduce 20 ms
-    late takes those 20 ms on every rank."""
+def test_calls_are_timed_on_the_group_from_one_start(gloo) -> None:
+    """tp=2, real gloo processes: the ranks share a clock (one host); a call counts from the first start to the
+    last end (1.1 - 0.0 s); `common_start` names one moment on every rank and returns no earlier; a timed call
+    where rank 1 reaches the all-reduce 20 ms late takes those 20 ms on every rank, and so does one without a
+    collective where rank 1 alone takes 20 ms."""
     ranks = gloo.run(2, _call_times)
-    for synced, own, shared, together_s in ranks:
+    for group, shared, moment, arrived, together_s, apart_s in ranks:
         assert shared, "ranks of one host share a clock"
-        assert synced == pytest.approx([0.7]) and own == pytest.approx([1.0]), (synced, own)
-        assert together_s >= 0.02, together_s
-    assert ranks[0][3] == ranks[1][3], "every rank returns the same call time"
+        assert group == pytest.approx([1.1]), group
+        assert arrived >= moment, (arrived, moment)
+        assert together_s >= 0.02 and apart_s >= 0.02, (together_s, apart_s)
+    assert ranks[0][2] == ranks[1][2], "every rank starts at one moment"
+    assert ranks[0][4] == ranks[1][4] and ranks[0][5] == ranks[1][5], "every rank returns the same call time"
