@@ -343,6 +343,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                       f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
                       f"kernel extra {hardware.kernel_extra_fraction:.2f} x up to {hardware.kernel_extra_cap_s * 1e6:.0f} us, "
+                      f"conv {hardware.op_fixed_cost_s('convolution') * 1e6:.0f} us, "
                       f"view {hardware.view_op_s * 1e6:.1f} us, dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, "
                       f"core share {share:.2f}, "
                       f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll "

@@ -1,6 +1,6 @@
 """Where the predicted time of a rank-local graph goes wrong, by op kind (world size 1, this CPU).
 
-    python benchmarks/cost_model_breakdown.py [--models llama gpt2 bert mlp] [--runs 15]
+    python benchmarks/cost_model_breakdown.py [--models llama gpt2 bert mlp] [--runs 15] [--by kind|op]
 
 Calibrates a profile in this process (``CalibrationConfig.quick``, one thread, a gloo group of
 one; the link across two other processes) on the work clock (the graphs' share of a core taken
@@ -13,8 +13,8 @@ it, and times
   the interpreter adds its own few microseconds to every node, views most visibly);
 
 and prints, per op kind (views, GEMMs, attention, lookups, transcendental, reductions and norms,
-other elementwise), the node count, the measured and the predicted milliseconds (the plan's
-``compute_s`` of the same nodes), so the kind whose prediction is low stands out.
+other elementwise; with ``--by op``, per ATen op instead), the node count, the measured and the predicted
+milliseconds (the plan's ``compute_s`` of the same nodes), so the kind whose prediction is low stands out.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _median_work_s(call: Any, runs: int) -> float:
     return statistics.median(times)
 
 
-def _breakdown(name: str, hardware: Any, runs: int) -> None:
+def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
     """Time and print one model's graph by op kind (module docstring)."""
     from models import BUILDERS
 
@@ -112,16 +112,17 @@ def _breakdown(name: str, hardware: Any, runs: int) -> None:
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or node.name not in timer.seconds:
             continue
-        row = kinds[kind_of(node.target)]
+        row = kinds[kind_of(node.target) if by == "kind" else str(node.target)]
         row[0] += 1
         row[1] += statistics.median(timer.seconds[node.name])
         row[2] += predicted.get(node.name, 0.0)
     print(f"\n{name}: model call {model_s * 1e3:.3f} ms, graph call {graph_s * 1e3:.3f} ms (work clock), "
           f"predicted {estimate.time_per_call_s * 1e3:.3f} ms ({(estimate.time_per_call_s / model_s - 1):+.0%} "
           f"vs the model call)")
-    print(f"  {'kind':<18} {'nodes':>5} {'measured ms':>12} {'predicted ms':>13} {'us/node meas':>13} {'pred':>7}")
+    width = 18 if by == "kind" else max(len(kind) for kind in kinds)
+    print(f"  {by:<{width}} {'nodes':>5} {'measured ms':>12} {'predicted ms':>13} {'us/node meas':>13} {'pred':>7}")
     for kind, (count, measured_s, predicted_s) in sorted(kinds.items(), key=lambda item: -item[1][1]):
-        print(f"  {kind:<18} {count:>5} {measured_s * 1e3:>12.3f} {predicted_s * 1e3:>13.3f} "
+        print(f"  {kind:<{width}} {count:>5} {measured_s * 1e3:>12.3f} {predicted_s * 1e3:>13.3f} "
               f"{measured_s / count * 1e6:>13.1f} {predicted_s / count * 1e6:>7.1f}")
 
 
@@ -129,6 +130,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["mlp", "llama", "gpt2", "bert"])
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--by", choices=("kind", "op"), default="kind", help="group the nodes by op kind or ATen op")
     options = parser.parse_args()
     sys.path.insert(0, TESTS)
     warnings.simplefilter("ignore")
@@ -152,7 +154,7 @@ def main() -> None:
               f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), memory {hardware.memory_bandwidth_gbps:.1f} GB/s; "
               f"load average {os.getloadavg()[0]:.1f}")
         for name in options.models:
-            _breakdown(name, hardware, options.runs)
+            _breakdown(name, hardware, options.runs, options.by)
     finally:
         dist.destroy_process_group()
 

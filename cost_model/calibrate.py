@@ -34,6 +34,8 @@ profile field         measurement (median over timed repeats, after warm-up)
                       (read from memory, as a forward reads each weight once): the shape curve of
                       the GEMM rate and the peak it tends to (:func:`.graph_calibration.fit_gemm_curve`)
 ``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor
+``op_fixed_s``        a small convolution, max-pool, batch norm and attention in a tight loop: what each
+                      costs beyond its roofline and an add of its input's (a primitive set up per call)
 ``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
 ``collective_wait_s`` (Llama-like and GPT-like blocks after the prologue HF graphs run), with and
 ``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks from one moment to
@@ -95,6 +97,7 @@ from .graph_calibration import (
     fit_host_terms,
     measure_gemm_samples,
     measure_graphs,
+    measure_op_fixed_s,
     measure_transcendental_element_s,
     work_clock,
 )
@@ -237,6 +240,9 @@ class RankMeasurements:
     """``(working_set_bytes, seconds)`` at the sizes of ``copy_curve``: a shared-memory collective's extra
     seconds per call after a stream of that working set (:func:`~.bandwidth.measure_cold_call_s`;
     empty: not measured, a group of one)."""
+    op_fixed_s: tuple[tuple[str, float], ...] = ()
+    """``(family, seconds)``: each op family's fixed cost per call (:func:`~.graph_calibration.measure_op_fixed_s`,
+    work seconds; empty: not measured)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -471,6 +477,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     curve: tuple[tuple[int, float], ...] = ()
     gemms: tuple[GemmSample, ...] = ()
     graphs: tuple[GraphSample, ...] = ()
+    op_fixed: tuple[tuple[str, float], ...] = ()
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -494,11 +501,15 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             transcendental = measure_transcendental_element_s(config.transcendental_numel, config.min_time_s,
                                                               config.repeats)
             _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element")
+            op_fixed = measure_op_fixed_s(_kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve),
+                                          config.min_time_s, config.repeats)
+            _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
+                f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
         if compute:
             # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
             kernels_only = dataclasses.replace(_kernel_profile(flops, bandwidth, floor, view, gemms, transcendental,
-                                                               curve), kernel_floor_s=0.0)
+                                                               curve), kernel_floor_s=0.0, op_fixed_s=op_fixed)
             graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
             for shape, sample in zip(config.graph_shapes, graphs):
                 _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "
@@ -507,7 +518,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold)
+                            curve, cold, op_fixed)
 
 
 def _kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
@@ -737,6 +748,7 @@ def build_profile(
         # what a kernel costs in a graph beyond the single op its rate was timed on (work seconds / share)
         kernel_extra_fraction=extra,
         kernel_extra_cap_s=cap_s / share,
+        op_fixed_s=_median_op_fixed(compute, share),
         memory_bandwidth_curve=tuple((size, rate * share / 1e9) for size, rate in curve_points),
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",
@@ -746,6 +758,16 @@ def build_profile(
         shared_memory_cold_curve=cold_curve,
         core_share=share,
     )
+
+
+def _median_op_fixed(compute: Sequence[RankMeasurements], share: float) -> tuple[tuple[str, float], ...]:
+    """Each op family's fixed cost: the median over the ranks that measured it, divided by the core share (work
+    seconds, as every work term)."""
+    by_family: dict[str, list[float]] = {}
+    for measured in compute:
+        for family, seconds in measured.op_fixed_s:
+            by_family.setdefault(family, []).append(seconds)
+    return tuple((family, statistics.median(values) / share) for family, values in by_family.items())
 
 
 def _median_host_fit(fits: Sequence[HostFit]) -> HostFit | None:

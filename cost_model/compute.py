@@ -31,7 +31,9 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
   ``Hardware.transcendental_element_s``; the op takes the longer of that and its bytes.
 
 In a graph a kernel costs more than the same op timed in a loop (``Hardware.kernel_extra_fraction``,
-:func:`in_graph_kernel_s`). The kernel's time then meets the host's dispatch of the node as the runtime mode says
+:func:`in_graph_kernel_s`). Some op families also pay a fixed cost per call that their bytes and FLOPs do not
+show (:data:`OP_FAMILIES`, ``Hardware.op_fixed_s``: a CPU convolution sets up a oneDNN primitive, about 40 us
+on this project's VM whatever its size). The kernel's time then meets the host's dispatch of the node as the runtime mode says
 (:func:`.runtime.node_time_s`): added on a CPU, overlapped on a GPU, absent when compiled or
 replayed from a CUDA graph.
 
@@ -71,6 +73,8 @@ __all__ = [
     "is_lookup",
     "is_transcendental",
     "launches_no_kernel",
+    "OP_FAMILIES",
+    "op_family",
     "tensor_bytes",
 ]
 
@@ -138,6 +142,7 @@ def compute_time_s(
     *,
     gemm_min_dim: float | None = None,
     transcendental_elements: float = 0,
+    family: str | None = None,
 ) -> float:
     """Predicted seconds of one kernel node doing ``flops`` FLOPs and moving ``memory_bytes`` bytes.
 
@@ -146,7 +151,8 @@ def compute_time_s(
     Williams et al. 2009, with the shape-dependent GEMM rate and per-element transcendental
     rate of the module docstring), then the node's host dispatch under the profile's runtime
     mode (:func:`.runtime.node_time_s`). ``gemm_min_dim``: the smallest of the GEMM's local
-    (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``flops == 0 and
+    (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``family``: the op's
+    :func:`op_family`, whose fixed cost (``Hardware.op_fixed_s``) the kernel pays on top. ``flops == 0 and
     memory_bytes == 0`` means no kernel: 0.0. The dtype's peak is only needed when ``flops > 0``.
     """
     if flops < 0 or memory_bytes < 0 or transcendental_elements < 0:
@@ -168,7 +174,8 @@ def compute_time_s(
     if transcendental_elements:
         arithmetic_s = transcendental_elements * hardware.transcendental_element_s
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
-    return float(node_time_s(in_graph_kernel_s(device_s, hardware), hardware))
+    fixed_s = hardware.op_fixed_cost_s(family) if family is not None else 0.0
+    return float(node_time_s(in_graph_kernel_s(device_s, hardware) + fixed_s, hardware))
 
 
 def in_graph_kernel_s(device_s: Any, hardware: Hardware) -> Any:
@@ -643,6 +650,28 @@ TRANSCENDENTAL_OPS = frozenset(
         aten._softmax, aten.softmax, aten._log_softmax, aten.log_softmax, aten.mish, aten.softplus,
     }
 )
+
+
+OP_FAMILIES = ("convolution", "pooling", "batch_norm", "attention")
+"""Op families priced with a fixed cost per call of their own (``Hardware.op_fixed_s``, measured by
+``autotp calibrate``): library kernels that set up a primitive or a plan on every call."""
+
+_FAMILY_OF = {
+    **dict.fromkeys((aten.conv1d, aten.conv2d, aten.conv3d, aten.convolution, aten._convolution), "convolution"),
+    **dict.fromkeys((aten.max_pool1d, aten.max_pool2d, aten.max_pool3d, aten.max_pool2d_with_indices,
+                     aten.max_pool3d_with_indices, aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d,
+                     aten.adaptive_avg_pool1d, aten.adaptive_avg_pool2d, aten.adaptive_avg_pool3d,
+                     aten._adaptive_avg_pool2d, aten._adaptive_avg_pool3d, aten.adaptive_max_pool1d,
+                     aten.adaptive_max_pool2d, aten.adaptive_max_pool3d), "pooling"),
+    **dict.fromkeys((aten.batch_norm, aten.native_batch_norm, aten._native_batch_norm_legit,
+                     aten._native_batch_norm_legit_no_training), "batch_norm"),
+    **dict.fromkeys(_ATTENTION_OPS, "attention"),
+}
+
+
+def op_family(op: Any) -> str | None:
+    """The :data:`OP_FAMILIES` entry ``op`` (an overload or packet) belongs to, None for any other op."""
+    return _FAMILY_OF.get(_packet_of(op))
 
 
 def is_transcendental(op: Any) -> bool:

@@ -82,6 +82,7 @@ from .compute import (
     gemm_dims,
     is_transcendental,
     launches_no_kernel,
+    op_family,
 )
 from .hardware import Hardware, LinkProfile
 
@@ -109,6 +110,7 @@ __all__ = [
     "local_stand_ins",
     "measure_gemm_samples",
     "measure_graphs",
+    "measure_op_fixed_s",
     "measure_transcendental_element_s",
     "ranks_share_a_clock",
     "time_in_turn",
@@ -180,8 +182,9 @@ class GraphSample:
     cost pass would size this graph's model at (``bandwidth.graph_working_set_bytes``: its tensors held
     whole), at which a shared-memory collective's cold-cache cost is resolved (:func:`graph_link_s`;
     0: not recorded, no cold cost). ``kernel_s``: each kernel node's roofline time (they sum to
-    ``device_s``), from which the fit prices what a kernel costs in a graph beyond it
-    (:func:`fit_compute_terms`; empty: not recorded, priced as if one kernel of ``device_s``).
+    ``device_s`` less the op families' fixed costs, ``Hardware.op_fixed_s``), from which the fit prices what a
+    kernel costs in a graph beyond it (:func:`fit_compute_terms`; empty: not recorded, priced as if one kernel of
+    ``device_s``).
     """
 
     kernel_nodes: int
@@ -669,6 +672,53 @@ def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, r
 _TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, aten.silu.default, aten.gelu.default)
 
 
+def roofline_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], result: torch.Tensor,
+                       hardware: Hardware) -> float:
+    """The roofline seconds ``hardware`` prices one call of ``op`` at (its FLOPs, bytes, GEMM shape and
+    transcendental elements; no op family's fixed cost), from its real arguments and result."""
+    flops = aten_flops(op, args, kwargs, result)
+    dims = gemm_dims(op, args, kwargs) if flops else None
+    elements = result.numel() if is_transcendental(op) else 0
+    return compute_time_s(flops, aten_memory_bytes(op, args, kwargs, result), result.dtype, hardware,
+                          gemm_min_dim=min(dims) if dims else None, transcendental_elements=elements)
+
+
+def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
+    """One small call per :data:`~.compute.OP_FAMILIES` entry, as an exported graph calls it: ``(op, args)``."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(2, 8, 8, 8, generator=generator)
+    ones, zeros = torch.ones(8), torch.zeros(8)
+    heads = torch.randn(1, 1, 4, 16, generator=generator)
+    return {
+        "convolution": (aten.conv2d.default, (images, torch.randn(8, 8, 3, 3, generator=generator), None, [1, 1],
+                                              [1, 1], [1, 1], 1)),
+        "pooling": (aten.max_pool2d.default, (images, [2, 2], [2, 2])),
+        "batch_norm": (aten.batch_norm.default, (images, ones, zeros, zeros, ones, False, 0.1, 1e-5, True)),
+        "attention": (aten.scaled_dot_product_attention.default, (heads, heads, heads)),
+    }
+
+
+def measure_op_fixed_s(hardware: Hardware, min_time_s: float, repeats: int) -> tuple[tuple[str, float], ...]:
+    """``(family, seconds)`` per :data:`~.compute.OP_FAMILIES` entry: what a small call of the family costs in a
+    tight loop (:func:`median_work_s`) beyond its roofline on ``hardware``, less what an add of its first input
+    costs beyond its own (a plain kernel's fixed cost, which the fitted dispatch prices); at least 0.
+
+    Why: some library kernels set up a primitive or a plan on every call, whatever their size; on this project's
+    2-core VM a convolution of 8 channels on 8 x 8 took 41 us in a loop where an add of the same tensor took 1.5 us,
+    and a CNN was predicted 51-67% low without it."""
+    fixed = []
+    for family, (op, args) in _op_family_instances().items():
+        reference = args[0]
+        excess = []
+        for call, call_args in ((op, args), (aten.add.Tensor, (reference, reference))):
+            result = call(*call_args)
+            result = result[0] if isinstance(result, tuple) else result
+            excess.append(median_work_s(functools.partial(call, *call_args), min_time_s, repeats)
+                          - roofline_of_call_s(call, call_args, {}, result, hardware))
+        fixed.append((family, max(0.0, excess[0] - excess[1])))
+    return tuple(fixed)
+
+
 def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int) -> float:
     """Seconds per element of exp, tanh, sigmoid, silu and gelu on ``numel`` float32 values (median)."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
@@ -891,14 +941,11 @@ class _Recorder(torch.fx.Interpreter):
             return result
         args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
-        flops = aten_flops(node.target, args, kwargs, result)
-        dims = gemm_dims(node.target, args, kwargs) if flops else None
-        elements = result.numel() if is_transcendental(node.target) else 0
         self.kernel_nodes += 1
-        seconds = compute_time_s(flops, aten_memory_bytes(node.target, args, kwargs, result), result.dtype,
-                                 self.hardware, gemm_min_dim=min(dims) if dims else None,
-                                 transcendental_elements=elements)
-        self.device_s += seconds
+        seconds = roofline_of_call_s(node.target, args, kwargs, result, self.hardware)
+        family = op_family(node.target)
+        # an op family's fixed cost is priced as measured, beside the kernel's extra (which it does not scale)
+        self.device_s += seconds + (self.hardware.op_fixed_cost_s(family) if family is not None else 0.0)
         self.kernel_s.append(seconds)
         return result
 

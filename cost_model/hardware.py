@@ -97,6 +97,30 @@ _HOST_TIME_FIELDS = (
 )
 
 
+def _checked_op_fixed(owner: str, pairs: Any) -> tuple[tuple[str, float], ...]:
+    """``Hardware.op_fixed_s`` as a tuple of ``(family, seconds)``, each family of ``OP_FAMILIES`` once."""
+    from .compute import OP_FAMILIES
+
+    try:
+        pairs = tuple((family, seconds) for family, seconds in pairs)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}.op_fixed_s must be (family, seconds) pairs, got {pairs!r}") from None
+    for family, seconds in pairs:
+        if family not in OP_FAMILIES:
+            raise ValueError(f"{owner}.op_fixed_s names {family!r}; the op families are: {', '.join(OP_FAMILIES)}")
+        _check_positive_number(owner, f"op_fixed_s[{family!r}]", seconds, allow_zero=True)
+    families = [family for family, _ in pairs]
+    if len(set(families)) != len(families):
+        raise ValueError(f"{owner}.op_fixed_s names a family twice: {families}")
+    return pairs
+
+
+def _op_fixed_from_json(data: Any) -> tuple[tuple[str, float], ...]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"field 'op_fixed_s' must be an object from op family to seconds, got {type(data).__name__}")
+    return tuple(data.items())
+
+
 def _check_known_fields(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
     """ValueError naming a field the profile does not have (a typo would otherwise be silently ignored)."""
     import difflib
@@ -263,6 +287,11 @@ class Hardware:
     at most ``extra * cap`` for large ones, which stream their data either way. ``autotp calibrate``
     fits both on its rank-local graphs (on a 2-core VM: 2.4-3.0 and 2-8 microseconds, so a kernel
     costs at most 5-24 us more); 0.0: no extra (every named profile).
+    ``op_fixed_s``: ``(family, seconds)`` pairs, one per :data:`~.compute.OP_FAMILIES` entry measured: the
+    fixed cost one call of an op of that family pays beyond its roofline and a plain kernel's (library
+    kernels that set up a primitive per call: a CPU convolution, about 40 us on a 2-core VM at any size,
+    where an add of the same tensor takes 1.5 us); ``autotp calibrate`` times a tiny instance of each family
+    in a loop; empty: none (every named profile). :meth:`op_fixed_cost_s` reads it.
     ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
     tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
     ``shared_memory_cold_call_s``: what one shared-memory collective pays beyond its back-to-back
@@ -330,6 +359,7 @@ class Hardware:
     shared_memory_cold_call_s: float = 0.0
     kernel_extra_fraction: float = 0.0
     kernel_extra_cap_s: float = 0.0
+    op_fixed_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_curve: tuple[tuple[float, float], ...] = ()
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = "ring"
@@ -370,6 +400,7 @@ class Hardware:
         if self.small_all_reduce == "shared_memory" and self.shared_memory_link is None:
             raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
                              "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
+        object.__setattr__(self, "op_fixed_s", _checked_op_fixed(owner, self.op_fixed_s))
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
         object.__setattr__(self, "shared_memory_cold_curve", _checked_curve(
             owner, self.shared_memory_cold_curve, "shared_memory_cold_curve", "seconds", allow_zero=True))
@@ -405,6 +436,7 @@ class Hardware:
                 self.runtime_mode,
                 self.host_is_device,
                 *(getattr(self, host_field) for host_field in _HOST_TIME_FIELDS),
+                self.op_fixed_s,
                 self.memory_bandwidth_curve,
                 self.shared_memory_cold_curve,
                 self.small_all_reduce,
@@ -429,12 +461,17 @@ class Hardware:
             memory_bandwidth_curve=tuple((size, gbps / share) for size, gbps in self.memory_bandwidth_curve),
             view_op_s=self.view_op_s * share,
             kernel_extra_cap_s=self.kernel_extra_cap_s * share,
+            op_fixed_s=tuple((family, seconds * share) for family, seconds in self.op_fixed_s),
             host_dispatch_s=self.host_dispatch_s * share,
             graph_launch_s=self.graph_launch_s * share,
             transcendental_element_s=self.transcendental_element_s * share,
             core_share=1.0,
             source=f"{self.source}; work terms at a whole core (one rank alone; measured share {share:.2f})",
         )
+
+    def op_fixed_cost_s(self, family: str) -> float:
+        """The fixed seconds per call of an op of ``family`` (``op_fixed_s``; 0.0 when not measured)."""
+        return next((seconds for name, seconds in self.op_fixed_s if name == family), 0.0)
 
     def link(self, *, spans_nodes: bool) -> LinkProfile:
         """The link a collective uses: ``inter_node`` when its group spans nodes."""
@@ -457,6 +494,7 @@ class Hardware:
             "runtime_mode": self.runtime_mode,
             "host_is_device": self.host_is_device,
             **{host_field: getattr(self, host_field) for host_field in _HOST_TIME_FIELDS},
+            **({"op_fixed_s": dict(self.op_fixed_s)} if self.op_fixed_s else {}),
             "memory_bandwidth_curve": [{"working_set_bytes": size, "bandwidth_gbps": gbps}
                                        for size, gbps in self.memory_bandwidth_curve],
             "small_all_reduce": self.small_all_reduce,
@@ -494,7 +532,7 @@ class Hardware:
             "devices_per_node",
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
-                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "memory_bandwidth_curve",
+                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "memory_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share")
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
@@ -527,6 +565,7 @@ class Hardware:
                 runtime_mode=data.get("runtime_mode", "eager"),
                 host_is_device=data.get("host_is_device", False),
                 **{host_field: data.get(host_field, 0.0) for host_field in _HOST_TIME_FIELDS},
+                op_fixed_s=_op_fixed_from_json(data.get("op_fixed_s", {})),
                 # absent in profiles written before the working-set curve and the one-shot pricing
                 memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
                 small_all_reduce=data.get("small_all_reduce",

@@ -51,7 +51,7 @@ from autotp.cost_model import (
     launches_no_kernel,
 )
 from autotp.cost_model.bandwidth import graph_profile, graph_working_set_bytes
-from autotp.cost_model.compute import gemm_dims, is_lookup, is_transcendental
+from autotp.cost_model.compute import gemm_dims, is_lookup, is_transcendental, op_family
 from autotp.cost_model.runtime import view_time_s
 from autotp.passes.backward import (
     REPLICATED_INPUT_BACKWARD,
@@ -239,13 +239,13 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             # no kernel, no bytes: only the host's dispatch in eager mode (0 on GPU profiles)
             return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
-    dtype = node_dtype(node)
+    dtype, family = node_dtype(node), op_family(node.target)
     costs = []
     for strategy, (flops, moved), (min_dim, elements) in zip(strategies, work,
                                                              _shape_terms(node, strategies, world_size, work)):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
         costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
-                                             transcendental_elements=elements)
+                                             transcendental_elements=elements, family=family)
                      + op_collectives_s(node, strategy, world_size, hardware))
     return costs
 

@@ -639,3 +639,65 @@ def test_reshardings_without_a_collective_count_as_compute() -> None:
     assert math.isclose(estimate.compute_s, sum(n.compute_s for n in plan.nodes) + sum(c.time_s for c in local))
     assert math.isclose(plan.predicted_compute_s, estimate.compute_s), (plan.predicted_compute_s, estimate.compute_s)
     assert math.isclose(plan.predicted_comm_s, estimate.comm_per_call_s), (plan.predicted_comm_s, estimate)
+
+
+def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
+    """No parallelism: a convolution pays the profile's ``op_fixed_s["convolution"]`` on top of its kernel (an add
+    and a view nothing), in `compute_time_s` and in a plan of a small CNN (two convolutions: twice the cost);
+    the field survives JSON, scales with the core share in `alone`, and a bad entry is a clear error."""
+    import autotp
+    from autotp.cost_model.compute import OP_FAMILIES, op_family
+
+    aten = torch.ops.aten
+    assert op_family(aten.conv2d.default) == "convolution" and op_family(aten.max_pool2d.default) == "pooling"
+    assert op_family(aten.scaled_dot_product_attention.default) == "attention" and op_family(aten.add.Tensor) is None
+    plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
+    fixed = dataclasses.replace(plain, op_fixed_s=(("convolution", 1e-3), ("pooling", 2e-6)))
+    assert fixed.op_fixed_cost_s("convolution") == 1e-3 and fixed.op_fixed_cost_s("attention") == 0.0
+    d = compute_time_s(1e6, 1e5, torch.float32, plain, family="convolution")
+    assert compute_time_s(1e6, 1e5, torch.float32, fixed, family="convolution") == pytest.approx(d + 1e-3)
+    assert compute_time_s(1e6, 1e5, torch.float32, fixed) == pytest.approx(d), "no family, no fixed cost"
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3))
+    example = (torch.randn(2, 3, 8, 8),)
+    with_fixed, without = (autotp.plan(model, example, world_size=1, hardware=profile, memory_budget=None)
+                           .estimate(profile).time_per_call_s for profile in (fixed, plain))
+    assert with_fixed - without == pytest.approx(2e-3, rel=1e-6), (with_fixed, without)
+
+    data = fixed.to_dict()
+    assert data["op_fixed_s"] == {"convolution": 1e-3, "pooling": 2e-6}
+    assert Hardware.from_dict(json.loads(json.dumps(data))) == fixed
+    del data["op_fixed_s"]
+    assert Hardware.from_dict(data).op_fixed_s == (), "a profile written before the field reads none"
+    assert dataclasses.replace(fixed, core_share=0.5).alone().op_fixed_cost_s("convolution") == pytest.approx(5e-4)
+    for bad, match in (((("fft", 1e-6),), "the op families are"), ((("convolution", -1.0),), "op_fixed_s"),
+                       ((("pooling", 1e-6), ("pooling", 2e-6)), "twice")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(plain, op_fixed_s=bad)
+    assert set(OP_FAMILIES) >= {"convolution", "pooling", "batch_norm", "attention"}
+    with pytest.raises(ValueError, match="op_fixed_s"):
+        Hardware.from_dict({**fixed.to_dict(), "op_fixed_s": [1, 2]})
+
+
+def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -> None:
+    """`measure_op_fixed_s` returns every family, each at least 0; a graph's recorder adds a convolution's fixed
+    cost to the graph's kernel time but not to the kernel's roofline the extra is fitted on."""
+    from autotp.cost_model.compute import OP_FAMILIES
+    from autotp.cost_model.graph_calibration import _Recorder, measure_op_fixed_s
+
+    plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
+    measured = measure_op_fixed_s(plain, min_time_s=1e-3, repeats=3)
+    assert [family for family, _ in measured] == list(OP_FAMILIES)
+    assert all(seconds >= 0.0 for _, seconds in measured), measured
+    module = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    weight = graph.get_attr("0.weight")
+    graph.output(graph.call_function(torch.ops.aten.conv2d.default, (x, weight)))
+    module = torch.fx.GraphModule(module, graph)
+    recorders = [_Recorder(module, profile) for profile in
+                 (plain, dataclasses.replace(plain, op_fixed_s=(("convolution", 1e-3),)))]
+    for recorder in recorders:
+        recorder.run(torch.randn(1, 3, 6, 6))
+    assert recorders[1].kernel_s == recorders[0].kernel_s and len(recorders[0].kernel_s) == 1
+    assert recorders[1].device_s == pytest.approx(recorders[0].device_s + 1e-3)
