@@ -305,6 +305,41 @@ def _sdpa_flops_from_shapes(
     return 2 * batch * seq_q * seq_k * head_dim + 2 * batch * seq_q * seq_k * value_dim
 
 
+_GROUPED_MM_OPS = frozenset({"aten::_grouped_mm", "transformers::grouped_mm_fallback"})
+"""Grouped GEMMs (one product per group of rows: mixture-of-experts layers), by qualified name, so that the custom
+op of ``transformers`` is known without importing it."""
+
+
+def _is_grouped_mm(packet: Any) -> bool:
+    return getattr(packet, "_qualified_op_name", None) in _GROUPED_MM_OPS
+
+
+def _grouped_mm_shapes(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    a, b = _arg(args, kwargs, 0, "mat_a"), _arg(args, kwargs, 1, "mat_b")
+    if a is None:
+        a, b = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    if a is None or b is None:
+        return None
+    return tuple(_shape(a)), tuple(_shape(b))
+
+
+def _grouped_mm_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    """``x (S, K)`` by ``w (E, K, N)``, each row by its group's weight: ``2 S K N``; a batch of ``E`` products
+    ``(E, M, K) @ (E, K, N)``: ``2 E M K N``; ``(M, K) @ (K, N)`` with the groups splitting ``K``: ``2 M K N``;
+    0 for any other form (priced by its bytes)."""
+    shapes = _grouped_mm_shapes(args, kwargs)
+    if shapes is None:
+        return 0
+    a, b = shapes
+    if len(a) == 2 and len(b) == 3:
+        return 2 * a[0] * a[1] * b[2]
+    if len(a) == 3 and len(b) == 3:
+        return 2 * a[0] * a[1] * a[2] * b[2]
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    return 0
+
+
 @_register(aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu)
 def _sdpa_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> int:
     query = _arg(args, kwargs, 0, "query")
@@ -436,7 +471,8 @@ def aten_flops(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = Non
     M = prod(input.shape[:-1]) (bias add not counted), ``scaled_dot_product_attention`` is
     4*B*H*Sq*Sk*D. Covered: everything in ``torch.utils.flop_counter.flop_registry`` (mm, addmm,
     bmm, baddbmm, convolution, fused attention kernels, ...) plus the composite ops ``linear``,
-    ``matmul``, ``scaled_dot_product_attention``, ``conv{1,2,3}d``, ``conv_transpose{1,2,3}d``.
+    ``matmul``, ``scaled_dot_product_attention``, ``conv{1,2,3}d``, ``conv_transpose{1,2,3}d``, and the
+    grouped GEMMs of mixture-of-experts layers (``aten._grouped_mm``, ``transformers::grouped_mm_fallback``).
     Anything else is 0 (memory bound: its cost is its bytes).
     """
     kwargs = kwargs or {}
@@ -465,6 +501,8 @@ def flops_formula(op: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any
     """The FLOP formula of ``op`` applied to whatever sizes the arguments carry (ints, SymInts or
     sympy expressions); :func:`aten_flops` and ``symbolic.symbolic_aten_flops`` share it."""
     packet = _packet_of(op)
+    if _is_grouped_mm(packet):
+        return _grouped_mm_flops(args, kwargs, out)
     composite = _COMPOSITE_FLOP_FORMULAS.get(packet)
     if composite is not None:
         return composite(args, kwargs, out)
@@ -583,6 +621,8 @@ def gemm_dims(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None
         return _attention_gemm_dims(args, kwargs)
     if packet in _CONV_GROUPS_ARG:
         return _conv_gemm_dims(packet, args, kwargs)
+    if _is_grouped_mm(packet):
+        return _grouped_mm_gemm_dims(args, kwargs)
     if packet not in _GEMM_OPS:
         return None
     offset = 1 if packet in (aten.addmm, aten.baddbmm) else 0
@@ -628,6 +668,22 @@ def _conv_gemm_dims(packet: Any, args: Sequence[Any], kwargs: dict[str, Any]) ->
     n = max(1, w_shape[0] // groups)
     k = w_shape[1] * math.prod(w_shape[2:])
     return max(1, m), n, max(1, k)
+
+
+def _grouped_mm_gemm_dims(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int, int, int] | None:
+    """The (m, n, k) of one group's product: rows shared evenly by the groups (``x (S, K)`` by ``w (E, K, N)``:
+    ``S / E`` rows each), so many experts over few tokens run as small GEMMs."""
+    shapes = _grouped_mm_shapes(args, kwargs)
+    if shapes is None:
+        return None
+    a, b = (tuple(_concrete_size(size) for size in shape) for shape in shapes)
+    if len(a) == 2 and len(b) == 3:
+        return max(1, a[0] // max(1, b[0])), b[2], a[1]
+    if len(a) == 3 and len(b) == 3:
+        return a[1], b[2], a[2]
+    if len(a) == 2 and len(b) == 2:
+        return a[0], b[1], a[1]
+    return None
 
 
 def _attention_gemm_dims(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[int, int, int] | None:

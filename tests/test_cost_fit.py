@@ -701,3 +701,21 @@ def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -
         recorder.run(torch.randn(1, 3, 6, 6))
     assert recorders[1].kernel_s == recorders[0].kernel_s and len(recorders[0].kernel_s) == 1
     assert recorders[1].device_s == pytest.approx(recorders[0].device_s + 1e-3)
+
+
+def test_grouped_gemms_count_their_flops_and_run_as_one_group_s_gemm() -> None:
+    """A mixture-of-experts grouped GEMM, ``x (S, K)`` by ``w (E, K, N)``: every row meets one expert's weight,
+    ``2 S K N`` FLOPs (it counted 0 and was priced by its bytes), the batched and K-grouped forms likewise, and its
+    GEMM shape is one group's (``S / E`` rows); found by name, for ``aten._grouped_mm`` and the ``transformers``
+    fallback alike."""
+    from autotp.cost_model.compute import aten_flops
+
+    x, w, offs = torch.empty(64, 32), torch.empty(8, 32, 48), torch.empty(8, dtype=torch.int32)
+    grouped = torch.ops.aten._grouped_mm.default
+    assert aten_flops(grouped, (x, w), {"offs": offs}) == 2 * 64 * 32 * 48
+    assert gemm_dims(grouped, (x, w), {"offs": offs}) == (8, 48, 32)
+    assert aten_flops(grouped, (torch.empty(8, 4, 32), w)) == 2 * 8 * 4 * 32 * 48
+    assert aten_flops(grouped, (torch.empty(16, 64), torch.empty(64, 24)), {"offs": offs}) == 2 * 16 * 64 * 24
+    fallback = pytest.importorskip("transformers.integrations.moe") and torch.ops.transformers.grouped_mm_fallback
+    assert aten_flops(fallback.default, (x, w, offs)) == 2 * 64 * 32 * 48
+    assert gemm_dims(fallback.default, (x, w, offs)) == (8, 48, 32)
