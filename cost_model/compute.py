@@ -33,8 +33,8 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
 In a graph a kernel costs more than the same op timed in a loop (``Hardware.kernel_extra_fraction``,
 :func:`in_graph_kernel_s`). Some op families also pay a fixed cost per call that their bytes and FLOPs do not
 show (:data:`OP_FAMILIES`, ``Hardware.op_fixed_s``: a CPU convolution sets up a oneDNN primitive, about 40 us
-on this project's VM whatever its size). The kernel's time then meets the host's dispatch of the node as the runtime mode says
-(:func:`.runtime.node_time_s`): added on a CPU, overlapped on a GPU, absent when compiled or
+on this project's VM whatever its size). The kernel's time then meets the host's dispatch of the node as the
+runtime mode says (:func:`.runtime.node_time_s`): added on a CPU, overlapped on a GPU, absent when compiled or
 replayed from a CUDA graph.
 
 FLOPs come from ``torch.utils.flop_counter``'s formula table (``flop_registry``) where it covers
@@ -60,6 +60,7 @@ from .hardware import Hardware
 from .runtime import node_time_s
 
 __all__ = [
+    "OP_FAMILIES",
     "achievable_flops_per_s",
     "achievable_memory_bytes_per_s",
     "aten_flops",
@@ -73,7 +74,6 @@ __all__ = [
     "is_lookup",
     "is_transcendental",
     "launches_no_kernel",
-    "OP_FAMILIES",
     "op_family",
     "tensor_bytes",
 ]

@@ -87,13 +87,13 @@ from .compute import (
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
+    "COMMON_START_LEAD_S",
     "GRAPH_FAMILIES",
     "GemmFit",
     "GemmSample",
     "GraphSample",
     "GraphShape",
     "HostFit",
-    "COMMON_START_LEAD_S",
     "block_graph",
     "common_start",
     "fair_core_share",
@@ -163,8 +163,8 @@ class GraphShape:
 class GraphSample:
     """One rank-local graph, timed as the runtime runs it, with what the cost model sees in it.
 
-    ``device_s``: sum of its kernels' roofline times (no host term); ``collectives``: the
-    ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
+    ``device_s``: sum of its kernels' roofline times and their op families' fixed costs (no host term);
+    ``collectives``: the ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
     time; ``seconds``: median over runs of one call's time on the group (wall clock, from a start
     common to every rank to the last rank's end: :func:`group_call_s`);
     ``work_s``: median over runs of this rank's own work per call (:func:`work_clock`; 0.0: not
