@@ -501,15 +501,14 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             transcendental = measure_transcendental_element_s(config.transcendental_numel, config.min_time_s,
                                                               config.repeats)
             _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element")
-            op_fixed = measure_op_fixed_s(_kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve),
-                                          config.min_time_s, config.repeats)
+            kernels = _kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve)
+            op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
             _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
                 f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
         if compute:
             # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
-            kernels_only = dataclasses.replace(_kernel_profile(flops, bandwidth, floor, view, gemms, transcendental,
-                                                               curve), kernel_floor_s=0.0, op_fixed_s=op_fixed)
+            kernels_only = dataclasses.replace(kernels, kernel_floor_s=0.0, op_fixed_s=op_fixed)
             graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
             for shape, sample in zip(config.graph_shapes, graphs):
                 _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "

@@ -1011,8 +1011,8 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
                   warmup: int = 3) -> tuple[GraphSample, ...]:
     """Time each ``module(example)`` ``runs`` times, and in turn with it its compute form
     (:func:`local_stand_ins`) when it has collectives (:func:`time_in_turn`: each call after one
-    untimed call of itself, from a start common to every rank to the last rank's end); and count what the cost model sees in each, its kernels priced
-    on its own ``hardware``.
+    untimed call of itself, from a start common to every rank to the last rank's end); and count what
+    the cost model sees in each, its kernels priced on its own ``hardware``.
 
     Each graph is timed on its own, as a model runs the same graph call after call (and as the
     accuracy benchmark times one): graphs that took turns within every run measured twice the wait
@@ -1033,7 +1033,7 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
             timed = time_in_turn([functools.partial(form, example) for form in forms], runs, warmup,
                                  share_a_clock=share_a_clock)
             # the share as the benchmark measures a forward: median work over the median of the group's
-            # rank's wall times (a sum over runs would let one run paused for a whole time slice under
+            # wall times (a sum over runs would let one run paused for a whole time slice under
             # load set the share of every graph; fit_host_terms weighs the graphs by their time, so the
             # longest, most like a forward, count most, and fair_core_share bounds the short ones)
             (seconds, work_s), (compute_s, compute_work_s) = timed[0], timed[-1]
