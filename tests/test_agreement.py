@@ -1,4 +1,4 @@
-"""Ranks agree or fail together (issue 11): faults injected on one rank, on real gloo groups.
+"""Ranks agree or fail together: faults injected on one rank, on real gloo groups.
 
 Each distributed test runs on the shared 2-rank gloo pool with a deadline (``timeout_s``), so a
 hang fails the test instead of stalling the run. A fault is injected on rank 1 only (another
