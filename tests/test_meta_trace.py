@@ -1,4 +1,4 @@
-"""Tracing on meta gives the real model's graph (issue 13, requirement 1).
+"""Tracing on meta gives the real model's graph.
 
 Tier (b): capture only, no process group. A model built on the ``meta`` device is traced as if
 its tensors lived on the CPU, so its graph (node names, ops, shapes: the plan's fingerprint) is the
