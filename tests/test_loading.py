@@ -1,4 +1,4 @@
-"""Loading each rank's shards from safetensors (issue 13): autotp.compile(meta_model, checkpoint=...).
+"""Loading each rank's shards from safetensors: autotp.compile(meta_model, checkpoint=...).
 
 The models here are traced with static shapes (``dynamic=False``, about 3x faster to export): what is
 tested is which bytes each rank reads; one graph serving every shape is tests/test_shapes.py's.
