@@ -1,4 +1,4 @@
-"""Training plans (issue 15, item 2): forward and backward priced together, training memory counted.
+"""Training plans: forward and backward priced together, training memory counted.
 
 All planning only: no process group, tiny models (an MLP of hidden 32).
 """
