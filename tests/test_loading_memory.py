@@ -1,4 +1,4 @@
-"""Peak resident memory per rank while loading from safetensors (issue 13, requirement 3).
+"""Peak resident memory per rank while loading from safetensors.
 
 tp=2, Llama (hidden 768, 2 layers, vocab 16000: 161 MiB of float32 weights in one safetensors
 file). Each rank is a *fresh* process (tests/load_memory_worker.py): the shared gloo pool's
