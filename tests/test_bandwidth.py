@@ -1,4 +1,4 @@
-"""Memory bandwidth at a graph's working set, and the one-shot all-reduce priced where it runs (issue 12).
+"""Memory bandwidth at a graph's working set, and the one-shot all-reduce priced where it runs.
 
 Tier (b): formulas and planning on the meta device; no process group.
 """
