@@ -1,4 +1,4 @@
-"""The plan responds to hardware and shapes as a person expects (issue 3, "the flip").
+"""The plan responds to hardware and shapes as a person expects.
 
 Tier (b): planning only, on the meta device; no process group. With the memory budget relaxed
 (``memory_budget=None``: weights may stay whole), the same small model is
