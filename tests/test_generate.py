@@ -1,4 +1,4 @@
-"""Text generation with a sharded KV cache (issue 12): ``autotp.compile(..., max_cache_len=N)`` + ``tp.generate``.
+"""Text generation with a sharded KV cache: ``autotp.compile(..., max_cache_len=N)`` + ``tp.generate``.
 
 Tier (c), real gloo processes: each rank compiles the same tiny random model and generates; the
 tokens must equal HuggingFace's single-process ``model.generate`` exactly (greedy), and seeded
