@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autotp.base.errors import PlanError
+from autotp.adapters import hf_transformers
+from autotp.base.errors import PlanError, UnsupportedReleaseError
 from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture
 from autotp.passes.uneven import Partitions
@@ -51,7 +52,7 @@ from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm
 from autotp.runtime.module import GenerationGraphs, PhaseGraph, TensorParallelModule, local_shape
 from autotp.runtime.shared_trace import FirstRankTrace
 
-__all__ = ["check_generation_inputs", "compile_for_generation", "generation_inputs"]
+__all__ = ["check_cache_is_state", "check_generation_inputs", "compile_for_generation", "generation_inputs"]
 
 
 def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
@@ -112,6 +113,9 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         if max_cache_len - 1 > seq:  # a prompt (at most max_cache_len - 1 tokens) may need more than one chunk
             log_progress(talk, f"tracing the continuation graph (a longer prompt's later chunks of {seq} tokens)")
             continuation = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share)
+    for name, graph in (("decode", decode), ("prefill", prefill), ("continuation", continuation)):
+        if graph is not None:
+            check_cache_is_state(graph, wrapper, name)
     decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, expected_new_tokens,
                                                         group=group, rank=rank)
     continuation_plan = None
@@ -138,6 +142,24 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                               decode_plan=decode_plan, weighting=weighting)
     return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases,
                                 group=group)
+
+
+def check_cache_is_state(graph: CapturedGraph, wrapper: CachedCausalLM, phase: str) -> None:
+    """Raise :class:`UnsupportedReleaseError` unless every cache buffer of ``wrapper`` is written in ``graph``.
+
+    The model writes its keys and values into the cache through transformers' cache interface; where a
+    release takes the cache by another route than :mod:`autotp.adapters.hf_transformers` knows, the model
+    ignores it, attends to each call's own tokens only and generates other tokens with no error. A graph
+    whose cache buffers are not all state (written in place each call) is refused here instead."""
+    written = set(graph.state_fqns().values())
+    missing = [fqn for fqn in wrapper.cache_buffer_names() if fqn not in written]
+    if missing:
+        raise UnsupportedReleaseError(
+            f"the {phase} graph of {type(wrapper.model).__name__} does not write its KV cache ({len(missing)} of "
+            f"{len(wrapper.cache_buffer_names())} cache buffers untouched, e.g. {missing[0]}): transformers "
+            f"{hf_transformers.installed_release()} passes the cache another way than autotp expects. Generation is "
+            f"tested with transformers {hf_transformers.GENERATION_RELEASES}."
+        )
 
 
 def _shared_inputs(graph: CapturedGraph, graph_plan: Plan, parts: Partitions, rank: int, decode: CapturedGraph,

@@ -40,3 +40,7 @@ class TracedValueError(AutoTPError):
 
 class InputShapeError(AutoTPError, ValueError):
     """A tensor-parallel model was called with an input size its traced graph cannot take."""
+
+
+class UnsupportedReleaseError(AutoTPError):
+    """The installed release of a dependency (transformers) is outside the releases autotp is tested on."""

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from autotp.adapters import hf_transformers
+
 __all__ = ["CacheLayout", "CachedCausalLM", "check_causal_lm"]
 
 
@@ -82,9 +84,9 @@ def check_causal_lm(model: torch.nn.Module) -> None:
 
 
 def _layer_class() -> type:
-    from transformers.cache_utils import StaticLayer
+    _, static_layer = hf_transformers.static_cache_classes()
 
-    class PositionedLayer(StaticLayer):
+    class PositionedLayer(static_layer):  # type: ignore[misc, valid-type]
         """A static cache layer written at the slots given by the call (``positions``), not by a counter.
 
         HF's ``StaticLayer`` keeps the next slot in a tensor it increments in place; as graph
@@ -108,9 +110,13 @@ def _layer_class() -> type:
             """Slot of the first new token: the offset of the queries in the attention mask."""
             return 0 if self.first_chunk else self.positions[0]
 
-        def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, int]:
-            """``(keys attended, offset of the first)``: the whole cache, or the chunk's own keys."""
-            return (query_length, 0) if self.first_chunk else (self.max_cache_len, 0)
+        def get_mask_sizes(self, query: int | torch.Tensor, *args: Any) -> tuple[int, int]:
+            """``(keys attended, offset of the first)``: the whole cache, or the chunk's own keys.
+
+            ``query``: the query length (or, before transformers 5.1, the chunk's cache positions)."""
+            if self.first_chunk:
+                return hf_transformers.mask_query_length(query), 0
+            return self.max_cache_len, 0
 
     return PositionedLayer
 
@@ -133,9 +139,8 @@ class CachedCausalLM(torch.nn.Module):
                 f"max_cache_len={max_cache_len} is more than the model's max_position_embeddings={limit}; "
                 f"pass max_cache_len <= {limit}"
             )
-        from transformers.cache_utils import StaticCache
-        from transformers.integrations.executorch import get_head_shapes
-
+        hf_transformers.check_release("generation", hf_transformers.GENERATION_RELEASES)
+        static_cache, _ = hf_transformers.static_cache_classes()
         self.model = model
         self.batch_size = batch_size
         self.max_cache_len = max_cache_len
@@ -143,22 +148,26 @@ class CachedCausalLM(torch.nn.Module):
         # collective on its output) for the other positions of a prefill chunk
         self.logits_to_keep = 1 if last_logits_only else 0
         config = model.config.get_text_config()
-        cache = StaticCache(config=config, max_cache_len=max_cache_len)
+        cache = static_cache(config=config, max_cache_len=max_cache_len)
         layer_class = _layer_class()
         # every layer holds every slot (a sliding window is applied by the attention mask, not by the cache)
         cache.layers = [layer_class(max_cache_len) for _ in cache.layers]
-        kv_heads, head_dim = get_head_shapes(config)
+        kv_heads, head_dim = hf_transformers.head_shapes(config)
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
         self.own_layers = range(len(cache.layers)) if layers is None else layers
         for i in self.own_layers:
-            cache.layers[i].lazy_initialization(torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device),
-                                                torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device))
+            empty = torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device)
+            hf_transformers.initialize_static_layer(cache.layers[i], empty, empty)
         self.cache = cache
         self.reads_cache = True  # False inside first_chunk()
         for i in self.own_layers:
             self.register_buffer(f"key_cache_{i}", cache.layers[i].keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", cache.layers[i].values, persistent=False)
+
+    def cache_buffer_names(self) -> list[str]:
+        """Names of the cache buffers this wrapper holds (keys and values of each held layer)."""
+        return [f"{kind}_cache_{i}" for i in self.own_layers for kind in ("key", "value")]
 
     def example_inputs(self, tokens: int, batch_size: int | None = None) -> tuple[torch.Tensor, ...]:
         """Inputs of a call with ``tokens`` new tokens per row, at the start of the cache."""
@@ -185,8 +194,9 @@ class CachedCausalLM(torch.nn.Module):
                 attention_mask: torch.Tensor) -> torch.Tensor:
         self._bind_cache(cache_position)
         out = self.model(input_ids=input_ids, position_ids=position_ids,
-                         attention_mask=self._mask_of_call(attention_mask, int(input_ids.shape[1])),
-                         cache=self.cache, use_cache=True, **self._logits_kwargs())
+                         attention_mask=self._mask_of_call(attention_mask, int(input_ids.shape[1])), use_cache=True,
+                         **hf_transformers.cache_call_kwargs(self.model, self.cache, cache_position),
+                         **self._logits_kwargs())
         logits = out.logits  # (batch, S, vocab), or (batch, 1, vocab) with last_logits_only
         return logits[:, -1:] if self.logits_to_keep and logits.shape[1] != 1 else logits
 
