@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import operator
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -78,7 +79,7 @@ from autotp.runtime.agreement import (
 )
 
 __all__ = ["MeshParallelModule", "StageSplit", "average_gradients_over", "compile_on_mesh", "mesh_shape_of",
-           "split_stages"]
+           "split_stages", "stage_graphs"]
 
 
 def mesh_shape_of(mesh: Any) -> MeshShape:
@@ -192,13 +193,13 @@ def _from_first(leaf: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 class StageSplit:
     """A model cut into pipeline stages (:func:`split_stages`), with one microbatch run through it.
 
-    ``modules[i]``: stage ``i``'s module (a ``GraphModule`` of ``torch.distributed.pipelining``);
-    ``inputs[i]`` / ``outputs[i]``: the tensors it took and gave for the example microbatch (stage
-    ``i + 1`` takes stage ``i``'s outputs, in order). To plan a stage's tensor-parallel part the way
-    the runtime applies it: ``autotp.plan(split.modules[i], split.inputs[i], world_size=tp)``.
-    ``first_inputs``: the model arguments stage 0 takes, by name; ``constants``: non-tensor
-    arguments baked into the trace (``use_cache=False``); ``out_spec``: the model's output
-    structure over the last stage's outputs (``None`` when they do not line up).
+    ``modules[i]``: stage ``i``'s module (an ``fx.GraphModule`` holding its part of the exported graph,
+    with the model's parameter FQNs); ``inputs[i]`` / ``outputs[i]``: the tensors it took and gave for
+    the example microbatch (stage ``i + 1`` takes stage ``i``'s outputs, in order). To plan a stage's
+    tensor-parallel part the way the runtime applies it:
+    ``autotp.plan(split.modules[i], split.inputs[i], world_size=tp)``. ``first_inputs``: the model
+    arguments stage 0 takes, by name; ``constants``: non-tensor arguments baked into the trace
+    (``use_cache=False``); ``out_spec``: the model's output structure over the last stage's outputs.
     """
 
     modules: tuple[nn.Module, ...]
@@ -209,86 +210,167 @@ class StageSplit:
     out_spec: pytree.TreeSpec | None
 
 
-class _Recorder(fx.Interpreter):
-    """Runs ``Pipe.split_gm`` on one microbatch, keeping each stage's arguments and outputs."""
-
-    def __init__(self, module: fx.GraphModule) -> None:
-        super().__init__(module, garbage_collect_values=False)
-        self.calls: dict[str, tuple[tuple[Any, ...], Any]] = {}
-
-    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        output = super().call_module(target, args, kwargs)
-        self.calls[str(target)] = (tuple(args), output)
-        return output
-
-
 def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
 def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[Any, ...],
                  mb_kwargs: dict[str, Any] | None = None) -> StageSplit:
-    """Cut ``model`` before each module of ``split_points`` (FQNs) with ``torch.distributed.pipelining``
-    (one ``torch.export`` trace of the whole model on the microbatch ``mb_args``/``mb_kwargs``), then run
-    the microbatch through the stages to record what each takes and gives. ``model`` is left as it was.
+    """Cut ``model`` before each module of ``split_points`` (FQNs): one ``torch.export`` trace of the whole
+    model on the microbatch ``mb_args``/``mb_kwargs`` (non-strict), its graph cut into contiguous stages
+    (:func:`stage_graphs`), then the microbatch run through the stages to record what each takes and
+    gives. ``model`` is left as it was.
 
     A model on the meta device (weights to be read from a checkpoint) is traced and run with fake
     weights on the device of ``mb_args`` (so the stage graphs make their tensors there); its stages
     then hold the model's meta tensors again, and the recorded inputs and outputs are zeros of the
     right shapes on that device."""
-    from torch.distributed.pipelining import SplitPoint, pipeline
-
     mb_kwargs = dict(mb_kwargs or {})
-    split_spec = {fqn: SplitPoint.BEGINNING for fqn in split_points}
-    patched = [model.get_submodule(fqn) for fqn in split_spec]
     on_meta = any(p.device.type == "meta" for p in model.parameters())
     device = trace_device(mb_args, mb_kwargs)
     with contextlib.ExitStack() as fake:
         if on_meta:
             mb_args, mb_kwargs = fake.enter_context(_as_if_on(model, device, (mb_args, mb_kwargs)))
         try:
-            pipe = pipeline(model, mb_args, mb_kwargs or None, split_spec=split_spec)
-        finally:  # pipeline() wraps the forward of each split module in place; give the user their model back
-            for module in patched:
-                module.__dict__.pop("forward", None)
-                module.__dict__.pop("_orig_forward", None)
-        if pipe.num_stages != len(split_spec) + 1:
-            raise ValueError(f"cutting the model at {list(split_points)} gave {pipe.num_stages} stages, not "
-                             f"{len(split_spec) + 1}; split at modules that run once, in order, after the first op")
-        graph = pipe.split_gm.graph
-        names = tuple(str(node.target) for node in graph.nodes if node.op == "placeholder")
-        bound = inspect.signature(model.forward).bind(*mb_args, **mb_kwargs)
-        bound.apply_defaults()
-        values = [bound.arguments.get(name) for name in names]
-        recorder = _Recorder(pipe.split_gm)
+            exported = torch.export.export(model, mb_args, mb_kwargs, strict=False)
+        except Exception as exc:
+            raise ValueError(f"the pipeline stages are cut from one torch.export trace of {type(model).__name__}, "
+                             f"which failed ({type(exc).__name__}: {exc}); make the forward pass traceable by "
+                             "torch.export (non-strict), or use a mesh without 'pp'") from exc
+        flat = exported.module(check_guards=False)
+        names = tuple(str(node.target) for node in flat.graph.nodes if node.op == "placeholder")
+        arguments = _arguments_by_name(model, mb_args, mb_kwargs)
+        values = [arguments.get(name) for name in names]
+        modules, first_inputs = stage_graphs(flat, split_points, name=type(model).__name__)
+        for module in modules:
+            module.train(model.training)
+        inputs, outputs = [], []
+        current = tuple(arguments[name] for name in first_inputs)
         with torch.no_grad():
-            recorder.run(*values)
-            reference = model(*mb_args, **mb_kwargs)  # only its structure: the pipeline returns flat leaves
-    calls_by_stage = recorder.calls
+            for index, module in enumerate(modules):
+                inputs.append(current)
+                current = _as_tuple(module(*current))
+                outputs.append(current)
     if on_meta:
-        _restore_meta_tensors([pipe.get_stage_module(i) for i in range(pipe.num_stages)], model)
-        calls_by_stage = pytree.tree_map_only(
-            torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device), calls_by_stage)
+        _restore_meta_tensors(modules, model)
+        inputs, outputs = pytree.tree_map_only(
+            torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device), (inputs, outputs))
         values = [None if isinstance(value, torch.Tensor) else value for value in values]
-    stage_nodes = [node for node in graph.nodes if node.op == "call_module"]
-    first = stage_nodes[0]
-    if not all(isinstance(arg, fx.Node) and arg.op == "placeholder" for arg in first.args) or first.kwargs:
-        raise ValueError("the first pipeline stage takes something other than the model's arguments; "
-                         "autotp's mesh runtime needs the model's inputs to feed the first stage only")
-    for previous, node in zip(stage_nodes, stage_nodes[1:]):
-        _check_reads_previous(node, previous)
-    calls = [calls_by_stage[str(node.target)] for node in stage_nodes]
-    leaves, out_spec = pytree.tree_flatten(reference)
-    used = {str(arg.target) for arg in first.args}
     return StageSplit(
-        modules=tuple(pipe.get_stage_module(index) for index in range(len(stage_nodes))),
-        inputs=tuple(tuple(args) for args, _ in calls),
-        outputs=tuple(_as_tuple(output) for _, output in calls),
-        first_inputs=tuple(str(arg.target) for arg in first.args),
+        modules=tuple(modules),
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        first_inputs=first_inputs,
         constants={name: value for name, value in zip(names, values)
-                   if name not in used and value is not None and not isinstance(value, torch.Tensor)},
-        out_spec=out_spec if len(leaves) == len(_as_tuple(calls[-1][1])) else None,
+                   if name not in first_inputs and value is not None and not isinstance(value, torch.Tensor)},
+        out_spec=exported.call_spec.out_spec,
     )
+
+
+def _arguments_by_name(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``model.forward``'s arguments by name (defaults applied; a ``**kwargs`` parameter's items by their own names)."""
+    signature = inspect.signature(model.forward)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(arguments.pop(parameter.name, None) or {})
+    return arguments
+
+
+def _module_paths(node: fx.Node) -> list[str]:
+    """FQNs of the modules whose forward ``node`` runs in, outermost first (export's ``nn_module_stack``)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return [str(path).replace("L['self'].", "") for path, _ in stack.values()]
+
+
+def _stage_of_nodes(graph: fx.Graph, split_points: Sequence[str], name: str) -> dict[fx.Node, int]:
+    """The stage of every operation of ``graph``: stage ``k`` begins at the first operation (in graph order,
+    which is the order the forward ran) inside module ``split_points[k - 1]``; an ``operator.getitem`` runs
+    with the node it reads from (a tuple never crosses a cut). Placeholders and ``get_attr`` nodes have no
+    stage: a stage takes the values it reads as inputs and holds its own copy of each attribute it reads."""
+    begins = {fqn: index + 1 for index, fqn in enumerate(split_points)}
+    stage_of: dict[fx.Node, int] = {}
+    stage = 0
+    for node in graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        for path in _module_paths(node):
+            begun = begins.get(path, 0)
+            if begun > stage + 1:
+                raise ValueError(f"{name} runs {path!r} (where stage {begun} begins) before "
+                                 f"{split_points[stage]!r} (where stage {stage + 1} begins); split at modules that "
+                                 "run once, in order")
+            stage = max(stage, begun)
+        source = node.args[0] if node.target is operator.getitem and node.args else None
+        stage_of[node] = stage_of[source] if isinstance(source, fx.Node) and source in stage_of else stage
+    if stage != len(split_points):
+        missing = [fqn for fqn, index in begins.items() if index > stage]
+        raise ValueError(f"cutting {name} at {list(split_points)} gave {stage + 1} stages, not {len(split_points) + 1}: "
+                         f"the trace runs no operation inside {', '.join(map(repr, missing))}; split at modules that "
+                         "run once, in order, after the first op")
+    return stage_of
+
+
+def stage_graphs(gm: fx.GraphModule, split_points: Sequence[str], *,
+                 name: str = "model") -> tuple[list[fx.GraphModule], tuple[str, ...]]:
+    """``gm`` (a flat graph with ``nn_module_stack`` metadata, as ``ExportedProgram.module()`` gives) cut
+    into ``len(split_points) + 1`` stage modules, and the names of the placeholders stage 0 takes.
+
+    Stage ``k + 1`` takes exactly stage ``k``'s outputs, in order (what a pipeline schedule sends): a
+    value made before stage ``k`` and read in or after stage ``k + 1`` (a model input, the attention
+    mask, the rotary embedding's cos/sin) is passed on by every stage in between. Each stage holds the
+    parameters, buffers and constants it reads under their FQNs in ``gm``; the last returns ``gm``'s
+    flat outputs. ValueError, saying the fix, when the cut is impossible (a split module never runs,
+    modules out of order, a non-tensor value crossing a cut)."""
+    stage_of = _stage_of_nodes(gm.graph, split_points, name)
+    last = len(split_points)
+    output = next(node for node in gm.graph.nodes if node.op == "output")
+    results = list(pytree.tree_leaves(output.args[0]))
+
+    def last_reader(node: fx.Node) -> int:
+        readers = [last if user.op == "output" else stage_of[user] for user in node.users if user.op != "get_attr"]
+        return max(readers, default=-1)
+
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder" and node.users]
+    values = placeholders + [node for node in gm.graph.nodes if node in stage_of]
+    crossing: list[list[fx.Node]] = [placeholders]  # crossing[k]: what stage k takes
+    for cut in range(1, last + 1):
+        crossing.append([node for node in values if stage_of.get(node, -1) < cut <= last_reader(node)])
+    for cut, passed in enumerate(crossing):
+        for node in passed:
+            value = node.meta.get("val")
+            if value is not None and not isinstance(value, torch.Tensor):
+                where = "the model's input" if node.op == "placeholder" else "a value"
+                raise ValueError(f"{where} {node.format_node()} ({type(value).__name__}) is read by pipeline stage "
+                                 f"{cut} or later, but stages pass tensors only; split at other modules, or pass "
+                                 "it as a tensor")
+        if cut and not passed:
+            raise ValueError(f"pipeline stage {cut} of {name} reads nothing from stage {cut - 1}; split at modules "
+                             "that continue the computation of the previous ones")
+    modules = []
+    for stage in range(last + 1):
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        for node in crossing[stage]:
+            env[node] = graph.placeholder(node.name)
+            env[node].meta = dict(node.meta)
+
+        def read(node: fx.Node) -> fx.Node:
+            if node not in env and node.op == "get_attr":  # each stage its own copy of what it reads
+                env[node] = graph.get_attr(str(node.target))
+                env[node].meta = dict(node.meta)
+            return env[node]
+
+        for node in gm.graph.nodes:
+            if stage_of.get(node) == stage:
+                env[node] = graph.node_copy(node, read)
+        given = results if stage == last else crossing[stage + 1]
+        outs = tuple(read(node) if isinstance(node, fx.Node) else node for node in given)
+        graph.output(outs[0] if len(outs) == 1 else outs)
+        modules.append(fx.GraphModule(gm, graph, class_name=f"{name}Stage{stage}"))
+    return modules, tuple(str(node.target) for node in placeholders)
 
 
 def _restore_meta_tensors(stages: Sequence[nn.Module], model: nn.Module) -> None:
@@ -300,7 +382,16 @@ def _restore_meta_tensors(stages: Sequence[nn.Module], model: nn.Module) -> None
             stage.get_submodule(path)._parameters[leaf] = model.get_parameter(name)
         for name, _ in list(stage.named_buffers(remove_duplicate=False)):
             path, _, leaf = name.rpartition(".")
-            stage.get_submodule(path)._buffers[leaf] = model.get_buffer(name)
+            if _has_buffer(model, name):  # not a constant the trace made (those are real already)
+                stage.get_submodule(path)._buffers[leaf] = model.get_buffer(name)
+
+
+def _has_buffer(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_buffer(name)
+    except AttributeError:
+        return False
+    return True
 
 
 @dataclasses.dataclass
@@ -314,18 +405,6 @@ class _Stage:
     first_inputs: tuple[str, ...]
     constants: dict[str, Any]
     out_spec: pytree.TreeSpec | None
-
-
-def _check_reads_previous(node: fx.Node, previous: fx.Node) -> None:
-    """Stage ``node`` must take exactly the outputs of stage ``previous``, in order (what ``PipelineStage`` sends)."""
-    expected = [user for user in previous.users if user.op == "call_function"]
-    indices = [arg.args[1] if isinstance(arg, fx.Node) and arg.op == "call_function" and arg.args[0] is previous
-               else None for arg in node.args]
-    direct = list(node.args) == [previous]
-    if not direct and (indices != list(range(len(indices))) or len(indices) != len(expected)):
-        raise ValueError(f"pipeline stage {node.target} reads values other than the outputs of {previous.target} "
-                         "(e.g. a model input or an earlier stage's value); autotp's mesh runtime passes only "
-                         "stage-to-stage outputs. Split at other modules (the plan's split_points)")
 
 
 # --------------------------------------------------------------------------- the module
