@@ -12,6 +12,7 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -53,7 +54,9 @@ from autotp.runtime.agreement import (
     ranks_agree,
 )
 from autotp.runtime.checkpointing import check_activation_checkpointing, checkpointed_graph
+from autotp.runtime.generation_on_demand import GenerationOnDemand
 from autotp.runtime.group import PlannedAhead, bind_group, plan_ahead, plan_on_first_rank
+from autotp.runtime.kv_cache import check_causal_lm
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
 from autotp.runtime.shared_trace import FirstRankTrace
@@ -343,9 +346,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if max_cache_len is not None:
         from autotp.generation import compile_for_generation
 
-        return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
-                                      plan=plan, group=group, rank=rank, expected_new_tokens=expected_new_tokens,
-                                      timeout_s=timeout_s)
+        generating = compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
+                                            plan=plan, group=group, rank=rank, expected_new_tokens=expected_new_tokens,
+                                            timeout_s=timeout_s)
+        generating.generation_config = getattr(model, "generation_config", None)  # generate's defaults, as HF's
+        return generating
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
                          plan_cache=cache, ahead=ahead)
     local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
@@ -353,9 +358,34 @@ def compile(  # noqa: A001 - mirrors torch.compile
                                                 timeout_s=timeout_s, training=training)
     if activation_checkpointing == "blocks":
         local_gm = checkpointed_graph(local_gm)
+    on_demand = None
+    if not training and outputs == "replicated" and _is_causal_lm(model):
+        on_demand = GenerationOnDemand(model, example_inputs, group=group, timeout_s=timeout_s, build=functools.partial(
+            _compile_for_generation, options=options, group=group, rank=rank, timeout_s=timeout_s,
+            expected_new_tokens=check_expected_new_tokens(expected_new_tokens)))
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
-                                training=training, original=model, group=group)
+                                training=training, original=model, group=group, generation_on_demand=on_demand)
+
+
+def _is_causal_lm(model: torch.nn.Module) -> bool:
+    """True for a HuggingFace causal LM, which ``generate`` can build generation graphs for."""
+    try:
+        check_causal_lm(model)
+    except TypeError:
+        return False
+    return True
+
+
+def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int, *,
+                            options: PlanOptions, group: dist.ProcessGroup | None, rank: int, timeout_s: float,
+                            expected_new_tokens: int) -> TensorParallelModule:
+    """``compile(model, ..., max_cache_len=max_cache_len)`` after the plain compile that planned with ``options``:
+    what :class:`~autotp.runtime.generation_on_demand.GenerationOnDemand` builds on the first ``generate``."""
+    from autotp.generation import compile_for_generation
+
+    return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options, plan=None,
+                                  group=group, rank=rank, expected_new_tokens=expected_new_tokens, timeout_s=timeout_s)
 
 
 def _compile_on_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],

@@ -64,6 +64,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from autotp.base.errors import CaptureError
+from autotp.hf_calls import takes_use_cache, traced_kwargs
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
 from autotp.passes.rules.args import arg
 from autotp.passes.state import WRITES_IN_PLACE
@@ -129,6 +130,9 @@ class CapturedGraph:
     (dynamic export failed; traced static with a warning)."""
     from_cache: bool = False
     """True when the program came from the trace cache (:mod:`autotp.trace_cache`) instead of ``torch.export``."""
+    hf_use_cache: bool = False
+    """A HF model traced with ``use_cache=False`` whatever the example said: calls may pass ``use_cache`` or
+    leave it out (:mod:`autotp.hf_calls`)."""
 
     def state_fqns(self) -> dict[str, str]:
         """Placeholder name -> FQN of every state buffer (e.g. ``key_cache_0``)."""
@@ -280,7 +284,8 @@ def capture(
     trace_cache: Any = None,
     share: TraceShare | None = None,
 ) -> CapturedGraph:
-    """Trace ``model(*example_inputs, **example_kwargs)`` with ``torch.export`` (non-strict).
+    """Trace ``model(*example_inputs, **example_kwargs)`` with ``torch.export`` (non-strict); a Hugging Face
+    model with ``use_cache=False`` (see :mod:`autotp.hf_calls`).
 
     ``trace_cache`` (a :class:`autotp.trace_cache.TraceCache`, or None): reuse the program traced
     for the same model and inputs before, and store a new one (see :mod:`autotp.trace_cache`);
@@ -303,7 +308,8 @@ def capture(
             f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "
             "for one input write example_inputs=(x,)"
         )
-    kwargs = dict(example_kwargs or {})
+    hf_model = takes_use_cache(model)
+    kwargs = traced_kwargs(model, dict(example_kwargs or {}))  # a HF model: use_cache=False (autotp.hf_calls)
     explicit = dynamic_shapes is not None
     if not explicit and dynamic:
         dynamic_shapes = default_dynamic_shapes(model, example_inputs, kwargs)
@@ -318,6 +324,7 @@ def capture(
     captured = from_exported(traced.exported, type(model).__name__, training=training)
     captured.shape_mode = traced.mode
     captured.from_cache = traced.from_cache
+    captured.hf_use_cache = hf_model
     requested = (_requested_dims(traced.dynamic_shapes, model, example_inputs, kwargs)
                  if traced.dynamic_shapes is not None else [])
     captured.input_dims = _input_dims(captured, _input_names(model, example_inputs, kwargs), requested)

@@ -28,10 +28,10 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
 
     The config's architecture (``config.architectures[0]``) is built on the meta device in
     ``dtype`` (default: the config's ``dtype``, else float32), traced with ``example_inputs``
-    (default: one sequence of 16 token ids) and ``example_kwargs`` (default ``use_cache=False``) on ``device``, planned, and each
-    rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto
-    ``device``. Other keyword options as in :func:`autotp.compile` (``hardware``, ``memory_budget``,
-    ``plan``, ``group``...).
+    (default: one sequence of 16 token ids) and ``example_kwargs`` (default none: a HF model is traced with
+    ``use_cache=False`` and called with or without it, see :mod:`autotp.hf_calls`) on ``device``, planned, and
+    each rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto ``device``.
+    Other keyword options as in :func:`autotp.compile` (``hardware``, ``memory_budget``, ``plan``, ``group``...).
 
     ``trace_cache`` (default True): the traced program is kept in ``$AUTOTP_CACHE_DIR`` (default
     ``~/.cache/autotp``, never inside ``path``) and reused by the next load of the same model and
@@ -49,15 +49,12 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     if dtype is None:
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    config.use_cache = False
     with torch.device("meta"):
         model = model_class._from_config(config, dtype=dtype)
     model.eval()
     device = torch.device(device)
     if example_inputs is None:
         example_inputs = (torch.zeros(1, 16, dtype=torch.long, device=device),)  # (batch, seq) token ids
-    if example_kwargs is None:
-        example_kwargs = {"use_cache": False}
     return _compile(model, world_size=world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
                     trace_cache=trace_cache, **options)
 

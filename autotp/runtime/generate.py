@@ -31,6 +31,7 @@ token per call through the decode graph.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ from autotp.runtime.kv_cache import CacheLayout
 if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
 
-__all__ = ["check_request", "generate", "generation_loop", "next_tokens"]
+__all__ = ["GenerationRequest", "check_request", "generate", "generation_loop", "next_tokens", "resolve_request"]
 
 _ONE_RANK_TIMEOUT_S = 3600.0
 """How long the other ranks wait for rank 0's tokens when it generates alone (a whole request)."""
@@ -74,10 +75,16 @@ def _check(tp: TensorParallelModule, input_ids: Any, attention_mask: Any, max_ne
     layout = tp.generation.layout if tp.generation is not None else None
     if layout is None:
         raise TypeError(
-            "this tensor-parallel model was compiled without a KV cache, so it cannot generate; compile it with "
+            "this tensor-parallel model was compiled without a KV cache and builds none (only a HuggingFace causal LM "
+            "compiled for inference does), so it cannot generate; compile it with "
             "autotp.compile(model, example_inputs=(ids,), max_cache_len=N) (N: prompt + new tokens per row)"
         )
     check_request(layout, tp.world_size, input_ids, attention_mask, max_new_tokens, do_sample, seed)
+
+
+def _check_new_tokens(max_new_tokens: Any) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
 
 
 def check_request(layout: CacheLayout, world_size: int, input_ids: Any, attention_mask: Any, max_new_tokens: Any,
@@ -89,8 +96,7 @@ def check_request(layout: CacheLayout, world_size: int, input_ids: Any, attentio
     batch, prompt = (int(s) for s in input_ids.shape)
     if prompt < 1:
         raise ValueError("input_ids has no tokens; pass at least one prompt token per row")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    _check_new_tokens(max_new_tokens)
     if prompt + max_new_tokens > layout.max_cache_len:
         raise ValueError(
             f"the prompt ({prompt} tokens) plus max_new_tokens={max_new_tokens} is {prompt + max_new_tokens} tokens, "
@@ -113,32 +119,106 @@ def check_request(layout: CacheLayout, world_size: int, input_ids: Any, attentio
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """One ``generate`` call's settings, each from the call, else its ``generation_config``, else the model's
+    (:func:`resolve_request`)."""
+
+    max_new_tokens: int
+    do_sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    eos_token_id: int | list[int] | None
+    pad_token_id: int | None
+
+
+_HF_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
+"""HF ``GenerationConfig()``'s defaults, for a model without a ``generation_config``."""
+
+_HF_MAX_LENGTH = 20
+"""``GenerationConfig().max_length`` up to transformers 4.x, which HF's ``generate`` reads as "no length set"."""
+
+_HF_DEFAULT_NEW_TOKENS = 20
+"""New tokens HF's ``generate`` makes when neither the call nor a config sets a length."""
+
+
+def resolve_request(input_ids: Any, given: dict[str, Any], generation_config: Any,
+                    model_config: Any) -> GenerationRequest:
+    """The settings of a ``generate`` call as HF's ``generate`` decides them: a value the call gives (not
+    None) wins, then ``generation_config``'s (the call's, else the model's ``model_config``), then HF's
+    defaults. New tokens: ``max_new_tokens``, else ``max_length`` minus the prompt (a ``max_new_tokens`` of the
+    call or the config wins over any ``max_length``, as in HF), else 20 (HF's default; HF also caps it at
+    ``max_position_embeddings``, where here a request longer than the model allows raises); ValueError when
+    ``max_length`` leaves no new token."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be integer token ids of shape (batch, seq), got {input_ids!r:.80}")
+    base = generation_config if generation_config is not None else model_config
+
+    def setting(name: str) -> Any:
+        if given.get(name) is not None:
+            return given[name]
+        value = getattr(base, name, None)
+        return value if value is not None else _HF_DEFAULTS.get(name)
+
+    prompt = int(input_ids.shape[1])
+    new_tokens = setting("max_new_tokens")  # the call's or the config's: either wins over max_length, as in HF
+    max_length = setting("max_length")
+    if new_tokens is None and given.get("max_length") is None and max_length in (None, _HF_MAX_LENGTH):
+        new_tokens = _HF_DEFAULT_NEW_TOKENS  # no length set anywhere: HF generates 20 new tokens
+    if new_tokens is None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= prompt:
+            raise ValueError(
+                f"max_length={max_length!r} (prompt and new tokens) leaves no new token after a prompt of {prompt} "
+                f"tokens; pass max_new_tokens=N, or an int max_length > {prompt}"
+            )
+        new_tokens = max_length - prompt
+    _check_new_tokens(new_tokens)
+    return GenerationRequest(max_new_tokens=new_tokens, do_sample=bool(setting("do_sample")),
+                             temperature=float(setting("temperature")), top_k=setting("top_k"),
+                             top_p=setting("top_p"), eos_token_id=setting("eos_token_id"),
+                             pad_token_id=setting("pad_token_id"))
+
+
 def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-             max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = 50,
-             top_p: float | None = 1.0, eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
+             max_new_tokens: int | None = None, max_length: int | None = None, generation_config: Any = None,
+             do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
+             top_p: float | None = None, eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
              seed: int | None = None, streamer: Any = None) -> torch.Tensor:
     """Prompt ``input_ids`` ``(batch, prompt)`` followed by up to ``max_new_tokens`` generated tokens per row.
 
-    Same arguments and result as HuggingFace ``model.generate`` (``top_k=50``, ``top_p=1.0``,
-    ``temperature=1.0`` are its defaults). ``attention_mask`` (1 = token, 0 = padding) allows a
-    left-padded batch. Generation stops early when every row has produced an ``eos_token_id``;
-    rows that finished earlier continue with ``pad_token_id``. Where the call names neither, the
-    model's ``generation_config`` does, as in HF (pad falls back to the first eos id); pass
-    ``eos_token_id=[]`` to generate ``max_new_tokens`` whatever the model's eos.
+    Same arguments and result as HuggingFace ``model.generate``: a setting the call leaves out (or None)
+    comes from ``generation_config`` (an HF ``GenerationConfig``; default: the model's), else HF's
+    defaults (greedy, ``top_k=50``, ``top_p=1.0``, ``temperature=1.0``, 20 new tokens);
+    ``max_new_tokens`` wins over ``max_length`` (prompt + new tokens). ``attention_mask`` (1 = token,
+    0 = padding) allows a left-padded batch. Generation stops early when every row has produced an
+    ``eos_token_id``; rows that finished earlier continue with ``pad_token_id`` (pad falls back to the
+    first eos id); pass ``eos_token_id=[]`` to generate ``max_new_tokens`` whatever the model's eos.
     ``seed`` seeds the sampling generator (needed with ``do_sample`` on more than one rank).
     A ``streamer`` gets the prompt, then each step's tokens, then ``end()``.
+
+    A model compiled without ``max_cache_len`` (a plain compile of a causal LM) builds its generation
+    graphs on the first call, with a KV cache sized for the request, and again when a later request
+    needs more (see :mod:`autotp.generation_on_demand`).
     """
-    _check(tp, input_ids, attention_mask, max_new_tokens, do_sample, seed)
+    request = resolve_request(input_ids, {"max_new_tokens": max_new_tokens, "max_length": max_length,
+                                          "do_sample": do_sample, "temperature": temperature, "top_k": top_k,
+                                          "top_p": top_p, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id},
+                              generation_config, tp.generation_config)
+    if tp.generation is None and tp.generation_on_demand is not None:
+        tp = tp.generation_on_demand(tp, input_ids, request.max_new_tokens)
+    new_tokens = request.max_new_tokens
+    _check(tp, input_ids, attention_mask, new_tokens, request.do_sample, seed)
     assert tp.generation is not None
     layout = tp.generation.layout
 
-    def loop(streamer: Any, new_tokens: int = max_new_tokens) -> torch.Tensor:
+    def loop(streamer: Any, new_tokens: int = new_tokens) -> torch.Tensor:
         return generation_loop(layout, tp.phase_runner, input_ids, attention_mask,
-                               max_new_tokens=new_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                               seed=seed, streamer=streamer,
+                               max_new_tokens=new_tokens, eos_token_id=request.eos_token_id,
+                               pad_token_id=request.pad_token_id, seed=seed, streamer=streamer,
                                pick=lambda logits, generator: next_tokens(
-                                   logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                                   generator=generator))
+                                   logits, do_sample=request.do_sample, temperature=request.temperature,
+                                   top_k=request.top_k, top_p=request.top_p, generator=generator))
 
     alone = _alone_phases(tp)
     if not alone.decode:

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from autotp.base.placements import placement_from_str, split_of
 from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
+from autotp.hf_calls import call_kwargs
 from autotp.passes.rewrite import count_collectives
 from autotp.passes.uneven import Partitions
 from autotp.planning.outputs import output_placements
@@ -175,12 +176,20 @@ class TensorParallelModule(torch.nn.Module):
                  local_values: dict[str, torch.Tensor], rank: int,
                  layout: dict[str, tuple[tuple[int, ...], list[Any] | None]] | None = None,
                  generation: GenerationGraphs | None = None, *, guard: InputGuard | None = None,
-                 training: bool = False, original: torch.nn.Module | None = None, group: Any = None) -> None:
+                 training: bool = False, original: torch.nn.Module | None = None, group: Any = None,
+                 generation_on_demand: Callable[[TensorParallelModule, torch.Tensor, int], TensorParallelModule]
+                 | None = None) -> None:
         super().__init__()
         self.trains = training  # built for training (autotp.compile(..., training=True)): see autotp.runtime.training
         self._group = group
         self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
         self.generation = generation
+        # a plain compile of a causal LM: (tp, input_ids, max_new_tokens) -> a module compiled for generation with
+        # room for the request, built on first use (autotp.generation_on_demand)
+        self.generation_on_demand = generation_on_demand
+        # the model's HF generation defaults (max_length, eos...), read by generate() where a call names none
+        self.generation_config = getattr(original, "generation_config", None)
+        self._hf_use_cache = captured.hf_use_cache  # a HF model: calls may pass use_cache= or not (autotp.hf_calls)
         self._state = set(captured.state)
         self.plan = plan
         self._guard = guard  # traced non-tensor values, input shapes agreed across ranks (autotp.runtime.agreement)
@@ -289,6 +298,35 @@ class TensorParallelModule(torch.nn.Module):
 
         return generate(self, input_ids, attention_mask, **options)
 
+    def share_weights(self, other: TensorParallelModule, prefix: str = "") -> int:
+        """Hold ``other``'s tensor in place of each parameter shard that is the same block of the same weight
+        (FQN ``prefix`` + other's FQN, same global :attr:`layout` entry, shape, dtype and device), so the two
+        modules keep one copy of it (a generation compile beside a plain one); returns how many are shared.
+        ValueError when such a block holds other values (the weights changed between the compiles)."""
+        if self.trains or other.trains:
+            return 0  # an optimizer updates each module's own tensors
+        theirs = {str(s.target): s.name for s in other._slots if s.kind == "parameter"}
+        shared = 0
+        for slot in self._slots:
+            fqn = str(slot.target)
+            if slot.kind != "parameter" or not fqn.startswith(prefix):
+                continue
+            other_fqn = fqn.removeprefix(prefix)
+            source = theirs.get(other_fqn)
+            if source is None or fqn not in self.layout or self.layout[fqn] != other.layout.get(other_fqn):
+                continue
+            mine, held = self._local[slot.name], other._local[source]
+            if (mine.shape, mine.dtype, mine.device) != (held.shape, held.dtype, held.device):
+                continue
+            if not torch.equal(mine, held):
+                raise ValueError(
+                    f"{fqn}: this rank's block differs from the one the other module holds, so the weights changed "
+                    "between the two compiles; compile both from the same weights (compile again after changing them)"
+                )
+            self._local[slot.name] = held
+            shared += 1
+        return shared
+
     def _value_of(self, slot_name: str) -> torch.Tensor:
         return self._local[slot_name] if slot_name in self._param_names else getattr(self, slot_name)
 
@@ -322,12 +360,15 @@ class TensorParallelModule(torch.nn.Module):
         return count_collectives(self.graph_module)
 
     def _flatten_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
+        if self._hf_use_cache:
+            kwargs = call_kwargs(kwargs)
         leaves = self._leaf_inputs
         if leaves is not None and len(args) == leaves[0] and kwargs.keys() == leaves[1].keys():
-            # traced with tensors only, called with tensors only: the flat list is the inputs in order
-            # (pytree's flatten and spec check cost ~20 us per call, a tenth of a tiny model's step)
+            # traced with one leaf per argument, called with tensors and scalars only (pytree leaves): the flat
+            # list is the inputs in order (pytree's flatten and spec check cost ~20 us per call, a tenth of a
+            # tiny model's step); the guard checks the scalars' traced values
             flat = [*args, *(kwargs[key] for key in leaves[1])]
-            if all(isinstance(value, torch.Tensor) for value in flat):
+            if all(isinstance(value, (torch.Tensor, bool, int, float)) for value in flat):
                 return flat
         kw_spec = self._in_spec.child(1)
         expected = list(kw_spec.context) if kw_spec.context is not None else []

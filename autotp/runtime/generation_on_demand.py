@@ -1,0 +1,128 @@
+"""Generation for a plain compile of a causal LM: its graphs built on the first ``generate`` call.
+
+``autotp.compile(model, example_inputs=(ids,))`` of a HuggingFace causal LM traces one forward graph;
+``tp.generate(ids, max_new_tokens=N)`` then needs a KV cache and the decode and prefill graphs that
+``compile(..., max_cache_len=)`` builds. :class:`GenerationOnDemand` builds them on that first call,
+with the same planning options, group and machinery (:func:`autotp.generation.compile_for_generation`,
+given as ``build``), and keeps them for later calls:
+
+- the cache has one row per row of the request and :func:`cache_length` slots: prompt +
+  ``max_new_tokens`` rounded up to a power of two (at least :data:`MIN_CACHE_LEN`), at most the model's
+  ``max_position_embeddings``; a later request that needs more rows or slots builds them again, larger
+  (one set at a time: the old cache is dropped first);
+- prompts go ``seq`` tokens per prefill call, ``seq`` the sequence length of the compile's example ids;
+- every weight shard that the generation plan places as the forward plan does is the forward module's
+  own tensor (:meth:`~autotp.runtime.module.TensorParallelModule.share_weights`), so only the others are
+  held twice.
+
+The graphs are built from the model passed to ``compile``: it is held by a weak reference (the tensor-parallel
+model does not keep the full weights alive), so it must still exist, with the weights it was compiled with,
+at the first ``generate``. Every rank must make the same request: the ranks agree on the cache size
+(:func:`autotp.runtime.agreement.ranks_agree`) before anything is traced, and any difference raises the same
+error on every rank.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotp.runtime.agreement import options_record, ranks_agree
+from autotp.runtime.module import TensorParallelModule
+
+__all__ = ["MIN_CACHE_LEN", "GenerationOnDemand", "cache_length"]
+
+MIN_CACHE_LEN = 64
+"""The fewest slots per row of a cache built on demand: short requests share one size, so one build serves them."""
+
+WRAPPED_PREFIX = "model."
+"""FQN prefix of the model's weights inside the generation graphs (:class:`~autotp.runtime.kv_cache.CachedCausalLM`
+holds the model as ``.model``)."""
+
+
+def cache_length(needed: int, limit: int | None) -> int:
+    """Slots per row for a request of ``needed`` tokens (prompt + new): the next power of two, at least
+    :data:`MIN_CACHE_LEN`, at most ``limit`` (the model's ``max_position_embeddings``; None: no limit).
+    ValueError, saying the fix, when ``needed`` exceeds ``limit``."""
+    if limit is not None and needed > limit:
+        raise ValueError(
+            f"the request needs {needed} tokens per row (prompt + max_new_tokens), more than the model's "
+            f"max_position_embeddings={limit}; pass max_new_tokens <= {limit} - the prompt's length"
+        )
+    length = max(MIN_CACHE_LEN, 1 << (needed - 1).bit_length())
+    return length if limit is None else min(length, limit)
+
+
+class GenerationOnDemand:
+    """``generation_on_demand`` of a plain compile's :class:`TensorParallelModule`: called as
+    ``(tp, input_ids, max_new_tokens)``, returns a module compiled for generation with room for the request
+    (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, example_inputs: tuple[Any, ...], *,
+                 build: Callable[[torch.nn.Module, tuple[Any, ...], int], TensorParallelModule],
+                 group: dist.ProcessGroup | None, timeout_s: float) -> None:
+        """``build(model, example_inputs, max_cache_len)`` compiles ``model`` for generation (every rank)."""
+        self._model = weakref.ref(model)
+        self._name = type(model).__name__
+        self._on_meta = any(p.device.type == "meta" for p in model.parameters())  # weights read from a checkpoint
+        ids = example_inputs[0] if example_inputs else None
+        traced_ids = isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()
+        self._prefill_len = int(ids.shape[1]) if traced_ids else 1
+        on_device = isinstance(ids, torch.Tensor) and ids.device.type != "meta"
+        self._device = ids.device if on_device else torch.device("cpu")  # where the example ids live
+        self._build = build
+        self._group = group
+        self._timeout_s = timeout_s
+        self._built: TensorParallelModule | None = None
+
+    @property
+    def built(self) -> TensorParallelModule | None:
+        """The module compiled for generation so far (None before the first ``generate``)."""
+        return self._built
+
+    def __call__(self, tp: TensorParallelModule, input_ids: torch.Tensor, max_new_tokens: int) -> TensorParallelModule:
+        rows, prompt = (int(s) for s in input_ids.shape)
+        built = self._built
+        layout = built.generation.layout if built is not None and built.generation is not None else None
+        if layout is not None and rows <= layout.batch_size and prompt + max_new_tokens <= layout.max_cache_len:
+            return built  # type: ignore[return-value]
+        with ranks_agree(self._group, timeout_s=self._timeout_s, what="generate (building the KV cache)") as agreement:
+            model = self._source()
+            limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+            max_cache_len = cache_length(prompt + max_new_tokens, limit if isinstance(limit, int) else None)
+            if layout is not None:  # grow, never shrink: an earlier request's size still fits
+                rows, max_cache_len = max(rows, layout.batch_size), max(max_cache_len, layout.max_cache_len)
+            prefill_len = min(self._prefill_len, max_cache_len)
+            agreement.record = options_record({"cache rows": rows, "max_cache_len": max_cache_len,
+                                               "prompt tokens per prefill call": prefill_len}, weights=None)
+        self._built = None  # the old graphs and cache go before the new ones are built
+        example = (torch.zeros(rows, prefill_len, dtype=torch.long, device=self._device),)  # (batch, seq) token ids
+        built = self._build(model, example, max_cache_len)
+        with ranks_agree(self._group, timeout_s=self._timeout_s, what="generate (sharing the weights)") as agreement:
+            built.share_weights(tp, prefix=WRAPPED_PREFIX)  # the model's weights must be those compiled
+            agreement.record = options_record({}, weights=None)
+        built.generation_config = tp.generation_config
+        self._built = built
+        return built
+
+    def _source(self) -> torch.nn.Module:
+        """The compiled model, with its weights; ValueError saying what to do when it is gone or on meta."""
+        model = self._model()
+        if self._on_meta:
+            raise ValueError(
+                f"this {self._name} was loaded from a checkpoint onto the meta device, and generate builds its "
+                "graphs from the model's weights in memory; load the model with its weights (e.g. "
+                "AutoModelForCausalLM.from_pretrained(path)) and call autotp.compile(model, example_inputs=(ids,)) "
+                "or autotp.compile(model, example_inputs=(ids,), max_cache_len=N)"
+            )
+        if model is None:
+            raise ValueError(
+                "generate builds its KV cache and graphs from the model passed to autotp.compile, and that model no "
+                "longer exists (the tensor-parallel model keeps only its shards); keep a reference to it until the "
+                "first generate, or compile with max_cache_len=N to build them at compile time"
+            )
+        return model
