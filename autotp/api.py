@@ -206,7 +206,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
     floating-point tolerance) on every rank. Each rank keeps only its shards of the split
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
     to apply a saved or hand-edited :class:`Plan` (or the path of a saved one) instead of
-    planning. Other options as in :func:`autotp.plan`.
+    planning. Other options as in :func:`autotp.plan`. A Hugging Face model needs no ``example_kwargs``: it
+    is traced with ``use_cache=False``, and the result takes calls with ``use_cache`` left out, False or
+    True, returning the model's output without its cache part (``past_key_values`` None; :mod:`autotp.hf_calls`).
 
     The ranks check that they agree before a plan is used (:mod:`autotp.runtime.agreement`; rank 0 plans
     meanwhile, while the others rebuild the program it traced, and sends its plan once they agree): that
@@ -237,7 +239,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     row) and prefill (``seq`` prompt tokens per call) share every weight's placement, chosen to
     minimise the predicted ``prefill + expected_new_tokens x decode`` (default 128 new tokens
     per prompt; see :mod:`autotp.planning.phases`). ``plan=`` then gives the decode plan, whose
-    placements prefill is pinned to. See :mod:`autotp.generation`.
+    placements prefill is pinned to. See :mod:`autotp.generation`. Without ``max_cache_len`` a causal LM
+    compiled for inference still generates: ``tp.generate`` builds these graphs on its first call, with a
+    cache sized for the request, from ``model`` (held by a weak reference: keep it until then); see
+    :mod:`autotp.runtime.generation_on_demand`.
 
     ``training=True``: build it for training. The result's parameters (``tp.parameters()``, named
     by the original FQNs in ``tp.named_parameters()``) are this rank's shards and require grad;

@@ -147,6 +147,44 @@ def test_from_pretrained_and_load_take_plain_calls(gloo, tmp_path: Path) -> None
         assert max(result["load"]) < TOLERANCE, f"rank {rank}: load errors {result['load']}"
 
 
+def _requests_differ(rank: int, world_size: int) -> dict[str, str]:
+    import gc
+
+    from autotp.base.errors import AgreementError
+
+    model, ids = _llama(seq_len=128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids,))
+    messages = {}
+    try:  # rank 0 asks for a 64-slot cache, rank 1 for 128: no rank may trace a graph the other does not
+        tp.generate(ids, max_new_tokens=4 if rank == 0 else 60)
+        messages["differ"] = "no error"
+    except AgreementError as exc:
+        messages["differ"] = str(exc)
+    del model
+    gc.collect()
+    try:
+        tp.generate(ids, max_new_tokens=4)
+        messages["freed"] = "no error"
+    except ValueError as exc:
+        messages["freed"] = str(exc)
+    messages["still_calls"] = str(type(tp(ids)).__name__)
+    return messages
+
+
+def test_generate_on_demand_agrees_and_needs_the_model(gloo) -> None:
+    """tp=2, tiny Llama compiled plainly: ranks asking for different requests (64 vs 128 cache slots) get the
+    same AgreementError before anything is traced; once the model is gone, generate says to keep it or to
+    compile with max_cache_len, and tp(ids) still works."""
+    results = gloo.run(2, _requests_differ)
+    for rank, messages in enumerate(results):
+        assert "max_cache_len: rank 0 64; rank 1 128" in messages["differ"], f"rank {rank}: {messages['differ']!r}"
+        assert "no longer exists" in messages["freed"] and "max_cache_len=N" in messages["freed"], (
+            f"rank {rank}: {messages['freed']!r}")
+        assert messages["still_calls"] == "CausalLMOutputWithPast", f"rank {rank}: {messages['still_calls']}"
+
+
 def test_hf_models_are_traced_without_the_cache() -> None:
     """No process group: a HF model's example kwargs get use_cache=False (whatever they said), other modules'
     stay as given; a call's use_cache (left out, None, True, False) becomes the traced False."""
@@ -192,5 +230,5 @@ def test_cache_length_rounds_up_and_caps() -> None:
              (40, 50): 50}
     for (needed, limit), expected in cases.items():
         assert cache_length(needed, limit) == expected, f"cache_length({needed}, {limit}) = {cache_length(needed, limit)}"
-    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+    with pytest.raises(ValueError, match="max_position_embeddings=64; pass a max_new_tokens 6 smaller"):
         cache_length(70, 64)

@@ -51,7 +51,7 @@ def cache_length(needed: int, limit: int | None) -> int:
     if limit is not None and needed > limit:
         raise ValueError(
             f"the request needs {needed} tokens per row (prompt + max_new_tokens), more than the model's "
-            f"max_position_embeddings={limit}; pass max_new_tokens <= {limit} - the prompt's length"
+            f"max_position_embeddings={limit}; pass a max_new_tokens {needed - limit} smaller (or a shorter prompt)"
         )
     length = max(MIN_CACHE_LEN, 1 << (needed - 1).bit_length())
     return length if limit is None else min(length, limit)
