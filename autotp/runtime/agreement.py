@@ -25,9 +25,16 @@ How ranks exchange (:func:`exchange`): through the process group's key-value sto
 :class:`~autotp.base.errors.RankTimeoutError` naming the ranks that did not arrive, on any backend,
 and the group's collectives are left untouched. The n-th exchange of a rank meets the n-th
 exchange of every other rank (a counter per rank in the store); a rank that arrives after the
-others gave up finds their note and fails at once instead of going on alone. One exchange costs a
-rank one ``add``, one ``set``, one ``wait`` and one ``get`` per rank of the group. A fake process group
-(tests) and a group of one rank exchange nothing.
+others gave up finds their note and fails at once instead of going on alone.
+
+No rank leaves an exchange before every rank has read it (invariant 6): world rank 0, which hosts the
+store when ``init_process_group`` made it (``env://`` or ``tcp://``, e.g. ``multiprocessing`` with
+``MASTER_ADDR``), returns or raises only after every rank of the group has acknowledged reading, and
+each other rank's last message is that acknowledgement, which needs no reply. So a process that exits
+right after its error takes the store from nobody, under any launcher. One exchange costs a rank one
+``add``, two ``set``, one ``wait`` (two on world rank 0), one ``multi_get`` and two ``delete_key`` (of its
+keys of the exchange before, which every rank has read by then). A fake process group (tests) and a
+group of one rank exchange nothing.
 """
 
 from __future__ import annotations
@@ -122,15 +129,28 @@ def exchange(value: Any, *, group: dist.ProcessGroup | None, timeout_s: float, w
     Waits at most ``timeout_s`` seconds for the others, then raises
     :class:`~autotp.base.errors.RankTimeoutError` naming the ranks that did not arrive. ``what``
     names the point in the program (``"autotp.compile"``); ranks at different points raise
-    :class:`~autotp.base.errors.AgreementError`. ``value`` travels by pickle.
+    :class:`~autotp.base.errors.AgreementError`. ``value`` travels by pickle. The process that hosts
+    the store (world rank 0) returns or raises only once every rank has read every value.
     """
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     if world_size == 1:
         return [value]
-    store = _store(group)
+    try:
+        return _exchange(_store(group), value, world_size=world_size, rank=rank, timeout_s=timeout_s, what=what)
+    except dist.DistNetworkError as exc:
+        raise RankTimeoutError(
+            f"{what}: rank {rank} lost its connection to the process group's key-value store ({exc}). The process "
+            "that hosts it (rank 0, when MASTER_ADDR/MASTER_PORT or tcp:// point at it) has exited: it failed, or "
+            "stopped waiting for this rank (agreement_timeout_s); its own error says which."
+        ) from None
+
+
+def _exchange(store: dist.Store, value: Any, *, world_size: int, rank: int, timeout_s: float, what: str) -> list[Any]:
+    """:func:`exchange` over ``store``: set, wait for every rank, read, acknowledge; see the module docstring."""
     sequence = store.add(f"{_KEY_PREFIX}/sequence/{rank}", 1)
     base = f"{_KEY_PREFIX}/exchange/{sequence}"
     keys = [f"{base}/{r}" for r in range(world_size)]
+    acks = [f"{base}/read/{r}" for r in range(world_size)]
     abandoned = f"{base}/abandoned"
     store.set(keys[rank], pickle.dumps((what, value)))  # type: ignore[arg-type]  # Store.set takes bytes too
     if store.check([abandoned]):
@@ -150,15 +170,31 @@ def exchange(value: Any, *, group: dist.ProcessGroup | None, timeout_s: float, w
             "other code (every rank must call autotp at the same points); if they are only slow (a large "
             f"model), pass a larger agreement_timeout_s= (now {timeout_s:g})."
         ) from None
+    if sequence > 1:  # every rank set its value here after it had read the previous exchange: its keys can go
+        previous = f"{_KEY_PREFIX}/exchange/{sequence - 1}"
+        store.delete_key(f"{previous}/{rank}")
+        store.delete_key(f"{previous}/read/{rank}")
+    sent = store.multi_get(keys)
+    # A rank that leaves the exchange (returns, raises, exits) while another still reads would take the store
+    # with it if it hosts it: init_process_group's rendezvous (env://, tcp://) has world rank 0 host it. So
+    # each rank acknowledges what it read, the host waits for every acknowledgement, and the others leave
+    # after one set (no reply to wait for). Under torchrun the agent hosts the store and rank 0 only waits.
+    store.set(acks[rank], b"")  # type: ignore[arg-type]
+    if dist.get_rank() == 0:
+        try:
+            store.wait(acks, timedelta(seconds=timeout_s))
+        except dist.DistStoreError:
+            missing = [r for r, key in enumerate(acks) if not store.check([key])]
+            raise RankTimeoutError(
+                f"{what}: {_ranks(missing)} arrived but did not confirm reading the others' values within "
+                f"{timeout_s:g} s (rank {rank} waited): those processes died or hang after the exchange."
+            ) from None
     values = []
     places: dict[str, list[int]] = {}
-    for r, key in enumerate(keys):
-        their_what, their_value = pickle.loads(store.get(key))
+    for r, payload in enumerate(sent):
+        their_what, their_value = pickle.loads(payload)
         places.setdefault(their_what, []).append(r)
         values.append(their_value)
-    if store.add(f"{base}/read", 1) == world_size:  # the last reader clears the exchange
-        for key in [*keys, f"{base}/read"]:
-            store.delete_key(key)
     if len(places) > 1:
         failed_at = [place for place, ranks in places.items()
                      if any(isinstance(values[r], CompileRecord) and values[r].error for r in ranks)]

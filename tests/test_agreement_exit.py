@@ -1,0 +1,49 @@
+"""Every rank gets the error even when each process exits at once (invariant 6 of ARCHITECTURE.md).
+
+Under torchrun the agent holds the key-value store, and the shared test pool's workers stay alive, so a
+rank that leaves an exchange early and exits harms nobody there. A script started with
+``multiprocessing`` and ``MASTER_ADDR``/``MASTER_PORT`` has rank 0 host the store: if rank 0 raised
+and exited before rank 1 had read the verdict, rank 1 got ``DistNetworkError: Connection reset by
+peer`` instead of the same error. Here each group of 2 fresh processes (never the shared pool) runs
+one fault case of ``tests/exit_ranks.py``, writes what it raised to a file and exits right away;
+every rank must raise the same error class with the same message.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+from pathlib import Path
+
+import pytest
+from exit_ranks import CASES, launch
+
+RUNS = {case: 10 if case.startswith("compile") else 20 for case in CASES}
+"""Groups per fault case (a compile costs ~1 s per group on 2 busy cores). Before the ranks waited for each
+other's acknowledgement, 3 to 16 of 20 groups lost rank 1's error, depending on the case."""
+
+DEADLINE_S = 300.0  # the whole launch (~30 s on 2 busy cores): a hang fails the test instead of stalling the run
+
+
+@pytest.mark.distributed
+def test_every_rank_raises_the_same_error_and_exits(tmp_path: Path) -> None:
+    """2 ranks in fresh processes, rank 0 hosting the store, each exiting right after its error, 20 groups of
+    each of 4 cases of agreement calls, 10 of each of 2 through autotp.compile on a tiny MLP: every rank raises the same error
+    class with the same message, in every run; never a DistNetworkError."""
+    launcher = mp.get_context("spawn").Process(target=launch, args=(RUNS, str(tmp_path)))
+    launcher.start()
+    launcher.join(DEADLINE_S)
+    if launcher.is_alive():
+        launcher.kill()
+        launcher.join()
+        pytest.fail(f"the {sum(RUNS.values())} groups did not finish within {DEADLINE_S:g} s")
+    assert launcher.exitcode == 0, f"the launcher exited with {launcher.exitcode}"
+    outcomes = pickle.loads((tmp_path / "outcomes.pickle").read_bytes())
+    wrong = {}
+    for case, (_, kind, words) in CASES.items():
+        failed = [runs for runs in outcomes[case]
+                  if len(set(runs)) != 1 or runs[0][0] != kind or words not in runs[0][1]]
+        if failed:
+            wrong[case] = (len(failed), failed[0])
+    assert not wrong, (f"groups whose ranks did not all raise the same expected error (of {RUNS} groups), "
+                       f"with the first such group's outcomes by rank: {wrong}")
