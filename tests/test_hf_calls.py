@@ -99,7 +99,8 @@ def test_plain_compile_calls_and_generates_like_hf(gloo) -> None:
         assert all(cache is None for cache in result["caches"].values()), f"rank {rank}: caches {result['caches']}"
         for case in ("greedy", "one_row", "again", "by_length", "by_config", "default", "longer"):
             got, expected = result[case]
-            assert got == expected, f"rank {rank}, {case}: tokens differ from HF generate:\n expected {expected}\n got {got}"
+            assert got == expected, (
+                f"rank {rank}, {case}: tokens differ from HF generate:\n expected {expected}\n got {got}")
         assert result["sizes"] == [(1, MIN_CACHE_LEN), (2, MIN_CACHE_LEN), (2, 128)], (
             f"rank {rank}: caches built (rows, slots) {result['sizes']}, expected [(1, 64), (2, 64), (2, 128)]")
         assert result["kept"], f"rank {rank}: a request that fits the 2-row cache built another"
@@ -139,7 +140,8 @@ def test_from_pretrained_and_load_take_plain_calls(gloo, tmp_path: Path) -> None
     model.save_pretrained(tmp_path / "hf")
     pretrained = gloo.run(2, _save_and_load, str(tmp_path / "hf"), str(tmp_path / "saved"))
     for rank, result in enumerate(pretrained):
-        assert max(result["from_pretrained"]) < TOLERANCE, f"rank {rank}: from_pretrained errors {result['from_pretrained']}"
+        errors = result["from_pretrained"]
+        assert max(errors) < TOLERANCE, f"rank {rank}: from_pretrained errors {errors}"
         assert "meta device" in result["generate"] and "max_cache_len" in result["generate"], (
             f"rank {rank}: {result['generate']!r}")
     loaded = gloo.run(3, _save_and_load, str(tmp_path / "hf"), str(tmp_path / "saved"))
@@ -213,9 +215,12 @@ def test_request_settings_follow_hf_precedence() -> None:
     assert resolve_request(ids, given, None, model_config).max_new_tokens == 24
     assert resolve_request(ids, {**given, "max_length": 10}, None, model_config).max_new_tokens == 4
     assert resolve_request(ids, {"max_new_tokens": 3, "max_length": 10}, None, model_config).max_new_tokens == 3
-    assert resolve_request(ids, {**given, "max_length": 10}, GenerationConfig(max_new_tokens=5), None).max_new_tokens == 5
-    request = resolve_request(ids, given, GenerationConfig(max_new_tokens=5, max_length=100, do_sample=True), model_config)
-    assert (request.max_new_tokens, request.do_sample, request.top_k, request.eos_token_id) == (5, True, 50, None), request
+    five_new = GenerationConfig(max_new_tokens=5)
+    assert resolve_request(ids, {**given, "max_length": 10}, five_new, None).max_new_tokens == 5
+    sampling = GenerationConfig(max_new_tokens=5, max_length=100, do_sample=True)
+    request = resolve_request(ids, given, sampling, model_config)
+    got = (request.max_new_tokens, request.do_sample, request.top_k, request.eos_token_id)
+    assert got == (5, True, 50, None), request
     request = resolve_request(ids, {**given, "top_k": 7}, None, model_config)
     assert (request.top_k, request.eos_token_id, request.temperature) == (7, 2, 1.0), request
     assert resolve_request(ids, given, None, None).max_new_tokens == 20  # HF's default: 20 new tokens
@@ -229,6 +234,7 @@ def test_cache_length_rounds_up_and_caps() -> None:
     cases = {(14, 2048): 64, (64, 2048): 64, (65, 2048): 128, (300, 2048): 512, (300, 400): 400, (14, None): 64,
              (40, 50): 50}
     for (needed, limit), expected in cases.items():
-        assert cache_length(needed, limit) == expected, f"cache_length({needed}, {limit}) = {cache_length(needed, limit)}"
+        got = cache_length(needed, limit)
+        assert got == expected, f"cache_length({needed}, {limit}) = {got}, expected {expected}"
     with pytest.raises(ValueError, match="max_position_embeddings=64; pass a max_new_tokens 6 smaller"):
         cache_length(70, 64)
