@@ -63,6 +63,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from autotp.adapters import hf_transformers
 from autotp.base.errors import CaptureError
 from autotp.hf_calls import takes_use_cache, traced_kwargs
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
@@ -70,8 +71,8 @@ from autotp.passes.rules.args import arg
 from autotp.passes.state import WRITES_IN_PLACE
 
 __all__ = [
-    "CapturedGraph", "InputDims", "InputSlot", "capture", "check_model", "default_dynamic_shapes", "from_exported",
-    "draws_random_numbers", "inputs_on_model_device",
+    "CapturedGraph", "InputDims", "InputSlot", "as_if_on", "capture", "check_model", "default_dynamic_shapes",
+    "from_exported", "draws_random_numbers", "inputs_on_model_device",
 ]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -189,7 +190,7 @@ def trace_device(example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any]
 
 
 @contextlib.contextmanager
-def _as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
+def as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
     """Within the block, ``model``'s parameters and buffers are fake tensors on ``device``; yields the
     example inputs as fake tensors on ``device`` (same mode), for ``torch.export`` to trace."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -308,6 +309,8 @@ def capture(
             f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "
             "for one input write example_inputs=(x,)"
         )
+    if hf_transformers.is_transformers_model(model):
+        hf_transformers.check_release("a forward", hf_transformers.FORWARD_RELEASES)
     hf_model = takes_use_cache(model)
     kwargs = traced_kwargs(model, dict(example_kwargs or {}))  # a HF model: use_cache=False (autotp.hf_calls)
     explicit = dynamic_shapes is not None
@@ -407,7 +410,7 @@ def _export_whole(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
     try:
         with torch.no_grad():
             if _is_meta_model(model):
-                with _as_if_on(model, trace_device(args, kwargs), (args, kwargs)) as (fake_args, fake_kwargs):
+                with as_if_on(model, trace_device(args, kwargs), (args, kwargs)) as (fake_args, fake_kwargs):
                     return torch.export.export(model, fake_args, fake_kwargs, dynamic_shapes=dynamic_shapes, strict=False)
             return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # noqa: BLE001 - re-raised with the user's line

@@ -29,14 +29,14 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from autotp.base.errors import AutoTPError
+from autotp.base.errors import CheckpointError
 from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange, exchanges_with_others
 from autotp.runtime.module import parameter_layout
 
-__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "read_block", "read_local_values", "tensor_aliases"]
+__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "TensorEntry", "match_keys", "materialize_hf_buffers", "read_block", "read_local_values", "tensor_aliases"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _MAX_LISTED = 8
@@ -50,10 +50,6 @@ _DTYPES = {
 }
 if hasattr(torch, "float8_e4m3fn"):
     _DTYPES.update({"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2})
-
-
-class CheckpointError(AutoTPError, ValueError):
-    """A checkpoint that cannot be read into the model: names the tensor, the file and what to do."""
 
 
 @dataclass(frozen=True)
@@ -287,7 +283,7 @@ def tensor_aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     return {name: (name, *[n for n in group if n != name]) for group in names.values() for name in group}
 
 
-def _materialize_hf_buffers(model: torch.nn.Module, fqns: list[str], device: torch.device) -> None:
+def materialize_hf_buffers(model: torch.nn.Module, fqns: list[str], device: torch.device) -> None:
     """Compute buffers a transformers model derives from its config (rotary ``inv_freq``) for a model built on meta.
 
     transformers itself does this after loading: the buffer is given storage and the model's own
@@ -351,7 +347,7 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
         raise CheckpointError(f"the checkpoint {checkpoint.path} does not fit {type(model).__name__} "
                               f"({found} of {wanted} parameters found).{hint}\n  - " + "\n  - ".join(listed))
     if derived:
-        _materialize_hf_buffers(model, derived, device)
+        materialize_hf_buffers(model, derived, device)
         still = [fqn for fqn in derived if _model_tensor(model, fqn, exported) is None]
         if still:
             raise CheckpointError(

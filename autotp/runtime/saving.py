@@ -5,7 +5,7 @@ contributes its block(s) (a block split such as a fused QKV weight is several ch
 cuts are described exactly, which DTensor's even ``torch.chunk`` layout could not), so the
 directory describes the full tensors. Replicated parameters and buffers are plain tensors,
 written once. No ``ShardedTensor`` (deprecated) and no ``DTensor``: two small DCP planners
-(:class:`_ChunkSavePlanner`, :class:`_ChunkLoadPlanner`, extending DCP's default planners through
+(:class:`ChunkSavePlanner`, :class:`ChunkLoadPlanner`, extending DCP's default planners through
 their documented hooks) turn ``{fqn: [(offsets, tensor), ...]}`` into DCP's write and read items,
 so chunks carry no process-group ranks and the files are those a ShardedTensor save wrote.
 
@@ -36,18 +36,20 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from autotp.runtime.loading import Block, CheckpointError, ReadRequest, TensorEntry
+from autotp.base.errors import CheckpointError
+from autotp.runtime.loading import Block, ReadRequest, TensorEntry
 
 if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
 
-__all__ = ["DistributedCheckpoint", "save_sharded"]
+__all__ = ["ChunkLoadPlanner", "ChunkSavePlanner", "Chunks", "DistributedCheckpoint", "chunk_extents", "save_sharded",
+           "split_local"]
 
 Chunks = list[tuple[list[int], torch.Tensor]]
 """This rank's pieces of one tensor: ``(global offsets, local tensor)`` per non-empty chunk."""
 
 
-def _chunks(shape: tuple[int, ...], block: Block | None) -> list[tuple[list[int], list[int]]]:
+def chunk_extents(shape: tuple[int, ...], block: Block | None) -> list[tuple[list[int], list[int]]]:
     """``(offsets, sizes)`` of each non-empty chunk of ``block`` in a tensor of ``shape``."""
     if block is None:
         return [([0] * len(shape), list(shape))]
@@ -70,7 +72,7 @@ def _piece(chunks: Chunks, index: MetadataIndex) -> torch.Tensor:
     raise CheckpointError(f"{index.fqn}: no local chunk at offsets {offsets}")
 
 
-class _ChunkSavePlanner(DefaultSavePlanner):
+class ChunkSavePlanner(DefaultSavePlanner):
     """DCP's default save planner, plus one ``SHARD`` write item per local chunk of each split tensor."""
 
     def __init__(self, shapes: dict[str, tuple[int, ...]], chunks: dict[str, Chunks]) -> None:
@@ -95,7 +97,7 @@ class _ChunkSavePlanner(DefaultSavePlanner):
         return super().lookup_object(index)
 
 
-class _ChunkLoadPlanner(DefaultLoadPlanner):
+class ChunkLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, plus read items filling each local chunk of each split tensor from the
     overlapping saved chunks (DCP's own resharding arithmetic, ``create_read_items_for_chunk_list``)."""
 
@@ -121,7 +123,7 @@ class _ChunkLoadPlanner(DefaultLoadPlanner):
         return super().lookup_tensor(index)
 
 
-def _split_local(tensor: torch.Tensor, block: Block) -> list[torch.Tensor]:
+def split_local(tensor: torch.Tensor, block: Block) -> list[torch.Tensor]:
     """This rank's tensor (its ranges concatenated along the split dim) cut back into one piece per non-empty range."""
     dim, ranges = block
     lengths = [stop - start for start, stop in ranges]
@@ -149,10 +151,10 @@ def save_sharded(tp: TensorParallelModule, directory: str | os.PathLike[str], gr
         if blocks is None or shape is None:
             state[fqn] = tensor
         else:
-            offsets = [o for o, _ in _chunks(shape, blocks[tp.rank])]
+            offsets = [o for o, _ in chunk_extents(shape, blocks[tp.rank])]
             shapes[fqn] = tuple(shape)
-            chunks[fqn] = list(zip(offsets, _split_local(tensor, blocks[tp.rank]), strict=True))
-    dcp.save(state, checkpoint_id=str(directory), process_group=group, planner=_ChunkSavePlanner(shapes, chunks))
+            chunks[fqn] = list(zip(offsets, split_local(tensor, blocks[tp.rank]), strict=True))
+    dcp.save(state, checkpoint_id=str(directory), process_group=group, planner=ChunkSavePlanner(shapes, chunks))
 
 
 class DistributedCheckpoint:
@@ -189,9 +191,9 @@ class DistributedCheckpoint:
                 state[entry.key] = torch.empty(entry.shape, dtype=entry.dtype, device=request.device)
                 continue
             chunks[entry.key] = [(offsets, torch.empty(sizes, dtype=entry.dtype, device=request.device))
-                                 for offsets, sizes in _chunks(entry.shape, block)]
+                                 for offsets, sizes in chunk_extents(entry.shape, block)]
         try:
-            dcp.load(state, checkpoint_id=str(self.path), no_dist=True, planner=_ChunkLoadPlanner(chunks))
+            dcp.load(state, checkpoint_id=str(self.path), no_dist=True, planner=ChunkLoadPlanner(chunks))
         except Exception as exc:  # noqa: BLE001 - name the directory and the cause
             raise CheckpointError(f"could not read {self.path} with torch.distributed.checkpoint: "
                                   f"{type(exc).__name__}: {exc}") from None
