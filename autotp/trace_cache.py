@@ -11,7 +11,7 @@ it was traced with, and the values of lifted constants that are real tensors. Fo
 program was stamped from a few traced layers (:mod:`autotp.stamping`) that is the traced layers'
 program, stamped out again on a hit (quicker to rebuild than all the layers). On a hit the weights
 are bound back from the model (real tensors), or presented as fake tensors on the trace device (a
-model on ``meta``, as :func:`autotp.capture._as_if_on` does), so the result is the program export
+model on ``meta``, as :func:`autotp.capture.as_if_on` does), so the result is the program export
 would have returned.
 
 The key (a SHA-256) covers everything the program depends on: the model's class, every
@@ -502,7 +502,7 @@ def _rebuild(entry: _Entry, model: torch.nn.Module, device: torch.device) -> Exp
 
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
-    on_meta = any(t.device.type == "meta" for t in tensors.values())  # traced with fake tensors (capture._as_if_on)
+    on_meta = any(t.device.type == "meta" for t in tensors.values())  # traced with fake tensors (capture.as_if_on)
     state: dict[str, torch.Tensor] = {}
     for fqn, (shape, stride, dtype, is_parameter, requires_grad) in entry.state.items():
         tensor = tensors[fqn]

@@ -67,7 +67,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from autotp.base.errors import InputShapeError, TracedValueError
-from autotp.capture import _as_if_on, check_model, trace_device
+from autotp.capture import as_if_on, check_model, trace_device
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.runtime.agreement import (
@@ -230,7 +230,7 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
     device = trace_device(mb_args, mb_kwargs)
     with contextlib.ExitStack() as fake:
         if on_meta:
-            mb_args, mb_kwargs = fake.enter_context(_as_if_on(model, device, (mb_args, mb_kwargs)))
+            mb_args, mb_kwargs = fake.enter_context(as_if_on(model, device, (mb_args, mb_kwargs)))
         try:
             exported = torch.export.export(model, mb_args, mb_kwargs, strict=False)
         except Exception as exc:
@@ -640,10 +640,10 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
         if shape.pp > 1:
             rows = _check_pipeline_batch(batch, shape, plan.microbatches)
             if checkpoint is not None:  # buffers transformers derives from the config (rotary inv_freq): real ones
-                from autotp.runtime.loading import _materialize_hf_buffers
+                from autotp.runtime.loading import materialize_hf_buffers
 
                 derived = [name for name, b in model.named_buffers() if b.device.type == "meta"]
-                _materialize_hf_buffers(model, derived, trace_device(example_inputs, example_kwargs))
+                materialize_hf_buffers(model, derived, trace_device(example_inputs, example_kwargs))
             mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
             split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
         check_weights = tp_options.get("check_weights", True) and checkpoint is None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from autotp.runtime.saving import Chunks, _ChunkLoadPlanner, _chunks, _ChunkSavePlanner, _split_local
+from autotp.runtime.saving import ChunkLoadPlanner, Chunks, ChunkSavePlanner, chunk_extents, split_local
 
 if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
@@ -82,9 +82,9 @@ class _TrainingState:
             self.state[key] = tensor
             return
         block = blocks[tp.rank]
-        offsets = [o for o, _ in _chunks(shape, block)]
+        offsets = [o for o, _ in chunk_extents(shape, block)]
         self.shapes[key] = tuple(shape)
-        self.chunks[key] = list(zip(offsets, _split_local(tensor, block), strict=True))
+        self.chunks[key] = list(zip(offsets, split_local(tensor, block), strict=True))
         self.targets[key] = (tensor, block[0])
 
 
@@ -94,7 +94,7 @@ def save_training_state(tp: TensorParallelModule, optimizer: torch.optim.Optimiz
     ``group``, the model's tensor-parallel group; default: the whole world)."""
     view = _TrainingState(tp, optimizer)
     dcp.save(view.state, checkpoint_id=str(directory), process_group=group,
-             planner=_ChunkSavePlanner(view.shapes, view.chunks))
+             planner=ChunkSavePlanner(view.shapes, view.chunks))
 
 
 def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
@@ -122,7 +122,7 @@ def load_training_state(tp: TensorParallelModule, optimizer: torch.optim.Optimiz
     (collective: every rank of ``group``; ``tp`` compiled with the plan of the saved run)."""
     _initialise_state(optimizer)
     view = _TrainingState(tp, optimizer)
-    dcp.load(view.state, checkpoint_id=str(directory), process_group=group, planner=_ChunkLoadPlanner(view.chunks))
+    dcp.load(view.state, checkpoint_id=str(directory), process_group=group, planner=ChunkLoadPlanner(view.chunks))
     names = _parameter_names(tp, optimizer)
     with torch.no_grad():
         for key, pieces in view.chunks.items():  # pieces that are copies (several ranges) go back in place
