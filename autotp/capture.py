@@ -63,6 +63,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from autotp.adapters import hf_transformers
 from autotp.base.errors import CaptureError
 from autotp.hf_calls import takes_use_cache, traced_kwargs
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
@@ -308,6 +309,8 @@ def capture(
             f"example_inputs must be a tuple of positional arguments, got {type(example_inputs).__name__}; "
             "for one input write example_inputs=(x,)"
         )
+    if hf_transformers.is_transformers_model(model):
+        hf_transformers.check_release("a forward", hf_transformers.FORWARD_RELEASES)
     hf_model = takes_use_cache(model)
     kwargs = traced_kwargs(model, dict(example_kwargs or {}))  # a HF model: use_cache=False (autotp.hf_calls)
     explicit = dynamic_shapes is not None

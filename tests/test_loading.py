@@ -20,8 +20,8 @@ from models import BUILDERS
 from safetensors.torch import save_file
 
 import autotp
-from autotp.base.errors import AutoTPError
-from autotp.runtime.loading import Checkpoint, CheckpointError, match_keys, tensor_aliases
+from autotp.base.errors import AutoTPError, CheckpointError
+from autotp.runtime.loading import Checkpoint, match_keys, tensor_aliases
 
 TOLERANCE = 1e-4
 

@@ -44,3 +44,7 @@ class InputShapeError(AutoTPError, ValueError):
 
 class UnsupportedReleaseError(AutoTPError):
     """The installed release of a dependency (transformers) is outside the releases autotp is tested on."""
+
+
+class CheckpointError(AutoTPError, ValueError):
+    """A checkpoint that cannot be read into the model: names the tensor, the file and what to do."""

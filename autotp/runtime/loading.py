@@ -29,14 +29,14 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from autotp.base.errors import AutoTPError
+from autotp.base.errors import CheckpointError
 from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange, exchanges_with_others
 from autotp.runtime.module import parameter_layout
 
-__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "CheckpointError", "TensorEntry", "match_keys", "materialize_hf_buffers", "read_block", "read_local_values", "tensor_aliases"]
+__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "TensorEntry", "match_keys", "materialize_hf_buffers", "read_block", "read_local_values", "tensor_aliases"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _MAX_LISTED = 8
@@ -50,10 +50,6 @@ _DTYPES = {
 }
 if hasattr(torch, "float8_e4m3fn"):
     _DTYPES.update({"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2})
-
-
-class CheckpointError(AutoTPError, ValueError):
-    """A checkpoint that cannot be read into the model: names the tensor, the file and what to do."""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from autotp.runtime.loading import Block, CheckpointError, ReadRequest, TensorEntry
+from autotp.base.errors import CheckpointError
+from autotp.runtime.loading import Block, ReadRequest, TensorEntry
 
 if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule

@@ -1,0 +1,194 @@
+"""The transformers release installed is one autotp supports, and there it computes what HF computes.
+
+Tier (c), real gloo processes, tp 2 and 3. CI runs this file once per transformers release it tests
+(``.ci/run``'s release tier: the oldest and newest of each range in
+:mod:`autotp.adapters.hf_transformers`, and the last release before the cache keyword was renamed),
+besides the main suite's run on the newest:
+
+- a plain forward of every Hugging Face family: logits within 1e-4 of the single-process model's;
+- greedy generation: the tokens equal HF's ``model.generate`` exactly, for several families; on a
+  release below the generation range, compiling for generation raises ``UnsupportedReleaseError``
+  naming the range (it never runs on with a cache the model ignores).
+
+Each test is one call on the worker pool that loops over the families inside the ranks, so a release
+costs a few pool calls, not one per family.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from generation_models import tiny_gemma, tiny_gpt_neox, tiny_phi, tiny_starcoder2
+from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
+
+import autotp
+from autotp.adapters import hf_transformers
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = 1e-4
+NEW_TOKENS = 6
+PROMPT = 6
+RELEASE = hf_transformers.installed_release()
+GENERATES = hf_transformers.GENERATION_RELEASES.admits(RELEASE)
+
+FORWARD_FAMILIES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "bert": tiny_bert, "mistral": tiny_mistral,
+                    "qwen2": tiny_qwen2, "mixtral": tiny_mixtral, "gemma": tiny_gemma, "phi": tiny_phi,
+                    "gpt_neox": tiny_gpt_neox, "starcoder2": tiny_starcoder2}
+# the families generation is checked on at both world sizes, then the rest at tp 2
+GENERATION_FAMILIES = {2: ["llama", "gpt2", "gpt_neox", "starcoder2", "gemma", "phi", "mixtral"],
+                       3: ["llama", "gpt2", "gpt_neox", "starcoder2"]}
+
+
+def _release_excludes(family: str) -> str | None:
+    """Why ``family`` cannot be traced on this release (a clear ``CaptureError`` is then expected), or None.
+
+    Before 5.10, Mixtral's experts loop over the experts a batch hits (a data-dependent loop that
+    torch.export cannot trace)."""
+    if family == "mixtral" and not hf_transformers.ReleaseRange("5.10.0", "99.0").admits(RELEASE):
+        return "Mixtral's data-dependent experts loop"
+    return None
+
+
+def _forward_rows(rank: int, world_size: int) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for family, builder in FORWARD_FAMILIES.items():
+        model, args, kwargs = builder()
+        with torch.no_grad():
+            expected = model(*args, **kwargs)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tp = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs)
+        except autotp.CaptureError as error:
+            rows[family] = ("capture error", str(error).splitlines()[0])
+            continue
+        with torch.no_grad():
+            got = tp(*args, **kwargs)
+        logits = "last_hidden_state" if family == "bert" else "logits"
+        rows[family] = ("ran", float((got[logits] - expected[logits]).abs().max()))
+    return rows
+
+
+def _generation_rows(rank: int, world_size: int, families: list[str]) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for family in families:
+        model, (ids,), _ = FORWARD_FAMILIES[family](batch=2, seq_len=PROMPT)
+        model.generation_config.pad_token_id = 0
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tp = autotp.compile(model, world_size=world_size, example_inputs=(ids,),
+                                    max_cache_len=PROMPT + NEW_TOKENS)
+        except (autotp.UnsupportedReleaseError, autotp.CaptureError) as error:
+            rows[family] = (type(error).__name__, str(error).splitlines()[0])
+            continue
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                                  do_sample=False)
+        got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
+        rows[family] = ("ran", got.tolist(), expected.tolist(), tp.cache_bytes())
+    return rows
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_forward_equals_the_model_on_this_release(gloo, world_size: int) -> None:
+    """tp=2 and 3, every HF family, a plain forward: logits within 1e-4 on every rank (or, where the
+    release cannot trace a family, a CaptureError on every rank)."""
+    by_rank = gloo.run(world_size, _forward_rows)
+    assert all(rows.keys() == by_rank[0].keys() for rows in by_rank), by_rank
+    for family in FORWARD_FAMILIES:
+        outcomes = [rows[family] for rows in by_rank]
+        excluded = _release_excludes(family)
+        if excluded is not None:
+            assert all(o[0] == "capture error" for o in outcomes), (
+                f"transformers {RELEASE}, {family}: expected a CaptureError ({excluded}), got {outcomes}")
+            continue
+        assert all(o[0] == "ran" for o in outcomes), f"transformers {RELEASE}, {family}: {outcomes}"
+        worst = max(o[1] for o in outcomes)
+        assert worst <= TOLERANCE, f"transformers {RELEASE}, {family} at tp {world_size}: max |diff| {worst:.2e}"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_greedy_tokens_equal_hf_on_this_release(gloo, world_size: int) -> None:
+    """tp=2 (7 families) and tp=3 (4 families), a 6-token prompt, 6 new tokens: on a release in the
+    generation range, tokens equal HF's greedy ``generate`` on every rank and the cache holds bytes;
+    below it, ``UnsupportedReleaseError`` naming the supported releases on every rank."""
+    families = GENERATION_FAMILIES[world_size]
+    by_rank = gloo.run(world_size, _generation_rows, families)
+    for family in families:
+        outcomes = [rows[family] for rows in by_rank]
+        if not GENERATES:
+            assert all(o[0] == "UnsupportedReleaseError" and str(hf_transformers.GENERATION_RELEASES) in o[1]
+                       for o in outcomes), f"transformers {RELEASE} (below the generation range), {family}: {outcomes}"
+            continue
+        if _release_excludes(family) is not None:
+            assert all(o[0] == "CaptureError" for o in outcomes), f"transformers {RELEASE}, {family}: {outcomes}"
+            continue
+        for rank, outcome in enumerate(outcomes):
+            assert outcome[0] == "ran", f"transformers {RELEASE}, {family}, rank {rank}: {outcome}"
+            _, got, expected, _ = outcome
+            assert got == expected, (
+                f"transformers {RELEASE}, {family} at tp {world_size}, rank {rank}: tokens {got} != HF's {expected}")
+        # a rank may hold no kv heads (2 over 3 ranks), but the group holds the cache
+        held = [outcome[3] for outcome in outcomes]
+        assert sum(held) > 0, f"transformers {RELEASE}, {family}: the KV cache holds no bytes on any rank ({held})"
+
+
+def test_the_installed_release_is_one_ci_tests() -> None:
+    """No process group: the release this suite runs on is inside the forward range (pyproject's bound)."""
+    assert hf_transformers.FORWARD_RELEASES.admits(RELEASE), (
+        f"transformers {RELEASE} is outside {hf_transformers.FORWARD_RELEASES}; pyproject.toml's range and "
+        "autotp.adapters.hf_transformers must say the same")
+
+
+def _release_tiers() -> dict[str, dict[str, str]]:
+    """``.ci/release_tiers`` as tier name -> {package: pinned release}."""
+    tiers: dict[str, dict[str, str]] = {}
+    for line in (ROOT / ".ci" / "release_tiers").read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, requirements, _ = (part.strip() for part in line.split("|"))
+        tiers[name] = dict(requirement.split("==") for requirement in requirements.split())
+    return tiers
+
+
+def _floors() -> dict[str, str]:
+    """Every ``name>=release`` in pyproject.toml's dependencies and extras (the test tools aside)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = [*project["dependencies"], *project["optional-dependencies"]["hf"],
+             *project["optional-dependencies"]["viz"]]
+    floors = {}
+    for spec in specs:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)(,<[0-9.]+)?", spec)
+        assert match, f"pyproject.toml: {spec!r} is not of the form name>=oldest[,<bound]"
+        floors[match[1]] = match[2]
+    return floors
+
+
+def test_ci_runs_the_oldest_release_of_every_declared_range() -> None:
+    """No process group: pyproject.toml's floors are what .ci/release_tiers' oldest tier installs (torch
+    aside: its range is one minor release, the one CI installs), the transformers ranges of the adapter are
+    pyproject's, and some tier runs the oldest release of each."""
+    tiers = _release_tiers()
+    floors = _floors()
+    oldest = tiers["oldest"]
+    for package, floor in floors.items():
+        if package == "torch":
+            assert floor == torch.__version__.split("+")[0].rsplit(".", 1)[0], (
+                f"pyproject.toml's torch floor {floor} is not the torch CI installs ({torch.__version__})")
+            continue
+        assert oldest.get(package) == floor, (
+            f".ci/release_tiers' oldest tier installs {package}=={oldest.get(package)}, pyproject.toml's floor is {floor}")
+    assert floors["transformers"] == hf_transformers.FORWARD_RELEASES.oldest, floors
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["hf"] == [hf_transformers.FORWARD_RELEASES.pip_spec()], (
+        "pyproject.toml's transformers range differs from autotp.adapters.hf_transformers.FORWARD_RELEASES")
+    tested = {release for pins in tiers.values() for package, release in pins.items() if package == "transformers"}
+    for releases in (hf_transformers.FORWARD_RELEASES, hf_transformers.GENERATION_RELEASES):
+        assert releases.oldest in tested, (
+            f"no tier of .ci/release_tiers runs transformers {releases.oldest} (tiers run {sorted(tested)})")
