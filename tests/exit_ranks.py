@@ -19,7 +19,7 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["CASES", "PRELOADED", "launch"]
+__all__ = ["CASES", "HOST_EXITS_FIRST", "PRELOADED", "launch"]
 
 PRELOADED = ("torch", "torch.distributed", "torch.export", "torch._dynamo", "torch._export",
              "torch._functorch.aot_autograd", "torch._inductor.decomposition", "sympy", "networkx", "autotp",
@@ -108,6 +108,20 @@ CASES = {
 """case -> (what every rank runs, the error class every rank must raise, words of its message)."""
 
 
+def _host_exits_first(rank: int) -> None:
+    """Rank 0 (the store's host) returns and exits at once; rank 1 reaches an exchange a second later: it raises
+    a RankTimeoutError saying the store's host has gone, not a DistNetworkError."""
+    from autotp.runtime.agreement import exchange
+
+    if rank == 1:
+        time.sleep(1.0)
+        exchange(rank, group=None, timeout_s=_TIMEOUT_S, what="autotp.compile")
+
+
+HOST_EXITS_FIRST = "host_exits_first"
+_RUNNABLE = {**{case: run for case, (run, _, _) in CASES.items()}, HOST_EXITS_FIRST: _host_exits_first}
+
+
 def _rank_main(case: str, rank: int, world_size: int, port: int, out: str) -> None:
     """One rank: join the group through MASTER_ADDR/MASTER_PORT (rank 0 hosts the store), run the case,
     write ``(error class, message)`` to ``out`` and return, which ends the process."""
@@ -121,7 +135,7 @@ def _rank_main(case: str, rank: int, world_size: int, port: int, out: str) -> No
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=_JOIN_S))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            CASES[case][0](rank)
+            _RUNNABLE[case](rank)
     except BaseException as exc:  # noqa: BLE001 - what this rank raised is the result
         outcome = (type(exc).__name__, str(exc))
     Path(out).write_bytes(pickle.dumps(outcome))
@@ -160,5 +174,5 @@ def launch(runs: dict[str, int], directory: str, world_size: int = 2) -> None:
         importlib.import_module(name)
     context = mp.get_context("fork")
     outcomes = {case: [_run_group(context, case, Path(directory), run, world_size) for run in range(runs[case])]
-                for case in CASES}
+                for case in runs}
     (Path(directory) / "outcomes.pickle").write_bytes(pickle.dumps(outcomes))

@@ -16,9 +16,9 @@ import pickle
 from pathlib import Path
 
 import pytest
-from exit_ranks import CASES, launch
+from exit_ranks import CASES, HOST_EXITS_FIRST, launch
 
-RUNS = {case: 10 if case.startswith("compile") else 20 for case in CASES}
+RUNS = {**{case: 10 if case.startswith("compile") else 20 for case in CASES}, HOST_EXITS_FIRST: 3}
 """Groups per fault case (a compile costs ~1 s per group on 2 busy cores). Before world rank 0 waited for every
 rank's acknowledgement, 5 to 10 of 20 groups of each agreement case, and 7 of 10 through compile, lost rank 1's
 error to a DistNetworkError."""
@@ -30,7 +30,8 @@ DEADLINE_S = 300.0  # the whole launch (~30 s on 2 busy cores): a hang fails the
 def test_every_rank_raises_the_same_error_and_exits(tmp_path: Path) -> None:
     """2 ranks in fresh processes, rank 0 hosting the store, each exiting right after its error, 20 groups of
     each of 4 cases of agreement calls, 10 of each of 2 through autotp.compile on a tiny MLP: every rank raises the same error
-    class with the same message, in every run; never a DistNetworkError."""
+    class with the same message, in every run; never a DistNetworkError. And a rank that reaches an exchange after
+    rank 0 exited gets a RankTimeoutError saying the store's host has gone."""
     launcher = mp.get_context("spawn").Process(target=launch, args=(RUNS, str(tmp_path)))
     launcher.start()
     launcher.join(DEADLINE_S)
@@ -48,3 +49,6 @@ def test_every_rank_raises_the_same_error_and_exits(tmp_path: Path) -> None:
             wrong[case] = (len(failed), failed[0])
     assert not wrong, (f"groups whose ranks did not all raise the same expected error (groups per case: {RUNS}), "
                        f"with the first such group's outcomes by rank: {wrong}")
+    for outcome in outcomes[HOST_EXITS_FIRST]:  # a rank that comes after the store's host has gone: a clear error
+        assert outcome[0] == ("ok", "") and outcome[1][0] == "RankTimeoutError" \
+            and "lost its connection to the process group's key-value store" in outcome[1][1], outcome
