@@ -5,7 +5,8 @@ Tier (c), real gloo processes, tp 2 and 3. CI runs this file once per transforme
 :mod:`autotp.adapters.hf_transformers`, and the last release before the cache keyword was renamed),
 besides the main suite's run on the newest:
 
-- a plain forward of every Hugging Face family: logits within 1e-4 of the single-process model's;
+- a plain forward of every Hugging Face family (``autotp.compile(model, example_inputs=(ids,))``, then
+  ``tp(ids)``, the config's ``use_cache`` left True as HF sets it): logits within 1e-4 of the model's;
 - greedy generation: the tokens equal HF's ``model.generate`` exactly, for several families; on a
   release below the generation range, compiling for generation raises ``UnsupportedReleaseError``
   naming the range (it never runs on with a cache the model ignores).
@@ -58,18 +59,19 @@ def _release_excludes(family: str) -> str | None:
 def _forward_rows(rank: int, world_size: int) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for family, builder in FORWARD_FAMILIES.items():
-        model, args, kwargs = builder()
+        model, args, _ = builder()
+        model.config.use_cache = True  # HF's default, as from_pretrained gives it: the plain call must work
         with torch.no_grad():
-            expected = model(*args, **kwargs)
+            expected = model(*args, use_cache=False)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                tp = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs)
+                tp = autotp.compile(model, world_size=world_size, example_inputs=args)
         except autotp.CaptureError as error:
             rows[family] = ("capture error", str(error).splitlines()[0])
             continue
         with torch.no_grad():
-            got = tp(*args, **kwargs)
+            got = tp(*args)
         logits = "last_hidden_state" if family == "bert" else "logits"
         rows[family] = ("ran", float((got[logits] - expected[logits]).abs().max()))
     return rows
