@@ -32,7 +32,7 @@ from autotp.cost_model import Hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.random_streams import check_dropout
 from autotp.passes.rewrite import rewrite_for_rank
-from autotp.passes.small_collectives import inference_all_reduces
+from autotp.runtime.shared_memory import inference_all_reduces
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.checks import check_plan_applies

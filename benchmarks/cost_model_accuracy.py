@@ -9,7 +9,7 @@ tuned on, ``--models mistral qwen2 mixtral tied_lm cnn`` checks it on models it 
 
 For each world size N, spawn N gloo processes; then, ``--rounds`` times:
 
-1. calibrate (``autotp.cost_model.calibrate.measure_rank``, quick mode unless
+1. calibrate (``autotp.calibration.calibrate.measure_rank``, quick mode unless
    ``--full-calibration``) in these very processes: matmul peak, GEMM shape curve, copy
    bandwidth, transcendental rate, per-op floor and view cost with all N ranks busy at once, gloo
    alpha/beta fitted across the N ranks (for N = 1, across 2 other processes, once: a plan on
@@ -20,8 +20,8 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
    term (``autotp.cost_model.graph_calibration``); build the profile;
 2. for every model (tiny MLP, Llama, GPT-2, BERT from ``tests/models.py``), ``autotp.compile`` it
    with ``hardware=`` that profile and time the forward pass as the calibration times its graphs
-   (``graph_calibration.time_in_turn``): one untimed call, then the timed call on every rank from
-   one moment (``graph_calibration.common_start``: gloo's barrier alone releases the ranks up to
+   (``autotp.calibration.graphs.time_in_turn``): one untimed call, then the timed call on every rank from
+   one moment (``autotp.calibration.graphs.common_start``: gloo's barrier alone releases the ranks up to
    0.8 ms apart, a skew ranks that serve call after call do not have) to the last rank's end, the
    time the group takes to have the forward's result on every rank; the median of ``--runs`` runs
    after ``--warmup`` runs.
@@ -222,14 +222,14 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
                                 runs: int) -> tuple[float, float, float]:
     """(forward, forward without communication): median seconds of the rank-local graph as it is, and of
     a copy of it with every collective and its wait replaced by a local stand-in of its output's shape
-    (``autotp.cost_model.graph_calibration.local_stand_ins``, the same form the calibration times a
+    (``autotp.calibration.graphs.local_stand_ins``, the same form the calibration times a
     graph's compute in), timed in turn as the calibration times its graphs
-    (``graph_calibration.time_in_turn``: each after one untimed call of itself, from a start common to every
+    (``autotp.calibration.graphs.time_in_turn``: each after one untimed call of itself, from a start common to every
     rank to the last rank's end); and the work
     (CPU time, mean over ranks) of the second.
     Each form is compiled once and swapped in by attribute: recompiling before every call would
     time a freshly generated ``forward``, 5-20% slower than the one a model runs call after call."""
-    from autotp.cost_model.graph_calibration import local_stand_ins, time_in_turn
+    from autotp.calibration.graphs import local_stand_ins, time_in_turn
 
     real = tp_model.graph_module
     compute = local_stand_ins(real) or real
@@ -254,7 +254,7 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
               options: argparse.Namespace) -> Decision:
     """Time autotp's plan (memory_budget=None), Megatron's plan and no split, on every rank."""
     import autotp
-    from autotp.cost_model.graph_calibration import time_in_turn
+    from autotp.calibration.graphs import time_in_turn
     from autotp.planning.megatron import megatron_plan
 
     ours = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
@@ -311,7 +311,8 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
     sys.path.insert(0, TESTS)
     warnings.simplefilter("ignore")
     import autotp
-    from autotp.cost_model.calibrate import CalibrationConfig, build_profile, measure_rank
+    from autotp.calibration.calibrate import CalibrationConfig, measure_rank
+    from autotp.cost_model.calibrate import build_profile
     from autotp.cost_model.graph_calibration import fit_host_terms
     from autotp.passes.rewrite import is_collective
 
@@ -433,7 +434,7 @@ def main() -> None:
                         help="also time autotp's plan (memory_budget=None), Megatron's plan and no split")
     options = parser.parse_args()
 
-    from autotp.cost_model.calibrate import CalibrationConfig, measure_links
+    from autotp.calibration.calibrate import CalibrationConfig, measure_links
 
     print(f"torch {torch.__version__}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
     rows: list[Row] = []

@@ -134,7 +134,8 @@ def main() -> None:
     options = parser.parse_args()
     sys.path.insert(0, TESTS)
     warnings.simplefilter("ignore")
-    from autotp.cost_model.calibrate import CalibrationConfig, build_profile, measure_links, measure_rank
+    from autotp.calibration.calibrate import CalibrationConfig, measure_links, measure_rank
+    from autotp.cost_model.calibrate import build_profile
 
     torch.set_num_threads(1)
     config = CalibrationConfig.quick(threads=1)

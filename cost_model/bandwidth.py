@@ -25,10 +25,7 @@ graph at ``memory_bandwidth_gbps``, as before.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import statistics
-import time
 from collections.abc import Sequence
 
 import torch
@@ -45,8 +42,6 @@ __all__ = [
     "cold_call_at_s",
     "graph_profile",
     "graph_working_set_bytes",
-    "measure_cold_call_s",
-    "measure_copy_curve",
 ]
 
 DEFAULT_WORKING_SETS = (2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20)
@@ -125,53 +120,3 @@ def graph_working_set_bytes(graph: fx.Graph) -> int:
         elif node.op == "call_function":
             largest = max(largest, size)
     return placeholders + largest
-
-
-def measure_copy_curve(working_sets: Sequence[int], min_time_s: float, repeats: int) -> tuple[tuple[int, float], ...]:
-    """``(working_set_bytes, bytes_per_s)`` of ``dst.copy_(src)`` with ``src`` and ``dst`` of half the
-    working set each (float32), per size: ``2 * nbytes / time`` as the roofline counts a copy's
-    bytes. Timed on the work clock (:func:`~.graph_calibration.median_work_s`); call it on every
-    rank at once so that the ranks share the cache as a running plan's do."""
-    from .graph_calibration import median_work_s  # graph_calibration imports the pricing this module serves
-
-    curve = []
-    for working_set in working_sets:
-        numel = max(1, working_set // 2 // 4)
-        src = torch.ones(numel)
-        dst = torch.empty_like(src)
-        seconds = median_work_s(functools.partial(dst.copy_, src), min_time_s, repeats)
-        curve.append((2 * numel * 4, 2 * numel * 4 / seconds))
-    return tuple(curve)
-
-
-COLD_SLOT_BYTES = (4 * 2**10, 24 * 2**10, 96 * 2**10)
-"""Slot sizes :func:`measure_cold_call_s` times: a decode step's all-reduces (a few rows of hidden
-size) up to a short prefill's."""
-
-
-def measure_cold_call_s(world_size: int, flush_bytes: int, repeats: int) -> float:
-    """Seconds a shared-memory collective's local work pays per call when its slots are out of cache,
-    over what it pays with them cached: copy a slot's bytes in and add ``world_size`` (>= 2) slots, timed
-    right after a copy of ``flush_bytes`` (as a decode step's weights and cache stream between two
-    collectives) and again at once (warm). Median over ``repeats`` and :data:`COLD_SLOT_BYTES` (the
-    extra barely grows with the size: misses of the slots' pages and lines, not bandwidth); at least 0.
-    Call it on every rank at once, as the ranks of a running plan stream together."""
-    numel = max(1, flush_bytes // 2 // 4)
-    src, dst = torch.ones(numel), torch.empty(numel)
-    extra = []
-    for nbytes in COLD_SLOT_BYTES:
-        count = nbytes // 4
-        piece, slots = torch.zeros(count), torch.zeros(world_size, count)
-        for _ in range(repeats):
-            dst.copy_(src)  # the working set pushes the slots out
-            piece.fill_(1.0)  # the collective's input was just computed: in cache
-            times = []
-            for _ in range(2):  # cold, then warm
-                started = time.perf_counter()
-                slots[0].copy_(piece)
-                total = slots[0] + slots[1]
-                for row in range(2, world_size):
-                    total.add_(slots[row])
-                times.append(time.perf_counter() - started)
-            extra.append(times[0] - times[1])
-    return max(0.0, statistics.median(extra))

@@ -1,212 +1,46 @@
-"""Calibration: measure this machine and write a :class:`~.hardware.Hardware` profile.
+"""The fit of a calibrated :class:`~.hardware.Hardware` profile from measurements (pure: no process
+group, no timing).
 
-``autotp calibrate --world-size N`` (or :func:`calibrate`) spawns N local processes joined by a
-gloo process group — the setting autotp's CPU runs use — and measures, on every rank at once
-(so that ranks share cores and memory bandwidth as they do when a plan runs):
-
-====================  ==========================================================================
-profile field         measurement (median over timed repeats, after warm-up)
-====================  ==========================================================================
-``peak_tflops``       ``aten.linear`` of a ``(2, n/2, n)`` input and an ``n x n`` weight with bias
-                      (the op traced ``nn.Linear`` layers run), ``2 n^3`` FLOPs per call, the best
-                      rate over a few sizes ``n`` (the achievable peak), per dtype: float32 always;
-                      bfloat16 and float16 unless they run below ``1/MEANINGFUL_SLOWDOWN`` of
-                      float32 (CPUs without native support emulate them: then they are left
-                      out, and planning a model in those dtypes asks for the figure)
-``memory_bandwidth``  ``dst.copy_(src)`` of a large tensor: it reads and writes ``nbytes`` each,
-                      so ``2 * nbytes / time`` — the bytes the roofline counts for a copy
-``memory_..._curve``  the same copy at working sets from 1 MiB to 256 MiB per rank (L2, last-level
-                      cache, DRAM), plus the large copy: the bandwidth a graph gets at its own
-                      working set (:mod:`.bandwidth`)
-``kernel_floor_s``    per op of an FX graph chaining one-element kernel ops (add, exp, mean,
-                      softmax, cat, ...): the fallback per-op cost, 0.0 once the host terms
-                      below are fitted (the fitted dispatch is then a node's whole fixed cost)
-``view_op_s``         the same for a chain of views (view, transpose, expand, slice, ...): what an
-                      op that launches no kernel costs on a CPU
-``intra_node``        gloo ``all_reduce``, ``all_gather`` and ``reduce_scatter`` through the same
-                      functional collectives (``torch.ops._c10d_functional``) the rewritten
-                      graph issues, at several sizes; ``alpha`` (``latency_s``), the per-call
-                      ``base_latency_s`` and the bandwidth ``B`` are fitted to the formulas of
-                      :mod:`.collectives` by non-negative least squares on relative error
-                      (each sample ``t`` weighted ``1/t``, so small messages count as much as
-                      large ones)
-``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens, each call on another of 64 MiB of weights
-                      (read from memory, as a forward reads each weight once): the shape curve of
-                      the GEMM rate and the peak it tends to (:func:`.graph_calibration.fit_gemm_curve`)
-``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor
-``op_fixed_s``        a small convolution, max-pool, batch norm and attention in a tight loop: what each
-                      costs beyond its roofline and an add of its input's (a primitive set up per call)
-``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
-``collective_wait_s`` (Llama-like and GPT-like blocks after the prologue HF graphs run), with and
-``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks from one moment to
-``kernel_extra_..``   the last rank's end (:mod:`.graph_calibration`), and one wide block (hidden
-                      1024, 64 tokens) where a kernel's extra in a graph reaches its cap;
-                      ``runtime_mode`` eager
-====================  ==========================================================================
-
-Single ops and graphs are timed on the *work clock* (:func:`~.graph_calibration.work_clock`: the
-thread's CPU time when torch runs one thread per rank), so a rank that another process takes off
-its core mid-measurement does not record the pause as the op's cost; the share of a core a rank
-gets while it computes (other ranks on the same cores, other processes) is measured on its own,
-in the graphs' compute forms (collectives replaced by local stand-ins, as the accuracy benchmark
-measures a model's compute), and every work term of the profile is divided by it. Collectives
-and the graphs' wall times stay on the wall clock (waiting for another rank is real time); the
-wait per collective is what a graph's real form takes beyond its measured compute and its link.
-
-The profile describes *one rank of an N-rank job on this machine*: each rank uses
-``max(1, cores // N)`` threads (what ``autotp demo`` and the benchmarks use), compute is
-measured with all N ranks busy at once, ``memory_gib`` is the host's memory divided by N, and
-the links are measured across N processes (across 2 when N is 1, since one process has no
-link). No network is measured: ``inter_node`` repeats the loopback link and says so in its
-name. ``achievable_fraction_*`` stay 1.0: the peaks are already achieved rates (of single ops
-in a tight loop; what a kernel costs beyond them in a graph is ``kernel_extra_fraction``, fitted
-on the rank-local graphs).
-
-The measuring functions take an initialised process group, so tests run them on a shared pool
-of workers (:func:`measure_rank`), and :func:`build_profile` turns the per-rank measurements into
-a profile; :func:`calibrate` does both with processes of its own.
+:mod:`autotp.calibration.calibrate` (``autotp calibrate``) measures this machine on every rank of
+a gloo group and hands the per-rank :class:`RankMeasurements` and the :class:`CollectiveSample`
+list to :func:`build_profile`: medians over the ranks, the links fitted to the formulas of
+:mod:`.collectives` (:func:`fit_link`), the GEMM curve and the host terms fitted by
+:mod:`.graph_calibration`, every work term divided by the share of a core a rank got.
+:func:`with_nodes` makes a measured profile one node of a two-level machine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import socket
 import statistics
-import sys
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from scipy.optimize import nnls
 
-from .bandwidth import DEFAULT_WORKING_SETS, at_working_set, measure_cold_call_s, measure_copy_curve
+from .bandwidth import at_working_set
 from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
-from .graph_calibration import (
-    COLD_WEIGHT_BYTES,
-    GRAPH_FAMILIES,
-    GemmSample,
-    GraphSample,
-    GraphShape,
-    HostFit,
-    fit_gemm_curve,
-    fit_host_terms,
-    measure_gemm_samples,
-    measure_graphs,
-    measure_op_fixed_s,
-    measure_transcendental_element_s,
-    work_clock,
-)
+from .graph_calibration import COLD_WEIGHT_BYTES, GemmSample, GraphSample, HostFit, fit_gemm_curve, fit_host_terms
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
-    "MEANINGFUL_SLOWDOWN",
-    "CalibrationConfig",
+    "SHARED_MEMORY_KIND",
     "CollectiveSample",
     "HostFit",
     "LinkFit",
     "RankMeasurements",
     "build_profile",
-    "calibrate",
     "fit_link",
+    "kernel_profile",
     "with_nodes",
-    "measure_links",
-    "measure_rank",
 ]
 
-MEASURED_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 SHARED_MEMORY_KIND = "shared_memory_all_reduce"
 """Kind of the samples of autotp's shared-memory all-reduce (``autotp.runtime.shared_memory``),
 measured besides gloo's where the ranks can use it; fitted to ``Hardware.shared_memory_link``."""
-
-MEANINGFUL_SLOWDOWN = 8.0
-"""A reduced-precision dtype whose matmuls run more than this many times slower than float32 is
-emulated, not supported; it is left out of the profile (a model in that dtype on this machine
-would be planned on a figure nobody should use by accident)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CalibrationConfig:
-    """What to measure and how long to spend; :meth:`quick` is a few seconds, for tests.
-
-    Sizes: ``matmul_sizes`` are square matmul sizes ``n`` (float32; reduced-precision dtypes use
-    the smallest one, as emulated ones are slow); ``copy_bytes`` is the tensor copied for the
-    memory bandwidth; ``collective_bytes`` the full-tensor sizes of each collective.
-    ``min_time_s`` is how long each timed measurement runs at least; ``repeats`` how many timed
-    measurements the median is taken over. ``threads``: torch threads per rank (``None``:
-    ``max(1, cores // world_size)``).
-    """
-
-    matmul_sizes: tuple[int, ...] = (256, 512, 1024, 2048)
-    reduced_dtypes: tuple[str, ...] = ("bfloat16", "float16")
-    copy_bytes: int = 256 * 2**20
-    bandwidth_working_sets: tuple[int, ...] = DEFAULT_WORKING_SETS
-    collective_bytes: tuple[int, ...] = (4 * 2**10, 64 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
-    min_time_s: float = 0.2
-    repeats: int = 5
-    threads: int | None = None
-    progress: bool = False
-    gemm_width: int = 256
-    gemm_tokens: tuple[int, ...] = (1, 4, 16, 64, 256)
-    transcendental_numel: int = 2**20
-    graph_shapes: tuple[GraphShape, ...] = tuple(
-        GraphShape(layers, tokens, hidden, collectives=collectives, family=family)
-        for layers in (1, 3) for tokens in (2, 32) for hidden in (64, 256) for collectives in (True, False)
-        for family in GRAPH_FAMILIES if collectives or (layers == 3 and family != "mlp")
-    ) + (GraphShape(0, 2, 64), GraphShape(1, 64, 1024, collectives=False),
-         GraphShape(1, 128, 768, collectives=False, family="gpt"))
-    graph_runs: int = 15
-
-    @classmethod
-    def quick(cls, *, progress: bool = False, threads: int | None = None) -> CalibrationConfig:
-        """Small sizes and short timings: a rough profile in a few seconds (tests, smoke runs)."""
-        return cls(
-            matmul_sizes=(128, 256),
-            reduced_dtypes=("bfloat16",),
-            copy_bytes=16 * 2**20,
-            bandwidth_working_sets=(2**20, 8 * 2**20),
-            collective_bytes=(4 * 2**10, 64 * 2**10, 2**20),
-            min_time_s=0.02,
-            repeats=3,
-            threads=threads,
-            progress=progress,
-            gemm_tokens=(1, 8, 64, 256),
-            transcendental_numel=2**18,
-            graph_shapes=(GraphShape(1, 2, 64), GraphShape(3, 2, 64, family="gpt"),
-                          GraphShape(3, 2, 64, collectives=False), GraphShape(2, 16, 128, collectives=False, family="gpt"),
-                          GraphShape(1, 32, 256, family="gpt"), GraphShape(2, 32, 256),
-                          GraphShape(3, 32, 256, family="gpt"),
-                          GraphShape(3, 32, 256, collectives=False), GraphShape(0, 2, 64),
-                          GraphShape(1, 32, 256, family="mlp"), GraphShape(3, 32, 256, family="mlp"),
-                          GraphShape(1, 64, 1024, collectives=False)),
-            graph_runs=11,
-        )
-
-    def __post_init__(self) -> None:
-        if not self.matmul_sizes or any(n < 1 for n in self.matmul_sizes):
-            raise ValueError(f"matmul_sizes must be sizes >= 1, got {self.matmul_sizes!r}")
-        if len(set(self.collective_bytes)) < 2 or any(n < 4 for n in self.collective_bytes):
-            raise ValueError(
-                f"collective_bytes needs at least two different sizes >= 4 bytes to fit latency and "
-                f"bandwidth, got {self.collective_bytes!r}"
-            )
-        if self.copy_bytes < 4 or self.min_time_s <= 0 or self.repeats < 1:
-            raise ValueError(
-                f"copy_bytes ({self.copy_bytes}) must be >= 4, min_time_s ({self.min_time_s}) > 0 and "
-                f"repeats ({self.repeats}) >= 1"
-            )
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
-        if len(self.graph_shapes) < 3 or self.graph_runs < 1:
-            raise ValueError(f"graph_shapes needs at least 3 shapes (3 host terms are fitted over them) and "
-                             f"graph_runs >= 1; got {len(self.graph_shapes)} shapes and graph_runs={self.graph_runs}")
-
-    def threads_for(self, world_size: int) -> int:
-        return self.threads if self.threads is not None else max(1, (os.cpu_count() or 1) // world_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,10 +72,10 @@ class RankMeasurements:
     and the large copy behind ``copy_bytes_per_s`` (a working set of twice ``copy_bytes``)."""
     cold_curve: tuple[tuple[int, float], ...] = ()
     """``(working_set_bytes, seconds)`` at the sizes of ``copy_curve``: a shared-memory collective's extra
-    seconds per call after a stream of that working set (:func:`~.bandwidth.measure_cold_call_s`;
+    seconds per call after a stream of that working set (:func:`autotp.calibration.graphs.measure_cold_call_s`;
     empty: not measured, a group of one)."""
     op_fixed_s: tuple[tuple[str, float], ...] = ()
-    """``(family, seconds)``: each op family's fixed cost per call (:func:`~.graph_calibration.measure_op_fixed_s`,
+    """``(family, seconds)``: each op family's fixed cost per call (:func:`autotp.calibration.graphs.measure_op_fixed_s`,
     work seconds; empty: not measured)."""
 
 
@@ -256,271 +90,7 @@ class LinkFit:
     samples: int
 
 
-# ------------------------------------------------------------------------------ timing
-
-def _say(enabled: bool, message: str) -> None:
-    if enabled:
-        print(f"[autotp calibrate] {message}", file=sys.stderr, flush=True)
-
-
-def _timed_median_s(run: Callable[[], Any], min_time_s: float, repeats: int, *, sync: Callable[[], Any] | None = None) -> float:
-    """Median seconds of work per call of ``run`` (:func:`~.graph_calibration.work_clock`: this
-    thread's CPU time when torch runs one thread, so another process taking the core mid-loop
-    does not count); each timed measurement loops for at least ``min_time_s``."""
-    clock = work_clock()
-    run()  # warm-up: first-call allocation, lazy initialisation
-    start = clock()
-    run()
-    calls = max(1, math.ceil(min_time_s / max(clock() - start, 1e-9)))
-    samples = []
-    for _ in range(repeats):
-        if sync is not None:
-            sync()
-        start = clock()
-        for _ in range(calls):
-            run()
-        samples.append((clock() - start) / calls)
-    return statistics.median(samples)
-
-
-def measure_matmul_flops_per_s(dtype: torch.dtype, size: int, config: CalibrationConfig) -> float:
-    """FLOP/s of ``aten.linear`` in ``dtype``: input ``(2, size // 2, size)``, weight ``(size, size)``,
-    bias ``(size,)`` — the op and the shape family (batch, tokens, features) of the linear layers
-    of traced transformer graphs; ``2 * size^3`` FLOPs per call (the bias add is not counted, as in
-    :func:`~.compute.aten_flops`)."""
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(2, max(1, size // 2), size, generator=generator).to(dtype)  # (batch, tokens, features)
-    weight = torch.randn(size, size, generator=generator).to(dtype)
-    bias = torch.randn(size, generator=generator).to(dtype)
-    linear = torch.ops.aten.linear.default
-    seconds = _timed_median_s(lambda: linear(x, weight, bias), config.min_time_s, config.repeats)
-    return 2 * (2 * max(1, size // 2)) * size * size / seconds
-
-
-def measure_copy_bytes_per_s(config: CalibrationConfig) -> float:
-    """Memory bandwidth from ``dst.copy_(src)``: ``2 * nbytes`` (read + write) per call."""
-    numel = config.copy_bytes // 4
-    src = torch.ones(numel, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    seconds = _timed_median_s(lambda: dst.copy_(src), config.min_time_s, config.repeats)
-    return 2 * numel * 4 / seconds
-
-
-# One-element ops chained in an FX graph, as the rewritten graph runs them: every op dispatches
-# through a different path, so a chain of different ops costs what a model's graph pays per op
-# (several times what one op repeated in a tight loop costs, whose path stays warm in the caches).
-# Kernel ops: the common elementwise, reduction and data-movement ops of transformer graphs;
-# views: the shape ops that launch no kernel. Each maps a (1, 1) tensor to a (1, 1) tensor.
-_KERNEL_CHAIN: tuple[tuple[Any, tuple[Any, ...]], ...] = (
-    (torch.ops.aten.add.Tensor, ("x", "x")),
-    (torch.ops.aten.mul.Tensor, ("x", "x")),
-    (torch.ops.aten.sub.Tensor, ("x", "x")),
-    (torch.ops.aten.div.Tensor, ("x", "x")),
-    (torch.ops.aten.neg.default, ("x",)),
-    (torch.ops.aten.exp.default, ("x",)),
-    (torch.ops.aten.rsqrt.default, ("x",)),
-    (torch.ops.aten.silu.default, ("x",)),
-    (torch.ops.aten.gelu.default, ("x",)),
-    (torch.ops.aten.tanh.default, ("x",)),
-    (torch.ops.aten.mean.dim, ("x", [-1], True)),
-    (torch.ops.aten.sum.dim_IntList, ("x", [-1], True)),
-    (torch.ops.aten.amax.default, ("x", [-1], True)),
-    (torch.ops.aten._softmax.default, ("x", -1, False)),
-    (torch.ops.aten.cat.default, (["x"], 0)),
-    (torch.ops.aten.clone.default, ("x",)),
-)
-_VIEW_CHAIN: tuple[tuple[Any, tuple[Any, ...]], ...] = (
-    (torch.ops.aten.view.default, ("x", [1, 1])),
-    (torch.ops.aten.unsqueeze.default, ("x", 0)),
-    (torch.ops.aten.squeeze.dim, ("x", 0)),
-    (torch.ops.aten.transpose.int, ("x", 0, 1)),
-    (torch.ops.aten.expand.default, ("x", [1, 1])),
-    (torch.ops.aten.slice.Tensor, ("x", 0, 0, 1)),
-    (torch.ops.aten.permute.default, ("x", [1, 0])),
-    (torch.ops.aten.t.default, ("x",)),
-    (torch.ops.aten.select.int, (("unsqueeze", "x"), 0, 0)),
-    (torch.ops.aten.alias.default, ("x",)),
-)
-_CHAIN_REPEATS = 8
-
-
-def _chain_module(chain: tuple[tuple[Any, tuple[Any, ...]], ...]) -> tuple[torch.fx.GraphModule, int]:
-    """A GraphModule running ``chain`` ``_CHAIN_REPEATS`` times on its input; and its op count."""
-    graph = torch.fx.Graph()
-    value = graph.placeholder("x")
-    ops = 0
-
-    def bind(arg: Any, current: torch.fx.Node) -> Any:
-        nonlocal ops
-        if arg == "x":
-            return current
-        if isinstance(arg, tuple) and arg and arg[0] == "unsqueeze":  # select needs a leading dim to drop
-            ops += 1
-            return graph.call_function(torch.ops.aten.unsqueeze.default, (current, 0))
-        if isinstance(arg, list):
-            return [bind(a, current) for a in arg]
-        return arg
-
-    for _ in range(_CHAIN_REPEATS):
-        for op, args in chain:
-            value = graph.call_function(op, tuple(bind(a, value) for a in args))
-            ops += 1
-    graph.output(value)
-    return torch.fx.GraphModule(torch.nn.Module(), graph), ops
-
-
-def _per_op_s(chain: tuple[tuple[Any, tuple[Any, ...]], ...], config: CalibrationConfig) -> float:
-    module, ops = _chain_module(chain)
-    x = torch.ones(1, 1)
-    with torch.no_grad():
-        return _timed_median_s(lambda: module(x), config.min_time_s, config.repeats) / ops
-
-
-def measure_kernel_floor_s(config: CalibrationConfig) -> float:
-    """Seconds per op of a graph of one-element kernel ops (add, exp, mean, softmax, cat, ...)."""
-    return _per_op_s(_KERNEL_CHAIN, config)
-
-
-def measure_view_op_s(config: CalibrationConfig) -> float:
-    """Seconds per op of a graph of one-element views (view, transpose, expand, slice, ...)."""
-    return _per_op_s(_VIEW_CHAIN, config)
-
-
-def _collective_call(kind: str, nbytes: int, world_size: int, group_name: str) -> Callable[[], Any]:
-    """One functional collective on a float32 tensor whose full size is ``nbytes`` (rounded to
-    whole float32 elements per rank), waited on — what the rewritten graph runs."""
-    c10d = torch.ops._c10d_functional
-    per_rank = max(1, nbytes // 4 // world_size)
-    full = torch.ones(per_rank * world_size)
-    shard = torch.ones(per_rank)
-    if kind == "all_reduce":
-        return lambda: c10d.wait_tensor(c10d.all_reduce(full, "sum", group_name))
-    if kind == "all_gather":
-        return lambda: c10d.wait_tensor(c10d.all_gather_into_tensor(shard, world_size, group_name))
-    if kind == "reduce_scatter":
-        return lambda: c10d.wait_tensor(c10d.reduce_scatter_tensor(full, "sum", world_size, group_name))
-    raise ValueError(f"cannot measure collective kind {kind!r}; measured kinds: {', '.join(MEASURED_KINDS)}")
-
-
-def measure_collectives(rank: int, world_size: int, config: CalibrationConfig) -> tuple[CollectiveSample, ...]:
-    """Time every kind and size; each timed repeat starts after a barrier and counts the slowest rank."""
-    world = dist.group.WORLD
-    if world is None:
-        raise RuntimeError("measure_collectives needs an initialised process group (dist.init_process_group)")
-    group_name = world.group_name
-    samples = []
-    for kind in MEASURED_KINDS:
-        for nbytes in config.collective_bytes:
-            call = _collective_call(kind, nbytes, world_size, group_name)
-            elements = max(1, nbytes // 4 // world_size) * world_size
-            sample = CollectiveSample(kind, world_size, elements * 4, _slowest_rank_s(call, config))
-            samples.append(sample)
-            _say(config.progress and rank == 0,
-                 f"gloo {kind:<14} {sample.nbytes / 2**10:>9.1f} KiB over {world_size} ranks: "
-                 f"{sample.seconds * 1e6:>9.1f} us")
-    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
-
-    # the all-reduce autotp's inference graphs run instead where the ranks share a host
-    shared = shared_memory_all_reduce_for(world, timeout_s=_SHARED_MEMORY_TIMEOUT_S)
-    for nbytes in config.collective_bytes if shared is not None else ():
-        full = torch.ones(max(1, nbytes // 4))
-        sample = CollectiveSample(SHARED_MEMORY_KIND, world_size, full.numel() * 4,
-                                  _slowest_rank_s(lambda full=full: shared(full), config))
-        samples.append(sample)
-        _say(config.progress and rank == 0, f"shared-memory all_reduce {sample.nbytes / 2**10:>9.1f} KiB over "
-                                            f"{world_size} ranks: {sample.seconds * 1e6:>9.1f} us")
-    return tuple(samples)
-
-
-_SHARED_MEMORY_TIMEOUT_S = 300.0  # how long a rank waits for the others in a measured all-reduce
-
-
-def _slowest_rank_s(call: Callable[[], Any], config: CalibrationConfig) -> float:
-    """Seconds per ``call`` on the slowest rank: the median over repeats, each after a barrier."""
-    # min_time_s is per measurement; every rank must run the same number of calls, so the
-    # count comes from rank 0's probe.
-    call()
-    start = time.perf_counter()
-    call()
-    probe = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.broadcast(probe, src=0)
-    calls = max(1, math.ceil(config.min_time_s / max(float(probe.item()), 1e-9)))
-    times = []
-    for _ in range(config.repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls)
-    slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return statistics.median(slowest.tolist())
-
-
-def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compute: bool = True,
-                 collectives: bool = True) -> RankMeasurements:
-    """Everything one rank measures; call it on every rank of an initialised gloo group.
-
-    Compute is measured on all ranks at once (they start together after a barrier). The number
-    of torch threads is set to ``config.threads_for(world_size)`` while measuring and restored
-    afterwards. ``compute=False`` measures only the links; ``collectives=False`` only compute (a
-    group of one has no link). What is not measured is left empty (0.0). With ``compute``, the
-    rank-local graphs of :mod:`.graph_calibration` are timed last, on every rank together.
-    """
-    threads = config.threads_for(world_size)
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    progress = config.progress and rank == 0
-    flops: dict[str, float] = {}
-    bandwidth = floor = view = transcendental = 0.0
-    cold: tuple[tuple[int, float], ...] = ()
-    curve: tuple[tuple[int, float], ...] = ()
-    gemms: tuple[GemmSample, ...] = ()
-    graphs: tuple[GraphSample, ...] = ()
-    op_fixed: tuple[tuple[str, float], ...] = ()
-    try:
-        if dist.is_initialized():
-            dist.barrier()
-        if compute:
-            flops = _measure_matmuls(config, threads, progress)
-            bandwidth = measure_copy_bytes_per_s(config)
-            _say(progress, f"copy of {config.copy_bytes / 2**20:.0f} MiB: {bandwidth / 1e9:.2f} GB/s per rank")
-            measured = dict(measure_copy_curve(config.bandwidth_working_sets, config.min_time_s, config.repeats))
-            curve = tuple(sorted({**measured, 2 * (config.copy_bytes // 4) * 4: bandwidth}.items()))
-            _say(progress, "copy bandwidth by working set: " + ", ".join(
-                f"{size / 2**20:g} MiB {rate / 1e9:.1f} GB/s" for size, rate in curve))
-            if world_size > 1 and collectives:
-                cold = tuple((size, measure_cold_call_s(world_size, size, config.repeats)) for size, _ in curve)
-                _say(progress, "shared-memory collective after a stream of: " + ", ".join(
-                    f"{size / 2**20:g} MiB +{seconds * 1e6:.1f} us" for size, seconds in cold))
-            floor = measure_kernel_floor_s(config)
-            _say(progress, f"tiny kernel op in a graph (1 element): {floor * 1e6:.2f} us")
-            view = measure_view_op_s(config)
-            _say(progress, f"view op in a graph (no kernel): {view * 1e6:.2f} us")
-            gemms = tuple(measure_gemm_samples(config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats))
-            transcendental = measure_transcendental_element_s(config.transcendental_numel, config.min_time_s,
-                                                              config.repeats)
-            _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element")
-            kernels = _kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve)
-            op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
-            _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
-                f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))
-        samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
-        if compute:
-            # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
-            kernels_only = dataclasses.replace(kernels, kernel_floor_s=0.0, op_fixed_s=op_fixed)
-            graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
-            for shape, sample in zip(config.graph_shapes, graphs):
-                _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "
-                               f"{sample.kernel_nodes} kernels, {len(sample.collectives)} collectives, "
-                               f"{sample.seconds * 1e3:.3f} ms (kernels {sample.device_s * 1e3:.3f} ms)")
-    finally:
-        torch.set_num_threads(previous_threads)
-    return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed)
-
-
-def _kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
+def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
                     gemms: Sequence[GemmSample], transcendental: float,
                     bandwidth_points: Sequence[tuple[int, float]] = ()) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
@@ -540,26 +110,6 @@ def _kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, vie
         profile = dataclasses.replace(profile, gemm_half_efficiency_dim=curve.half_dim,
                                       peak_tflops={d: t * curve.peak_scale for d, t in profile.peak_tflops.items()})
     return profile
-
-
-def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:
-    """Best float32 matmul rate over ``config.matmul_sizes``; reduced-precision dtypes if meaningful."""
-    float32_rates: dict[int, float] = {}
-    for size in config.matmul_sizes:
-        float32_rates[size] = measure_matmul_flops_per_s(torch.float32, size, config)
-        _say(progress, f"matmul float32 {size}x{size}: {float32_rates[size] / 1e9:.2f} GFLOP/s per rank "
-                       f"({threads} threads)")
-    flops = {"float32": max(float32_rates.values())}
-    size = min(config.matmul_sizes)
-    for name in config.reduced_dtypes:
-        rate = measure_matmul_flops_per_s(getattr(torch, name), size, config)
-        ratio = rate / float32_rates[size]
-        meaningful = ratio * MEANINGFUL_SLOWDOWN >= 1
-        _say(progress, f"matmul {name} {size}x{size}: {rate / 1e9:.2f} GFLOP/s "
-                       f"({ratio:.2f}x float32{'' if meaningful else '; emulated, left out'})")
-        if meaningful:
-            flops[name] = rate
-    return flops
 
 
 # ------------------------------------------------------------------------------ fitting
@@ -677,7 +227,7 @@ def build_profile(
     # host terms: fitted on every rank's graphs (wall times are the group's, the work each
     # rank's own), the median over ranks of each term, steadier than one rank's fit.
     first = compute[0]
-    kernels = _kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
+    kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
                               first.copy_curve)
     if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
@@ -778,55 +328,6 @@ def _median_host_fit(fits: Sequence[HostFit]) -> HostFit | None:
     return HostFit(**{**medians, "samples": fits[0].samples})
 
 
-# ------------------------------------------------------------------------------ processes
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _spawned_rank(rank: int, world_size: int, init_method: str, config: CalibrationConfig,
-                  compute: bool, collectives: bool, results: Any) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this machine
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
-    try:
-        measured = measure_rank(rank, world_size, config, compute=compute, collectives=collectives)
-        results.put(measured)
-        dist.barrier()  # keep the group up until every rank has queued its result
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_spawned(world_size: int, config: CalibrationConfig, *, compute: bool,
-                 collectives: bool) -> list[RankMeasurements]:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
-    context = mp.start_processes(_spawned_rank, args=(world_size, init_method, config, compute, collectives, results),
-                                 nprocs=world_size, join=False, start_method="spawn")
-    collected: list[RankMeasurements] = []
-    while True:
-        while not results.empty():
-            collected.append(results.get())
-        if context.join(timeout=0.1):  # every process has ended; a failed rank raises here
-            break
-    while not results.empty():
-        collected.append(results.get())
-    if len(collected) != world_size:
-        raise RuntimeError(f"calibration: {len(collected)} of {world_size} ranks reported measurements")
-    return sorted(collected, key=lambda m: m.rank)
-
-
-def measure_links(world_size: int, config: CalibrationConfig) -> list[CollectiveSample]:
-    """Collective samples across ``world_size`` (>= 2) fresh gloo processes, nothing else measured."""
-    if world_size < 2:
-        raise ValueError(f"a link needs world_size >= 2, got {world_size}")
-    return list(_run_spawned(world_size, config, compute=False, collectives=True)[0].collectives)
-
-
 def with_nodes(profile: Hardware, *, devices_per_node: int | None = None,
                inter_node_bandwidth_gbps: float | None = None, inter_node_latency_s: float | None = None,
                inter_node_base_latency_s: float | None = None) -> Hardware:
@@ -854,27 +355,3 @@ def with_nodes(profile: Hardware, *, devices_per_node: int | None = None,
     )
 
 
-def calibrate(world_size: int, *, config: CalibrationConfig | None = None, name: str = "cpu-calibrated") -> Hardware:
-    """Measure this machine with ``world_size`` gloo processes and return the profile.
-
-    ``world_size == 1`` measures compute in one process and the links across two.
-    """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}; e.g. world_size=2")
-    config = config or CalibrationConfig()
-    _say(config.progress, f"spawning {world_size} gloo process(es), "
-                          f"{config.threads_for(world_size)} thread(s) each")
-    compute = _run_spawned(world_size, config, compute=True, collectives=world_size > 1)
-    if world_size > 1:
-        links = list(compute[0].collectives)
-    else:
-        _say(config.progress, "one rank has no link: measuring gloo collectives across 2 processes")
-        links = measure_links(2, config)
-    profile = build_profile(compute, links, world_size=world_size, name=name)
-    _say(config.progress, f"profile {profile.name!r}: float32 {profile.peak_tflops['float32'] * 1e3:.1f} GFLOP/s, "
-                          f"memory {profile.memory_bandwidth_gbps:.1f} GB/s, floor {profile.kernel_floor_s * 1e6:.1f} us, "
-                          f"view {profile.view_op_s * 1e6:.1f} us, "
-                          f"gloo alpha {profile.intra_node.latency_s * 1e6:.1f} us + "
-                          f"{profile.intra_node.base_latency_s * 1e6:.1f} us per call, "
-                          f"{profile.intra_node.bandwidth_gbps:.2f} GB/s")
-    return profile

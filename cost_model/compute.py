@@ -32,7 +32,7 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
 
 In a graph a kernel costs more than the same op timed in a loop (``Hardware.kernel_extra_fraction``,
 :func:`in_graph_kernel_s`). Some op families also pay a fixed cost per call that their bytes and FLOPs do not
-show (:data:`OP_FAMILIES`, ``Hardware.op_fixed_s``: a CPU convolution sets up a oneDNN primitive, about 40 us
+show (:data:`~.hardware.OP_FAMILIES`, ``Hardware.op_fixed_s``: a CPU convolution sets up a oneDNN primitive, about 40 us
 on this project's VM whatever its size). The kernel's time then meets the host's dispatch of the node as the
 runtime mode says (:func:`.runtime.node_time_s`): added on a CPU, overlapped on a GPU, absent when compiled or
 replayed from a CUDA graph.
@@ -60,7 +60,6 @@ from .hardware import Hardware
 from .runtime import node_time_s
 
 __all__ = [
-    "OP_FAMILIES",
     "achievable_flops_per_s",
     "achievable_memory_bytes_per_s",
     "aten_flops",
@@ -708,10 +707,6 @@ TRANSCENDENTAL_OPS = frozenset(
 )
 
 
-OP_FAMILIES = ("convolution", "pooling", "batch_norm", "attention")
-"""Op families priced with a fixed cost per call of their own (``Hardware.op_fixed_s``, measured by
-``autotp calibrate``): library kernels that set up a primitive or a plan on every call."""
-
 _FAMILY_OF = {
     **dict.fromkeys((aten.conv1d, aten.conv2d, aten.conv3d, aten.convolution, aten._convolution), "convolution"),
     **dict.fromkeys((aten.max_pool1d, aten.max_pool2d, aten.max_pool3d, aten.max_pool2d_with_indices,
@@ -726,7 +721,7 @@ _FAMILY_OF = {
 
 
 def op_family(op: Any) -> str | None:
-    """The :data:`OP_FAMILIES` entry ``op`` (an overload or packet) belongs to, None for any other op."""
+    """The :data:`~.hardware.OP_FAMILIES` entry ``op`` (an overload or packet) belongs to, None for any other op."""
     return _FAMILY_OF.get(_packet_of(op))
 
 

@@ -1,20 +1,21 @@
-"""Calibrating the cost model the way graphs run: shape-dependent GEMM rates, transcendental ops,
-and the host and collective terms fitted over whole rank-local graphs.
+"""Fitting the cost model the way graphs run: shape-dependent GEMM rates, and the host and collective
+terms fitted over whole rank-local graphs (the samples are measured by :mod:`autotp.calibration.graphs`,
+which runs graphs on a process group; this module only fits them).
 
 An op timed alone in a tight loop runs with warm caches and a warm dispatch path; the same op in a
 graph of two hundred different ops, on real-size tensors, costs several times more on the host,
 and a collective in a graph waits for the slowest rank, which a collective timed back to back
 (ranks already in step) never does. So the per-node and per-collective terms are not measured on
-one op: :func:`measure_graphs` builds rank-local graphs with the op mix of the graphs the rewrite
+one op: :func:`~autotp.calibration.graphs.measure_graphs` builds rank-local graphs with the op mix of the graphs the rewrite
 emits for HuggingFace models (:data:`GRAPH_FAMILIES`: the prologue of position ids, causal mask and
 lookups; Llama-like and GPT-like blocks; feed-forward blocks alone; an all-reduce after each
 row-split projection) at several depths, widths and token counts, and one graph of a single norm
 (the call of a graph and little else); runs each by calling its ``GraphModule`` (what
 ``TensorParallelModule`` does), one graph at a time, each call after an untimed call of itself and
-a common start on every rank (:func:`time_in_turn`), timing it on the wall clock (from the moment every
-rank started it to the moment the last finished it, :func:`common_start`, :func:`group_call_s`)
-and on the work clock (:func:`work_clock`: the rank's own CPU time); times a graph with collectives
-also in its *compute form* (:func:`local_stand_ins`: every collective replaced by a local op of its
+a common start on every rank (:func:`~autotp.calibration.graphs.time_in_turn`), timing it on the wall clock (from the moment every
+rank started it to the moment the last finished it, :func:`~autotp.calibration.graphs.common_start`, :func:`~autotp.calibration.graphs.group_call_s`)
+and on the work clock (:func:`~autotp.calibration.graphs.work_clock`: the rank's own CPU time); times a graph with collectives
+also in its *compute form* (:func:`~autotp.calibration.graphs.local_stand_ins`: every collective replaced by a local op of its
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
     compute_work_s - view_nodes * view_op_s = sum over kernels of (d + extra * d * cap / (cap + d))
@@ -32,7 +33,7 @@ collectives on the link fitted back to back, and ``core_share`` the share of a c
 while computing: its median work over the median of the group's wall times in the compute
 forms of all graphs, each graph weighing by its time
 (about 1/2 for four single-thread ranks on two idle cores, at most ``cores / (ranks * threads)``,
-:func:`fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
+:func:`~autotp.calibration.graphs.fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
 link: the host's dispatch per node, the call of the graph, and the wait for the slowest rank,
 which is what the real form takes beyond its measured compute and its link, fitted over the
 graphs' numbers of collectives and their compute (:func:`fit_wait_terms`): a wait per
@@ -51,73 +52,44 @@ Two rates are fitted on single ops first, because the graph fit stands on them:
 * :func:`fit_gemm_curve`: ``aten.linear`` at a fixed width and growing token counts; the
   ``gemm_half_efficiency_dim`` whose roofline (:func:`~.compute.gemm_efficiency`) best matches
   the timings, with the peak the curve tends to (the best rate measured is itself below it);
-* :func:`measure_transcendental_element_s`: seconds per element of exp, tanh, sigmoid, silu and
+* :func:`~autotp.calibration.graphs.measure_transcendental_element_s`: seconds per element of exp, tanh, sigmoid, silu and
   gelu on a large tensor, the median over them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
-import os
 import statistics
-import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from scipy.optimize import least_squares, lsq_linear, nnls  # type: ignore[import-untyped]
 
-from .bandwidth import at_working_set, cold_call_at_s
+from .bandwidth import cold_call_at_s
 from .collectives import SHARED_MEMORY_KINDS, link_collective_time_s
-from .compute import (
-    aten_flops,
-    aten_memory_bytes,
-    capped_kernel_s,
-    compute_time_s,
-    gemm_dims,
-    is_transcendental,
-    launches_no_kernel,
-    op_family,
-)
+from .compute import capped_kernel_s, compute_time_s
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
-    "COMMON_START_LEAD_S",
+    "COLD_WEIGHT_BYTES",
     "GRAPH_FAMILIES",
     "GemmFit",
     "GemmSample",
     "GraphSample",
     "GraphShape",
     "HostFit",
-    "block_graph",
-    "common_start",
-    "fair_core_share",
+    "device_only",
     "fit_compute_terms",
     "fit_gemm_curve",
     "fit_host_terms",
     "fit_wait_line",
     "fit_wait_terms",
     "graph_link_s",
-    "graph_sample",
-    "graph_samples",
-    "group_call_s",
     "kernels_in_graph_s",
-    "local_stand_ins",
-    "measure_gemm_samples",
-    "measure_graphs",
-    "measure_op_fixed_s",
-    "measure_transcendental_element_s",
-    "ranks_share_a_clock",
-    "time_in_turn",
 ]
-
-aten = torch.ops.aten
-c10d = torch.ops._c10d_functional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,17 +138,17 @@ class GraphSample:
     ``device_s``: sum of its kernels' roofline times and their op families' fixed costs (no host term);
     ``collectives``: the ``(kind, full-tensor bytes, group size)`` of each collective, priced on the link at fit
     time; ``seconds``: median over runs of one call's time on the group (wall clock, from a start
-    common to every rank to the last rank's end: :func:`group_call_s`);
-    ``work_s``: median over runs of this rank's own work per call (:func:`work_clock`; 0.0: not
+    common to every rank to the last rank's end: :func:`~autotp.calibration.graphs.group_call_s`);
+    ``work_s``: median over runs of this rank's own work per call (:func:`~autotp.calibration.graphs.work_clock`; 0.0: not
     measured).
 
     The graph's *compute* is measured as the accuracy benchmark measures a model's: the same
     graph with every collective replaced by a local stand-in of its output's shape
-    (:func:`local_stand_ins`), timed in turn with the real one. ``compute_s``: median over runs of
+    (:func:`~autotp.calibration.graphs.local_stand_ins`), timed in turn with the real one. ``compute_s``: median over runs of
     that form's time on the group; ``compute_work_s``: median of this rank's work in
     it (both equal ``seconds`` and ``work_s`` for a graph without collectives; 0.0: not measured,
     older samples). ``core_share``: ``compute_work_s / compute_s`` (medians, as the benchmark times a
-    forward), at most :func:`fair_core_share`: the share of a core a rank gets *while computing* (1.0 alone on an idle
+    forward), at most :func:`~autotp.calibration.graphs.fair_core_share`: the share of a core a rank gets *while computing* (1.0 alone on an idle
     core; 1/2 with four single-thread ranks on two cores; lower when other processes load the
     machine); the time a rank waits in a collective is not in it. ``working_set_bytes``: the bytes the
     cost pass would size this graph's model at (``bandwidth.graph_working_set_bytes``: its tensors held
@@ -250,7 +222,7 @@ def fit_gemm_curve(samples: Sequence[GemmSample], hardware: Hardware) -> GemmFit
     apart), smallest median absolute log error, the flattest curve on a tie."""
     if not samples:
         raise ValueError("need at least one GEMM sample to fit the shape-dependent GEMM rate")
-    device = _device_only(hardware)
+    device = device_only(hardware)
     best: tuple[float, float, float] | None = None
     for half in _HALF_DIMS:
         for scale in _PEAK_SCALES:
@@ -302,7 +274,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
        collective, at least 0 (a median over graphs does not swing with one disturbed run).
 
     When the samples also carry their compute (``compute_work_s``, ``compute_s``: the graph with
-    its collectives replaced by local stand-ins, :func:`graph_sample`), compute and communication
+    its collectives replaced by local stand-ins, :func:`~autotp.calibration.graphs.graph_sample`), compute and communication
     are fitted on what each of them is, so that the predicted split means what the measured one
     does (:func:`_fit_compute_then_wait`). Without ``work_s`` (older samples), one least-squares
     fit of all three terms on wall time.
@@ -347,7 +319,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
 def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_link: LinkProfile | None,
                  shared_memory_cold_curve: Sequence[tuple[float, float]] = ()) -> float:
     """Link time of ``sample``'s collectives, run as ``autotp.compile``'s inference graphs run them
-    (:func:`measure_graphs`): through shared memory on ``shared_memory_link`` when given, each
+    (:func:`~autotp.calibration.graphs.measure_graphs`): through shared memory on ``shared_memory_link`` when given, each
     paying the cold-cache cost of ``shared_memory_cold_curve`` at the graph's working set as the
     cost model prices a model's (``collectives.collective_time_s``; the wait fitted beyond this
     time must not hold it again), else small all-reduces in one round on ``link``; 0.0 without a
@@ -608,37 +580,11 @@ def _fit_wall_terms(samples: Sequence[GraphSample], view_op_s: float, link_s: Ca
     return HostFit(dispatch_s, wait_s, launch_s, statistics.median(errors), len(samples))
 
 
-def _device_only(hardware: Hardware) -> Hardware:
+def device_only(hardware: Hardware) -> Hardware:
     """``hardware`` with its host terms off: what the kernels alone cost."""
     return dataclasses.replace(hardware, host_dispatch_s=0.0, graph_launch_s=0.0, collective_wait_s=0.0,
                                kernel_extra_fraction=0.0)
 
-
-# ------------------------------------------------------------------------------ single ops
-
-def work_clock() -> Callable[[], float]:
-    """The clock that times this process's own work: the calling thread's CPU time when torch runs
-    one thread (a rank descheduled by other processes then loses no time: the op's cost, not the
-    machine's load, is measured; :func:`graph_sample` measures the share of a core a rank gets
-    separately), else the wall clock (CPU time of one thread would miss torch's other threads)."""
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-
-
-def median_work_s(run: Callable[[], Any], min_time_s: float, repeats: int) -> float:
-    """Median seconds of work per call of ``run`` (:func:`work_clock`), each timed repeat looping
-    for at least ``min_time_s``."""
-    clock = work_clock()
-    run()
-    start = clock()
-    run()
-    calls = max(1, math.ceil(min_time_s / max(clock() - start, 1e-9)))
-    samples = []
-    for _ in range(repeats):
-        start = clock()
-        for _ in range(calls):
-            run()
-        samples.append((clock() - start) / calls)
-    return statistics.median(samples)
 
 
 COLD_WEIGHT_BYTES = 64 * 2**20
@@ -647,160 +593,6 @@ each call reads its weight from memory, as a model's forward does (it reads each
 call, long after the previous call evicted it); a weight reused in a tight loop stays in cache
 and runs up to twice as fast as the same GEMM in a graph."""
 
-
-def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torch.Tensor) -> torch.Tensor:
-    return aten.linear.default(x, next(weights), bias)
-
-
-def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
-    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens``
-    (float32), each call on the next of enough distinct weights that none is in cache
-    (:data:`COLD_WEIGHT_BYTES`)."""
-    generator = torch.Generator().manual_seed(0)
-    copies = max(1, COLD_WEIGHT_BYTES // (width * width * 4))
-    weights = torch.full((copies, width, width), 1.0 / width).unbind(0)  # values do not change a GEMM's time
-    bias = torch.randn(width, generator=generator)
-    samples = []
-    for m in tokens:
-        x = torch.randn(m, width, generator=generator)
-        seconds = median_work_s(functools.partial(_linear_on_next, x, itertools.cycle(weights), bias), min_time_s,
-                                repeats)
-        samples.append(GemmSample(m, width, width, seconds))
-    return samples
-
-
-_TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, aten.silu.default, aten.gelu.default)
-
-
-def roofline_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], result: torch.Tensor,
-                       hardware: Hardware) -> float:
-    """The roofline seconds ``hardware`` prices one call of ``op`` at (its FLOPs, bytes, GEMM shape and
-    transcendental elements; no op family's fixed cost), from its real arguments and result."""
-    flops = aten_flops(op, args, kwargs, result)
-    dims = gemm_dims(op, args, kwargs) if flops else None
-    elements = result.numel() if is_transcendental(op) else 0
-    return compute_time_s(flops, aten_memory_bytes(op, args, kwargs, result), result.dtype, hardware,
-                          gemm_min_dim=min(dims) if dims else None, transcendental_elements=elements)
-
-
-def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
-    """One small call per :data:`~.compute.OP_FAMILIES` entry, as an exported graph calls it: ``(op, args)``."""
-    generator = torch.Generator().manual_seed(0)
-    images = torch.randn(2, 8, 8, 8, generator=generator)
-    ones, zeros = torch.ones(8), torch.zeros(8)
-    heads = torch.randn(1, 1, 4, 16, generator=generator)
-    return {
-        "convolution": (aten.conv2d.default, (images, torch.randn(8, 8, 3, 3, generator=generator), None, [1, 1],
-                                              [1, 1], [1, 1], 1)),
-        "pooling": (aten.max_pool2d.default, (images, [2, 2], [2, 2])),
-        "batch_norm": (aten.batch_norm.default, (images, ones, zeros, zeros, ones, False, 0.1, 1e-5, True)),
-        "attention": (aten.scaled_dot_product_attention.default, (heads, heads, heads)),
-    }
-
-
-def measure_op_fixed_s(hardware: Hardware, min_time_s: float, repeats: int) -> tuple[tuple[str, float], ...]:
-    """``(family, seconds)`` per :data:`~.compute.OP_FAMILIES` entry: what a small call of the family costs in a
-    tight loop (:func:`median_work_s`) beyond its roofline on ``hardware``, less what an add of its first input
-    costs beyond its own (a plain kernel's fixed cost, which the fitted dispatch prices); at least 0.
-
-    Why: some library kernels set up a primitive or a plan on every call, whatever their size; on this project's
-    2-core VM a convolution of 8 channels on 8 x 8 took 41 us in a loop where an add of the same tensor took 1.5 us,
-    and a CNN was predicted 51-67% low without it."""
-    fixed = []
-    for family, (op, args) in _op_family_instances().items():
-        reference = args[0]
-        excess = []
-        for call, call_args in ((op, args), (aten.add.Tensor, (reference, reference))):
-            result = call(*call_args)
-            result = result[0] if isinstance(result, tuple) else result
-            excess.append(median_work_s(functools.partial(call, *call_args), min_time_s, repeats)
-                          - roofline_of_call_s(call, call_args, {}, result, hardware))
-        fixed.append((family, max(0.0, excess[0] - excess[1])))
-    return tuple(fixed)
-
-
-def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int) -> float:
-    """Seconds per element of exp, tanh, sigmoid, silu and gelu on ``numel`` float32 values (median)."""
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
-    return statistics.median(median_work_s(functools.partial(op, x), min_time_s, repeats) / numel
-                             for op in _TRANSCENDENTAL)
-
-
-# ------------------------------------------------------------------------------ calls on every rank
-
-def ranks_share_a_clock() -> bool:
-    """Whether every rank of the current process group runs under one kernel (the same host and boot), so
-    that their ``time.perf_counter()`` readings (``CLOCK_MONOTONIC`` on Linux) are on one time line; True
-    without a process group."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return True
-    from autotp.runtime.shared_memory import host_identity
-
-    identities: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(identities, host_identity())
-    return all(identity == identities[0] for identity in identities)
-
-
-COMMON_START_LEAD_S = 3e-3
-"""How far ahead of now rank 0 names the moment every rank starts a timed call (:func:`common_start`): longer
-than gloo takes to deliver the broadcast to a rank that was asleep in the barrier before it (up to 0.8 ms)."""
-_SPIN_S = 5e-4  # the last stretch before the common moment is spun, not slept: a sleep overshoots by ~0.1 ms
-
-
-def common_start(share_a_clock: bool) -> float:
-    """Wait for every rank of the current process group, then until one moment on every rank, and return it (this
-    rank's ``time.perf_counter()``; without a process group, now).
-
-    After a barrier rank 0 names a moment :data:`COMMON_START_LEAD_S` ahead and broadcasts it; each rank sleeps
-    until just before it and spins to it. Ranks that do not share a clock (:func:`ranks_share_a_clock`) leave the
-    barrier and return their own now.
-
-    Why: a barrier alone releases the ranks up to 0.8 ms apart (gloo wakes a rank asleep in its TCP wait late;
-    measured at tp 2 on two idle cores), and where ranks outnumber cores, a rank that waits for a core leaves the
-    barrier only once it has one, so timed from its own start it never counts that wait. Released at one moment,
-    every rank is ready together, and the call's time on the group (:func:`group_call_s`) counts what the ranks
-    really share: cores, and each other's pace in the collectives."""
-    if not dist.is_initialized():
-        return time.perf_counter()
-    dist.barrier()
-    if not share_a_clock:
-        return time.perf_counter()
-    moment = torch.tensor([time.perf_counter() + COMMON_START_LEAD_S if dist.get_rank() == 0 else 0.0],
-                          dtype=torch.float64)
-    dist.broadcast(moment, src=0)
-    start = float(moment)
-    asleep = start - _SPIN_S - time.perf_counter()
-    if asleep > 0:
-        time.sleep(asleep)
-    while time.perf_counter() < start:
-        pass
-    return start
-
-
-def group_call_s(starts: Sequence[float], ends: Sequence[float], *, share_a_clock: bool) -> list[float]:
-    """Per run, the seconds of one call on the current process group, from this rank's ``time.perf_counter()``
-    readings at the start and end of each run's call (call it on every rank, with the same number of runs;
-    without a process group, this rank's own times).
-
-    On one clock (:func:`ranks_share_a_clock`; the starts from :func:`common_start`, one moment on every rank):
-    from the first start to the last end, the time the group takes to have the call's result on every rank,
-    whether or not its ranks meet in collectives. On separate clocks: the slowest rank's own time."""
-    if len(starts) != len(ends):
-        raise ValueError(f"need one end per start, got {len(starts)} starts and {len(ends)} ends")
-    if not dist.is_initialized():
-        return [end - start for start, end in zip(starts, ends)]
-    if not share_a_clock:
-        own = torch.tensor([end - start for start, end in zip(starts, ends)], dtype=torch.float64)
-        dist.all_reduce(own, op=dist.ReduceOp.MAX)
-        return own.tolist()
-    first = torch.tensor([-start for start in starts], dtype=torch.float64)
-    last = torch.tensor(list(ends), dtype=torch.float64)
-    both = torch.stack([first, last])
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    return (both[1] + both[0]).tolist()
-
-
-# ------------------------------------------------------------------------------ graphs
 
 GRAPH_FAMILIES = ("llama", "gpt", "mlp")
 """Op mixes of the calibration graphs, as the rewrite emits them for HuggingFace models: ``"llama"``
@@ -814,313 +606,3 @@ dispatch prices in a real graph is in them. ``"mlp"`` blocks are a feed-forward 
 and three collectives, so that the wait a call pays once is told apart from the wait per collective
 (with two per block, every count is even)."""
 
-
-def block_graph(shape: GraphShape, world_size: int, group_name: str | None) -> tuple[torch.fx.GraphModule, torch.Tensor]:
-    """A rank-local graph of ``shape.layers`` blocks of ``shape.family`` split over ``world_size``
-    ranks (heads and MLP columns split, an all-reduce after the output and down projections when
-    ``world_size > 1``), built from the ATen ops the rewrite emits; and an input for it."""
-    heads = max(1, shape.heads // world_size)
-    head_dim = max(2, shape.hidden // shape.heads // 2 * 2)  # even: rotary halves it
-    local = heads * head_dim  # (tokens, local) after a column-split projection
-    tokens, hidden, gpt = shape.tokens, shape.hidden, shape.family == "gpt"
-    biased = shape.family != "llama"
-    generator = torch.Generator().manual_seed(0)
-    root = torch.nn.Module()
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")  # (1, tokens, hidden)
-    counter = iter(range(10**6))
-
-    def parameter(*size: int) -> torch.fx.Node:
-        name = f"p{next(counter)}"
-        root.register_buffer(name, torch.randn(*size, generator=generator) / math.sqrt(size[-1]))
-        return graph.get_attr(name)
-
-    def call(op: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
-        return graph.call_function(op, args, kwargs)
-
-    def norm(value: torch.fx.Node) -> torch.fx.Node:
-        if gpt:
-            return call(aten.layer_norm.default, value, [hidden], parameter(hidden), parameter(hidden), 1e-5)
-        squared = call(aten.pow.Tensor_Scalar, value, 2)
-        mean = call(aten.mean.dim, squared, [-1], True)
-        inverse = call(aten.rsqrt.default, call(aten.add.Tensor, mean, 1e-6))
-        return call(aten.mul.Tensor, call(aten.mul.Tensor, value, inverse), parameter(hidden))
-
-    def linear(value: torch.fx.Node, out_features: int, in_features: int) -> torch.fx.Node:
-        bias = (parameter(out_features),) if biased else ()
-        return call(aten.linear.default, value, parameter(out_features, in_features), *bias)
-
-    def all_reduce(value: torch.fx.Node) -> torch.fx.Node:
-        if world_size == 1 or not shape.collectives:
-            return value
-        return call(c10d.wait_tensor.default, call(c10d.all_reduce.default, value, "sum", group_name))
-
-    def heads_first(value: torch.fx.Node) -> torch.fx.Node:  # (1, tokens, local) -> (1, heads, tokens, head_dim)
-        return call(aten.transpose.int, call(aten.view.default, value, [1, tokens, heads, head_dim]), 1, 2)
-
-    def rotary(value: torch.fx.Node, cos: torch.fx.Node, sin: torch.fx.Node) -> torch.fx.Node:
-        half = head_dim // 2
-        first = call(aten.slice.Tensor, value, 3, 0, half)
-        second = call(aten.slice.Tensor, value, 3, half, head_dim)
-        rotated = call(aten.cat.default, [call(aten.neg.default, second), first], -1)
-        return call(aten.add.Tensor, call(aten.mul.Tensor, value, cos), call(aten.mul.Tensor, rotated, sin))
-
-    if shape.layers == 0:  # the call of a graph and little else: pins the per-call term of the fit
-        graph.output(norm(x))
-        return torch.fx.GraphModule(root, graph), torch.randn(1, tokens, hidden, generator=generator)
-    if shape.family == "mlp":
-        for _ in range(shape.layers):
-            x = all_reduce(linear(call(aten.gelu.default, linear(x, 4 * local, hidden)), hidden, 4 * local))
-        graph.output(x)
-        return torch.fx.GraphModule(root, graph), torch.randn(1, tokens, hidden, generator=generator)
-    # the prologue: positions, a causal mask from them, a position-embedding lookup, casts
-    positions = call(aten.arange.start, 0, tokens, device=torch.device("cpu"), pin_memory=False)
-    rows = call(aten.unsqueeze.default, positions, 1)
-    columns = call(aten.unsqueeze.default, positions, 0)
-    mask = call(aten.view.default, call(aten.le.Tensor, columns, rows), [1, 1, tokens, tokens])
-    table = parameter(max(tokens, 64), hidden)
-    looked_up = call(aten.embedding.default, table, call(aten.unsqueeze.default, positions, 0))
-    x = call(aten.add.Tensor, x, call(aten._to_copy.default, looked_up, dtype=torch.float32))
-    angles = call(aten.mul.Tensor, call(aten._to_copy.default, rows, dtype=torch.float32), parameter(head_dim))
-    cos, sin = call(aten.cos.default, angles), call(aten.sin.default, angles)
-
-    for _ in range(shape.layers):
-        normed = norm(x)
-        q, k, v = (heads_first(linear(normed, local, hidden)) for _ in range(3))
-        if gpt:
-            attention = call(aten.scaled_dot_product_attention.default, q, k, v, mask)
-        else:
-            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
-            attention = call(aten.scaled_dot_product_attention.default, q, k, v, None, 0.0, True)
-        merged = call(aten.view.default, call(aten.clone.default, call(aten.transpose.int, attention, 1, 2)),
-                      [1, tokens, local])
-        x = call(aten.add.Tensor, x, all_reduce(linear(merged, hidden, local)))
-        normed = norm(x)
-        if gpt:
-            inner = call(aten.gelu.default, linear(normed, 4 * local, hidden))
-            down = linear(inner, hidden, 4 * local)
-        else:
-            gate = call(aten.silu.default, linear(normed, 2 * local, hidden))
-            down = linear(call(aten.mul.Tensor, gate, linear(normed, 2 * local, hidden)), hidden, 2 * local)
-        x = call(aten.add.Tensor, x, all_reduce(down))
-    graph.output(norm(x))
-    example = torch.randn(1, tokens, hidden, generator=generator)
-    return torch.fx.GraphModule(root, graph), example
-
-
-def _inference_kind(target: Any) -> str | None:
-    """The kind of one of the runtime's inference collectives (one-shot or shared-memory all-reduce,
-    shared-memory all-gather: :mod:`autotp.passes.small_collectives`), else None."""
-    from autotp.passes.small_collectives import inference_collective_kind
-
-    return inference_collective_kind(target)
-
-
-class _Recorder(torch.fx.Interpreter):
-    """Runs a graph once, pricing each node's kernel on a profile with no host terms."""
-
-    def __init__(self, module: torch.fx.GraphModule, hardware: Hardware) -> None:
-        super().__init__(module)
-        self.hardware = _device_only(hardware)
-        self.kernel_nodes = self.view_nodes = 0
-        self.device_s = 0.0
-        self.kernel_s: list[float] = []
-        self.collectives: list[tuple[str, int, int]] = []
-
-    def run_node(self, node: torch.fx.Node) -> Any:
-        result = super().run_node(node)
-        if node.op != "call_function":
-            return result
-        if node.target is c10d.wait_tensor.default:
-            return result
-        if node.target is c10d.all_reduce.default or _inference_kind(node.target) == "all_reduce":
-            self.collectives.append(("all_reduce", result.numel() * result.element_size(), dist.get_world_size()))
-            return result
-        if launches_no_kernel(node.target):
-            self.view_nodes += 1
-            return result
-        args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
-        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
-        self.kernel_nodes += 1
-        seconds = roofline_of_call_s(node.target, args, kwargs, result, self.hardware)
-        family = op_family(node.target)
-        # an op family's fixed cost is priced as measured, beside the kernel's extra (which it does not scale)
-        self.device_s += seconds + (self.hardware.op_fixed_cost_s(family) if family is not None else 0.0)
-        self.kernel_s.append(seconds)
-        return result
-
-
-def _same(tensor: torch.Tensor, *_: Any) -> torch.Tensor:
-    """Stand-in of a collective whose output has its input's shape (all-reduce, all-to-all of even
-    splits, broadcast) and of ``wait_tensor``: the input itself."""
-    return tensor
-
-
-def _gathered(tensor: torch.Tensor, group_size: int, *_: Any) -> torch.Tensor:
-    """Stand-in of ``all_gather_into_tensor``: ``group_size`` copies along dim 0 (the output's shape)."""
-    return tensor.repeat(group_size, *[1] * (tensor.dim() - 1))
-
-
-def _scattered(tensor: torch.Tensor, op: str, group_size: int, *_: Any) -> torch.Tensor:
-    """Stand-in of ``reduce_scatter_tensor``: this rank's block of dim 0 (the output's shape)."""
-    return tensor.narrow(0, 0, tensor.shape[0] // group_size)
-
-
-def _stand_in_of(target: Any) -> Callable[..., torch.Tensor] | None:
-    """The local stand-in of a collective op of a rank-local graph, or None for any other op."""
-    if target is c10d.all_gather_into_tensor.default:
-        return _gathered
-    if target is c10d.reduce_scatter_tensor.default:
-        return _scattered
-    if target in (c10d.all_reduce.default, c10d.all_to_all_single.default, c10d.broadcast.default,
-                  c10d.wait_tensor.default) or _inference_kind(target) == "all_reduce":
-        return _same
-    if _inference_kind(target) == "all_gather":  # the shared-memory all-gather: its world size is its own
-        return lambda tensor: _gathered(tensor, target.world_size)
-    return None
-
-
-def local_stand_ins(module: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
-    """A copy of ``module`` whose collectives (and their waits) are local stand-ins of their outputs'
-    shapes, or None when it has none: the graph's *compute*, as the cost model prices it.
-
-    The copy shares ``module``'s parameters and buffers and is compiled once, so that timing it in
-    turn with ``module`` recompiles neither (a freshly generated ``forward`` runs 5-20% slower on
-    its first calls). The values are wrong wherever a collective would have combined ranks; the
-    shapes, and so the kernels and their times, are those of the real graph.
-    """
-    if not any(node.op == "call_function" and _stand_in_of(node.target) is not None for node in module.graph.nodes):
-        return None
-    graph = torch.fx.Graph()
-    graph._codegen = module.graph._codegen  # the same calling convention (flat inputs, pytree outputs)
-    graph.output(graph.graph_copy(module.graph, {}))
-    for node in graph.nodes:
-        stand_in = _stand_in_of(node.target) if node.op == "call_function" else None
-        if stand_in is not None:
-            node.target = stand_in
-    return torch.fx.GraphModule(module, graph)
-
-
-def graph_sample(module: torch.fx.GraphModule, example: torch.Tensor, hardware: Hardware, runs: int,
-                 warmup: int = 3) -> GraphSample:
-    """:func:`graph_samples` of one graph."""
-    return graph_samples([(module, example, hardware)], runs, warmup)[0]
-
-
-def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Hardware]], runs: int,
-                  warmup: int = 3) -> tuple[GraphSample, ...]:
-    """Time each ``module(example)`` ``runs`` times, and in turn with it its compute form
-    (:func:`local_stand_ins`) when it has collectives (:func:`time_in_turn`: each call after one
-    untimed call of itself, from a start common to every rank to the last rank's end); and count what
-    the cost model sees in each, its kernels priced on its own ``hardware``.
-
-    Each graph is timed on its own, as a model runs the same graph call after call (and as the
-    accuracy benchmark times one): graphs that took turns within every run measured twice the wait
-    (a 3-block GPT graph with 6 all-reduces at tp 2 on two cores: 0.64-0.79 ms taking turns with
-    the eight other quick-calibration graphs, 0.31-0.38 ms alone, 0.23-0.45 ms in the benchmark's
-    harness, while its compute form measured the same either way), although each call came after an
-    untimed call of itself.
-    :func:`fit_host_terms` weighs the graphs robustly, so a change of load during one graph's runs
-    does not set the terms."""
-    samples = []
-    share_a_clock = ranks_share_a_clock()  # a property of the group: asked once, not per graph
-    with torch.no_grad():
-        for module, example, hardware in graphs:
-            recorder = _Recorder(module, hardware)
-            recorder.run(example)
-            compute_module = local_stand_ins(module)
-            forms = [module] if compute_module is None else [module, compute_module]
-            timed = time_in_turn([functools.partial(form, example) for form in forms], runs, warmup,
-                                 share_a_clock=share_a_clock)
-            # the share as the benchmark measures a forward: median work over the median of the group's
-            # wall times (a sum over runs would let one run paused for a whole time slice under
-            # load set the share of every graph; fit_host_terms weighs the graphs by their time, so the
-            # longest, most like a forward, count most, and fair_core_share bounds the short ones)
-            (seconds, work_s), (compute_s, compute_work_s) = timed[0], timed[-1]
-            share = compute_work_s / compute_s if compute_s > 0 else 1.0
-            samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
-                                       tuple(recorder.collectives), seconds, work_s, min(share, fair_core_share()),
-                                       compute_s, compute_work_s, kernel_s=tuple(recorder.kernel_s)))
-    return tuple(samples)
-
-
-def time_in_turn(calls: Sequence[Callable[[], Any]], runs: int, warmup: int = 3, *,
-                 share_a_clock: bool | None = None) -> list[tuple[float, float]]:
-    """Per call: the median over ``runs`` of its seconds on the group (:func:`group_call_s`: from the moment
-    every rank started it, :func:`common_start`, to the moment the last rank finished it) and the median of
-    this rank's work per call (:func:`work_clock`). ``share_a_clock``: :func:`ranks_share_a_clock`'s answer
-    when the caller has it (None: asked here).
-
-    Call it on every rank of the current process group at once (or without one). The calls take turns
-    within every run, so a change of load hits all of them alike (a graph's real and compute form,
-    three plans of one model). Each timed call comes after one untimed call of itself, then a common start:
-    timed in steady state, its caches holding its own tensors as they do call after call, and not right
-    after another call's collectives (a rank that slept in them gave its core away, and the compute
-    that follows waits to get it back: at tp 2 on a busy two-core machine, a compute form timed right
-    after its real form got half a core, one timed after itself 0.9-0.97; that wait is caused by the
-    collectives, so it belongs to what they add, not to the compute).
-
-    A call whose ranks never meet counts to its slowest rank's end from the common start, as one with
-    collectives does: four ranks on two cores each take the half core they share (timed on its own clock, a
-    rank that waited for a core before it left the barrier did not count the wait, and the MLP unsplit at tp 4
-    measured 0.58-0.92 ms against 1.7 ms of the four ranks' work on two cores)."""
-    clock = work_clock()
-    if share_a_clock is None:
-        share_a_clock = ranks_share_a_clock()
-    starts: list[list[float]] = [[] for _ in calls]
-    ends: list[list[float]] = [[] for _ in calls]
-    work: list[list[float]] = [[] for _ in calls]
-    with torch.no_grad():
-        for call in calls:
-            for _ in range(warmup):
-                call()
-        for _ in range(runs):
-            for index, call in enumerate(calls):
-                call()
-                start = common_start(share_a_clock)
-                start_work = clock()
-                call()
-                work[index].append(clock() - start_work)
-                ends[index].append(time.perf_counter())
-                starts[index].append(start)
-    return [(statistics.median(group_call_s(starts[index], ends[index], share_a_clock=share_a_clock)),
-             statistics.median(work[index])) for index in range(len(calls))]
-
-
-_GRAPH_TIMEOUT_S = 300.0  # how long a rank waits for the others in a calibration graph's all-reduce
-
-
-def fair_core_share() -> float:
-    """The most of a core one rank can get while every rank computes: the cores this process may
-    run on over the threads of all ranks (``min(1, cores / (ranks * threads))``; 1/2 for four
-    single-thread ranks on two cores).
-
-    A physical bound on :attr:`GraphSample.core_share`: the slowest of N ranks that start
-    together cannot finish before their work together has run on the cores, so its own work over
-    its wall time is at most this. A short graph that one rank happens to run within one time
-    slice, before the others get the core, would otherwise measure more (up to 1) and price the
-    forward, which is paused, as if it were not.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    ranks = dist.get_world_size() if dist.is_initialized() else 1
-    return min(1.0, cores / (ranks * torch.get_num_threads()))
-
-
-def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:
-    """One :class:`GraphSample` per shape, on every rank of the current process group (or alone)."""
-    from autotp.passes.small_collectives import inference_all_reduces
-
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    group_name = dist.group.WORLD.group_name if dist.is_initialized() and dist.group.WORLD is not None else None
-    graphs, whole = [], []
-    for shape in shapes:
-        module, example = block_graph(shape, world_size, group_name)
-        # as autotp.compile runs an inference graph: through shared memory on one host, else one-shot (tp > 2)
-        module = inference_all_reduces(module, None, world_size, timeout_s=_GRAPH_TIMEOUT_S)
-        # its kernels priced at the bandwidth of its own working set (weights and input), as the cost pass does
-        weights = sum(t.numel() * t.element_size() for t in module.buffers())
-        graphs.append((module, example, at_working_set(hardware, weights + example.numel() * example.element_size())))
-        # the cost pass sizes a model's graph with its tensors held whole: its weights on every rank together
-        whole.append(weights * world_size + example.numel() * example.element_size())
-    return tuple(dataclasses.replace(sample, working_set_bytes=size)
-                 for sample, size in zip(graph_samples(graphs, runs), whole))

@@ -55,12 +55,17 @@ from typing import Any
 __all__ = [
     "HARDWARE_JSON_VERSION",
     "KNOWN_HARDWARE",
+    "OP_FAMILIES",
     "RUNTIME_MODES",
     "SMALL_ALL_REDUCE_ALGORITHMS",
     "Hardware",
     "LinkProfile",
     "get_hardware",
 ]
+
+OP_FAMILIES = ("convolution", "pooling", "batch_norm", "attention")
+"""Op families priced with a fixed cost per call of their own (``Hardware.op_fixed_s``, measured by
+``autotp calibrate``): library kernels that set up a primitive or a plan on every call."""
 
 RUNTIME_MODES = ("eager", "compiled", "cuda_graph")
 """How a rank-local graph is run, which decides what each node costs on the host (see
@@ -99,8 +104,6 @@ _HOST_TIME_FIELDS = (
 
 def _checked_op_fixed(owner: str, pairs: Any) -> tuple[tuple[str, float], ...]:
     """``Hardware.op_fixed_s`` as a tuple of ``(family, seconds)``, each family of ``OP_FAMILIES`` once."""
-    from .compute import OP_FAMILIES
-
     try:
         pairs = tuple((family, seconds) for family, seconds in pairs)
     except (TypeError, ValueError):
@@ -287,7 +290,7 @@ class Hardware:
     at most ``extra * cap`` for large ones, which stream their data either way. ``autotp calibrate``
     fits both on its rank-local graphs (on a 2-core VM: 2.4-3.0 and 2-8 microseconds, so a kernel
     costs at most 5-24 us more); 0.0: no extra (every named profile).
-    ``op_fixed_s``: ``(family, seconds)`` pairs, one per :data:`~.compute.OP_FAMILIES` entry measured: the
+    ``op_fixed_s``: ``(family, seconds)`` pairs, one per :data:`OP_FAMILIES` entry measured: the
     fixed cost one call of an op of that family pays beyond its roofline and a plain kernel's (library
     kernels that set up a primitive per call: a CPU convolution, about 40 us on a 2-core VM at any size,
     where an add of the same tensor takes 1.5 us); ``autotp calibrate`` times a tiny instance of each family

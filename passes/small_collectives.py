@@ -1,11 +1,14 @@
 """Faster all-reduces for inference graphs on gloo: through shared memory on one host, else one-shot.
 
-:func:`inference_all_reduces` is the pass :func:`autotp.api.apply_plan` runs on every inference
-graph. Where the group's ranks share one x86-64 host
+:func:`autotp.runtime.shared_memory.inference_all_reduces` is what :func:`autotp.api.apply_plan` runs
+on every inference graph. Where the group's ranks share one x86-64 host
 (:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`), every sum all-reduce and
-every all-gather over the group goes through a shared-memory segment (:mod:`autotp.runtime.shared_memory`, one per graph and
-group; about 20x faster than gloo's TCP loopback for a decode step's 2 KiB). Elsewhere (ranks on
-several hosts, another architecture) small all-reduces take the one-shot form below.
+every all-gather over the group goes through a shared-memory segment (:mod:`autotp.runtime.shared_memory`,
+one per graph and group; about 20x faster than gloo's TCP loopback for a decode step's 2 KiB): this
+module's :func:`through_stand_ins` puts the runtime's callables (each a :class:`StandInCollective`) in
+place of those collectives. Elsewhere (ranks on several hosts, another architecture) small all-reduces
+take the one-shot form below. The passes here take what they put in the graph as arguments and never
+touch a process group's shared memory themselves.
 
 Decoding one token per row makes every collective tiny (a few KiB) and therefore pure latency.
 gloo's all-reduce is a ring: ``ws - 1`` reduce-scatter hops then ``ws - 1`` all-gather hops, each
@@ -32,17 +35,16 @@ messages), and so do training graphs (the backward of the functional all-reduce 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 import torch.fx as fx
 
 from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, ONE_SHOT_MIN_GROUP, uses_one_shot_all_reduce
-from autotp.runtime.shared_memory import SharedMemoryAllGather, SharedMemoryAllReduce, shared_memory_all_reduce_for
 
-__all__ = ["ONE_SHOT_MAX_BYTES", "inference_all_reduces", "inference_collective_kind", "one_shot_all_reduce",
-           "one_shot_small_all_reduces"]
+__all__ = ["ONE_SHOT_MAX_BYTES", "StandInCollective", "has_group_collectives", "inference_collective_kind",
+           "one_shot_all_reduce", "one_shot_small_all_reduces", "through_stand_ins"]
 
 c10d = torch.ops._c10d_functional
 
@@ -64,13 +66,21 @@ def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> to
     return received.view(world_size, *x.shape).sum(0)
 
 
+class StandInCollective:
+    """Base of a callable that a rank-local graph calls in place of a functional collective and its wait
+    (the shared-memory all-reduce and all-gather of :mod:`autotp.runtime.shared_memory`): ``kind``
+    (``"all_reduce"``, ``"all_gather"``) is the collective it does, as counting and pricing see it."""
+
+    kind: ClassVar[str]
+
+
 def inference_collective_kind(target: object) -> str | None:
     """The collective kind (``"all_reduce"``, ``"all_gather"``) of a target this module puts in place of
     a functional collective and its wait, or None for any other target."""
-    if target is one_shot_all_reduce or isinstance(target, SharedMemoryAllReduce):
+    if target is one_shot_all_reduce:
         return "all_reduce"
-    if isinstance(target, SharedMemoryAllGather):
-        return "all_gather"
+    if isinstance(target, StandInCollective):
+        return target.kind
     return None
 
 
@@ -112,21 +122,19 @@ def _replace(gm: fx.GraphModule, pairs: list[tuple[fx.Node, fx.Node]], target: A
     return gm
 
 
-def inference_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None, world_size: int, *,
-                          timeout_s: float) -> fx.GraphModule:
-    """``gm`` with its sum all-reduces (and, through shared memory, its all-gathers over the whole group) in
-    the fastest form ``group`` has (module docstring).
+def has_group_collectives(gm: fx.GraphModule, world_size: int) -> bool:
+    """Whether ``gm`` has a sum all-reduce or an all-gather over the whole group that
+    :func:`through_stand_ins` would replace."""
+    return bool(_sum_all_reduces(gm) or _all_gathers(gm, world_size))
 
-    Collective where the graph has all-reduces on a gloo group of several ranks (the host check and
-    the segment): every rank calls it for the same graph. ``timeout_s``: how long a rank waits for
-    the others, there and in every shared-memory all-reduce. Changes ``gm`` in place and returns it.
-    """
-    pairs, gathers = _sum_all_reduces(gm), _all_gathers(gm, world_size)
-    shared = shared_memory_all_reduce_for(group, timeout_s=timeout_s) if (pairs or gathers) and world_size > 1 else None
-    if shared is None:
-        return one_shot_small_all_reduces(gm, group, world_size)
-    _replace(gm, gathers, SharedMemoryAllGather(shared))
-    return _replace(gm, pairs, shared)
+
+def through_stand_ins(gm: fx.GraphModule, all_reduce: StandInCollective, all_gather: StandInCollective,
+                      world_size: int) -> fx.GraphModule:
+    """``gm`` with each sum all-reduce and its wait replaced by one ``all_reduce(x)`` node, and each
+    all-gather over the whole group (``world_size`` ranks) and its wait by one ``all_gather(x)`` node.
+    Changes ``gm`` in place and returns it."""
+    _replace(gm, _all_gathers(gm, world_size), all_gather)
+    return _replace(gm, _sum_all_reduces(gm), all_reduce)
 
 
 def one_shot_small_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None,

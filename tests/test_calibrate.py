@@ -18,16 +18,10 @@ from models import tiny_mlp
 import autotp
 from autotp.cli import main as cli
 from autotp.cost_model import Hardware, LinkProfile, compute_time_s, get_hardware, link_collective_time_s
-from autotp.cost_model import calibrate as calibration
-from autotp.cost_model.calibrate import (
-    SHARED_MEMORY_KIND,
-    CalibrationConfig,
-    CollectiveSample,
-    RankMeasurements,
-    build_profile,
-    fit_link,
-    measure_rank,
-)
+from autotp.calibration import calibrate as measuring
+from autotp.calibration.calibrate import CalibrationConfig, measure_rank
+from autotp.cost_model import calibrate as profile_fit
+from autotp.cost_model.calibrate import SHARED_MEMORY_KIND, CollectiveSample, RankMeasurements, build_profile, fit_link
 from autotp.cost_model.graph_calibration import GraphSample
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -199,7 +193,7 @@ def test_cli_calibrate_writes_the_profile(tmp_path, monkeypatch, capsys) -> None
         seen.update(world_size=world_size, config=config, name=name)
         return dataclasses.replace(profile, name=name)
 
-    monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
+    monkeypatch.setattr(measuring, "calibrate", fake_calibrate)
     path = tmp_path / "profile.json"
     assert cli.main(["calibrate", "--quick", "--world-size", "2", "-o", str(path), "--name", "box"]) == 0
     assert seen["world_size"] == 2 and seen["name"] == "box" and seen["config"].progress, seen
@@ -215,15 +209,15 @@ def test_shared_memory_link_keeps_the_copy_bandwidth_when_sizes_do_not_tell() ->
     flat = [CollectiveSample(SHARED_MEMORY_KIND, 4, n, t) for n, t in ((4 << 10, 4e-4), (16 << 10, 4e-4), (64 << 10, 3.9e-4))]
     with pytest.raises(ValueError, match="do not grow with message size"):
         fit_link(flat)
-    fit = calibration._fit_shared_memory_link(flat, 10e9)
+    fit = profile_fit._fit_shared_memory_link(flat, 10e9)
     assert fit.bandwidth_bytes_per_s == 10e9, f"expected the copy bandwidth 1e10 B/s, got {fit.bandwidth_bytes_per_s}"
-    steps, factor = calibration._link_terms(flat[0])
+    steps, factor = profile_fit._link_terms(flat[0])
     smallest = fit.base_latency_s + steps * fit.latency_s + factor * flat[0].nbytes / fit.bandwidth_bytes_per_s
     assert math.isclose(smallest, 4e-4, rel_tol=0.25), f"the 4 KiB call should cost about 0.4 ms, fitted {smallest}"
 
 
 def _call_times(rank: int, world_size: int) -> tuple[list[float], bool, float, float, float, float]:
-    from autotp.cost_model.graph_calibration import common_start, group_call_s, ranks_share_a_clock, time_in_turn
+    from autotp.calibration.graphs import common_start, group_call_s, ranks_share_a_clock, time_in_turn
 
     # rank 0 entered at 0.0 and left at 1.0, rank 1 entered at 0.4 and left at 1.1 (seconds on one clock)
     starts, ends = ([0.0], [1.0]) if rank == 0 else ([0.4], [1.1])

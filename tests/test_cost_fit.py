@@ -15,6 +15,7 @@ import torch
 from inspect_helpers import tiny_plan
 
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
+from autotp.calibration.graphs import block_graph, local_stand_ins
 from autotp.cost_model.bandwidth import cold_call_at_s
 from autotp.cost_model.compute import aten_memory_bytes, gemm_dims, gemm_efficiency
 from autotp.cost_model.graph_calibration import (
@@ -24,7 +25,6 @@ from autotp.cost_model.graph_calibration import (
     GraphShape,
     KERNEL_EXTRA_AT_MOST,
     KERNEL_EXTRA_CAPS_S,
-    block_graph,
     fit_compute_terms,
     kernels_in_graph_s,
     fit_gemm_curve,
@@ -32,7 +32,6 @@ from autotp.cost_model.graph_calibration import (
     fit_wait_line,
     fit_wait_terms,
     graph_link_s,
-    local_stand_ins,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
 
@@ -646,7 +645,8 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
     and a view nothing), in `compute_time_s` and in a plan of a small CNN (two convolutions: twice the cost);
     the field survives JSON, scales with the core share in `alone`, and a bad entry is a clear error."""
     import autotp
-    from autotp.cost_model.compute import OP_FAMILIES, op_family
+    from autotp.cost_model.compute import op_family
+    from autotp.cost_model.hardware import OP_FAMILIES
 
     aten = torch.ops.aten
     assert op_family(aten.conv2d.default) == "convolution" and op_family(aten.max_pool2d.default) == "pooling"
@@ -682,8 +682,8 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
 def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -> None:
     """`measure_op_fixed_s` returns every family, each at least 0; a graph's recorder adds a convolution's fixed
     cost to the graph's kernel time but not to the kernel's roofline the extra is fitted on."""
-    from autotp.cost_model.compute import OP_FAMILIES
-    from autotp.cost_model.graph_calibration import _Recorder, measure_op_fixed_s
+    from autotp.calibration.graphs import _Recorder, measure_op_fixed_s
+    from autotp.cost_model.hardware import OP_FAMILIES
 
     plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
     measured = measure_op_fixed_s(plain, min_time_s=1e-3, repeats=3)

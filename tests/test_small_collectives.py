@@ -80,8 +80,7 @@ def _reduce_and_gather_graph(group_name: str, world_size: int) -> fx.GraphModule
 
 def _shared_memory_sums(rank: int, world_size: int) -> dict[str, Any]:
     from autotp.base.errors import RankTimeoutError
-    from autotp.passes.small_collectives import inference_all_reduces
-    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
+    from autotp.runtime.shared_memory import inference_all_reduces, shared_memory_all_reduce_for
 
     gm = inference_all_reduces(_reduce_and_gather_graph(dist.group.WORLD.group_name, world_size), None, world_size,
                                timeout_s=30.0)

@@ -14,7 +14,7 @@ tokens differ); see :mod:`autotp.cli.generate_demo`.
 
 ``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
 op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
-as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.cost_model.calibrate`.
+as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.calibration.calibrate`.
 """
 
 from __future__ import annotations
@@ -261,7 +261,8 @@ def _add_calibrate_parser(commands: Any) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """``autotp calibrate``: measure, write the JSON profile, print what was measured."""
-    from autotp.cost_model.calibrate import CalibrationConfig, calibrate, with_nodes
+    from autotp.calibration.calibrate import CalibrationConfig, calibrate
+    from autotp.cost_model.calibrate import with_nodes
 
     if args.quick:
         config = CalibrationConfig.quick(progress=True, threads=args.threads)

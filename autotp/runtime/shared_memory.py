@@ -43,7 +43,8 @@ crash leaves nothing under ``/dev/shm``; its memory goes when the last rank drop
 
 :func:`shared_memory_all_reduce_for` builds one :class:`SharedMemoryAllReduce` per graph and
 group (a mesh's tensor-parallel sub-groups each get their own segment); the graph calls it as the
-target of a ``call_function`` node (:mod:`autotp.passes.small_collectives`).
+target of a ``call_function`` node (:mod:`autotp.passes.small_collectives`); :func:`inference_all_reduces`
+puts it in an inference graph.
 """
 
 from __future__ import annotations
@@ -58,11 +59,19 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.fx as fx
 
 from autotp.base.errors import RankTimeoutError
 from autotp.cost_model.collectives import uses_shared_memory_all_reduce
+from autotp.passes.small_collectives import (
+    StandInCollective,
+    has_group_collectives,
+    one_shot_small_all_reduces,
+    through_stand_ins,
+)
 
-__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "host_identity", "shared_memory_all_reduce_for"]
+__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "host_identity", "inference_all_reduces",
+           "shared_memory_all_reduce_for"]
 
 DEFAULT_SLOT_BYTES = 1 << 20
 """Bytes of one rank's slot: larger tensors go through in chunks of this size (a prefill's
@@ -86,7 +95,7 @@ def host_identity() -> tuple[str, str, str]:
     return socket.gethostname(), boot_id, platform.machine()
 
 
-class SharedMemoryAllReduce:
+class SharedMemoryAllReduce(StandInCollective):
     """Sum of a CPU tensor over the ranks of one group through a shared segment (module docstring).
 
     Called as ``op(x)`` from a graph node, on every rank of the group in the same order; returns a
@@ -95,6 +104,7 @@ class SharedMemoryAllReduce:
     """
 
     __module__ = "autotp.runtime.shared_memory"
+    kind = "all_reduce"
 
     def __init__(self, segment: torch.Tensor, *, rank: int, world_size: int, slot_bytes: int,
                  timeout_s: float) -> None:
@@ -198,11 +208,12 @@ class SharedMemoryAllReduce:
                 spins = -1  # look again right after the sleep: the next iteration reads the clock
 
 
-class SharedMemoryAllGather:
+class SharedMemoryAllGather(StandInCollective):
     """``all_gather_into_tensor`` through the segment of a :class:`SharedMemoryAllReduce` (the same
     calls counter, so the two kinds interleave in one graph); called as ``op(x)`` from a graph node."""
 
     __module__ = "autotp.runtime.shared_memory"
+    kind = "all_gather"
 
     def __init__(self, segment: SharedMemoryAllReduce) -> None:
         self.segment = segment
@@ -268,3 +279,19 @@ def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: 
         return None
     return SharedMemoryAllReduce(segment, rank=rank, world_size=world_size, slot_bytes=slot_bytes,
                                  timeout_s=timeout_s)
+
+
+def inference_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None, world_size: int, *,
+                          timeout_s: float) -> fx.GraphModule:
+    """``gm`` with its sum all-reduces (and, through shared memory, its all-gathers over the whole group) in
+    the fastest form ``group`` has (:mod:`autotp.passes.small_collectives`).
+
+    Collective where the graph has all-reduces on a gloo group of several ranks (the host check and
+    the segment): every rank calls it for the same graph. ``timeout_s``: how long a rank waits for
+    the others, there and in every shared-memory all-reduce. Changes ``gm`` in place and returns it.
+    """
+    wanted = world_size > 1 and has_group_collectives(gm, world_size)
+    shared = shared_memory_all_reduce_for(group, timeout_s=timeout_s) if wanted else None
+    if shared is None:
+        return one_shot_small_all_reduces(gm, group, world_size)
+    return through_stand_ins(gm, shared, SharedMemoryAllGather(shared), world_size)
