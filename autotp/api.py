@@ -32,13 +32,12 @@ from autotp.cost_model import Hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.random_streams import check_dropout
 from autotp.passes.rewrite import rewrite_for_rank
-from autotp.runtime.shared_memory import inference_all_reduces
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.constraints import Constraints, check_plan_constraints
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
-from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_activation_checkpointing, check_world_size
 from autotp.planning.outputs import check_outputs
 from autotp.planning.phases import DEFAULT_EXPECTED_NEW_TOKENS, check_expected_new_tokens
 from autotp.planning.plan import Plan, as_plan
@@ -53,12 +52,13 @@ from autotp.runtime.agreement import (
     plan_text,
     ranks_agree,
 )
-from autotp.runtime.checkpointing import check_activation_checkpointing, checkpointed_graph
+from autotp.runtime.checkpointing import checkpointed_graph
 from autotp.runtime.generation_on_demand import GenerationOnDemand
 from autotp.runtime.group import PlannedAhead, bind_group, plan_ahead, plan_on_first_rank
 from autotp.runtime.kv_cache import check_causal_lm
 from autotp.runtime.loading import agree_on_success, open_checkpoint, read_local_values
 from autotp.runtime.module import TensorParallelModule, parameter_layout, shard_tensor
+from autotp.runtime.shared_memory import inference_all_reduces
 from autotp.runtime.shared_trace import FirstRankTrace
 from autotp.trace_cache import open_trace_cache
 

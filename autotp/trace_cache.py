@@ -27,7 +27,7 @@ again and the entry rewritten.
 **Plans.** The plan made for a traced graph is kept beside it (``plans/<key>.json``, the plan's own
 JSON), keyed by the graph's fingerprint, the plan options and the contents of autotp's source
 files; the first rank reuses it after checking it against the graph as a given ``plan=`` is
-(:func:`plan_key`, :func:`autotp.runtime.group.plan_on_first_rank`).
+(:mod:`autotp.planning.plan_cache`, :func:`autotp.runtime.group.plan_on_first_rank`).
 
 Where: ``trace_cache=True`` uses ``$AUTOTP_CACHE_DIR`` (default ``~/.cache/autotp``) unless
 ``$AUTOTP_CACHE=0``; a path uses that directory (always); ``False``/``None`` turns it off. A
@@ -58,10 +58,10 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-__all__ = ["TraceCache", "default_cache_dir", "open_trace_cache"]
+__all__ = ["FORMAT", "TraceCache", "default_cache_dir", "file_digest", "open_trace_cache"]
 
 _MAGIC = b"autotp-trace-cache 1\n"
-_FORMAT = 1
+FORMAT = 1
 _STALE_LOCK_S = 600.0
 
 
@@ -102,7 +102,8 @@ def open_trace_cache(setting: bool | str | os.PathLike[str] | None,
     return TraceCache(directory)
 
 
-def _hash_file(path: str, memo: dict[str, str]) -> str:
+def file_digest(path: str, memo: dict[str, str]) -> str:
+    """The first 16 hex digits of the SHA-256 of a file's bytes (memoised in ``memo``), or ``unreadable``."""
     if path not in memo:
         try:
             memo[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
@@ -145,7 +146,7 @@ def _model_description(model: torch.nn.Module, memo: dict[str, str]) -> list[Any
                     attributes[attr] = value.to_json_string(use_diff=False)
                 except Exception:  # noqa: BLE001 - any config that cannot say itself: its repr
                     attributes[attr] = repr(value)
-        described.append([name, f"{cls.__module__}.{cls.__qualname__}", _hash_file(source, memo) if source else "",
+        described.append([name, f"{cls.__module__}.{cls.__qualname__}", file_digest(source, memo) if source else "",
                           attributes])
     return described
 
@@ -178,10 +179,10 @@ def trace_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     inputs = [_tensor_spec(leaf, device)[:4] if isinstance(leaf, torch.Tensor) else [type(leaf).__name__, repr(leaf)]
               for leaf in leaves]
     description = {
-        "format": _FORMAT,
+        "format": FORMAT,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "autotp capture": [_hash_file(os.path.join(here, f), memo) for f in ("capture.py", "stamping.py", "trace_cache.py")],
+        "autotp capture": [file_digest(os.path.join(here, f), memo) for f in ("capture.py", "stamping.py", "trace_cache.py")],
         "library": _library_version(model),
         "model": _model_description(model, memo),
         "state": _state_spec(model, device),
@@ -269,36 +270,16 @@ class TraceCache:
 
 
     def plan_path(self, key: str) -> Path:
+        """Where the plan stored under ``key`` lives (:mod:`autotp.planning.plan_cache` reads and writes it)."""
         return self.directory / "plans" / f"{key}.json"
 
-    def get_plan(self, key: str, captured: Any, world_size: int) -> Any:
-        """The plan stored under ``key`` if it applies to ``captured`` (checked as a given ``plan=`` is),
-        else None; a stored plan that does not read or apply is ignored with a warning."""
-        from autotp.planning.checks import check_plan_applies
-        from autotp.planning.plan import Plan
-
-        path = self.plan_path(key)
-        if not path.is_file():
-            return None
-        try:
-            plan = Plan.from_json(path.read_text(), source=str(path))
-            check_plan_applies(plan, captured, world_size)
-        except Exception as exc:  # noqa: BLE001 - any failure means: plan again
-            warnings.warn(f"autotp: ignoring the cached plan {path} ({type(exc).__name__}: "
-                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); planning again", stacklevel=3)
-            return None
-        if plan.fallback_ops:  # the warning planning gives
-            warnings.warn(f"autotp: ops without a sharding rule run replicated: {', '.join(plan.fallback_ops)} "
-                          "(see plan.fallback_ops; strict=True makes this an error)", stacklevel=3)
-        return plan
-
-    def put_plan(self, key: str, plan: Any) -> None:
-        """Store ``plan`` under ``key`` (atomically); a failure to write only warns."""
+    def write_plan_text(self, key: str, text: str) -> None:
+        """Store a plan's JSON ``text`` under ``key`` (atomically); a failure to write only warns."""
         path = self.plan_path(key)
         try:
-            _write_atomically(path, plan.to_json(indent=None).encode())
+            _write_atomically(path, text.encode())
         except Exception as exc:  # noqa: BLE001 - the cache is an optimisation
-            warnings.warn(f"autotp: could not write the cached plan {path} ({type(exc).__name__}: {exc})", stacklevel=3)
+            warnings.warn(f"autotp: could not write the cached plan {path} ({type(exc).__name__}: {exc})", stacklevel=4)
 
 
 def program_bytes(key: str, exported: ExportedProgram) -> bytes:
@@ -336,26 +317,6 @@ def _bind(entry: _Entry, model: torch.nn.Module, device: torch.device) -> tuple[
         return stamping.restamp(_rebuild(entry, twin, device), model, path, count), None
     except stamping.StampError as exc:
         return None, f"its program does not stamp out to the model's layers: {exc}"
-
-
-def plan_key(captured: Any, options: Any) -> str:
-    """The SHA-256 naming the plan of ``captured`` under ``options``: the graph's fingerprint (names, ops,
-    shapes), the options (``progress`` aside; a hardware profile file by its contents), torch's
-    version and the contents of every autotp source file (the planner's code)."""
-    from autotp.planning.plan import graph_fingerprint
-
-    memo: dict[str, str] = {}
-    options = dataclasses.replace(options, progress=False)
-    hardware = options.hardware
-    profile = _hash_file(hardware, memo) if isinstance(hardware, (str, os.PathLike)) and os.path.isfile(hardware) else ""
-    package = Path(__file__).parent
-    sources = hashlib.sha256()
-    for file in sorted(package.rglob("*.py")):
-        sources.update(str(file.relative_to(package)).encode())
-        sources.update(file.read_bytes())
-    text = json.dumps([_FORMAT, graph_fingerprint(captured.graph_module), repr(options), profile, torch.__version__,
-                       sources.hexdigest()])
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _entry(key: str, exported: ExportedProgram) -> _Entry:

@@ -99,7 +99,7 @@ class ParallelPlan:
         return tuple(stage.begins_at for stage in self.stages[1:])
 
     def __str__(self) -> str:
-        from autotp.inspect.mesh_text import parallel_plan_text
+        from autotp.planning.mesh_text import parallel_plan_text
 
         return parallel_plan_text(self)
 
@@ -166,7 +166,7 @@ class ParallelPlan:
 
     def candidates_table(self) -> str:
         """Every factorization considered, one row each, the chosen one marked (``autotp plan`` prints it)."""
-        from autotp.inspect.mesh_text import candidates_table
+        from autotp.planning.mesh_text import candidates_table
 
         return candidates_table(self)
 

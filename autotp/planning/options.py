@@ -4,8 +4,10 @@
 the captured graph: the world size, the hardware profile to cost on, the memory budget, the
 solver's time limit, strictness about ops without a sharding rule, user constraints, and an
 optional filter on the strategy graph (the Megatron reference plan pins GEMM weights with one).
-``autotp.plan``, ``autotp.compile``, the ``torch.compile`` backend and ``autotp plan`` all build
-one from their keyword arguments, so a bad value fails before any tracing, with what to pass.
+Every entry point (``autotp.plan``, ``autotp.compile``, the ``torch.compile`` backend,
+``autotp.from_pretrained``, ``autotp plan``) builds the one it plans with through
+:func:`plan_options`, from a user's ``options=PlanOptions(...)`` and its few top-level keywords, so a
+bad value or a bad combination fails before any tracing, with what to pass.
 """
 
 from __future__ import annotations
@@ -13,18 +15,25 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotp.cost_model import Hardware, get_hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
+from autotp.passes.random_streams import check_dropout
+from autotp.planning.outputs import check_outputs
+from autotp.planning.phases import DEFAULT_EXPECTED_NEW_TOKENS, check_expected_new_tokens
 
 if TYPE_CHECKING:
     from autotp.passes.strategies import StrategyGraph
     from autotp.planning.constraints import Constraints
 
-__all__ = ["DEFAULT_HARDWARE", "PlanOptions", "check_world_size"]
+__all__ = ["ACTIVATION_CHECKPOINTING", "DEFAULT_HARDWARE", "PlanOptions", "check_activation_checkpointing",
+           "check_world_size", "plan_options"]
 
 DEFAULT_HARDWARE = "h100-sxm"
+
+ACTIVATION_CHECKPOINTING = (None, "blocks")
+"""Values of ``autotp.compile(..., activation_checkpointing=)``: none, or every repeated block."""
 
 StrategyFilter = Callable[["StrategyGraph"], "StrategyGraph"]
 
@@ -36,6 +45,16 @@ def check_world_size(world_size: object) -> int:
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}; pass the number of ranks to split over, e.g. world_size=4")
     return world_size
+
+
+def check_activation_checkpointing(value: object, training: bool) -> None:
+    """Raise a :class:`ValueError` naming the fix for a bad ``activation_checkpointing=`` option."""
+    if value not in ACTIVATION_CHECKPOINTING:
+        raise ValueError(f"activation_checkpointing={value!r}: expected None or 'blocks' (checkpoint every "
+                         "repeated block, e.g. model.layers.N)")
+    if value is not None and not training:
+        raise ValueError("activation_checkpointing='blocks' needs training=True: it trades memory kept for the "
+                         "backward against recomputation, and a model compiled for inference has no backward")
 
 
 def _check_memory_budget(memory_budget: object) -> float | str | None:
@@ -53,8 +72,12 @@ def _check_memory_budget(memory_budget: object) -> float | str | None:
 class PlanOptions:
     """How to plan a captured graph (see :func:`autotp.plan` for the meaning of each option).
 
+    Build one for ``autotp.plan(..., options=)`` or ``autotp.compile(..., options=)`` with the knobs to
+    change, e.g. ``PlanOptions(strict=True, constraints={...})``; the entry point fills in ``world_size``.
+
     Attributes:
-        world_size: ranks of the tensor-parallel group (int >= 1).
+        world_size: ranks of the tensor-parallel group (int >= 1); ``None`` until an entry point sets it
+            (``autotp.compile`` takes the group's size). :func:`~autotp.planning.planner.plan_graph` needs it.
         hardware: the profile to cost on; a name from :data:`autotp.cost_model.KNOWN_HARDWARE`,
             a :class:`~autotp.cost_model.Hardware`, or the path of a JSON profile. Resolved to a
             :class:`~autotp.cost_model.Hardware` when the options are built.
@@ -80,9 +103,16 @@ class PlanOptions:
             bytes and time count checkpointed blocks (:func:`autotp.passes.backward.checkpointed_blocks_price`).
         optimizer_states: with ``training``, fp32 values the optimizer keeps per parameter
             element (default 2: AdamW's two moments; SGD with momentum 1, plain SGD 0).
+        dynamic: trace the batch and sequence dims (dims 0 and 1 of every tensor input) as symbols,
+            so the plan serves every size (only static dims are split); ``False`` pins every size to
+            the example's (:mod:`autotp.capture`).
+        dynamic_shapes: passed to ``torch.export`` as is, instead of what ``dynamic`` asks for.
+        expected_new_tokens: with ``max_cache_len`` (generation), decode steps per prompt: the weights
+            are placed for the least predicted ``prefill + expected_new_tokens x decode``
+            (:mod:`autotp.planning.phases`).
     """
 
-    world_size: int
+    world_size: int | None = None
     hardware: str | Hardware | os.PathLike[str] = DEFAULT_HARDWARE
     memory_budget: float | int | str | None = "auto"
     strict: bool = False
@@ -95,21 +125,23 @@ class PlanOptions:
     outputs: str = "replicated"
     dropout: str = "replicated"
     activation_checkpointing: str | None = None
+    dynamic: bool = True
+    dynamic_shapes: Any = None
+    expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS
 
     def __post_init__(self) -> None:
-        check_world_size(self.world_size)
+        if self.world_size is not None:
+            check_world_size(self.world_size)
         object.__setattr__(self, "hardware", get_hardware(self.hardware))
         object.__setattr__(self, "memory_budget", _check_memory_budget(self.memory_budget))
-        for flag in ("strict", "progress", "training"):
+        for flag in ("strict", "progress", "training", "dynamic"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
-        from autotp.passes.random_streams import check_dropout
-        from autotp.planning.outputs import check_outputs
-        from autotp.runtime.checkpointing import check_activation_checkpointing
-
         check_outputs(self.outputs)
-        check_dropout(self.dropout)
+        if check_dropout(self.dropout) != "replicated" and not self.training:
+            raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
         check_activation_checkpointing(self.activation_checkpointing, self.training)
+        check_expected_new_tokens(self.expected_new_tokens)
         states = self.optimizer_states
         if isinstance(states, bool) or not isinstance(states, int) or states < 0:
             raise ValueError(f"optimizer_states must be an int >= 0 (fp32 values the optimizer keeps per parameter "
@@ -130,3 +162,59 @@ class PlanOptions:
     def hardware_profile(self) -> Hardware:
         """The resolved :class:`~autotp.cost_model.Hardware` (``hardware`` after validation)."""
         return get_hardware(self.hardware)
+
+    @property
+    def ranks(self) -> int:
+        """``world_size``, or a ValueError saying to set it (a planner needs the number of ranks)."""
+        if self.world_size is None:
+            raise ValueError("these PlanOptions have no world_size; pass PlanOptions(world_size=4, ...) to "
+                             "plan_graph, or world_size= to autotp.plan")
+        return self.world_size
+
+
+_DEFAULTS = PlanOptions()
+
+
+def plan_options(options: PlanOptions | None = None, *, world_size: int | None = None,
+                 max_cache_len: int | None = None, mesh: bool = False, **given: Any) -> PlanOptions:
+    """The options an entry point plans with: ``options`` (default ``PlanOptions()``) with the entry point's
+    top-level keywords ``given`` (``hardware=``, ``memory_budget=``, ``training=``...) and ``world_size``.
+
+    A keyword left at its default keeps ``options``' value; one set both ways to different values is a
+    ValueError, as are combinations the entry point cannot run: ``max_cache_len`` (generation) with
+    ``training`` or ``outputs="local"``, and ``mesh`` (a DeviceMesh run) with ``outputs="local"``."""
+    if options is None:
+        options = _DEFAULTS
+    elif not isinstance(options, PlanOptions):
+        raise TypeError(f"options= takes an autotp.PlanOptions, got {type(options).__name__}; e.g. "
+                        "options=autotp.PlanOptions(strict=True)")
+    changes: dict[str, Any] = {}
+    for name, value in given.items():
+        default = getattr(_DEFAULTS, name)
+        if value is default or _same(name, value, default):
+            continue
+        current = getattr(options, name)
+        if not _same(name, current, default) and not _same(name, current, value):
+            shown = current.name if isinstance(current, Hardware) else current
+            raise ValueError(f"{name} is given twice: {name}={value!r} and options=PlanOptions({name}={shown!r}); "
+                             "give it once")
+        changes[name] = value
+    if world_size is not None:
+        changes["world_size"] = check_world_size(world_size)
+    merged = dataclasses.replace(options, **changes) if changes else options
+    if max_cache_len is not None and merged.training:
+        raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
+                         "compile once with training=True to train and once with max_cache_len= to generate")
+    if merged.outputs != "replicated" and (mesh or max_cache_len is not None):
+        raise ValueError("outputs='local' with a mesh or max_cache_len= is not supported: those return whole "
+                         "outputs (generate() returns token ids); leave outputs= out")
+    return merged
+
+
+def _same(name: str, left: object, right: object) -> bool:
+    """Whether two values of option ``name`` mean the same (a hardware name and its resolved profile do)."""
+    if name == "hardware":
+        return get_hardware(left) == get_hardware(right)  # type: ignore[arg-type]
+    if name == "memory_budget":
+        return _check_memory_budget(left) == _check_memory_budget(right)
+    return bool(left == right)

@@ -36,12 +36,7 @@ from autotp.passes.adjoints import ReshardNode
 from autotp.passes.random_streams import RankStream
 from autotp.planning.plan import module_path
 
-__all__ = ["ACTIVATION_CHECKPOINTING", "CheckpointedBlock", "block_runs_of", "check_activation_checkpointing",
-           "checkpoint_blocks", "checkpointed_graph"]
-
-ACTIVATION_CHECKPOINTING = (None, "blocks")
-"""Values of ``autotp.compile(..., activation_checkpointing=)``: none, or every repeated block."""
-
+__all__ = ["CheckpointedBlock", "block_runs_of", "checkpoint_blocks", "checkpointed_graph"]
 
 class CheckpointedBlock(torch.nn.Module):
     """One block's submodule, called through ``torch.utils.checkpoint`` (non-reentrant) in grad mode.
@@ -129,16 +124,6 @@ def checkpoint_blocks(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[str]]:
         names.append(block)
     split.recompile()
     return split, names
-
-
-def check_activation_checkpointing(value: object, training: bool) -> None:
-    """Raise a :class:`ValueError` naming the fix for a bad ``activation_checkpointing=`` option."""
-    if value not in ACTIVATION_CHECKPOINTING:
-        raise ValueError(f"activation_checkpointing={value!r}: expected None or 'blocks' (checkpoint every "
-                         "repeated block, e.g. model.layers.N)")
-    if value is not None and not training:
-        raise ValueError("activation_checkpointing='blocks' needs training=True: it trades memory kept for the "
-                         "backward against recomputation, and a model compiled for inference has no backward")
 
 
 def checkpointed_graph(gm: fx.GraphModule) -> fx.GraphModule:

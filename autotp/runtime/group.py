@@ -18,6 +18,7 @@ from autotp.base.errors import PlanError
 from autotp.capture import CapturedGraph
 from autotp.planning.options import PlanOptions, check_world_size
 from autotp.planning.plan import Plan
+from autotp.planning.plan_cache import cached_plan, plan_key, store_plan
 from autotp.planning.planner import plan_graph
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchanges_with_others, share_from_first
 
@@ -118,11 +119,9 @@ def _plan(captured: CapturedGraph, options: PlanOptions,
     cache (None: nothing to write), left to the caller so that it can send the plan first."""
     if plan_cache is None:
         return plan_graph(captured, options), None
-    from autotp.trace_cache import plan_key
-
     key = plan_key(captured, options)
-    plan = plan_cache.get_plan(key, captured, options.world_size)
+    plan = cached_plan(plan_cache, key, captured, options.world_size)
     if plan is not None:
         return plan, None
     plan = plan_graph(captured, options)
-    return plan, functools.partial(plan_cache.put_plan, key, plan)
+    return plan, functools.partial(store_plan, plan_cache, key, plan)

@@ -1,5 +1,5 @@
 """Text of a :class:`~autotp.planning.mesh_plan.ParallelPlan`: the mesh chosen, its stages, and the
-factorizations the search considered (reads the plan only, never plans)."""
+factorizations the search considered: the plan's own text form (``print(plan)``, ``candidates_table()``)."""
 
 from __future__ import annotations
 

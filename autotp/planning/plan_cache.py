@@ -1,0 +1,71 @@
+"""Plans kept in the trace cache: the plan made for a traced graph is stored beside its program
+(:meth:`autotp.trace_cache.TraceCache.plan_path`, the plan's own JSON) and reused by the first rank
+after the same checks a given ``plan=`` passes (:func:`autotp.runtime.group.plan_on_first_rank`).
+
+The trace cache stores bytes and knows no plan; reading one back, checking it against the graph and
+naming it by the graph and the options is planning's, here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from autotp.planning.checks import check_plan_applies
+from autotp.planning.plan import Plan, graph_fingerprint
+from autotp.trace_cache import FORMAT, TraceCache, file_digest
+
+if TYPE_CHECKING:
+    from autotp.capture import CapturedGraph
+    from autotp.planning.options import PlanOptions
+
+__all__ = ["cached_plan", "plan_key", "store_plan"]
+
+
+def plan_key(captured: CapturedGraph, options: PlanOptions) -> str:
+    """The SHA-256 naming the plan of ``captured`` under ``options``: the graph's fingerprint (names, ops,
+    shapes), the options (``progress`` aside; a hardware profile file by its contents), torch's
+    version and the contents of every autotp source file (the planner's code)."""
+    memo: dict[str, str] = {}
+    options = dataclasses.replace(options, progress=False)
+    hardware = options.hardware
+    profile = file_digest(hardware, memo) if isinstance(hardware, (str, os.PathLike)) and os.path.isfile(hardware) else ""
+    package = Path(__file__).parents[1]  # autotp/
+    sources = hashlib.sha256()
+    for file in sorted(package.rglob("*.py")):
+        sources.update(str(file.relative_to(package)).encode())
+        sources.update(file.read_bytes())
+    text = json.dumps([FORMAT, graph_fingerprint(captured.graph_module), repr(options), profile, torch.__version__,
+                       sources.hexdigest()])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cached_plan(cache: TraceCache, key: str, captured: CapturedGraph, world_size: int) -> Plan | None:
+    """The plan stored under ``key`` if it applies to ``captured`` (checked as a given ``plan=`` is),
+    else None; a stored plan that does not read or apply is ignored with a warning."""
+    path = cache.plan_path(key)
+    if not path.is_file():
+        return None
+    try:
+        plan = Plan.from_json(path.read_text(), source=str(path))
+        check_plan_applies(plan, captured, world_size)
+    except Exception as exc:  # noqa: BLE001 - any failure means: plan again
+        warnings.warn(f"autotp: ignoring the cached plan {path} ({type(exc).__name__}: "
+                      f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); planning again", stacklevel=3)
+        return None
+    if plan.fallback_ops:  # the warning planning gives
+        warnings.warn(f"autotp: ops without a sharding rule run replicated: {', '.join(plan.fallback_ops)} "
+                      "(see plan.fallback_ops; strict=True makes this an error)", stacklevel=3)
+    return plan
+
+
+def store_plan(cache: TraceCache, key: str, plan: Plan) -> None:
+    """Store ``plan`` under ``key`` (atomically); a failure to write only warns."""
+    cache.write_plan_text(key, plan.to_json(indent=None))
