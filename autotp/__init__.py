@@ -3,6 +3,9 @@
 ``autotp.compile(model, world_size=N, example_inputs=...)`` traces the model, plans how to split
 every heavy op across ranks with a cost model and an exact MILP solver, and returns this rank's
 tensor-parallel module. ``autotp.plan(...)`` only decides (no process group, meta weights fine).
+Over a ``DeviceMesh`` (data x pipeline x tensor parallel): ``autotp.plan_mesh`` and
+``autotp.compile_mesh``. Knobs beyond the common keywords travel in ``autotp.PlanOptions``
+(``options=``) and ``autotp.RuntimeOptions`` (``runtime=``).
 ``torch.compile(model, backend=autotp.backend(...))`` (or ``backend="autotp"``) does the same
 for every graph Dynamo captures. ``autotp.plan_graph(captured, autotp.PlanOptions(...))`` is the
 one planner behind all three (see ``autotp.planning.planner``). For models bigger than one
@@ -29,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 # line (``autotp --help``) and ``import autotp.cost_model`` do not import torch's whole stack.
 _EXPORTS = {
     "compile": "autotp.api",
+    "compile_mesh": "autotp.api",
     "plan": "autotp.api",
+    "plan_mesh": "autotp.api",
     "from_pretrained": "autotp.pretrained",
     "load": "autotp.pretrained",
     "backend": "autotp.dynamo_backend",
@@ -43,6 +48,7 @@ _EXPORTS = {
     "RankTimeoutError": "autotp.base.errors",
     "TracedValueError": "autotp.base.errors",
     "UnsupportedOpError": "autotp.base.errors",
+    "UnsupportedQuantizationError": "autotp.base.errors",
     "UnsupportedReleaseError": "autotp.base.errors",
     "Partial": "autotp.base.placements",
     "Replicate": "autotp.base.placements",
@@ -54,10 +60,12 @@ _EXPORTS = {
     "plan_graph": "autotp.planning.planner",
     "TensorParallelModule": "autotp.runtime.module",
     "MeshParallelModule": "autotp.runtime.mesh",
+    "MeshGenerationModule": "autotp.runtime.mesh_generate",
+    "RuntimeOptions": "autotp.runtime.options",
 }
 
 if TYPE_CHECKING:
-    from autotp.api import compile, plan
+    from autotp.api import compile, compile_mesh, plan, plan_mesh
     from autotp.base.errors import (
         AgreementError,
         AutoTPError,
@@ -69,6 +77,7 @@ if TYPE_CHECKING:
         RankTimeoutError,
         TracedValueError,
         UnsupportedOpError,
+        UnsupportedQuantizationError,
         UnsupportedReleaseError,
     )
     from autotp.base.placements import Partial, Replicate, Shard
@@ -79,7 +88,9 @@ if TYPE_CHECKING:
     from autotp.planning.planner import plan_graph
     from autotp.pretrained import from_pretrained, load
     from autotp.runtime.mesh import MeshParallelModule
+    from autotp.runtime.mesh_generate import MeshGenerationModule
     from autotp.runtime.module import TensorParallelModule
+    from autotp.runtime.options import RuntimeOptions
 
 
 def __getattr__(name: str) -> Any:
@@ -101,6 +112,7 @@ __all__ = [
     "CaptureError",
     "CheckpointError",
     "InputShapeError",
+    "MeshGenerationModule",
     "MeshParallelModule",
     "MeshShape",
     "ParallelPlan",
@@ -111,16 +123,20 @@ __all__ = [
     "PlanMismatchError",
     "RankTimeoutError",
     "Replicate",
+    "RuntimeOptions",
     "Shard",
     "TensorParallelModule",
     "TracedValueError",
     "UnsupportedOpError",
+    "UnsupportedQuantizationError",
     "UnsupportedReleaseError",
     "backend",
     "compile",
+    "compile_mesh",
     "from_pretrained",
     "load",
     "plan",
     "plan_graph",
+    "plan_mesh",
 ]
 __version__ = "0.1.0"

@@ -52,17 +52,12 @@ from autotp.capture import CapturedGraph, InputSlot, from_exported
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import count_collectives, rewrite_for_rank
 from autotp.passes.uneven import Partitions, build_partitions
-from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, options_taking, plan_options
 from autotp.planning.plan import Plan
-from autotp.runtime.agreement import (
-    DEFAULT_AGREEMENT_TIMEOUT_S,
-    agreed_options,
-    check_timeout,
-    compile_record,
-    ranks_agree,
-)
+from autotp.runtime.agreement import agreed_options, compile_record, ranks_agree
 from autotp.runtime.group import bind_group, plan_on_first_rank
-from autotp.runtime.module import shard_tensor
+from autotp.runtime.options import RuntimeOptions, runtime_options
+from autotp.runtime.shards import shard_tensor
 
 __all__ = ["AutoTPBackend", "BackendStats", "CompiledSubgraph", "autotp_backend", "backend"]
 
@@ -437,31 +432,26 @@ class AutoTPBackend:
         subgraphs: every :class:`CompiledSubgraph` made so far, in order.
     """
 
-    def __init__(self, *, world_size: int | None, hardware: str | Hardware, inner: str,
-                 memory_budget: float | int | str | None, group: dist.ProcessGroup | None, strict: bool,
-                 time_limit_s: float, max_shapes: int, progress: bool, check_weights: bool = True,
-                 agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> None:
+    def __init__(self, *, world_size: int | None, inner: str, group: dist.ProcessGroup | None, max_shapes: int,
+                 options: PlanOptions, runtime: RuntimeOptions) -> None:
         if inner not in _INNER:
             raise ValueError(f"inner must be one of {_INNER}, got {inner!r}; e.g. autotp.backend(inner='inductor')")
         if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
             raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
-        if world_size is not None:
-            check_world_size(world_size)
         self._world_size = world_size
-        # validated now, so a bad option fails here rather than inside Dynamo; the world size is
+        # validated where built, so a bad option fails here rather than inside Dynamo; the world size is
         # the group's, known when Dynamo first calls the backend (see _bind_group)
-        self._options = PlanOptions(world_size=world_size or 1, hardware=hardware, memory_budget=memory_budget,
-                                    strict=strict, time_limit_s=time_limit_s, progress=progress)
-        self.hardware = hardware
+        self._options = options
+        self.hardware = options.hardware
         self.inner = inner
-        self.memory_budget = memory_budget
+        self.memory_budget = options.memory_budget
         self.group = group
-        self.strict = strict
-        self.time_limit_s = time_limit_s
+        self.strict = options.strict
+        self.time_limit_s = options.time_limit_s
         self.max_shapes = max_shapes
-        self.progress = progress
-        self.check_weights = check_weights
-        self.agreement_timeout_s = check_timeout(agreement_timeout_s)
+        self.progress = options.progress
+        self.check_weights = runtime.check_weights
+        self.agreement_timeout_s = runtime.agreement_timeout_s
         self.reset()
 
     def reset(self) -> None:
@@ -580,32 +570,58 @@ def backend(
     inner: str = "eager",
     memory_budget: float | int | str | None = "auto",
     group: dist.ProcessGroup | None = None,
-    strict: bool = False,
-    time_limit_s: float = 60.0,
     max_shapes: int = 8,
-    progress: bool = False,
-    check_weights: bool = True,
-    agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S,
+    options: PlanOptions | None = None,
+    runtime: RuntimeOptions | None = None,
 ) -> AutoTPBackend:
     """A ``torch.compile`` backend that makes the model tensor-parallel over ``group``'s ranks.
 
     ``torch.compile(model, backend=autotp.backend(world_size=4))``, on every rank, with the
     same weights. ``inner`` runs each rank-local graph as is (``"eager"``) or compiles it
     with Inductor (``"inductor"``). ``max_shapes`` bounds the input sizes each graph is
-    re-lowered for. Other options as in :func:`autotp.plan`. The process group must be
-    initialised before the compiled model first runs. Before each graph is planned (once per
+    re-lowered for. ``hardware``, ``memory_budget`` and ``options`` (an :class:`~autotp.PlanOptions` with
+    ``strict``, ``time_limit_s``, ``progress``, ``constraints``) as in :func:`autotp.plan`. The process group
+    must be initialised before the compiled model first runs. Before each graph is planned (once per
     graph and input size) the ranks check that they agree, as in :func:`autotp.compile`
-    (``check_weights``, ``agreement_timeout_s``).
+    (``runtime``: an :class:`~autotp.RuntimeOptions` with ``check_weights``, ``agreement_timeout_s``).
     """
-    return AutoTPBackend(world_size=world_size, hardware=hardware, inner=inner, memory_budget=memory_budget,
-                         group=group, strict=strict, time_limit_s=time_limit_s, max_shapes=max_shapes,
-                         progress=progress, check_weights=check_weights, agreement_timeout_s=agreement_timeout_s)
+    options = plan_options(options_taking(options, _BACKEND_OPTIONS, caller="autotp.backend",
+                                          instead="compile with autotp.compile for those"),
+                           world_size=world_size, hardware=hardware, memory_budget=memory_budget)
+    return AutoTPBackend(world_size=world_size, inner=inner, group=group, max_shapes=max_shapes, options=options,
+                         runtime=runtime_options(runtime))
+
+
+_BACKEND_OPTIONS = ("hardware", "memory_budget", "strict", "time_limit_s", "progress", "constraints")
+"""The :class:`PlanOptions` fields the backend plans with (Dynamo decides shapes; no training or generation)."""
+
+
+def _backend_from(options: dict[str, Any]) -> AutoTPBackend:
+    """:func:`backend` from ``torch.compile(..., options={...})``'s flat dict: the backend's own keywords, plus
+    any field of :class:`PlanOptions` or :class:`RuntimeOptions` by name."""
+    own = {"world_size", "hardware", "inner", "memory_budget", "group", "max_shapes", "options", "runtime"}
+    planning = {f.name for f in dataclasses.fields(PlanOptions)}
+    running = {f.name for f in dataclasses.fields(RuntimeOptions)}
+    unknown = sorted(set(options) - own - planning - running)
+    if unknown:
+        raise ValueError(f"torch.compile(..., backend='autotp', options=...) does not know {', '.join(unknown)}; "
+                         f"it takes {', '.join(sorted(own - {'options', 'runtime'}))} and the fields of "
+                         "autotp.PlanOptions and autotp.RuntimeOptions")
+    plan_fields = {k: v for k, v in options.items() if k in planning and k not in own}
+    run_fields = {k: v for k, v in options.items() if k in running}
+    kwargs = {k: v for k, v in options.items() if k in own}
+    if plan_fields:
+        kwargs["options"] = PlanOptions(**plan_fields)
+    if run_fields:
+        kwargs["runtime"] = RuntimeOptions(**run_fields)
+    return backend(**kwargs)
 
 
 class _EntryPoint:
     """``torch.compile(model, backend="autotp", options={...})``, registered in pyproject.toml.
 
-    ``options`` are the keyword arguments of :func:`backend`. One backend per distinct set of
+    ``options`` are the keyword arguments of :func:`backend`, with the fields of :class:`PlanOptions` and
+    :class:`RuntimeOptions` given flat (``{"world_size": 2, "strict": True}``). One backend per distinct set of
     options serves the process, so recompiles reuse its plans and shards; ``torch._dynamo.reset()``
     drops them.
     """
@@ -624,7 +640,7 @@ class _EntryPoint:
             raise ValueError(f"torch.compile options for backend='autotp' must be hashable values, got {options!r}; "
                              "pass backend=autotp.backend(...) for other options") from exc
         if key not in self._backends:
-            self._backends[key] = backend(**options)
+            self._backends[key] = _backend_from(options)
         return self._backends[key](gm, example_inputs)
 
     def reset(self) -> None:

@@ -37,19 +37,13 @@ from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture
 from autotp.passes.uneven import Partitions
 from autotp.planning.options import PlanOptions, StrategyFilter
-from autotp.planning.phases import (
-    DEFAULT_EXPECTED_NEW_TOKENS,
-    PhaseCandidate,
-    PhaseWeighting,
-    check_expected_new_tokens,
-    first_rank_alone,
-    keep_whole,
-    weigh_phases,
-)
+from autotp.planning.phases import PhaseCandidate, PhaseWeighting, first_rank_alone, keep_whole, weigh_phases
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
+from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
-from autotp.runtime.module import GenerationGraphs, PhaseGraph, TensorParallelModule, local_shape
+from autotp.runtime.module import GenerationGraphs, PhaseGraph, TensorParallelModule
+from autotp.runtime.shards import local_shape
 from autotp.runtime.shared_trace import FirstRankTrace
 
 __all__ = ["check_cache_is_state", "check_generation_inputs", "compile_for_generation", "generation_inputs"]
@@ -85,17 +79,13 @@ def check_generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, .
 
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
-                           rank: int, expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS,
-                           wrapper: CachedCausalLM | None = None,
+                           rank: int, wrapper: CachedCausalLM | None = None,
                            timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> TensorParallelModule:
-    """See :func:`autotp.compile` (``max_cache_len``, ``expected_new_tokens``) and the module docstring.
+    """See :func:`autotp.compile` (``max_cache_len``; ``options.expected_new_tokens``) and the module docstring.
 
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
     :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``timeout_s``: how long the other ranks wait
     for rank 0's traced programs (``agreement_timeout_s``)."""
-    from autotp.api import apply_plan, plan_or_check, rank_local_graph
-
-    expected_new_tokens = check_expected_new_tokens(expected_new_tokens)
     if wrapper is None:
         wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
     else:
@@ -116,8 +106,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     for name, graph in (("decode", decode), ("prefill", prefill), ("continuation", continuation)):
         if graph is not None:
             check_cache_is_state(graph, wrapper, name)
-    decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, expected_new_tokens,
-                                                        group=group, rank=rank)
+    decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, group=group, rank=rank)
     continuation_plan = None
     if continuation is not None:
         continuation_plan = plan_or_check(continuation, None, _continuation_options(decode_plan, prefill_plan, options),
@@ -208,7 +197,7 @@ def _pinned_to(placed: Plan, options: PlanOptions) -> PlanOptions:
 
 
 def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Plan | None, options: PlanOptions,
-                 expected_new_tokens: int, *, group: dist.ProcessGroup | None, rank: int,
+                 *, group: dist.ProcessGroup | None, rank: int,
                  ) -> tuple[Plan, Plan | None, PhaseWeighting | None]:
     """The decode plan, the prefill plan (``None`` without a prefill graph) and how the phases were weighed.
 
@@ -217,8 +206,7 @@ def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Pla
     the pair with the least ``prefill + expected_new_tokens x decode`` (see :mod:`autotp.planning.phases`).
     Every rank receives the same plans from the first rank, so every rank keeps the same pair.
     """
-    from autotp.api import plan_or_check
-
+    expected_new_tokens = options.expected_new_tokens
     decode_plan = plan_or_check(decode, plan, options, group=group, rank=rank)
     if prefill is None:
         return decode_plan, None, None
@@ -260,8 +248,6 @@ def _whole_candidate(decode: CapturedGraph, prefill: CapturedGraph, options: Pla
     ``decode_budget_bytes``: the decode plan's budget in bytes; ``memory_budget="auto"`` is resolved on the
     graph with every split on offer, so it is passed as that number (with splits filtered out, "auto"
     would find no matrix to split and allow every one whole)."""
-    from autotp.api import plan_or_check
-
     budget = decode_budget_bytes if options.memory_budget == "auto" else options.memory_budget
     alone = dataclasses.replace(options, hardware=options.hardware_profile.alone(), memory_budget=budget,
                                 strategy_filter=_whole_only(options))

@@ -14,16 +14,21 @@ from typing import Any
 
 import torch
 
-from autotp.api import compile as _compile
+from autotp.compiling import compile_group
+from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, plan_options
+from autotp.planning.plan import Plan
 from autotp.runtime.module import TensorParallelModule
+from autotp.runtime.options import RuntimeOptions, runtime_options
 
 __all__ = ["from_pretrained", "load"]
 
 
 def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = None, dtype: torch.dtype | None = None,
                     device: str | torch.device = "cpu", example_inputs: tuple[Any, ...] | None = None,
-                    example_kwargs: dict[str, Any] | None = None, trace_cache: bool | str | os.PathLike[str] | None = True,
-                    **options: Any) -> TensorParallelModule:
+                    example_kwargs: dict[str, Any] | None = None, group: Any = None,
+                    plan: Plan | str | os.PathLike[str] | None = None, hardware: Any = DEFAULT_HARDWARE,
+                    max_cache_len: int | None = None, options: PlanOptions | None = None,
+                    runtime: RuntimeOptions | None = None) -> TensorParallelModule:
     """A transformers checkpoint directory -> this rank's tensor-parallel model (call on every rank).
 
     The config's architecture (``config.architectures[0]``) is built on the meta device in
@@ -31,12 +36,12 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     (default: one sequence of 16 token ids) and ``example_kwargs`` (default none: a HF model is traced with
     ``use_cache=False`` and called with or without it, see :mod:`autotp.hf_calls`) on ``device``, planned, and
     each rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto ``device``.
-    Other keyword options as in :func:`autotp.compile` (``hardware``, ``memory_budget``, ``plan``, ``group``...).
+    ``group``, ``plan``, ``hardware``, ``max_cache_len``, ``options`` and ``runtime`` as in :func:`autotp.compile`.
 
-    ``trace_cache`` (default True): the traced program is kept in ``$AUTOTP_CACHE_DIR`` (default
+    ``runtime.trace_cache`` (default True here): the traced program is kept in ``$AUTOTP_CACHE_DIR`` (default
     ``~/.cache/autotp``, never inside ``path``) and reused by the next load of the same model and
-    inputs' specs, which then skips ``torch.export`` (see :mod:`autotp.trace_cache`); ``False`` or
-    ``$AUTOTP_CACHE=0`` turns it off, a path puts it there.
+    inputs' specs, which then skips ``torch.export`` (see :mod:`autotp.trace_cache`);
+    ``RuntimeOptions(trace_cache=False)`` or ``$AUTOTP_CACHE=0`` turns it off, a path puts it there.
     """
     import transformers
 
@@ -55,15 +60,21 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     device = torch.device(device)
     if example_inputs is None:
         example_inputs = (torch.zeros(1, 16, dtype=torch.long, device=device),)  # (batch, seq) token ids
-    return _compile(model, world_size=world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
-                    trace_cache=trace_cache, **options)
+    return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs, world_size=world_size,
+                         group=group, plan=plan, checkpoint=path, max_cache_len=max_cache_len,
+                         options=plan_options(options, hardware=hardware, max_cache_len=max_cache_len),
+                         runtime=runtime_options(runtime, trace_cache=True))
 
 
 def load(path: str | os.PathLike[str], model: torch.nn.Module, *, world_size: int | None = None,
-         example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None,
-         trace_cache: bool | str | os.PathLike[str] | None = True, **options: Any) -> TensorParallelModule:
+         example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None, group: Any = None,
+         plan: Plan | str | os.PathLike[str] | None = None, hardware: Any = DEFAULT_HARDWARE,
+         max_cache_len: int | None = None, options: PlanOptions | None = None,
+         runtime: RuntimeOptions | None = None) -> TensorParallelModule:
     """Read a directory written by ``tp.save(path)`` (at any world size) into ``model`` (meta is fine), split
     over ``world_size`` ranks: ``autotp.compile(model, world_size=world_size, ..., checkpoint=path)``
-    (``trace_cache`` as in :func:`from_pretrained`)."""
-    return _compile(model, world_size=world_size, example_inputs=example_inputs, example_kwargs=example_kwargs, checkpoint=path,
-                    trace_cache=trace_cache, **options)
+    (``runtime.trace_cache`` defaults to True, as in :func:`from_pretrained`)."""
+    return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs, world_size=world_size,
+                         group=group, plan=plan, checkpoint=path, max_cache_len=max_cache_len,
+                         options=plan_options(options, hardware=hardware, max_cache_len=max_cache_len),
+                         runtime=runtime_options(runtime, trace_cache=True))

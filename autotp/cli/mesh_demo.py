@@ -1,7 +1,7 @@
 """``autotp demo --mesh dp2,pp2,tp2``: the demo over a data x pipeline x tensor parallel mesh.
 
 Spawns one local gloo process per mesh position (the product of the sizes), builds the demo's small
-Llama in each, runs ``autotp.compile(model, mesh=init_device_mesh("cpu", sizes, mesh_dim_names=
+Llama in each, runs ``autotp.compile_mesh(model, init_device_mesh("cpu", sizes, mesh_dim_names=
 names), ...)`` (stages cut evenly, each stage's tensor-parallel plan solved on its tp group), and
 checks the whole batch's logits on every rank against the single-process model. Prints the mesh,
 each stage's layers, microbatches and schedule, and every rank's coordinate and parameter bytes.
@@ -55,9 +55,9 @@ def _mesh_rank(rank: int, world_size: int, init_method: str, dims: tuple[tuple[s
         with torch.no_grad():
             reference = model(ids, use_cache=False).logits  # (batch, seq, vocab), single process
         mesh = init_device_mesh("cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
-        say(rank, f"compiling with autotp.compile(mesh=..., hardware={hardware!r}) on a batch of {batch}...")
-        part = autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
-                              hardware=hardware)
+        say(rank, f"compiling with autotp.compile_mesh(model, mesh, hardware={hardware!r}) on a batch of {batch}...")
+        part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
+                                   hardware=hardware)
         with torch.no_grad():
             logits = part(ids, use_cache=False).logits
         diff = torch.tensor([(logits - reference).abs().max().item()], dtype=torch.float64)

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from autotp.planning.constraints import Constraints
 
 __all__ = ["ACTIVATION_CHECKPOINTING", "DEFAULT_HARDWARE", "PlanOptions", "check_activation_checkpointing",
-           "check_world_size", "plan_options"]
+           "check_world_size", "options_taking", "plan_options",
+           "search_options"]
 
 DEFAULT_HARDWARE = "h100-sxm"
 
@@ -205,6 +206,9 @@ def plan_options(options: PlanOptions | None = None, *, world_size: int | None =
     if max_cache_len is not None and merged.training:
         raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
                          "compile once with training=True to train and once with max_cache_len= to generate")
+    if mesh and merged.dynamic_shapes is not None:
+        raise ValueError("dynamic_shapes= is not taken over a mesh: each stage is traced with the mesh's own "
+                         "shapes (dynamic= still applies without pp); leave it out")
     if merged.outputs != "replicated" and (mesh or max_cache_len is not None):
         raise ValueError("outputs='local' with a mesh or max_cache_len= is not supported: those return whole "
                          "outputs (generate() returns token ids); leave outputs= out")
@@ -218,3 +222,23 @@ def _same(name: str, left: object, right: object) -> bool:
     if name == "memory_budget":
         return _check_memory_budget(left) == _check_memory_budget(right)
     return bool(left == right)
+
+
+def search_options(options: PlanOptions | None) -> PlanOptions:
+    """``options`` for a search over data x pipeline x tensor parallelism, which takes only ``time_limit_s``
+    and ``progress`` from them (each stage's plan is made when compiling); see :func:`options_taking`."""
+    return options_taking(options, ("hardware", "time_limit_s", "progress"), caller="autotp.plan_mesh",
+                          instead="plan a stage with autotp.plan, or pass them to autotp.compile_mesh")
+
+
+def options_taking(options: PlanOptions | None, taken: tuple[str, ...], *, caller: str, instead: str) -> PlanOptions:
+    """``options`` (default ``PlanOptions()``) for an entry point that reads only the fields ``taken`` (and
+    ``world_size``); a ValueError names every other field set, which ``caller`` would ignore, and ``instead``."""
+    options = plan_options(options)
+    ignored = [field.name for field in dataclasses.fields(PlanOptions)
+               if field.name not in (*taken, "world_size")
+               and not _same(field.name, getattr(options, field.name), getattr(_DEFAULTS, field.name))]
+    if ignored:
+        raise ValueError(f"{caller} takes {', '.join(f'{name}=' for name in taken)} from its options only, not "
+                         f"{', '.join(f'{name}=' for name in ignored)}; {instead}")
+    return options

@@ -34,9 +34,9 @@ from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange, exchanges_with_others
-from autotp.runtime.module import parameter_layout
+from autotp.runtime.shards import parameter_layout
 
-__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "open_checkpoint", "TensorEntry", "match_keys", "materialize_hf_buffers", "read_block", "read_local_values", "tensor_aliases"]
+__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "TensorEntry", "match_keys", "materialize_hf_buffers", "read_block", "read_local_values", "tensor_aliases"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _MAX_LISTED = 8
@@ -83,7 +83,7 @@ class ReadRequest:
 
 class TensorSource(Protocol):
     """What the loader reads from: a safetensors :class:`Checkpoint` or a
-    :class:`~autotp.runtime.saving.DistributedCheckpoint`."""
+    :class:`~autotp.runtime.saving.DistributedCheckpoint` (:func:`autotp.runtime.saving.open_checkpoint` opens either)."""
 
     path: Path
     entries: dict[str, TensorEntry]
@@ -184,16 +184,6 @@ class Checkpoint:
         files = sorted({e.file.name for e in self.entries.values()})
         shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         return f"{self.path} ({len(self.entries)} tensors in {shown})"
-
-
-def open_checkpoint(path: str | os.PathLike[str]) -> TensorSource:
-    """A safetensors checkpoint, or a ``torch.distributed.checkpoint`` directory (one with ``.metadata``)
-    written by :meth:`TensorParallelModule.save`; both read only this rank's blocks."""
-    if (Path(path) / ".metadata").is_file():
-        from autotp.runtime.saving import DistributedCheckpoint
-
-        return DistributedCheckpoint(path)
-    return Checkpoint(path)
 
 
 def _transforms(model_keys: Iterable[str], checkpoint_keys: Iterable[str]) -> list[tuple[str, str]]:

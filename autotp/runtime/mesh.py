@@ -1,6 +1,6 @@
 """Running a model over a ``DeviceMesh``: data parallel x pipeline parallel x tensor parallel (inference).
 
-``autotp.compile(model, mesh=mesh, example_inputs=(ids,), plan=parallel_plan)`` lands here
+``autotp.compile_mesh(model, mesh, example_inputs=(ids,), plan=parallel_plan)`` lands here
 (:func:`compile_on_mesh`). The mesh's dims are named ``"dp"``, ``"pp"``, ``"tp"`` (any subset, any
 order; a missing dim has size 1). Every rank builds its own part:
 
@@ -24,7 +24,7 @@ stage's tensor-parallel shards (:mod:`autotp.runtime.loading`). Generation
 (``max_cache_len=``) over a mesh is :mod:`autotp.runtime.mesh_generate`; a
 :class:`~autotp.planning.mesh_plan.ParallelPlan` saved with ``save`` may be passed as its path.
 
-**Training** (``autotp.compile(..., mesh=mesh, training=True)``, a mesh without ``pp``: dp x tp):
+**Training** (``autotp.compile_mesh(model, mesh, ..., training=True)``, a mesh without ``pp``: dp x tp):
 each replica's tp group compiles its part with ``training=True`` (the tp shards are trainable
 parameters, collectives carry their adjoints: :mod:`autotp.passes.adjoints`); a call runs the
 replica's slice of the batch and returns **that slice's** output (its loss: the loss of its rows),
@@ -68,15 +68,12 @@ from torch import nn
 
 from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.capture import as_if_on, check_model, trace_device
+from autotp.compiling import compile_group
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
-from autotp.runtime.agreement import (
-    DEFAULT_AGREEMENT_TIMEOUT_S,
-    check_timeout,
-    options_record,
-    plan_text,
-    ranks_agree,
-)
+from autotp.planning.options import PlanOptions
+from autotp.runtime.agreement import options_record, plan_text, ranks_agree
+from autotp.runtime.options import RuntimeOptions
 
 __all__ = ["MeshParallelModule", "StageSplit", "average_gradients_over", "compile_on_mesh", "mesh_shape_of",
            "split_stages", "stage_graphs"]
@@ -604,26 +601,26 @@ def default_microbatches(batch: int | None, shape: MeshShape) -> int:
 
 def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                     example_kwargs: dict[str, Any] | None, plan: ParallelPlan | str | os.PathLike[str] | None,
-                    checkpoint: str | os.PathLike[str] | None = None, **tp_options: Any) -> MeshParallelModule:
-    """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh`. ``tp_options`` go to
-    :func:`autotp.compile` for each stage's tensor-parallel part (hardware, memory_budget, ...).
+                    checkpoint: str | os.PathLike[str] | None = None, options: PlanOptions,
+                    runtime: RuntimeOptions) -> MeshParallelModule:
+    """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh` and :func:`autotp.compile_mesh`.
+    ``options`` and ``runtime`` go to :func:`~autotp.compiling.compile_group` for each stage's tensor-parallel
+    part.
 
     ``checkpoint``: each rank reads its stage's tensor-parallel shards from it
     (:mod:`autotp.runtime.loading`), so ``model`` may be on the meta device (the stages are cut
-    with fake weights, :func:`split_stages`); every stage is compiled through :func:`autotp.compile`
-    (over a group of one where ``tp == 1``)."""
-    from autotp.api import compile as compile_tp
-
-    timeout_s = check_timeout(tp_options.get("agreement_timeout_s", DEFAULT_AGREEMENT_TIMEOUT_S))
-    training = bool(tp_options.get("training", False))
+    with fake weights, :func:`split_stages`); every stage is then compiled over its tp group
+    (a group of one where ``tp == 1``)."""
+    timeout_s = runtime.agreement_timeout_s
+    training = options.training
     example_kwargs = dict(example_kwargs or {})
     split: StageSplit | None = None
     # every rank checks the same things and agrees on the outcome: one rank's bad input fails them all
-    with ranks_agree(None, timeout_s=timeout_s, what="autotp.compile(mesh=...)") as agreement:
+    with ranks_agree(None, timeout_s=timeout_s, what="autotp.compile_mesh") as agreement:
         check_model(model)
         shape = mesh_shape_of(mesh)
         if checkpoint is None and any(p.device.type == "meta" for p in model.parameters()):
-            raise ValueError("autotp.compile(mesh=...) needs real weights, but the model has parameters on the meta "
+            raise ValueError("autotp.compile_mesh needs real weights, but the model has parameters on the meta "
                              "device; pass checkpoint='path/to/model.safetensors' (or its directory) to read each "
                              "rank's stage shards from it, or load the weights first")
         batch = _batch_size(example_inputs, example_kwargs)
@@ -632,7 +629,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             plan = even_parallel_plan(model, shape, microbatches=default_microbatches(batch, shape))
         plan = check_plan_for_mesh(plan, shape, model)
         if training and shape.pp > 1:
-            raise ValueError(f"autotp.compile(mesh=..., training=True) trains over dp x tp; this mesh has pp={shape.pp} "
+            raise ValueError(f"autotp.compile_mesh(..., training=True) trains over dp x tp; this mesh has pp={shape.pp} "
                              "(pipeline training, a schedule with a loss, is not supported yet): use a mesh without pp")
         if shape.dp > 1 and (batch is None or batch < shape.dp):
             raise ValueError(f"the example batch ({batch} rows) must have at least dp={shape.dp} rows, one per "
@@ -646,13 +643,12 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                 materialize_hf_buffers(model, derived, trace_device(example_inputs, example_kwargs))
             mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
             split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
-        check_weights = tp_options.get("check_weights", True) and checkpoint is None
+        check_weights = runtime.check_weights and checkpoint is None
         record = {**mesh_record(plan, example_inputs, example_kwargs), "training": training}
         record["checkpoint"] = checkpoint is not None
         agreement.record = options_record(record, weights=dict(model.state_dict()) if check_weights else None)
     tp_group = dim_group(mesh, "tp")
     if checkpoint is not None:
-        tp_options["checkpoint"] = checkpoint
         if tp_group is None:  # no tp dim: each rank reads its part alone (groups of one, made on every rank in order)
             tp_group, _ = dist.new_subgroups(group_size=1)
     compile_stage = shape.tp > 1 or checkpoint is not None
@@ -666,15 +662,17 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                                                           start + sizes[replica])
         whole: nn.Module = model
         if compile_stage:
-            whole = compile_tp(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
-                               group=tp_group, plan=plan.stages[0].tp_plan, **tp_options)
+            whole = compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
+                                  world_size=None, group=tp_group, plan=plan.stages[0].tp_plan, checkpoint=checkpoint,
+                                  max_cache_len=None, options=options, runtime=runtime)
         return MeshParallelModule(plan, mesh, whole, signature=signature, training=training)
     assert split is not None
     stage_index = mesh_coordinate(mesh, "pp")
     module = split.modules[stage_index]
     if compile_stage:
-        module = compile_tp(module, example_inputs=split.inputs[stage_index], group=tp_group,
-                            plan=plan.stages[stage_index].tp_plan, **tp_options)
+        module = compile_group(module, example_inputs=split.inputs[stage_index], example_kwargs=None,
+                               world_size=None, group=tp_group, plan=plan.stages[stage_index].tp_plan,
+                               checkpoint=checkpoint, max_cache_len=None, options=options, runtime=runtime)
     stage = _Stage(module, split.inputs[stage_index], split.outputs[stage_index], split.first_inputs,
                    split.constants, split.out_spec)
     del split  # the other stages' modules and activations

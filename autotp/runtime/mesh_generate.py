@@ -1,4 +1,4 @@
-"""Text generation over a ``DeviceMesh``: ``autotp.compile(model, mesh=mesh, example_inputs=(ids,), max_cache_len=N)``.
+"""Text generation over a ``DeviceMesh``: ``autotp.compile_mesh(model, mesh, example_inputs=(ids,), max_cache_len=N)``.
 
 Returns a :class:`MeshGenerationModule`; its :meth:`~MeshGenerationModule.generate` takes the
 arguments of :func:`autotp.runtime.generate.generate` (HuggingFace ``model.generate``'s) and
@@ -42,14 +42,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autotp.capture import check_model
+from autotp.generation import check_generation_inputs, compile_for_generation
 from autotp.planning.even_stages import even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import ParallelPlan, as_parallel_plan
-from autotp.runtime.agreement import (
-    DEFAULT_AGREEMENT_TIMEOUT_S,
-    check_timeout,
-    options_record,
-    ranks_agree,
-)
+from autotp.planning.options import PlanOptions, plan_options
+from autotp.runtime.agreement import agreed_options, options_record, ranks_agree
 from autotp.runtime.kv_cache import CachedCausalLM
 from autotp.runtime.mesh import (
     check_plan_for_mesh,
@@ -61,6 +59,7 @@ from autotp.runtime.mesh import (
     replica_sizes,
 )
 from autotp.runtime.module import GenerationGraphs, TensorParallelModule
+from autotp.runtime.options import RuntimeOptions
 
 __all__ = ["MeshGenerationModule", "StageCachedLM", "compile_generation_on_mesh", "stage_view"]
 
@@ -324,33 +323,26 @@ class MeshGenerationModule(nn.Module):
 # --------------------------------------------------------------------------- compile
 
 def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...], max_cache_len: int,
-                               plan: ParallelPlan | str | os.PathLike[str] | None, expected_new_tokens: int,
-                               **tp_options: Any) -> MeshGenerationModule:
-    """This rank's :class:`MeshGenerationModule` (see the module docstring). ``tp_options``: the planning
-    options of :func:`autotp.compile` (hardware, memory_budget, strict, time_limit_s, progress,
-    constraints, check_weights, agreement_timeout_s)."""
-    from autotp.capture import check_model
-    from autotp.generation import check_generation_inputs, compile_for_generation
-    from autotp.planning.options import PlanOptions
-    from autotp.planning.phases import check_expected_new_tokens
-
-    timeout_s = check_timeout(tp_options.pop("agreement_timeout_s", DEFAULT_AGREEMENT_TIMEOUT_S))
-    check_weights = tp_options.pop("check_weights", True)
-    tp_options.pop("dynamic", None)  # the generation graphs have static shapes (the cache fixes them)
-    with ranks_agree(None, timeout_s=timeout_s, what="autotp.compile(mesh=..., max_cache_len=...)") as agreement:
+                               plan: ParallelPlan | str | os.PathLike[str] | None, options: PlanOptions,
+                               runtime: RuntimeOptions) -> MeshGenerationModule:
+    """This rank's :class:`MeshGenerationModule` (see the module docstring and :func:`autotp.compile_mesh`).
+    ``options``: each stage's planning options (the generation graphs have static shapes: the cache fixes
+    them, so ``dynamic`` does not apply)."""
+    timeout_s = runtime.agreement_timeout_s
+    with ranks_agree(None, timeout_s=timeout_s, what="autotp.compile_mesh(..., max_cache_len=...)") as agreement:
         check_model(model)
         shape = mesh_shape_of(mesh)
         batch, _ = check_generation_inputs(model, example_inputs, max_cache_len)
-        expected_new_tokens = check_expected_new_tokens(expected_new_tokens)
         if batch < shape.dp:
             raise ValueError(f"the example ids have {batch} row(s) but the mesh has dp={shape.dp} replicas, each "
                              f"with a cache for its slice of the rows; pass at least {shape.dp} rows")
         plan = as_parallel_plan(plan)
         plan = check_plan_for_mesh(plan if plan is not None else even_parallel_plan(model, shape), shape, model)
+        options = plan_options(options, world_size=shape.tp)
         record = mesh_record(plan, example_inputs, {})
-        record.update(max_cache_len=max_cache_len, expected_new_tokens=expected_new_tokens,
-                      options=sorted((k, repr(v)) for k, v in tp_options.items()))
-        agreement.record = options_record(record, weights=dict(model.state_dict()) if check_weights else None)
+        record.update(max_cache_len=max_cache_len, expected_new_tokens=options.expected_new_tokens,
+                      options=agreed_options(options))
+        agreement.record = options_record(record, weights=dict(model.state_dict()) if runtime.check_weights else None)
     rows = math.ceil(batch / shape.dp)  # every replica's cache holds the largest slice
     ids = example_inputs[0][:rows]
     tp_group = dim_group(mesh, "tp")
@@ -362,9 +354,7 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
         stage = plan.stages[stage_index]
         wrapper = StageCachedLM(model, stage.first_block, stage.stop_block, last=stage_index == shape.pp - 1,
                                 batch_size=rows, max_cache_len=max_cache_len)
-    options = PlanOptions(world_size=shape.tp, **tp_options)
     module = compile_for_generation(model, (ids,), max_cache_len=max_cache_len, options=options, plan=None,
-                                    group=tp_group, rank=dist.get_rank(tp_group),
-                                    expected_new_tokens=expected_new_tokens, wrapper=wrapper, timeout_s=timeout_s)
+                                    group=tp_group, rank=dist.get_rank(tp_group), wrapper=wrapper, timeout_s=timeout_s)
     return MeshGenerationModule(plan, mesh, module, hidden_size=int(model.get_input_embeddings().weight.shape[-1]),
                                 dtype=next(model.parameters()).dtype, seed_offset=mesh_coordinate(mesh, "dp"))

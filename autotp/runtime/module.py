@@ -23,8 +23,6 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from autotp.base.placements import placement_from_str, split_of
-from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
 from autotp.hf_calls import call_kwargs
 from autotp.passes.rewrite import count_collectives
@@ -37,53 +35,7 @@ from autotp.runtime.input_check import InputShapeCheck
 from autotp.runtime.kv_cache import CacheLayout
 from autotp.runtime.training import OriginalParameterCheck, full_state_dict, refuse_backward, state_dict_aliases
 
-__all__ = ["GenerationGraphs", "TensorParallelModule", "local_block", "parameter_layout", "shard_tensor"]
-
-
-def local_block(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
-                rank: int) -> tuple[int, list[tuple[int, int]]] | None:
-    """Where rank ``rank``'s block of a tensor of ``shape`` placed as ``placement_text`` lies in the full tensor.
-
-    ``None`` when the tensor is not split (the rank holds it whole); else ``(dim, [(start, stop), ...])``:
-    the ranges of ``dim`` the rank holds, one per block (several for a block split such as a fused
-    QKV weight), concatenated in that order. The cuts come from ``parts`` (uneven splits: see
-    :mod:`autotp.passes.uneven`), so slicing in memory (:func:`shard_tensor`) and reading from a
-    checkpoint (:mod:`autotp.runtime.loading`) hold exactly the block the rewritten graph expects.
-    """
-    split = split_of(placement_from_str(placement_text))
-    if split is None:
-        return None
-    dim, blocks = split
-    offset, length = parts.local(name, dim, rank, blocks)
-    block = int(shape[dim]) // blocks
-    return dim, [(b * block + offset, b * block + offset + length) for b in range(blocks)]
-
-
-def local_shape(shape: tuple[int, ...] | torch.Size, placement_text: str, parts: Partitions, name: str,
-                rank: int) -> tuple[int, ...]:
-    """The shape of rank ``rank``'s block (:func:`local_block`) of a tensor of ``shape``, without slicing it."""
-    local = [int(size) for size in shape]
-    where = local_block(shape, placement_text, parts, name, rank)
-    if where is not None:
-        dim, ranges = where
-        local[dim] = sum(stop - start for start, stop in ranges)
-    return tuple(local)
-
-
-def parameter_layout(captured: CapturedGraph, plan: Plan, parts: Partitions) -> dict[str, tuple[tuple[int, ...], list[Any] | None]]:
-    """FQN -> (full shape, every rank's :func:`local_block`, or None when not split), for each parameter the graph reads.
-
-    What a rank reads from a checkpoint and what it writes to one (with its global offsets) both come from here.
-    """
-    layout = {}
-    for node in captured.graph_module.graph.nodes:
-        fqn = captured.parameter_fqns().get(node.name) if node.op == "placeholder" else None
-        if fqn is None or not node.users:
-            continue
-        shape = concrete_shape(node.meta["val"])
-        blocks = [local_block(shape, plan.parameters[fqn], parts, node.name, r) for r in range(plan.world_size)]
-        layout[fqn] = (shape, None if blocks[0] is None else blocks)
-    return layout
+__all__ = ["GenerationGraphs", "PhaseGraph", "TensorParallelModule"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -136,16 +88,6 @@ class GenerationGraphs:
             parts.append(f"== continuation (a longer prompt's later chunks of {layout.prefill_len} tokens; placements "
                          f"pinned) ==\n{self.continuation.plan}")
         return "\n".join(parts)
-
-
-def shard_tensor(full: torch.Tensor, placement_text: str, parts: Partitions, name: str, rank: int) -> torch.Tensor:
-    """This rank's block of ``full`` under ``placement_text`` (a contiguous copy, so ``full`` can be freed)."""
-    where = local_block(full.shape, placement_text, parts, name, rank)
-    if where is None:
-        return full.detach()
-    dim, ranges = where
-    pieces = [full.detach().narrow(dim, start, stop - start) for start, stop in ranges]
-    return torch.cat(pieces, dim).clone() if len(pieces) > 1 else pieces[0].clone()
 
 
 def _leaf_inputs(in_spec: pytree.TreeSpec) -> tuple[int, dict[str, None]] | None:

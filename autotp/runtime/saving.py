@@ -37,13 +37,13 @@ from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWrite
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from autotp.base.errors import CheckpointError
-from autotp.runtime.loading import Block, ReadRequest, TensorEntry
+from autotp.runtime.loading import Block, Checkpoint, ReadRequest, TensorEntry, TensorSource
 
 if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
 
-__all__ = ["ChunkLoadPlanner", "ChunkSavePlanner", "Chunks", "DistributedCheckpoint", "chunk_extents", "save_sharded",
-           "split_local"]
+__all__ = ["ChunkLoadPlanner", "ChunkSavePlanner", "Chunks", "DistributedCheckpoint", "chunk_extents", "open_checkpoint",
+           "save_sharded", "split_local"]
 
 Chunks = list[tuple[list[int], torch.Tensor]]
 """This rank's pieces of one tensor: ``(global offsets, local tensor)`` per non-empty chunk."""
@@ -213,3 +213,11 @@ class DistributedCheckpoint:
                     value = torch.empty(shape, dtype=entry.dtype, device=request.device)
             out.append(value.to(dtype=request.dtype))
         return out
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> TensorSource:
+    """A safetensors checkpoint, or a ``torch.distributed.checkpoint`` directory (one with ``.metadata``)
+    written by :meth:`TensorParallelModule.save`; both read only this rank's blocks."""
+    if (Path(path) / ".metadata").is_file():
+        return DistributedCheckpoint(path)
+    return Checkpoint(path)

@@ -1,0 +1,106 @@
+"""Applying a plan on one rank: plan or check, then the rank-local graph and this rank's shards.
+
+The stages below the front doors (:mod:`autotp.api`), shared by the tensor-parallel compile
+(:mod:`autotp.compiling`), generation (:mod:`autotp.generation`) and the mesh runtime::
+
+    plan_or_check     CapturedGraph (+ a given Plan) -> Plan (planned on the first rank, or checked)
+    rank_local_graph  Plan -> this rank's GraphModule (local shapes, functional collectives)
+    apply_plan        + this rank's parameter shards, buffers and cache blocks, and their layout
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotp.capture import CapturedGraph
+from autotp.passes.rewrite import rewrite_for_rank
+from autotp.passes.state import update_state_in_place
+from autotp.passes.uneven import Partitions, build_partitions
+from autotp.planning.checks import check_plan_applies
+from autotp.planning.constraints import check_plan_constraints
+from autotp.planning.options import PlanOptions
+from autotp.planning.plan import Plan
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
+from autotp.runtime.group import PlannedAhead, plan_on_first_rank
+from autotp.runtime.loading import agree_on_success, read_local_values
+from autotp.runtime.shards import parameter_layout, shard_tensor
+from autotp.runtime.shared_memory import inference_all_reduces
+
+__all__ = ["apply_plan", "plan_or_check", "rank_local_graph"]
+
+
+def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptions, *,
+                  group: dist.ProcessGroup | None, rank: int,
+                  agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, plan_cache: Any = None,
+                  ahead: PlannedAhead | None = None) -> Plan:
+    """Plan ``captured`` (on the first rank, broadcast; through ``plan_cache`` when given; ``ahead``: the first
+    rank's plan made already), or check that the given ``plan`` applies to it."""
+    if plan is None:
+        return plan_on_first_rank(captured, options, group=group, rank=rank, agreement_timeout_s=agreement_timeout_s,
+                                  plan_cache=plan_cache, ahead=ahead)
+    check_plan_applies(plan, captured, options.world_size)
+    check_plan_constraints(plan, options.constraints)
+    return plan
+
+
+def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
+               files: Any = None, model: torch.nn.Module | None = None, device: torch.device | None = None,
+               timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
+               ) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor], dict]:
+    """This rank's graph (state updates in place), its local parameter shards, buffers and cache blocks,
+    and the parameter layout (global offsets of every rank's block, for ``save``).
+
+    With ``files`` (an opened checkpoint) the shards are read from it, agreed by all ranks within
+    ``timeout_s``; otherwise they are sliced from the captured model's weights. ``training``: the
+    graph differentiates correctly (see :func:`autotp.passes.rewrite.rewrite_for_rank`)."""
+    local_gm, parts = rank_local_graph(captured, plan, group=group, rank=rank, timeout_s=timeout_s, training=training)
+    if files is None:
+        local_values = _local_values(captured, plan, parts, rank)
+    else:
+        local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model,
+                                                                          device), timeout_s=timeout_s)
+    return local_gm, local_values, parameter_layout(captured, plan, parts)
+
+
+def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
+                     timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
+                     ) -> tuple[torch.fx.GraphModule, Partitions]:
+    """This rank's graph of :func:`apply_plan` (state updates in place) and the partitions its shards follow,
+    without the shards: for a graph that takes another graph's tensors (generation's prefill graphs)."""
+    decisions = plan.decisions()
+    parts = build_partitions(captured.graph_module, decisions, plan.world_size)
+    group_name = (group or dist.group.WORLD).group_name
+    local_gm = update_state_in_place(
+        rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes(),
+                         training=training),
+        captured.state)
+    if not training:  # gloo all-reduces through shared memory on one host, else small ones in one round
+        local_gm = inference_all_reduces(local_gm, group, plan.world_size, timeout_s=timeout_s)
+    return local_gm, parts
+
+
+def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:
+    """Slice every parameter to this rank's block; buffers and constants are taken whole."""
+    exported = captured.exported
+    state = exported.state_dict
+    unread = {n.name for n in captured.graph_module.graph.nodes if n.op == "placeholder" and not n.users}
+    values: dict[str, torch.Tensor] = {}
+    for slot in captured.inputs:
+        if slot.kind == "parameter" and slot.name in unread:
+            # the graph never reads it (the second name of a tied weight): hold nothing
+            values[slot.name] = state[str(slot.target)].new_empty(0)
+        elif slot.kind == "parameter":
+            values[slot.name] = shard_tensor(state[str(slot.target)], plan.parameters[str(slot.target)], parts, slot.name, rank)
+        elif slot.kind == "buffer" and slot.name in captured.state:
+            # a KV cache: this rank's block, a copy of its own (the graph writes into it)
+            full = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
+            values[slot.name] = shard_tensor(full, plan.parameters[str(slot.target)], parts, slot.name, rank).clone()
+        elif slot.kind == "buffer":
+            values[slot.name] = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]
+        elif slot.kind == "constant":
+            values[slot.name] = exported.constants[str(slot.target)]
+    return values
+
