@@ -13,7 +13,7 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 The common knobs are keywords; the rest travel in two frozen values validated where built:
 :class:`~autotp.planning.options.PlanOptions` (``options=``: how to plan) and
 :class:`~autotp.runtime.options.RuntimeOptions` (``runtime=``: how the ranks agree, the trace cache).
-The stages themselves live below (:mod:`autotp.compiling`, :mod:`autotp.runtime.applying`); nothing
+The stages themselves live below (:mod:`autotp.runtime.compiling`, :mod:`autotp.runtime.applying`); nothing
 imports this module but :mod:`autotp` and the other front doors.
 """
 
@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from autotp.base.progress import log_progress
 from autotp.capture import capture, check_model, inputs_on_model_device
-from autotp.compiling import compile_group
+from autotp.runtime.compiling import compile_group
 from autotp.cost_model import Hardware
-from autotp.generation import generation_inputs
+from autotp.runtime.generation import generation_inputs
 from autotp.planning.constraints import Constraints
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.mesh_search import plan_mesh as search_mesh
@@ -209,7 +209,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     row) and prefill (``seq`` prompt tokens per call) share every weight's placement, chosen to
     minimise the predicted ``prefill + expected_new_tokens x decode`` (``options.expected_new_tokens``,
     default 128 new tokens per prompt; see :mod:`autotp.planning.phases`). ``plan=`` then gives the decode
-    plan, whose placements prefill is pinned to. See :mod:`autotp.generation`. Without ``max_cache_len`` a
+    plan, whose placements prefill is pinned to. See :mod:`autotp.runtime.generation`. Without ``max_cache_len`` a
     causal LM compiled for inference still generates: ``tp.generate`` builds these graphs on its first call,
     with a cache sized for the request, from ``model`` (held by a weak reference: keep it until then); see
     :mod:`autotp.runtime.generation_on_demand`.

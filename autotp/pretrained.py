@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from autotp.compiling import compile_group
+from autotp.runtime.compiling import compile_group
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, plan_options
 from autotp.planning.plan import Plan
 from autotp.runtime.module import TensorParallelModule

@@ -257,8 +257,8 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
     from autotp.calibration.graphs import time_in_turn
     from autotp.planning.megatron import megatron_plan
 
-    ours = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
-                          hardware=hardware, memory_budget=None)
+    ours = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, hardware=hardware,
+                          options=autotp.PlanOptions(memory_budget=None))
     reference = megatron_plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None)
     theirs = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                             hardware=hardware, plan=reference)
@@ -271,7 +271,7 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
     whole = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                            hardware=dataclasses.replace(hardware, intra_node=no_link, inter_node=no_link,
                                                         shared_memory_link=no_shared_memory),
-                           memory_budget=None)
+                           options=autotp.PlanOptions(memory_budget=None))
     if _collective_count(whole.plan):
         raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
     (autotp_s, _), (megatron_s, _), (no_split_s, _) = time_in_turn(

@@ -44,8 +44,8 @@ def main() -> None:
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = autotp.plan(model, (ids,), {"use_cache": False}, world_size=options.world_size,
-                               hardware=profile, dynamic=False)
+            plan = autotp.plan(model, (ids,), {"use_cache": False}, world_size=options.world_size, hardware=profile,
+                               options=autotp.PlanOptions(dynamic=False))
         estimate = plan.estimate(profile)
         host = estimate.host
         assert host is not None  # the profile is given

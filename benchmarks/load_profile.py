@@ -36,25 +36,25 @@ from load import CONFIG, SEQ_LEN, _free_port, write_checkpoints  # noqa: E402
 
 SPANS = [  # (label, module, attribute): the function autotp calls for that stage, where it looks it up
     ("config", "transformers", "AutoConfig.from_pretrained"),
-    ("capture", "autotp.api", "capture"),
+    ("capture", "autotp.runtime.compiling", "capture"),
     ("  export", "autotp.capture", "_export"),
     ("  trace cache key", "autotp.trace_cache", "trace_key"),
     ("  trace cache read", "autotp.trace_cache", "_read_entry"),
     ("  trace cache rebuild", "autotp.trace_cache", "_rebuild"),
     ("  trace cache write", "autotp.trace_cache", "_entry"),
     ("  trace cache write file", "autotp.trace_cache", "_write_payload"),
-    ("agreement record", "autotp.api", "compile_record"),
-    ("headers", "autotp.api", "open_checkpoint"),
-    ("plan (rank 0 plans, others wait)", "autotp.api", "plan_on_first_rank"),
+    ("agreement record", "autotp.runtime.compiling", "compile_record"),
+    ("headers", "autotp.runtime.compiling", "open_checkpoint"),
+    ("plan (rank 0 plans, others wait)", "autotp.runtime.applying", "plan_on_first_rank"),
     ("  cached plan read", "autotp.planning.plan_cache", "cached_plan"),
     ("  strategies", "autotp.planning.planner", "build_strategy_graph"),
     ("  cost", "autotp.planning.planner", "cost_strategy_graph"),
     ("  solve", "autotp.planning.planner", "solve"),
     ("  plan data", "autotp.planning.planner", "_build_plan"),
     ("  cached plan write (after sending)", "autotp.planning.plan_cache", "store_plan"),
-    ("rewrite", "autotp.api", "rewrite_for_rank"),
-    ("reads", "autotp.api", "read_local_values"),
-    ("module", "autotp.api", "TensorParallelModule"),
+    ("rewrite", "autotp.runtime.applying", "rewrite_for_rank"),
+    ("reads", "autotp.runtime.applying", "read_local_values"),
+    ("module", "autotp.runtime.compiling", "TensorParallelModule"),
 ]
 
 

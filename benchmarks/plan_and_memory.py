@@ -26,7 +26,7 @@ from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mlp  # noqa: E402
 import autotp  # noqa: E402
 from autotp.capture import capture  # noqa: E402
 from autotp.passes.uneven import build_partitions  # noqa: E402
-from autotp.runtime.module import shard_tensor  # noqa: E402
+from autotp.runtime.shards import shard_tensor  # noqa: E402
 
 
 def llama_1b(device: str = "meta"):

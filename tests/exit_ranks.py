@@ -82,7 +82,7 @@ def _compile_models_differ(rank: int) -> None:
     import autotp
 
     model, args = _tiny_mlp(16 if rank == 0 else 32)
-    autotp.compile(model, example_inputs=args, agreement_timeout_s=_TIMEOUT_S)
+    autotp.compile(model, example_inputs=args, runtime=autotp.RuntimeOptions(agreement_timeout_s=_TIMEOUT_S))
 
 
 def _compile_then_new_value(rank: int) -> None:
@@ -92,7 +92,7 @@ def _compile_then_new_value(rank: int) -> None:
     import autotp
 
     model, args = _tiny_mlp(16)
-    tp = autotp.compile(model, example_inputs=args, agreement_timeout_s=_TIMEOUT_S)
+    tp = autotp.compile(model, example_inputs=args, runtime=autotp.RuntimeOptions(agreement_timeout_s=_TIMEOUT_S))
     x = args[0] if rank == 0 else args[0][:, :2]
     tp(x)
 

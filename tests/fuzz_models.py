@@ -328,8 +328,8 @@ def check_spec(rank: int, world_size: int, spec: Spec) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tp_model = autotp.compile(model, example_inputs=args, constraints=constraints or None,
-                                      memory_budget=None if constraints else "auto")
+            tp_model = autotp.compile(model, example_inputs=args,
+                                      options=autotp.PlanOptions(constraints=constraints or None, memory_budget=None if constraints else "auto"))
         got = tp_model(*args)
     except Exception as exc:  # noqa: BLE001 - reported, counted by the benchmark, failed by the test
         return {"max_error": math.inf, "fallback_ops": (), "collectives": {}, "split": False,

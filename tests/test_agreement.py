@@ -52,7 +52,8 @@ class _DataDependent(nn.Module):
 def _compile_with_fault(rank: int, world_size: int, fault: str) -> tuple[str, str]:
     """Compile a tiny MLP on every rank, with ``fault`` injected on rank 1."""
     model, args, kwargs = _mlp(rank)
-    options: dict = {"agreement_timeout_s": 60.0}
+    options: dict = {}
+    planning: dict = {}
     faulty = rank == 1
     if faulty and fault == "wider_mlp":
         model, args, kwargs = _mlp(rank, intermediate=128)
@@ -65,9 +66,9 @@ def _compile_with_fault(rank: int, world_size: int, fault: str) -> tuple[str, st
     elif faulty and fault == "trace_fails":
         model = _DataDependent()
     elif faulty and fault == "memory_budget":
-        options["memory_budget"] = None
+        planning["memory_budget"] = None
     elif faulty and fault == "constraints":
-        options["constraints"] = {"2.weight": autotp.Replicate()}
+        planning["constraints"] = {"2.weight": autotp.Replicate()}
     elif faulty and fault == "hardware":
         options["hardware"] = "a100-sxm"
     elif faulty and fault == "world_size":
@@ -78,7 +79,9 @@ def _compile_with_fault(rank: int, world_size: int, fault: str) -> tuple[str, st
             warnings.simplefilter("ignore")
             options["plan"] = autotp.plan(model, args, kwargs, world_size=world_size, hardware="cpu-gloo",
                                           constraints=constraints)
-    return _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs, **options))
+    return _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs, **options,
+                                           options=autotp.PlanOptions(**planning),
+                                           runtime=autotp.RuntimeOptions(agreement_timeout_s=60.0)))
 
 
 FAULTS = {
@@ -112,8 +115,9 @@ def test_one_rank_differs_at_compile(gloo, fault: str) -> None:
 def _compile_unplannable(rank: int, world_size: int) -> tuple[str, str]:
     """Compile a tiny MLP with a memory budget no plan meets: rank 0 fails to plan (ahead of the agreement)."""
     model, args, kwargs = _mlp(rank)
-    return _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs, memory_budget=64,
-                                           agreement_timeout_s=60.0))
+    return _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
+                                           options=autotp.PlanOptions(memory_budget=64),
+                                           runtime=autotp.RuntimeOptions(agreement_timeout_s=60.0)))
 
 
 @pytest.mark.distributed
@@ -146,7 +150,8 @@ def test_depth_differs(gloo) -> None:
 
 def _weights_unchecked(rank: int, world_size: int) -> tuple[str, str]:
     model, args, kwargs = _mlp(rank, seed=rank)
-    return _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs, check_weights=False))
+    return _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
+                                           runtime=autotp.RuntimeOptions(check_weights=False)))
 
 
 @pytest.mark.distributed
@@ -162,7 +167,7 @@ def _late_rank(rank: int, world_size: int, timeout_s: float) -> tuple[str, str, 
         time.sleep(timeout_s + 1.0)  # rank 1 is stuck elsewhere for longer than rank 0 waits
     started = time.monotonic()
     kind, message = _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
-                                                    agreement_timeout_s=timeout_s))
+                                                    runtime=autotp.RuntimeOptions(agreement_timeout_s=timeout_s)))
     return kind, message, time.monotonic() - started
 
 
@@ -201,7 +206,7 @@ def _calls(rank: int, world_size: int) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile(model, example_inputs=(x,), example_kwargs={"scale": 1.0, "shift": False},
-                            agreement_timeout_s=60.0)
+                            runtime=autotp.RuntimeOptions(agreement_timeout_s=60.0))
     results = {
         "scale": _outcome(lambda: tp(x, scale=3.0, shift=False)),
         "shift": _outcome(lambda: tp(x, scale=1.0, shift=True)),
@@ -259,7 +264,7 @@ def test_plan_given_as_a_path_or_a_dict(gloo, tmp_path) -> None:
 
 def _backend_weights(rank: int, world_size: int) -> tuple[str, str]:
     model, args, _ = _mlp(rank, seed=rank)
-    compiled = torch.compile(model, backend=autotp.backend(agreement_timeout_s=60.0))
+    compiled = torch.compile(model, backend=autotp.backend(runtime=autotp.RuntimeOptions(agreement_timeout_s=60.0)))
     try:
         return _outcome(lambda: compiled(*args))
     finally:

@@ -41,7 +41,7 @@ def _plan(model_name: str, shapes: dict[str, int], hardware: str | Hardware, wor
         # static shapes: the flip is about these exact sizes, and only static dims (here also batch and
         # sequence) may be split, e.g. the tokens of a row-parallel linear's output
         return autotp.plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None,
-                           dynamic=False)
+                           options=autotp.PlanOptions(dynamic=False))
 
 
 def _linears(plan: Plan) -> dict[str, Any]:

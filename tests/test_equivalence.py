@@ -31,7 +31,8 @@ def _compile_and_compare(rank: int, world_size: int, name: str, builder_kwargs: 
         expected = model(*args, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp_model = autotp.compile(model, example_inputs=args, example_kwargs=kwargs, constraints=constraints)
+        tp_model = autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
+                                  options=autotp.PlanOptions(constraints=constraints))
     got = tp_model(*args, **kwargs)
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert type(got) is type(expected), f"output type {type(got).__name__} != {type(expected).__name__}"

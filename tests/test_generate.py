@@ -172,7 +172,8 @@ def _whole_model(rank: int, world_size: int) -> dict[str, Any]:
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids[:, :4],), max_cache_len=16, constraints={"*": "R"})
+        tp = autotp.compile(model, example_inputs=(ids[:, :4],), max_cache_len=16,
+                            options=autotp.PlanOptions(constraints={"*": "R"}))
     graphs = [tp.graph_module, tp.generation.prefill.graph_module, tp.generation.continuation.graph_module]
     calls = [0]
     hooks = [g.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for g in graphs]
@@ -214,8 +215,8 @@ def _prompt_together(rank: int, world_size: int) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         # every weight whole: decode (one token) has nothing to split, while the 48-token prefill splits its
         # tokens across the ranks on the cpu-gloo profile and gathers them (collectives in one phase only)
-        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, memory_budget=None,
-                            constraints={"*.weight": "R"}, hardware="cpu-gloo")
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, hardware="cpu-gloo",
+                            options=autotp.PlanOptions(memory_budget=None, constraints={"*.weight": "R"}))
     calls = {"decode": 0, "prefill": 0}
     for phase, graph in (("decode", tp.graph_module), ("prefill", tp.generation.prefill.graph_module)):
         graph.register_forward_pre_hook(lambda *_, phase=phase: calls.__setitem__(phase, calls[phase] + 1))

@@ -141,7 +141,8 @@ def test_phase_weights_choose_one_placement_for_prefill_and_decode(fake_tp2) -> 
                                   seq_len=64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, memory_budget=None, expected_new_tokens=0)
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64,
+                            options=autotp.PlanOptions(memory_budget=None, expected_new_tokens=0))
     weighting = tp.generation.weighting
     by = {c.placed_by: c for c in weighting.candidates}
     assert by["decode"].decode.parameters["key_cache_0"] == "R", by["decode"].decode.parameters
@@ -156,7 +157,8 @@ def test_phase_weights_choose_one_placement_for_prefill_and_decode(fake_tp2) -> 
                      "== decode (1 token per row; placements pinned to prefill's)"):
         assert expected in text, f"{expected!r} not in print(tp.generation):\n{text[:1500]}"
     with pytest.raises(ValueError, match="expected_new_tokens must be an int >= 0"):
-        autotp.compile(model, example_inputs=(ids,), max_cache_len=64, expected_new_tokens=-1)
+        autotp.compile(model, example_inputs=(ids,), max_cache_len=64,
+                       options=autotp.PlanOptions(expected_new_tokens=-1))
 
 
 def test_a_phase_the_first_rank_runs_alone_is_priced_at_a_whole_core(fake_tp2) -> None:
@@ -178,7 +180,8 @@ def test_a_phase_the_first_rank_runs_alone_is_priced_at_a_whole_core(fake_tp2) -
                                   seq_len=32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, memory_budget=None, hardware=busy)
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, hardware=busy,
+                            options=autotp.PlanOptions(memory_budget=None))
     by = {c.placed_by: c for c in tp.generation.weighting.candidates}
     assert set(by) == {"decode", "prefill", "whole"}, f"candidates {sorted(by)}"
     for placed_by in ("decode", "prefill"):
@@ -242,7 +245,8 @@ def test_forward_reads_the_live_parameters_and_buffers(fake_tp2) -> None:
 
     torch.manual_seed(0)
     model, x = _ScaledLinear(), torch.randn(3, 8)
-    tp = autotp.compile(model, world_size=2, example_inputs=(x,), memory_budget=None, hardware="cpu-gloo")
+    tp = autotp.compile(model, world_size=2, example_inputs=(x,), hardware="cpu-gloo",
+                        options=autotp.PlanOptions(memory_budget=None))
     assert not tp.plan.collective_counts(), f"expected a plan without collectives, got {tp.plan.collective_counts()}"
     with torch.no_grad():
         torch.testing.assert_close(tp(x), model(x))
@@ -264,9 +268,9 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     decode plan's placements, the shard shapes the check derives without slicing (``local_shape``) equal those
     ``apply_plan`` slices, on both ranks, so the graph takes the decode graph's tensors; a tensor of another
     shape is refused with PlanError naming it."""
-    from autotp.api import apply_plan, plan_or_check, rank_local_graph
+    from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
     from autotp.base.errors import PlanError
-    from autotp.generation import _pinned_to, _shared_inputs
+    from autotp.runtime.generation import _pinned_to, _shared_inputs
     from autotp.planning.options import PlanOptions
 
     model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=4, layers=2)

@@ -44,8 +44,8 @@ def _load_and_compare(rank: int, world_size: int, cases: list[tuple[str, str, st
     results = []
     for name, path, file_dtype in cases:
         meta_model, args, kwargs = BUILDERS[name](layers=1, device="meta")
-        tp = autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=path,
-                            dynamic=False)
+        tp = autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                            checkpoint=path, options=autotp.PlanOptions(dynamic=False))
         reference, _, _ = BUILDERS[name](layers=1)
         if file_dtype is not None:  # the file holds rounded weights: so does the reference
             reference = reference.to(getattr(torch, file_dtype)).float()
@@ -136,13 +136,14 @@ def _compile_bad(rank: int, world_size: int, cases: dict[str, list[str]], cache:
     for case, paths in cases.items():
         meta_model, args, kwargs = BUILDERS["llama"](layers=1, device="meta")
         try:
-            autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, checkpoint=paths[rank],
-                           dynamic=False)
+            autotp.compile(meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                           checkpoint=paths[rank], options=autotp.PlanOptions(dynamic=False))
             errors[case] = ""
         except CheckpointError as exc:
             errors[case] = str(exc)
     try:
-        autotp.compile(_ValueBranch(), example_inputs=(torch.ones(2, 4),), trace_cache=cache, dynamic=False)
+        autotp.compile(_ValueBranch(), example_inputs=(torch.ones(2, 4),), options=autotp.PlanOptions(dynamic=False),
+                       runtime=autotp.RuntimeOptions(trace_cache=cache))
         errors["untraceable"] = ""
     except AutoTPError as exc:  # rank 0's CaptureError; the ranks then agree on one error
         errors["untraceable"] = str(exc)
@@ -209,8 +210,10 @@ def _from_pretrained_and_save(rank: int, world_size: int, name: str, source: str
 
     torch.export.export = counted  # a spy in this worker only (it still traces)
     try:
-        tp = autotp.from_pretrained(source, world_size=world_size, dtype=torch.float32, trace_cache=cache,
-                                    example_inputs=BUILDERS[name](layers=1, device="meta")[1], dynamic=False)
+        tp = autotp.from_pretrained(source, world_size=world_size, dtype=torch.float32,
+                                    example_inputs=BUILDERS[name](layers=1, device="meta")[1],
+                                    options=autotp.PlanOptions(dynamic=False),
+                                    runtime=autotp.RuntimeOptions(trace_cache=cache))
     finally:
         torch.export.export = original
     reference, args, kwargs = BUILDERS[name](layers=1)
@@ -225,7 +228,7 @@ def _load_and_save(rank: int, world_size: int, name: str, source: str, target: s
     """autotp.load(source) into a meta model at this world size, compared with the model; then tp.save(target)."""
     meta_model, args, kwargs = BUILDERS[name](layers=1, device="meta")
     tp = autotp.load(source, meta_model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
-                     dynamic=False)
+                     options=autotp.PlanOptions(dynamic=False))
     reference, _, _ = BUILDERS[name](layers=1)
     with torch.no_grad():
         expected = reference(*args, **kwargs).logits

@@ -1,4 +1,4 @@
-"""autotp.compile(model, mesh=..., max_cache_len=N).generate(...): generation over a dp x pp x tp mesh.
+"""autotp.compile_mesh(model, mesh, max_cache_len=N).generate(...): generation over a dp x pp x tp mesh.
 
 One pool call of 4 gloo processes runs dp2 x tp2 and pp2 x tp2 on tiny Llama (2 layers, hidden 64);
 greedy tokens must equal HuggingFace's single-process ``model.generate`` on every rank, with an
@@ -44,7 +44,7 @@ def _generate_on_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int,
         model, _, _ = tiny_llama(**TINY)
         ids = _prompts(batch)
         mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
-        part = autotp.compile(model, mesh=mesh, example_inputs=(ids[:, :seq],), max_cache_len=CACHE)
+        part = autotp.compile_mesh(model, mesh, example_inputs=(ids[:, :seq],), max_cache_len=CACHE)
         greedy = part.generate(ids, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=0)
         sampled = part.generate(ids, max_new_tokens=3, do_sample=True, seed=7) if "pp" in names else None
         results.append((greedy, sampled, part.cache_bytes()))

@@ -1,4 +1,4 @@
-"""autotp.compile(model, mesh=...): data parallel x pipeline parallel x tensor parallel over a DeviceMesh.
+"""autotp.compile_mesh(model, mesh): data parallel x pipeline parallel x tensor parallel over a DeviceMesh.
 
 Unit tests of the equal-stage fallback plan and the plan/mesh checks (no process group), then real
 gloo runs against the single-process model: dp2 x tp2, pp2 x tp2, dp2 x pp2 on 4 processes (one
@@ -58,8 +58,8 @@ def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], t
             even_parallel_plan(model, mesh_shape_of(mesh), **plan_options) if plan_options else None)
         read = checkpoint if index < 2 else None
         compiled = tiny_llama(**TINY, layers=2, batch=batch, device="meta")[0] if read else model
-        part = autotp.compile(compiled, mesh=mesh, example_inputs=args, example_kwargs=kwargs, plan=plan,
-                              checkpoint=read)
+        part = autotp.compile_mesh(compiled, mesh, example_inputs=args, example_kwargs=kwargs, plan=plan,
+                                   checkpoint=read)
         with torch.no_grad():
             out, ref = part(*args, **kwargs), model(*args, **kwargs)
         results.append((type(out).__name__, tuple(out.logits.shape), float((out.logits - ref.logits).abs().max())))
@@ -95,7 +95,7 @@ def _bad_inputs(rank: int, world_size: int) -> list[str]:
         if index == 6:  # generation: one row for 2 replicas
             kwargs, extra = {}, {"max_cache_len": 16}
         try:
-            autotp.compile(model, mesh=mesh, example_inputs=(ids,), example_kwargs=kwargs, plan=plan, **extra)
+            autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs=kwargs, plan=plan, **extra)
         except (ValueError, autotp.AgreementError) as exc:
             messages.append(str(exc))
         else:
@@ -120,13 +120,13 @@ def _planned_pipeline(shape: MeshShape, batch: int, microbatches: int, schedule:
 
 
 def _searched_plan(shape: MeshShape, batch: int, *, microbatches: int) -> ParallelPlan:
-    """The mesh search's ParallelPlan for ``shape`` (autotp.plan(mesh=...)), run with ``microbatches``."""
+    """The mesh search's ParallelPlan for ``shape`` (autotp.plan_mesh(mesh=...)), run with ``microbatches``."""
     import dataclasses
 
     import autotp
 
     model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
-    plan = autotp.plan(model, args, kwargs, world_size=shape.world_size, mesh=shape)
+    plan = autotp.plan_mesh(model, args, kwargs, world_size=shape.world_size, mesh=shape)
     return dataclasses.replace(plan, microbatches=microbatches)
 
 

@@ -208,7 +208,7 @@ def test_fallback_ops_are_named_once() -> None:
 def test_strict_lists_every_unruled_op_with_its_line() -> None:
     """tp=2 (planning only): strict=True raises naming each unruled node and the line of forward() that made it."""
     with pytest.raises(UnsupportedOpError) as info:
-        autotp.plan(_Unruled(), (torch.randn(2, 4, 16),), world_size=2, strict=True)
+        autotp.plan(_Unruled(), (torch.randn(2, 4, 16),), world_size=2, options=autotp.PlanOptions(strict=True))
     text = str(info.value)
     for op in ("aten.special_bessel_j0.default", "aten.digamma.default"):
         assert op in text, f"{op} missing from:\n{text}"

@@ -81,7 +81,7 @@ def test_static_dim_called_at_another_size_names_the_dim_and_the_option(fake_gro
     """tp=3 (fake group), Llama traced with dynamic=False at (2, 16), called at (2, 9): an InputShapeError naming
     the input, the dim, both sizes and dynamic=True, raised before the graph runs (not a reshape error)."""
     model, args, kwargs = tiny_llama(layers=1)
-    tp = _compile(model, args, kwargs, dynamic=False)
+    tp = _compile(model, args, kwargs, options=autotp.PlanOptions(dynamic=False))
     with pytest.raises(InputShapeError) as info:
         tp(torch.randint(0, 1000, (2, 9)), **kwargs)
     message = str(info.value)
@@ -158,7 +158,8 @@ def test_plan_that_splits_the_batch_says_to_pin_shapes() -> None:
     from autotp.planning.checks import check_plan_applies
 
     model, args, kwargs = tiny_mlp(batch=8, seq_len=2048, device="meta")
-    plan = autotp.plan(model, args, kwargs, world_size=4, hardware="h100-sxm", memory_budget=None, dynamic=False)
+    plan = autotp.plan(model, args, kwargs, world_size=4, hardware="h100-sxm", memory_budget=None,
+                       options=autotp.PlanOptions(dynamic=False))
     batch_split = [n.name for n in plan.nodes if n.output == "S(0)" and n.op == "aten.linear.default"]
     assert batch_split, f"expected the static plan to split the batch, got {[(n.name, n.output) for n in plan.nodes]}"
     captured = capture(model, inputs_on_model_device(model, args), kwargs)

@@ -82,11 +82,13 @@ def test_hit_skips_export_and_gives_the_same_outputs(tmp_path: Path, export_call
     source, model, args = _checkpoint(tmp_path / "hf")
     listing = sorted(p.name for p in source.iterdir())
     cache = tmp_path / "cache"
-    first = autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
+    first = autotp.from_pretrained(source, world_size=1, example_inputs=args,
+                                   runtime=autotp.RuntimeOptions(trace_cache=cache))
     assert len(export_calls) == 1, f"expected 1 export on an empty cache, got {export_calls}"
     entries = sorted((cache / "traces").glob("*.pt2c"))
     assert len(entries) == 1, f"expected one cache entry, found {entries}"
-    second = autotp.from_pretrained(source, world_size=1, example_inputs=args, trace_cache=cache)
+    second = autotp.from_pretrained(source, world_size=1, example_inputs=args,
+                                    runtime=autotp.RuntimeOptions(trace_cache=cache))
     assert len(export_calls) == 1, f"the second load should not export, export calls: {export_calls}"
     assert plan_calls == [1], f"the second load should reuse the plan, plans made: {plan_calls}"
     assert second.plan.to_json() == first.plan.to_json(), "the cached plan differs from the one made"

@@ -80,8 +80,9 @@ def _checkpointed_blocks(tp: autotp.TensorParallelModule, ids: torch.Tensor, pla
     model, _, _ = models.tiny_llama(**_LLAMA)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        blocks = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
-                                activation_checkpointing="blocks", outputs="local")
+        blocks = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids},
+                                options=autotp.PlanOptions(training=True, activation_checkpointing="blocks",
+                                                           outputs="local"))
     with torch.no_grad():
         whole, local = tp(ids, labels=ids), blocks(ids, labels=ids)
     width = whole.logits.shape[-1] // tp.world_size
@@ -209,10 +210,11 @@ def _dropout_streams(rank: int, world_size: int) -> dict:
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
-                            dynamic=False, dropout="split")
-        blocks = autotp.compile(model, example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
-                                dynamic=False, dropout="split", plan=tp.plan, activation_checkpointing="blocks")
+        tp = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids},
+                            options=autotp.PlanOptions(training=True, dynamic=False, dropout="split"))
+        blocks = autotp.compile(model, example_inputs=(ids,), example_kwargs={"labels": ids},
+                                plan=tp.plan, options=autotp.PlanOptions(training=True, dynamic=False, dropout="split",
+                                                                         activation_checkpointing="blocks"))
     losses = []
     for module in (tp, blocks):  # the recomputed blocks replay both streams: the same masks, the same gradients
         module.manual_seed(7)
@@ -256,7 +258,7 @@ def test_dropout_streams_per_rank(gloo) -> None:
 
 
 def _train_on_mesh(rank: int, world_size: int, steps: int) -> dict:
-    """dp=2 x tp=2 through autotp.compile(mesh=..., training=True): every rank passes the whole batch, each
+    """dp=2 x tp=2 through autotp.compile_mesh(..., training=True): every rank passes the whole batch, each
     replica trains on its row. Returns the replica's losses, the single process's on the whole batch, and
     the largest difference of the trained weights from the single process's."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -267,8 +269,8 @@ def _train_on_mesh(rank: int, world_size: int, steps: int) -> dict:
     reference = models.tiny_llama(batch=2, **config)[0].train()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model.train(), mesh=mesh, example_inputs=(ids,), example_kwargs={"labels": ids},
-                            training=True)
+        tp = autotp.compile_mesh(model.train(), mesh, example_inputs=(ids,), example_kwargs={"labels": ids},
+                                 training=True)
     optimizer = torch.optim.AdamW(tp.parameters(), lr=1e-2)
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     losses, expected = [], []
@@ -285,7 +287,7 @@ def _train_on_mesh(rank: int, world_size: int, steps: int) -> dict:
 
 
 def test_training_over_a_dp_tp_mesh(gloo) -> None:
-    """dp=2 x tp=2 (autotp.compile(mesh=..., training=True)), Llama: each replica returns its row's loss, and
+    """dp=2 x tp=2 (autotp.compile_mesh(..., training=True)), Llama: each replica returns its row's loss, and
     gradients averaged over dp make 3 AdamW steps equal the single process's on the whole batch: the mean
     of the two replicas' losses is its loss (<= 1e-5 relative), and the trained weights are its weights."""
     results = gloo.run(4, _train_on_mesh, 3)

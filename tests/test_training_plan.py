@@ -177,7 +177,8 @@ def test_activation_checkpointing_of_blocks_is_priced():
                                                       torch.nn.Linear(INTERMEDIATE, HIDDEN)) for _ in range(2)])
     x = torch.randn(BATCH, SEQ, HIDDEN)
     plain = autotp.plan(model, (x,), world_size=2, training=True)
-    blocks = autotp.plan(model, (x,), world_size=2, training=True, activation_checkpointing="blocks")
+    blocks = autotp.plan(model, (x,), world_size=2,
+                         options=autotp.PlanOptions(training=True, activation_checkpointing="blocks"))
     megatron = {f"{i}.{j}.weight": p for i in (0, 1) for j, p in ((0, "S(0)"), (2, "S(1)"))}
     assert {k: blocks.parameters[k] for k in megatron} == megatron, f"not Megatron's plan: {dict(blocks.parameters)}"
     activation = BATCH * SEQ * HIDDEN * FP32  # one (2, 16, 32) fp32 tensor, or a (2, 16, 64) one split in two
@@ -191,7 +192,7 @@ def test_activation_checkpointing_of_blocks_is_priced():
     assert "blocks checkpointed" in str(blocks) and blocks.activation_checkpointing == "blocks"
     assert Plan.from_json(blocks.to_json()).activation_checkpointing == "blocks"
     with pytest.raises(ValueError, match="training=True"):
-        autotp.plan(model, (x,), world_size=2, activation_checkpointing="blocks")
+        autotp.plan(model, (x,), world_size=2, options=autotp.PlanOptions(activation_checkpointing="blocks"))
 
 
 def test_split_dropout_plan_gathers_less():

@@ -3,7 +3,7 @@
 ``autotp.compile(model, example_inputs=(ids,))`` of a HuggingFace causal LM traces one forward graph;
 ``tp.generate(ids, max_new_tokens=N)`` then needs a KV cache and the decode and prefill graphs that
 ``compile(..., max_cache_len=)`` builds. :class:`GenerationOnDemand` builds them on that first call,
-with the same planning options, group and machinery (:func:`autotp.generation.compile_for_generation`,
+with the same planning options, group and machinery (:func:`autotp.runtime.generation.compile_for_generation`,
 given as ``build``), and keeps them for later calls:
 
 - the cache has one row per row of the request and :func:`cache_length` slots: prompt +

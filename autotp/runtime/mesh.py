@@ -68,7 +68,7 @@ from torch import nn
 
 from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.capture import as_if_on, check_model, trace_device
-from autotp.compiling import compile_group
+from autotp.runtime.compiling import compile_group
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions
@@ -604,8 +604,8 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                     checkpoint: str | os.PathLike[str] | None = None, options: PlanOptions,
                     runtime: RuntimeOptions) -> MeshParallelModule:
     """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh` and :func:`autotp.compile_mesh`.
-    ``options`` and ``runtime`` go to :func:`~autotp.compiling.compile_group` for each stage's tensor-parallel
-    part.
+    ``options`` and ``runtime`` go to :func:`~autotp.runtime.compiling.compile_group` for each stage's
+    tensor-parallel part.
 
     ``checkpoint``: each rank reads its stage's tensor-parallel shards from it
     (:mod:`autotp.runtime.loading`), so ``model`` may be on the meta device (the stages are cut

@@ -6,7 +6,7 @@ returns the whole batch's tokens on every rank. Greedy decoding gives the tokens
 
 - **tp**: each ``mesh["tp"]`` sub-group compiles its part for generation as
   :func:`autotp.compile` with ``max_cache_len`` does over one group (decode and prefill graphs,
-  one set of weight shards, the KV cache placed by the planner): see :mod:`autotp.generation`.
+  one set of weight shards, the KV cache placed by the planner): see :mod:`autotp.runtime.generation`.
 - **pp**: each stage compiles a :class:`StageCachedLM`: the model with the other stages' layer
   blocks replaced by pass-throughs (their weights dropped), a KV cache for its own layers only,
   stage 0 taking the token ids and the others the previous stage's hidden states, the last stage
@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autotp.capture import check_model
-from autotp.generation import check_generation_inputs, compile_for_generation
+from autotp.runtime.generation import check_generation_inputs, compile_for_generation
 from autotp.planning.even_stages import even_parallel_plan, layer_blocks
 from autotp.planning.mesh_plan import ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions, plan_options

@@ -51,7 +51,7 @@ class PhaseGraph:
 
 @dataclasses.dataclass(frozen=True)
 class GenerationGraphs:
-    """What a model compiled with ``max_cache_len`` adds (see :mod:`autotp.generation`).
+    """What a model compiled with ``max_cache_len`` adds (see :mod:`autotp.runtime.generation`).
 
     ``prefill``: the graph of a prompt's first chunk (attends to the chunk only; ``None`` when prompts go
     one token per call); ``continuation``: the graph of a longer prompt's later chunks (attends to the

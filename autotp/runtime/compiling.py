@@ -3,7 +3,7 @@
 The front doors (:mod:`autotp.api`, :mod:`autotp.pretrained`) and the mesh runtime
 (:mod:`autotp.runtime.mesh`, one compile per pipeline stage) call :func:`compile_group`; it runs
 the stages of :mod:`autotp.runtime.applying` (capture, agree, plan or check, rewrite, shard) and,
-for generation, :mod:`autotp.generation`. Options come in as validated frozen values
+for generation, :mod:`autotp.runtime.generation`. Options come in as validated frozen values
 (:class:`~autotp.planning.options.PlanOptions`, :class:`~autotp.runtime.options.RuntimeOptions`).
 """
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from autotp.base.progress import log_progress
 from autotp.capture import capture, check_model, random_state_fingerprint, trace_device
-from autotp.generation import compile_for_generation
+from autotp.runtime.generation import compile_for_generation
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import Plan, as_plan
 from autotp.runtime.agreement import (
