@@ -63,7 +63,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from autotp.adapters import hf_transformers
+from autotp.adapters import hf_transformers, torchao
 from autotp.base.errors import CaptureError
 from autotp.hf_calls import takes_use_cache, traced_kwargs
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
@@ -311,6 +311,7 @@ def capture(
         )
     if hf_transformers.is_transformers_model(model):
         hf_transformers.check_release("a forward", hf_transformers.FORWARD_RELEASES)
+    torchao.check_quantized_weights(model)  # an unsupported scheme fails here, not inside its subclass
     hf_model = takes_use_cache(model)
     kwargs = traced_kwargs(model, dict(example_kwargs or {}))  # a HF model: use_cache=False (autotp.hf_calls)
     explicit = dynamic_shapes is not None
@@ -571,9 +572,9 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
     """
     from torch.export.graph_signature import OutputKind
 
-    if _needs_functionalizing(exported.graph_module):
+    if _needs_functionalizing(exported.graph_module) or torchao.holds_subclass_weights(exported.state_dict):
         # export's graph keeps in-place ops and does not list what they update; the functional
-        # form lists every updated buffer and input in its signature
+        # form lists every updated buffer and input in its signature (and a quantized weight's parts)
         exported = exported.run_decompositions({})
     state = _state_updates(exported)
     specs_out = exported.graph_signature.output_specs

@@ -70,6 +70,7 @@ from autotp.base.shapes import concrete_shape
 from autotp.passes.backward import reads_through_f
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import call_sync_s, compute_s, is_blocked, is_collective_reshard, price_choice, reshard_s
+from autotp.passes.quantized import Link
 from autotp.passes.strategies import Edge
 from autotp.passes.uneven import largest_shard_nbytes
 
@@ -291,11 +292,14 @@ def evaluate_choice(costed: CostedGraph, choice: dict[str, int]) -> float | None
     return None if price.blocked else price.total_s
 
 
-def _store_sliced_parameters_split(costed: CostedGraph, choice: dict[str, int]) -> dict[str, int]:
+def _store_sliced_parameters_split(costed: CostedGraph, choice: dict[str, int],
+                                   links: tuple[Link, ...] = ()) -> dict[str, int]:
     """A replicated parameter that every reader slices the same way is stored as that slice.
 
     Slicing is free in the cost model, so the MILP is indifferent between "hold R, slice on
     use" and "hold the slice"; the second holds 1/N of the bytes. Same time, less memory.
+    A linked part (``links``) moves only with its leader, and the leader only when each of its
+    parts then takes a placement its readers slice to (or keeps its own).
     """
     strategies = costed.graph.strategies
     needs: dict[str, set] = defaultdict(set)
@@ -303,14 +307,48 @@ def _store_sliced_parameters_split(costed: CostedGraph, choice: dict[str, int]) 
         if edge.producer in costed.memory_bytes:
             needs[edge.producer].add(strategies[edge.consumer][choice[edge.consumer]].inputs[edge.slot])
     improved = dict(choice)
+    followers = {link.follower for link in links}
     for name, wanted in needs.items():
-        if len(wanted) != 1 or not isinstance(strategies[name][choice[name]].output, Replicate):
+        if len(wanted) != 1 or not isinstance(strategies[name][choice[name]].output, Replicate) or name in followers:
             continue
         (placement,) = wanted
         for index, strategy in enumerate(strategies[name]):
             if strategy.output == placement and placement != strategies[name][choice[name]].output:
-                improved[name] = index
+                moved = _moved_with_parts(costed, choice, needs, links, name, index)
+                if moved is not None:
+                    improved.update(moved)
     return improved
+
+
+def _moved_with_parts(costed: CostedGraph, choice: dict[str, int], needs: dict[str, set], links: tuple[Link, ...],
+                      name: str, index: int) -> dict[str, int] | None:
+    """``name`` at strategy ``index`` and each part linked to it at the strategy the link gives; ``None``
+    when some part could not go along (forbidden, or a placement its readers do not all slice to)."""
+    moved = {name: index}
+    for link in links:
+        if link.leader != name:
+            continue
+        target = link.mapping[index]
+        if target is None:
+            return None
+        placement = costed.graph.strategies[link.follower][target].output
+        if target != choice[link.follower] and needs.get(link.follower, {placement}) != {placement}:
+            return None
+        moved[link.follower] = target
+    return moved
+
+
+def _add_link_rows(model: _Model, x: dict[str, list[int]], rep: dict[str, str], links: tuple[Link, ...]) -> None:
+    """For each link, the follower's strategy j is taken exactly when the leader takes one mapped to j."""
+    seen = set()
+    for link in links:
+        leader, follower = rep[link.leader], rep[link.follower]
+        if (leader, follower) in seen or leader == follower:
+            continue
+        seen.add((leader, follower))
+        for target, column in enumerate(x[follower]):
+            terms = [(x[leader][i], 1.0) for i, mapped in enumerate(link.mapping) if mapped == target]
+            model.row([*terms, (column, -1.0)], 0.0, 0.0)
 
 
 def min_parameter_bytes(costed: CostedGraph) -> int:
@@ -334,7 +372,8 @@ def _smallest_fitting_world_size(costed: CostedGraph, budget_bytes: float) -> in
 
 
 def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_s: float = 60.0,
-          tie: dict[str, str] | None = None, count_activations: bool = True) -> Solution:
+          tie: dict[str, str] | None = None, count_activations: bool = True,
+          links: tuple[Link, ...] = ()) -> Solution:
     """Solve the plan MILP exactly (HiGHS). Raises :class:`PlanError` when the budget cannot be met.
 
     ``count_activations`` (a training plan): the activations kept for the backward count
@@ -342,7 +381,9 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     state only, as ``memory_budget="auto"`` means).
 
     ``tie`` maps nodes to representatives (``passes/tying.py``): tied nodes share decision
-    variables, so a stack of identical layers costs about one layer to solve.
+    variables, so a stack of identical layers costs about one layer to solve. ``links``
+    (``passes/quantized.py``) make one node's strategy follow another's: the parts of a
+    quantized weight split as one.
     """
     start = time.perf_counter()
     floor = min_parameter_bytes(costed)
@@ -361,6 +402,7 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     y_of = _add_edge_rows(model, costed, x, edges)
     activation_terms, talking = _add_reshard_rows(model, costed, rep, out_edges, y_of)
     _add_call_sync_rows(model, costed, x, talking)
+    _add_link_rows(model, x, rep, links)
     _add_memory_row(model, costed, x, rep, memory_budget_bytes, activation_terms if count_activations else [])
 
     data, rows, cols = [], [], []
@@ -382,6 +424,6 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
             raise PlanError(f"the plan solver found no plan within time_limit_s={time_limit_s}; raise time_limit_s=")
         raise PlanError(f"the plan solver found no feasible plan ({result.message}); raise memory_budget= or use more ranks")
     chosen = {leader: int(np.argmax([result.x[c] for c in cols_])) for leader, cols_ in x.items()}
-    choice = _store_sliced_parameters_split(costed, {name: chosen[rep[name]] for name in costed.graph.order})
+    choice = _store_sliced_parameters_split(costed, {name: chosen[rep[name]] for name in costed.graph.order}, links)
     gap = float(getattr(result, "mip_gap", 0.0) or 0.0)
     return Solution(choice, float(result.fun) / _OBJECTIVE_SCALE, time.perf_counter() - start, str(result.message), gap)

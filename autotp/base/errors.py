@@ -48,3 +48,7 @@ class UnsupportedReleaseError(AutoTPError):
 
 class CheckpointError(AutoTPError, ValueError):
     """A checkpoint that cannot be read into the model: names the tensor, the file and what to do."""
+
+
+class UnsupportedQuantizationError(AutoTPError):
+    """A quantized weight (a torchao tensor subclass) of a scheme autotp does not split: names it and what is."""

@@ -73,6 +73,7 @@ from autotp.cost_model import Hardware, compute_time_s, get_hardware, p2p_time_s
 from autotp.cost_model.compute import op_family
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, node_dtype, node_shape_terms, node_work
 from autotp.passes.pricing import price_choice
+from autotp.passes.quantized import quantized_links
 from autotp.passes.solver import solve
 from autotp.passes.strategies import build_strategy_graph
 from autotp.passes.tying import tie_identical_blocks
@@ -289,7 +290,8 @@ def _profile_units(captured: tuple[CapturedGraph, CapturedGraph], tp: int, hardw
         raise PlanError("the model traced into different graphs at batch 2 and 4; the mesh search prices other "
                         "batch sizes from these two, so it needs a model whose graph does not depend on the batch")
     budget = auto_memory_budget(costed0, frozenset(captured[0].state))
-    choice = solve(costed0, memory_budget_bytes=budget, time_limit_s=time_limit_s, tie=tie_identical_blocks(g0)).choice
+    choice = solve(costed0, memory_budget_bytes=budget, time_limit_s=time_limit_s, tie=tie_identical_blocks(g0),
+                   links=tuple(quantized_links(g0))).choice
     keys, layers = _unit_keys(g0)
     return _units_from(keys, layers, (costed0, costed1), choice), layers, _layer_summary(g0, keys, layers, choice)
 

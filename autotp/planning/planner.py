@@ -33,6 +33,7 @@ from autotp.cost_model import Hardware
 from autotp.passes.backward import Training, checkpointed_blocks_price, trainable_bytes_factor
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, forward_compute_s, tensor_nbytes
 from autotp.passes.pricing import Resharding, compute_s, price_choice, saved_activation_bytes
+from autotp.passes.quantized import quantized_links
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.solver import Solution, min_parameter_bytes, solve
 from autotp.passes.strategies import StrategyGraph, build_strategy_graph
@@ -227,7 +228,8 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     log_progress(options.progress, "solving (MILP, HiGHS)")
     try:
         solution = solve(costed, memory_budget_bytes=budget, time_limit_s=options.time_limit_s,
-                         tie=tie_identical_blocks(graph), count_activations=options.memory_budget != "auto")
+                         tie=tie_identical_blocks(graph), count_activations=options.memory_budget != "auto",
+                         links=tuple(quantized_links(graph)))
     except PlanError as exc:
         raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started, alternatives=alternatives)

@@ -53,6 +53,7 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch.export.graph_signature import ConstantArgument, InputKind, TensorArgument
 
+from autotp.adapters.torchao import inner_tensors, is_subclass_weight
 from autotp.base.errors import AgreementError, RankTimeoutError, TracedValueError
 from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
@@ -242,7 +243,18 @@ class WeightChecksum:
 
 
 def weight_checksum(tensor: torch.Tensor) -> WeightChecksum:
-    """:class:`WeightChecksum` of ``tensor`` (one read of its values; float64 in bounded chunks)."""
+    """:class:`WeightChecksum` of ``tensor`` (one read of its values; float64 in bounded chunks).
+
+    A tensor subclass (a quantized weight) is summed over its parts (data, scales...), which are
+    what the ranks hold; its dtype reads ``Int8Tensor(int8, float32, ...)``.
+    """
+    if is_subclass_weight(tensor):
+        parts = [weight_checksum(part) for part in inner_tensors(tensor).values()]
+        samples = "".join(part.sample for part in parts).encode()
+        return WeightChecksum(tuple(tensor.shape),
+                              f"{type(tensor).__name__}({', '.join(p.dtype.removeprefix('torch.') for p in parts)})",
+                              hashlib.sha256(samples).hexdigest()[:16],
+                              sum(p.total for p in parts), sum(p.total_sq for p in parts))
     flat = tensor.detach().reshape(-1)
     numel = flat.numel()
     if numel == 0:
@@ -340,7 +352,7 @@ def compile_record(captured: CapturedGraph, *, options: Mapping[str, object],
         for fqn, tensor in sorted(weights.items()):
             found = checksums.get(tensor) if checksums is not None else None
             if found is None:
-                if tensor.numel() and tensor.untyped_storage().nbytes() == 0:
+                if not is_subclass_weight(tensor) and tensor.numel() and tensor.untyped_storage().nbytes() == 0:
                     continue  # released by AutoTPBackend.release_full_weights before it was ever checked
                 found = weight_checksum(tensor)
                 if checksums is not None:

@@ -1,0 +1,167 @@
+"""What autotp needs from inside ``torchao``, in one place, with the releases it is tested on.
+
+A torchao-quantized weight is one tensor subclass (``Int8Tensor``, ``Float8Tensor``) holding plain
+tensors: the quantized data, its scales and (some schemes) zero points. autotp treats it as one
+weight to the user and the plan, stored as its parts:
+
+- its parts are listed by ``__tensor_flatten__`` (:func:`inner_tensors`), the protocol torch's own
+  subclass handling uses;
+- ``torch.export``'s ``run_decompositions`` replaces each subclass parameter by a parametrization
+  and its parts become graph placeholders named ``<module>.parametrizations.<name>.original<i>``,
+  ``i`` the part's index in ``__tensor_flatten__`` order (:func:`exported_name`, :func:`weight_of`);
+  the graph then computes the dequantization in plain ATen ops, which the sharding rules split;
+- a scheme autotp has not been tested with (activation quantization, packed int4 layouts, torchao's
+  own custom dequantize op) raises :class:`~autotp.base.errors.UnsupportedQuantizationError` before
+  tracing (:func:`check_quantized_weights`), never a dispatch error from inside the subclass.
+
+Tested on torchao :data:`RELEASES` (the ``quant`` extra); another release is refused when a model
+with torchao weights is compiled. An upgrade of torchao touches this file only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import re
+from collections.abc import Mapping
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from autotp.base.errors import UnsupportedQuantizationError, UnsupportedReleaseError
+
+__all__ = [
+    "RELEASES",
+    "SUPPORTED_SCHEMES",
+    "QuantizedWeight",
+    "check_quantized_weights",
+    "exported_name",
+    "holds_subclass_weights",
+    "inner_tensors",
+    "is_subclass_weight",
+    "is_torchao_tensor",
+    "quantized_weights",
+    "weight_of",
+]
+
+RELEASES = "0.18"
+"""The torchao minor release(s) CI tests (any patch of 0.18)."""
+
+SUPPORTED_SCHEMES = {
+    "Int8Tensor": "Int8WeightOnlyConfig (int8 weight-only, per-row or per-group scales)",
+    "Float8Tensor": "Float8WeightOnlyConfig (float8 weight-only)",
+}
+"""torchao tensor class -> the config that makes it, for weights without activation quantization."""
+
+_EXPORTED = re.compile(r"^(?:(?P<module>.*)\.)?parametrizations\.(?P<name>[^.]+)\.original(?P<index>\d+)$")
+
+
+def is_torchao_tensor(tensor: object) -> bool:
+    """True for a torchao tensor subclass (a quantized weight)."""
+    return is_subclass_weight(tensor) and type(tensor).__module__.startswith("torchao.")
+
+
+def is_subclass_weight(tensor: object) -> bool:
+    """True for a tensor subclass made of plain tensors (``__tensor_flatten__``), as torchao's weights are."""
+    return is_traceable_wrapper_subclass(tensor)
+
+
+def holds_subclass_weights(state: Mapping[str, object]) -> bool:
+    """True when some value of ``state`` (an exported program's state dict) is a tensor subclass: export
+    then holds it whole and ``run_decompositions`` splits it into its parts."""
+    return any(is_subclass_weight(value) for value in state.values())
+
+
+def inner_tensors(tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A subclass weight's parts in ``__tensor_flatten__`` order (``qdata``, ``scale``, ``zero_point``...)."""
+    names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+    return {name: getattr(tensor, name) for name in names}
+
+
+def exported_name(fqn: str, index: int) -> str:
+    """The placeholder FQN ``torch.export`` gives part ``index`` of weight ``fqn`` (``a.weight`` ->
+    ``a.parametrizations.weight.original0``)."""
+    module, _, name = fqn.rpartition(".")
+    return f"{module + '.' if module else ''}parametrizations.{name}.original{index}"
+
+
+def weight_of(exported_fqn: str) -> tuple[str, int] | None:
+    """``(weight FQN, part index)`` of an exported part's FQN; ``None`` for any other name."""
+    match = _EXPORTED.match(exported_fqn)
+    if match is None:
+        return None
+    module = match["module"]
+    return f"{module + '.' if module else ''}{match['name']}", int(match["index"])
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+    """One quantized weight: its scheme (the torchao class), logical shape and dtype, and its parts."""
+
+    fqn: str
+    scheme: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    parts: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+    """(part name, shape, dtype) in ``__tensor_flatten__`` order."""
+
+    def part_names(self) -> dict[str, str]:
+        """Exported placeholder FQN -> part name (``qdata``, ``scale``...)."""
+        return {exported_name(self.fqn, i): name for i, (name, _, _) in enumerate(self.parts)}
+
+
+def quantized_weights(model: torch.nn.Module) -> dict[str, QuantizedWeight]:
+    """FQN -> :class:`QuantizedWeight` of every torchao parameter or buffer of ``model``."""
+    found: dict[str, QuantizedWeight] = {}
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for fqn, tensor in named:
+        if not is_torchao_tensor(tensor):
+            continue
+        parts = tuple((name, tuple(t.shape), t.dtype) for name, t in inner_tensors(tensor).items())
+        found[fqn] = QuantizedWeight(fqn, type(tensor).__name__, tuple(tensor.shape), tensor.dtype, parts)
+    return found
+
+
+def _why_unsupported(tensor: torch.Tensor) -> str | None:
+    scheme = type(tensor).__name__
+    if scheme not in SUPPORTED_SCHEMES:
+        return f"the scheme {scheme} is not supported"
+    if getattr(tensor, "act_quant_kwargs", None) is not None:
+        return f"{scheme} with activation quantization is not supported (weight-only is)"
+    return None
+
+
+def installed_release() -> str | None:
+    """The installed torchao release, or ``None`` when torchao is not installed."""
+    try:
+        return importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_quantized_weights(model: torch.nn.Module) -> Mapping[str, QuantizedWeight]:
+    """The model's torchao weights (:func:`quantized_weights`), after checking autotp supports each.
+
+    Raises :class:`UnsupportedQuantizationError` naming the weight, its scheme and what is supported,
+    and :class:`UnsupportedReleaseError` for a torchao release outside :data:`RELEASES`.
+    """
+    weights = quantized_weights(model)
+    if not weights:
+        return weights
+    release = installed_release() or "unknown"
+    if not release.startswith(RELEASES + "."):
+        raise UnsupportedReleaseError(
+            f"torchao {release} is installed; autotp's quantized weights are tested on torchao {RELEASES}.x only. "
+            f'Install it with pip install "torchao>={RELEASES},<0.19" (the autotp[quant] extra).')
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(model.named_buffers(remove_duplicate=False))
+    refused = [(fqn, why) for fqn in weights if (why := _why_unsupported(named[fqn])) is not None]
+    if refused:
+        listed = "; ".join(f"{fqn}: {why}" for fqn, why in refused[:5])
+        more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+        supported = "; ".join(f"{cls} from {config}" for cls, config in SUPPORTED_SCHEMES.items())
+        raise UnsupportedQuantizationError(
+            f"autotp cannot split these torchao weights: {listed}{more}. Supported: {supported}. "
+            "Quantize with one of those configs, or leave these layers unquantized "
+            "(quantize_(model, config, filter_fn=...)).")
+    return weights
