@@ -49,7 +49,6 @@ _EXPORTS = {
     "TracedValueError": "autotp.base.errors",
     "UnsupportedOpError": "autotp.base.errors",
     "UnsupportedQuantizationError": "autotp.base.errors",
-    "UnsupportedQuantizationError": "autotp.base.errors",
     "UnsupportedReleaseError": "autotp.base.errors",
     "Partial": "autotp.base.placements",
     "Replicate": "autotp.base.placements",
