@@ -95,7 +95,7 @@ class ParallelPlan:
 
     @property
     def split_points(self) -> tuple[str, ...]:
-        """Module FQNs where stages 1.. begin (what ``torch.distributed.pipelining`` splits at)."""
+        """Module FQNs where stages 1.. begin (where the mesh runtime cuts the traced graph)."""
         return tuple(stage.begins_at for stage in self.stages[1:])
 
     def __str__(self) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from autotp.base.errors import InputShapeError
-from autotp.capture import CapturedGraph, InputDims
+from autotp.capture import DYNAMIC_DIMS, CapturedGraph, InputDims
 
 __all__ = ["InputShapeCheck"]
 
@@ -38,6 +38,10 @@ _WHY_STATIC = {
 _FIXED_BY_EXPORT = (
     "torch.export fixed it while tracing (the model's code needs this size, or the example size was 0 or 1)",
     "trace with an example of another size >= 2 in this dim; if it stays fixed, the model needs this size",
+)
+_TRACED_AT_ONE = (
+    "torch.export specialises a dim whose example size is 0 or 1, so that dim is not made dynamic",
+    "trace with an example of size 2 or more in this dim (e.g. a batch of 2) to serve other sizes",
 )
 
 
@@ -65,7 +69,9 @@ class InputShapeCheck:
             size = int(value.shape[d.dim])
             if d.symbol is None:
                 if size != d.traced:
-                    why, fix = _FIXED_BY_EXPORT if d.requested else _WHY_STATIC[self._mode]
+                    why, fix = (_FIXED_BY_EXPORT if d.requested else
+                                _TRACED_AT_ONE if self._mode == "dynamic" and d.traced <= 1 and d.dim in DYNAMIC_DIMS
+                                else _WHY_STATIC[self._mode])
                     raise InputShapeError(
                         f"input {d.name!r} dim {d.dim} has size {size}, but the model was traced with size {d.traced} "
                         f"there and that dim is static: {why}. To fix: {fix}."

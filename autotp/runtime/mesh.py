@@ -8,10 +8,12 @@ order; a missing dim has size 1). Every rank builds its own part:
   :func:`autotp.compile` does with ``group=mesh["tp"].get_group()`` (the stage's ``tp_plan``
   from the :class:`~autotp.planning.mesh_plan.ParallelPlan` is applied, or the stage is planned on
   the first rank of its tp group and sent to the others).
-- **pp**: the model is cut into ``pp`` stages at the plan's ``split_points`` (module FQNs,
-  ``SplitPoint.BEGINNING``) by :func:`torch.distributed.pipelining.pipeline`, which traces the
-  whole model once with ``torch.export``; this rank keeps its stage's module only. Stages talk
-  over ``mesh["pp"]`` with ``PipelineStage`` and run the plan's schedule (``"gpipe"``:
+- **pp**: the model is traced once with ``torch.export`` and its graph cut into ``pp`` stages, each
+  beginning where the forward enters a module of the plan's ``split_points`` (module FQNs)
+  (:func:`split_stages`); a value a later stage reads (a model input, the attention mask, the
+  rotary cos/sin) is passed on by the stages in between. This rank keeps its stage's module
+  only. Stages talk over ``mesh["pp"]`` with ``torch.distributed.pipelining``'s
+  ``PipelineStage`` and run the plan's schedule (``"gpipe"``:
   ``ScheduleGPipe``; ``"1f1b"``: ``Schedule1F1B`` without a loss, i.e. its forward order only)
   over ``plan.microbatches`` microbatches. Inference only: no backward, no loss.
 - **dp**: each ``mesh["dp"]`` replica runs its slice of the batch (dim 0 of every tensor input
@@ -138,6 +140,19 @@ def replica_sizes(batch: int, replicas: int) -> list[int]:
     return [size + (1 if index < extra else 0) for index in range(replicas)]
 
 
+def replica_example_rows(batch: int, replicas: int, replica: int) -> tuple[int, int]:
+    """``(start, stop)``: the rows of a ``batch``-row example that replica ``replica`` traces its graph with.
+
+    Its own slice (:func:`replica_sizes`), widened to 2 rows when the slice has 1 and the batch more:
+    ``torch.export`` specialises a dim of size 1, so a one-row trace would serve one-row slices only,
+    while a call of a larger batch gives the replica more rows."""
+    sizes = replica_sizes(batch, replicas)
+    start = sum(sizes[:replica])
+    rows = max(sizes[replica], min(batch, 2))
+    start = min(start, batch - rows)
+    return start, start + rows
+
+
 def _slice_batch(args: Any, kwargs: Any, batch: int, start: int, stop: int) -> tuple[Any, Any]:
     """``(args, kwargs)`` with rows ``[start, stop)`` of every tensor whose dim 0 is the batch."""
     def cut(leaf: Any) -> Any:
@@ -244,7 +259,7 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
         inputs, outputs = [], []
         current = tuple(arguments[name] for name in first_inputs)
         with torch.no_grad():
-            for index, module in enumerate(modules):
+            for module in modules:
                 inputs.append(current)
                 current = _as_tuple(module(*current))
                 outputs.append(current)
@@ -346,28 +361,33 @@ def stage_graphs(gm: fx.GraphModule, split_points: Sequence[str], *,
         if cut and not passed:
             raise ValueError(f"pipeline stage {cut} of {name} reads nothing from stage {cut - 1}; split at modules "
                              "that continue the computation of the previous ones")
-    modules = []
-    for stage in range(last + 1):
-        graph = fx.Graph()
-        env: dict[fx.Node, fx.Node] = {}
-        for node in crossing[stage]:
-            env[node] = graph.placeholder(node.name)
-            env[node].meta = dict(node.meta)
-
-        def read(node: fx.Node) -> fx.Node:
-            if node not in env and node.op == "get_attr":  # each stage its own copy of what it reads
-                env[node] = graph.get_attr(str(node.target))
-                env[node].meta = dict(node.meta)
-            return env[node]
-
-        for node in gm.graph.nodes:
-            if stage_of.get(node) == stage:
-                env[node] = graph.node_copy(node, read)
-        given = results if stage == last else crossing[stage + 1]
-        outs = tuple(read(node) if isinstance(node, fx.Node) else node for node in given)
-        graph.output(outs[0] if len(outs) == 1 else outs)
-        modules.append(fx.GraphModule(gm, graph, class_name=f"{name}Stage{stage}"))
+    modules = [_stage_module(gm, [node for node in gm.graph.nodes if stage_of.get(node) == stage], crossing[stage],
+                             results if stage == last else crossing[stage + 1], f"{name}Stage{stage}")
+               for stage in range(last + 1)]
     return modules, tuple(str(node.target) for node in placeholders)
+
+
+def _stage_module(gm: fx.GraphModule, nodes: Sequence[fx.Node], takes: Sequence[fx.Node], gives: Sequence[Any],
+                  class_name: str) -> fx.GraphModule:
+    """A module running ``nodes`` (of ``gm``'s graph, in order) on placeholders for ``takes``, returning
+    ``gives`` (one value bare, several as a tuple); it holds its own copy of each attribute it reads."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in takes:
+        env[node] = graph.placeholder(node.name)
+        env[node].meta = dict(node.meta)
+
+    def read(node: fx.Node) -> fx.Node:
+        if node not in env and node.op == "get_attr":
+            env[node] = graph.get_attr(str(node.target))
+            env[node].meta = dict(node.meta)
+        return env[node]
+
+    for node in nodes:
+        env[node] = graph.node_copy(node, read)
+    outs = tuple(read(node) if isinstance(node, fx.Node) else node for node in gives)
+    graph.output(outs[0] if len(outs) == 1 else outs)
+    return fx.GraphModule(gm, graph, class_name=class_name)
 
 
 def _restore_meta_tensors(stages: Sequence[nn.Module], model: nn.Module) -> None:
@@ -656,10 +676,8 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     replica = mesh_coordinate(mesh, "dp")
     if shape.pp == 1:
         if shape.dp > 1:
-            sizes = replica_sizes(batch or 0, shape.dp)
-            start = sum(sizes[:replica])
-            example_inputs, example_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, start,
-                                                          start + sizes[replica])
+            example_inputs, example_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0,
+                                                          *replica_example_rows(batch or 0, shape.dp, replica))
         whole: nn.Module = model
         if compile_stage:
             whole = compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
