@@ -11,7 +11,10 @@ for every graph Dynamo captures. ``autotp.plan_graph(captured, autotp.PlanOption
 one planner behind all three (see ``autotp.planning.planner``). For models bigger than one
 device, ``autotp.from_pretrained(path, world_size)`` and ``autotp.compile(meta_model, ...,
 checkpoint=path)`` read only each rank's blocks from safetensors; ``tp.save(dir)`` and
-``autotp.load(dir, meta_model, world_size)`` save and reload at any world size.
+``autotp.load(dir, meta_model, world_size)`` save and reload at any world size. ``print(plan)`` shows
+a plan; the reports read one: ``autotp.explain(plan, name)``, ``autotp.estimate(plan)``,
+``autotp.diff(plan, other)``, ``autotp.to_html(plan, path)``, ``autotp.to_dot(plan)``,
+``autotp.to_svg(plan, path)``, ``autotp.to_parallelize_plan(plan)`` (see ``autotp.inspect``).
 
 State of the graph after each step (see ``autotp.api``):
 
@@ -38,6 +41,13 @@ _EXPORTS = {
     "from_pretrained": "autotp.pretrained",
     "load": "autotp.pretrained",
     "backend": "autotp.dynamo_backend",
+    "diff": "autotp.inspect",
+    "estimate": "autotp.inspect",
+    "explain": "autotp.inspect",
+    "to_dot": "autotp.inspect",
+    "to_html": "autotp.inspect",
+    "to_parallelize_plan": "autotp.inspect",
+    "to_svg": "autotp.inspect",
     "AgreementError": "autotp.base.errors",
     "AutoTPError": "autotp.base.errors",
     "CaptureError": "autotp.base.errors",
@@ -82,6 +92,7 @@ if TYPE_CHECKING:
     )
     from autotp.base.placements import Partial, Replicate, Shard
     from autotp.dynamo_backend import backend
+    from autotp.inspect import diff, estimate, explain, to_dot, to_html, to_parallelize_plan, to_svg
     from autotp.planning.mesh_plan import MeshShape, ParallelPlan
     from autotp.planning.options import PlanOptions
     from autotp.planning.plan import Plan
@@ -133,10 +144,17 @@ __all__ = [
     "backend",
     "compile",
     "compile_mesh",
+    "diff",
+    "estimate",
+    "explain",
     "from_pretrained",
     "load",
     "plan",
     "plan_graph",
     "plan_mesh",
+    "to_dot",
+    "to_html",
+    "to_parallelize_plan",
+    "to_svg",
 ]
 __version__ = "0.1.0"

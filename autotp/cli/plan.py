@@ -398,6 +398,7 @@ def _plot(path: str, spec: ModelSpec, args: argparse.Namespace, main: tuple[str,
 def run_plan(args: argparse.Namespace) -> int:
     """``autotp plan``: build, trace, plan, print, write; returns the exit code."""
     from autotp.base.errors import AutoTPError
+    from autotp.inspect import explain, to_dot, to_html
 
     started = time.perf_counter()
     if args.plot and importlib.util.find_spec("matplotlib") is None:
@@ -427,7 +428,7 @@ def run_plan(args: argparse.Namespace) -> int:
     for name in args.explain:
         print()
         try:
-            print(plan.explain(name))
+            print(explain(plan, name))
         except KeyError as exc:
             print(f"explain: {exc.args[0]}")
     title = f"{spec.description}, {args.phase}, tp={args.world_size} on {args.hardware}"
@@ -435,11 +436,11 @@ def run_plan(args: argparse.Namespace) -> int:
         plan.save(args.json)
         _say(f"wrote {args.json}")
     if args.html:
-        plan.to_html(args.html, title=title)
+        to_html(plan, args.html, title=title)
         _say(f"wrote {args.html}")
     if args.dot:
         with open(args.dot, "w", encoding="utf-8") as f:
-            f.write(plan.to_dot())
+            f.write(to_dot(plan))
         _say(f"wrote {args.dot}")
     if args.plot:
         _plot(args.plot, spec, args, (args.phase, captured, plan))

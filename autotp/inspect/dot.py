@@ -1,4 +1,4 @@
-"""``plan.to_dot()`` / ``plan.to_svg()``: the plan as a Graphviz drawing.
+"""``autotp.to_dot(plan)`` / ``autotp.to_svg(plan, path)``: the plan as a Graphviz drawing.
 
 Modules are nested clusters (``subgraph cluster_...``), nodes are filled with the colour of
 their output placement, edges coloured by the placement of the tensor they carry, and every
@@ -15,12 +15,12 @@ import shutil
 import subprocess
 from collections import defaultdict
 
-from autotp.inspect.explain import format_bytes, format_seconds
 from autotp.passes.resharding import route_label
 from autotp.planning.blocks import block_runs, node_module
 from autotp.planning.plan import NodeDecision, Plan
+from autotp.planning.plan_text import format_bytes, format_seconds
 
-__all__ = ["GraphvizNotFoundError", "placement_colours", "plan_to_dot", "plan_to_svg"]
+__all__ = ["GraphvizNotFoundError", "placement_colours", "to_dot", "to_svg"]
 
 _SPLIT = [("#1971c2", "#e7f0fb"), ("#2f9e44", "#e9f6ec"), ("#9c36b5", "#f5e9f8"), ("#c2255c", "#fbe8ef"),
           ("#0c8599", "#e3f5f7"), ("#5c940d", "#eef6e3")]
@@ -84,7 +84,7 @@ class _Drawing:
         emit("", "  ")
 
 
-def plan_to_dot(plan: Plan, *, fold: bool = True, max_depth: int | None = None) -> str:
+def to_dot(plan: Plan, *, fold: bool = True, max_depth: int | None = None) -> str:
     """The DOT text (see module doc)."""
     if max_depth is not None and max_depth < 0:
         raise ValueError(f"max_depth must be >= 0 (module name segments), got {max_depth}")
@@ -198,17 +198,18 @@ def plan_to_dot(plan: Plan, *, fold: bool = True, max_depth: int | None = None) 
     return "\n".join(out) + "\n"
 
 
-def plan_to_svg(plan: Plan, path: str | os.PathLike | None = None, *, fold: bool = True,
-                max_depth: int | None = None, timeout_s: float = 120.0) -> str:
-    """The SVG text of :func:`plan_to_dot` rendered by ``dot -Tsvg``; also written to ``path`` when given."""
+def to_svg(plan: Plan, path: str | os.PathLike | None = None, *, fold: bool = True,
+           max_depth: int | None = None, timeout_s: float = 120.0) -> str:
+    """The SVG text of :func:`to_dot` rendered by ``dot -Tsvg``; also written to ``path`` when given."""
     dot = shutil.which("dot")
     if dot is None:
         raise GraphvizNotFoundError(
-            "plan.to_svg() needs Graphviz's `dot` program, which is not on PATH. Install Graphviz "
+            "autotp.to_svg(plan) needs Graphviz's `dot` program, which is not on PATH. Install Graphviz "
             "(apt-get install graphviz / brew install graphviz / conda install graphviz), or use "
-            "plan.to_dot() for the DOT text or plan.to_html(path) for a drawing that needs nothing installed."
+            "autotp.to_dot(plan) for the DOT text or autotp.to_html(plan, path) for a drawing that needs nothing "
+            "installed."
         )
-    proc = subprocess.run([dot, "-Tsvg"], input=plan_to_dot(plan, fold=fold, max_depth=max_depth), capture_output=True,
+    proc = subprocess.run([dot, "-Tsvg"], input=to_dot(plan, fold=fold, max_depth=max_depth), capture_output=True,
                           text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"Graphviz dot failed (exit {proc.returncode}): {proc.stderr.strip()[:2000]}")

@@ -1,4 +1,4 @@
-"""``plan.to_html(path)``: one self-contained, offline HTML page that draws a plan.
+"""``autotp.to_html(plan, path)``: one self-contained, offline HTML page that draws a plan.
 
 The page holds the plan as JSON plus the viewer's CSS and JavaScript inline (``assets/``); it
 loads nothing from the network. What it shows (see ``assets/plan_view.js``):
@@ -28,7 +28,7 @@ from importlib import resources
 from autotp.planning.blocks import block_runs, node_module, parameter_bytes_per_rank
 from autotp.planning.plan import Plan
 
-__all__ = ["plan_payload", "plan_to_html"]
+__all__ = ["plan_payload", "to_html"]
 
 _ERROR_SINK = """
 window.__autotpErrors = [];
@@ -96,7 +96,7 @@ def _script_json(data: dict) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def plan_to_html(plan: Plan, path: str | os.PathLike | None = None, *, title: str | None = None) -> str:
+def to_html(plan: Plan, path: str | os.PathLike | None = None, *, title: str | None = None) -> str:
     """The page's HTML text; also written to ``path`` (UTF-8) when given."""
     title = title or f"autotp plan, tp={plan.world_size}"
     page = f"""<!DOCTYPE html>

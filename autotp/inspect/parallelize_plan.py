@@ -1,4 +1,4 @@
-"""``plan.to_parallelize_plan()``: the plan in PyTorch's own words, where it has them.
+"""``autotp.to_parallelize_plan(plan)``: the plan in PyTorch's own words, where it has them.
 
 ``torch.distributed.tensor.parallel.parallelize_module(model, mesh, plan)`` takes a dict from
 module FQN to a ``ParallelStyle``. This module reads an autotp :class:`~autotp.planning.plan.Plan` and

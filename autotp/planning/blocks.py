@@ -1,7 +1,8 @@
 """The module structure of a plan: which module each node belongs to, layer blocks, and runs of
 identical layers (so an 80-layer plan reads like a 2-layer one).
 
-Shared by the text summary, the HTML page and the DOT drawing; reads only the :class:`Plan`.
+Shared by the plan's text (``print(plan)``), the HTML page and the DOT drawing; reads only the
+:class:`Plan`.
 
 - :func:`node_module`: the module FQN a node is drawn in. Ops use
   :attr:`NodeDecision.module`; a parameter or buffer placeholder goes to the module that owns
@@ -18,13 +19,16 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from autotp.base.module_paths import block_name
 from autotp.base.placements import placement_from_str
 from autotp.passes.uneven import largest_shard_nbytes
-from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
+
+if TYPE_CHECKING:  # the plan's text (plan_text.py, which Plan imports) reads blocks: no import back
+    from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 __all__ = ["Block", "BlockRun", "block_runs", "blocks", "node_module", "parameter_bytes_per_rank"]
 

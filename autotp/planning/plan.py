@@ -16,7 +16,6 @@ import json
 import os
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import torch
 import torch.fx as fx
@@ -27,12 +26,7 @@ from autotp.base.reshard import ReshardKind
 from autotp.base.shapes import concrete_shape
 from autotp.base.strategy import Strategy
 from autotp.passes.resharding import is_collective_step
-
-if TYPE_CHECKING:
-    from autotp.cost_model import Hardware
-    from autotp.inspect.estimate import Estimate
-    from autotp.inspect.explain import PlanDiff
-    from autotp.inspect.parallelize_plan import ParallelizePlan
+from autotp.planning.plan_text import plan_summary
 
 __all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "as_plan", "graph_fingerprint"]
 
@@ -237,63 +231,12 @@ class Plan:
     def summary(self, max_rows: int = 40) -> str:
         """A compact per-layer table that fits 100 columns: placements, collectives, compute,
         communication and weight bytes per layer, identical layers folded (see
-        :mod:`autotp.inspect.text`)."""
-        from autotp.inspect.text import plan_summary
-
+        :mod:`autotp.planning.plan_text`). The reports (``autotp.explain``, ``autotp.estimate``,
+        ``autotp.diff``, ``autotp.to_html``...) are functions of :mod:`autotp.inspect` that read a plan."""
         return plan_summary(self, max_rows)
 
     def __str__(self) -> str:
         return self.summary()
-
-    # ---------------------------------------------------------------- inspection
-    def explain(self, name: str) -> str:
-        """Why node ``name`` (or the parameter with FQN ``name``) is placed as it is: its
-        alternatives with their predicted cost difference (see :mod:`autotp.inspect.explain`)."""
-        from autotp.inspect.explain import explain
-
-        return explain(self, name)
-
-    def estimate(self, hardware: str | Hardware | None = None) -> Estimate:
-        """Predicted time per forward (compute, communication, per node, per layer) and memory
-        per rank (parameters, buffers, activation peak); see :mod:`autotp.inspect.estimate`."""
-        from autotp.inspect.estimate import estimate_plan
-
-        return estimate_plan(self, hardware=hardware)
-
-    def diff(self, other: Plan) -> PlanDiff:
-        """What changes from this plan to ``other``: placements, strategies, collectives, cost."""
-        from autotp.inspect.explain import diff
-
-        return diff(self, other)
-
-    def to_html(self, path: str | os.PathLike | None = None, *, title: str | None = None) -> str:
-        """A self-contained interactive HTML page of the plan (no network needed); written to
-        ``path`` when given. Returns the HTML text. See :mod:`autotp.inspect.html`."""
-        from autotp.inspect.html import plan_to_html
-
-        return plan_to_html(self, path, title=title)
-
-    def to_dot(self, *, fold: bool = True, max_depth: int | None = None) -> str:
-        """Graphviz DOT text: modules as clusters, tensors coloured by placement, collectives as
-        nodes (see :mod:`autotp.inspect.dot`)."""
-        from autotp.inspect.dot import plan_to_dot
-
-        return plan_to_dot(self, fold=fold, max_depth=max_depth)
-
-    def to_svg(self, path: str | os.PathLike | None = None, *, fold: bool = True,
-               max_depth: int | None = None) -> str:
-        """SVG of :meth:`to_dot` rendered by Graphviz's ``dot`` program (raises if it is not installed)."""
-        from autotp.inspect.dot import plan_to_svg
-
-        return plan_to_svg(self, path, fold=fold, max_depth=max_depth)
-
-    def to_parallelize_plan(self, model: torch.nn.Module | None = None) -> ParallelizePlan:
-        """The equivalent ``torch.distributed.tensor.parallel`` plan (module FQN -> ParallelStyle)
-        where it exists, and what it cannot express (see :mod:`autotp.inspect.parallelize_plan`). With
-        ``model``, each styled module's type is checked too."""
-        from autotp.inspect.parallelize_plan import to_parallelize_plan
-
-        return to_parallelize_plan(self, model)
 
     # ---------------------------------------------------------------- JSON
     def to_json(self, *, indent: int | None = 1) -> str:

@@ -1,4 +1,7 @@
-"""``print(plan)``: a compact, per-layer text report that fits a 100-column terminal.
+"""``print(plan)``: the plan's own text form, a compact per-layer report that fits a 100-column terminal.
+
+It lives with the plan (planning never imports a report) and reads only the :class:`Plan`; the
+reports of :mod:`autotp.inspect` share its :func:`format_seconds` and :func:`format_bytes`.
 
 Layout::
 
@@ -13,16 +16,40 @@ Layout::
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from autotp.inspect.explain import format_bytes, format_seconds
 from autotp.passes.resharding import is_collective_step, route_label, step_label
 from autotp.planning.blocks import Block, BlockRun, block_runs, parameter_bytes_per_rank, placement_counts
-from autotp.planning.plan import CollectiveDecision, Plan
 
-__all__ = ["WIDTH", "plan_summary"]
+if TYPE_CHECKING:
+    from autotp.planning.plan import CollectiveDecision, Plan
+
+__all__ = ["WIDTH", "format_bytes", "format_seconds", "plan_summary"]
 
 WIDTH = 100
 """Columns the report fits in."""
+
+
+def format_seconds(seconds: float, *, signed: bool = False) -> str:
+    """``1.234 ms`` / ``12.3 us`` (``+``/``-`` with ``signed``)."""
+    sign = ("+" if seconds >= 0 else "-") if signed else ("-" if seconds < 0 else "")
+    value = abs(seconds)
+    if value >= 1.0:
+        return f"{sign}{value:.3f} s"
+    if value >= 1e-3:
+        return f"{sign}{value * 1e3:.3f} ms"
+    return f"{sign}{value * 1e6:.1f} us"
+
+
+def format_bytes(nbytes: float, *, signed: bool = False) -> str:
+    """``1.50 MiB`` (``+``/``-`` with ``signed``)."""
+    sign = ("+" if nbytes >= 0 else "-") if signed else ("-" if nbytes < 0 else "")
+    value = abs(nbytes)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{sign}{value / size:.2f} {unit}"
+    return f"{sign}{int(value)} B"
+
 
 def _short_kinds(collectives: list[CollectiveDecision]) -> str:
     counts: Counter[str] = Counter()
@@ -169,5 +196,6 @@ def plan_summary(plan: Plan, max_rows: int = 40) -> str:
     if collective_lines:
         lines += ["", f"    {'collective':<16} {'of tensor':<16} {'placement':<11} {'bytes':>10} {'time':>10}  in module",
                   *collective_lines]
-    lines += ["", "plan.explain(name) says why; plan.to_html(path) draws it; plan.diff(other) compares."]
+    lines += ["", "autotp.explain(plan, name) says why; autotp.to_html(plan, path) draws it;",
+              "autotp.diff(plan, other) compares."]
     return "\n".join(line.rstrip() for line in lines)

@@ -1,6 +1,6 @@
 """What a plan is predicted to cost: time per forward pass and memory per rank, broken down.
 
-:func:`estimate_plan` (``Plan.estimate()``) reads only the :class:`~autotp.planning.plan.Plan` — no model,
+:func:`estimate` (``autotp.estimate(plan)``) reads only the :class:`~autotp.planning.plan.Plan` — no model,
 no graph, no process group — and adds up the terms the planner priced:
 
 * **time per forward** = compute + communication. Compute is the sum of every node's roofline
@@ -78,7 +78,7 @@ __all__ = [
     "Estimate",
     "LayerEstimate",
     "NodeEstimate",
-    "estimate_plan",
+    "estimate",
     "layer_of",
     "split_crossover",
     "split_crossovers",
@@ -306,7 +306,7 @@ def _host_time(plan: Plan, profile: Hardware) -> HostTime:
 _NOT_OPS = frozenset({"placeholder", "output", "get_attr"})
 
 
-def estimate_plan(plan: Plan, *, hardware: str | Hardware | None = None) -> Estimate:
+def estimate(plan: Plan, hardware: str | Hardware | None = None) -> Estimate:
     """Predicted time per forward pass and memory per rank of ``plan`` (see module docstring).
 
     ``hardware`` is only needed for the device capacity of a profile that is not one of

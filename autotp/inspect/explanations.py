@@ -1,4 +1,5 @@
-"""Why the plan is what it is: ``Plan.explain`` and ``Plan.diff``, read from the plan alone.
+"""Why the plan is what it is: ``autotp.explain(plan, name)`` and ``autotp.diff(plan, other)``, read from
+the plan alone.
 
 Each node's alternatives (its other candidate strategies, priced with the neighbours' choices
 held fixed) are priced when the plan is built, by
@@ -12,31 +13,9 @@ import dataclasses
 
 from autotp.planning.alternatives import strategy_text
 from autotp.planning.plan import Alternative, CollectiveDecision, NodeDecision, Plan
+from autotp.planning.plan_text import format_bytes, format_seconds
 
-__all__ = ["PlanDiff", "diff", "explain", "find_node", "format_seconds", "strategy_text"]
-
-
-# --------------------------------------------------------------------------- text helpers
-
-def format_seconds(seconds: float, *, signed: bool = False) -> str:
-    """``1.234 ms`` / ``12.3 us`` (``+``/``-`` with ``signed``)."""
-    sign = ("+" if seconds >= 0 else "-") if signed else ("-" if seconds < 0 else "")
-    value = abs(seconds)
-    if value >= 1.0:
-        return f"{sign}{value:.3f} s"
-    if value >= 1e-3:
-        return f"{sign}{value * 1e3:.3f} ms"
-    return f"{sign}{value * 1e6:.1f} us"
-
-
-def format_bytes(nbytes: float, *, signed: bool = False) -> str:
-    """``1.50 MiB`` (``+``/``-`` with ``signed``)."""
-    sign = ("+" if nbytes >= 0 else "-") if signed else ("-" if nbytes < 0 else "")
-    value = abs(nbytes)
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= size:
-            return f"{sign}{value / size:.2f} {unit}"
-    return f"{sign}{int(value)} B"
+__all__ = ["PlanDiff", "describe_alternative", "diff", "explain", "find_node"]
 
 
 def _verb(strategy: str) -> str:
@@ -148,10 +127,10 @@ def explain(plan: Plan, name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class PlanDiff:
-    """What differs between two plans of the same graph (``other`` relative to ``base``)."""
+    """What differs between two plans of the same graph (``other`` relative to ``plan``): ``autotp.diff(plan, other)``."""
 
-    parameters: tuple[tuple[str, str, str], ...]  # (FQN, base placement, other placement)
-    nodes: tuple[tuple[str, str, str], ...]  # (node name, base strategy, other strategy)
+    parameters: tuple[tuple[str, str, str], ...]  # (FQN, placement in plan, placement in other)
+    nodes: tuple[tuple[str, str, str], ...]  # (node name, strategy in plan, strategy in other)
     collectives_added: tuple[str, ...]  # collectives and local reshards (slice, zero) only ``other`` has
     collectives_removed: tuple[str, ...]
     compute_delta_s: float
@@ -204,36 +183,36 @@ def _collective_key(c: CollectiveDecision) -> str:
     return f"{'+'.join(c.steps)} {c.producer} {c.src}->{c.dst} ({format_bytes(c.nbytes)})"
 
 
-def diff(base: Plan, other: Plan) -> PlanDiff:
-    """What changes going from ``base`` to ``other`` (placements, strategies, collectives, cost)."""
+def diff(plan: Plan, other: Plan) -> PlanDiff:
+    """What changes going from ``plan`` to ``other`` (placements, strategies, collectives, cost)."""
     notes = []
-    if base.fingerprint != other.fingerprint:
-        notes.append(f"note: the plans are for different graphs ({base.fingerprint} vs {other.fingerprint})")
-    if base.world_size != other.world_size or base.hardware != other.hardware:
-        notes.append(f"note: world_size/hardware differ: {base.world_size}/{base.hardware} vs "
+    if plan.fingerprint != other.fingerprint:
+        notes.append(f"note: the plans are for different graphs ({plan.fingerprint} vs {other.fingerprint})")
+    if plan.world_size != other.world_size or plan.hardware != other.hardware:
+        notes.append(f"note: world_size/hardware differ: {plan.world_size}/{plan.hardware} vs "
                      f"{other.world_size}/{other.hardware}")
-    params = tuple((fqn, base.parameters.get(fqn, "-"), other.parameters.get(fqn, "-"))
-                   for fqn in dict.fromkeys([*base.parameters, *other.parameters])
-                   if base.parameters.get(fqn) != other.parameters.get(fqn))
+    params = tuple((fqn, plan.parameters.get(fqn, "-"), other.parameters.get(fqn, "-"))
+                   for fqn in dict.fromkeys([*plan.parameters, *other.parameters])
+                   if plan.parameters.get(fqn) != other.parameters.get(fqn))
     theirs = {n.name: n for n in other.nodes}
     nodes = []
-    for node in base.nodes:
-        if node.op == "placeholder" and node.target in base.parameters:
+    for node in plan.nodes:
+        if node.op == "placeholder" and node.target in plan.parameters:
             continue  # listed by FQN above
         match = theirs.get(node.name)
         if match is not None and (match.inputs, match.output) != (node.inputs, node.output):
             nodes.append((node.name, strategy_text(node.strategy()), strategy_text(match.strategy())))
-    ours_c = {_collective_key(c) for c in base.collectives}
+    ours_c = {_collective_key(c) for c in plan.collectives}
     theirs_c = {_collective_key(c) for c in other.collectives}
-    order = [_collective_key(c) for c in (*base.collectives, *other.collectives)]
+    order = [_collective_key(c) for c in (*plan.collectives, *other.collectives)]
     return PlanDiff(
         parameters=params,
         nodes=tuple(nodes),
         collectives_added=tuple(k for k in dict.fromkeys(order) if k in theirs_c and k not in ours_c),
         collectives_removed=tuple(k for k in dict.fromkeys(order) if k in ours_c and k not in theirs_c),
-        compute_delta_s=other.predicted_compute_s - base.predicted_compute_s,
-        comm_delta_s=other.predicted_comm_s - base.predicted_comm_s,
-        memory_delta_bytes=int(other.parameter_bytes_per_rank - base.parameter_bytes_per_rank),
+        compute_delta_s=other.predicted_compute_s - plan.predicted_compute_s,
+        comm_delta_s=other.predicted_comm_s - plan.predicted_comm_s,
+        memory_delta_bytes=int(other.parameter_bytes_per_rank - plan.parameter_bytes_per_rank),
         notes=tuple(notes),
     )
 
