@@ -43,10 +43,11 @@ def test_options_given_twice_differently_fail_where_merged() -> None:
 
 
 def test_cross_field_checks_fail_where_built() -> None:
-    """PlanOptions and the one merge: dropout='split' without training, training with max_cache_len."""
-    with pytest.raises(ValueError, match="dropout='split' needs training=True"):
-        autotp.PlanOptions(dropout="split")
+    """The one merge (plan_options): dropout='split' without training, training with max_cache_len."""
     from autotp.planning.options import plan_options
+
+    with pytest.raises(ValueError, match="dropout='split' needs training=True"):
+        plan_options(autotp.PlanOptions(dropout="split"))
 
     with pytest.raises(ValueError, match="training=True and max_cache_len= do not go together"):
         plan_options(autotp.PlanOptions(training=True), max_cache_len=16)

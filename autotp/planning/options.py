@@ -139,8 +139,7 @@ class PlanOptions:
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         check_outputs(self.outputs)
-        if check_dropout(self.dropout) != "replicated" and not self.training:
-            raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
+        check_dropout(self.dropout)
         check_activation_checkpointing(self.activation_checkpointing, self.training)
         check_expected_new_tokens(self.expected_new_tokens)
         states = self.optimizer_states
@@ -182,7 +181,8 @@ def plan_options(options: PlanOptions | None = None, *, world_size: int | None =
     top-level keywords ``given`` (``hardware=``, ``memory_budget=``, ``training=``...) and ``world_size``.
 
     A keyword left at its default keeps ``options``' value; one set both ways to different values is a
-    ValueError, as are combinations the entry point cannot run: ``max_cache_len`` (generation) with
+    ValueError, as are combinations the entry point cannot run: ``dropout="split"`` without ``training``,
+    ``max_cache_len`` (generation) with
     ``training`` or ``outputs="local"``, and ``mesh`` (a DeviceMesh run) with ``outputs="local"``."""
     if options is None:
         options = _DEFAULTS
@@ -203,6 +203,8 @@ def plan_options(options: PlanOptions | None = None, *, world_size: int | None =
     if world_size is not None:
         changes["world_size"] = check_world_size(world_size)
     merged = dataclasses.replace(options, **changes) if changes else options
+    if merged.dropout != "replicated" and not merged.training:
+        raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
     if max_cache_len is not None and merged.training:
         raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
                          "compile once with training=True to train and once with max_cache_len= to generate")
