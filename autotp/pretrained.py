@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from autotp.runtime.compiling import compile_group
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, plan_options
 from autotp.planning.plan import Plan
+from autotp.runtime.compiling import compile_group
 from autotp.runtime.module import TensorParallelModule
 from autotp.runtime.options import RuntimeOptions, runtime_options
 
@@ -27,7 +27,7 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
                     device: str | torch.device = "cpu", example_inputs: tuple[Any, ...] | None = None,
                     example_kwargs: dict[str, Any] | None = None, group: Any = None,
                     plan: Plan | str | os.PathLike[str] | None = None, hardware: Any = DEFAULT_HARDWARE,
-                    max_cache_len: int | None = None, options: PlanOptions | None = None,
+                    options: PlanOptions | None = None,
                     runtime: RuntimeOptions | None = None) -> TensorParallelModule:
     """A transformers checkpoint directory -> this rank's tensor-parallel model (call on every rank).
 
@@ -36,7 +36,9 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     (default: one sequence of 16 token ids) and ``example_kwargs`` (default none: a HF model is traced with
     ``use_cache=False`` and called with or without it, see :mod:`autotp.hf_calls`) on ``device``, planned, and
     each rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto ``device``.
-    ``group``, ``plan``, ``hardware``, ``max_cache_len``, ``options`` and ``runtime`` as in :func:`autotp.compile`.
+    ``group``, ``plan``, ``hardware``, ``options`` and ``runtime`` as in :func:`autotp.compile`. Generation
+    from a checkpoint is not supported yet (the generation graphs are built from weights in memory): load the
+    model with its weights and ``autotp.compile(model, example_inputs=(ids,), max_cache_len=N)``.
 
     ``runtime.trace_cache`` (default True here): the traced program is kept in ``$AUTOTP_CACHE_DIR`` (default
     ``~/.cache/autotp``, never inside ``path``) and reused by the next load of the same model and
@@ -61,20 +63,20 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     if example_inputs is None:
         example_inputs = (torch.zeros(1, 16, dtype=torch.long, device=device),)  # (batch, seq) token ids
     return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs, world_size=world_size,
-                         group=group, plan=plan, checkpoint=path, max_cache_len=max_cache_len,
-                         options=plan_options(options, hardware=hardware, max_cache_len=max_cache_len),
+                         group=group, plan=plan, checkpoint=path, max_cache_len=None,
+                         options=plan_options(options, hardware=hardware),
                          runtime=runtime_options(runtime, trace_cache=True))
 
 
 def load(path: str | os.PathLike[str], model: torch.nn.Module, *, world_size: int | None = None,
          example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None, group: Any = None,
          plan: Plan | str | os.PathLike[str] | None = None, hardware: Any = DEFAULT_HARDWARE,
-         max_cache_len: int | None = None, options: PlanOptions | None = None,
+         options: PlanOptions | None = None,
          runtime: RuntimeOptions | None = None) -> TensorParallelModule:
     """Read a directory written by ``tp.save(path)`` (at any world size) into ``model`` (meta is fine), split
     over ``world_size`` ranks: ``autotp.compile(model, world_size=world_size, ..., checkpoint=path)``
     (``runtime.trace_cache`` defaults to True, as in :func:`from_pretrained`)."""
     return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs, world_size=world_size,
-                         group=group, plan=plan, checkpoint=path, max_cache_len=max_cache_len,
-                         options=plan_options(options, hardware=hardware, max_cache_len=max_cache_len),
+                         group=group, plan=plan, checkpoint=path, max_cache_len=None,
+                         options=plan_options(options, hardware=hardware),
                          runtime=runtime_options(runtime, trace_cache=True))

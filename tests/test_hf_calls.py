@@ -123,6 +123,12 @@ def _save_and_load(rank: int, world_size: int, pretrained: str, saved: str) -> d
                 results["generate"] = "no error"
             except ValueError as exc:
                 results["generate"] = str(exc)
+            try:
+                autotp.compile(tiny_llama(device="meta")[0], world_size=2, example_inputs=(ids,), checkpoint=pretrained,
+                               max_cache_len=80)
+                results["max_cache_len"] = "no error"
+            except ValueError as exc:
+                results["max_cache_len"] = str(exc)
             tp.save(saved)
             return results
         meta = tiny_llama(device="meta")[0]
@@ -135,7 +141,8 @@ def _save_and_load(rank: int, world_size: int, pretrained: str, saved: str) -> d
 def test_from_pretrained_and_load_take_plain_calls(gloo, tmp_path: Path) -> None:
     """tp=2 from_pretrained of a checkpoint whose config has use_cache=True, then tp.save; tp=3 (uneven: 4 kv
     heads) autotp.load of that directory into a meta model with example_inputs=(ids,) only: tp(ids) with and
-    without use_cache equals the model's logits. generate on the meta-built model says how to get one."""
+    without use_cache equals the model's logits. generate on the meta-built model, and compile with checkpoint=
+    and max_cache_len=, say how to get one."""
     model, _ = _llama()
     model.save_pretrained(tmp_path / "hf")
     pretrained = gloo.run(2, _save_and_load, str(tmp_path / "hf"), str(tmp_path / "saved"))
@@ -144,6 +151,7 @@ def test_from_pretrained_and_load_take_plain_calls(gloo, tmp_path: Path) -> None
         assert max(errors) < TOLERANCE, f"rank {rank}: from_pretrained errors {errors}"
         assert "meta device" in result["generate"] and "max_cache_len" in result["generate"], (
             f"rank {rank}: {result['generate']!r}")
+        assert "not supported yet" in result["max_cache_len"], f"rank {rank}: {result['max_cache_len']!r}"
     loaded = gloo.run(3, _save_and_load, str(tmp_path / "hf"), str(tmp_path / "saved"))
     for rank, result in enumerate(loaded):
         assert max(result["load"]) < TOLERANCE, f"rank {rank}: load errors {result['load']}"

@@ -19,7 +19,6 @@ import torch.distributed as dist
 
 from autotp.base.progress import log_progress
 from autotp.capture import capture, check_model, random_state_fingerprint, trace_device
-from autotp.runtime.generation import compile_for_generation
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import Plan, as_plan
 from autotp.runtime.agreement import (
@@ -32,6 +31,7 @@ from autotp.runtime.agreement import (
 )
 from autotp.runtime.applying import apply_plan, plan_or_check
 from autotp.runtime.checkpointing import checkpointed_graph
+from autotp.runtime.generation import compile_for_generation
 from autotp.runtime.generation_on_demand import GenerationOnDemand
 from autotp.runtime.group import PlannedAhead, bind_group, plan_ahead
 from autotp.runtime.kv_cache import check_causal_lm
@@ -64,6 +64,13 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
                 "autotp.compile needs real weights, but the model has parameters on the meta device; "
                 "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
                 "use autotp.plan(...) to plan a meta model, or load its weights first"
+            )
+        if checkpoint is not None and max_cache_len is not None:
+            raise ValueError(
+                "generation graphs are built from the model's weights in memory: checkpoint= (and from_pretrained / "
+                "load) with max_cache_len= is not supported yet; load the model with its weights (e.g. "
+                "AutoModelForCausalLM.from_pretrained(path)) and call autotp.compile(model, example_inputs=(ids,), "
+                "max_cache_len=N)"
             )
         plan = as_plan(plan)
         options = dataclasses.replace(options, world_size=world_size)
