@@ -102,7 +102,7 @@ def test_profile_is_usable_as_hardware_json(tmp_path) -> None:
     model, args, _ = tiny_mlp(device="meta")
     plan = autotp.plan(model, args, world_size=2, hardware=str(path))
     assert plan.hardware == "cpu-test"
-    assert plan.estimate(profile).memory_capacity_bytes == pytest.approx(profile.memory_gib * 2**30)
+    assert autotp.estimate(plan, profile).memory_capacity_bytes == pytest.approx(profile.memory_gib * 2**30)
 
 
 def test_profile_prices_the_kernel_extra_the_graphs_showed() -> None:

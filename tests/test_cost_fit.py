@@ -14,6 +14,7 @@ import pytest
 import torch
 from inspect_helpers import tiny_plan
 
+import autotp
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
 from autotp.calibration.graphs import block_graph, local_stand_ins
 from autotp.cost_model.bandwidth import cold_call_at_s
@@ -198,7 +199,7 @@ def test_core_share_round_trips_old_json_reads_one_and_alone_undoes_it(tmp_path)
 
 def test_estimate_shows_host_time_per_runtime_mode() -> None:
     """tp=2, tiny Llama on meta, H100 SXM: the estimate lists host dispatch per forward, eager above cuda_graph."""
-    estimate = tiny_plan("llama", 2).estimate()
+    estimate = autotp.estimate(tiny_plan("llama", 2))
     host = estimate.host
     assert host is not None and host.kernels > 50, host
     h100 = get_hardware("h100-sxm")
@@ -431,13 +432,13 @@ def test_estimate_pays_the_call_sync_wait_once_with_collectives() -> None:
     h100 = dataclasses.replace(get_hardware("h100-sxm"), call_sync_wait_s=1e-3, call_sync_wait_per_compute=0.1)
     split = tiny_plan("llama", 2)
     assert sum(split.collective_counts().values()) > 1, split.collective_counts()
-    estimate = split.estimate(h100)
+    estimate = autotp.estimate(split, h100)
     expected = 1e-3 + 0.1 * estimate.compute_s
     assert math.isclose(estimate.call_sync_wait_s, expected), (estimate.call_sync_wait_s, expected)
     assert math.isclose(estimate.comm_per_call_s, estimate.comm_s + expected), estimate
     assert math.isclose(estimate.time_per_call_s, estimate.time_s + h100.graph_launch_s + expected), estimate
     assert "ranks out of step" in estimate.summary()
-    alone = tiny_plan("llama", 1).estimate(h100)
+    alone = autotp.estimate(tiny_plan("llama", 1), h100)
     assert alone.call_sync_wait_s == 0.0 and alone.comm_per_call_s == alone.comm_s == 0.0, alone
 
 
@@ -445,7 +446,6 @@ def test_solver_weighs_the_call_sync_wait_against_splitting() -> None:
     """tp=2 tiny MLP on meta, memory_budget=None, a CPU profile slow enough that splitting pays: with a small
     call sync wait the plan splits (one all-reduce) and its predicted communication holds the wait once; with a
     wait dearer than what splitting saves, the solver keeps every tensor whole (no collective)."""
-    import autotp
     from models import tiny_mlp
 
     slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01)
@@ -457,7 +457,7 @@ def test_solver_weighs_the_call_sync_wait_against_splitting() -> None:
         plans[sync_s] = (plan, hardware)
     split, hardware = plans[1e-4]
     assert split.collective_counts() == {"all_reduce": 1}, split.collective_counts()
-    estimate = split.estimate(hardware)
+    estimate = autotp.estimate(split, hardware)
     assert math.isclose(split.predicted_comm_s, estimate.comm_s + 1e-4), (split.predicted_comm_s, estimate.comm_s)
     assert math.isclose(estimate.comm_per_call_s, split.predicted_comm_s), estimate
     whole, _ = plans[10.0]
@@ -468,8 +468,7 @@ def test_solver_weighs_the_wait_per_second_of_compute_against_splitting() -> Non
     """tp=2 tiny MLP on meta, memory_budget=None, the slow CPU profile above with no call sync wait but a wait per
     second of compute: at 0.1 s per s the plan splits (one all-reduce) and its predicted communication holds
     0.1 x its compute; at 1.5 s per s a split (half the compute, plus 1.5 x that half as wait) costs more than
-    the whole compute, and the solver keeps every tensor whole — as ``plan.estimate()`` prices it."""
-    import autotp
+    the whole compute, and the solver keeps every tensor whole — as ``autotp.estimate(plan)`` prices it."""
     from models import tiny_mlp
 
     slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01,
@@ -482,7 +481,7 @@ def test_solver_weighs_the_wait_per_second_of_compute_against_splitting() -> Non
                               hardware)
     split, hardware = plans[0.1]
     assert split.collective_counts() == {"all_reduce": 1}, split.collective_counts()
-    estimate = split.estimate(hardware)
+    estimate = autotp.estimate(split, hardware)
     nodes_s = sum(node.compute_s for node in split.nodes)  # the nodes' compute; the bias's zeros are not drift
     assert math.isclose(estimate.call_sync_wait_s, 0.1 * nodes_s), estimate
     assert math.isclose(split.predicted_comm_s, estimate.comm_s + 0.1 * nodes_s), (
@@ -619,7 +618,6 @@ def test_reshardings_without_a_collective_count_as_compute() -> None:
     all-reduces the output. The estimate counts the zeros as compute of the bias (they run on the rank like any
     op, and the accuracy benchmark's compute form runs them), the all-reduce as communication; the plan's
     predicted split says the same."""
-    import autotp
     from models import tiny_mlp
 
     slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01)
@@ -628,7 +626,7 @@ def test_reshardings_without_a_collective_count_as_compute() -> None:
     local = [c for c in plan.collectives if all(str(step) in ("zero", "slice") for step in c.steps)]
     talking = [c for c in plan.collectives if c not in local]
     assert local and talking, plan.collectives
-    estimate = plan.estimate(slow)
+    estimate = autotp.estimate(plan, slow)
     assert math.isclose(estimate.comm_s, sum(c.time_s for c in talking)), estimate
     nodes = {node.name: node for node in estimate.nodes}
     for collective in local:
@@ -644,7 +642,6 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
     """No parallelism: a convolution pays the profile's ``op_fixed_s["convolution"]`` on top of its kernel (an add
     and a view nothing), in `compute_time_s` and in a plan of a small CNN (two convolutions: twice the cost);
     the field survives JSON, scales with the core share in `alone`, and a bad entry is a clear error."""
-    import autotp
     from autotp.cost_model.compute import op_family
     from autotp.cost_model.hardware import OP_FAMILIES
 
@@ -660,8 +657,9 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3))
     example = (torch.randn(2, 3, 8, 8),)
-    with_fixed, without = (autotp.plan(model, example, world_size=1, hardware=profile, memory_budget=None)
-                           .estimate(profile).time_per_call_s for profile in (fixed, plain))
+    with_fixed, without = (autotp.estimate(autotp.plan(model, example, world_size=1, hardware=profile,
+                                                       memory_budget=None), profile).time_per_call_s
+                           for profile in (fixed, plain))
     assert with_fixed - without == pytest.approx(2e-3, rel=1e-6), (with_fixed, without)
 
     data = fixed.to_dict()

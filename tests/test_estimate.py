@@ -1,4 +1,4 @@
-"""Plan.estimate(): time per forward broken down per node and per layer, memory per rank;
+"""autotp.estimate(plan): time per forward broken down per node and per layer, memory per rank;
 split_crossover(): the size from which splitting a linear layer pays.
 
 Tier (a) and (b): hand-built plans and plans of meta-device models; no process group.
@@ -18,7 +18,7 @@ from torch import nn
 import autotp
 from autotp.cost_model import collective_time_s, compute_time_s, get_hardware
 from autotp.cost_model.symbolic import BATCH, SEQ
-from autotp.inspect.estimate import evaluate_crossover, layer_of, local_nbytes, split_crossover, split_crossovers
+from autotp.inspect.estimates import evaluate_crossover, layer_of, local_nbytes, split_crossover, split_crossovers
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 KIB = 1024
@@ -79,7 +79,7 @@ def test_local_bytes_of_placements() -> None:
 
 def test_estimate_adds_up_the_plan_per_node_and_per_layer() -> None:
     """tp=2, hand-built Megatron MLP: totals, per-node and per-layer sums equal the plan's costs."""
-    estimate = megatron_mlp_plan().estimate()
+    estimate = autotp.estimate(megatron_mlp_plan())
     assert math.isclose(estimate.compute_s, 6e-6) and math.isclose(estimate.comm_s, 10e-6), estimate
     assert math.isclose(estimate.time_s, 16e-6), estimate.time_s
     by_node = {n.name: n for n in estimate.nodes}
@@ -94,7 +94,7 @@ def test_estimate_adds_up_the_plan_per_node_and_per_layer() -> None:
 
 def test_activation_peak_by_hand() -> None:
     """tp=2, hand-built Megatron MLP: the peak is while GELU runs — x 32 KiB + linear's 64 KiB + GELU's 64 KiB."""
-    estimate = megatron_mlp_plan().estimate()
+    estimate = autotp.estimate(megatron_mlp_plan())
     assert estimate.activation_peak_bytes_per_rank == 160 * KIB, (
         f"expected 160 KiB, got {estimate.activation_peak_bytes_per_rank / KIB} KiB"
     )
@@ -114,7 +114,7 @@ def test_views_share_storage_and_collectives_hold_a_new_buffer() -> None:
     output = dataclasses.replace(plan.nodes[-1], input_nodes=("view",))
     reduce = dataclasses.replace(plan.collectives[0], consumers=("view",))
     plan = dataclasses.replace(plan, nodes=(*plan.nodes[:-1], view, output), collectives=(reduce,))
-    estimate = plan.estimate()
+    estimate = autotp.estimate(plan)
     # Still the GELU peak; at the end x, the Partial sum's all-reduced copy (held through the view) are live.
     assert estimate.activation_peak_bytes_per_rank == 160 * KIB, estimate.activation_peak_bytes_per_rank
 
@@ -123,7 +123,7 @@ def test_plan_without_shapes_has_no_activation_estimate() -> None:
     """tp=2, a format-v1 plan (no shapes): time still adds up, activation peak is None."""
     plan = megatron_mlp_plan()
     plan = dataclasses.replace(plan, nodes=tuple(dataclasses.replace(n, dtype="", shape=()) for n in plan.nodes))
-    estimate = plan.estimate()
+    estimate = autotp.estimate(plan)
     assert estimate.activation_peak_bytes_per_rank is None and estimate.memory_bytes_per_rank is None
     assert math.isclose(estimate.time_s, 16e-6)
     assert "activations  unknown" in str(estimate)
@@ -132,8 +132,8 @@ def test_plan_without_shapes_has_no_activation_estimate() -> None:
 def test_estimate_hardware_must_be_the_plans() -> None:
     """tp=2: estimating on another profile than the plan's says to re-plan."""
     with pytest.raises(ValueError, match="re-plan with autotp.plan"):
-        megatron_mlp_plan().estimate("pcie-gpu")
-    assert megatron_mlp_plan().estimate("h100-sxm").memory_capacity_bytes == 80 * 2**30
+        autotp.estimate(megatron_mlp_plan(), "pcie-gpu")
+    assert autotp.estimate(megatron_mlp_plan(), "h100-sxm").memory_capacity_bytes == 80 * 2**30
 
 
 def test_estimate_of_a_real_plan_matches_its_prediction() -> None:
@@ -142,7 +142,7 @@ def test_estimate_of_a_real_plan_matches_its_prediction() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plan = autotp.plan(model, args, kwargs, world_size=2, hardware="h100-sxm")
-    estimate = plan.estimate()
+    estimate = autotp.estimate(plan)
     assert math.isclose(estimate.time_s, plan.predicted_time_s, rel_tol=1e-12), (estimate.time_s, plan.predicted_time_s)
     assert math.isclose(sum(n.compute_s for n in estimate.nodes), plan.predicted_compute_s, rel_tol=1e-12)
     layer0, layer1 = estimate.layer("model.layers.0"), estimate.layer("model.layers.1")

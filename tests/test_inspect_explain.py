@@ -77,14 +77,14 @@ def test_explain_parameter_and_node() -> None:
     """tp=4: explain names the choice, its reader, and every alternative with its price or why not."""
     plan = tiny_plan()
     fqn = "model.layers.0.mlp.down_proj.weight"
-    text = plan.explain(fqn)
+    text = autotp.explain(plan, fqn)
     weight = next(n for n in plan.nodes if n.target == fqn)
     assert text.startswith(f"{fqn} (parameter) [256, 512]: chose {plan.parameters[fqn]}"), text
     assert "read by linear_6" in text, text
     assert text.count("\n  - ") == len(weight.alternatives) >= 1, text
     assert "replicating this would" in text, text
     assert "exceeds the memory budget" in text, "replicating a weight under the default budget should not fit"
-    node_text = plan.explain("linear_6")
+    node_text = autotp.explain(plan, "linear_6")
     assert node_text.startswith("linear_6 (aten.linear.default in model.layers.0.mlp.down_proj)"), node_text
     for c in plan.collectives:
         if c.producer == "linear_6":
@@ -94,18 +94,18 @@ def test_explain_parameter_and_node() -> None:
 def test_explain_unknown_name_suggests() -> None:
     """An unknown name raises KeyError with similar names."""
     with pytest.raises(KeyError, match="similar: .*down_proj"):
-        tiny_plan().explain("model.layers.9.mlp.down_proj.weight")
+        autotp.explain(tiny_plan(), "model.layers.9.mlp.down_proj.weight")
 
 
 def test_diff_same_and_constrained() -> None:
     """tp=4: a plan has no diff with itself; pinning the down_proj weights to the other split shows in
     the diff, with the change in predicted time."""
     base = tiny_plan()
-    assert not base.diff(base), str(base.diff(base))
+    assert not autotp.diff(base, base), str(autotp.diff(base, base))
     fqn = "model.layers.0.mlp.down_proj.weight"
     was, other = base.parameters[fqn], _other_split(base, fqn)
     pinned = tiny_plan(constraints=(("model.layers.*.mlp.down_proj.weight", other),))
-    delta = base.diff(pinned)
+    delta = autotp.diff(base, pinned)
     assert (fqn, was, other) in delta.parameters, delta.parameters
     assert math.isclose(delta.time_delta_s, pinned.predicted_time_s - base.predicted_time_s, abs_tol=1e-12)
     assert delta.time_delta_s >= -1e-12, "the unconstrained plan is optimal"
@@ -178,7 +178,7 @@ def test_version_1_plans_still_load() -> None:
             node.pop(key)
     old = Plan.from_json(json.dumps(data))
     assert old.version == 1 and old.decisions() == tiny_plan().decisions()
-    assert "not recorded in format-v1 plans" in old.explain("linear_6")
+    assert "not recorded in format-v1 plans" in autotp.explain(old, "linear_6")
     data["version"] = 99
     with pytest.raises(PlanMismatchError, match="found version 99"):
         Plan.from_json(json.dumps(data))

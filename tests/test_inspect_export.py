@@ -1,4 +1,4 @@
-"""plan.to_parallelize_plan(): the equivalent torch.distributed.tensor.parallel plan.
+"""autotp.to_parallelize_plan(plan): the equivalent torch.distributed.tensor.parallel plan.
 
 Unit tier: which modules get which style, what is reported as inexpressible. Gloo tier: the
 exported plan applied with ``parallelize_module`` on a real 2-rank gloo group (a 1-D CPU
@@ -12,6 +12,7 @@ from inspect_helpers import MEGATRON_LLAMA, tiny_plan
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+import autotp
 from autotp.planning.plan import Plan
 
 
@@ -22,7 +23,7 @@ def _layouts(style: object) -> tuple[object, object]:
 def test_llama_tp4_is_the_megatron_plan() -> None:
     """tp=4 tiny Llama, weights pinned to the Megatron layout: q/k/v/gate/up column-parallel, o/down
     row-parallel reduced to replicated, lm_head and embedding column-parallel gathered; nothing left out."""
-    export = tiny_plan("llama", 4, constraints=MEGATRON_LLAMA).to_parallelize_plan()
+    export = autotp.to_parallelize_plan(tiny_plan("llama", 4, constraints=MEGATRON_LLAMA))
     assert export.complete, str(export)
     styles = export.plan
     for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
@@ -40,10 +41,10 @@ def test_llama_tp4_is_the_megatron_plan() -> None:
 def test_uneven_split_and_gpt2_are_reported() -> None:
     """tp=3 splits the MLP's 1024 hidden units unevenly (DTensor would cut differently); GPT-2's fused
     Conv1D c_attn (an addmm, not nn.Linear) has no style. Both are listed, not silently dropped."""
-    uneven = tiny_plan("mlp", 3).to_parallelize_plan()
+    uneven = autotp.to_parallelize_plan(tiny_plan("mlp", 3))
     assert not uneven.complete
     assert any("split unevenly over 3 ranks" in line for line in uneven.unexpressed), uneven.unexpressed
-    gpt2 = tiny_plan("gpt2", 2).to_parallelize_plan()
+    gpt2 = autotp.to_parallelize_plan(tiny_plan("gpt2", 2))
     assert any("c_attn" in line for line in gpt2.unexpressed), gpt2.unexpressed
 
 
@@ -54,7 +55,7 @@ def test_model_types_are_checked() -> None:
 
     model, _, _ = models.tiny_mlp(device="meta")
     model[2] = torch.nn.Identity()
-    export = tiny_plan("mlp", 2).to_parallelize_plan(model)
+    export = autotp.to_parallelize_plan(tiny_plan("mlp", 2), model)
     assert "'2': RowwiseParallel" not in str(export)
     assert any(line.startswith("2: a Identity") for line in export.unexpressed), export.unexpressed
 
@@ -79,7 +80,7 @@ def _compare_on_ranks(rank: int, world_size: int, name: str, plan_json: str) -> 
     with torch.no_grad():
         reference = out(model(*args, **kwargs))
         ours = out(autotp.compile(model, example_inputs=args, example_kwargs=kwargs, plan=plan)(*args, **kwargs))
-    export = plan.to_parallelize_plan(model)
+    export = autotp.to_parallelize_plan(plan, model)
     assert export.complete, str(export)
     fresh, _, _ = models.BUILDERS[name]()  # same seed: same weights
     mesh = DeviceMesh("cpu", list(range(world_size)))

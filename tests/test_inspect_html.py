@@ -16,6 +16,7 @@ import chromium
 import pytest
 from inspect_helpers import MEGATRON_LLAMA, local_shape, stacked_plan, tiny_plan
 
+import autotp
 from autotp.inspect.html import plan_payload
 from autotp.planning.blocks import block_runs
 
@@ -62,7 +63,7 @@ def test_identical_layers_fold_into_one_run() -> None:
 def test_page_is_self_contained(tmp_path) -> None:
     """The page loads nothing: no external src/href, a CSP that forbids the network, data escaped."""
     path = tmp_path / "plan.html"
-    page = tiny_plan().to_html(path, title="</script><b>x")
+    page = autotp.to_html(tiny_plan(), path, title="</script><b>x")
     assert path.read_text(encoding="utf-8") == page
     assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', page), "no external resources"
     assert "default-src 'none'" in page
@@ -88,7 +89,7 @@ def _ready(run: chromium.ChromiumRun) -> dict[str, str]:
 def test_chromium_loads_without_errors_and_shows_details(tmp_path) -> None:
     """tp=4 tiny Llama: everything expanded, and a selected weight with its alternatives."""
     path = tmp_path / "plan.html"
-    tiny_plan().to_html(path, title="tiny Llama")
+    autotp.to_html(tiny_plan(), path, title="tiny Llama")
     expanded = _ready(chromium.dump_dom(path, "view=expand&view=unfold"))
     assert int(expanded["data-autotp-visible"]) > 150, expanded
     selected = chromium.dump_dom(path, "select=model.layers.0.mlp.down_proj.weight")
@@ -103,7 +104,7 @@ def test_chromium_loads_without_errors_and_shows_details(tmp_path) -> None:
 def test_chromium_80_layers_stay_usable(tmp_path) -> None:
     """80 stacked layers: folded by default (few boxes drawn), and unfolding all of them still draws."""
     path = tmp_path / "plan80.html"
-    stacked_plan(tiny_plan(), 80).to_html(path)
+    autotp.to_html(stacked_plan(tiny_plan(), 80), path)
     run = chromium.dump_dom(path)
     folded = _ready(run)
     assert int(folded["data-autotp-visible"]) < 60, folded
@@ -118,7 +119,7 @@ def test_chromium_screenshot_shows_the_graph(tmp_path) -> None:
     """Megatron-pinned tp=4 plan: a screenshot of the default view is not blank and shows the colour of
     the column-parallel projections' outputs (split on their last dim, S(2))."""
     path, png = tmp_path / "plan.html", tmp_path / "plan.png"
-    tiny_plan(constraints=MEGATRON_LLAMA).to_html(path)
+    autotp.to_html(tiny_plan(constraints=MEGATRON_LLAMA), path)
     run = chromium.screenshot(path, png, window=(1400, 900))
     assert not run.console_errors(), run.console_errors()
     assert png.exists() and png.stat().st_size > 20_000, f"no screenshot (rc {run.returncode}): {run.stderr[-1500:]}"

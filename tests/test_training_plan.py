@@ -81,7 +81,7 @@ def test_training_plan_costs_more_and_counts_activations(plans):
     assert "same parameter placements as the inference plan" in text, text
     loaded = Plan.from_json(training.to_json())
     assert loaded == training, "a training plan must survive a JSON round trip unchanged"
-    estimate = training.estimate()
+    estimate = autotp.estimate(training)
     assert estimate.time_s == pytest.approx(training.predicted_time_s), (estimate.time_s, training.predicted_time_s)
     assert "time per training step (forward + backward)" in estimate.summary(), estimate.summary()
 
