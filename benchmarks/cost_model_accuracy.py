@@ -25,7 +25,7 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
    0.8 ms apart, a skew ranks that serve call after call do not have) to the last rank's end, the
    time the group takes to have the forward's result on every rank; the median of ``--runs`` runs
    after ``--warmup`` runs.
-   The prediction is ``plan.estimate(profile).time_per_call_s``;
+   The prediction is ``autotp.estimate(plan, profile).time_per_call_s``;
 3. time it once more with every collective (and its ``wait_tensor``) replaced by a local
    stand-in of its output's shape: that is the measured compute, and the forward time minus it
    the measured communication (the collectives and the waits for the slowest rank that they
@@ -53,7 +53,7 @@ cache).
 
 Calibrating in the same processes, right before measuring, keeps both under the same conditions
 (on a shared machine the load moves within seconds); the rounds repeat the whole and the
-figures are medians over rounds. Each line shows predicted (``plan.estimate().time_s``) and
+figures are medians over rounds. Each line shows predicted (``autotp.estimate(plan).time_s``) and
 measured time, the error, the compute/communication split of both, and the spread of the
 measured time over rounds (max / min). It ends with the median absolute percentage error over
 all (model, world size) pairs, overall and per world size. Threads per rank: ``--threads``, by
@@ -359,7 +359,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                                           hardware=hardware)
                 measured, measured_compute, compute_work = _time_with_and_without_comm(
                     tp_model, args, kwargs, options.warmup, options.runs)
-                estimate = tp_model.plan.estimate(hardware)
+                estimate = autotp.estimate(tp_model.plan, hardware)
                 graph = tp_model.graph_module.graph
                 count = sum(tp_model.plan.collective_counts().values())
                 flat_comm_s = estimate.comm_s + count * (flat_wait_s - hardware.collective_wait_s)

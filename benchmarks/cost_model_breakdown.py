@@ -106,7 +106,7 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
         timer = _NodeTimer(graph_module)
         for _ in range(runs):
             timer.run(*values)
-    estimate = compiled.plan.estimate(hardware)
+    estimate = autotp.estimate(compiled.plan, hardware)
     predicted = {node.name: node.compute_s for node in compiled.plan.nodes}
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for node in graph_module.graph.nodes:

@@ -4,7 +4,7 @@
 
 Plans a one-token forward (batch 1, the shape of a decode step; no KV cache) of the
 Llama-3-70B shape (hidden 8192, 64 heads, 8 kv heads, intermediate 28672, vocab 128256,
-bfloat16) on the meta device and prints what ``plan.estimate()`` says: the rank-local graph's
+bfloat16) on the meta device and prints what ``autotp.estimate(plan)`` says: the rank-local graph's
 kernel and view nodes, the host time per call under each runtime mode of the profile (eager:
 every node dispatched; compiled and cuda_graph: one call), and the predicted time per token as
 priced in the profile's own mode and in eager mode. Nothing runs on a device: these are the
@@ -46,7 +46,7 @@ def main() -> None:
             warnings.simplefilter("ignore")
             plan = autotp.plan(model, (ids,), {"use_cache": False}, world_size=options.world_size, hardware=profile,
                                options=autotp.PlanOptions(dynamic=False))
-        estimate = plan.estimate(profile)
+        estimate = autotp.estimate(plan, profile)
         host = estimate.host
         assert host is not None  # the profile is given
         print(f"\npriced as {mode} (planned in {time.perf_counter() - start:.1f} s): "

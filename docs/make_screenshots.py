@@ -29,7 +29,7 @@ def main() -> None:
         warnings.simplefilter("ignore")
         plan = autotp.plan(model, args, kwargs, world_size=4, hardware="h100-sxm")
     page = HERE / "plan-llama.html"
-    plan.to_html(page, title="tiny Llama, tp=4 on h100-sxm")
+    autotp.to_html(plan, page, title="tiny Llama, tp=4 on h100-sxm")
     png = HERE / "plan-llama.png"
     run = chromium.screenshot(page, png, "select=model.layers.0.mlp.down_proj.weight&noscroll=1", window=(1600, 1150))
     if run.console_errors() or not png.exists():
