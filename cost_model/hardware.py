@@ -675,7 +675,7 @@ _GPU_GRAPH_LAUNCH_S = 10.0 * _US
 # captures CUDA graphs of its decode steps by default, https://docs.vllm.ai/en/latest/design/cuda_graphs/ ):
 # each node then costs its kernel, so the planner weighs the device work a split divides. The
 # eager terms stay in the profile: dataclasses.replace(profile, runtime_mode="eager") prices the
-# op-by-op runtime, and Plan.estimate() shows the host time of both.
+# op-by-op runtime, and autotp.estimate(plan) shows the host time of both.
 _GPU_RUNTIME_MODE = "cuda_graph"
 
 # Hopper (H100 SXM5 / H200 SXM5, same GH100 compute) dense peaks, TFLOP/s. NVIDIA H100 Tensor

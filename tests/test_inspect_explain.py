@@ -1,4 +1,5 @@
-"""Plan.explain, Plan.diff, user constraints and the plan's JSON format (unit tier, no process group).
+"""autotp.explain(plan, name), autotp.diff(plan, other), user constraints and the plan's JSON format
+(unit tier, no process group).
 
 All plans are made on the meta device for a tiny Llama (hidden 256, 8 heads, 4 kv heads, 2 layers)
 over tp=4 unless a test says otherwise.
@@ -6,6 +7,7 @@ over tp=4 unless a test says otherwise.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -95,6 +97,37 @@ def test_explain_unknown_name_suggests() -> None:
     """An unknown name raises KeyError with similar names."""
     with pytest.raises(KeyError, match="similar: .*down_proj"):
         autotp.explain(tiny_plan(), "model.layers.9.mlp.down_proj.weight")
+
+
+REPORTS = {  # name -> its parameters as (name, kind), the shapes the Plan methods had
+    "diff": (("plan", "POSITIONAL_OR_KEYWORD"), ("other", "POSITIONAL_OR_KEYWORD")),
+    "estimate": (("plan", "POSITIONAL_OR_KEYWORD"), ("hardware", "POSITIONAL_OR_KEYWORD")),
+    "explain": (("plan", "POSITIONAL_OR_KEYWORD"), ("name", "POSITIONAL_OR_KEYWORD")),
+    "to_dot": (("plan", "POSITIONAL_OR_KEYWORD"), ("fold", "KEYWORD_ONLY"), ("max_depth", "KEYWORD_ONLY")),
+    "to_html": (("plan", "POSITIONAL_OR_KEYWORD"), ("path", "POSITIONAL_OR_KEYWORD"), ("title", "KEYWORD_ONLY")),
+    "to_parallelize_plan": (("plan", "POSITIONAL_OR_KEYWORD"), ("model", "POSITIONAL_OR_KEYWORD")),
+    "to_svg": (("plan", "POSITIONAL_OR_KEYWORD"), ("path", "POSITIONAL_OR_KEYWORD"), ("fold", "KEYWORD_ONLY"),
+               ("max_depth", "KEYWORD_ONLY"), ("timeout_s", "KEYWORD_ONLY")),
+}
+
+
+def test_reports_are_functions_of_a_plan() -> None:
+    """No process group: each report is a function of autotp.inspect, the same object as autotp's and
+    listed in both __all__; a Plan carries none of them (planning never imports a report), and
+    print(plan) names the functions."""
+    import autotp.inspect as reports
+
+    assert sorted(reports.__all__) == sorted(REPORTS), f"expected {sorted(REPORTS)}, got {sorted(reports.__all__)}"
+    for name, expected in REPORTS.items():
+        function = getattr(reports, name)
+        assert callable(function) and getattr(autotp, name) is function, f"autotp.{name} is not autotp.inspect.{name}"
+        assert name in autotp.__all__, f"{name} missing from autotp.__all__"
+        assert not hasattr(Plan, name), f"Plan.{name} exists; expected only autotp.{name}(plan, ...)"
+        shape = tuple((p.name, p.kind.name) for p in inspect.signature(function).parameters.values())
+        assert shape == expected, f"autotp.{name}: expected parameters {expected}, got {shape}"
+    text = str(tiny_plan())
+    for call in ("autotp.explain(plan, name)", "autotp.to_html(plan, path)", "autotp.diff(plan, other)"):
+        assert call in text, f"expected {call!r} in the hint of print(plan), got:\n{text[-300:]}"
 
 
 def test_diff_same_and_constrained() -> None:

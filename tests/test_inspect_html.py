@@ -1,4 +1,4 @@
-"""plan.to_html: the page's data, that it is self-contained, and that it runs in real headless Chromium.
+"""autotp.to_html(plan, path): the page's data, that it is self-contained, and that it runs in real headless Chromium.
 
 Plans: a tiny Llama (hidden 256, 8 heads, 4 kv heads, 2 layers) over tp=4, planned on the meta
 device, and the same plan stacked to 80 layers (``inspect_helpers.stacked_plan``) for folding.

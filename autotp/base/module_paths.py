@@ -3,7 +3,7 @@
 A *block* is a child of a numbered container (``nn.ModuleList`` or ``nn.Sequential``), whatever
 the model calls it: the path up to its first all-digit segment. Tying identical layers in the
 solver (``passes/tying.py``), folding identical layers in reports (``planning/blocks.py``) and
-per-layer estimates (``inspect/estimate.py``) all cut paths here.
+per-layer estimates (``inspect/estimates.py``) all cut paths here.
 """
 
 from __future__ import annotations

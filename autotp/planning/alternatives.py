@@ -2,7 +2,7 @@
 
 :func:`node_alternatives` needs the costed strategy graph, which the plan does not keep, so it
 runs inside the planner (``autotp/planning/planner.py``) and its result is stored on each
-:class:`~autotp.planning.plan.NodeDecision`; the reports (``autotp/inspect/explain.py``) only
+:class:`~autotp.planning.plan.NodeDecision`; the reports (``autotp/inspect/explanations.py``) only
 read and format it. For every node it prices each other candidate strategy *with the
 neighbours' choices held fixed*: the change in the node's own compute time plus the change in
 resharding on its input edges (its producers now have to deliver other placements) and output
