@@ -30,6 +30,7 @@ from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral,
 
 import autotp
 from autotp.adapters import hf_transformers
+from autotp.adapters import torchao as torchao_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-4
@@ -163,7 +164,7 @@ def _floors() -> dict[str, str]:
     """Every ``name>=release`` in pyproject.toml's dependencies and extras (the test tools aside)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     specs = [*project["dependencies"], *project["optional-dependencies"]["hf"],
-             *project["optional-dependencies"]["viz"]]
+             *project["optional-dependencies"]["viz"], *project["optional-dependencies"]["quant"]]
     floors = {}
     for spec in specs:
         match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)(,<[0-9.]+)?", spec)
@@ -190,6 +191,8 @@ def test_ci_runs_the_oldest_release_of_every_declared_range() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["optional-dependencies"]["hf"] == [hf_transformers.FORWARD_RELEASES.pip_spec()], (
         "pyproject.toml's transformers range differs from autotp.adapters.hf_transformers.FORWARD_RELEASES")
+    assert project["optional-dependencies"]["quant"] == [torchao_adapter.PIP_SPEC], (
+        f"pyproject.toml's torchao range differs from autotp.adapters.torchao.PIP_SPEC ({torchao_adapter.PIP_SPEC})")
     tested = {release for pins in tiers.values() for package, release in pins.items() if package == "transformers"}
     for releases in (hf_transformers.FORWARD_RELEASES, hf_transformers.GENERATION_RELEASES):
         assert releases.oldest in tested, (

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from autotp.base.errors import UnsupportedQuantizationError, UnsupportedReleaseError
 
 __all__ = [
+    "PIP_SPEC",
     "RELEASES",
     "SUPPORTED_SCHEMES",
     "QuantizedWeight",
@@ -45,7 +46,10 @@ __all__ = [
 ]
 
 RELEASES = "0.18"
-"""The torchao minor release(s) CI tests (any patch of 0.18)."""
+"""The torchao minor release CI tests (any patch of 0.18; the oldest tier runs 0.18.0)."""
+
+PIP_SPEC = "torchao>=0.18.0,<0.19"
+""":data:`RELEASES` as pyproject.toml's ``quant`` extra declares it."""
 
 SUPPORTED_SCHEMES = {
     "Int8Tensor": "Int8WeightOnlyConfig (int8 weight-only, per-row or per-group scales)",
@@ -152,7 +156,7 @@ def check_quantized_weights(model: torch.nn.Module) -> Mapping[str, QuantizedWei
     if not release.startswith(RELEASES + "."):
         raise UnsupportedReleaseError(
             f"torchao {release} is installed; autotp's quantized weights are tested on torchao {RELEASES}.x only. "
-            f'Install it with pip install "torchao>={RELEASES},<0.19" (the autotp[quant] extra).')
+            f'Install it with pip install "{PIP_SPEC}" (the autotp[quant] extra).')
     named = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
     refused = [(fqn, why) for fqn in weights if (why := _why_unsupported(named[fqn])) is not None]
