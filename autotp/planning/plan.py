@@ -199,6 +199,7 @@ class Plan:
     inference_time_s: float = 0.0  # predicted forward of the inference plan of the same graph and options
     # "blocks": activations and times count checkpointed blocks (PlanOptions.activation_checkpointing)
     activation_checkpointing: str = ""
+    runtime_mode: str = "eager"  # how the priced rank-local graph runs (Hardware.runtime_mode): eager, compiled, cuda_graph
 
     # ---------------------------------------------------------------- lookups
     @property

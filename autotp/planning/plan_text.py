@@ -169,7 +169,8 @@ def plan_summary(plan: Plan, max_rows: int = 40) -> str:
     kind = "training plan" if plan.training else "plan"
     what = "training step (forward + backward)" if plan.training else "forward"
     lines = [
-        f"autotp {kind}: tp={plan.world_size} on {plan.hardware} (format v{plan.version}, graph {plan.fingerprint}{solved})",
+        (f"autotp {kind}: tp={plan.world_size} on {plan.hardware}, {plan.runtime_mode} runtime (format v{plan.version}, "
+         f"graph {plan.fingerprint}{solved})"),
         (f"predicted {what}: {format_seconds(plan.predicted_time_s)} = compute {format_seconds(plan.predicted_compute_s)}"
         f" + communication {format_seconds(plan.predicted_comm_s)} ({share:.0%})"),
         (f"parameters per rank: {format_bytes(plan.parameter_bytes_per_rank)} of {format_bytes(plan.parameter_bytes_total)}"

@@ -349,6 +349,7 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
     return Plan(
         world_size=graph.world_size,
         hardware=hardware.name,
+        runtime_mode=hardware.runtime_mode,
         nodes=tuple(nodes),
         parameters=parameters,
         collectives=tuple(collectives),

@@ -38,6 +38,7 @@ from autotp.runtime.kv_cache import check_causal_lm
 from autotp.runtime.loading import agree_on_success
 from autotp.runtime.module import TensorParallelModule
 from autotp.runtime.options import RuntimeOptions
+from autotp.runtime.runtime_modes import priced_in, resolve_runtime_mode
 from autotp.runtime.saving import open_checkpoint
 from autotp.runtime.shared_trace import FirstRankTrace
 from autotp.trace_cache import open_trace_cache
@@ -73,7 +74,10 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
                 "max_cache_len=N)"
             )
         plan = as_plan(plan)
-        options = dataclasses.replace(options, world_size=world_size)
+        # the plan is priced in the mode that runs (Hardware.runtime_mode)
+        mode = resolve_runtime_mode(runtime.runtime_mode, trace_device(example_inputs, example_kwargs),
+                                    training=training, talk=progress and rank == 0)
+        options = priced_in(dataclasses.replace(options, world_size=world_size), mode)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,
@@ -100,7 +104,7 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
         files = agree_on_success(group, lambda: open_checkpoint(checkpoint), timeout_s=timeout_s)
     if max_cache_len is not None:
         generating = compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
-                                            plan=plan, group=group, rank=rank, timeout_s=timeout_s)
+                                            plan=plan, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode)
         generating.generation_config = getattr(model, "generation_config", None)  # generate's defaults, as HF's
         return generating
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
@@ -113,10 +117,11 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
     on_demand = None
     if not training and options.outputs == "replicated" and _is_causal_lm(model):
         on_demand = GenerationOnDemand(model, example_inputs, group=group, timeout_s=timeout_s, build=functools.partial(
-            _compile_for_generation, options=options, group=group, rank=rank, timeout_s=timeout_s))
+            _compile_for_generation, options=options, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode))
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
-                                training=training, original=model, group=group, generation_on_demand=on_demand)
+                                training=training, original=model, group=group, generation_on_demand=on_demand,
+                                runtime_mode=mode, progress=progress)
 
 
 def _is_causal_lm(model: torch.nn.Module) -> bool:
@@ -130,8 +135,8 @@ def _is_causal_lm(model: torch.nn.Module) -> bool:
 
 def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int, *,
                             options: PlanOptions, group: dist.ProcessGroup | None, rank: int,
-                            timeout_s: float) -> TensorParallelModule:
+                            timeout_s: float, runtime_mode: str) -> TensorParallelModule:
     """``compile(model, ..., max_cache_len=max_cache_len)`` after the plain compile that planned with ``options``:
     what :class:`~autotp.runtime.generation_on_demand.GenerationOnDemand` builds on the first ``generate``."""
     return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options, plan=None,
-                                  group=group, rank=rank, timeout_s=timeout_s)
+                                  group=group, rank=rank, timeout_s=timeout_s, runtime_mode=runtime_mode)

@@ -43,7 +43,11 @@ from autotp.runtime.kv_cache import CacheLayout
 if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
 
-__all__ = ["GenerationRequest", "check_request", "generate", "generation_loop", "next_tokens", "resolve_request"]
+__all__ = ["EOS_CHECK_TOKENS", "GenerationRequest", "check_request", "generate", "generation_loop", "next_tokens",
+           "resolve_request"]
+
+EOS_CHECK_TOKENS = 8
+"""Tokens between two looks at "has every row ended" in the compiled modes (one host sync each)."""
 
 _ONE_RANK_TIMEOUT_S = 3600.0
 """How long the other ranks wait for rank 0's tokens when it generates alone (a whole request)."""
@@ -216,6 +220,7 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
         return generation_loop(layout, tp.phase_runner, input_ids, attention_mask,
                                max_new_tokens=new_tokens, eos_token_id=request.eos_token_id,
                                pad_token_id=request.pad_token_id, seed=seed, streamer=streamer,
+                               check_eos_every=1 if tp.runtime_mode == "eager" else EOS_CHECK_TOKENS,
                                pick=lambda logits, generator: next_tokens(
                                    logits, do_sample=request.do_sample, temperature=request.temperature,
                                    top_k=request.top_k, top_p=request.top_p, generator=generator))
@@ -278,7 +283,8 @@ def _on_first_rank(tp: TensorParallelModule, loop: Callable[..., torch.Tensor], 
 def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[[tuple[torch.Tensor, ...]], Any]],
                     input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
                     eos_token_id: int | list[int] | None, pad_token_id: int | None, seed: int | None, streamer: Any,
-                    pick: Callable[[Any, torch.Generator | None], torch.Tensor]) -> torch.Tensor:
+                    pick: Callable[[Any, torch.Generator | None], torch.Tensor], check_eos_every: int = 1,
+                    ) -> torch.Tensor:
     """The loop of :func:`generate` over a checked request: the prompt through the prefill (or decode) graph,
     then one decode call per new token.
 
@@ -286,7 +292,9 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
     positions, cache_position, mask)`` returning logits ``(batch, S, vocab)`` (or ``None`` where this
     rank computes no logits: a pipeline stage other than the last); ``pick(logits, generator)``
     returns every row's next token (the same on every rank). A pipeline
-    (:mod:`autotp.runtime.mesh_generate`) runs this same loop on every stage.
+    (:mod:`autotp.runtime.mesh_generate`) runs this same loop on every stage. ``check_eos_every``: tokens
+    between two host reads of whether every row has ended (1: per token; more: no host sync in between,
+    the extra tokens dropped at the end, so the result is the same).
     """
     if eos_token_id is None:  # as HF's generate: the model's generation_config decides
         eos_token_id = list(layout.eos_token_ids)
@@ -337,21 +345,29 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
         streamer.put(input_ids[:rows].cpu())
     unfinished = torch.ones(batch, dtype=torch.bool)
     eos_ids = torch.tensor(eos, dtype=torch.long)
+    if streamer is not None:
+        check_eos_every = 1  # the streamer reads every token on the host anyway, and must get no token past the end
     new: list[torch.Tensor] = []
+    ended: list[torch.Tensor] = []  # per step, whether every row had ended after it (a tensor: no host read)
     for step in range(max_new_tokens):
         token = pick(logits, generator)
         if eos:
             token = torch.where(unfinished, token, torch.full_like(token, pad))
             unfinished &= ~torch.isin(token, eos_ids)
+            ended.append(~unfinished[:rows].any())
         new.append(token)
         if streamer is not None:
             streamer.put(token[:rows].cpu())
-        if step == max_new_tokens - 1 or (eos and not bool(unfinished[:rows].any())):
+        if step == max_new_tokens - 1 or (eos and (step + 1) % check_eos_every == 0 and bool(ended[-1])):
             break
         slot = prompt + step
         mask[:, slot] = 1
         positions[:, slot] = positions[:, slot - 1] + 1  # the previous slot holds a token (padding is on the left)
         logits = run(slot, token.unsqueeze(1))
+    if eos and check_eos_every > 1:  # keep the tokens up to the first step after which every row had ended
+        stops = torch.stack(ended).nonzero()
+        if stops.numel():
+            new = new[:int(stops[0, 0]) + 1]
     if streamer is not None:
         streamer.end()
     return torch.cat([input_ids[:rows], torch.stack(new, dim=1)[:rows]], dim=1)

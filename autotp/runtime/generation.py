@@ -80,7 +80,8 @@ def check_generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, .
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
                            rank: int, wrapper: CachedCausalLM | None = None,
-                           timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S) -> TensorParallelModule:
+                           timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, runtime_mode: str = "eager",
+                           ) -> TensorParallelModule:
     """See :func:`autotp.compile` (``max_cache_len``; ``options.expected_new_tokens``) and the module docstring.
 
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
@@ -130,7 +131,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                               continuation=sharing(continuation, continuation_plan, "continuation"),
                               decode_plan=decode_plan, weighting=weighting)
     return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases,
-                                group=group)
+                                group=group, runtime_mode=runtime_mode, progress=options.progress)
 
 
 def check_cache_is_state(graph: CapturedGraph, wrapper: CachedCausalLM, phase: str) -> None:

@@ -33,6 +33,7 @@ from autotp.planning.plan import Plan
 from autotp.runtime.agreement import InputGuard
 from autotp.runtime.input_check import InputShapeCheck
 from autotp.runtime.kv_cache import CacheLayout
+from autotp.runtime.runtime_modes import graph_runner
 from autotp.runtime.training import OriginalParameterCheck, full_state_dict, refuse_backward, state_dict_aliases
 
 __all__ = ["GenerationGraphs", "PhaseGraph", "TensorParallelModule"]
@@ -112,6 +113,8 @@ class TensorParallelModule(torch.nn.Module):
         output_placements: per flattened output, what this rank returns: ``"R"`` (whole; every
             output unless compiled with ``outputs="local"``), ``"S(d)"`` (its block along dim ``d``)
             or ``"P"`` (a partial sum); see :mod:`autotp.planning.outputs`.
+        runtime_mode: how the rank-local graphs run: ``"eager"``, ``"compiled"`` or ``"cuda_graph"``
+            (:mod:`autotp.runtime.runtime_modes`; compiled at each graph's first call).
     """
 
     def __init__(self, captured: CapturedGraph, graph_module: fx.GraphModule, plan: Plan,
@@ -120,8 +123,11 @@ class TensorParallelModule(torch.nn.Module):
                  generation: GenerationGraphs | None = None, *, guard: InputGuard | None = None,
                  training: bool = False, original: torch.nn.Module | None = None, group: Any = None,
                  generation_on_demand: Callable[[TensorParallelModule, torch.Tensor, int], TensorParallelModule]
-                 | None = None) -> None:
+                 | None = None, runtime_mode: str = "eager", progress: bool = False) -> None:
         super().__init__()
+        self.runtime_mode = runtime_mode
+        self._progress = progress and rank == 0
+        self._runners: dict[str, Callable[..., Any]] = {}  # phase -> its graph in runtime_mode, made on first use
         self.trains = training  # built for training (autotp.compile(..., training=True)): see autotp.runtime.training
         self._group = group
         self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
@@ -287,15 +293,29 @@ class TensorParallelModule(torch.nn.Module):
             raise ValueError(f"no {phase!r} graph: compile with max_cache_len= and example ids of more than one token")
         template: list[Any] = [None if isinstance(key, int) else self._value_of(key) for key in keys]
         users = [(position, key) for position, key in enumerate(keys) if isinstance(key, int)]
+        graph = self._runner(phase, graph_module, [value for value in template if value is not None])
 
         def run(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
             values = list(template)
             for position, index in users:
                 values[position] = inputs[index]
             with torch.no_grad():
-                return graph_module(*values)[0]
+                return graph(*values)[0]
 
         return run
+
+    def _runner(self, phase: str, graph_module: fx.GraphModule, static: list[torch.Tensor]) -> Callable[..., Any]:
+        """``graph_module`` (the graph of ``phase``; the decode graph serves ``forward`` too) in this module's
+        runtime mode, made once; ``static``: the weights and cache every call passes again."""
+        if self.runtime_mode == "eager":
+            return graph_module
+        key = "decode" if phase == "forward" else phase
+        runner = self._runners.get(key)
+        if runner is None:
+            what = key if self.generation is not None else "forward"
+            runner = self._runners[key] = graph_runner(graph_module, self.runtime_mode, what=what,
+                                                       talk=self._progress, static=tuple(static))
+        return runner
 
     def collective_counts(self) -> dict[str, int]:
         """Collectives in the rank-local graph, by kind (one forward pass issues each once)."""
@@ -338,8 +358,10 @@ class TensorParallelModule(torch.nn.Module):
         if self.trains:
             outputs = self.graph_module(*values)
         else:
+            graph = self.graph_module if self.runtime_mode == "eager" else self._runner("forward", self.graph_module, [
+                value for (source, _), value in zip(self._slot_keys, values) if source != 0])
             with torch.no_grad():
-                outputs = self.graph_module(*values)
+                outputs = graph(*values)
             if torch.is_grad_enabled():
                 outputs = refuse_backward(outputs, self._refuse_anchor)
         return pytree.tree_unflatten(list(outputs), self._out_spec)

@@ -2,7 +2,9 @@
 
 :class:`RuntimeOptions` holds what ``autotp.compile`` and its siblings need besides planning
 (:class:`~autotp.planning.options.PlanOptions`): whether the ranks compare weight checksums, how
-long a rank waits for the others at any exchange, and the trace cache. Validated where built.
+long a rank waits for the others at any exchange, the trace cache, and how the rank-local graphs run
+(``runtime_mode``: node by node, compiled by Inductor, or compiled and captured as a CUDA graph; see
+:mod:`autotp.runtime.runtime_modes`). Validated where built.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ import os
 
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, check_timeout
 
-__all__ = ["RuntimeOptions", "runtime_options"]
+__all__ = ["RUNTIME_MODE_CHOICES", "RuntimeOptions", "runtime_options"]
+
+RUNTIME_MODE_CHOICES = ("auto", "eager", "compiled", "cuda_graph")
+"""What ``RuntimeOptions(runtime_mode=...)`` takes: ``"auto"`` (``cuda_graph`` on CUDA, ``eager`` on the CPU)
+or one of :data:`autotp.cost_model.hardware.RUNTIME_MODES`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,11 +35,17 @@ class RuntimeOptions:
             (:mod:`autotp.trace_cache`): ``True`` for ``$AUTOTP_CACHE_DIR``, a directory, ``False`` for
             off, or ``None`` for the entry point's default (off for ``autotp.compile``, on for
             ``autotp.from_pretrained`` and ``autotp.load``).
+        runtime_mode: how every rank-local graph runs: ``"eager"`` (node by node), ``"compiled"``
+            (Inductor, collectives included, compiled once per graph at its first call), ``"cuda_graph"``
+            (compiled, the decode step captured once and replayed per token; CUDA only), or ``"auto"``
+            (``cuda_graph`` on CUDA devices, ``eager`` on the CPU). The plan is priced in the mode that
+            runs (``Hardware.runtime_mode``). See docs/generation.md.
     """
 
     check_weights: bool = True
     agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S
     trace_cache: bool | str | os.PathLike[str] | None = None
+    runtime_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.check_weights, bool):
@@ -43,6 +55,9 @@ class RuntimeOptions:
         if cache is not None and not isinstance(cache, (bool, str, os.PathLike)):
             raise TypeError(f"trace_cache must be True, False, None or a directory, got {type(cache).__name__}; "
                             "e.g. trace_cache=True")
+        if self.runtime_mode not in RUNTIME_MODE_CHOICES:
+            raise ValueError(f"runtime_mode must be one of {', '.join(map(repr, RUNTIME_MODE_CHOICES))}, got "
+                             f"{self.runtime_mode!r}; e.g. autotp.RuntimeOptions(runtime_mode='compiled')")
 
 
 def runtime_options(options: RuntimeOptions | None, *, trace_cache: bool = False) -> RuntimeOptions:

@@ -45,6 +45,15 @@ crash leaves nothing under ``/dev/shm``; its memory goes when the last rank drop
 group (a mesh's tensor-parallel sub-groups each get their own segment); the graph calls it as the
 target of a ``call_function`` node (:mod:`autotp.passes.small_collectives`); :func:`inference_all_reduces`
 puts it in an inference graph.
+
+A compiler cannot trace a Python callable with its own state, so for ``torch.compile`` (the ``compiled``
+and ``cuda_graph`` runtime modes, :mod:`autotp.runtime.runtime_modes`)
+:func:`compiler_visible_collectives` puts custom ops in their place (``autotp::shared_memory_all_reduce``
+and ``autotp::shared_memory_all_gather``): each takes the segment as a tensor it mutates (so the
+compiler keeps every call, in graph order, and never drops one) and the call's settings as ints. All
+of a rank's state is in the segment (its counter is its number of calls), so eager stand-ins and
+compiled ops on one segment stay in step. An op handed a copy of the segment instead of the mapping
+raises rather than wait for ranks that cannot see it.
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 
-from autotp.base.errors import RankTimeoutError
+from autotp.base.errors import AutoTPError, RankTimeoutError
 from autotp.cost_model.collectives import uses_shared_memory_all_reduce
 from autotp.passes.small_collectives import (
     StandInCollective,
@@ -70,8 +79,8 @@ from autotp.passes.small_collectives import (
     through_stand_ins,
 )
 
-__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "host_identity", "inference_all_reduces",
-           "shared_memory_all_reduce_for"]
+__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "compiler_visible_collectives",
+           "host_identity", "inference_all_reduces", "shared_memory_all_reduce_for"]
 
 DEFAULT_SLOT_BYTES = 1 << 20
 """Bytes of one rank's slot: larger tensors go through in chunks of this size (a prefill's
@@ -109,13 +118,13 @@ class SharedMemoryAllReduce(StandInCollective):
     def __init__(self, segment: torch.Tensor, *, rank: int, world_size: int, slot_bytes: int,
                  timeout_s: float) -> None:
         header = world_size * _LINE_BYTES
+        self.segment = segment  # the whole mapping (uint8): what the compiled form takes as a tensor
         self.rank, self.world_size, self.slot_bytes, self.timeout_s = rank, world_size, slot_bytes, timeout_s
         self.counters = segment[:header].view(torch.int64)[::_LINE_INT64]  # (ws,) one per line
         # the same memory through numpy: a store or a min() costs ~0.2 us there against ~5-10 us per torch op
         self._counters = self.counters.numpy()
         self.slots = segment[header:header + 2 * world_size * slot_bytes].view(2, world_size, slot_bytes)
         self._views: dict[tuple[int, torch.dtype, int], tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
-        self.calls = 0
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.oversubscribed = world_size > cores  # the waiting ranks then sleep after a short spin
         self.__name__ = "autotp_shared_memory_all_reduce"
@@ -170,11 +179,11 @@ class SharedMemoryAllReduce(StandInCollective):
     def _exchange(self, piece: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Put ``piece`` (at most one slot) in this rank's slot of the next call and wait for every rank's;
         returns the ``(ws, count)`` view of the slots and its rows, valid until this rank's call after next."""
-        self.calls += 1
-        views = self._slot_views(self.calls % 2, piece.dtype, piece.numel())
+        call = int(self._counters[self.rank]) + 1  # this rank's counter is its number of calls so far
+        views = self._slot_views(call % 2, piece.dtype, piece.numel())
         views[1][self.rank].copy_(piece)
-        self._counters[self.rank] = self.calls  # after the data: seen after it on x86-64 (TSO)
-        self._wait_for_all(self.calls)
+        self._counters[self.rank] = call  # after the data: seen after it on x86-64 (TSO)
+        self._wait_for_all(call)
         return views
 
     def _wait_for_all(self, call: int) -> None:
@@ -295,3 +304,83 @@ def inference_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None, w
     if shared is None:
         return one_shot_small_all_reduces(gm, group, world_size)
     return through_stand_ins(gm, shared, SharedMemoryAllGather(shared), world_size)
+
+
+def _on_segment(segment: torch.Tensor, address: int, rank: int, world_size: int, slot_bytes: int,
+                timeout_ms: int) -> SharedMemoryAllReduce:
+    """The all-reduce over ``segment`` as a compiled graph's op calls it; AutoTPError when ``segment`` is not
+    the mapping at ``address`` (the compiler copied it, and no other rank would see this rank's data)."""
+    if segment.data_ptr() != address:
+        raise AutoTPError(
+            "the compiled graph handed the shared-memory collective a copy of its segment, so the other ranks would "
+            "never see this rank's data; run with autotp.RuntimeOptions(runtime_mode='eager') and report the torch "
+            f"release ({torch.__version__})")
+    return SharedMemoryAllReduce(segment, rank=rank, world_size=world_size, slot_bytes=slot_bytes,
+                                 timeout_s=timeout_ms / 1000)
+
+
+@torch.library.custom_op("autotp::shared_memory_all_reduce", mutates_args=("segment",))
+def _all_reduce_op(x: torch.Tensor, segment: torch.Tensor, address: int, rank: int, world_size: int,
+                   slot_bytes: int, timeout_ms: int) -> torch.Tensor:
+    """:class:`SharedMemoryAllReduce` as an op a compiler keeps opaque (``segment`` is mutated: the calls stay
+    in order)."""
+    return _on_segment(segment, address, rank, world_size, slot_bytes, timeout_ms)(x)
+
+
+@_all_reduce_op.register_fake
+def _all_reduce_fake(x: torch.Tensor, segment: torch.Tensor, address: int, rank: int, world_size: int,
+                     slot_bytes: int, timeout_ms: int) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("autotp::shared_memory_all_gather", mutates_args=("segment",))
+def _all_gather_op(x: torch.Tensor, segment: torch.Tensor, address: int, rank: int, world_size: int,
+                   slot_bytes: int, timeout_ms: int) -> torch.Tensor:
+    """:meth:`SharedMemoryAllReduce.all_gather` as an op a compiler keeps opaque."""
+    return _on_segment(segment, address, rank, world_size, slot_bytes, timeout_ms).all_gather(x)
+
+
+@_all_gather_op.register_fake
+def _all_gather_fake(x: torch.Tensor, segment: torch.Tensor, address: int, rank: int, world_size: int,
+                     slot_bytes: int, timeout_ms: int) -> torch.Tensor:
+    shape = (world_size * x.shape[0], *x.shape[1:]) if x.dim() else (world_size,)
+    return x.new_empty(shape)
+
+
+def compiler_visible_collectives(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose shared-memory stand-ins are the custom ops above, each reading its segment
+    from a buffer of the copy (see the module docstring); ``gm`` itself when it has none."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
+             and isinstance(n.target, (SharedMemoryAllReduce, SharedMemoryAllGather))]
+    if not nodes:
+        return gm
+    graph = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    output = graph.graph_copy(gm.graph, remap)
+    graph.output(output)
+    copy = fx.GraphModule(gm, graph)
+    segments: dict[int, fx.Node] = {}
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for old in nodes:
+        node = remap[old]
+        target = node.target
+        shared = target if isinstance(target, SharedMemoryAllReduce) else target.segment
+        key = id(shared)
+        if key not in segments:
+            name = f"_autotp_shared_segment_{len(segments)}"
+            copy.register_buffer(name, shared.segment, persistent=False)
+            with graph.inserting_before(first):
+                segments[key] = graph.get_attr(name)
+        op = _all_reduce_op if isinstance(target, SharedMemoryAllReduce) else _all_gather_op
+        with graph.inserting_before(node):
+            call = graph.call_function(
+                torch.ops.autotp.shared_memory_all_reduce.default if op is _all_reduce_op
+                else torch.ops.autotp.shared_memory_all_gather.default,
+                (node.args[0], segments[key], shared.segment.data_ptr(), shared.rank, shared.world_size,
+                 shared.slot_bytes, max(1, round(shared.timeout_s * 1000))))
+        call.meta.update(node.meta)
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+    graph.lint()
+    copy.recompile()
+    return copy

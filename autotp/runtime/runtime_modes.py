@@ -1,0 +1,132 @@
+"""How a rank-local graph runs: ``eager`` (node by node), ``compiled`` (Inductor) or ``cuda_graph``.
+
+:func:`resolve_runtime_mode` turns ``RuntimeOptions(runtime_mode=...)`` into the mode that runs on a
+device (``"auto"``: ``cuda_graph`` on CUDA, ``eager`` on the CPU; a mode that cannot run there raises
+when asked for by name, and ``"auto"`` falls back with a one-line message); :func:`priced_in` gives
+the planning options whose hardware profile is priced in that mode (``Hardware.runtime_mode``).
+
+:func:`graph_runner` wraps one rank-local ``GraphModule`` for its mode. In ``compiled`` mode the graph
+goes through ``torch.compile(backend="inductor", fullgraph=True)`` once, at its first call (the inputs
+then fix the sizes; a plain forward whose sizes change is compiled once more with symbolic sizes, as
+Dynamo's automatic dynamic shapes do, and never per call). The functional collectives
+(``torch.ops._c10d_functional``) are traced as they are; the shared-memory stand-ins of a gloo group
+become custom ops first (:func:`~autotp.runtime.shared_memory.compiler_visible_collectives`); the KV cache
+updates (``index_copy_`` into the cache buffers, which are graph inputs) stay in place: Inductor writes
+the mutated inputs back into the same tensors. Inductor's FX graph cache (on by default) reuses compiled
+code across processes for the same graph and sizes.
+
+``cuda_graph`` mode is ``compiled`` with ``mode="reduce-overhead"`` (CUDA graph trees: captured once,
+replayed per call), with the weights and the cache marked static addresses so a replay neither copies
+them nor skips capture for the cache's in-place writes. It is built for CUDA devices and has not been
+measured on a GPU in this project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from autotp.base.progress import log_progress
+from autotp.planning.options import PlanOptions
+from autotp.runtime.shared_memory import compiler_visible_collectives
+
+__all__ = ["RuntimeModeError", "graph_runner", "priced_in", "resolve_runtime_mode"]
+
+
+class RuntimeModeError(ValueError):
+    """A runtime mode asked for by name cannot run here (no CUDA device, no C++ compiler, training)."""
+
+
+def _cpp_compiler() -> str | None:
+    """The C++ compiler Inductor's CPU code would use (``$CXX``, else ``g++``/``c++``/``clang++``), or None."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _why_not(mode: str, device: torch.device, training: bool) -> str | None:
+    """Why ``mode`` cannot run on ``device`` (None when it can)."""
+    if mode == "eager":
+        return None
+    if training:
+        return "a model compiled with training=True runs eager (autograd through the rank-local graph)"
+    if mode == "cuda_graph" and (device.type != "cuda" or not torch.cuda.is_available()):
+        return f"cuda_graph needs a CUDA device and the model is on {device.type}"
+    if device.type == "cpu" and _cpp_compiler() is None:
+        return "Inductor's CPU code needs a C++ compiler (g++ or clang++ on PATH, or $CXX) and none was found"
+    return None
+
+
+def resolve_runtime_mode(requested: str, device: torch.device, *, training: bool = False,
+                         talk: bool = False) -> str:
+    """The mode that runs on ``device`` for ``RuntimeOptions(runtime_mode=requested)`` (see module docstring).
+
+    RuntimeModeError saying what works when a mode given by name cannot run; ``"auto"`` falls back
+    (``cuda_graph`` -> ``compiled`` -> ``eager``) with one progress line when ``talk``."""
+    if requested != "auto":
+        why = _why_not(requested, device, training)
+        if why is not None:
+            raise RuntimeModeError(f"runtime_mode={requested!r} cannot run here: {why}; pass "
+                                   "autotp.RuntimeOptions(runtime_mode='eager') (runs everywhere), or 'auto'")
+        return requested
+    wanted = "cuda_graph" if device.type == "cuda" else "eager"
+    for mode in ("cuda_graph", "compiled", "eager")[("cuda_graph", "compiled", "eager").index(wanted):]:
+        why = _why_not(mode, device, training)
+        if why is None:
+            return mode
+        log_progress(talk, f"runtime_mode='auto': not {mode} ({why})")
+    return "eager"
+
+
+def priced_in(options: PlanOptions, mode: str) -> PlanOptions:
+    """``options`` whose hardware profile is priced in runtime ``mode`` (``Hardware.runtime_mode``)."""
+    profile = options.hardware_profile
+    if profile.runtime_mode == mode:
+        return options
+    return dataclasses.replace(options, hardware=dataclasses.replace(profile, runtime_mode=mode))
+
+
+def graph_runner(graph_module: fx.GraphModule, mode: str, *, what: str, talk: bool = False,
+                 static: tuple[torch.Tensor, ...] = ()) -> Callable[..., Any]:
+    """A function of ``graph_module``'s inputs that runs it in ``mode`` (see module docstring).
+
+    ``what`` names the graph in progress lines (``"decode"``); ``static``: the tensors that every call
+    passes again (weights, cache), marked static addresses in ``cuda_graph`` mode."""
+    if mode == "eager":
+        return graph_module
+    if mode not in ("compiled", "cuda_graph"):
+        raise ValueError(f"runtime mode must be 'eager', 'compiled' or 'cuda_graph', got {mode!r}")
+    return _CompiledGraph(graph_module, mode, what=what, talk=talk, static=static)
+
+
+class _CompiledGraph:
+    """``graph_module`` compiled by Inductor at its first call and reused after (see :func:`graph_runner`)."""
+
+    def __init__(self, graph_module: fx.GraphModule, mode: str, *, what: str, talk: bool,
+                 static: tuple[torch.Tensor, ...]) -> None:
+        self.mode, self.what, self.talk = mode, what, talk
+        self.graph_module = compiler_visible_collectives(graph_module)
+        if mode == "cuda_graph":
+            for tensor in static:
+                torch._dynamo.mark_static_address(tensor)
+        self.compiled = torch.compile(self.graph_module, backend="inductor", fullgraph=True,
+                                      mode="reduce-overhead" if mode == "cuda_graph" else None)
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        if self.calls > 1:
+            return self.compiled(*args)
+        log_progress(self.talk, f"compiling the {self.what} graph with Inductor ({self.mode})")
+        start = time.perf_counter()
+        out = self.compiled(*args)
+        log_progress(self.talk, f"compiled the {self.what} graph in {time.perf_counter() - start:.1f} s")
+        return out

@@ -1,0 +1,150 @@
+"""Runtime modes (``RuntimeOptions(runtime_mode=...)``): eager, compiled (Inductor), cuda_graph.
+
+Tier (c), real gloo processes at tp=2: the compiled generation graphs (prefill, continuation, decode)
+and a compiled plain forward give HF's greedy tokens and logits, compiled once per graph (Dynamo's
+counters do not move on later calls); the plans are priced in the mode that runs; tier (a): mode validation and a decode loop that reads nothing back per token in the compiled modes. Tiny models, few tokens.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from models import tiny_llama
+
+import autotp
+from autotp.runtime.generate import EOS_CHECK_TOKENS, generation_loop
+from autotp.runtime.kv_cache import CacheLayout
+from autotp.runtime.runtime_modes import RuntimeModeError, resolve_runtime_mode
+
+NEW_TOKENS = 6
+
+
+def _compile(model: torch.nn.Module, ids: torch.Tensor, mode: str, **kwargs: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return autotp.compile(model, example_inputs=(ids,), runtime=autotp.RuntimeOptions(runtime_mode=mode),
+                              **kwargs)
+
+
+def _graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
+    """tp=2, tiny Llama (2 layers, GQA 8/4, hidden 256): greedy tokens in eager and compiled mode against HF,
+    prompt 6 read in chunks of 4 (prefill, continuation, decode graphs); a compiled plain forward's logits."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model, (ids,), _ = tiny_llama(seq_len=6)
+    model.generation_config.pad_token_id = 0
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    out: dict[str, Any] = {"expected": expected.tolist()}
+    options = autotp.PlanOptions(hardware="h100-sxm")  # splits the weights even at batch 2: collectives in decode
+    eager = _compile(model, ids[:, :4], "eager", max_cache_len=16, options=options)
+    out["eager"] = eager.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
+    compiled = _compile(model, ids[:, :4], "compiled", max_cache_len=16, options=options)
+    out["plan_lines"] = [str(tp.plan).splitlines()[0] for tp in (eager, compiled)]
+    out["predicted_s"] = [tp.plan.predicted_time_s for tp in (eager, compiled)]
+    out["decode_collectives"] = sum(compiled.collective_counts().values())
+    out["compiled"] = compiled.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
+    graphs = _graph_count()
+    out["compiled_again"] = compiled.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
+    out["new_graphs"] = _graph_count() - graphs
+    plain = _compile(model, ids, "compiled", options=options)
+    with torch.no_grad():
+        reference = model(ids).logits
+        logits = plain(ids).logits
+        graphs = _graph_count()
+        again = plain(ids).logits
+    out["logits_error"] = float((logits - reference).abs().max())
+    out["logits_again_error"] = float((again - reference).abs().max())
+    out["forward_new_graphs"] = _graph_count() - graphs
+    return out
+
+
+@pytest.mark.distributed
+def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
+    """tp=2 on gloo, tiny Llama: compiled generate == eager generate == HF greedy; no recompile on a second
+    request; each plan priced in its mode (compiled: no per-node dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a second call."""
+    results = gloo.run(2, _modes_on_ranks, timeout_s=900)
+    for rank, result in enumerate(results):
+        expected = result["expected"]
+        assert result["eager"] == expected, f"rank {rank}: eager {result['eager']} != HF {expected}"
+        assert result["compiled"] == expected, f"rank {rank}: compiled {result['compiled']} != HF {expected}"
+        assert result["compiled_again"] == expected, f"rank {rank}: second request {result['compiled_again']}"
+        assert result["decode_collectives"] > 0, f"rank {rank}: the decode plan has no collective to compile"
+        for mode, line in zip(("eager", "compiled"), result["plan_lines"]):
+            assert f"{mode} runtime" in line, f"rank {rank}: the {mode} plan's header is {line!r}"
+        eager_s, compiled_s = result["predicted_s"]
+        assert compiled_s < eager_s, f"rank {rank}: priced compiled {compiled_s} s, not below eager {eager_s} s"
+        assert result["new_graphs"] == 0, f"rank {rank}: {result['new_graphs']} graphs compiled on a second request"
+        assert result["logits_error"] < 1e-4, f"rank {rank}: compiled forward logits off by {result['logits_error']}"
+        assert result["logits_again_error"] < 1e-4, f"rank {rank}: second call off by {result['logits_again_error']}"
+        assert result["forward_new_graphs"] == 0, f"rank {rank}: {result['forward_new_graphs']} recompiles"
+
+
+def test_mode_validation_and_auto_fallback() -> None:
+    """No process group: a bad name and cuda_graph on the CPU raise saying what works; auto on the CPU is eager;
+    training runs eager."""
+    with pytest.raises(ValueError, match="runtime_mode must be one of"):
+        autotp.RuntimeOptions(runtime_mode="graph")
+    with pytest.raises(RuntimeModeError, match="cuda_graph needs a CUDA device.*runtime_mode='eager'"):
+        resolve_runtime_mode("cuda_graph", torch.device("cpu"))
+    with pytest.raises(RuntimeModeError, match="training=True runs eager"):
+        resolve_runtime_mode("compiled", torch.device("cpu"), training=True)
+    assert resolve_runtime_mode("auto", torch.device("cpu")) == "eager"
+    assert resolve_runtime_mode("compiled", torch.device("cpu")) == "compiled"
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts tensor-to-host reads (``bool()``, ``item()``, ``tolist()``, ``int()``) made inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__):
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _loop(check_eos_every: int, eos_at: int, max_new_tokens: int) -> tuple[list[list[int]], int, int]:
+    """The decode loop over a stand-in graph whose next token is the position + 1 (eos = ``eos_at``):
+    (tokens, graph calls, host reads)."""
+    layout = CacheLayout(batch_size=1, max_cache_len=64, prefill_len=1, vocab_size=64, eos_token_ids=(eos_at,),
+                         pad_token_id=0)
+    calls = [0]
+
+    def runner(phase: str) -> Any:
+        def run(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            calls[0] += 1
+            positions = inputs[1]  # (batch, 1)
+            return torch.nn.functional.one_hot(positions + 1, 64).float()  # (batch, 1, vocab)
+        return run
+
+    with _HostReads() as reads:
+        tokens = generation_loop(layout, runner, torch.tensor([[5]]), None, max_new_tokens=max_new_tokens,
+                                 eos_token_id=None, pad_token_id=None, seed=None, streamer=None,
+                                 pick=lambda logits, generator: logits.argmax(-1), check_eos_every=check_eos_every)
+    return tokens.tolist(), calls[0], reads.reads
+
+
+def test_compiled_loop_reads_nothing_back_per_token() -> None:
+    """No process group, a stand-in graph: with the eos check every EOS_CHECK_TOKENS tokens the loop reads from
+    a tensor once per EOS_CHECK_TOKENS tokens (plus once at the end), not per token, and returns the same tokens
+    as the per-token check, cut at the eos."""
+    per_token = _loop(1, eos_at=12, max_new_tokens=20)
+    batched = _loop(EOS_CHECK_TOKENS, eos_at=12, max_new_tokens=20)
+    assert batched[0] == per_token[0] == [[5, *range(1, 13)]], f"per token {per_token[0]}, batched {batched[0]}"
+    assert per_token[2] >= 12, f"per-token check: {per_token[2]} host reads for 12 tokens"
+    assert batched[2] <= 12 // EOS_CHECK_TOKENS + 2, f"{batched[2]} host reads for 12 tokens"
+    assert batched[1] - per_token[1] < EOS_CHECK_TOKENS, f"graph calls: {batched[1]} against {per_token[1]}"
+    no_eos = _loop(EOS_CHECK_TOKENS, eos_at=60, max_new_tokens=20)
+    assert no_eos[0] == [[5, *range(1, 21)]], f"without an eos in range: {no_eos[0]}"
