@@ -39,6 +39,37 @@ def test_even_stages_cut_layer_blocks_and_name_bad_plans() -> None:
     assert default_microbatches(6, MeshShape(dp=2, pp=2)) == 1, "3 rows per replica do not split in 2 microbatches"
 
 
+def test_split_stages_pass_on_what_later_stages_read() -> None:
+    """pp=4 over 4 layers (no process group): each stage takes exactly the previous stage's outputs (the mask
+    and rotary cos/sin made before the layers are passed on by stages 1 and 2), holds the model's own
+    parameters of its layers under their FQNs, and the chained stages give the model's logits in its output
+    type; split points out of order are a clear error."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    model, args, kwargs = tiny_llama(**TINY, layers=4)
+    split = split_stages(model, [f"model.layers.{i}" for i in (1, 2, 3)], args, kwargs)
+    assert split.first_inputs == ("input_ids",) and split.constants == {"use_cache": False}, (
+        f"got first inputs {split.first_inputs}, constants {split.constants}")
+    for index in range(1, 4):
+        given, taken = split.outputs[index - 1], split.inputs[index]
+        assert len(given) == len(taken) == 4 and all(a is b for a, b in zip(given, taken)), (
+            f"stage {index} must take stage {index - 1}'s 4 outputs (mask, cos, sin, hidden), got "
+            f"{[tuple(t.shape) for t in taken]} from {[tuple(t.shape) for t in given]}")
+    names = [sorted({name.split(".")[2] for name, _ in module.named_parameters() if name.startswith("model.layers.")})
+             for module in split.modules]
+    assert names == [["0"], ["1"], ["2"], ["3"]], f"expected one layer's parameters per stage, got {names}"
+    own = split.modules[2].get_parameter("model.layers.2.mlp.up_proj.weight")
+    assert own is model.model.layers[2].mlp.up_proj.weight, "a stage must hold the model's own parameter"
+    out = pytree.tree_unflatten(list(split.outputs[-1]), split.out_spec)
+    with torch.no_grad():
+        reference = model(*args, **kwargs)
+    assert type(out) is type(reference), f"expected {type(reference).__name__}, got {type(out).__name__}"
+    assert torch.equal(out.logits, reference.logits), "the chained stages' logits differ from the model's"
+    with pytest.raises(ValueError, match=r"runs 'model.layers.1' \(where stage 2 begins\) before 'model.layers.2'"):
+        split_stages(model, ["model.layers.2", "model.layers.1"], args, kwargs)
+
+
 def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], tuple[str, ...], int, dict]],
                 checkpoint: str | None = None) -> list:
     """Each case: build the mesh, compile tiny Llama on it, compare with the single-process model. With
