@@ -75,9 +75,10 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
             )
         plan = as_plan(plan)
         # the plan is priced in the mode that runs (Hardware.runtime_mode)
-        mode = resolve_runtime_mode(runtime.runtime_mode, trace_device(example_inputs, example_kwargs),
-                                    training=training, talk=progress and rank == 0)
-        options = priced_in(dataclasses.replace(options, world_size=world_size), mode)
+        device = trace_device(example_inputs, example_kwargs)
+        mode = resolve_runtime_mode(runtime.runtime_mode, device, training=training, talk=progress and rank == 0)
+        options = priced_in(dataclasses.replace(options, world_size=world_size), mode,
+                            requested=runtime.runtime_mode, device=device)
         agreed = agreed_options(options, plan=plan_text(plan), check_weights=check_weights,
                                 checkpoint=checkpoint is not None, max_cache_len=max_cache_len,
                                 training=training,

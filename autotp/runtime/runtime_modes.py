@@ -3,7 +3,9 @@
 :func:`resolve_runtime_mode` turns ``RuntimeOptions(runtime_mode=...)`` into the mode that runs on a
 device (``"auto"``: ``cuda_graph`` on CUDA, ``eager`` on the CPU; a mode that cannot run there raises
 when asked for by name, and ``"auto"`` falls back with a one-line message); :func:`priced_in` gives
-the planning options whose hardware profile is priced in that mode (``Hardware.runtime_mode``).
+the planning options whose hardware profile is priced in that mode (``Hardware.runtime_mode``; with
+``"auto"``, a profile of another device than the one that runs, such as the default ``h100-sxm`` on CPU
+ranks, keeps its own mode).
 
 :func:`graph_runner` wraps one rank-local ``GraphModule`` for its mode. In ``compiled`` mode the graph
 goes through ``torch.compile(backend="inductor", fullgraph=True)`` once, at its first call (the inputs
@@ -86,10 +88,16 @@ def resolve_runtime_mode(requested: str, device: torch.device, *, training: bool
     return "eager"
 
 
-def priced_in(options: PlanOptions, mode: str) -> PlanOptions:
-    """``options`` whose hardware profile is priced in runtime ``mode`` (``Hardware.runtime_mode``)."""
+def priced_in(options: PlanOptions, mode: str, *, requested: str, device: torch.device) -> PlanOptions:
+    """``options`` whose hardware profile is priced in runtime ``mode`` (``Hardware.runtime_mode``), the mode
+    resolved from ``requested`` on ``device``.
+
+    A mode given by name always sets the profile's. With ``"auto"`` a profile of another kind of device than
+    the one that runs (the default ``h100-sxm`` planned on CPU ranks: a plan for the machine it describes)
+    keeps its own mode; a profile of the device that runs is priced in the mode that runs."""
     profile = options.hardware_profile
-    if profile.runtime_mode == mode:
+    describes_this_device = profile.host_is_device == (device.type == "cpu")
+    if profile.runtime_mode == mode or (requested == "auto" and not describes_this_device):
         return options
     return dataclasses.replace(options, hardware=dataclasses.replace(profile, runtime_mode=mode))
 
