@@ -1,5 +1,4 @@
-"""autotp.estimate(plan): time per forward broken down per node and per layer, memory per rank;
-split_crossover(): the size from which splitting a linear layer pays.
+"""autotp.estimate(plan): time per forward broken down per node and per layer, memory per rank.
 
 Tier (a) and (b): hand-built plans and plans of meta-device models; no process group.
 """
@@ -11,14 +10,10 @@ import math
 import warnings
 
 import pytest
-import torch
 from models import tiny_llama
-from torch import nn
 
 import autotp
-from autotp.cost_model import collective_time_s, compute_time_s, get_hardware
-from autotp.cost_model.symbolic import BATCH, SEQ
-from autotp.inspect.estimates import evaluate_crossover, layer_of, local_nbytes, split_crossover, split_crossovers
+from autotp.inspect.estimates import layer_of, local_nbytes
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 KIB = 1024
@@ -149,116 +144,3 @@ def test_estimate_of_a_real_plan_matches_its_prediction() -> None:
     assert math.isclose(layer0.time_s, layer1.time_s, rel_tol=1e-9), (layer0, layer1)
     assert layer0.collectives >= 2, f"a split decoder layer has collectives, got {layer0}"
     assert estimate.activation_peak_bytes_per_rank and estimate.activation_peak_bytes_per_rank > 0
-
-
-# ------------------------------------------------------------------------------ crossover
-
-def _linear_plan(hardware: str, features: int = 512, world_size: int = 4) -> Plan:
-    with torch.device("meta"):
-        model = nn.Sequential(nn.Linear(features, features, bias=False)).eval()
-    x = torch.empty(1, 8, features, device="meta")  # (batch, seq, features)
-    return autotp.plan(model, (x,), world_size=world_size, hardware=hardware, memory_budget=None)
-
-
-def _numeric_costs_s(seq: int, hardware_name: str, features: int = 512, ranks: int = 4, *,
-                     copies: bool = True) -> tuple[float, float]:
-    """Whole vs column-split + all-gather of linear((1, seq, F), (F, F)), from the numeric cost model.
-
-    Derivation (fp32, y = x @ w.T of shape (1, seq, F)): whole = roofline(2·seq·F² FLOPs, x + w + y
-    bytes). Split by output features over N ranks: each rank does 1/N of the FLOPs, reads x whole
-    and 1/N of w, writes 1/N of y; then y (split on its last dim, dim 2) is all-gathered. The
-    rewrite gathers on dim 0 only, so around the all-gather it moves dim 2 to the front and makes
-    it contiguous (one copy of the local shard, y/N bytes read and written) and moves it back and
-    makes it contiguous (one copy of the whole y): two memory-bound kernels, 2·y/N and 2·y bytes,
-    each paying the kernel floor. ``copies=False`` leaves those two out.
-    """
-    hardware = get_hardware(hardware_name)
-    flops = 2 * seq * features * features
-    x_bytes = y_bytes = seq * features * 4
-    w_bytes = features * features * 4
-    whole = compute_time_s(flops, x_bytes + w_bytes + y_bytes, torch.float32, hardware)
-    split = compute_time_s(flops / ranks, x_bytes + (w_bytes + y_bytes) / ranks, torch.float32, hardware)
-    split += collective_time_s("all_gather", y_bytes, ranks, hardware)
-    if copies:
-        split += compute_time_s(0, 2 * y_bytes / ranks, torch.float32, hardware)  # shard: movedim + contiguous
-        split += compute_time_s(0, 2 * y_bytes, torch.float32, hardware)  # gathered y: movedim back + contiguous
-    return whole, split
-
-
-def _assert_crosses_where_the_numeric_costs_cross(result, hardware: str, features: int) -> None:
-    """``result.size`` is the first seq at which the derived split cost drops below the whole one."""
-    assert result.size is not None, f"expected a crossover, got {result}"
-    at = _numeric_costs_s(result.size, hardware, features)
-    assert at[1] < at[0], f"{result}: at seq {result.size} whole/split {at}, expected the split cheaper"
-    if result.size > 1:
-        before = _numeric_costs_s(result.size - 1, hardware, features)
-        assert before[1] >= before[0], f"{result}: at seq {result.size - 1} whole/split {before}, expected whole cheaper"
-    assert evaluate_crossover(result, result.size) == pytest.approx(at, rel=1e-9)
-
-
-def test_split_crossover_is_where_the_numeric_costs_cross() -> None:
-    """tp=4, Linear(512, 512) fp32 on h100-sxm, batch 1: split + all-gather (+ its two layout copies)
-    dearer at seq n - 1, cheaper at n."""
-    result = split_crossover(_linear_plan("h100-sxm"), "0", split="column")
-    assert result.size is not None and result.size > 1, f"expected a crossover above one token, got {result}"
-    _assert_crosses_where_the_numeric_costs_cross(result, "h100-sxm", 512)
-    assert f"pays from seq >= {result.size}" in str(result)
-
-
-def test_split_crossover_prices_the_copies_around_the_all_gather() -> None:
-    """tp=4, Linear(4096, 4096) fp32 decode (batch 1, seq 1) on h100-sxm: the split reads a quarter
-    of the 64 MiB weight, so without the two layout copies around the all-gather it would already
-    pay at one token; their two kernel floors make it dearer there, and the crossover moves to where
-    the derived costs with copies cross."""
-    result = split_crossover(_linear_plan("h100-sxm", features=4096), "0")
-    whole, split_without_copies = _numeric_costs_s(1, "h100-sxm", 4096, copies=False)
-    assert split_without_copies < whole, f"expected the split without copies to pay at seq 1: {split_without_copies} vs {whole}"
-    assert result.size is not None and result.size > 1, f"expected the copies to push the crossover past 1, got {result}"
-    _assert_crosses_where_the_numeric_costs_cross(result, "h100-sxm", 4096)
-
-
-def test_split_crossover_depends_on_link_and_size() -> None:
-    """tp=4: Linear(512, 512) never pays on PCIe (its all-gather outgrows the saved FLOPs); a
-    Linear(4096, 4096) pays far earlier than Linear(512, 512) (decode reads 64 MiB of weight:
-    memory bound), on both links, where the derived costs cross; solving for batch at seq 1
-    gives the same size as seq at batch 1; a row split (all-reduce, no copies) pays from one
-    token for the big layer and later than a column split (all-gather) for the small one."""
-    nvlink = split_crossover(_linear_plan("h100-sxm"), "0")
-    pcie = split_crossover(_linear_plan("h100-sxm"), "0", hardware="pcie-gpu")
-    assert pcie.size is None and "never pays" in str(pcie), pcie
-    assert nvlink.size is not None, nvlink
-    big = _linear_plan("h100-sxm", features=4096)
-    for hardware in ("h100-sxm", "pcie-gpu"):
-        result = split_crossover(big, "0", hardware=hardware)
-        _assert_crosses_where_the_numeric_costs_cross(result, hardware, 4096)
-        assert result.size is not None and result.size * 100 < nvlink.size, (
-            f"expected the 4096x4096 split to pay over 100x earlier than the 512x512 one ({nvlink}), got {result}")
-        row = split_crossover(big, "0", hardware=hardware, split="row")
-        assert row.size == 1, f"expected a 4096x4096 row split to pay from one token, got {row}"
-    by_batch = split_crossover(_linear_plan("h100-sxm"), "0", symbol=BATCH, fixed={SEQ: 1})
-    assert by_batch.size == nvlink.size, (by_batch, nvlink)
-    row = split_crossover(_linear_plan("h100-sxm"), "0", split="row")  # an all-reduce moves twice the bytes
-    assert row.size is None or row.size > nvlink.size, (row, nvlink)
-
-
-def test_token_split_gathers_along_the_dim_of_the_symbol() -> None:
-    """tp=4, Linear(512, 512) on h100-sxm split by tokens: solving for batch splits dim 0 of
-    (batch, seq, F), whose all-gather needs no layout copy; solving for seq splits dim 1, whose
-    all-gather is wrapped in two copies, so it pays later."""
-    plan = _linear_plan("h100-sxm")
-    by_batch = split_crossover(plan, "0", split="tokens", symbol=BATCH, fixed={SEQ: 1})
-    by_seq = split_crossover(plan, "0", split="tokens")
-    assert by_batch.size is not None and by_seq.size is not None, (by_batch, by_seq)
-    assert by_batch.size < by_seq.size, f"expected the dim-0 gather to pay first: {by_batch} vs {by_seq}"
-
-
-def test_split_crossovers_lists_every_linear_and_names_unknown_ones() -> None:
-    """tp=4, tiny Llama at hidden 256: every linear listed; an unknown name lists the known ones."""
-    model, args, kwargs = tiny_llama(layers=1, device="meta")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = autotp.plan(model, args, kwargs, world_size=4, hardware="h100-sxm")
-    results = split_crossovers(plan, high=1 << 16)
-    assert len(results) == sum(1 for n in plan.nodes if n.op == "aten.linear.default") == 8, results
-    with pytest.raises(ValueError, match="its linear layers: model.layers.0.self_attn.q_proj"):
-        split_crossover(plan, "model.layers.0.mlp.nope")

@@ -38,9 +38,6 @@ no graph, no process group — and adds up the terms the planner priced:
   Not counted: temporaries inside a kernel (e.g. attention scores inside SDPA) and inside a
   collective (padding for uneven splits), and the caching allocator's fragmentation. This needs
   the node shapes of plan format v2; for a v1 plan the activation peak is ``None``.
-
-:func:`split_crossover` answers "from which sequence length (or batch) does splitting this linear
-layer pay on this hardware?" with the symbolic cost model (:mod:`autotp.cost_model.symbolic`).
 """
 
 from __future__ import annotations
@@ -48,40 +45,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-import sympy
 import torch
 
 from autotp.base.module_paths import block_name
-from autotp.base.placements import Partial, Placement, Replicate, Shard, placement_from_str, split_of
-from autotp.base.reshard import ReshardKind, reshard_steps
+from autotp.base.placements import placement_from_str
+from autotp.base.reshard import ReshardKind
 from autotp.cost_model import KNOWN_HARDWARE, Hardware, get_hardware, launches_no_kernel
 from autotp.cost_model.collectives import call_sync_wait_s
 from autotp.cost_model.runtime import HostTime, graph_host_s, host_time_per_call
-from autotp.cost_model.symbolic import (
-    BATCH,
-    SEQ,
-    crossover,
-    evaluate_s,
-    symbolic_aten_flops,
-    symbolic_compute_time_s,
-)
-from autotp.passes.resharding import SYMBOLIC, is_collective_step, tensor_route_time_s
+from autotp.passes.resharding import is_collective_step
 from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
 
 __all__ = [
-    "SPLIT_KINDS",
-    "Crossover",
     "Estimate",
     "LayerEstimate",
     "NodeEstimate",
     "estimate",
     "layer_of",
-    "split_crossover",
-    "split_crossovers",
 ]
 
 
@@ -470,193 +454,3 @@ def _activation_peak(plan: Plan) -> tuple[int | None, str]:
             peak, peak_step = live, step
     after = plan.nodes[min(peak_step // 2, len(plan.nodes) - 1)].name if plan.nodes else ""
     return peak, after
-
-
-# ------------------------------------------------------------------------------ crossover
-
-SPLIT_KINDS = ("column", "row", "tokens")
-"""How a linear layer ``y = x @ w.T + b`` may be split across N ranks, with the collective that puts
-its output back together (the layer's input arrives replicated, its output must leave replicated).
-These are strategies of the planner's linear rule (``autotp.passes.rules.matmul``):
-
-* ``column``: ``w`` (and ``b``) split by output features (``S(0)``), ``y`` split on its last dim,
-  all-gather of ``y`` (along a dim other than 0: with the two copies the rewrite makes around it);
-* ``row``: ``x`` and ``w`` split by input features, ``y`` (and ``b``) a Partial sum, all-reduce;
-* ``tokens``: ``x`` and ``y`` split along the token dim of the symbol solved for (batch: dim 0,
-  sequence: dim 1 of a ``(batch, seq, features)`` input; dim 0 of a ``(tokens, features)`` one),
-  ``w`` whole on every rank, all-gather of ``y``.
-
-In a plan, consecutive column- and row-split layers share one all-reduce, so a layer's crossover
-in a real plan can come earlier than this isolated-layer figure; it never comes later.
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class Crossover:
-    """From which size of ``symbol`` a split of one linear layer is predicted to pay.
-
-    ``size`` is the smallest value from which the split (plus its collective) is cheaper than the
-    layer kept whole, with the other symbols fixed at ``fixed``; ``None`` if it never pays up to
-    the search bound. ``whole_s`` and ``split_s`` are the two sympy cost expressions (seconds).
-    """
-
-    node: str
-    module: str
-    hardware: str
-    world_size: int
-    split: str
-    symbol: str
-    size: int | None
-    fixed: Mapping[str, int]
-    whole_s: sympy.Expr
-    split_s: sympy.Expr
-
-    def __str__(self) -> str:
-        fixed = ", ".join(f"{k}={v}" for k, v in self.fixed.items())
-        where = f"{self.module or self.node} ({self.split} split over {self.world_size} ranks, {self.hardware}"
-        where += f", {fixed})" if fixed else ")"
-        if self.size is None:
-            return f"{where}: never pays"
-        return f"{where}: pays from {self.symbol} >= {self.size}"
-
-
-def _token_shape(shape: tuple[int, ...], in_features: int) -> tuple[sympy.Expr, ...]:
-    """The linear input's shape with its token dims replaced by BATCH and SEQ.
-
-    ``(b, s, k)`` -> ``(BATCH, SEQ, k)``; ``(m, k)`` -> ``(BATCH * SEQ, k)``. Assumes the usual
-    layout of transformer activations: token dims lead, features last.
-    """
-    if len(shape) >= 3:
-        return (BATCH, SEQ, *(sympy.Integer(s) for s in shape[2:-1]), sympy.Integer(in_features))
-    return (BATCH * SEQ, sympy.Integer(in_features))
-
-
-def _linear_placements(split: str, x_ndim: int, token_dim: int) -> tuple[Placement, Placement, Placement, Placement]:
-    """(x, w, bias, y) placements of ``split`` (see :data:`SPLIT_KINDS`) for an input of ``x_ndim`` dims."""
-    if split == "column":
-        return Replicate(), Shard(0), Shard(0), Shard(x_ndim - 1)
-    if split == "row":
-        return Shard(x_ndim - 1), Shard(1), Partial(), Partial()
-    if split == "tokens":
-        return Shard(token_dim), Replicate(), Replicate(), Shard(token_dim)
-    raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLIT_KINDS)}")
-
-
-def _linear_costs(
-    x_shape: tuple[sympy.Expr, ...], w_shape: tuple[int, int], has_bias: bool, dtype: torch.dtype,
-    hardware: Hardware, world_size: int, split: str, token_dim: int,
-) -> tuple[sympy.Expr, sympy.Expr]:
-    """(whole, split + resharding) cost expressions of ``linear(x, w, b)``, by the planner's accounting.
-
-    Compute as the cost pass counts a strategy (``autotp.passes.costing``): the op's FLOPs times the
-    largest rank's share of its split tensors, and the bytes of every tensor at its local size
-    (:func:`~autotp.passes.uneven.largest_shard_nbytes`), priced by the symbolic roofline
-    (:func:`~autotp.cost_model.symbolic.symbolic_compute_time_s`). The resharding of ``y`` back to
-    replicated is the route :func:`~autotp.base.reshard.reshard_steps` gives, each step priced by
-    its row of :data:`~autotp.passes.resharding.RESHARD_TABLE` on sympy sizes (collective and copies).
-    """
-    out_features, in_features = w_shape
-    shapes = [tuple(x_shape), (sympy.Integer(out_features), sympy.Integer(in_features))]
-    if has_bias:
-        shapes.append((sympy.Integer(out_features),))
-    out_shape = (*x_shape[:-1], sympy.Integer(out_features))
-    flops = symbolic_aten_flops(torch.ops.aten.linear.default, tuple(shapes[:2]))
-    itemsize = dtype.itemsize
-
-    def compute_s(placements: tuple[Placement, ...], y_placement: Placement) -> sympy.Expr:
-        tensors = [*zip(shapes, placements), (out_shape, y_placement)]
-        moved = sum((largest_shard_nbytes(shape, itemsize, placement, world_size) for shape, placement in tensors),
-                    sympy.Integer(0))
-        shares = [largest_shard_nbytes(shape, itemsize, placement, world_size)
-                  / largest_shard_nbytes(shape, itemsize, Replicate(), world_size)
-                  for shape, placement in tensors if split_of(placement) is not None]
-        share = sympy.Max(*shares) if shares else sympy.Integer(1)
-        return symbolic_compute_time_s(flops * share, moved, dtype, hardware)
-
-    whole = compute_s((Replicate(),) * len(shapes), Replicate())
-    x_p, w_p, b_p, y_p = _linear_placements(split, len(x_shape), token_dim)
-    compute = compute_s((x_p, w_p, b_p)[: len(shapes)], y_p)
-    route = reshard_steps(y_p, Replicate())
-    comm = tensor_route_time_s(route, out_shape, dtype, world_size, hardware, formulas=SYMBOLIC)
-    return whole, compute + comm
-
-
-def split_crossover(
-    plan: Plan,
-    node: str,
-    *,
-    hardware: str | Hardware | None = None,
-    split: str = "column",
-    symbol: sympy.Symbol = SEQ,
-    fixed: Mapping[sympy.Symbol, int] | None = None,
-    world_size: int | None = None,
-    high: int = 1 << 24,
-) -> Crossover:
-    """The ``symbol`` size (default: sequence length) from which splitting linear ``node`` pays.
-
-    ``node`` is a node name or a module FQN of a linear layer of ``plan`` (an ``aten.linear``
-    node; its input, weight and dtype come from the plan's shapes). The layer is costed whole
-    and split (``split``: see :data:`SPLIT_KINDS`) on ``hardware`` (default: the plan's, when it
-    is a known profile) over ``world_size`` ranks (default: the plan's), as sympy expressions of
-    :data:`~autotp.cost_model.symbolic.BATCH` and :data:`~autotp.cost_model.symbolic.SEQ`;
-    ``fixed`` gives the other symbol (default: batch 1 when solving for seq, seq 1 for batch).
-    """
-    decision = _find_linear(plan, node)
-    by_name = {n.name: n for n in plan.nodes}
-    x_node, w_node = (by_name[name] for name in decision.input_nodes[:2])
-    if len(w_node.shape) != 2:
-        raise ValueError(f"{decision.name}: expected a 2-D weight, got shape {w_node.shape}")
-    profile = get_hardware(hardware if hardware is not None else plan.hardware)
-    ranks = world_size if world_size is not None else plan.world_size
-    if ranks < 2:
-        raise ValueError(f"a split needs world_size >= 2, got {ranks}; pass world_size=")
-    other = BATCH if symbol == SEQ else SEQ
-    values = {other: 1} if fixed is None else dict(fixed)
-    dtype = getattr(torch, decision.dtype or "float32")
-    w_shape = (int(w_node.shape[0]), int(w_node.shape[1]))
-    x_shape = _token_shape(tuple(x_node.shape), w_shape[1])
-    token_dim = 0 if symbol == BATCH or len(x_shape) < 3 else 1
-    whole, split_cost = _linear_costs(
-        x_shape, w_shape, len(decision.input_nodes) > 2, dtype, profile, ranks, split, token_dim
-    )
-    size = crossover(split_cost, whole, symbol, values=values, high=high)
-    return Crossover(
-        node=decision.name,
-        module=decision.module,
-        hardware=profile.name,
-        world_size=ranks,
-        split=split,
-        symbol=str(symbol),
-        size=size,
-        fixed={str(k): int(v) for k, v in values.items()},
-        whole_s=whole,
-        split_s=split_cost,
-    )
-
-
-def split_crossovers(plan: Plan, **options: Any) -> list[Crossover]:
-    """:func:`split_crossover` for every linear layer of ``plan`` (same options), in graph order."""
-    return [split_crossover(plan, node.name, **options) for node in plan.nodes if node.op == _LINEAR]
-
-
-_LINEAR = str(torch.ops.aten.linear.default)
-
-
-def _find_linear(plan: Plan, name: str) -> NodeDecision:
-    linears = [n for n in plan.nodes if n.op == _LINEAR]
-    for node in linears:
-        if name in (node.name, node.module):
-            if len(node.input_nodes) < 2 or not node.dtype:
-                raise ValueError(
-                    f"{node.name}: the plan has no shapes for it (a plan of format v1); re-plan with this autotp"
-                )
-            return node
-    known = ", ".join(n.module or n.name for n in linears[:20]) or "none"
-    raise ValueError(f"no linear layer named {name!r} in the plan; its linear layers: {known}")
-
-
-def evaluate_crossover(result: Crossover, size: int) -> tuple[float, float]:
-    """(whole, split) seconds of ``result``'s layer at ``symbol = size`` (the fixed symbols as given)."""
-    values = {sympy.Symbol(k, positive=True, integer=True): v for k, v in result.fixed.items()}
-    values[sympy.Symbol(result.symbol, positive=True, integer=True)] = size
-    return evaluate_s(result.whole_s, values), evaluate_s(result.split_s, values)
