@@ -33,31 +33,50 @@ def _mlp(bias: bool = True, hidden: int = 128) -> tuple[torch.nn.Module, tuple[t
     return model, (torch.randn(4, 64),), {}
 
 
+GROUP = 32
+CONFIGS = {
+    "int8": lambda: tq.Int8WeightOnlyConfig(),
+    "int8group": lambda: tq.Int8WeightOnlyConfig(granularity=tq.PerGroup(GROUP)),
+    "int4group": lambda: tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=tq.PerGroup(GROUP)),
+    "float8": lambda: tq.Float8WeightOnlyConfig(),
+}
+"""Weight-only schemes that run on this CPU; int4 is IntxWeightOnlyConfig's (int4 values held in int8)."""
+
+
+ROW_SPLIT = {"mlp-int4group": autotp.PlanOptions(constraints={"2.parametrizations.weight.original0": "S(1)"},
+                                                 memory_budget=None)}
+"""Cases whose second Linear is pinned to a row split (the solver splits its columns otherwise)."""
+
+
 def _quantized(case: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
     family, scheme = case.split("-")
     model, args, kwargs = _mlp() if family == "mlp" else tiny_llama(batch=2, seq_len=6)
-    config = tq.Int8WeightOnlyConfig() if scheme == "int8" else tq.Float8WeightOnlyConfig()
-    tq.quantize_(model, config)
+    tq.quantize_(model, CONFIGS[scheme]())
     return model, args, kwargs
 
 
-def _part_placements(plan: autotp.Plan) -> dict[str, dict[int, str]]:
-    """Weight FQN -> part index -> placement text, for every quantized weight of ``plan``."""
-    found: dict[str, dict[int, str]] = {}
+def _part_placements(plan: autotp.Plan, model: torch.nn.Module) -> dict[str, dict[int, tuple[str, tuple[int, ...]]]]:
+    """Weight FQN -> part index -> (placement text, part shape), for every quantized weight of ``plan``."""
+    shapes = {fqn: [s for _, s, _ in weight.parts] for fqn, weight in adapter.quantized_weights(model).items()}
+    found: dict[str, dict[int, tuple[str, tuple[int, ...]]]] = {}
     for fqn, placement in plan.parameters.items():
         part = adapter.weight_of(fqn)
         if part is not None:
-            found.setdefault(part[0], {})[part[1]] = str(placement)
+            found.setdefault(part[0], {})[part[1]] = (str(placement), shapes[part[0]][part[1]])
     return found
 
 
-def _inconsistent(parts: dict[str, dict[int, str]]) -> list[str]:
-    """Weights whose per-row scale / zero point do not follow the data (S(0): S(0); S(1) or R: R)."""
+def _inconsistent(parts: dict[str, dict[int, tuple[str, tuple[int, ...]]]]) -> list[str]:
+    """Parts that do not follow their data: split along the data's split dim d, or whole where they have
+    length 1 along d (a per-row scale under a row split) or the data is whole."""
     bad = []
     for fqn, by_index in parts.items():
-        wanted = "S(0)" if by_index[0] == "S(0)" else "R"
-        bad += [f"{fqn} part {i}: {p} (data {by_index[0]}, expected {wanted})"
-                for i, p in by_index.items() if i and p != wanted]
+        data = by_index[0][0]
+        for i, (placement, part_shape) in by_index.items():
+            split = int(data[2]) if data.startswith("S(") else None
+            wanted = data if split is not None and part_shape[split] > 1 else "R"
+            if i and placement != wanted:
+                bad.append(f"{fqn} part {i} {part_shape}: {placement} (data {data}, expected {wanted})")
     return bad
 
 
@@ -69,12 +88,15 @@ def _compile_and_compare(rank: int, world_size: int, cases: list[str], generate:
             expected = model(*args, **kwargs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tp = autotp.compile(model, example_inputs=args, example_kwargs=kwargs or None)
+            tp = autotp.compile(model, example_inputs=args, example_kwargs=kwargs or None, options=ROW_SPLIT.get(case))
         got = tp(*args, **kwargs)
         if not isinstance(got, torch.Tensor):
             got, expected = got.logits, expected.logits
-        results[case] = {"diff": (got - expected).abs().max().item(), "parts": _part_placements(tp.plan),
-                         "bytes": tp.parameter_bytes(), "planned_bytes": tp.plan.parameter_bytes_per_rank}
+        local = {name.removeprefix("_local."): tuple(t.shape) for name, t in tp.state_dict().items()}
+        results[case] = {"diff": (got - expected).abs().max().item(), "parts": _part_placements(tp.plan, model),
+                         "bytes": tp.parameter_bytes(), "planned_bytes": tp.plan.parameter_bytes_per_rank,
+                         # the second Linear (32, 128): this rank's data and scales
+                         "local": [local.get(f"p_2_parametrizations_weight_original{i}") for i in (0, 1)]}
     if generate:
         model, (ids,), _ = _quantized("llama-int8")
         model.generation_config.pad_token_id = 0
@@ -95,8 +117,13 @@ def _check(results: list[dict[str, Any]], cases: list[str], world_size: int) -> 
             parts = result[case]["parts"]
             assert parts, f"tp={world_size} {case}: no quantized weight parts in the plan"
             assert not _inconsistent(parts), f"tp={world_size} {case}: {_inconsistent(parts)}"
-            split = {by_index[0] for by_index in parts.values()}
+            split = {by_index[0][0] for by_index in parts.values()}
             assert {"S(0)", "S(1)"} <= split, f"tp={world_size} {case}: data placements {split}, expected column and row splits"
+    for case in (c for c in cases if "group" in c):  # every rank holds whole groups of 32 columns
+        for rank, result in enumerate(results):
+            (rows, columns), (_, groups) = result[case]["local"]
+            assert columns == groups * GROUP, (
+                f"tp={world_size} rank {rank} {case}: {columns} data columns with {groups} groups of scales")
     # the plan sizes each shard alone (ceil); uneven cuts shared by several tensors (8 heads over 3 ranks) can
     # give a rank more (passes/uneven.py), so the bytes held equal the plan's where every split is even
     for case in cases if world_size == 2 else ():
@@ -110,14 +137,16 @@ def _check(results: list[dict[str, Any]], cases: list[str], world_size: int) -> 
 
 
 def test_quantized_models_match_at_tp2_and_generate(gloo: Any) -> None:
-    """tp=2: int8 and float8 MLP, int8 tiny Llama (forward, and greedy generation with a KV cache)."""
-    cases = ["mlp-int8", "mlp-float8", "llama-int8"]
+    """tp=2: MLP in int8, float8 and group-wise int4; int8 tiny Llama (forward, and greedy generation
+    with a KV cache)."""
+    cases = ["mlp-int8", "mlp-float8", "mlp-int4group", "llama-int8"]
     _check(gloo.run(2, _compile_and_compare, cases, True, timeout_s=600), cases, 2)
 
 
 def test_quantized_models_match_at_tp3(gloo: Any) -> None:
-    """tp=3, uneven splits (128 rows, 8 heads over 3 ranks): int8 MLP and int8 tiny Llama."""
-    cases = ["mlp-int8", "llama-int8"]
+    """tp=3, uneven splits (128 rows, 8 heads over 3 ranks; the row split of a 128-wide weight in groups of
+    32 keeps whole groups: 2/1/1 of 4): MLP in int8 and group-wise int8, int8 tiny Llama."""
+    cases = ["mlp-int8", "mlp-int8group", "llama-int8"]
     _check(gloo.run(3, _compile_and_compare, cases, False, timeout_s=600), cases, 3)
 
 
@@ -153,18 +182,15 @@ def _int4_tensor_model() -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("scheme", ["int4", "intx-int4", "int8-dynamic-activation"])
+@pytest.mark.parametrize("scheme", ["int4", "int8-dynamic-activation"])
 def test_an_unsupported_scheme_raises_naming_it_and_what_is_supported(scheme: str) -> None:
-    """int4 (Int4Tensor), int4 held in int8 (IntxUnpackedToInt8Tensor: torchao's own dequantize op) and
-    int8 with activation quantization are refused before tracing, with the weight and the schemes that work."""
+    """int4 in Int4WeightOnlyConfig's packed layout (Int4Tensor) and int8 with activation quantization are
+    refused before tracing, with the weight and the schemes that work."""
     if scheme == "int4":
         model, name = _int4_tensor_model(), "Int4Tensor"
     else:
-        model = _mlp()[0]
-        config = (tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=tq.PerGroup(32))
-                  if scheme == "intx-int4" else tq.Int8DynamicActivationInt8WeightConfig())
-        tq.quantize_(model, config)
-        name = "IntxUnpackedToInt8Tensor" if scheme == "intx-int4" else "activation quantization"
+        model, name = _mlp()[0], "activation quantization"
+        tq.quantize_(model, tq.Int8DynamicActivationInt8WeightConfig())
     with pytest.raises(autotp.UnsupportedQuantizationError) as raised:
         autotp.plan(model, (torch.randn(4, 64),), world_size=2)
     message = str(raised.value)
@@ -180,7 +206,7 @@ def test_parameter_bytes_are_counted_as_stored(scheme: str) -> None:
     full = autotp.plan(model, args, world_size=2)
     tq.quantize_(model, tq.Int8WeightOnlyConfig() if scheme == "int8" else tq.Float8WeightOnlyConfig())
     plan = autotp.plan(model, args, world_size=2)
-    parts = _part_placements(plan)
+    parts = _part_placements(plan, model)
     assert not _inconsistent(parts), _inconsistent(parts)
     read = {name for node in plan.nodes for name in node.input_nodes}
     expected = 0  # the parts the graph reads (symmetric int8 never reads its zero points; nothing keeps them)
@@ -188,10 +214,29 @@ def test_parameter_bytes_are_counted_as_stored(scheme: str) -> None:
         for index, (_, shape, dtype) in enumerate(weight.parts):
             if "p_" + adapter.exported_name(fqn, index).replace(".", "_") not in read:
                 continue
-            placement = parts[fqn][index]
+            placement = parts[fqn][index][0]
             split = int(placement[2]) if placement.startswith("S(") else None
             kept = [-(-size // 2) if d == split else size for d, size in enumerate(shape)]
             expected += math.prod(kept) * torch.empty((), dtype=dtype).element_size()
     assert plan.parameter_bytes_per_rank == expected, (plan.parameter_bytes_per_rank, expected)
     ratio = plan.parameter_bytes_per_rank / full.parameter_bytes_per_rank
     assert 0.25 < ratio < 0.27, f"quantized / float32 bytes per rank {ratio:.3f}, expected about 1/4"
+
+
+@pytest.mark.parametrize(("granularity", "scale_under_row_split"), [("group", "S(1)"), ("row", "R")])
+def test_dequantize_affine_splits_scales_by_block(granularity: str, scale_under_row_split: str) -> None:
+    """No process group: torchao.dequantize_affine of (128, 64) int4 data. S(0) splits data, scales and zero
+    points by rows; S(1) splits group-wise scales (groups of 32) by groups and keeps per-row ones (one block of
+    64) whole."""
+    from autotp.capture import capture
+    from autotp.passes.rules import RuleContext, strategies_for
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False)).eval()
+    tq.quantize_(model, tq.IntxWeightOnlyConfig(
+        weight_dtype=torch.int4, granularity=tq.PerGroup(GROUP) if granularity == "group" else tq.PerAxis(0)))
+    graph = capture(model, (torch.randn(4, 64),)).graph_module.graph
+    (node,) = [n for n in graph.nodes if n.op == "call_function" and "dequantize_affine" in str(n.target)]
+    found = {str(s.output): [str(p) for p in s.inputs] for s in strategies_for(node, RuleContext(world_size=2))}
+    expected = {"R": ["R", "R", "R"], "S(0)": ["S(0)", "S(0)", "S(0)"],
+                "S(1)": ["S(1)", scale_under_row_split, scale_under_row_split]}
+    assert found == expected, f"strategies {found}, expected {expected}"

@@ -1,6 +1,6 @@
 """What autotp needs from inside ``torchao``, in one place, with the releases it is tested on.
 
-A torchao-quantized weight is one tensor subclass (``Int8Tensor``, ``Float8Tensor``) holding plain
+A torchao-quantized weight is one tensor subclass (``Int8Tensor``, ``Float8Tensor``...) holding plain
 tensors: the quantized data, its scales and (some schemes) zero points. autotp treats it as one
 weight to the user and the plan, stored as its parts:
 
@@ -9,9 +9,11 @@ weight to the user and the plan, stored as its parts:
 - ``torch.export``'s ``run_decompositions`` replaces each subclass parameter by a parametrization
   and its parts become graph placeholders named ``<module>.parametrizations.<name>.original<i>``,
   ``i`` the part's index in ``__tensor_flatten__`` order (:func:`exported_name`, :func:`weight_of`);
-  the graph then computes the dequantization in plain ATen ops, which the sharding rules split;
-- a scheme autotp has not been tested with (activation quantization, packed int4 layouts, torchao's
-  own custom dequantize op) raises :class:`~autotp.base.errors.UnsupportedQuantizationError` before
+- the graph then dequantizes in plain ATen (per-row int8, float8) or torchao's ``dequantize_affine`` op
+  (group-wise int8, ``IntxWeightOnlyConfig``'s int4), which has a sharding rule of its own
+  (``passes/rules/quantized.py``);
+- a scheme autotp has not been tested with (activation quantization, the packed int4 layouts of
+  ``Int4WeightOnlyConfig``) raises :class:`~autotp.base.errors.UnsupportedQuantizationError` before
   tracing (:func:`check_quantized_weights`), never a dispatch error from inside the subclass.
 
 Tested on torchao :data:`RELEASES` (the ``quant`` extra); another release is refused when a model
@@ -54,8 +56,12 @@ PIP_SPEC = "torchao>=0.18.0,<0.19"
 SUPPORTED_SCHEMES = {
     "Int8Tensor": "Int8WeightOnlyConfig (int8 weight-only, per-row or per-group scales)",
     "Float8Tensor": "Float8WeightOnlyConfig (float8 weight-only)",
+    "IntxUnpackedToInt8Tensor": "IntxWeightOnlyConfig (int1-int8 weight-only, e.g. int4 with per-group scales)",
 }
 """torchao tensor class -> the config that makes it, for weights without activation quantization."""
+
+_ACTIVATION_ATTRIBUTES = ("act_quant_kwargs", "activation_quantization", "act_pre_scale")
+"""Attributes by which torchao's weight classes say their activations are quantized too (not supported)."""
 
 _EXPORTED = re.compile(r"^(?:(?P<module>.*)\.)?parametrizations\.(?P<name>[^.]+)\.original(?P<index>\d+)$")
 
@@ -130,7 +136,7 @@ def _why_unsupported(tensor: torch.Tensor) -> str | None:
     scheme = type(tensor).__name__
     if scheme not in SUPPORTED_SCHEMES:
         return f"the scheme {scheme} is not supported"
-    if getattr(tensor, "act_quant_kwargs", None) is not None:
+    if any(getattr(tensor, name, None) is not None for name in _ACTIVATION_ATTRIBUTES):
         return f"{scheme} with activation quantization is not supported (weight-only is)"
     return None
 

@@ -25,7 +25,7 @@ Layout (one module per op family; each registers into the one table when importe
   :mod:`.embedding`, :mod:`.conv` (convolution, batch/group norm, pooling),
   :mod:`.grouped_mm` (mixture-of-experts GEMMs), :mod:`.indexing` (gather/scatter/top-k/sort),
   :mod:`.symbolic` (size arithmetic of dynamic batch/sequence dims), :mod:`.losses`
-  (vocabulary-parallel cross-entropy).
+  (vocabulary-parallel cross-entropy), :mod:`.quantized` (torchao's dequantization).
 
 To add an op: write its rule in the family module it belongs to (or a new one imported below),
 decorated with ``@register_rule(aten.op.overload)``; if its rank-local call differs from the
@@ -44,6 +44,7 @@ from autotp.passes.rules import (  # noqa: F401 - imported to register their rul
     losses,
     matmul,
     norms,
+    quantized,
     reductions,
     symbolic,
     views,
