@@ -50,6 +50,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind, TensorArgument
 
 from autotp.base.errors import CaptureError
+from autotp.base.module_paths import differing_layer, layer_lists, within
 
 __all__ = ["MIN_LAYERS", "StampError", "StampedFrom", "export_stamped", "layer_stack", "restamp", "stamped_from", "twin"]
 
@@ -61,9 +62,6 @@ first layer may use up more numbers than the others, e.g. for checks made once).
 
 MIN_LAYERS = _TRACED_LAYERS + 1
 """Fewest layers worth stamping."""
-
-_INDEX_ATTRIBUTES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "block_idx"})
-"""Plain attributes that say which layer a module is, and so differ between otherwise equal layers."""
 
 _EXPORT_ADDED_NODE = "_empty_nn_module_stack_from_metadata_hook"
 _NAME_NUMBER = re.compile(r"(.*)_(\d+)$")
@@ -155,14 +153,13 @@ def layer_stack(model: torch.nn.Module) -> tuple[str, int]:
         raise StampError("it has no config.num_hidden_layers (not a transformers model)")
     if count < MIN_LAYERS:
         raise StampError(f"{count} layers: fewer than {MIN_LAYERS}, nothing to stamp")
-    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count]
+    lists = layer_lists(model, count)
     if len(lists) != 1:
         raise StampError(f"{len(lists)} ModuleLists of {count} modules (config.num_hidden_layers); stamping needs one")
-    path, layers = lists[0]
-    reference = _layer_signature(layers[1])
-    for index, layer in enumerate(layers):
-        if _layer_signature(layer) != reference:
-            raise StampError(f"{path}.{index} differs from {path}.1 (module classes, attributes, weights or hooks)")
+    path = lists[0]
+    layers = model.get_submodule(path)
+    if (index := differing_layer(layers)) is not None:
+        raise StampError(f"{path}.{index} differs from {path}.0 (module classes, attributes, weights or hooks)")
     owners: dict[int, int] = {}
     for index, layer in enumerate(layers):
         for tensor in (*layer.parameters(), *layer.buffers()):
@@ -174,31 +171,6 @@ def layer_stack(model: torch.nn.Module) -> tuple[str, int]:
         if isinstance(value, (list, tuple)) and len(value) == count and len({repr(v) for v in value}) > 1:
             raise StampError(f"config.{key} differs between layers")
     return path, count
-
-
-def _plain(value: Any) -> Any:
-    """A comparable form of a plain attribute value, or None when it is not plain (a config, a module)."""
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
-        return repr(value)
-    if isinstance(value, (tuple, list)) and all(v is None or isinstance(v, (bool, int, float, str)) for v in value):
-        return repr(value)
-    return None
-
-
-def _layer_signature(layer: torch.nn.Module) -> list[Any]:
-    """What must be equal between two layers for their graphs to be equal (up to names)."""
-    signature = []
-    for name, module in layer.named_modules():
-        attributes = sorted((key, plain) for key, value in vars(module).items()
-                            if not key.startswith("_") and key not in _INDEX_ATTRIBUTES
-                            and (plain := _plain(value)) is not None)
-        parameters = [(n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in module.named_parameters(recurse=False)]
-        buffers = [(n, tuple(b.shape), b.dtype, n in module._non_persistent_buffers_set)
-                   for n, b in module.named_buffers(recurse=False)]
-        hooks = [len(module._forward_hooks), len(module._forward_pre_hooks)]
-        signature.append([name, f"{type(module).__module__}.{type(module).__qualname__}", attributes, parameters,
-                          buffers, hooks])
-    return signature
 
 
 def _twin(model: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -220,16 +192,12 @@ def _twin(model: torch.nn.Module, path: str) -> torch.nn.Module:
     return twin
 
 
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix + ".")
-
-
 def _block_of(node: fx.Node, prefixes: tuple[str, ...]) -> int | None:
     """The layer that made ``node`` (by its ``nn_module_stack``: under ``prefixes[i]``), else None."""
     stack = node.meta.get("nn_module_stack") or {}
     paths = [path for key, (path, *_) in stack.items() if key != _EXPORT_ADDED_NODE]
     for index, prefix in enumerate(prefixes):
-        if any(_under(p, prefix) for p in paths):
+        if any(within(p, prefix) for p in paths):
             return index
     return None
 
@@ -308,7 +276,7 @@ def _take_apart(small: ExportedProgram, path: str) -> _Program:
     layer_inputs = {}
     for node, spec in zip(placeholders, small.graph_signature.input_specs):
         for index, prefix in enumerate(prefixes):
-            if spec.target is not None and _under(str(spec.target), prefix):
+            if spec.target is not None and within(str(spec.target), prefix):
                 layer_inputs[node] = index
     calls = [n for n in nodes if n.op not in ("placeholder", "output")]
     if any(n.op != "call_function" for n in calls):
@@ -536,7 +504,7 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
             continue
         known = small.state_dict.get(fqn, small.constants.get(fqn))
         if known is None:
-            layer = next(i for i, p in layer_fqn.items() if _under(fqn, p))
+            layer = next(i for i, p in layer_fqn.items() if within(fqn, p))
             like = small.state_dict.get(prefix + fqn[len(layer_fqn[layer]):],
                                         small.constants.get(prefix + fqn[len(layer_fqn[layer]):]))
             mode = fake_mode_of(like)
@@ -561,7 +529,7 @@ def _stamped_call_graph(entries: list[Any], prefix: str, layer_fqn: dict[int, st
     result, run = [], []
     copied = int(prefix.rsplit(".", 1)[1])
     for entry in [*entries, None]:
-        if entry is not None and _under(entry.fqn, prefix):
+        if entry is not None and within(entry.fqn, prefix):
             if entry.signature is not None:
                 raise StampError(f"the call signature of {entry.fqn} is kept")
             run.append(entry)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from models import tiny_llama
 
-from autotp.planning.even_stages import even_parallel_plan, layer_blocks, stage_bounds
+from autotp.base.module_paths import layer_blocks
+from autotp.planning.even_stages import even_parallel_plan, stage_bounds
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.runtime.mesh import check_plan_for_mesh, default_microbatches, replica_sizes, split_stages
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from autotp.base.module_paths import block_name
+from autotp.adapters.torchao import weight_of
+from autotp.base.module_paths import block_name, block_of
 from autotp.base.placements import placement_from_str
 from autotp.passes.uneven import largest_shard_nbytes
 
@@ -36,7 +37,9 @@ __all__ = ["Block", "BlockRun", "block_runs", "blocks", "node_module", "paramete
 def node_module(node: NodeDecision) -> str:
     """The module FQN a node belongs to (placeholders: the module owning the parameter/buffer)."""
     if node.op == "placeholder":
-        return node.target.rsplit(".", 1)[0] if "." in node.target else ""
+        part = weight_of(node.target)  # a quantized weight's part belongs to the weight's module
+        fqn = part[0] if part is not None else node.target
+        return fqn.rsplit(".", 1)[0] if "." in fqn else ""
     return node.module
 
 
@@ -124,7 +127,8 @@ def blocks(plan: Plan) -> list[Block]:
     modules = [node_module(n) for n in plan.nodes]
     depth = _block_depth(modules)
 
-    def block_of(module: str) -> str:
+    def group_of(module: str) -> str:
+        """The layer ``module`` lies in, else its ancestor at the layer containers' depth."""
         prefix = block_name(module)
         if prefix is not None:
             return prefix
@@ -134,17 +138,17 @@ def blocks(plan: Plan) -> list[Block]:
     first_op: dict[str, int] = {}
     first_any: dict[str, int] = {}
     for index, (node, module) in enumerate(zip(plan.nodes, modules)):
-        name = block_of(module)
+        name = group_of(module)
         if name not in found:
-            prefix = block_name(module)
-            found[name] = Block(name, name.rsplit(".", 1)[0] if prefix and "." in name else "")
+            layer = block_of(module)
+            found[name] = Block(name, layer[0] if layer is not None else "")
             first_any[name] = index
         found[name].nodes.append(node)
         # size arithmetic (sym_size of a dynamic dim: no tensor, no dtype) does not place a block
         if node.op not in ("placeholder", "output") and node.dtype and name not in first_op:
             first_op[name] = index
     for c in plan.collectives:
-        name = block_of(c.module)
+        name = group_of(c.module)
         if name not in found:
             found[name] = Block(name, "")
             first_any[name] = len(plan.nodes)

@@ -7,34 +7,20 @@ embeddings), the last what comes after (final norm, head). Each stage's tensor-p
 left to the runtime (``tp_plan=None``: planned on the stage's own graph when it is built).
 
 A *layer block* is a child of the model's longest numbered container (``model.layers``,
-``transformer.h``), the same notion of block as :mod:`autotp.base.module_paths`.
+``transformer.h``): :func:`autotp.base.module_paths.layer_blocks`.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from autotp.base.module_paths import layer_blocks
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan, StagePlan
 
-__all__ = ["SCHEDULES", "even_parallel_plan", "layer_blocks", "stage_bounds"]
+__all__ = ["SCHEDULES", "even_parallel_plan", "stage_bounds"]
 
 SCHEDULES = ("gpipe", "1f1b")
 """Pipeline schedules the mesh runtime runs (``torch.distributed.pipelining`` ScheduleGPipe, Schedule1F1B)."""
-
-
-def layer_blocks(model: nn.Module) -> list[str]:
-    """FQNs of the model's layer blocks, in order (``["model.layers.0", ...]``); ``[]`` without any.
-
-    The blocks are the children of the ``nn.ModuleList`` / ``nn.Sequential`` with the most
-    children (the first such container when two tie)."""
-    best: list[str] = []
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)):
-            prefix = f"{name}." if name else ""
-            children = [f"{prefix}{child}" for child, _ in module.named_children()]
-            if len(children) > len(best):
-                best = children
-    return best
 
 
 def stage_bounds(n_blocks: int, pp: int) -> list[tuple[int, int]]:

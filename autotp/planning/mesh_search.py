@@ -64,7 +64,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError
-from autotp.base.module_paths import block_of
+from autotp.base.module_paths import block_of, block_path, differing_layer, layer_lists
 from autotp.base.placements import placement_to_str
 from autotp.base.progress import log_progress
 from autotp.base.shapes import nbytes as value_nbytes
@@ -300,8 +300,7 @@ def _layer_summary(graph: Any, keys: dict[str, Any], layers: list[Any], choice: 
     """The first layer's weight placements, by path inside the layer: ``mlp.up_proj.weight S(0), ...``."""
     if not layers:
         return ""
-    container, index = layers[0]
-    prefix = f"{container}.{index}." if container else f"{index}."
+    prefix = block_path(*layers[0]) + "."
     parts = [f"{fqn.removeprefix(prefix)} {placement_to_str(graph.strategies[name][choice[name]].output)}"
              for name, fqn in graph.parameters.items() if keys.get(name) == layers[0] and fqn.startswith(prefix)]
     return ", ".join(parts)
@@ -370,13 +369,11 @@ def _at_batch(value: Any, batch: int) -> Any:
 
 
 def _layer_list(model: torch.nn.Module, count: int) -> str | None:
-    """FQN of the ``ModuleList`` of ``count`` identical layers (same class, parameter shapes), if any."""
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count and count > 0:
-            signatures = {(type(layer), tuple((n, tuple(p.shape), p.dtype) for n, p in layer.named_parameters()))
-                          for layer in module}
-            if len(signatures) == 1:
-                return name
+    """FQN of the outermost ``ModuleList`` of ``count`` identical layers
+    (:func:`autotp.base.module_paths.layer_signature`), if any."""
+    for name in layer_lists(model, count) if count > 0 else ():
+        if differing_layer(model.get_submodule(name)) is None:
+            return name
     return None
 
 
@@ -435,10 +432,10 @@ def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_
         by_key, layers, summaries[tp] = _profile_units((captured[0], captured[1]), tp, hardware, time_limit_s)
         if reduced is not None:  # the first layer (reading the embeddings), then the second L - 1 times
             units[tp] = (by_key[layers[0]],) + (by_key[layers[1]],) * (count - 1)
-            names = tuple(f"{container}.{i}" for i in range(count))
+            names = tuple(block_path(container, i) for i in range(count))
         elif layers:
             units[tp] = tuple(by_key[key] for key in layers)
-            names = tuple(f"{c}.{i}" if c else str(i) for c, i in layers)
+            names = tuple(block_path(c, i) for c, i in layers)
         else:  # no repeated layers: the whole model is one block, on one stage
             units[tp], by_key["post"] = (by_key["post"],), by_key["pre"]
             names = ("",)
