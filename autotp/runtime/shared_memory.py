@@ -52,7 +52,8 @@ and ``cuda_graph`` runtime modes, :mod:`autotp.runtime.runtime_modes`)
 and ``autotp::shared_memory_all_gather``): each takes the segment as a tensor it mutates (so the
 compiler keeps every call, in graph order, and never drops one) and the call's settings as ints. All
 of a rank's state is in the segment (its counter is its number of calls), so eager stand-ins and
-compiled ops on one segment stay in step. An op handed a copy of the segment instead of the mapping
+compiled ops on one segment stay in step; the mapping tensor carries its :class:`SharedMemoryAllReduce`
+as an attribute, so an op does not rebuild its views per call. An op handed a copy of the segment instead of the mapping
 raises rather than wait for ranks that cannot see it.
 """
 
@@ -310,6 +311,9 @@ def _on_segment(segment: torch.Tensor, address: int, rank: int, world_size: int,
                 timeout_ms: int) -> SharedMemoryAllReduce:
     """The all-reduce over ``segment`` as a compiled graph's op calls it; AutoTPError when ``segment`` is not
     the mapping at ``address`` (the compiler copied it, and no other rank would see this rank's data)."""
+    known = getattr(segment, "_autotp_collective", None)  # the mapping itself carries its all-reduce (fast path)
+    if isinstance(known, SharedMemoryAllReduce):
+        return known
     if segment.data_ptr() != address:
         raise AutoTPError(
             "the compiled graph handed the shared-memory collective a copy of its segment, so the other ranks would "
@@ -368,16 +372,15 @@ def compiler_visible_collectives(gm: fx.GraphModule) -> fx.GraphModule:
         key = id(shared)
         if key not in segments:
             name = f"_autotp_shared_segment_{len(segments)}"
+            shared.segment._autotp_collective = shared  # type: ignore[attr-defined]  # no views rebuilt per call
             copy.register_buffer(name, shared.segment, persistent=False)
             with graph.inserting_before(first):
                 segments[key] = graph.get_attr(name)
-        op = _all_reduce_op if isinstance(target, SharedMemoryAllReduce) else _all_gather_op
+        op = (torch.ops.autotp.shared_memory_all_reduce.default if isinstance(target, SharedMemoryAllReduce)
+              else torch.ops.autotp.shared_memory_all_gather.default)
         with graph.inserting_before(node):
-            call = graph.call_function(
-                torch.ops.autotp.shared_memory_all_reduce.default if op is _all_reduce_op
-                else torch.ops.autotp.shared_memory_all_gather.default,
-                (node.args[0], segments[key], shared.segment.data_ptr(), shared.rank, shared.world_size,
-                 shared.slot_bytes, max(1, round(shared.timeout_s * 1000))))
+            call = graph.call_function(op, (node.args[0], segments[key], shared.segment.data_ptr(), shared.rank,
+                                            shared.world_size, shared.slot_bytes, max(1, round(shared.timeout_s * 1000))))
         call.meta.update(node.meta)
         node.replace_all_uses_with(call)
         graph.erase_node(node)
