@@ -240,3 +240,13 @@ def test_dequantize_affine_splits_scales_by_block(granularity: str, scale_under_
     expected = {"R": ["R", "R", "R"], "S(0)": ["S(0)", "S(0)", "S(0)"],
                 "S(1)": ["S(1)", scale_under_row_split, scale_under_row_split]}
     assert found == expected, f"strategies {found}, expected {expected}"
+
+
+def test_the_plan_text_shows_a_quantized_weight_once() -> None:
+    """tp=2, int8 tiny Llama: print(plan) names each quantized weight once (q_proj.weight S(0)q), never its parts,
+    under the weight's own module (lm_head, not lm_head.parametrizations)."""
+    model, args, kwargs = _quantized("llama-int8")
+    text = str(autotp.plan(model, args, kwargs, world_size=2))
+    assert "parametrizations" not in text, text
+    for wanted in ("self_attn.q_proj.weight S(0)q", "self_attn.o_proj.weight S(1)q", "lm_head.weight", "(q: quantized"):
+        assert wanted in text, f"{wanted!r} not in:\n{text}"

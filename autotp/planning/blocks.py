@@ -173,6 +173,7 @@ def block_runs(plan: Plan, *, fold: bool = True) -> list[BlockRun]:
 
 
 def placement_counts(nodes: list[NodeDecision]) -> str:
-    """``S(0)*5 R*2 S(1)*2`` for a list of parameter placeholders (``x`` belongs to block splits, ``S(1)x3``)."""
-    counts = Counter(n.output for n in nodes)
+    """``S(0)*5 R*2 S(1)*2`` for a list of parameter placeholders (``x`` belongs to block splits, ``S(1)x3``);
+    a quantized weight counts once, by its data's placement."""
+    counts = Counter(n.output for n in nodes if (weight_of(n.target) or ("", 0))[1] == 0)
     return " ".join(f"{p}*{k}" if k > 1 else p for p, k in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

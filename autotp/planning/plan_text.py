@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from autotp.adapters.torchao import weight_of
 from autotp.passes.resharding import is_collective_step, route_label, step_label
 from autotp.planning.blocks import Block, BlockRun, block_runs, parameter_bytes_per_rank, placement_counts
 
@@ -83,6 +84,19 @@ def _block_row(plan: Plan, run: BlockRun) -> str:
             f"{format_bytes(nbytes) if weights else '-':>10}")
 
 
+def _one_per_weight(items: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """A quantized weight's parts (``x.parametrizations.weight.original<i>``) shown as the one weight
+    ``x.weight`` with its data's placement and ``q`` (its scales split with it, see passes/quantized.py)."""
+    shown: dict[str, str] = {}
+    for name, placement in items:
+        part = weight_of(name)
+        if part is None:
+            shown[name] = placement
+        elif part[1] == 0:
+            shown[part[0]] = f"{placement}q"
+    return tuple(shown.items())
+
+
 def _weights_lines(plan: Plan, runs: list[BlockRun]) -> list[str]:
     """Placement of each weight, once per distinct pattern of relative names and placements."""
     lines = []
@@ -92,7 +106,7 @@ def _weights_lines(plan: Plan, runs: list[BlockRun]) -> list[str]:
         weights = run.first.weights(plan)
         if not weights:
             continue
-        key = tuple((run.first.relative(w.target), w.output) for w in weights)
+        key = _one_per_weight(tuple((run.first.relative(w.target), w.output) for w in weights))
         if key not in seen:
             seen[key] = []
             patterns.append((key, run.first))
@@ -193,6 +207,8 @@ def plan_summary(plan: Plan, max_rows: int = 40) -> str:
     weight_lines = _weights_lines(plan, runs)
     if weight_lines:
         lines += ["", "weight placements:", *weight_lines[: max_rows * 2]]
+        if any(weight_of(fqn) for fqn in plan.parameters):
+            lines.append("(q: quantized weight, its scales and zero points split with it; plan.parameters lists them)")
     collective_lines = _collective_lines(runs, max_rows)
     if collective_lines:
         lines += ["", f"    {'collective':<16} {'of tensor':<16} {'placement':<11} {'bytes':>10} {'time':>10}  in module",
