@@ -310,11 +310,12 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
         input_ids = torch.cat([input_ids, input_ids[:1].expand(extra, -1)])
         attention_mask = torch.cat([attention_mask, attention_mask[:1].expand(extra, -1)])
     batch = layout.batch_size
+    device = input_ids.device  # the loop's tensors stay where the ids are (on a GPU: no copy per step)
     ids = input_ids.to(torch.long)
-    mask = torch.zeros(batch, layout.max_cache_len, dtype=torch.long)  # (batch, max_cache_len): 1 = slot holds a token
+    mask = torch.zeros(batch, layout.max_cache_len, dtype=torch.long, device=device)  # (batch, max_cache_len): 1 = token
     mask[:, :prompt] = attention_mask
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (batch, max_cache_len) position of each slot's token
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     chunk = layout.prefill_len
     prefill_in_chunks = chunk > 1 and prompt >= chunk
     runners = {"decode": phase_runner("decode")}
@@ -326,7 +327,7 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
     def run(start: int, tokens: torch.Tensor) -> torch.Tensor | None:
         """Run ``tokens`` (batch, S) at cache slots start..start+S-1; logits of the last one (batch, vocab)."""
         length = int(tokens.shape[1])
-        cache_position = torch.arange(start, start + length)
+        cache_position = torch.arange(start, start + length, device=device)
         runner = runners["decode" if length == 1 else "prefill" if start == 0 else "continuation"]
         logits = runner((tokens, positions[:, start:start + length], cache_position, mask))
         return None if logits is None else logits[:, -1]
@@ -343,8 +344,8 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
 
     if streamer is not None:
         streamer.put(input_ids[:rows].cpu())
-    unfinished = torch.ones(batch, dtype=torch.bool)
-    eos_ids = torch.tensor(eos, dtype=torch.long)
+    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
     if streamer is not None:
         check_eos_every = 1  # the streamer reads every token on the host anyway, and must get no token past the end
     new: list[torch.Tensor] = []

@@ -132,9 +132,17 @@ class _CompiledGraph:
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
         if self.calls > 1:
-            return self.compiled(*args)
+            return self._run(args)
         log_progress(self.talk, f"compiling the {self.what} graph with Inductor ({self.mode})")
         start = time.perf_counter()
-        out = self.compiled(*args)
+        out = self._run(args)
         log_progress(self.talk, f"compiled the {self.what} graph in {time.perf_counter() - start:.1f} s")
         return out
+
+    def _run(self, args: tuple[Any, ...]) -> Any:
+        if self.mode != "cuda_graph":
+            return self.compiled(*args)
+        # a replay overwrites the previous replay's outputs: each call is a new step, and what it returns is
+        # copied out (logits of one chunk or token), so a caller may keep it
+        torch.compiler.cudagraph_mark_step_begin()
+        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.compiled(*args))
