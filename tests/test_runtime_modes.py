@@ -17,7 +17,7 @@ from models import tiny_llama
 import autotp
 from autotp.runtime.generate import EOS_CHECK_TOKENS, generation_loop
 from autotp.runtime.kv_cache import CacheLayout
-from autotp.runtime.runtime_modes import RuntimeModeError, resolve_runtime_mode
+from autotp.runtime.runtime_modes import resolve_runtime_mode
 
 NEW_TOKENS = 6
 
@@ -94,9 +94,9 @@ def test_mode_validation_and_auto_fallback() -> None:
     training runs eager."""
     with pytest.raises(ValueError, match="runtime_mode must be one of"):
         autotp.RuntimeOptions(runtime_mode="graph")
-    with pytest.raises(RuntimeModeError, match="cuda_graph needs a CUDA device.*runtime_mode='eager'"):
+    with pytest.raises(autotp.RuntimeModeError, match="cuda_graph needs a CUDA device.*runtime_mode='eager'"):
         resolve_runtime_mode("cuda_graph", torch.device("cpu"))
-    with pytest.raises(RuntimeModeError, match="training=True runs eager"):
+    with pytest.raises(autotp.RuntimeModeError, match="training=True runs eager"):
         resolve_runtime_mode("compiled", torch.device("cpu"), training=True)
     assert resolve_runtime_mode("auto", torch.device("cpu")) == "eager"
     assert resolve_runtime_mode("compiled", torch.device("cpu")) == "compiled"

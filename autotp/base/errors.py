@@ -52,3 +52,7 @@ class CheckpointError(AutoTPError, ValueError):
 
 class UnsupportedQuantizationError(AutoTPError):
     """A quantized weight (a torchao tensor subclass) of a scheme autotp does not split: names it and what is."""
+
+
+class RuntimeModeError(AutoTPError, ValueError):
+    """A runtime mode asked for by name cannot run here (no CUDA device, no C++ compiler, training): says what works."""

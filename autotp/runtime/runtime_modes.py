@@ -35,15 +35,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from autotp.base.errors import RuntimeModeError
 from autotp.base.progress import log_progress
 from autotp.planning.options import PlanOptions
 from autotp.runtime.shared_memory import compiler_visible_collectives
 
-__all__ = ["RuntimeModeError", "graph_runner", "priced_in", "resolve_runtime_mode"]
-
-
-class RuntimeModeError(ValueError):
-    """A runtime mode asked for by name cannot run here (no CUDA device, no C++ compiler, training)."""
+__all__ = ["graph_runner", "priced_in", "resolve_runtime_mode"]
 
 
 def _cpp_compiler() -> str | None:
