@@ -35,16 +35,45 @@ def _graph_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _step(x: torch.Tensor, cache: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor]:
+    cache.index_copy_(0, slot, x)  # as a KV cache update: in place into a graph input
+    return (cache.sum(0) * 2,)
+
+
+def _runner_case() -> dict[str, Any]:
+    """A 3-node FX graph through graph_runner("compiled") 4 times against eager: results, the input written in
+    place, Dynamo graphs compiled and the progress lines."""
+    import contextlib
+    import io
+
+    from torch import fx
+
+    from autotp.runtime.runtime_modes import graph_runner
+
+    gm = fx.symbolic_trace(_step)
+    run = graph_runner(gm, "compiled", what="decode", talk=True)
+    cache, reference = torch.zeros(4, 3), torch.zeros(4, 3)
+    graphs, err = _graph_count(), io.StringIO()
+    same = True
+    with contextlib.redirect_stderr(err):
+        for position in range(4):
+            x, slot = torch.full((1, 3), float(position + 1)), torch.tensor([position])
+            same &= torch.equal(run(x, cache, slot)[0], gm(x, reference, slot)[0])
+    return {"same": same, "in_place": torch.equal(cache, reference), "graphs": _graph_count() - graphs,
+            "progress": err.getvalue()}
+
+
 def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
     """tp=2, tiny Llama (1 layer, GQA 8/4, hidden 256): greedy tokens in eager and compiled mode against HF,
     prompt 6 read in chunks of 4 (prefill, continuation, decode graphs); a compiled plain forward's logits."""
     import torch._dynamo
 
     torch._dynamo.reset()
+    out: dict[str, Any] = {"runner": _runner_case()}
     model, (ids,), _ = tiny_llama(layers=1, seq_len=6)
     model.generation_config.pad_token_id = 0
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
-    out: dict[str, Any] = {"expected": expected.tolist()}
+    out["expected"] = expected.tolist()
     options = autotp.PlanOptions(hardware="h100-sxm")  # splits the weights even at batch 2: collectives in decode
     eager = _compile(model, ids[:, :4], "eager", max_cache_len=16, options=options)
     out["eager"] = eager.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
@@ -52,7 +81,12 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
     out["plan_lines"] = [str(tp.plan).splitlines()[0] for tp in (eager, compiled)]
     out["predicted_s"] = [tp.plan.predicted_time_s for tp in (eager, compiled)]
     out["decode_collectives"] = sum(compiled.collective_counts().values())
+    caches = {fqn: t for fqn, t in compiled.local_state().items() if "cache" in fqn}
+    addresses = {fqn: t.data_ptr() for fqn, t in caches.items()}
     out["compiled"] = compiled.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
+    after = {fqn: t for fqn, t in compiled.local_state().items() if "cache" in fqn}
+    out["cache_moved"] = [fqn for fqn, t in after.items() if t.data_ptr() != addresses[fqn]]
+    out["cache_written"] = bool(caches) and all(bool(t.abs().sum() > 0) for t in after.values())
     graphs = _graph_count()
     out["compiled_again"] = compiled.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
     out["new_graphs"] = _graph_count() - graphs
@@ -70,10 +104,16 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.mark.distributed
 def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
-    """tp=2 on gloo, tiny Llama: compiled generate == eager generate == HF greedy; no recompile on a second
-    request; each plan priced in its mode (compiled: no per-node dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a second call."""
+    """tp=2 on gloo: a 3-node graph compiled once, same results, input written in place, progress lines; tiny
+    Llama: compiled generate == eager generate == HF greedy; no recompile on a second
+    request; the KV cache written in place (same tensors, filled); each plan priced in its mode (compiled: no per-node dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a second call."""
     results = gloo.run(2, _modes_on_ranks, timeout_s=900)
     for rank, result in enumerate(results):
+        runner = result["runner"]  # a 3-node graph writing into its input, 4 calls
+        assert runner["same"] and runner["in_place"], f"rank {rank}: compiled runner differs from eager: {runner}"
+        assert runner["graphs"] == 1, f"rank {rank}: {runner['graphs']} graphs compiled for 4 calls of one size"
+        assert runner["progress"].count("compiling the decode graph with Inductor") == 1, runner["progress"]
+        assert "compiled the decode graph in" in runner["progress"], runner["progress"]
         expected = result["expected"]
         assert result["eager"] == expected, f"rank {rank}: eager {result['eager']} != HF {expected}"
         assert result["compiled"] == expected, f"rank {rank}: compiled {result['compiled']} != HF {expected}"
@@ -83,6 +123,8 @@ def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
             assert f"{mode} runtime" in line, f"rank {rank}: the {mode} plan's header is {line!r}"
         eager_s, compiled_s = result["predicted_s"]
         assert compiled_s < eager_s, f"rank {rank}: priced compiled {compiled_s} s, not below eager {eager_s} s"
+        assert not result["cache_moved"], f"rank {rank}: cache buffers replaced, not written in place: {result['cache_moved']}"
+        assert result["cache_written"], f"rank {rank}: the compiled graphs left a KV cache buffer empty"
         assert result["new_graphs"] == 0, f"rank {rank}: {result['new_graphs']} graphs compiled on a second request"
         assert result["logits_error"] < 1e-4, f"rank {rank}: compiled forward logits off by {result['logits_error']}"
         assert result["logits_again_error"] < 1e-4, f"rank {rank}: second call off by {result['logits_again_error']}"
@@ -148,3 +190,4 @@ def test_compiled_loop_reads_nothing_back_per_token() -> None:
     assert batched[1] - per_token[1] < EOS_CHECK_TOKENS, f"graph calls: {batched[1]} against {per_token[1]}"
     no_eos = _loop(EOS_CHECK_TOKENS, eos_at=60, max_new_tokens=20)
     assert no_eos[0] == [[5, *range(1, 21)]], f"without an eos in range: {no_eos[0]}"
+
