@@ -49,6 +49,10 @@ def _model(layers: int, hidden: int, vocab: int) -> Any:
     return model
 
 
+def _generating(tp: Any, ids: torch.Tensor) -> Callable[[int], torch.Tensor]:
+    return lambda new_tokens: tp.generate(ids, max_new_tokens=new_tokens)
+
+
 def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace, results: Any) -> None:
     import autotp
 
@@ -66,7 +70,7 @@ def _worker(rank: int, world_size: int, port: int, args: argparse.Namespace, res
         started = time.perf_counter()
         tp.generate(ids, max_new_tokens=2)  # the compiled mode compiles its graphs here
         compile_s[mode] = time.perf_counter() - started
-        runs[mode] = (lambda tp: lambda n: tp.generate(ids, max_new_tokens=n))(tp)
+        runs[mode] = _generating(tp, ids)
 
     def hf(new_tokens: int) -> torch.Tensor:
         if rank != 0:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -359,7 +359,7 @@ class TensorParallelModule(torch.nn.Module):
             outputs = self.graph_module(*values)
         else:
             graph = self.graph_module if self.runtime_mode == "eager" else self._runner("forward", self.graph_module, [
-                value for (source, _), value in zip(self._slot_keys, values) if source != 0])
+                cast(torch.Tensor, value) for (source, _), value in zip(self._slot_keys, values) if source != 0])
             with torch.no_grad():
                 outputs = graph(*values)
             if torch.is_grad_enabled():

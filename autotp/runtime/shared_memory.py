@@ -66,6 +66,7 @@ import socket
 import time
 import uuid
 import warnings
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -368,11 +369,11 @@ def compiler_visible_collectives(gm: fx.GraphModule) -> fx.GraphModule:
     for old in nodes:
         node = remap[old]
         target = node.target
-        shared = target if isinstance(target, SharedMemoryAllReduce) else target.segment
+        shared = target if isinstance(target, SharedMemoryAllReduce) else cast(SharedMemoryAllGather, target).segment
         key = id(shared)
         if key not in segments:
             name = f"_autotp_shared_segment_{len(segments)}"
-            shared.segment._autotp_collective = shared  # type: ignore[attr-defined]  # no views rebuilt per call
+            setattr(shared.segment, "_autotp_collective", shared)  # noqa: B010 - read by _on_segment: no views per call
             copy.register_buffer(name, shared.segment, persistent=False)
             with graph.inserting_before(first):
                 segments[key] = graph.get_attr(name)
