@@ -96,6 +96,12 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
         logits = plain(ids).logits
         graphs = _graph_count()
         again = plain(ids).logits
+        sizes = []  # other sequence lengths: one more compile with symbolic sizes at most, then none
+        for length in (4, 5):
+            graphs = _graph_count()
+            sizes.append((float((plain(ids[:, :length]).logits - model(ids[:, :length]).logits).abs().max()),
+                          _graph_count() - graphs))
+    out["other_sizes"] = sizes
     out["logits_error"] = float((logits - reference).abs().max())
     out["logits_again_error"] = float((again - reference).abs().max())
     out["forward_new_graphs"] = _graph_count() - graphs
@@ -104,9 +110,11 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.mark.distributed
 def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
-    """tp=2 on gloo: a 3-node graph compiled once, same results, input written in place, progress lines; tiny
-    Llama: compiled generate == eager generate == HF greedy; no recompile on a second
-    request; the KV cache written in place (same tensors, filled); each plan priced in its mode (compiled: no per-node dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a second call."""
+    """tp=2 on gloo: a 3-node graph compiled once, same results, input written in place, progress lines.
+    Tiny Llama: compiled generate == eager generate == HF greedy; no recompile on a second request; the KV
+    cache written in place (same tensors, filled); each plan priced in its mode (compiled: no per-node
+    dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a
+    second call; at a new length one compile with symbolic sizes at most, at a third none."""
     results = gloo.run(2, _modes_on_ranks, timeout_s=900)
     for rank, result in enumerate(results):
         runner = result["runner"]  # a 3-node graph writing into its input, 4 calls
@@ -129,6 +137,9 @@ def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
         assert result["logits_error"] < 1e-4, f"rank {rank}: compiled forward logits off by {result['logits_error']}"
         assert result["logits_again_error"] < 1e-4, f"rank {rank}: second call off by {result['logits_again_error']}"
         assert result["forward_new_graphs"] == 0, f"rank {rank}: {result['forward_new_graphs']} recompiles"
+        (error_4, graphs_4), (error_5, graphs_5) = result["other_sizes"]
+        assert max(error_4, error_5) < 1e-4, f"rank {rank}: logits at 4 and 5 tokens off by {error_4}, {error_5}"
+        assert graphs_4 <= 1 and graphs_5 == 0, f"rank {rank}: graphs compiled at 4 tokens {graphs_4}, at 5 {graphs_5}"
 
 
 def test_mode_validation_and_auto_fallback() -> None:
