@@ -183,7 +183,7 @@ def plan_summary(plan: Plan, max_rows: int = 40) -> str:
     kind = "training plan" if plan.training else "plan"
     what = "training step (forward + backward)" if plan.training else "forward"
     lines = [
-        (f"autotp {kind}: tp={plan.world_size} on {plan.hardware}, {plan.runtime_mode} runtime (format v{plan.version}, "
+        (f"autotp {kind}: tp={plan.world_size} on {plan.hardware} ({plan.runtime_mode}, format v{plan.version}, "
          f"graph {plan.fingerprint}{solved})"),
         (f"predicted {what}: {format_seconds(plan.predicted_time_s)} = compute {format_seconds(plan.predicted_compute_s)}"
         f" + communication {format_seconds(plan.predicted_comm_s)} ({share:.0%})"),
