@@ -27,15 +27,15 @@ import torch.distributed as dist
 
 from autotp.base.progress import log_progress
 from autotp.capture import capture, check_model, inputs_on_model_device
-from autotp.runtime.compiling import compile_group
 from autotp.cost_model import Hardware
-from autotp.runtime.generation import generation_inputs
 from autotp.planning.constraints import Constraints
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.mesh_search import plan_mesh as search_mesh
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size, plan_options, search_options
 from autotp.planning.plan import Plan
 from autotp.planning.planner import plan_graph
+from autotp.runtime.compiling import compile_group
+from autotp.runtime.generation import generation_inputs
 from autotp.runtime.mesh import MeshParallelModule, compile_on_mesh
 from autotp.runtime.mesh_generate import MeshGenerationModule, compile_generation_on_mesh
 from autotp.runtime.module import TensorParallelModule
@@ -177,7 +177,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     ``constraints``, ``strict``, ``dynamic``, ``outputs``, ``dropout``, ``activation_checkpointing``...) as in
     :func:`autotp.plan`. A Hugging Face model needs no ``example_kwargs``: it is traced with
     ``use_cache=False``, and the result takes calls with ``use_cache`` left out, False or True, returning the
-    model's output without its cache part (``past_key_values`` None; :mod:`autotp.hf_calls`).
+    model's output without its cache part (``past_key_values`` None; :mod:`autotp.adapters.hf_transformers`).
     (Over a ``DeviceMesh``, data x pipeline x tensor parallel: :func:`compile_mesh`.)
 
     The ranks check that they agree before a plan is used (:mod:`autotp.runtime.agreement`; rank 0 plans

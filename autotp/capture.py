@@ -64,8 +64,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from autotp.adapters import hf_transformers, torchao
+from autotp.adapters.hf_transformers import takes_use_cache, traced_kwargs
 from autotp.base.errors import CaptureError
-from autotp.hf_calls import takes_use_cache, traced_kwargs
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
 from autotp.passes.rules.args import arg
 from autotp.passes.state import WRITES_IN_PLACE
@@ -133,7 +133,7 @@ class CapturedGraph:
     """True when the program came from the trace cache (:mod:`autotp.trace_cache`) instead of ``torch.export``."""
     hf_use_cache: bool = False
     """A HF model traced with ``use_cache=False`` whatever the example said: calls may pass ``use_cache`` or
-    leave it out (:mod:`autotp.hf_calls`)."""
+    leave it out (:mod:`autotp.adapters.hf_transformers`)."""
 
     def state_fqns(self) -> dict[str, str]:
         """Placeholder name -> FQN of every state buffer (e.g. ``key_cache_0``)."""
@@ -286,7 +286,7 @@ def capture(
     share: TraceShare | None = None,
 ) -> CapturedGraph:
     """Trace ``model(*example_inputs, **example_kwargs)`` with ``torch.export`` (non-strict); a Hugging Face
-    model with ``use_cache=False`` (see :mod:`autotp.hf_calls`).
+    model with ``use_cache=False`` (see :mod:`autotp.adapters.hf_transformers`).
 
     ``trace_cache`` (a :class:`autotp.trace_cache.TraceCache`, or None): reuse the program traced
     for the same model and inputs before, and store a new one (see :mod:`autotp.trace_cache`);
@@ -313,7 +313,7 @@ def capture(
         hf_transformers.check_release("a forward", hf_transformers.FORWARD_RELEASES)
     torchao.check_quantized_weights(model)  # an unsupported scheme fails here, not inside its subclass
     hf_model = takes_use_cache(model)
-    kwargs = traced_kwargs(model, dict(example_kwargs or {}))  # a HF model: use_cache=False (autotp.hf_calls)
+    kwargs = traced_kwargs(model, dict(example_kwargs or {}))  # a HF model: use_cache=False (autotp.adapters.hf_transformers)
     explicit = dynamic_shapes is not None
     if not explicit and dynamic:
         dynamic_shapes = default_dynamic_shapes(model, example_inputs, kwargs)

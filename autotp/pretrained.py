@@ -34,7 +34,7 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     The config's architecture (``config.architectures[0]``) is built on the meta device in
     ``dtype`` (default: the config's ``dtype``, else float32), traced with ``example_inputs``
     (default: one sequence of 16 token ids) and ``example_kwargs`` (default none: a HF model is traced with
-    ``use_cache=False`` and called with or without it, see :mod:`autotp.hf_calls`) on ``device``, planned, and
+    ``use_cache=False`` and called with or without it, see :mod:`autotp.adapters.hf_transformers`) on ``device``, planned, and
     each rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto ``device``.
     ``group``, ``plan``, ``hardware``, ``options`` and ``runtime`` as in :func:`autotp.compile`. Generation
     from a checkpoint is not supported yet (the generation graphs are built from weights in memory): load the

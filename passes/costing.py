@@ -31,8 +31,8 @@ this pass only decides *what* each strategy asks of the hardware:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable
 import math
+from collections.abc import Hashable
 
 import torch
 import torch.fx as fx

@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterable, Mapping
 from autotp.base.placements import Partial, Placement, Replicate, placement_to_str
 from autotp.base.reshard import ReshardStep
 from autotp.base.strategy import Strategy
+from autotp.cost_model.collectives import call_sync_wait_s
 from autotp.passes.backward import REPLICATED_INPUT_BACKWARD, reads_through_f
 from autotp.passes.costing import CostedGraph
-from autotp.cost_model.collectives import call_sync_wait_s
 from autotp.passes.resharding import is_collective_step, is_local_reshard
 from autotp.passes.strategies import Edge
 

@@ -18,7 +18,7 @@ import torch
 from models import tiny_llama
 
 import autotp
-from autotp.hf_calls import call_kwargs, takes_use_cache, traced_kwargs
+from autotp.adapters.hf_transformers import call_kwargs, takes_use_cache, traced_kwargs
 from autotp.runtime.generate import resolve_request
 from autotp.runtime.generation_on_demand import MIN_CACHE_LEN, cache_length
 

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "autotp.generation")),
     ("reports / runtime", ("autotp.inspect", "autotp.runtime", "autotp.calibration")),
     ("stages", ("autotp.planning", "autotp.passes", "autotp.capture", "autotp.trace_cache")),
-    ("base", ("autotp.base", "autotp.adapters", "autotp.hf_calls", "autotp.stamping")),
+    ("base", ("autotp.base", "autotp.adapters", "autotp.stamping")),
     ("cost_model", ("autotp.cost_model",)),
 )
 """The layers from the top down, each with the modules and packages it holds (a package: all its modules;

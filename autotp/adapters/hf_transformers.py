@@ -11,6 +11,17 @@ The releases CI runs (``.ci/run``, the ``compat`` tier): :data:`FORWARD_RELEASES
 (capture and equivalence), :data:`GENERATION_RELEASES` for ``generate`` with the KV cache as graph
 state. A release outside them is refused when a model is compiled (:func:`check_release`), so
 autotp never runs a graph traced through code it was not tested on.
+
+**How a Hugging Face model is called** (HF's ``use_cache`` convention). A transformers model's forward
+takes ``use_cache``; left out, it falls back to ``config.use_cache`` (True for most causal LMs) and the
+output then carries a ``DynamicCache``, an object that is not a tensor, which ``torch.export`` cannot
+return and autotp does not keep between plain forward calls (generation keeps its own KV cache as graph
+state). So a plain forward of a HF model is always traced with ``use_cache=False`` (:func:`traced_kwargs`,
+called by :func:`autotp.capture.capture`, whatever the example kwargs said), and the compiled model takes
+a call with ``use_cache`` left out, ``None``, ``False`` or ``True`` (:func:`call_kwargs`): every one runs
+the traced graph, whose output is the model's without the cache part (``out.past_key_values`` is
+``None``). A model counts as a HF model here when it has a ``config`` with a ``use_cache`` attribute and
+its forward takes ``use_cache`` by name (:func:`takes_use_cache`).
 """
 
 from __future__ import annotations
@@ -30,7 +41,9 @@ __all__ = [
     "FORWARD_RELEASES",
     "GENERATION_RELEASES",
     "ReleaseRange",
+    "USE_CACHE",
     "cache_call_kwargs",
+    "call_kwargs",
     "check_release",
     "head_shapes",
     "initialize_static_layer",
@@ -38,6 +51,8 @@ __all__ = [
     "is_transformers_model",
     "mask_query_length",
     "static_cache_classes",
+    "takes_use_cache",
+    "traced_kwargs",
 ]
 
 
@@ -183,3 +198,34 @@ def _missing(what: str, cause: BaseException | None = None) -> UnsupportedReleas
         f"transformers {installed_release()} has no {what}{detail}; autotp is tested with transformers "
         f"{GENERATION_RELEASES} for generation and {FORWARD_RELEASES} for a forward"
     )
+
+
+USE_CACHE = "use_cache"
+"""HF's forward keyword that asks for a cache in the output."""
+
+
+def takes_use_cache(model: torch.nn.Module) -> bool:
+    """True for a HF model (a ``config`` with ``use_cache``) whose forward takes ``use_cache`` by name."""
+    if not hasattr(getattr(model, "config", None), USE_CACHE):
+        return False
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return USE_CACHE in parameters
+
+
+def traced_kwargs(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments to trace ``model`` with: for a HF model (:func:`takes_use_cache`) ``use_cache=False``
+    whatever ``kwargs`` say (see the module docstring); any other model's ``kwargs`` as given."""
+    return {**kwargs, USE_CACHE: False} if takes_use_cache(model) else kwargs
+
+
+def call_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's ``kwargs`` as a graph traced by :func:`traced_kwargs` from a HF model takes them: ``use_cache``
+    (left out, ``None``, ``False`` or ``True``) becomes False, the value in the graph; the output's cache part
+    is then ``None``, as the model's own is with ``use_cache=False``."""
+    value = kwargs.get(USE_CACHE)
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"use_cache must be True, False or None, got {type(value).__name__} {value!r}")
+    return {**kwargs, USE_CACHE: False}

@@ -71,11 +71,11 @@ from torch import nn
 from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.base.module_paths import layer_blocks
 from autotp.capture import as_if_on, check_model, trace_device
-from autotp.runtime.compiling import compile_group
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions
 from autotp.runtime.agreement import options_record, plan_text, ranks_agree
+from autotp.runtime.compiling import compile_group
 from autotp.runtime.options import RuntimeOptions
 
 __all__ = ["MeshParallelModule", "StageSplit", "average_gradients_over", "compile_on_mesh", "mesh_shape_of",

@@ -44,11 +44,11 @@ from torch import nn
 
 from autotp.base.module_paths import layer_blocks
 from autotp.capture import check_model
-from autotp.runtime.generation import check_generation_inputs, compile_for_generation
 from autotp.planning.even_stages import even_parallel_plan
 from autotp.planning.mesh_plan import ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions, plan_options
 from autotp.runtime.agreement import agreed_options, options_record, ranks_agree
+from autotp.runtime.generation import check_generation_inputs, compile_for_generation
 from autotp.runtime.kv_cache import CachedCausalLM
 from autotp.runtime.mesh import (
     check_plan_for_mesh,

@@ -23,10 +23,9 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from autotp.adapters.hf_transformers import call_kwargs
 from autotp.capture import CapturedGraph
-from autotp.hf_calls import call_kwargs
 from autotp.passes.rewrite import count_collectives
-from autotp.passes.uneven import Partitions
 from autotp.planning.outputs import output_placements
 from autotp.planning.phases import PhaseWeighting
 from autotp.planning.plan import Plan
@@ -137,7 +136,7 @@ class TensorParallelModule(torch.nn.Module):
         self.generation_on_demand = generation_on_demand
         # the model's HF generation defaults (max_length, eos...), read by generate() where a call names none
         self.generation_config = getattr(original, "generation_config", None)
-        self._hf_use_cache = captured.hf_use_cache  # a HF model: calls may pass use_cache= or not (autotp.hf_calls)
+        self._hf_use_cache = captured.hf_use_cache  # a HF model: calls may pass use_cache= or not (autotp.adapters.hf_transformers)
         self._state = set(captured.state)
         self.plan = plan
         self._guard = guard  # traced non-tensor values, input shapes agreed across ranks (autotp.runtime.agreement)
