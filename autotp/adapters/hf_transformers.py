@@ -7,9 +7,9 @@ where the helper that gives a config's head shapes lives. Each detail is read he
 installed release's own signatures, and a detail that is not found raises :class:`UnsupportedReleaseError`
 naming the releases CI tests. An upgrade of transformers touches this file only.
 
-The releases CI runs (``.ci/run``, the ``compat`` tier): :data:`FORWARD_RELEASES` for a plain forward
-(capture and equivalence), :data:`GENERATION_RELEASES` for ``generate`` with the KV cache as graph
-state. A release outside them is refused when a model is compiled (:func:`check_release`), so
+The releases CI runs (``.ci/run`` and its tiers in ``.ci/release_tiers``): :data:`FORWARD_RELEASES`
+for a plain forward (capture and equivalence), :data:`GENERATION_RELEASES` for ``generate`` with the
+KV cache as graph state. A release outside them is refused when a model is compiled (:func:`check_release`), so
 autotp never runs a graph traced through code it was not tested on.
 
 **How a Hugging Face model is called** (HF's ``use_cache`` convention). A transformers model's forward
