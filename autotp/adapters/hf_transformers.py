@@ -44,6 +44,7 @@ __all__ = [
     "USE_CACHE",
     "cache_call_kwargs",
     "call_kwargs",
+    "derive_config_buffers",
     "check_release",
     "head_shapes",
     "initialize_static_layer",
@@ -185,6 +186,45 @@ def cache_call_kwargs(model: torch.nn.Module, cache: Any, cache_position: torch.
     if "cache_position" in parameters:
         kwargs["cache_position"] = cache_position
     return kwargs
+
+
+def derive_config_buffers(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> None:
+    """Fill the buffers that ``modules`` (path -> module of ``model``, built on meta) derive from the config
+    (a rotary embedding's ``inv_freq``), as transformers does after loading; each buffer is already given
+    storage on its device, set to NaN where it is floating point.
+
+    From 5.0 the model's ``_init_weights`` fills them. Before (4.57), a rotary module computes them in its
+    constructor only, so a module whose buffers are still NaN is built again from its ``config`` on the
+    buffers' device and its buffers copied. A buffer still NaN after both raises: read as it is, it would
+    make every output wrong."""
+    init = getattr(model, "_init_weights", None)
+    for module in modules.values():
+        if callable(init):
+            init(module)
+    for path, module in modules.items():
+        if not _has_nan_buffer(module):
+            continue
+        config = getattr(module, "config", None)
+        buffers = dict(module.named_buffers(recurse=False))
+        device = next(iter(buffers.values())).device
+        try:
+            with torch.device(device):
+                rebuilt = type(module)(config)
+        except TypeError as error:
+            raise _missing(f"a way to derive the buffers of {path} ({type(module).__name__}) from the config",
+                           error) from error
+        for name, value in rebuilt.named_buffers(recurse=False):
+            if name in buffers:
+                module._buffers[name] = value.to(buffers[name].dtype)
+        for name, value in vars(rebuilt).items():  # plain tensor attributes kept beside them (original_inv_freq)
+            if isinstance(value, torch.Tensor) and name not in buffers and not name.startswith("_"):
+                setattr(module, name, value)
+        if _has_nan_buffer(module):
+            raise _missing(f"a way to derive the buffers of {path} ({type(module).__name__}) from the config")
+
+
+def _has_nan_buffer(module: torch.nn.Module) -> bool:
+    return any(b.is_floating_point() and bool(torch.isnan(b).any()) for b in module.buffers(recurse=False))
 
 
 def _parameters(function: Callable[..., Any]) -> dict[str, inspect.Parameter]:

@@ -29,6 +29,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from autotp.adapters import hf_transformers
 from autotp.base.errors import CheckpointError
 from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
@@ -274,24 +275,22 @@ def tensor_aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
 
 
 def materialize_hf_buffers(model: torch.nn.Module, fqns: list[str], device: torch.device) -> None:
-    """Compute buffers a transformers model derives from its config (rotary ``inv_freq``) for a model built on meta.
-
-    transformers itself does this after loading: the buffer is given storage and the model's own
-    ``_init_weights`` fills it. Only modules holding no parameters of their own are touched.
-    """
-    init = getattr(model, "_init_weights", None)
-    if init is None:
-        return
-    owners = {}
+    """Give storage on ``device`` to buffers a transformers model derives from its config (rotary ``inv_freq``)
+    for a model built on meta, and fill them as transformers does after loading
+    (:func:`autotp.adapters.hf_transformers.derive_config_buffers`). Only modules holding no parameters of
+    their own are touched."""
+    owners: dict[str, torch.nn.Module] = {}
     for fqn in fqns:
         path, _, leaf = fqn.rpartition(".")
         module = model.get_submodule(path)
         if next(module.parameters(recurse=False), None) is None:
             buffer = module._buffers[leaf]
-            module._buffers[leaf] = torch.empty_like(buffer, device=device)
+            # NaN until derived: a buffer the release does not derive is caught, never read as it was
+            fill = float("nan") if buffer.is_floating_point() else 0
+            module._buffers[leaf] = torch.full_like(buffer, fill, device=device)
             owners[path] = module
-    for module in owners.values():
-        init(module)
+    if owners:
+        hf_transformers.derive_config_buffers(model, owners)
 
 
 def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, rank: int, checkpoint: TensorSource,
