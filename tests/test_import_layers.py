@@ -18,9 +18,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"autotp": "autotp", "passes": "autotp.passes", "cost_model": "autotp.cost_model"}
-"""Source folder -> the import name it installs as (pyproject.toml's package-dir)."""
+from package_modules import ROOT, package_modules
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("front doors", ("autotp", "autotp.api", "autotp.pretrained", "autotp.dynamo_backend", "autotp.cli",
@@ -41,18 +39,6 @@ class Import:
     source: str
     target: str
     where: str  # "path:line"
-
-
-def _modules() -> dict[str, Path]:
-    """Import name -> source file of every module of the distribution."""
-    found = {}
-    for folder, name in PACKAGES.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join((name, *parts))] = path
-    return found
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -104,7 +90,7 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> list[Import]:
 
 
 def _graph() -> tuple[dict[str, Path], list[Import]]:
-    modules = _modules()
+    modules = package_modules()
     return modules, [edge for module, path in modules.items() for edge in _imports(module, path, modules)]
 
 
@@ -170,7 +156,7 @@ def _cycles(modules: dict[str, Path], edges: list[Import]) -> list[list[str]]:
 
 def test_every_module_has_a_layer():
     """Each module of the distribution is in exactly one layer of LAYERS (a new module must be placed)."""
-    missing = sorted(module for module in _modules() if _layer_of(module) is None)
+    missing = sorted(module for module in package_modules() if _layer_of(module) is None)
     assert not missing, f"modules in no layer of LAYERS (add each where it belongs): expected none, got {missing}"
 
 

@@ -13,21 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"autotp": "autotp", "passes": "autotp.passes", "cost_model": "autotp.cost_model"}
-"""Source folder -> the import name it installs as (pyproject.toml's package-dir)."""
-
-
-def _modules() -> dict[str, Path]:
-    """Import name -> source file of every module of the distribution."""
-    found = {}
-    for folder, name in PACKAGES.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join((name, *parts))] = path
-    return found
+from package_modules import ROOT, package_modules
 
 
 def _is_private(name: str) -> bool:
@@ -110,12 +96,12 @@ def _find(module: str, path: Path, tree: ast.Module, modules: dict[str, Path]) -
 
 def private_imports() -> list[str]:
     """``file:line: what`` of every use of another autotp module's private name, in every module."""
-    modules = _modules()
+    modules = package_modules()
     return [entry for module, path in modules.items()
             for entry in _find(module, path, ast.parse(path.read_text(), filename=str(path)), modules)]
 
 
-def test_no_private_names_across_modules() -> None:
+def test_no_private_names_acrosspackage_modules() -> None:
     """Every autotp module (autotp/, passes/, cost_model/), top level and inside functions: no import of another
     module's ``_name``, no ``autotp.x._name`` read. Fix: make the shared name public in the module that owns it
     (rename it, update its callers, add it to that module's ``__all__``), or move the code where it belongs."""
@@ -140,7 +126,7 @@ def test_the_check_sees_each_form() -> None:
         "    return autotp.capture._hidden, saving._chunks, loading.public, _own\n"  # line 10
         "_own = loading._x\n"  # line 11
     )
-    found = _find("autotp.cost_model.calibrate", ROOT / "cost_model" / "calibrate.py", ast.parse(source), _modules())
+    found = _find("autotp.cost_model.calibrate", ROOT / "cost_model" / "calibrate.py", ast.parse(source), package_modules())
     lines = [int(entry.split(":")[1]) for entry in found]
     assert lines == [4, 5, 9, 10, 10, 11], found
     assert "from autotp.cost_model.hardware import _private" in found[1], found
