@@ -210,7 +210,7 @@ def derive_config_buffers(model: torch.nn.Module, modules: dict[str, torch.nn.Mo
         try:
             with torch.device(device):
                 rebuilt = type(module)(config)
-        except TypeError as error:
+        except (TypeError, AttributeError, ValueError) as error:  # not built from a config alone
             raise _missing(f"a way to derive the buffers of {path} ({type(module).__name__}) from the config",
                            error) from error
         for name, value in rebuilt.named_buffers(recurse=False):
