@@ -49,19 +49,21 @@ def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptio
 def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
                files: Any = None, model: torch.nn.Module | None = None, device: torch.device | None = None,
                timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
+               created: frozenset[str] = frozenset(),
                ) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor], dict]:
     """This rank's graph (state updates in place), its local parameter shards, buffers and cache blocks,
     and the parameter layout (global offsets of every rank's block, for ``save``).
 
     With ``files`` (an opened checkpoint) the shards are read from it, agreed by all ranks within
-    ``timeout_s``; otherwise they are sliced from the captured model's weights. ``training``: the
-    graph differentiates correctly (see :func:`autotp.passes.rewrite.rewrite_for_rank`)."""
+    ``timeout_s`` (``created``: the state buffers made zero there, not read: a KV cache); otherwise they are
+    sliced from the captured model's weights. ``training``: the graph differentiates correctly (see
+    :func:`autotp.passes.rewrite.rewrite_for_rank`)."""
     local_gm, parts = rank_local_graph(captured, plan, group=group, rank=rank, timeout_s=timeout_s, training=training)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)
     else:
         local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model,
-                                                                          device), timeout_s=timeout_s)
+                                                                          device, created), timeout_s=timeout_s)
     return local_gm, local_values, parameter_layout(captured, plan, parts)
 
 

@@ -35,7 +35,7 @@ from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange, exchanges_with_others
-from autotp.runtime.shards import parameter_layout
+from autotp.runtime.shards import local_shape, parameter_layout
 
 __all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "TensorEntry", "match_keys", "materialize_hf_buffers", "read_block", "read_local_values", "tensor_aliases"]
 
@@ -294,8 +294,12 @@ def materialize_hf_buffers(model: torch.nn.Module, fqns: list[str], device: torc
 
 
 def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, rank: int, checkpoint: TensorSource,
-                      model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+                      model: torch.nn.Module, device: torch.device,
+                      created: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """This rank's value of every parameter, buffer and constant placeholder of ``captured``, read from ``checkpoint``.
+
+    ``created``: FQNs of state buffers that are made here, zero, in this rank's block, never read (a KV cache:
+    the graph writes each slot before it reads it).
 
     Parameters come from the checkpoint only (this rank's block of split ones); buffers from the
     checkpoint when it has them, else from the model (a real buffer, or one transformers derives
@@ -315,8 +319,8 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
     derived: list[str] = []
     for slot in slots:
         fqn = str(slot.target)
-        if slot.kind == "parameter" and slot.name in unread:
-            continue  # the second name of a tied weight: the graph reads the first
+        if (slot.kind == "parameter" and slot.name in unread) or fqn in created:
+            continue  # the second name of a tied weight (the graph reads the first), or a cache made below
         val = nodes[slot.name].meta["val"]
         if fqn in keys:
             problem = check_entry(fqn, checkpoint[keys[fqn]], tuple(int(d) for d in val.shape), val.dtype)
@@ -350,6 +354,9 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
         val = nodes[slot.name].meta["val"]
         if slot.kind == "parameter" and slot.name in unread:
             values[slot.name] = torch.empty(0, dtype=val.dtype, device=device)
+        elif fqn in created:
+            shape = local_shape(val.shape, plan.parameters[fqn], parts, slot.name, rank)
+            values[slot.name] = torch.zeros(shape, dtype=val.dtype, device=device)
         elif slot.kind == "parameter":
             requests[slot.name] = ReadRequest(checkpoint[keys[fqn]], layout[fqn][1], rank, val.dtype, device)
         elif fqn in keys:
