@@ -1,11 +1,13 @@
 """Predicted vs measured forward time on this CPU, for the tiny model zoo at world sizes 1, 2, 4.
 
     python benchmarks/cost_model_accuracy.py [--world-sizes 1 2 4] [--rounds 3] [--runs 20] [--threads T]
-                                             [--decisions] [--models mlp llama gpt2 bert]
+                                             [--decisions] [--models mlp llama gpt2 bert | all] [--json run.json]
 
-``--models`` takes any model of ``tests/models.py``; the default four are the ones the cost model was
-tuned on, ``--models mistral qwen2 mixtral tied_lm cnn`` checks it on models it was not, and
-``--models llama_wide gpt2_wide`` on kernels far larger than the calibration's.
+``--models`` takes any family of ``benchmarks/cost_model_families.py`` (``tests/models.py``, the generation
+families, Falcon and OPT); the default four are the ones the cost model's terms were designed on, ``all`` is
+every family, and ``--models llama_wide gpt2_wide`` checks kernels far larger than the calibration's.
+``--json`` writes every (model, world size, round) with the plan measured and the round's profile, for the
+cross-validation by family of ``benchmarks/cost_model_heldout.py``.
 
 For each world size N, spawn N gloo processes; then, ``--rounds`` times:
 
@@ -18,7 +20,7 @@ For each world size N, spawn N gloo processes; then, ``--rounds`` times:
    ranks at once; single ops and graphs are timed on each rank's work clock (its CPU time) and
    the share of a core a rank gets while running graphs is measured apart and divides every work
    term (``autotp.cost_model.graph_calibration``); build the profile;
-2. for every model (tiny MLP, Llama, GPT-2, BERT from ``tests/models.py``), ``autotp.compile`` it
+2. for every model (by default the tiny MLP, Llama, GPT-2 and BERT of ``tests/models.py``), ``autotp.compile`` it
    with ``hardware=`` that profile and time the forward pass as the calibration times its graphs
    (``autotp.calibration.graphs.time_in_turn``): one untimed call, then the timed call on every rank from
    one moment (``autotp.calibration.graphs.common_start``: gloo's barrier alone releases the ranks up to
@@ -64,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import socket
 import statistics
@@ -75,32 +78,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from cost_model_families import DESIGN, FAMILIES, ORDER, build
 
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
-MODELS = ("mlp", "llama", "gpt2", "bert")
-"""The models the cost model was tuned on (the default)."""
-HELD_OUT = ("mistral", "qwen2", "mixtral", "tied_lm", "cnn")
-"""Models of ``tests/models.py`` it was not tuned on (``--models``)."""
-WIDE = {
-    "llama_wide": dict(builder="llama", hidden=1024, intermediate=2816, num_heads=16, num_kv_heads=8, seq_len=64),
-    "gpt2_wide": dict(builder="gpt2", hidden=768, num_heads=12, seq_len=128),
-}
-"""Wider versions of two zoo models (``--models llama_wide gpt2_wide``): kernels far larger than any the
-calibration graphs' fit is tuned on, so that what a kernel costs in a graph is checked where it levels off."""
-ORDER = MODELS + HELD_OUT + tuple(WIDE)
+MODELS = DESIGN
+"""The models the cost model's terms were designed on (the default)."""
 CALIBRATION_ATTEMPTS = 3
 """Calibrations per round before giving up: on a loaded machine the gloo timings of one attempt
 may not grow with the message size, and no link can be fitted to them."""
-
-
-def build(name: str) -> tuple[Any, tuple, dict]:
-    """``(model, args, kwargs)`` of a model named by ``--models`` (``tests/models.py`` on the path)."""
-    from models import BUILDERS
-
-    if name in WIDE:
-        options = dict(WIDE[name])
-        return BUILDERS[options.pop("builder")](**options)
-    return BUILDERS[name]()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +108,10 @@ class Row:
     predicted_comm_per_collective_only_s: float = 0.0
     """The communication priced with the whole fitted wait per collective (the median over the calibration graphs
     of wait over count, the model before ``graph_calibration.fit_wait_terms``), from the same calibration."""
+    plan_json: str = ""
+    """The plan that was measured (``--json``: ``benchmarks/cost_model_heldout.py`` prices it again)."""
+    profile_json: str = ""
+    """The round's calibrated profile (``--json``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,6 +361,8 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                         collectives=sum(1 for n in graph.nodes if is_collective(n)),
                         profile_share=share, measured_compute_work_s=compute_work,
                         predicted_comm_per_collective_only_s=flat_comm_s,
+                        plan_json=tp_model.plan.to_json() if options.json else "",
+                        profile_json=hardware.to_json() if options.json else "",
                     ))
                 if options.decisions and round_index == 0:
                     decision = _decision(name, world_size, model, args, kwargs, hardware, options)
@@ -422,7 +413,8 @@ def summarise(rows: list[Row]) -> list[Summary]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=ORDER)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=(*ORDER, "all"),
+                        help="families to measure (default: the four the terms were designed on; all: every family)")
     parser.add_argument("--rounds", type=int, default=3, help="calibrate-then-measure rounds (default: 3)")
     parser.add_argument("--runs", type=int, default=20, help="timed forward passes per model and round (default: 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed forward passes first (default: 5)")
@@ -432,7 +424,12 @@ def main() -> None:
                         help="also print every round's prediction and measurement (the table shows medians over rounds)")
     parser.add_argument("--decisions", action="store_true",
                         help="also time autotp's plan (memory_budget=None), Megatron's plan and no split")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write every (model, world size, round) with its plan and profile to this file "
+                             "(the input of benchmarks/cost_model_heldout.py)")
     options = parser.parse_args()
+    if "all" in options.models:
+        options.models = list(FAMILIES)
 
     from autotp.calibration.calibrate import CalibrationConfig, measure_links
 
@@ -502,6 +499,13 @@ def main() -> None:
         print(f"  autotp fastest, within 5%, or the same graph as the fastest: {sum(d.ok for d in decisions)} of "
               f"{len(decisions)} ({sum(d.autotp_s <= 1.05 * d.best_s for d in decisions)} by time alone)")
     print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if options.json is not None:
+        options.json.write_text(json.dumps({
+            "torch": torch.__version__, "cores": os.cpu_count(), "load_average_end": os.getloadavg()[0],
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "decisions": [dataclasses.asdict(d) for d in decisions],
+        }))
+        print(f"wrote {len(rows)} rows to {options.json}")
 
 
 if __name__ == "__main__":

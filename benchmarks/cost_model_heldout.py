@@ -1,0 +1,128 @@
+"""Cross-validation by family of the cost model's in-graph terms, from one run of the accuracy benchmark.
+
+    python benchmarks/cost_model_accuracy.py --models all --rounds 2 --runs 20 --threads 1 --json run.json
+    python benchmarks/cost_model_heldout.py run.json [--k 5]
+
+The accuracy benchmark measures every family's forward at every world size once and writes, per
+(family, world size, round), the measured time, the plan it measured and the round's calibrated profile.
+This script prices each measured plan again with every subset of the in-graph terms left out
+(``autotp.cost_model.crossval.TERMS``; the same strategy for every node, so the same rank-local graph),
+then cross-validates by family (``crossval.cross_validate``): on ``k - 1`` folds of families it keeps the
+subset of terms with the least error, and predicts the held-out fold with it, each fold in turn. It prints,
+per world size, the fitted and the held-out median absolute error and the worst held-out family; per family,
+its signed held-out error next to the error of the profile as calibrated (every term kept; no term's value
+is fitted on a model, so that column is held out for every family but the four the terms were designed on);
+and what removing each term alone does to the error over every family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import warnings
+from pathlib import Path
+from typing import Any
+
+from cost_model_families import DESIGN, ORDER, build
+
+
+def _pricer(family: str, world_size: int) -> Any:
+    """A function ``(plan, profile) -> predicted seconds per call`` of ``plan``'s choice, for one family and world size:
+    the graph captured and its strategies enumerated once, the choice costed on ``profile`` and priced as the solver
+    and ``autotp.estimate`` price it."""
+    from autotp.capture import capture
+    from autotp.passes.costing import cost_strategy_graph
+    from autotp.passes.pricing import price_choice
+    from autotp.passes.strategies import build_strategy_graph
+
+    model, args, kwargs = build(family)
+    captured = capture(model, args, kwargs)
+    graph = build_strategy_graph(captured.graph_module, world_size,
+                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state))
+
+    def predicted_s(plan: Any, profile: Any) -> float:
+        chosen = {node.name: node.strategy() for node in plan.nodes}
+        choice = {name: graph.strategies[name].index(chosen[name]) for name in graph.order}
+        return price_choice(cost_strategy_graph(graph, profile), choice).total_s + profile.graph_launch_s
+
+    return predicted_s
+
+
+def observations(rows: list[dict]) -> list[Any]:
+    """One :class:`~autotp.cost_model.crossval.Observation` per row, priced for every subset of terms."""
+    from autotp import Plan
+    from autotp.cost_model import Hardware
+    from autotp.cost_model.crossval import Observation, subsets, without
+
+    result = []
+    for family, world_size in sorted({(r["model"], r["world_size"]) for r in rows}, key=lambda k: (ORDER.index(k[0]), k[1])):
+        price = _pricer(family, world_size)
+        for row in (r for r in rows if (r["model"], r["world_size"]) == (family, world_size)):
+            plan, profile = Plan.from_json(row["plan_json"]), Hardware.from_json(row["profile_json"])
+            predicted = {removed: price(plan, without(profile, removed)) for removed in subsets()}
+            full = predicted[frozenset()]
+            if abs(full - row["predicted_s"]) > 1e-6 * row["predicted_s"]:
+                raise RuntimeError(f"{family} at tp {world_size}: the plan priced again gives {full * 1e3:.4f} ms, the "
+                                   f"benchmark's estimate {row['predicted_s'] * 1e3:.4f} ms; the pricing differs")
+            result.append(Observation(family, world_size, row["round_index"], row["measured_s"], predicted))
+    return result
+
+
+def report(observed: list[Any], k: int) -> None:
+    """Print the cross-validation (module docstring)."""
+    from autotp.cost_model.crossval import TERMS, cross_validate
+
+    families = [f for f in ORDER if any(o.family == f for o in observed)]
+    result = cross_validate(observed, families, k)
+    held_out = result.held_out_errors()
+    world_sizes = result.world_sizes
+
+    def calibrated_error(family: str, world_size: int, removed: frozenset[str] = frozenset()) -> float:
+        mine = [o for o in observed if (o.family, o.world_size) == (family, world_size)]
+        return (statistics.median(o.predicted_s[removed] for o in mine)
+                / statistics.median(o.measured_s for o in mine) - 1)
+
+    print(f"{len(families)} families, {k} folds; in-graph terms: {', '.join(t.name for t in TERMS)}")
+    for fold in result.folds:
+        print(f"  held out {', '.join(fold.held_out):<28} kept {len(fold.kept)}: {', '.join(fold.kept) or '-'}")
+    print("\nper world size: fitted (training folds) and held-out median absolute error; worst held-out family")
+    for ws in world_sizes:
+        worst = max(((f, e) for (f, w), e in held_out.items() if w == ws), key=lambda item: abs(item[1]))
+        as_calibrated = [abs(calibrated_error(f, ws)) for f in families if f not in DESIGN]
+        print(f"  tp {ws}: fitted {result.fitted_median(ws):.1%}, held out {result.held_out_median(ws):.1%} "
+              f"(worst {worst[0]} {worst[1]:+.1%}); as calibrated, families outside the design four: "
+              f"{statistics.median(as_calibrated):.1%}" if as_calibrated else "")
+    print("\nsigned error per family, tp " + " / ".join(map(str, world_sizes))
+          + ": held out (terms chosen without it) | as calibrated (every term)")
+    for family in families:
+        held = " / ".join(f"{held_out[(family, ws)]:+6.1%}" if (family, ws) in held_out else "   -  " for ws in world_sizes)
+        full = " / ".join(f"{calibrated_error(family, ws):+6.1%}" for ws in world_sizes)
+        print(f"  {family:<11}{' (design)' if family in DESIGN else '':<10} {held} | {full}")
+    print("\neach term removed alone (every family): median absolute error per tp, and the worst family")
+    for removed in (frozenset(), *(frozenset({t.name}) for t in TERMS)):
+        cells = []
+        for ws in world_sizes:
+            errors = {f: calibrated_error(f, ws, removed) for f in families}
+            worst = max(errors, key=lambda f: abs(errors[f]))
+            cells.append(f"{statistics.median(abs(e) for e in errors.values()):5.1%} ({worst} {errors[worst]:+.0%})")
+        print(f"  {'none' if not removed else 'without ' + next(iter(removed)):<30} " + " | ".join(cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="the --json file of benchmarks/cost_model_accuracy.py")
+    parser.add_argument("--k", type=int, default=5, help="folds of families (default: 5)")
+    options = parser.parse_args()
+    warnings.simplefilter("ignore")
+    data = json.loads(options.run.read_text())
+    rows = data["rows"]
+    if not rows or not rows[0].get("plan_json"):
+        raise SystemExit(f"{options.run} has no plans: run benchmarks/cost_model_accuracy.py with --json")
+    print(f"{options.run}: {len(rows)} rows, torch {data['torch']}, {data['cores']} cores, "
+          f"load average at the end of the run {data['load_average_end']:.1f}")
+    report(observations(rows), options.k)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Cross-validation by family of a calibrated profile's in-graph terms (``autotp.cost_model.crossval``).
+
+Tier (a): pure functions on synthetic observations and a named profile; no process group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotp.cost_model import get_hardware
+from autotp.cost_model.crossval import TERMS, Observation, cross_validate, family_folds, subsets, without
+
+
+def _calibrated_like():
+    """cpu-gloo with every in-graph term set, as a calibration would leave them."""
+    return dataclasses.replace(get_hardware("cpu-gloo"), kernel_extra_fraction=2.5, kernel_extra_cap_s=8e-6,
+                               op_fixed_s=(("convolution", 4e-5),), collective_wait_s=3e-4, call_sync_wait_s=1e-4,
+                               call_sync_wait_per_compute=0.1, core_share=0.5,
+                               memory_bandwidth_curve=((2**20, 40.0), (2**28, 10.0)))
+
+
+def test_without_leaves_out_only_the_named_terms():
+    """Removing a term zeroes its fields and nothing else; core_share is undone by alone(); unknown names raise."""
+    profile = _calibrated_like()
+    bare = without(profile, ["kernel_extra", "op_fixed"])
+    assert (bare.kernel_extra_fraction, bare.kernel_extra_cap_s, bare.op_fixed_s) == (0.0, 0.0, ()), bare
+    assert bare.collective_wait_s == profile.collective_wait_s and bare.core_share == profile.core_share
+    whole_core = without(profile, ["core_share"])
+    assert whole_core.core_share == 1.0
+    assert whole_core.host_dispatch_s == pytest.approx(profile.host_dispatch_s * 0.5)
+    with pytest.raises(ValueError, match="unknown term"):
+        without(profile, ["kernel_extras"])
+
+
+def test_subsets_and_folds():
+    """Every subset of the terms once, every term kept first; each family in exactly one fold."""
+    everything = subsets()
+    assert len(everything) == 2 ** len(TERMS) and everything[0] == frozenset(), len(everything)
+    assert len(set(everything)) == len(everything)
+    folds = family_folds(["a", "b", "c", "d", "e"], 2)
+    assert folds == (("a", "c", "e"), ("b", "d")), folds
+    with pytest.raises(ValueError, match="k must be"):
+        family_folds(["a", "b"], 3)
+
+
+def _observations(needs_op_fixed: str) -> list[Observation]:
+    """Four families at tp 1 and 2: leaving out kernel_extra makes every prediction 20% high; leaving out
+    op_fixed makes only ``needs_op_fixed`` 50% low; no other term changes anything."""
+    rows = []
+    for family in ("mlp", "llama", "gpt2", "cnn"):
+        for world_size in (1, 2):
+            predicted = {removed: 1.0 * (1.2 if "kernel_extra" in removed else 1.0)
+                         * (0.5 if family == needs_op_fixed and "op_fixed" in removed else 1.0)
+                         for removed in subsets()}
+            rows.append(Observation(family, world_size, 0, 1.0, predicted))
+    return rows
+
+
+def test_a_term_only_the_held_out_family_needs_shows_as_held_out_error():
+    """A term that only one family needs is dropped by folds that hold that family out (fewest terms win ties),
+    so that family's held-out error shows it while the fitted error stays 0."""
+    report = cross_validate(_observations("cnn"), ["mlp", "llama", "gpt2", "cnn"], 4)
+    held_out = report.held_out_errors()
+    assert held_out[("cnn", 1)] == pytest.approx(-0.5) and held_out[("cnn", 2)] == pytest.approx(-0.5), held_out
+    assert held_out[("mlp", 1)] == pytest.approx(0.0), held_out
+    assert report.fitted_median(1) == pytest.approx(0.0) and report.held_out_median(1) == pytest.approx(0.0)
+    cnn_fold = next(fold for fold in report.folds if fold.held_out == ("cnn",))
+    assert cnn_fold.kept == ("kernel_extra",), cnn_fold
+    other = next(fold for fold in report.folds if fold.held_out == ("mlp",))
+    assert other.kept == ("kernel_extra", "op_fixed"), other
+
+
+def test_cross_validate_needs_every_subset_priced():
+    rows = [dataclasses.replace(o, predicted_s={frozenset(): 1.0}) for o in _observations("cnn")]
+    with pytest.raises(ValueError, match="price every"):
+        cross_validate(rows, ["mlp", "llama", "gpt2", "cnn"], 2)
