@@ -211,8 +211,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     default 128 new tokens per prompt; see :mod:`autotp.planning.phases`). ``plan=`` then gives the decode
     plan, whose placements prefill is pinned to. See :mod:`autotp.runtime.generation`. Without ``max_cache_len`` a
     causal LM compiled for inference still generates: ``tp.generate`` builds these graphs on its first call,
-    with a cache sized for the request, from ``model`` (held by a weak reference: keep it until then); see
-    :mod:`autotp.runtime.generation_on_demand`.
+    with a cache sized for the request, from ``model`` (held by a weak reference: keep it until then), or with
+    ``checkpoint=`` from the checkpoint (each rank reads its blocks again); see
+    :mod:`autotp.runtime.generation_on_demand`. With ``checkpoint=`` and ``max_cache_len`` the generation graphs
+    are captured on the (meta) model and each rank reads its blocks of the weights once for all of them.
 
     ``training=True``: build it for training. The result's parameters (``tp.parameters()``, named
     by the original FQNs in ``tp.named_parameters()``) are this rank's shards and require grad;

@@ -3,8 +3,8 @@
 Both build nothing but a model on the ``meta`` device, plan it (planning needs no weights), and
 read only this rank's blocks: from a transformers safetensors checkpoint
 (:func:`from_pretrained`), or from a ``torch.distributed.checkpoint`` directory written by
-:meth:`TensorParallelModule.save` at any world size (:func:`load`). See
-:mod:`autotp.runtime.loading` and :mod:`autotp.runtime.saving`.
+:meth:`TensorParallelModule.save` at any world size (:func:`load`); ``generate`` reads its graphs'
+blocks from the same files. See :mod:`autotp.runtime.loading` and :mod:`autotp.runtime.saving`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     (default: one sequence of 16 token ids) and ``example_kwargs`` (default none: a HF model is traced with
     ``use_cache=False`` and called with or without it, see :mod:`autotp.adapters.hf_transformers`) on ``device``, planned, and
     each rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto ``device``.
-    ``group``, ``plan``, ``hardware``, ``options`` and ``runtime`` as in :func:`autotp.compile`. Generation
-    from a checkpoint is not supported yet (the generation graphs are built from weights in memory): load the
-    model with its weights and ``autotp.compile(model, example_inputs=(ids,), max_cache_len=N)``.
+    ``group``, ``plan``, ``hardware``, ``options`` and ``runtime`` as in :func:`autotp.compile`. For a causal
+    LM, ``tp.generate(ids, ...)`` builds its generation graphs on the first call from the same checkpoint:
+    captured on the meta model, each rank reading its blocks of the weights again (see
+    :mod:`autotp.runtime.generation_on_demand`).
 
     ``runtime.trace_cache`` (default True here): the traced program is kept in ``$AUTOTP_CACHE_DIR`` (default
     ``~/.cache/autotp``, never inside ``path``) and reused by the next load of the same model and
@@ -75,7 +76,8 @@ def load(path: str | os.PathLike[str], model: torch.nn.Module, *, world_size: in
          runtime: RuntimeOptions | None = None) -> TensorParallelModule:
     """Read a directory written by ``tp.save(path)`` (at any world size) into ``model`` (meta is fine), split
     over ``world_size`` ranks: ``autotp.compile(model, world_size=world_size, ..., checkpoint=path)``
-    (``runtime.trace_cache`` defaults to True, as in :func:`from_pretrained`)."""
+    (``runtime.trace_cache`` defaults to True, as in :func:`from_pretrained`). A causal LM's ``tp.generate``
+    reads its generation graphs' blocks from ``path`` too, as after :func:`from_pretrained`."""
     return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs, world_size=world_size,
                          group=group, plan=plan, checkpoint=path, max_cache_len=None,
                          options=plan_options(options, hardware=hardware),

@@ -35,7 +35,7 @@ from autotp.runtime.generation import compile_for_generation
 from autotp.runtime.generation_on_demand import GenerationOnDemand
 from autotp.runtime.group import PlannedAhead, bind_group, plan_ahead
 from autotp.runtime.kv_cache import check_causal_lm
-from autotp.runtime.loading import agree_on_success
+from autotp.runtime.loading import TensorSource, agree_on_success
 from autotp.runtime.module import TensorParallelModule
 from autotp.runtime.options import RuntimeOptions
 from autotp.runtime.runtime_modes import priced_in, resolve_runtime_mode
@@ -65,13 +65,6 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
                 "autotp.compile needs real weights, but the model has parameters on the meta device; "
                 "pass checkpoint='path/to/model.safetensors' (or its directory) to read each rank's shards from it, "
                 "use autotp.plan(...) to plan a meta model, or load its weights first"
-            )
-        if checkpoint is not None and max_cache_len is not None:
-            raise ValueError(
-                "generation graphs are built from the model's weights in memory: checkpoint= (and from_pretrained / "
-                "load) with max_cache_len= is not supported yet; load the model with its weights (e.g. "
-                "AutoModelForCausalLM.from_pretrained(path)) and call autotp.compile(model, example_inputs=(ids,), "
-                "max_cache_len=N)"
             )
         plan = as_plan(plan)
         # the plan is priced in the mode that runs (Hardware.runtime_mode)
@@ -105,7 +98,8 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
         files = agree_on_success(group, lambda: open_checkpoint(checkpoint), timeout_s=timeout_s)
     if max_cache_len is not None:
         generating = compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
-                                            plan=plan, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode)
+                                            plan=plan, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode,
+                                            files=files, device=device)
         generating.generation_config = getattr(model, "generation_config", None)  # generate's defaults, as HF's
         return generating
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
@@ -118,7 +112,8 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
     on_demand = None
     if not training and options.outputs == "replicated" and _is_causal_lm(model):
         on_demand = GenerationOnDemand(model, example_inputs, group=group, timeout_s=timeout_s, build=functools.partial(
-            _compile_for_generation, options=options, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode))
+            _compile_for_generation, options=options, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode,
+            files=files, device=device), from_checkpoint=files is not None)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
                                 training=training, original=model, group=group, generation_on_demand=on_demand,
@@ -136,8 +131,11 @@ def _is_causal_lm(model: torch.nn.Module) -> bool:
 
 def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int, *,
                             options: PlanOptions, group: dist.ProcessGroup | None, rank: int,
-                            timeout_s: float, runtime_mode: str) -> TensorParallelModule:
+                            timeout_s: float, runtime_mode: str, files: TensorSource | None,
+                            device: torch.device) -> TensorParallelModule:
     """``compile(model, ..., max_cache_len=max_cache_len)`` after the plain compile that planned with ``options``:
-    what :class:`~autotp.runtime.generation_on_demand.GenerationOnDemand` builds on the first ``generate``."""
+    what :class:`~autotp.runtime.generation_on_demand.GenerationOnDemand` builds on the first ``generate``
+    (``files``: the checkpoint that compile read, whose headers are kept, read again for this rank's blocks)."""
     return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options, plan=None,
-                                  group=group, rank=rank, timeout_s=timeout_s, runtime_mode=runtime_mode)
+                                  group=group, rank=rank, timeout_s=timeout_s, runtime_mode=runtime_mode,
+                                  files=files, device=device)

@@ -42,6 +42,7 @@ from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
+from autotp.runtime.loading import TensorSource, match_keys, materialize_hf_buffers, tensor_aliases
 from autotp.runtime.module import GenerationGraphs, PhaseGraph, TensorParallelModule
 from autotp.runtime.shards import local_shape
 from autotp.runtime.shared_trace import FirstRankTrace
@@ -49,11 +50,14 @@ from autotp.runtime.shared_trace import FirstRankTrace
 __all__ = ["check_cache_is_state", "check_generation_inputs", "compile_for_generation", "generation_inputs"]
 
 
-def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
-                      max_cache_len: int) -> tuple[CachedCausalLM, int, int]:
-    """The cache wrapper of ``model`` and ``(batch, prefill_len)`` from ``example_inputs[0]`` (token ids)."""
+def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int,
+                      inputs_device: torch.device | None = None) -> tuple[CachedCausalLM, int, int]:
+    """The cache wrapper of ``model`` and ``(batch, prefill_len)`` from ``example_inputs[0]`` (token ids);
+    ``inputs_device``: where the wrapper's example inputs are made (default: the model's device)."""
     batch, seq = check_generation_inputs(model, example_inputs, max_cache_len)
-    return CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len, last_logits_only=True), batch, seq
+    wrapper = CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len, last_logits_only=True,
+                             inputs_device=inputs_device)
+    return wrapper, batch, seq
 
 
 def check_generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...],
@@ -81,14 +85,22 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
                            rank: int, wrapper: CachedCausalLM | None = None,
                            timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, runtime_mode: str = "eager",
+                           files: TensorSource | None = None, device: torch.device | None = None,
                            ) -> TensorParallelModule:
     """See :func:`autotp.compile` (``max_cache_len``; ``options.expected_new_tokens``) and the module docstring.
 
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
     :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``timeout_s``: how long the other ranks wait
-    for rank 0's traced programs (``agreement_timeout_s``)."""
+    for rank 0's traced programs (``agreement_timeout_s``). ``files``: an opened checkpoint
+    (:func:`autotp.runtime.saving.open_checkpoint`, agreed by every rank) to read this rank's blocks of the
+    weights from, once for every graph, onto ``device`` (default: the CPU); the model may then be on meta, and
+    its cache is made on ``device`` in this rank's blocks only."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if files is not None:
+        _derive_meta_buffers(model, files, device)
     if wrapper is None:
-        wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len)
+        wrapper, batch, seq = generation_inputs(model, example_inputs, max_cache_len,
+                                                inputs_device=device if files is not None else None)
     else:
         batch, seq = check_generation_inputs(model, example_inputs, max_cache_len)
     talk = options.progress and rank == 0
@@ -112,8 +124,10 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     if continuation is not None:
         continuation_plan = plan_or_check(continuation, None, _continuation_options(decode_plan, prefill_plan, options),
                                           group=group, rank=rank)
+    # one read of each weight (and one cache) for every graph: the prefill graphs take the decode graph's tensors
     decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank,
-                                                         timeout_s=timeout_s)
+                                                         timeout_s=timeout_s, files=files, model=wrapper, device=device,
+                                                         created=frozenset(wrapper.cache_buffer_names()))
 
     def sharing(graph: CapturedGraph | None, graph_plan: Plan | None, name: str) -> PhaseGraph | None:
         """``graph`` made rank-local, its weights and cache taken from the decode graph's tensors."""
@@ -132,6 +146,16 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                               decode_plan=decode_plan, weighting=weighting)
     return TensorParallelModule(decode, decode_gm, decode_plan, values, rank, parameter_layout, generation=phases,
                                 group=group, runtime_mode=runtime_mode, progress=options.progress)
+
+
+def _derive_meta_buffers(model: torch.nn.Module, files: TensorSource, device: torch.device) -> None:
+    """Give the buffers of a meta ``model`` that ``files`` lacks (rotary ``inv_freq``) their values on ``device``,
+    derived from the config as a plain load does (:func:`autotp.runtime.loading.materialize_hf_buffers`), before
+    the model is wrapped with its cache; a buffer the checkpoint holds is read with the weights."""
+    found = match_keys(tensor_aliases(model), files)
+    derived = [name for name, buffer in model.named_buffers() if buffer.device.type == "meta" and name not in found]
+    if derived:
+        materialize_hf_buffers(model, derived, device)
 
 
 def check_cache_is_state(graph: CapturedGraph, wrapper: CachedCausalLM, phase: str) -> None:

@@ -17,7 +17,9 @@ given as ``build``), and keeps them for later calls:
 
 The graphs are built from the model passed to ``compile``: it is held by a weak reference (the tensor-parallel
 model does not keep the full weights alive), so it must still exist, with the weights it was compiled with,
-at the first ``generate``. Every rank must make the same request: the ranks agree on the cache size
+at the first ``generate``. A model compiled from a checkpoint (``from_pretrained``, ``load``,
+``compile(..., checkpoint=)``) builds them from that checkpoint instead: each rank reads its blocks of the
+weights again (the files' headers were kept), and a model on meta, which holds no weights, is kept alive. Every rank must make the same request: the ranks agree on the cache size
 (:func:`autotp.runtime.agreement.ranks_agree`) before anything is traced, and any difference raises the same
 error on every rank.
 """
@@ -64,11 +66,15 @@ class GenerationOnDemand:
 
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[Any, ...], *,
                  build: Callable[[torch.nn.Module, tuple[Any, ...], int], TensorParallelModule],
-                 group: dist.ProcessGroup | None, timeout_s: float) -> None:
-        """``build(model, example_inputs, max_cache_len)`` compiles ``model`` for generation (every rank)."""
-        self._model = weakref.ref(model)
-        self._name = type(model).__name__
-        self._on_meta = any(p.device.type == "meta" for p in model.parameters())  # weights read from a checkpoint
+                 group: dist.ProcessGroup | None, timeout_s: float, from_checkpoint: bool = False) -> None:
+        """``build(model, example_inputs, max_cache_len)`` compiles ``model`` for generation (every rank);
+        ``from_checkpoint``: ``build`` reads the weights from the checkpoint the plain compile read."""
+        on_meta = any(p.device.type == "meta" for p in model.parameters())
+        if on_meta and not from_checkpoint:
+            raise ValueError(f"{type(model).__name__} has parameters on the meta device and no checkpoint to read "
+                             "them from; compile it with checkpoint='path/to/model' or load its weights first")
+        self._model = weakref.ref(model)  # a real model's weights must not be kept alive by the tensor-parallel one
+        self._kept = model if on_meta else None  # a meta model holds no weights (the checkpoint gives them): kept
         ids = example_inputs[0] if example_inputs else None
         traced_ids = isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()
         self._prefill_len = int(ids.shape[1]) if traced_ids else 1
@@ -110,15 +116,8 @@ class GenerationOnDemand:
         return built
 
     def _source(self) -> torch.nn.Module:
-        """The compiled model, with its weights; ValueError saying what to do when it is gone or on meta."""
+        """The compiled model (on meta when read from a checkpoint); ValueError saying what to do when it is gone."""
         model = self._model()
-        if self._on_meta:
-            raise ValueError(
-                f"this {self._name} was loaded from a checkpoint onto the meta device, and generate builds its "
-                "graphs from the model's weights in memory; load the model with its weights (e.g. "
-                "AutoModelForCausalLM.from_pretrained(path)) and call autotp.compile(model, example_inputs=(ids,)) "
-                "or autotp.compile(model, example_inputs=(ids,), max_cache_len=N)"
-            )
         if model is None:
             raise ValueError(
                 "generate builds its KV cache and graphs from the model passed to autotp.compile, and that model no "

@@ -125,9 +125,12 @@ class CachedCausalLM(torch.nn.Module):
     """``model`` with a static KV cache of ``batch_size`` rows and ``max_cache_len`` slots (see module docstring)."""
 
     def __init__(self, model: torch.nn.Module, *, batch_size: int, max_cache_len: int,
-                 last_logits_only: bool = False, layers: range | None = None) -> None:
+                 last_logits_only: bool = False, layers: range | None = None,
+                 inputs_device: torch.device | None = None) -> None:
         """``layers``: the decoder layers whose cache this wrapper holds (default: all); a pipeline stage
-        holds its own layers' only (:mod:`autotp.runtime.mesh_generate`), the others get no buffer."""
+        holds its own layers' only (:mod:`autotp.runtime.mesh_generate`), the others get no buffer.
+        ``inputs_device``: where :meth:`example_inputs` are made (default: the model's device; a model on meta
+        is traced as if on the device of its inputs, :mod:`autotp.capture`)."""
         super().__init__()
         check_causal_lm(model)
         for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
@@ -155,6 +158,7 @@ class CachedCausalLM(torch.nn.Module):
         kv_heads, head_dim = hf_transformers.head_shapes(config)
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
+        self.inputs_device = device if inputs_device is None else torch.device(inputs_device)
         self.own_layers = range(len(cache.layers)) if layers is None else layers
         for i in self.own_layers:
             empty = torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device)
@@ -170,9 +174,9 @@ class CachedCausalLM(torch.nn.Module):
         return [f"{kind}_cache_{i}" for i in self.own_layers for kind in ("key", "value")]
 
     def example_inputs(self, tokens: int, batch_size: int | None = None) -> tuple[torch.Tensor, ...]:
-        """Inputs of a call with ``tokens`` new tokens per row, at the start of the cache."""
+        """Inputs of a call with ``tokens`` new tokens per row, at the start of the cache, on ``inputs_device``."""
         batch = self.batch_size if batch_size is None else batch_size
-        device = getattr(self, f"key_cache_{self.own_layers[0]}").device
+        device = self.inputs_device
         input_ids = torch.zeros(batch, tokens, dtype=torch.long, device=device)
         positions = torch.arange(tokens, device=device)
         attention_mask = torch.zeros(batch, self.max_cache_len, dtype=torch.long, device=device)
