@@ -199,13 +199,15 @@ def as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
         with mode:
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
 
-    state: dict[str, torch.Tensor] = {
-        name: torch.nn.Parameter(fake(p), requires_grad=False) for name, p in model.named_parameters()
-    }
-    state.update({name: fake(b) for name, b in model.named_buffers()})
-    fake_example = pytree.tree_map_only(torch.Tensor, lambda t: fake(t) if t.device.type == "meta" else mode.from_tensor(t), example)
-    with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):
-        yield fake_example
+    with torchao.parts_as_parameters(model):  # a quantized weight: its parts faked, as export names them
+        state: dict[str, torch.Tensor] = {
+            name: torch.nn.Parameter(fake(p), requires_grad=False) for name, p in model.named_parameters()
+        }
+        state.update({name: fake(b) for name, b in model.named_buffers()})
+        fake_example = pytree.tree_map_only(torch.Tensor, lambda t: fake(t) if t.device.type == "meta" else mode.from_tensor(t),
+                                            example)
+        with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):
+            yield fake_example
 
 
 DYNAMIC_DIMS = (0, 1)

@@ -22,10 +22,11 @@ with torchao weights is compiled. An upgrade of torchao touches this file only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -43,6 +44,7 @@ __all__ = [
     "inner_tensors",
     "is_subclass_weight",
     "is_torchao_tensor",
+    "parts_as_parameters",
     "quantized_weights",
     "weight_of",
 ]
@@ -86,6 +88,28 @@ def inner_tensors(tensor: torch.Tensor) -> dict[str, torch.Tensor]:
     """A subclass weight's parts in ``__tensor_flatten__`` order (``qdata``, ``scale``, ``zero_point``...)."""
     names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
     return {name: getattr(tensor, name) for name in names}
+
+
+@contextlib.contextmanager
+def parts_as_parameters(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, each subclass weight of ``model`` is held as its parts, the plain parameters
+    ``<module>.parametrizations.<name>.original<i>`` that ``torch.export`` gives it (torch's own
+    ``unwrap_tensor_subclass_parameters``); the weights are put back after. A model on ``meta`` is traced
+    with fake parameters, and a fake tensor cannot be a part of a subclass weight when export splits it."""
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+    from torch.nn.utils import parametrize
+
+    owners = [(module, name) for module in model.modules() for name, param in module._parameters.items()
+              if param is not None and is_subclass_weight(param)]
+    if not owners:
+        yield
+        return
+    unwrap_tensor_subclass_parameters(model)
+    try:
+        yield
+    finally:
+        for module, name in owners:
+            parametrize.remove_parametrizations(module, name, leave_parametrized=True)
 
 
 def exported_name(fqn: str, index: int) -> str:
