@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from autotp.adapters import torchao
 from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, plan_options
 from autotp.planning.plan import Plan
 from autotp.runtime.compiling import compile_group
@@ -27,8 +28,8 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
                     device: str | torch.device = "cpu", example_inputs: tuple[Any, ...] | None = None,
                     example_kwargs: dict[str, Any] | None = None, group: Any = None,
                     plan: Plan | str | os.PathLike[str] | None = None, hardware: Any = DEFAULT_HARDWARE,
-                    options: PlanOptions | None = None,
-                    runtime: RuntimeOptions | None = None) -> TensorParallelModule:
+                    options: PlanOptions | None = None, runtime: RuntimeOptions | None = None,
+                    quantization_config: Any = None) -> TensorParallelModule:
     """A transformers checkpoint directory -> this rank's tensor-parallel model (call on every rank).
 
     The config's architecture (``config.architectures[0]``) is built on the meta device in
@@ -40,6 +41,11 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     LM, ``tp.generate(ids, ...)`` builds its generation graphs on the first call from the same checkpoint:
     captured on the meta model, each rank reading its blocks of the weights again (see
     :mod:`autotp.runtime.generation_on_demand`).
+
+    ``quantization_config`` (a ``transformers.TorchAoConfig``): the meta model is quantized as transformers
+    would (the same weights), and each rank quantizes its blocks of the float checkpoint as it reads them
+    (whole rows where per-row scales need them, see :func:`autotp.runtime.loading.quantize_on_read` and
+    docs/quantization.md).
 
     ``runtime.trace_cache`` (default True here): the traced program is kept in ``$AUTOTP_CACHE_DIR`` (default
     ``~/.cache/autotp``, never inside ``path``) and reused by the next load of the same model and
@@ -60,6 +66,8 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     with torch.device("meta"):
         model = model_class._from_config(config, dtype=dtype)
     model.eval()
+    if quantization_config is not None:
+        torchao.quantize_as_transformers_does(model, quantization_config)
     device = torch.device(device)
     if example_inputs is None:
         example_inputs = (torch.zeros(1, 16, dtype=torch.long, device=device),)  # (batch, seq) token ids

@@ -58,6 +58,8 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from autotp.adapters import torchao
+
 __all__ = ["FORMAT", "TraceCache", "default_cache_dir", "file_digest", "open_trace_cache"]
 
 _MAGIC = b"autotp-trace-cache 1\n"
@@ -153,7 +155,10 @@ def _model_description(model: torch.nn.Module, memo: dict[str, str]) -> list[Any
 
 def _tensor_spec(tensor: torch.Tensor, device: torch.device) -> list[Any]:
     shown = device if tensor.device.type == "meta" else tensor.device
-    return [list(tensor.shape), list(tensor.stride()), str(tensor.dtype), str(shown), bool(tensor.requires_grad)]
+    spec = [list(tensor.shape), list(tensor.stride()), str(tensor.dtype), str(shown), bool(tensor.requires_grad)]
+    if torchao.is_subclass_weight(tensor):  # a quantized weight: its scheme and parts make another program
+        spec += [type(tensor).__qualname__, [_tensor_spec(part, device) for part in torchao.inner_tensors(tensor).values()]]
+    return spec
 
 
 def _state_spec(model: torch.nn.Module, device: torch.device) -> dict[str, list[Any]]:

@@ -1,9 +1,12 @@
-"""Quantized checkpoints: ``tp.save`` of a torchao-quantized model and ``autotp.load`` at another world size.
+"""Quantized checkpoints: ``tp.save`` / ``autotp.load`` of a torchao-quantized model, and ``from_pretrained``
+of a float checkpoint with a ``TorchAoConfig``.
 
 Tier (c), real gloo: a tiny Llama quantized in int8 (per-row scales) and int4 (IntxWeightOnlyConfig,
-groups of 32) is compiled and saved at tp=2 (then tp=3) and loaded at tp=3 (then tp=2) into the same
-model quantized on the meta device; the logits equal the single-process quantized model's within 1e-4
-and each rank holds whole groups of scales.
+groups of 32) is compiled and saved at tp=2, loaded at tp=3 into the same model quantized on the meta
+device and saved again, then loaded at tp=2: the logits equal the single-process quantized model's
+within 1e-4 (8 groups of 32 over 3 ranks: 3/3/2). ``autotp.from_pretrained(float checkpoint,
+quantization_config=TorchAoConfig(...))`` at tp=2 and tp=3 gives the logits of transformers' own
+``from_pretrained`` with the same config (each rank quantizes its blocks as it reads them).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ CONFIGS = {
 
 
 def _quantized_llama(scheme: str, device: str = "cpu") -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
-    model, args, kwargs = tiny_llama(batch=2, seq_len=6, device=device)
+    model, args, kwargs = tiny_llama(batch=2, seq_len=6, layers=1, device=device)
     tq.quantize_(model, CONFIGS[scheme]())
     return model, args, kwargs
 
@@ -63,3 +66,37 @@ def test_quantized_save_and_load_at_other_world_sizes(gloo: Any, tmp_path: Path)
             for scheme, diff in diffs.items():
                 assert diff <= 1e-4, (f"tp={world_size} from {source or 'memory'} rank {rank} {scheme}: "
                                       f"max |tp - quantized model| {diff:.3g}, expected <= 1e-4")
+
+
+def _from_pretrained(rank: int, world_size: int, schemes: list[str], path: str) -> dict[str, float]:
+    """autotp.from_pretrained(float checkpoint, quantization_config=...) against transformers' own quantized load."""
+    from transformers import AutoModelForCausalLM, TorchAoConfig
+
+    diffs = {}
+    for scheme in schemes:
+        config = TorchAoConfig(CONFIGS[scheme]())
+        reference = AutoModelForCausalLM.from_pretrained(path, quantization_config=config, dtype=torch.float32).eval()
+        _, args, kwargs = tiny_llama(batch=2, seq_len=6, layers=1)
+        with torch.no_grad():
+            expected = reference(*args, **kwargs).logits
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tp = autotp.from_pretrained(path, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                                        quantization_config=TorchAoConfig(CONFIGS[scheme]()))
+        quantized = sorted(fqn for fqn in tp.plan.parameters if "parametrizations" in fqn)
+        assert quantized, f"{scheme}: no quantized weight in the plan"
+        diffs[scheme] = (tp(*args, **kwargs).logits - expected).abs().max().item()
+    return diffs
+
+
+def test_from_pretrained_quantizes_a_float_checkpoint_as_transformers_does(gloo: Any, tmp_path: Path) -> None:
+    """tp=2 (int8 per-row) and tp=3 (int8 per-row, int4 in groups of 32: 8 groups over 3 ranks) from a float
+    safetensors checkpoint: logits equal transformers' from_pretrained(path, quantization_config=...)."""
+    model, _, _ = tiny_llama(layers=1)
+    model.save_pretrained(tmp_path / "hf")
+    for world_size, schemes in ((2, ["int8"]), (3, ["int8", "int4group"])):
+        results = gloo.run(world_size, _from_pretrained, schemes, str(tmp_path / "hf"), timeout_s=600)
+        for rank, diffs in enumerate(results):
+            for scheme, diff in diffs.items():
+                assert diff <= 1e-4, (f"tp={world_size} rank {rank} {scheme}: max |tp - transformers' quantized model| "
+                                      f"{diff:.3g}, expected <= 1e-4")

@@ -27,6 +27,7 @@ import dataclasses
 import importlib.metadata
 import re
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -39,12 +40,15 @@ __all__ = [
     "SUPPORTED_SCHEMES",
     "QuantizedWeight",
     "check_quantized_weights",
+    "config_of",
     "exported_name",
     "holds_subclass_weights",
     "inner_tensors",
     "is_subclass_weight",
     "is_torchao_tensor",
     "parts_as_parameters",
+    "quantize_as_transformers_does",
+    "quantize_weight",
     "quantized_weights",
     "weight_of",
 ]
@@ -199,3 +203,40 @@ def check_quantized_weights(model: torch.nn.Module) -> Mapping[str, QuantizedWei
             "Quantize with one of those configs, or leave these layers unquantized "
             "(quantize_(model, config, filter_fn=...)).")
     return weights
+
+
+def quantize_as_transformers_does(model: torch.nn.Module, quantization_config: Any) -> None:
+    """Quantize ``model`` in place (on ``meta`` too) with a transformers ``TorchAoConfig``: the weights transformers'
+    own torchao quantizer picks (``param_needs_quantization``: the Linear weights, not the output embedding unless
+    asked), and the config kept on ``model.config.quantization_config`` as transformers keeps it."""
+    from torchao.quantization import quantize_
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    if getattr(quantization_config, "quant_method", None) != "torchao" or not hasattr(quantization_config, "quant_type"):
+        raise TypeError(f"quantization_config must be a transformers.TorchAoConfig, got {type(quantization_config).__name__}; "
+                        "pass TorchAoConfig(Int8WeightOnlyConfig()) (a torchao config object: the string forms are gone "
+                        "from transformers 5)")
+    quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
+    quantizer.preprocess_model(model)  # decides which modules stay unquantized
+    chosen = {fqn for fqn, _ in model.named_parameters() if quantizer.param_needs_quantization(model, fqn)}
+    quantize_(model, quantization_config.quant_type, filter_fn=lambda module, fqn: f"{fqn}.weight" in chosen)
+    model.config.quantization_config = quantization_config
+
+
+def config_of(model: torch.nn.Module) -> Any:
+    """The torchao config ``model`` was quantized with, where it says (``model.config.quantization_config``, a
+    transformers ``TorchAoConfig``, as :func:`quantize_as_transformers_does` and transformers leave it), else None."""
+    config = getattr(getattr(model, "config", None), "quantization_config", None)
+    return getattr(config, "quant_type", None) if getattr(config, "quant_method", None) == "torchao" else None
+
+
+def quantize_weight(weight: torch.Tensor, config: Any) -> dict[str, torch.Tensor]:
+    """The parts (:func:`inner_tensors`) of a float ``(out, in)`` Linear weight quantized with torchao ``config``:
+    what ``quantize_`` makes of a Linear holding it. Quantized by blocks, so a block of whole quantization
+    groups (rows for per-row scales) quantizes as it does inside the whole weight."""
+    from torchao.quantization import quantize_
+
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    quantize_(linear, config)
+    return inner_tensors(linear.weight)

@@ -25,11 +25,11 @@ import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
-from autotp.adapters import hf_transformers
+from autotp.adapters import hf_transformers, torchao
 from autotp.base.errors import CheckpointError
 from autotp.capture import CapturedGraph
 from autotp.passes.uneven import Partitions
@@ -37,7 +37,7 @@ from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, exchange, exchanges_with_others
 from autotp.runtime.shards import local_shape, parameter_layout
 
-__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "TensorEntry", "match_keys", "materialize_hf_buffers", "read_block", "read_local_values", "tensor_aliases"]
+__all__ = ["Checkpoint", "ReadRequest", "TensorSource", "agree_on_success", "TensorEntry", "match_keys", "materialize_hf_buffers", "quantize_on_read", "read_block", "read_local_values", "tensor_aliases"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _MAX_LISTED = 8
@@ -317,12 +317,20 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
     unread = {name for name, node in nodes.items() if not node.users}
     problems: list[str] = []
     derived: list[str] = []
+    # a quantized weight's part the checkpoint lacks, where it holds the float weight: quantized on read
+    float_weights = {name: weight for name, weight in _parts_of_float_weights(slots, keys).items() if name not in unread}
+    quantized = torchao.quantized_weights(model) if float_weights else {}
     for slot in slots:
         fqn = str(slot.target)
         if (slot.kind == "parameter" and slot.name in unread) or fqn in created:
             continue  # the second name of a tied weight (the graph reads the first), or a cache made below
         val = nodes[slot.name].meta["val"]
-        if fqn in keys:
+        if slot.name in float_weights:
+            weight = float_weights[slot.name]
+            problem = _check_float_weight(weight, checkpoint[keys[weight]], quantized, torchao.config_of(model))
+            if problem and problem not in problems:
+                problems.append(problem)
+        elif fqn in keys:
             problem = check_entry(fqn, checkpoint[keys[fqn]], tuple(int(d) for d in val.shape), val.dtype)
             if problem:
                 problems.append(problem)
@@ -357,6 +365,8 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
         elif fqn in created:
             shape = local_shape(val.shape, plan.parameters[fqn], parts, slot.name, rank)
             values[slot.name] = torch.zeros(shape, dtype=val.dtype, device=device)
+        elif slot.name in float_weights:
+            continue  # below: all parts of the weight at once
         elif slot.kind == "parameter":
             requests[slot.name] = ReadRequest(checkpoint[keys[fqn]], layout[fqn][1], rank, val.dtype, device)
         elif fqn in keys:
@@ -366,7 +376,127 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
             assert tensor is not None, f"buffer {fqn} was checked above"
             values[slot.name] = tensor.detach().to(device=device, dtype=val.dtype)
     values.update(zip(requests, checkpoint.read(list(requests.values()))))
+    by_weight: dict[str, dict[int, tuple[str, Block | None]]] = {}
+    for slot in slots:
+        if slot.name in float_weights:
+            found = torchao.weight_of(str(slot.target))
+            assert found is not None, f"{slot.target} names a quantized weight's part"
+            blocks = layout[str(slot.target)][1]
+            by_weight.setdefault(float_weights[slot.name], {})[found[1]] = (slot.name, None if blocks is None else blocks[rank])
+    for weight, by_index in by_weight.items():
+        local = quantize_on_read(checkpoint, checkpoint[keys[weight]], quantized[weight],
+                                 {index: block for index, (_, block) in by_index.items()}, torchao.config_of(model),
+                                 rank, device)
+        values.update({by_index[index][0]: value for index, value in local.items()})
     return {slot.name: values[slot.name] for slot in slots}
+
+
+def _parts_of_float_weights(slots: list[Any], keys: dict[str, str]) -> dict[str, str]:
+    """Slot name -> weight FQN, for each part of a quantized weight that the checkpoint holds as the float weight."""
+    found = {}
+    for slot in slots:
+        fqn = str(slot.target)
+        part = torchao.weight_of(fqn) if slot.kind == "parameter" and fqn not in keys else None
+        if part is not None and part[0] in keys:
+            found[slot.name] = part[0]
+    return found
+
+
+def _check_float_weight(weight: str, entry: TensorEntry, quantized: Mapping[str, torchao.QuantizedWeight],
+                        config: object) -> str | None:
+    """Why the float ``entry`` cannot be quantized into the model's quantized ``weight`` (None when it can)."""
+    found = quantized.get(weight)
+    if found is None:
+        return f"{weight}: the graph reads its quantized parts, but the model holds no torchao weight of that name"
+    if config is None:
+        return (f"{weight}: {entry.key!r} in {entry.file} is a float weight and the model's is quantized ({found.scheme}), "
+                "but the model does not say with which config; pass quantization_config=TorchAoConfig(...) to "
+                "autotp.from_pretrained, or load a checkpoint of the quantized model (written by tp.save)")
+    if entry.shape != found.shape or not entry.dtype.is_floating_point or len(found.shape) != 2:
+        return (f"{weight}: the model's quantized weight is {list(found.shape)} but {entry.key!r} in {entry.file} is "
+                f"{list(entry.shape)} {entry.dtype} (quantized on read: a float (out, in) weight of the same shape)")
+    return None
+
+
+def _quantization_block(weight: torchao.QuantizedWeight, dim: int) -> int:
+    """How many elements along ``dim`` of the data one scale (zero point...) covers: the data's whole length for
+    a part that spans the dim (a per-row scale along the input dim, a per-tensor scale)."""
+    data_shape = weight.parts[0][1]
+    block = 1
+    for _, shape, _ in weight.parts[1:]:
+        cover = data_shape[dim] if len(shape) != len(data_shape) or shape[dim] <= 1 else data_shape[dim] // shape[dim]
+        block = max(block, cover)
+    return block
+
+
+def _widened(block: Block | None, length: int, unit: int) -> list[tuple[int, int]]:
+    """The ranges of ``block`` widened to whole quantization blocks of ``unit`` elements (merged, in order)."""
+    if block is None:
+        return [(0, length)]
+    widened: list[tuple[int, int]] = []
+    for start, stop in block[1]:
+        if stop > start:
+            low, high = start // unit * unit, min(-(-stop // unit) * unit, length)
+            if widened and low <= widened[-1][1]:
+                widened[-1] = (widened[-1][0], max(widened[-1][1], high))
+            else:
+                widened.append((low, high))
+    return widened
+
+
+def quantize_on_read(checkpoint: TensorSource, entry: TensorEntry, weight: torchao.QuantizedWeight,
+                     blocks: dict[int, Block | None], config: object, rank: int,
+                     device: torch.device) -> dict[int, torch.Tensor]:
+    """This rank's block of each part of ``weight`` (part index -> its block), quantized from the float ``entry``.
+
+    A scale depends on the whole block of data it covers, so the rank reads the float rows or columns of its
+    data block widened to whole quantization blocks: its rows under a column split (``S(0)``); whole rows
+    under a row split (``S(1)``) with per-row scales; its whole groups under a row split with group-wise
+    scales (the cuts fall between groups). It quantizes them and keeps its block of every part.
+    """
+    data_block = blocks.get(0)
+    dim = data_block[0] if data_block is not None else 0
+    length = weight.shape[dim]
+    widened = _widened(data_block, length, _quantization_block(weight, dim))
+    float_blocks: list[Block | None] = [None] * (rank + 1)
+    float_blocks[rank] = None if widened == [(0, length)] else (dim, widened)
+    (piece,) = checkpoint.read([ReadRequest(entry, float_blocks, rank, weight.dtype, device)])
+    parts = list(torchao.quantize_weight(piece, config).values())
+    out: dict[int, torch.Tensor] = {}
+    for index, block in blocks.items():
+        name, shape, dtype = weight.parts[index]
+        part = parts[index]
+        if part.dtype != dtype:
+            raise CheckpointError(f"{weight.fqn}: quantizing {entry.key!r} gave its {name} in {part.dtype}; the model's is {dtype}")
+        if block is None:
+            if tuple(part.shape) != shape:
+                raise CheckpointError(f"{weight.fqn}: {name} is kept whole, but this rank quantized {list(part.shape)} of "
+                                      f"its {list(shape)} (the data is split along dim {dim})")
+            out[index] = part.contiguous()
+            continue
+        part_dim, ranges = block
+        ratio = length // shape[part_dim] if part_dim == dim and shape[part_dim] else 0
+        spans, offset = [], 0  # each widened range in the part's units, and where it starts in ``part``
+        for low, high in widened:
+            if ratio:
+                spans.append((low // ratio, high // ratio, offset))
+                offset += (high - low) // ratio
+        pieces = []
+        for start, stop in ranges:
+            if stop <= start:
+                continue
+            span = next((s for s in spans if s[0] <= start and stop <= s[1]), None)
+            if span is None:
+                raise CheckpointError(f"{weight.fqn}: the block {start}:{stop} of dim {part_dim} of its {name} lies outside "
+                                      f"the data this rank quantized ({widened} of dim {dim})")
+            pieces.append(part.narrow(part_dim, span[2] + start - span[0], stop - start))
+        if not pieces:
+            empty = list(shape)
+            empty[part_dim] = 0
+            out[index] = torch.empty(empty, dtype=dtype, device=device)
+        else:
+            out[index] = (torch.cat(pieces, part_dim) if len(pieces) > 1 else pieces[0]).contiguous()
+    return out
 
 
 def _model_tensor(model: torch.nn.Module, fqn: str, exported: torch.export.ExportedProgram) -> torch.Tensor | None:
