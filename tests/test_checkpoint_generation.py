@@ -23,11 +23,12 @@ from autotp.runtime import loading
 NEW_TOKENS = 8
 PROMPT = 6
 CACHE_LEN = 32  # compile(..., max_cache_len=): prompt + new tokens fit
+LAYERS = 1  # each build traces three graphs: one layer keeps the test short
 
 
 def _model() -> torch.nn.Module:
-    """tiny Llama: 8 heads, 4 kv heads (uneven at tp 3), untied lm head, HF's default use_cache=True."""
-    model = tiny_llama()[0]
+    """tiny Llama, one layer: 8 heads, 4 kv heads (uneven at tp 3), untied lm head, HF's default use_cache=True."""
+    model = tiny_llama(layers=LAYERS)[0]
     model.config.use_cache = True
     model.generation_config.pad_token_id = 0  # no "setting pad_token_id" warning from HF generate
     return model
@@ -74,7 +75,7 @@ def _generate_from_checkpoint(rank: int, world_size: int, pretrained: str, saved
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if world_size == 3:
-            meta = tiny_llama(device="meta")[0]
+            meta = tiny_llama(layers=LAYERS, device="meta")[0]
             meta.config.use_cache = True
             tp = autotp.load(saved, meta, world_size=world_size, example_inputs=(ids,))
             results["load"] = {"tokens": tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist(),
@@ -89,7 +90,7 @@ def _generate_from_checkpoint(rank: int, world_size: int, pretrained: str, saved
         tp.save(saved)
         del tp, built
         with _ReadCounter() as counter:
-            tp = autotp.compile(tiny_llama(device="meta")[0], world_size=world_size, example_inputs=(ids,),
+            tp = autotp.compile(tiny_llama(layers=LAYERS, device="meta")[0], world_size=world_size, example_inputs=(ids,),
                                 checkpoint=pretrained, max_cache_len=CACHE_LEN)
         results["compile"] = {"tokens": tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist(),
                               "read": _blocks_read(counter, tp), "cache": tp.cache_bytes()}
