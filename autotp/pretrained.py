@@ -66,6 +66,8 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     with torch.device("meta"):
         model = model_class._from_config(config, dtype=dtype)
     model.eval()
+    if quantization_config is None and getattr(config, "quantization_config", None) is not None:
+        quantization_config = torchao.saved_config(config.quantization_config)  # a checkpoint saved quantized
     if quantization_config is not None:
         torchao.quantize_as_transformers_does(model, quantization_config)
     device = torch.device(device)

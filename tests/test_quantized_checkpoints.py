@@ -68,35 +68,54 @@ def test_quantized_save_and_load_at_other_world_sizes(gloo: Any, tmp_path: Path)
                                       f"max |tp - quantized model| {diff:.3g}, expected <= 1e-4")
 
 
-def _from_pretrained(rank: int, world_size: int, schemes: list[str], path: str) -> dict[str, float]:
-    """autotp.from_pretrained(float checkpoint, quantization_config=...) against transformers' own quantized load."""
+def _reference(path: str, scheme: str) -> torch.nn.Module:
+    """transformers' own from_pretrained of the float checkpoint with a TorchAoConfig."""
     from transformers import AutoModelForCausalLM, TorchAoConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_pretrained(path, quantization_config=TorchAoConfig(CONFIGS[scheme]()),
+                                                    dtype=torch.float32).eval()
+
+
+def _from_pretrained(rank: int, world_size: int, schemes: list[str], path: str, saved: dict[str, str]) -> dict[str, float]:
+    """autotp.from_pretrained of the float checkpoint with quantization_config=..., and of the checkpoint transformers
+    saved from its quantized model (``saved``), each against transformers' own quantized load."""
+    from transformers import TorchAoConfig
 
     diffs = {}
     for scheme in schemes:
-        config = TorchAoConfig(CONFIGS[scheme]())
-        reference = AutoModelForCausalLM.from_pretrained(path, quantization_config=config, dtype=torch.float32).eval()
         _, args, kwargs = tiny_llama(batch=2, seq_len=6, layers=1)
         with torch.no_grad():
-            expected = reference(*args, **kwargs).logits
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tp = autotp.from_pretrained(path, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
-                                        quantization_config=TorchAoConfig(CONFIGS[scheme]()))
-        quantized = sorted(fqn for fqn in tp.plan.parameters if "parametrizations" in fqn)
-        assert quantized, f"{scheme}: no quantized weight in the plan"
-        diffs[scheme] = (tp(*args, **kwargs).logits - expected).abs().max().item()
+            expected = _reference(path, scheme)(*args, **kwargs).logits
+        sources = {f"{scheme} from float": (path, TorchAoConfig(CONFIGS[scheme]()))}
+        if scheme in saved:
+            sources[f"{scheme} saved by transformers"] = (saved[scheme], None)
+        for name, (source, config) in sources.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tp = autotp.from_pretrained(source, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                                            quantization_config=config)
+            assert any("parametrizations" in fqn for fqn in tp.plan.parameters), f"{name}: no quantized weight in the plan"
+            diffs[name] = (tp(*args, **kwargs).logits - expected).abs().max().item()
     return diffs
 
 
 def test_from_pretrained_quantizes_a_float_checkpoint_as_transformers_does(gloo: Any, tmp_path: Path) -> None:
     """tp=2 (int8 per-row) and tp=3 (int8 per-row, int4 in groups of 32: 8 groups over 3 ranks) from a float
-    safetensors checkpoint: logits equal transformers' from_pretrained(path, quantization_config=...)."""
+    safetensors checkpoint, and at tp=3 from the checkpoints transformers' save_pretrained writes of its quantized
+    models (parts as ``q_proj._weight_qdata``...): logits equal transformers' from_pretrained(path,
+    quantization_config=...)."""
     model, _, _ = tiny_llama(layers=1)
     model.save_pretrained(tmp_path / "hf")
-    for world_size, schemes in ((2, ["int8"]), (3, ["int8", "int4group"])):
-        results = gloo.run(world_size, _from_pretrained, schemes, str(tmp_path / "hf"), timeout_s=600)
+    saved = {}
+    for scheme in CONFIGS:
+        _reference(str(tmp_path / "hf"), scheme).save_pretrained(tmp_path / scheme)
+        saved[scheme] = str(tmp_path / scheme)
+    for world_size, schemes, prequantized in ((2, ["int8"], {}), (3, ["int8", "int4group"], saved)):
+        results = gloo.run(world_size, _from_pretrained, schemes, str(tmp_path / "hf"), prequantized, timeout_s=600)
         for rank, diffs in enumerate(results):
-            for scheme, diff in diffs.items():
-                assert diff <= 1e-4, (f"tp={world_size} rank {rank} {scheme}: max |tp - transformers' quantized model| "
+            assert len(diffs) == len(schemes) + len(prequantized), f"tp={world_size}: cases run {sorted(diffs)}"
+            for name, diff in diffs.items():
+                assert diff <= 1e-4, (f"tp={world_size} rank {rank} {name}: max |tp - transformers' quantized model| "
                                       f"{diff:.3g}, expected <= 1e-4")

@@ -42,6 +42,7 @@ __all__ = [
     "check_quantized_weights",
     "config_of",
     "exported_name",
+    "flattened_name",
     "holds_subclass_weights",
     "inner_tensors",
     "is_subclass_weight",
@@ -50,6 +51,8 @@ __all__ = [
     "quantize_as_transformers_does",
     "quantize_weight",
     "quantized_weights",
+    "saved_config",
+    "saved_scheme",
     "weight_of",
 ]
 
@@ -121,6 +124,24 @@ def exported_name(fqn: str, index: int) -> str:
     ``a.parametrizations.weight.original0``)."""
     module, _, name = fqn.rpartition(".")
     return f"{module + '.' if module else ''}parametrizations.{name}.original{index}"
+
+
+def flattened_name(fqn: str, part: str) -> str:
+    """The safetensors key torchao's ``flatten_tensor_state_dict`` gives part ``part`` of weight ``fqn``, as
+    transformers' ``save_pretrained`` of a torchao-quantized model writes it (``a.weight``, ``qdata`` ->
+    ``a._weight_qdata``); the file's metadata holds the weight's class under ``fqn`` (:func:`saved_scheme`)."""
+    module, _, name = fqn.rpartition(".")
+    return f"{module + '.' if module else ''}_{name}_{part}"
+
+
+def saved_scheme(metadata: Mapping[str, str], fqn: str) -> str | None:
+    """The torchao class a flattened safetensors file says weight ``fqn`` was (its ``_type``), or None."""
+    import json
+
+    try:
+        return json.loads(metadata[fqn]).get("_type")
+    except (KeyError, ValueError, AttributeError):
+        return None
 
 
 def weight_of(exported_fqn: str) -> tuple[str, int] | None:
@@ -240,3 +261,19 @@ def quantize_weight(weight: torch.Tensor, config: Any) -> dict[str, torch.Tensor
     linear.weight = torch.nn.Parameter(weight, requires_grad=False)
     quantize_(linear, config)
     return inner_tensors(linear.weight)
+
+
+def saved_config(quantization_config: Any) -> Any:
+    """The ``TorchAoConfig`` of a checkpoint's ``config.json`` (``quantization_config``, a dict or the config
+    transformers built from it); another quantization method raises :class:`UnsupportedQuantizationError`."""
+    from transformers import TorchAoConfig
+
+    if isinstance(quantization_config, TorchAoConfig):
+        return quantization_config
+    method = quantization_config.get("quant_method") if isinstance(quantization_config, dict) else getattr(
+        quantization_config, "quant_method", None)
+    if method != "torchao" or not isinstance(quantization_config, dict):
+        raise UnsupportedQuantizationError(
+            f"the checkpoint's config.json says it is quantized with {method!r}; autotp reads torchao checkpoints "
+            "only (transformers' TorchAoConfig). Load a float checkpoint, or one saved from a TorchAoConfig model.")
+    return TorchAoConfig.from_dict(quantization_config)

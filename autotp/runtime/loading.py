@@ -311,6 +311,11 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
     aliases = tensor_aliases(model)
     nodes = {n.name: n for n in captured.graph_module.graph.nodes if n.op == "placeholder"}
     slots = [s for s in captured.inputs if s.kind != "user"]
+    model_quantized = torchao.quantized_weights(model)
+    for weight in model_quantized.values():  # a part is also found as transformers saves it (q_proj._weight_qdata)
+        for index, (part, _, _) in enumerate(weight.parts):
+            name = torchao.exported_name(weight.fqn, index)
+            aliases[name] = (name, torchao.flattened_name(weight.fqn, part))
     for slot in slots:
         aliases.setdefault(str(slot.target), (str(slot.target),))
     keys = match_keys(aliases, checkpoint)
@@ -319,7 +324,7 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
     derived: list[str] = []
     # a quantized weight's part the checkpoint lacks, where it holds the float weight: quantized on read
     float_weights = {name: weight for name, weight in _parts_of_float_weights(slots, keys).items() if name not in unread}
-    quantized = torchao.quantized_weights(model) if float_weights else {}
+    quantized = model_quantized
     for slot in slots:
         fqn = str(slot.target)
         if (slot.kind == "parameter" and slot.name in unread) or fqn in created:
@@ -332,6 +337,9 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
                 problems.append(problem)
         elif fqn in keys:
             problem = check_entry(fqn, checkpoint[keys[fqn]], tuple(int(d) for d in val.shape), val.dtype)
+            part = torchao.weight_of(fqn)
+            if problem is None and part is not None and keys[fqn] != fqn:  # saved flattened, by transformers
+                problem = _check_saved_scheme(checkpoint[keys[fqn]], model_quantized.get(part[0]))
             if problem:
                 problems.append(problem)
         elif slot.kind == "parameter":
@@ -389,6 +397,21 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
                                  rank, device)
         values.update({by_index[index][0]: value for index, value in local.items()})
     return {slot.name: values[slot.name] for slot in slots}
+
+
+def _check_saved_scheme(entry: TensorEntry, weight: torchao.QuantizedWeight | None) -> str | None:
+    """Why a part saved flattened (by transformers) cannot fill the model's ``weight``: another torchao class."""
+    if weight is None or entry.file.suffix != ".safetensors":
+        return None
+    from safetensors import safe_open
+
+    key = entry.key.rsplit("._", 1)[0] + "." + weight.fqn.rpartition(".")[2]  # ``a._weight_qdata`` -> ``a.weight``
+    with safe_open(str(entry.file), framework="pt") as handle:
+        saved = torchao.saved_scheme(handle.metadata() or {}, key)
+    if saved != weight.scheme:
+        return (f"{weight.fqn}: the model's weight is {weight.scheme} but {entry.file} saved {key} as {saved or 'no torchao class'}; "
+                "quantize the model with the config the checkpoint was saved with (its config.json quantization_config)")
+    return None
 
 
 def _parts_of_float_weights(slots: list[Any], keys: dict[str, str]) -> dict[str, str]:
