@@ -168,10 +168,10 @@ class _HostReads(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _loop(check_eos_every: int, eos_at: int, max_new_tokens: int) -> tuple[list[list[int]], int, int]:
-    """The decode loop over a stand-in graph whose next token is the position + 1 (eos = ``eos_at``):
-    (tokens, graph calls, host reads)."""
-    layout = CacheLayout(batch_size=1, max_cache_len=64, prefill_len=1, vocab_size=64, eos_token_ids=(eos_at,),
+def _loop(stop_check_every: int, eos_at: int, max_new_tokens: int) -> tuple[list[list[int]], int, int]:
+    """The decode loop over a stand-in graph whose next token is the position + 1 in row 0 and + 2 in row 1
+    (eos = ``eos_at``, pad 0): (tokens, graph calls, host reads)."""
+    layout = CacheLayout(batch_size=2, max_cache_len=64, prefill_len=1, vocab_size=64, eos_token_ids=(eos_at,),
                          pad_token_id=0)
     calls = [0]
 
@@ -179,26 +179,75 @@ def _loop(check_eos_every: int, eos_at: int, max_new_tokens: int) -> tuple[list[
         def run(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
             calls[0] += 1
             positions = inputs[1]  # (batch, 1)
-            return torch.nn.functional.one_hot(positions + 1, 64).float()  # (batch, 1, vocab)
+            return torch.nn.functional.one_hot(positions + torch.tensor([[1], [2]]), 64).float()  # (batch, 1, vocab)
         return run
 
     with _HostReads() as reads:
-        tokens = generation_loop(layout, runner, torch.tensor([[5]]), None, max_new_tokens=max_new_tokens,
+        tokens = generation_loop(layout, runner, torch.tensor([[5], [5]]), None, max_new_tokens=max_new_tokens,
                                  eos_token_id=None, pad_token_id=None, seed=None, streamer=None,
-                                 pick=lambda logits, generator: logits.argmax(-1), check_eos_every=check_eos_every)
+                                 pick=lambda logits, generator: logits.argmax(-1), stop_check_every=stop_check_every)
     return tokens.tolist(), calls[0], reads.reads
 
 
 def test_compiled_loop_reads_nothing_back_per_token() -> None:
-    """No process group, a stand-in graph: with the eos check every EOS_CHECK_TOKENS tokens the loop reads from
-    a tensor once per EOS_CHECK_TOKENS tokens (plus once at the end), not per token, and returns the same tokens
-    as the per-token check, cut at the eos."""
-    per_token = _loop(1, eos_at=12, max_new_tokens=20)
-    batched = _loop(EOS_CHECK_TOKENS, eos_at=12, max_new_tokens=20)
-    assert batched[0] == per_token[0] == [[5, *range(1, 13)]], f"per token {per_token[0]}, batched {batched[0]}"
-    assert per_token[2] >= 12, f"per-token check: {per_token[2]} host reads for 12 tokens"
-    assert batched[2] <= 12 // EOS_CHECK_TOKENS + 2, f"{batched[2]} host reads for 12 tokens"
-    assert batched[1] - per_token[1] < EOS_CHECK_TOKENS, f"graph calls: {batched[1]} against {per_token[1]}"
-    no_eos = _loop(EOS_CHECK_TOKENS, eos_at=60, max_new_tokens=20)
-    assert no_eos[0] == [[5, *range(1, 21)]], f"without an eos in range: {no_eos[0]}"
+    """No process group, a stand-in graph, batch 2, eos in the middle (row 1 ends a step before row 0 and is
+    padded): with the stop check every k tokens (k = 1, EOS_CHECK_TOKENS, more than max_new_tokens) the loop
+    reads from a tensor about once per k tokens, not per token, and returns HF's trimmed tokens for every k;
+    a bad k raises saying what works."""
+    from autotp.runtime.generate import check_stop_check_every
 
+    hf_trimmed = [[5, *range(1, 13)], [5, *range(2, 13), 0]]  # HF: stop when every row ended, pad the early one
+    per_token = _loop(1, eos_at=12, max_new_tokens=20)
+    assert per_token[0] == hf_trimmed, f"k=1: {per_token[0]}"
+    assert per_token[2] >= 12, f"k=1: {per_token[2]} host reads for 12 tokens"
+    for k in (EOS_CHECK_TOKENS, 25):
+        tokens, calls, reads = _loop(k, eos_at=12, max_new_tokens=20)
+        assert tokens == hf_trimmed, f"k={k}: {tokens}, HF's trimmed result {hf_trimmed}"
+        decoded = min(20, -(-12 // k) * k)  # tokens made before a check saw the end (or max_new_tokens)
+        checks = decoded // k  # host reads of "every row ended" in the loop; one more finds where to cut
+        assert reads <= checks + 1, f"k={k}: {reads} host reads for 12 tokens, expected at most {checks + 1}"
+        assert calls - per_token[1] == decoded - 12, f"k={k}: {calls} graph calls, per-token check {per_token[1]}"
+    no_eos = _loop(EOS_CHECK_TOKENS, eos_at=60, max_new_tokens=20)
+    assert no_eos[0] == [[5, *range(1, 21)], [5, *range(2, 22)]], f"without an eos in range: {no_eos[0]}"
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="stop_check_every must be an int >= 1"):
+            check_stop_check_every(bad)
+    check_stop_check_every(None)
+
+
+def _linear_graph() -> Any:
+    """x -> linear(x, w1, b1) -> mm(., t(w2)) + x @ w3.t() ... where w3 is also added elsewhere (not only a weight)."""
+    from torch import fx
+
+    aten = torch.ops.aten
+    graph = fx.Graph()
+    w1, b1, w2, w3, x = (graph.placeholder(name) for name in ("w1", "b1", "w2", "w3", "x"))
+    hidden = graph.call_function(aten.linear.default, (x, w1, b1))  # (2, 1, 6)
+    flat = graph.call_function(aten.view.default, (hidden, [2, 6]))
+    out = graph.call_function(aten.mm.default, (flat, graph.call_function(aten.t.default, (w2,))))  # (2, 4)
+    other = graph.call_function(aten.linear.default, (flat, w3))  # (2, 6), and w3 is read as a whole below
+    graph.output((graph.call_function(aten.add.Tensor, (out, graph.call_function(aten.sum.default, (other,)))),
+                  graph.call_function(aten.sum.default, (w3,))))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_compiled_decode_reads_linear_weights_in_out() -> None:
+    """No process group: the compiled decode graph takes the weights it reads only as linear weights (w1 of a
+    linear with bias, w2 of mm(t(w))) in (in, out) layout and not the one also read whole (w3); results equal
+    the graph's eager ones, also after a weight is written in place (the copy is made again)."""
+    from autotp.runtime.runtime_modes import graph_runner, matmul_weights_in_out
+
+    gm = _linear_graph()
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(6, 3, generator=generator), torch.randn(6, generator=generator),
+               torch.randn(4, 6, generator=generator), torch.randn(6, 6, generator=generator)]
+    x = torch.randn(2, 1, 3, generator=generator)
+    _, positions = matmul_weights_in_out(gm, (*weights, x))
+    assert positions == (0, 2), f"expected w1 and w2 in (in, out) layout, got input positions {positions}"
+    run = graph_runner(gm, "compiled", what="decode")
+    for step in range(3):
+        if step == 2:
+            weights[0].add_(1.0)  # written in place: the compiled graph must read the new values
+        got, expected = run(*weights, x), gm(*weights, x)
+        for g, e in zip(got, expected):
+            assert torch.allclose(g, e, atol=1e-5), f"step {step}: compiled {g} != eager {e}"

@@ -43,11 +43,12 @@ from autotp.runtime.kv_cache import CacheLayout
 if TYPE_CHECKING:
     from autotp.runtime.module import TensorParallelModule
 
-__all__ = ["EOS_CHECK_TOKENS", "GenerationRequest", "check_request", "generate", "generation_loop", "next_tokens",
+__all__ = ["EOS_CHECK_TOKENS", "GenerationRequest", "check_request", "check_stop_check_every", "generate", "generation_loop", "next_tokens",
            "resolve_request"]
 
 EOS_CHECK_TOKENS = 8
-"""Tokens between two looks at "has every row ended" in the compiled modes (one host sync each)."""
+"""Tokens between two looks at "has every row ended" in the compiled modes (one host sync each), unless
+``generate(..., stop_check_every=k)`` says otherwise."""
 
 _ONE_RANK_TIMEOUT_S = 3600.0
 """How long the other ranks wait for rank 0's tokens when it generates alone (a whole request)."""
@@ -84,6 +85,15 @@ def _check(tp: TensorParallelModule, input_ids: Any, attention_mask: Any, max_ne
             "autotp.compile(model, example_inputs=(ids,), max_cache_len=N) (N: prompt + new tokens per row)"
         )
     check_request(layout, tp.world_size, input_ids, attention_mask, max_new_tokens, do_sample, seed)
+
+
+def check_stop_check_every(stop_check_every: Any) -> None:
+    """ValueError unless ``stop_check_every`` is None (the runtime mode's default) or an int >= 1."""
+    if stop_check_every is not None and (isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int)
+                                         or stop_check_every < 1):
+        raise ValueError(f"stop_check_every must be an int >= 1 (tokens between two host reads of whether every row "
+                         f"has ended) or None for the runtime mode's default, got {stop_check_every!r}; e.g. "
+                         f"stop_check_every=8")
 
 
 def _check_new_tokens(max_new_tokens: Any) -> None:
@@ -188,7 +198,7 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
              max_new_tokens: int | None = None, max_length: int | None = None, generation_config: Any = None,
              do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
-             seed: int | None = None, streamer: Any = None) -> torch.Tensor:
+             seed: int | None = None, streamer: Any = None, stop_check_every: int | None = None) -> torch.Tensor:
     """Prompt ``input_ids`` ``(batch, prompt)`` followed by up to ``max_new_tokens`` generated tokens per row.
 
     Same arguments and result as HuggingFace ``model.generate``: a setting the call leaves out (or None)
@@ -201,10 +211,18 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     ``seed`` seeds the sampling generator (needed with ``do_sample`` on more than one rank).
     A ``streamer`` gets the prompt, then each step's tokens, then ``end()``.
 
+    ``stop_check_every=k``: whether every row has ended is computed on the device per token and read on the
+    host only every ``k`` tokens (one sync each), the tokens past the end dropped, so the result is HF's for any
+    ``k``; default 1 in eager mode, :data:`EOS_CHECK_TOKENS` in the compiled modes (a streamer reads every
+    token, so it makes it 1).
+
     A model compiled without ``max_cache_len`` (a plain compile of a causal LM) builds its generation
     graphs on the first call, with a KV cache sized for the request, and again when a later request
     needs more (see :mod:`autotp.generation_on_demand`).
     """
+    check_stop_check_every(stop_check_every)
+    if stop_check_every is None:
+        stop_check_every = 1 if tp.runtime_mode == "eager" else EOS_CHECK_TOKENS
     request = resolve_request(input_ids, {"max_new_tokens": max_new_tokens, "max_length": max_length,
                                           "do_sample": do_sample, "temperature": temperature, "top_k": top_k,
                                           "top_p": top_p, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id},
@@ -220,7 +238,7 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
         return generation_loop(layout, tp.phase_runner, input_ids, attention_mask,
                                max_new_tokens=new_tokens, eos_token_id=request.eos_token_id,
                                pad_token_id=request.pad_token_id, seed=seed, streamer=streamer,
-                               check_eos_every=1 if tp.runtime_mode == "eager" else EOS_CHECK_TOKENS,
+                               stop_check_every=stop_check_every,
                                pick=lambda logits, generator: next_tokens(
                                    logits, do_sample=request.do_sample, temperature=request.temperature,
                                    top_k=request.top_k, top_p=request.top_p, generator=generator))
@@ -283,7 +301,7 @@ def _on_first_rank(tp: TensorParallelModule, loop: Callable[..., torch.Tensor], 
 def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[[tuple[torch.Tensor, ...]], Any]],
                     input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
                     eos_token_id: int | list[int] | None, pad_token_id: int | None, seed: int | None, streamer: Any,
-                    pick: Callable[[Any, torch.Generator | None], torch.Tensor], check_eos_every: int = 1,
+                    pick: Callable[[Any, torch.Generator | None], torch.Tensor], stop_check_every: int = 1,
                     ) -> torch.Tensor:
     """The loop of :func:`generate` over a checked request: the prompt through the prefill (or decode) graph,
     then one decode call per new token.
@@ -292,7 +310,7 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
     positions, cache_position, mask)`` returning logits ``(batch, S, vocab)`` (or ``None`` where this
     rank computes no logits: a pipeline stage other than the last); ``pick(logits, generator)``
     returns every row's next token (the same on every rank). A pipeline
-    (:mod:`autotp.runtime.mesh_generate`) runs this same loop on every stage. ``check_eos_every``: tokens
+    (:mod:`autotp.runtime.mesh_generate`) runs this same loop on every stage. ``stop_check_every``: tokens
     between two host reads of whether every row has ended (1: per token; more: no host sync in between,
     the extra tokens dropped at the end, so the result is the same).
     """
@@ -347,7 +365,7 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
     if streamer is not None:
-        check_eos_every = 1  # the streamer reads every token on the host anyway, and must get no token past the end
+        stop_check_every = 1  # the streamer reads every token on the host anyway, and must get no token past the end
     new: list[torch.Tensor] = []
     ended: list[torch.Tensor] = []  # per step, whether every row had ended after it (a tensor: no host read)
     for step in range(max_new_tokens):
@@ -359,13 +377,13 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
         new.append(token)
         if streamer is not None:
             streamer.put(token[:rows].cpu())
-        if step == max_new_tokens - 1 or (eos and (step + 1) % check_eos_every == 0 and bool(ended[-1])):
+        if step == max_new_tokens - 1 or (eos and (step + 1) % stop_check_every == 0 and bool(ended[-1])):
             break
         slot = prompt + step
         mask[:, slot] = 1
         positions[:, slot] = positions[:, slot - 1] + 1  # the previous slot holds a token (padding is on the left)
         logits = run(slot, token.unsqueeze(1))
-    if eos and check_eos_every > 1:  # keep the tokens up to the first step after which every row had ended
+    if eos and stop_check_every > 1:  # keep the tokens up to the first step after which every row had ended
         stops = torch.stack(ended).nonzero()
         if stops.numel():
             new = new[:int(stops[0, 0]) + 1]
