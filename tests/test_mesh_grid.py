@@ -6,7 +6,10 @@ call applied passed back in (each stage's tensor-parallel plan filled in). Each 
 called with its example batch and with batches 1 and 4: every call returns the whole batch's
 logits equal to one process's, or raises a clear error on every rank before any work (a mesh
 the model or batch does not fit at compile, a batch a pipeline was not compiled for at the call).
-One pool call per mesh walks its models and batches inside the workers and returns a table.
+One pool call per mesh walks its models and batches inside the workers and returns a table. The walks
+share one trace cache (a directory for this file): the compile with the plan passed back, and a mesh
+that traces the same model at the same rows as an earlier one, rebuild the program ``torch.export`` made
+instead of tracing again (the same program: what the grid checks is the plan and the outputs).
 """
 
 from __future__ import annotations
@@ -52,14 +55,15 @@ def _plan_applied(part: Any) -> Any:
     return dataclasses.replace(part.plan, stages=stages)
 
 
-def _walk(rank: int, world_size: int, dims: tuple[int, int, int]) -> list[Row]:
-    """This rank's table for one mesh (see :data:`Row`)."""
+def _walk(rank: int, world_size: int, dims: tuple[int, int, int], trace_cache: str) -> list[Row]:
+    """This rank's table for one mesh (see :data:`Row`); programs traced through ``trace_cache`` (a directory)."""
     import torch
 
     import autotp
     from autotp.base.errors import InputShapeError
 
     mesh = _mesh(dims)
+    runtime = autotp.RuntimeOptions(trace_cache=trace_cache)
     rows: list[Row] = []
     for layers in LAYERS:
         references = {}
@@ -74,7 +78,8 @@ def _walk(rank: int, world_size: int, dims: tuple[int, int, int]) -> list[Row]:
                     continue  # the default call failed: there is no plan to pass back
                 args, kwargs, _ = references[batch]
                 try:
-                    part = autotp.compile_mesh(model, mesh, example_inputs=args, example_kwargs=kwargs, plan=plan)
+                    part = autotp.compile_mesh(model, mesh, example_inputs=args, example_kwargs=kwargs, plan=plan,
+                                              runtime=runtime)
                 except (ValueError, autotp.AgreementError) as exc:
                     rows.append((layers, batch, mode, None, type(exc).__name__, str(exc)))
                     continue
@@ -121,13 +126,19 @@ def _show(dims: tuple[int, int, int], table: list[Row]) -> str:
                      for layers, batch, mode, call, outcome, detail in table)
 
 
+@pytest.fixture(scope="module")
+def trace_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One trace cache directory for every mesh of this file."""
+    return str(tmp_path_factory.mktemp("mesh-grid-trace-cache"))
+
+
 @pytest.mark.parametrize("dims", MESHES, ids=["x".join(map(str, dims)) for dims in MESHES])
-def test_mesh_grid(gloo: Any, dims: tuple[int, int, int]) -> None:
+def test_mesh_grid(gloo: Any, dims: tuple[int, int, int], trace_cache: str) -> None:
     """dp x pp x tp on 4 gloo ranks (each of the six factorisations): for tiny Llama of 2 and 4 layers,
     example batches 1, 2, 4, no plan and the applied plan passed back, calls of batch 1, 2, 4: the whole
     batch's logits equal to one process's on every rank, or the same clear error on every rank where the
     grid says one is due (pp above the layer count, fewer rows than dp, another batch through a pipeline)."""
-    tables = gloo.run(4, _walk, dims, timeout_s=600)
+    tables = gloo.run(4, _walk, dims, trace_cache, timeout_s=600)
     compiles = [(layers, batch) for layers in LAYERS for batch in BATCHES]
     fit = sum(_expected_error(dims, layers, batch, None) is None for layers, batch in compiles)
     expected_rows = fit * 2 * (1 + len(CALL_BATCHES)) + len(compiles) - fit
