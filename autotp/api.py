@@ -212,7 +212,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     plan, whose placements prefill is pinned to. See :mod:`autotp.runtime.generation`. Without ``max_cache_len`` a
     causal LM compiled for inference still generates: ``tp.generate`` builds these graphs on its first call,
     with a cache sized for the request, from ``model`` (held by a weak reference: keep it until then), or with
-    ``checkpoint=`` from the checkpoint (each rank reads its blocks again); see
+    ``checkpoint=`` from the checkpoint (each rank reads the blocks its module does not hold); see
     :mod:`autotp.runtime.generation_on_demand`. With ``checkpoint=`` and ``max_cache_len`` the generation graphs
     are captured on the (meta) model and each rank reads its blocks of the weights once for all of them.
 

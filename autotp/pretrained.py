@@ -39,8 +39,8 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     each rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto ``device``.
     ``group``, ``plan``, ``hardware``, ``options`` and ``runtime`` as in :func:`autotp.compile`. For a causal
     LM, ``tp.generate(ids, ...)`` builds its generation graphs on the first call from the same checkpoint:
-    captured on the meta model, each rank reading its blocks of the weights again (see
-    :mod:`autotp.runtime.generation_on_demand`).
+    captured on the meta model, each rank reading the blocks of the weights that it does not hold already
+    (see :mod:`autotp.runtime.generation_on_demand`).
 
     ``quantization_config`` (a ``transformers.TorchAoConfig``): the meta model is quantized as transformers
     would (the same weights), and each rank quantizes its blocks of the float checkpoint as it reads them

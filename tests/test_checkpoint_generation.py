@@ -85,8 +85,10 @@ def _generate_from_checkpoint(rank: int, world_size: int, pretrained: str, saved
         with _ReadCounter() as counter:
             tokens = tp.generate(ids, max_new_tokens=NEW_TOKENS)
         built = tp.generation_on_demand.built
+        held, state = tp.local_state(), built.local_state()
         results["from_pretrained"] = {"tokens": tokens.tolist(), "read": _blocks_read(counter, built),
-                                      "meta_left": [k for k, v in built.local_state().items() if v.device.type == "meta"]}
+                                      "meta_left": [k for k, v in state.items() if v.device.type == "meta"],
+                                      "reused": sorted(k for k, v in held.items() if state.get("model." + k) is v)}
         tp.save(saved)
         del tp, built
         with _ReadCounter() as counter:
@@ -106,11 +108,15 @@ def _check(results: list[dict[str, Any]], expected: dict[str, Any]) -> None:
             assert got["tokens"] == expected["tokens"], (
                 f"{where}: tokens differ from HF generate:\n expected {expected['tokens']}\n got {got['tokens']}")
             read = got.get("read")
-            if read is not None:  # every weight read once, this rank's block of it only
-                assert sorted(read["keys"]) == expected["keys"], (
-                    f"{where}: read {sorted(read['keys'])}, expected each of {expected['keys']} once")
+            if read is not None:  # every weight read once (or its block taken from the forward module), this rank's
+                reused = got.get("reused", [])  # block of it only
+                assert sorted(read["keys"] + reused) == expected["keys"], (
+                    f"{where}: read {sorted(read['keys'])} and took {reused} from the forward module, expected each "
+                    f"of {expected['keys']} once")
                 assert not read["differ"], f"{where}: (key, bytes read, bytes held) differ: {read['differ'][:4]}"
                 assert read["bytes"] < 0.75 * full, f"{where}: read {read['bytes']} of {full} bytes"
+            if "reused" in got:
+                assert got["reused"], f"{where}: the generation graphs took no block from the forward module"
             if "held" in got:
                 assert got["held"] < 0.5 * full, f"{where}: holds {got['held']} of {full} bytes (about a third expected)"
             if "cache" in got:  # 4 kv heads: split by heads, made on each rank in its block only
@@ -138,8 +144,9 @@ def _expected(directory: Path) -> dict[str, Any]:
 @pytest.mark.distributed
 def test_generate_from_checkpoint(gloo, tmp_path: Path) -> None:
     """tp=2, tiny Llama (8 heads, 4 kv heads): from_pretrained(path, world_size=2).generate and compile(meta_model,
-    checkpoint=path, max_cache_len=32).generate give HF's greedy tokens, each generation build reading every
-    weight once, this rank's block only, and making the cache in this rank's blocks; tp=3 (uneven heads):
+    checkpoint=path, max_cache_len=32).generate give HF's greedy tokens; each generation build reads every
+    weight once, this rank's block only (after from_pretrained, only the blocks the forward module does not
+    hold: the others are its very tensors) and makes the cache in this rank's blocks; tp=3 (uneven heads):
     load of the tp=2 model's tp.save directory, then generate, gives them too."""
     expected = _expected(tmp_path / "hf")
     _check(gloo.run(2, _generate_from_checkpoint, str(tmp_path / "hf"), str(tmp_path / "saved")), expected)

@@ -113,7 +113,7 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
     if not training and options.outputs == "replicated" and _is_causal_lm(model):
         on_demand = GenerationOnDemand(model, example_inputs, group=group, timeout_s=timeout_s, build=functools.partial(
             _compile_for_generation, options=options, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode,
-            files=files, device=device), from_checkpoint=files is not None)
+            device=device), files=files)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
                                 training=training, original=model, group=group, generation_on_demand=on_demand,
@@ -129,13 +129,12 @@ def _is_causal_lm(model: torch.nn.Module) -> bool:
     return True
 
 
-def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int, *,
-                            options: PlanOptions, group: dist.ProcessGroup | None, rank: int,
-                            timeout_s: float, runtime_mode: str, files: TensorSource | None,
-                            device: torch.device) -> TensorParallelModule:
+def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int,
+                            files: TensorSource | None, *, options: PlanOptions, group: dist.ProcessGroup | None,
+                            rank: int, timeout_s: float, runtime_mode: str, device: torch.device) -> TensorParallelModule:
     """``compile(model, ..., max_cache_len=max_cache_len)`` after the plain compile that planned with ``options``:
     what :class:`~autotp.runtime.generation_on_demand.GenerationOnDemand` builds on the first ``generate``
-    (``files``: the checkpoint that compile read, whose headers are kept, read again for this rank's blocks)."""
+    (``files``: the checkpoint that compile read, seen through its module's blocks, or None)."""
     return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options, plan=None,
                                   group=group, rank=rank, timeout_s=timeout_s, runtime_mode=runtime_mode,
                                   files=files, device=device)

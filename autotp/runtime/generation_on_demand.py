@@ -18,8 +18,9 @@ given as ``build``), and keeps them for later calls:
 The graphs are built from the model passed to ``compile``: it is held by a weak reference (the tensor-parallel
 model does not keep the full weights alive), so it must still exist, with the weights it was compiled with,
 at the first ``generate``. A model compiled from a checkpoint (``from_pretrained``, ``load``,
-``compile(..., checkpoint=)``) builds them from that checkpoint instead: each rank reads its blocks of the
-weights again (the files' headers were kept), and a model on meta, which holds no weights, is kept alive. Every rank must make the same request: the ranks agree on the cache size
+``compile(..., checkpoint=)``) builds them from that checkpoint instead (the files' headers were kept): each
+rank takes the blocks its forward module holds where the generation plan places a weight alike, and reads only
+the others (:class:`HeldBlocks`); a model on meta, which holds no weights, is kept alive. Every rank must make the same request: the ranks agree on the cache size
 (:func:`autotp.runtime.agreement.ranks_agree`) before anything is traced, and any difference raises the same
 error on every rank.
 """
@@ -34,9 +35,10 @@ import torch
 import torch.distributed as dist
 
 from autotp.runtime.agreement import options_record, ranks_agree
+from autotp.runtime.loading import ReadRequest, TensorEntry, TensorSource, match_keys, tensor_aliases
 from autotp.runtime.module import TensorParallelModule
 
-__all__ = ["MIN_CACHE_LEN", "GenerationOnDemand", "cache_length"]
+__all__ = ["MIN_CACHE_LEN", "GenerationOnDemand", "HeldBlocks", "cache_length"]
 
 MIN_CACHE_LEN = 64
 """The fewest slots per row of a cache built on demand: short requests share one size, so one build serves them."""
@@ -59,18 +61,58 @@ def cache_length(needed: int, limit: int | None) -> int:
     return length if limit is None else min(length, limit)
 
 
+class HeldBlocks:
+    """The checkpoint ``files`` seen through a plain compile's module ``tp``: a block that ``tp`` holds (same
+    checkpoint tensor, same blocks of every rank, dtype and device) is given as ``tp``'s tensor, not read again,
+    so a rank never holds two copies of it while the generation graphs are built; other blocks are read."""
+
+    def __init__(self, files: TensorSource, tp: TensorParallelModule, model: torch.nn.Module) -> None:
+        """``model``: the module ``tp`` was compiled from (its FQNs are ``tp``'s)."""
+        self.path = files.path
+        self.entries = files.entries
+        self._files = files
+        state = tp.local_state()
+        self._held: dict[str, tuple[Any, torch.Tensor]] = {}  # checkpoint key -> (every rank's block, tensor)
+        for fqn, key in match_keys(tensor_aliases(model), files).items():
+            if fqn in tp.layout and fqn in state:
+                self._held.setdefault(key, (tp.layout[fqn][1], state[fqn]))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._files
+
+    def __getitem__(self, key: str) -> TensorEntry:
+        return self._files[key]
+
+    def describe(self) -> str:
+        return self._files.describe()
+
+    def read(self, requests: list[ReadRequest]) -> list[torch.Tensor]:
+        """Each request's block: ``tp``'s tensor where it holds that block, else read from the files."""
+        out: list[torch.Tensor | None] = []
+        for request in requests:
+            blocks, tensor = self._held.get(request.entry.key, (False, None))
+            same = tensor is not None and blocks == request.blocks and (tensor.dtype, tensor.device) == (
+                request.dtype, request.device)
+            out.append(tensor.detach() if same and tensor is not None else None)
+        missing = [i for i, value in enumerate(out) if value is None]
+        for i, value in zip(missing, self._files.read([requests[i] for i in missing]), strict=True):
+            out[i] = value
+        return [value for value in out if value is not None]
+
+
 class GenerationOnDemand:
     """``generation_on_demand`` of a plain compile's :class:`TensorParallelModule`: called as
     ``(tp, input_ids, max_new_tokens)``, returns a module compiled for generation with room for the request
     (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, example_inputs: tuple[Any, ...], *,
-                 build: Callable[[torch.nn.Module, tuple[Any, ...], int], TensorParallelModule],
-                 group: dist.ProcessGroup | None, timeout_s: float, from_checkpoint: bool = False) -> None:
-        """``build(model, example_inputs, max_cache_len)`` compiles ``model`` for generation (every rank);
-        ``from_checkpoint``: ``build`` reads the weights from the checkpoint the plain compile read."""
+                 build: Callable[[torch.nn.Module, tuple[Any, ...], int, TensorSource | None], TensorParallelModule],
+                 group: dist.ProcessGroup | None, timeout_s: float, files: TensorSource | None = None) -> None:
+        """``build(model, example_inputs, max_cache_len, files)`` compiles ``model`` for generation (every rank),
+        reading its weights from ``files`` when given (the checkpoint the plain compile read) or slicing the
+        model's otherwise."""
         on_meta = any(p.device.type == "meta" for p in model.parameters())
-        if on_meta and not from_checkpoint:
+        if on_meta and files is None:
             raise ValueError(f"{type(model).__name__} has parameters on the meta device and no checkpoint to read "
                              "them from; compile it with checkpoint='path/to/model' or load its weights first")
         self._model = weakref.ref(model)  # a real model's weights must not be kept alive by the tensor-parallel one
@@ -81,6 +123,7 @@ class GenerationOnDemand:
         on_device = isinstance(ids, torch.Tensor) and ids.device.type != "meta"
         self._device = ids.device if on_device else torch.device("cpu")  # where the example ids live
         self._build = build
+        self._files = files
         self._group = group
         self._timeout_s = timeout_s
         self._built: TensorParallelModule | None = None
@@ -107,7 +150,8 @@ class GenerationOnDemand:
                                                "prompt tokens per prefill call": prefill_len}, weights=None)
         self._built = None  # the old graphs and cache go before the new ones are built
         example = (torch.zeros(rows, prefill_len, dtype=torch.long, device=self._device),)  # (batch, seq) token ids
-        built = self._build(model, example, max_cache_len)
+        files = None if self._files is None else HeldBlocks(self._files, tp, model)
+        built = self._build(model, example, max_cache_len, files)
         with ranks_agree(self._group, timeout_s=self._timeout_s, what="generate (sharing the weights)") as agreement:
             built.share_weights(tp, prefix=WRAPPED_PREFIX)  # the model's weights must be those compiled
             agreement.record = options_record({}, weights=None)
