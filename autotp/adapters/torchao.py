@@ -230,7 +230,7 @@ def quantize_as_transformers_does(model: torch.nn.Module, quantization_config: A
     """Quantize ``model`` in place (on ``meta`` too) with a transformers ``TorchAoConfig``: the weights transformers'
     own torchao quantizer picks (``param_needs_quantization``: the Linear weights, not the output embedding unless
     asked), and the config kept on ``model.config.quantization_config`` as transformers keeps it."""
-    from torchao.quantization import quantize_
+    from torchao.quantization import quantize_  # type: ignore[import-untyped]
     from transformers.quantizers.auto import AutoHfQuantizer
 
     if getattr(quantization_config, "quant_method", None) != "torchao" or not hasattr(quantization_config, "quant_type"):
@@ -241,7 +241,7 @@ def quantize_as_transformers_does(model: torch.nn.Module, quantization_config: A
     quantizer.preprocess_model(model)  # decides which modules stay unquantized
     chosen = {fqn for fqn, _ in model.named_parameters() if quantizer.param_needs_quantization(model, fqn)}
     quantize_(model, quantization_config.quant_type, filter_fn=lambda module, fqn: f"{fqn}.weight" in chosen)
-    model.config.quantization_config = quantization_config
+    model.config.quantization_config = quantization_config  # type: ignore[union-attr]
 
 
 def config_of(model: torch.nn.Module) -> Any:
@@ -255,7 +255,7 @@ def quantize_weight(weight: torch.Tensor, config: Any) -> dict[str, torch.Tensor
     """The parts (:func:`inner_tensors`) of a float ``(out, in)`` Linear weight quantized with torchao ``config``:
     what ``quantize_`` makes of a Linear holding it. Quantized by blocks, so a block of whole quantization
     groups (rows for per-row scales) quantizes as it does inside the whole weight."""
-    from torchao.quantization import quantize_
+    from torchao.quantization import quantize_  # type: ignore[import-untyped]
 
     linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     linear.weight = torch.nn.Parameter(weight, requires_grad=False)

@@ -312,10 +312,10 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
     nodes = {n.name: n for n in captured.graph_module.graph.nodes if n.op == "placeholder"}
     slots = [s for s in captured.inputs if s.kind != "user"]
     model_quantized = torchao.quantized_weights(model)
-    for weight in model_quantized.values():  # a part is also found as transformers saves it (q_proj._weight_qdata)
-        for index, (part, _, _) in enumerate(weight.parts):
-            name = torchao.exported_name(weight.fqn, index)
-            aliases[name] = (name, torchao.flattened_name(weight.fqn, part))
+    for held in model_quantized.values():  # a part is also found as transformers saves it (q_proj._weight_qdata)
+        for index, (part_name, _, _) in enumerate(held.parts):
+            name = torchao.exported_name(held.fqn, index)
+            aliases[name] = (name, torchao.flattened_name(held.fqn, part_name))
     for slot in slots:
         aliases.setdefault(str(slot.target), (str(slot.target),))
     keys = match_keys(aliases, checkpoint)
@@ -337,9 +337,9 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
                 problems.append(problem)
         elif fqn in keys:
             problem = check_entry(fqn, checkpoint[keys[fqn]], tuple(int(d) for d in val.shape), val.dtype)
-            part = torchao.weight_of(fqn)
-            if problem is None and part is not None and keys[fqn] != fqn:  # saved flattened, by transformers
-                problem = _check_saved_scheme(checkpoint[keys[fqn]], model_quantized.get(part[0]))
+            exported_part = torchao.weight_of(fqn)
+            if problem is None and exported_part is not None and keys[fqn] != fqn:  # saved flattened, by transformers
+                problem = _check_saved_scheme(checkpoint[keys[fqn]], model_quantized.get(exported_part[0]))
             if problem:
                 problems.append(problem)
         elif slot.kind == "parameter":
@@ -387,12 +387,12 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
     by_weight: dict[str, dict[int, tuple[str, Block | None]]] = {}
     for slot in slots:
         if slot.name in float_weights:
-            found = torchao.weight_of(str(slot.target))
-            assert found is not None, f"{slot.target} names a quantized weight's part"
+            part_of = torchao.weight_of(str(slot.target))
+            assert part_of is not None, f"{slot.target} names a quantized weight's part"
             blocks = layout[str(slot.target)][1]
-            by_weight.setdefault(float_weights[slot.name], {})[found[1]] = (slot.name, None if blocks is None else blocks[rank])
-    for weight, by_index in by_weight.items():
-        local = quantize_on_read(checkpoint, checkpoint[keys[weight]], quantized[weight],
+            by_weight.setdefault(float_weights[slot.name], {})[part_of[1]] = (slot.name, None if blocks is None else blocks[rank])
+    for weight_fqn, by_index in by_weight.items():
+        local = quantize_on_read(checkpoint, checkpoint[keys[weight_fqn]], quantized[weight_fqn],
                                  {index: block for index, (_, block) in by_index.items()}, torchao.config_of(model),
                                  rank, device)
         values.update({by_index[index][0]: value for index, value in local.items()})
