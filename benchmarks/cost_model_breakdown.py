@@ -4,7 +4,7 @@
 
 Calibrates a profile in this process (``CalibrationConfig.quick``, one thread, a gloo group of
 one; the link across two other processes) on the work clock (the graphs' share of a core taken
-as 1, so that the profile prices what the timings below measure), compiles each tiny model of ``tests/models.py`` with
+as 1, so that the profile prices what the timings below measure), compiles each family named (``benchmarks/cost_model_families.py``) with
 it, and times
 
 - the whole call of the compiled model and of its rank-local ``GraphModule``, on the work clock
@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from cost_model_families import DESIGN, ORDER, build
 
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 
@@ -80,11 +81,9 @@ def _median_work_s(call: Any, runs: int) -> float:
 
 def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
     """Time and print one model's graph by op kind (module docstring)."""
-    from models import BUILDERS
-
     import autotp
 
-    model, args, kwargs = BUILDERS[name]()
+    model, args, kwargs = build(name)
     compiled = autotp.compile(model, world_size=1, example_inputs=args, example_kwargs=kwargs, hardware=hardware)
     graph_module = compiled.graph_module
     captured: dict[str, tuple] = {}
@@ -128,7 +127,8 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["mlp", "llama", "gpt2", "bert"])
+    parser.add_argument("--models", nargs="+", default=list(DESIGN), choices=ORDER,
+                        help="families of benchmarks/cost_model_families.py (default: the four the terms were designed on)")
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--by", choices=("kind", "op"), default="kind", help="group the nodes by op kind or ATen op")
     options = parser.parse_args()

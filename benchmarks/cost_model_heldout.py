@@ -18,6 +18,7 @@ and what removing each term alone does to the error over every family.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import warnings
@@ -43,8 +44,14 @@ def _pricer(family: str, world_size: int) -> Any:
 
     def predicted_s(plan: Any, profile: Any) -> float:
         chosen = {node.name: node.strategy() for node in plan.nodes}
-        choice = {name: graph.strategies[name].index(chosen[name]) for name in graph.order}
-        return price_choice(cost_strategy_graph(graph, profile), choice).total_s + profile.graph_launch_s
+        missing = [name for name in graph.order if chosen.get(name) not in graph.strategies[name]]
+        if missing:
+            raise RuntimeError(f"{family} at tp {world_size}: the plan's strategy of {missing[:3]} is not a candidate "
+                               "of the graph captured again; the run and this checkout trace differently")
+        # only the chosen strategy of every node: costing the graph is then a fraction of the planner's work
+        narrowed = dataclasses.replace(graph, strategies={name: [chosen[name]] for name in graph.order})
+        return (price_choice(cost_strategy_graph(narrowed, profile), dict.fromkeys(graph.order, 0)).total_s
+                + profile.graph_launch_s)
 
     return predicted_s
 
@@ -53,25 +60,31 @@ def observations(rows: list[dict]) -> list[Any]:
     """One :class:`~autotp.cost_model.crossval.Observation` per row, priced for every subset of terms."""
     from autotp import Plan
     from autotp.cost_model import Hardware
-    from autotp.cost_model.crossval import Observation, subsets, without
+    from autotp.cost_model.crossval import TERMS, Observation, subsets, without
 
-    result = []
+    result, moved = [], []
     for family, world_size in sorted({(r["model"], r["world_size"]) for r in rows}, key=lambda k: (ORDER.index(k[0]), k[1])):
         price = _pricer(family, world_size)
         for row in (r for r in rows if (r["model"], r["world_size"]) == (family, world_size)):
             plan, profile = Plan.from_json(row["plan_json"]), Hardware.from_json(row["profile_json"])
-            predicted = {removed: price(plan, without(profile, removed)) for removed in subsets()}
-            full = predicted[frozenset()]
-            if abs(full - row["predicted_s"]) > 1e-6 * row["predicted_s"]:
-                raise RuntimeError(f"{family} at tp {world_size}: the plan priced again gives {full * 1e3:.4f} ms, the "
-                                   f"benchmark's estimate {row['predicted_s'] * 1e3:.4f} ms; the pricing differs")
+            full = price(plan, profile)
+            # a term whose removal alone changes nothing touches nothing in this graph (a wait without
+            # collectives, a family's fixed cost without its ops): the subsets are priced over the others
+            active = frozenset(t.name for t in TERMS if price(plan, without(profile, [t.name])) != full)
+            priced = {removed: price(plan, without(profile, removed)) for removed in subsets() if removed <= active}
+            predicted = {removed: priced[removed & active] for removed in subsets()}
+            if abs(full - row["predicted_s"]) > 1e-6 * row["predicted_s"]:  # the cost model changed since the run
+                moved.append(f"{family} tp {world_size} {row['predicted_s'] * 1e3:.3f} -> {full * 1e3:.3f} ms")
             result.append(Observation(family, world_size, row["round_index"], row["measured_s"], predicted))
+    if moved:
+        print(f"priced with this checkout's cost model, which moved {len(moved)} of {len(rows)} predictions "
+              f"since the run: {'; '.join(moved)}")
     return result
 
 
-def report(observed: list[Any], k: int) -> None:
-    """Print the cross-validation (module docstring)."""
-    from autotp.cost_model.crossval import TERMS, cross_validate
+def report(observed: list[Any], k: int, profile: Any) -> None:
+    """Print the cross-validation (module docstring); ``profile``: one of the run's profiles, to count its numbers."""
+    from autotp.cost_model.crossval import TERMS, cross_validate, fitted_numbers
 
     families = [f for f in ORDER if any(o.family == f for o in observed)]
     result = cross_validate(observed, families, k)
@@ -84,8 +97,11 @@ def report(observed: list[Any], k: int) -> None:
                 / statistics.median(o.measured_s for o in mine) - 1)
 
     print(f"{len(families)} families, {k} folds; in-graph terms: {', '.join(t.name for t in TERMS)}")
+    print(f"  the profile as calibrated prices with {sum(fitted_numbers(profile).values())} measured numbers")
     for fold in result.folds:
-        print(f"  held out {', '.join(fold.held_out):<28} kept {len(fold.kept)}: {', '.join(fold.kept) or '-'}")
+        removed = [t.name for t in TERMS if t.name not in fold.kept]
+        print(f"  held out {', '.join(fold.held_out):<28} kept {len(fold.kept)} "
+              f"({sum(fitted_numbers(profile, removed).values())} numbers): {', '.join(fold.kept) or '-'}")
     print("\nper world size: fitted (training folds) and held-out median absolute error; worst held-out family")
     for ws in world_sizes:
         worst = max(((f, e) for (f, w), e in held_out.items() if w == ws), key=lambda item: abs(item[1]))
@@ -121,7 +137,11 @@ def main() -> None:
         raise SystemExit(f"{options.run} has no plans: run benchmarks/cost_model_accuracy.py with --json")
     print(f"{options.run}: {len(rows)} rows, torch {data['torch']}, {data['cores']} cores, "
           f"load average at the end of the run {data['load_average_end']:.1f}")
-    report(observations(rows), options.k)
+    from autotp.cost_model import Hardware
+
+    largest = max(r["world_size"] for r in rows)
+    profile = Hardware.from_json(next(r["profile_json"] for r in rows if r["world_size"] == largest))
+    report(observations(rows), options.k, profile)
 
 
 if __name__ == "__main__":

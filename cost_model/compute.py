@@ -142,6 +142,7 @@ def compute_time_s(
     gemm_min_dim: float | None = None,
     transcendental_elements: float = 0,
     family: str | None = None,
+    fixed_calls: float = 1,
 ) -> float:
     """Predicted seconds of one kernel node doing ``flops`` FLOPs and moving ``memory_bytes`` bytes.
 
@@ -151,7 +152,8 @@ def compute_time_s(
     rate of the module docstring), then the node's host dispatch under the profile's runtime
     mode (:func:`.runtime.node_time_s`). ``gemm_min_dim``: the smallest of the GEMM's local
     (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``family``: the op's
-    :func:`op_family`, whose fixed cost (``Hardware.op_fixed_s``) the kernel pays on top. ``flops == 0 and
+    :func:`op_family`, whose fixed cost (``Hardware.op_fixed_s``) the kernel pays on top, ``fixed_calls`` times
+    (:func:`fixed_cost_calls`: attention pays it per block of queries it runs). ``flops == 0 and
     memory_bytes == 0`` means no kernel: 0.0. The dtype's peak is only needed when ``flops > 0``.
     """
     if flops < 0 or memory_bytes < 0 or transcendental_elements < 0:
@@ -173,7 +175,7 @@ def compute_time_s(
     if transcendental_elements:
         arithmetic_s = transcendental_elements * hardware.transcendental_element_s
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
-    fixed_s = hardware.op_fixed_cost_s(family) if family is not None else 0.0
+    fixed_s = hardware.op_fixed_cost_s(family) * fixed_calls if family is not None else 0.0
     return float(node_time_s(in_graph_kernel_s(device_s, hardware) + fixed_s, hardware))
 
 
@@ -718,6 +720,32 @@ _FAMILY_OF = {
                      aten._native_batch_norm_legit_no_training), "batch_norm"),
     **dict.fromkeys(_ATTENTION_OPS, "attention"),
 }
+
+
+ATTENTION_BLOCK_QUERIES = ((768, 256), (192, 64), (0, 32))
+"""``(from query length, queries per block)``: how PyTorch's CPU flash attention splits the queries of one
+(batch, head) into blocks (``qSplitSize`` in ``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``: 256 from
+768 queries, 64 from 192, else 32); each block sets up its own buffers and GEMMs."""
+
+
+def attention_blocks(query_shape: Sequence[int]) -> int:
+    """Blocks of queries an attention call with a ``(..., Sq, E)`` query runs: every batch and head dim times
+    ``ceil(Sq / block)`` (:data:`ATTENTION_BLOCK_QUERIES`)."""
+    if len(query_shape) < 2:
+        return 1
+    queries = int(query_shape[-2])
+    block = next(size for start, size in ATTENTION_BLOCK_QUERIES if queries >= start)
+    return max(1, math.prod(int(d) for d in query_shape[:-2]) * math.ceil(queries / block))
+
+
+def fixed_cost_calls(op: Any, query_shape: Sequence[int] | None = None) -> int:
+    """How many times one call of ``op`` pays its family's fixed cost (``Hardware.op_fixed_s``): attention once
+    per block of queries (:func:`attention_blocks` of its local ``query_shape``; the calibration times one block,
+    a single head of four queries), every other op once. On a 2-core VM a (2, 8, 16, 32) causal attention took
+    130-190 us node by node where one block's fixed cost and the roofline gave 34."""
+    if _packet_of(op) in _ATTENTION_OPS and query_shape is not None:
+        return attention_blocks(query_shape)
+    return 1
 
 
 def op_family(op: Any) -> str | None:

@@ -20,7 +20,7 @@ from .hardware import Hardware
 
 __all__ = [
     "FoldResult", "HeldOutReport", "Observation", "TERMS", "Term", "cross_validate", "family_folds",
-    "subsets", "without",
+    "fitted_numbers", "subsets", "without",
 ]
 
 
@@ -65,6 +65,38 @@ def without(hardware: Hardware, removed: Iterable[str]) -> Hardware:
         if term.name in names:
             hardware = term.remove(hardware)
     return hardware
+
+
+_TERM_FIELDS = {
+    "core_share": ("core_share",),
+    "kernel_extra": ("kernel_extra_fraction", "kernel_extra_cap_s"),
+    "op_fixed": ("op_fixed_s",),
+    "working_set_bandwidth": ("memory_bandwidth_curve",),
+    "cold_shared_memory": ("shared_memory_cold_curve",),
+    "collective_wait": ("collective_wait_s",),
+    "call_sync_wait": ("call_sync_wait_s", "call_sync_wait_per_compute"),
+}
+_BASE_FIELDS = ("peak_tflops", "gemm_half_efficiency_dim", "memory_bandwidth_gbps", "transcendental_element_s",
+                "view_op_s", "kernel_floor_s", "host_dispatch_s", "graph_launch_s", "intra_node", "shared_memory_link")
+
+
+def fitted_numbers(hardware: Hardware, removed: Iterable[str] = ()) -> dict[str, int]:
+    """How many measured numbers ``hardware`` prices with, with the :data:`TERMS` in ``removed`` left out: per
+    field (a curve counts its points, ``op_fixed_s`` its families, ``peak_tflops`` its dtypes, a link its
+    latency per call, per step and bandwidth); fields at zero or empty count 0."""
+    gone = {field for name in removed for field in _TERM_FIELDS[name]}
+    counts = {}
+    for field in (*_BASE_FIELDS, *(f for fields in _TERM_FIELDS.values() for f in fields)):
+        value = getattr(hardware, field)
+        if field in gone or value is None:
+            counts[field] = 0
+        elif field in ("intra_node", "shared_memory_link"):
+            counts[field] = 3
+        elif isinstance(value, (tuple, Mapping)):
+            counts[field] = len(value)
+        else:
+            counts[field] = int(value != 0.0 and not (field == "core_share" and value == 1.0))
+    return counts
 
 
 def subsets() -> tuple[frozenset[str], ...]:

@@ -51,7 +51,7 @@ from autotp.cost_model import (
     launches_no_kernel,
 )
 from autotp.cost_model.bandwidth import graph_profile, graph_working_set_bytes
-from autotp.cost_model.compute import gemm_dims, is_lookup, is_transcendental, op_family
+from autotp.cost_model.compute import fixed_cost_calls, gemm_dims, is_lookup, is_transcendental, op_family
 from autotp.cost_model.runtime import view_time_s
 from autotp.passes.backward import (
     REPLICATED_INPUT_BACKWARD,
@@ -240,12 +240,14 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
     dtype, family = node_dtype(node), op_family(node.target)
+    fixed = _fixed_calls(node, strategies, world_size) if family is not None and hardware.op_fixed_s else None
     costs = []
-    for strategy, (flops, moved), (min_dim, elements) in zip(strategies, work,
-                                                             _shape_terms(node, strategies, world_size, work)):
+    for index, (strategy, (flops, moved), (min_dim, elements)) in enumerate(
+            zip(strategies, work, _shape_terms(node, strategies, world_size, work))):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
         costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
-                                             transcendental_elements=elements, family=family)
+                                             transcendental_elements=elements, family=family,
+                                             fixed_calls=fixed[index] if fixed is not None else 1)
                      + op_collectives_s(node, strategy, world_size, hardware))
     return costs
 
@@ -265,6 +267,15 @@ def op_collectives_s(node: fx.Node, strategy: Strategy, world_size: int, hardwar
     spans = group_spans_nodes(world_size, hardware.devices_per_node)
     return sum(collective_time_s(kind, nbytes, world_size, hardware, spans_nodes=spans)
                for kind, nbytes in collectives(node, strategy, world_size))
+
+
+def _fixed_calls(node: fx.Node, strategies: list[Strategy], world_size: int) -> list[int]:
+    """Per strategy, how many times ``node`` pays its op family's fixed cost on the largest rank
+    (:func:`~autotp.cost_model.compute.fixed_cost_calls`: attention per block of its local queries)."""
+    inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
+    query = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
+    return [fixed_cost_calls(node.target, None if query is None else _local_shape(query, strategy.inputs[0], world_size))
+            for strategy in strategies]
 
 
 def _shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,

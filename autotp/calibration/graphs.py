@@ -36,6 +36,7 @@ from autotp.cost_model.compute import (
     aten_flops,
     aten_memory_bytes,
     compute_time_s,
+    fixed_cost_calls,
     gemm_dims,
     is_transcendental,
     launches_no_kernel,
@@ -386,8 +387,11 @@ class _Recorder(torch.fx.Interpreter):
         self.kernel_nodes += 1
         seconds = roofline_of_call_s(node.target, args, kwargs, result, self.hardware)
         family = op_family(node.target)
-        # an op family's fixed cost is priced as measured, beside the kernel's extra (which it does not scale)
-        self.device_s += seconds + (self.hardware.op_fixed_cost_s(family) if family is not None else 0.0)
+        # an op family's fixed cost is priced as measured (attention per block of queries), beside the kernel's
+        # extra (which it does not scale)
+        query = args[0].shape if args and isinstance(args[0], torch.Tensor) else None
+        self.device_s += seconds + (self.hardware.op_fixed_cost_s(family) * fixed_cost_calls(node.target, query)
+                                    if family is not None else 0.0)
         self.kernel_s.append(seconds)
         return result
 
