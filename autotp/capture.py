@@ -38,6 +38,26 @@ be exported with dynamic dims is exported static, with a warning naming why.
 :class:`InputDims` records, per user input, which dims stayed static and the range of the
 dynamic ones; the runtime checks every call against it.
 
+**Tracing fast: one stack, tried in this order.** ``torch.export`` of a large model is most of a compile's
+time, so :func:`capture` asks four layers for the program, each keeping one contract: *the program it
+gives is the one* ``torch.export.export(model, ...)`` *would return for these inputs* (graph, signature,
+shapes; the model's own weights bound), *or nothing, and the next layer is asked*:
+
+1. **trace cache** (:mod:`autotp.trace_cache`, ``trace_cache=``): an entry under the key of the model's
+   code, config, weight specs, input specs and releases; read, checked against the model and rebuilt.
+2. **shared trace** (:mod:`autotp.runtime.shared_trace`, ``share=``): in a group, rank 0 alone asks
+   layers 1, 3 and 4 and sends the program without weights; a rank whose trace key equals rank 0's binds
+   its own weights to it, any other rank asks 1, 3 and 4 as if alone.
+3. **stamping** (:mod:`autotp.stamping`): a decoder of 4 or more identical layers is exported with three
+   and the last is stamped out to the others, where that is provably the same graph.
+4. **torch.export** of the whole model (non-strict).
+
+Both ways a program travels, the cache entry and the message to the group, are one form (the trace
+cache's: ``torch._export.serde``'s schema without weights, see :mod:`autotp.trace_cache` for why not
+``torch.export.save``); a stamped program travels as the three layers' program and is stamped again
+where it is read. The mesh search's two-layer copy (:func:`autotp.planning.mesh_search.reduced_copy`) is
+not part of this stack: it prices layers and never gives a program that runs.
+
 Refused, with what to do: models export cannot trace (data-dependent Python control flow),
 models whose forward updates other buffers (BatchNorm in training mode) or its inputs in place,
 outputs that are not tensors (or tuples, lists, dicts of them), and graphs that draw random

@@ -29,6 +29,19 @@ JSON), keyed by the graph's fingerprint, the plan options and the contents of au
 files; the first rank reuses it after checking it against the graph as a given ``plan=`` is
 (:mod:`autotp.planning.plan_cache`, :func:`autotp.runtime.group.plan_on_first_rank`).
 
+**Why torch's private schema, not ``torch.export.save``.** ``torch.export.save`` / ``load`` write and
+read the same ``torch._export.serde`` schema with the weights. Measured with
+``benchmarks/trace_cache_io.py`` (a 16-layer Llama of hidden 1024 on the meta device, one process, medians
+of 3; docs/benchmarks/loading.md): a round trip through them took 36 s (BytesIO) and 45 s (a file)
+against this module's 0.97 s, 37-47x (they carry all 16 layers, this form the stamped twin's 3, and they
+check and canonicalize the program again), and ``torch.export.load`` gave real storage (125 MiB) where the
+meta model has fake weights, which tracing on ``meta`` exists to avoid. So the entry is the schema without weights, made and
+read by :func:`_serialize` and :func:`_deserialize`, the only code here that touches ``torch._export``.
+They are tested on the torch releases in :data:`SERDE_TORCH_RELEASES`; on another release (or one that
+lacks a name they use) the cache is off and every rank of a group traces its own program, with one
+warning naming the tested releases (:func:`serde_unsupported`), so a changed schema never gives a
+wrong program.
+
 Where: ``trace_cache=True`` uses ``$AUTOTP_CACHE_DIR`` (default ``~/.cache/autotp``) unless
 ``$AUTOTP_CACHE=0``; a path uses that directory (always); ``False``/``None`` turns it off. A
 checkpoint directory is never written to: a cache directory inside it is refused with a warning
@@ -60,11 +73,40 @@ from torch.export.graph_signature import InputKind
 
 from autotp.adapters import torchao
 
-__all__ = ["FORMAT", "TraceCache", "default_cache_dir", "file_digest", "open_trace_cache"]
+__all__ = ["FORMAT", "SERDE_TORCH_RELEASES", "TraceCache", "default_cache_dir", "file_digest", "open_trace_cache",
+           "serde_unsupported"]
 
 _MAGIC = b"autotp-trace-cache 1\n"
 FORMAT = 1
 _STALE_LOCK_S = 600.0
+
+SERDE_TORCH_RELEASES = ("2.13",)
+"""torch minor releases on which :func:`_serialize` and :func:`_deserialize` (``torch._export.serde``) are tested."""
+
+_SERDE_NAMES = {
+    "serialize": ("GraphModuleSerializer", "GraphModuleDeserializer", "ExportedProgramDeserializer", "SCHEMA_VERSION",
+                  "serialize_tensor_meta", "serialize_range_constraints", "deserialize_device", "load_verifier",
+                  "_SERIALIZE_TO_TORCH_DTYPE", "_int_to_sympy_int", "log"),
+    "schema": ("ExportedProgram", "TensorArgument", "SchemaVersion"),
+}
+"""The names of ``torch._export.serde.<module>`` that the two functions use."""
+
+
+def serde_unsupported() -> str | None:
+    """Why the installed torch cannot carry a program in this module's form (the trace cache and the shared
+    trace are then off), or None when it can: a release outside :data:`SERDE_TORCH_RELEASES`, or a missing name."""
+    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    if release not in SERDE_TORCH_RELEASES:
+        return f"torch {torch.__version__} is not one it is tested on ({', '.join(SERDE_TORCH_RELEASES)})"
+    try:
+        from torch._export.serde import schema
+        from torch._export.serde import serialize as serde
+    except ImportError as exc:
+        return f"torch._export.serde cannot be imported ({exc})"
+    modules = {"serialize": serde, "schema": schema}
+    missing = [f"{module}.{name}" for module, names in _SERDE_NAMES.items() for name in names
+               if not hasattr(modules[module], name)]
+    return f"torch._export.serde lacks {', '.join(missing)}" if missing else None
 
 
 def default_cache_dir() -> Path:
@@ -85,6 +127,10 @@ def open_trace_cache(setting: bool | str | os.PathLike[str] | None,
     inside ``checkpoint`` (which is only ever read) is refused with a warning.
     """
     if setting is None or setting is False:
+        return None
+    if (why := serde_unsupported()) is not None:
+        warnings.warn(f"autotp: tracing without the trace cache: {why}; every load traces the model "
+                      f"(install torch {' or '.join(SERDE_TORCH_RELEASES)} for the cache)", stacklevel=3)
         return None
     if setting is True:
         if os.environ.get("AUTOTP_CACHE", "1").strip().lower() in ("0", "false", "off", "no"):
@@ -290,7 +336,9 @@ class TraceCache:
 def program_bytes(key: str, exported: ExportedProgram) -> bytes:
     """``exported`` without its weights, as bytes (what a cache entry holds), for another process
     to rebuild with :func:`program_from_bytes` (one rank traces for its group:
-    :mod:`autotp.runtime.shared_trace`)."""
+    :mod:`autotp.runtime.shared_trace`). ``TypeError`` when the installed torch cannot (:func:`serde_unsupported`)."""
+    if (why := serde_unsupported()) is not None:
+        raise TypeError(f"cannot send a traced program: {why}")
     return pickle.dumps(_entry(key, exported), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -355,7 +403,8 @@ def _symbolic_key(value: Any) -> Any:
 
 
 def _serialize(exported: ExportedProgram) -> Any:
-    """``torch._export.serde``'s schema form of ``exported``'s program, without weights.
+    """``torch._export.serde``'s schema form of ``exported``'s program, without weights (not
+    ``torch.export.save``: see the module docstring for the measured reason).
 
     ``ExportedProgramSerializer.serialize`` less its checks of the program (``validate``, and
     ``canonicalize``, which only tests that a canonical form exists and is two thirds of its time):
@@ -384,7 +433,7 @@ def _serialize(exported: ExportedProgram) -> Any:
         tensor_values[name] = meta
         return schema.TensorArgument(name=name)
 
-    graph_serializer.serialize_tensor_output = tensor_output  # type: ignore[method-assign]  # this instance only
+    graph_serializer.serialize_tensor_output = tensor_output  # type: ignore[method-assign,assignment]  # this instance only
     program_module = exported.graph_module
     quiet = not serde.log.isEnabledFor(logging.DEBUG)
     if quiet:  # serialize_graph calls print_readable() for a debug line: this module's own, for this call only
@@ -441,7 +490,7 @@ def _read_entry(path: Path, key: str) -> _Entry:
 
 def _mismatch(entry: _Entry, model: torch.nn.Module) -> str | None:
     """Why ``entry`` does not fit ``model`` (parameter and buffer names, shapes, dtypes), or None."""
-    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     parameters = set(tensors)
     tensors.update(model.named_buffers(remove_duplicate=False))
     cached_parameters = {fqn for fqn, (*_, is_parameter, _) in entry.state.items() if is_parameter}
@@ -466,7 +515,7 @@ def _rebuild(entry: _Entry, model: torch.nn.Module, device: torch.device) -> Exp
         with mode:
             return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
-    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     on_meta = any(t.device.type == "meta" for t in tensors.values())  # traced with fake tensors (capture.as_if_on)
     state: dict[str, torch.Tensor] = {}
@@ -523,8 +572,8 @@ def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[s
                                         requires_grad=meta.requires_grad)
         return FakeTensor(mode, empty, serde.deserialize_device(meta.device))
 
-    deserializer._parse_sym_expr = parse_once  # type: ignore[method-assign]  # this instance only
-    deserializer.deserialize_tensor_meta = tensor_meta  # type: ignore[method-assign]
+    deserializer._parse_sym_expr = parse_once  # type: ignore[method-assign,assignment]  # this instance only
+    deserializer.deserialize_tensor_meta = tensor_meta  # type: ignore[method-assign,assignment]
     ranges = {name: symbolic_shapes.ValueRanges(serde._int_to_sympy_int(r.min_val, -int_oo),
                                                 serde._int_to_sympy_int(r.max_val, int_oo))
               for name, r in program.range_constraints.items()}

@@ -163,3 +163,23 @@ def test_put_writes_the_bytes_sent_to_the_group(tmp_path: Path, monkeypatch: pyt
     cache.put(other, exported, payload=sent)  # bytes of another key: serialized again under its own key
     assert serialized == [other], f"expected one serialization for the other key, got {serialized}"
     assert cache.get(other, model, torch.device("cpu")) is not None, "expected the other key's entry to read back"
+
+
+def test_an_untested_torch_turns_the_cache_and_the_shared_trace_off(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """No process group: the installed torch is one the private program form is tested on; with that list
+    emptied of it (as on a newer torch), opening a cache warns and gives none, and a program cannot be made
+    into bytes for a group (TypeError, which the shared trace answers by tracing on every rank)."""
+    import autotp.trace_cache as trace_cache
+
+    assert trace_cache.serde_unsupported() is None, f"torch {torch.__version__}: {trace_cache.serde_unsupported()}"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    exported = torch.export.export(model, (torch.randn(3, 4),))
+    monkeypatch.setattr(trace_cache, "SERDE_TORCH_RELEASES", ("0.1",))
+    why = trace_cache.serde_unsupported()
+    assert why is not None and f"torch {torch.__version__} is not one it is tested on (0.1)" in why, why
+    with pytest.warns(UserWarning, match=r"tracing without the trace cache: torch .*install torch 0\.1 for the cache"):
+        assert open_trace_cache(tmp_path / "cache") is None
+    with pytest.raises(TypeError, match="cannot send a traced program: torch"):
+        trace_cache.program_bytes("a" * 64, exported)
+    assert not (tmp_path / "cache").exists(), "expected nothing written"
