@@ -20,7 +20,9 @@ model does not keep the full weights alive), so it must still exist, with the we
 at the first ``generate``. A model compiled from a checkpoint (``from_pretrained``, ``load``,
 ``compile(..., checkpoint=)``) builds them from that checkpoint instead (the files' headers were kept): each
 rank takes the blocks its forward module holds where the generation plan places a weight alike, and reads only
-the others (:class:`HeldBlocks`); a model on meta, which holds no weights, is kept alive. Every rank must make the same request: the ranks agree on the cache size
+the others (:class:`HeldBlocks`); a model on meta, which holds no weights, is kept alive.
+
+Every rank must make the same request: the ranks agree on the cache size
 (:func:`autotp.runtime.agreement.ranks_agree`) before anything is traced, and any difference raises the same
 error on every rank.
 """
@@ -90,10 +92,10 @@ class HeldBlocks:
         """Each request's block: ``tp``'s tensor where it holds that block, else read from the files."""
         out: list[torch.Tensor | None] = []
         for request in requests:
-            blocks, tensor = self._held.get(request.entry.key, (False, None))
-            same = tensor is not None and blocks == request.blocks and (tensor.dtype, tensor.device) == (
+            held = self._held.get(request.entry.key)
+            same = held is not None and held[0] == request.blocks and (held[1].dtype, held[1].device) == (
                 request.dtype, request.device)
-            out.append(tensor.detach() if same and tensor is not None else None)
+            out.append(held[1].detach() if same and held is not None else None)
         missing = [i for i, value in enumerate(out) if value is None]
         for i, value in zip(missing, self._files.read([requests[i] for i in missing]), strict=True):
             out[i] = value
