@@ -119,3 +119,24 @@ def test_from_pretrained_quantizes_a_float_checkpoint_as_transformers_does(gloo:
             for name, diff in diffs.items():
                 assert diff <= 1e-4, (f"tp={world_size} rank {rank} {name}: max |tp - transformers' quantized model| "
                                       f"{diff:.3g}, expected <= 1e-4")
+
+
+def test_reports_name_a_quantized_weight_and_its_parts() -> None:
+    """tp=2, int8 MLP 64 -> 128 -> 32 (no process group): explain finds a quantized weight by its own name (its data
+    part) and names it as the weight (``0.weight (qdata)``); the DOT graph and the HTML payload name parts so too,
+    never ``parametrizations``."""
+    from autotp.inspect.html import plan_payload
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+    tq.quantize_(model, tq.Int8WeightOnlyConfig())
+    plan = autotp.plan(model, (torch.randn(4, 64),), world_size=2)
+    first = str(autotp.explain(plan, "0.weight")).splitlines()[0]
+    assert first.startswith("0.weight (qdata) (parameter) [128, 64]: chose"), first
+    dot = autotp.to_dot(plan, fold=False)
+    labels = [line for line in dot.splitlines() if "label=" in line and "shape=box" in line]
+    assert any('label="weight (scale)\\n' in line for line in labels), "\n".join(labels)
+    assert not any('label="original' in line for line in labels), "\n".join(labels)
+    names = {node["t"] for node in plan_payload(plan, "mlp")["nodes"] if node["t"]}
+    assert {"0.weight (qdata)", "0.weight (scale)", "2.weight (qdata)"} <= names, sorted(names)
+    assert not any("parametrizations" in name for name in names), sorted(names)

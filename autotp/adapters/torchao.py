@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from autotp.base.errors import UnsupportedQuantizationError, UnsupportedReleaseError
 
 __all__ = [
+    "PART_NAMES",
     "PIP_SPEC",
     "RELEASES",
     "SUPPORTED_SCHEMES",
@@ -47,6 +48,7 @@ __all__ = [
     "inner_tensors",
     "is_subclass_weight",
     "is_torchao_tensor",
+    "part_label",
     "parts_as_parameters",
     "quantize_as_transformers_does",
     "quantize_weight",
@@ -124,6 +126,20 @@ def exported_name(fqn: str, index: int) -> str:
     ``a.parametrizations.weight.original0``)."""
     module, _, name = fqn.rpartition(".")
     return f"{module + '.' if module else ''}parametrizations.{name}.original{index}"
+
+
+PART_NAMES = ("qdata", "scale", "zero_point")
+"""Part ``i``'s name in every supported scheme (:data:`SUPPORTED_SCHEMES`: ``__tensor_flatten__`` order)."""
+
+
+def part_label(exported_fqn: str) -> str | None:
+    """A report's name for an exported part: ``q_proj.weight (scale)`` for
+    ``q_proj.parametrizations.weight.original1``; ``None`` for any other name."""
+    found = weight_of(exported_fqn)
+    if found is None:
+        return None
+    weight, index = found
+    return f"{weight} ({PART_NAMES[index] if index < len(PART_NAMES) else f'part {index}'})"
 
 
 def flattened_name(fqn: str, part: str) -> str:

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections import defaultdict
 
+from autotp.adapters.torchao import part_label
 from autotp.passes.resharding import route_label
 from autotp.planning.blocks import block_runs, node_module
 from autotp.planning.plan import NodeDecision, Plan
@@ -131,7 +132,8 @@ def to_dot(plan: Plan, *, fold: bool = True, max_depth: int | None = None) -> st
         node_id[n.name] = "n_" + n.name
         line, fill = placement_colours(n.output)
         if n.op == "placeholder":
-            name = n.target.rsplit(".", 1)[-1] if n.target else n.name
+            quantized = part_label(n.target) if n.target else None  # a quantized weight's part: weight (scale)
+            name = quantized.rsplit(".", 1)[-1] if quantized else n.target.rsplit(".", 1)[-1] if n.target else n.name
             shape = "x".join(str(d) for d in n.shape)
             label = f"{name}\n{shape}  {n.output}"
             drawing.add(cluster, f'{node_id[n.name]} [label={_q(label)}, shape=box, style="rounded,filled", '

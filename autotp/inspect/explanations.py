@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from autotp.adapters.torchao import part_label, weight_of
 from autotp.planning.alternatives import strategy_text
 from autotp.planning.plan import Alternative, CollectiveDecision, NodeDecision, Plan
 from autotp.planning.plan_text import format_bytes, format_seconds
@@ -61,6 +62,9 @@ def find_node(plan: Plan, name: str) -> NodeDecision:
     for node in plan.nodes:
         if node.name == name or (node.target and node.target == name):
             return node
+    for node in plan.nodes:  # a quantized weight by its own name: its data part, whose placement its parts follow
+        if node.target and weight_of(node.target) == (name, 0):
+            return node
     close = [n.target or n.name for n in plan.nodes
              if name.split(".")[-1] in (n.target or n.name)][:8]
     hint = f"; similar: {', '.join(close)}" if close else ""
@@ -68,7 +72,7 @@ def find_node(plan: Plan, name: str) -> NodeDecision:
 
 
 def _node_label(node: NodeDecision) -> str:
-    what = node.target or node.name
+    what = (part_label(node.target) if node.target else None) or node.target or node.name
     op = "parameter" if node.op == "placeholder" and node.target else node.op
     where = f" in {node.module}" if node.module else ""
     shape = f" {list(node.shape)}" if node.shape else ""

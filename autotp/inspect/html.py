@@ -25,6 +25,7 @@ import json
 import os
 from importlib import resources
 
+from autotp.adapters.torchao import part_label
 from autotp.planning.blocks import block_runs, node_module, parameter_bytes_per_rank
 from autotp.planning.plan import Plan
 
@@ -63,7 +64,7 @@ def plan_payload(plan: Plan, title: str) -> dict:
     for n in plan.nodes:
         entry: dict = {
             "n": n.name, "op": n.op, "m": node_module(n), "i": list(n.inputs), "o": n.output, "c": n.compute_s,
-            "a": [index[p] for p in n.input_nodes if p in index], "t": n.target, "s": list(n.shape), "d": n.dtype,
+            "a": [index[p] for p in n.input_nodes if p in index], "t": (part_label(n.target) if n.target else None) or n.target, "s": list(n.shape), "d": n.dtype,
             "f": n.fallback,
             "alt": [[a.strategy, a.delta_s, a.compute_delta_s, [list(kv) for kv in a.comm_delta_s], a.memory_delta_bytes, a.note]
                     for a in n.alternatives],
