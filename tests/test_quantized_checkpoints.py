@@ -56,12 +56,14 @@ def _save_and_load(rank: int, world_size: int, schemes: list[str], source: str |
 
 
 def test_quantized_save_and_load_at_other_world_sizes(gloo: Any, tmp_path: Path) -> None:
-    """tp=2 -> save -> load at tp=3 -> save -> load at tp=2 (uneven: 8 groups of 32 over 3 ranks)."""
-    schemes = list(CONFIGS)
-    steps = [(2, None, "tp2"), (3, "tp2", "tp3"), (2, "tp3", "tp2b")]
-    for world_size, source, target in steps:
+    """tp=2 -> save -> load at tp=3 (int8 per-row, int4 in groups) -> save -> load at tp=2 (int4: the tp=3 save
+    wrote 8 groups of 32 as 3/3/2 per rank)."""
+    both = list(CONFIGS)
+    steps = [(2, None, "tp2", both), (3, "tp2", "tp3", both), (2, "tp3", "tp2b", ["int4group"])]
+    for world_size, source, target, schemes in steps:
         results = gloo.run(world_size, _save_and_load, schemes, source and str(tmp_path / source), str(tmp_path / target),
                            timeout_s=600)
+        assert all(sorted(diffs) == sorted(schemes) for diffs in results), f"tp={world_size}: cases run {results}"
         for rank, diffs in enumerate(results):
             for scheme, diff in diffs.items():
                 assert diff <= 1e-4, (f"tp={world_size} from {source or 'memory'} rank {rank} {scheme}: "
