@@ -63,6 +63,25 @@ def _runner_case() -> dict[str, Any]:
             "progress": err.getvalue()}
 
 
+def _pipeline_compiled() -> dict[str, Any]:
+    """pp2 mesh (one layer per stage), tiny Llama 2 layers hidden 64: greedy tokens of compile_mesh in eager and
+    compiled mode and HF's (prompt 5 in chunks of 2, 4 new tokens)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, seq_len=8, layers=2)
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(0, 1000, (1, 5), generator=torch.Generator().manual_seed(1))
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("pp",))
+    tokens = {"hf": model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False).tolist()}
+    for mode in ("eager", "compiled"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            part = autotp.compile_mesh(model, mesh, example_inputs=(ids[:, :2],), max_cache_len=12,
+                                       runtime=autotp.RuntimeOptions(runtime_mode=mode))
+        tokens[mode] = part.generate(ids, max_new_tokens=4).tolist()
+    return tokens
+
+
 def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
     """tp=2, tiny Llama (1 layer, GQA 8/4, hidden 256): greedy tokens in eager and compiled mode against HF,
     prompt 6 read in chunks of 4 (prefill, continuation, decode graphs); a compiled plain forward's logits."""
@@ -88,7 +107,7 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
     out["cache_moved"] = [fqn for fqn, t in after.items() if t.data_ptr() != addresses[fqn]]
     out["cache_written"] = bool(caches) and all(bool(t.abs().sum() > 0) for t in after.values())
     graphs = _graph_count()
-    out["compiled_again"] = compiled.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
+    out["compiled_again"] = compiled.generate(ids, max_new_tokens=NEW_TOKENS, stop_check_every=3).tolist()
     out["new_graphs"] = _graph_count() - graphs
     plain = _compile(model, ids, "compiled", options=options)
     with torch.no_grad():
@@ -102,6 +121,7 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
             sizes.append((float((plain(ids[:, :length]).logits - model(ids[:, :length]).logits).abs().max()),
                           _graph_count() - graphs))
     out["other_sizes"] = sizes
+    out["pp_mesh"] = _pipeline_compiled()
     out["logits_error"] = float((logits - reference).abs().max())
     out["logits_again_error"] = float((again - reference).abs().max())
     out["forward_new_graphs"] = _graph_count() - graphs
@@ -111,10 +131,11 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
 @pytest.mark.distributed
 def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
     """tp=2 on gloo: a 3-node graph compiled once, same results, input written in place, progress lines.
-    Tiny Llama: compiled generate == eager generate == HF greedy; no recompile on a second request; the KV
-    cache written in place (same tensors, filled); each plan priced in its mode (compiled: no per-node
-    dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a
-    second call; at a new length one compile with symbolic sizes at most, at a third none."""
+    Tiny Llama: compiled generate == eager generate == HF greedy, also with stop_check_every=3; no recompile on a
+    second request; the KV cache written in place (same tensors, filled); each plan priced in its mode
+    (compiled: no per-node dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a
+    second call; at a new length one compile with symbolic sizes at most, at a third none. A pp2 mesh
+    (compile_mesh, one layer per stage) generates HF's tokens compiled as in eager."""
     results = gloo.run(2, _modes_on_ranks, timeout_s=900)
     for rank, result in enumerate(results):
         runner = result["runner"]  # a 3-node graph writing into its input, 4 calls
@@ -140,6 +161,8 @@ def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
         (error_4, graphs_4), (error_5, graphs_5) = result["other_sizes"]
         assert max(error_4, error_5) < 1e-4, f"rank {rank}: logits at 4 and 5 tokens off by {error_4}, {error_5}"
         assert graphs_4 <= 1 and graphs_5 == 0, f"rank {rank}: graphs compiled at 4 tokens {graphs_4}, at 5 {graphs_5}"
+        pp = result["pp_mesh"]
+        assert pp["compiled"] == pp["eager"] == pp["hf"], f"rank {rank}: pp2 mesh tokens {pp}"
 
 
 def test_mode_validation_and_auto_fallback() -> None:
