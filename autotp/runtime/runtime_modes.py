@@ -38,7 +38,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -130,9 +130,10 @@ def _swaps(node: fx.Node) -> bool:
     if node.target is torch.ops.aten.t.default:
         return True
     if node.target is torch.ops.aten.transpose.int:
-        return int(node.args[1]) % 2 != int(node.args[2]) % 2  # type: ignore[call-overload]
+        first, second = cast(int, node.args[1]), cast(int, node.args[2])
+        return first % 2 != second % 2
     if node.target is torch.ops.aten.permute.default:
-        return [int(d) % 2 for d in node.args[1]] == [1, 0]  # type: ignore[union-attr]
+        return [d % 2 for d in cast("list[int]", node.args[1])] == [1, 0]
     return False
 
 
