@@ -111,8 +111,13 @@ CASES = {
 def _host_exits_first(rank: int) -> None:
     """Rank 0 (the store's host) returns and exits at once; rank 1 reaches an exchange a second later: it raises
     a RankTimeoutError saying the store's host has gone, not a DistNetworkError."""
+    import torch.distributed as dist
+
     from autotp.runtime.agreement import exchange
 
+    # Both ranks through init first: gloo's rendezvous reads the store after init_process_group returns on rank 0,
+    # and a host that exits during it fails rank 1's init (torch's error, before autotp runs), not an exchange.
+    dist.barrier()
     if rank == 1:
         time.sleep(1.0)
         exchange(rank, group=None, timeout_s=_TIMEOUT_S, what="autotp.compile")
