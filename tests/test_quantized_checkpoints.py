@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torchao.quantization as tq
 from models import tiny_llama
@@ -100,6 +101,9 @@ def _from_pretrained(rank: int, world_size: int, schemes: list[str], path: str, 
                                             quantization_config=config)
             assert any("parametrizations" in fqn for fqn in tp.plan.parameters), f"{name}: no quantized weight in the plan"
             diffs[name] = (tp(*args, **kwargs).logits - expected).abs().max().item()
+    # generating from a quantized checkpoint is refused (its graphs would read the float weights), never run
+    with pytest.raises(autotp.UnsupportedQuantizationError, match="generation from a checkpoint of a quantized model"):
+        tp.generate(args[0][:1], max_new_tokens=2)
     return diffs
 
 
