@@ -32,10 +32,8 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from decode_timing import time_interleaved
 
 
 def _free_port() -> int:
@@ -63,36 +62,6 @@ def save_checkpoint(path: str, layers: int, hidden: int, heads: int, kv_heads: i
     model.generation_config.pad_token_id = 0
     model.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
-
-
-def _time_interleaved(runs: dict[str, Callable[[int], torch.Tensor]], new_tokens: int, repeats: int,
-                      between: Callable[[], None]) -> dict[str, tuple[torch.Tensor, float, float]]:
-    """Per variant ``(tokens, prefill_ms, ms_per_decoded_token)``: medians over ``repeats`` rounds.
-
-    Each round runs every variant once (``generate`` of 1 token: the prefill; of ``new_tokens``:
-    prefill plus ``new_tokens - 1`` decode steps), so load from other jobs on the machine falls on
-    all variants alike. ``between()`` runs between variants (a barrier). One warm-up round first.
-    """
-    firsts: dict[str, list[float]] = {name: [] for name in runs}
-    wholes: dict[str, list[float]] = {name: [] for name in runs}
-    outputs: dict[str, torch.Tensor] = {}
-    for round_index in range(repeats + 1):
-        for name, run in runs.items():
-            between()
-            started = time.perf_counter()
-            run(1)
-            first = time.perf_counter() - started
-            started = time.perf_counter()
-            outputs[name] = run(new_tokens)
-            whole = time.perf_counter() - started
-            if round_index:
-                firsts[name].append(first)
-                wholes[name].append(whole)
-    result = {}
-    for name in runs:
-        prefill, whole = statistics.median(firsts[name]), statistics.median(wholes[name])
-        result[name] = (outputs[name], prefill * 1e3, (whole - prefill) * 1e3 / (new_tokens - 1))
-    return result
 
 
 def _hf_generate(model: Any, ids: torch.Tensor) -> Callable[[int], torch.Tensor]:
@@ -170,7 +139,7 @@ def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Names
         runs["single"] = _hf_generate(model, ids)  # the other ranks wait at the barrier meanwhile
     else:
         runs["single"] = lambda n: torch.empty(0)
-    rows = _time_interleaved(runs, args.new_tokens, args.repeats, dist.barrier)
+    rows = time_interleaved(runs, args.new_tokens, args.repeats, dist.barrier)
     if rank == 0:
         reference = rows["single"][0]
         results.put({name: (bool(torch.equal(out, reference)), prefill, ms) for name, (out, prefill, ms) in rows.items()})

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import sys
 import time
 import warnings
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from decode_timing import time_interleaved
 
 VARIANTS = ("float32", "bf16", "int8", "int4")
 
@@ -65,26 +65,6 @@ def build(variant: str, args: argparse.Namespace) -> torch.nn.Module:
         tq.quantize_(model, tq.Int8WeightOnlyConfig() if variant == "int8" else tq.IntxWeightOnlyConfig(
             weight_dtype=torch.int4, granularity=tq.PerGroup(32)))
     return model
-
-
-def _time_interleaved(runs: dict[str, Callable[[int], torch.Tensor]], new_tokens: int, repeats: int,
-                      between: Callable[[], None]) -> dict[str, tuple[torch.Tensor, float]]:
-    """Per run ``(tokens, median ms per decoded token)`` over ``repeats`` rounds after one warm-up round; each
-    round calls every run with 1 and with ``new_tokens`` new tokens, ``between()`` before each."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    outputs: dict[str, torch.Tensor] = {}
-    for round_index in range(repeats + 1):
-        for name, run in runs.items():
-            between()
-            started = time.perf_counter()
-            run(1)
-            first = time.perf_counter() - started
-            started = time.perf_counter()
-            outputs[name] = run(new_tokens)
-            whole = time.perf_counter() - started
-            if round_index:
-                times[name].append((whole - first) * 1e3 / (new_tokens - 1))
-    return {name: (outputs[name], statistics.median(times[name])) for name in runs}
 
 
 def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, results: Any) -> None:
@@ -118,14 +98,14 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, resul
         else:
             runs[f"{variant} single"] = lambda n: torch.empty(0)
             del model
-    timed = _time_interleaved(runs, args.new_tokens, args.repeats, dist.barrier)
+    timed = time_interleaved(runs, args.new_tokens, args.repeats, dist.barrier)
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, held)
     if rank == 0:
         table = {}
         for variant in args.variants:
-            tokens, ms = timed[f"{variant} autotp"]
-            reference, single_ms = timed[f"{variant} single"]
+            tokens, _, ms = timed[f"{variant} autotp"]
+            reference, _, single_ms = timed[f"{variant} single"]
             if tokens.shape[1] != args.prompt + args.new_tokens:
                 raise RuntimeError(f"tp={world_size} {variant}: {tokens.shape[1] - args.prompt} new tokens, expected "
                                    f"{args.new_tokens}")

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from decode_timing import time_interleaved
 
 VARIANTS = ("eager", "compiled", "hf", "hf-compiled", "hf-tp")
 HEADS, KV_HEADS = 8, 4
@@ -92,31 +93,6 @@ def _hf_generate(model: Any, ids: torch.Tensor) -> Callable[[int], torch.Tensor]
     return run
 
 
-def _time_rounds(runs: dict[str, Callable[[int], torch.Tensor]], new_tokens: int,
-                 rounds: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    """Median ms per decoded token of every variant over ``rounds`` interleaved rounds (one warm-up round first),
-    and each variant's last tokens."""
-    firsts: dict[str, list[float]] = {name: [] for name in runs}
-    wholes: dict[str, list[float]] = {name: [] for name in runs}
-    outputs: dict[str, torch.Tensor] = {}
-    for round_index in range(rounds + 1):
-        for name, run in runs.items():
-            dist.barrier()
-            started = time.perf_counter()
-            run(1)
-            first = time.perf_counter() - started
-            started = time.perf_counter()
-            outputs[name] = run(new_tokens)
-            whole = time.perf_counter() - started
-            dist.barrier()
-            if round_index:
-                firsts[name].append(first)
-                wholes[name].append(whole)
-    per_token = {name: (statistics.median(wholes[name]) - statistics.median(firsts[name])) * 1e3 / (new_tokens - 1)
-                 for name in runs}
-    return per_token, outputs
-
-
 def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Namespace, results: Any) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -164,7 +140,9 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
                 runs[name] = _hf_generate(alone[name], ids) if rank == 0 else (lambda n: torch.empty(0))
         if hf_tp is not None:
             runs["hf-tp"] = _hf_generate(hf_tp, ids)
-        per_token, outputs = _time_rounds(runs, args.new_tokens, args.rounds)
+        timed = time_interleaved(runs, args.new_tokens, args.rounds, dist.barrier)
+        per_token = {name: ms for name, (_, _, ms) in timed.items()}
+        outputs = {name: tokens for name, (tokens, _, _) in timed.items()}
         if rank == 0:
             reference = outputs.get("hf")
             rows = []
