@@ -85,7 +85,7 @@ from torch.export.graph_signature import InputKind
 
 from autotp.adapters import hf_transformers, torchao
 from autotp.adapters.hf_transformers import takes_use_cache, traced_kwargs
-from autotp.base.errors import CaptureError
+from autotp.base.errors import CaptureError, UnsupportedQuantizationError
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
 from autotp.passes.rules.args import arg
 from autotp.passes.state import WRITES_IN_PLACE
@@ -224,6 +224,11 @@ def as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
             name: torch.nn.Parameter(fake(p), requires_grad=False) for name, p in model.named_parameters()
         }
         state.update({name: fake(b) for name, b in model.named_buffers()})
+        held_whole = [name for name, b in model.named_buffers() if torchao.is_subclass_weight(b)]
+        if held_whole:  # faked as a plain tensor it would trace as a float weight of the same shape
+            raise UnsupportedQuantizationError(
+                f"{held_whole[0]} is a quantized tensor held as a buffer ({len(held_whole)} such buffers); autotp reads "
+                "quantized weights that are parameters, as torchao's quantize_ leaves them")
         fake_example = pytree.tree_map_only(torch.Tensor, lambda t: fake(t) if t.device.type == "meta" else mode.from_tensor(t),
                                             example)
         with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):

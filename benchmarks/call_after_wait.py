@@ -57,8 +57,9 @@ def main() -> None:
     options = parser.parse_args()
     sys.path.insert(0, TESTS)
     warnings.simplefilter("ignore")
-    import autotp
     from models import BUILDERS
+
+    import autotp
 
     torch.set_num_threads(1)
     with socket.socket() as sock:

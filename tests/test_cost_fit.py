@@ -15,24 +15,24 @@ import torch
 from inspect_helpers import tiny_plan
 
 import autotp
-from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
 from autotp.calibration.graphs import block_graph, local_stand_ins
+from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
 from autotp.cost_model.bandwidth import cold_call_at_s
 from autotp.cost_model.compute import aten_memory_bytes, gemm_dims, gemm_efficiency
 from autotp.cost_model.graph_calibration import (
     GRAPH_FAMILIES,
+    KERNEL_EXTRA_AT_MOST,
+    KERNEL_EXTRA_CAPS_S,
     GemmSample,
     GraphSample,
     GraphShape,
-    KERNEL_EXTRA_AT_MOST,
-    KERNEL_EXTRA_CAPS_S,
     fit_compute_terms,
-    kernels_in_graph_s,
     fit_gemm_curve,
     fit_host_terms,
     fit_wait_line,
     fit_wait_terms,
     graph_link_s,
+    kernels_in_graph_s,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
 

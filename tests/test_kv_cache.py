@@ -268,10 +268,10 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     decode plan's placements, the shard shapes the check derives without slicing (``local_shape``) equal those
     ``apply_plan`` slices, on both ranks, so the graph takes the decode graph's tensors; a tensor of another
     shape is refused with PlanError naming it."""
-    from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
     from autotp.base.errors import PlanError
-    from autotp.runtime.generation import _pinned_to, _shared_inputs
     from autotp.planning.options import PlanOptions
+    from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
+    from autotp.runtime.generation import _pinned_to, _shared_inputs
 
     model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=4, layers=2)
     wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=16, last_logits_only=True)

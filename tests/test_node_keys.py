@@ -24,7 +24,7 @@ from autotp.passes.strategies import _static_splits_only, build_strategy_graph
 BUILDERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "mixtral": tiny_mixtral}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _captured(name: str):
     model, args, kwargs = BUILDERS[name](layers=4, device="meta")
     return capture(model, args, kwargs)

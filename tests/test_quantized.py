@@ -255,3 +255,24 @@ def test_the_plan_text_shows_a_quantized_weight_once() -> None:
     assert "parametrizations" not in text, text
     for wanted in ("self_attn.q_proj.weight S(0)q", "self_attn.o_proj.weight S(1)q", "lm_head.weight", "(q: quantized"):
         assert wanted in text, f"{wanted!r} not in:\n{text}"
+
+
+def test_a_quantized_model_traces_the_same_twice() -> None:
+    """No process group: tracing a quantized model leaves each weight the same quantized parameter (torch's own
+    unparametrize puts a weight that needs no grad back as a buffer), so a second trace of it, as generation
+    makes after a plain compile, still reads the quantized parts; on meta too, where a float weight of the same
+    shape would otherwise be traced silently."""
+    from autotp.capture import capture
+
+    for device in ("cpu", "meta"):
+        model, args, kwargs = tiny_llama(batch=1, seq_len=4, layers=1, device=device)
+        tq.quantize_(model, CONFIGS["int8"]())
+        before = dict(model.named_parameters())
+        ids = torch.zeros(1, 4, dtype=torch.long)
+        first, second = (capture(model, (ids,), kwargs, dynamic=False) for _ in range(2))
+        assert dict(model.named_parameters()) == before, f"{device}: the parameters changed while tracing"
+        assert not dict(model.named_buffers()).keys() & before.keys(), f"{device}: a weight became a buffer"
+        for graph in (first, second):
+            names = [str(slot.target) for slot in graph.inputs if slot.kind == "parameter"]
+            assert "model.layers.0.self_attn.q_proj.parametrizations.weight.original0" in names, f"{device}: {names}"
+            assert "model.layers.0.self_attn.q_proj.weight" not in names, f"{device}: {names}"

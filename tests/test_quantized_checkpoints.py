@@ -6,7 +6,8 @@ groups of 32) is compiled and saved at tp=2, loaded at tp=3 into the same model 
 device and saved again, then loaded at tp=2: the logits equal the single-process quantized model's
 within 1e-4 (8 groups of 32 over 3 ranks: 3/3/2). ``autotp.from_pretrained(float checkpoint,
 quantization_config=TorchAoConfig(...))`` at tp=2 and tp=3 gives the logits of transformers' own
-``from_pretrained`` with the same config (each rank quantizes its blocks as it reads them).
+``from_pretrained`` with the same config (each rank quantizes its blocks as it reads them), and ``tp.generate``
+its greedy tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 import torchao.quantization as tq
 from models import tiny_llama
@@ -35,9 +35,23 @@ def _quantized_llama(scheme: str, device: str = "cpu") -> tuple[torch.nn.Module,
     return model, args, kwargs
 
 
-def _save_and_load(rank: int, world_size: int, schemes: list[str], source: str | None, target: str) -> dict[str, float]:
+NEW_TOKENS = 8
+GENERATED = "int4group"
+"""The scheme generated from: on this tiny Llama its greedy tokens differ from the float model's (checked), so
+tokens of a generation graph that read the float weights would fail the comparison."""
+
+
+def _greedy(model: torch.nn.Module, ids: torch.Tensor) -> list[list[int]]:
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False).tolist()
+
+
+def _save_and_load(rank: int, world_size: int, schemes: list[str], source: str | None, target: str,
+                   generate: bool) -> dict[str, float]:
     """Load each scheme's model from ``source`` (or compile it from memory when None) at this world size,
-    compare with the single-process quantized model, and save it to ``target``."""
+    compare with the single-process quantized model (with ``generate``, :data:`GENERATED`'s greedy tokens too:
+    1.0 when they differ), and save it to ``target``."""
     diffs = {}
     for scheme in schemes:
         model, args, kwargs = _quantized_llama(scheme)
@@ -52,23 +66,29 @@ def _save_and_load(rank: int, world_size: int, schemes: list[str], source: str |
                 tp = autotp.load(f"{source}/{scheme}", meta_model, world_size=world_size, example_inputs=args,
                                  example_kwargs=kwargs)
         diffs[scheme] = (tp(*args, **kwargs).logits - expected).abs().max().item()
+        if generate and scheme == GENERATED:  # graphs built from the checkpoint saved at another world size
+            got, wanted = tp.generate(args[0][:1], max_new_tokens=NEW_TOKENS).tolist(), _greedy(model, args[0][:1])
+            diffs[f"{scheme} tokens"] = float(got != wanted)
         tp.save(f"{target}/{scheme}")
     return diffs
 
 
 def test_quantized_save_and_load_at_other_world_sizes(gloo: Any, tmp_path: Path) -> None:
     """tp=2 -> save -> load at tp=3 (int8 per-row, int4 in groups) -> save -> load at tp=2 (int4: the tp=3 save
-    wrote 8 groups of 32 as 3/3/2 per rank)."""
+    wrote 8 groups of 32 as 3/3/2 per rank; its greedy tokens equal the quantized model's)."""
     both = list(CONFIGS)
     steps = [(2, None, "tp2", both), (3, "tp2", "tp3", both), (2, "tp3", "tp2b", ["int4group"])]
     for world_size, source, target, schemes in steps:
+        generate = target == "tp2b"
         results = gloo.run(world_size, _save_and_load, schemes, source and str(tmp_path / source), str(tmp_path / target),
-                           timeout_s=600)
-        assert all(sorted(diffs) == sorted(schemes) for diffs in results), f"tp={world_size}: cases run {results}"
+                           generate, timeout_s=600)
+        cases = sorted([*schemes, *([f"{GENERATED} tokens"] if generate else [])])
+        assert all(sorted(diffs) == cases for diffs in results), f"tp={world_size}: cases run {results}"
         for rank, diffs in enumerate(results):
             for scheme, diff in diffs.items():
-                assert diff <= 1e-4, (f"tp={world_size} from {source or 'memory'} rank {rank} {scheme}: "
-                                      f"max |tp - quantized model| {diff:.3g}, expected <= 1e-4")
+                what = ("greedy tokens differ from the quantized model's generate" if scheme.endswith("tokens") else
+                        f"max |tp - quantized model| {diff:.3g}, expected <= 1e-4")
+                assert diff <= 1e-4, f"tp={world_size} from {source or 'memory'} rank {rank} {scheme}: {what}"
 
 
 def _reference(path: str, scheme: str) -> torch.nn.Module:
@@ -81,16 +101,21 @@ def _reference(path: str, scheme: str) -> torch.nn.Module:
                                                     dtype=torch.float32).eval()
 
 
-def _from_pretrained(rank: int, world_size: int, schemes: list[str], path: str, saved: dict[str, str]) -> dict[str, float]:
+def _from_pretrained(rank: int, world_size: int, schemes: list[str], path: str, saved: dict[str, str]) -> dict[str, Any]:
     """autotp.from_pretrained of the float checkpoint with quantization_config=..., and of the checkpoint transformers
-    saved from its quantized model (``saved``), each against transformers' own quantized load."""
+    saved from its quantized model (``saved``), each against transformers' own quantized load: logits, and for
+    :data:`GENERATED` greedy tokens of ``tp.generate`` (its graphs built from the same checkpoint)."""
     from transformers import TorchAoConfig
 
-    diffs = {}
+    diffs: dict[str, float] = {}
+    tokens: dict[str, tuple[list[list[int]], list[list[int]]]] = {}
     for scheme in schemes:
         _, args, kwargs = tiny_llama(batch=2, seq_len=6, layers=1)
+        reference = _reference(path, scheme)
         with torch.no_grad():
-            expected = _reference(path, scheme)(*args, **kwargs).logits
+            expected = reference(*args, **kwargs).logits
+        ids = args[0][:1]
+        expected_tokens = _greedy(reference, ids) if scheme == GENERATED else None
         sources = {f"{scheme} from float": (path, TorchAoConfig(CONFIGS[scheme]()))}
         if scheme in saved:
             sources[f"{scheme} saved by transformers"] = (saved[scheme], None)
@@ -101,30 +126,38 @@ def _from_pretrained(rank: int, world_size: int, schemes: list[str], path: str, 
                                             quantization_config=config)
             assert any("parametrizations" in fqn for fqn in tp.plan.parameters), f"{name}: no quantized weight in the plan"
             diffs[name] = (tp(*args, **kwargs).logits - expected).abs().max().item()
-    # generating from a quantized checkpoint is refused (its graphs would read the float weights), never run
-    with pytest.raises(autotp.UnsupportedQuantizationError, match="generation from a checkpoint of a quantized model"):
-        tp.generate(args[0][:1], max_new_tokens=2)
-    return diffs
+            if expected_tokens is not None:
+                tokens[name] = (tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist(), expected_tokens)
+    return {"diffs": diffs, "tokens": tokens}
 
 
 def test_from_pretrained_quantizes_a_float_checkpoint_as_transformers_does(gloo: Any, tmp_path: Path) -> None:
-    """tp=2 (int8 per-row) and tp=3 (int8 per-row, int4 in groups of 32: 8 groups over 3 ranks) from a float
-    safetensors checkpoint, and at tp=3 from the checkpoints transformers' save_pretrained writes of its quantized
-    models (parts as ``q_proj._weight_qdata``...): logits equal transformers' from_pretrained(path,
-    quantization_config=...)."""
-    model, _, _ = tiny_llama(layers=1)
+    """tp=2 (int4 in groups of 32) and tp=3 (that and int8 per-row; 8 groups over 3 ranks) from a float safetensors
+    checkpoint, and at tp=3 from the checkpoints transformers' save_pretrained writes of its quantized models
+    (parts as ``q_proj._weight_qdata``...): logits equal transformers' from_pretrained(path, quantization_config=...),
+    and greedy tokens of int4 ``tp.generate`` equal its ``generate`` (which differ from the float model's)."""
+    from transformers import AutoModelForCausalLM
+
+    model, (ids, *_), _ = tiny_llama(layers=1)
     model.save_pretrained(tmp_path / "hf")
     saved = {}
     for scheme in CONFIGS:
         _reference(str(tmp_path / "hf"), scheme).save_pretrained(tmp_path / scheme)
         saved[scheme] = str(tmp_path / scheme)
-    for world_size, schemes, prequantized in ((2, ["int8"], {}), (3, ["int8", "int4group"], saved)):
+    float_tokens = _greedy(AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval(), ids[:1])
+    quantized_tokens = _greedy(_reference(str(tmp_path / "hf"), GENERATED), ids[:1])
+    assert quantized_tokens != float_tokens, "the int4 model generates the float model's tokens: the check cannot fail"
+    for world_size, schemes, prequantized in ((2, [GENERATED], {}), (3, list(CONFIGS), saved)):
         results = gloo.run(world_size, _from_pretrained, schemes, str(tmp_path / "hf"), prequantized, timeout_s=600)
-        for rank, diffs in enumerate(results):
+        for rank, result in enumerate(results):
+            diffs, tokens = result["diffs"], result["tokens"]
             assert len(diffs) == len(schemes) + len(prequantized), f"tp={world_size}: cases run {sorted(diffs)}"
+            assert len(tokens) == 1 + (GENERATED in prequantized), f"tp={world_size}: generated {sorted(tokens)}"
             for name, diff in diffs.items():
                 assert diff <= 1e-4, (f"tp={world_size} rank {rank} {name}: max |tp - transformers' quantized model| "
                                       f"{diff:.3g}, expected <= 1e-4")
+            for name, (got, expected) in tokens.items():
+                assert got == expected, f"tp={world_size} rank {rank} {name}: tokens {got}, transformers' generate {expected}"
 
 
 def test_reports_name_a_quantized_weight_and_its_parts() -> None:

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch import nn
 from models import BUILDERS, tiny_llama, tiny_mlp
+from torch import nn
 
 import autotp
 from autotp.base.errors import InputShapeError

@@ -108,7 +108,7 @@ def parts_as_parameters(model: torch.nn.Module) -> Iterator[None]:
     from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
     from torch.nn.utils import parametrize
 
-    owners = [(module, name) for module in model.modules() for name, param in module._parameters.items()
+    owners = [(module, name, param) for module in model.modules() for name, param in module._parameters.items()
               if param is not None and is_subclass_weight(param)]
     if not owners:
         yield
@@ -117,8 +117,12 @@ def parts_as_parameters(model: torch.nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for module, name in owners:
+        for module, name, param in owners:
+            # torch puts a weight that needs no grad back as a *buffer* (a plain tensor); the next trace would
+            # then fake it as a float tensor. The very parameter object goes back, as a parameter.
             parametrize.remove_parametrizations(module, name, leave_parametrized=True)
+            delattr(module, name)
+            module.register_parameter(name, param)
 
 
 def exported_name(fqn: str, index: int) -> str:
@@ -262,9 +266,13 @@ def quantize_as_transformers_does(model: torch.nn.Module, quantization_config: A
 
 def config_of(model: torch.nn.Module) -> Any:
     """The torchao config ``model`` was quantized with, where it says (``model.config.quantization_config``, a
-    transformers ``TorchAoConfig``, as :func:`quantize_as_transformers_does` and transformers leave it), else None."""
-    config = getattr(getattr(model, "config", None), "quantization_config", None)
-    return getattr(config, "quant_type", None) if getattr(config, "quant_method", None) == "torchao" else None
+    transformers ``TorchAoConfig``, as :func:`quantize_as_transformers_does` and transformers leave it), else None.
+    A wrapper (the generation cache's, a pipeline stage's) says it through the transformers model it holds."""
+    for module in model.modules():
+        config = getattr(getattr(module, "config", None), "quantization_config", None)
+        if getattr(config, "quant_method", None) == "torchao":
+            return getattr(config, "quant_type", None)
+    return None
 
 
 def quantize_weight(weight: torch.Tensor, config: Any) -> dict[str, torch.Tensor]:

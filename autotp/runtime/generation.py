@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autotp.adapters import hf_transformers, torchao
-from autotp.base.errors import PlanError, UnsupportedQuantizationError, UnsupportedReleaseError
+from autotp.adapters import hf_transformers
+from autotp.base.errors import PlanError, UnsupportedReleaseError
 from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture
 from autotp.passes.uneven import Partitions
@@ -96,14 +96,6 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     weights from, once for every graph, onto ``device`` (default: the CPU); the model may then be on meta, and
     its cache is made on ``device`` in this rank's blocks only."""
     device = torch.device("cpu") if device is None else torch.device(device)
-    if files is not None and torchao.quantized_weights(model):
-        # measured: the graphs built so read the float weights of a float checkpoint (the float model's tokens)
-        raise UnsupportedQuantizationError(
-            "generation from a checkpoint of a quantized model (from_pretrained with quantization_config=, a quantized "
-            "checkpoint, or load / checkpoint= into a quantized model) is not supported yet; its forward (tp(ids)) is. "
-            "To generate, load the quantized model with its weights (e.g. transformers' AutoModelForCausalLM."
-            "from_pretrained(path, quantization_config=...)) and call autotp.compile(model, example_inputs=(ids,), "
-            "max_cache_len=N)")
     if files is not None:
         _derive_meta_buffers(model, files, device)
     if wrapper is None:
