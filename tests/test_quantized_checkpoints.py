@@ -162,7 +162,7 @@ def test_from_pretrained_quantizes_a_float_checkpoint_as_transformers_does(gloo:
 
 def test_reports_name_a_quantized_weight_and_its_parts() -> None:
     """tp=2, int8 MLP 64 -> 128 -> 32 (no process group): explain finds a quantized weight by its own name (its data
-    part) and names it as the weight (``0.weight (qdata)``); the DOT graph and the HTML payload name parts so too,
+    part) and names it as the weight (``0.weight (qdata)``), in its readers' notes on each option too; the DOT graph and the HTML payload name parts so too,
     never ``parametrizations``."""
     from autotp.inspect.html import plan_payload
 
@@ -170,8 +170,11 @@ def test_reports_name_a_quantized_weight_and_its_parts() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
     tq.quantize_(model, tq.Int8WeightOnlyConfig())
     plan = autotp.plan(model, (torch.randn(4, 64),), world_size=2)
-    first = str(autotp.explain(plan, "0.weight")).splitlines()[0]
+    explained = str(autotp.explain(plan, "0.weight"))
+    first = explained.splitlines()[0]
     assert first.startswith("0.weight (qdata) (parameter) [128, 64]: chose"), first
+    assert "0.weight (qdata)" in explained.split("read by", 1)[1], explained  # the readers' notes name it too
+    assert "parametrizations" not in explained and "original0" not in explained, explained
     dot = autotp.to_dot(plan, fold=False)
     labels = [line for line in dot.splitlines() if "label=" in line and "shape=box" in line]
     assert any('label="weight (scale)\\n' in line for line in labels), "\n".join(labels)

@@ -10,6 +10,7 @@ held fixed) are priced when the plan is built, by
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from autotp.adapters.torchao import part_label, weight_of
 from autotp.planning.alternatives import strategy_text
@@ -36,10 +37,12 @@ def _verb(strategy: str) -> str:
     return f"taking {strategy}"
 
 
-def describe_alternative(alt: Alternative) -> str:
-    """One line: ``replicating this would cost +1.800 ms (all_gather +1.700 ms, compute +0.100 ms)``."""
+def describe_alternative(alt: Alternative, plan: Plan | None = None) -> str:
+    """One line: ``replicating this would cost +1.800 ms (all_gather +1.700 ms, compute +0.100 ms)``; with
+    ``plan``, a quantized weight's parts named in the note are named as the weight (:func:`_part_names`)."""
+    note = _readable(alt.note, plan) if alt.note and plan is not None else alt.note
     if alt.delta_s is None:
-        return f"{_verb(alt.strategy)}: not possible while its neighbours keep their choices: {alt.note}"
+        return f"{_verb(alt.strategy)}: not possible while its neighbours keep their choices: {note}"
     parts = [f"{kind} {format_seconds(v, signed=True)}" for kind, v in sorted(alt.comm_delta_s, key=lambda kv: -abs(kv[1]))]
     if abs(alt.compute_delta_s) > 1e-15:
         parts.append(f"compute {format_seconds(alt.compute_delta_s, signed=True)}")
@@ -50,9 +53,26 @@ def describe_alternative(alt: Alternative) -> str:
         line += f" ({', '.join(parts)})"
     if alt.memory_delta_bytes:
         line += f"; {format_bytes(alt.memory_delta_bytes, signed=True)} of parameters per rank"
-    if alt.note:
-        line += f"; {alt.note}"
+    if note:
+        line += f"; {note}"
     return line
+
+
+def _part_names(plan: Plan) -> dict[str, str]:
+    """Each quantized weight part's exported FQN and placeholder name -> its name in reports,
+    ``q_proj.weight (scale)`` (:func:`autotp.adapters.torchao.part_label`)."""
+    names = {}
+    for node in plan.nodes:
+        label = part_label(node.target) if node.op == "placeholder" and node.target else None
+        if label is not None:
+            names[node.target] = names[node.name] = label
+    return names
+
+
+def _readable(text: str, plan: Plan) -> str:
+    """``text`` with every quantized weight part it names (exported FQN or placeholder) named as the weight."""
+    names = _part_names(plan)
+    return re.sub(r"[\w.]+", lambda word: names.get(word.group(0), word.group(0)), text) if names else text
 
 
 # --------------------------------------------------------------------------- explain
@@ -98,7 +118,7 @@ def _explain_node(plan: Plan, node: NodeDecision, indent: str = "") -> list[str]
         else:
             lines.append(f"{indent}  no other candidate strategy")
     for alt in node.alternatives:
-        lines.append(f"{indent}  - {describe_alternative(alt)}")
+        lines.append(f"{indent}  - {describe_alternative(alt, plan)}")
     return lines
 
 
