@@ -82,12 +82,16 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, resul
     held: dict[str, int] = {}
     for variant in args.variants:
         model = build(variant, args)
-        started = time.perf_counter()
-        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=args.prompt + args.new_tokens)
-        if rank == 0:
-            print(f"  tp={world_size} {variant}: compiled in {time.perf_counter() - started:.0f} s", flush=True)
-        held[variant] = tp.parameter_bytes()
-        runs[f"{variant} autotp"] = lambda n, tp=tp: tp.generate(ids, max_new_tokens=n)
+        for mode in args.runtime_modes:
+            started = time.perf_counter()
+            tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=args.prompt + args.new_tokens,
+                                runtime=autotp.RuntimeOptions(runtime_mode=mode))
+            tp.generate(ids, max_new_tokens=2)  # a compiled mode builds its graphs at their first call
+            if rank == 0:
+                print(f"  tp={world_size} {variant} {mode}: compiled and first run in "
+                      f"{time.perf_counter() - started:.0f} s", flush=True)
+            held[variant] = tp.parameter_bytes()
+            runs[f"{variant} autotp {mode}"] = lambda n, tp=tp: tp.generate(ids, max_new_tokens=n)
         if rank == 0:  # the other ranks wait at the barrier meanwhile
 
             def single(n: int, model: torch.nn.Module = model) -> torch.Tensor:
@@ -104,12 +108,14 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, resul
     if rank == 0:
         table = {}
         for variant in args.variants:
-            tokens, _, ms = timed[f"{variant} autotp"]
             reference, _, single_ms = timed[f"{variant} single"]
-            if tokens.shape[1] != args.prompt + args.new_tokens:
-                raise RuntimeError(f"tp={world_size} {variant}: {tokens.shape[1] - args.prompt} new tokens, expected "
-                                   f"{args.new_tokens}")
-            table[variant] = (ms, single_ms, max(h[variant] for h in gathered), bool(torch.equal(tokens, reference)))
+            for mode in args.runtime_modes:
+                tokens, _, ms = timed[f"{variant} autotp {mode}"]
+                if tokens.shape[1] != args.prompt + args.new_tokens:
+                    raise RuntimeError(f"tp={world_size} {variant} {mode}: {tokens.shape[1] - args.prompt} new tokens, "
+                                       f"expected {args.new_tokens}")
+                table[(variant, mode)] = (ms, single_ms, max(h[variant] for h in gathered),
+                                          bool(torch.equal(tokens, reference)))
         results.put(table)
     dist.destroy_process_group()
 
@@ -123,6 +129,8 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--vocab", type=int, default=32000, help="vocabulary size (32000: Llama-2's)")
+    parser.add_argument("--runtime-modes", nargs="+", choices=("eager", "compiled"), default=["eager", "compiled"],
+                        help="autotp's runtime modes, each timed beside the others (compiled: Inductor)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     args = parser.parse_args()
@@ -137,15 +145,15 @@ def main() -> int:
         mp.start_processes(_rank, args=(world_size, _free_port(), args, results), nprocs=world_size, start_method="spawn")
         table = results.get()
         print(f"\nworld size {world_size}")
-        print(f"{'variant':10}{'autotp ms/token':>17}{'single ms/token':>17}{'ratio':>8}{'MB per rank':>13}"
-              f"{'same tokens':>13}")
-        for variant, (ms, single_ms, held, same) in table.items():
-            print(f"{variant:10}{ms:17.2f}{single_ms:17.2f}{ms / single_ms:8.2f}{held / 1e6:13.1f}{str(same):>13}",
-                  flush=True)
-            summary.append(f"| {world_size} | {variant} | {ms:.1f} | {single_ms:.1f} | {ms / single_ms:.2f} | "
+        print(f"{'variant':10}{'mode':>10}{'autotp ms/token':>17}{'single ms/token':>17}{'ratio':>8}"
+              f"{'MB per rank':>13}{'same tokens':>13}")
+        for (variant, mode), (ms, single_ms, held, same) in table.items():
+            print(f"{variant:10}{mode:>10}{ms:17.2f}{single_ms:17.2f}{ms / single_ms:8.2f}{held / 1e6:13.1f}"
+                  f"{str(same):>13}", flush=True)
+            summary.append(f"| {world_size} | {variant} | {mode} | {ms:.1f} | {single_ms:.1f} | {ms / single_ms:.2f} | "
                            f"{held / 1e6:.1f} | {'yes' if same else 'no'} |")
-    print("\n| tp | weights | autotp ms/token | single process ms/token | autotp / single | MB of parameters per rank "
-          "| tokens equal the single process's |\n|---|---|---|---|---|---|---|")
+    print("\n| tp | weights | runtime mode | autotp ms/token | single process ms/token | autotp / single | MB of "
+          "parameters per rank | tokens equal the single process's |\n|---|---|---|---|---|---|---|---|")
     print("\n".join(summary))
     return 0
 
