@@ -275,3 +275,24 @@ def test_compiled_decode_reads_linear_weights_in_out() -> None:
         got, expected = run(*weights, x), gm(*weights, x)
         for g, e in zip(got, expected):
             assert torch.allclose(g, e, atol=1e-5), f"step {step}: compiled {g} != eager {e}"
+
+
+def test_compiled_decode_skips_guards_only_for_the_inputs_it_was_compiled_for() -> None:
+    """No process group: after its first call the compiled decode graph runs without Dynamo's guards while its
+    inputs are the first call's tensors or alike (same shape, stride, dtype, device); an input of another size
+    goes through the guards (Dynamo compiles again) and the result is still right."""
+    from torch import fx
+
+    from autotp.runtime.runtime_modes import graph_runner
+
+    gm = fx.symbolic_trace(_step)
+    run = graph_runner(gm, "compiled", what="decode")
+    cache, reference = torch.zeros(4, 3), torch.zeros(4, 3)
+    for position in range(3):
+        x, slot = torch.full((1, 3), float(position + 1)), torch.tensor([position])
+        assert torch.equal(run(x, cache, slot)[0], gm(x, reference, slot)[0]), f"call {position + 1}"
+    assert run.unguarded == 2, f"{run.unguarded} of the 2 calls after the first ran without guards"
+    wide, wide_reference, x = torch.zeros(4, 5), torch.zeros(4, 5), torch.ones(1, 5)
+    got, expected = run(x, wide, torch.tensor([0]))[0], gm(x, wide_reference, torch.tensor([0]))[0]
+    assert torch.equal(got, expected), f"another size: {got} != {expected}"
+    assert run.unguarded == 2, "a call with another size ran without guards"
