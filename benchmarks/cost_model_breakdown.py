@@ -1,11 +1,15 @@
-"""Where the predicted time of a rank-local graph goes wrong, by op kind (world size 1, this CPU).
+"""Where the predicted time of a rank-local graph goes wrong, by op kind (this CPU, world size 1 or more).
 
     python benchmarks/cost_model_breakdown.py [--models llama gpt2 bert mlp] [--runs 15] [--by kind|op]
+                                              [--world-size N]
 
-Calibrates a profile in this process (``CalibrationConfig.quick``, one thread, a gloo group of
-one; the link across two other processes) on the work clock (the graphs' share of a core taken
-as 1, so that the profile prices what the timings below measure), compiles each family named (``benchmarks/cost_model_families.py``) with
-it, and times
+Calibrates a profile in these processes (``CalibrationConfig.quick``, one thread per rank, a gloo group of
+``--world-size`` ranks, every rank measuring at once; the link across two other processes)
+on the work clock (the graphs' share of a core taken as 1, so that the profile prices what the timings below
+measure), compiles each family named (``benchmarks/cost_model_families.py``) with it at that world size, and
+times, on every rank at once (rank 0's figures printed), the graph's compute (at world size > 1 its
+collectives replaced by local stand-ins, ``autotp.calibration.graphs.local_stand_ins``, as the accuracy
+benchmark measures compute):
 
 - the whole call of the compiled model and of its rank-local ``GraphModule``, on the work clock
   (this thread's CPU time: another process taking the core does not count), median of ``--runs``;
@@ -73,6 +77,7 @@ class _NodeTimer(torch.fx.Interpreter):
 def _median_work_s(call: Any, runs: int) -> float:
     times = []
     for _ in range(runs):
+        dist.barrier()  # every rank computes at the same time, as in a forward
         start = time.thread_time()
         call()
         times.append(time.thread_time() - start)
@@ -80,12 +85,16 @@ def _median_work_s(call: Any, runs: int) -> float:
 
 
 def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
-    """Time and print one model's graph by op kind (module docstring)."""
+    """Time one model's graph by op kind on every rank and print rank 0's (module docstring)."""
     import autotp
+    from autotp.calibration.graphs import local_stand_ins
 
+    world_size = dist.get_world_size()
     model, args, kwargs = build(name)
-    compiled = autotp.compile(model, world_size=1, example_inputs=args, example_kwargs=kwargs, hardware=hardware)
+    compiled = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                              hardware=hardware)
     graph_module = compiled.graph_module
+    compute = local_stand_ins(graph_module) or graph_module  # the compute form: no rank waits for another
     captured: dict[str, tuple] = {}
     forward = graph_module.forward
 
@@ -101,21 +110,25 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
         for _ in range(3):
             compiled(*args, **kwargs)
         model_s = _median_work_s(lambda: compiled(*args, **kwargs), runs)
-        graph_s = _median_work_s(lambda: graph_module(*values), runs)
-        timer = _NodeTimer(graph_module)
+        graph_s = _median_work_s(lambda: compute(*values), runs)
+        timer = _NodeTimer(compute)
         for _ in range(runs):
+            dist.barrier()
             timer.run(*values)
+    if dist.get_rank() != 0:
+        return
     estimate = autotp.estimate(compiled.plan, hardware)
     predicted = {node.name: node.compute_s for node in compiled.plan.nodes}
     kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
-    for node in graph_module.graph.nodes:
-        if node.op != "call_function" or node.name not in timer.seconds:
+    for node in compute.graph.nodes:
+        if node.op != "call_function" or node.name not in timer.seconds or node.name not in predicted:
             continue
         row = kinds[kind_of(node.target) if by == "kind" else str(node.target)]
         row[0] += 1
         row[1] += statistics.median(timer.seconds[node.name])
         row[2] += predicted.get(node.name, 0.0)
-    print(f"\n{name}: model call {model_s * 1e3:.3f} ms, graph call {graph_s * 1e3:.3f} ms (work clock), "
+    print(f"\n{name} (tp {world_size}, rank 0): model call {model_s * 1e3:.3f} ms, compute graph call "
+          f"{graph_s * 1e3:.3f} ms (work clock), "
           f"predicted {estimate.time_per_call_s * 1e3:.3f} ms ({(estimate.time_per_call_s / model_s - 1):+.0%} "
           f"vs the model call)")
     width = 18 if by == "kind" else max(len(kind) for kind in kinds)
@@ -125,40 +138,53 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
               f"{measured_s / count * 1e6:>13.1f} {predicted_s / count * 1e6:>7.1f}")
 
 
+def _rank(rank: int, world_size: int, port: int, links: Any, options: argparse.Namespace) -> None:
+    """One rank: calibrate with every rank at once, then break each family down (module docstring)."""
+    sys.path.insert(0, TESTS)
+    warnings.simplefilter("ignore")
+    from autotp.calibration.calibrate import CalibrationConfig, measure_rank
+    from autotp.cost_model.calibrate import build_profile
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        measured = measure_rank(rank, world_size, CalibrationConfig.quick(threads=1), collectives=False)
+        # priced on the work clock, as measured here: the graphs' share of a core set to 1
+        alone = dataclasses.replace(measured, graphs=tuple(dataclasses.replace(g, core_share=1.0) for g in measured.graphs))
+        every: list[Any] = [None] * world_size
+        dist.all_gather_object(every, alone)
+        hardware = build_profile(every, links, world_size=world_size)
+        if rank == 0:
+            print(f"profile (tp {world_size}): dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, view "
+                  f"{hardware.view_op_s * 1e6:.1f} us, call {hardware.graph_launch_s * 1e6:.0f} us, float32 "
+                  f"{hardware.peak_tflops['float32'] * 1e3:.0f} GFLOP/s (half rate at dim "
+                  f"{hardware.gemm_half_efficiency_dim:g}), memory {hardware.memory_bandwidth_gbps:.1f} GB/s; "
+                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
+        for name in options.models:
+            _breakdown(name, hardware, options.runs, options.by)
+    finally:
+        dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(DESIGN), choices=ORDER,
                         help="families of benchmarks/cost_model_families.py (default: the four the terms were designed on)")
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--by", choices=("kind", "op"), default="kind", help="group the nodes by op kind or ATen op")
+    parser.add_argument("--world-size", type=int, default=1, help="ranks (gloo, one thread each; default 1)")
     options = parser.parse_args()
-    sys.path.insert(0, TESTS)
-    warnings.simplefilter("ignore")
-    from autotp.calibration.calibrate import CalibrationConfig, measure_links, measure_rank
-    from autotp.cost_model.calibrate import build_profile
+    from autotp.calibration.calibrate import CalibrationConfig, measure_links
 
-    torch.set_num_threads(1)
-    config = CalibrationConfig.quick(threads=1)
-    links = measure_links(2, config)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # the link across two processes at every world size: only the plan's choice reads it (the timings are of the
+    # compute form), and the quick fit across four processes on two cores can find no bandwidth
+    links = measure_links(2, CalibrationConfig.quick(threads=1))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        measured = measure_rank(0, 1, config, collectives=False)
-        # priced on the work clock, as measured here: the graphs' share of a core set to 1
-        alone = dataclasses.replace(measured, graphs=tuple(dataclasses.replace(g, core_share=1.0) for g in measured.graphs))
-        hardware = build_profile([alone], links, world_size=1)
-        print(f"profile: dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, view {hardware.view_op_s * 1e6:.1f} us, "
-              f"call {hardware.graph_launch_s * 1e6:.0f} us, float32 {hardware.peak_tflops['float32'] * 1e3:.0f} GFLOP/s "
-              f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), memory {hardware.memory_bandwidth_gbps:.1f} GB/s; "
-              f"load average {os.getloadavg()[0]:.1f}")
-        for name in options.models:
-            _breakdown(name, hardware, options.runs, options.by)
-    finally:
-        dist.destroy_process_group()
-
+    torch.multiprocessing.start_processes(_rank, args=(options.world_size, port, links, options),
+                                          nprocs=options.world_size, start_method="spawn")
 
 if __name__ == "__main__":
     main()
