@@ -102,6 +102,10 @@ def _compile_and_compare(rank: int, world_size: int, cases: list[str], generate:
         model, (ids,), _ = _quantized("llama-int8")
         model.generation_config.pad_token_id = 0
         expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+        float_model, _, _ = tiny_llama(batch=2, seq_len=6)  # the same weights, not quantized
+        float_model.generation_config.pad_token_id = 0
+        results["float tokens"] = float_model.generate(ids, attention_mask=torch.ones_like(ids),
+                                                       max_new_tokens=NEW_TOKENS, do_sample=False).tolist()
         if not hf_transformers.GENERATION_RELEASES.admits(hf_transformers.installed_release()):
             with pytest.raises(autotp.UnsupportedReleaseError, match="supports for generation"):
                 autotp.compile(model, example_inputs=(ids,), max_cache_len=16)
@@ -138,6 +142,7 @@ def _check(results: list[dict[str, Any]], cases: list[str], world_size: int) -> 
     for rank, result in enumerate(results):
         if "generate" in result:
             got, expected = result["generate"]["got"], result["generate"]["expected"]
+            assert expected != result["float tokens"], "the int8 model generates the float model's tokens: the check cannot fail"
             assert got == expected, f"tp={world_size} rank {rank}: tokens {got}, HF generate gave {expected}"
 
 
