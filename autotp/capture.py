@@ -220,15 +220,15 @@ def as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
 
     with torchao.parts_as_parameters(model):  # a quantized weight: its parts faked, as export names them
-        state: dict[str, torch.Tensor] = {
-            name: torch.nn.Parameter(fake(p), requires_grad=False) for name, p in model.named_parameters()
-        }
-        state.update({name: fake(b) for name, b in model.named_buffers()})
         held_whole = [name for name, b in model.named_buffers() if torchao.is_subclass_weight(b)]
         if held_whole:  # faked as a plain tensor it would trace as a float weight of the same shape
             raise UnsupportedQuantizationError(
                 f"{held_whole[0]} is a quantized tensor held as a buffer ({len(held_whole)} such buffers); autotp reads "
                 "quantized weights that are parameters, as torchao's quantize_ leaves them")
+        state: dict[str, torch.Tensor] = {
+            name: torch.nn.Parameter(fake(p), requires_grad=False) for name, p in model.named_parameters()
+        }
+        state.update({name: fake(b) for name, b in model.named_buffers()})
         fake_example = pytree.tree_map_only(torch.Tensor, lambda t: fake(t) if t.device.type == "meta" else mode.from_tensor(t),
                                             example)
         with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):

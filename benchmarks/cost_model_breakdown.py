@@ -126,7 +126,7 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
         row = kinds[kind_of(node.target) if by == "kind" else str(node.target)]
         row[0] += 1
         row[1] += statistics.median(timer.seconds[node.name])
-        row[2] += predicted.get(node.name, 0.0)
+        row[2] += predicted[node.name]
     print(f"\n{name} (tp {world_size}, rank 0): model call {model_s * 1e3:.3f} ms, compute graph call "
           f"{graph_s * 1e3:.3f} ms (work clock), "
           f"predicted {estimate.time_per_call_s * 1e3:.3f} ms ({(estimate.time_per_call_s / model_s - 1):+.0%} "

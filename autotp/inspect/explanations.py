@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 
 from autotp.adapters.torchao import part_label, weight_of
 from autotp.planning.alternatives import strategy_text
@@ -37,10 +38,11 @@ def _verb(strategy: str) -> str:
     return f"taking {strategy}"
 
 
-def describe_alternative(alt: Alternative, plan: Plan | None = None) -> str:
+def describe_alternative(alt: Alternative, part_names: Mapping[str, str] | None = None) -> str:
     """One line: ``replicating this would cost +1.800 ms (all_gather +1.700 ms, compute +0.100 ms)``; with
-    ``plan``, a quantized weight's parts named in the note are named as the weight (:func:`_part_names`)."""
-    note = _readable(alt.note, plan) if alt.note and plan is not None else alt.note
+    ``part_names`` (:func:`_part_names` of the plan), a quantized weight's parts named in the note are named as
+    the weight."""
+    note = _readable(alt.note, part_names) if alt.note and part_names else alt.note
     if alt.delta_s is None:
         return f"{_verb(alt.strategy)}: not possible while its neighbours keep their choices: {note}"
     parts = [f"{kind} {format_seconds(v, signed=True)}" for kind, v in sorted(alt.comm_delta_s, key=lambda kv: -abs(kv[1]))]
@@ -69,10 +71,9 @@ def _part_names(plan: Plan) -> dict[str, str]:
     return names
 
 
-def _readable(text: str, plan: Plan) -> str:
+def _readable(text: str, part_names: Mapping[str, str]) -> str:
     """``text`` with every quantized weight part it names (exported FQN or placeholder) named as the weight."""
-    names = _part_names(plan)
-    return re.sub(r"[\w.]+", lambda word: names.get(word.group(0), word.group(0)), text) if names else text
+    return re.sub(r"[\w.]+", lambda word: part_names.get(word.group(0), word.group(0)), text)
 
 
 # --------------------------------------------------------------------------- explain
@@ -99,7 +100,7 @@ def _node_label(node: NodeDecision) -> str:
     return f"{what} ({op}{where}){shape}"
 
 
-def _explain_node(plan: Plan, node: NodeDecision, indent: str = "") -> list[str]:
+def _explain_node(plan: Plan, node: NodeDecision, part_names: Mapping[str, str], indent: str = "") -> list[str]:
     strategy = node.strategy()
     lines = [f"{indent}{_node_label(node)}: chose {strategy_text(strategy)}"
              + (f", compute {format_seconds(node.compute_s)}" if node.compute_s else "")]
@@ -118,7 +119,7 @@ def _explain_node(plan: Plan, node: NodeDecision, indent: str = "") -> list[str]
         else:
             lines.append(f"{indent}  no other candidate strategy")
     for alt in node.alternatives:
-        lines.append(f"{indent}  - {describe_alternative(alt, plan)}")
+        lines.append(f"{indent}  - {describe_alternative(alt, part_names)}")
     return lines
 
 
@@ -135,13 +136,14 @@ def explain(plan: Plan, name: str) -> str:
     splitting it differently would do to compute and communication.
     """
     node = find_node(plan, name)
-    lines = _explain_node(plan, node)
+    part_names = _part_names(plan)
+    lines = _explain_node(plan, node, part_names)
     if node.op == "placeholder":
         readers = [n for n in plan.nodes if node.name in n.input_nodes]
         for reader in readers[:4]:
             lines.append("")
             lines.append(f"read by {reader.name}:")
-            lines.extend(_explain_node(plan, reader, "  "))
+            lines.extend(_explain_node(plan, reader, part_names, "  "))
         if len(readers) > 4:
             lines.append(f"... and {len(readers) - 4} more readers")
     return "\n".join(lines)

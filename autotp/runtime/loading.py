@@ -325,6 +325,7 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
     # a quantized weight's part the checkpoint lacks, where it holds the float weight: quantized on read
     float_weights = {name: weight for name, weight in _parts_of_float_weights(slots, keys).items() if name not in unread}
     quantized = model_quantized
+    config = torchao.config_of(model)  # one walk of the modules for every weight quantized on read
     for slot in slots:
         fqn = str(slot.target)
         if (slot.kind == "parameter" and slot.name in unread) or fqn in created:
@@ -332,7 +333,7 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
         val = nodes[slot.name].meta["val"]
         if slot.name in float_weights:
             weight = float_weights[slot.name]
-            problem = _check_float_weight(weight, checkpoint[keys[weight]], quantized, torchao.config_of(model))
+            problem = _check_float_weight(weight, checkpoint[keys[weight]], quantized, config)
             if problem and problem not in problems:
                 problems.append(problem)
         elif fqn in keys:
@@ -393,7 +394,7 @@ def read_local_values(captured: CapturedGraph, plan: Plan, parts: Partitions, ra
             by_weight.setdefault(float_weights[slot.name], {})[part_of[1]] = (slot.name, None if blocks is None else blocks[rank])
     for weight_fqn, by_index in by_weight.items():
         local = quantize_on_read(checkpoint, checkpoint[keys[weight_fqn]], quantized[weight_fqn],
-                                 {index: block for index, (_, block) in by_index.items()}, torchao.config_of(model),
+                                 {index: block for index, (_, block) in by_index.items()}, config,
                                  rank, device)
         values.update({by_index[index][0]: value for index, value in local.items()})
     return {slot.name: values[slot.name] for slot in slots}
