@@ -239,42 +239,49 @@ def test_compiled_loop_reads_nothing_back_per_token() -> None:
     check_stop_check_every(None)
 
 
-def _linear_graph() -> Any:
-    """x -> linear(x, w1, b1) -> mm(., t(w2)) + x @ w3.t() ... where w3 is also added elsewhere (not only a weight)."""
+def _linear_graph(rows: int) -> Any:
+    """x (rows, 1, 3) -> linear(x, w1, b1) -> mm(., t(w2)) + linear(., w3) summed, and w3 is also read whole."""
     from torch import fx
 
     aten = torch.ops.aten
     graph = fx.Graph()
     w1, b1, w2, w3, x = (graph.placeholder(name) for name in ("w1", "b1", "w2", "w3", "x"))
-    hidden = graph.call_function(aten.linear.default, (x, w1, b1))  # (2, 1, 6)
-    flat = graph.call_function(aten.view.default, (hidden, [2, 6]))
-    out = graph.call_function(aten.mm.default, (flat, graph.call_function(aten.t.default, (w2,))))  # (2, 4)
-    other = graph.call_function(aten.linear.default, (flat, w3))  # (2, 6), and w3 is read as a whole below
+    hidden = graph.call_function(aten.linear.default, (x, w1, b1))  # (rows, 1, 6)
+    flat = graph.call_function(aten.view.default, (hidden, [rows, 6]))
+    out = graph.call_function(aten.mm.default, (flat, graph.call_function(aten.t.default, (w2,))))  # (rows, 4)
+    other = graph.call_function(aten.linear.default, (flat, w3))  # (rows, 6)
     graph.output((graph.call_function(aten.add.Tensor, (out, graph.call_function(aten.sum.default, (other,)))),
                   graph.call_function(aten.sum.default, (w3,))))
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
-def test_compiled_decode_reads_linear_weights_in_out() -> None:
-    """No process group: the compiled decode graph takes the weights it reads only as linear weights (w1 of a
-    linear with bias, w2 of mm(t(w))) in (in, out) layout and not the one also read whole (w3); results equal
-    the graph's eager ones, also after a weight is written in place (the copy is made again)."""
-    from autotp.runtime.runtime_modes import graph_runner, matmul_weights_in_out
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_compiled_decode_sums_few_row_linears(rows: int) -> None:
+    """No process group: the compiled decode graph's linear layers of a CPU weight input (linear with bias, mm of
+    a transpose, linear of a weight also read whole) go through few_rows_linear, which sums up to FEW_ROWS rows
+    and leaves more to the GEMM; float32 and bfloat16 results equal the eager graph's, also after a weight is
+    written in place."""
+    from autotp.runtime.runtime_modes import FEW_ROWS, few_rows_linear, few_rows_linears, graph_runner
 
-    gm = _linear_graph()
-    generator = torch.Generator().manual_seed(0)
-    weights = [torch.randn(6, 3, generator=generator), torch.randn(6, generator=generator),
-               torch.randn(4, 6, generator=generator), torch.randn(6, 6, generator=generator)]
-    x = torch.randn(2, 1, 3, generator=generator)
-    _, positions = matmul_weights_in_out(gm, (*weights, x))
-    assert positions == (0, 2), f"expected w1 and w2 in (in, out) layout, got input positions {positions}"
-    run = graph_runner(gm, "compiled", what="decode")
-    for step in range(3):
-        if step == 2:
-            weights[0].add_(1.0)  # written in place: the compiled graph must read the new values
-        got, expected = run(*weights, x), gm(*weights, x)
-        for g, e in zip(got, expected):
-            assert torch.allclose(g, e, atol=1e-5), f"step {step}: compiled {g} != eager {e}"
+    gm = _linear_graph(rows)
+    for dtype, atol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        generator = torch.Generator().manual_seed(0)
+        weights = [torch.randn(6, 3, generator=generator), torch.randn(6, generator=generator),
+                   torch.randn(4, 6, generator=generator), torch.randn(6, 6, generator=generator)]
+        weights = [w.to(dtype) for w in weights]
+        x = torch.randn(rows, 1, 3, generator=generator).to(dtype)
+        rewritten = few_rows_linears(gm, (*weights, x))
+        summed = [n for n in rewritten.graph.nodes if n.target is few_rows_linear]
+        assert len(summed) == 3, f"{len(summed)} of the 3 linear layers go through few_rows_linear"
+        assert (rows <= FEW_ROWS) == (rows < 16)
+        run = graph_runner(gm, "compiled", what="decode")
+        for step in range(3):
+            if step == 2:
+                weights[0].add_(1.0)  # written in place: the compiled graph reads the new values
+            got, expected = run(*weights, x), gm(*weights, x)
+            for g, e in zip(got, expected):
+                assert g.dtype == e.dtype and torch.allclose(g.float(), e.float(), atol=atol, rtol=atol), (
+                    f"{dtype}, {rows} rows, step {step}: compiled {g} != eager {e}")
 
 
 def test_compiled_decode_skips_guards_only_for_the_inputs_it_was_compiled_for() -> None:

@@ -17,13 +17,13 @@ updates (``index_copy_`` into the cache buffers, which are graph inputs) stay in
 the mutated inputs back into the same tensors. Inductor's FX graph cache (on by default) reuses compiled
 code across processes for the same graph and sizes.
 
-On the CPU the compiled decode graph reads its matmul weights in ``(in, out)`` layout: a weight input that
-the graph reads only as a linear layer's ``(out, in)`` weight (``linear(x, weight)``, or ``mm`` of its
-transpose) is passed as ``weight.t().contiguous()``, made once at the first call (again if the weight is replaced or written). At one token per row the matmuls are
-matrix-vector products that read every weight once, and the CPU GEMM reads the ``(in, out)`` layout faster
-(measured on the project's AMD EPYC with one thread: about 1.6x the bytes per second of the transposed read,
-which is what ``nn.Linear``'s ``(out, in)`` weight gives), so the decode step, bound by reading the weights,
-gets faster. The cost is one more copy of those weights on each rank while the decode graph lives.
+On the CPU the compiled decode graph's linear layers of at most :data:`FEW_ROWS` rows (a decode step of up
+to that batch) are written as a multiply-and-sum, ``(x.unsqueeze(-2) * weight).sum(-1)``, which Inductor
+fuses into one vectorised pass over the ``(out, in)`` weight, summed in float32 (:func:`few_rows_linear`).
+At a few tokens per step a matmul is a matrix-vector product bound by reading the weight, and the CPU GEMM
+reads it slowly there: on the project's AMD EPYC, two processes at once with one thread each, a tp 2 decode
+step's weights took about half the GEMM's time summed (:data:`FEW_ROWS`). The weights stay as they are (no
+copy); a GPU, or more rows, keep the GEMM.
 
 Dynamo checks its guards on every call: each of the decode graph's ~80 tensor inputs (weights, cache, token
 ids) for shape, stride, dtype and device, which at tp 2 on this project's CPU took about 0.4 ms of a 5.5 ms
@@ -56,7 +56,7 @@ from autotp.base.progress import log_progress
 from autotp.planning.options import PlanOptions
 from autotp.runtime.shared_memory import compiler_visible_collectives
 
-__all__ = ["graph_runner", "matmul_weights_in_out", "priced_in", "resolve_runtime_mode"]
+__all__ = ["few_rows_linear", "few_rows_linears", "graph_runner", "priced_in", "resolve_runtime_mode"]
 
 
 def _cpp_compiler() -> str | None:
@@ -128,8 +128,12 @@ def graph_runner(graph_module: fx.GraphModule, mode: str, *, what: str, talk: bo
     return _CompiledGraph(graph_module, mode, what=what, talk=talk, static=static)
 
 
-_TRANSPOSES = (torch.ops.aten.t.default, torch.ops.aten.transpose.int, torch.ops.aten.permute.default)
-_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+FEW_ROWS = 8
+"""A CPU matmul of at most this many rows runs in the compiled decode graph as a multiply-and-sum (the module
+docstring). ``benchmarks/decode_matmul.py`` (a tp 2 decode step's weights, two processes at once, one thread
+each) measured the summed form at 0.52-0.68x the GEMM's time from 1 to 8 rows and 1.05x at 16."""
+
+_SUMMED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LINEAR = torch.ops.aten.linear.default
 
 
@@ -145,48 +149,54 @@ def _swaps(node: fx.Node) -> bool:
     return False
 
 
-def _read_as_linear_weight(placeholder: fx.Node) -> bool:
-    """Whether every use of ``placeholder`` (a 2-D graph input) reads it as a linear layer's ``(out, in)`` weight:
-    ``linear(x, weight[, bias])``, or a transpose whose every use is ``mm``/``addmm``."""
-    for node in placeholder.users:
-        if node.target is _LINEAR:
-            if node.args[1] is not placeholder or placeholder in (node.args[0], *node.args[2:]) or node.kwargs:
-                return False
-        elif not (_swaps(node) and node.users and all(user.target in _MATMULS for user in node.users)):
-            return False
-    return bool(placeholder.users)
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(x, weight, bias)``; with at most :data:`FEW_ROWS` rows written as the multiply-and-sum that
+    Inductor fuses into one pass over ``weight`` (the module docstring), summed in float32 as the GEMM does.
+    The branch is taken when Dynamo traces, where the sizes are static."""
+    rows = x.numel() // x.shape[-1]
+    if rows > FEW_ROWS:
+        return torch.ops.aten.linear.default(x, weight, bias)
+    if rows == 1:  # one dot product per output, along the rows of the (out, in) weight
+        out = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
+    else:  # output-major, so each row of the weight is read once for all the rows of x
+        flat = x.float().reshape(rows, x.shape[-1])
+        out = (weight.float().unsqueeze(1) * flat).sum(-1).t().reshape(*x.shape[:-1], weight.shape[0])
+    return (out if bias is None else out + bias.float()).to(x.dtype)
 
 
-def matmul_weights_in_out(graph_module: fx.GraphModule,
-                          example_inputs: tuple[Any, ...]) -> tuple[fx.GraphModule, tuple[int, ...]]:
-    """A copy of ``graph_module`` that takes, at the returned input positions, the ``(in, out)`` layout
-    ``weight.t()`` of the 2-D floating-point CPU tensors it reads only as linear weights, and those positions
-    (see the module docstring); ``graph_module`` itself and ``()`` when it has none."""
+def few_rows_linears(graph_module: fx.GraphModule, example_inputs: tuple[Any, ...]) -> fx.GraphModule:
+    """A copy of ``graph_module`` whose linear layers (``linear(x, w[, b])``, ``mm(x, t(w))``, ``addmm(b, x,
+    t(w))``) of a 2-D plain float CPU weight input go through :func:`few_rows_linear`; ``graph_module`` itself
+    when it has none."""
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
-    chosen = [i for i, (node, value) in enumerate(zip(placeholders, example_inputs))
-              if isinstance(value, torch.Tensor) and value.dim() == 2 and value.device.type == "cpu"
-              and value.is_floating_point() and _read_as_linear_weight(node)]
-    if not chosen:
-        return graph_module, ()
+    weights = {node for node, value in zip(placeholders, example_inputs)
+               if type(value) in (torch.Tensor, torch.nn.Parameter) and value.dim() == 2
+               and value.device.type == "cpu" and value.dtype in _SUMMED_DTYPES}
     graph = fx.Graph()
     remap: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(graph_module.graph, remap))
-    for index in chosen:
-        weight = remap[placeholders[index]]  # now (in, out)
-        for node in list(weight.users):
-            if node.target is _LINEAR:  # linear(x, w, b) = x @ w.t() + b
-                with graph.inserting_before(node):
-                    product = graph.call_function(torch.ops.aten.matmul.default, (node.args[0], weight))
-                    product.meta.update(node.meta)
-                    if len(node.args) > 2 and node.args[2] is not None:
-                        product = graph.call_function(torch.ops.aten.add.Tensor, (product, node.args[2]))
-                        product.meta.update(node.meta)
-            else:  # a transpose before mm / addmm: the input is already transposed
-                product = weight
-            node.replace_all_uses_with(product)
-            graph.erase_node(node)
+    local = {remap[node] for node in weights}
+    changed = False
+    for node in list(graph.nodes):
+        if node.target is _LINEAR and node.args[1] in local and not node.kwargs:
+            args: tuple[Any, ...] = tuple(node.args)
+        elif (node.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and not node.kwargs
+              and isinstance(node.args[-1], fx.Node) and _swaps(node.args[-1]) and node.args[-1].args[0] in local):
+            x, weight = node.args[-2], node.args[-1].args[0]
+            args = (x, weight) if node.target is torch.ops.aten.mm.default else (x, weight, node.args[0])
+        else:
+            continue
+        with graph.inserting_before(node):
+            product = graph.call_function(few_rows_linear, args)
+        product.meta.update(node.meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+        changed = True
+    if not changed:
+        return graph_module
+    graph.eliminate_dead_code()
     graph.lint()
-    return fx.GraphModule(graph_module, graph), tuple(chosen)
+    return fx.GraphModule(graph_module, graph)
 
 
 class _CompiledGraph:
@@ -200,8 +210,6 @@ class _CompiledGraph:
             for tensor in static:
                 torch._dynamo.mark_static_address(tensor)
         self.compiled: Callable[..., Any] | None = None
-        self.in_out: tuple[int, ...] = ()  # input positions passed in (in, out) layout (the module docstring)
-        self.layouts: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}  # position -> (weight, version, copy)
         self.calls = 0
         self.first: tuple[Any, ...] | None = None  # the decode graph's first arguments and grad mode (the module docstring)
         self.unguarded = 0  # calls run without Dynamo's guards
@@ -214,7 +222,7 @@ class _CompiledGraph:
         start = time.perf_counter()
         graph_module = self.graph_module
         if self.mode == "compiled" and self.what == "decode":
-            graph_module, self.in_out = matmul_weights_in_out(graph_module, args)
+            graph_module = few_rows_linears(graph_module, args)
         self.compiled = torch.compile(graph_module, backend="inductor", fullgraph=True,
                                       mode="reduce-overhead" if self.mode == "cuda_graph" else None)
         out = self._run(args)
@@ -237,25 +245,9 @@ class _CompiledGraph:
                 return False
         return True
 
-    def _in_out_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``args`` with the weights at :attr:`in_out` in ``(in, out)`` layout, copied once per weight and again only
-        when another tensor comes or the weight was written (its version moved)."""
-        values = list(args)
-        layouts = self.layouts
-        for index in self.in_out:
-            weight = values[index]
-            held = layouts.get(index)
-            if held is None or held[0] is not weight or held[1] != weight._version:
-                held = layouts[index] = (weight, weight._version, weight.t().contiguous())
-            values[index] = held[2]
-        return tuple(values)
-
     def _run(self, args: tuple[Any, ...]) -> Any:
         assert self.compiled is not None, "compiled at the first call"
-        unguarded = self.calls > 1 and self._as_first_call(args)
-        if self.in_out:
-            args = self._in_out_args(args)
-        if unguarded:
+        if self.calls > 1 and self._as_first_call(args):
             self.unguarded += 1
             with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                 return self.compiled(*args)
