@@ -7,8 +7,11 @@ The weights of one tp-sharded decode step of the 8-layer Llama of ``benchmarks/r
 compiled by Inductor as one graph:
 
 - ``gemm``: ``linear(x, weight)`` (Inductor calls the library GEMM);
-- ``summed``: :func:`autotp.runtime.runtime_modes.few_rows_linear` (a multiply-and-sum up to ``FEW_ROWS`` rows,
-  the GEMM above).
+- ``summed``: one row through :func:`autotp.runtime.runtime_modes.one_row_linear` (the multiply-and-sum the
+  compiled decode graph uses); more rows through an output-major multiply-and-sum
+  (``(weight.unsqueeze(1) * x).sum(-1).t()``: each weight row read once for every row of ``x``), which is as
+  fast here but which the decode graph does not use: there Inductor stores its output transposed and the
+  next layer's sum reads its weight one element at a time.
 
 Prints the median ms of one step's matmuls per form and rows (of ``--repeats`` calls), the bytes per second of
 weight read, and ``summed / gemm``. Usage::
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from autotp.runtime.runtime_modes import FEW_ROWS, few_rows_linear
+from autotp.runtime.runtime_modes import one_row_linear
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, VOCAB = 8, 512, 8, 4, 8000
 
@@ -41,8 +44,14 @@ def _weights(tp: int) -> list[torch.Tensor]:
     return [torch.randn(out, inp, generator=generator) for out, inp in layer * LAYERS + [(VOCAB // tp, HIDDEN)]]
 
 
+def _summed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] == 1:
+        return one_row_linear(x, weight)
+    return (weight.unsqueeze(1) * x).sum(-1).t()
+
+
 def _step(form: str) -> Any:
-    linear = torch.nn.functional.linear if form == "gemm" else few_rows_linear
+    linear = torch.nn.functional.linear if form == "gemm" else _summed
 
     def step(activations: dict[int, torch.Tensor], weights: list[torch.Tensor]) -> list[torch.Tensor]:
         return [linear(activations[w.shape[1]], w) for w in weights]
@@ -83,8 +92,7 @@ def main() -> None:
     results, barrier = manager.dict(), manager.Barrier(args.processes)
     mp.start_processes(_worker, args=(args, results, barrier), nprocs=args.processes, start_method="spawn")
     nbytes = results[0][0]
-    print(f"tp {args.tp} decode step: {nbytes / 2**20:.1f} MiB of weights, {args.processes} processes at once, "
-          f"FEW_ROWS = {FEW_ROWS}")
+    print(f"tp {args.tp} decode step: {nbytes / 2**20:.1f} MiB of weights, {args.processes} processes at once")
     print("| rows | gemm ms | summed ms | gemm GB/s | summed GB/s | summed / gemm |")
     print("|---|---|---|---|---|---|")
     for rows in args.rows:

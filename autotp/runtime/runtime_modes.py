@@ -17,13 +17,15 @@ updates (``index_copy_`` into the cache buffers, which are graph inputs) stay in
 the mutated inputs back into the same tensors. Inductor's FX graph cache (on by default) reuses compiled
 code across processes for the same graph and sizes.
 
-On the CPU the compiled decode graph's linear layers of at most :data:`FEW_ROWS` rows (a decode step of up
-to that batch) are written as a multiply-and-sum, ``(x.unsqueeze(-2) * weight).sum(-1)``, which Inductor
-fuses into one vectorised pass over the ``(out, in)`` weight, summed in float32 (:func:`few_rows_linear`).
-At a few tokens per step a matmul is a matrix-vector product bound by reading the weight, and the CPU GEMM
-reads it slowly there: on the project's AMD EPYC, two processes at once with one thread each, a tp 2 decode
-step's weights took about half the GEMM's time summed (:data:`FEW_ROWS`). The weights stay as they are (no
-copy); a GPU, or more rows, keep the GEMM.
+On the CPU the compiled decode graph's linear layers of one row (a decode step at batch 1) are written as a
+multiply-and-sum, ``(x.unsqueeze(-2) * weight).sum(-1)``, which Inductor fuses into one vectorised pass over
+the ``(out, in)`` weight, summed in float32 (:func:`one_row_linear`). At one token a matmul is a
+matrix-vector product bound by reading the weight, and the CPU GEMM reads it slowly there: on the project's
+AMD EPYC, two processes at once with one thread each, a tp 2 decode step's weights took 0.52x the GEMM's time
+summed (``benchmarks/decode_matmul.py``). With more rows the GEMM stays: an output-major sum is as fast alone
+(0.52-0.68x from 2 to 8 rows), but in a decode graph Inductor stores its output transposed and the next
+layer's sum then reads its weight one element at a time (tp 1, batch 8: 27.6 ms per token against 15.5). The
+weights stay as they are (no copy); a GPU keeps the GEMM.
 
 Dynamo checks its guards on every call: each of the decode graph's ~80 tensor inputs (weights, cache, token
 ids) for shape, stride, dtype and device, which at tp 2 on this project's CPU took about 0.4 ms of a 5.5 ms
@@ -56,7 +58,7 @@ from autotp.base.progress import log_progress
 from autotp.planning.options import PlanOptions
 from autotp.runtime.shared_memory import compiler_visible_collectives
 
-__all__ = ["few_rows_linear", "few_rows_linears", "graph_runner", "priced_in", "resolve_runtime_mode"]
+__all__ = ["graph_runner", "one_row_linear", "one_row_linears", "priced_in", "resolve_runtime_mode"]
 
 
 def _cpp_compiler() -> str | None:
@@ -128,11 +130,6 @@ def graph_runner(graph_module: fx.GraphModule, mode: str, *, what: str, talk: bo
     return _CompiledGraph(graph_module, mode, what=what, talk=talk, static=static)
 
 
-FEW_ROWS = 8
-"""A CPU matmul of at most this many rows runs in the compiled decode graph as a multiply-and-sum (the module
-docstring). ``benchmarks/decode_matmul.py`` (a tp 2 decode step's weights, two processes at once, one thread
-each) measured the summed form at 0.52-0.68x the GEMM's time from 1 to 8 rows and 1.05x at 16."""
-
 _SUMMED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LINEAR = torch.ops.aten.linear.default
 
@@ -149,24 +146,19 @@ def _swaps(node: fx.Node) -> bool:
     return False
 
 
-def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear(x, weight, bias)``; with at most :data:`FEW_ROWS` rows written as the multiply-and-sum that
-    Inductor fuses into one pass over ``weight`` (the module docstring), summed in float32 as the GEMM does.
-    The branch is taken when Dynamo traces, where the sizes are static."""
-    rows = x.numel() // x.shape[-1]
-    if rows > FEW_ROWS:
+def one_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(x, weight, bias)``; for one row written as the multiply-and-sum that Inductor fuses into one pass
+    over the ``(out, in)`` weight (the module docstring), summed in float32 as the GEMM does. The branch is taken
+    when Dynamo traces, where the sizes are static."""
+    if x.numel() != x.shape[-1]:
         return torch.ops.aten.linear.default(x, weight, bias)
-    if rows == 1:  # one dot product per output, along the rows of the (out, in) weight
-        out = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
-    else:  # output-major, so each row of the weight is read once for all the rows of x
-        flat = x.float().reshape(rows, x.shape[-1])
-        out = (weight.float().unsqueeze(1) * flat).sum(-1).t().reshape(*x.shape[:-1], weight.shape[0])
+    out = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
     return (out if bias is None else out + bias.float()).to(x.dtype)
 
 
-def few_rows_linears(graph_module: fx.GraphModule, example_inputs: tuple[Any, ...]) -> fx.GraphModule:
+def one_row_linears(graph_module: fx.GraphModule, example_inputs: tuple[Any, ...]) -> fx.GraphModule:
     """A copy of ``graph_module`` whose linear layers (``linear(x, w[, b])``, ``mm(x, t(w))``, ``addmm(b, x,
-    t(w))``) of a 2-D plain float CPU weight input go through :func:`few_rows_linear`; ``graph_module`` itself
+    t(w))``) of a 2-D plain float CPU weight input go through :func:`one_row_linear`; ``graph_module`` itself
     when it has none."""
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     weights = {node for node, value in zip(placeholders, example_inputs)
@@ -178,23 +170,26 @@ def few_rows_linears(graph_module: fx.GraphModule, example_inputs: tuple[Any, ..
     local = {remap[node] for node in weights}
     changed = False
     for node in list(graph.nodes):
+        transpose: fx.Node | None = None
         if node.target is _LINEAR and node.args[1] in local and not node.kwargs:
             args: tuple[Any, ...] = tuple(node.args)
         elif (node.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and not node.kwargs
               and isinstance(node.args[-1], fx.Node) and _swaps(node.args[-1]) and node.args[-1].args[0] in local):
-            x, weight = node.args[-2], node.args[-1].args[0]
+            x, transpose = node.args[-2], cast(fx.Node, node.args[-1])
+            weight = transpose.args[0]
             args = (x, weight) if node.target is torch.ops.aten.mm.default else (x, weight, node.args[0])
         else:
             continue
         with graph.inserting_before(node):
-            product = graph.call_function(few_rows_linear, args)
+            product = graph.call_function(one_row_linear, args)
         product.meta.update(node.meta)
         node.replace_all_uses_with(product)
         graph.erase_node(node)
+        if transpose is not None and not transpose.users:  # the transpose nothing reads now
+            graph.erase_node(transpose)
         changed = True
     if not changed:
         return graph_module
-    graph.eliminate_dead_code()
     graph.lint()
     return fx.GraphModule(graph_module, graph)
 
@@ -222,7 +217,7 @@ class _CompiledGraph:
         start = time.perf_counter()
         graph_module = self.graph_module
         if self.mode == "compiled" and self.what == "decode":
-            graph_module = few_rows_linears(graph_module, args)
+            graph_module = one_row_linears(graph_module, args)
         self.compiled = torch.compile(graph_module, backend="inductor", fullgraph=True,
                                       mode="reduce-overhead" if self.mode == "cuda_graph" else None)
         out = self._run(args)
