@@ -3,8 +3,9 @@
 Spawns ``ws`` gloo processes (one thread each) and, per tensor size, times back-to-back calls of
 ``wait_tensor(all_reduce(x))`` (what a rewritten graph issues on gloo) and of
 :class:`autotp.runtime.shared_memory.SharedMemoryAllReduce` (what it runs instead on one x86-64
-host), alternating the two within each round so that both see the same machine load. Prints the
-median microseconds per call over the rounds (the slowest rank's) and their ratio. Usage::
+host), and of the op ``torch.ops.autotp.shared_memory_all_reduce`` (the same call as the compiled runtime
+modes make it, through the dispatcher), alternating them within each round so that all see the same machine
+load. Prints the median microseconds per call over the rounds (the slowest rank's) and ratios. Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/shared_memory_all_reduce.py --world-size 2 4
 """
@@ -43,18 +44,25 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], rounds: int
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
+    from autotp.runtime.shared_memory import compiler_visible_collectives, shared_memory_all_reduce_for
 
     c10d = torch.ops._c10d_functional
     group_name = dist.group.WORLD.group_name
     shared = shared_memory_all_reduce_for(None, timeout_s=60.0)
     if shared is None:
         raise SystemExit("these ranks cannot share memory (not one x86-64 host)")
+    graph = torch.fx.Graph()  # one stand-in node, turned into the op call a compiled graph makes
+    graph.output(graph.call_function(shared, (graph.placeholder("x"),)))
+    as_op = compiler_visible_collectives(torch.fx.GraphModule(torch.nn.Module(), graph))
+    op_node = next(n for n in as_op.graph.nodes if n.op == "call_function")
+    segment = as_op.get_buffer(next(n.target for n in as_op.graph.nodes if n.op == "get_attr"))
+    op, op_args = op_node.target, op_node.args[2:]
     for nbytes in sizes:
         calls_here = max(5, calls * 64 * 1024 // max(nbytes, 64 * 1024))  # fewer calls of large tensors
         x = torch.randn(max(1, nbytes // 4))
         variants = {"gloo": lambda x=x: c10d.wait_tensor(c10d.all_reduce(x, "sum", group_name)),
-                    "shared memory": lambda x=x: shared(x)}
+                    "shared memory": lambda x=x: shared(x),
+                    "op": lambda x=x: op(x, segment, *op_args)}
         times: dict[str, list[float]] = {name: [] for name in variants}
         for call in variants.values():  # warm-up
             _per_call_s(call, max(1, calls_here // 10))
@@ -62,9 +70,10 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], rounds: int
             for name, call in variants.items():
                 times[name].append(_per_call_s(call, calls_here))
         if rank == 0:
-            gloo_us, shm_us = (statistics.median(times[n]) * 1e6 for n in variants)
+            gloo_us, shm_us, op_us = (statistics.median(times[n]) * 1e6 for n in variants)
             print(f"ws {world_size}  {nbytes / 1024:>8.1f} KiB  gloo {gloo_us:>9.1f} us  shared memory "
-                  f"{shm_us:>8.1f} us  gloo / shared {gloo_us / shm_us:>6.1f}x", flush=True)
+                  f"{shm_us:>8.1f} us  as op {op_us:>8.1f} us  gloo / shared {gloo_us / shm_us:>6.1f}x  "
+                  f"op / shared {op_us / shm_us:>4.2f}x", flush=True)
     dist.destroy_process_group()
 
 
