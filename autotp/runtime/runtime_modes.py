@@ -25,8 +25,8 @@ AMD EPYC, two processes at once with one thread each, a tp 2 decode step's weigh
 summed (``benchmarks/decode_matmul.py``). With more rows the GEMM stays: an output-major sum is as fast alone
 (0.52-0.68x from 2 to 8 rows), but in a decode graph Inductor stores its output transposed and the next
 layer's sum then reads its weight one element at a time (``benchmarks/runtime_modes.py``, tp 1, batch 8: 1.99x
-eager's time per token that way, 0.93x with the GEMM). The
-weights stay as they are (no copy); a GPU keeps the GEMM.
+eager's time per token that way, 0.93x with the GEMM). The weights stay as they are (no copy); a GPU keeps the
+GEMM.
 
 Dynamo checks its guards on every call: each of the decode graph's ~80 tensor inputs (weights, cache, token
 ids) for shape, stride, dtype and device, which at tp 2 on this project's CPU took about 0.4 ms of a 5.5 ms

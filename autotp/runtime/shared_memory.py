@@ -361,7 +361,6 @@ def _all_gather_fake(x: torch.Tensor, segment: torch.Tensor, address: int, rank:
 for _name, _op, _fake in (("shared_memory_all_reduce", _all_reduce_op, _all_reduce_fake),
                           ("shared_memory_all_gather", _all_gather_op, _all_gather_fake)):
     _LIBRARY.impl(_name, _op, "CPU")
-    _LIBRARY.impl(_name, _fake, "Meta")
     torch.library.register_fake(f"autotp::{_name}", _fake, lib=_LIBRARY)
 
 
