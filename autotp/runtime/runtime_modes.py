@@ -216,13 +216,12 @@ class _CompiledGraph:
             return self._run(args)
         log_progress(self.talk, f"compiling the {self.what} graph with Inductor ({self.mode})")
         start = time.perf_counter()
-        graph_module = self.graph_module
-        if self.mode == "compiled" and self.what == "decode":
-            graph_module = one_row_linears(graph_module, args)
+        decode = self.mode == "compiled" and self.what == "decode"  # static sizes (the module docstring)
+        graph_module = one_row_linears(self.graph_module, args) if decode else self.graph_module
         self.compiled = torch.compile(graph_module, backend="inductor", fullgraph=True,
                                       mode="reduce-overhead" if self.mode == "cuda_graph" else None)
         out = self._run(args)
-        if self.mode == "compiled" and self.what == "decode":
+        if decode:
             self.first = (torch.is_grad_enabled(), args)
         log_progress(self.talk, f"compiled the {self.what} graph in {time.perf_counter() - start:.1f} s")
         return out
