@@ -14,7 +14,8 @@ from models import tiny_llama
 
 import autotp
 from autotp.inspect.estimates import layer_of, local_nbytes
-from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
+from autotp.planning.decisions import CollectiveDecision, NodeDecision
+from autotp.planning.plan import Plan
 
 KIB = 1024
 F32 = "float32"

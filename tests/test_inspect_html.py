@@ -51,7 +51,7 @@ def test_payload_has_every_node_edge_and_collective() -> None:
 def test_identical_layers_fold_into_one_run() -> None:
     """80 stacked layers: the text and the page see one run of 80 identical layers."""
     plan = stacked_plan(tiny_plan(), 80)
-    runs = [r for r in block_runs(plan) if r.count > 1]
+    runs = [r for r in block_runs(plan.nodes, plan.collectives) if r.count > 1]
     assert [(r.label, r.count) for r in runs] == [("model.layers.0-79", 80)]
     data = plan_payload(plan, "t")
     assert data["runs"] == [{"members": [f"model.layers.{i}" for i in range(80)]}]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from inspect_helpers import tiny_plan
 
-from autotp.planning.plan_text import WIDTH
+from autotp.planning.plan import WIDTH
 
 
 def test_summary_is_a_per_layer_table_that_fits() -> None:

@@ -1,7 +1,7 @@
 """Reports that read a Plan and never plan: explain/diff, estimates, HTML, DOT/SVG, and the
 ``parallelize_module`` export. Each is a function of the plan (``autotp.explain(plan, name)``...),
-so planning never imports a report; the plan's own text (``print(plan)``) lives with the plan, in
-:mod:`autotp.planning.plan_text`."""
+so planning never imports a report; the plan's own text (``print(plan)``) lives with the plan
+(:func:`autotp.planning.plan.plan_summary`)."""
 
 from autotp.inspect.dot import to_dot, to_svg
 from autotp.inspect.estimates import estimate

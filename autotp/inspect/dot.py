@@ -16,10 +16,11 @@ import subprocess
 from collections import defaultdict
 
 from autotp.adapters.torchao import part_label
+from autotp.base.units import format_bytes, format_seconds
 from autotp.passes.resharding import route_label
 from autotp.planning.blocks import block_runs, node_module
-from autotp.planning.plan import NodeDecision, Plan
-from autotp.planning.plan_text import format_bytes, format_seconds
+from autotp.planning.decisions import NodeDecision
+from autotp.planning.plan import Plan
 
 __all__ = ["GraphvizNotFoundError", "placement_colours", "to_dot", "to_svg"]
 
@@ -94,7 +95,7 @@ def to_dot(plan: Plan, *, fold: bool = True, max_depth: int | None = None) -> st
     shown_as: dict[str, str] = {}
     run_of: dict[str, int] = {}
     drawing = _Drawing()
-    for r, run in enumerate(block_runs(plan, fold=fold)):
+    for r, run in enumerate(block_runs(plan.nodes, plan.collectives, fold=fold)):
         for member in run.blocks:
             for node, first in zip(member.nodes, run.first.nodes):
                 shown_as[node.name] = first.name

@@ -58,7 +58,8 @@ from autotp.cost_model.collectives import call_sync_wait_s
 from autotp.cost_model.runtime import HostTime, graph_host_s, host_time_per_call
 from autotp.passes.resharding import is_collective_step
 from autotp.passes.uneven import largest_shard_nbytes
-from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
+from autotp.planning.decisions import CollectiveDecision, NodeDecision
+from autotp.planning.plan import Plan
 
 __all__ = [
     "Estimate",

@@ -14,9 +14,10 @@ import re
 from collections.abc import Mapping
 
 from autotp.adapters.torchao import part_label, weight_of
+from autotp.base.units import format_bytes, format_seconds
 from autotp.planning.alternatives import strategy_text
-from autotp.planning.plan import Alternative, CollectiveDecision, NodeDecision, Plan
-from autotp.planning.plan_text import format_bytes, format_seconds
+from autotp.planning.decisions import Alternative, CollectiveDecision, NodeDecision
+from autotp.planning.plan import Plan
 
 __all__ = ["PlanDiff", "describe_alternative", "diff", "explain", "find_node"]
 

@@ -79,7 +79,7 @@ def plan_payload(plan: Plan, title: str) -> dict:
          "c": [index[x] for x in c.consumers if x in index], "m": c.module}
         for c in plan.collectives if c.producer in index
     ]
-    runs = [{"members": [b.name for b in run.blocks]} for run in block_runs(plan) if run.count > 1]
+    runs = [{"members": [b.name for b in run.blocks]} for run in block_runs(plan.nodes, plan.collectives) if run.count > 1]
     meta = {
         "title": title, "world_size": plan.world_size, "hardware": plan.hardware, "version": plan.version,
         "fingerprint": plan.fingerprint, "predicted_compute_s": plan.predicted_compute_s,

@@ -34,7 +34,8 @@ from typing import Any
 
 from autotp.base.reshard import ReshardKind
 from autotp.passes.resharding import route_label
-from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
+from autotp.planning.decisions import CollectiveDecision, NodeDecision
+from autotp.planning.plan import Plan
 
 __all__ = ["ParallelizePlan", "to_parallelize_plan"]
 

@@ -26,7 +26,7 @@ from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import compute_s, price_outputs, reshard_s
 from autotp.passes.resharding import route_label
 from autotp.passes.strategies import Edge
-from autotp.planning.plan import Alternative
+from autotp.planning.decisions import Alternative
 
 __all__ = ["MAX_ALTERNATIVES", "node_alternatives", "strategy_text"]
 

@@ -1,8 +1,8 @@
 """The module structure of a plan: which module each node belongs to, layer blocks, and runs of
 identical layers (so an 80-layer plan reads like a 2-layer one).
 
-Shared by the plan's text (``print(plan)``), the HTML page and the DOT drawing; reads only the
-:class:`Plan`.
+Shared by the plan's text (``print(plan)``), the HTML page and the DOT drawing; reads only the plan's
+records (:mod:`autotp.planning.decisions`).
 
 - :func:`node_module`: the module FQN a node is drawn in. Ops use
   :attr:`NodeDecision.module`; a parameter or buffer placeholder goes to the module that owns
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,9 +27,7 @@ from autotp.adapters.torchao import weight_of
 from autotp.base.module_paths import block_name, block_of
 from autotp.base.placements import placement_from_str
 from autotp.passes.uneven import largest_shard_nbytes
-
-if TYPE_CHECKING:  # the plan's text (plan_text.py, which Plan imports) reads blocks: no import back
-    from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan
+from autotp.planning.decisions import CollectiveDecision, NodeDecision
 
 __all__ = ["Block", "BlockRun", "block_runs", "blocks", "node_module", "parameter_bytes_per_rank"]
 
@@ -75,8 +73,9 @@ class Block:
     def comm_s(self) -> float:
         return sum(c.time_s for c in self.collectives)
 
-    def weights(self, plan: Plan) -> list[NodeDecision]:
-        return [n for n in self.nodes if n.op == "placeholder" and n.target in plan.parameters]
+    def weights(self, parameters: Mapping[str, str]) -> list[NodeDecision]:
+        """The block's parameter placeholders (``parameters``: the plan's, FQN -> placement)."""
+        return [n for n in self.nodes if n.op == "placeholder" and n.target in parameters]
 
     def relative(self, fqn: str) -> str:
         """``mlp.up_proj`` for ``model.layers.3.mlp.up_proj`` in block ``model.layers.3``."""
@@ -86,7 +85,7 @@ class Block:
             return ""
         return fqn[len(self.name) + 1:] if fqn.startswith(self.name + ".") else fqn
 
-    def signature(self, plan: Plan) -> tuple:
+    def signature(self) -> tuple:
         """Everything that makes two layers the same plan, without node names."""
         nodes = tuple((n.op, n.inputs, n.output, self.relative(node_module(n)), n.shape, n.dtype, n.fallback,
                        self.relative(n.target)) for n in self.nodes)
@@ -122,9 +121,9 @@ def _block_depth(modules: list[str]) -> int:
     return min(depths) if depths else 1
 
 
-def blocks(plan: Plan) -> list[Block]:
-    """The plan's blocks in execution order (see module doc)."""
-    modules = [node_module(n) for n in plan.nodes]
+def blocks(nodes: Sequence[NodeDecision], collectives: Sequence[CollectiveDecision]) -> list[Block]:
+    """A plan's blocks in execution order, from its ``nodes`` and ``collectives`` (see module doc)."""
+    modules = [node_module(n) for n in nodes]
     depth = _block_depth(modules)
 
     def group_of(module: str) -> str:
@@ -137,7 +136,7 @@ def blocks(plan: Plan) -> list[Block]:
     found: dict[str, Block] = {}
     first_op: dict[str, int] = {}
     first_any: dict[str, int] = {}
-    for index, (node, module) in enumerate(zip(plan.nodes, modules)):
+    for index, (node, module) in enumerate(zip(nodes, modules)):
         name = group_of(module)
         if name not in found:
             layer = block_of(module)
@@ -147,22 +146,23 @@ def blocks(plan: Plan) -> list[Block]:
         # size arithmetic (sym_size of a dynamic dim: no tensor, no dtype) does not place a block
         if node.op not in ("placeholder", "output") and node.dtype and name not in first_op:
             first_op[name] = index
-    for c in plan.collectives:
+    for c in collectives:
         name = group_of(c.module)
         if name not in found:
             found[name] = Block(name, "")
-            first_any[name] = len(plan.nodes)
+            first_any[name] = len(nodes)
         found[name].collectives.append(c)
-    order = sorted(found, key=lambda n: (first_op.get(n, len(plan.nodes) + first_any[n]), first_any[n]))
+    order = sorted(found, key=lambda n: (first_op.get(n, len(nodes) + first_any[n]), first_any[n]))
     return [found[n] for n in order]
 
 
-def block_runs(plan: Plan, *, fold: bool = True) -> list[BlockRun]:
+def block_runs(nodes: Sequence[NodeDecision], collectives: Sequence[CollectiveDecision], *,
+               fold: bool = True) -> list[BlockRun]:
     """:func:`blocks` with consecutive identical layers of one container folded into runs."""
     runs: list[BlockRun] = []
     signatures: list[tuple] = []
-    for block in blocks(plan):
-        signature = block.signature(plan)
+    for block in blocks(nodes, collectives):
+        signature = block.signature()
         if (fold and runs and block.container and runs[-1].first.container == block.container
                 and signatures[-1] == signature):
             runs[-1].blocks.append(block)

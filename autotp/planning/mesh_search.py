@@ -70,7 +70,7 @@ from autotp.base.progress import log_progress
 from autotp.base.shapes import nbytes as value_nbytes
 from autotp.capture import CapturedGraph, capture
 from autotp.cost_model import Hardware, compute_time_s, get_hardware, p2p_time_s, pipeline_time_s
-from autotp.cost_model.compute import op_family
+from autotp.cost_model.compute import op_family, op_name
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, node_dtype, node_shape_terms, node_work
 from autotp.passes.pricing import price_choice
 from autotp.passes.quantized import quantized_links
@@ -200,8 +200,8 @@ class _Unit:
     """One layer block at one ``tp``: what its nodes ask of the hardware, as functions of ``b``."""
 
     # per kernel: FLOPs, bytes, dtype, a GEMM's local (m, n, k) (empty otherwise), transcendental elements,
-    # op family (compute.op_family)
-    kernels: tuple[tuple[_Affine, _Affine, torch.dtype, tuple[_Affine, ...], _Affine, str | None], ...]
+    # op name (compute.op_name), op family (compute.op_family)
+    kernels: tuple[tuple[_Affine, _Affine, torch.dtype, tuple[_Affine, ...], _Affine, str, str | None], ...]
     fixed_s: float  # views: host dispatch only
     comm_s: _Affine  # its tensor-parallel collectives
     parameter_bytes: int  # per rank
@@ -211,8 +211,8 @@ class _Unit:
     def time_s(self, b: int, hardware: Hardware) -> float:
         compute = sum(compute_time_s(flops(b), moved(b), dtype, hardware,
                                      gemm_min_dim=min(d(b) for d in dims) if dims else None,
-                                     transcendental_elements=elements(b), family=family)
-                      for flops, moved, dtype, dims, elements, family in self.kernels)
+                                     transcendental_elements=elements(b), transcendental_op=name, family=family)
+                      for flops, moved, dtype, dims, elements, name, family in self.kernels)
         return compute + self.fixed_s + self.comm_s(b)
 
 
@@ -333,7 +333,7 @@ def _units_from(keys: dict[str, Any], layers: list[Any], costed: tuple[CostedGra
                                  work)[0] for c, work in zip(costed, works))  # type: ignore[arg-type]
             dims = tuple(_Affine.through((a, b)) for a, b in zip(dims0, dims1)) if dims0 and dims1 else ()
             kernels[key].append((_Affine.through((f0, f1)), _Affine.through((m0, m1)), node_dtype(node), dims,
-                                 _Affine.through((e0, e1)), op_family(node.target)))
+                                 _Affine.through((e0, e1)), op_name(node.target), op_family(node.target)))
         if name in costed[0].memory_bytes:
             params[key] += costed[0].memory_bytes[name][choice[name]]
         for i, c in enumerate(costed):

@@ -2,7 +2,8 @@
 
 A :class:`Plan` records the mesh, the chosen strategy of every graph node, the placement of
 every parameter (by FQN), every collective the rewrite will insert, and the predicted cost
-broken down per node. It is a frozen value: print it, save it as JSON, load it back, edit it
+broken down per node (the records of :mod:`autotp.planning.decisions`), and prints as a compact per-layer
+report (:func:`plan_summary`). It is a frozen value: print it, save it as JSON, load it back, edit it
 by hand and apply it with ``autotp.compile(model, plan=...)``. Loading re-checks the plan
 against the model's graph and names exactly what does not match.
 """
@@ -20,15 +21,18 @@ from collections.abc import Mapping
 import torch
 import torch.fx as fx
 
+from autotp.adapters.torchao import weight_of
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import Placement, placement_from_str
 from autotp.base.reshard import ReshardKind
 from autotp.base.shapes import concrete_shape
 from autotp.base.strategy import Strategy
-from autotp.passes.resharding import is_collective_step
-from autotp.planning.plan_text import plan_summary
+from autotp.base.units import format_bytes, format_seconds
+from autotp.passes.resharding import is_collective_step, route_label, step_label
+from autotp.planning.blocks import Block, BlockRun, block_runs, parameter_bytes_per_rank, placement_counts
+from autotp.planning.decisions import Alternative, CollectiveDecision, NodeDecision
 
-__all__ = ["Alternative", "CollectiveDecision", "NodeDecision", "Plan", "as_plan", "graph_fingerprint"]
+__all__ = ["Plan", "as_plan", "graph_fingerprint", "plan_summary"]
 
 PLAN_FORMAT_VERSION = 2
 """Version written by :meth:`Plan.save`. Version 1 plans (no graph edges, shapes or
@@ -62,72 +66,6 @@ def module_path(node: fx.Node) -> str:
         return ""
     path = paths[-1]
     return path.replace("L['self'].", "").replace("L__self___", "")
-
-
-@dataclasses.dataclass(frozen=True)
-class Alternative:
-    """Another strategy a node could have taken, priced with its neighbours' choices held fixed.
-
-    ``delta_s`` = ``compute_delta_s`` + the sum of ``comm_delta_s``: predicted seconds per forward
-    pass relative to the chosen strategy (positive: slower). ``comm_delta_s`` is split by
-    resharding kind (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_gather+slice``...)
-    on the node's input and output edges. ``delta_s`` is ``None`` when the strategy is not
-    possible while the neighbours keep their choices (``note`` says why, e.g. a parameter would
-    have to be gathered); ``memory_delta_bytes`` is the change in parameter bytes per rank (in a
-    training plan: with their gradients and optimizer state). In a training plan the deltas are
-    per training step, backward reshardings included (kinds prefixed ``backward``).
-    """
-
-    strategy: str
-    delta_s: float | None
-    compute_delta_s: float = 0.0
-    comm_delta_s: tuple[tuple[str, float], ...] = ()
-    memory_delta_bytes: int = 0
-    note: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeDecision:
-    """The chosen strategy of one node, with its predicted compute time on one rank.
-
-    ``input_nodes`` names the producer of each input slot (the graph's edges); ``target`` is the
-    FQN of a parameter/buffer/constant placeholder (``""`` otherwise); ``shape``/``dtype``
-    describe the node's (first) output tensor; ``alternatives`` are the other candidate
-    strategies, cheapest first (at most a handful; see :class:`Alternative`).
-    """
-
-    name: str
-    op: str
-    inputs: tuple[str, ...]
-    output: str
-    compute_s: float
-    module: str = ""
-    fallback: bool = False
-    input_nodes: tuple[str, ...] = ()
-    target: str = ""
-    shape: tuple[int, ...] = ()
-    dtype: str = ""
-    alternatives: tuple[Alternative, ...] = ()
-
-    def strategy(self) -> Strategy:
-        return Strategy(tuple(placement_from_str(p) for p in self.inputs), placement_from_str(self.output))
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveDecision:
-    """One resharding the rewrite inserts: ``producer``'s output from ``src`` to ``dst``.
-
-    ``steps``: the kinds of the route's steps (saved by name: ``"all_gather"``, ``"slice"``...).
-    """
-
-    producer: str
-    src: str
-    dst: str
-    steps: tuple[ReshardKind, ...]
-    nbytes: int
-    time_s: float
-    consumers: tuple[str, ...]
-    module: str = ""
 
 
 def _plain(value: object) -> object:
@@ -231,8 +169,7 @@ class Plan:
     # ---------------------------------------------------------------- text
     def summary(self, max_rows: int = 40) -> str:
         """A compact per-layer table that fits 100 columns: placements, collectives, compute,
-        communication and weight bytes per layer, identical layers folded (see
-        :mod:`autotp.planning.plan_text`). The reports (``autotp.explain``, ``autotp.estimate``,
+        communication and weight bytes per layer, identical layers folded (:func:`plan_summary`). The reports (``autotp.explain``, ``autotp.estimate``,
         ``autotp.diff``, ``autotp.to_html``...) are functions of :mod:`autotp.inspect` that read a plan."""
         return plan_summary(self, max_rows)
 
@@ -323,3 +260,184 @@ def as_plan(plan: object) -> Plan | None:
         raise TypeError("plan= got a dict; pass a Plan: autotp.Plan.load(path) for a saved file (or the path itself), "
                         "or autotp.Plan.from_json(json.dumps(d)) for a dict read from JSON")
     raise TypeError(f"plan= must be a Plan, a path to a saved plan, or None; got {type(plan).__name__}")
+
+
+# ------------------------------------------------------------------------------ text: print(plan)
+#
+# A compact per-layer report that fits a 100-column terminal:
+#
+#     header       world size, hardware, predicted time (compute + communication), memory per rank
+#     blocks       one row per layer (identical consecutive layers folded: ``model.layers.1-79  x79``)
+#                  with its weights' placements, collectives, compute, communication and weight
+#                  bytes per rank -- each figure *per block*, the ``x`` column says how many
+#     weights      the placement of every weight of each distinct block, by relative name
+#     collectives  the collectives of each distinct block: kind, tensor, placements, bytes, time
+
+WIDTH = 100
+"""Columns the report fits in."""
+
+
+def _short_kinds(collectives: list[CollectiveDecision]) -> str:
+    counts: Counter[str] = Counter()
+    for c in collectives:
+        for step in c.steps:
+            if is_collective_step(step):
+                counts[step_label(step, short=True)] += 1
+    return " ".join(f"{k}*{n}" if n > 1 else k for k, n in sorted(counts.items())) or "-"
+
+
+def _clip(text: str, width: int) -> str:
+    """Shorten from the middle: ``model.lay…mlp.up_proj``."""
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep // 2] + "…" + text[len(text) - (keep - keep // 2):]
+
+
+def _time(seconds: float) -> str:
+    return format_seconds(seconds) if seconds else "-"
+
+
+def _block_row(plan: Plan, run: BlockRun) -> str:
+    block = run.first
+    weights = block.weights(plan.parameters)
+    nbytes = sum(parameter_bytes_per_rank(w, plan.world_size) for w in weights)
+    placements = placement_counts(weights) or "-"
+    placements = placements if len(placements) <= 18 else placements[:17] + "…"
+    return (f"{_clip(run.label, 28):<28} {run.count:>3}  {placements:<18} "
+            f"{_clip(_short_kinds(block.collectives), 13):<13} {_time(block.compute_s):>10} {_time(block.comm_s):>10} "
+            f"{format_bytes(nbytes) if weights else '-':>10}")
+
+
+def _one_per_weight(items: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """A quantized weight's parts (``x.parametrizations.weight.original<i>``) shown as the one weight
+    ``x.weight`` with its data's placement and ``q`` (its scales split with it, see passes/quantized.py)."""
+    shown: dict[str, str] = {}
+    for name, placement in items:
+        part = weight_of(name)
+        if part is None:
+            shown[name] = placement
+        elif part[1] == 0:
+            shown[part[0]] = f"{placement}q"
+    return tuple(shown.items())
+
+
+def _weights_lines(plan: Plan, runs: list[BlockRun]) -> list[str]:
+    """Placement of each weight, once per distinct pattern of relative names and placements."""
+    lines = []
+    seen: dict[tuple, list[str]] = {}
+    patterns: list[tuple[tuple, Block]] = []
+    for run in runs:
+        weights = run.first.weights(plan.parameters)
+        if not weights:
+            continue
+        key = _one_per_weight(tuple((run.first.relative(w.target), w.output) for w in weights))
+        if key not in seen:
+            seen[key] = []
+            patterns.append((key, run.first))
+        seen[key].append(run.label)
+    for key, _block in patterns:
+        where = seen[key]
+        title = ", ".join(where) if len(", ".join(where)) <= 60 else f"{where[0]} ... {where[-1]} ({len(where)} rows)"
+        if len(key) == 1 and "." not in key[0][0] and len(where) == 1:
+            lines.append(f"  {_clip(title + '.' + key[0][0], 80):<80} {key[0][1]}")
+            continue
+        lines.append(f"  {title}:")
+        items = [f"{_clip(name, 36)} {placement}" for name, placement in key]
+        width = max(len(i) for i in items) + 2
+        per_line = max(1, (WIDTH - 4) // width)
+        for i in range(0, len(items), per_line):
+            lines.append("    " + "".join(f"{item:<{width}}" for item in items[i:i + per_line]).rstrip())
+    return lines
+
+
+def _collective_lines(runs: list[BlockRun], max_rows: int) -> list[str]:
+    """Collectives of each distinct block, under the block's name; modules relative to the block."""
+    rows = []
+    for run in runs:
+        if not run.first.collectives:
+            continue
+        rows.append(f"  {run.label}" + (f" (each of {run.count})" if run.count > 1 else "") + ":")
+        for c in run.first.collectives:
+            kinds = route_label([s for s in c.steps if is_collective_step(s)] or c.steps)
+            rows.append(f"    {kinds:<16} {_clip(c.producer, 16):<16} {_clip(c.src + '->' + c.dst, 11):<11} "
+                        f"{format_bytes(c.nbytes):>10} {format_seconds(c.time_s):>10}  "
+                        f"{_clip(run.first.relative(c.module), 26)}")
+    if len(rows) > max_rows:
+        rows = [*rows[:max_rows], f"  ... {len(rows) - max_rows} more"]
+    return rows
+
+
+def _training_memory_line(plan: Plan) -> str:
+    """Training memory per rank: weights, their gradients, optimizer state, saved activations."""
+    parts = [plan.parameter_bytes_per_rank, plan.gradient_bytes_per_rank, plan.optimizer_bytes_per_rank,
+             plan.activation_bytes_per_rank]
+    checkpointed = " (blocks checkpointed: their inputs + one block's, recomputed)" if plan.activation_checkpointing else ""
+    return (f"training memory per rank: {format_bytes(sum(parts))} = weights {format_bytes(parts[0])} + gradients "
+            f"{format_bytes(parts[1])} + optimizer {format_bytes(parts[2])} + activations {format_bytes(parts[3])}"
+            f"{checkpointed}")
+
+
+def _training_backward_line(plan: Plan) -> str:
+    counts = plan.collective_counts(backward=True)
+    if not counts:
+        return "collectives per backward: none"
+    return ("collectives per backward: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+            + f" ({format_seconds(plan.predicted_backward_comm_s)})")
+
+
+def _inference_difference_lines(plan: Plan, max_rows: int) -> list[str]:
+    """How the training plan differs from the inference plan of the same model: one line per parameter."""
+    versus = f"; the inference plan's forward: {format_seconds(plan.inference_time_s)}" if plan.inference_time_s else ""
+    if not plan.inference_differences:
+        return [f"same parameter placements as the inference plan{versus}"]
+    lines = [f"differs from the inference plan in {len(plan.inference_differences)} parameter(s){versus}:"]
+    for fqn, inference, training in plan.inference_differences[:max_rows]:
+        lines.append(f"  {_clip(fqn, 60):<60} inference {inference:<7} training {training}")
+    if len(plan.inference_differences) > max_rows:
+        lines.append(f"  ... {len(plan.inference_differences) - max_rows} more")
+    return lines
+
+
+def plan_summary(plan: Plan, max_rows: int = 40) -> str:
+    """The text report (see module doc); tables are cut after ``max_rows`` rows."""
+    budget = f", budget {format_bytes(plan.memory_budget_bytes)}" if plan.memory_budget_bytes else ", no budget"
+    share = plan.predicted_comm_s / plan.predicted_time_s if plan.predicted_time_s else 0.0
+    counts = plan.collective_counts()
+    solved = f", planned in {plan.plan_time_s:.1f} s" if plan.plan_time_s else ""
+    kind = "training plan" if plan.training else "plan"
+    what = "training step (forward + backward)" if plan.training else "forward"
+    lines = [
+        (f"autotp {kind}: tp={plan.world_size} on {plan.hardware} ({plan.runtime_mode}, format v{plan.version}, "
+         f"graph {plan.fingerprint}{solved})"),
+        (f"predicted {what}: {format_seconds(plan.predicted_time_s)} = compute {format_seconds(plan.predicted_compute_s)}"
+        f" + communication {format_seconds(plan.predicted_comm_s)} ({share:.0%})"),
+        (f"parameters per rank: {format_bytes(plan.parameter_bytes_per_rank)} of {format_bytes(plan.parameter_bytes_total)}"
+        f" ({plan.parameter_bytes_per_rank / max(plan.parameter_bytes_total, 1):.1%}){budget}"),
+        "collectives per forward: " + (", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"),
+    ]
+    if plan.training:
+        lines[3:3] = [_training_memory_line(plan)]
+        lines += [_training_backward_line(plan), *_inference_difference_lines(plan, max_rows)]
+    if plan.fallback_ops:
+        lines.append(_clip("ops without a sharding rule (run replicated): " + ", ".join(plan.fallback_ops), WIDTH))
+    runs = [r for r in block_runs(plan.nodes, plan.collectives) if r.first.nodes or r.first.collectives]
+    lines += ["", (f"{'block':<28} {'x':>3}  {'weights':<18} {'collectives':<13} {'compute':>10} {'comm':>10} "
+                  f"{'weights/rk':>10}")]
+    shown = [r for r in runs if r.first.name or r.first.collectives or r.first.compute_s]
+    lines += [_block_row(plan, run) for run in shown[:max_rows]]
+    if len(shown) > max_rows:
+        lines.append(f"... {len(shown) - max_rows} more blocks")
+    lines.append("(figures per block; x: blocks alike; *n: n of them; AR all-reduce, AG all-gather, RS reduce-scatter)")
+    weight_lines = _weights_lines(plan, runs)
+    if weight_lines:
+        lines += ["", "weight placements:", *weight_lines[: max_rows * 2]]
+        if any(weight_of(fqn) for fqn in plan.parameters):
+            lines.append("(q: quantized weight, its scales and zero points split with it; plan.parameters lists them)")
+    collective_lines = _collective_lines(runs, max_rows)
+    if collective_lines:
+        lines += ["", f"    {'collective':<16} {'of tensor':<16} {'placement':<11} {'bytes':>10} {'time':>10}  in module",
+                  *collective_lines]
+    lines += ["", "autotp.explain(plan, name) says why; autotp.to_html(plan, path) draws it;",
+              "autotp.diff(plan, other) compares."]
+    return "\n".join(line.rstrip() for line in lines)

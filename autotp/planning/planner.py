@@ -41,10 +41,11 @@ from autotp.passes.tying import tie_identical_blocks
 from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
+from autotp.planning.decisions import CollectiveDecision, NodeDecision
 from autotp.planning.kv_heads import kv_projection_parameters
 from autotp.planning.options import PlanOptions
 from autotp.planning.outputs import free_outputs, with_local_outputs
-from autotp.planning.plan import CollectiveDecision, NodeDecision, Plan, graph_fingerprint, module_path
+from autotp.planning.plan import Plan, graph_fingerprint, module_path
 
 __all__ = ["auto_memory_budget", "check_fits_device", "plan_graph", "resolve_memory_budget"]
 
