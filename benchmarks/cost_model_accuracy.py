@@ -6,8 +6,9 @@
 ``--models`` takes any family of ``benchmarks/cost_model_families.py`` (``tests/models.py``, the generation
 families, Falcon and OPT); the default four are the ones the cost model's terms were designed on, ``all`` is
 every family, and ``--models llama_wide gpt2_wide`` checks kernels far larger than the calibration's.
-``--json`` writes every (model, world size, round) with the plan measured and the round's profile, for the
-cross-validation by family of ``benchmarks/cost_model_heldout.py``.
+``--json`` writes every (model, world size, round) with the plan measured and the round's profile, and every
+round's calibration measurements (every rank's, pickled), for the cross-validation by family of
+``benchmarks/cost_model_heldout.py``, which can fit the profile again from them (``--refit``).
 
 For each world size N, spawn N gloo processes; then, ``--rounds`` times:
 
@@ -53,6 +54,12 @@ the fastest: two plans that compile to one graph differ only by the spread of ti
 the table says. The phase is the forward pass of the zoo's inputs (batch 2, sequence 16; no KV
 cache).
 
+Every forward is also timed in turn with a drift probe (``PROBE_SHAPE``: one of the calibration's own graphs): its
+time then over its time in the calibration is how much slower or faster the machine ran the same graph when the
+model was measured (the ``drift`` column). The summary gives the error as measured and with that drift taken out
+(the prediction scaled by the drift): the first is what a user of the profile sees, the second what the cost model
+answers for.
+
 Calibrating in the same processes, right before measuring, keeps both under the same conditions
 (on a shared machine the load moves within seconds); the rounds repeat the whole and the
 figures are medians over rounds. Each line shows predicted (``autotp.estimate(plan).time_s``) and
@@ -65,9 +72,11 @@ default ``max(1, cores // N)`` as in ``autotp demo``; calibration uses the same 
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import json
 import os
+import pickle
 import socket
 import statistics
 import sys
@@ -79,6 +88,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from cost_model_families import DESIGN, FAMILIES, ORDER, build
+
+from autotp.cost_model.graph_calibration import GraphShape
 
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 MODELS = DESIGN
@@ -112,6 +123,26 @@ class Row:
     """The plan that was measured (``--json``: ``benchmarks/cost_model_heldout.py`` prices it again)."""
     profile_json: str = ""
     """The round's calibrated profile (``--json``)."""
+    probe_calibration_s: float = 0.0
+    """The drift probe (:data:`PROBE_SHAPE`, a calibration graph) as the round's calibration timed it, on the group."""
+    probe_s: float = 0.0
+    """The same probe timed in turn with this model's forward (0.0: not measured); ``probe_s / probe_calibration_s``
+    is how much slower the machine ran the same graph when the model was measured than when it was calibrated."""
+
+    @property
+    def drift(self) -> float:
+        """The machine's speed when measured against when calibrated, by the probe (1.0 when not measured)."""
+        return self.probe_s / self.probe_calibration_s if self.probe_s and self.probe_calibration_s else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """One round's calibration at one world size: every rank's measurements and the link samples the profile was
+    built from (``autotp.cost_model.calibrate.build_profile``), pickled and base64-encoded for the JSON file."""
+
+    world_size: int
+    round_index: int
+    measurements: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +193,8 @@ class Summary:
     profile_share: float = 1.0
     measured_compute_work_s: float = 0.0
     predicted_comm_per_collective_only_s: float = 0.0
+    drift: float = 1.0
+    """The machine's speed when measured against when calibrated (``Row.drift``, median over rounds)."""
 
     @property
     def comm_error_per_collective_only(self) -> float | None:
@@ -190,6 +223,11 @@ class Summary:
         return (self.predicted_s - self.measured_s) / self.measured_s
 
     @property
+    def error_without_drift(self) -> float:
+        """:attr:`error` against the measurement at the calibration's speed (divided by :attr:`drift`)."""
+        return self.predicted_s * self.drift / self.measured_s - 1
+
+    @property
     def compute_error(self) -> float:
         return (self.predicted_compute_s - self.measured_compute_s) / self.measured_compute_s
 
@@ -207,15 +245,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup: int,
-                                runs: int) -> tuple[float, float, float]:
+def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup: int, runs: int,
+                                probe: Any) -> tuple[float, float, float, float]:
     """(forward, forward without communication): median seconds of the rank-local graph as it is, and of
     a copy of it with every collective and its wait replaced by a local stand-in of its output's shape
     (``autotp.calibration.graphs.local_stand_ins``, the same form the calibration times a
     graph's compute in), timed in turn as the calibration times its graphs
     (``autotp.calibration.graphs.time_in_turn``: each after one untimed call of itself, from a start common to every
     rank to the last rank's end); and the work
-    (CPU time, mean over ranks) of the second.
+    (CPU time, mean over ranks) of the second; and the drift probe's seconds (``probe``: a call timed in turn with them).
     Each form is compiled once and swapped in by attribute: recompiling before every call would
     time a freshly generated ``forward``, 5-20% slower than the one a model runs call after call."""
     from autotp.calibration.graphs import local_stand_ins, time_in_turn
@@ -230,13 +268,33 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
         return call
 
     try:
-        (seconds, _), (compute_s, compute_work_s) = time_in_turn(
-            [calling(real), calling(compute)], runs, warmup)
+        (seconds, _), (compute_s, compute_work_s), (probe_s, _) = time_in_turn(
+            [calling(real), calling(compute), probe], runs, warmup)
     finally:
         tp_model.graph_module = real
     mean_work = torch.tensor([compute_work_s], dtype=torch.float64)
     dist.all_reduce(mean_work)
-    return seconds, compute_s, float(mean_work) / dist.get_world_size()
+    return seconds, compute_s, float(mean_work) / dist.get_world_size(), probe_s
+
+
+PROBE_SHAPE = GraphShape(3, 32, 256, collectives=False)
+"""The drift probe: a calibration graph (three Llama-like blocks, 32 tokens, hidden 256, no collective) that the
+calibration times and that is timed again in turn with every model's forward. On a shared or virtual machine the
+speed of the same graph moves between the calibration and a measurement minutes later (on this project's 2-core VM
+by up to a third, with no other process running and no steal time reported); the ratio of the two probe timings
+says by how much, so that the cost model's error can be told apart from the machine's drift."""
+
+
+def _drift_probe(config: Any, everyone: list[Any], world_size: int) -> tuple[Any, float]:
+    """``(call, seconds)``: a call of :data:`PROBE_SHAPE`'s graph on this rank and its time in the calibration
+    (the group's median, as every rank gathered); the shape must be one of the calibration's."""
+    from autotp.calibration.graphs import block_graph
+
+    if PROBE_SHAPE not in config.graph_shapes:
+        raise ValueError(f"the drift probe {PROBE_SHAPE} is not one of the calibration's graph shapes")
+    index = config.graph_shapes.index(PROBE_SHAPE)
+    module, example = block_graph(PROBE_SHAPE, world_size, None)
+    return (lambda: module(example)), statistics.median(m.graphs[index].seconds for m in everyone)
 
 
 def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict, hardware: Any,
@@ -324,6 +382,10 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                         raise
                     if rank == 0:
                         print(f"   round {round_index}: calibration unusable ({error}); measuring again", flush=True)
+            if rank == 0 and options.json:
+                results.put(Calibration(world_size, round_index,
+                                        base64.b64encode(pickle.dumps((everyone, links))).decode("ascii")))
+            probe, probe_calibration_s = _drift_probe(config, everyone, world_size)
             link = hardware.intra_node
             share = statistics.median(fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=link).core_share
                                       for m in everyone)
@@ -346,8 +408,8 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 model, args, kwargs = build(name)
                 tp_model = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
                                           hardware=hardware)
-                measured, measured_compute, compute_work = _time_with_and_without_comm(
-                    tp_model, args, kwargs, options.warmup, options.runs)
+                measured, measured_compute, compute_work, probe_s = _time_with_and_without_comm(
+                    tp_model, args, kwargs, options.warmup, options.runs, probe)
                 estimate = autotp.estimate(tp_model.plan, hardware)
                 graph = tp_model.graph_module.graph
                 count = sum(tp_model.plan.collective_counts().values())
@@ -363,6 +425,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                         predicted_comm_per_collective_only_s=flat_comm_s,
                         plan_json=tp_model.plan.to_json() if options.json else "",
                         profile_json=hardware.to_json() if options.json else "",
+                        probe_calibration_s=probe_calibration_s, probe_s=probe_s,
                     ))
                 if options.decisions and round_index == 0:
                     decision = _decision(name, world_size, model, args, kwargs, hardware, options)
@@ -373,14 +436,14 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
 
 
 def measure(world_size: int, options: argparse.Namespace, threads: int,
-            link_samples: list[Any]) -> list[Row | Decision]:
+            link_samples: list[Any]) -> list[Row | Decision | Calibration]:
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     context = mp.start_processes(
         _rank, args=(world_size, f"tcp://127.0.0.1:{_free_port()}", options, threads, link_samples, results),
         nprocs=world_size, join=False, start_method="spawn",
     )
-    rows: list[Row | Decision] = []
+    rows: list[Row | Decision | Calibration] = []
     while True:
         while not results.empty():
             rows.append(results.get())
@@ -406,6 +469,7 @@ def summarise(rows: list[Row]) -> list[Summary]:
             median("measured_s"), median("measured_compute_s"), median("measured_comm_s"),
             max(measured) / min(measured), mine[0].ops, mine[0].collectives,
             median("profile_share"), median("measured_compute_work_s"), median("predicted_comm_per_collective_only_s"),
+            statistics.median(r.drift for r in mine),
         ))
     return summaries
 
@@ -436,6 +500,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
     rows: list[Row] = []
     decisions: list[Decision] = []
+    calibrations: list[Calibration] = []
     for world_size in options.world_sizes:
         threads = options.threads or max(1, (os.cpu_count() or 1) // world_size)
         link_samples: list[Any] = []
@@ -445,6 +510,7 @@ def main() -> None:
         measured = measure(world_size, options, threads, link_samples)
         rows += [r for r in measured if isinstance(r, Row)]
         decisions += [d for d in measured if isinstance(d, Decision)]
+        calibrations += [c for c in measured if isinstance(c, Calibration)]
         summaries = summarise([r for r in measured if isinstance(r, Row)])
         if options.per_round:
             for r in sorted((r for r in measured if isinstance(r, Row)), key=lambda r: (r.round_index, ORDER.index(r.model))):
@@ -458,12 +524,13 @@ def main() -> None:
                       f"{r.predicted_comm_per_collective_only_s * 1e3:.3f}) / {r.measured_comm_s * 1e3:.3f}",
                       flush=True)
         print(f"{'model':<7} {'ws':>2} {'predicted':>10} {'measured':>10} {'error':>7} "
-              f"{'compute pred/meas (ms)':>23} {'comm pred/meas (ms)':>21} {'spread':>7} {'ops':>4} {'colls':>5}")
+              f"{'compute pred/meas (ms)':>23} {'comm pred/meas (ms)':>21} {'spread':>7} {'ops':>4} {'colls':>5} "
+              f"{'drift':>6}")
         for s in summaries:
             print(f"{s.model:<7} {s.world_size:>2} {s.predicted_s * 1e3:>8.3f}ms {s.measured_s * 1e3:>8.3f}ms "
                   f"{s.error:>+7.1%} {s.predicted_compute_s * 1e3:>11.3f} / {s.measured_compute_s * 1e3:>8.3f} "
                   f"{s.predicted_comm_s * 1e3:>9.3f} / {s.measured_comm_s * 1e3:>8.3f} {s.spread:>6.2f}x "
-                  f"{s.ops:>4} {s.collectives:>5}", flush=True)
+                  f"{s.ops:>4} {s.collectives:>5} {s.drift:>5.2f}x", flush=True)
         print("  compute split into work (CPU time: kernels, dispatch, call) and the share of a core it ran at:")
         for s in summaries:
             print(f"  {s.model:<7} {s.world_size:>2} work pred/meas {s.predicted_compute_work_s * 1e3:7.3f} / "
@@ -482,7 +549,9 @@ def main() -> None:
         if flat:
             comm_text += f" (wait per collective only: {statistics.median(flat):.1%})"
         print(f"  world size {world_size}: {statistics.median(abs(s.error) for s in mine):.1%} over {len(mine)} models; "
-              f"compute {statistics.median(abs(s.compute_error) for s in mine):.1%}, communication {comm_text}")
+              f"compute {statistics.median(abs(s.compute_error) for s in mine):.1%}, communication {comm_text}; "
+              f"with the machine's drift taken out {statistics.median(abs(s.error_without_drift) for s in mine):.1%} "
+              f"(drift {min(s.drift for s in mine):.2f}x to {max(s.drift for s in mine):.2f}x)")
     overall = statistics.median(abs(s.error) for s in summaries)
     print(f"  overall: {overall:.1%} over {len(summaries)} (model, world size) pairs")
     if decisions:
@@ -504,6 +573,7 @@ def main() -> None:
             "torch": torch.__version__, "cores": os.cpu_count(), "load_average_end": os.getloadavg()[0],
             "rows": [dataclasses.asdict(r) for r in rows],
             "decisions": [dataclasses.asdict(d) for d in decisions],
+            "calibrations": [dataclasses.asdict(c) for c in calibrations],
         }))
         print(f"wrote {len(rows)} rows to {options.json}")
 

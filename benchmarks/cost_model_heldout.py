@@ -1,7 +1,7 @@
 """Cross-validation by family of the cost model's in-graph terms, from one run of the accuracy benchmark.
 
     python benchmarks/cost_model_accuracy.py --models all --rounds 2 --runs 20 --threads 1 --json run.json
-    python benchmarks/cost_model_heldout.py run.json [--k 5]
+    python benchmarks/cost_model_heldout.py run.json [--k 5] [--refit]
 
 The accuracy benchmark measures every family's forward at every world size once and writes, per
 (family, world size, round), the measured time, the plan it measured and the round's calibrated profile.
@@ -15,14 +15,20 @@ is fitted on a model, so that column is held out for every family but the four t
 and what removing each term alone does to the error over every family. It does so twice: for the forward
 on the group's wall clock, and for the compute form's work (each rank's CPU time, against the predicted
 compute times the profile's core share), which a loaded machine does not lengthen.
+
+``--refit`` prices every row with the profile this checkout's ``build_profile`` fits from the round's own
+calibration measurements (which the run wrote), instead of the profile the run built: a change to how a profile
+is fitted is judged on the same measurements as the code before it.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import functools
 import json
+import pickle
 import statistics
 import warnings
 from pathlib import Path
@@ -68,15 +74,17 @@ def _pricer(family: str, world_size: int) -> Any:
     return predicted_s
 
 
-def observations(rows: list[dict]) -> tuple[list[Any], list[Any]]:
-    """Per row, priced for every subset of terms, two :class:`~autotp.cost_model.crossval.Observation`: the forward
-    on the group's wall clock, and its compute form's work (each rank's CPU time, which another process taking
-    the core does not lengthen) against the predicted compute's work."""
+def observations(rows: list[dict]) -> tuple[list[Any], list[Any], list[Any]]:
+    """Per row, priced for every subset of terms, three lists of :class:`~autotp.cost_model.crossval.Observation`:
+    the forward on the group's wall clock; the same at the calibration's speed (the measured time divided by the
+    drift probe's ratio, ``benchmarks/cost_model_accuracy.py``; empty for runs without the probe); and its compute
+    form's work (each rank's CPU time, which another process taking the core does not lengthen) against the
+    predicted compute's work."""
     from autotp import Plan
     from autotp.cost_model import Hardware
     from autotp.cost_model.crossval import TERMS, Observation, subsets, without
 
-    result, work, moved = [], [], []
+    result, steady, work, moved = [], [], [], []
     for family, world_size in sorted({(r["model"], r["world_size"]) for r in rows}, key=lambda k: (ORDER.index(k[0]), k[1])):
         price = _pricer(family, world_size)
         for row in (r for r in rows if (r["model"], r["world_size"]) == (family, world_size)):
@@ -90,13 +98,16 @@ def observations(rows: list[dict]) -> tuple[list[Any], list[Any]]:
             if abs(full[0] - row["predicted_s"]) > 1e-6 * row["predicted_s"]:  # the cost model changed since the run
                 moved.append(f"{family} tp {world_size} {row['predicted_s'] * 1e3:.3f} -> {full[0] * 1e3:.3f} ms")
             result.append(Observation(family, world_size, row["round_index"], row["measured_s"], predicted))
+            if row.get("probe_s", 0) > 0 and row.get("probe_calibration_s", 0) > 0:
+                drift = row["probe_s"] / row["probe_calibration_s"]
+                steady.append(Observation(family, world_size, row["round_index"], row["measured_s"] / drift, predicted))
             if row["measured_compute_work_s"] > 0:
                 work.append(Observation(family, world_size, row["round_index"], row["measured_compute_work_s"],
                                         {removed: priced[removed & active][1] for removed in subsets()}))
     if moved:
         print(f"priced with this checkout's cost model, which moved {len(moved)} of {len(rows)} predictions "
               f"since the run: {'; '.join(moved)}")
-    return result, work
+    return result, steady, work
 
 
 def report(observed: list[Any], k: int, profile: Any) -> None:
@@ -142,10 +153,33 @@ def report(observed: list[Any], k: int, profile: Any) -> None:
         print(f"  {'none' if not removed else 'without ' + next(iter(removed)):<30} " + " | ".join(cells))
 
 
+def refitted(data: dict) -> list[dict]:
+    """``data``'s rows with each profile fitted again by this checkout from its round's calibration measurements."""
+    from autotp.cost_model.calibrate import build_profile
+
+    calibrations = {(c["world_size"], c["round_index"]): c["measurements"] for c in data.get("calibrations", ())}
+    profiles = {}
+    for (world_size, round_index), encoded in sorted(calibrations.items()):
+        everyone, links = pickle.loads(base64.b64decode(encoded))
+        profile = build_profile(everyone, links, world_size=world_size, name=f"cpu-calibrated-{world_size}")
+        profiles[world_size, round_index] = profile.to_json()
+        print(f"  refitted tp {world_size} round {round_index}: dispatch {profile.host_dispatch_s * 1e6:.1f} us/node, "
+              f"call {profile.graph_launch_s * 1e6:.0f} us, kernel extra {profile.kernel_extra_fraction:.2f} x up to "
+              f"{profile.kernel_extra_cap_s * 1e6:.0f} us, core share {profile.core_share:.2f}, wait "
+              f"{profile.collective_wait_s * 1e6:.0f} us/coll + {profile.call_sync_wait_s * 1e6:.0f} us/call")
+    missing = sorted({(r["world_size"], r["round_index"]) for r in data["rows"]} - set(profiles))
+    if missing:
+        raise SystemExit(f"the run has no calibration measurements for (tp, round) {missing}: run "
+                         "benchmarks/cost_model_accuracy.py --json again with this checkout")
+    return [{**row, "profile_json": profiles[row["world_size"], row["round_index"]]} for row in data["rows"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="the --json file of benchmarks/cost_model_accuracy.py")
     parser.add_argument("--k", type=int, default=5, help="folds of families (default: 5)")
+    parser.add_argument("--refit", action="store_true",
+                        help="fit every round's profile again from its calibration measurements with this checkout")
     options = parser.parse_args()
     warnings.simplefilter("ignore")
     data = json.loads(options.run.read_text())
@@ -154,13 +188,22 @@ def main() -> None:
         raise SystemExit(f"{options.run} has no plans: run benchmarks/cost_model_accuracy.py with --json")
     print(f"{options.run}: {len(rows)} rows, torch {data['torch']}, {data['cores']} cores, "
           f"load average at the end of the run {data['load_average_end']:.1f}")
+    if options.refit:
+        rows = refitted(data)
     from autotp.cost_model import Hardware
 
     largest = max(r["world_size"] for r in rows)
     profile = Hardware.from_json(next(r["profile_json"] for r in rows if r["world_size"] == largest))
-    wall, work = observations(rows)
+    wall, steady, work = observations(rows)
     print("\n== the forward on the group's wall clock (what the goal is stated in)")
     report(wall, options.k, profile)
+    if steady:
+        drifts = {ws: sorted(r["probe_s"] / r["probe_calibration_s"] for r in rows if r["world_size"] == ws)
+                  for ws in sorted({r["world_size"] for r in rows})}
+        print("\n== the same at the calibration's speed (each measurement divided by its drift probe's ratio; drift "
+              + ", ".join(f"tp {ws} {d[0]:.2f}-{d[-1]:.2f}x (median {statistics.median(d):.2f})"
+                          for ws, d in drifts.items()) + ")")
+        report(steady, options.k, profile)
     print("\n== the compute form's work (CPU time: what the load does not lengthen; no communication)")
     report(work, options.k, profile)
 
