@@ -77,6 +77,9 @@ class RankMeasurements:
     op_fixed_s: tuple[tuple[str, float], ...] = ()
     """``(family, seconds)``: each op family's fixed cost per call (:func:`autotp.calibration.graphs.measure_op_fixed_s`,
     work seconds; empty: not measured)."""
+    transcendental_op_element_s: tuple[tuple[str, float], ...] = ()
+    """``(op name, seconds per element)``: each transcendental op's own rate
+    (:func:`autotp.calibration.graphs.measure_transcendental_element_s`; empty: not measured)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,17 +95,19 @@ class LinkFit:
 
 def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
                     gemms: Sequence[GemmSample], transcendental: float,
-                    bandwidth_points: Sequence[tuple[int, float]] = ()) -> Hardware:
+                    bandwidth_points: Sequence[tuple[int, float]] = (),
+                    transcendental_by_op: Sequence[tuple[str, float]] = ()) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
     graph samples' kernels are priced with, and the GEMM curve fitted on it. ``bandwidth_points``:
     ``(working_set_bytes, bytes_per_s)``; the GEMM samples are priced at the bandwidth of the
-    weights they cycle through (``COLD_WEIGHT_BYTES``), as a graph is priced at its working set."""
+    weights they cycle through (``COLD_WEIGHT_BYTES``), as a graph is priced at its working set;
+    ``transcendental_by_op``: each transcendental op's own rate (``Hardware.transcendental_op_element_s``)."""
     placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
     profile = Hardware(
         name="kernels-only", peak_tflops={d: rate / 1e12 for d, rate in flops.items()},
         memory_bandwidth_gbps=bandwidth / 1e9, memory_gib=1.0, kernel_floor_s=floor, view_op_s=view,
         intra_node=placeholder, inter_node=placeholder, devices_per_node=1, host_is_device=True,
-        transcendental_element_s=transcendental,
+        transcendental_element_s=transcendental, transcendental_op_element_s=tuple(transcendental_by_op),
         memory_bandwidth_curve=tuple((size, rate / 1e9) for size, rate in bandwidth_points),
     )
     if gemms:
@@ -229,7 +234,7 @@ def build_profile(
     first = compute[0]
     kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
-                              first.copy_curve)
+                              first.copy_curve, first.transcendental_op_element_s)
     if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
@@ -294,10 +299,11 @@ def build_profile(
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
         transcendental_element_s=transcendental / share,
+        transcendental_op_element_s=_median_by_name([m.transcendental_op_element_s for m in compute], share),
         # what a kernel costs in a graph beyond the single op its rate was timed on (work seconds / share)
         kernel_extra_fraction=extra,
         kernel_extra_cap_s=cap_s / share,
-        op_fixed_s=_median_op_fixed(compute, share),
+        op_fixed_s=_median_by_name([m.op_fixed_s for m in compute], share),
         memory_bandwidth_curve=tuple((size, rate * share / 1e9) for size, rate in curve_points),
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",
@@ -309,14 +315,14 @@ def build_profile(
     )
 
 
-def _median_op_fixed(compute: Sequence[RankMeasurements], share: float) -> tuple[tuple[str, float], ...]:
-    """Each op family's fixed cost: the median over the ranks that measured it, divided by the core share (work
-    seconds, as every work term)."""
-    by_family: dict[str, list[float]] = {}
-    for measured in compute:
-        for family, seconds in measured.op_fixed_s:
-            by_family.setdefault(family, []).append(seconds)
-    return tuple((family, statistics.median(values) / share) for family, values in by_family.items())
+def _median_by_name(per_rank: Sequence[Sequence[tuple[str, float]]], share: float) -> tuple[tuple[str, float], ...]:
+    """Per name (an op family's fixed cost, an op's rate per element): the median over the ranks that measured it,
+    divided by the core share (work seconds, as every work term)."""
+    by_name: dict[str, list[float]] = {}
+    for measured in per_rank:
+        for name, seconds in measured:
+            by_name.setdefault(name, []).append(seconds)
+    return tuple((name, statistics.median(values) / share) for name, values in by_name.items())
 
 
 def _median_host_fit(fits: Sequence[HostFit]) -> HostFit | None:

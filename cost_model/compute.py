@@ -74,6 +74,7 @@ __all__ = [
     "is_transcendental",
     "launches_no_kernel",
     "op_family",
+    "op_name",
     "tensor_bytes",
 ]
 
@@ -141,6 +142,7 @@ def compute_time_s(
     *,
     gemm_min_dim: float | None = None,
     transcendental_elements: float = 0,
+    transcendental_op: str | None = None,
     family: str | None = None,
     fixed_calls: float = 1,
 ) -> float:
@@ -151,7 +153,9 @@ def compute_time_s(
     Williams et al. 2009, with the shape-dependent GEMM rate and per-element transcendental
     rate of the module docstring), then the node's host dispatch under the profile's runtime
     mode (:func:`.runtime.node_time_s`). ``gemm_min_dim``: the smallest of the GEMM's local
-    (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``family``: the op's
+    (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``transcendental_op``: the op's
+    name (:func:`op_name`), whose own per-element rate prices ``transcendental_elements`` where the profile
+    measured one (``Hardware.transcendental_rate_s``). ``family``: the op's
     :func:`op_family`, whose fixed cost (``Hardware.op_fixed_s``) the kernel pays on top, ``fixed_calls`` times
     (:func:`fixed_cost_calls`: attention pays it per block of queries it runs). ``flops == 0 and
     memory_bytes == 0`` means no kernel: 0.0. The dtype's peak is only needed when ``flops > 0``.
@@ -173,7 +177,7 @@ def compute_time_s(
         hardware.kernel_floor_s,
     )
     if transcendental_elements:
-        arithmetic_s = transcendental_elements * hardware.transcendental_element_s
+        arithmetic_s = transcendental_elements * hardware.transcendental_rate_s(transcendental_op)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
     fixed_s = hardware.op_fixed_cost_s(family) * fixed_calls if family is not None else 0.0
     return float(node_time_s(in_graph_kernel_s(device_s, hardware) + fixed_s, hardware))
@@ -751,6 +755,13 @@ def fixed_cost_calls(op: Any, query_shape: Sequence[int] | None = None) -> int:
 def op_family(op: Any) -> str | None:
     """The :data:`~.hardware.OP_FAMILIES` entry ``op`` (an overload or packet) belongs to, None for any other op."""
     return _FAMILY_OF.get(_packet_of(op))
+
+
+def op_name(op: Any) -> str:
+    """The ATen name of ``op`` without its overload (``aten.tanh.default`` -> ``"tanh"``): the key of an op's
+    own rate in ``Hardware.transcendental_op_element_s``."""
+    packet = _packet_of(op)
+    return str(getattr(packet, "__name__", packet))
 
 
 def is_transcendental(op: Any) -> bool:

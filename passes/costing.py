@@ -51,7 +51,7 @@ from autotp.cost_model import (
     launches_no_kernel,
 )
 from autotp.cost_model.bandwidth import graph_profile, graph_working_set_bytes
-from autotp.cost_model.compute import fixed_cost_calls, gemm_dims, is_lookup, is_transcendental, op_family
+from autotp.cost_model.compute import fixed_cost_calls, gemm_dims, is_lookup, is_transcendental, op_family, op_name
 from autotp.cost_model.runtime import view_time_s
 from autotp.passes.backward import (
     REPLICATED_INPUT_BACKWARD,
@@ -246,7 +246,8 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             zip(strategies, work, _shape_terms(node, strategies, world_size, work))):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
         costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
-                                             transcendental_elements=elements, family=family,
+                                             transcendental_elements=elements,
+                                             transcendental_op=op_name(node.target) if elements else None, family=family,
                                              fixed_calls=fixed[index] if fixed is not None else 1)
                      + op_collectives_s(node, strategy, world_size, hardware))
     return costs

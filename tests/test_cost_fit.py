@@ -16,9 +16,10 @@ from inspect_helpers import tiny_plan
 
 import autotp
 from autotp.calibration.graphs import block_graph, local_stand_ins
+from autotp.capture import capture
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
 from autotp.cost_model.bandwidth import cold_call_at_s
-from autotp.cost_model.compute import aten_memory_bytes, gemm_dims, gemm_efficiency
+from autotp.cost_model.compute import aten_memory_bytes, gemm_dims, gemm_efficiency, op_name
 from autotp.cost_model.graph_calibration import (
     GRAPH_FAMILIES,
     KERNEL_EXTRA_AT_MOST,
@@ -35,6 +36,8 @@ from autotp.cost_model.graph_calibration import (
     kernels_in_graph_s,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
+from autotp.passes.costing import cost_strategy_graph
+from autotp.passes.strategies import build_strategy_graph
 
 CPU = dataclasses.replace(
     get_hardware("cpu-gloo"), peak_tflops={"float32": 0.05}, memory_bandwidth_gbps=5.0, kernel_floor_s=6e-6,
@@ -114,6 +117,34 @@ def test_skinny_gemm_and_transcendentals_cost_more_where_compute_bound() -> None
     with_exp = compute_time_s(0, 8 * numel, torch.float32, slow_exp, transcendental_elements=numel)
     assert math.isclose(with_exp, numel * 1e-9 + slow_exp.kernel_floor_s + 0.0), (memory_only, with_exp)
     assert with_exp > memory_only, (memory_only, with_exp)
+
+
+class _TanhPlusExp(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) + torch.exp(x)
+
+
+def test_a_transcendental_op_measured_by_name_is_priced_at_its_own_rate() -> None:
+    """One op's own rate (tanh at 3 ns per element) prices it; an op not named (exp) keeps the median rate; a traced
+    graph's tanh node costs more than its exp node of the same size; the rates survive JSON, alone() divides them
+    by the core share, and a malformed table is refused naming the field."""
+    rated = dataclasses.replace(CPU, host_dispatch_s=0.0, memory_bandwidth_gbps=1e4, transcendental_element_s=0.6e-9,
+                                transcendental_op_element_s=(("tanh", 3e-9),), core_share=0.5)
+    numel = 2**20
+    tanh_s = compute_time_s(0, 8 * numel, torch.float32, rated, transcendental_elements=numel, transcendental_op="tanh")
+    exp_s = compute_time_s(0, 8 * numel, torch.float32, rated, transcendental_elements=numel, transcendental_op="exp")
+    assert tanh_s == pytest.approx(numel * 3e-9 + rated.kernel_floor_s), tanh_s
+    assert exp_s == pytest.approx(numel * 0.6e-9 + rated.kernel_floor_s), exp_s
+    assert op_name(torch.ops.aten.tanh.default) == "tanh" and op_name(torch.ops.aten.gelu.default) == "gelu"
+    captured = capture(_TanhPlusExp(), (torch.randn(256, 1024),), None)
+    costed = cost_strategy_graph(build_strategy_graph(captured.graph_module, 1, {}, frozenset()), rated)
+    by_op = {str(node.target): costed.compute_s[node.name][0] for node in captured.graph_module.graph.nodes
+             if node.op == "call_function" and node.target in (torch.ops.aten.tanh.default, torch.ops.aten.exp.default)}
+    assert by_op["aten.tanh.default"] > 3 * by_op["aten.exp.default"], by_op
+    assert Hardware.from_json(rated.to_json()) == rated
+    assert rated.alone().transcendental_rate_s("tanh") == pytest.approx(1.5e-9), rated.alone()
+    with pytest.raises(ValueError, match="transcendental_op_element_s"):
+        dataclasses.replace(CPU, transcendental_op_element_s=(("tanh", 1e-9), ("tanh", 2e-9)))
 
 
 def test_runtime_mode_changes_the_prediction_in_the_expected_direction() -> None:

@@ -33,7 +33,8 @@ profile field         measurement (median over timed repeats, after warm-up)
 ``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens, each call on another of 64 MiB of weights
                       (read from memory, as a forward reads each weight once): the shape curve of
                       the GEMM rate and the peak it tends to (:func:`autotp.cost_model.graph_calibration.fit_gemm_curve`)
-``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor
+``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor (their median), and
+                      of each of them, erf, log, sin, cos, rsqrt and sqrt by name
 ``op_fixed_s``        a small convolution, max-pool, batch norm and attention in a tight loop: what each
                       costs beyond its roofline and an add of its input's (a primitive set up per call)
 ``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
@@ -418,6 +419,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     gemms: tuple[GemmSample, ...] = ()
     graphs: tuple[GraphSample, ...] = ()
     op_fixed: tuple[tuple[str, float], ...] = ()
+    transcendental_by_op: tuple[tuple[str, float], ...] = ()
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -438,10 +440,11 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             view = measure_view_op_s(config)
             _say(progress, f"view op in a graph (no kernel): {view * 1e6:.2f} us")
             gemms = tuple(measure_gemm_samples(config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats))
-            transcendental = measure_transcendental_element_s(config.transcendental_numel, config.min_time_s,
-                                                              config.repeats)
-            _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element")
-            kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve)
+            transcendental, transcendental_by_op = measure_transcendental_element_s(
+                config.transcendental_numel, config.min_time_s, config.repeats)
+            _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element (median); by op: "
+                 + ", ".join(f"{name} {rate * 1e9:.2f}" for name, rate in transcendental_by_op))
+            kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, transcendental_by_op)
             op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
             _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
                 f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))
@@ -457,7 +460,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed)
+                            curve, cold, op_fixed, transcendental_by_op)
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:

@@ -41,6 +41,7 @@ from autotp.cost_model.compute import (
     is_transcendental,
     launches_no_kernel,
     op_family,
+    op_name,
 )
 from autotp.cost_model.graph_calibration import (
     COLD_WEIGHT_BYTES,
@@ -129,6 +130,11 @@ def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, r
 
 
 _TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, aten.silu.default, aten.gelu.default)
+"""The ops whose median rate is ``Hardware.transcendental_element_s`` (an op without a rate of its own)."""
+
+_RATED_TRANSCENDENTAL = (*_TRANSCENDENTAL, aten.erf.default, aten.log.default, aten.sin.default, aten.cos.default,
+                         aten.rsqrt.default, aten.sqrt.default)
+"""The ops ``autotp calibrate`` times one by one (``Hardware.transcendental_op_element_s``)."""
 
 
 def roofline_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], result: torch.Tensor,
@@ -139,7 +145,8 @@ def roofline_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], res
     dims = gemm_dims(op, args, kwargs) if flops else None
     elements = result.numel() if is_transcendental(op) else 0
     return compute_time_s(flops, aten_memory_bytes(op, args, kwargs, result), result.dtype, hardware,
-                          gemm_min_dim=min(dims) if dims else None, transcendental_elements=elements)
+                          gemm_min_dim=min(dims) if dims else None, transcendental_elements=elements,
+                          transcendental_op=op_name(op))
 
 
 def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
@@ -178,11 +185,17 @@ def measure_op_fixed_s(hardware: Hardware, min_time_s: float, repeats: int) -> t
     return tuple(fixed)
 
 
-def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int) -> float:
-    """Seconds per element of exp, tanh, sigmoid, silu and gelu on ``numel`` float32 values (median)."""
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
-    return statistics.median(median_work_s(functools.partial(op, x), min_time_s, repeats) / numel
-                             for op in _TRANSCENDENTAL)
+def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int
+                                     ) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """Seconds per element on ``numel`` float32 values: the median of exp, tanh, sigmoid, silu and gelu (what an
+    op without a rate of its own is priced at), and each op's own rate, by name (:func:`op_name`), over the ops
+    of :data:`_RATED_TRANSCENDENTAL`. The values lie in [0.5, 1.5), where every one of them is defined (log,
+    rsqrt and sqrt of a negative number take a slower path)."""
+    x = torch.rand(numel, generator=torch.Generator().manual_seed(0)) + 0.5
+    rates = tuple((op_name(op), median_work_s(functools.partial(op, x), min_time_s, repeats) / numel)
+                  for op in _RATED_TRANSCENDENTAL)
+    names = {op_name(op) for op in _TRANSCENDENTAL}
+    return statistics.median(rate for name, rate in rates if name in names), rates
 
 
 # ------------------------------------------------------------------------------ calls on every rank
