@@ -33,15 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from autotp.planning.phases import AlonePhases, first_rank_alone
 from autotp.runtime.kv_cache import CacheLayout
-
-if TYPE_CHECKING:
-    from autotp.runtime.module import TensorParallelModule
+from autotp.runtime.rank_local import RankLocalModel
 
 __all__ = ["EOS_CHECK_TOKENS", "GenerationRequest", "check_request", "check_stop_check_every", "generate", "generation_loop", "next_tokens",
            "resolve_request"]
@@ -75,7 +73,7 @@ def next_tokens(logits: torch.Tensor, *, do_sample: bool, temperature: float, to
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
 
 
-def _check(tp: TensorParallelModule, input_ids: Any, attention_mask: Any, max_new_tokens: Any,
+def _check(tp: RankLocalModel, input_ids: Any, attention_mask: Any, max_new_tokens: Any,
            do_sample: bool, seed: int | None) -> None:
     layout = tp.generation.layout if tp.generation is not None else None
     if layout is None:
@@ -194,7 +192,7 @@ def resolve_request(input_ids: Any, given: dict[str, Any], generation_config: An
                              pad_token_id=setting("pad_token_id"))
 
 
-def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+def generate(tp: RankLocalModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
              max_new_tokens: int | None = None, max_length: int | None = None, generation_config: Any = None,
              do_sample: bool | None = None, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
@@ -249,7 +247,7 @@ def generate(tp: TensorParallelModule, input_ids: torch.Tensor, attention_mask: 
     return _on_first_rank(tp, loop, input_ids, streamer, prompt_together=not alone.prefill)
 
 
-def _alone_phases(tp: TensorParallelModule) -> AlonePhases:
+def _alone_phases(tp: RankLocalModel) -> AlonePhases:
     """Which phases the group's first rank runs alone (see the module docstring), by the rule the planner
     priced them with (:func:`~autotp.planning.phases.first_rank_alone`): ranks of a gloo group share a host."""
     import torch.distributed as dist
@@ -263,7 +261,7 @@ def _alone_phases(tp: TensorParallelModule) -> AlonePhases:
                             prefill_collectives=any(plan.collectives for plan in prompt_plans))
 
 
-def _on_first_rank(tp: TensorParallelModule, loop: Callable[..., torch.Tensor], input_ids: torch.Tensor,
+def _on_first_rank(tp: RankLocalModel, loop: Callable[..., torch.Tensor], input_ids: torch.Tensor,
                    streamer: Any, *, prompt_together: bool) -> torch.Tensor:
     """Run ``loop`` on the group's first rank and give its tokens (or its error) to every rank; with
     ``prompt_together`` the other ranks first run the prompt with it (its prefill graph has collectives)

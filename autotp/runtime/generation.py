@@ -43,7 +43,8 @@ from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
 from autotp.runtime.loading import TensorSource, match_keys, materialize_hf_buffers, tensor_aliases
-from autotp.runtime.module import GenerationGraphs, PhaseGraph, TensorParallelModule
+from autotp.runtime.module import TensorParallelModule
+from autotp.runtime.rank_local import GenerationGraphs, PhaseGraph
 from autotp.runtime.shards import local_shape
 from autotp.runtime.shared_trace import FirstRankTrace
 

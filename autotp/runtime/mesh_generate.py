@@ -59,8 +59,9 @@ from autotp.runtime.mesh import (
     mesh_shape_of,
     replica_sizes,
 )
-from autotp.runtime.module import GenerationGraphs, TensorParallelModule
+from autotp.runtime.module import TensorParallelModule
 from autotp.runtime.options import RuntimeOptions
+from autotp.runtime.rank_local import GenerationGraphs
 
 __all__ = ["MeshGenerationModule", "StageCachedLM", "compile_generation_on_mesh", "stage_view"]
 

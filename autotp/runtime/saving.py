@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,9 +38,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from autotp.base.errors import CheckpointError
 from autotp.runtime.loading import Block, Checkpoint, ReadRequest, TensorEntry, TensorSource
-
-if TYPE_CHECKING:
-    from autotp.runtime.module import TensorParallelModule
+from autotp.runtime.rank_local import RankLocalModel
 
 __all__ = ["ChunkLoadPlanner", "ChunkSavePlanner", "Chunks", "DistributedCheckpoint", "chunk_extents", "open_checkpoint",
            "save_sharded", "split_local"]
@@ -130,7 +128,7 @@ def split_local(tensor: torch.Tensor, block: Block) -> list[torch.Tensor]:
     return [piece.contiguous() for piece, length in zip(tensor.split(lengths, dim), lengths) if length > 0]
 
 
-def save_sharded(tp: TensorParallelModule, directory: str | os.PathLike[str], group: Any = None) -> None:
+def save_sharded(tp: RankLocalModel, directory: str | os.PathLike[str], group: Any = None) -> None:
     """Write ``tp``'s shards to ``directory`` (collective: call on every rank of ``group``, the model's
     tensor-parallel group; default: the whole world)."""
     if dist.is_initialized():

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-if TYPE_CHECKING:
-    from autotp.runtime.module import TensorParallelModule
+from autotp.runtime.rank_local import RankLocalModel
 
 __all__ = ["OriginalParameterCheck", "full_state_dict", "refuse_backward", "state_dict_aliases"]
 
@@ -36,7 +35,7 @@ def state_dict_aliases(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     return {key: tuple(names[id(tensor)]) for key, tensor in keys.items()}
 
 
-def full_state_dict(tp: TensorParallelModule, group: Any = None) -> dict[str, torch.Tensor]:
+def full_state_dict(tp: RankLocalModel, group: Any = None) -> dict[str, torch.Tensor]:
     """The original model's ``state_dict`` keys -> full tensors (collective: call on every rank of ``group``).
 
     A split parameter is put together from every rank's blocks (each rank writes its blocks into
@@ -107,7 +106,7 @@ class OriginalParameterCheck:
     optimizer that trains ``model`` itself (its parameters have gradients) is left alone.
     """
 
-    def __init__(self, tp: TensorParallelModule, original: torch.nn.Module) -> None:
+    def __init__(self, tp: RankLocalModel, original: torch.nn.Module) -> None:
         self._originals = {id(p): weakref.ref(p) for p in original.parameters()}
         self._tp = weakref.ref(tp)
         self._what = type(original).__name__
