@@ -57,8 +57,9 @@ cache).
 Every forward is also timed in turn with a drift probe (``PROBE_SHAPE``: one of the calibration's own graphs): its
 time then over its time in the calibration is how much slower or faster the machine ran the same graph when the
 model was measured (the ``drift`` column). The summary gives the error as measured and with that drift taken out
-(the prediction scaled by the drift): the first is what a user of the profile sees, the second what the cost model
-answers for.
+(the prediction scaled by the drift). The first is what a user of the profile sees; the second is a diagnostic, not a
+correction: the probe moves with the machine and also with what ran before it (among the calibration's twelve
+graphs there, among three calls here).
 
 Calibrating in the same processes, right before measuring, keeps both under the same conditions
 (on a shared machine the load moves within seconds); the rounds repeat the whole and the
@@ -280,9 +281,9 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
 PROBE_SHAPE = GraphShape(3, 32, 256, collectives=False)
 """The drift probe: a calibration graph (three Llama-like blocks, 32 tokens, hidden 256, no collective) that the
 calibration times and that is timed again in turn with every model's forward. On a shared or virtual machine the
-speed of the same graph moves between the calibration and a measurement minutes later (on this project's 2-core VM
-by up to a third, with no other process running and no steal time reported); the ratio of the two probe timings
-says by how much, so that the cost model's error can be told apart from the machine's drift."""
+speed of the same graph moves between the calibration and a measurement minutes later (on this project's idle 2-core
+VM, 0.63-1.63x in one run, no steal time reported); the ratio of the two probe timings says by how much, so that the
+cost model's error can be told apart from the machine's drift."""
 
 
 def _drift_probe(config: Any, everyone: list[Any], world_size: int) -> tuple[Any, float]:
