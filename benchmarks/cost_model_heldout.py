@@ -153,6 +153,24 @@ def report(observed: list[Any], k: int, profile: Any) -> None:
         print(f"  {'none' if not removed else 'without ' + next(iter(removed)):<30} " + " | ".join(cells))
 
 
+def timing_spread(data: dict) -> None:
+    """Print how far two timings of the very same rank-local graph in one run differ: the forward the accuracy table
+    timed against the median of the decisions' timings of the same graph (a run with ``--decisions``, where all three
+    plans compiled to the forward's graph: at tp 1 always), seconds later in the same processes."""
+    rows = {(r["model"], r["world_size"]): r for r in data["rows"] if r["round_index"] == 0}
+    gaps = []
+    for d in data.get("decisions", ()):
+        row = rows.get((d["model"], d["world_size"]))
+        if row is not None and set(d["same_graph_as"]) == {"megatron", "no split"}:
+            again = statistics.median((d["autotp_s"], d["megatron_s"], d["no_split_s"]))
+            gaps.append((abs(row["measured_s"] / again - 1), d["model"], d["world_size"]))
+    if gaps:
+        worst = max(gaps)
+        print(f"the same graph timed twice in this run (the forward, and the decisions' three timings of it): median "
+              f"difference {statistics.median(g for g, _, _ in gaps):.1%} over {len(gaps)} (model, tp), worst "
+              f"{worst[0]:.1%} ({worst[1]} tp {worst[2]})")
+
+
 def refitted(data: dict) -> list[dict]:
     """``data``'s rows with each profile fitted again by this checkout from its round's calibration measurements."""
     from autotp.cost_model.calibrate import build_profile
@@ -190,6 +208,7 @@ def main() -> None:
           f"load average at the end of the run {data['load_average_end']:.1f}")
     if options.refit:
         rows = refitted(data)
+    timing_spread(data)
     from autotp.cost_model import Hardware
 
     largest = max(r["world_size"] for r in rows)
