@@ -102,49 +102,30 @@ _HOST_TIME_FIELDS = (
 )
 
 
-def _checked_op_fixed(owner: str, pairs: Any) -> tuple[tuple[str, float], ...]:
-    """``Hardware.op_fixed_s`` as a tuple of ``(family, seconds)``, each family of ``OP_FAMILIES`` once."""
-    try:
-        pairs = tuple((family, seconds) for family, seconds in pairs)
-    except (TypeError, ValueError):
-        raise ValueError(f"{owner}.op_fixed_s must be (family, seconds) pairs, got {pairs!r}") from None
-    for family, seconds in pairs:
-        if family not in OP_FAMILIES:
-            raise ValueError(f"{owner}.op_fixed_s names {family!r}; the op families are: {', '.join(OP_FAMILIES)}")
-        _check_positive_number(owner, f"op_fixed_s[{family!r}]", seconds, allow_zero=True)
-    families = [family for family, _ in pairs]
-    if len(set(families)) != len(families):
-        raise ValueError(f"{owner}.op_fixed_s names a family twice: {families}")
-    return pairs
-
-
-def _checked_op_rates(owner: str, pairs: Any) -> tuple[tuple[str, float], ...]:
-    """``Hardware.transcendental_op_element_s`` as a tuple of ``(op name, seconds per element)``, each op once."""
+def _checked_named_seconds(owner: str, field: str, pairs: Any, names: tuple[str, ...] | None = None
+                           ) -> tuple[tuple[str, float], ...]:
+    """``Hardware.<field>`` (``op_fixed_s``, ``transcendental_op_element_s``) as a tuple of ``(name, seconds)``, each
+    name once and a non-empty string, one of ``names`` when given (the op families), seconds at least 0."""
     try:
         pairs = tuple((name, seconds) for name, seconds in pairs)
     except (TypeError, ValueError):
-        raise ValueError(f"{owner}.transcendental_op_element_s must be (op name, seconds) pairs, got {pairs!r}") from None
+        raise ValueError(f"{owner}.{field} must be (name, seconds) pairs, got {pairs!r}") from None
     for name, seconds in pairs:
+        if names is not None and name not in names:
+            raise ValueError(f"{owner}.{field} names {name!r}; the op families are: {', '.join(names)}")
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{owner}.transcendental_op_element_s names must be ATen op names such as 'tanh', "
-                             f"got {name!r}")
-        _check_positive_number(owner, f"transcendental_op_element_s[{name!r}]", seconds, allow_zero=True)
-    names = [name for name, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{owner}.transcendental_op_element_s names an op twice: {names}")
+            raise ValueError(f"{owner}.{field} names must be ATen op names such as 'tanh', got {name!r}")
+        _check_positive_number(owner, f"{field}[{name!r}]", seconds, allow_zero=True)
+    listed = [name for name, _ in pairs]
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"{owner}.{field} names one twice: {listed}")
     return pairs
 
 
-def _op_fixed_from_json(data: Any) -> tuple[tuple[str, float], ...]:
+def _named_seconds_from_json(field: str, data: Any) -> tuple[tuple[str, float], ...]:
+    """A ``(name, seconds)`` field from its JSON object (validated where the profile is built)."""
     if not isinstance(data, Mapping):
-        raise ValueError(f"field 'op_fixed_s' must be an object from op family to seconds, got {type(data).__name__}")
-    return tuple(data.items())
-
-
-def _op_rates_from_json(data: Any) -> tuple[tuple[str, float], ...]:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"field 'transcendental_op_element_s' must be an object from op name to seconds per element, "
-                         f"got {type(data).__name__}")
+        raise ValueError(f"field {field!r} must be an object from name to seconds, got {type(data).__name__}")
     return tuple(data.items())
 
 
@@ -434,9 +415,9 @@ class Hardware:
         if self.small_all_reduce == "shared_memory" and self.shared_memory_link is None:
             raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
                              "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
-        object.__setattr__(self, "op_fixed_s", _checked_op_fixed(owner, self.op_fixed_s))
-        object.__setattr__(self, "transcendental_op_element_s",
-                           _checked_op_rates(owner, self.transcendental_op_element_s))
+        object.__setattr__(self, "op_fixed_s", _checked_named_seconds(owner, "op_fixed_s", self.op_fixed_s, OP_FAMILIES))
+        object.__setattr__(self, "transcendental_op_element_s", _checked_named_seconds(
+            owner, "transcendental_op_element_s", self.transcendental_op_element_s))
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
         object.__setattr__(self, "shared_memory_cold_curve", _checked_curve(
             owner, self.shared_memory_cold_curve, "shared_memory_cold_curve", "seconds", allow_zero=True))
@@ -612,8 +593,9 @@ class Hardware:
                 runtime_mode=data.get("runtime_mode", "eager"),
                 host_is_device=data.get("host_is_device", False),
                 **{host_field: data.get(host_field, 0.0) for host_field in _HOST_TIME_FIELDS},
-                op_fixed_s=_op_fixed_from_json(data.get("op_fixed_s", {})),
-                transcendental_op_element_s=_op_rates_from_json(data.get("transcendental_op_element_s", {})),
+                op_fixed_s=_named_seconds_from_json("op_fixed_s", data.get("op_fixed_s", {})),
+                transcendental_op_element_s=_named_seconds_from_json(
+                    "transcendental_op_element_s", data.get("transcendental_op_element_s", {})),
                 # absent in profiles written before the working-set curve and the one-shot pricing
                 memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
                 small_all_reduce=data.get("small_all_reduce",

@@ -239,15 +239,14 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             # no kernel, no bytes: only the host's dispatch in eager mode (0 on GPU profiles)
             return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
-    dtype, family = node_dtype(node), op_family(node.target)
+    dtype, family, name = node_dtype(node), op_family(node.target), op_name(node.target)
     fixed = _fixed_calls(node, strategies, world_size) if family is not None and hardware.op_fixed_s else None
     costs = []
     for index, (strategy, (flops, moved), (min_dim, elements)) in enumerate(
             zip(strategies, work, _shape_terms(node, strategies, world_size, work))):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
         costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
-                                             transcendental_elements=elements,
-                                             transcendental_op=op_name(node.target) if elements else None, family=family,
+                                             transcendental_elements=elements, transcendental_op=name, family=family,
                                              fixed_calls=fixed[index] if fixed is not None else 1)
                      + op_collectives_s(node, strategy, world_size, hardware))
     return costs
