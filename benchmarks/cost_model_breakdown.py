@@ -16,7 +16,7 @@ benchmark measures compute):
 - every node of the graph, run by an ``fx.Interpreter`` on the work clock (median per node;
   the interpreter adds its own few microseconds to every node, views most visibly);
 
-and prints, per op kind (views, GEMMs, attention, lookups, transcendental, reductions and norms,
+and prints, per op kind (views, GEMMs, attention, lookups, transcendental, pooling, reductions and norms,
 other elementwise; with ``--by op``, per ATen op instead), the node count, the measured and the predicted
 milliseconds (the plan's ``compute_s`` of the same nodes), so the kind whose prediction is low stands out.
 """
@@ -44,7 +44,7 @@ TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 
 def kind_of(target: Any) -> str:
     """The op kind a node is reported under."""
-    from autotp.cost_model.compute import gemm_dims, is_lookup, is_transcendental, launches_no_kernel
+    from autotp.cost_model.compute import gemm_dims, is_lookup, is_transcendental, launches_no_kernel, op_family
 
     name = str(target)
     if launches_no_kernel(target):
@@ -57,6 +57,8 @@ def kind_of(target: Any) -> str:
         return "lookup"
     if is_transcendental(target):
         return "transcendental"
+    if op_family(target) == "pooling":
+        return "pooling"
     if any(word in name for word in ("norm", "mean", "sum", "amax", "softmax", "var")):
         return "reduction/norm"
     return "other elementwise"

@@ -77,9 +77,9 @@ class RankMeasurements:
     op_fixed_s: tuple[tuple[str, float], ...] = ()
     """``(family, seconds)``: each op family's fixed cost per call (:func:`autotp.calibration.graphs.measure_op_fixed_s`,
     work seconds; empty: not measured)."""
-    transcendental_op_element_s: tuple[tuple[str, float], ...] = ()
-    """``(op name, seconds per element)``: each transcendental op's own rate
-    (:func:`autotp.calibration.graphs.measure_transcendental_element_s`; empty: not measured)."""
+    op_element_s: tuple[tuple[str, float], ...] = ()
+    """``(op name, seconds per element)``: each transcendental and pooling op's own rate
+    (:func:`autotp.calibration.graphs.measure_element_rates`; empty: not measured)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,18 +96,18 @@ class LinkFit:
 def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
                     gemms: Sequence[GemmSample], transcendental: float,
                     bandwidth_points: Sequence[tuple[int, float]] = (),
-                    transcendental_by_op: Sequence[tuple[str, float]] = ()) -> Hardware:
+                    element_rates: Sequence[tuple[str, float]] = ()) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
     graph samples' kernels are priced with, and the GEMM curve fitted on it. ``bandwidth_points``:
     ``(working_set_bytes, bytes_per_s)``; the GEMM samples are priced at the bandwidth of the
     weights they cycle through (``COLD_WEIGHT_BYTES``), as a graph is priced at its working set;
-    ``transcendental_by_op``: each transcendental op's own rate (``Hardware.transcendental_op_element_s``)."""
+    ``element_rates``: each transcendental and pooling op's own rate (``Hardware.op_element_s``)."""
     placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
     profile = Hardware(
         name="kernels-only", peak_tflops={d: rate / 1e12 for d, rate in flops.items()},
         memory_bandwidth_gbps=bandwidth / 1e9, memory_gib=1.0, kernel_floor_s=floor, view_op_s=view,
         intra_node=placeholder, inter_node=placeholder, devices_per_node=1, host_is_device=True,
-        transcendental_element_s=transcendental, transcendental_op_element_s=tuple(transcendental_by_op),
+        transcendental_element_s=transcendental, op_element_s=tuple(element_rates),
         memory_bandwidth_curve=tuple((size, rate / 1e9) for size, rate in bandwidth_points),
     )
     if gemms:
@@ -234,7 +234,7 @@ def build_profile(
     first = compute[0]
     kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
-                              first.copy_curve, first.transcendental_op_element_s)
+                              first.copy_curve, first.op_element_s)
     if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
@@ -299,7 +299,7 @@ def build_profile(
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
         transcendental_element_s=transcendental / share,
-        transcendental_op_element_s=_median_by_name([m.transcendental_op_element_s for m in compute], share),
+        op_element_s=_median_by_name([m.op_element_s for m in compute], share),
         # what a kernel costs in a graph beyond the single op its rate was timed on (work seconds / share)
         kernel_extra_fraction=extra,
         kernel_extra_cap_s=cap_s / share,

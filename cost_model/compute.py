@@ -26,9 +26,11 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
   is its bytes (measured on this project's CPU: a one-token ``aten.linear`` of a 512 x 512 weight
   reads it at the copy bandwidth of its working set, where the curve at ``d = 1`` predicted
   1.45x longer); the curve applies from ``d = 2``.
-* **transcendental elementwise ops** (exp, tanh, silu, gelu, softmax, ...): their arithmetic
-  runs on special-function units (GPU) or polynomial code (CPU) at a rate per element,
-  ``Hardware.transcendental_element_s``; the op takes the longer of that and its bytes.
+* **per-element rates** (:func:`rated_elements`): a transcendental elementwise op (exp, tanh, silu, gelu,
+  softmax, ...) runs its arithmetic on special-function units (GPU) or polynomial code (CPU), and a pooling op
+  compares or adds each element of its windows (a max with a branch per element, which a CPU predicts badly
+  on fresh data); each takes the longer of its elements at a rate per element
+  (``Hardware.element_rate_s``) and its bytes.
 
 In a graph a kernel costs more than the same op timed in a loop (``Hardware.kernel_extra_fraction``,
 :func:`in_graph_kernel_s`). Some op families also pay a fixed cost per call that their bytes and FLOPs do not
@@ -47,6 +49,7 @@ memory bound, and their time comes from their bytes.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
@@ -66,12 +69,15 @@ __all__ = [
     "aten_memory_bytes",
     "capped_kernel_s",
     "compute_time_s",
+    "convolution_sets_up_primitive",
     "dtype_name",
     "gemm_dims",
     "gemm_efficiency",
     "in_graph_kernel_s",
     "is_lookup",
+    "has_element_rate",
     "is_transcendental",
+    "rated_elements",
     "launches_no_kernel",
     "op_family",
     "op_name",
@@ -141,28 +147,28 @@ def compute_time_s(
     hardware: Hardware,
     *,
     gemm_min_dim: float | None = None,
-    transcendental_elements: float = 0,
-    transcendental_op: str | None = None,
+    rated_elements: float = 0,
+    rated_op: str | None = None,
     family: str | None = None,
     fixed_calls: float = 1,
 ) -> float:
     """Predicted seconds of one kernel node doing ``flops`` FLOPs and moving ``memory_bytes`` bytes.
 
-    ``max(flops / (achievable peak(dtype) * gemm_efficiency), transcendental_elements *
-    transcendental_element_s, memory_bytes / achievable bandwidth) + kernel_floor_s`` (roofline,
-    Williams et al. 2009, with the shape-dependent GEMM rate and per-element transcendental
-    rate of the module docstring), then the node's host dispatch under the profile's runtime
-    mode (:func:`.runtime.node_time_s`). ``gemm_min_dim``: the smallest of the GEMM's local
-    (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``transcendental_op``: the op's
-    name (:func:`op_name`), whose own per-element rate prices ``transcendental_elements`` where the profile
-    measured one (``Hardware.transcendental_rate_s``). ``family``: the op's
+    ``max(flops / (achievable peak(dtype) * gemm_efficiency), rated_elements * the op's element rate,
+    memory_bytes / achievable bandwidth) + kernel_floor_s`` (roofline, Williams et al. 2009, with the
+    shape-dependent GEMM rate and the per-element rates of the module docstring), then the node's host dispatch
+    under the profile's runtime mode (:func:`.runtime.node_time_s`). ``gemm_min_dim``: the smallest of the GEMM's
+    local (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``rated_elements``: the elements the
+    op's arithmetic runs over (:func:`rated_elements`); ``rated_op``: its name (:func:`op_name`), whose own rate
+    prices them where the profile measured one (``Hardware.element_rate_s``; a transcendental op without one at
+    ``Hardware.transcendental_element_s``, a pooling op by its bytes). ``family``: the op's
     :func:`op_family`, whose fixed cost (``Hardware.op_fixed_s``) the kernel pays on top, ``fixed_calls`` times
     (:func:`fixed_cost_calls`: attention pays it per block of queries it runs). ``flops == 0 and
     memory_bytes == 0`` means no kernel: 0.0. The dtype's peak is only needed when ``flops > 0``.
     """
-    if flops < 0 or memory_bytes < 0 or transcendental_elements < 0:
-        raise ValueError(f"flops ({flops}), memory_bytes ({memory_bytes}) and transcendental_elements "
-                         f"({transcendental_elements}) must be >= 0")
+    if flops < 0 or memory_bytes < 0 or rated_elements < 0:
+        raise ValueError(f"flops ({flops}), memory_bytes ({memory_bytes}) and rated_elements "
+                         f"({rated_elements}) must be >= 0")
     if flops == 0 and memory_bytes == 0:
         return 0.0
     # With no arithmetic the dtype's peak does not matter (and may be absent, e.g. int64 copies).
@@ -176,8 +182,9 @@ def compute_time_s(
         achievable_memory_bytes_per_s(hardware),
         hardware.kernel_floor_s,
     )
-    if transcendental_elements:
-        arithmetic_s = transcendental_elements * hardware.transcendental_rate_s(transcendental_op)
+    if rated_elements:
+        default = None if rated_op is None or rated_op in _TRANSCENDENTAL_NAMES else 0.0
+        arithmetic_s = rated_elements * hardware.element_rate_s(rated_op, default)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
     fixed_s = hardware.op_fixed_cost_s(family) * fixed_calls if family is not None else 0.0
     return float(node_time_s(in_graph_kernel_s(device_s, hardware) + fixed_s, hardware))
@@ -713,13 +720,18 @@ TRANSCENDENTAL_OPS = frozenset(
 )
 
 
+_TRANSCENDENTAL_NAMES = frozenset(str(packet.__name__) for packet in TRANSCENDENTAL_OPS)
+
+_ADAPTIVE_POOLING_OPS = frozenset({aten.adaptive_avg_pool1d, aten.adaptive_avg_pool2d, aten.adaptive_avg_pool3d,
+                                   aten._adaptive_avg_pool2d, aten._adaptive_avg_pool3d, aten.adaptive_max_pool1d,
+                                   aten.adaptive_max_pool2d, aten.adaptive_max_pool3d})
+_POOLING_OPS = frozenset({aten.max_pool1d, aten.max_pool2d, aten.max_pool3d, aten.max_pool2d_with_indices,
+                          aten.max_pool3d_with_indices, aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d,
+                          *_ADAPTIVE_POOLING_OPS})
+
 _FAMILY_OF = {
     **dict.fromkeys((aten.conv1d, aten.conv2d, aten.conv3d, aten.convolution, aten._convolution), "convolution"),
-    **dict.fromkeys((aten.max_pool1d, aten.max_pool2d, aten.max_pool3d, aten.max_pool2d_with_indices,
-                     aten.max_pool3d_with_indices, aten.avg_pool1d, aten.avg_pool2d, aten.avg_pool3d,
-                     aten.adaptive_avg_pool1d, aten.adaptive_avg_pool2d, aten.adaptive_avg_pool3d,
-                     aten._adaptive_avg_pool2d, aten._adaptive_avg_pool3d, aten.adaptive_max_pool1d,
-                     aten.adaptive_max_pool2d, aten.adaptive_max_pool3d), "pooling"),
+    **dict.fromkeys(_POOLING_OPS, "pooling"),
     **dict.fromkeys((aten.batch_norm, aten.native_batch_norm, aten._native_batch_norm_legit,
                      aten._native_batch_norm_legit_no_training), "batch_norm"),
     **dict.fromkeys(_ATTENTION_OPS, "attention"),
@@ -742,14 +754,71 @@ def attention_blocks(query_shape: Sequence[int]) -> int:
     return max(1, math.prod(int(d) for d in query_shape[:-2]) * math.ceil(queries / block))
 
 
-def fixed_cost_calls(op: Any, query_shape: Sequence[int] | None = None) -> int:
-    """How many times one call of ``op`` pays its family's fixed cost (``Hardware.op_fixed_s``): attention once
-    per block of queries (:func:`attention_blocks` of its local ``query_shape``; the calibration times one block,
-    a single head of four queries), every other op once. On a 2-core VM a (2, 8, 16, 32) causal attention took
-    130-190 us node by node where one block's fixed cost and the roofline gave 34."""
-    if _packet_of(op) in _ATTENTION_OPS and query_shape is not None:
-        return attention_blocks(query_shape)
+def fixed_cost_calls(op: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+                     dtype: torch.dtype = torch.float32) -> int:
+    """How many times one call of ``op`` pays its family's fixed cost (``Hardware.op_fixed_s``), from its local
+    arguments (tensors, or their shapes): attention once per block of queries (:func:`attention_blocks` of its
+    query's shape; the calibration times one block, a single head of four queries), a convolution once when
+    PyTorch runs it through oneDNN and not at all otherwise (:func:`convolution_sets_up_primitive`), every other
+    op once. On a 2-core VM a (2, 8, 16, 32) causal attention took 130-190 us node by node where one block's fixed
+    cost and the roofline gave 34."""
+    kwargs = kwargs or {}
+    packet = _packet_of(op)
+    if packet in _ATTENTION_OPS:
+        query = _arg(args, kwargs, 0, "query")
+        return attention_blocks(_shape(query)) if query is not None else 1
+    if packet in _CONV_GROUPS_ARG:
+        return int(convolution_sets_up_primitive(op, args, kwargs, dtype))
     return 1
+
+
+def convolution_sets_up_primitive(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
+                                  dtype: torch.dtype = torch.float32) -> bool:
+    """Whether PyTorch runs this CPU convolution through oneDNN, which sets up a primitive on every call (the
+    ``convolution`` family's fixed cost), as its own backend choice says (``torch._C._select_conv_backend``,
+    asked with stand-ins of the arguments' shapes; PyTorch's ``use_mkldnn`` rule in ``Convolution.cpp``). On this
+    project's 2-core VM, one thread: a 1 x 1 convolution of 64 channels on 2 x 4 x 4 runs in PyTorch's own
+    im2col-and-GEMM kernel (``Slow2d``) in 9 us, a 3 x 3 one of 8 channels on 2 x 8 x 8 in oneDNN in 44 us.
+    True where torch cannot be asked (no such function, or a padding given by name): the calibration's instance
+    is a oneDNN convolution."""
+    kwargs = kwargs or {}
+    select = getattr(torch._C, "_select_conv_backend", None)
+    x, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    if select is None or x is None or weight is None:
+        return True
+    packet = _packet_of(op)
+    general = packet is aten.convolution
+    padding = _arg(args, kwargs, 4, "padding", 0)
+    if isinstance(padding, str):
+        return True
+    x_shape = tuple(_concrete_size(size) for size in _shape(x))
+    w_shape = tuple(_concrete_size(size) for size in _shape(weight))
+    dims = len(w_shape) - 2
+
+    def per_dim(value: Any) -> tuple[int, ...]:
+        values = tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
+        return values * dims if len(values) == 1 else values
+
+    transposed = bool(_arg(args, kwargs, 6, "transposed", False)) if general else False
+    output_padding = per_dim(_arg(args, kwargs, 7, "output_padding", 0)) if general else (0,) * dims
+    groups = int(_arg(args, kwargs, _CONV_GROUPS_ARG[packet], "groups", 1) or 1)
+    return _onednn_backend(x_shape, w_shape, per_dim(_arg(args, kwargs, 3, "stride", 1)), per_dim(padding),
+                           per_dim(_arg(args, kwargs, 5, "dilation", 1)), transposed, output_padding, groups, dtype,
+                           torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=4096)
+def _onednn_backend(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
+                    padding: tuple[int, ...], dilation: tuple[int, ...], transposed: bool,
+                    output_padding: tuple[int, ...], groups: int, dtype: torch.dtype, threads: int) -> bool:
+    """:func:`convolution_sets_up_primitive`'s question to torch, once per shape (``threads``: part of the key,
+    as PyTorch's rule reads the thread count)."""
+    def stand_in(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(1, dtype=dtype).expand(*shape)  # no storage of the shape: the rule reads sizes only
+
+    backend = torch._C._select_conv_backend(stand_in(x_shape), stand_in(w_shape), None, list(stride), list(padding),
+                                            list(dilation), transposed, list(output_padding), groups, None)
+    return backend.name.startswith("Mkldnn")
 
 
 def op_family(op: Any) -> str | None:
@@ -759,7 +828,7 @@ def op_family(op: Any) -> str | None:
 
 def op_name(op: Any) -> str:
     """The ATen name of ``op`` without its overload (``aten.tanh.default`` -> ``"tanh"``): the key of an op's
-    own rate in ``Hardware.transcendental_op_element_s``."""
+    own rate in ``Hardware.op_element_s``."""
     packet = _packet_of(op)
     return str(getattr(packet, "__name__", packet))
 
@@ -767,3 +836,29 @@ def op_name(op: Any) -> str:
 def is_transcendental(op: Any) -> bool:
     """True for elementwise ops priced per element when compute bound (:data:`TRANSCENDENTAL_OPS`)."""
     return _packet_of(op) in TRANSCENDENTAL_OPS
+
+
+def has_element_rate(op: Any) -> bool:
+    """True for ops priced by :func:`rated_elements` where their arithmetic bounds them (transcendental, pooling)."""
+    return _packet_of(op) in TRANSCENDENTAL_OPS or _packet_of(op) in _POOLING_OPS
+
+
+def rated_elements(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, out_numel: int,
+                   in_numel: int | None = None) -> int:
+    """How many elements the arithmetic of one call of ``op`` runs over, priced at the op's measured rate
+    (``Hardware.element_rate_s``) where that bounds it: a transcendental op's output elements; a pooling op's
+    window elements, its output elements times its window (``kernel_size``; an adaptive pool's input elements,
+    ``in_numel``); 0 for every other op. ``args`` are the call's (a kernel size is read from them)."""
+    packet = _packet_of(op)
+    if packet in TRANSCENDENTAL_OPS:
+        return out_numel
+    if packet not in _POOLING_OPS:
+        return 0
+    if packet in _ADAPTIVE_POOLING_OPS:
+        return in_numel if in_numel is not None else out_numel
+    kernel = _arg(args, kwargs or {}, 1, "kernel_size", 1)
+    dims = 3 if "3d" in op_name(op) else 2 if "2d" in op_name(op) else 1
+    sizes = [int(k) for k in kernel] if isinstance(kernel, (list, tuple)) else [int(kernel)]
+    return out_numel * math.prod(sizes * dims if len(sizes) == 1 else sizes)
+
+

@@ -77,7 +77,7 @@ _TERM_FIELDS = {
     "call_sync_wait": ("call_sync_wait_s", "call_sync_wait_per_compute"),
 }
 _BASE_FIELDS = ("peak_tflops", "gemm_half_efficiency_dim", "memory_bandwidth_gbps", "transcendental_element_s",
-                "transcendental_op_element_s", "view_op_s", "kernel_floor_s", "host_dispatch_s", "graph_launch_s",
+                "op_element_s", "view_op_s", "kernel_floor_s", "host_dispatch_s", "graph_launch_s",
                 "intra_node", "shared_memory_link")
 
 

@@ -52,8 +52,8 @@ Two rates are fitted on single ops first, because the graph fit stands on them:
 * :func:`fit_gemm_curve`: ``aten.linear`` at a fixed width and growing token counts; the
   ``gemm_half_efficiency_dim`` whose roofline (:func:`~.compute.gemm_efficiency`) best matches
   the timings, with the peak the curve tends to (the best rate measured is itself below it);
-* :func:`~autotp.calibration.graphs.measure_transcendental_element_s`: seconds per element of exp, tanh, sigmoid, silu and
-  gelu on a large tensor, the median over them.
+* :func:`~autotp.calibration.graphs.measure_element_rates`: seconds per element of exp, tanh, sigmoid, silu and
+  gelu on a large tensor, the median over them; and each transcendental and pooling op's own rate.
 """
 
 from __future__ import annotations

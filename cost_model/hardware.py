@@ -104,7 +104,7 @@ _HOST_TIME_FIELDS = (
 
 def _checked_named_seconds(owner: str, field: str, pairs: Any, names: tuple[str, ...] | None = None
                            ) -> tuple[tuple[str, float], ...]:
-    """``Hardware.<field>`` (``op_fixed_s``, ``transcendental_op_element_s``) as a tuple of ``(name, seconds)``, each
+    """``Hardware.<field>`` (``op_fixed_s``, ``op_element_s``) as a tuple of ``(name, seconds)``, each
     name once and a non-empty string, one of ``names`` when given (the op families), seconds at least 0."""
     try:
         pairs = tuple((name, seconds) for name, seconds in pairs)
@@ -302,12 +302,15 @@ class Hardware:
     in a loop; empty: none (every named profile). :meth:`op_fixed_cost_s` reads it.
     ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
     tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
-    ``transcendental_op_element_s``: ``(op name, seconds per element)`` pairs, the ATen op's name
-    (``"tanh"``, ``"gelu"``...): an op named here is priced at its own rate, any other at
-    ``transcendental_element_s``. Their rates differ several times over (on a 2-core VM, one thread:
-    tanh 2.7-3.0 ns per element, erf 1.4, exp 0.9, gelu 0.6, silu and sigmoid 0.45), so one figure
-    for all prices GPT-2's tanh-approximated GELU at a third of its time; ``autotp calibrate``
-    measures each; empty: every op at ``transcendental_element_s`` (every named profile).
+    ``op_element_s``: ``(op name, seconds per element)`` pairs, the ATen op's name (``"tanh"``,
+    ``"max_pool2d"``...): the rate of an op whose arithmetic per element, not its bytes, can bound it. A
+    transcendental op named here is priced at its own rate, any other at ``transcendental_element_s``; their
+    rates differ several times over (on a 2-core VM, one thread: tanh 2.7-3.0 ns per element, erf 1.4, exp 0.9,
+    gelu 0.6, silu and sigmoid 0.45), so one figure for all prices GPT-2's tanh-approximated GELU at a third of
+    its time. A pooling op's rate is per element of its windows (output elements times window size): max
+    pooling compares with a branch per element, about 5 ns on that VM on fresh data, 25x its bytes' time; a
+    pooling op not named here is priced by its bytes. ``autotp calibrate`` measures each; empty: every
+    transcendental op at ``transcendental_element_s`` (every named profile).
     ``shared_memory_cold_call_s``: what one shared-memory collective pays beyond its back-to-back
     time when the graph's working set has pushed its slots (and their page-table entries) out of
     the caches since their last use: about the same at every size on a 2-core VM (copying a slot in
@@ -370,7 +373,7 @@ class Hardware:
     call_sync_wait_per_compute: float = 0.0
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
-    transcendental_op_element_s: tuple[tuple[str, float], ...] = ()
+    op_element_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_call_s: float = 0.0
     kernel_extra_fraction: float = 0.0
     kernel_extra_cap_s: float = 0.0
@@ -416,8 +419,8 @@ class Hardware:
             raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
                              "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
         object.__setattr__(self, "op_fixed_s", _checked_named_seconds(owner, "op_fixed_s", self.op_fixed_s, OP_FAMILIES))
-        object.__setattr__(self, "transcendental_op_element_s", _checked_named_seconds(
-            owner, "transcendental_op_element_s", self.transcendental_op_element_s))
+        object.__setattr__(self, "op_element_s", _checked_named_seconds(
+            owner, "op_element_s", self.op_element_s))
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
         object.__setattr__(self, "shared_memory_cold_curve", _checked_curve(
             owner, self.shared_memory_cold_curve, "shared_memory_cold_curve", "seconds", allow_zero=True))
@@ -454,7 +457,7 @@ class Hardware:
                 self.host_is_device,
                 *(getattr(self, host_field) for host_field in _HOST_TIME_FIELDS),
                 self.op_fixed_s,
-                self.transcendental_op_element_s,
+                self.op_element_s,
                 self.memory_bandwidth_curve,
                 self.shared_memory_cold_curve,
                 self.small_all_reduce,
@@ -483,16 +486,16 @@ class Hardware:
             host_dispatch_s=self.host_dispatch_s * share,
             graph_launch_s=self.graph_launch_s * share,
             transcendental_element_s=self.transcendental_element_s * share,
-            transcendental_op_element_s=tuple((op, seconds * share) for op, seconds in self.transcendental_op_element_s),
+            op_element_s=tuple((op, seconds * share) for op, seconds in self.op_element_s),
             core_share=1.0,
             source=f"{self.source}; work terms at a whole core (one rank alone; measured share {share:.2f})",
         )
 
-    def transcendental_rate_s(self, op_name: str | None = None) -> float:
-        """Seconds per element of the transcendental op ``op_name`` (``transcendental_op_element_s``), or
-        ``transcendental_element_s`` for an op not measured by name (and for ``None``)."""
-        return next((seconds for name, seconds in self.transcendental_op_element_s if name == op_name),
-                    self.transcendental_element_s)
+    def element_rate_s(self, op_name: str | None = None, default: float | None = None) -> float:
+        """Seconds per element of the op ``op_name`` (``op_element_s``); for an op not measured by name (and for
+        ``None``), ``default``, or ``transcendental_element_s`` when no default is given."""
+        return next((seconds for name, seconds in self.op_element_s if name == op_name),
+                    self.transcendental_element_s if default is None else default)
 
     def op_fixed_cost_s(self, family: str) -> float:
         """The fixed seconds per call of an op of ``family`` (``op_fixed_s``; 0.0 when not measured)."""
@@ -520,8 +523,8 @@ class Hardware:
             "host_is_device": self.host_is_device,
             **{host_field: getattr(self, host_field) for host_field in _HOST_TIME_FIELDS},
             **({"op_fixed_s": dict(self.op_fixed_s)} if self.op_fixed_s else {}),
-            **({"transcendental_op_element_s": dict(self.transcendental_op_element_s)}
-               if self.transcendental_op_element_s else {}),
+            **({"op_element_s": dict(self.op_element_s)}
+               if self.op_element_s else {}),
             "memory_bandwidth_curve": [{"working_set_bytes": size, "bandwidth_gbps": gbps}
                                        for size, gbps in self.memory_bandwidth_curve],
             "small_all_reduce": self.small_all_reduce,
@@ -559,7 +562,7 @@ class Hardware:
             "devices_per_node",
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
-                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "transcendental_op_element_s",
+                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s",
                     "memory_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share")
         _check_known_fields(data, required + optional, "the hardware profile")
@@ -594,8 +597,8 @@ class Hardware:
                 host_is_device=data.get("host_is_device", False),
                 **{host_field: data.get(host_field, 0.0) for host_field in _HOST_TIME_FIELDS},
                 op_fixed_s=_named_seconds_from_json("op_fixed_s", data.get("op_fixed_s", {})),
-                transcendental_op_element_s=_named_seconds_from_json(
-                    "transcendental_op_element_s", data.get("transcendental_op_element_s", {})),
+                op_element_s=_named_seconds_from_json(
+                    "op_element_s", data.get("op_element_s", {})),
                 # absent in profiles written before the working-set curve and the one-shot pricing
                 memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
                 small_all_reduce=data.get("small_all_reduce",

@@ -12,7 +12,8 @@ this pass only decides *what* each strategy asks of the hardware:
   whole (a row-parallel GEMM writes a full-size Partial output; a token-split GEMM still
   reads the whole weight). A GEMM's rate depends on its local shape (the smallest of its local
   m, n, k: ``cost_model.compute.gemm_efficiency``); a transcendental elementwise op (exp, silu,
-  ...) is priced per local output element where that bounds it. View-like ops move no data and
+  ...) is priced per local output element, a pooling op per element of its local windows, where that
+  bounds it (``cost_model.compute.rated_elements``). View-like ops move no data and
   launch no kernel: they cost only the host's dispatch in eager mode
   (``cost_model.runtime.view_time_s``: ``Hardware.view_op_s``, 0 on GPU profiles).
 - resharding between the producer's and the consumer's placement of one tensor: the cheapest
@@ -51,7 +52,15 @@ from autotp.cost_model import (
     launches_no_kernel,
 )
 from autotp.cost_model.bandwidth import graph_profile, graph_working_set_bytes
-from autotp.cost_model.compute import fixed_cost_calls, gemm_dims, is_lookup, is_transcendental, op_family, op_name
+from autotp.cost_model.compute import (
+    fixed_cost_calls,
+    gemm_dims,
+    has_element_rate,
+    is_lookup,
+    op_family,
+    op_name,
+    rated_elements,
+)
 from autotp.cost_model.runtime import view_time_s
 from autotp.passes.backward import (
     REPLICATED_INPUT_BACKWARD,
@@ -246,7 +255,7 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             zip(strategies, work, _shape_terms(node, strategies, world_size, work))):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
         costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
-                                             transcendental_elements=elements, transcendental_op=name, family=family,
+                                             rated_elements=elements, rated_op=name, family=family,
                                              fixed_calls=fixed[index] if fixed is not None else 1)
                      + op_collectives_s(node, strategy, world_size, hardware))
     return costs
@@ -271,36 +280,43 @@ def op_collectives_s(node: fx.Node, strategy: Strategy, world_size: int, hardwar
 
 def _fixed_calls(node: fx.Node, strategies: list[Strategy], world_size: int) -> list[int]:
     """Per strategy, how many times ``node`` pays its op family's fixed cost on the largest rank
-    (:func:`~autotp.cost_model.compute.fixed_cost_calls`: attention per block of its local queries)."""
+    (:func:`~autotp.cost_model.compute.fixed_cost_calls` of its local shapes: attention per block of its local
+    queries, a convolution only where PyTorch runs it through oneDNN)."""
+    args, kwargs = _meta_args(node)
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
-    query = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
-    return [fixed_cost_calls(node.target, None if query is None else _local_shape(query, strategy.inputs[0], world_size))
+    dtype = node_dtype(node)
+    return [fixed_cost_calls(node.target, _local_args(args, strategy, inputs, world_size), kwargs, dtype)
             for strategy in strategies]
 
 
 def _shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
                  work: list[tuple[float, float]]) -> list[tuple[int | None, int]]:
     """Per strategy, the smallest local dim of a GEMM node (None for other ops) and the local
-    output elements of a transcendental elementwise node (0 for other ops)."""
+    elements its arithmetic runs over (:func:`~autotp.cost_model.compute.rated_elements`; 0 for most ops)."""
     return [(min(dims) if dims is not None else None, elements)
             for dims, elements in node_shape_terms(node, strategies, world_size, work)]
 
 
 def node_shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
                      work: list[tuple[float, float]]) -> list[tuple[tuple[int, ...] | None, int]]:
-    """Per strategy, a GEMM node's local ``(m, n, k)`` (None for other ops) and the local output
-    elements of a transcendental elementwise node (0 for other ops): what ``compute_time_s`` takes
-    besides FLOPs and bytes (``work`` is :func:`node_work`'s). The mesh search reads them at two
-    batch sizes, as it reads :func:`node_work`."""
+    """Per strategy, a GEMM node's local ``(m, n, k)`` (None for other ops) and the local elements its
+    arithmetic runs over (a transcendental op's output, a pooling op's windows; 0 for other ops): what
+    ``compute_time_s`` takes besides FLOPs and bytes (``work`` is :func:`node_work`'s). The mesh search reads
+    them at two batch sizes, as it reads :func:`node_work`."""
     args, kwargs = _meta_args(node)
     gemm = any(flops > 0 for flops, _ in work) and gemm_dims(node.target, args, kwargs) is not None
-    transcendental = is_transcendental(node.target)
-    if not gemm and not transcendental:
+    rated = has_element_rate(node.target)
+    if not gemm and not rated:
         return [(None, 0)] * len(strategies)
     out = node.meta.get("val")
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
+
+    def elements(strategy: Strategy) -> int:
+        first_in = _local_numel(inputs[0], strategy.inputs[0], world_size) if inputs and strategy.inputs else None
+        return rated_elements(node.target, args, kwargs, _local_numel(out, strategy.output, world_size), first_in)
+
     return [(_local_gemm_dims(node, args, kwargs, strategy, inputs, world_size) if gemm else None,
-             _local_numel(out, strategy.output, world_size) if transcendental else 0)
+             elements(strategy) if rated else 0)
             for strategy in strategies]
 
 
@@ -319,13 +335,17 @@ def _local_numel(value: object, placement: Placement, world_size: int) -> int:
     return math.prod(_local_shape(leaf, placement, world_size)) if leaf is not None else 0
 
 
+def _local_args(args: tuple, strategy: Strategy, inputs: list[object], world_size: int) -> Any:
+    """``args`` with each tensor input replaced by its shape on the largest rank under ``strategy``."""
+    local = {id(value): _local_shape(value, placement, world_size)
+             for placement, value in zip(strategy.inputs, inputs) if isinstance(value, torch.Tensor)}
+    return pytree.tree_map(lambda a: local.get(id(a), a) if isinstance(a, torch.Tensor) else a, args)
+
+
 def _local_gemm_dims(node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, inputs: list[object],
                      world_size: int) -> tuple[int, ...] | None:
     """A GEMM node's (m, n, k) on the largest rank under ``strategy``."""
-    local = {id(value): _local_shape(value, placement, world_size)
-             for placement, value in zip(strategy.inputs, inputs) if isinstance(value, torch.Tensor)}
-    local_args = pytree.tree_map(lambda a: local.get(id(a), a) if isinstance(a, torch.Tensor) else a, args)
-    dims = gemm_dims(node.target, local_args, kwargs)
+    dims = gemm_dims(node.target, _local_args(args, strategy, inputs, world_size), kwargs)
     return tuple(concrete_size(d) for d in dims) if dims is not None else None
 
 

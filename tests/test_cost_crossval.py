@@ -106,7 +106,7 @@ def test_attention_pays_its_fixed_cost_per_block_of_queries():
     (batch, local head) block of up to 32 queries: 16 blocks whole, 8 with its heads split."""
     assert attention_blocks((2, 8, 16, 32)) == 16 and attention_blocks((1, 1, 200, 64)) == 4
     assert attention_blocks((1, 4, 1000, 64)) == 16  # 256 queries per block from 768 on
-    assert fixed_cost_calls(torch.ops.aten.linear.default, (2, 8, 16, 32)) == 1
+    assert fixed_cost_calls(torch.ops.aten.linear.default, ((2, 8, 16, 32),)) == 1
     base = dataclasses.replace(get_hardware("cpu-gloo"), op_fixed_s=(("attention", 0.0),))
     fixed = dataclasses.replace(base, op_fixed_s=(("attention", 1e-5),))
     model, args, kwargs = tiny_llama(device="meta")

@@ -114,7 +114,7 @@ def test_skinny_gemm_and_transcendentals_cost_more_where_compute_bound() -> None
     slow_exp = dataclasses.replace(flat, transcendental_element_s=1e-9)
     numel = 2**20
     memory_only = compute_time_s(0, 8 * numel, torch.float32, slow_exp)
-    with_exp = compute_time_s(0, 8 * numel, torch.float32, slow_exp, transcendental_elements=numel)
+    with_exp = compute_time_s(0, 8 * numel, torch.float32, slow_exp, rated_elements=numel)
     assert math.isclose(with_exp, numel * 1e-9 + slow_exp.kernel_floor_s + 0.0), (memory_only, with_exp)
     assert with_exp > memory_only, (memory_only, with_exp)
 
@@ -129,10 +129,10 @@ def test_a_transcendental_op_measured_by_name_is_priced_at_its_own_rate() -> Non
     graph's tanh node costs more than its exp node of the same size; the rates survive JSON, alone() divides them
     by the core share, and a malformed table is refused naming the field."""
     rated = dataclasses.replace(CPU, host_dispatch_s=0.0, memory_bandwidth_gbps=1e4, transcendental_element_s=0.6e-9,
-                                transcendental_op_element_s=(("tanh", 3e-9),), core_share=0.5)
+                                op_element_s=(("tanh", 3e-9),), core_share=0.5)
     numel = 2**20
-    tanh_s = compute_time_s(0, 8 * numel, torch.float32, rated, transcendental_elements=numel, transcendental_op="tanh")
-    exp_s = compute_time_s(0, 8 * numel, torch.float32, rated, transcendental_elements=numel, transcendental_op="exp")
+    tanh_s = compute_time_s(0, 8 * numel, torch.float32, rated, rated_elements=numel, rated_op="tanh")
+    exp_s = compute_time_s(0, 8 * numel, torch.float32, rated, rated_elements=numel, rated_op="exp")
     assert tanh_s == pytest.approx(numel * 3e-9 + rated.kernel_floor_s), tanh_s
     assert exp_s == pytest.approx(numel * 0.6e-9 + rated.kernel_floor_s), exp_s
     assert op_name(torch.ops.aten.tanh.default) == "tanh" and op_name(torch.ops.aten.gelu.default) == "gelu"
@@ -142,9 +142,9 @@ def test_a_transcendental_op_measured_by_name_is_priced_at_its_own_rate() -> Non
              if node.op == "call_function" and node.target in (torch.ops.aten.tanh.default, torch.ops.aten.exp.default)}
     assert by_op["aten.tanh.default"] > 3 * by_op["aten.exp.default"], by_op
     assert Hardware.from_json(rated.to_json()) == rated
-    assert rated.alone().transcendental_rate_s("tanh") == pytest.approx(1.5e-9), rated.alone()
-    with pytest.raises(ValueError, match="transcendental_op_element_s"):
-        dataclasses.replace(CPU, transcendental_op_element_s=(("tanh", 1e-9), ("tanh", 2e-9)))
+    assert rated.alone().element_rate_s("tanh") == pytest.approx(1.5e-9), rated.alone()
+    with pytest.raises(ValueError, match="op_element_s"):
+        dataclasses.replace(CPU, op_element_s=(("tanh", 1e-9), ("tanh", 2e-9)))
 
 
 def test_runtime_mode_changes_the_prediction_in_the_expected_direction() -> None:
@@ -708,6 +708,72 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
         Hardware.from_dict({**fixed.to_dict(), "op_fixed_s": [1, 2]})
 
 
+def test_a_convolution_pays_the_fixed_cost_only_where_pytorch_runs_it_through_onednn() -> None:
+    """PyTorch runs a 1 x 1 convolution of a small batch on one thread in its own kernel, a 3 x 3 one through
+    oneDNN (``torch._C._select_conv_backend``); only the second pays ``op_fixed_s["convolution"]``, in
+    ``fixed_cost_calls`` and in a plan of a CNN with both (shapes given as tensors or as shapes alike)."""
+    from autotp.cost_model.compute import convolution_sets_up_primitive, fixed_cost_calls
+
+    aten = torch.ops.aten
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # PyTorch's rule reads the thread count: a 1 x 1 convolution is oneDNN's on several
+    try:
+        one_by_one = ((2, 64, 4, 4), (64, 64, 1, 1))
+        three_by_three = ((2, 8, 8, 8), (8, 8, 3, 3), None, [1, 1], [1, 1])
+        assert not convolution_sets_up_primitive(aten.conv2d.default, one_by_one)
+        assert convolution_sets_up_primitive(aten.conv2d.default, three_by_three)
+        assert fixed_cost_calls(aten.conv2d.default, one_by_one) == 0
+        assert fixed_cost_calls(aten.conv2d.default, tuple(torch.randn(shape) for shape in three_by_three[:2])) == 1
+        assert fixed_cost_calls(aten.conv2d.default, ((32, 64, 4, 4), (64, 64, 1, 1))) == 1, "a batch of 32: oneDNN"
+        plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
+        fixed = dataclasses.replace(plain, op_fixed_s=(("convolution", 1e-3),))
+        model = torch.nn.Sequential(torch.nn.Conv2d(8, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1))
+        captured = capture(model, (torch.randn(2, 8, 4, 4),), None)
+        costs = [cost_strategy_graph(build_strategy_graph(captured.graph_module, 1, {}, frozenset()), profile)
+                 for profile in (plain, fixed)]
+        convolutions = [node.name for node in captured.graph_module.graph.nodes
+                        if node.target is aten.conv2d.default]
+        extra = [costs[1].compute_s[name][0] - costs[0].compute_s[name][0] for name in convolutions]
+        assert extra == pytest.approx([1e-3, 0.0]), extra
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_pooling_op_is_priced_per_element_of_its_windows() -> None:
+    """A max pool of windows 2 x 2 on (2, 64, 8, 8) compares 8,192 elements, an adaptive average pool its input's;
+    at 5 ns per window element the max pool costs 41 us where its bytes take 1.6; a pooling op without a rate of its
+    own stays priced by its bytes, a transcendental op without one at the median rate; the calibration rates every
+    pooling op it times."""
+    from autotp.calibration.graphs import measure_element_rates
+    from autotp.cost_model.compute import has_element_rate, rated_elements
+
+    aten = torch.ops.aten
+    x = torch.randn(2, 64, 8, 8)
+    pooled = aten.max_pool2d.default(x, [2, 2], [2, 2])
+    assert rated_elements(aten.max_pool2d.default, (x, [2, 2], [2, 2]), {}, pooled.numel()) == 8192
+    assert rated_elements(aten.max_pool2d.default, (x, 3, 2), {}, 10) == 90
+    assert rated_elements(aten.adaptive_avg_pool2d.default, (x, [1, 1]), {}, 128, x.numel()) == x.numel()
+    assert rated_elements(aten.exp.default, (x,), {}, 7) == 7 and rated_elements(aten.relu.default, (x,), {}, 7) == 0
+    assert has_element_rate(aten.avg_pool1d.default) and not has_element_rate(aten.add.Tensor)
+    rated = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0, memory_bandwidth_gbps=25.0,
+                                transcendental_element_s=1e-9, op_element_s=(("max_pool2d", 5e-9),))
+    nbytes = (x.numel() + pooled.numel()) * 4
+    assert compute_time_s(0, nbytes, torch.float32, rated, rated_elements=8192, rated_op="max_pool2d") == \
+        pytest.approx(8192 * 5e-9)
+    assert compute_time_s(0, nbytes, torch.float32, rated, rated_elements=8192, rated_op="avg_pool2d") == \
+        pytest.approx(nbytes / 25e9), "a pooling op not rated: its bytes"
+    assert compute_time_s(0, 8, torch.float32, rated, rated_elements=8192, rated_op="exp") == pytest.approx(8192e-9)
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+    captured = capture(model, (x,), None)
+    costed = cost_strategy_graph(build_strategy_graph(captured.graph_module, 1, {}, frozenset()), rated)
+    pool = next(node.name for node in captured.graph_module.graph.nodes if node.target is aten.max_pool2d.default)
+    assert costed.compute_s[pool][0] == pytest.approx(8192 * 5e-9), costed.compute_s[pool]
+    median, rates = measure_element_rates(2**12, min_time_s=1e-4, repeats=1)
+    names = dict(rates)
+    assert median > 0 and {"tanh", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "max_pool3d"} <= set(names)
+    assert all(rate > 0 for rate in names.values()), rates
+
+
 def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -> None:
     """`measure_op_fixed_s` returns every family, each at least 0; a graph's recorder adds a convolution's fixed
     cost to the graph's kernel time but not to the kernel's roofline the extra is fitted on."""
@@ -727,7 +793,7 @@ def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -
     recorders = [_Recorder(module, profile) for profile in
                  (plain, dataclasses.replace(plain, op_fixed_s=(("convolution", 1e-3),)))]
     for recorder in recorders:
-        recorder.run(torch.randn(1, 3, 6, 6))
+        recorder.run(torch.randn(2, 3, 6, 6))  # batch 2: PyTorch runs it through oneDNN
     assert recorders[1].kernel_s == recorders[0].kernel_s and len(recorders[0].kernel_s) == 1
     assert recorders[1].device_s == pytest.approx(recorders[0].device_s + 1e-3)
 

@@ -34,7 +34,8 @@ profile field         measurement (median over timed repeats, after warm-up)
                       (read from memory, as a forward reads each weight once): the shape curve of
                       the GEMM rate and the peak it tends to (:func:`autotp.cost_model.graph_calibration.fit_gemm_curve`)
 ``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor (their median), and
-                      of each of them, erf, log, sin, cos, rsqrt and sqrt by name
+``op_element_s``      of each of them, erf, log, sin, cos, rsqrt and sqrt by name; and of each pooling op per
+                      element of its windows, on values fresh to the branch predictor
 ``op_fixed_s``        a small convolution, max-pool, batch norm and attention in a tight loop: what each
                       costs beyond its roofline and an add of its input's (a primitive set up per call)
 ``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
@@ -89,7 +90,7 @@ from autotp.calibration.graphs import (
     measure_gemm_samples,
     measure_graphs,
     measure_op_fixed_s,
-    measure_transcendental_element_s,
+    measure_element_rates,
     work_clock,
 )
 from autotp.cost_model.bandwidth import DEFAULT_WORKING_SETS
@@ -419,7 +420,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     gemms: tuple[GemmSample, ...] = ()
     graphs: tuple[GraphSample, ...] = ()
     op_fixed: tuple[tuple[str, float], ...] = ()
-    transcendental_by_op: tuple[tuple[str, float], ...] = ()
+    element_rates: tuple[tuple[str, float], ...] = ()
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -440,11 +441,11 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             view = measure_view_op_s(config)
             _say(progress, f"view op in a graph (no kernel): {view * 1e6:.2f} us")
             gemms = tuple(measure_gemm_samples(config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats))
-            transcendental, transcendental_by_op = measure_transcendental_element_s(
+            transcendental, element_rates = measure_element_rates(
                 config.transcendental_numel, config.min_time_s, config.repeats)
-            _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element (median); by op: "
-                 + ", ".join(f"{name} {rate * 1e9:.2f}" for name, rate in transcendental_by_op))
-            kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, transcendental_by_op)
+            _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element (median); by op "
+                 "(pooling per window element): " + ", ".join(f"{name} {rate * 1e9:.2f}" for name, rate in element_rates))
+            kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, element_rates)
             op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
             _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
                 f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))
@@ -460,7 +461,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed, transcendental_by_op)
+                            curve, cold, op_fixed, element_rates)
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:

@@ -7,7 +7,7 @@ fits import nothing of this module, which runs graphs on process groups (the sha
 all-reduce and the inference pass of :mod:`autotp.runtime.shared_memory`) and so sits above the stages.
 
 - single ops: :func:`work_clock`, :func:`median_work_s`, :func:`measure_gemm_samples`,
-  :func:`measure_op_fixed_s`, :func:`measure_transcendental_element_s`, and the copy bandwidth
+  :func:`measure_op_fixed_s`, :func:`measure_element_rates`, and the copy bandwidth
   by working set (:func:`measure_copy_curve`, :func:`measure_cold_call_s`; the curve is priced by
   :mod:`autotp.cost_model.bandwidth`);
 - calls on every rank: :func:`ranks_share_a_clock`, :func:`common_start`, :func:`group_call_s`;
@@ -38,10 +38,10 @@ from autotp.cost_model.compute import (
     compute_time_s,
     fixed_cost_calls,
     gemm_dims,
-    is_transcendental,
     launches_no_kernel,
     op_family,
     op_name,
+    rated_elements,
 )
 from autotp.cost_model.graph_calibration import (
     COLD_WEIGHT_BYTES,
@@ -69,7 +69,7 @@ __all__ = [
     "measure_gemm_samples",
     "measure_graphs",
     "measure_op_fixed_s",
-    "measure_transcendental_element_s",
+    "measure_element_rates",
     "median_work_s",
     "ranks_share_a_clock",
     "roofline_of_call_s",
@@ -134,19 +134,20 @@ _TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, at
 
 _RATED_TRANSCENDENTAL = (*_TRANSCENDENTAL, aten.erf.default, aten.log.default, aten.sin.default, aten.cos.default,
                          aten.rsqrt.default, aten.sqrt.default)
-"""The ops ``autotp calibrate`` times one by one (``Hardware.transcendental_op_element_s``)."""
+"""The ops ``autotp calibrate`` times one by one (``Hardware.op_element_s``)."""
 
 
 def roofline_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], result: torch.Tensor,
                        hardware: Hardware) -> float:
     """The roofline seconds ``hardware`` prices one call of ``op`` at (its FLOPs, bytes, GEMM shape and
-    transcendental elements; no op family's fixed cost), from its real arguments and result."""
+    rated elements; no op family's fixed cost), from its real arguments and result."""
     flops = aten_flops(op, args, kwargs, result)
     dims = gemm_dims(op, args, kwargs) if flops else None
-    elements = result.numel() if is_transcendental(op) else 0
+    first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    elements = rated_elements(op, args, kwargs, result.numel(), first.numel() if first is not None else None)
     return compute_time_s(flops, aten_memory_bytes(op, args, kwargs, result), result.dtype, hardware,
-                          gemm_min_dim=min(dims) if dims else None, transcendental_elements=elements,
-                          transcendental_op=op_name(op))
+                          gemm_min_dim=min(dims) if dims else None, rated_elements=elements,
+                          rated_op=op_name(op))
 
 
 def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
@@ -185,17 +186,44 @@ def measure_op_fixed_s(hardware: Hardware, min_time_s: float, repeats: int) -> t
     return tuple(fixed)
 
 
-def measure_transcendental_element_s(numel: int, min_time_s: float, repeats: int
-                                     ) -> tuple[float, tuple[tuple[str, float], ...]]:
-    """Seconds per element on ``numel`` float32 values: the median of exp, tanh, sigmoid, silu and gelu (what an
-    op without a rate of its own is priced at), and each op's own rate, by name (:func:`op_name`), over the ops
-    of :data:`_RATED_TRANSCENDENTAL`. The values lie in [0.5, 1.5), where every one of them is defined (log,
-    rsqrt and sqrt of a negative number take a slower path)."""
+def _pooling_instances(numel: int) -> tuple[tuple[Any, tuple], ...]:
+    """One call per pooling op ``autotp calibrate`` rates, on about ``numel`` normal values in 1, 2 and 3
+    spatial dims: windows of 2 with a stride of 2, an adaptive pool to one output per channel."""
+    generator = torch.Generator().manual_seed(1)
+    side = max(2, 2 * round(math.sqrt(numel / 64) / 2))
+    depth = max(2, 2 * round((numel / 16) ** (1 / 3) / 2))
+    x1 = torch.randn(4, 16, max(2, numel // 64), generator=generator)
+    x2 = torch.randn(4, 16, side, side, generator=generator)
+    x3 = torch.randn(2, 8, depth, depth, depth, generator=generator)
+    return ((aten.max_pool1d.default, (x1, [2], [2])), (aten.max_pool2d.default, (x2, [2, 2], [2, 2])),
+            (aten.max_pool2d_with_indices.default, (x2, [2, 2], [2, 2])),
+            (aten.max_pool3d.default, (x3, [2, 2, 2], [2, 2, 2])), (aten.avg_pool1d.default, (x1, [2], [2])),
+            (aten.avg_pool2d.default, (x2, [2, 2], [2, 2])), (aten.avg_pool3d.default, (x3, [2, 2, 2], [2, 2, 2])),
+            (aten.adaptive_avg_pool1d.default, (x1, [1])), (aten.adaptive_avg_pool2d.default, (x2, [1, 1])),
+            (aten.adaptive_avg_pool3d.default, (x3, [1, 1, 1])), (aten.adaptive_max_pool2d.default, (x2, [1, 1])))
+
+
+def measure_element_rates(numel: int, min_time_s: float, repeats: int
+                          ) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """Seconds per element on about ``numel`` float32 values: the median of exp, tanh, sigmoid, silu and gelu
+    (what a transcendental op without a rate of its own is priced at), and each op's own rate, by name
+    (:func:`op_name`): the ops of :data:`_RATED_TRANSCENDENTAL` per output element, on values in [0.5, 1.5)
+    (where every one of them is defined: log, rsqrt and sqrt of a negative number take a slower path), and the
+    pooling ops per element of their windows (:func:`~autotp.cost_model.compute.rated_elements`), on normal
+    values: a max compares with a branch per element, so its rate is measured on data too large for the branch
+    predictor to learn (on this project's 2-core VM, a max pool of 2 x 64 x 8 x 8 took 25 us called on the same
+    values and 46 on fresh ones)."""
     x = torch.rand(numel, generator=torch.Generator().manual_seed(0)) + 0.5
-    rates = tuple((op_name(op), median_work_s(functools.partial(op, x), min_time_s, repeats) / numel)
-                  for op in _RATED_TRANSCENDENTAL)
+    rates = [(op_name(op), median_work_s(functools.partial(op, x), min_time_s, repeats) / numel)
+             for op in _RATED_TRANSCENDENTAL]
     names = {op_name(op) for op in _TRANSCENDENTAL}
-    return statistics.median(rate for name, rate in rates if name in names), rates
+    median = statistics.median(rate for name, rate in rates if name in names)
+    for op, args in _pooling_instances(numel):
+        result = op(*args)
+        out = result[0] if isinstance(result, tuple) else result
+        elements = rated_elements(op, args, {}, out.numel(), args[0].numel())
+        rates.append((op_name(op), median_work_s(functools.partial(op, *args), min_time_s, repeats) / elements))
+    return median, tuple(rates)
 
 
 # ------------------------------------------------------------------------------ calls on every rank
@@ -402,8 +430,8 @@ class _Recorder(torch.fx.Interpreter):
         family = op_family(node.target)
         # an op family's fixed cost is priced as measured (attention per block of queries), beside the kernel's
         # extra (which it does not scale)
-        query = args[0].shape if args and isinstance(args[0], torch.Tensor) else None
-        self.device_s += seconds + (self.hardware.op_fixed_cost_s(family) * fixed_cost_calls(node.target, query)
+        self.device_s += seconds + (self.hardware.op_fixed_cost_s(family) * fixed_cost_calls(node.target, args, kwargs,
+                                                                                             result.dtype)
                                     if family is not None else 0.0)
         self.kernel_s.append(seconds)
         return result

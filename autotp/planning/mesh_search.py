@@ -211,7 +211,7 @@ class _Unit:
     def time_s(self, b: int, hardware: Hardware) -> float:
         compute = sum(compute_time_s(flops(b), moved(b), dtype, hardware,
                                      gemm_min_dim=min(d(b) for d in dims) if dims else None,
-                                     transcendental_elements=elements(b), transcendental_op=name, family=family)
+                                     rated_elements=elements(b), rated_op=name, family=family)
                       for flops, moved, dtype, dims, elements, name, family in self.kernels)
         return compute + self.fixed_s + self.comm_s(b)
 
