@@ -779,8 +779,9 @@ def convolution_sets_up_primitive(op: Any, args: Sequence[Any], kwargs: dict[str
     asked with stand-ins of the arguments' shapes; PyTorch's ``use_mkldnn`` rule in ``Convolution.cpp``). On this
     project's 2-core VM, one thread: a 1 x 1 convolution of 64 channels on 2 x 4 x 4 runs in PyTorch's own
     im2col-and-GEMM kernel (``Slow2d``) in 9 us, a 3 x 3 one of 8 channels on 2 x 8 x 8 in oneDNN in 44 us.
-    True where torch cannot be asked (no such function, or a padding given by name): the calibration's instance
-    is a oneDNN convolution."""
+    True where torch cannot be asked (no such function, a padding given by name, arguments it refuses): the
+    calibration's instance is a oneDNN convolution. The groups are read off the local shapes (input channels over
+    the weight's channels per group), so a depthwise convolution split over ranks is asked as each rank runs it."""
     kwargs = kwargs or {}
     select = getattr(torch._C, "_select_conv_backend", None)
     x, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
@@ -802,6 +803,9 @@ def convolution_sets_up_primitive(op: Any, args: Sequence[Any], kwargs: dict[str
     transposed = bool(_arg(args, kwargs, 6, "transposed", False)) if general else False
     output_padding = per_dim(_arg(args, kwargs, 7, "output_padding", 0)) if general else (0,) * dims
     groups = int(_arg(args, kwargs, _CONV_GROUPS_ARG[packet], "groups", 1) or 1)
+    if not transposed and len(x_shape) == len(w_shape) and w_shape[1] > 0:
+        # from the local shapes: a split depthwise convolution runs half its groups on each of two ranks
+        groups = max(1, x_shape[1] // w_shape[1])
     return _onednn_backend(x_shape, w_shape, per_dim(_arg(args, kwargs, 3, "stride", 1)), per_dim(padding),
                            per_dim(_arg(args, kwargs, 5, "dilation", 1)), transposed, output_padding, groups, dtype,
                            torch.get_num_threads())
@@ -816,8 +820,12 @@ def _onednn_backend(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: 
     def stand_in(shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(1, dtype=dtype).expand(*shape)  # no storage of the shape: the rule reads sizes only
 
-    backend = torch._C._select_conv_backend(stand_in(x_shape), stand_in(w_shape), None, list(stride), list(padding),
-                                            list(dilation), transposed, list(output_padding), groups, None)
+    try:
+        backend = torch._C._select_conv_backend(stand_in(x_shape), stand_in(w_shape), None, list(stride),
+                                                list(padding), list(dilation), transposed, list(output_padding),
+                                                groups, None)
+    except (RuntimeError, TypeError):  # shapes torch refuses (its own checks, or a changed signature): as measured
+        return True
     return backend.name.startswith("Mkldnn")
 
 

@@ -308,7 +308,7 @@ class Hardware:
     rates differ several times over (on a 2-core VM, one thread: tanh 2.7-3.0 ns per element, erf 1.4, exp 0.9,
     gelu 0.6, silu and sigmoid 0.45), so one figure for all prices GPT-2's tanh-approximated GELU at a third of
     its time. A pooling op's rate is per element of its windows (output elements times window size): max
-    pooling compares with a branch per element, about 5 ns on that VM on fresh data, 25x its bytes' time; a
+    pooling compares with a branch per element, about 5 ns on that VM on fresh data, 30 times its bytes' time; a
     pooling op not named here is priced by its bytes. ``autotp calibrate`` measures each; empty: every
     transcendental op at ``transcendental_element_s`` (every named profile).
     ``shared_memory_cold_call_s``: what one shared-memory collective pays beyond its back-to-back

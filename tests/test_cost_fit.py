@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 from inspect_helpers import tiny_plan
+from models import tiny_cnn
 
 import autotp
 from autotp.calibration.graphs import block_graph, local_stand_ins
@@ -735,6 +736,11 @@ def test_a_convolution_pays_the_fixed_cost_only_where_pytorch_runs_it_through_on
                         if node.target is aten.conv2d.default]
         extra = [costs[1].compute_s[name][0] - costs[0].compute_s[name][0] for name in convolutions]
         assert extra == pytest.approx([1e-3, 0.0]), extra
+        depthwise = ((2, 32, 8, 8), (32, 1, 3, 3), None, [1, 1], [1, 1], [1, 1], 64)  # half of 64 groups on a rank
+        assert convolution_sets_up_primitive(aten.conv2d.default, depthwise)
+        cnn, example, _ = tiny_cnn(device="meta")
+        for world_size in (1, 2, 4):  # the depthwise convolution split over channels: priced, not refused
+            assert autotp.plan(cnn, example, world_size=world_size, hardware=fixed, memory_budget=None).nodes
     finally:
         torch.set_num_threads(threads)
 

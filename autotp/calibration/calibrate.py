@@ -444,7 +444,8 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             transcendental, element_rates = measure_element_rates(
                 config.transcendental_numel, config.min_time_s, config.repeats)
             _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element (median); by op "
-                 "(pooling per window element): " + ", ".join(f"{name} {rate * 1e9:.2f}" for name, rate in element_rates))
+                 "(pooling per window element): "
+                 + ", ".join(f"{name} {rate * 1e9:.2f}" for name, rate in element_rates))
             kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, element_rates)
             op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
             _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
