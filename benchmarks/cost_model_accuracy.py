@@ -572,7 +572,7 @@ def main() -> None:
     if options.json is not None:
         options.json.write_text(json.dumps({
             "torch": torch.__version__, "cores": os.cpu_count(), "load_average_end": os.getloadavg()[0],
-            "rows": [dataclasses.asdict(r) for r in rows],
+            "threads": options.threads, "rows": [dataclasses.asdict(r) for r in rows],
             "decisions": [dataclasses.asdict(d) for d in decisions],
             "calibrations": [dataclasses.asdict(c) for c in calibrations],
         }))

@@ -192,6 +192,16 @@ def refitted(data: dict) -> list[dict]:
     return [{**row, "profile_json": profiles[row["world_size"], row["round_index"]]} for row in data["rows"]]
 
 
+def run_threads(data: dict) -> int:
+    """The threads each rank of the run computed with: its ``--threads``, else its first calibration's, else 1."""
+    if data.get("threads"):
+        return int(data["threads"])
+    for calibration in data.get("calibrations", ()):
+        everyone, _ = pickle.loads(base64.b64decode(calibration["measurements"]))
+        return int(everyone[0].threads)
+    return 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="the --json file of benchmarks/cost_model_accuracy.py")
@@ -206,6 +216,10 @@ def main() -> None:
         raise SystemExit(f"{options.run} has no plans: run benchmarks/cost_model_accuracy.py with --json")
     print(f"{options.run}: {len(rows)} rows, torch {data['torch']}, {data['cores']} cores, "
           f"load average at the end of the run {data['load_average_end']:.1f}")
+    import torch
+
+    # priced as the run's ranks priced it: PyTorch picks a convolution's kernel by the thread count
+    torch.set_num_threads(run_threads(data))
     if options.refit:
         rows = refitted(data)
     timing_spread(data)
