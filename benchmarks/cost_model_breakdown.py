@@ -1,6 +1,6 @@
 """Where the predicted time of a rank-local graph goes wrong, by op kind (this CPU, world size 1 or more).
 
-    python benchmarks/cost_model_breakdown.py [--models llama gpt2 bert mlp] [--runs 15] [--by kind|op]
+    python benchmarks/cost_model_breakdown.py [--models llama gpt2 bert mlp] [--runs 15] [--by kind|op|node]
                                               [--world-size N]
 
 Calibrates a profile in these processes (``CalibrationConfig.quick``, one thread per rank, a gloo group of
@@ -13,18 +13,24 @@ benchmark measures compute):
 
 - the whole call of the compiled model and of its rank-local ``GraphModule``, on the work clock
   (this thread's CPU time: another process taking the core does not count), median of ``--runs``;
-- every node of the graph, run by an ``fx.Interpreter`` on the work clock (median per node;
-  the interpreter adds its own few microseconds to every node, views most visibly);
+- every node of the graph, from work-clock readings the graph itself takes between its nodes (a copy with a
+  clock read after each call node; median per node), in two conditions: back to back (each call right after
+  one of itself) and after a common start (a barrier, then a few milliseconds' wait, as the accuracy benchmark
+  and the calibration time every call: ``autotp.calibration.graphs.common_start``). The second shows what a
+  call pays for starting cold: on this project's 2-core VM a CNN's first oneDNN convolution took 60 us more
+  than back to back, the first call of each other kernel 3-16 us more, and a kernel's later calls nothing;
 
 and prints, per op kind (views, GEMMs, attention, lookups, transcendental, pooling, reductions and norms,
-other elementwise; with ``--by op``, per ATen op instead), the node count, the measured and the predicted
-milliseconds (the plan's ``compute_s`` of the same nodes), so the kind whose prediction is low stands out.
+other elementwise; with ``--by op``, per ATen op; with ``--by node``, per node in graph order), the node count,
+the measured milliseconds in both conditions and the predicted ones (the plan's ``compute_s`` of the same
+nodes), so the kind whose prediction is low stands out.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import dataclasses
 import os
 import socket
@@ -64,16 +70,50 @@ def kind_of(target: Any) -> str:
     return "other elementwise"
 
 
-class _NodeTimer(torch.fx.Interpreter):
-    def __init__(self, module: torch.fx.GraphModule) -> None:
-        super().__init__(module)
-        self.seconds: dict[str, list[float]] = collections.defaultdict(list)
+_STAMPS: list[float] = []
 
-    def run_node(self, node: torch.fx.Node) -> Any:
-        start = time.thread_time()
-        result = super().run_node(node)
-        self.seconds[node.name].append(time.thread_time() - start)
-        return result
+
+def _stamp() -> None:
+    """Read this thread's CPU clock into :data:`_STAMPS` (a node of a stamped graph calls it)."""
+    _STAMPS.append(time.thread_time())
+
+
+def _stamped(module: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[str]]:
+    """A copy of ``module`` that reads the work clock before its first node and after every call node, and the
+    names of those nodes in order: the nodes timed as the graph runs them (an ``fx.Interpreter`` adds its own
+    5-10 us to every node)."""
+    graph = copy.deepcopy(module.graph)
+    calls = [node for node in graph.nodes if node.op == "call_function"]
+    if calls:
+        with graph.inserting_before(calls[0]):
+            graph.call_function(_stamp)
+    for node in calls:
+        with graph.inserting_after(node):
+            graph.call_function(_stamp)
+    return torch.fx.GraphModule(module, graph), [node.name for node in calls]
+
+
+def _node_seconds(module: torch.fx.GraphModule, values: tuple, runs: int, after_start: bool
+                  ) -> dict[str, float]:
+    """Median work seconds of each call node of ``module`` over ``runs`` calls, each after one untimed call:
+    back to back, or (``after_start``) after a common start of every rank, as the accuracy benchmark and the
+    calibration time a call (:func:`autotp.calibration.graphs.common_start`)."""
+    from autotp.calibration.graphs import common_start
+
+    stamped, names = _stamped(module)
+    seconds: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(runs):
+        stamped(*values)
+        if after_start:
+            common_start(True)
+        else:
+            dist.barrier()  # every rank at once, as in a forward, without the wait of a common start
+            stamped(*values)
+        _STAMPS.clear()
+        stamped(*values)
+        for name, start, end in zip(names, _STAMPS, _STAMPS[1:]):
+            seconds[name].append(end - start)
+    return {name: statistics.median(values_) for name, values_ in seconds.items()}
 
 
 def _median_work_s(call: Any, runs: int) -> float:
@@ -113,31 +153,33 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
             compiled(*args, **kwargs)
         model_s = _median_work_s(lambda: compiled(*args, **kwargs), runs)
         graph_s = _median_work_s(lambda: compute(*values), runs)
-        timer = _NodeTimer(compute)
-        for _ in range(runs):
-            dist.barrier()
-            timer.run(*values)
+        back_to_back = _node_seconds(compute, values, runs, after_start=False)
+        after_start = _node_seconds(compute, values, runs, after_start=True)
     if dist.get_rank() != 0:
         return
     estimate = autotp.estimate(compiled.plan, hardware)
     predicted = {node.name: node.compute_s for node in compiled.plan.nodes}
-    kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     for node in compute.graph.nodes:
-        if node.op != "call_function" or node.name not in timer.seconds or node.name not in predicted:
+        if node.op != "call_function" or node.name not in back_to_back or node.name not in predicted:
             continue
-        row = kinds[kind_of(node.target) if by == "kind" else str(node.target)]
+        row = kinds[{"kind": kind_of(node.target), "op": str(node.target)}.get(by, f"{node.name} ({node.target})")]
         row[0] += 1
-        row[1] += statistics.median(timer.seconds[node.name])
-        row[2] += predicted[node.name]
+        row[1] += back_to_back[node.name]
+        row[2] += after_start[node.name]
+        row[3] += predicted[node.name]
     print(f"\n{name} (tp {world_size}, rank 0): model call {model_s * 1e3:.3f} ms, compute graph call "
-          f"{graph_s * 1e3:.3f} ms (work clock), "
+          f"{graph_s * 1e3:.3f} ms (work clock, each after a barrier), "
           f"predicted {estimate.time_per_call_s * 1e3:.3f} ms ({(estimate.time_per_call_s / model_s - 1):+.0%} "
-          f"vs the model call)")
+          f"vs the model call); nodes {sum(back_to_back.values()) * 1e3:.3f} ms back to back, "
+          f"{sum(after_start.values()) * 1e3:.3f} ms after a common start")
     width = 18 if by == "kind" else max(len(kind) for kind in kinds)
-    print(f"  {by:<{width}} {'nodes':>5} {'measured ms':>12} {'predicted ms':>13} {'us/node meas':>13} {'pred':>7}")
-    for kind, (count, measured_s, predicted_s) in sorted(kinds.items(), key=lambda item: -item[1][1]):
-        print(f"  {kind:<{width}} {count:>5} {measured_s * 1e3:>12.3f} {predicted_s * 1e3:>13.3f} "
-              f"{measured_s / count * 1e6:>13.1f} {predicted_s / count * 1e6:>7.1f}")
+    print(f"  {by:<{width}} {'nodes':>5} {'b2b ms':>8} {'start ms':>9} {'predicted ms':>13} "
+          f"{'us/node b2b':>12} {'start':>7} {'pred':>7}")
+    order = list(kinds.items()) if by == "node" else sorted(kinds.items(), key=lambda item: -item[1][2])
+    for kind, (count, b2b_s, start_s, predicted_s) in order:
+        print(f"  {kind:<{width}} {count:>5} {b2b_s * 1e3:>8.3f} {start_s * 1e3:>9.3f} {predicted_s * 1e3:>13.3f} "
+              f"{b2b_s / count * 1e6:>12.1f} {start_s / count * 1e6:>7.1f} {predicted_s / count * 1e6:>7.1f}")
 
 
 def _rank(rank: int, world_size: int, port: int, links: Any, options: argparse.Namespace) -> None:
@@ -174,7 +216,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(DESIGN), choices=ORDER,
                         help="families of benchmarks/cost_model_families.py (default: the four the terms were designed on)")
     parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--by", choices=("kind", "op"), default="kind", help="group the nodes by op kind or ATen op")
+    parser.add_argument("--by", choices=("kind", "op", "node"), default="kind",
+                        help="group the nodes by op kind or ATen op, or one row per node in graph order")
     parser.add_argument("--world-size", type=int, default=1, help="ranks (gloo, one thread each; default 1)")
     options = parser.parse_args()
     from autotp.calibration.calibrate import CalibrationConfig, measure_links
