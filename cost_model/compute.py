@@ -71,6 +71,7 @@ __all__ = [
     "compute_time_s",
     "convolution_sets_up_primitive",
     "dtype_name",
+    "first_call_key",
     "gemm_dims",
     "gemm_efficiency",
     "in_graph_kernel_s",
@@ -827,6 +828,12 @@ def _onednn_backend(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: 
     except (RuntimeError, TypeError):  # shapes torch refuses (its own checks, or a changed signature): as measured
         return True
     return backend.name.startswith("Mkldnn")
+
+
+def first_call_key(op: Any) -> str:
+    """What a kernel's first call in a call of a graph is counted by (``Hardware.first_call_s``): its op family
+    (every convolution shares oneDNN's code), else its ATen name (:func:`op_name`)."""
+    return op_family(op) or op_name(op)
 
 
 def op_family(op: Any) -> str | None:

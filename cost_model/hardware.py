@@ -55,6 +55,7 @@ from typing import Any
 __all__ = [
     "HARDWARE_JSON_VERSION",
     "KNOWN_HARDWARE",
+    "FIRST_CALL_KINDS",
     "OP_FAMILIES",
     "RUNTIME_MODES",
     "SMALL_ALL_REDUCE_ALGORITHMS",
@@ -66,6 +67,10 @@ __all__ = [
 OP_FAMILIES = ("convolution", "pooling", "batch_norm", "attention")
 """Op families priced with a fixed cost per call of their own (``Hardware.op_fixed_s``, measured by
 ``autotp calibrate``): library kernels that set up a primitive or a plan on every call."""
+
+FIRST_CALL_KINDS = ("kernel", *OP_FAMILIES)
+"""What ``Hardware.first_call_s`` names: ``"kernel"`` (any op of no family measured on its own) and the op
+families."""
 
 RUNTIME_MODES = ("eager", "compiled", "cuda_graph")
 """How a rank-local graph is run, which decides what each node costs on the host (see
@@ -104,15 +109,16 @@ _HOST_TIME_FIELDS = (
 
 def _checked_named_seconds(owner: str, field: str, pairs: Any, names: tuple[str, ...] | None = None
                            ) -> tuple[tuple[str, float], ...]:
-    """``Hardware.<field>`` (``op_fixed_s``, ``op_element_s``) as a tuple of ``(name, seconds)``, each
-    name once and a non-empty string, one of ``names`` when given (the op families), seconds at least 0."""
+    """``Hardware.<field>`` (``op_fixed_s``, ``op_element_s``, ``first_call_s``) as a tuple of ``(name, seconds)``,
+    each name once and a non-empty string, one of ``names`` when given, seconds at least 0."""
     try:
         pairs = tuple((name, seconds) for name, seconds in pairs)
     except (TypeError, ValueError):
         raise ValueError(f"{owner}.{field} must be (name, seconds) pairs, got {pairs!r}") from None
     for name, seconds in pairs:
         if names is not None and name not in names:
-            raise ValueError(f"{owner}.{field} names {name!r}; the op families are: {', '.join(names)}")
+            what = "the op families are" if names == OP_FAMILIES else "the names it takes are"
+            raise ValueError(f"{owner}.{field} names {name!r}; {what}: {', '.join(names)}")
         if not isinstance(name, str) or not name:
             raise ValueError(f"{owner}.{field} names must be ATen op names such as 'tanh', got {name!r}")
         _check_positive_number(owner, f"{field}[{name!r}]", seconds, allow_zero=True)
@@ -300,6 +306,14 @@ class Hardware:
     kernels that set up a primitive per call: a CPU convolution, about 40 us on a 2-core VM at any size,
     where an add of the same tensor takes 1.5 us); ``autotp calibrate`` times a tiny instance of each family
     in a loop; empty: none (every named profile). :meth:`op_fixed_cost_s` reads it.
+    ``first_call_s``: ``(kind, seconds)`` pairs, ``"kernel"`` or an :data:`OP_FAMILIES` entry: what the first
+    call of a kernel in a call of a graph costs beyond a call of it back to back, once per call of the graph
+    for each kernel it runs (:data:`FIRST_CALL_KINDS`; an op of a family measured on its own pays its
+    family's figure, every other op the ``"kernel"`` one). A call that starts after the ranks met and waited
+    finds the code and state of every kernel cold: on a 2-core VM a CNN's nodes took 0.385 ms back to back and
+    0.532 after a common start, the first oneDNN convolution 59 us more, the first call of each other kernel
+    3-27 us more, its later calls 0-7. ``autotp calibrate`` times ops after a common start and back to back;
+    empty: none (every named profile). :meth:`first_call_cost_s` reads it.
     ``transcendental_element_s``: seconds per element of a transcendental elementwise op (exp,
     tanh, silu, ...) when its arithmetic, not its bytes, bounds it (0.0: never compute bound).
     ``op_element_s``: ``(op name, seconds per element)`` pairs, the ATen op's name (``"tanh"``,
@@ -378,6 +392,7 @@ class Hardware:
     kernel_extra_fraction: float = 0.0
     kernel_extra_cap_s: float = 0.0
     op_fixed_s: tuple[tuple[str, float], ...] = ()
+    first_call_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_curve: tuple[tuple[float, float], ...] = ()
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = "ring"
@@ -419,6 +434,8 @@ class Hardware:
             raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
                              "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
         object.__setattr__(self, "op_fixed_s", _checked_named_seconds(owner, "op_fixed_s", self.op_fixed_s, OP_FAMILIES))
+        object.__setattr__(self, "first_call_s", _checked_named_seconds(owner, "first_call_s", self.first_call_s,
+                                                                        FIRST_CALL_KINDS))
         object.__setattr__(self, "op_element_s", _checked_named_seconds(
             owner, "op_element_s", self.op_element_s))
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
@@ -458,6 +475,7 @@ class Hardware:
                 *(getattr(self, host_field) for host_field in _HOST_TIME_FIELDS),
                 self.op_fixed_s,
                 self.op_element_s,
+                self.first_call_s,
                 self.memory_bandwidth_curve,
                 self.shared_memory_cold_curve,
                 self.small_all_reduce,
@@ -483,6 +501,7 @@ class Hardware:
             view_op_s=self.view_op_s * share,
             kernel_extra_cap_s=self.kernel_extra_cap_s * share,
             op_fixed_s=tuple((family, seconds * share) for family, seconds in self.op_fixed_s),
+            first_call_s=tuple((kind, seconds * share) for kind, seconds in self.first_call_s),
             host_dispatch_s=self.host_dispatch_s * share,
             graph_launch_s=self.graph_launch_s * share,
             transcendental_element_s=self.transcendental_element_s * share,
@@ -500,6 +519,13 @@ class Hardware:
     def op_fixed_cost_s(self, family: str) -> float:
         """The fixed seconds per call of an op of ``family`` (``op_fixed_s``; 0.0 when not measured)."""
         return next((seconds for name, seconds in self.op_fixed_s if name == family), 0.0)
+
+    def first_call_cost_s(self, family: str | None) -> float:
+        """What the first call of a kernel of ``family`` (None: of no family) in a call of a graph costs beyond a
+        call back to back (``first_call_s``: the family's figure, else the ``"kernel"`` one; 0.0 when not
+        measured)."""
+        table = dict(self.first_call_s)
+        return table.get(family, table.get("kernel", 0.0)) if family is not None else table.get("kernel", 0.0)
 
     def link(self, *, spans_nodes: bool) -> LinkProfile:
         """The link a collective uses: ``inter_node`` when its group spans nodes."""
@@ -523,6 +549,7 @@ class Hardware:
             "host_is_device": self.host_is_device,
             **{host_field: getattr(self, host_field) for host_field in _HOST_TIME_FIELDS},
             **({"op_fixed_s": dict(self.op_fixed_s)} if self.op_fixed_s else {}),
+            **({"first_call_s": dict(self.first_call_s)} if self.first_call_s else {}),
             **({"op_element_s": dict(self.op_element_s)}
                if self.op_element_s else {}),
             "memory_bandwidth_curve": [{"working_set_bytes": size, "bandwidth_gbps": gbps}
@@ -562,7 +589,7 @@ class Hardware:
             "devices_per_node",
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
-                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s",
+                    "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s", "first_call_s",
                     "memory_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share")
         _check_known_fields(data, required + optional, "the hardware profile")
@@ -597,6 +624,7 @@ class Hardware:
                 host_is_device=data.get("host_is_device", False),
                 **{host_field: data.get(host_field, 0.0) for host_field in _HOST_TIME_FIELDS},
                 op_fixed_s=_named_seconds_from_json("op_fixed_s", data.get("op_fixed_s", {})),
+                first_call_s=_named_seconds_from_json("first_call_s", data.get("first_call_s", {})),
                 op_element_s=_named_seconds_from_json(
                     "op_element_s", data.get("op_element_s", {})),
                 # absent in profiles written before the working-set curve and the one-shot pricing

@@ -19,6 +19,8 @@ this pass only decides *what* each strategy asks of the hardware:
 - resharding between the producer's and the consumer's placement of one tensor: the cheapest
   route of :func:`autotp.base.reshard.reshard_routes`, each step priced by its row of
   :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
+- the first call of each kernel in the graph (in graph order; a view never) pays ``Hardware.first_call_s`` once:
+  a call of the graph finds every kernel's code and state cold.
 - collectives an op's rank-local form issues itself (a vocabulary-parallel cross-entropy's two
   all-gather of two values per row, :func:`op_collectives_s`) are part of its strategy's time.
 - memory: the bytes of each parameter's local shard (the largest one, for uneven splits).
@@ -53,6 +55,7 @@ from autotp.cost_model import (
 )
 from autotp.cost_model.bandwidth import graph_profile, graph_working_set_bytes
 from autotp.cost_model.compute import (
+    first_call_key,
     fixed_cost_calls,
     gemm_dims,
     has_element_rate,
@@ -261,6 +264,21 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
     return costs
 
 
+def _first_call_of_its_kernel(node: fx.Node, called: set[str]) -> bool:
+    """Whether ``node`` (visited in graph order) is the first call of its kernel in the graph
+    (:func:`~autotp.cost_model.compute.first_call_key`), which pays ``Hardware.first_call_s`` once per call of
+    the graph; adds its key to ``called``. Views and other nodes that launch no kernel never are."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if launches_no_kernel(node.target) or not holds_tensor(node):
+        return False
+    key = first_call_key(node.target)
+    if key in called:
+        return False
+    called.add(key)
+    return True
+
+
 def forward_compute_s(node: fx.Node, strategy: Strategy, world_size: int, hardware: Hardware) -> float:
     """Seconds per rank of ``node``'s forward alone under ``strategy`` (a recomputation's price)."""
     return _node_compute_s(node, [strategy], world_size, hardware, None)[0]
@@ -372,11 +390,15 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Trai
     compute_s = {}
     memory = {}
     priced: dict[Hashable, list[float]] = {}  # _compute_key -> seconds per strategy: each layer's copy priced once
+    called: set[str] = set()  # first_call_key of every kernel node so far, in graph order
     for name in graph.order:
         node = graph.nodes[name]
         key = _compute_key(node, graph.structural_keys[name], graph.strategies[name], training)
         compute_s[name] = once_per_key(
             priced, key, lambda: _node_compute_s(node, graph.strategies[name], graph.world_size, hardware, training))
+        if hardware.first_call_s and _first_call_of_its_kernel(node, called):
+            first = hardware.first_call_cost_s(op_family(node.target))  # a new list: priced may share the old
+            compute_s[name] = [seconds + first for seconds in compute_s[name]]
         if name in graph.parameters:
             val = node.meta["val"]
             # a parameter nothing reads (e.g. the second name of a tied weight) is not kept

@@ -780,6 +780,50 @@ def test_a_pooling_op_is_priced_per_element_of_its_windows() -> None:
     assert all(rate > 0 for rate in names.values()), rates
 
 
+def test_the_first_call_of_each_kernel_in_a_graph_pays_its_first_call_cost() -> None:
+    """With ``first_call_s`` ("kernel" 1 ms, "convolution" 5 ms): in the cost pass and in the calibration's
+    recorder alike, the first ReLU, the first GELU and the first convolution of a graph pay it once (the
+    convolution its family's figure) and a second ReLU or convolution nothing; a plan's estimate grows by their
+    sum; the table survives JSON, scales with the core share in ``alone`` and refuses a name it does not take;
+    the calibration measures every kind, at least 0."""
+    from autotp.base.shapes import concrete_shape
+    from autotp.calibration.graphs import _Recorder, measure_first_call_s
+    from autotp.cost_model.hardware import FIRST_CALL_KINDS
+
+    aten = torch.ops.aten
+    plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
+    first = dataclasses.replace(plain, first_call_s=(("kernel", 1e-3), ("convolution", 5e-3)))
+    assert first.first_call_cost_s(None) == 1e-3 and first.first_call_cost_s("convolution") == 5e-3
+    assert first.first_call_cost_s("pooling") == 1e-3, "a family not measured: the kernel's figure"
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+                                torch.nn.ReLU(), torch.nn.GELU())
+    example = (torch.randn(2, 3, 8, 8),)
+    captured = capture(model, example, None)
+    costs = [cost_strategy_graph(build_strategy_graph(captured.graph_module, 1, {}, frozenset()), profile)
+             for profile in (plain, first)]
+    calls = [node for node in captured.graph_module.graph.nodes if node.op == "call_function"]
+    extra = {node.name: costs[1].compute_s[node.name][0] - costs[0].compute_s[node.name][0] for node in calls}
+    expected = {"conv2d": 5e-3, "relu": 1e-3, "conv2d_1": 0.0, "relu_1": 0.0, "gelu": 1e-3}
+    assert extra == pytest.approx(expected), extra
+    estimates = [autotp.estimate(autotp.plan(model, example, world_size=1, hardware=profile, memory_budget=None),
+                                 profile).time_per_call_s for profile in (plain, first)]
+    assert estimates[1] - estimates[0] == pytest.approx(7e-3), estimates
+    values = [torch.randn(concrete_shape(node.meta["val"])) for node in captured.graph_module.graph.nodes
+              if node.op == "placeholder"]  # weights and images alike: every input is a float tensor here
+    recorders = [_Recorder(captured.graph_module, profile) for profile in (plain, first)]
+    for recorder in recorders:
+        recorder.run(*values)
+    assert recorders[1].device_s - recorders[0].device_s == pytest.approx(7e-3)
+    assert recorders[1].kernel_s == recorders[0].kernel_s, "the first call is no part of the roofline"
+    assert Hardware.from_json(first.to_json()) == first
+    assert dataclasses.replace(first, core_share=0.5).alone().first_call_cost_s(None) == pytest.approx(5e-4)
+    with pytest.raises(ValueError, match="the names it takes are"):
+        dataclasses.replace(plain, first_call_s=(("relu", 1e-6),))
+    measured = measure_first_call_s(runs=2)
+    assert [kind for kind, _ in measured] == list(FIRST_CALL_KINDS)
+    assert all(seconds >= 0.0 for _, seconds in measured), measured
+
+
 def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -> None:
     """`measure_op_fixed_s` returns every family, each at least 0; a graph's recorder adds a convolution's fixed
     cost to the graph's kernel time but not to the kernel's roofline the extra is fitted on."""

@@ -38,6 +38,8 @@ profile field         measurement (median over timed repeats, after warm-up)
                       element of its windows, on values fresh to the branch predictor
 ``op_fixed_s``        a small convolution, max-pool, batch norm and attention in a tight loop: what each
                       costs beyond its roofline and an add of its input's (a primitive set up per call)
+``first_call_s``      twelve small ops and each family's instance, right after every rank met and waited (as
+                      every graph is timed) against back to back: what a kernel's first call in a call costs
 ``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
 ``collective_wait_s`` (Llama-like and GPT-like blocks after the prologue HF graphs run), with and
 ``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks from one moment to
@@ -91,6 +93,7 @@ from autotp.calibration.graphs import (
     measure_graphs,
     measure_op_fixed_s,
     measure_element_rates,
+    measure_first_call_s,
     work_clock,
 )
 from autotp.cost_model.bandwidth import DEFAULT_WORKING_SETS
@@ -421,6 +424,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     graphs: tuple[GraphSample, ...] = ()
     op_fixed: tuple[tuple[str, float], ...] = ()
     element_rates: tuple[tuple[str, float], ...] = ()
+    first_call: tuple[tuple[str, float], ...] = ()
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -450,10 +454,13 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
             _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
                 f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))
+            first_call = measure_first_call_s(config.graph_runs)
+            _say(progress, "first call of a kernel in a graph's call, beyond back to back: " + ", ".join(
+                f"{kind} {seconds * 1e6:.1f} us" for kind, seconds in first_call))
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
         if compute:
             # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
-            kernels_only = dataclasses.replace(kernels, kernel_floor_s=0.0, op_fixed_s=op_fixed)
+            kernels_only = dataclasses.replace(kernels, kernel_floor_s=0.0, op_fixed_s=op_fixed, first_call_s=first_call)
             graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
             for shape, sample in zip(config.graph_shapes, graphs):
                 _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "
@@ -462,7 +469,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed, element_rates)
+                            curve, cold, op_fixed, element_rates, first_call)
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:

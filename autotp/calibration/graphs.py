@@ -36,6 +36,7 @@ from autotp.cost_model.compute import (
     aten_flops,
     aten_memory_bytes,
     compute_time_s,
+    first_call_key,
     fixed_cost_calls,
     gemm_dims,
     launches_no_kernel,
@@ -68,6 +69,7 @@ __all__ = [
     "measure_copy_curve",
     "measure_gemm_samples",
     "measure_graphs",
+    "measure_first_call_s",
     "measure_op_fixed_s",
     "measure_element_rates",
     "median_work_s",
@@ -163,6 +165,61 @@ def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
         "batch_norm": (aten.batch_norm.default, (images, ones, zeros, zeros, ones, False, 0.1, 1e-5, True)),
         "attention": (aten.scaled_dot_product_attention.default, (heads, heads, heads)),
     }
+
+
+def _first_call_instances() -> dict[str, list[tuple[Any, tuple]]]:
+    """Per :data:`~autotp.cost_model.hardware.FIRST_CALL_KINDS` entry, the small calls
+    :func:`measure_first_call_s` times: for ``"kernel"`` ops of no family that transformer graphs run, for each
+    family its instance of :func:`_op_family_instances`."""
+    generator = torch.Generator().manual_seed(2)
+    hidden = torch.randn(2, 16, 128, generator=generator)
+    weight = torch.randn(128, 128, generator=generator)
+    ones, zeros = torch.ones(128), torch.zeros(128)
+    table = torch.randn(1000, 128, generator=generator)
+    ids = torch.randint(0, 1000, (2, 16), generator=generator)
+    kernels = [(aten.add.Tensor, (hidden, hidden)), (aten.mul.Tensor, (hidden, hidden)), (aten.relu.default, (hidden,)),
+               (aten.gelu.default, (hidden,)), (aten.silu.default, (hidden,)), (aten.mean.dim, (hidden, [-1], True)),
+               (aten.layer_norm.default, (hidden, [128], ones, zeros, 1e-5)), (aten.linear.default, (hidden, weight)),
+               (aten.embedding.default, (table, ids)), (aten._softmax.default, (hidden, -1, False)),
+               (aten.cat.default, ([hidden, hidden], -1)), (aten.clone.default, (hidden.transpose(1, 2),))]
+    return {"kernel": kernels, **{family: [call] for family, call in _op_family_instances().items()}}
+
+
+def measure_first_call_s(runs: int, share_a_clock: bool | None = None) -> tuple[tuple[str, float], ...]:
+    """``(kind, seconds)`` per :data:`~autotp.cost_model.hardware.FIRST_CALL_KINDS` entry: what a call of a
+    kernel costs, in work seconds, right after a common start of every rank (:func:`common_start`, as
+    :func:`time_in_turn` starts every timed call) beyond a call of it back to back; the median over ``runs`` of
+    each, for ``"kernel"`` the median over its ops (:func:`_first_call_instances`), at least 0. Before the
+    timed call a tiny copy of one element runs, so that what is timed is the kernel's own first call, not the
+    first op's dispatch after the wait (which the graph's call pays once, ``Hardware.graph_launch_s``).
+
+    Call it on every rank of the current process group at once (or without one). Why: a graph's call finds
+    the code and state of every kernel cold after its ranks met and waited, and the first call of each kernel
+    pays for it (on this project's 2-core VM a CNN's first oneDNN convolution 59 us, each other kernel's first
+    call 3-27 us, later calls 0-7); priced as a fitted cost per call, small graphs came out 20-50% low."""
+    clock = work_clock()
+    if share_a_clock is None:
+        share_a_clock = ranks_share_a_clock()
+    primer = torch.zeros(1)
+    measured = []
+    with torch.no_grad():
+        for kind, calls in _first_call_instances().items():
+            extras = []
+            for op, args in calls:
+                cold, warm = [], []
+                for _ in range(runs):
+                    op(*args)
+                    start = clock()
+                    op(*args)
+                    warm.append(clock() - start)
+                    common_start(share_a_clock)
+                    primer.clone()
+                    start = clock()
+                    op(*args)
+                    cold.append(clock() - start)
+                extras.append(statistics.median(cold) - statistics.median(warm))
+            measured.append((kind, max(0.0, statistics.median(extras))))
+    return tuple(measured)
 
 
 def measure_op_fixed_s(hardware: Hardware, min_time_s: float, repeats: int) -> tuple[tuple[str, float], ...]:
@@ -410,6 +467,7 @@ class _Recorder(torch.fx.Interpreter):
         self.device_s = 0.0
         self.kernel_s: list[float] = []
         self.collectives: list[tuple[str, int, int]] = []
+        self.called: set[str] = set()  # first_call_key of every kernel run so far
 
     def run_node(self, node: torch.fx.Node) -> Any:
         result = super().run_node(node)
@@ -433,6 +491,10 @@ class _Recorder(torch.fx.Interpreter):
         self.device_s += seconds + (self.hardware.op_fixed_cost_s(family) * fixed_cost_calls(node.target, args, kwargs,
                                                                                              result.dtype)
                                     if family is not None else 0.0)
+        key = first_call_key(node.target)
+        if key not in self.called:  # its first call in this call of the graph, priced as the cost pass prices it
+            self.called.add(key)
+            self.device_s += self.hardware.first_call_cost_s(family)
         self.kernel_s.append(seconds)
         return result
 
