@@ -74,14 +74,14 @@ __all__ = [
     "first_call_key",
     "gemm_dims",
     "gemm_efficiency",
+    "has_element_rate",
     "in_graph_kernel_s",
     "is_lookup",
-    "has_element_rate",
     "is_transcendental",
-    "rated_elements",
     "launches_no_kernel",
     "op_family",
     "op_name",
+    "rated_elements",
     "tensor_bytes",
 ]
 
@@ -832,7 +832,7 @@ def _onednn_backend(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: 
 
 def first_call_key(op: Any) -> str:
     """What a kernel's first call in a call of a graph is counted by (``Hardware.first_call_s``): its op family
-    (every convolution shares oneDNN's code), else its ATen name (:func:`op_name`)."""
+    (the convolutions of a graph count as one), else its ATen name (:func:`op_name`)."""
     return op_family(op) or op_name(op)
 
 

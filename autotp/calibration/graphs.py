@@ -7,7 +7,7 @@ fits import nothing of this module, which runs graphs on process groups (the sha
 all-reduce and the inference pass of :mod:`autotp.runtime.shared_memory`) and so sits above the stages.
 
 - single ops: :func:`work_clock`, :func:`median_work_s`, :func:`measure_gemm_samples`,
-  :func:`measure_op_fixed_s`, :func:`measure_element_rates`, and the copy bandwidth
+  :func:`measure_op_fixed_s`, :func:`measure_element_rates`, :func:`measure_first_call_s`, and the copy bandwidth
   by working set (:func:`measure_copy_curve`, :func:`measure_cold_call_s`; the curve is priced by
   :mod:`autotp.cost_model.bandwidth`);
 - calls on every rank: :func:`ranks_share_a_clock`, :func:`common_start`, :func:`group_call_s`;
@@ -67,11 +67,11 @@ __all__ = [
     "local_stand_ins",
     "measure_cold_call_s",
     "measure_copy_curve",
+    "measure_element_rates",
+    "measure_first_call_s",
     "measure_gemm_samples",
     "measure_graphs",
-    "measure_first_call_s",
     "measure_op_fixed_s",
-    "measure_element_rates",
     "median_work_s",
     "ranks_share_a_clock",
     "roofline_of_call_s",
