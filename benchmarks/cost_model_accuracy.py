@@ -401,7 +401,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                       f"{hardware.first_call_cost_s('convolution') * 1e6:.1f}), "
                       f"view {hardware.view_op_s * 1e6:.1f} us, dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, "
                       f"core share {share:.2f}, "
-                      f"call {hardware.graph_launch_s * 1e6:.0f} us, wait {hardware.collective_wait_s * 1e6:.0f} us/coll "
+                      f"call {hardware.graph_launch_s * 1e6:.0f} us (a model's {hardware.model_call_s * 1e6:.0f} more), wait {hardware.collective_wait_s * 1e6:.0f} us/coll "
                       f"+ {hardware.call_sync_wait_s * 1e6:.0f} us/call + {hardware.call_sync_wait_per_compute:.2f} "
                       f"x compute, "
                       f"gloo {link.base_latency_s * 1e6:.0f} us/call + "

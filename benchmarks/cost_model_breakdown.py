@@ -201,7 +201,8 @@ def _rank(rank: int, world_size: int, port: int, links: Any, options: argparse.N
         hardware = build_profile(every, links, world_size=world_size)
         if rank == 0:
             print(f"profile (tp {world_size}): dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, view "
-                  f"{hardware.view_op_s * 1e6:.1f} us, call {hardware.graph_launch_s * 1e6:.0f} us, float32 "
+                  f"{hardware.view_op_s * 1e6:.1f} us, call {hardware.graph_launch_s * 1e6:.0f} us (a model's "
+                  f"{hardware.model_call_s * 1e6:.0f} more), float32 "
                   f"{hardware.peak_tflops['float32'] * 1e3:.0f} GFLOP/s (half rate at dim "
                   f"{hardware.gemm_half_efficiency_dim:g}), memory {hardware.memory_bandwidth_gbps:.1f} GB/s, "
                   f"first call of a kernel {hardware.first_call_cost_s(None) * 1e6:.1f} us (convolution "

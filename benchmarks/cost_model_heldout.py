@@ -50,6 +50,7 @@ def _pricer(family: str, world_size: int) -> Any:
     """A function ``(plan, profile) -> predicted seconds per call`` of ``plan``'s choice, for one family and world size:
     the graph captured and its strategies enumerated once, the choice costed on ``profile`` and priced as the solver
     and ``autotp.estimate`` price it."""
+    from autotp.cost_model.runtime import graph_host_s
     from autotp.passes.costing import cost_strategy_graph
     from autotp.passes.pricing import price_choice
     from autotp.passes.strategies import build_strategy_graph
@@ -68,8 +69,8 @@ def _pricer(family: str, world_size: int) -> Any:
         narrowed = dataclasses.replace(graph, strategies={name: [chosen[name]] for name in graph.order})
         price = price_choice(cost_strategy_graph(narrowed, profile), dict.fromkeys(graph.order, 0))
         # per call, and its compute as work (CPU seconds: the profile prices work divided by its core share)
-        return (price.total_s + profile.graph_launch_s,
-                (price.predicted_compute_s + profile.graph_launch_s) * profile.core_share)
+        call_s = graph_host_s(profile)
+        return price.total_s + call_s, (price.predicted_compute_s + call_s) * profile.core_share
 
     return predicted_s
 

@@ -83,6 +83,9 @@ class RankMeasurements:
     first_call_s: tuple[tuple[str, float], ...] = ()
     """``(kind, seconds)``: what a kernel's first call in a call of a graph costs beyond one back to back
     (:func:`autotp.calibration.graphs.measure_first_call_s`, work seconds; empty: not measured)."""
+    model_call_s: float = 0.0
+    """What a compiled model's call adds to its rank-local graph's call (:func:`autotp.calibration.model_call.
+    measure_model_call_s`, work seconds; 0.0: not measured)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +311,7 @@ def build_profile(
         kernel_extra_cap_s=cap_s / share,
         op_fixed_s=_median_by_name([m.op_fixed_s for m in compute], share),
         first_call_s=_median_by_name([m.first_call_s for m in compute], share),
+        model_call_s=statistics.median(m.model_call_s for m in compute) / share,
         memory_bandwidth_curve=tuple((size, rate * share / 1e9) for size, rate in curve_points),
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",

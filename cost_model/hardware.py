@@ -96,6 +96,7 @@ all-reduce of a group inside one node through a shared segment, priced on
 _HOST_TIME_FIELDS = (
     "host_dispatch_s",
     "graph_launch_s",
+    "model_call_s",
     "collective_wait_s",
     "call_sync_wait_s",
     "call_sync_wait_per_compute",
@@ -281,6 +282,10 @@ class Hardware:
     profile puts a node's whole fixed cost here and sets ``kernel_floor_s`` to 0.
     ``graph_launch_s``: host seconds per call of a rank-local graph (the Python call of the
     module; in ``"cuda_graph"`` mode the replay launch of the captured graph).
+    ``model_call_s``: host seconds a compiled model's call adds to its rank-local graph's call (its inputs
+    flattened and checked, its weights gathered, its outputs built; the code cold after a wait), measured by
+    ``autotp calibrate`` on a compiled model (:mod:`autotp.calibration.model_call`); 0.0 in the datasheet
+    profiles.
     ``collective_wait_s``: seconds a collective waits in a graph beyond its alpha-beta time (the
     skew between ranks arriving at a blocking collective), fitted in a graph, not back to back.
     ``call_sync_wait_s``: seconds the first collective of a call waits, once per call of a graph
@@ -362,7 +367,7 @@ class Hardware:
     measures it (about 1/2 for four single-thread ranks on two cores) and has already divided the
     work terms by it: ``peak_tflops``, ``memory_bandwidth_gbps`` and ``memory_bandwidth_curve``
     are the rates a rank gets with the others busy, ``view_op_s``, ``host_dispatch_s``,
-    ``graph_launch_s`` and ``transcendental_element_s`` the times. :meth:`alone` undoes it for a
+    ``graph_launch_s``, ``model_call_s`` and ``transcendental_element_s`` the times. :meth:`alone` undoes it for a
     graph that one rank runs while the others wait (generation without collectives on a CPU group).
     """
 
@@ -382,6 +387,7 @@ class Hardware:
     host_dispatch_s: float = 0.0
     host_is_device: bool = False
     graph_launch_s: float = 0.0
+    model_call_s: float = 0.0
     collective_wait_s: float = 0.0
     call_sync_wait_s: float = 0.0
     call_sync_wait_per_compute: float = 0.0
@@ -504,6 +510,7 @@ class Hardware:
             first_call_s=tuple((kind, seconds * share) for kind, seconds in self.first_call_s),
             host_dispatch_s=self.host_dispatch_s * share,
             graph_launch_s=self.graph_launch_s * share,
+            model_call_s=self.model_call_s * share,
             transcendental_element_s=self.transcendental_element_s * share,
             op_element_s=tuple((op, seconds * share) for op, seconds in self.op_element_s),
             core_share=1.0,

@@ -14,6 +14,9 @@ mode           per kernel node                                  per view node / 
                replay back to back on the device                replay of the captured graph)
 =============  ===============================================  ==================================
 
+A model's call adds its own host work to its graph's call in every mode (``model_call_s``: its inputs flattened
+and checked, its weights gathered, its outputs built).
+
 How a kernel node's host time meets its device time (:func:`node_time_s`): on a CPU the host is
 the device (``Hardware.host_is_device``), so the two add up; on a GPU the host runs ahead of the
 device, which executes kernels while the host dispatches the next ones, so a node takes the
@@ -58,8 +61,9 @@ def view_time_s(hardware: Hardware, *, runtime_mode: str | None = None) -> float
 
 
 def graph_host_s(hardware: Hardware) -> float:
-    """Host seconds per call of a rank-local graph (Python call; replay launch in cuda_graph)."""
-    return hardware.graph_launch_s
+    """Host seconds per call of a compiled model: its rank-local graph's call (the Python call; the replay launch
+    in cuda_graph) and what the model's call adds to it (``Hardware.model_call_s``)."""
+    return hardware.graph_launch_s + hardware.model_call_s
 
 
 def node_time_s(device_s: Any, hardware: Hardware, *, max_fn: Callable[[Any, Any], Any] = max) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 
 import pytest
@@ -155,6 +156,8 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
         assert measured.matmul_flops_per_s["float32"] > 1e8, measured
         assert measured.copy_bytes_per_s > 1e8 and 0 < measured.kernel_floor_s < 1e-2, measured
         assert 0 < measured.view_op_s < 1e-2, measured
+        # a compiled model's call flattens, checks and builds around its graph's: more work, never less
+        assert 0 < measured.model_call_s < 1e-2, measured.model_call_s
     assert ranks[0].collectives == ranks[1].collectives, "every rank records the slowest rank's times"
     kinds = {(s.kind, s.nbytes) for s in ranks[0].collectives}
     # gloo's three kinds and, ranks on one x86-64 host, the shared-memory all-reduce: two sizes each
@@ -173,6 +176,8 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
     assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
     assert profile.runtime_mode == "eager" and profile.host_is_device, profile
+    assert profile.model_call_s == pytest.approx(
+        statistics.median(m.model_call_s for m in ranks) / profile.core_share), "work seconds over the core share"
     sizes = [size for size, _ in ranks[0].copy_curve]  # the quick working sets and the large copy, ascending
     assert sizes == sorted(sizes) and len(sizes) == len(quick.bandwidth_working_sets) + 1, ranks[0].copy_curve
     assert [size for size, _ in profile.memory_bandwidth_curve] == sizes, profile.memory_bandwidth_curve

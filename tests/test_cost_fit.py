@@ -12,8 +12,9 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 from inspect_helpers import tiny_plan
-from models import tiny_cnn
+from models import tiny_cnn, tiny_mlp
 
 import autotp
 from autotp.calibration.graphs import block_graph, local_stand_ins
@@ -822,6 +823,29 @@ def test_the_first_call_of_each_kernel_in_a_graph_pays_its_first_call_cost() -> 
     measured = measure_first_call_s(runs=2)
     assert [kind for kind, _ in measured] == list(FIRST_CALL_KINDS)
     assert all(seconds >= 0.0 for _, seconds in measured), measured
+
+
+def test_a_model_call_is_priced_once_per_call_beside_its_graph_call() -> None:
+    """``model_call_s`` (2 ms) adds once to a plan's time per call and to its graph call, survives JSON, scales
+    with the core share in ``alone``, is off in ``device_only`` (the calibration's own graphs are called bare) and
+    in the cross-validation's ``model_call`` term; without a process group the calibration leaves it unmeasured."""
+    from autotp.calibration.model_call import measure_model_call_s
+    from autotp.cost_model.crossval import without
+    from autotp.cost_model.graph_calibration import device_only
+
+    model, example, _ = tiny_mlp()
+    plain = dataclasses.replace(CPU, graph_launch_s=1e-3)
+    called = dataclasses.replace(plain, model_call_s=2e-3)
+    estimates = [autotp.estimate(autotp.plan(model, example, world_size=2, hardware=profile, memory_budget=None),
+                                 profile) for profile in (plain, called)]
+    assert estimates[1].time_per_call_s - estimates[0].time_per_call_s == pytest.approx(2e-3), estimates
+    assert estimates[1].graph_call_s == pytest.approx(3e-3), estimates[1]
+    assert Hardware.from_json(called.to_json()) == called
+    assert dataclasses.replace(called, core_share=0.5).alone().model_call_s == pytest.approx(1e-3)
+    assert device_only(called).model_call_s == 0.0
+    assert without(called, ["model_call"]) == plain
+    if not dist.is_initialized():  # another test of this process may have left a group
+        assert measure_model_call_s(runs=3) == 0.0
 
 
 def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -> None:

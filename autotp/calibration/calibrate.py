@@ -40,6 +40,8 @@ profile field         measurement (median over timed repeats, after warm-up)
                       costs beyond its roofline and an add of its input's (a primitive set up per call)
 ``first_call_s``      twelve small ops and each family's instance, right after every rank met and waited (as
                       every graph is timed) against back to back: what a kernel's first call in a call costs
+``model_call_s``      a small model compiled here (:mod:`autotp.calibration.model_call`): its call against its
+                      graph's, both after every rank met and waited: what the model's call adds to its graph's
 ``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
 ``collective_wait_s`` (Llama-like and GPT-like blocks after the prologue HF graphs run), with and
 ``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks from one moment to
@@ -96,6 +98,7 @@ from autotp.calibration.graphs import (
     measure_first_call_s,
     work_clock,
 )
+from autotp.calibration.model_call import measure_model_call_s
 from autotp.cost_model.bandwidth import DEFAULT_WORKING_SETS
 from autotp.cost_model.calibrate import (
     SHARED_MEMORY_KIND,
@@ -425,6 +428,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     op_fixed: tuple[tuple[str, float], ...] = ()
     element_rates: tuple[tuple[str, float], ...] = ()
     first_call: tuple[tuple[str, float], ...] = ()
+    model_call = 0.0
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -457,6 +461,8 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             first_call = measure_first_call_s(config.graph_runs)
             _say(progress, "first call of a kernel in a graph's call, beyond back to back: " + ", ".join(
                 f"{kind} {seconds * 1e6:.1f} us" for kind, seconds in first_call))
+            model_call = measure_model_call_s(4 * config.graph_runs)  # a small difference: more runs
+            _say(progress, f"a compiled model's call beyond its graph's: {model_call * 1e6:.1f} us")
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
         if compute:
             # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
@@ -469,7 +475,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed, element_rates, first_call)
+                            curve, cold, op_fixed, element_rates, first_call, model_call)
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:

@@ -298,7 +298,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
                                                 for family, seconds in profile.op_fixed_s))
     print(f"  transcendental   {profile.transcendental_element_s * 1e9:10.3f} ns per element")
     print(f"  runtime          {profile.runtime_mode}: {profile.host_dispatch_s * 1e6:.2f} us host dispatch per "
-          f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call, "
+          f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call "
+          f"(+{profile.model_call_s * 1e6:.1f} us for a model's call), "
           f"{profile.collective_wait_s * 1e6:.1f} us wait per collective + {profile.call_sync_wait_s * 1e6:.1f} us "
           f"+ {profile.call_sync_wait_per_compute:.2f} s per s of compute per call with collectives "
           "(fitted in graphs)")

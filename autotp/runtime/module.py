@@ -293,13 +293,19 @@ class TensorParallelModule(torch.nn.Module):
             )
         return flat
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def graph_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """What :attr:`graph_module` is called with for a call of this model with ``args`` and ``kwargs``: the
+        user inputs flattened and checked against what was traced, then this rank's weights and buffers, in the
+        order of the graph's placeholders."""
         flat = self._flatten_inputs(args, kwargs)
         self._check_shapes(flat)
         if self._guard is not None:
             self._guard.check(flat)
         sources = (flat, self._local._parameters, self._buffers)
-        values = [sources[source][key] for source, key in self._slot_keys]
+        return [sources[source][key] for source, key in self._slot_keys]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        values = self.graph_inputs(*args, **kwargs)
         if self.trains:
             outputs = self.graph_module(*values)
         else:
