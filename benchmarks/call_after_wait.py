@@ -4,7 +4,10 @@
 
 For each tiny model of ``tests/models.py``, compile it at world size 1 (a gloo group of one) and time, on the work
 clock (this thread's CPU time), one call after an untimed call of itself and, between the two, nothing (back to
-back), a ``dist.barrier()``, a 0.3 / 1 / 3 ms ``time.sleep`` or a 0.5 ms spin; the median of ``--runs``.
+back), a ``dist.barrier()``, a 0.3 / 1 / 3 ms ``time.sleep`` or a 0.5 ms spin; the median of ``--runs``. Under each
+model's row, what its call takes beyond its rank-local graph's call with the same inputs
+(``compiled.graph_inputs``), timed the same way, the median of the difference per run: the work
+``Hardware.model_call_s`` prices (``autotp.calibration.model_call``).
 
 Why: every timed call of the calibration and of ``cost_model_accuracy.py`` follows a common start (a barrier and
 a sleep), and a rank of a model with collectives sleeps in them; if a call after the thread gave its core away
@@ -50,6 +53,17 @@ def _work_after_us(call: Callable[[], object], between: Callable[[], object], ru
     return statistics.median(samples) * 1e6
 
 
+def _extra_after_us(call: Callable[[], object], bare: Callable[[], object], between: Callable[[], object],
+                    runs: int) -> float:
+    """Median microseconds of work ``call`` takes beyond ``bare`` per run, each timed right after an untimed call
+    of itself and ``between()`` (the difference per run: the load moves between runs)."""
+    def work() -> list[float]:
+        return [_work_after_us(call, between, 1), _work_after_us(bare, between, 1)]
+    with torch.no_grad():
+        extras = [model_us - graph_us for model_us, graph_us in (work() for _ in range(runs))]
+    return statistics.median(extras)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["mlp", "bert"])
@@ -77,6 +91,11 @@ def main() -> None:
             times = [_work_after_us(lambda: compiled(*args, **kwargs), between, options.runs)
                      for between in waits.values()]
             print(f"{name:<6} " + " ".join(f"{seconds:>13.0f}" for seconds in times), flush=True)
+            values, graph = compiled.graph_inputs(*args, **kwargs), compiled.graph_module
+            extras = [_extra_after_us(lambda: compiled(*args, **kwargs), lambda: graph(*values), between,
+                                      options.runs) for between in waits.values()]
+            print(f"{'':<6} " + " ".join(f"{seconds:>+13.0f}" for seconds in extras)
+                  + "   the model's call beyond its graph's", flush=True)
     finally:
         dist.destroy_process_group()
 
