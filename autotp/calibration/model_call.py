@@ -17,8 +17,10 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from autotp.api import compile as compile_model
 from autotp.calibration.graphs import common_start, local_stand_ins, ranks_share_a_clock, work_clock
+from autotp.planning.options import plan_options
+from autotp.runtime.compiling import compile_group
+from autotp.runtime.options import runtime_options
 
 __all__ = ["measure_model_call_s"]
 
@@ -50,7 +52,7 @@ def measure_model_call_s(runs: int, warmup: int = 20, share_a_clock: bool | None
     inputs, each after an untimed call of itself and a common start of every rank
     (:func:`~autotp.calibration.graphs.common_start`, as every call of the calibration is timed); the median over
     ``runs`` of the difference of the two on the work clock, at least 0. Without a process group: 0.0
-    (``autotp.compile`` needs one).
+    (compiling needs one).
 
     Call it on every rank of the current process group at once. The difference is taken per run, not between
     two medians: it is a tenth of either call or less, and the load moves between runs."""
@@ -62,7 +64,9 @@ def measure_model_call_s(runs: int, warmup: int = 20, share_a_clock: bool | None
         torch.manual_seed(0)  # the same weights and inputs on every rank, as compile requires
         model = _SmallLM().eval()
         ids = torch.randint(0, _VOCAB, (1, _TOKENS))
-    compiled = compile_model(model, example_inputs=(ids,))
+    # what autotp.compile(model, example_inputs=(ids,)) does, from the runtime's side of the front door
+    compiled = compile_group(model, example_inputs=(ids,), example_kwargs=None, world_size=None, group=None, plan=None,
+                             checkpoint=None, max_cache_len=None, options=plan_options(), runtime=runtime_options(None))
     # its collectives replaced by local stand-ins (the graph's compute form): their waits would only add noise
     graph = compiled.graph_module = local_stand_ins(compiled.graph_module) or compiled.graph_module
     values = compiled.graph_inputs(ids)
