@@ -3,7 +3,7 @@
 A :class:`~autotp.runtime.module.TensorParallelModule` call flattens and checks its inputs, gathers this rank's
 weights and buffers and builds its outputs around the call of its graph. Back to back that is a few microseconds;
 after a wait (every timed call of the calibration and of a model that serves requests starts after one) its code
-and data are cold, and on this project's 2-core VM the call of a small model measured 0.05-0.19 ms more than its
+and data are cold, and on this project's 2-core VM the call of a small model measured 0.05-0.22 ms more than its
 graph's. The calibration's own graphs are called bare, so the profile's fitted per-call term does not hold it:
 :func:`measure_model_call_s` measures it on a small model compiled here, and the profile prices it once per call
 (``Hardware.model_call_s``).
