@@ -57,11 +57,8 @@ def _extra_after_us(call: Callable[[], object], bare: Callable[[], object], betw
                     runs: int) -> float:
     """Median microseconds of work ``call`` takes beyond ``bare`` per run, each timed right after an untimed call
     of itself and ``between()`` (the difference per run: the load moves between runs)."""
-    def work() -> list[float]:
-        return [_work_after_us(call, between, 1), _work_after_us(bare, between, 1)]
-    with torch.no_grad():
-        extras = [model_us - graph_us for model_us, graph_us in (work() for _ in range(runs))]
-    return statistics.median(extras)
+    return statistics.median(_work_after_us(call, between, 1) - _work_after_us(bare, between, 1)
+                             for _ in range(runs))
 
 
 def main() -> None:

@@ -20,8 +20,9 @@ no graph, no process group — and adds up the terms the planner priced:
   ``graph_call_s`` (``Hardware.graph_launch_s``: the Python call of the graph, or the replay of a
   captured CUDA graph; and ``Hardware.model_call_s``, what the model's call adds), which
   :attr:`Estimate.time_per_call_s` adds to the per-node terms. The node times already include their
-  host dispatch under the plan's own runtime mode. A plan with collectives also pays ``call_sync_wait_s`` once per call (``Hardware.call_sync_wait_s``: its
-  first collective waits for ranks that entered the call out of step, plus
+  host dispatch under the plan's own runtime mode. A plan with collectives also pays ``call_sync_wait_s``
+  once per call (``Hardware.call_sync_wait_s``: its first collective waits for ranks that entered the call
+  out of step, plus
   ``Hardware.call_sync_wait_per_compute`` times its compute: ranks drift apart while they compute,
   :func:`autotp.cost_model.collectives.call_sync_wait_s`), in :attr:`Estimate.comm_per_call_s`
   and :attr:`Estimate.time_per_call_s`; the solver pays the once-per-call part for a plan with any
