@@ -236,7 +236,8 @@ def build_profile(
     unmeasured_network = dataclasses.replace(loopback, name="not-measured-same-as-loopback")
     # The GEMM curve: fitted on rank 0's samples, its kernels priced by its own measurements. The
     # host terms: fitted on every rank's graphs (wall times are the group's, the work each
-    # rank's own), the median over ranks of each term, steadier than one rank's fit.
+    # rank's own), the median over ranks of each term, steadier than one rank's fit; a rank's
+    # dispatch per node is at least its own tiny-kernel floor (fit_compute_terms).
     first = compute[0]
     kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
@@ -244,7 +245,8 @@ def build_profile(
     if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
-                                            shared_memory_link=shared_link, shared_memory_cold_curve=cold_curve)
+                                            shared_memory_link=shared_link, shared_memory_cold_curve=cold_curve,
+                                            dispatch_at_least_s=m.kernel_floor_s)
                              for m in compute if m.graphs])
     graph_link_before = loopback if shared_link is None else shared_link  # the link the graphs' all-reduces ran on
     if host is not None and host.link_base_adjust_s < 0:

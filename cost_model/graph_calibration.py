@@ -247,7 +247,8 @@ def _linear_time_s(m: int, n: int, k: int, hardware: Hardware) -> float:
 
 def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: LinkProfile | None,
                    shared_memory_link: LinkProfile | None = None,
-                   shared_memory_cold_curve: Sequence[tuple[float, float]] = ()) -> HostFit:
+                   shared_memory_cold_curve: Sequence[tuple[float, float]] = (),
+                   dispatch_at_least_s: float = 0.0) -> HostFit:
     """Fit ``host_dispatch_s``, ``collective_wait_s`` and ``graph_launch_s`` (module docstring).
 
     ``shared_memory_link``: the graphs' all-reduces ran through shared memory (``measure_graphs`` on
@@ -257,6 +258,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
 
     ``view_op_s`` (measured on a chain of views) prices the view nodes; ``link`` (fitted back to
     back) prices the collectives' alpha-beta time, and may be None when no sample has one.
+    ``dispatch_at_least_s``: the floor of the dispatch per kernel node (:func:`fit_compute_terms`).
     Raises ValueError with fewer samples than unknowns.
 
     When the samples carry their own work (``work_s``, timed on the work clock like the single
@@ -292,11 +294,11 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
     if all(sample.compute_work_s > 0 and sample.compute_s > 0 for sample in samples):
-        return _fit_compute_then_wait(samples, view_op_s, link_s)
+        return _fit_compute_then_wait(samples, view_op_s, link_s, dispatch_at_least_s)
     # a column per collective takes the host work of issuing and waiting on one (it belongs to the wait)
     extra, cap, dispatch_work_s, launch_work_s = fit_compute_terms(
         samples, [sample.work_s - sample.view_nodes * view_op_s for sample in samples],
-        extra_columns=[[len(sample.collectives)] for sample in samples])
+        extra_columns=[[len(sample.collectives)] for sample in samples], dispatch_at_least_s=dispatch_at_least_s)
     # over the graphs together, each weighing by its time (the longest calls are the most like a forward)
     alone = [sample for sample in samples if not sample.collectives] or list(samples)
     share = sum(sample.work_s for sample in alone) / sum(sample.work_s / sample.core_share for sample in alone)
@@ -335,7 +337,7 @@ def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_li
 
 
 def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
-                           link_s: Callable[[GraphSample], float]) -> HostFit:
+                           link_s: Callable[[GraphSample], float], dispatch_at_least_s: float = 0.0) -> HostFit:
     """The host terms from samples whose compute was timed apart (:attr:`GraphSample.compute_s`).
 
     Compute and communication mean here what the accuracy benchmark measures: a graph's compute
@@ -368,7 +370,8 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        latency (never below 0), so no collective is priced below nothing.
     """
     extra, cap, dispatch_work_s, launch_work_s = fit_compute_terms(
-        samples, [sample.compute_work_s - sample.view_nodes * view_op_s for sample in samples])
+        samples, [sample.compute_work_s - sample.view_nodes * view_op_s for sample in samples],
+        dispatch_at_least_s=dispatch_at_least_s)
     share = (sum(sample.compute_work_s for sample in samples)
              / sum(sample.compute_work_s / sample.core_share for sample in samples))
 
@@ -419,7 +422,8 @@ def kernels_in_graph_s(sample: GraphSample, extra: float, cap_s: float) -> float
 
 
 def fit_compute_terms(samples: Sequence[GraphSample], work_s: Sequence[float], *,
-                      extra_columns: Sequence[Sequence[float]] | None = None) -> tuple[float, float, float, float]:
+                      extra_columns: Sequence[Sequence[float]] | None = None,
+                      dispatch_at_least_s: float = 0.0) -> tuple[float, float, float, float]:
     """``(extra, cap, dispatch, call)`` of ``work ≈ sum over kernels of (d + extra * d * cap / (cap + d))
     + kernel_nodes * dispatch + call`` over ``samples`` (``work_s``: each graph's work without its views'
     dispatch; ``d``: a kernel's roofline time, :attr:`GraphSample.kernel_s`): for each cap of
@@ -436,7 +440,14 @@ def fit_compute_terms(samples: Sequence[GraphSample], work_s: Sequence[float], *
     kernels stream their data from memory in the loop too (a slowdown of every kernel by one factor,
     fitted on small graphs, priced a Llama of hidden 1024 at 64 tokens and a GPT-2 of 768 at 128 tokens
     27-31% too slow, where the roofline alone was within 2%). ``extra_columns``: more non-negative
-    unknowns per graph (a count of collectives), fitted and dropped. Without kernel time, no extra."""
+    unknowns per graph (a count of collectives), fitted and dropped. Without kernel time, no extra.
+
+    ``dispatch_at_least_s``: the least the dispatch may be, the measured cost of one tiny kernel node in a
+    warm graph (``kernel_floor_s`` of :mod:`autotp.calibration.calibrate`, work clock); a node in a colder
+    graph costs no less. Without it the dispatch and the extra trade against each other: a kernel longer
+    than the cap pays ``extra * cap``, a fixed cost per node like the dispatch, and under noise the fit
+    priced no dispatch at all (0 us per node, the extra at its bound) in two of nine calibrations on this
+    project's 2-core VM."""
     more = [list(columns) for columns in extra_columns] if extra_columns is not None else [[] for _ in samples]
     if not len(samples) == len(work_s) == len(more):
         raise ValueError(f"need one work and one row of extra columns per graph, got {len(samples)} graphs, "
@@ -447,12 +458,15 @@ def fit_compute_terms(samples: Sequence[GraphSample], work_s: Sequence[float], *
     target = (np.asarray(work_s, dtype=float) - np.asarray([s.device_s for s in samples])) * weights
     fixed = np.asarray([[s.kernel_nodes, 1.0, *row] for s, row in zip(samples, more)])
     if not any(sample.device_s > 0 for sample in samples):
-        solution = lsq_linear(fixed * weights[:, None], target, bounds=(0.0, np.inf), method="bvls").x
+        lower = np.zeros(fixed.shape[1])
+        lower[0] = dispatch_at_least_s
+        solution = lsq_linear(fixed * weights[:, None], target, bounds=(lower, np.inf), method="bvls").x
         return 0.0, 0.0, float(solution[0]), float(solution[1])
     fits = []
     for cap_s in KERNEL_EXTRA_CAPS_S:
         rows = np.column_stack([[_extra_basis_s(s, cap_s) for s in samples], fixed]) * weights[:, None]
         lower = np.zeros(rows.shape[1])
+        lower[1] = dispatch_at_least_s
         upper = np.full(rows.shape[1], np.inf)
         upper[0] = KERNEL_EXTRA_AT_MOST
         solution = lsq_linear(rows, target, bounds=(lower, upper), method="bvls").x

@@ -118,7 +118,9 @@ def test_profile_prices_the_kernel_extra_the_graphs_showed() -> None:
             extra_s = sum(0.5 * d * 32e-6 / (32e-6 + d) for d in kernels)
             work_s = sum(kernels) + extra_s + len(kernels) * 5e-6 + 10 * layers * 2e-6 + 10e-6
             graphs.append(GraphSample(len(kernels), 10 * layers, sum(kernels), (), work_s, work_s, kernel_s=kernels))
-    rank = dataclasses.replace(synthetic_rank(0, samples), graphs=tuple(graphs), transcendental_element_s=1e-9)
+    # a tiny kernel node in a tight loop (the floor) costs less than a node in these graphs
+    rank = dataclasses.replace(synthetic_rank(0, samples), graphs=tuple(graphs), transcendental_element_s=1e-9,
+                               kernel_floor_s=4e-6)
     profile = build_profile([rank], samples, world_size=2)
     assert profile.kernel_extra_fraction == pytest.approx(0.5) and profile.kernel_extra_cap_s == pytest.approx(32e-6)
     assert profile.host_dispatch_s == pytest.approx(5e-6) and "0.50 x its roofline time more" in profile.source

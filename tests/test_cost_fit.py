@@ -294,6 +294,30 @@ def test_kernels_in_a_graph_cost_a_fitted_extra_up_to_a_cap() -> None:
         fit_compute_terms(samples[:1], [0.0])
 
 
+def test_the_dispatch_per_node_is_at_least_the_measured_tiny_kernel_floor() -> None:
+    """No parallelism (synthetic timings): a kernel longer than the cap pays the extra up to it, a fixed cost per
+    node like the dispatch, and only graphs of small kernels tell the two apart: timed a little low, the fit moves the
+    dispatch into the extra. With the measured floor of a tiny kernel node as its least value, the dispatch is
+    fitted as before when the graphs show more, and keeps the floor, with an extra near the true one, when noise
+    would take it below."""
+    extra, cap_s, dispatch_s, launch_s, view_s, share = 0.5, 16e-6, 6e-6, 20e-6, 2e-6, 1.0
+    samples = _graphs_with_kernel_extra(extra, cap_s, dispatch_s, launch_s, view_s, share)
+    work = [s.compute_work_s - s.view_nodes * view_s for s in samples]
+    assert fit_compute_terms(samples, work, dispatch_at_least_s=4e-6)[2] == pytest.approx(dispatch_s, rel=1e-6)
+    fit = fit_host_terms(samples, view_op_s=view_s, link=None, dispatch_at_least_s=4e-6)
+    assert fit.host_dispatch_s == pytest.approx(dispatch_s, rel=1e-6)
+    # the graphs of small kernels, which alone tell the dispatch from the extra, timed 10% low (noise)
+    noisy = [w * (0.9 if s.device_s < 1e-3 else 1.0) for s, w in zip(samples, work)]
+    floor_s = 5e-6
+    unbounded = fit_compute_terms(samples, noisy)
+    fraction, _, dispatch, _ = fit_compute_terms(samples, noisy, dispatch_at_least_s=floor_s)
+    assert unbounded[2] < floor_s / 2, unbounded  # the extra took the dispatch's place
+    assert dispatch >= floor_s * (1 - 1e-9), dispatch
+    assert abs(fraction - extra) < abs(unbounded[0] - extra) / 2, (fraction, unbounded)
+    empty = [GraphSample(n, 0, 0.0, (), 0.0) for n in (3, 6)]
+    assert fit_compute_terms(empty, [40e-6, 70e-6], dispatch_at_least_s=12e-6)[2] == pytest.approx(12e-6)
+
+
 def test_a_kernel_in_a_graph_costs_its_extra_in_every_pricing_path() -> None:
     """No parallelism: a profile's kernel extra adds ``extra * d * cap / (cap + d)`` to a kernel's roofline
     ``d`` (numbers and expressions), nothing to a view; an old profile reads no extra, and the alone profile

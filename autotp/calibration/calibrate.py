@@ -20,7 +20,8 @@ profile field         measurement (median over timed repeats, after warm-up)
                       working set (:mod:`autotp.cost_model.bandwidth`)
 ``kernel_floor_s``    per op of an FX graph chaining one-element kernel ops (add, exp, mean,
                       softmax, cat, ...): the fallback per-op cost, 0.0 once the host terms
-                      below are fitted (the fitted dispatch is then a node's whole fixed cost)
+                      below are fitted (the fitted dispatch is then a node's whole fixed cost,
+                      and this floor the least it may be)
 ``view_op_s``         the same for a chain of views (view, transpose, expand, slice, ...): what an
                       op that launches no kernel costs on a CPU
 ``intra_node``        gloo ``all_reduce``, ``all_gather`` and ``reduce_scatter`` through the same
