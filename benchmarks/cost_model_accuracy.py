@@ -54,12 +54,14 @@ the fastest: two plans that compile to one graph differ only by the spread of ti
 the table says. The phase is the forward pass of the zoo's inputs (batch 2, sequence 16; no KV
 cache).
 
-Every forward is also timed in turn with a drift probe (``PROBE_SHAPE``: one of the calibration's own graphs): its
-time then over its time in the calibration is how much slower or faster the machine ran the same graph when the
-model was measured (the ``drift`` column). The summary gives the error as measured and with that drift taken out
-(the prediction scaled by the drift). The first is what a user of the profile sees; the second is a diagnostic, not a
-correction: the probe moves with the machine and also with what ran before it (among the calibration's twelve
-graphs there, among three calls here).
+Right before every forward, a drift probe (``PROBE_SHAPE``: one of the calibration's own graphs) is timed on its
+own, as the calibration timed it: its time then over its time in the calibration is how much slower or faster the
+machine ran the same graph when the model was measured (the ``drift`` column). The summary gives the error as
+measured and with that drift taken out (the prediction scaled by the drift). The first is what a user of the profile
+sees; the second is a diagnostic, not a correction: the probe moves with the machine, and with what ran before it.
+The probe does not take turns with the forward: at four ranks on two cores, a small model's compute form timed in
+turn with it got a third to a half of the share of a core it got without it (the MLP 5.1-6.3 ms against 2.0-2.4,
+the CNN 5.1-7.1 against 4.2), and the probe itself ran faster there than alone, as the calibration times it.
 
 Calibrating in the same processes, right before measuring, keeps both under the same conditions
 (on a shared machine the load moves within seconds); the rounds repeat the whole and the
@@ -127,8 +129,9 @@ class Row:
     probe_calibration_s: float = 0.0
     """The drift probe (:data:`PROBE_SHAPE`, a calibration graph) as the round's calibration timed it, on the group."""
     probe_s: float = 0.0
-    """The same probe timed in turn with this model's forward (0.0: not measured); ``probe_s / probe_calibration_s``
-    is how much slower the machine ran the same graph when the model was measured than when it was calibrated."""
+    """The same probe timed on its own right before this model's forward (0.0: not measured);
+    ``probe_s / probe_calibration_s`` is how much slower the machine ran the same graph when the model was measured
+    than when it was calibrated."""
 
     @property
     def drift(self) -> float:
@@ -254,7 +257,9 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
     graph's compute in), timed in turn as the calibration times its graphs
     (``autotp.calibration.graphs.time_in_turn``: each after one untimed call of itself, from a start common to every
     rank to the last rank's end); and the work
-    (CPU time, mean over ranks) of the second; and the drift probe's seconds (``probe``: a call timed in turn with them).
+    (CPU time, mean over ranks) of the second; and the drift probe's seconds (``probe``: a call timed on its own right
+    before them, as the calibration timed it; in turn with them, it slowed a small model's compute form, module
+    docstring).
     Each form is compiled once and swapped in by attribute: recompiling before every call would
     time a freshly generated ``forward``, 5-20% slower than the one a model runs call after call."""
     from autotp.calibration.graphs import local_stand_ins, time_in_turn
@@ -269,8 +274,8 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
         return call
 
     try:
-        (seconds, _), (compute_s, compute_work_s), (probe_s, _) = time_in_turn(
-            [calling(real), calling(compute), probe], runs, warmup)
+        [(probe_s, _)] = time_in_turn([probe], runs, warmup)
+        (seconds, _), (compute_s, compute_work_s) = time_in_turn([calling(real), calling(compute)], runs, warmup)
     finally:
         tp_model.graph_module = real
     mean_work = torch.tensor([compute_work_s], dtype=torch.float64)
@@ -280,10 +285,10 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
 
 PROBE_SHAPE = GraphShape(3, 32, 256, collectives=False)
 """The drift probe: a calibration graph (three Llama-like blocks, 32 tokens, hidden 256, no collective) that the
-calibration times and that is timed again in turn with every model's forward. On a shared or virtual machine the
-speed of the same graph moves between the calibration and a measurement minutes later (on this project's idle 2-core
-VM, 0.63-1.63x in one run, no steal time reported); the ratio of the two probe timings says by how much, so that the
-cost model's error can be told apart from the machine's drift."""
+calibration times and that is timed again on its own right before every model's forward. On a shared or virtual
+machine the speed of the same graph moves between the calibration and a measurement minutes later (on this project's
+idle 2-core VM, 0.63-1.63x in one run, no steal time reported); the ratio of the two probe timings says by how much,
+so that the cost model's error can be told apart from the machine's drift."""
 
 
 def _drift_probe(config: Any, everyone: list[Any], world_size: int) -> tuple[Any, float]:
