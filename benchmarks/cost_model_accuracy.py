@@ -60,8 +60,8 @@ machine ran the same graph when the model was measured (the ``drift`` column). T
 measured and with that drift taken out (the prediction scaled by the drift). The first is what a user of the profile
 sees; the second is a diagnostic, not a correction: the probe moves with the machine, and with what ran before it.
 The probe does not take turns with the forward: at four ranks on two cores, a small model's compute form timed in
-turn with it got a third to a half of the share of a core it got without it (the MLP 5.1-6.3 ms against 2.0-2.4,
-the CNN 5.1-7.1 against 4.2), and the probe itself ran faster there than alone, as the calibration times it.
+turn with it took 1.2-2.7x as long as without it, and the probe itself ran faster there than on its own, as the
+calibration times it (``benchmarks/probe_in_turn.py``).
 
 Calibrating in the same processes, right before measuring, keeps both under the same conditions
 (on a shared machine the load moves within seconds); the rounds repeat the whole and the
