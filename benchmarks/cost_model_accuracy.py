@@ -84,6 +84,7 @@ import socket
 import statistics
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def calling_with(tp_model: Any, module: torch.fx.GraphModule, args: tuple, kwargs: dict) -> Callable[[], Any]:
+    """A call of ``tp_model`` on ``args`` and ``kwargs`` that runs ``module`` as its graph (swapped in by attribute,
+    so that one compiled form of each graph is timed call after call)."""
+    def call() -> Any:
+        tp_model.graph_module = module
+        return tp_model(*args, **kwargs)
+    return call
+
+
 def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup: int, runs: int,
                                 probe: Any) -> tuple[float, float, float, float]:
     """(forward, forward without communication): median seconds of the rank-local graph as it is, and of
@@ -266,16 +276,10 @@ def _time_with_and_without_comm(tp_model: Any, args: tuple, kwargs: dict, warmup
 
     real = tp_model.graph_module
     compute = local_stand_ins(real) or real
-
-    def calling(module: torch.fx.GraphModule) -> Any:
-        def call() -> Any:
-            tp_model.graph_module = module
-            return tp_model(*args, **kwargs)
-        return call
-
     try:
         [(probe_s, _)] = time_in_turn([probe], runs, warmup)
-        (seconds, _), (compute_s, compute_work_s) = time_in_turn([calling(real), calling(compute)], runs, warmup)
+        (seconds, _), (compute_s, compute_work_s) = time_in_turn(
+            [calling_with(tp_model, real, args, kwargs), calling_with(tp_model, compute, args, kwargs)], runs, warmup)
     finally:
         tp_model.graph_module = real
     mean_work = torch.tensor([compute_work_s], dtype=torch.float64)

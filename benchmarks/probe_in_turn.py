@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from cost_model_accuracy import PROBE_SHAPE
+from cost_model_accuracy import PROBE_SHAPE, calling_with
 from cost_model_families import ORDER, build
 
 
@@ -39,18 +39,12 @@ def _worker(rank: int, world_size: int, port: int, models: list[str], runs: int)
             tp_model = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs)
             real = tp_model.graph_module
             compute = local_stand_ins(real) or real
-
-            def calling(module: torch.fx.GraphModule) -> Any:
-                def call() -> Any:
-                    tp_model.graph_module = module
-                    return tp_model(*args, **kwargs)
-                return call
+            forms = [calling_with(tp_model, real, args, kwargs), calling_with(tp_model, compute, args, kwargs)]
 
             def probe() -> Any:
                 return probe_module(probe_input)
 
-            rotations = {"real, compute, probe": [calling(real), calling(compute), probe],
-                         "real, compute": [calling(real), calling(compute)], "probe": [probe]}
+            rotations = {"real, compute, probe": [*forms, probe], "real, compute": forms, "probe": [probe]}
             timed = {label: time_in_turn(calls, runs) for label, calls in rotations.items()}
             tp_model.graph_module = real
             if rank == 0:
