@@ -1,7 +1,7 @@
-"""Cross-validation by family of the cost model's in-graph terms, from one run of the accuracy benchmark.
+"""Cross-validation by family of the cost model's in-graph terms, from one or more runs of the accuracy benchmark.
 
     python benchmarks/cost_model_accuracy.py --models all --rounds 2 --runs 20 --threads 1 --json run.json
-    python benchmarks/cost_model_heldout.py run.json [--k 5] [--refit]
+    python benchmarks/cost_model_heldout.py run.json [more.json ...] [--k 5] [--refit]
 
 The accuracy benchmark measures every family's forward at every world size once and writes, per
 (family, world size, round), the measured time, the plan it measured and the round's calibrated profile.
@@ -19,6 +19,12 @@ compute times the profile's core share), which a loaded machine does not lengthe
 ``--refit`` prices every row with the profile this checkout's ``build_profile`` fits from the round's own
 calibration measurements (which the run wrote), instead of the profile the run built: a change to how a profile
 is fitted is judged on the same measurements as the code before it.
+
+Given several runs (each its own calibration and timings, at other times of the day), it prints each run's
+held-out medians on one line, then cross-validates them pooled: every run's rounds as rounds of one run, so a
+(family, world size) is judged by its median prediction against its median measurement over all of them. On a
+machine whose speed drifts, one run's error mixes the model's bias with that run's noise (its calibration and
+its timings); over several runs the noise shrinks and what stays is the bias, the work the model misses.
 """
 
 from __future__ import annotations
@@ -203,37 +209,68 @@ def run_threads(data: dict) -> int:
     return 1
 
 
+def held_out_line(observed: list[Any], k: int) -> str:
+    """Per world size, the held-out median absolute error and the worst held-out family, on one line."""
+    from autotp.cost_model.crossval import cross_validate
+
+    result = cross_validate(observed, [f for f in ORDER if any(o.family == f for o in observed)], k)
+    cells = []
+    for ws in result.world_sizes:
+        errors = {f: e for (f, w), e in result.held_out_errors().items() if w == ws}
+        worst = max(errors, key=lambda f: abs(errors[f]))
+        cells.append(f"tp {ws} {result.held_out_median(ws):5.1%} ({worst} {errors[worst]:+.0%})")
+    return "; ".join(cells)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="the --json file of benchmarks/cost_model_accuracy.py")
+    parser.add_argument("runs", type=Path, nargs="+", help="--json files of benchmarks/cost_model_accuracy.py")
     parser.add_argument("--k", type=int, default=5, help="folds of families (default: 5)")
     parser.add_argument("--refit", action="store_true",
                         help="fit every round's profile again from its calibration measurements with this checkout")
     options = parser.parse_args()
     warnings.simplefilter("ignore")
-    data = json.loads(options.run.read_text())
-    rows = data["rows"]
-    if not rows or not rows[0].get("plan_json"):
-        raise SystemExit(f"{options.run} has no plans: run benchmarks/cost_model_accuracy.py with --json")
-    print(f"{options.run}: {len(rows)} rows, torch {data['torch']}, {data['cores']} cores, "
-          f"load average at the end of the run {data['load_average_end']:.1f}")
     import torch
 
+    runs = [json.loads(path.read_text()) for path in options.runs]
+    threads = {run_threads(data) for data in runs}
+    if len(threads) > 1:
+        raise SystemExit(f"the runs computed with different thread counts {sorted(threads)}: pool runs of one --threads")
     # priced as the run's ranks priced it: PyTorch picks a convolution's kernel by the thread count
-    torch.set_num_threads(run_threads(data))
-    if options.refit:
-        rows = refitted(data)
-    timing_spread(data)
+    torch.set_num_threads(threads.pop())
+    pooled: list[tuple[list[Any], list[Any], list[Any]]] = []
+    rows: list[dict] = []
+    for index, (path, data) in enumerate(zip(options.runs, runs)):
+        mine = data["rows"]
+        if not mine or not mine[0].get("plan_json"):
+            raise SystemExit(f"{path} has no plans: run benchmarks/cost_model_accuracy.py with --json")
+        print(f"{path}: {len(mine)} rows, torch {data['torch']}, {data['cores']} cores, "
+              f"load average at the end of the run {data['load_average_end']:.1f}")
+        if options.refit:
+            mine = refitted(data)
+        timing_spread(data)
+        # each run's rounds numbered apart from the others', so that pooled they stay rounds of their own
+        mine = [{**row, "round_index": index * 1000 + row["round_index"]} for row in mine]
+        pooled.append(observations(mine))
+        rows += mine
+    if len(runs) > 1:
+        print("\neach run alone, on the group's wall clock: held-out median absolute error (worst held-out family)")
+        for path, (wall, _, _) in zip(options.runs, pooled):
+            print(f"  {path.name:<16} {held_out_line(wall, options.k)}")
+        print(f"\n{len(runs)} runs pooled: every (family, world size) judged by its median over the runs' rounds")
+    wall, steady, work = ([o for observed in pooled for o in observed[form]] for form in range(3))
     from autotp.cost_model import Hardware
 
     largest = max(r["world_size"] for r in rows)
     profile = Hardware.from_json(next(r["profile_json"] for r in rows if r["world_size"] == largest))
-    wall, steady, work = observations(rows)
     print("\n== the forward on the group's wall clock (what the goal is stated in)")
     report(wall, options.k, profile)
     if steady:
-        drifts = {ws: sorted(r["probe_s"] / r["probe_calibration_s"] for r in rows if r["world_size"] == ws)
-                  for ws in sorted({r["world_size"] for r in rows})}
+        if len(steady) < len(wall):
+            print(f"\n({len(wall) - len(steady)} of {len(wall)} rows have no drift probe and are left out below)")
+        probed = [r for r in rows if r.get("probe_s", 0) > 0 and r.get("probe_calibration_s", 0) > 0]
+        drifts = {ws: sorted(r["probe_s"] / r["probe_calibration_s"] for r in probed if r["world_size"] == ws)
+                  for ws in sorted({r["world_size"] for r in probed})}
         print("\n== the same at the calibration's speed (each measurement divided by its drift probe's ratio; drift "
               + ", ".join(f"tp {ws} {d[0]:.2f}-{d[-1]:.2f}x (median {statistics.median(d):.2f})"
                           for ws, d in drifts.items()) + ")")
