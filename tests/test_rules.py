@@ -116,3 +116,49 @@ def test_every_llama_op_in_attention_and_mlp_has_a_rule() -> None:
                if n.op == "call_function" and n.target not in RULES
                and any(k in str(n.meta.get("nn_module_stack", "")) for k in ("self_attn", "mlp"))}
     assert not missing, f"ops in attention/MLP without a rule: {missing}"
+
+
+def test_the_vocab_split_embeddings_declared_ops_are_those_its_local_form_emits_and_are_priced() -> None:
+    """The tied-embedding LM (vocabulary 1000, hidden 128, ids (2, 16)) at tp 2 with the embedding's weight split
+    over the vocabulary: the ops the rank-local graph runs beyond the original graph's are the lookup's local form
+    and the output's all-gather; the local form's part is exactly what ``local_form_kernels_for`` declares (so the
+    cost pass prices what runs), and the embedding's vocabulary strategy costs more than its hidden split by at
+    least those ops' dispatch."""
+    import collections
+    import dataclasses
+
+    import autotp
+    from autotp.cost_model import get_hardware
+    from autotp.passes.costing import local_form_kernels_s
+    from autotp.passes.rewrite import rewrite_for_rank
+    from autotp.passes.rules import local_form_kernels_for
+    from autotp.passes.uneven import build_partitions
+    from models import tiny_tied_lm
+
+    aten = torch.ops.aten
+    model, args, kwargs = tiny_tied_lm()
+    captured = capture(model, args, kwargs)
+    plan = autotp.plan(model, args, kwargs, world_size=2, hardware="cpu-gloo", memory_budget=None,
+                       constraints={"embed.weight": Shard(0)})
+    decisions = plan.decisions()
+    local = rewrite_for_rank(captured.graph_module, decisions, build_partitions(captured.graph_module, decisions, 2),
+                             0, "unused", routes=plan.reshard_routes())
+
+    def kernels(graph: fx.Graph) -> collections.Counter:
+        return collections.Counter(node.target for node in graph.nodes if node.op == "call_function")
+
+    added = kernels(local.graph) - kernels(captured.graph_module.graph)
+    lookup = next(node for node in captured.graph_module.graph.nodes if node.target is aten.embedding.default)
+    split = next(s for s in strategies_for(lookup, RuleContext(2)) if s.inputs[0] == Shard(0))
+    declared = collections.Counter(op for op, _ in local_form_kernels_for(aten.embedding.default)(lookup, split, 2))
+    assert declared, "the vocabulary split adds ops"
+    emitted = collections.Counter({op: count for op, count in added.items() if op in declared})
+    assert emitted == declared, (emitted, declared)
+    # the whole output's masked_fill and the ids' ops read and write what the shapes say
+    nbytes = dict(local_form_kernels_for(aten.embedding.default)(lookup, split, 2))
+    assert nbytes[aten.masked_fill.Scalar] == 2 * (2 * 16 * 128 * 4) + 2 * 16
+    assert nbytes[aten.sub.Tensor] == 2 * (2 * 16 * 8)
+    hardware = dataclasses.replace(get_hardware("cpu-gloo"), host_dispatch_s=10e-6)
+    hidden = next(s for s in strategies_for(lookup, RuleContext(2)) if s.inputs[0] == Shard(1))
+    assert local_form_kernels_s(lookup, hidden, 2, hardware) == 0.0
+    assert local_form_kernels_s(lookup, split, 2, hardware) >= 7 * 10e-6  # seven kernels, each dispatched

@@ -51,6 +51,7 @@ from autotp.passes.rules import (  # noqa: F401 - imported to register their rul
 )
 from autotp.passes.rules.args import arg, tensor_inputs
 from autotp.passes.rules.registry import (
+    LOCAL_FORM_KERNELS,
     LOCAL_FORMS,
     OP_COLLECTIVES,
     RULES,
@@ -59,8 +60,10 @@ from autotp.passes.rules.registry import (
     RuleContext,
     has_rule,
     local_form_for,
+    local_form_kernels_for,
     op_collectives_for,
     register_local_form,
+    register_local_form_kernels,
     register_op_collectives,
     register_rule,
     rule_for,
@@ -69,7 +72,8 @@ from autotp.passes.rules.registry import (
 from autotp.passes.rules.views import block_counts, view_groups
 
 __all__ = [
-    "LOCAL_FORMS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "RuleContext", "Strategy", "arg",
-    "block_counts", "has_rule", "local_form_for", "op_collectives_for", "register_local_form",
-    "register_op_collectives", "register_rule", "rule_for", "strategies_for", "tensor_inputs", "view_groups",
+    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "RuleContext",
+    "Strategy", "arg", "block_counts", "has_rule", "local_form_for", "local_form_kernels_for", "op_collectives_for",
+    "register_local_form", "register_local_form_kernels", "register_op_collectives", "register_rule", "rule_for",
+    "strategies_for", "tensor_inputs", "view_groups",
 ]

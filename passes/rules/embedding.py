@@ -2,7 +2,8 @@
 
 Vocabulary-parallel (``weight S(0) -> Partial``): each rank holds a range of rows, looks up the
 ids in its range and writes zeros for the others, so the ranks' outputs sum to the lookup.
-The rank-local form (:func:`_local_embedding`) localises the ids.
+The rank-local form (:func:`_local_embedding`) localises the ids; :func:`_local_embedding_kernels` names the
+ops it adds, which the cost pass prices.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from autotp.base.shapes import concrete_shape, is_static
 from autotp.base.strategy import Strategy
 from autotp.passes.rules.args import shape, tensor_inputs
 from autotp.passes.rules.builders import P, R
-from autotp.passes.rules.registry import LocalGraph, RuleContext, register_local_form, register_rule
+from autotp.passes.rules.registry import (
+    LocalGraph,
+    RuleContext,
+    register_local_form,
+    register_local_form_kernels,
+    register_rule,
+)
 
 aten = torch.ops.aten
 
@@ -69,3 +76,21 @@ def _local_embedding(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: di
     outside = builder.call(aten.logical_not.default, builder.call(aten.unsqueeze.default, inside, -1, meta_from=node),
                            meta_from=node)
     return builder.call(aten.masked_fill.Scalar, looked_up, outside, 0.0, meta_from=node)
+
+
+@register_local_form_kernels(aten.embedding.default)
+def _local_embedding_kernels(node: fx.Node, strategy: Strategy, world_size: int) -> tuple[tuple[object, int], ...]:
+    """The ops :func:`_local_embedding` runs besides the lookup under the vocabulary split, with the bytes each
+    reads and writes: five over the ids (``n`` of them) that localise and mask them, the mask's view and negation,
+    and the zeros written over the rows this rank does not hold (a pass over the output)."""
+    if strategy.inputs[0] != Shard(0) or world_size == 1:
+        return ()
+    indices = tensor_inputs(node)[1]
+    n = 1
+    for size in shape(indices):
+        n *= size
+    id_bytes = indices.meta["val"].element_size()
+    out_bytes = n * shape(node)[-1] * node.meta["val"].element_size()
+    return ((aten.sub.Tensor, 2 * n * id_bytes), (aten.ge.Scalar, n * id_bytes + n), (aten.lt.Scalar, n * id_bytes + n),
+            (aten.bitwise_and.Tensor, 3 * n), (aten.where.ScalarOther, n + 2 * n * id_bytes),
+            (aten.unsqueeze.default, 0), (aten.logical_not.default, 2 * n), (aten.masked_fill.Scalar, 2 * out_bytes + n))

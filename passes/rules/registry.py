@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from autotp.passes.uneven import Partitions
 
 __all__ = [
-    "LOCAL_FORMS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "OpCollectives", "Rule", "RuleContext",
-    "has_rule", "local_form_for", "op_collectives_for", "register_local_form", "register_op_collectives",
+    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalFormKernels", "LocalGraph",
+    "OpCollectives", "Rule", "RuleContext", "has_rule", "local_form_for", "local_form_kernels_for", "op_collectives_for",
+    "register_local_form", "register_local_form_kernels", "register_op_collectives",
     "register_rule", "replicated", "rule_for", "strategies_for",
 ]
 
@@ -77,9 +78,16 @@ OpCollectives = Callable[[fx.Node, Strategy, int], tuple[tuple[str, int], ...]]
 collective the op's rank-local form issues itself under ``strategy`` (e.g. a vocabulary-parallel cross-entropy's all-gather of
 two values per row); the cost pass adds their time to the strategy's."""
 
+LocalFormKernels = Callable[[fx.Node, Strategy, int], tuple[tuple[object, int], ...]]
+"""``kernels(node, strategy, world_size)``: the ``(op, bytes it reads and writes)`` of each op the op's rank-local
+form runs besides the op itself under ``strategy`` (a vocabulary-split embedding's masking of the ids it does not
+hold), in the order it emits them; a view moves 0 bytes. The cost pass prices each as a kernel node of its own
+(a view as a view)."""
+
 RULES: dict[object, Rule] = {}
 LOCAL_FORMS: dict[object, LocalForm] = {}
 OP_COLLECTIVES: dict[object, OpCollectives] = {}
+LOCAL_FORM_KERNELS: dict[object, LocalFormKernels] = {}
 
 
 def register_rule(*ops: object) -> Callable[[Rule], Rule]:
@@ -115,6 +123,17 @@ def register_op_collectives(*ops: object) -> Callable[[OpCollectives], OpCollect
     return wrap
 
 
+def register_local_form_kernels(*ops: object) -> Callable[[LocalFormKernels], LocalFormKernels]:
+    """Decorator: register the ops the rank-local form of each op in ``ops`` runs besides the op itself."""
+
+    def wrap(kernels: LocalFormKernels) -> LocalFormKernels:
+        for op in ops:
+            LOCAL_FORM_KERNELS[op] = kernels
+        return kernels
+
+    return wrap
+
+
 def _lookup(table: dict[object, Callable], target: object) -> Callable | None:
     """Entry of ``target`` in ``table``: by overload, else by its qualified name."""
     found = table.get(target)
@@ -136,6 +155,11 @@ def local_form_for(target: object) -> LocalForm | None:
 def op_collectives_for(target: object) -> OpCollectives | None:
     """The collectives an op's rank-local form issues itself (``None``: none under any strategy)."""
     return _lookup(OP_COLLECTIVES, target)
+
+
+def local_form_kernels_for(target: object) -> LocalFormKernels | None:
+    """The ops an op's rank-local form runs besides the op itself (``None``: the op alone under any strategy)."""
+    return _lookup(LOCAL_FORM_KERNELS, target)
 
 
 def has_rule(node: fx.Node) -> bool:
