@@ -62,9 +62,9 @@ def _forward_families(world_size: int) -> list[str]:
     return FORWARD_AT_TP3 if world_size == 3 else list(FORWARD_FAMILIES)
 
 
-def _forward_rows(rank: int, world_size: int) -> dict[str, Any]:
+def _forward_rows(rank: int, world_size: int, families: list[str]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
-    for family in _forward_families(world_size):
+    for family in families:
         model, args, _ = FORWARD_FAMILIES[family]()
         model.config.use_cache = True  # HF's default, as from_pretrained gives it: the plain call must work
         with torch.no_grad():
@@ -103,12 +103,22 @@ def _generation_rows(rank: int, world_size: int, families: list[str]) -> dict[st
     return rows
 
 
+def _by_family(gloo: Any, world_size: int, rows_of: Any, families: list[str]) -> list[dict[str, Any]]:
+    """``rows_of``'s rows on every rank, the ranks called once per family: each call's timeout detects a hang, and
+    all families in one call took 260-300 s of its 300 under CI's load."""
+    by_rank: list[dict[str, Any]] = [{} for _ in range(world_size)]
+    for family in families:
+        for rows, more in zip(by_rank, gloo.run(world_size, rows_of, [family]), strict=True):
+            rows.update(more)
+    return by_rank
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_forward_equals_the_model_on_this_release(gloo, world_size: int) -> None:
     """tp=2 (every HF family) and 3 (five: 8/4, 2 kv heads and experts split unevenly), a plain forward:
     logits within 1e-4 on every rank (or, where the release cannot trace a family, a CaptureError on
     every rank)."""
-    by_rank = gloo.run(world_size, _forward_rows)
+    by_rank = _by_family(gloo, world_size, _forward_rows, _forward_families(world_size))
     assert all(rows.keys() == by_rank[0].keys() for rows in by_rank), by_rank
     for family in _forward_families(world_size):
         outcomes = [rows[family] for rows in by_rank]
@@ -128,11 +138,7 @@ def test_greedy_tokens_equal_hf_on_this_release(gloo, world_size: int) -> None:
     generation range, tokens equal HF's greedy ``generate`` on every rank and the cache holds bytes;
     below it, ``UnsupportedReleaseError`` naming the supported releases on every rank."""
     families = GENERATION_FAMILIES[world_size]
-    # one family per call: each call's timeout detects a hang; seven families in one call took 260-300 s of it
-    by_rank = [{} for _ in range(world_size)]
-    for family in families:
-        for rows, more in zip(by_rank, gloo.run(world_size, _generation_rows, [family]), strict=True):
-            rows.update(more)
+    by_rank = _by_family(gloo, world_size, _generation_rows, families)
     for family in families:
         outcomes = [rows[family] for rows in by_rank]
         if not GENERATES:
