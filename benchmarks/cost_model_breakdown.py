@@ -23,7 +23,9 @@ benchmark measures compute):
 and prints, per op kind (views, GEMMs, attention, lookups, transcendental, pooling, reductions and norms,
 other elementwise; with ``--by op``, per ATen op; with ``--by node``, per node in graph order), the node count,
 the measured milliseconds in both conditions and the predicted ones (the plan's ``compute_s`` of the same
-nodes), so the kind whose prediction is low stands out.
+nodes), so the kind whose prediction is low stands out. Nodes the rewrite added (a collective's stand-in, the
+layout copies around a gather, a local form's own ops) have no plan node of their own: they are listed apart,
+marked ``+``, at a predicted 0 (the plan prices them inside the node they serve).
 """
 
 from __future__ import annotations

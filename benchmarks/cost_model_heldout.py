@@ -117,6 +117,11 @@ def observations(rows: list[dict]) -> tuple[list[Any], list[Any], list[Any]]:
     return result, steady, work
 
 
+def _worst(errors: dict[str, float]) -> str:
+    """The family of ``errors`` (family -> signed error) furthest from its measurement."""
+    return max(errors, key=lambda family: abs(errors[family]))
+
+
 def report(observed: list[Any], k: int, profile: Any) -> None:
     """Print the cross-validation (module docstring); ``profile``: one of the run's profiles, to count its numbers."""
     from autotp.cost_model.crossval import TERMS, cross_validate, fitted_numbers
@@ -139,10 +144,11 @@ def report(observed: list[Any], k: int, profile: Any) -> None:
               f"({sum(fitted_numbers(profile, removed).values())} numbers): {', '.join(fold.kept) or '-'}")
     print("\nper world size: fitted (training folds) and held-out median absolute error; worst held-out family")
     for ws in world_sizes:
-        worst = max(((f, e) for (f, w), e in held_out.items() if w == ws), key=lambda item: abs(item[1]))
+        errors = {f: e for (f, w), e in held_out.items() if w == ws}
+        worst = _worst(errors)
         as_calibrated = [abs(calibrated_error(f, ws)) for f in families if f not in DESIGN]
         print(f"  tp {ws}: fitted {result.fitted_median(ws):.1%}, held out {result.held_out_median(ws):.1%} "
-              f"(worst {worst[0]} {worst[1]:+.1%}); as calibrated, families outside the design four: "
+              f"(worst {worst} {errors[worst]:+.1%}); as calibrated, families outside the design four: "
               f"{statistics.median(as_calibrated):.1%}" if as_calibrated else "")
     print("\nsigned error per family, tp " + " / ".join(map(str, world_sizes))
           + ": held out (terms chosen without it) | as calibrated (every term)")
@@ -155,7 +161,7 @@ def report(observed: list[Any], k: int, profile: Any) -> None:
         cells = []
         for ws in world_sizes:
             errors = {f: calibrated_error(f, ws, removed) for f in families}
-            worst = max(errors, key=lambda f: abs(errors[f]))
+            worst = _worst(errors)
             cells.append(f"{statistics.median(abs(e) for e in errors.values()):5.1%} ({worst} {errors[worst]:+.0%})")
         print(f"  {'none' if not removed else 'without ' + next(iter(removed)):<30} " + " | ".join(cells))
 
@@ -217,7 +223,7 @@ def held_out_line(observed: list[Any], k: int) -> str:
     cells = []
     for ws in result.world_sizes:
         errors = {f: e for (f, w), e in result.held_out_errors().items() if w == ws}
-        worst = max(errors, key=lambda f: abs(errors[f]))
+        worst = _worst(errors)
         cells.append(f"tp {ws} {result.held_out_median(ws):5.1%} ({worst} {errors[worst]:+.0%})")
     return "; ".join(cells)
 
@@ -235,7 +241,8 @@ def main() -> None:
     runs = [json.loads(path.read_text()) for path in options.runs]
     threads = {run_threads(data) for data in runs}
     if len(threads) > 1:
-        raise SystemExit(f"the runs computed with different thread counts {sorted(threads)}: pool runs of one --threads")
+        raise SystemExit(f"the runs computed with different thread counts {sorted(threads)}: "
+                         "pool runs of one --threads")
     # priced as the run's ranks priced it: PyTorch picks a convolution's kernel by the thread count
     torch.set_num_threads(threads.pop())
     pooled: list[tuple[list[Any], list[Any], list[Any]]] = []

@@ -120,10 +120,10 @@ def test_every_llama_op_in_attention_and_mlp_has_a_rule() -> None:
 
 def test_the_vocab_split_embeddings_declared_ops_are_those_its_local_form_emits_and_are_priced() -> None:
     """The tied-embedding LM (vocabulary 1000, hidden 128, ids (2, 16)) at tp 2 with the embedding's weight split
-    over the vocabulary: the ops the rank-local graph runs beyond the original graph's are the lookup's local form
-    and the output's all-gather; the local form's part is exactly what ``local_form_kernels_for`` declares (so the
-    cost pass prices what runs), and the embedding's vocabulary strategy costs more than its hidden split by at
-    least those ops' dispatch."""
+    over the vocabulary: of the ops the rank-local graph adds to the original graph, those of the kinds
+    ``local_form_kernels_for`` declares are exactly the declared ones (so the cost pass prices what runs), with
+    the bytes the shapes give; the cost pass prices them at a dispatch or more each under the vocabulary split,
+    and at nothing under the hidden split."""
     import collections
     import dataclasses
 

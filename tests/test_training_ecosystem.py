@@ -171,10 +171,10 @@ def test_fsdp2_over_tensor_parallel(gloo) -> None:
             assert abs(got - want) <= 1e-5 * abs(want), f"rank {rank} step {step}: loss {got}, single process {want}"
 
 
-def _dropout_probes(tp: autotp.TensorParallelModule, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+def _dropout_probes(tp: autotp.TensorParallelModule, ids: torch.Tensor) -> dict[str, list]:
     """One forward of ``tp`` in which every sampling node runs on a probe (dropout of ones; attention with
     uniform scores over values of ones), so its output shows its mask: ``{"split": [...], "replicated": [...]}``,
-    and ``"split attention"``: how many of the split ones are attention."""
+    and under ``"split attention"`` the names of the split nodes that are attention."""
     from torch.fx import Interpreter
 
     from autotp.capture import draws_random_numbers
@@ -237,8 +237,8 @@ def _dropout_streams(rank: int, world_size: int) -> dict:
 
 def test_dropout_streams_per_rank(gloo) -> None:
     """tp=2, GPT-2 with dropout 0.1, dropout="split": attention (split by heads, in both layers) draws its dropout
-    from a per-rank stream, as does any dropout the plan splits, so their masks differ between the ranks; the replicated (and partial) dropouts draw
-    from the shared stream, so their masks are equal on both ranks; after tp.manual_seed(7) both kinds
+    from a per-rank stream, as does any dropout the plan splits, so their masks differ between the ranks; the
+    replicated (and partial) dropouts draw from the shared stream, so their masks are equal on both ranks; after tp.manual_seed(7) both kinds
     repeat exactly; a training step runs and its loss is the same on both ranks; with
     activation_checkpointing="blocks" (same plan) the recomputed masks are the forward's: equal gradients."""
     results = gloo.run(2, _dropout_streams)

@@ -92,7 +92,6 @@ def _loss_and_gradients(rank: int, world_size: int, vocab: int) -> dict:
             "worst": worst, "worst_name": worst_name,
             "strategies": {p: str(tp.plan.decisions()[ce[p]]) for p, tp in (("inference", inference),
                                                                              ("training", trained))},
-            "planned": {"inference": inference.plan.collective_counts(), "training": trained.plan.collective_counts()},
             "gathered": {p: _gathered_shapes(tp.plan) for p, tp in (("inference", inference), ("training", trained))},
             "in_graph": inference.collective_counts()}
 

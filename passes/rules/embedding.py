@@ -8,6 +8,8 @@ ops it adds, which the cost pass prices.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx as fx
 
@@ -86,11 +88,10 @@ def _local_embedding_kernels(node: fx.Node, strategy: Strategy, world_size: int)
     if strategy.inputs[0] != Shard(0) or world_size == 1:
         return ()
     indices = tensor_inputs(node)[1]
-    n = 1
-    for size in shape(indices):
-        n *= size
+    n = math.prod(shape(indices))
     id_bytes = indices.meta["val"].element_size()
     out_bytes = n * shape(node)[-1] * node.meta["val"].element_size()
-    return ((aten.sub.Tensor, 2 * n * id_bytes), (aten.ge.Scalar, n * id_bytes + n), (aten.lt.Scalar, n * id_bytes + n),
-            (aten.bitwise_and.Tensor, 3 * n), (aten.where.ScalarOther, n + 2 * n * id_bytes),
-            (aten.unsqueeze.default, 0), (aten.logical_not.default, 2 * n), (aten.masked_fill.Scalar, 2 * out_bytes + n))
+    return ((aten.sub.Tensor, 2 * n * id_bytes), (aten.ge.Scalar, n * id_bytes + n),
+            (aten.lt.Scalar, n * id_bytes + n), (aten.bitwise_and.Tensor, 3 * n),
+            (aten.where.ScalarOther, n + 2 * n * id_bytes), (aten.unsqueeze.default, 0),
+            (aten.logical_not.default, 2 * n), (aten.masked_fill.Scalar, 2 * out_bytes + n))

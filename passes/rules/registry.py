@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalFormKernels", "LocalGraph",
-    "OpCollectives", "Rule", "RuleContext", "has_rule", "local_form_for", "local_form_kernels_for", "op_collectives_for",
-    "register_local_form", "register_local_form_kernels", "register_op_collectives",
+    "OpCollectives", "Rule", "RuleContext", "has_rule", "local_form_for", "local_form_kernels_for",
+    "op_collectives_for", "register_local_form", "register_local_form_kernels", "register_op_collectives",
     "register_rule", "replicated", "rule_for", "strategies_for",
 ]
 
@@ -90,48 +90,36 @@ OP_COLLECTIVES: dict[object, OpCollectives] = {}
 LOCAL_FORM_KERNELS: dict[object, LocalFormKernels] = {}
 
 
-def register_rule(*ops: object) -> Callable[[Rule], Rule]:
-    """Decorator: register ``rule`` for each op overload (or qualified op name, ``"ns::op"``) in ``ops``."""
+def _registering(table: dict[object, Callable], ops: tuple[object, ...]) -> Callable[[Callable], Callable]:
+    """A decorator that enters what it decorates in ``table`` for each op overload (or qualified op name) in
+    ``ops``, and returns it unchanged."""
 
-    def wrap(rule: Rule) -> Rule:
+    def wrap(entry: Callable) -> Callable:
         for op in ops:
-            RULES[op] = rule
-        return rule
+            table[op] = entry
+        return entry
 
     return wrap
+
+
+def register_rule(*ops: object) -> Callable[[Rule], Rule]:
+    """Decorator: register ``rule`` for each op overload (or qualified op name, ``"ns::op"``) in ``ops``."""
+    return _registering(RULES, ops)
 
 
 def register_local_form(*ops: object) -> Callable[[LocalForm], LocalForm]:
     """Decorator: register the rank-local form of each op in ``ops`` (see module docstring)."""
-
-    def wrap(form: LocalForm) -> LocalForm:
-        for op in ops:
-            LOCAL_FORMS[op] = form
-        return form
-
-    return wrap
+    return _registering(LOCAL_FORMS, ops)
 
 
 def register_op_collectives(*ops: object) -> Callable[[OpCollectives], OpCollectives]:
     """Decorator: register the collectives the rank-local form of each op in ``ops`` issues itself."""
-
-    def wrap(collectives: OpCollectives) -> OpCollectives:
-        for op in ops:
-            OP_COLLECTIVES[op] = collectives
-        return collectives
-
-    return wrap
+    return _registering(OP_COLLECTIVES, ops)
 
 
 def register_local_form_kernels(*ops: object) -> Callable[[LocalFormKernels], LocalFormKernels]:
     """Decorator: register the ops the rank-local form of each op in ``ops`` runs besides the op itself."""
-
-    def wrap(kernels: LocalFormKernels) -> LocalFormKernels:
-        for op in ops:
-            LOCAL_FORM_KERNELS[op] = kernels
-        return kernels
-
-    return wrap
+    return _registering(LOCAL_FORM_KERNELS, ops)
 
 
 def _lookup(table: dict[object, Callable], target: object) -> Callable | None:
