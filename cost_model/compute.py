@@ -34,10 +34,11 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
 
 In a graph a kernel costs more than the same op timed in a loop (``Hardware.kernel_extra_fraction``,
 :func:`in_graph_kernel_s`). Some op families also pay a fixed cost per call that their bytes and FLOPs do not
-show (:data:`~.hardware.OP_FAMILIES`, ``Hardware.op_fixed_s``: a CPU convolution sets up a oneDNN primitive, about 40 us
-on this project's VM whatever its size). The kernel's time then meets the host's dispatch of the node as the
-runtime mode says (:func:`.runtime.node_time_s`): added on a CPU, overlapped on a GPU, absent when compiled or
-replayed from a CUDA graph.
+show (:data:`~.hardware.OP_FIXED_COSTS`, ``Hardware.op_fixed_s``, :func:`fixed_costs`: a CPU convolution sets up a
+oneDNN primitive, about 40 us on this project's VM whatever its size; an attention pays per call and per block of
+queries in PyTorch's flash kernel, or per call in its math kernel, whichever PyTorch picks). The kernel's time
+then meets the host's dispatch of the node as the runtime mode says (:func:`.runtime.node_time_s`): added on a
+CPU, overlapped on a GPU, absent when compiled or replayed from a CUDA graph.
 
 FLOPs come from ``torch.utils.flop_counter``'s formula table (``flop_registry``) where it covers
 the op, so autotp's counts agree with ``FlopCounterMode``; a few composite ops that appear in
@@ -56,6 +57,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import conv_flop_count, flop_registry
 
@@ -150,8 +152,7 @@ def compute_time_s(
     gemm_min_dim: float | None = None,
     rated_elements: float = 0,
     rated_op: str | None = None,
-    family: str | None = None,
-    fixed_calls: float = 1,
+    fixed: Iterable[tuple[str, float]] = (),
 ) -> float:
     """Predicted seconds of one kernel node doing ``flops`` FLOPs and moving ``memory_bytes`` bytes.
 
@@ -162,9 +163,8 @@ def compute_time_s(
     local (m, n, k) when the op is a GEMM (:func:`gemm_dims`), else None. ``rated_elements``: the elements the
     op's arithmetic runs over (:func:`rated_elements`); ``rated_op``: its name (:func:`op_name`), whose own rate
     prices them where the profile measured one (``Hardware.element_rate_s``; a transcendental op without one at
-    ``Hardware.transcendental_element_s``, a pooling op by its bytes). ``family``: the op's
-    :func:`op_family`, whose fixed cost (``Hardware.op_fixed_s``) the kernel pays on top, ``fixed_calls`` times
-    (:func:`fixed_cost_calls`: attention pays it per block of queries it runs). ``flops == 0 and
+    ``Hardware.transcendental_element_s``, a pooling op by its bytes). ``fixed``: the fixed costs the call pays
+    on top, ``(name, times)`` (:func:`fixed_costs`; ``Hardware.op_fixed_s`` prices them). ``flops == 0 and
     memory_bytes == 0`` means no kernel: 0.0. The dtype's peak is only needed when ``flops > 0``.
     """
     if flops < 0 or memory_bytes < 0 or rated_elements < 0:
@@ -187,8 +187,7 @@ def compute_time_s(
         default = None if rated_op is None or rated_op in _TRANSCENDENTAL_NAMES else 0.0
         arithmetic_s = rated_elements * hardware.element_rate_s(rated_op, default)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
-    fixed_s = hardware.op_fixed_cost_s(family) * fixed_calls if family is not None else 0.0
-    return float(node_time_s(in_graph_kernel_s(device_s, hardware) + fixed_s, hardware))
+    return float(node_time_s(in_graph_kernel_s(device_s, hardware) + hardware.fixed_costs_s(fixed), hardware))
 
 
 def in_graph_kernel_s(device_s: Any, hardware: Hardware) -> Any:
@@ -755,22 +754,73 @@ def attention_blocks(query_shape: Sequence[int]) -> int:
     return max(1, math.prod(int(d) for d in query_shape[:-2]) * math.ceil(queries / block))
 
 
-def fixed_cost_calls(op: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-                     dtype: torch.dtype = torch.float32) -> int:
-    """How many times one call of ``op`` pays its family's fixed cost (``Hardware.op_fixed_s``), from its local
-    arguments (tensors, or their shapes): attention once per block of queries (:func:`attention_blocks` of its
-    query's shape; the calibration times one block, a single head of four queries), a convolution once when
-    PyTorch runs it through oneDNN and not at all otherwise (:func:`convolution_sets_up_primitive`), every other
-    op once. On a 2-core VM a (2, 8, 16, 32) causal attention took 130-190 us node by node where one block's fixed
-    cost and the roofline gave 34."""
+def fixed_costs(op: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+                dtype: torch.dtype = torch.float32) -> tuple[tuple[str, int], ...]:
+    """The fixed costs (``Hardware.op_fixed_s``, :data:`~.hardware.OP_FIXED_COSTS`) one call of ``op`` pays, as
+    ``(name, times)`` pairs, from its local arguments (tensors, or their shapes): an attention call PyTorch runs
+    in its flash kernel pays ``"attention"`` once per block of queries (:func:`attention_blocks` of its query's
+    shape) and ``"attention_call"`` once, one it runs in its math kernel (:func:`attention_runs_math`) pays
+    ``"attention_math"`` once; a convolution pays its family's cost once when PyTorch runs it through oneDNN and
+    not at all otherwise (:func:`convolution_sets_up_primitive`); an op of another family pays its family's once;
+    an op of no family pays none. On a 2-core VM, one thread: a (2, 8, 16, 32) attention with a boolean mask
+    took 89 us in a loop, one of one block (1, 1, 4, 16) 33 us, about 20 us for the call and 3.5 more per
+    block; a Falcon-shaped one (keys and values of one head) took 250 us in the math kernel, where the flash
+    kernel ran the same queries with eight heads of keys in 132."""
+    family = op_family(op)
+    if family is None:
+        return ()
     kwargs = kwargs or {}
     packet = _packet_of(op)
     if packet in _ATTENTION_OPS:
+        if attention_runs_math(op, args, kwargs, dtype):
+            return (("attention_math", 1),)
         query = _arg(args, kwargs, 0, "query")
-        return attention_blocks(_shape(query)) if query is not None else 1
+        return (("attention", attention_blocks(_shape(query)) if query is not None else 1), ("attention_call", 1))
     if packet in _CONV_GROUPS_ARG:
-        return int(convolution_sets_up_primitive(op, args, kwargs, dtype))
-    return 1
+        return ((family, int(convolution_sets_up_primitive(op, args, kwargs, dtype))),)
+    return ((family, 1),)
+
+
+def attention_runs_math(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
+                        dtype: torch.dtype = torch.float32) -> bool:
+    """Whether PyTorch runs this CPU ``scaled_dot_product_attention`` call in its composite math kernel (scores
+    written out, about twenty ATen ops) rather than its flash kernel, as its own choice says
+    (``torch._fused_sdp_choice``, asked with stand-ins of one token of every head of the arguments, their dtype
+    and the mask's; ``use_flash_attention_cpp`` in PyTorch's ``sdp_utils_cpp.cpp``): keys and values with fewer
+    heads than the queries and no ``enable_gqa`` (a multi-query Falcon), dropout, a head size the kernel does not
+    take. False where torch cannot be asked (no such function, shapes of fewer than four dims, arguments it
+    refuses): the calibration's attention is a flash one."""
+    if _packet_of(op) is not aten.scaled_dot_product_attention:
+        return False
+    kwargs = kwargs or {}
+    shapes = [_arg(args, kwargs, index, name) for index, name in enumerate(("query", "key", "value"))]
+    if any(shape is None for shape in shapes):
+        return False
+    shapes = [tuple(_concrete_size(size) for size in _shape(shape)) for shape in shapes]
+    if any(len(shape) != 4 for shape in shapes):
+        return False
+    mask = _arg(args, kwargs, 3, "attn_mask")
+    mask_dtype = getattr(mask, "dtype", dtype) if mask is not None else None
+    options = (float(_arg(args, kwargs, 4, "dropout_p", 0.0) or 0.0), bool(_arg(args, kwargs, 5, "is_causal", False)),
+               bool(kwargs.get("enable_gqa", False)))
+    heads = tuple((shape[1], shape[3]) for shape in shapes)
+    return _math_kernel_chosen(heads, dtype, mask_dtype, *options)
+
+
+@functools.lru_cache(maxsize=1024)
+def _math_kernel_chosen(heads: tuple[tuple[int, int], ...], dtype: torch.dtype, mask_dtype: torch.dtype | None,
+                        dropout_p: float, is_causal: bool, enable_gqa: bool) -> bool:
+    """PyTorch's choice for stand-ins of ``(heads, head size)`` of the query, key and value (one batch, one token)."""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return False
+    query, key, value = (torch.zeros(1, count, 1, size, dtype=dtype) for count, size in heads)
+    mask = torch.zeros(1, 1, 1, 1, dtype=mask_dtype) if mask_dtype is not None else None
+    try:
+        backend = choose(query, key, value, mask, dropout_p, is_causal, enable_gqa=enable_gqa)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return int(backend) == int(SDPBackend.MATH)
 
 
 def convolution_sets_up_primitive(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | None = None,

@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -57,6 +57,7 @@ __all__ = [
     "KNOWN_HARDWARE",
     "FIRST_CALL_KINDS",
     "OP_FAMILIES",
+    "OP_FIXED_COSTS",
     "RUNTIME_MODES",
     "SMALL_ALL_REDUCE_ALGORITHMS",
     "Hardware",
@@ -67,6 +68,13 @@ __all__ = [
 OP_FAMILIES = ("convolution", "pooling", "batch_norm", "attention")
 """Op families priced with a fixed cost per call of their own (``Hardware.op_fixed_s``, measured by
 ``autotp calibrate``): library kernels that set up a primitive or a plan on every call."""
+
+OP_FIXED_COSTS = (*OP_FAMILIES, "attention_call", "attention_math")
+"""What ``Hardware.op_fixed_s`` names: each op family's fixed cost (attention's per block of queries its CPU flash
+kernel runs), and two more of attention: ``"attention_call"``, what a flash call pays once besides its blocks
+(choosing its kernel, turning a boolean mask into an additive one), and ``"attention_math"``, what a call PyTorch
+runs in its composite math kernel instead pays once (about twenty ATen ops: on a CPU, keys and values with fewer
+heads than the queries and no ``enable_gqa``)."""
 
 FIRST_CALL_KINDS = ("kernel", *OP_FAMILIES)
 """What ``Hardware.first_call_s`` names: ``"kernel"`` (any op of no family measured on its own) and the op
@@ -118,7 +126,7 @@ def _checked_named_seconds(owner: str, field: str, pairs: Any, names: tuple[str,
         raise ValueError(f"{owner}.{field} must be (name, seconds) pairs, got {pairs!r}") from None
     for name, seconds in pairs:
         if names is not None and name not in names:
-            what = "the op families are" if names == OP_FAMILIES else "the names it takes are"
+            what = "the fixed costs are" if names == OP_FIXED_COSTS else "the names it takes are"
             raise ValueError(f"{owner}.{field} names {name!r}; {what}: {', '.join(names)}")
         if not isinstance(name, str) or not name:
             raise ValueError(f"{owner}.{field} names must be ATen op names such as 'tanh', got {name!r}")
@@ -306,11 +314,12 @@ class Hardware:
     at most ``extra * cap`` for large ones, which stream their data either way. ``autotp calibrate``
     fits both on its rank-local graphs (on a 2-core VM: 2.4-3.0 and 2-8 microseconds, so a kernel
     costs at most 5-24 us more); 0.0: no extra (every named profile).
-    ``op_fixed_s``: ``(family, seconds)`` pairs, one per :data:`OP_FAMILIES` entry measured: the
+    ``op_fixed_s``: ``(name, seconds)`` pairs, one per :data:`OP_FIXED_COSTS` entry measured: the
     fixed cost one call of an op of that family pays beyond its roofline and a plain kernel's (library
     kernels that set up a primitive per call: a CPU convolution, about 40 us on a 2-core VM at any size,
-    where an add of the same tensor takes 1.5 us); ``autotp calibrate`` times a tiny instance of each family
-    in a loop; empty: none (every named profile). :meth:`op_fixed_cost_s` reads it.
+    where an add of the same tensor takes 1.5 us; attention per block of queries, plus once per call);
+    ``autotp calibrate`` times tiny instances of each in a loop; empty: none (every named profile).
+    :meth:`op_fixed_cost_s` reads it.
     ``first_call_s``: ``(kind, seconds)`` pairs, ``"kernel"`` or an :data:`OP_FAMILIES` entry: what the first
     call of a kernel in a call of a graph costs beyond a call of it back to back, once per call of the graph
     for each kernel it runs (:data:`FIRST_CALL_KINDS`; an op of a family measured on its own pays its
@@ -439,7 +448,8 @@ class Hardware:
         if self.small_all_reduce == "shared_memory" and self.shared_memory_link is None:
             raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
                              "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
-        object.__setattr__(self, "op_fixed_s", _checked_named_seconds(owner, "op_fixed_s", self.op_fixed_s, OP_FAMILIES))
+        object.__setattr__(self, "op_fixed_s", _checked_named_seconds(owner, "op_fixed_s", self.op_fixed_s,
+                                                                      OP_FIXED_COSTS))
         object.__setattr__(self, "first_call_s", _checked_named_seconds(owner, "first_call_s", self.first_call_s,
                                                                         FIRST_CALL_KINDS))
         object.__setattr__(self, "op_element_s", _checked_named_seconds(
@@ -523,9 +533,15 @@ class Hardware:
         return next((seconds for name, seconds in self.op_element_s if name == op_name),
                     self.transcendental_element_s if default is None else default)
 
-    def op_fixed_cost_s(self, family: str) -> float:
-        """The fixed seconds per call of an op of ``family`` (``op_fixed_s``; 0.0 when not measured)."""
-        return next((seconds for name, seconds in self.op_fixed_s if name == family), 0.0)
+    def op_fixed_cost_s(self, name: str) -> float:
+        """The seconds of the fixed cost ``name`` (an :data:`OP_FIXED_COSTS` entry; ``op_fixed_s``, 0.0 when not
+        measured)."""
+        return next((seconds for measured, seconds in self.op_fixed_s if measured == name), 0.0)
+
+    def fixed_costs_s(self, counts: Iterable[tuple[str, float]]) -> float:
+        """The seconds of the fixed costs one call pays, from ``(name, times)`` pairs
+        (:func:`~.compute.fixed_costs`)."""
+        return sum(times * self.op_fixed_cost_s(name) for name, times in counts)
 
     def first_call_cost_s(self, family: str | None) -> float:
         """What the first call of a kernel of ``family`` (None: of no family) in a call of a graph costs beyond a

@@ -60,7 +60,7 @@ from autotp.cost_model import (
 from autotp.cost_model.bandwidth import graph_profile, graph_working_set_bytes
 from autotp.cost_model.compute import (
     first_call_key,
-    fixed_cost_calls,
+    fixed_costs,
     gemm_dims,
     has_element_rate,
     is_lookup,
@@ -86,8 +86,9 @@ from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "forward_compute_s", "node_dtype", "node_shape_terms", "node_work", "op_collectives_s",
-           "reshard_route", "reshard_time_s", "route_time_s", "tensor_nbytes"]
+__all__ = ["CostedGraph", "cost_strategy_graph", "forward_compute_s", "node_dtype", "node_fixed_costs",
+           "node_shape_terms", "node_work", "op_collectives_s", "reshard_route", "reshard_time_s", "route_time_s",
+           "tensor_nbytes"]
 
 def tensor_nbytes(value: object) -> int:
     """Bytes of a tensor (or of all tensors in a tuple/list of them)."""
@@ -255,15 +256,15 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             # no kernel, no bytes: only the host's dispatch in eager mode (0 on GPU profiles)
             return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
-    dtype, family, name = node_dtype(node), op_family(node.target), op_name(node.target)
-    fixed = _fixed_calls(node, strategies, world_size) if family is not None and hardware.op_fixed_s else None
+    dtype, name = node_dtype(node), op_name(node.target)
+    fixed = node_fixed_costs(node, strategies, world_size) if op_family(node.target) and hardware.op_fixed_s else None
     costs = []
     for index, (strategy, (flops, moved), (min_dim, elements)) in enumerate(
             zip(strategies, work, _shape_terms(node, strategies, world_size, work))):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
         costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
-                                             rated_elements=elements, rated_op=name, family=family,
-                                             fixed_calls=fixed[index] if fixed is not None else 1)
+                                             rated_elements=elements, rated_op=name,
+                                             fixed=fixed[index] if fixed is not None else ())
                      + op_collectives_s(node, strategy, world_size, hardware)
                      + local_form_kernels_s(node, strategy, world_size, hardware))
     return costs
@@ -314,14 +315,15 @@ def local_form_kernels_s(node: fx.Node, strategy: Strategy, world_size: int, har
                for op, nbytes in kernels(node, strategy, world_size))
 
 
-def _fixed_calls(node: fx.Node, strategies: list[Strategy], world_size: int) -> list[int]:
-    """Per strategy, how many times ``node`` pays its op family's fixed cost on the largest rank
-    (:func:`~autotp.cost_model.compute.fixed_cost_calls` of its local shapes: attention per block of its local
-    queries, a convolution only where PyTorch runs it through oneDNN)."""
+def node_fixed_costs(node: fx.Node, strategies: list[Strategy], world_size: int
+                     ) -> list[tuple[tuple[str, int], ...]]:
+    """Per strategy, the fixed costs ``node`` pays on the largest rank (:func:`~autotp.cost_model.compute.fixed_costs`
+    of its local shapes: attention per block of its local queries and once per call, a convolution only where
+    PyTorch runs it through oneDNN); the mesh search reads them at two batch sizes."""
     args, kwargs = _meta_args(node)
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
     dtype = node_dtype(node)
-    return [fixed_cost_calls(node.target, _local_args(args, strategy, inputs, world_size), kwargs, dtype)
+    return [fixed_costs(node.target, _local_args(args, strategy, inputs, world_size), kwargs, dtype)
             for strategy in strategies]
 
 

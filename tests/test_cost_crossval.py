@@ -8,12 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
-from models import tiny_llama
 
-import autotp
 from autotp.cost_model import get_hardware
-from autotp.cost_model.compute import attention_blocks, fixed_cost_calls
 from autotp.cost_model.crossval import (
     TERMS,
     Observation,
@@ -99,25 +95,3 @@ def test_fitted_numbers_count_what_pricing_uses():
     fewer = fitted_numbers(profile, ["kernel_extra", "working_set_bandwidth"])
     assert sum(counts.values()) - sum(fewer.values()) == 4, (counts, fewer)
     assert fitted_numbers(get_hardware("cpu-gloo"))["core_share"] == 0
-
-
-def test_attention_pays_its_fixed_cost_per_block_of_queries():
-    """tp=2, tiny Llama (batch 2, 8 heads, 16 tokens): the attention node pays op_fixed_s['attention'] once per
-    (batch, local head) block of up to 32 queries: 16 blocks whole, 8 with its heads split."""
-    assert attention_blocks((2, 8, 16, 32)) == 16 and attention_blocks((1, 1, 200, 64)) == 4
-    assert attention_blocks((1, 4, 1000, 64)) == 16  # 256 queries per block from 768 on
-    assert fixed_cost_calls(torch.ops.aten.linear.default, ((2, 8, 16, 32),)) == 1
-    base = dataclasses.replace(get_hardware("cpu-gloo"), op_fixed_s=(("attention", 0.0),))
-    fixed = dataclasses.replace(base, op_fixed_s=(("attention", 1e-5),))
-    model, args, kwargs = tiny_llama(device="meta")
-    for world_size in (2,):
-        attention = []
-        for profile in (base, fixed):
-            plan = autotp.plan(model, args, kwargs, world_size=world_size, hardware=profile)
-            attention.append({n.name: n for n in plan.nodes if "scaled_dot_product" in n.op})
-        for name, node in attention[1].items():
-            if node.inputs[0] == attention[0][name].inputs[0]:  # the same split in both plans
-                added = node.compute_s - attention[0][name].compute_s
-                local_heads = 8 // world_size if node.inputs[0].startswith("S(1)") else 8
-                assert added == pytest.approx(1e-5 * 2 * local_heads), (world_size, name, node.inputs, added)
-        assert attention[1], f"no attention node in the tp={world_size} plan"

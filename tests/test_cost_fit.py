@@ -708,8 +708,9 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
     plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
     fixed = dataclasses.replace(plain, op_fixed_s=(("convolution", 1e-3), ("pooling", 2e-6)))
     assert fixed.op_fixed_cost_s("convolution") == 1e-3 and fixed.op_fixed_cost_s("attention") == 0.0
-    d = compute_time_s(1e6, 1e5, torch.float32, plain, family="convolution")
-    assert compute_time_s(1e6, 1e5, torch.float32, fixed, family="convolution") == pytest.approx(d + 1e-3)
+    d = compute_time_s(1e6, 1e5, torch.float32, plain, fixed=[("convolution", 1)])
+    assert compute_time_s(1e6, 1e5, torch.float32, fixed, fixed=[("convolution", 1)]) == pytest.approx(d + 1e-3)
+    assert compute_time_s(1e6, 1e5, torch.float32, fixed, fixed=[("pooling", 3)]) == pytest.approx(d + 6e-6)
     assert compute_time_s(1e6, 1e5, torch.float32, fixed) == pytest.approx(d), "no family, no fixed cost"
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3))
@@ -725,7 +726,7 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
     del data["op_fixed_s"]
     assert Hardware.from_dict(data).op_fixed_s == (), "a profile written before the field reads none"
     assert dataclasses.replace(fixed, core_share=0.5).alone().op_fixed_cost_s("convolution") == pytest.approx(5e-4)
-    for bad, match in (((("fft", 1e-6),), "the op families are"), ((("convolution", -1.0),), "op_fixed_s"),
+    for bad, match in (((("fft", 1e-6),), "the fixed costs are"), ((("convolution", -1.0),), "op_fixed_s"),
                        ((("pooling", 1e-6), ("pooling", 2e-6)), "twice")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(plain, op_fixed_s=bad)
@@ -734,11 +735,61 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
         Hardware.from_dict({**fixed.to_dict(), "op_fixed_s": [1, 2]})
 
 
+def _runs_math_kernel(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, **options: object) -> bool:
+    """Whether PyTorch ran this attention in its math kernel, as its profiler saw the call."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        torch.ops.aten.scaled_dot_product_attention.default(query, key, key, mask, **options)
+    return any("_scaled_dot_product_attention_math" in event.name for event in profiler.events())
+
+
+def test_attention_pays_per_block_and_per_call_in_the_flash_kernel_and_once_in_the_math_kernel() -> None:
+    """``fixed_costs`` of an attention: per (batch, head) block of up to 32 queries plus once per call where PyTorch
+    runs its flash kernel; once, ``"attention_math"``, where it runs its math kernel, as PyTorch's profiler shows it
+    does for keys of one head under queries of eight (Falcon's multi-query attention) and not with
+    ``enable_gqa``. In plans: a tiny Llama's attention at tp 2 pays both flash costs at its local heads, a tiny
+    Falcon's only the math one."""
+    from autotp.cost_model.compute import attention_blocks, attention_runs_math, fixed_costs
+    from heldout_models import tiny_falcon
+    from models import tiny_llama
+
+    aten = torch.ops.aten
+    sdpa = aten.scaled_dot_product_attention.default
+    assert attention_blocks((2, 8, 16, 32)) == 16 and attention_blocks((1, 1, 200, 64)) == 4
+    assert attention_blocks((1, 4, 1000, 64)) == 16  # 256 queries per block from 768 on
+    assert fixed_costs(aten.linear.default, ((2, 8, 16, 32),)) == ()
+    assert fixed_costs(sdpa, ((2, 8, 16, 32),) * 3) == (("attention", 16), ("attention_call", 1))
+    query, mask = torch.randn(2, 8, 16, 32), torch.ones(2, 1, 16, 16, dtype=torch.bool).tril()
+    for key, options in ((torch.randn(2, 8, 16, 32), {}), (torch.randn(2, 1, 16, 32), {}),
+                         (torch.randn(2, 1, 16, 32), {"enable_gqa": True})):
+        expected = _runs_math_kernel(query, key, mask, **options)
+        assert attention_runs_math(sdpa, (query, key, key, mask), options) == expected, (key.shape, options)
+        shapes = (query.shape, key.shape, key.shape, mask)  # shapes instead of tensors: the same answer
+        assert attention_runs_math(sdpa, shapes, options) == expected
+    assert attention_runs_math(sdpa, (query, torch.randn(2, 1, 16, 32)) * 2)
+    assert fixed_costs(sdpa, (query.shape, (2, 1, 16, 32), (2, 1, 16, 32), mask)) == (("attention_math", 1),)
+
+    costs = (("attention", 1e-5), ("attention_call", 3e-6), ("attention_math", 7e-5))
+    base = dataclasses.replace(get_hardware("cpu-gloo"), op_fixed_s=tuple((name, 0.0) for name, _ in costs))
+    fixed = dataclasses.replace(base, op_fixed_s=costs)
+    for build, world_size, heads, math_kernel in ((tiny_llama, 2, 8, False), (tiny_falcon, 2, 8, True)):
+        model, args, kwargs = build()
+        attention = [{node.name: node for node in autotp.plan(model, args, kwargs, world_size=world_size,
+                                                               hardware=profile).nodes
+                      if "scaled_dot_product" in node.op} for profile in (base, fixed)]
+        assert attention[1], f"no attention node in the plan of {build.__name__}"
+        for name, node in attention[1].items():
+            assert node.inputs == attention[0][name].inputs, "the same split in both plans"
+            local_heads = heads // world_size if node.inputs[0].startswith("S(1)") else heads
+            expected = 7e-5 if math_kernel else 1e-5 * 2 * local_heads + 3e-6
+            added = node.compute_s - attention[0][name].compute_s
+            assert added == pytest.approx(expected), (build.__name__, name, node.inputs, added)
+
+
 def test_a_convolution_pays_the_fixed_cost_only_where_pytorch_runs_it_through_onednn() -> None:
     """PyTorch runs a 1 x 1 convolution of a small batch on one thread in its own kernel, a 3 x 3 one through
     oneDNN (``torch._C._select_conv_backend``); only the second pays ``op_fixed_s["convolution"]``, in
-    ``fixed_cost_calls`` and in a plan of a CNN with both (shapes given as tensors or as shapes alike)."""
-    from autotp.cost_model.compute import convolution_sets_up_primitive, fixed_cost_calls
+    ``fixed_costs`` and in a plan of a CNN with both (shapes given as tensors or as shapes alike)."""
+    from autotp.cost_model.compute import convolution_sets_up_primitive, fixed_costs
 
     aten = torch.ops.aten
     threads = torch.get_num_threads()
@@ -748,9 +799,11 @@ def test_a_convolution_pays_the_fixed_cost_only_where_pytorch_runs_it_through_on
         three_by_three = ((2, 8, 8, 8), (8, 8, 3, 3), None, [1, 1], [1, 1])
         assert not convolution_sets_up_primitive(aten.conv2d.default, one_by_one)
         assert convolution_sets_up_primitive(aten.conv2d.default, three_by_three)
-        assert fixed_cost_calls(aten.conv2d.default, one_by_one) == 0
-        assert fixed_cost_calls(aten.conv2d.default, tuple(torch.randn(shape) for shape in three_by_three[:2])) == 1
-        assert fixed_cost_calls(aten.conv2d.default, ((32, 64, 4, 4), (64, 64, 1, 1))) == 1, "a batch of 32: oneDNN"
+        assert fixed_costs(aten.conv2d.default, one_by_one) == (("convolution", 0),)
+        assert fixed_costs(aten.conv2d.default, tuple(torch.randn(shape) for shape in three_by_three[:2])) == (
+            ("convolution", 1),)
+        assert fixed_costs(aten.conv2d.default, ((32, 64, 4, 4), (64, 64, 1, 1))) == (("convolution", 1),), \
+            "a batch of 32: oneDNN"
         plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
         fixed = dataclasses.replace(plain, op_fixed_s=(("convolution", 1e-3),))
         model = torch.nn.Sequential(torch.nn.Conv2d(8, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 1))
@@ -873,15 +926,17 @@ def test_a_model_call_is_priced_once_per_call_beside_its_graph_call() -> None:
 
 
 def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -> None:
-    """`measure_op_fixed_s` returns every family, each at least 0; a graph's recorder adds a convolution's fixed
+    """`measure_op_fixed_s` returns every fixed cost, each at least 0, and the attention's call costs more than
+    one of its blocks (which shares the kernel's setup and buffers); a graph's recorder adds a convolution's fixed
     cost to the graph's kernel time but not to the kernel's roofline the extra is fitted on."""
     from autotp.calibration.graphs import _Recorder, measure_op_fixed_s
-    from autotp.cost_model.hardware import OP_FAMILIES
+    from autotp.cost_model.hardware import OP_FIXED_COSTS
 
     plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
-    measured = measure_op_fixed_s(plain, min_time_s=1e-3, repeats=3)
-    assert [family for family, _ in measured] == list(OP_FAMILIES)
-    assert all(seconds >= 0.0 for _, seconds in measured), measured
+    measured = dict(measure_op_fixed_s(plain, min_time_s=1e-3, repeats=3))
+    assert sorted(measured) == sorted(OP_FIXED_COSTS)
+    assert all(seconds >= 0.0 for seconds in measured.values()), measured
+    assert measured["attention_call"] > measured["attention"], measured
     module = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
     graph = torch.fx.Graph()
     x = graph.placeholder("x")

@@ -37,7 +37,7 @@ from autotp.cost_model.compute import (
     aten_memory_bytes,
     compute_time_s,
     first_call_key,
-    fixed_cost_calls,
+    fixed_costs,
     gemm_dims,
     launches_no_kernel,
     op_family,
@@ -153,18 +153,36 @@ def roofline_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], res
 
 
 def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
-    """One small call per :data:`~autotp.cost_model.hardware.OP_FAMILIES` entry, as an exported graph calls it: ``(op, args)``."""
+    """One small call per :data:`~autotp.cost_model.hardware.OP_FAMILIES` entry, as an exported graph calls it:
+    ``(op, args)`` (attention: one block of queries of one head, with the boolean mask a Hugging Face graph
+    passes)."""
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(2, 8, 8, 8, generator=generator)
     ones, zeros = torch.ones(8), torch.zeros(8)
-    heads = torch.randn(1, 1, 4, 16, generator=generator)
     return {
         "convolution": (aten.conv2d.default, (images, torch.randn(8, 8, 3, 3, generator=generator), None, [1, 1],
                                               [1, 1], [1, 1], 1)),
         "pooling": (aten.max_pool2d.default, (images, [2, 2], [2, 2])),
         "batch_norm": (aten.batch_norm.default, (images, ones, zeros, zeros, ones, False, 0.1, 1e-5, True)),
-        "attention": (aten.scaled_dot_product_attention.default, (heads, heads, heads)),
+        "attention": _attention_instance(1, 1),
     }
+
+
+ATTENTION_BLOCKS_TIMED = 16
+"""Heads of the attention instance :func:`measure_op_fixed_s` times beside the one-head one: one block of queries
+each, so that the cost per block stands apart from the cost per call."""
+
+
+def _attention_instance(query_heads: int, key_heads: int) -> tuple[Any, tuple]:
+    """``scaled_dot_product_attention`` of four queries of 16 per head over four keys, with a causal boolean mask:
+    one block of queries per head in PyTorch's CPU flash kernel, which runs keys and values of as many heads as
+    the queries, or its math kernel where the keys have one head for several
+    (:func:`~autotp.cost_model.compute.attention_runs_math`)."""
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(1, query_heads, 4, 16, generator=generator)
+    key, value = (torch.randn(1, key_heads, 4, 16, generator=generator) for _ in range(2))
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool).tril()
+    return aten.scaled_dot_product_attention.default, (query, key, value, mask)
 
 
 def _first_call_instances() -> dict[str, list[tuple[Any, tuple]]]:
@@ -223,24 +241,36 @@ def measure_first_call_s(runs: int, share_a_clock: bool | None = None) -> tuple[
 
 
 def measure_op_fixed_s(hardware: Hardware, min_time_s: float, repeats: int) -> tuple[tuple[str, float], ...]:
-    """``(family, seconds)`` per :data:`~autotp.cost_model.hardware.OP_FAMILIES` entry: what a small call of the family costs in a
-    tight loop (:func:`median_work_s`) beyond its roofline on ``hardware``, less what an add of its first input
-    costs beyond its own (a plain kernel's fixed cost, which the fitted dispatch prices); at least 0.
+    """``(name, seconds)`` per :data:`~autotp.cost_model.hardware.OP_FIXED_COSTS` entry: what a small call costs
+    in a tight loop (:func:`median_work_s`) beyond its roofline on ``hardware``, less what an add of its first
+    input costs beyond its own (a plain kernel's fixed cost, which the fitted dispatch prices); at least 0.
+    A family's instance (:func:`_op_family_instances`) prices the family; attention is timed at one block of
+    queries and at :data:`ATTENTION_BLOCKS_TIMED` (one per head): the difference per block is ``"attention"``,
+    the rest of the one-block call ``"attention_call"``; a call with one head of keys for four of queries, which
+    PyTorch runs in its math kernel, is ``"attention_math"``.
 
     Why: some library kernels set up a primitive or a plan on every call, whatever their size; on this project's
     2-core VM a convolution of 8 channels on 8 x 8 took 41 us in a loop where an add of the same tensor took 1.5 us,
-    and a CNN was predicted 51-67% low without it."""
-    fixed = []
-    for family, (op, args) in _op_family_instances().items():
-        reference = args[0]
+    and a CNN was predicted 51-67% low without it; an attention of (2, 8, 16, 32), 16 blocks, took 89 us where
+    sixteen calls of one block's cost would have priced 210."""
+
+    def excess_s(op: Any, args: tuple) -> float:
+        """The call's seconds beyond its roofline and beyond an add of its first input's (the plain kernel's)."""
         excess = []
-        for call, call_args in ((op, args), (aten.add.Tensor, (reference, reference))):
+        for call, call_args in ((op, args), (aten.add.Tensor, (args[0], args[0]))):
             result = call(*call_args)
             result = result[0] if isinstance(result, tuple) else result
             excess.append(median_work_s(functools.partial(call, *call_args), min_time_s, repeats)
                           - roofline_of_call_s(call, call_args, {}, result, hardware))
-        fixed.append((family, max(0.0, excess[0] - excess[1])))
-    return tuple(fixed)
+        return excess[0] - excess[1]
+
+    fixed = {family: excess_s(op, args) for family, (op, args) in _op_family_instances().items()}
+    one_block = fixed["attention"]
+    per_block = max(0.0, (excess_s(*_attention_instance(ATTENTION_BLOCKS_TIMED, ATTENTION_BLOCKS_TIMED)) - one_block)
+                    / (ATTENTION_BLOCKS_TIMED - 1))
+    fixed.update(attention=per_block, attention_call=one_block - per_block,
+                 attention_math=excess_s(*_attention_instance(4, 1)))
+    return tuple((name, max(0.0, seconds)) for name, seconds in fixed.items())
 
 
 def _pooling_instances(numel: int) -> tuple[tuple[Any, tuple], ...]:
@@ -486,11 +516,9 @@ class _Recorder(torch.fx.Interpreter):
         self.kernel_nodes += 1
         seconds = roofline_of_call_s(node.target, args, kwargs, result, self.hardware)
         family = op_family(node.target)
-        # an op family's fixed cost is priced as measured (attention per block of queries), beside the kernel's
-        # extra (which it does not scale)
-        self.device_s += seconds + (self.hardware.op_fixed_cost_s(family) * fixed_cost_calls(node.target, args, kwargs,
-                                                                                             result.dtype)
-                                    if family is not None else 0.0)
+        # an op's fixed costs are priced as measured (attention per block of queries and per call), beside the
+        # kernel's extra (which they do not scale)
+        self.device_s += seconds + self.hardware.fixed_costs_s(fixed_costs(node.target, args, kwargs, result.dtype))
         key = first_call_key(node.target)
         if key not in self.called:  # its first call in this call of the graph, priced as the cost pass prices it
             self.called.add(key)

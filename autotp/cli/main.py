@@ -294,8 +294,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"  in graphs        a kernel costs {profile.kernel_extra_fraction:.2f} x its roofline more, at most "
           f"{profile.kernel_extra_fraction * profile.kernel_extra_cap_s * 1e6:.1f} us")
     if profile.op_fixed_s:
-        print("  fixed per call   " + ", ".join(f"{family} {seconds * 1e6:.1f} us"
-                                                for family, seconds in profile.op_fixed_s))
+        print("  fixed per call   " + ", ".join(
+            f"{name} {seconds * 1e6:.1f} us{' per block' if name == 'attention' else ''}"
+            for name, seconds in profile.op_fixed_s))
     print(f"  transcendental   {profile.transcendental_element_s * 1e9:10.3f} ns per element")
     print(f"  runtime          {profile.runtime_mode}: {profile.host_dispatch_s * 1e6:.2f} us host dispatch per "
           f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call "

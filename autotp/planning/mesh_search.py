@@ -70,8 +70,15 @@ from autotp.base.progress import log_progress
 from autotp.base.shapes import nbytes as value_nbytes
 from autotp.capture import CapturedGraph, capture
 from autotp.cost_model import Hardware, compute_time_s, get_hardware, p2p_time_s, pipeline_time_s
-from autotp.cost_model.compute import op_family, op_name
-from autotp.passes.costing import CostedGraph, cost_strategy_graph, node_dtype, node_shape_terms, node_work
+from autotp.cost_model.compute import op_name
+from autotp.passes.costing import (
+    CostedGraph,
+    cost_strategy_graph,
+    node_dtype,
+    node_fixed_costs,
+    node_shape_terms,
+    node_work,
+)
 from autotp.passes.pricing import price_choice
 from autotp.passes.quantized import quantized_links
 from autotp.passes.solver import solve
@@ -200,8 +207,9 @@ class _Unit:
     """One layer block at one ``tp``: what its nodes ask of the hardware, as functions of ``b``."""
 
     # per kernel: FLOPs, bytes, dtype, a GEMM's local (m, n, k) (empty otherwise), transcendental elements,
-    # op name (compute.op_name), op family (compute.op_family)
-    kernels: tuple[tuple[_Affine, _Affine, torch.dtype, tuple[_Affine, ...], _Affine, str, str | None], ...]
+    # op name (compute.op_name), fixed costs by name (compute.fixed_costs)
+    kernels: tuple[tuple[_Affine, _Affine, torch.dtype, tuple[_Affine, ...], _Affine, str,
+                         tuple[tuple[str, _Affine], ...]], ...]
     fixed_s: float  # views: host dispatch only
     comm_s: _Affine  # its tensor-parallel collectives
     parameter_bytes: int  # per rank
@@ -211,8 +219,9 @@ class _Unit:
     def time_s(self, b: int, hardware: Hardware) -> float:
         compute = sum(compute_time_s(flops(b), moved(b), dtype, hardware,
                                      gemm_min_dim=min(d(b) for d in dims) if dims else None,
-                                     rated_elements=elements(b), rated_op=name, family=family)
-                      for flops, moved, dtype, dims, elements, name, family in self.kernels)
+                                     rated_elements=elements(b), rated_op=name,
+                                     fixed=[(cost, times(b)) for cost, times in fixed])
+                      for flops, moved, dtype, dims, elements, name, fixed in self.kernels)
         return compute + self.fixed_s + self.comm_s(b)
 
 
@@ -332,8 +341,12 @@ def _units_from(keys: dict[str, Any], layers: list[Any], costed: tuple[CostedGra
                 node_shape_terms(c.graph.nodes[name], [c.graph.strategies[name][choice[name]]], c.graph.world_size,
                                  work)[0] for c, work in zip(costed, works))  # type: ignore[arg-type]
             dims = tuple(_Affine.through((a, b)) for a, b in zip(dims0, dims1)) if dims0 and dims1 else ()
+            costs0, costs1 = (dict(node_fixed_costs(c.graph.nodes[name], [c.graph.strategies[name][choice[name]]],
+                                                    c.graph.world_size)[0]) for c in costed)
             kernels[key].append((_Affine.through((f0, f1)), _Affine.through((m0, m1)), node_dtype(node), dims,
-                                 _Affine.through((e0, e1)), op_name(node.target), op_family(node.target)))
+                                 _Affine.through((e0, e1)), op_name(node.target),
+                                 tuple((cost, _Affine.through((times, costs1.get(cost, 0))))
+                                       for cost, times in costs0.items())))
         if name in costed[0].memory_bytes:
             params[key] += costed[0].memory_bytes[name][choice[name]]
         for i, c in enumerate(costed):
