@@ -785,6 +785,22 @@ def test_attention_pays_per_block_and_per_call_in_the_flash_kernel_and_once_in_t
             assert added == pytest.approx(expected), (build.__name__, name, node.inputs, added)
 
 
+def test_the_calibrations_attention_instances_run_the_kernels_their_costs_name() -> None:
+    """The calibration times attention at one block of queries, at ``ATTENTION_BLOCKS_TIMED``, both in PyTorch's
+    flash kernel, and once in its math kernel (as PyTorch's profiler sees each call), so that its three figures
+    are the costs ``fixed_costs`` charges."""
+    from autotp.calibration.graphs import ATTENTION_BLOCKS_TIMED, _attention_instance
+    from autotp.cost_model.compute import fixed_costs
+
+    for heads, key_heads, expected in ((1, 1, (("attention", 1), ("attention_call", 1))),
+                                       (ATTENTION_BLOCKS_TIMED, ATTENTION_BLOCKS_TIMED,
+                                        (("attention", ATTENTION_BLOCKS_TIMED), ("attention_call", 1))),
+                                       (4, 1, (("attention_math", 1),))):
+        op, (query, key, value, mask) = _attention_instance(heads, key_heads)
+        assert fixed_costs(op, (query, key, value, mask)) == expected
+        assert _runs_math_kernel(query, key, mask) == (key_heads < heads), (heads, key_heads)
+
+
 def test_a_convolution_pays_the_fixed_cost_only_where_pytorch_runs_it_through_onednn() -> None:
     """PyTorch runs a 1 x 1 convolution of a small batch on one thread in its own kernel, a 3 x 3 one through
     oneDNN (``torch._C._select_conv_backend``); only the second pays ``op_fixed_s["convolution"]``, in
