@@ -786,7 +786,8 @@ def attention_runs_math(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | N
     """Whether PyTorch runs this CPU ``scaled_dot_product_attention`` call in its composite math kernel (scores
     written out, about twenty ATen ops) rather than its flash kernel, as its own choice says
     (``torch._fused_sdp_choice``, asked with stand-ins of one token of every head of the arguments, their dtype
-    and the mask's; ``use_flash_attention_cpp`` in PyTorch's ``sdp_utils_cpp.cpp``): keys and values with fewer
+    and the mask's (the query's where the mask is given by its shape); ``use_flash_attention_cpp`` in PyTorch's
+    ``sdp_utils_cpp.cpp``): keys and values with fewer
     heads than the queries and no ``enable_gqa`` (a multi-query Falcon), dropout, a head size the kernel does not
     take. False where torch cannot be asked (no such function, shapes of fewer than four dims, arguments it
     refuses): the calibration's attention is a flash one."""
@@ -814,9 +815,9 @@ def _math_kernel_chosen(heads: tuple[tuple[int, int], ...], dtype: torch.dtype, 
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None:
         return False
-    query, key, value = (torch.zeros(1, count, 1, size, dtype=dtype) for count, size in heads)
-    mask = torch.zeros(1, 1, 1, 1, dtype=mask_dtype) if mask_dtype is not None else None
     try:
+        query, key, value = (torch.zeros(1, count, 1, size, dtype=dtype) for count, size in heads)
+        mask = torch.zeros(1, 1, 1, 1, dtype=mask_dtype) if mask_dtype is not None else None
         backend = choose(query, key, value, mask, dropout_p, is_causal, enable_gqa=enable_gqa)
     except (RuntimeError, TypeError, ValueError):
         return False
