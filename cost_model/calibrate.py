@@ -75,8 +75,9 @@ class RankMeasurements:
     seconds per call after a stream of that working set (:func:`autotp.calibration.graphs.measure_cold_call_s`;
     empty: not measured, a group of one)."""
     op_fixed_s: tuple[tuple[str, float], ...] = ()
-    """``(family, seconds)``: each op family's fixed cost per call (:func:`autotp.calibration.graphs.measure_op_fixed_s`,
-    work seconds; empty: not measured)."""
+    """``(name, seconds)``: each fixed cost of ``Hardware.op_fixed_s`` (an op family's per call, attention's per
+    block, per call and in its math kernel; :func:`autotp.calibration.graphs.measure_op_fixed_s`, work seconds;
+    empty: not measured)."""
     op_element_s: tuple[tuple[str, float], ...] = ()
     """``(op name, seconds per element)``: each transcendental and pooling op's own rate
     (:func:`autotp.calibration.graphs.measure_element_rates`; empty: not measured)."""

@@ -38,7 +38,9 @@ profile field         measurement (median over timed repeats, after warm-up)
 ``op_element_s``      of each of them, erf, log, sin, cos, rsqrt and sqrt by name; and of each pooling op per
                       element of its windows, on values fresh to the branch predictor
 ``op_fixed_s``        a small convolution, max-pool, batch norm and attention in a tight loop: what each
-                      costs beyond its roofline and an add of its input's (a primitive set up per call)
+                      costs beyond its roofline and an add of its input's (a primitive set up per call);
+                      attention at one block of queries and at sixteen (per call and per block), and in
+                      PyTorch's math kernel
 ``first_call_s``      twelve small ops and each family's instance, right after every rank met and waited (as
                       every graph is timed) against back to back: what a kernel's first call in a call costs
 ``model_call_s``      a small model compiled here (:mod:`autotp.calibration.model_call`): its call against its
