@@ -257,14 +257,14 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
     dtype, name = node_dtype(node), op_name(node.target)
-    fixed = node_fixed_costs(node, strategies, world_size) if op_family(node.target) and hardware.op_fixed_s else None
+    fixed = node_fixed_costs(node, strategies, world_size) if hardware.op_fixed_s else [()] * len(strategies)
     costs = []
     for index, (strategy, (flops, moved), (min_dim, elements)) in enumerate(
             zip(strategies, work, _shape_terms(node, strategies, world_size, work))):
         passes = 1.0 + (backward_flops_factor(node, grads, flops) if training is not None else 0.0)
         costs.append(passes * compute_time_s(flops, moved, dtype, hardware, gemm_min_dim=min_dim,
                                              rated_elements=elements, rated_op=name,
-                                             fixed=fixed[index] if fixed is not None else ())
+                                             fixed=fixed[index])
                      + op_collectives_s(node, strategy, world_size, hardware)
                      + local_form_kernels_s(node, strategy, world_size, hardware))
     return costs
@@ -319,7 +319,10 @@ def node_fixed_costs(node: fx.Node, strategies: list[Strategy], world_size: int
                      ) -> list[tuple[tuple[str, int], ...]]:
     """Per strategy, the fixed costs ``node`` pays on the largest rank (:func:`~autotp.cost_model.compute.fixed_costs`
     of its local shapes: attention per block of its local queries and once per call, a convolution only where
-    PyTorch runs it through oneDNN); the mesh search reads them at two batch sizes."""
+    PyTorch runs it through oneDNN; none for an op of no family, whose local shapes are not worked out); the mesh
+    search reads them at two batch sizes."""
+    if op_family(node.target) is None:
+        return [()] * len(strategies)
     args, kwargs = _meta_args(node)
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]
     dtype = node_dtype(node)
