@@ -460,7 +460,8 @@ def fit_compute_terms(samples: Sequence[GraphSample], work_s: Sequence[float], *
     if not any(sample.device_s > 0 for sample in samples):
         lower = np.zeros(fixed.shape[1])
         lower[0] = dispatch_at_least_s
-        solution = lsq_linear(fixed * weights[:, None], target, bounds=(lower, np.inf), method="bvls").x
+        solution = np.maximum(lsq_linear(fixed * weights[:, None], target, bounds=(lower, np.inf), method="bvls").x,
+                              lower)
         return 0.0, 0.0, float(solution[0]), float(solution[1])
     fits = []
     for cap_s in KERNEL_EXTRA_CAPS_S:
@@ -469,7 +470,8 @@ def fit_compute_terms(samples: Sequence[GraphSample], work_s: Sequence[float], *
         lower[1] = dispatch_at_least_s
         upper = np.full(rows.shape[1], np.inf)
         upper[0] = KERNEL_EXTRA_AT_MOST
-        solution = lsq_linear(rows, target, bounds=(lower, upper), method="bvls").x
+        # bvls may return a bound missed by rounding (an extra of -4e-16 failed the profile's check)
+        solution = np.clip(lsq_linear(rows, target, bounds=(lower, upper), method="bvls").x, lower, upper)
         fits.append((float(np.sum((rows @ solution - target) ** 2)), cap_s, solution))
     # the residual is often flat along the curve (a small extra up to a large cap fits small graphs as well as
     # a large one up to a small cap): of the caps within 2% of the best, the smallest, which bounds what a
