@@ -1,7 +1,7 @@
 """Where the predicted time of a rank-local graph goes wrong, by op kind (this CPU, world size 1 or more).
 
     python benchmarks/cost_model_breakdown.py [--models llama gpt2 bert mlp] [--runs 15] [--by kind|op|node]
-                                              [--world-size N]
+                                              [--world-size N] [--against-tp1]
 
 Calibrates a profile in these processes (``CalibrationConfig.quick``, one thread per rank, a gloo group of
 ``--world-size`` ranks, every rank measuring at once; the link across two other processes)
@@ -23,9 +23,15 @@ benchmark measures compute):
 and prints, per op kind (views, GEMMs, attention, lookups, transcendental, pooling, reductions and norms,
 other elementwise; with ``--by op``, per ATen op; with ``--by node``, per node in graph order), the node count,
 the measured milliseconds in both conditions and the predicted ones (the plan's ``compute_s`` of the same
-nodes), so the kind whose prediction is low stands out. Nodes the rewrite added (a collective's stand-in, the
+nodes), so the kind whose prediction is low stands out; and the first calls the plan was charged
+(``Hardware.first_call_s``) next to what every node took after a common start beyond back to back. Nodes the rewrite added (a collective's stand-in, the
 layout copies around a gather, a local form's own ops) have no plan node of their own: they are listed apart,
 marked ``+``, at a predicted 0 (the plan prices them inside the node they serve).
+
+With ``--against-tp1`` (and ``--world-size`` 2 or more) it prints instead, per family, its GEMMs and its other
+nodes at that world size and at tp 1 (each rank compiling the model alone too), measured and predicted with the
+same profile, the two graphs timed in turn: whether the predicted tp N / tp 1 ratio is the measured one, apart
+from the drift of the machine and of the calibration between two runs.
 """
 
 from __future__ import annotations
@@ -128,17 +134,37 @@ def _median_work_s(call: Any, runs: int) -> float:
     return statistics.median(times)
 
 
-def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
-    """Time one model's graph by op kind on every rank and print rank 0's (module docstring)."""
+def _first_calls_priced_s(compute: torch.fx.GraphModule, priced: dict[str, float], hardware: Any
+                          ) -> tuple[float, int]:
+    """``(seconds, count)`` of the first calls the cost pass charges ``compute``'s plan nodes (``priced``: their
+    names): each kernel's first call in graph order (``autotp.cost_model.compute.first_call_key``) pays
+    ``Hardware.first_call_cost_s`` of its family; a view never."""
+    from autotp.cost_model.compute import first_call_key, launches_no_kernel, op_family
+
+    called: set[str] = set()
+    seconds = 0.0
+    for node in compute.graph.nodes:
+        if (node.op != "call_function" or node.name not in priced or not isinstance(node.target, torch._ops.OpOverload)
+                or launches_no_kernel(node.target)):
+            continue
+        key = first_call_key(node.target)
+        if key not in called:
+            called.add(key)
+            seconds += hardware.first_call_cost_s(op_family(node.target))
+    return seconds, len(called)
+
+
+def _compute_form(name: str, hardware: Any, group: Any = None) -> tuple[Any, torch.fx.GraphModule, tuple, tuple]:
+    """``(compiled, compute form, its inputs, (args, kwargs))`` of family ``name`` compiled over ``group`` (default:
+    the whole world) with ``hardware``: the rank-local graph with its collectives replaced by local stand-ins
+    (no rank waits for another), and the values the compiled model calls it with."""
     import autotp
     from autotp.calibration.graphs import local_stand_ins
 
-    world_size = dist.get_world_size()
     model, args, kwargs = build(name)
-    compiled = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
-                              hardware=hardware)
+    compiled = autotp.compile(model, group=group, example_inputs=args, example_kwargs=kwargs, hardware=hardware)
     graph_module = compiled.graph_module
-    compute = local_stand_ins(graph_module) or graph_module  # the compute form: no rank waits for another
+    compute = local_stand_ins(graph_module) or graph_module
     captured: dict[str, tuple] = {}
     forward = graph_module.forward
 
@@ -150,9 +176,76 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
     with torch.no_grad():
         compiled(*args, **kwargs)
         graph_module.forward = forward
-        values = captured["values"]
         for _ in range(3):
             compiled(*args, **kwargs)
+    return compiled, compute, captured["values"], (args, kwargs)
+
+
+def _work_by_kind(module: torch.fx.GraphModule, values: tuple, runs: int) -> dict[str, float]:
+    """Median work seconds per op kind (:func:`kind_of`) of ``module``'s call nodes over ``runs`` calls, every
+    rank calling at once, back to back."""
+    stamped, names = _stamped(module)
+    targets = {node.name: node.target for node in module.graph.nodes}
+    totals: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(runs):
+        stamped(*values)
+        dist.barrier()
+        _STAMPS.clear()
+        stamped(*values)
+        call: dict[str, float] = collections.defaultdict(float)
+        for name, start, end in zip(names, _STAMPS, _STAMPS[1:]):
+            call[kind_of(targets[name])] += end - start
+        for kind, seconds in call.items():
+            totals[kind].append(seconds)
+    return {kind: statistics.median(seconds) for kind, seconds in totals.items()}
+
+
+def _against_tp1(name: str, hardware: Any, runs: int, alone: Any) -> None:
+    """Price and time family ``name``'s graph at this world size and at world size 1 (``alone``: a group of
+    this rank only) with the same profile, their calls interleaved, every rank computing at once, and print
+    rank 0's GEMMs and other nodes, measured and predicted: how the prediction's tp N / tp 1 ratio compares
+    with the measured one, free of the calibration's and the machine's drift between two runs."""
+    world_size = dist.get_world_size()
+    forms = {size: _compute_form(name, hardware, group) for size, group in ((1, alone), (world_size, None))}
+    with torch.no_grad():
+        timed = {size: [] for size in forms}
+        for _ in range(3):  # in turn, so that a slow stretch of the machine falls on both
+            for size, (_, compute, values, _) in forms.items():
+                timed[size].append(_work_by_kind(compute, values, runs))
+    if dist.get_rank() != 0:
+        return
+
+    def gemm_and_rest(by_kind: dict[str, float]) -> tuple[float, float]:
+        return by_kind.get("gemm", 0.0), sum(s for kind, s in by_kind.items() if kind != "gemm")
+
+    measured, predicted = {}, {}
+    for size, (compiled, compute, _, _) in forms.items():
+        kinds = {kind for call in timed[size] for kind in call}
+        measured[size] = gemm_and_rest({k: statistics.median(c.get(k, 0.0) for c in timed[size]) for k in kinds})
+        targets = {node.name: node.target for node in compute.graph.nodes}
+        by_kind: dict[str, float] = collections.defaultdict(float)
+        for node in compiled.plan.nodes:
+            if node.name in targets:
+                by_kind[kind_of(targets[node.name])] += node.compute_s
+        predicted[size] = gemm_and_rest(by_kind)
+    cells = []
+    for size in forms:
+        (gemm, rest), (gemm_p, rest_p) = measured[size], predicted[size]
+        cells.append(f"tp {size}: GEMMs {gemm * 1e3:.3f} ms measured, {gemm_p * 1e3:.3f} predicted ({gemm_p / gemm - 1:+.0%}); "
+                     f"the rest {rest * 1e3:.3f} ms, {rest_p * 1e3:.3f} ({rest_p / rest - 1:+.0%})")
+    ratio_m = sum(measured[world_size]) / sum(measured[1])
+    ratio_p = sum(predicted[world_size]) / sum(predicted[1])
+    print(f"\n{name} against tp 1 (rank 0, one profile, work clock, nodes' sums): " + "; ".join(cells)
+          + f"; tp {world_size} / tp 1: measured {ratio_m:.2f}, predicted {ratio_p:.2f}", flush=True)
+
+
+def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
+    """Time one model's graph by op kind on every rank and print rank 0's (module docstring)."""
+    import autotp
+
+    world_size = dist.get_world_size()
+    compiled, compute, values, (args, kwargs) = _compute_form(name, hardware)
+    with torch.no_grad():
         model_s = _median_work_s(lambda: compiled(*args, **kwargs), runs)
         graph_s = _median_work_s(lambda: compute(*values), runs)
         back_to_back = _node_seconds(compute, values, runs, after_start=False)
@@ -178,6 +271,10 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
           f"predicted {estimate.time_per_call_s * 1e3:.3f} ms ({(estimate.time_per_call_s / model_s - 1):+.0%} "
           f"vs the model call); nodes {sum(back_to_back.values()) * 1e3:.3f} ms back to back, "
           f"{sum(after_start.values()) * 1e3:.3f} ms after a common start")
+    priced_s, firsts = _first_calls_priced_s(compute, predicted, hardware)
+    print(f"  first calls: priced {priced_s * 1e3:.3f} ms ({firsts} kernels' first call in the graph, "
+          f"Hardware.first_call_s); measured, every node after a common start beyond back to back: "
+          f"{(sum(after_start.values()) - sum(back_to_back.values())) * 1e3:+.3f} ms")
     width = 18 if by == "kind" else max(len(kind) for kind in kinds)
     print(f"  {by:<{width}} {'nodes':>5} {'b2b ms':>8} {'start ms':>9} {'predicted ms':>13} "
           f"{'us/node b2b':>12} {'start':>7} {'pred':>7}")
@@ -213,8 +310,13 @@ def _rank(rank: int, world_size: int, port: int, links: Any, options: argparse.N
                   f"first call of a kernel {hardware.first_call_cost_s(None) * 1e6:.1f} us (convolution "
                   f"{hardware.first_call_cost_s('convolution') * 1e6:.1f}); load average {os.getloadavg()[0]:.1f}",
                   flush=True)
+        # a group of each rank alone (every rank creates every group, in the same order)
+        alone = [dist.new_group([r]) for r in range(world_size)][rank] if options.against_tp1 else None
         for name in options.models:
-            _breakdown(name, hardware, options.runs, options.by)
+            if options.against_tp1:
+                _against_tp1(name, hardware, options.runs, alone)
+            else:
+                _breakdown(name, hardware, options.runs, options.by)
     finally:
         dist.destroy_process_group()
 
@@ -227,7 +329,12 @@ def main() -> None:
     parser.add_argument("--by", choices=("kind", "op", "node"), default="kind",
                         help="group the nodes by op kind or ATen op, or one row per node in graph order")
     parser.add_argument("--world-size", type=int, default=1, help="ranks (gloo, one thread each; default 1)")
+    parser.add_argument("--against-tp1", action="store_true",
+                        help="instead of the tables: each family's GEMMs and other nodes at --world-size and at tp 1, "
+                             "measured and predicted with one profile, interleaved")
     options = parser.parse_args()
+    if options.against_tp1 and options.world_size < 2:
+        parser.error("--against-tp1 compares a world size of 2 or more with tp 1: pass --world-size")
     from autotp.calibration.calibrate import CalibrationConfig, measure_links
 
     # the link across two processes at every world size: only the plan's choice reads it (the timings are of the
