@@ -21,7 +21,8 @@ benchmark measures compute):
   than back to back, the first call of each other kernel 3-16 us more, and a kernel's later calls nothing;
 
 and prints, per op kind (views, GEMMs, attention, lookups, transcendental, pooling, reductions and norms,
-other elementwise; with ``--by op``, per ATen op; with ``--by node``, per node in graph order), the node count,
+other elementwise; with ``--by op``, per ATen op; with ``--by node``, per node in graph order; with several
+families, once more for all of them summed), the node count,
 the measured milliseconds in both conditions and the predicted ones (the plan's ``compute_s`` of the same
 nodes), so the kind whose prediction is low stands out; and the first calls the plan was charged
 (``Hardware.first_call_s``) next to what every node took after a common start beyond back to back. Nodes the rewrite added (a collective's stand-in, the
@@ -275,6 +276,19 @@ def _breakdown(name: str, hardware: Any, runs: int, by: str = "kind") -> None:
     print(f"  first calls: priced {priced_s * 1e3:.3f} ms ({firsts} kernels' first call in the graph, "
           f"Hardware.first_call_s); measured, every node after a common start beyond back to back: "
           f"{(sum(after_start.values()) - sum(back_to_back.values())) * 1e3:+.3f} ms")
+    _print_rows(kinds, by)
+    if by != "node":
+        for kind, row in kinds.items():
+            _ALL_FAMILIES[kind] = [total + value for total, value in zip(_ALL_FAMILIES[kind], row)]
+
+
+_ALL_FAMILIES: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+"""Rank 0's rows of every family broken down so far, summed (printed at the end with several families)."""
+
+
+def _print_rows(kinds: dict[str, list[float]], by: str) -> None:
+    """One row per op kind, ATen op or node of ``kinds`` (``[nodes, back to back s, after a start s, predicted s]``):
+    sorted by the time after a common start (in graph order for nodes)."""
     width = 18 if by == "kind" else max(len(kind) for kind in kinds)
     print(f"  {by:<{width}} {'nodes':>5} {'b2b ms':>8} {'start ms':>9} {'predicted ms':>13} "
           f"{'us/node b2b':>12} {'start':>7} {'pred':>7}")
@@ -317,6 +331,9 @@ def _rank(rank: int, world_size: int, port: int, links: Any, options: argparse.N
                 _against_tp1(name, hardware, options.runs, alone)
             else:
                 _breakdown(name, hardware, options.runs, options.by)
+        if rank == 0 and len(options.models) > 1 and _ALL_FAMILIES:
+            print(f"\nevery family above together (tp {world_size}, rank 0; summed)")
+            _print_rows(_ALL_FAMILIES, options.by)
     finally:
         dist.destroy_process_group()
 
