@@ -942,9 +942,10 @@ def test_a_model_call_is_priced_once_per_call_beside_its_graph_call() -> None:
 
 
 def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -> None:
-    """`measure_op_fixed_s` returns every fixed cost, each at least 0, and the attention's call costs more than
-    one of its blocks (which shares the kernel's setup and buffers); a graph's recorder adds a convolution's fixed
-    cost to the graph's kernel time but not to the kernel's roofline the extra is fitted on."""
+    """`measure_op_fixed_s` returns every fixed cost, each at least 0; a graph's recorder adds a convolution's
+    fixed cost to the graph's kernel time but not to the kernel's roofline the extra is fitted on. (How attention's
+    cost splits into blocks and a call is checked on given timings below; which costs more on this machine is a
+    timing, which the breakdown benchmark shows and a test on a loaded machine cannot.)"""
     from autotp.calibration.graphs import _Recorder, measure_op_fixed_s
     from autotp.cost_model.hardware import OP_FIXED_COSTS
 
@@ -952,7 +953,6 @@ def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -
     measured = dict(measure_op_fixed_s(plain, min_time_s=1e-3, repeats=3))
     assert sorted(measured) == sorted(OP_FIXED_COSTS)
     assert all(seconds >= 0.0 for seconds in measured.values()), measured
-    assert measured["attention_call"] > measured["attention"], measured
     module = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -965,6 +965,24 @@ def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -
         recorder.run(torch.randn(2, 3, 6, 6))  # batch 2: PyTorch runs it through oneDNN
     assert recorders[1].kernel_s == recorders[0].kernel_s and len(recorders[0].kernel_s) == 1
     assert recorders[1].device_s == pytest.approx(recorders[0].device_s + 1e-3)
+
+
+def test_an_attention_s_cost_splits_into_blocks_and_a_call_within_one_call() -> None:
+    """No parallelism (given timings): one block and sixteen give the cost per block (their difference over the
+    fifteen added) and per call (the rest of one block's call); a sixteen-block timing a slow stretch lengthened
+    prices a block at most a whole call and the call at 0, one no longer than one block's prices no block, and a
+    negative one-block excess (a roofline above the timing) prices nothing."""
+    from autotp.calibration.graphs import split_attention_cost
+
+    assert split_attention_cost(33e-6, 89e-6, 16) == pytest.approx((56e-6 / 15, 33e-6 - 56e-6 / 15))
+    assert split_attention_cost(20e-6, 6e-3, 16) == pytest.approx((20e-6, 0.0))  # 337 us per block, as timed once
+    assert split_attention_cost(20e-6, 15e-6, 16) == pytest.approx((0.0, 20e-6))
+    assert split_attention_cost(-1e-6, 30e-6, 16) == pytest.approx((0.0, 0.0))
+    for one, many in ((33e-6, 89e-6), (20e-6, 6e-3), (5e-6, 2e-6)):
+        block, call = split_attention_cost(one, many, 16)
+        assert 0.0 <= block <= one and 0.0 <= call <= one and block + call == pytest.approx(one)
+    with pytest.raises(ValueError, match="at least 2 blocks"):
+        split_attention_cost(1e-6, 2e-6, 1)
 
 
 def test_grouped_gemms_count_their_flops_and_run_as_one_group_s_gemm() -> None:
