@@ -404,7 +404,6 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s "
                       f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
-                      f"kernel extra {hardware.kernel_extra_fraction:.2f} x up to {hardware.kernel_extra_cap_s * 1e6:.0f} us, "
                       f"conv {hardware.op_fixed_cost_s('convolution') * 1e6:.0f} us, first call "
                       f"{hardware.first_call_cost_s(None) * 1e6:.1f} us (conv "
                       f"{hardware.first_call_cost_s('convolution') * 1e6:.1f}), "

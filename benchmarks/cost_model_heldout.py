@@ -195,8 +195,7 @@ def refitted(data: dict) -> list[dict]:
         profile = build_profile(everyone, links, world_size=world_size, name=f"cpu-calibrated-{world_size}")
         profiles[world_size, round_index] = profile.to_json()
         print(f"  refitted tp {world_size} round {round_index}: dispatch {profile.host_dispatch_s * 1e6:.1f} us/node, "
-              f"call {profile.graph_launch_s * 1e6:.0f} us, kernel extra {profile.kernel_extra_fraction:.2f} x up to "
-              f"{profile.kernel_extra_cap_s * 1e6:.0f} us, core share {profile.core_share:.2f}, wait "
+              f"call {profile.graph_launch_s * 1e6:.0f} us, core share {profile.core_share:.2f}, wait "
               f"{profile.collective_wait_s * 1e6:.0f} us/coll + {profile.call_sync_wait_s * 1e6:.0f} us/call")
     missing = sorted({(r["world_size"], r["round_index"]) for r in data["rows"]} - set(profiles))
     if missing:

@@ -5,7 +5,8 @@ group, no timing).
 a gloo group and hands the per-rank :class:`RankMeasurements` and the :class:`CollectiveSample`
 list to :func:`build_profile`: medians over the ranks, the links fitted to the formulas of
 :mod:`.collectives` (:func:`fit_link`), the GEMM curve and the host terms fitted by
-:mod:`.graph_calibration`, every work term divided by the share of a core a rank got.
+:mod:`.graph_calibration`, every single-op price scaled by what the same work cost in the graphs and divided by
+the share of a core a rank got.
 :func:`with_nodes` makes a measured profile one node of a two-level machine.
 """
 
@@ -238,7 +239,7 @@ def build_profile(
     # The GEMM curve: fitted on rank 0's samples, its kernels priced by its own measurements. The
     # host terms: fitted on every rank's graphs (wall times are the group's, the work each
     # rank's own), the median over ranks of each term, steadier than one rank's fit; a rank's
-    # dispatch per node is at least its own tiny-kernel floor (fit_compute_terms).
+    # dispatch per node is its own tiny-kernel floor, scaled as its graphs say (fit_in_graph_scale).
     first = compute[0]
     kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
@@ -247,7 +248,7 @@ def build_profile(
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
                                             shared_memory_link=shared_link, shared_memory_cold_curve=cold_curve,
-                                            dispatch_at_least_s=m.kernel_floor_s)
+                                            kernel_floor_s=m.kernel_floor_s)
                              for m in compute if m.graphs])
     graph_link_before = loopback if shared_link is None else shared_link  # the link the graphs' all-reduces ran on
     if host is not None and host.link_base_adjust_s < 0:
@@ -271,16 +272,16 @@ def build_profile(
            f"{host.median_abs_rel_error:.1%})" if host is not None else "; host terms not measured")
     )
     scale = kernels.peak_tflops["float32"] * 1e12 / first.matmul_flops_per_s["float32"] if first.gemm_samples else 1.0
-    # The kernels were timed on the work clock (a rank's own work); a rank running a graph gets
-    # only a share of a core (other ranks, other processes): every work rate slows by it.
-    share = host.core_share if host is not None else 1.0
-    extra = host.kernel_extra_fraction if host is not None else 0.0
-    cap_s = host.kernel_extra_cap_s if host is not None else 0.0
-    if extra > 0:
-        source += (f"; a kernel in the graphs cost {extra:.2f} x its roofline time more, at most "
-                   f"{extra * cap_s * 1e6:.0f} us (kernel_extra_fraction, kernel_extra_cap_s)")
-    if share < 1.0:
-        source += f"; work terms divided by the share of a core a rank got in the graphs ({share:.2f})"
+    # The kernels were timed on the work clock (a rank's own work), each on its own in a loop: in a graph
+    # every single-op price costs in_graph_scale times as much, and a rank gets only a share of a core (other
+    # ranks, other processes), so every work rate slows by both.
+    in_graph = host.in_graph_scale if host is not None else 1.0
+    core_share = host.core_share if host is not None else 1.0
+    pace = core_share / in_graph  # a single-op rate's share of itself in a graph
+    if host is not None:
+        source += f"; work in the graphs {in_graph:.2f} x what their single ops price (in_graph_scale)"
+    if core_share < 1.0:
+        source += f"; work terms divided by the share of a core a rank got in the graphs ({core_share:.2f})"
     if host is not None and host.link_base_adjust_s < 0:
         graph_link = loopback if shared_link is None else shared_link
         source += (f"; per-call {graph_link.name} latency {graph_link_before.base_latency_s * 1e6:.0f} us back to "
@@ -288,13 +289,13 @@ def build_profile(
     return Hardware(
         name=name,
         # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale
-        peak_tflops={d: tflops * scale * share for d, tflops in peak_tflops.items()},
-        memory_bandwidth_gbps=bandwidth * share / 1e9,
+        peak_tflops={d: tflops * scale * pace for d, tflops in peak_tflops.items()},
+        memory_bandwidth_gbps=bandwidth * pace / 1e9,
         memory_gib=_host_memory_bytes() / world_size / 2**30,
         # With graphs measured, a node's fixed cost is the fitted dispatch (the chain of tiny ops,
         # timed in a tight loop at another moment, is only the fallback).
         kernel_floor_s=0.0 if host is not None else floor,
-        view_op_s=view / share,
+        view_op_s=view / pace,
         intra_node=loopback,
         inter_node=unmeasured_network,
         devices_per_node=max(world_size, group_size),
@@ -307,33 +308,31 @@ def build_profile(
         call_sync_wait_per_compute=host.call_sync_wait_per_compute if host is not None else 0.0,
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
-        transcendental_element_s=transcendental / share,
-        op_element_s=_median_by_name([m.op_element_s for m in compute], share),
-        # what a kernel costs in a graph beyond the single op its rate was timed on (work seconds / share)
-        kernel_extra_fraction=extra,
-        kernel_extra_cap_s=cap_s / share,
-        op_fixed_s=_median_by_name([m.op_fixed_s for m in compute], share),
-        first_call_s=_median_by_name([m.first_call_s for m in compute], share),
-        model_call_s=statistics.median(m.model_call_s for m in compute) / share,
-        memory_bandwidth_curve=tuple((size, rate * share / 1e9) for size, rate in curve_points),
+        transcendental_element_s=transcendental / pace,
+        op_element_s=_median_by_name([m.op_element_s for m in compute], pace),
+        op_fixed_s=_median_by_name([m.op_fixed_s for m in compute], pace),
+        first_call_s=_median_by_name([m.first_call_s for m in compute], pace),
+        # timed on a model's own call, not priced from single ops: the core share alone
+        model_call_s=statistics.median(m.model_call_s for m in compute) / core_share,
+        memory_bandwidth_curve=tuple((size, rate * pace / 1e9) for size, rate in curve_points),
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce="one_shot" if shared_link is None else "shared_memory",
         shared_memory_link=shared_link,
         # the figure at the largest working set (DRAM), as memory_bandwidth_gbps; graphs resolve the curve
         shared_memory_cold_call_s=cold_curve[-1][1] if cold_curve else 0.0,
         shared_memory_cold_curve=cold_curve,
-        core_share=share,
+        core_share=core_share,
     )
 
 
-def _median_by_name(per_rank: Sequence[Sequence[tuple[str, float]]], share: float) -> tuple[tuple[str, float], ...]:
+def _median_by_name(per_rank: Sequence[Sequence[tuple[str, float]]], pace: float) -> tuple[tuple[str, float], ...]:
     """Per name (an op family's fixed cost, an op's rate per element): the median over the ranks that measured it,
-    divided by the core share (work seconds, as every work term)."""
+    divided by ``pace`` (the core share over the in-graph scale, as every single-op price)."""
     by_name: dict[str, list[float]] = {}
     for measured in per_rank:
         for name, seconds in measured:
             by_name.setdefault(name, []).append(seconds)
-    return tuple((name, statistics.median(values) / share) for name, values in by_name.items())
+    return tuple((name, statistics.median(values) / pace) for name, values in by_name.items())
 
 
 def _median_host_fit(fits: Sequence[HostFit]) -> HostFit | None:

@@ -18,23 +18,23 @@ and on the work clock (:func:`~autotp.calibration.graphs.work_clock`: the rank's
 also in its *compute form* (:func:`~autotp.calibration.graphs.local_stand_ins`: every collective replaced by a local op of its
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
-    compute_work_s - view_nodes * view_op_s = sum over kernels of (d + extra * d * cap / (cap + d))
-                                              + kernel_nodes * dispatch + call
+    compute_work_s = in_graph_scale * (device_s + view_nodes * view_op_s + kernel_nodes * kernel_floor_s)
     compute_s = compute_work_s / core_share
     seconds   = compute_s + link_s + collectives * collective_wait_s
                 + call_sync_wait_s + call_sync_wait_per_compute * compute_s   (with collectives)
 
-where ``device_s`` is the roofline time of the graph's kernels (:func:`~.compute.compute_time_s` with
-no host term and no per-kernel floor: on a CPU the fitted dispatch is a node's whole fixed cost,
-and the calibrated profile sets ``kernel_floor_s`` to 0), ``d`` a kernel's part of it, ``extra`` and
-``cap`` what a kernel costs in a graph beyond it, up to a cap (:func:`fit_compute_terms`; the
-profile's ``kernel_extra_fraction`` and ``kernel_extra_cap_s``), ``link_s`` the alpha-beta time of its
+where ``device_s`` is the roofline time of the graph's kernels and their op families' fixed costs
+(:func:`~.compute.compute_time_s` with no host term and no per-kernel floor), ``view_op_s`` and
+``kernel_floor_s`` what a view and a tiny kernel cost in a chain timed in a loop, ``in_graph_scale`` how much
+more the same work costs in a graph of many different ops (:func:`fit_in_graph_scale`: one number, at least 1,
+by which the profile scales every single-op price and charges the floor as each kernel node's dispatch; the
+calibrated profile sets ``kernel_floor_s`` itself to 0), ``link_s`` the alpha-beta time of its
 collectives on the link fitted back to back, and ``core_share`` the share of a core a rank gets
 while computing: its median work over the median of the group's wall times in the compute
 forms of all graphs, each graph weighing by its time
 (about 1/2 for four single-thread ranks on two idle cores, at most ``cores / (ranks * threads)``,
 :func:`~autotp.calibration.graphs.fair_core_share`). What the fit adds is what a graph costs beyond its kernels and its
-link: the host's dispatch per node, the call of the graph, and the wait for the slowest rank,
+link: the scale of its single-op prices, and the wait for the slowest rank,
 which is what the real form takes beyond its measured compute and its link, fitted over the
 graphs' numbers of collectives and their compute (:func:`fit_wait_terms`): a wait per
 collective, a wait a call pays once for ranks that entered it out of step (``call_sync_wait_s``),
@@ -70,7 +70,7 @@ from scipy.optimize import least_squares, lsq_linear, nnls  # type: ignore[impor
 
 from .bandwidth import cold_call_at_s
 from .collectives import SHARED_MEMORY_KINDS, link_collective_time_s
-from .compute import capped_kernel_s, compute_time_s
+from .compute import compute_time_s
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
@@ -82,13 +82,13 @@ __all__ = [
     "GraphShape",
     "HostFit",
     "device_only",
-    "fit_compute_terms",
     "fit_gemm_curve",
     "fit_host_terms",
+    "fit_in_graph_scale",
     "fit_wait_line",
     "fit_wait_terms",
     "graph_link_s",
-    "kernels_in_graph_s",
+    "priced_work_s",
 ]
 
 
@@ -154,9 +154,8 @@ class GraphSample:
     cost pass would size this graph's model at (``bandwidth.graph_working_set_bytes``: its tensors held
     whole), at which a shared-memory collective's cold-cache cost is resolved (:func:`graph_link_s`;
     0: not recorded, no cold cost). ``kernel_s``: each kernel node's roofline time (they sum to
-    ``device_s`` less the op families' fixed costs, ``Hardware.op_fixed_s``), from which the fit prices what a
-    kernel costs in a graph beyond it (:func:`fit_compute_terms`; empty: not recorded, priced as if one kernel of
-    ``device_s``).
+    ``device_s`` less the op families' fixed costs, ``Hardware.op_fixed_s``; empty: not recorded), for
+    diagnosing a fit by kernel size.
     """
 
     kernel_nodes: int
@@ -182,8 +181,8 @@ class HostFit:
     ``call_sync_wait_s``: the wait a graph's first collective pays once per call for ranks that
     entered it out of step; ``call_sync_wait_per_compute``: the wait, per second of a call's compute,
     of ranks that drift apart while they compute between collectives (:func:`fit_wait_terms`);
-    ``kernel_extra_fraction`` and ``kernel_extra_cap_s``: what a kernel cost in the graphs beyond its
-    roofline (``Hardware.kernel_extra_fraction``; work seconds, :func:`fit_compute_terms`)."""
+    ``in_graph_scale``: the graphs' work over what their single ops price (:func:`fit_in_graph_scale`), by which
+    the profile scales every single-op price (``host_dispatch_s`` is the floor scaled by it, and by the share)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -194,8 +193,7 @@ class HostFit:
     link_base_adjust_s: float = 0.0
     call_sync_wait_s: float = 0.0
     call_sync_wait_per_compute: float = 0.0
-    kernel_extra_fraction: float = 0.0
-    kernel_extra_cap_s: float = 0.0
+    in_graph_scale: float = 1.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -248,8 +246,8 @@ def _linear_time_s(m: int, n: int, k: int, hardware: Hardware) -> float:
 def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: LinkProfile | None,
                    shared_memory_link: LinkProfile | None = None,
                    shared_memory_cold_curve: Sequence[tuple[float, float]] = (),
-                   dispatch_at_least_s: float = 0.0) -> HostFit:
-    """Fit ``host_dispatch_s``, ``collective_wait_s`` and ``graph_launch_s`` (module docstring).
+                   kernel_floor_s: float = 0.0) -> HostFit:
+    """Fit the scale of the graphs' single-op prices, the share of a core and the waits (module docstring).
 
     ``shared_memory_link``: the graphs' all-reduces ran through shared memory (``measure_graphs`` on
     ranks of one host) and are priced on it, with the cold-cache cost of ``shared_memory_cold_curve``
@@ -258,28 +256,28 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
 
     ``view_op_s`` (measured on a chain of views) prices the view nodes; ``link`` (fitted back to
     back) prices the collectives' alpha-beta time, and may be None when no sample has one.
-    ``dispatch_at_least_s``: the floor of the dispatch per kernel node (:func:`fit_compute_terms`).
-    Raises ValueError with fewer samples than unknowns.
+    ``kernel_floor_s``: a tiny kernel's cost in a chain timed in a loop, each kernel node's dispatch before the
+    scale (:func:`fit_in_graph_scale`). Raises ValueError with fewer samples than unknowns.
 
     When the samples carry their own work (``work_s``, timed on the work clock like the single
     ops whose rates price ``device_s``), the fit has three steps, each on what it can see:
 
-    1. the kernels' extra in a graph, the dispatch per kernel node and the call of the graph
-       (:func:`fit_compute_terms`) over the work of every graph (a column per collective takes the
-       host work of issuing and waiting on one, which belongs to the wait below, not to a node);
+    1. the scale of the single-op prices in a graph (:func:`fit_in_graph_scale`) over the work of the graphs
+       without collectives (a collective's host work of issuing and waiting belongs to the wait below), of
+       every graph if none is without;
     2. the share of a core a rank gets (:attr:`GraphSample.core_share`) over the graphs without
        collectives together (their total work over their total wall time): every work term
-       becomes wall time divided by it (the
-       returned dispatch and call, and :func:`~.calibrate.build_profile` the kernel rates);
+       becomes wall time divided by it (the returned dispatch, and :func:`~.calibrate.build_profile` the
+       kernel rates);
     3. the wait per collective: the median over the graphs with collectives of what their
-       slowest rank's wall time has beyond their predicted kernels, nodes, call and link, per
+       slowest rank's wall time has beyond their predicted kernels, nodes and link, per
        collective, at least 0 (a median over graphs does not swing with one disturbed run).
 
     When the samples also carry their compute (``compute_work_s``, ``compute_s``: the graph with
     its collectives replaced by local stand-ins, :func:`~autotp.calibration.graphs.graph_sample`), compute and communication
     are fitted on what each of them is, so that the predicted split means what the measured one
     does (:func:`_fit_compute_then_wait`). Without ``work_s`` (older samples), one least-squares
-    fit of all three terms on wall time.
+    fit of a dispatch per node, a call and a wait per collective on wall time.
     """
     with_collectives = any(sample.collectives for sample in samples)
     unknowns = 3 if with_collectives else 2
@@ -294,28 +292,22 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
     if all(sample.compute_work_s > 0 and sample.compute_s > 0 for sample in samples):
-        return _fit_compute_then_wait(samples, view_op_s, link_s, dispatch_at_least_s)
-    # a column per collective takes the host work of issuing and waiting on one (it belongs to the wait)
-    extra, cap, dispatch_work_s, launch_work_s = fit_compute_terms(
-        samples, [sample.work_s - sample.view_nodes * view_op_s for sample in samples],
-        extra_columns=[[len(sample.collectives)] for sample in samples], dispatch_at_least_s=dispatch_at_least_s)
+        return _fit_compute_then_wait(samples, view_op_s, link_s, kernel_floor_s)
     # over the graphs together, each weighing by its time (the longest calls are the most like a forward)
     alone = [sample for sample in samples if not sample.collectives] or list(samples)
+    scale = fit_in_graph_scale(alone, [sample.work_s for sample in alone], view_op_s=view_op_s, node_s=kernel_floor_s)
     share = sum(sample.work_s for sample in alone) / sum(sample.work_s / sample.core_share for sample in alone)
 
     def wall_without_wait_s(sample: GraphSample) -> float:
-        work_s = (kernels_in_graph_s(sample, extra, cap) + sample.view_nodes * view_op_s
-                  + sample.kernel_nodes * dispatch_work_s
-                  + launch_work_s)
-        return work_s / share + link_s(sample)
+        return scale * priced_work_s(sample, view_op_s, kernel_floor_s) / share + link_s(sample)
 
     waits = [(sample.seconds - wall_without_wait_s(sample)) / len(sample.collectives)
              for sample in samples if sample.collectives]
     wait_s = max(0.0, statistics.median(waits)) if waits else 0.0
     errors = [abs(wall_without_wait_s(sample) + len(sample.collectives) * wait_s - sample.seconds) / sample.seconds
               for sample in samples]
-    return HostFit(dispatch_work_s / share, wait_s, launch_work_s / share, statistics.median(errors), len(samples),
-                   share, kernel_extra_fraction=extra, kernel_extra_cap_s=cap)
+    return HostFit(scale * kernel_floor_s / share, wait_s, 0.0, statistics.median(errors), len(samples), share,
+                   in_graph_scale=scale)
 
 
 def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_link: LinkProfile | None,
@@ -337,16 +329,15 @@ def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_li
 
 
 def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
-                           link_s: Callable[[GraphSample], float], dispatch_at_least_s: float = 0.0) -> HostFit:
+                           link_s: Callable[[GraphSample], float], kernel_floor_s: float = 0.0) -> HostFit:
     """The host terms from samples whose compute was timed apart (:attr:`GraphSample.compute_s`).
 
     Compute and communication mean here what the accuracy benchmark measures: a graph's compute
     is its time with every collective replaced by a local stand-in, its communication what the
     real collectives add to that. So:
 
-    1. the kernels' extra in a graph, the dispatch per kernel node and the call of the graph
-       (:func:`fit_compute_terms`) over the *compute work* of every graph (``compute_work_s``; the
-       graphs with collectives count too, without a column for them: their stand-ins cost nothing);
+    1. the scale of the single-op prices in a graph (:func:`fit_in_graph_scale`) over the *compute work* of
+       every graph (``compute_work_s``; the graphs with collectives count too: their stand-ins cost nothing);
     2. the share of a core a rank gets while computing: the compute work of every graph over
        its compute wall time, each graph weighing by its time; every work term becomes wall time
        divided by it. With four single-thread ranks on two cores it is about 1/2: the ranks take
@@ -369,16 +360,13 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
        time runs while they compute. The profile takes it off the link's per-call
        latency (never below 0), so no collective is priced below nothing.
     """
-    extra, cap, dispatch_work_s, launch_work_s = fit_compute_terms(
-        samples, [sample.compute_work_s - sample.view_nodes * view_op_s for sample in samples],
-        dispatch_at_least_s=dispatch_at_least_s)
+    scale = fit_in_graph_scale(samples, [sample.compute_work_s for sample in samples], view_op_s=view_op_s,
+                               node_s=kernel_floor_s)
     share = (sum(sample.compute_work_s for sample in samples)
              / sum(sample.compute_work_s / sample.core_share for sample in samples))
 
     def compute_wall_s(sample: GraphSample) -> float:
-        return (kernels_in_graph_s(sample, extra, cap) + sample.view_nodes * view_op_s
-                + sample.kernel_nodes * dispatch_work_s
-                + launch_work_s) / share
+        return scale * priced_work_s(sample, view_op_s, kernel_floor_s) / share
 
     synced = [sample for sample in samples if sample.collectives]
     entry_s, in_graph_s, per_compute = fit_wait_terms(
@@ -392,94 +380,42 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
 
     errors = [abs(compute_wall_s(sample) + link_s(sample) + waited_s(sample, compute_wall_s(sample)) - sample.seconds)
               / sample.seconds for sample in samples]
-    return HostFit(dispatch_work_s / share, max(0.0, in_graph_s), launch_work_s / share, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, extra, cap)
+    return HostFit(scale * kernel_floor_s / share, max(0.0, in_graph_s), 0.0, statistics.median(errors),
+                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, scale)
 
 
-KERNEL_EXTRA_AT_MOST = 3.0
-"""Upper bound of the fitted ``kernel_extra_fraction`` (:func:`fit_compute_terms`): a fit that wants more
-has samples the roofline does not describe, and the bound keeps one such calibration from pricing every
-kernel several times over."""
-
-KERNEL_EXTRA_CAPS_S = tuple(2.0**step * 1e-6 for step in range(0, 15))
-"""The caps :func:`fit_compute_terms` tries: 1 us to 16 ms, a factor 2 apart."""
-
-CAP_RESIDUAL_TOLERANCE = 1.02
-"""Caps whose fit's residual (squared relative errors) is within this factor of the best count as equally
-good; the smallest wins."""
+def priced_work_s(sample: GraphSample, view_op_s: float, node_s: float) -> float:
+    """What the single-op measurements price ``sample``'s compute at, on the work clock: its kernels' roofline
+    times and op families' fixed costs (``device_s``), ``view_op_s`` per view node and ``node_s`` (the
+    tiny-kernel floor) per kernel node."""
+    return sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * node_s
 
 
-def _extra_basis_s(sample: GraphSample, cap_s: float) -> float:
-    """``sum(d * cap / (cap + d))`` over ``sample``'s kernels: its kernels' extra per unit of fraction."""
-    kernels = sample.kernel_s or ((sample.device_s,) if sample.device_s > 0 else ())
-    return sum(capped_kernel_s(d, cap_s) for d in kernels)
+def fit_in_graph_scale(samples: Sequence[GraphSample], work_s: Sequence[float], *, view_op_s: float,
+                       node_s: float) -> float:
+    """How much more work the graphs took than their single ops price (:func:`priced_work_s`): their total work
+    over their total priced work, each graph weighing by its time (the longest, most like a forward, count
+    most), at least 1. ``work_s``: each graph's measured work.
 
+    At least 1: an op in a graph costs no less than the same op timed in a tight loop, where its code and data
+    stay hot. A ratio below 1 means the single ops were timed in one of the machine's slow spells and the graphs
+    in a faster one (on this project's VM, 3 of 21 ranks' calibrations, at 0.87-0.97), and scaling the prices
+    down by it priced that run's models low (pooled over three runs, 10.2% median error at tp 1 against 5.6%).
 
-def kernels_in_graph_s(sample: GraphSample, extra: float, cap_s: float) -> float:
-    """``sample``'s kernels' time in a graph: their roofline time plus ``extra * d * cap / (cap + d)`` each
-    (:func:`~.compute.in_graph_kernel_s`)."""
-    return sample.device_s + (extra * _extra_basis_s(sample, cap_s) if extra and cap_s else 0.0)
-
-
-def fit_compute_terms(samples: Sequence[GraphSample], work_s: Sequence[float], *,
-                      extra_columns: Sequence[Sequence[float]] | None = None,
-                      dispatch_at_least_s: float = 0.0) -> tuple[float, float, float, float]:
-    """``(extra, cap, dispatch, call)`` of ``work ≈ sum over kernels of (d + extra * d * cap / (cap + d))
-    + kernel_nodes * dispatch + call`` over ``samples`` (``work_s``: each graph's work without its views'
-    dispatch; ``d``: a kernel's roofline time, :attr:`GraphSample.kernel_s`): for each cap of
-    :data:`KERNEL_EXTRA_CAPS_S`, bounded least squares on relative error (each graph weighted
-    ``1 / work``; ``extra`` in ``[0, KERNEL_EXTRA_AT_MOST]``, dispatch and call at least 0), and the
-    smallest cap whose residual is within :data:`CAP_RESIDUAL_TOLERANCE` of the smallest residual.
-
-    Why the extra: ``d`` is the roofline at rates timed on one op in a tight loop (its code, its
-    inputs and weights hot in the caches); in a graph, every kernel follows others that evicted them.
-    Fitted as a fixed cost per node alone, that was an average over the calibration graphs' kernels:
-    graphs of 2 tokens came out over-predicted and graphs of 32 tokens 25-30% under (on this project's
-    2-core VM, a GELU of 32 x 512 took 16 us in a loop, while ``linear -> GELU -> linear`` took 31 us
-    longer than ``linear -> linear``). The extra grows with a kernel's size only up to the cap: large
-    kernels stream their data from memory in the loop too (a slowdown of every kernel by one factor,
-    fitted on small graphs, priced a Llama of hidden 1024 at 64 tokens and a GPT-2 of 768 at 128 tokens
-    27-31% too slow, where the roofline alone was within 2%). ``extra_columns``: more non-negative
-    unknowns per graph (a count of collectives), fitted and dropped. Without kernel time, no extra.
-
-    ``dispatch_at_least_s``: the least the dispatch may be, the measured cost of one tiny kernel node in a
-    warm graph (``kernel_floor_s`` of :mod:`autotp.calibration.calibrate`, work clock); a node in a colder
-    graph costs no less. Without it the dispatch and the extra trade against each other: a kernel longer
-    than the cap pays ``extra * cap``, a fixed cost per node like the dispatch, and under noise the fit
-    priced no dispatch at all (0 us per node, the extra at its bound) in two of nine calibrations on this
-    project's 2-core VM."""
-    more = [list(columns) for columns in extra_columns] if extra_columns is not None else [[] for _ in samples]
-    if not len(samples) == len(work_s) == len(more):
-        raise ValueError(f"need one work and one row of extra columns per graph, got {len(samples)} graphs, "
-                         f"{len(work_s)} works and {len(more)} rows")
+    Why one number: an op in a graph of two hundred different ops costs more than the same op timed in a loop
+    (its code and data evicted by the ops before it), and the calibration used to fit how (an extra per kernel
+    growing with its size up to a cap, a dispatch per node, a cost per call). Those four numbers were poorly
+    determined by a dozen graphs of one op mix: on this project's 2-core VM, calibrations minutes apart fitted
+    the extra at 0.2x to 3.0x, its cap at 1 us to 1 ms, and held-out families came out no better than with one
+    scale on every single-op price (docs: cost-model accuracy)."""
+    if len(samples) != len(work_s):
+        raise ValueError(f"need one work per graph, got {len(samples)} graphs and {len(work_s)} works")
     if not work_s or any(not work > 0 for work in work_s):
         raise ValueError(f"every graph's work must be > 0, got {list(work_s)}")
-    weights = 1.0 / np.asarray(work_s, dtype=float)
-    target = (np.asarray(work_s, dtype=float) - np.asarray([s.device_s for s in samples])) * weights
-    fixed = np.asarray([[s.kernel_nodes, 1.0, *row] for s, row in zip(samples, more)])
-    if not any(sample.device_s > 0 for sample in samples):
-        lower = np.zeros(fixed.shape[1])
-        lower[0] = dispatch_at_least_s
-        solution = np.maximum(lsq_linear(fixed * weights[:, None], target, bounds=(lower, np.inf), method="bvls").x,
-                              lower)
-        return 0.0, 0.0, float(solution[0]), float(solution[1])
-    fits = []
-    for cap_s in KERNEL_EXTRA_CAPS_S:
-        rows = np.column_stack([[_extra_basis_s(s, cap_s) for s in samples], fixed]) * weights[:, None]
-        lower = np.zeros(rows.shape[1])
-        lower[1] = dispatch_at_least_s
-        upper = np.full(rows.shape[1], np.inf)
-        upper[0] = KERNEL_EXTRA_AT_MOST
-        # bvls may return a bound missed by rounding (an extra of -4e-16 failed the profile's check)
-        solution = np.clip(lsq_linear(rows, target, bounds=(lower, upper), method="bvls").x, lower, upper)
-        fits.append((float(np.sum((rows @ solution - target) ** 2)), cap_s, solution))
-    # the residual is often flat along the curve (a small extra up to a large cap fits small graphs as well as
-    # a large one up to a small cap): of the caps within 2% of the best, the smallest, which bounds what a
-    # large kernel pays (one calibration of 42 took 0.63 up to 2 ms otherwise)
-    least = min(residual for residual, _, _ in fits)
-    _, cap_s, solution = next(fit for fit in fits if fit[0] <= least * CAP_RESIDUAL_TOLERANCE + 1e-18)
-    fraction = float(solution[0])
-    return fraction, cap_s if fraction > 0 else 0.0, float(solution[1]), float(solution[2])
+    priced = sum(priced_work_s(sample, view_op_s, node_s) for sample in samples)
+    if not priced > 0:
+        raise ValueError("the graphs price at no work (no kernels, views or floor): nothing to scale")
+    return max(1.0, float(sum(work_s)) / priced)
 
 
 WAIT_FIT_INLIER_ERROR = 0.1

@@ -311,9 +311,10 @@ class Hardware:
     roofline at the rates of single ops timed in a tight loop (its code, inputs and weights were hot
     there; in a graph other kernels ran in between), ``extra * d * cap / (cap + d)`` for a kernel of
     roofline time ``d`` (:func:`~.compute.in_graph_kernel_s`): about ``extra * d`` for small kernels,
-    at most ``extra * cap`` for large ones, which stream their data either way. ``autotp calibrate``
-    fits both on its rank-local graphs (on a 2-core VM: 2.4-3.0 and 2-8 microseconds, so a kernel
-    costs at most 5-24 us more); 0.0: no extra (every named profile).
+    at most ``extra * cap`` for large ones, which stream their data either way. Profiles from earlier
+    releases of ``autotp calibrate`` carry them; it now scales every single-op price by one factor
+    fitted on its rank-local graphs instead (``cost_model.graph_calibration.fit_in_graph_scale``) and
+    leaves both at 0.0, as every named profile has them.
     ``op_fixed_s``: ``(name, seconds)`` pairs, one per :data:`OP_FIXED_COSTS` entry measured: the
     fixed cost one call of an op of that family pays beyond its roofline and a plain kernel's (library
     kernels that set up a primitive per call: a CPU convolution, about 40 us on a 2-core VM at any size,

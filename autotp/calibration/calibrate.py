@@ -20,8 +20,8 @@ profile field         measurement (median over timed repeats, after warm-up)
                       working set (:mod:`autotp.cost_model.bandwidth`)
 ``kernel_floor_s``    per op of an FX graph chaining one-element kernel ops (add, exp, mean,
                       softmax, cat, ...): the fallback per-op cost, 0.0 once the host terms
-                      below are fitted (the fitted dispatch is then a node's whole fixed cost,
-                      and this floor the least it may be)
+                      below are fitted (the dispatch per kernel node is then this floor, scaled
+                      as the graphs say)
 ``view_op_s``         the same for a chain of views (view, transpose, expand, slice, ...): what an
                       op that launches no kernel costs on a CPU
 ``intra_node``        gloo ``all_reduce``, ``all_gather`` and ``reduce_scatter`` through the same
@@ -45,12 +45,12 @@ profile field         measurement (median over timed repeats, after warm-up)
                       every graph is timed) against back to back: what a kernel's first call in a call costs
 ``model_call_s``      a small model compiled here (:mod:`autotp.calibration.model_call`): its call against its
                       graph's, both after every rank met and waited: what the model's call adds to its graph's
-``host_dispatch_s``,  fitted over rank-local transformer graphs of several sizes and two op mixes
-``collective_wait_s`` (Llama-like and GPT-like blocks after the prologue HF graphs run), with and
-``graph_launch_s``    without all-reduces, run by calling their GraphModule on all ranks from one moment to
-``kernel_extra_..``   the last rank's end (:mod:`autotp.calibration.graphs`), and one wide block (hidden
-                      1024, 64 tokens) where a kernel's extra in a graph reaches its cap;
-                      ``runtime_mode`` eager
+``host_dispatch_s``,  rank-local transformer graphs of several sizes and two op mixes (Llama-like and
+``collective_wait_s`` GPT-like blocks after the prologue HF graphs run), with and without all-reduces, and
+``core_share``        one wide block (hidden 1024, 64 tokens), run by calling their GraphModule on all ranks
+                      from one moment to the last rank's end (:mod:`autotp.calibration.graphs`): their work
+                      over what their single ops price scales every single-op price (the dispatch is the
+                      tiny-op floor so scaled); ``runtime_mode`` eager
 ====================  ==========================================================================
 
 Single ops and graphs are timed on the *work clock* (:func:`~autotp.calibration.graphs.work_clock`: the
@@ -68,8 +68,7 @@ measured with all N ranks busy at once, ``memory_gib`` is the host's memory divi
 the links are measured across N processes (across 2 when N is 1, since one process has no
 link). No network is measured: ``inter_node`` repeats the loopback link and says so in its
 name. ``achievable_fraction_*`` stay 1.0: the peaks are already achieved rates (of single ops
-in a tight loop; what a kernel costs beyond them in a graph is ``kernel_extra_fraction``, fitted
-on the rank-local graphs).
+in a tight loop, scaled by what the same work cost in the rank-local graphs).
 
 The measuring functions take an initialised process group, so tests run them on a shared pool
 of workers (:func:`measure_rank`), and the fit turns the per-rank measurements into
@@ -468,7 +467,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             _say(progress, f"a compiled model's call beyond its graph's: {model_call * 1e6:.1f} us")
         samples = measure_collectives(rank, world_size, config) if collectives and world_size > 1 else ()
         if compute:
-            # the graphs' kernels priced without a floor: the fit finds each node's whole fixed cost
+            # the graphs' kernels priced without a floor: the fit charges it per kernel node, scaled
             kernels_only = dataclasses.replace(kernels, kernel_floor_s=0.0, op_fixed_s=op_fixed, first_call_s=first_call)
             graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
             for shape, sample in zip(config.graph_shapes, graphs):

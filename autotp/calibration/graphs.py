@@ -538,8 +538,7 @@ class _Recorder(torch.fx.Interpreter):
         self.kernel_nodes += 1
         seconds = roofline_of_call_s(node.target, args, kwargs, result, self.hardware)
         family = op_family(node.target)
-        # an op's fixed costs are priced as measured (attention per block of queries and per call), beside the
-        # kernel's extra (which they do not scale)
+        # an op's fixed costs are priced as measured (attention per block of queries and per call)
         self.device_s += seconds + self.hardware.fixed_costs_s(fixed_costs(node.target, args, kwargs, result.dtype))
         key = first_call_key(node.target)
         if key not in self.called:  # its first call in this call of the graph, priced as the cost pass prices it
