@@ -905,9 +905,9 @@ def test_a_model_call_is_priced_once_per_call_beside_its_graph_call() -> None:
         assert measure_model_call_s(runs=3) == 0.0
 
 
-def test_op_family_fixed_costs_are_measured_and_kept_out_of_the_kernel_extra() -> None:
+def test_op_family_fixed_costs_are_measured_and_priced_beside_the_kernel_roofline() -> None:
     """`measure_op_fixed_s` returns every fixed cost, each at least 0; a graph's recorder adds a convolution's
-    fixed cost to the graph's kernel time but not to the kernel's roofline the extra is fitted on. (How attention's
+    fixed cost to the graph's priced kernel time but not to the kernel's roofline (``kernel_s``). (How attention's
     cost splits into blocks and a call is checked on given timings below; which costs more on this machine is a
     timing, which the breakdown benchmark shows and a test on a loaded machine cannot.)"""
     from autotp.calibration.graphs import _Recorder, measure_op_fixed_s
