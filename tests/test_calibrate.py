@@ -266,3 +266,35 @@ def test_calls_are_timed_on_the_group_from_one_start(gloo) -> None:
         assert together_s >= 0.02 and apart_s >= 0.02, (together_s, apart_s)
     assert ranks[0][2] == ranks[1][2], "every rank starts at one moment"
     assert ranks[0][4] == ranks[1][4] and ranks[0][5] == ranks[1][5], "every rank returns the same call time"
+
+
+def _in_step_loops(rank: int, world_size: int) -> tuple[int, list[float]]:
+    from autotp.calibration.graphs import median_work_s
+
+    calls: list[float] = []
+    work_s = 2e-4 if rank == 1 else 2e-5  # rank 1's op costs ten times rank 0's
+
+    def run() -> None:
+        calls.append(time.perf_counter())
+        until = time.thread_time() + work_s
+        while time.thread_time() < until:
+            pass
+
+    median_work_s(run, min_time_s=2e-3, repeats=3)
+    return len(calls), calls
+
+
+def test_single_ops_are_timed_in_step_on_every_rank(gloo) -> None:
+    """tp=2, real gloo processes: `median_work_s` loops as many calls on every rank (the most any rank needs: rank 0's
+    ten-times-cheaper op sets it) and runs each timed repeat on both ranks at once, so that neither rank times its
+    op beside a core the other left idle (timed on its own, rank 0 would finish its three repeats within rank 1's
+    first)."""
+    (count_0, calls_0), (count_1, calls_1) = gloo.run(2, _in_step_loops)
+    assert count_0 == count_1, f"rank 0 called its op {count_0} times, rank 1 {count_1}"
+    per_repeat = (count_0 - 2) // 3  # two untimed calls, then three repeats
+    assert per_repeat >= 50, f"rank 0's op needs about 100 calls per 2 ms; the ranks looped {per_repeat}"
+    for repeat in range(3):
+        first, last = 2 + repeat * per_repeat, 1 + (repeat + 1) * per_repeat
+        assert calls_0[first] < calls_1[last] and calls_1[first] < calls_0[last], (
+            f"repeat {repeat} ran on rank 0 from {calls_0[first]:.4f} to {calls_0[last]:.4f} s and on rank 1 from "
+            f"{calls_1[first]:.4f} to {calls_1[last]:.4f} s: not at once")

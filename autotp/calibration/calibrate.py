@@ -55,7 +55,10 @@ profile field         measurement (median over timed repeats, after warm-up)
 
 Single ops and graphs are timed on the *work clock* (:func:`~autotp.calibration.graphs.work_clock`: the
 thread's CPU time when torch runs one thread per rank), so a rank that another process takes off
-its core mid-measurement does not record the pause as the op's cost; the share of a core a rank
+its core mid-measurement does not record the pause as the op's cost. In a group of more than one rank
+the single ops are timed in step (:func:`~autotp.calibration.graphs.median_work_s`: every rank starts each
+timed repeat at one moment and loops as many calls), so that each times its op beside the others' as a plan's
+ranks run, never beside a core left idle by a rank that finished first. The share of a core a rank
 gets while it computes (other ranks on the same cores, other processes) is measured on its own,
 in the graphs' compute forms (collectives replaced by local stand-ins, as the accuracy benchmark
 measures a model's compute), and every work term of the profile is divided by it. Collectives
@@ -98,7 +101,7 @@ from autotp.calibration.graphs import (
     measure_op_fixed_s,
     measure_element_rates,
     measure_first_call_s,
-    work_clock,
+    median_work_s,
 )
 from autotp.calibration.model_call import measure_model_call_s
 from autotp.cost_model.bandwidth import DEFAULT_WORKING_SETS
@@ -215,26 +218,6 @@ def _say(enabled: bool, message: str) -> None:
         print(f"[autotp calibrate] {message}", file=sys.stderr, flush=True)
 
 
-def _timed_median_s(run: Callable[[], Any], min_time_s: float, repeats: int, *, sync: Callable[[], Any] | None = None) -> float:
-    """Median seconds of work per call of ``run`` (:func:`~autotp.calibration.graphs.work_clock`: this
-    thread's CPU time when torch runs one thread, so another process taking the core mid-loop
-    does not count); each timed measurement loops for at least ``min_time_s``."""
-    clock = work_clock()
-    run()  # warm-up: first-call allocation, lazy initialisation
-    start = clock()
-    run()
-    calls = max(1, math.ceil(min_time_s / max(clock() - start, 1e-9)))
-    samples = []
-    for _ in range(repeats):
-        if sync is not None:
-            sync()
-        start = clock()
-        for _ in range(calls):
-            run()
-        samples.append((clock() - start) / calls)
-    return statistics.median(samples)
-
-
 def measure_matmul_flops_per_s(dtype: torch.dtype, size: int, config: CalibrationConfig) -> float:
     """FLOP/s of ``aten.linear`` in ``dtype``: input ``(2, size // 2, size)``, weight ``(size, size)``,
     bias ``(size,)`` — the op and the shape family (batch, tokens, features) of the linear layers
@@ -245,7 +228,7 @@ def measure_matmul_flops_per_s(dtype: torch.dtype, size: int, config: Calibratio
     weight = torch.randn(size, size, generator=generator).to(dtype)
     bias = torch.randn(size, generator=generator).to(dtype)
     linear = torch.ops.aten.linear.default
-    seconds = _timed_median_s(lambda: linear(x, weight, bias), config.min_time_s, config.repeats)
+    seconds = median_work_s(lambda: linear(x, weight, bias), config.min_time_s, config.repeats)
     return 2 * (2 * max(1, size // 2)) * size * size / seconds
 
 
@@ -254,7 +237,7 @@ def measure_copy_bytes_per_s(config: CalibrationConfig) -> float:
     numel = config.copy_bytes // 4
     src = torch.ones(numel, dtype=torch.float32)
     dst = torch.empty_like(src)
-    seconds = _timed_median_s(lambda: dst.copy_(src), config.min_time_s, config.repeats)
+    seconds = median_work_s(lambda: dst.copy_(src), config.min_time_s, config.repeats)
     return 2 * numel * 4 / seconds
 
 
@@ -325,7 +308,7 @@ def _per_op_s(chain: tuple[tuple[Any, tuple[Any, ...]], ...], config: Calibratio
     module, ops = _chain_module(chain)
     x = torch.ones(1, 1)
     with torch.no_grad():
-        return _timed_median_s(lambda: module(x), config.min_time_s, config.repeats) / ops
+        return median_work_s(lambda: module(x), config.min_time_s, config.repeats) / ops
 
 
 def measure_kernel_floor_s(config: CalibrationConfig) -> float:
@@ -411,7 +394,8 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
                  collectives: bool = True) -> RankMeasurements:
     """Everything one rank measures; call it on every rank of an initialised gloo group.
 
-    Compute is measured on all ranks at once (they start together after a barrier). The number
+    Compute is measured on all ranks at once, every timed repeat of a single op started at one moment on
+    every rank (:func:`~autotp.calibration.graphs.median_work_s`). The number
     of torch threads is set to ``config.threads_for(world_size)`` while measuring and restored
     afterwards. ``compute=False`` measures only the links; ``collectives=False`` only compute (a
     group of one has no link). What is not measured is left empty (0.0). With ``compute``, the

@@ -95,20 +95,34 @@ def work_clock() -> Callable[[], float]:
 
 def median_work_s(run: Callable[[], Any], min_time_s: float, repeats: int) -> float:
     """Median seconds of work per call of ``run`` (:func:`work_clock`), each timed repeat looping
-    for at least ``min_time_s``."""
+    for at least ``min_time_s``.
+
+    In a process group of more than one rank it times in step: call it on every rank at once. The ranks agree
+    on one number of calls per repeat (the most any rank needs) and start every repeat at one moment
+    (:func:`common_start`), so that each rank times the op while the others run it too, as a plan's ranks run
+    their kernels. Why: timed on its own, a rank may run part of its loop beside an idle core, and the cores
+    share the memory behind them: on this project's 2-core VM a copy over 32 MiB took 1.5-1.9x as long with both
+    cores copying as with one (over 8 MiB 1.0-1.2x, a linear 1.0x; ``benchmarks/core_contention.py``)."""
     clock = work_clock()
     run()
     start = clock()
     run()
     calls = max(1, math.ceil(min_time_s / max(clock() - start, 1e-9)))
+    in_step = dist.is_initialized() and dist.get_world_size() > 1
+    if in_step:
+        agreed = torch.tensor([calls], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        calls = int(agreed)
+        share_a_clock = ranks_share_a_clock()
     samples = []
     for _ in range(repeats):
+        if in_step:
+            common_start(share_a_clock)
         start = clock()
         for _ in range(calls):
             run()
         samples.append((clock() - start) / calls)
     return statistics.median(samples)
-
 
 
 def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torch.Tensor) -> torch.Tensor:
