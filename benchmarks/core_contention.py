@@ -15,6 +15,7 @@ every rank at once, as a plan's ranks run (``autotp.calibration.graphs.median_wo
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import statistics
 import time
@@ -46,7 +47,7 @@ def _ops() -> dict[str, Callable[[], object]]:
                                          lambda: aten.linear.default(small_x, small_w, small_b), chain]
     for mib in COPY_WORKING_SETS_MIB:
         src = torch.ones(int(mib * 2**20) // 8)  # half the working set each, float32
-        calls.append(lambda dst=torch.empty_like(src), src=src: dst.copy_(src))
+        calls.append(functools.partial(torch.Tensor.copy_, torch.empty_like(src), src))
     return dict(zip(OPS, calls, strict=True))
 
 

@@ -20,7 +20,7 @@ import autotp
 from autotp.calibration import calibrate as measuring
 from autotp.calibration.calibrate import CalibrationConfig, measure_rank
 from autotp.cli import main as cli
-from autotp.cost_model import Hardware, LinkProfile, compute_time_s, get_hardware, link_collective_time_s
+from autotp.cost_model import Hardware, LinkProfile, get_hardware, link_collective_time_s
 from autotp.cost_model import calibrate as profile_fit
 from autotp.cost_model.calibrate import SHARED_MEMORY_KIND, CollectiveSample, RankMeasurements, build_profile, fit_link
 from autotp.cost_model.graph_calibration import GraphSample

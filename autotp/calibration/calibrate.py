@@ -96,11 +96,11 @@ import torch.distributed as dist
 from autotp.calibration.graphs import (
     measure_cold_call_s,
     measure_copy_curve,
+    measure_element_rates,
+    measure_first_call_s,
     measure_gemm_samples,
     measure_graphs,
     measure_op_fixed_s,
-    measure_element_rates,
-    measure_first_call_s,
     median_work_s,
 )
 from autotp.calibration.model_call import measure_model_call_s
