@@ -1,9 +1,8 @@
 """The transformers release installed is one autotp supports, and there it computes what HF computes.
 
-Tier (c), real gloo processes, tp 2 and 3. CI runs this file once per transformers release it tests
-(``.ci/run``'s release tier: the oldest and newest of each range in
-:mod:`autotp.adapters.hf_transformers`, and the last release before the cache keyword was renamed),
-besides the main suite's run on the newest:
+Tier (c), real gloo processes, tp 2 and 3. CI runs this file on every transformers release it tests: the
+main suite on the newest, ``.ci/release_tiers`` on the oldest of each range in
+:mod:`autotp.adapters.hf_transformers` (the generation range's oldest tier runs the generation tests only):
 
 - a plain forward of every Hugging Face family (``autotp.compile(model, example_inputs=(ids,))``, then
   ``tp(ids)``, the config's ``use_cache`` left True as HF sets it): logits within 1e-4 of the model's;
