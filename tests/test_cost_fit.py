@@ -706,6 +706,7 @@ def _runs_math_kernel(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor
     return any("_scaled_dot_product_attention_math" in event.name for event in profiler.events())
 
 
+@pytest.mark.slow  # runs PyTorch's profiler over attentions and traces two models: about 12 s on 2 cores
 def test_attention_pays_per_block_and_per_call_in_the_flash_kernel_and_once_in_the_math_kernel() -> None:
     """``fixed_costs`` of an attention: per (batch, head) block of up to 32 queries plus once per call where PyTorch
     runs its flash kernel; once, ``"attention_math"``, where it runs its math kernel, as PyTorch's profiler shows it

@@ -5,7 +5,8 @@ main suite on the newest, ``.ci/release_tiers`` on the oldest of each range in
 :mod:`autotp.adapters.hf_transformers` (the generation range's oldest tier runs the generation tests only):
 
 - a plain forward of every Hugging Face family (``autotp.compile(model, example_inputs=(ids,))``, then
-  ``tp(ids)``, the config's ``use_cache`` left True as HF sets it): logits within 1e-4 of the model's;
+  ``tp(ids)``, the config's ``use_cache`` left True as HF sets it): logits within 1e-4 of the model's, as
+  ``tests/test_equivalence.py`` checks every model at the other world sizes;
 - greedy generation: the tokens equal HF's ``model.generate`` exactly, for several families; on a
   release below the generation range, compiling for generation raises ``UnsupportedReleaseError``
   naming the range (it never runs on with a cache the model ignores).
@@ -33,6 +34,9 @@ from autotp.adapters import torchao as torchao_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-4
+SHARE_SLACK = 0.12
+"""How far above 1 / world size the largest rank's share of the weights may be (norms and biases kept whole,
+heads that do not divide)."""
 NEW_TOKENS = 6
 PROMPT = 6
 RELEASE = hf_transformers.installed_release()
@@ -78,7 +82,9 @@ def _forward_rows(rank: int, world_size: int, families: list[str]) -> dict[str, 
         with torch.no_grad():
             got = tp(*args)
         logits = "last_hidden_state" if family == "bert" else "logits"
-        rows[family] = ("ran", float((got[logits] - expected[logits]).abs().max()))
+        rows[family] = ("ran", float((got[logits] - expected[logits]).abs().max()), {
+            "counts": tp.collective_counts(), "bytes": tp.parameter_bytes(), "fallback_ops": tp.plan.fallback_ops,
+            "full_bytes": sum(p.numel() * p.element_size() for p in model.parameters())})
     return rows
 
 
@@ -115,8 +121,9 @@ def _by_family(gloo: Any, world_size: int, rows_of: Any, families: list[str]) ->
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_forward_equals_the_model_on_this_release(gloo, world_size: int) -> None:
     """tp=2 (every HF family) and 3 (five: 8/4, 2 kv heads and experts split unevenly), a plain forward:
-    logits within 1e-4 on every rank (or, where the release cannot trace a family, a CaptureError on
-    every rank)."""
+    logits within 1e-4 on every rank, the same collectives on every rank, no rank holding much more than its
+    share of the weights, no op left without a rule (or, where the release cannot trace a family, a
+    CaptureError on every rank)."""
     by_rank = _by_family(gloo, world_size, _forward_rows, _forward_families(world_size))
     assert all(rows.keys() == by_rank[0].keys() for rows in by_rank), by_rank
     for family in _forward_families(world_size):
@@ -128,7 +135,13 @@ def test_forward_equals_the_model_on_this_release(gloo, world_size: int) -> None
             continue
         assert all(o[0] == "ran" for o in outcomes), f"transformers {RELEASE}, {family}: {outcomes}"
         worst = max(o[1] for o in outcomes)
-        assert worst <= TOLERANCE, f"transformers {RELEASE}, {family} at tp {world_size}: max |diff| {worst:.2e}"
+        where = f"transformers {RELEASE}, {family} at tp {world_size}"
+        assert worst <= TOLERANCE, f"{where}: max |diff| {worst:.2e}"
+        facts = [o[2] for o in outcomes]
+        assert all(f["counts"] == facts[0]["counts"] for f in facts), f"{where}: the ranks issue other collectives: {facts}"
+        share = max(f["bytes"] for f in facts) / facts[0]["full_bytes"]
+        assert share <= 1 / world_size + SHARE_SLACK, f"{where}: the largest rank holds {share:.2f} of the weights"
+        assert facts[0]["fallback_ops"] == (), f"{where}: ops without a rule ran replicated: {facts[0]['fallback_ops']}"
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -255,6 +255,7 @@ def _linear_graph(rows: int) -> Any:
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
+@pytest.mark.slow  # compiles with Inductor: the first compile in a process takes 15-25 s on 2 cores
 @pytest.mark.parametrize("rows", [1, 4])
 def test_compiled_decode_sums_one_row_linears(rows: int) -> None:
     """No process group: the compiled decode graph's linear layers of a CPU weight input (linear with bias, mm of
@@ -284,6 +285,7 @@ def test_compiled_decode_sums_one_row_linears(rows: int) -> None:
                     f"{dtype}, {rows} rows, step {step}: compiled {g} != eager {e}")
 
 
+@pytest.mark.slow  # compiles with Inductor: the first compile in a process takes 15-25 s on 2 cores
 def test_compiled_decode_skips_guards_only_for_the_inputs_it_was_compiled_for() -> None:
     """No process group: after its first call the compiled decode graph runs without Dynamo's guards while its
     inputs are the first call's tensors or alike (same shape, stride, dtype, device); an input of another size
