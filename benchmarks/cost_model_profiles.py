@@ -12,6 +12,11 @@ the predicted compute's work) with that world size's profile, with the same run'
 link and the waits kept from its own: a world size of 1 has none), and with its own profile with one group of
 terms taken from the other (what that group alone moves). Per family the median over the runs' rows, then the
 median over families. The plans were made at ``--world-size``, so every graph is the one that was measured.
+
+First it splits every world size's error by clock, from the runs' rows alone: the forward on the group's wall
+clock, its compute form on the wall clock, the compute form's work (CPU time), and the ratio of the compute form's
+wall time to its work, measured against what the profile's core share predicts. A work error is the level of the
+work a profile prices; the rest of the compute form's wall-clock error is the share of a core the ranks ran at.
 """
 
 from __future__ import annotations
@@ -46,6 +51,36 @@ LINK_FIELDS = ("intra_node", "inter_node", "shared_memory_link", "small_all_redu
 """What a profile prices communication with: kept from the plan's own world size when another's is used."""
 
 
+def by_clock(runs: list[dict]) -> None:
+    """Per world size, the signed error of the forward, of its compute form and of that form's work, and the compute
+    form's wall time over its work, measured and predicted (1 / the profile's core share): per family the median
+    over the runs' rows, then the median over families."""
+    rows: dict[tuple[int, str], list[dict]] = collections.defaultdict(list)
+    for data in runs:
+        for row in data["rows"]:
+            if row["measured_compute_work_s"] and row["profile_share"]:
+                rows[row["world_size"], row["model"]].append(row)
+    print(f"The error by clock, {len(runs)} run(s) (signed, median over rows per family, then over families):")
+    print(f"  {'tp':>3} {'families':>8} {'forward':>8} {'compute':>8} {'work':>7}   wall / work of the compute form, "
+          f"measured and predicted")
+    for world_size in sorted({ws for ws, _ in rows}):
+        families = [f for f in ORDER if (world_size, f) in rows]
+        cells: dict[str, list[float]] = collections.defaultdict(list)
+        for family in families:
+            of = rows[world_size, family]
+            for name, of_row in (
+                    ("forward", lambda r: r["predicted_s"] / r["measured_s"] - 1),
+                    ("compute", lambda r: r["predicted_compute_s"] / r["measured_compute_s"] - 1),
+                    ("work", lambda r: r["predicted_compute_s"] * r["profile_share"] / r["measured_compute_work_s"] - 1),
+                    ("measured", lambda r: r["measured_compute_s"] / r["measured_compute_work_s"]),
+                    ("predicted", lambda r: 1 / r["profile_share"])):
+                cells[name].append(statistics.median(of_row(r) for r in of))
+        m = {name: statistics.median(values) for name, values in cells.items()}
+        print(f"  {world_size:>3} {len(families):>8} {m['forward']:>+8.1%} {m['compute']:>+8.1%} {m['work']:>+7.1%}   "
+              f"{m['measured']:.3f} and {m['predicted']:.3f}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="--json files of benchmarks/cost_model_accuracy.py")
@@ -63,6 +98,7 @@ def main() -> None:
     if len(threads) > 1:
         raise SystemExit(f"the runs computed with different thread counts {sorted(threads)}: pass runs of one --threads")
     torch.set_num_threads(threads.pop())
+    by_clock(runs)
     errors: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     pricers = {}
     for path, data in zip(options.runs, runs):
