@@ -713,9 +713,10 @@ def test_attention_pays_per_block_and_per_call_in_the_flash_kernel_and_once_in_t
     does for keys of one head under queries of eight (Falcon's multi-query attention) and not with
     ``enable_gqa``. In plans: a tiny Llama's attention at tp 2 pays both flash costs at its local heads, a tiny
     Falcon's only the math one."""
-    from autotp.cost_model.compute import attention_blocks, attention_runs_math, fixed_costs
     from heldout_models import tiny_falcon
     from models import tiny_llama
+
+    from autotp.cost_model.compute import attention_blocks, attention_runs_math, fixed_costs
 
     aten = torch.ops.aten
     sdpa = aten.scaled_dot_product_attention.default
@@ -849,7 +850,6 @@ def test_the_first_call_of_each_kernel_in_a_graph_pays_its_first_call_cost() -> 
     from autotp.calibration.graphs import _Recorder, measure_first_call_s
     from autotp.cost_model.hardware import FIRST_CALL_KINDS
 
-    aten = torch.ops.aten
     plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
     first = dataclasses.replace(plain, first_call_s=(("kernel", 1e-3), ("convolution", 5e-3)))
     assert first.first_call_cost_s(None) == 1e-3 and first.first_call_cost_s("convolution") == 5e-3
