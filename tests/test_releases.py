@@ -83,7 +83,8 @@ def _forward_rows(rank: int, world_size: int, families: list[str]) -> dict[str, 
             got = tp(*args)
         logits = "last_hidden_state" if family == "bert" else "logits"
         rows[family] = ("ran", float((got[logits] - expected[logits]).abs().max()), {
-            "counts": tp.collective_counts(), "bytes": tp.parameter_bytes(), "fallback_ops": tp.plan.fallback_ops,
+            "first": got[logits].flatten()[:4].tolist(), "counts": tp.collective_counts(),
+            "bytes": tp.parameter_bytes(), "fallback_ops": tp.plan.fallback_ops,
             "full_bytes": sum(p.numel() * p.element_size() for p in model.parameters())})
     return rows
 
@@ -121,8 +122,8 @@ def _by_family(gloo: Any, world_size: int, rows_of: Any, families: list[str]) ->
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_forward_equals_the_model_on_this_release(gloo, world_size: int) -> None:
     """tp=2 (every HF family) and 3 (five: 8/4, 2 kv heads and experts split unevenly), a plain forward:
-    logits within 1e-4 on every rank, the same collectives on every rank, no rank holding much more than its
-    share of the weights, no op left without a rule (or, where the release cannot trace a family, a
+    logits within 1e-4 and the same on every rank, the same collectives on every rank, no rank holding more than its
+    share of the weights (and SHARE_SLACK), no op left without a rule (or, where the release cannot trace a family, a
     CaptureError on every rank)."""
     by_rank = _by_family(gloo, world_size, _forward_rows, _forward_families(world_size))
     assert all(rows.keys() == by_rank[0].keys() for rows in by_rank), by_rank
@@ -138,6 +139,7 @@ def test_forward_equals_the_model_on_this_release(gloo, world_size: int) -> None
         where = f"transformers {RELEASE}, {family} at tp {world_size}"
         assert worst <= TOLERANCE, f"{where}: max |diff| {worst:.2e}"
         facts = [o[2] for o in outcomes]
+        assert all(f["first"] == facts[0]["first"] for f in facts), f"{where}: the ranks return other logits: {facts}"
         assert all(f["counts"] == facts[0]["counts"] for f in facts), f"{where}: the ranks issue other collectives: {facts}"
         share = max(f["bytes"] for f in facts) / facts[0]["full_bytes"]
         assert share <= 1 / world_size + SHARE_SLACK, f"{where}: the largest rank holds {share:.2f} of the weights"
