@@ -430,7 +430,18 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     from autotp.stamping import export_stamped
 
     stamped = export_stamped(model, args, kwargs, dynamic_shapes, _export_whole)
-    return stamped if stamped is not None else _export_whole(model, args, kwargs, dynamic_shapes)
+    return stamped if stamped is not None else _functional(_export_whole(model, args, kwargs, dynamic_shapes))
+
+
+def _functional(exported: ExportedProgram) -> ExportedProgram:
+    """``exported`` functionalized where it writes in place (a KV cache's ``index_copy_``), as :func:`from_exported`
+    would do it, but once where it was traced: before a rank sends it to its group or the trace cache keeps it,
+    so that no other rank and no later load functionalizes it again (re-tracing the whole program: more than half
+    of a generation graph's capture). A program whose weights are tensor subclasses (torchao) is left to
+    :func:`from_exported`."""
+    if _needs_functionalizing(exported.graph_module) and not torchao.holds_subclass_weights(exported.state_dict):
+        return exported.run_decompositions({})
+    return exported
 
 
 def _export_whole(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:
@@ -601,7 +612,8 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
 
     if _needs_functionalizing(exported.graph_module) or torchao.holds_subclass_weights(exported.state_dict):
         # export's graph keeps in-place ops and does not list what they update; the functional
-        # form lists every updated buffer and input in its signature (and a quantized weight's parts)
+        # form lists every updated buffer and input in its signature (and a quantized weight's parts).
+        # capture's own traces arrive functional already (_functional), unless stamped or quantized
         exported = exported.run_decompositions({})
     state = _state_updates(exported)
     specs_out = exported.graph_signature.output_specs
