@@ -6,9 +6,9 @@ on the model's code and structure, the example inputs' specs and the export opti
 weights, so it can be stored once and reused by every later load of the same model, on every rank.
 
 What is stored: the program *without weights* (``torch.export``'s own serialized form, the
-``torch._export.serde`` schema, pickled; functionalized where it writes in place, as :mod:`autotp.capture`
-hands it on), the names, shapes and dtypes of the parameters and buffers
-it was traced with, and the values of lifted constants that are real tensors. For a decoder whose
+``torch._export.serde`` schema, pickled; functionalized where it writes in place, as
+:mod:`autotp.capture` hands it on), the names, shapes and dtypes of the parameters and buffers it
+was traced with, and the values of lifted constants that are real tensors. For a decoder whose
 program was stamped from a few traced layers (:mod:`autotp.stamping`) that is the traced layers'
 program, stamped out again on a hit (quicker to rebuild than all the layers). On a hit the weights
 are bound back from the model (real tensors), or presented as fake tensors on the trace device (a

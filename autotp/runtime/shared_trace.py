@@ -6,10 +6,11 @@ the serialized program: ~0.3 s). Ranks that share a host's cores, or a CI machin
 ``world_size`` times. With :class:`FirstRankTrace` passed to :func:`autotp.capture.capture`,
 rank 0 traces (through the trace cache when there is one) and sends the program without weights
 (:mod:`autotp.trace_cache`'s serialized form) to the group; every other rank binds its own
-weights to it. A program that writes in place (a KV cache) is sent functionalized, so that only rank 0
-traces it a second time for that (``benchmarks/generation_compile.py``). For a stamped program (:mod:`autotp.stamping`) that is the program of the few layers
-rank 0 traced, which every other rank stamps out again (a 16-layer Llama: 0.41x the time to rebuild
-all 16 layers, ``benchmarks/trace_stamp.py``).
+weights to it. A program that writes in place (a KV cache) is sent functionalized, so that only
+rank 0 traces it a second time for that (``benchmarks/generation_compile.py``). For a stamped
+program (:mod:`autotp.stamping`) that is the program of the few layers rank 0 traced, which every
+other rank stamps out again (a 16-layer Llama: 0.41x the time to rebuild all 16 layers,
+``benchmarks/trace_stamp.py``).
 
 A rank uses rank 0's program only where a trace cache would: when its trace key — the model's
 classes and their source, its config, parameter and buffer specs, the input specs, dynamic dims,
