@@ -9,6 +9,7 @@ the end check the pieces without processes (checksums, traced values, messages).
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -161,21 +162,29 @@ def test_check_weights_false_skips_the_checksums(gloo) -> None:
     assert outcomes == [("ok", ""), ("ok", "")], outcomes
 
 
-def _late_rank(rank: int, world_size: int, timeout_s: float) -> tuple[str, str, float]:
+def _late_rank(rank: int, world_size: int, timeout_s: float, gave_up: str) -> tuple[str, str, float]:
+    """Rank 1 is stuck elsewhere until rank 0's compile has returned (``gave_up`` exists), however long rank 0
+    took to trace before it began to wait."""
     model, args, kwargs = _mlp(rank)
     if rank == 1:
-        time.sleep(timeout_s + 1.0)  # rank 1 is stuck elsewhere for longer than rank 0 waits
+        deadline = time.monotonic() + DEADLINE_S / 2
+        while not os.path.exists(gave_up) and time.monotonic() < deadline:
+            time.sleep(0.05)
     started = time.monotonic()
     kind, message = _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
                                                     runtime=autotp.RuntimeOptions(agreement_timeout_s=timeout_s)))
-    return kind, message, time.monotonic() - started
+    waited = time.monotonic() - started
+    if rank == 0:
+        with open(gave_up, "w"):
+            pass
+    return kind, message, waited
 
 
 @pytest.mark.distributed
-def test_a_rank_that_never_arrives_is_named(gloo) -> None:
-    """tp=2, rank 1 reaches compile 3 s after rank 0 gave up (agreement_timeout_s=2): rank 0 raises
+def test_a_rank_that_never_arrives_is_named(gloo, tmp_path) -> None:
+    """tp=2, rank 1 reaches compile only after rank 0 gave up (agreement_timeout_s=2): rank 0 raises
     RankTimeoutError naming rank 1 after ~2 s; rank 1 finds rank 0's note and fails at once."""
-    outcomes = gloo.run(2, _late_rank, 2.0, timeout_s=DEADLINE_S)
+    outcomes = gloo.run(2, _late_rank, 2.0, str(tmp_path / "rank 0 gave up"), timeout_s=DEADLINE_S)
     (kind0, message0, waited0), (kind1, message1, waited1) = outcomes
     assert kind0 == kind1 == "RankTimeoutError", outcomes
     assert "rank 1 did not arrive within 2 s" in message0, message0
