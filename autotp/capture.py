@@ -429,8 +429,15 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     out to all of them (:mod:`autotp.stamping`: the same program in a fraction of the time)."""
     from autotp.stamping import export_stamped
 
-    stamped = export_stamped(model, args, kwargs, dynamic_shapes, _export_whole)
-    return stamped if stamped is not None else _functional(_export_whole(model, args, kwargs, dynamic_shapes))
+    stamped = export_stamped(model, args, kwargs, dynamic_shapes, _export_functional)
+    return stamped if stamped is not None else _export_functional(model, args, kwargs, dynamic_shapes)
+
+
+def _export_functional(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       dynamic_shapes: Any) -> ExportedProgram:
+    """:func:`_export_whole`, functionalized where it writes in place (:func:`_functional`): a stamped program
+    is stamped from its twin's functional program, so the writes of the other layers are never functionalized."""
+    return _functional(_export_whole(model, args, kwargs, dynamic_shapes))
 
 
 def _functional(exported: ExportedProgram) -> ExportedProgram:

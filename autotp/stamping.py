@@ -148,7 +148,8 @@ def _config_layer_count(model: torch.nn.Module) -> int | None:
 
 def layer_stack(model: torch.nn.Module) -> tuple[str, int]:
     """The FQN of the model's one list of identical layers and its length; :class:`StampError` says why not."""
-    count = _config_layer_count(model)
+    decoder, held = _held_state(model)
+    count = _config_layer_count(decoder)
     if count is None:
         raise StampError("it has no config.num_hidden_layers (not a transformers model)")
     if count < MIN_LAYERS:
@@ -165,19 +166,83 @@ def layer_stack(model: torch.nn.Module) -> tuple[str, int]:
         for tensor in (*layer.parameters(), *layer.buffers()):
             if owners.setdefault(id(tensor), index) != index:
                 raise StampError(f"{path}.{index} shares a weight with {path}.{owners[id(tensor)]}")
-    config: Any = getattr(model, "config", None)
+    config: Any = getattr(decoder, "config", None)
     settings = config.to_dict() if hasattr(config, "to_dict") else {}
     for key, value in settings.items():
         if isinstance(value, (list, tuple)) and len(value) == count and len({repr(v) for v in value}) > 1:
             raise StampError(f"config.{key} differs between layers")
+    if held and len(held) != count:
+        raise StampError(f"{type(model).__name__} holds state for {len(held)} of the {count} layers")
     return path, count
 
 
+def _held_state(model: torch.nn.Module) -> tuple[torch.nn.Module, list[tuple[str, ...]]]:
+    """The decoder whose config counts the layers, and per layer the names of ``model``'s own buffers that hold
+    that layer's state outside the list (empty: none). A module wrapping a decoder declares both with
+    ``stamping_layer_state()`` (the KV-cache wrapper: the decoder, each layer's keys and values); it may return
+    None to be exported whole. Any other module is its own decoder."""
+    declare = getattr(type(model), "stamping_layer_state", None)
+    if declare is None:
+        return model, []
+    declared = declare(model)
+    if declared is None:
+        raise StampError(f"{type(model).__name__} is not stamped (it says so)")
+    decoder, held = declared
+    held = [tuple(names) for names in held]
+    if len({len(names) for names in held}) > 1:
+        raise StampError(f"{type(model).__name__} holds a different number of buffers for some layers")
+    if any(name not in model._buffers for names in held for name in names):
+        raise StampError(f"{type(model).__name__} declares layer state that is not its own buffer")
+    return decoder, held
+
+
+@dataclasses.dataclass(frozen=True)
+class _Targets:
+    """Which layer a state target (a parameter, buffer or constant FQN) belongs to, and its counterpart in another
+    layer: the layer's own weights (under ``<path>.i``) and the state held for it outside the list."""
+
+    path: str
+    held: list[tuple[str, ...]]
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, path: str) -> _Targets:
+        return cls(path, _held_state(model)[1])
+
+    def layer_of(self, target: str) -> int | None:
+        block = target[len(self.path) + 1:].split(".", 1)[0] if within(target, self.path) else ""
+        if block.isdigit():
+            return int(block)
+        return next((i for i, names in enumerate(self.held) if target in names), None)
+
+    def moved(self, target: str, layer: int) -> str:
+        """``target`` of its layer's counterpart in ``layer``."""
+        if within(target, self.path):
+            _, rest = target[len(self.path) + 1:].split(".", 1)
+            return f"{self.path}.{layer}.{rest}"
+        own = self.layer_of(target)
+        if own is None:
+            raise StampError(f"{target} belongs to no layer")
+        return self.held[layer][self.held[own].index(target)]
+
+
+def _renamed_placeholder(name: str, target: str, moved: str) -> str:
+    """The placeholder name export gives ``moved`` where it gave ``target`` the name ``name`` (``p_``/``b_``/``c_``
+    and the FQN with dots as underscores)."""
+    old, new = target.replace(".", "_"), moved.replace(".", "_")
+    if not name.endswith(old):
+        raise StampError(f"placeholder {name} does not name its target {target}")
+    return name[:len(name) - len(old)] + new
+
+
 def _twin(model: torch.nn.Module, path: str) -> torch.nn.Module:
-    """``model`` with only the first ``_TRACED_LAYERS`` modules of the list at ``path``: shallow copies of
-    the modules on the way there (their submodule dicts copied), everything else the model's own."""
+    """``model`` with only the first ``_TRACED_LAYERS`` modules of the list at ``path`` (and the state it holds
+    for those only): shallow copies of the modules on the way there (their submodule dicts copied), everything
+    else the model's own."""
     twin = copy.copy(model)
     twin._modules = dict(model._modules)
+    targets = _Targets.of(model, path)
+    twin._buffers = {name: buffer for name, buffer in model._buffers.items()
+                     if (targets.layer_of(name) or 0) < _TRACED_LAYERS}
     parent = twin
     *ancestors, last = path.split(".")
     for name in ancestors:
@@ -262,22 +327,29 @@ class _Program:
     after: list[fx.Node]
     output: fx.Node
     layer_inputs: dict[fx.Node, int]
-    """Placeholder -> its layer, for a parameter, buffer or constant of a traced layer."""
+    """Placeholder -> its layer, for a parameter, buffer or constant of a traced layer (or state held for it)."""
+    next_input: dict[fx.Node, fx.Node]
+    """A traced layer's placeholder -> the same weight's (or state's) of the next traced layer."""
+    updates: dict[int, int]
+    """Output position -> layer, for the outputs that update state held for a layer (a KV cache's new keys)."""
 
-    def sanitized(self, layer: int) -> str:
-        """How the layer's FQN shows in its placeholders' names (``model_layers_2_``)."""
-        return self.prefixes[layer].replace(".", "_") + "_"
+    def user_outputs(self) -> list[fx.Node]:
+        """The values the program returns to its caller (its outputs but the state updates)."""
+        values = self.output.args[0]
+        return [v for i, v in enumerate(values) if i not in self.updates and isinstance(v, fx.Node)]
 
 
-def _take_apart(small: ExportedProgram, path: str) -> _Program:
-    prefixes = tuple(f"{path}.{i}" for i in range(_TRACED_LAYERS))
+def _take_apart(small: ExportedProgram, targets: _Targets) -> _Program:
+    prefixes = tuple(f"{targets.path}.{i}" for i in range(_TRACED_LAYERS))
     nodes = list(small.graph_module.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    layer_inputs = {}
+    layer_inputs, by_target, target_of = {}, {}, {}
     for node, spec in zip(placeholders, small.graph_signature.input_specs):
-        for index, prefix in enumerate(prefixes):
-            if spec.target is not None and within(str(spec.target), prefix):
-                layer_inputs[node] = index
+        layer = targets.layer_of(str(spec.target)) if spec.target is not None else None
+        if layer is not None:
+            layer_inputs[node], by_target[str(spec.target)], target_of[node] = layer, node, str(spec.target)
+    next_input = {node: by_target[moved] for node, layer in layer_inputs.items()
+                  if layer + 1 < _TRACED_LAYERS and (moved := targets.moved(target_of[node], layer + 1)) in by_target}
     calls = [n for n in nodes if n.op not in ("placeholder", "output")]
     if any(n.op != "call_function" for n in calls):
         raise StampError("the graph has nodes other than calls (get_attr)")
@@ -288,8 +360,18 @@ def _take_apart(small: ExportedProgram, path: str) -> _Program:
     start = positions[0][0]
     if [i for p in positions for i in p] != list(range(start, positions[-1][-1] + 1)):
         raise StampError("the traced layers' nodes are not back-to-back runs in the graph")
-    return _Program(prefixes, placeholders, calls[:start], [[calls[i] for i in p] for p in positions],
-                    calls[positions[-1][-1] + 1:], nodes[-1], layer_inputs)
+    blocks = [[calls[i] for i in p] for p in positions]
+    output = nodes[-1]
+    updates = {}
+    for index, (spec, value) in enumerate(zip(small.graph_signature.output_specs, output.args[0], strict=True)):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            continue
+        layer = targets.layer_of(str(spec.target)) if spec.kind == OutputKind.BUFFER_MUTATION else None
+        if layer is None or value not in blocks[layer]:
+            raise StampError(f"the program updates {spec.target}, which is not state held for a layer by that layer")
+        updates[index] = layer
+    return _Program(prefixes, placeholders, calls[:start], blocks, calls[positions[-1][-1] + 1:], output,
+                    layer_inputs, next_input, updates)
 
 
 def _stack_renamed(stack: dict[str, Any], old: str, new: str) -> dict[str, Any]:
@@ -318,8 +400,6 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
     position_in_grand = {node: i for i, node in enumerate(grand)}
     position_in_first = {node: i for i, node in enumerate(first)}
     in_second = set(second)
-    placeholder_names = {n.name: n for n in program.placeholders}
-    layer_names = (program.sanitized(last - 1), program.sanitized(last))
 
     def same(a: Any, b: Any, where: fx.Node) -> None:
         if isinstance(a, fx.Node) and isinstance(b, fx.Node):
@@ -332,7 +412,7 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
                     ok = a in position_in_grand and handed_on.setdefault(b, a) is a
                     ok = ok and len(set(handed_on.values())) == len(handed_on)
             elif program.layer_inputs.get(a) == last - 1:
-                ok = placeholder_names.get(a.name.replace(layer_names[0], layer_names[1], 1)) is b
+                ok = program.next_input.get(a) is b
             else:
                 ok = a is b and a not in program.layer_inputs and a not in in_second
             if not ok:
@@ -358,8 +438,8 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
             raise StampError(f"{a.name} and {b.name} of consecutive layers come from different modules")
         counterpart[a] = b
     earlier = {n for block in program.blocks[:-1] for n in block}
-    for node in (*program.after, program.output):
-        for used in node.all_input_nodes:
+    for node, reads in [*((n, n.all_input_nodes) for n in program.after), (program.output, program.user_outputs())]:
+        for used in reads:
             if used in earlier:
                 raise StampError(f"{node.name} after the layers reads {used.name} of a layer before the last")
     return counterpart
@@ -370,15 +450,20 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     from torch._subclasses.fake_tensor import maybe_get_fake_mode
 
     signature = small.graph_signature
-    if any(spec.kind != OutputKind.USER_OUTPUT for spec in signature.output_specs):
-        raise StampError("the program updates buffers or inputs (its outputs are not user outputs only)")
-    program = _take_apart(small, path)
+    targets = _Targets.of(model, path)
+    program = _take_apart(small, targets)
     last = _TRACED_LAYERS - 1  # the layer copied; it reads from the layer before (``last - 1``)
     counterpart = _check_isomorphic(program)
     torch_fns = _Numbering()
     for a, b in counterpart.items():
         if (fn_a := _torch_fn_name(a)) is not None and (fn_b := _torch_fn_name(b)) is not None:
             torch_fns.learn(fn_a, fn_b)
+    # a functionalized program (it returns state updates) was numbered by one retrace, layer after layer alike, gaps
+    # included: a stamped layer's names are the copied layer's moved on by the step; export's own numbering is not
+    # that regular (see the module docstring), so there each kind is numbered on from its highest name
+    retraced = _Numbering() if program.updates else None
+    for a, b in counterpart.items() if retraced is not None else ():
+        retraced.learn(a.name, b.name)
 
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}  # node of the traced graph -> its node in the new one
@@ -415,11 +500,11 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     def flush_run() -> None:
         for layer in range(last + 1, count):
             for node in run:
-                name = node.name.replace(program.sanitized(last), f"{layer_fqn[layer].replace('.', '_')}_", 1)
-                stamped[layer][node] = add(name, "placeholder", name, (), {}, node, dict(node.meta))
                 spec = spec_of[node.name]
-                specs.append(dataclasses.replace(spec, arg=TensorArgument(name=name),
-                                                 target=layer_fqn[layer] + str(spec.target)[len(copied):]))
+                target = targets.moved(str(spec.target), layer)
+                name = _renamed_placeholder(node.name, str(spec.target), target)
+                stamped[layer][node] = add(name, "placeholder", name, (), {}, node, dict(node.meta))
+                specs.append(dataclasses.replace(spec, arg=TensorArgument(name=name), target=target))
         run.clear()
 
     for node in program.placeholders:
@@ -428,8 +513,6 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
         env[node] = add(node.name, "placeholder", node.target, (), {}, node, dict(node.meta))
         specs.append(spec_of[node.name])
         if program.layer_inputs.get(node) == last:
-            if program.sanitized(last) not in node.name:
-                raise StampError(f"placeholder {node.name} does not name its layer")
             run.append(node)
     flush_run()
 
@@ -456,28 +539,30 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
             if "nn_module_stack" in meta:
                 meta["nn_module_stack"] = _stack_renamed(meta["nn_module_stack"], copied, layer_fqn[layer])
             torch_fn_shifted(node, meta, layer - last)
-            this[node] = add(None, node.op, node.target,
+            name = None if retraced is None else retraced.shifted(node.name, layer - last)
+            this[node] = add(name if name != node.name else None, node.op, node.target,
                              fx.map_arg(node.args, source), fx.map_arg(node.kwargs, source), node, meta)
     final = stamped[count - 1]
 
     def after_layers(used: fx.Node) -> fx.Node:
         return final[used] if used in final else env[used]
 
-    renamed: dict[str, str] = {node.name: final[node].name for node in second}
     layer_bases = {_split_name(node.name)[0] for node in second}
-    for node in (*program.after, program.output):
+    for node in program.after:
         # numbered on after the layers' names, as export does; a kind of op the layers do not use keeps its name
         name = None if _split_name(node.name)[0] in layer_bases else node.name
         meta = dict(node.meta)
         torch_fn_shifted(node, meta, count - 1 - last)
         env[node] = add(name, node.op, node.target, fx.map_arg(node.args, after_layers),
                         fx.map_arg(node.kwargs, after_layers), node, meta)
-        renamed[node.name] = env[node].name
-    outputs = [dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=renamed.get(spec.arg.name, spec.arg.name)))
-               if hasattr(spec.arg, "name") else spec for spec in signature.output_specs]
+    values, outputs = _stamped_outputs(program, signature.output_specs, targets, count,
+                                       lambda value, layer: stamped[layer][value] if layer > last else env[value],
+                                       after_layers)
+    add("output", "output", "output", (type(program.output.args[0])(values),), {}, program.output,
+        dict(program.output.meta))
     graph.lint()
 
-    state_dict, constants = _stamped_state(small, model, specs, copied, layer_fqn, maybe_get_fake_mode)
+    state_dict, constants = _stamped_state(small, model, specs, targets, maybe_get_fake_mode)
     exported = ExportedProgram(  # makes the graph module (generating its code once)
         root=small.graph_module, graph=graph, graph_signature=ExportGraphSignature(specs, outputs),
         state_dict=state_dict, range_constraints=small.range_constraints,
@@ -488,8 +573,44 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     return exported
 
 
-def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterable[Any], prefix: str,
-                   layer_fqn: dict[int, str], fake_mode_of: Callable[[Any], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _stamped_outputs(program: _Program, specs: list[Any], targets: _Targets, count: int,
+                     layer_value: Callable[[fx.Node, int], fx.Node], after_layers: Callable[[fx.Node], fx.Node],
+                     ) -> tuple[list[Any], list[Any]]:
+    """The stamped program's outputs and their specs: the traced program's, with the state updates of the
+    copied layer followed by the stamped layers' (as export orders them: by the state's place among the
+    inputs, layer by layer). ``layer_value(value, layer)``: the copied layer's ``value`` in ``layer``;
+    ``after_layers``: a user output's node in the stamped graph."""
+    last = _TRACED_LAYERS - 1
+    values: list[Any] = []
+    outputs: list[Any] = []
+    run: list[tuple[Any, fx.Node]] = []
+
+    def flush_run() -> None:
+        for layer in range(last + 1, count):
+            for spec, value in run:
+                node = layer_value(value, layer)
+                values.append(node)
+                outputs.append(dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=node.name),
+                                                   target=targets.moved(str(spec.target), layer)))
+        run.clear()
+
+    for index, (spec, value) in enumerate(zip(specs, program.output.args[0])):
+        layer = program.updates.get(index)
+        if run and layer != last:
+            flush_run()
+        node = (layer_value(value, layer) if layer is not None
+                else fx.map_arg(value, after_layers))
+        values.append(node)
+        outputs.append(dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=node.name))
+                       if isinstance(node, fx.Node) and hasattr(spec.arg, "name") else spec)
+        if layer == last:
+            run.append((spec, value))
+    flush_run()
+    return values, outputs
+
+
+def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterable[Any], targets: _Targets,
+                   fake_mode_of: Callable[[Any], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """State dict and constants of the stamped program: the twin's, plus the stamped layers' from the model's
     own tensors, or (a model traced as fake tensors) fakes made like the copied layer's in its fake mode."""
     from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
@@ -497,16 +618,15 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
     own: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     own.update(model.named_buffers(remove_duplicate=False))
     state_dict: dict[str, Any] = {}
-    constants: dict[str, Any] = dict(small.constants)
+    constants: dict[str, Any] = {}  # in the inputs' order, as export keeps them; then any the inputs do not name
     for spec in specs:
         fqn = str(spec.target)
         if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             continue
         known = small.state_dict.get(fqn, small.constants.get(fqn))
         if known is None:
-            layer = next(i for i, p in layer_fqn.items() if within(fqn, p))
-            like = small.state_dict.get(prefix + fqn[len(layer_fqn[layer]):],
-                                        small.constants.get(prefix + fqn[len(layer_fqn[layer]):]))
+            copied = targets.moved(fqn, _TRACED_LAYERS - 1)
+            like = small.state_dict.get(copied, small.constants.get(copied))
             mode = fake_mode_of(like)
             if mode is None:
                 known = own[fqn]
@@ -520,6 +640,8 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
             state_dict[fqn] = known
         else:
             constants[fqn] = known
+    for fqn, value in small.constants.items():
+        constants.setdefault(fqn, value)
     return state_dict, constants
 
 

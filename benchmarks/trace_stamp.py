@@ -1,12 +1,15 @@
 """Tracing a decoder whole vs three layers traced and the rest stamped (autotp/stamping.py), one process.
 
-    python benchmarks/trace_stamp.py [--layers 16] [--repeats 3]
+    python benchmarks/trace_stamp.py [--layers 16] [--repeats 3] [--generation]
 
 The random Llama of ``benchmarks/load.py`` (hidden 1024, 8 heads / 4 kv heads, vocab 32000), built on
 the meta device as ``autotp.from_pretrained`` builds it, traced with one sequence of 16 token ids and
-dynamic batch and sequence dims. Interleaved, ``--repeats`` times each, medians:
+dynamic batch and sequence dims; with ``--generation``, its decode graph as a generation compile traces
+it (the KV-cache wrapper, one row of 64 slots, one token; static sizes), functionalized (its cache writes
+made state updates). Interleaved, ``--repeats`` times each, medians:
 
-- export: ``torch.export`` of the whole model vs the 3-layer twin's export + stamping;
+- export: ``torch.export`` of the whole model (and its functionalization) vs the 3-layer twin's export
+  (and functionalization) + stamping;
 - cache entry: the bytes rank 0 sends to the other ranks and writes to the trace cache
   (``program_bytes``), and their rebuild with the model's weights bound (``program_from_bytes``):
   whole program vs the twin's, stamped out again on rebuild.
@@ -40,26 +43,33 @@ def _seconds(work: Callable[[], Any]) -> tuple[float, Any]:
 def main() -> None:
     import transformers
 
-    from autotp.capture import _export, _export_whole, default_dynamic_shapes, trace_device
+    from autotp.capture import _export, _export_functional, default_dynamic_shapes, trace_device
+    from autotp.runtime.kv_cache import CachedCausalLM
     from autotp.stamping import stamped_from
     from autotp.trace_cache import program_bytes, program_from_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--generation", action="store_true", help="the decode graph of a generation compile")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=args.layers, **CONFIG)).eval()
-    inputs, kwargs = (torch.zeros(1, SEQ_LEN, dtype=torch.long),), {"use_cache": False}  # (batch, seq) token ids
-    dynamic = default_dynamic_shapes(model, inputs, kwargs)
+    if args.generation:
+        model = CachedCausalLM(model, batch_size=1, max_cache_len=64, last_logits_only=True,
+                               inputs_device=torch.device("cpu"))
+        inputs, kwargs, dynamic = model.example_inputs(1), {}, None  # one new token per row
+    else:
+        inputs, kwargs = (torch.zeros(1, SEQ_LEN, dtype=torch.long),), {"use_cache": False}  # (batch, seq) token ids
+        dynamic = default_dynamic_shapes(model, inputs, kwargs)
     device = trace_device(inputs, kwargs)
-    _export_whole(model, inputs, kwargs, dynamic)  # warm-up: torch's lazy imports and caches
+    _export_functional(model, inputs, kwargs, dynamic)  # warm-up: torch's lazy imports and caches
     times: dict[str, list[float]] = {k: [] for k in ("whole", "stamped", "bytes whole", "bytes stamped",
                                                       "rebuild whole", "rebuild stamped")}
     sizes = {}
     for _ in range(args.repeats):
-        seconds, whole = _seconds(lambda: _export_whole(model, inputs, kwargs, dynamic))
+        seconds, whole = _seconds(lambda: _export_functional(model, inputs, kwargs, dynamic))
         times["whole"].append(seconds)
         seconds, stamped = _seconds(lambda: _export(model, inputs, kwargs, dynamic))
         times["stamped"].append(seconds)
@@ -74,7 +84,8 @@ def main() -> None:
                 raise SystemExit(f"the {name} program did not rebuild")
             times[f"rebuild {name}"].append(seconds)
     median = {k: statistics.median(v) for k, v in times.items()}
-    print(f"Llama, {args.layers} layers, meta, dynamic dims; medians of {args.repeats}, seconds")
+    what = "decode graph (KV cache, 1 token), static sizes" if args.generation else "dynamic dims"
+    print(f"Llama, {args.layers} layers, meta, {what}; medians of {args.repeats}, seconds")
     for what, whole_key, stamped_key in (("export", "whole", "stamped"), ("program bytes", "bytes whole", "bytes stamped"),
                                         ("rebuild", "rebuild whole", "rebuild stamped")):
         print(f"  {what:<14} whole {median[whole_key]:6.2f}  stamped {median[stamped_key]:6.2f}  "

@@ -7,7 +7,8 @@ main suite on the newest, ``.ci/release_tiers`` on the oldest of each range in
 - a plain forward of every Hugging Face family (``autotp.compile(model, example_inputs=(ids,))``, then
   ``tp(ids)``, the config's ``use_cache`` left True as HF sets it): logits within 1e-4 of the model's, as
   ``tests/test_equivalence.py`` checks every model at the other world sizes;
-- greedy generation: the tokens equal HF's ``model.generate`` exactly, for several families; on a
+- greedy generation: the tokens equal HF's ``model.generate`` exactly, for several families of four layers
+  (the first rank traces three and stamps the fourth, :mod:`autotp.stamping`; the others rebuild them); on a
   release below the generation range, compiling for generation raises ``UnsupportedReleaseError``
   naming the range (it never runs on with a cache the model ignores).
 
@@ -17,6 +18,7 @@ costs a few pool calls, not one per family.
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
 import warnings
@@ -47,6 +49,10 @@ FORWARD_FAMILIES = {"llama": tiny_llama, "gpt2": tiny_gpt2, "bert": tiny_bert, "
                     "gpt_neox": tiny_gpt_neox, "starcoder2": tiny_starcoder2}
 # the families checked at tp 3 too (uneven heads, kv heads and experts), then at tp 2 the rest
 FORWARD_AT_TP3 = ["llama", "gpt2", "qwen2", "mixtral", "starcoder2"]
+GENERATION_LAYERS = 4
+GENERATION_GRAPHS = 3
+"""Decode, a prompt's first chunk and its later chunks (a prompt of PROMPT tokens may take two chunks of
+max_cache_len PROMPT + NEW_TOKENS)."""
 GENERATION_FAMILIES = {2: ["llama", "gpt2", "gpt_neox", "starcoder2", "gemma", "phi", "mixtral"],
                        3: ["llama", "gpt2", "gpt_neox", "starcoder2"]}
 
@@ -89,11 +95,27 @@ def _forward_rows(rank: int, world_size: int, families: list[str]) -> dict[str, 
     return rows
 
 
+class _Messages(logging.Handler):
+    """The messages logged to it, as text."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.texts: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.texts.append(record.getMessage())
+
+
 def _generation_rows(rank: int, world_size: int, families: list[str]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
+    stamping = logging.getLogger("autotp.stamping")
     for family in families:
-        model, (ids,), _ = FORWARD_FAMILIES[family](batch=2, seq_len=PROMPT)
+        # four layers, as a real model's many: the first rank traces three, functionalized, and stamps the fourth
+        model, (ids,), _ = FORWARD_FAMILIES[family](batch=2, seq_len=PROMPT, layers=GENERATION_LAYERS)
         model.generation_config.pad_token_id = 0
+        messages = _Messages()
+        stamping.addHandler(messages)
+        stamping.setLevel(logging.DEBUG)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -102,10 +124,12 @@ def _generation_rows(rank: int, world_size: int, families: list[str]) -> dict[st
         except (autotp.UnsupportedReleaseError, autotp.CaptureError) as error:
             rows[family] = (type(error).__name__, str(error).splitlines()[0])
             continue
+        finally:
+            stamping.removeHandler(messages)
         expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                                   do_sample=False)
         got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
-        rows[family] = ("ran", got.tolist(), expected.tolist(), tp.cache_bytes())
+        rows[family] = ("ran", got.tolist(), expected.tolist(), tp.cache_bytes(), messages.texts)
     return rows
 
 
@@ -164,9 +188,13 @@ def test_greedy_tokens_equal_hf_on_this_release(gloo, world_size: int) -> None:
             continue
         for rank, outcome in enumerate(outcomes):
             assert outcome[0] == "ran", f"transformers {RELEASE}, {family}, rank {rank}: {outcome}"
-            _, got, expected, _ = outcome
+            _, got, expected, _, messages = outcome
             assert got == expected, (
                 f"transformers {RELEASE}, {family} at tp {world_size}, rank {rank}: tokens {got} != HF's {expected}")
+            stamped = [m for m in messages if f"traced with 3 of its {GENERATION_LAYERS} layers" in m]
+            assert len(stamped) == (GENERATION_GRAPHS if rank == 0 else 0) and len(messages) == len(stamped), (
+                f"transformers {RELEASE}, {family}, rank {rank}: expected the first rank to stamp its "
+                f"{GENERATION_GRAPHS} generation graphs and the others to rebuild them, got {messages}")
         # a rank may hold no kv heads (2 over 3 ranks), but the group holds the cache
         held = [outcome[3] for outcome in outcomes]
         assert sum(held) > 0, f"transformers {RELEASE}, {family}: the KV cache holds no bytes on any rank ({held})"

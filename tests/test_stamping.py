@@ -1,9 +1,10 @@
-"""Trace three layers, stamp the rest (autotp/stamping.py): the program of a transformers decoder
-equals a whole ``torch.export`` of it node for node, and models it cannot prove that for are
-exported whole."""
+"""Trace three layers, stamp the rest (autotp/stamping.py): the program of a transformers decoder, and of
+the KV-cache wrapper a generation compile traces, equals a whole ``torch.export`` of it node for node, and
+models it cannot prove that for are exported whole."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -12,10 +13,13 @@ import torch
 import torch.fx as fx
 from generation_models import tiny_gemma, tiny_phi
 from models import tiny_gpt2, tiny_llama, tiny_mlp, tiny_qwen2
+from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 
-from autotp.capture import _export_whole, capture, default_dynamic_shapes, from_exported
+from autotp.capture import CapturedGraph, _export_whole, capture, default_dynamic_shapes, from_exported
 from autotp.planning.plan import graph_fingerprint
-from autotp.stamping import export_stamped
+from autotp.runtime.kv_cache import CachedCausalLM
+from autotp.stamping import export_stamped, stamped_from
 from autotp.trace_cache import TraceCache
 
 SMALL = {"hidden": 64, "intermediate": 128, "seq_len": 8}
@@ -71,6 +75,12 @@ def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.
         assert graph_fingerprint(again.graph_module) == graph_fingerprint(captured.graph_module), \
             "the program stamped from the cached twin differs from the one stamped after export"
     whole = from_exported(_export_whole(model, args, kwargs, default_dynamic_shapes(model, args, kwargs) if dynamic else None), family)
+    _check_same_program(captured, whole, (".layers.3", ".h.3"))
+
+
+def _check_same_program(captured: CapturedGraph, whole: CapturedGraph, fourth_layer: tuple[str, ...]) -> None:
+    """``captured`` (stamped) equals ``whole`` (a whole export): nodes, signature, state, constants, symbolic
+    ranges, module call graph, and the names of the nodes of the layer at ``fourth_layer`` (a module path part)."""
     stamped_nodes, whole_nodes = _structure(captured.graph_module), _structure(whole.graph_module)
     assert len(stamped_nodes) == len(whole_nodes), f"nodes: stamped {len(stamped_nodes)}, whole export {len(whole_nodes)}"
     for index, (got, expected) in enumerate(zip(stamped_nodes, whole_nodes)):
@@ -83,11 +93,52 @@ def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.
     assert str(ours.range_constraints) == str(theirs.range_constraints), \
         f"ranges: {ours.range_constraints} vs {theirs.range_constraints}"
     assert [e.fqn for e in ours.module_call_graph] == [e.fqn for e in theirs.module_call_graph], "module call graphs differ"
-    layer_names = [n.name for n in captured.graph_module.graph.nodes if ".layers.3" in str(n.meta.get("nn_module_stack"))
-                   or ".h.3" in str(n.meta.get("nn_module_stack"))]
-    whole_names = [n.name for n in whole.graph_module.graph.nodes if ".layers.3" in str(n.meta.get("nn_module_stack"))
-                   or ".h.3" in str(n.meta.get("nn_module_stack"))]
-    assert layer_names and layer_names == whole_names, f"the stamped layer's node names differ: {layer_names[:5]}..."
+
+    def layer_names(gm: fx.GraphModule) -> list[str]:
+        return [n.name for n in gm.graph.nodes if any(p in str(n.meta.get("nn_module_stack")) for p in fourth_layer)]
+
+    ours_named, theirs_named = layer_names(captured.graph_module), layer_names(whole.graph_module)
+    assert ours_named and ours_named == theirs_named, f"the stamped layer's node names differ: {ours_named[:5]}..."
+
+
+GENERATING = {  # the generation compile's cache wrapper around 4 layers of each
+    "llama, meta": lambda: tiny_llama(4, 2, layers=4, device="meta", **SMALL)[0],
+    "gpt2": lambda: tiny_gpt2(4, layers=4, hidden=64, seq_len=8)[0],
+    "gemma": lambda: tiny_gemma(4, layers=4, **SMALL)[0],
+}
+
+
+@pytest.mark.parametrize("family", list(GENERATING))
+def test_generation_graphs_are_stamped_with_their_cache(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No parallelism (capture only), the KV-cache wrapper a generation compile traces
+    (``CachedCausalLM``, 4 layers): its decode graph and a prompt's first-chunk graph are exported with 3 layers,
+    functionalized there (3 layers' cache writes, not 4), and stamped out with the 4th layer's cache buffers and
+    their updates; each equals a whole export's functional program node for node, with the same signature (every
+    layer's cache update among the outputs)."""
+    wrapper = CachedCausalLM(GENERATING[family](), batch_size=2, max_cache_len=12, last_logits_only=True,
+                             inputs_device=torch.device("cpu"))
+    functionalized: list[int] = []
+    original = ExportedProgram.run_decompositions
+
+    def spy(program, *rest, **options):
+        functionalized.append(sum(1 for n in program.graph.nodes if n.target == torch.ops.aten.index_copy_.default))
+        return original(program, *rest, **options)
+
+    for phase, tokens in (("decode", 1), ("first chunk", 4)):
+        with wrapper.first_chunk() if phase == "first chunk" else contextlib.nullcontext():
+            monkeypatch.setattr(ExportedProgram, "run_decompositions", spy)
+            functionalized.clear()
+            captured = capture(wrapper, wrapper.example_inputs(tokens), dynamic=False)
+            assert functionalized == [6], (
+                f"{family} {phase}: expected one functionalization of the 3 traced layers' 6 cache writes, got "
+                f"{functionalized}")
+            monkeypatch.setattr(ExportedProgram, "run_decompositions", original)
+            whole = from_exported(_export_whole(wrapper, wrapper.example_inputs(tokens), {}, None), family)
+        assert stamped_from(captured.exported) is not None, f"{family} {phase}: not stamped"
+        updated = [str(spec.target) for spec in captured.exported.graph_signature.output_specs
+                   if spec.kind == OutputKind.BUFFER_MUTATION]
+        assert updated == wrapper.cache_buffer_names(), f"{family} {phase}: the graph updates {updated}"
+        _check_same_program(captured, whole, (".layers.3", ".h.3"))
 
 
 def test_models_not_provably_uniform_are_exported_whole(caplog: pytest.LogCaptureFixture) -> None:

@@ -159,19 +159,31 @@ class CachedCausalLM(torch.nn.Module):
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
         self.inputs_device = device if inputs_device is None else torch.device(inputs_device)
-        self.own_layers = range(len(cache.layers)) if layers is None else layers
-        for i in self.own_layers:
+        held = range(len(cache.layers)) if layers is None else layers
+        for i in held:
             empty = torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device)
             hf_transformers.initialize_static_layer(cache.layers[i], empty, empty)
         self.cache = cache
         self.reads_cache = True  # False inside first_chunk()
-        for i in self.own_layers:
+        for i in held:
             self.register_buffer(f"key_cache_{i}", cache.layers[i].keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", cache.layers[i].values, persistent=False)
+
+    @property
+    def own_layers(self) -> list[int]:
+        """The layers whose cache this wrapper holds: those it has buffers for (the twin :mod:`autotp.stamping`
+        traces holds its few layers' only)."""
+        return [i for i in range(len(self.cache.layers)) if f"key_cache_{i}" in self._buffers]
 
     def cache_buffer_names(self) -> list[str]:
         """Names of the cache buffers this wrapper holds (keys and values of each held layer)."""
         return [f"{kind}_cache_{i}" for i in self.own_layers for kind in ("key", "value")]
+
+    def stamping_layer_state(self) -> tuple[torch.nn.Module, list[tuple[str, str]]] | None:
+        """For :mod:`autotp.stamping`: the decoder whose layers are stamped, and each layer's cache buffers
+        (state this wrapper holds outside the decoder's layer list), so that a graph traced with three layers
+        is stamped out to all, cache included."""
+        return self.model, [(f"key_cache_{i}", f"value_cache_{i}") for i in self.own_layers]
 
     def example_inputs(self, tokens: int, batch_size: int | None = None) -> tuple[torch.Tensor, ...]:
         """Inputs of a call with ``tokens`` new tokens per row, at the start of the cache, on ``inputs_device``."""
@@ -206,10 +218,11 @@ class CachedCausalLM(torch.nn.Module):
 
     def _bind_cache(self, cache_position: torch.Tensor) -> None:
         """Point every cache layer at this call's slots, and each held layer at its buffers."""
+        held = set(self.own_layers)
         for i, layer in enumerate(self.cache.layers):
             layer.positions = cache_position
             layer.first_chunk = not self.reads_cache
-            if i in self.own_layers:
+            if i in held:
                 # read the buffers through the module, so that export sees the writes as buffer updates
                 layer.keys = getattr(self, f"key_cache_{i}")
                 layer.values = getattr(self, f"value_cache_{i}")

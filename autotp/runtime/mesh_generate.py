@@ -172,6 +172,10 @@ class StageCachedLM(CachedCausalLM):
         self.hidden_size = int(model.get_input_embeddings().weight.shape[-1])
         self.dtype = next(model.parameters()).dtype
 
+    def stamping_layer_state(self) -> None:
+        """Not stamped (:mod:`autotp.stamping`): a stage runs a slice of the layers, through hooks of its own."""
+        return None
+
     def example_inputs(self, tokens: int, batch_size: int | None = None) -> tuple[torch.Tensor, ...]:
         ids, positions, cache_position, mask = super().example_inputs(tokens, batch_size)
         if self._inject is None:
