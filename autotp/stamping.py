@@ -8,13 +8,24 @@ nodes of layer 2 (those whose ``nn_module_stack`` lies under ``<list>.2``) are c
 3..N-1 with
 
 - parameter and buffer placeholders renamed to ``<list>.i`` (placeholders and signature entries
-  inserted where ``torch.export`` puts them: after layer i-1's, layer by layer);
+  inserted where ``torch.export`` puts them: after layer i-1's, layer by layer), and so is the state a
+  wrapper holds for each layer outside the list (see below);
 - each value layer 2 took from layer 1 (the hidden states) taken from the copy of layer i-1;
 - values shared by every layer (rotary cos/sin, the attention mask, positions, symbolic sizes)
   left shared;
 - node names numbered on from the highest number of their kind so far, as export numbers the nodes
   it makes (``linear_14`` .. ``linear_20`` in layer 2, ``linear_21`` .. in layer 3), the nodes after
-  the layers (final norm, head) alike; ``nn_module_stack`` and ``torch_fn`` renamed to layer i.
+  the layers (final norm, head) alike; ``nn_module_stack`` and ``torch_fn`` renamed to layer i. A
+  functionalized program is numbered by one retrace, the same gaps in every layer: there a stamped
+  layer's names are the copied layer's moved on by the step from layer 1 to layer 2.
+
+**State held per layer outside the list.** The KV-cache wrapper a generation compile traces
+(:class:`autotp.runtime.kv_cache.CachedCausalLM`) holds each layer's keys and values as its own
+buffers (``key_cache_i``) and its graphs write them. It declares them with ``stamping_layer_state()``
+(the decoder it wraps and, per layer, those buffers' names); its twin holds the first three layers'
+only. The twin's program is functionalized before it is stamped (the writes become state updates
+among its outputs, three layers' worth instead of N: functionalizing re-traces the whole program),
+and the stamped layers get their buffers, their writes and their updates, in export's order.
 
 Three layers, not two: export's numbering has gaps that depend on its internal caches (Llama's
 first and third attention use up names of nodes export deletes), so the names of layers 0 and 1
@@ -32,7 +43,8 @@ weight with another layer, and every per-layer list of the config (``layer_types
 one value; the twin exports; layers 1 and 2 are isomorphic blocks (same ops, constant arguments,
 shapes, module paths) that sit back to back in the graph; layer 2 reads from layer 1 only values
 that stand where layer 1 read layer 0's; nothing after the layers reads an earlier layer than the
-last, and the program's outputs are user outputs only.
+last, and the program's outputs are user outputs, or updates of state a layer holds made by that
+layer.
 """
 
 from __future__ import annotations

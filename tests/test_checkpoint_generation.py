@@ -23,11 +23,11 @@ from autotp.runtime import loading
 NEW_TOKENS = 8
 PROMPT = 6
 CACHE_LEN = 32  # compile(..., max_cache_len=): prompt + new tokens fit
-LAYERS = 1  # each build traces three graphs: one layer keeps the test short
+LAYERS = 4  # as a real model's many: each graph is traced with three layers on meta and the fourth stamped
 
 
 def _model() -> torch.nn.Module:
-    """tiny Llama, one layer: 8 heads, 4 kv heads (uneven at tp 3), untied lm head, HF's default use_cache=True."""
+    """tiny Llama, four layers: 8 heads, 4 kv heads (uneven at tp 3), untied lm head, HF's default use_cache=True."""
     model = tiny_llama(layers=LAYERS)[0]
     model.config.use_cache = True
     model.generation_config.pad_token_id = 0  # no "setting pad_token_id" warning from HF generate
