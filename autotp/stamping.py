@@ -254,7 +254,7 @@ def _twin(model: torch.nn.Module, path: str) -> torch.nn.Module:
     twin._modules = dict(model._modules)
     targets = _Targets.of(model, path)
     twin._buffers = {name: buffer for name, buffer in model._buffers.items()
-                     if (targets.layer_of(name) or 0) < _TRACED_LAYERS}
+                     if (layer := targets.layer_of(name)) is None or layer < _TRACED_LAYERS}
     parent = twin
     *ancestors, last = path.split(".")
     for name in ancestors:
@@ -374,8 +374,11 @@ def _take_apart(small: ExportedProgram, targets: _Targets) -> _Program:
         raise StampError("the traced layers' nodes are not back-to-back runs in the graph")
     blocks = [[calls[i] for i in p] for p in positions]
     output = nodes[-1]
+    values = output.args[0]
+    if not isinstance(values, (tuple, list)) or len(values) != len(small.graph_signature.output_specs):
+        raise StampError("the program's outputs do not match its signature's")
     updates = {}
-    for index, (spec, value) in enumerate(zip(small.graph_signature.output_specs, output.args[0], strict=True)):
+    for index, (spec, value) in enumerate(zip(small.graph_signature.output_specs, values)):
         if spec.kind == OutputKind.USER_OUTPUT:
             continue
         layer = targets.layer_of(str(spec.target)) if spec.kind == OutputKind.BUFFER_MUTATION else None
