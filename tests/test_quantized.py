@@ -49,9 +49,14 @@ ROW_SPLIT = {"mlp-int4group": autotp.PlanOptions(constraints={"2.parametrization
 """Cases whose second Linear is pinned to a row split (the solver splits its columns otherwise)."""
 
 
-def _quantized(case: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
+GENERATION_LAYERS = 4
+"""The generating Llama's: its graphs are traced with three layers, the quantized weights' parts read before them,
+and stamped out to the fourth (autotp.stamping)."""
+
+
+def _quantized(case: str, layers: int = 2) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
     family, scheme = case.split("-")
-    model, args, kwargs = _mlp() if family == "mlp" else tiny_llama(batch=2, seq_len=6)
+    model, args, kwargs = _mlp() if family == "mlp" else tiny_llama(batch=2, seq_len=6, layers=layers)
     tq.quantize_(model, CONFIGS[scheme]())
     return model, args, kwargs
 
@@ -99,10 +104,10 @@ def _compile_and_compare(rank: int, world_size: int, cases: list[str], generate:
                          # the second Linear (32, 128): this rank's data and scales
                          "local": [local.get(f"p_2_parametrizations_weight_original{i}") for i in (0, 1)]}
     if generate:
-        model, (ids,), _ = _quantized("llama-int8")
+        model, (ids,), _ = _quantized("llama-int8", layers=GENERATION_LAYERS)
         model.generation_config.pad_token_id = 0
         expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
-        float_model, _, _ = tiny_llama(batch=2, seq_len=6)  # the same weights, not quantized
+        float_model, _, _ = tiny_llama(batch=2, seq_len=6, layers=GENERATION_LAYERS)  # the same weights, not quantized
         float_model.generation_config.pad_token_id = 0
         results["float tokens"] = float_model.generate(ids, attention_mask=torch.ones_like(ids),
                                                        max_new_tokens=NEW_TOKENS, do_sample=False).tolist()
@@ -148,7 +153,7 @@ def _check(results: list[dict[str, Any]], cases: list[str], world_size: int) -> 
 
 def test_quantized_models_match_at_tp2_and_generate(gloo: Any) -> None:
     """tp=2: MLP in int8, float8 and group-wise int4; int8 tiny Llama (forward, and greedy generation
-    with a KV cache)."""
+    with a KV cache on four layers)."""
     cases = ["mlp-int8", "mlp-float8", "mlp-int4group", "llama-int8"]
     _check(gloo.run(2, _compile_and_compare, cases, True, timeout_s=600), cases, 2)
 

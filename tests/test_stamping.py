@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from torch.export.graph_signature import OutputKind
 from autotp.capture import CapturedGraph, _export_whole, capture, default_dynamic_shapes, from_exported
 from autotp.planning.plan import graph_fingerprint
 from autotp.runtime.kv_cache import CachedCausalLM
-from autotp.stamping import export_stamped, stamped_from
+from autotp.stamping import export_stamped
 from autotp.trace_cache import TraceCache
 
 SMALL = {"hidden": 64, "intermediate": 128, "seq_len": 8}
@@ -29,7 +30,17 @@ FAMILIES = {  # name -> (model and inputs, traced with dynamic batch and sequenc
     "gpt2": (lambda: tiny_gpt2(4, layers=4, hidden=64, seq_len=8), False),
     "gemma": (lambda: tiny_gemma(4, layers=4, **SMALL), False),
     "phi": (lambda: tiny_phi(4, layers=4, **SMALL), False),
+    "llama, int8": (lambda: _int8(*tiny_llama(4, 2, layers=4, **SMALL)), False),
 }
+
+
+def _int8(model: torch.nn.Module, *rest: Any) -> tuple[Any, ...]:
+    """``model`` with torchao int8 weight-only Linears: export reads each weight's data and scales before the
+    layers (``access_subclass_inner_tensor``), and those are stamped with the layers."""
+    import torchao.quantization as tq
+
+    tq.quantize_(model, tq.Int8WeightOnlyConfig())
+    return (model, *rest)
 
 
 def _structure(gm: fx.GraphModule) -> list[tuple[str, ...]]:
@@ -101,10 +112,12 @@ def _check_same_program(captured: CapturedGraph, whole: CapturedGraph, fourth_la
     assert ours_named and ours_named == theirs_named, f"the stamped layer's node names differ: {ours_named[:5]}..."
 
 
-GENERATING = {  # the generation compile's cache wrapper around 4 layers of each
-    "llama, meta": lambda: tiny_llama(4, 2, layers=4, device="meta", **SMALL)[0],
-    "gpt2": lambda: tiny_gpt2(4, layers=4, hidden=64, seq_len=8)[0],
-    "gemma": lambda: tiny_gemma(4, layers=4, **SMALL)[0],
+GENERATING = {  # the generation compile's cache wrapper around 4 layers of each; the cache writes functionalized
+    "llama, meta": (lambda: tiny_llama(4, 2, layers=4, device="meta", **SMALL)[0], 6),
+    "gpt2": (lambda: tiny_gpt2(4, layers=4, hidden=64, seq_len=8)[0], 6),
+    "gemma": (lambda: tiny_gemma(4, layers=4, **SMALL)[0], 6),
+    # torchao weights: the stamped program is functionalized, as any program with them (autotp.capture._functional)
+    "llama, int8": (lambda: _int8(*tiny_llama(4, 2, layers=4, **SMALL))[0], 8),
 }
 
 
@@ -112,29 +125,37 @@ GENERATING = {  # the generation compile's cache wrapper around 4 layers of each
 def test_generation_graphs_are_stamped_with_their_cache(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """No parallelism (capture only), the KV-cache wrapper a generation compile traces
     (``CachedCausalLM``, 4 layers): its decode graph and a prompt's first-chunk graph are exported with 3 layers,
-    functionalized there (3 layers' cache writes, not 4), and stamped out with the 4th layer's cache buffers and
-    their updates; each equals a whole export's functional program node for node, with the same signature (every
-    layer's cache update among the outputs)."""
-    wrapper = CachedCausalLM(GENERATING[family](), batch_size=2, max_cache_len=12, last_logits_only=True,
+    functionalized there (3 layers' cache writes, not 4; with int8 weights after stamping), and stamped out with
+    the 4th layer's cache buffers and their updates; each equals a whole export's functional program node for
+    node, with the same signature (every layer's cache update among the outputs)."""
+    build, writes = GENERATING[family]
+    wrapper = CachedCausalLM(build(), batch_size=2, max_cache_len=12, last_logits_only=True,
                              inputs_device=torch.device("cpu"))
     functionalized: list[int] = []
-    original = ExportedProgram.run_decompositions
+    exported: list[int] = []
+    original, original_export = ExportedProgram.run_decompositions, torch.export.export
 
     def spy(program, *rest, **options):
         functionalized.append(sum(1 for n in program.graph.nodes if n.target == torch.ops.aten.index_copy_.default))
         return original(program, *rest, **options)
 
+    def export_spy(traced, *rest, **options):
+        exported.append(len(traced.cache_buffer_names()))
+        return original_export(traced, *rest, **options)
+
     for phase, tokens in (("decode", 1), ("first chunk", 4)):
         with wrapper.first_chunk() if phase == "first chunk" else contextlib.nullcontext():
             monkeypatch.setattr(ExportedProgram, "run_decompositions", spy)
+            monkeypatch.setattr(torch.export, "export", export_spy)
             functionalized.clear()
+            exported.clear()
             captured = capture(wrapper, wrapper.example_inputs(tokens), dynamic=False)
-            assert functionalized == [6], (
-                f"{family} {phase}: expected one functionalization of the 3 traced layers' 6 cache writes, got "
-                f"{functionalized}")
+            assert exported == [6], f"{family} {phase}: expected one export of a twin with 3 layers' cache, got {exported}"
+            assert functionalized == [writes], (
+                f"{family} {phase}: expected one functionalization of {writes} cache writes, got {functionalized}")
             monkeypatch.setattr(ExportedProgram, "run_decompositions", original)
+            monkeypatch.setattr(torch.export, "export", original_export)
             whole = from_exported(_export_whole(wrapper, wrapper.example_inputs(tokens), {}, None), family)
-        assert stamped_from(captured.exported) is not None, f"{family} {phase}: not stamped"
         updated = [str(spec.target) for spec in captured.exported.graph_signature.output_specs
                    if spec.kind == OutputKind.BUFFER_MUTATION]
         assert updated == wrapper.cache_buffer_names(), f"{family} {phase}: the graph updates {updated}"
