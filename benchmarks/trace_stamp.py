@@ -1,12 +1,14 @@
 """Tracing a decoder whole vs three layers traced and the rest stamped (autotp/stamping.py), one process.
 
-    python benchmarks/trace_stamp.py [--layers 16] [--repeats 3] [--generation]
+    python benchmarks/trace_stamp.py [--layers 16] [--repeats 3] [--generation] [--int8]
 
 The random Llama of ``benchmarks/load.py`` (hidden 1024, 8 heads / 4 kv heads, vocab 32000), built on
 the meta device as ``autotp.from_pretrained`` builds it, traced with one sequence of 16 token ids and
 dynamic batch and sequence dims; with ``--generation``, its decode graph as a generation compile traces
 it (the KV-cache wrapper, one row of 64 slots, one token; static sizes), functionalized (its cache writes
-made state updates). Interleaved, ``--repeats`` times each, medians:
+made state updates). ``--int8``: the model built with real random weights and its Linears quantized with torchao's
+int8 weight-only config (export reads each weight's data and scales before the layers). Interleaved,
+``--repeats`` times each, medians:
 
 - export: ``torch.export`` of the whole model (and its functionalization) vs the 3-layer twin's export
   (and functionalization) + stamping;
@@ -52,10 +54,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--generation", action="store_true", help="the decode graph of a generation compile")
+    parser.add_argument("--int8", action="store_true", help="torchao int8 weight-only Linears (real weights)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    with torch.device("meta"):
+    with torch.device("cpu" if args.int8 else "meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=args.layers, **CONFIG)).eval()
+    if args.int8:
+        import torchao.quantization as tq
+
+        tq.quantize_(model, tq.Int8WeightOnlyConfig())
     if args.generation:
         model = CachedCausalLM(model, batch_size=1, max_cache_len=64, last_logits_only=True,
                                inputs_device=torch.device("cpu"))
@@ -85,7 +92,8 @@ def main() -> None:
             times[f"rebuild {name}"].append(seconds)
     median = {k: statistics.median(v) for k, v in times.items()}
     what = "decode graph (KV cache, 1 token), static sizes" if args.generation else "dynamic dims"
-    print(f"Llama, {args.layers} layers, meta, {what}; medians of {args.repeats}, seconds")
+    weights = "int8 weight-only (torchao)" if args.int8 else "meta"
+    print(f"Llama, {args.layers} layers, {weights}, {what}; medians of {args.repeats}, seconds")
     for what, whole_key, stamped_key in (("export", "whole", "stamped"), ("program bytes", "bytes whole", "bytes stamped"),
                                         ("rebuild", "rebuild whole", "rebuild stamped")):
         print(f"  {what:<14} whole {median[whole_key]:6.2f}  stamped {median[stamped_key]:6.2f}  "
