@@ -550,12 +550,14 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     def flush_made() -> None:
         for layer in range(last + 1, count):
             this = stamped[layer]
+
+            def source(used: fx.Node, this: dict[fx.Node, fx.Node] = this) -> fx.Node:
+                return this[used] if used in this else env[used]
+
             for node in run:
                 name = made.shifted(node.name, layer - last)
                 this[node] = add(name if name != node.name else None, node.op, node.target,
-                                 fx.map_arg(node.args, lambda used, this=this: this.get(used, env[used])),
-                                 fx.map_arg(node.kwargs, lambda used, this=this: this.get(used, env[used])),
-                                 node, dict(node.meta))
+                                 fx.map_arg(node.args, source), fx.map_arg(node.kwargs, source), node, dict(node.meta))
         run.clear()
 
     stamped_made = False
