@@ -10,6 +10,8 @@ nodes of layer 2 (those whose ``nn_module_stack`` lies under ``<list>.2``) are c
 - parameter and buffer placeholders renamed to ``<list>.i`` (placeholders and signature entries
   inserted where ``torch.export`` puts them: after layer i-1's, layer by layer), and so is the state a
   wrapper holds for each layer outside the list (see below);
+- nodes before the layers made from layer 2's weights only (export reads a torchao weight's data and
+  scales there) copied for layer i after layer i-1's, and kinds numbered past them moved on;
 - each value layer 2 took from layer 1 (the hidden states) taken from the copy of layer i-1;
 - values shared by every layer (rotary cos/sin, the attention mask, positions, symbolic sizes)
   left shared;
