@@ -1,6 +1,7 @@
 """Plan time of a Llama-3-70B-shaped model on the meta device, by number of layers.
 
     python benchmarks/plan_time.py [--layers 10 20 40 80] [--world-size 8] [--hardware h100-sxm] [--untied] [--training]
+    python benchmarks/plan_time.py --max-cache-len 4096 [--layers 80]
 
 Shapes: hidden 8192, 64 heads, 8 kv heads, intermediate 28672, vocab 128256, bfloat16, one
 sequence of 2048 tokens (prefill). Prints per stage: capture (torch.export), strategies, cost,
@@ -8,6 +9,9 @@ solve (MILP with identical layers tied) and the total, and the time per layer. `
 also solves without tying and prints both objectives (the optimality lost by tying, if any).
 ``--training`` prices a training step (forward + backward, gradients, AdamW state, activations;
 ``passes/backward.py``), as ``autotp.plan(..., training=True)`` does.
+``--max-cache-len N``: the decode step with a KV cache of N slots, one sequence of 16 prompt tokens, planned
+end to end by ``autotp.plan(..., max_cache_len=N)``, as built (three layers traced, the others stamped:
+:mod:`autotp.stamping`) and with stamping off (every layer exported and functionalized), in turn.
 Wall-clock on a shared machine: read growth with depth and the ratios, not the last digit.
 """
 
@@ -45,8 +49,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--untied", action="store_true", help="also solve without tying identical layers")
     parser.add_argument("--training", action="store_true", help="price a training step (forward + backward)")
+    parser.add_argument("--max-cache-len", type=int, help="plan the decode step with a KV cache, stamped and whole")
     options = parser.parse_args()
     warnings.simplefilter("ignore")
+    if options.max_cache_len is not None:
+        _decode_with_cache(options)
+        return
     hardware = get_hardware(options.hardware)
     print(f"Llama-3-70B shape, tp={options.world_size}, {hardware.name}, seq {options.seq_len}"
           + (", training step" if options.training else ""))
@@ -74,6 +82,32 @@ def main() -> None:
             tied_cost, untied_cost = evaluate_choice(costed, solution.choice), evaluate_choice(costed, untied.choice)
             print(f"       untied solve {time.perf_counter() - start:.2f} s; objective tied {tied_cost * 1e3:.4f} ms, "
                   f"untied {untied_cost * 1e3:.4f} ms (tied/untied = {tied_cost / untied_cost:.6f})", flush=True)
+
+
+def _decode_with_cache(options: argparse.Namespace) -> None:
+    """``autotp.plan(..., max_cache_len=)`` end to end, stamped and whole (see the module docstring)."""
+    import autotp
+    import autotp.stamping as stamping
+
+    print(f"Llama-3-70B shape, tp={options.world_size}, {options.hardware}, decode step with a KV cache of "
+          f"{options.max_cache_len} slots: autotp.plan, seconds")
+    print(f"{'layers':>6} {'stamped':>8} {'whole':>8} {'ratio':>6}")
+    stamped = stamping.export_stamped
+    for layers in options.layers:
+        seconds = {}
+        for way in ("stamped", "whole"):
+            model = llama70b_shaped(layers)
+            ids = torch.zeros(1, 16, dtype=torch.long, device="meta")  # (batch, prompt tokens)
+            stamping.export_stamped = stamped if way == "stamped" else (lambda *_: None)
+            try:
+                started = time.perf_counter()
+                autotp.plan(model, (ids,), world_size=options.world_size, hardware=options.hardware,
+                            max_cache_len=options.max_cache_len)
+                seconds[way] = time.perf_counter() - started
+            finally:
+                stamping.export_stamped = stamped
+        print(f"{layers:>6} {seconds['stamped']:>8.1f} {seconds['whole']:>8.1f} "
+              f"{seconds['stamped'] / seconds['whole']:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":
