@@ -446,7 +446,7 @@ def _functional(exported: ExportedProgram) -> ExportedProgram:
     so that no other rank and no later load functionalizes it again (re-tracing the whole program: more than half
     of a generation graph's capture). A program whose weights are tensor subclasses (torchao) is left to
     :func:`from_exported`."""
-    if _needs_functionalizing(exported.graph_module) and not torchao.holds_subclass_weights(exported.state_dict):
+    if _needs_functionalizing(exported.graph_module) or torchao.holds_subclass_weights(exported.state_dict):
         return exported.run_decompositions({})
     return exported
 

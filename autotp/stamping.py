@@ -63,6 +63,7 @@ import torch.fx as fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind, TensorArgument
 
+from autotp.adapters import torchao
 from autotp.base.errors import CaptureError
 from autotp.base.module_paths import differing_layer, layer_lists, within
 
@@ -484,10 +485,10 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     for a, b in counterpart.items():
         if (fn_a := _torch_fn_name(a)) is not None and (fn_b := _torch_fn_name(b)) is not None:
             torch_fns.learn(fn_a, fn_b)
-    # a functionalized program (it returns state updates) was numbered by one retrace, layer after layer alike, gaps
+    # a functionalized program (run_decompositions': ATEN dialect) was numbered by one retrace, layers alike, gaps
     # included: a stamped layer's names are the copied layer's moved on by the step; export's own numbering is not
     # that regular (see the module docstring), so there each kind is numbered on from its highest name
-    retraced = _Numbering() if program.updates else None
+    retraced = _Numbering() if any(v.dialect == "ATEN" for v in small.verifiers) else None
     for a, b in counterpart.items() if retraced is not None else ():
         retraced.learn(a.name, b.name)
 
@@ -621,7 +622,7 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
         dict(program.output.meta))
     graph.lint()
 
-    state_dict, constants = _stamped_state(small, model, specs, targets, maybe_get_fake_mode)
+    state_dict, constants = _stamped_state(small, model, specs, targets, count, maybe_get_fake_mode)
     exported = ExportedProgram(  # makes the graph module (generating its code once)
         root=small.graph_module, graph=graph, graph_signature=ExportGraphSignature(specs, outputs),
         state_dict=state_dict, range_constraints=small.range_constraints,
@@ -669,16 +670,16 @@ def _stamped_outputs(program: _Program, specs: list[Any], targets: _Targets, cou
 
 
 def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterable[Any], targets: _Targets,
-                   fake_mode_of: Callable[[Any], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+                   count: int, fake_mode_of: Callable[[Any], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """State dict and constants of the stamped program: the twin's, plus the stamped layers' from the model's
-    own tensors, or (a model traced as fake tensors) fakes made like the copied layer's in its fake mode."""
+    own tensors, or (a model traced as fake tensors) fakes made like the copied layer's in its fake mode; each
+    in the twin's order, the stamped layers' entries after the copied layer's (as export orders them)."""
     from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    own: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
-    own.update(model.named_buffers(remove_duplicate=False))
-    state_dict: dict[str, Any] = {}
-    constants: dict[str, Any] = {}  # in the inputs' order, as export keeps them; then any the inputs do not name
+    parameters, buffers = torchao.as_exported(model)
+    own = {**parameters, **buffers}
+    values: dict[str, Any] = {}
     for spec in specs:
         fqn = str(spec.target)
         if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
@@ -690,6 +691,8 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
             mode = fake_mode_of(like)
             if mode is None:
                 known = own[fqn]
+                if isinstance(like, torch.nn.Parameter) and not isinstance(known, torch.nn.Parameter):
+                    known = torch.nn.Parameter(known, requires_grad=like.requires_grad)  # a quantized weight's part
             elif is_traceable_wrapper_subclass(like):
                 raise StampError(f"{copied} is a tensor subclass traced as fake tensors: a fake of it is not made here")
             else:  # what the fake mode makes of empty_strided, without a dispatch per tensor
@@ -698,13 +701,28 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
                 known = FakeTensor(mode, empty, like.device)
                 if isinstance(like, torch.nn.Parameter):
                     known = torch.nn.Parameter(known, requires_grad=like.requires_grad)
-        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
-            state_dict[fqn] = known
-        else:
-            constants[fqn] = known
-    for fqn, value in small.constants.items():
-        constants.setdefault(fqn, value)
+        values[fqn] = known
+    state_dict = {fqn: values[fqn] for fqn in _stamped_order(small.state_dict, targets, count)}
+    constants = {fqn: values.get(fqn, small.constants.get(fqn))
+                 for fqn in _stamped_order(small.constants, targets, count)}
     return state_dict, constants
+
+
+def _stamped_order(fqns: Iterable[str], targets: _Targets, count: int) -> list[str]:
+    """``fqns`` (the twin's, in order) with each run of the copied layer's followed by the same for each stamped
+    layer."""
+    last = _TRACED_LAYERS - 1
+    order: list[str] = []
+    run: list[str] = []
+    for fqn in [*fqns, None]:
+        if fqn is not None and targets.layer_of(fqn) == last:
+            run.append(fqn)
+        else:
+            order.extend(targets.moved(moved, layer) for layer in range(last + 1, count) for moved in run)
+            run.clear()
+        if fqn is not None:
+            order.append(fqn)
+    return order
 
 
 def _stamped_call_graph(entries: list[Any], prefix: str, layer_fqn: dict[int, str], count: int) -> list[Any]:

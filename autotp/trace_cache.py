@@ -491,12 +491,11 @@ def _read_entry(path: Path, key: str) -> _Entry:
 
 def _mismatch(entry: _Entry, model: torch.nn.Module) -> str | None:
     """Why ``entry`` does not fit ``model`` (parameter and buffer names, shapes, dtypes), or None."""
-    tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
-    parameters = set(tensors)
-    tensors.update(model.named_buffers(remove_duplicate=False))
+    parameters, buffers = torchao.as_exported(model)  # a quantized weight as its parts, as the program has it
+    tensors = {**parameters, **buffers}
     cached_parameters = {fqn for fqn, (*_, is_parameter, _) in entry.state.items() if is_parameter}
-    if cached_parameters != parameters:
-        different = sorted(cached_parameters ^ parameters)
+    if cached_parameters != set(parameters):
+        different = sorted(cached_parameters ^ set(parameters))
         return f"its parameters differ from the model's: {', '.join(different[:3])}"
     for fqn, (shape, _, dtype, _, _) in entry.state.items():
         tensor = tensors.get(fqn)
@@ -516,15 +515,14 @@ def _rebuild(entry: _Entry, model: torch.nn.Module, device: torch.device) -> Exp
         with mode:
             return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
-    tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
-    tensors.update(model.named_buffers(remove_duplicate=False))
+    parameters, buffers = torchao.as_exported(model)
+    tensors = {**parameters, **buffers}
     on_meta = any(t.device.type == "meta" for t in tensors.values())  # traced with fake tensors (capture.as_if_on)
     state: dict[str, torch.Tensor] = {}
     for fqn, (shape, stride, dtype, is_parameter, requires_grad) in entry.state.items():
-        tensor = tensors[fqn]
-        if on_meta:
-            tensor = fake(shape, stride, dtype)
-            tensor = torch.nn.Parameter(tensor, requires_grad=requires_grad) if is_parameter else tensor
+        tensor = fake(shape, stride, dtype) if on_meta else tensors[fqn]
+        if is_parameter and not isinstance(tensor, torch.nn.Parameter):  # faked, or a quantized weight's part
+            tensor = torch.nn.Parameter(tensor, requires_grad=requires_grad)
         state[fqn] = tensor
     constants: dict[str, Any] = {}
     for fqn, value in entry.constants.items():

@@ -24,19 +24,20 @@ from autotp.stamping import export_stamped
 from autotp.trace_cache import TraceCache
 
 SMALL = {"hidden": 64, "intermediate": 128, "seq_len": 8}
-FAMILIES = {  # name -> (model and inputs, traced with dynamic batch and sequence dims); static traces are cheaper
-    "llama, meta, dynamic": (lambda: tiny_llama(4, 2, layers=4, device="meta", **SMALL), True),
-    "qwen2, meta": (lambda: tiny_qwen2(4, 2, layers=4, device="meta", **SMALL), False),
-    "gpt2": (lambda: tiny_gpt2(4, layers=4, hidden=64, seq_len=8), False),
-    "gemma": (lambda: tiny_gemma(4, layers=4, **SMALL), False),
-    "phi": (lambda: tiny_phi(4, layers=4, **SMALL), False),
-    "llama, int8": (lambda: _int8(*tiny_llama(4, 2, layers=4, **SMALL)), False),
+FAMILIES = {  # name -> (model and inputs, traced with dynamic batch and sequence dims, through the trace cache);
+    # static traces are cheaper
+    "llama, meta, dynamic": (lambda: tiny_llama(4, 2, layers=4, device="meta", **SMALL), True, True),
+    "qwen2, meta": (lambda: tiny_qwen2(4, 2, layers=4, device="meta", **SMALL), False, False),
+    "gpt2": (lambda: tiny_gpt2(4, layers=4, hidden=64, seq_len=8), False, False),
+    "gemma": (lambda: tiny_gemma(4, layers=4, **SMALL), False, False),
+    "phi": (lambda: tiny_phi(4, layers=4, **SMALL), False, False),
+    "llama, int8": (lambda: _int8(*tiny_llama(4, 2, layers=4, **SMALL)), False, True),
 }
 
 
 def _int8(model: torch.nn.Module, *rest: Any) -> tuple[Any, ...]:
-    """``model`` with torchao int8 weight-only Linears: export reads each weight's data and scales before the
-    layers (``access_subclass_inner_tensor``), and those are stamped with the layers."""
+    """``model`` with torchao int8 weight-only Linears: its program is functionalized before stamping, which
+    splits each weight into its parts (``parametrizations.weight.original<i>``), stamped as the layer's weights."""
     import torchao.quantization as tq
 
     tq.quantize_(model, tq.Int8WeightOnlyConfig())
@@ -60,11 +61,12 @@ def _structure(gm: fx.GraphModule) -> list[tuple[str, ...]]:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No parallelism (capture only), 4 layers of each family (meta models traced as fake tensors, as
-    from_pretrained does; the others with real weights; Llama with dynamic batch and sequence dims):
-    capture exports a 3-layer twin and stamps the 4th layer (Llama: the trace cache keeps the twin's
-    program and stamps it again to the same graph); graph, signature, state, constants, symbolic ranges and module
-    call graph equal a whole export's (node names too, within the layers)."""
-    build, dynamic = FAMILIES[family]
+    from_pretrained does; the others with real weights; Llama with dynamic batch and sequence dims; an int8
+    Llama, its weights split into their parts): capture exports a 3-layer twin and stamps the 4th layer (the
+    meta and the int8 Llama: the trace cache keeps the twin's program and binds the model's weights to it and stamps
+    it again to the same graph); graph, signature, state, constants, symbolic ranges and module call graph equal a
+    whole export's (node names too, within the layers)."""
+    build, dynamic, through_cache = FAMILIES[family]
     model, args, kwargs = build()
     exported: list[int] = []
     original = torch.export.export
@@ -74,7 +76,7 @@ def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.
         return original(traced, *rest, **options)
 
     monkeypatch.setattr(torch.export, "export", spy)
-    cache = TraceCache(tmp_path) if dynamic else None  # the cache round trip once (the dynamic model)
+    cache = TraceCache(tmp_path) if through_cache else None
     captured = capture(model, args, kwargs, dynamic=dynamic, trace_cache=cache)
     monkeypatch.setattr(torch.export, "export", original)
     every = sum(1 for _ in model.parameters())
@@ -116,8 +118,7 @@ GENERATING = {  # the generation compile's cache wrapper around 4 layers of each
     "llama, meta": (lambda: tiny_llama(4, 2, layers=4, device="meta", **SMALL)[0], 6),
     "gpt2": (lambda: tiny_gpt2(4, layers=4, hidden=64, seq_len=8)[0], 6),
     "gemma": (lambda: tiny_gemma(4, layers=4, **SMALL)[0], 6),
-    # torchao weights: the stamped program is functionalized, as any program with them (autotp.capture._functional)
-    "llama, int8": (lambda: _int8(*tiny_llama(4, 2, layers=4, **SMALL))[0], 8),
+    "llama, int8": (lambda: _int8(*tiny_llama(4, 2, layers=4, **SMALL))[0], 6),
 }
 
 
@@ -125,7 +126,7 @@ GENERATING = {  # the generation compile's cache wrapper around 4 layers of each
 def test_generation_graphs_are_stamped_with_their_cache(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """No parallelism (capture only), the KV-cache wrapper a generation compile traces
     (``CachedCausalLM``, 4 layers): its decode graph and a prompt's first-chunk graph are exported with 3 layers,
-    functionalized there (3 layers' cache writes, not 4; with int8 weights after stamping), and stamped out with
+    functionalized there (3 layers' cache writes, not 4; int8 weights split into their parts), and stamped out with
     the 4th layer's cache buffers and their updates; each equals a whole export's functional program node for
     node, with the same signature (every layer's cache update among the outputs)."""
     build, writes = GENERATING[family]

@@ -45,6 +45,7 @@ __all__ = [
     "exported_name",
     "flattened_name",
     "holds_subclass_weights",
+    "as_exported",
     "inner_tensors",
     "is_subclass_weight",
     "is_torchao_tensor",
@@ -130,6 +131,19 @@ def exported_name(fqn: str, index: int) -> str:
     ``a.parametrizations.weight.original0``)."""
     module, _, name = fqn.rpartition(".")
     return f"{module + '.' if module else ''}parametrizations.{name}.original{index}"
+
+
+def as_exported(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``model``'s parameters and buffers by the FQNs a functional program of it names them: a subclass weight as
+    its parts (:func:`exported_name`; ``run_decompositions`` splits a quantized weight into them), every other
+    tensor as itself. What binds a traced program's state to the model."""
+    parameters: dict[str, torch.Tensor] = {}
+    for fqn, tensor in model.named_parameters(remove_duplicate=False):
+        if is_subclass_weight(tensor):
+            parameters.update({exported_name(fqn, i): part for i, part in enumerate(inner_tensors(tensor).values())})
+        else:
+            parameters[fqn] = tensor
+    return parameters, dict(model.named_buffers(remove_duplicate=False))
 
 
 PART_NAMES = ("qdata", "scale", "zero_point")
