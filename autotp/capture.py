@@ -435,17 +435,17 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 
 def _export_functional(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                        dynamic_shapes: Any) -> ExportedProgram:
-    """:func:`_export_whole`, functionalized where it writes in place (:func:`_functional`): a stamped program
-    is stamped from its twin's functional program, so the writes of the other layers are never functionalized."""
+    """:func:`_export_whole`, functionalized where needed (:func:`_functional`): a stamped program is stamped from
+    its twin's functional program, so the other layers are never functionalized."""
     return _functional(_export_whole(model, args, kwargs, dynamic_shapes))
 
 
 def _functional(exported: ExportedProgram) -> ExportedProgram:
-    """``exported`` functionalized where it writes in place (a KV cache's ``index_copy_``), as :func:`from_exported`
-    would do it, but once where it was traced: before a rank sends it to its group or the trace cache keeps it,
-    so that no other rank and no later load functionalizes it again (re-tracing the whole program: more than half
-    of a generation graph's capture). A program whose weights are tensor subclasses (torchao) is left to
-    :func:`from_exported`."""
+    """``exported`` functionalized where it writes in place (a KV cache's ``index_copy_``) or holds tensor subclass
+    weights (torchao: split into their parts), as :func:`from_exported` would do it, but once where it was traced:
+    before a rank sends it to its group or the trace cache keeps it, so that no other rank and no later load
+    functionalizes it again (re-tracing the whole program: more than half of a generation graph's capture), and
+    for a stamped program on its three traced layers only."""
     if _needs_functionalizing(exported.graph_module) or torchao.holds_subclass_weights(exported.state_dict):
         return exported.run_decompositions({})
     return exported
@@ -620,7 +620,7 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
     if _needs_functionalizing(exported.graph_module) or torchao.holds_subclass_weights(exported.state_dict):
         # export's graph keeps in-place ops and does not list what they update; the functional
         # form lists every updated buffer and input in its signature (and a quantized weight's parts).
-        # capture's own traces arrive functional already (_functional), unless stamped or quantized
+        # capture's own traces arrive functional already (_functional); the torch.compile backend's do not
         exported = exported.run_decompositions({})
     state = _state_updates(exported)
     specs_out = exported.graph_signature.output_specs

@@ -10,8 +10,6 @@ nodes of layer 2 (those whose ``nn_module_stack`` lies under ``<list>.2``) are c
 - parameter and buffer placeholders renamed to ``<list>.i`` (placeholders and signature entries
   inserted where ``torch.export`` puts them: after layer i-1's, layer by layer), and so is the state a
   wrapper holds for each layer outside the list (see below);
-- nodes before the layers made from layer 2's weights only (export reads a torchao weight's data and
-  scales there) copied for layer i after layer i-1's, and kinds numbered past them moved on;
 - each value layer 2 took from layer 1 (the hidden states) taken from the copy of layer i-1;
 - values shared by every layer (rotary cos/sin, the attention mask, positions, symbolic sizes)
   left shared;
@@ -342,10 +340,9 @@ class _Program:
     after: list[fx.Node]
     output: fx.Node
     layer_inputs: dict[fx.Node, int]
-    """Placeholder -> its layer, for a parameter, buffer or constant of a traced layer (or state held for it); and
-    a node before the layers made from one layer's placeholders only (a quantized weight's data and scales)."""
+    """Placeholder -> its layer, for a parameter, buffer or constant of a traced layer (or state held for it)."""
     next_input: dict[fx.Node, fx.Node]
-    """A traced layer's input -> the same weight's (or state's, or part's) of the next traced layer."""
+    """A traced layer's placeholder -> the same weight's (or state's) of the next traced layer."""
     updates: dict[int, int]
     """Output position -> layer, for the outputs that update state held for a layer (a KV cache's new keys)."""
 
@@ -360,7 +357,7 @@ def _take_apart(small: ExportedProgram, targets: _Targets) -> _Program:
     nodes = list(small.graph_module.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     layer_inputs: dict[fx.Node, int] = {}
-    roles: dict[fx.Node, Any] = {}  # a layer input -> what it is in any layer (its target in layer 0, or how it is made)
+    roles: dict[fx.Node, str] = {}  # a layer's placeholder -> what it is in every layer (its target in layer 0)
     for node, spec in zip(placeholders, small.graph_signature.input_specs):
         layer = targets.layer_of(str(spec.target)) if spec.target is not None else None
         if layer is not None:
@@ -376,11 +373,6 @@ def _take_apart(small: ExportedProgram, targets: _Targets) -> _Program:
     if [i for p in positions for i in p] != list(range(start, positions[-1][-1] + 1)):
         raise StampError("the traced layers' nodes are not back-to-back runs in the graph")
     blocks = [[calls[i] for i in p] for p in positions]
-    for node in calls[:start]:  # made before the layers from one layer's weights only (a quantized weight's parts)
-        layers = {layer_inputs.get(used) for used in node.all_input_nodes}
-        if len(layers) == 1 and None not in layers and not node.is_impure():
-            layer_inputs[node], roles[node] = layers.pop(), (str(node.target), repr(
-                fx.map_arg((node.args, node.kwargs), roles.__getitem__)))
     by_role = {(layer, roles[node]): node for node, layer in layer_inputs.items()}
     next_input = {node: by_role[layer + 1, roles[node]] for node, layer in layer_inputs.items()
                   if (layer + 1, roles[node]) in by_role}
@@ -464,7 +456,6 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
             raise StampError(f"{a.name} and {b.name} of consecutive layers come from different modules")
         counterpart[a] = b
     earlier = {n for block in program.blocks[:-1] for n in block}
-    earlier |= {n for n, layer in program.layer_inputs.items() if layer < last and n.op != "placeholder"}
     for node, reads in [*((n, n.all_input_nodes) for n in program.after), (program.output, program.user_outputs())]:
         for used in reads:
             if used in earlier:
@@ -543,42 +534,9 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
             run.append(node)
     flush_run()
 
-    # nodes before the layers, with each run made from the copied layer's weights followed by layers last+1..'s,
-    # numbered on by the step from the layer before's (export numbers them in one pass over the weights)
-    made = _Numbering()
-    for a, b in program.next_input.items():
-        if a.op != "placeholder" and program.layer_inputs[a] == last - 1:
-            made.learn(a.name, b.name)
-
-    def flush_made() -> None:
-        for layer in range(last + 1, count):
-            this = stamped[layer]
-
-            def source(used: fx.Node, this: dict[fx.Node, fx.Node] = this) -> fx.Node:
-                return this[used] if used in this else env[used]
-
-            for node in run:
-                name = made.shifted(node.name, layer - last)
-                this[node] = add(name if name != node.name else None, node.op, node.target,
-                                 fx.map_arg(node.args, source), fx.map_arg(node.kwargs, source), node, dict(node.meta))
-        run.clear()
-
-    stamped_made = False
-    for node in program.before:
-        if run and program.layer_inputs.get(node) != last:
-            flush_made()
-            stamped_made = True
-        # a node of the same kind made after them (from the head's weights) is numbered on past the stamped layers'
-        name = made.shifted(node.name, count - 1 - last) if stamped_made and node not in program.layer_inputs else node.name
-        env[node] = add(name, node.op, node.target, fx.map_arg(node.args, env.__getitem__),
-                        fx.map_arg(node.kwargs, env.__getitem__), node, dict(node.meta))
-        if program.layer_inputs.get(node) == last:
-            run.append(node)
-    flush_made()
-
     first, second = program.blocks[-2], program.blocks[-1]
     previous = {b: a for a, b in counterpart.items()}  # copied layer's node -> the layer before's
-    for node in (n for block in program.blocks for n in block):
+    for node in (*program.before, *(n for block in program.blocks for n in block)):
         env[node] = add(node.name, node.op, node.target, fx.map_arg(node.args, env.__getitem__),
                         fx.map_arg(node.kwargs, env.__getitem__), node, dict(node.meta))
     stamped[last].update({b: env[b] for b in second})

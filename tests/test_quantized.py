@@ -50,8 +50,8 @@ ROW_SPLIT = {"mlp-int4group": autotp.PlanOptions(constraints={"2.parametrization
 
 
 GENERATION_LAYERS = 4
-"""The generating Llama's: its graphs are traced with three layers, the quantized weights' parts read before them,
-and stamped out to the fourth (autotp.stamping)."""
+"""The generating Llama's: its graphs are traced with three layers, functionalized there (each quantized weight split
+into its parts), and stamped out to the fourth (autotp.stamping)."""
 
 
 def _quantized(case: str, layers: int = 2) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
