@@ -479,9 +479,11 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     # a functionalized program (run_decompositions': ATEN dialect) was numbered by one retrace, layers alike, gaps
     # included: a stamped layer's names are the copied layer's moved on by the step; export's own numbering is not
     # that regular (see the module docstring), so there each kind is numbered on from its highest name
-    retraced = _Numbering() if any(v.dialect == "ATEN" for v in small.verifiers) else None
-    for a, b in counterpart.items() if retraced is not None else ():
-        retraced.learn(a.name, b.name)
+    retraced = None
+    if any(verifier.dialect == "ATEN" for verifier in small.verifiers):
+        retraced = _Numbering()
+        for a, b in counterpart.items():
+            retraced.learn(a.name, b.name)
 
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}  # node of the traced graph -> its node in the new one
