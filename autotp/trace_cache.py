@@ -222,6 +222,12 @@ def _library_version(model: torch.nn.Module) -> str:
         return package
 
 
+_CAPTURE_SOURCES = ("capture.py", "stamping.py", "trace_cache.py", os.path.join("adapters", "hf_transformers.py"),
+                    os.path.join("adapters", "torchao.py"), os.path.join("runtime", "kv_cache.py"))
+"""autotp's files (under its package) whose code shapes a traced program beyond the model's own: the tracing, the
+calls into transformers and torchao, and the KV-cache wrapper."""
+
+
 def trace_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
               *, device: torch.device, training: bool) -> str:
     """The SHA-256 naming the program ``torch.export`` makes of ``model(*args, **kwargs)`` (see the module docstring)."""
@@ -234,7 +240,7 @@ def trace_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         "format": FORMAT,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
-        "autotp capture": [file_digest(os.path.join(here, f), memo) for f in ("capture.py", "stamping.py", "trace_cache.py")],
+        "autotp capture": [file_digest(os.path.join(here, f), memo) for f in _CAPTURE_SOURCES],
         "library": _library_version(model),
         "model": _model_description(model, memo),
         "state": _state_spec(model, device),

@@ -183,3 +183,31 @@ def test_an_untested_torch_turns_the_cache_and_the_shared_trace_off(tmp_path: Pa
     with pytest.raises(TypeError, match="cannot send a traced program: torch"):
         trace_cache.program_bytes("a" * 64, exported)
     assert not (tmp_path / "cache").exists(), "expected nothing written"
+
+
+def test_generation_graphs_are_cached_too(tmp_path: Path, export_calls: list[str], one_rank: None) -> None:
+    """tp=1, a four-layer tiny Llama from a checkpoint on meta, called as users call it (``from_pretrained``, then
+    ``tp.generate``, which builds its graphs on the first call): the second load's ``generate`` traces nothing, the
+    cache holds one entry per graph (a prompt's first chunk and its later chunks have graphs, and keys, of their
+    own), and both loads give HF's greedy tokens for a prompt long enough to need the later chunks' graph."""
+    model, _, _ = tiny_llama(layers=4, hidden=HIDDEN, intermediate=128)
+    model.save_pretrained(tmp_path / "hf")
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    cache = tmp_path / "cache"
+    tokens, exports = [], []
+    for _ in range(2):
+        before = len(export_calls)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tp = autotp.from_pretrained(tmp_path / "hf", world_size=1, runtime=autotp.RuntimeOptions(trace_cache=cache))
+            tokens.append(tp.generate(ids, max_new_tokens=4).tolist())
+        exports.append(export_calls[before:])
+    assert len(exports[0]) == 4, f"the first load should trace the forward and three generation graphs: {exports[0]}"
+    assert exports[1] == [], f"the second load should read every graph from the cache, it exported {exports[1]}"
+    entries = sorted((cache / "traces").glob("*.pt2c"))
+    assert len(entries) == len(exports[0]), f"expected one cache entry per traced graph ({exports[0]}), found {len(entries)}"
+    assert tokens[0] == expected.tolist() and tokens[1] == expected.tolist(), (
+        f"tokens differ from HF's greedy generate:\n expected {expected.tolist()}\n first load {tokens[0]}\n"
+        f" second load {tokens[1]}")

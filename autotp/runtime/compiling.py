@@ -41,7 +41,7 @@ from autotp.runtime.options import RuntimeOptions
 from autotp.runtime.runtime_modes import priced_in, resolve_runtime_mode
 from autotp.runtime.saving import open_checkpoint
 from autotp.runtime.shared_trace import FirstRankTrace
-from autotp.trace_cache import open_trace_cache
+from autotp.trace_cache import TraceCache, open_trace_cache
 
 __all__ = ["compile_group"]
 
@@ -99,7 +99,7 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
     if max_cache_len is not None:
         generating = compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
                                             plan=plan, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode,
-                                            files=files, device=device)
+                                            files=files, device=device, trace_cache=cache)
         generating.generation_config = getattr(model, "generation_config", None)  # generate's defaults, as HF's
         return generating
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
@@ -113,7 +113,7 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
     if not training and options.outputs == "replicated" and _is_causal_lm(model):
         on_demand = GenerationOnDemand(model, example_inputs, group=group, timeout_s=timeout_s, build=functools.partial(
             _compile_for_generation, options=options, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode,
-            device=device), files=files)
+            device=device, trace_cache=cache), files=files)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
                                 training=training, original=model, group=group, generation_on_demand=on_demand,
@@ -131,10 +131,12 @@ def _is_causal_lm(model: torch.nn.Module) -> bool:
 
 def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int,
                             files: TensorSource | None, *, options: PlanOptions, group: dist.ProcessGroup | None,
-                            rank: int, timeout_s: float, runtime_mode: str, device: torch.device) -> TensorParallelModule:
+                            rank: int, timeout_s: float, runtime_mode: str, device: torch.device,
+                            trace_cache: TraceCache | None) -> TensorParallelModule:
     """``compile(model, ..., max_cache_len=max_cache_len)`` after the plain compile that planned with ``options``:
     what :class:`~autotp.runtime.generation_on_demand.GenerationOnDemand` builds on the first ``generate``
-    (``files``: the checkpoint that compile read, seen through its module's blocks, or None)."""
+    (``files``: the checkpoint that compile read, seen through its module's blocks, or None; ``trace_cache``: that
+    compile's)."""
     return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options, plan=None,
                                   group=group, rank=rank, timeout_s=timeout_s, runtime_mode=runtime_mode,
-                                  files=files, device=device)
+                                  files=files, device=device, trace_cache=trace_cache)

@@ -47,6 +47,7 @@ from autotp.runtime.module import TensorParallelModule
 from autotp.runtime.rank_local import GenerationGraphs, PhaseGraph
 from autotp.runtime.shards import local_shape
 from autotp.runtime.shared_trace import FirstRankTrace
+from autotp.trace_cache import TraceCache
 
 __all__ = ["check_cache_is_state", "check_generation_inputs", "compile_for_generation", "generation_inputs"]
 
@@ -87,7 +88,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
                            rank: int, wrapper: CachedCausalLM | None = None,
                            timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, runtime_mode: str = "eager",
                            files: TensorSource | None = None, device: torch.device | None = None,
-                           ) -> TensorParallelModule:
+                           trace_cache: TraceCache | None = None) -> TensorParallelModule:
     """See :func:`autotp.compile` (``max_cache_len``; ``options.expected_new_tokens``) and the module docstring.
 
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
@@ -95,7 +96,9 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     for rank 0's traced programs (``agreement_timeout_s``). ``files``: an opened checkpoint
     (:func:`autotp.runtime.saving.open_checkpoint`, agreed by every rank) to read this rank's blocks of the
     weights from, once for every graph, onto ``device`` (default: the CPU); the model may then be on meta, and
-    its cache is made on ``device`` in this rank's blocks only."""
+    its cache is made on ``device`` in this rank's blocks only. ``trace_cache``: where the graphs' programs are read
+    from and kept (:mod:`autotp.trace_cache`; the first chunk's and the later chunks' graphs have keys of their
+    own, the wrapper's ``reads_cache`` among its attributes)."""
     device = torch.device("cpu") if device is None else torch.device(device)
     if files is not None:
         _derive_meta_buffers(model, files, device)
@@ -108,15 +111,16 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     log_progress(talk, f"tracing {type(model).__name__} with a {batch}x{max_cache_len} KV cache (decode: 1 token per row)")
     # static sizes: the cache fixes the batch, decode reads one token, prefill `seq` tokens per call
     share = FirstRankTrace(group, timeout_s=timeout_s)  # rank 0 traces, the others rebuild
-    decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False, share=share)
+    decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False, share=share, trace_cache=trace_cache)
     prefill = continuation = None
     if seq > 1:
         log_progress(talk, f"tracing the prefill graph ({seq} tokens per row, the prompt's first chunk)")
         with wrapper.first_chunk():
-            prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share)
+            prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share, trace_cache=trace_cache)
         if max_cache_len - 1 > seq:  # a prompt (at most max_cache_len - 1 tokens) may need more than one chunk
             log_progress(talk, f"tracing the continuation graph (a longer prompt's later chunks of {seq} tokens)")
-            continuation = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share)
+            continuation = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share,
+                                   trace_cache=trace_cache)
     for name, graph in (("decode", decode), ("prefill", prefill), ("continuation", continuation)):
         if graph is not None:
             check_cache_is_state(graph, wrapper, name)
