@@ -14,7 +14,9 @@ variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and in each m
 - wall-clock time of the load call (for autotp it includes tracing and planning);
 - that the weights really are split: parameter bytes held by the rank (transformers' TP holds
   DTensors: their local shards are counted). A run in which some rank holds the whole model is
-  reported as "NOT SPLIT".
+  reported as "NOT SPLIT";
+- for autotp, the wall-clock time of the first ``tp.generate(ids, max_new_tokens=2)``, which builds the
+  generation graphs from the checkpoint (traced, or read from the trace cache when warm) and plans them.
 
 Loaders: ``autotp-cold`` = ``autotp.from_pretrained(path, world_size)`` with an empty trace cache
 (``AUTOTP_CACHE_DIR`` a fresh directory: it traces with ``torch.export`` and writes the cache);
@@ -116,8 +118,14 @@ def worker(mode: str, path: str) -> None:
     with torch.no_grad():
         (tp if mode.startswith("autotp") else model)(ids, use_cache=False)
     after_forward = peak_rss_bytes() - before
-    print(json.dumps({"rank": rank, "grown": grown, "forward": after_forward, "held": held, "seconds": seconds}),
-          flush=True)
+    generate_s = None
+    if mode.startswith("autotp"):
+        dist.barrier()
+        started = time.perf_counter()
+        tp.generate(ids, max_new_tokens=2)
+        generate_s = time.perf_counter() - started
+    print(json.dumps({"rank": rank, "grown": grown, "forward": after_forward, "held": held, "seconds": seconds,
+                      "generate_s": generate_s}), flush=True)
     if mode != "single":
         dist.destroy_process_group()
 
@@ -168,7 +176,7 @@ def main() -> None:
     print(f"checkpoint: {size / mib:.0f} MiB ({args.layers} layers), in {directory}; medians of {args.repeats} runs, "
           "largest rank", flush=True)
     print(f"{'ws':>3} {'layout':<12} {'loader':<18} {'peak growth: load':>18} {'+forward':>9} {'share (1/ws)':>13} "
-          f"{'ratio':>6} {'held/rank':>10} {'load s':>7} {'/ hf-tp':>8}", flush=True)
+          f"{'ratio':>6} {'held/rank':>10} {'load s':>7} {'/ hf-tp':>8} {'generate s':>11}", flush=True)
     for world_size in args.world_sizes:
         for layout in args.layouts:
             hf_seconds = None
@@ -186,6 +194,8 @@ def main() -> None:
                 grown = statistics.median(max(r["grown"] for r in rs) for rs in runs)
                 forward = statistics.median(max(r["forward"] for r in rs) for rs in runs)
                 seconds = statistics.median(max(r["seconds"] for r in rs) for rs in runs)
+                generate = (f"{statistics.median(max(r['generate_s'] for r in rs) for rs in runs):>11.2f}"
+                            if mode.startswith("autotp") else f"{'':>11}")
                 held = max(r["held"] for r in runs[0])
                 split = "" if mode == "single" or held < 0.75 * size else "  NOT SPLIT"
                 hf_seconds = seconds if mode == "hf-tp" else hf_seconds
@@ -193,7 +203,8 @@ def main() -> None:
                 share = size / ranks
                 label = f"{mode} (base)" if source else mode
                 print(f"{ranks:>3} {layout:<12} {label:<18} {grown / mib:>14.0f} MiB {forward / mib:>5.0f} MiB "
-                      f"{share / mib:>9.0f} MiB {forward / share:>6.2f} {held / mib:>6.0f} MiB {seconds:>7.2f} {versus}{split}",
+                      f"{share / mib:>9.0f} MiB {forward / share:>6.2f} {held / mib:>6.0f} MiB {seconds:>7.2f} {versus}"
+                      f" {generate}{split}",
                       flush=True)
 
 
