@@ -53,8 +53,8 @@ import copy
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 import torch.fx as fx
@@ -75,6 +75,8 @@ first layer may use up more numbers than the others, e.g. for checks made once).
 
 MIN_LAYERS = _TRACED_LAYERS + 1
 """Fewest layers worth stamping."""
+
+_Item = TypeVar("_Item")
 
 _EXPORT_ADDED_NODE = "_empty_nn_module_stack_from_metadata_hook"
 _NAME_NUMBER = re.compile(r"(.*)_(\d+)$")
@@ -515,26 +517,16 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
             meta["torch_fn"] = (torch_fns.shifted(fn, layers), *meta["torch_fn"][1:])
 
     # placeholders, with each run of the copied layer's followed by layers last+1..count-1's
-    run: list[fx.Node] = []
-
-    def flush_run() -> None:
-        for layer in range(last + 1, count):
-            for node in run:
-                spec = spec_of[node.name]
-                target = targets.moved(str(spec.target), layer)
-                name = _renamed_placeholder(node.name, str(spec.target), target)
-                stamped[layer][node] = add(name, "placeholder", name, (), {}, node, dict(node.meta))
-                specs.append(dataclasses.replace(spec, arg=TensorArgument(name=name), target=target))
-        run.clear()
-
-    for node in program.placeholders:
-        if run and program.layer_inputs.get(node) != last:
-            flush_run()
-        env[node] = add(node.name, "placeholder", node.target, (), {}, node, dict(node.meta))
-        specs.append(spec_of[node.name])
-        if program.layer_inputs.get(node) == last:
-            run.append(node)
-    flush_run()
+    for node, layer in _with_stamped_runs(program.placeholders, lambda n: program.layer_inputs.get(n) == last, count):
+        spec = spec_of[node.name]
+        if layer is None:
+            env[node] = add(node.name, "placeholder", node.target, (), {}, node, dict(node.meta))
+            specs.append(spec)
+            continue
+        target = targets.moved(str(spec.target), layer)
+        name = _renamed_placeholder(node.name, str(spec.target), target)
+        stamped[layer][node] = add(name, "placeholder", name, (), {}, node, dict(node.meta))
+        specs.append(dataclasses.replace(spec, arg=TensorArgument(name=name), target=target))
 
     first, second = program.blocks[-2], program.blocks[-1]
     previous = {b: a for a, b in counterpart.items()}  # copied layer's node -> the layer before's
@@ -593,6 +585,22 @@ def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int
     return exported
 
 
+def _with_stamped_runs(items: Iterable[_Item], of_copied: Callable[[_Item], bool],
+                       count: int) -> Iterator[tuple[_Item, int | None]]:
+    """``items`` (the twin's, in order) as ``(item, None)``, each run of the copied layer's items
+    (``of_copied``) followed by the same run again as ``(item, layer)`` for each stamped layer: the order export
+    gives a whole model's placeholders, outputs, state and module calls, layer by layer."""
+    run: list[_Item] = []
+    for item in items:
+        if run and not of_copied(item):
+            yield from ((copied, layer) for layer in range(_TRACED_LAYERS, count) for copied in run)
+            run.clear()
+        yield item, None
+        if of_copied(item):
+            run.append(item)
+    yield from ((copied, layer) for layer in range(_TRACED_LAYERS, count) for copied in run)
+
+
 def _stamped_outputs(program: _Program, specs: list[Any], targets: _Targets, count: int,
                      layer_value: Callable[[fx.Node, int], fx.Node], after_layers: Callable[[fx.Node], fx.Node],
                      ) -> tuple[list[Any], list[Any]]:
@@ -603,29 +611,19 @@ def _stamped_outputs(program: _Program, specs: list[Any], targets: _Targets, cou
     last = _TRACED_LAYERS - 1
     values: list[Any] = []
     outputs: list[Any] = []
-    run: list[tuple[Any, fx.Node]] = []
-
-    def flush_run() -> None:
-        for layer in range(last + 1, count):
-            for spec, value in run:
-                node = layer_value(value, layer)
-                values.append(node)
-                outputs.append(dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=node.name),
-                                                   target=targets.moved(str(spec.target), layer)))
-        run.clear()
-
-    for index, (spec, value) in enumerate(zip(specs, program.output.args[0])):
-        layer = program.updates.get(index)
-        if run and layer != last:
-            flush_run()
-        node = (layer_value(value, layer) if layer is not None
-                else fx.map_arg(value, after_layers))
+    traced = list(enumerate(zip(specs, program.output.args[0])))
+    for (index, (spec, value)), stamped in _with_stamped_runs(traced, lambda item: program.updates.get(item[0]) == last,
+                                                               count):
+        if stamped is not None:  # the copied layer's update, made by a stamped layer
+            node = layer_value(value, stamped)
+            spec = dataclasses.replace(spec, target=targets.moved(str(spec.target), stamped))
+        elif (layer := program.updates.get(index)) is not None:
+            node = layer_value(value, layer)
+        else:
+            node = fx.map_arg(value, after_layers)
         values.append(node)
         outputs.append(dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=node.name))
                        if isinstance(node, fx.Node) and hasattr(spec.arg, "name") else spec)
-        if layer == last:
-            run.append((spec, value))
-    flush_run()
     return values, outputs
 
 
@@ -671,35 +669,16 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
 def _stamped_order(fqns: Iterable[str], targets: _Targets, count: int) -> list[str]:
     """``fqns`` (the twin's, in order) with each run of the copied layer's followed by the same for each stamped
     layer."""
-    last = _TRACED_LAYERS - 1
-    order: list[str] = []
-    run: list[str] = []
-    for fqn in [*fqns, None]:
-        if fqn is not None and targets.layer_of(fqn) == last:
-            run.append(fqn)
-        else:
-            order.extend(targets.moved(moved, layer) for layer in range(last + 1, count) for moved in run)
-            run.clear()
-        if fqn is not None:
-            order.append(fqn)
-    return order
+    return [fqn if layer is None else targets.moved(fqn, layer)
+            for fqn, layer in _with_stamped_runs(fqns, lambda f: targets.layer_of(f) == _TRACED_LAYERS - 1, count)]
 
 
 def _stamped_call_graph(entries: list[Any], prefix: str, layer_fqn: dict[int, str], count: int) -> list[Any]:
     """The module call graph with the copied layer's entries (under ``prefix``) repeated for the stamped
     layers right after them."""
-    result, run = [], []
-    copied = int(prefix.rsplit(".", 1)[1])
-    for entry in [*entries, None]:
-        if entry is not None and within(entry.fqn, prefix):
-            if entry.signature is not None:
-                raise StampError(f"the call signature of {entry.fqn} is kept")
-            run.append(entry)
-            result.append(entry)
-            continue
-        for layer in range(copied + 1, count):
-            result.extend(dataclasses.replace(e, fqn=layer_fqn[layer] + e.fqn[len(prefix):]) for e in run)
-        run = []
-        if entry is not None:
-            result.append(entry)
+    result = []
+    for entry, layer in _with_stamped_runs(entries, lambda e: within(e.fqn, prefix), count):
+        if layer is None and within(entry.fqn, prefix) and entry.signature is not None:
+            raise StampError(f"the call signature of {entry.fqn} is kept")
+        result.append(entry if layer is None else dataclasses.replace(entry, fqn=layer_fqn[layer] + entry.fqn[len(prefix):]))
     return result
