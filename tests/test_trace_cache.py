@@ -4,6 +4,7 @@ instead of calling torch.export, gives the same outputs, and never uses a stale 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -185,29 +186,60 @@ def test_an_untested_torch_turns_the_cache_and_the_shared_trace_off(tmp_path: Pa
     assert not (tmp_path / "cache").exists(), "expected nothing written"
 
 
-def test_generation_graphs_are_cached_too(tmp_path: Path, export_calls: list[str], one_rank: None) -> None:
+def test_generation_graphs_are_cached_too(tmp_path: Path, export_calls: list[str], plan_calls: list[int],
+                                          one_rank: None) -> None:
     """tp=1, a four-layer tiny Llama from a checkpoint on meta, called as users call it (``from_pretrained``, then
-    ``tp.generate``, which builds its graphs on the first call): the second load's ``generate`` traces nothing, the
-    cache holds one entry per graph (a prompt's first chunk and its later chunks have graphs, and keys, of their
-    own), and both loads give HF's greedy tokens for a prompt long enough to need the later chunks' graph."""
+    ``tp.generate``, which builds its graphs on the first call): the second load's ``generate`` traces and plans
+    nothing (the phases' weighing reads each of its plans back), the cache holds one entry per graph (a prompt's
+    first chunk and its later chunks have graphs, and keys, of their own), and both loads give HF's greedy tokens
+    for a prompt long enough to need the later chunks' graph."""
     model, _, _ = tiny_llama(layers=4, hidden=HIDDEN, intermediate=128)
     model.save_pretrained(tmp_path / "hf")
     model.generation_config.pad_token_id = 0
     ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
     cache = tmp_path / "cache"
-    tokens, exports = [], []
+    tokens, exports, plans, weighings = [], [], [], []
     for _ in range(2):
-        before = len(export_calls)
+        before, planned = len(export_calls), len(plan_calls)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tp = autotp.from_pretrained(tmp_path / "hf", world_size=1, runtime=autotp.RuntimeOptions(trace_cache=cache))
             tokens.append(tp.generate(ids, max_new_tokens=4).tolist())
         exports.append(export_calls[before:])
+        plans.append(plan_calls[planned:])
+        weighings.append(str(tp.generation_on_demand.built.generation.weighting))
     assert len(exports[0]) == 4, f"the first load should trace the forward and three generation graphs: {exports[0]}"
     assert exports[1] == [], f"the second load should read every graph from the cache, it exported {exports[1]}"
+    assert len(plans[0]) >= 4, f"the first load should plan the forward and the phases, it made {plans[0]}"
+    assert plans[1] == [], f"the second load should read every plan from the cache, it made {plans[1]}"
+    assert weighings[1] == weighings[0], f"the phases were weighed otherwise:\n{weighings[0]}\n{weighings[1]}"
     entries = sorted((cache / "traces").glob("*.pt2c"))
     assert len(entries) == len(exports[0]), f"expected one cache entry per traced graph ({exports[0]}), found {len(entries)}"
     assert tokens[0] == expected.tolist() and tokens[1] == expected.tolist(), (
         f"tokens differ from HF's greedy generate:\n expected {expected.tolist()}\n first load {tokens[0]}\n"
         f" second load {tokens[1]}")
+
+
+def _narrow_nothing(graph):
+    """A user's strategy filter: module-level, but outside autotp (the plan key cannot see its code)."""
+    return graph
+
+
+def test_plan_key_names_a_strategy_filter_only_by_autotp_code() -> None:
+    """No process group: a plan is cached under options with autotp's own module-level filter (named, the same in
+    every process, its code in the key), never under a user's function or a closure (no key: planned every time)."""
+    from autotp.planning.options import PlanOptions
+    from autotp.planning.phases import keep_whole
+    from autotp.planning.plan_cache import plan_key
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    captured = capture(model, (torch.randn(3, 4),), dynamic=False)
+    options = PlanOptions(world_size=2)
+    plain, whole = plan_key(captured, options), plan_key(captured, dataclasses.replace(options, strategy_filter=keep_whole))
+    assert plain is not None and whole is not None and plain != whole, f"expected two keys, got {plain} and {whole}"
+    assert plan_key(captured, dataclasses.replace(options, strategy_filter=keep_whole)) == whole, "the key moved"
+    assert plan_key(captured, dataclasses.replace(options, progress=True)) == plain, "progress changed the key"
+    for narrow in (_narrow_nothing, lambda graph: graph):
+        assert plan_key(captured, dataclasses.replace(options, strategy_filter=narrow)) is None, (
+            f"a plan made under {narrow.__qualname__} must not be cached")

@@ -29,12 +29,20 @@ if TYPE_CHECKING:
 __all__ = ["cached_plan", "plan_key", "store_plan"]
 
 
-def plan_key(captured: CapturedGraph, options: PlanOptions) -> str:
+def plan_key(captured: CapturedGraph, options: PlanOptions) -> str | None:
     """The SHA-256 naming the plan of ``captured`` under ``options``: the graph's fingerprint (names, ops,
     shapes), the options (``progress`` aside; a hardware profile file by its contents), torch's
-    version and the contents of every autotp source file (the planner's code)."""
+    version and the contents of every autotp source file (the planner's code).
+
+    None (nothing to cache under) when the options hold a strategy filter whose code is not autotp's own
+    module-level function: a user's function or a closure has no name that stays the same across processes
+    and changes with its code, so a plan made under it is never read back."""
     memo: dict[str, str] = {}
-    options = dataclasses.replace(options, progress=False)
+    narrow = options.strategy_filter
+    filter_name = "" if narrow is None else _autotp_function_name(narrow)
+    if filter_name is None:
+        return None
+    options = dataclasses.replace(options, progress=False, strategy_filter=None)
     hardware = options.hardware
     profile = file_digest(hardware, memo) if isinstance(hardware, (str, os.PathLike)) and os.path.isfile(hardware) else ""
     package = Path(__file__).parents[1]  # autotp/
@@ -42,9 +50,19 @@ def plan_key(captured: CapturedGraph, options: PlanOptions) -> str:
     for file in sorted(package.rglob("*.py")):
         sources.update(str(file.relative_to(package)).encode())
         sources.update(file.read_bytes())
-    text = json.dumps([FORMAT, graph_fingerprint(captured.graph_module), repr(options), profile, torch.__version__,
-                       sources.hexdigest()])
+    text = json.dumps([FORMAT, graph_fingerprint(captured.graph_module), repr(options), filter_name, profile,
+                       torch.__version__, sources.hexdigest()])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _autotp_function_name(function: object) -> str | None:
+    """``module.name`` of a module-level function of autotp (its code is in the sources the key hashes), else
+    None."""
+    module = getattr(function, "__module__", None) or ""
+    qualname = getattr(function, "__qualname__", None) or "<"
+    if not module.startswith("autotp.") or "<" in qualname or "." in qualname:
+        return None
+    return f"{module}.{qualname}"
 
 
 def cached_plan(cache: TraceCache, key: str, captured: CapturedGraph, world_size: int) -> Plan | None:

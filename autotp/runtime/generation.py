@@ -26,6 +26,8 @@ then runs one graph call per prompt chunk and per new token, with no tracing or 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,6 +52,9 @@ from autotp.runtime.shared_trace import FirstRankTrace
 from autotp.trace_cache import TraceCache
 
 __all__ = ["check_cache_is_state", "check_generation_inputs", "compile_for_generation", "generation_inputs"]
+
+Solve = Callable[[CapturedGraph, Plan | None, PlanOptions], Plan]
+"""Plan a graph under options (or check a given plan): ``plan_or_check`` bound to a group, rank and plan cache."""
 
 
 def generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int,
@@ -96,9 +101,10 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     for rank 0's traced programs (``agreement_timeout_s``). ``files``: an opened checkpoint
     (:func:`autotp.runtime.saving.open_checkpoint`, agreed by every rank) to read this rank's blocks of the
     weights from, once for every graph, onto ``device`` (default: the CPU); the model may then be on meta, and
-    its cache is made on ``device`` in this rank's blocks only. ``trace_cache``: where the graphs' programs are read
-    from and kept (:mod:`autotp.trace_cache`; the first chunk's and the later chunks' graphs have keys of their
-    own, the wrapper's ``reads_cache`` among its attributes)."""
+    its cache is made on ``device`` in this rank's blocks only. ``trace_cache``: where the graphs' programs and
+    plans are read from and kept (:mod:`autotp.trace_cache`; the first chunk's and the later chunks' graphs have
+    keys of their own, the wrapper's ``reads_cache`` among its attributes; each plan the phases' weighing makes is
+    keyed by its graph and options, the placements it is pinned to among them)."""
     device = torch.device("cpu") if device is None else torch.device(device)
     if files is not None:
         _derive_meta_buffers(model, files, device)
@@ -124,11 +130,11 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     for name, graph in (("decode", decode), ("prefill", prefill), ("continuation", continuation)):
         if graph is not None:
             check_cache_is_state(graph, wrapper, name)
-    decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, group=group, rank=rank)
+    solve = functools.partial(plan_or_check, group=group, rank=rank, plan_cache=trace_cache)
+    decode_plan, prefill_plan, weighting = _plan_phases(decode, prefill, plan, options, solve=solve, talk=talk)
     continuation_plan = None
     if continuation is not None:
-        continuation_plan = plan_or_check(continuation, None, _continuation_options(decode_plan, prefill_plan, options),
-                                          group=group, rank=rank)
+        continuation_plan = solve(continuation, None, _continuation_options(decode_plan, prefill_plan, options))
     # one read of each weight (and one cache) for every graph: the prefill graphs take the decode graph's tensors
     decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank,
                                                          timeout_s=timeout_s, files=files, model=wrapper, device=device,
@@ -227,9 +233,9 @@ def _pinned_to(placed: Plan, options: PlanOptions) -> PlanOptions:
 
 
 def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Plan | None, options: PlanOptions,
-                 *, group: dist.ProcessGroup | None, rank: int,
-                 ) -> tuple[Plan, Plan | None, PhaseWeighting | None]:
+                 *, solve: Solve, talk: bool) -> tuple[Plan, Plan | None, PhaseWeighting | None]:
     """The decode plan, the prefill plan (``None`` without a prefill graph) and how the phases were weighed.
+    ``solve``: :func:`~autotp.runtime.applying.plan_or_check` bound to the group, rank and plan cache.
 
     With ``plan=`` (a decode plan) its placements are kept and prefill is pinned to them. Otherwise
     each phase is planned alone and the other pinned to its placements; :func:`weigh_phases` keeps
@@ -237,22 +243,19 @@ def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Pla
     Every rank receives the same plans from the first rank, so every rank keeps the same pair.
     """
     expected_new_tokens = options.expected_new_tokens
-    decode_plan = plan_or_check(decode, plan, options, group=group, rank=rank)
+    decode_plan = solve(decode, plan, options)
     if prefill is None:
         return decode_plan, None, None
-    talk = options.progress and rank == 0
-    by_decode = PhaseCandidate("decode", plan_or_check(prefill, None, _pinned_to(decode_plan, options),
-                                                       group=group, rank=rank), decode_plan)
+    by_decode = PhaseCandidate("decode", solve(prefill, None, _pinned_to(decode_plan, options)), decode_plan)
     if plan is not None:
         return decode_plan, by_decode.prefill, None
     log_progress(talk, f"planning prefill alone, then decode pinned to it (phase weights: prefill + "
                        f"{expected_new_tokens} x decode)")
-    prefill_alone = plan_or_check(prefill, None, options, group=group, rank=rank)
+    prefill_alone = solve(prefill, None, options)
     if prefill_alone.parameters == decode_plan.parameters:
         by_prefill = PhaseCandidate("prefill", prefill_alone, decode_plan)
     else:
-        by_prefill = PhaseCandidate("prefill", prefill_alone,
-                                    plan_or_check(decode, None, _pinned_to(prefill_alone, options), group=group, rank=rank))
+        by_prefill = PhaseCandidate("prefill", prefill_alone, solve(decode, None, _pinned_to(prefill_alone, options)))
     candidates = [by_decode, by_prefill]
     hardware = options.hardware_profile
     could_run_alone = first_rank_alone(world_size=options.world_size, ranks_share_host=hardware.host_is_device,
@@ -260,7 +263,7 @@ def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Pla
     if could_run_alone and hardware.core_share < 1.0:  # at a share of 1.0 the MILP already priced it so
         log_progress(talk, f"planning both phases whole, priced at a whole core (one rank alone; the profile's "
                            f"rates are at a share of {hardware.core_share:.2f})")
-        whole = _whole_candidate(decode, prefill, options, decode_plan.memory_budget_bytes, group=group, rank=rank)
+        whole = _whole_candidate(decode, prefill, options, decode_plan.memory_budget_bytes, solve=solve)
         if whole is not None:
             candidates = [_priced_as_run(c, whole, options.world_size, hardware.host_is_device) for c in candidates]
             candidates.append(whole)
@@ -270,8 +273,7 @@ def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Pla
 
 
 def _whole_candidate(decode: CapturedGraph, prefill: CapturedGraph, options: PlanOptions,
-                     decode_budget_bytes: float | None, *, group: dist.ProcessGroup | None,
-                     rank: int) -> PhaseCandidate | None:
+                     decode_budget_bytes: float | None, *, solve: Solve) -> PhaseCandidate | None:
     """Both phases with every tensor whole, priced on ``Hardware.alone()`` (the first rank runs them while
     the others wait); None when the memory budget or the constraints do not allow every weight whole.
 
@@ -282,8 +284,8 @@ def _whole_candidate(decode: CapturedGraph, prefill: CapturedGraph, options: Pla
     alone = dataclasses.replace(options, hardware=options.hardware_profile.alone(), memory_budget=budget,
                                 strategy_filter=_whole_only(options))
     try:
-        decode_plan = plan_or_check(decode, None, alone, group=group, rank=rank)
-        prefill_plan = plan_or_check(prefill, None, alone, group=group, rank=rank)
+        decode_plan = solve(decode, None, alone)
+        prefill_plan = solve(prefill, None, alone)
     except PlanError:  # raised on every rank alike (plan_on_first_rank shares rank 0's failure)
         return None
     return PhaseCandidate("whole", prefill_plan, decode_plan)

@@ -120,6 +120,8 @@ def _plan(captured: CapturedGraph, options: PlanOptions,
     if plan_cache is None:
         return plan_graph(captured, options), None
     key = plan_key(captured, options)
+    if key is None:  # options the cache cannot name (a user's strategy filter)
+        return plan_graph(captured, options), None
     plan = cached_plan(plan_cache, key, captured, options.world_size)
     if plan is not None:
         return plan, None
