@@ -18,6 +18,7 @@ is part of what those timings measure and of what the profile's per-call and per
 from __future__ import annotations
 
 import argparse
+import functools
 import socket
 import statistics
 import sys
@@ -85,12 +86,12 @@ def main() -> None:
         for name in options.models:
             model, args, kwargs = BUILDERS[name]()
             compiled = autotp.compile(model, world_size=1, example_inputs=args, example_kwargs=kwargs)
-            times = [_work_after_us(lambda: compiled(*args, **kwargs), between, options.runs)
-                     for between in waits.values()]
+            call = functools.partial(compiled, *args, **kwargs)
+            times = [_work_after_us(call, between, options.runs) for between in waits.values()]
             print(f"{name:<6} " + " ".join(f"{seconds:>13.0f}" for seconds in times), flush=True)
             values, graph = compiled.graph_inputs(*args, **kwargs), compiled.graph_module
-            extras = [_extra_after_us(lambda: compiled(*args, **kwargs), lambda: graph(*values), between,
-                                      options.runs) for between in waits.values()]
+            extras = [_extra_after_us(call, functools.partial(graph, *values), between, options.runs)
+                      for between in waits.values()]
             print(f"{'':<6} " + " ".join(f"{seconds:>+13.0f}" for seconds in extras)
                   + "   the model's call beyond its graph's", flush=True)
     finally:

@@ -38,8 +38,10 @@ this pass only decides *what* each strategy asks of the hardware:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Hashable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -417,8 +419,8 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Trai
     for name in graph.order:
         node = graph.nodes[name]
         key = _compute_key(node, graph.structural_keys[name], graph.strategies[name], training)
-        compute_s[name] = once_per_key(
-            priced, key, lambda: _node_compute_s(node, graph.strategies[name], graph.world_size, hardware, training))
+        compute_s[name] = once_per_key(priced, key, functools.partial(
+            _node_compute_s, node, graph.strategies[name], graph.world_size, hardware, training))
         if hardware.first_call_s and _first_call_of_its_kernel(node, called):
             first = hardware.first_call_cost_s(op_family(node.target))  # a new list: priced may share the old
             compute_s[name] = [seconds + first for seconds in compute_s[name]]

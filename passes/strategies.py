@@ -125,7 +125,7 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
             if not has_rule(node):
                 fallback.append(node.name)
             strategies[node.name] = once_per_key(enumerated, keys[node],
-                                                 lambda: _static_splits_only(node, strategies_for(node, ctx)))
+                                                 lambda node=node: _static_splits_only(node, strategies_for(node, ctx)))
         else:
             raise NotImplementedError(f"autotp does not handle FX node kind {node.op!r}: {node.format_node()}")
         if world_size == 1:

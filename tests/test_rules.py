@@ -127,13 +127,14 @@ def test_the_vocab_split_embeddings_declared_ops_are_those_its_local_form_emits_
     import collections
     import dataclasses
 
+    from models import tiny_tied_lm
+
     import autotp
     from autotp.cost_model import get_hardware
     from autotp.passes.costing import local_form_kernels_s
     from autotp.passes.rewrite import rewrite_for_rank
     from autotp.passes.rules import local_form_kernels_for
     from autotp.passes.uneven import build_partitions
-    from models import tiny_tied_lm
 
     aten = torch.ops.aten
     model, args, kwargs = tiny_tied_lm()

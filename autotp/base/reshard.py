@@ -40,8 +40,9 @@ from autotp.base.placements import BlockShard, Partial, Placement, Replicate, Sh
 __all__ = ["ReshardKind", "ReshardStep", "Route", "reshard_routes", "reshard_steps", "route_with_kinds"]
 
 
-class ReshardKind(str, enum.Enum):
-    """The kinds of resharding step; the value is the name saved in plan files."""
+class ReshardKind(enum.StrEnum):
+    """The kinds of resharding step; the value is the name saved in plan files (and what ``str`` and ``format``
+    give)."""
 
     SLICE = "slice"
     ZERO = "zero"
@@ -49,12 +50,6 @@ class ReshardKind(str, enum.Enum):
     REDUCE_SCATTER = "reduce_scatter"
     ALL_GATHER = "all_gather"
     ALL_TO_ALL = "all_to_all"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     def __hash__(self) -> int:  # equal to its name, so hash like it: "all_reduce" and the kind are one key
         return hash(self.value)

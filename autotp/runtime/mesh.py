@@ -669,9 +669,9 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
         record["checkpoint"] = checkpoint is not None
         agreement.record = options_record(record, weights=dict(model.state_dict()) if check_weights else None)
     tp_group = dim_group(mesh, "tp")
-    if checkpoint is not None:
-        if tp_group is None:  # no tp dim: each rank reads its part alone (groups of one, made on every rank in order)
-            tp_group, _ = dist.new_subgroups(group_size=1)
+    if checkpoint is not None and tp_group is None:
+        # no tp dim: each rank reads its part alone (groups of one, made on every rank in order)
+        tp_group, _ = dist.new_subgroups(group_size=1)
     compile_stage = shape.tp > 1 or checkpoint is not None
     signature = inspect.signature(model.forward)
     replica = mesh_coordinate(mesh, "dp")
