@@ -46,10 +46,15 @@ from autotp.passes.rules.args import holds_tensor
 from autotp.passes.small_collectives import inference_collective_kind, one_shot_all_reduce
 from autotp.passes.uneven import Partitions
 
+try:  # a GraphModule that generates its Python code when first called or read, not at every recompile()
+    from torch.fx._lazy_graph_module import _LazyGraphModule as _CodeOnFirstCall
+except ImportError:  # a torch without it: every recompile() generates the code at once, as a GraphModule does
+    _CodeOnFirstCall = fx.GraphModule  # type: ignore[misc, assignment]
+
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 
-__all__ = ["COLLECTIVE_OPS", "count_collectives", "is_collective", "rewrite_for_rank"]
+__all__ = ["COLLECTIVE_OPS", "count_collectives", "generate_code", "is_collective", "rewrite_for_rank"]
 
 COLLECTIVE_OPS = {
     c10d.all_reduce.default: "all_reduce",
@@ -162,7 +167,8 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
                      group_name: str, *,
                      routes: Mapping[tuple[str, Placement], tuple[ReshardKind, ...]] | None = None,
                      training: bool = False) -> fx.GraphModule:
-    """Build the rank-local graph of ``gm`` for ``rank`` (see module docstring).
+    """Build the rank-local graph of ``gm`` for ``rank`` (see module docstring). Its Python code is generated when it
+    is first called or read (:func:`generate_code` does it at once).
 
     ``training=True`` builds a graph that autograd differentiates correctly: each resharding
     route is one node carrying its adjoint, and replicated float values read by rank-divergent
@@ -230,7 +236,17 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
         new.meta["autotp_placement"] = str(strategy.output)
         env[node.name] = new
     graph.lint()
-    return fx.GraphModule(gm, graph)
+    return _CodeOnFirstCall(gm, graph)
+
+
+def generate_code(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with its Python code generated now. :func:`rewrite_for_rank` returns a module that generates it when
+    first called or read, so that the passes after it (each changing the graph and calling ``recompile()``) do not
+    each generate the code of a whole model's graph; the last of them calls this, and the module leaves built."""
+    real_recompile = getattr(gm, "real_recompile", None)
+    if real_recompile is not None:
+        real_recompile()
+    return gm
 
 
 def is_collective(node: fx.Node) -> bool:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from autotp.capture import CapturedGraph
-from autotp.passes.rewrite import rewrite_for_rank
+from autotp.passes.rewrite import generate_code, rewrite_for_rank
 from autotp.passes.state import update_state_in_place
 from autotp.passes.uneven import Partitions, build_partitions
 from autotp.planning.checks import check_plan_applies
@@ -81,7 +81,7 @@ def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.Process
         captured.state)
     if not training:  # gloo all-reduces through shared memory on one host, else small ones in one round
         local_gm = inference_all_reduces(local_gm, group, plan.world_size, timeout_s=timeout_s)
-    return local_gm, parts
+    return generate_code(local_gm), parts
 
 
 def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:
