@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +44,6 @@ from autotp.cost_model.compute import (
     rated_elements,
 )
 from autotp.cost_model.graph_calibration import (
-    COLD_WEIGHT_BYTES,
     GemmSample,
     GraphSample,
     GraphShape,
@@ -125,23 +123,22 @@ def median_work_s(run: Callable[[], Any], min_time_s: float, repeats: int) -> fl
     return statistics.median(samples)
 
 
-def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torch.Tensor) -> torch.Tensor:
-    return aten.linear.default(x, next(weights), bias)
-
-
 def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
-    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens``
-    (float32), each call on the next of enough distinct weights that none is in cache
-    (:data:`COLD_WEIGHT_BYTES`)."""
+    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens`` (float32), the
+    same weight at every call: in cache, as a model's GEMMs run in its graph when its weights fit in the cache
+    (a weight read from memory is priced by the memory roof, at the bandwidth of the graph's working set).
+
+    Why not a new weight at every call: the GEMM rate fitted on weights read from memory (64 MiB cycled) was a
+    quarter of the peak at 16 tokens, and priced the GEMMs of the accuracy benchmark's fifteen families 4-30%
+    above what each took in its graph back to back (``benchmarks/cost_model_breakdown.py``), more for the
+    families whose GEMMs are all wide; a tp split narrows a GEMM, and that curve had nothing to say of it."""
     generator = torch.Generator().manual_seed(0)
-    copies = max(1, COLD_WEIGHT_BYTES // (width * width * 4))
-    weights = torch.full((copies, width, width), 1.0 / width).unbind(0)  # values do not change a GEMM's time
+    weight = torch.full((width, width), 1.0 / width)  # values do not change a GEMM's time
     bias = torch.randn(width, generator=generator)
     samples = []
     for m in tokens:
         x = torch.randn(m, width, generator=generator)
-        seconds = median_work_s(functools.partial(_linear_on_next, x, itertools.cycle(weights), bias), min_time_s,
-                                repeats)
+        seconds = median_work_s(functools.partial(aten.linear.default, x, weight, bias), min_time_s, repeats)
         samples.append(GemmSample(m, width, width, seconds))
     return samples
 
