@@ -29,7 +29,8 @@ counted as loading. Figures are medians over ``--repeats`` runs of the largest r
 forward pass / the rank's share of the checkpoint; "/ hf-tp": load time over transformers' TP load
 time at the same world size and layout, measured just before); wall-clock on a shared machine,
 so compare ratios. ``--baseline CHECKOUT`` also runs each autotp mode with that checkout's ``autotp``
-(e.g. ``main``'s worktree) just before this one's, labelled "(base)".
+(e.g. ``main``'s worktree) just before this one's, labelled "(base)": every module of it, ``autotp.passes`` and
+``autotp.cost_model`` included (:func:`package_of`; each baseline process checks where they came from).
 """
 
 from __future__ import annotations
@@ -96,6 +97,14 @@ def worker(mode: str, path: str) -> None:
     ids = torch.randint(0, CONFIG["vocab_size"], (1, SEQ_LEN), generator=torch.Generator().manual_seed(0))  # (batch, seq)
     if mode.startswith("autotp"):
         import autotp
+        import autotp.cost_model
+        import autotp.passes
+
+        baseline = os.environ.get("AUTOTP_BASELINE")
+        stray = [f"{module.__name__} from {module.__file__}" for module in (autotp, autotp.passes, autotp.cost_model)
+                 if baseline and not Path(module.__file__).is_relative_to(baseline)]
+        if stray:  # a baseline row must run the baseline's code only
+            raise RuntimeError(f"the baseline {baseline} imported {', '.join(stray)}")
 
         with torch.device("meta"):
             warm = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=1, **CONFIG))
@@ -130,14 +139,31 @@ def worker(mode: str, path: str) -> None:
         dist.destroy_process_group()
 
 
+def package_of(checkout: str) -> str:
+    """A directory holding ``checkout``'s ``autotp`` package as installed: its ``autotp/`` entries with ``passes/`` and
+    ``cost_model/`` beside them (``pyproject.toml`` maps them to ``autotp.passes`` and ``autotp.cost_model``), as links.
+    Put first on ``PYTHONPATH``, every module of autotp comes from ``checkout``; the checkout alone would take those
+    two from the installed tree."""
+    root = Path(tempfile.mkdtemp(prefix="autotp-baseline-"))
+    package = root / "autotp"
+    package.mkdir()
+    source = Path(checkout).resolve()
+    for entry in (source / "autotp").iterdir():
+        (package / entry.name).symlink_to(entry)
+    for mapped in ("passes", "cost_model"):
+        (package / mapped).symlink_to(source / mapped)
+    return str(root)
+
+
 def run(mode: str, path: Path, world_size: int, cache_dir: str | None = None, autotp_from: str | None = None) -> list[dict]:
     """Start ``world_size`` fresh processes of ``mode`` on ``path``; their JSON results by rank.
-    ``cache_dir``: the trace cache directory (default: a fresh, empty one); ``autotp_from``: a checkout
-    whose ``autotp`` the processes import instead (put first on ``PYTHONPATH``)."""
+    ``cache_dir``: the trace cache directory (default: a fresh, empty one); ``autotp_from``: a directory from
+    :func:`package_of` whose ``autotp`` the processes import instead (put first on ``PYTHONPATH``)."""
     port = str(_free_port())
     processes = []
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="autotp-cache-")
-    extra = {"PYTHONPATH": os.pathsep.join(filter(None, [autotp_from, os.environ.get("PYTHONPATH")]))} if autotp_from else {}
+    extra = {"PYTHONPATH": os.pathsep.join(filter(None, [autotp_from, os.environ.get("PYTHONPATH")])),
+             "AUTOTP_BASELINE": autotp_from} if autotp_from else {}
     for rank in range(world_size):
         env = {**os.environ, **extra, "AUTOTP_CACHE_DIR": cache_dir, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
@@ -169,6 +195,7 @@ def main() -> None:
     if args.worker:
         worker(*args.worker)
         return
+    baseline = package_of(args.baseline) if args.baseline else None
     directory = args.dir or Path(tempfile.mkdtemp(prefix="autotp-load-"))
     paths = write_checkpoints(directory, args.layers)
     size = sum(f.stat().st_size for f in paths["single-file"].glob("*.safetensors"))
@@ -181,7 +208,7 @@ def main() -> None:
         for layout in args.layouts:
             hf_seconds = None
             loaders = [(mode, source) for mode in args.modes
-                       for source in ([args.baseline] if args.baseline and mode.startswith("autotp") else []) + [None]]
+                       for source in ([baseline] if baseline and mode.startswith("autotp") else []) + [None]]
             for mode, source in loaders:
                 ranks = 1 if mode == "single" else world_size
                 if mode == "single" and world_size != args.world_sizes[0]:

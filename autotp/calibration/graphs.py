@@ -128,10 +128,12 @@ def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, r
     same weight at every call: in cache, as a model's GEMMs run in its graph when its weights fit in the cache
     (a weight read from memory is priced by the memory roof, at the bandwidth of the graph's working set).
 
-    Why not a new weight at every call: the GEMM rate fitted on weights read from memory (64 MiB cycled) was a
-    quarter of the peak at 16 tokens, and priced the GEMMs of the accuracy benchmark's fifteen families 4-30%
-    above what each took in its graph back to back (``benchmarks/cost_model_breakdown.py``), more for the
-    families whose GEMMs are all wide; a tp split narrows a GEMM, and that curve had nothing to say of it."""
+    Why not a new weight at every call (64 MiB of them cycled, as before): the curve fitted on those put half the
+    peak at 16 tokens, where a GEMM with its weight in cache reaches it at about 4 (this project's 2-core VM), and
+    priced the GEMMs of four of the accuracy benchmark's families (Llama, OPT, Phi, the tied LM) 4-28% above what
+    they took in their graphs after a common start and 19-35% above back to back
+    (``benchmarks/cost_model_breakdown.py --by kind``); Llama's back to back were within 3% of the same GEMMs in
+    a loop on one weight."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.full((width, width), 1.0 / width)  # values do not change a GEMM's time
     bias = torch.randn(width, generator=generator)
