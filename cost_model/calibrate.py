@@ -24,7 +24,7 @@ from scipy.optimize import nnls
 
 from .bandwidth import at_working_set
 from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
-from .graph_calibration import GemmSample, GraphSample, HostFit, fit_gemm_curve, fit_host_terms
+from .graph_calibration import COLD_WEIGHT_BYTES, GemmSample, GraphSample, HostFit, fit_gemm_curve, fit_host_terms
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
@@ -107,8 +107,8 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
                     element_rates: Sequence[tuple[str, float]] = ()) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
     graph samples' kernels are priced with, and the GEMM curve fitted on it. ``bandwidth_points``:
-    ``(working_set_bytes, bytes_per_s)``; the GEMM samples are priced at the bandwidth of the largest one's
-    working set (its weight in cache), as a graph is priced at its working set;
+    ``(working_set_bytes, bytes_per_s)``; the GEMM samples are priced at the bandwidth of the
+    weights they cycle through (``COLD_WEIGHT_BYTES``), as a graph is priced at its working set;
     ``element_rates``: each transcendental and pooling op's own rate (``Hardware.op_element_s``)."""
     placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
     profile = Hardware(
@@ -119,7 +119,7 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
         memory_bandwidth_curve=tuple((size, rate / 1e9) for size, rate in bandwidth_points),
     )
     if gemms:
-        curve = fit_gemm_curve(gemms, at_working_set(profile, max(s.working_set_bytes for s in gemms)))
+        curve = fit_gemm_curve(gemms, at_working_set(profile, COLD_WEIGHT_BYTES))
         profile = dataclasses.replace(profile, gemm_half_efficiency_dim=curve.half_dim,
                                       peak_tflops={d: t * curve.peak_scale for d, t in profile.peak_tflops.items()})
     return profile

@@ -31,8 +31,8 @@ profile field         measurement (median over timed repeats, after warm-up)
                       :mod:`autotp.cost_model.collectives` by non-negative least squares on relative error
                       (each sample ``t`` weighted ``1/t``, so small messages count as much as
                       large ones)
-``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens, the weight in cache (a weight read from memory
-                      is the memory roof's, at the graph's working set): the shape curve of
+``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens, each call on another of 64 MiB of weights
+                      (read from memory, as a forward reads each weight once): the shape curve of
                       the GEMM rate and the peak it tends to (:func:`autotp.cost_model.graph_calibration.fit_gemm_curve`)
 ``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor (their median), and
 ``op_element_s``      of each of them, erf, log, sin, cos, rsqrt and sqrt by name; and of each pooling op per

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ from autotp.cost_model.compute import (
     rated_elements,
 )
 from autotp.cost_model.graph_calibration import (
+    COLD_WEIGHT_BYTES,
     GemmSample,
     GraphSample,
     GraphShape,
@@ -123,24 +125,23 @@ def median_work_s(run: Callable[[], Any], min_time_s: float, repeats: int) -> fl
     return statistics.median(samples)
 
 
-def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
-    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens`` (float32), the
-    same weight at every call: in cache, as a model's GEMMs run in its graph when its weights fit in the cache
-    (a weight read from memory is priced by the memory roof, at the bandwidth of the graph's working set).
+def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torch.Tensor) -> torch.Tensor:
+    return aten.linear.default(x, next(weights), bias)
 
-    Why not a new weight at every call (64 MiB of them cycled, as before): the curve fitted on those put half the
-    peak at 16 tokens, where a GEMM with its weight in cache reaches it at about 4 (this project's 2-core VM), and
-    priced the GEMMs of four of the accuracy benchmark's families (Llama, OPT, Phi, the tied LM) 4-28% above what
-    they took in their graphs after a common start and 19-35% above back to back
-    (``benchmarks/cost_model_breakdown.py --by kind``); Llama's back to back were within 3% of the same GEMMs in
-    a loop on one weight."""
+
+def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
+    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens``
+    (float32), each call on the next of enough distinct weights that none is in cache
+    (:data:`COLD_WEIGHT_BYTES`)."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.full((width, width), 1.0 / width)  # values do not change a GEMM's time
+    copies = max(1, COLD_WEIGHT_BYTES // (width * width * 4))
+    weights = torch.full((copies, width, width), 1.0 / width).unbind(0)  # values do not change a GEMM's time
     bias = torch.randn(width, generator=generator)
     samples = []
     for m in tokens:
         x = torch.randn(m, width, generator=generator)
-        seconds = median_work_s(functools.partial(aten.linear.default, x, weight, bias), min_time_s, repeats)
+        seconds = median_work_s(functools.partial(_linear_on_next, x, itertools.cycle(weights), bias), min_time_s,
+                                repeats)
         samples.append(GemmSample(m, width, width, seconds))
     return samples
 
