@@ -544,7 +544,7 @@ COLD_WEIGHT_BYTES = 64 * 2**20
 each call reads its weight from memory, as a model's forward does when its weights do not fit in the
 cache (it reads each weight once per call, long after the previous call evicted it). A weight that
 stays in cache runs faster, by about as much as its read from memory takes: a model whose weights fit
-in the cache (the accuracy benchmark's, 6-8 MiB) runs its GEMMs at that faster rate, and this curve
+in the cache (the accuracy benchmark's, at most 8 MiB) runs its GEMMs at that faster rate, and this curve
 prices them about a third above their time in its graph (``benchmarks/gemm_rate.py`` times both; the
 cost-model accuracy page has the figures). Pricing both needs the read from memory added to the GEMM's
 arithmetic, not the larger of the two as the roofline takes them."""
