@@ -243,3 +243,24 @@ def test_plan_key_names_a_strategy_filter_only_by_autotp_code() -> None:
     for narrow in (_narrow_nothing, lambda graph: graph):
         assert plan_key(captured, dataclasses.replace(options, strategy_filter=narrow)) is None, (
             f"a plan made under {narrow.__qualname__} must not be cached")
+
+
+def test_plan_key_covers_the_rules_and_the_cost_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No process group: a plan's key changes with the code of ``autotp.passes`` (sharding rules, costing) and of
+    ``autotp.cost_model`` (pricing), which a checkout keeps beside ``autotp/``, not inside it: a plan cached before
+    a change to either is not read back after it."""
+    import autotp.cost_model
+    import autotp.passes
+    from autotp.planning import plan_cache
+
+    before = plan_cache._source_digest()
+    for package in (autotp.passes, autotp.cost_model):
+        folder = tmp_path / package.__name__
+        folder.mkdir()
+        (folder / "__init__.py").write_text("RULE = 1\n")
+        monkeypatch.setattr(package, "__file__", str(folder / "__init__.py"))
+        moved = plan_cache._source_digest()
+        assert moved != before, f"{package.__name__}'s code is not in the plan key"
+        (folder / "__init__.py").write_text("RULE = 2\n")
+        assert plan_cache._source_digest() != moved, f"a change to {package.__name__} did not change the plan key"
+        before = plan_cache._source_digest()

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+import autotp.cost_model
+import autotp.passes
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.plan import Plan, graph_fingerprint
 from autotp.trace_cache import FORMAT, TraceCache, file_digest
@@ -32,7 +34,7 @@ __all__ = ["cached_plan", "plan_key", "store_plan"]
 def plan_key(captured: CapturedGraph, options: PlanOptions) -> str | None:
     """The SHA-256 naming the plan of ``captured`` under ``options``: the graph's fingerprint (names, ops,
     shapes), the options (``progress`` aside; a hardware profile file by its contents), torch's
-    version and the contents of every autotp source file (the planner's code).
+    version and the contents of every autotp source file (the planner's code: :func:`_source_digest`).
 
     None (nothing to cache under) when the options hold a strategy filter whose code is not autotp's own
     module-level function: a user's function or a closure has no name that stays the same across processes
@@ -45,14 +47,24 @@ def plan_key(captured: CapturedGraph, options: PlanOptions) -> str | None:
     options = dataclasses.replace(options, progress=False, strategy_filter=None)
     hardware = options.hardware
     profile = file_digest(hardware, memo) if isinstance(hardware, (str, os.PathLike)) and os.path.isfile(hardware) else ""
-    package = Path(__file__).parents[1]  # autotp/
-    sources = hashlib.sha256()
-    for file in sorted(package.rglob("*.py")):
-        sources.update(str(file.relative_to(package)).encode())
-        sources.update(file.read_bytes())
     text = json.dumps([FORMAT, graph_fingerprint(captured.graph_module), repr(options), filter_name, profile,
-                       torch.__version__, sources.hexdigest()])
+                       torch.__version__, _source_digest()])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _source_digest() -> str:
+    """SHA-256 of every ``.py`` file of autotp, ``autotp.passes`` (the sharding rules, costing) and ``autotp.cost_model``
+    (pricing) included: from a checkout those two are mapped from folders beside ``autotp/`` (``pyproject.toml``),
+    installed they lie inside it (hashed once)."""
+    roots = [Path(__file__).parents[1], Path(autotp.passes.__file__).parent, Path(autotp.cost_model.__file__).parent]
+    sources = hashlib.sha256()
+    for root in roots:
+        if root != roots[0] and root.is_relative_to(roots[0]):
+            continue
+        for file in sorted(root.rglob("*.py")):
+            sources.update(f"{root.name}/{file.relative_to(root)}".encode())
+            sources.update(file.read_bytes())
+    return sources.hexdigest()
 
 
 def _autotp_function_name(function: object) -> str | None:
