@@ -24,7 +24,15 @@ from scipy.optimize import nnls
 
 from .bandwidth import at_working_set
 from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
-from .graph_calibration import COLD_WEIGHT_BYTES, GemmSample, GraphSample, HostFit, fit_gemm_curve, fit_host_terms
+from .graph_calibration import (
+    GemmSample,
+    GraphSample,
+    HostFit,
+    fit_gemm_curve,
+    fit_host_terms,
+    from_memory_weight_bytes,
+    gemm_working_set_bytes,
+)
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
@@ -88,6 +96,11 @@ class RankMeasurements:
     model_call_s: float = 0.0
     """What a compiled model's call adds to its rank-local graph's call (:func:`autotp.calibration.model_call.
     measure_model_call_s`, work seconds; 0.0: not measured)."""
+    gemm_in_cache_samples: tuple[GemmSample, ...] = ()
+    """The GEMM samples' shapes timed on one weight, in cache (``gemm_samples`` read their weights from memory;
+    empty: not measured)."""
+    last_level_cache_bytes: int = 0
+    """The last-level cache this rank's CPU reports, bytes (0: not known)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +117,16 @@ class LinkFit:
 def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
                     gemms: Sequence[GemmSample], transcendental: float,
                     bandwidth_points: Sequence[tuple[int, float]] = (),
-                    element_rates: Sequence[tuple[str, float]] = ()) -> Hardware:
+                    element_rates: Sequence[tuple[str, float]] = (), *,
+                    gemms_in_cache: Sequence[GemmSample] = (), cache_bytes: float = 0.0) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
-    graph samples' kernels are priced with, and the GEMM curve fitted on it. ``bandwidth_points``:
-    ``(working_set_bytes, bytes_per_s)``; the GEMM samples are priced at the bandwidth of the
-    weights they cycle through (``COLD_WEIGHT_BYTES``), as a graph is priced at its working set;
-    ``element_rates``: each transcendental and pooling op's own rate (``Hardware.op_element_s``)."""
+    graph samples' kernels are priced with, and the GEMM curves fitted on it. ``bandwidth_points``:
+    ``(working_set_bytes, bytes_per_s)``; the GEMM samples ``gemms`` are priced at the bandwidth of the
+    weights they cycle through (:func:`~.graph_calibration.from_memory_weight_bytes`), as a graph is priced at
+    its working set, and give ``peak_tflops`` and ``gemm_half_efficiency_dim``; ``gemms_in_cache`` (timed on
+    one weight), priced at their own working set, give ``gemm_in_cache_curve`` where ``cache_bytes`` (the
+    last-level cache) is known; ``element_rates``: each transcendental and pooling op's own rate
+    (``Hardware.op_element_s``)."""
     placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
     profile = Hardware(
         name="kernels-only", peak_tflops={d: rate / 1e12 for d, rate in flops.items()},
@@ -118,10 +135,16 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
         transcendental_element_s=transcendental, op_element_s=tuple(element_rates),
         memory_bandwidth_curve=tuple((size, rate / 1e9) for size, rate in bandwidth_points),
     )
-    if gemms:
-        curve = fit_gemm_curve(gemms, at_working_set(profile, COLD_WEIGHT_BYTES))
-        profile = dataclasses.replace(profile, gemm_half_efficiency_dim=curve.half_dim,
-                                      peak_tflops={d: t * curve.peak_scale for d, t in profile.peak_tflops.items()})
+    if not gemms:
+        return profile
+    measured = profile
+    curve = fit_gemm_curve(gemms, at_working_set(measured, from_memory_weight_bytes(cache_bytes)))
+    profile = dataclasses.replace(measured, gemm_half_efficiency_dim=curve.half_dim,
+                                  peak_tflops={d: t * curve.peak_scale for d, t in measured.peak_tflops.items()})
+    if gemms_in_cache and cache_bytes:
+        in_cache = fit_gemm_curve(gemms_in_cache, at_working_set(measured, gemm_working_set_bytes(gemms_in_cache)))
+        profile = dataclasses.replace(profile, last_level_cache_bytes=float(cache_bytes),
+                                      gemm_in_cache_curve=(in_cache.peak_scale / curve.peak_scale, in_cache.half_dim))
     return profile
 
 
@@ -243,7 +266,8 @@ def build_profile(
     first = compute[0]
     kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
-                              first.copy_curve, first.op_element_s)
+                              first.copy_curve, first.op_element_s, gemms_in_cache=first.gemm_in_cache_samples,
+                              cache_bytes=first.last_level_cache_bytes)
     if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
@@ -308,6 +332,8 @@ def build_profile(
         call_sync_wait_per_compute=host.call_sync_wait_per_compute if host is not None else 0.0,
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
+        gemm_in_cache_curve=kernels.gemm_in_cache_curve,
+        last_level_cache_bytes=kernels.last_level_cache_bytes,
         transcendental_element_s=transcendental / pace,
         op_element_s=_median_by_name([m.op_element_s for m in compute], pace),
         op_fixed_s=_median_by_name([m.op_fixed_s for m in compute], pace),

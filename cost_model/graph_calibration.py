@@ -51,7 +51,8 @@ Two rates are fitted on single ops first, because the graph fit stands on them:
 
 * :func:`fit_gemm_curve`: ``aten.linear`` at a fixed width and growing token counts; the
   ``gemm_half_efficiency_dim`` whose roofline (:func:`~.compute.gemm_efficiency`) best matches
-  the timings, with the peak the curve tends to (the best rate measured is itself below it);
+  the timings, with the peak the curve tends to (the best rate measured is itself below it); once on
+  weights read from memory and once on a weight in cache (``Hardware.gemm_in_cache_curve``);
 * :func:`~autotp.calibration.graphs.measure_element_rates`: seconds per element of exp, tanh, sigmoid, silu and
   gelu on a large tensor, the median over them; and each transcendental and pooling op's own rate.
 """
@@ -87,6 +88,8 @@ __all__ = [
     "fit_in_graph_scale",
     "fit_wait_line",
     "fit_wait_terms",
+    "from_memory_weight_bytes",
+    "gemm_working_set_bytes",
     "graph_link_s",
     "priced_work_s",
 ]
@@ -220,7 +223,7 @@ def fit_gemm_curve(samples: Sequence[GemmSample], hardware: Hardware) -> GemmFit
     apart), smallest median absolute log error, the flattest curve on a tie."""
     if not samples:
         raise ValueError("need at least one GEMM sample to fit the shape-dependent GEMM rate")
-    device = device_only(hardware)
+    device = dataclasses.replace(device_only(hardware), gemm_in_cache_curve=())  # the one curve fitted here
     best: tuple[float, float, float] | None = None
     for half in _HALF_DIMS:
         for scale in _PEAK_SCALES:
@@ -540,14 +543,23 @@ def device_only(hardware: Hardware) -> Hardware:
 
 
 COLD_WEIGHT_BYTES = 64 * 2**20
-"""Bytes of distinct weights a GEMM sample cycles through: more than a CPU's last-level cache, so
-each call reads its weight from memory, as a model's forward does when its weights do not fit in the
-cache (it reads each weight once per call, long after the previous call evicted it). A weight that
-stays in cache runs faster, by about as much as its read from memory takes: a model whose weights fit
-in the cache (the accuracy benchmark's, at most 8 MiB) runs its GEMMs at that faster rate, and this curve
-prices them about a third above their time in its graph (``benchmarks/gemm_rate.py`` times both; the
-cost-model accuracy page has the figures). Pricing both needs the read from memory added to the GEMM's
-arithmetic, not the larger of the two as the roofline takes them."""
+"""Bytes of distinct weights a GEMM sample read from memory cycles through, at least (twice the last-level cache
+where that is larger: :func:`from_memory_weight_bytes`): each call reads its weight from memory, as a model's
+forward does when its weights do not fit in the cache (it reads each weight once per call, long after the
+previous call evicted it). A weight that stays in cache runs faster, by about as much as its read from memory
+takes (``benchmarks/gemm_rate.py`` times both), so the calibration fits a curve on each
+(``Hardware.gemm_in_cache_curve``)."""
+
+
+def from_memory_weight_bytes(cache_bytes: float) -> int:
+    """Bytes of weights the GEMM samples read from memory cycle through on a machine of ``cache_bytes`` of
+    last-level cache: :data:`COLD_WEIGHT_BYTES`, or twice the cache where that is more."""
+    return max(COLD_WEIGHT_BYTES, 2 * int(cache_bytes))
+
+
+def gemm_working_set_bytes(samples: Sequence[GemmSample]) -> int:
+    """Bytes the largest of ``samples`` touches with its weight in cache: input, weight, bias and output."""
+    return max(4 * (s.m * s.k + s.n * s.k + s.n + s.m * s.n) for s in samples)
 
 
 GRAPH_FAMILIES = ("llama", "gpt", "mlp")

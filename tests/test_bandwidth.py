@@ -223,3 +223,76 @@ def test_shared_memory_collectives_pay_for_slots_pushed_out_of_cache() -> None:
     assert Hardware.from_json(json.dumps(old)).shared_memory_cold_curve == ()
     with pytest.raises(ValueError, match="shared_memory_cold_curve must be in ascending"):
         dataclasses.replace(cold, shared_memory_cold_curve=((MIB, 0.0), (MIB, 1e-6)))
+
+
+def _two_curves(cache_bytes: float = 32 * MIB) -> Hardware:
+    """A CPU profile at 100 GFLOP/s whose GEMMs reach half of it at dim 16 with their weights read from memory,
+    and at dim 4 (the same peak) with their weights in cache; ``cache_bytes`` of last-level cache."""
+    return dataclasses.replace(_cpu(), peak_tflops={"float32": 0.1}, kernel_floor_s=0.0, gemm_half_efficiency_dim=16.0,
+                               gemm_in_cache_curve=(1.0, 4.0), last_level_cache_bytes=cache_bytes)
+
+
+def test_gemm_weights_in_cache_run_on_their_own_curve_until_the_graph_outgrows_the_cache() -> None:
+    """No parallelism: below the cache a GEMM is priced on the in-cache curve, from twice the cache on the curve
+    of weights read from memory, between on both (arithmetic times weighted by the share read from memory);
+    resolving again starts from the curves; without a cache size or an in-cache curve, the one curve as before."""
+    from autotp.cost_model import compute_time_s
+    from autotp.cost_model.compute import gemm_flops_per_s
+
+    hw = _two_curves()
+    fractions = [at_working_set(hw, size).gemm_from_memory_fraction for size in (8 * MIB, 32 * MIB,
+                                                                                 math.sqrt(2) * 32 * MIB, 64 * MIB)]
+    assert fractions == pytest.approx([0.0, 0.0, 0.5, 1.0]), fractions
+    in_cache, from_memory = at_working_set(hw, 8 * MIB), at_working_set(hw, 1024 * MIB)
+    assert gemm_flops_per_s(torch.float32, 8, in_cache) == pytest.approx(1e11 * 8 / 12)
+    assert gemm_flops_per_s(torch.float32, 8, from_memory) == pytest.approx(1e11 * 8 / 24)
+    halfway = at_working_set(hw, math.sqrt(2) * 32 * MIB)
+    assert 1 / gemm_flops_per_s(torch.float32, 8, halfway) == pytest.approx(0.5 * 12 / 8e11 + 0.5 * 24 / 8e11)
+    flops = 2 * 8 * 1024 * 1024
+    priced = [compute_time_s(flops, 0, torch.float32, profile, gemm_min_dim=8) for profile in (in_cache, from_memory)]
+    assert priced[1] == pytest.approx(2 * priced[0]), f"dim 8: (8 + 16) / (8 + 4) times as long from memory: {priced}"
+    assert at_working_set(from_memory, 8 * MIB).gemm_from_memory_fraction == 0.0, "resolving again: from the cache size"
+    for one_curve in (_two_curves(cache_bytes=0.0), dataclasses.replace(hw, gemm_in_cache_curve=())):
+        resolved = at_working_set(one_curve, 8 * MIB)
+        assert resolved.gemm_from_memory_fraction == 1.0, one_curve
+        assert gemm_flops_per_s(torch.float32, 8, resolved) == pytest.approx(1e11 * 8 / 24), one_curve
+    for name in ("h100-sxm", "cpu-gloo"):
+        named = get_hardware(name)
+        assert named.gemm_in_cache_curve == () and named.last_level_cache_bytes == 0.0, f"{name}: one curve"
+
+
+def test_a_model_that_fits_in_the_cache_is_priced_on_the_in_cache_curve() -> None:
+    """tp=1, the tiny MLP (weights well under 1 MiB): its plan costs less on a machine whose cache holds it than on
+    one whose cache does not, by its GEMMs alone; the cost pass resolves the share per graph."""
+    model, args, _ = tiny_mlp(batch=4, seq_len=8, device="meta")
+    estimates = {}
+    for cache in (32 * MIB, 1024.0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = autotp.plan(model, args, world_size=1, hardware=_two_curves(cache),
+                               options=autotp.PlanOptions(dynamic=False))
+        estimates[cache] = plan.predicted_time_s
+    assert estimates[32 * MIB] < estimates[1024.0], estimates
+
+
+def test_the_in_cache_curve_round_trips_and_is_checked() -> None:
+    """No parallelism: the three fields go through JSON; a profile written before them loads with one curve;
+    a malformed curve, a negative cache or a share above 1 is refused, naming the field."""
+    hw = dataclasses.replace(_two_curves(), gemm_from_memory_fraction=0.25)
+    assert Hardware.from_json(hw.to_json()) == hw
+    old = _two_curves().to_dict()
+    for key in ("gemm_in_cache_curve", "last_level_cache_bytes"):
+        del old[key]
+    loaded = Hardware.from_dict(old)
+    assert loaded.gemm_in_cache_curve == () and loaded.last_level_cache_bytes == 0.0, loaded
+    assert loaded.gemm_from_memory_fraction == 1.0, loaded
+    with pytest.raises(ValueError, match="gemm_in_cache_curve must be"):
+        dataclasses.replace(hw, gemm_in_cache_curve=(1.0, 2.0, 3.0))
+    with pytest.raises(ValueError, match="peak_scale"):
+        dataclasses.replace(hw, gemm_in_cache_curve=(0.0, 2.0))
+    with pytest.raises(ValueError, match="last_level_cache_bytes"):
+        dataclasses.replace(hw, last_level_cache_bytes=-1.0)
+    with pytest.raises(ValueError, match="gemm_from_memory_fraction"):
+        dataclasses.replace(hw, gemm_from_memory_fraction=1.5)
+    with pytest.raises(ValueError, match="half_efficiency_dim"):
+        Hardware.from_dict({**hw.to_dict(), "gemm_in_cache_curve": {"peak_scale": 1.0}})

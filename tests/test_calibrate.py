@@ -183,6 +183,13 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
         assert sample.working_set_bytes > 0, f"the working set its cold cost is resolved at: {sample}"
     assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
     assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
+    assert len(ranks[0].gemm_in_cache_samples) == len(quick.gemm_tokens), ranks[0].gemm_in_cache_samples
+    # one token: the call reads its 256 KiB weight; from memory that takes several times the read from cache
+    assert ranks[0].gemm_in_cache_samples[0].seconds < ranks[0].gemm_samples[0].seconds, ranks[0]
+    if ranks[0].last_level_cache_bytes:  # the CPU describes its caches (Linux sysfs, or sysconf)
+        assert profile.gemm_in_cache_curve and profile.last_level_cache_bytes == ranks[0].last_level_cache_bytes
+    else:
+        assert profile.gemm_in_cache_curve == (), "no cache size: every GEMM on the curve of weights from memory"
     assert profile.runtime_mode == "eager" and profile.host_is_device, profile
     assert profile.model_call_s == pytest.approx(
         statistics.median(m.model_call_s for m in ranks) / profile.core_share), "work seconds over the core share"

@@ -89,6 +89,32 @@ def test_gemm_fit_recovers_the_half_rate_dim_and_the_peak() -> None:
     assert math.isclose(fitted.peak_scale, 288 / 256, rel_tol=0.05), f"expected a peak scale of 1.125, got {fitted}"
 
 
+def test_kernel_profile_fits_a_curve_for_weights_from_memory_and_one_for_weights_in_cache() -> None:
+    """Linear (m, 256) @ (256, 256) at m = 1..256, timed by the model at one peak with d_half = 32 (weights read
+    from memory) and d_half = 4 (one weight, in cache): the profile's curve is the first, its in-cache curve the
+    second at the same peak, and it keeps the cache size; without a cache size, the first curve alone."""
+    from autotp.cost_model.calibrate import kernel_profile
+
+    peak = CPU.peak_tflops["float32"] * 1e12
+    samples = {}
+    for half in (32.0, 4.0):
+        truth = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0, gemm_half_efficiency_dim=half)
+        samples[half] = [GemmSample(m, 256, 256, compute_time_s(2 * m * 256 * 256, 0, torch.float32, truth,
+                                                                gemm_min_dim=m)) for m in (1, 4, 16, 64, 256)]
+    best = {"float32": peak * 256 / 288}
+    measured = dict(bandwidth=1e15, floor=0.0, view=0.0, transcendental=0.0)
+    profile = kernel_profile(best, measured["bandwidth"], measured["floor"], measured["view"], samples[32.0],
+                             measured["transcendental"], gemms_in_cache=samples[4.0], cache_bytes=32 * 2**20)
+    assert profile.gemm_half_efficiency_dim == 32.0, profile
+    assert math.isclose(profile.peak_tflops["float32"] * 1e12, peak, rel_tol=0.05), profile.peak_tflops
+    scale, half = profile.gemm_in_cache_curve
+    assert half == 4.0 and math.isclose(scale, 1.0, rel_tol=0.05), profile.gemm_in_cache_curve
+    assert profile.last_level_cache_bytes == 32 * 2**20, profile
+    unknown = kernel_profile(best, measured["bandwidth"], measured["floor"], measured["view"], samples[32.0],
+                             measured["transcendental"], gemms_in_cache=samples[4.0], cache_bytes=0)
+    assert unknown.gemm_in_cache_curve == () and unknown.gemm_half_efficiency_dim == 32.0, unknown
+
+
 def test_gemm_efficiency_is_monotone_and_saturates() -> None:
     """The shape curve: increasing in the smallest dim from 2, 1/2 at d_half, below 1, flat 1 without a curve;
     a dim of 1 (a matrix-vector product, bandwidth bound) is not derated."""

@@ -6,7 +6,7 @@ terms, the GEMM curve) and :mod:`autotp.cost_model.calibrate` (the profile); the
 fits import nothing of this module, which runs graphs on process groups (the shared-memory
 all-reduce and the inference pass of :mod:`autotp.runtime.shared_memory`) and so sits above the stages.
 
-- single ops: :func:`work_clock`, :func:`median_work_s`, :func:`measure_gemm_samples`,
+- single ops: :func:`work_clock`, :func:`median_work_s`, :func:`measure_gemm_samples`, :func:`last_level_cache_bytes`,
   :func:`measure_op_fixed_s`, :func:`measure_element_rates`, :func:`measure_first_call_s`, and the copy bandwidth
   by working set (:func:`measure_copy_curve`, :func:`measure_cold_call_s`; the curve is priced by
   :mod:`autotp.cost_model.bandwidth`);
@@ -26,6 +26,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,7 +46,6 @@ from autotp.cost_model.compute import (
     rated_elements,
 )
 from autotp.cost_model.graph_calibration import (
-    COLD_WEIGHT_BYTES,
     GemmSample,
     GraphSample,
     GraphShape,
@@ -69,6 +69,7 @@ __all__ = [
     "measure_copy_curve",
     "measure_element_rates",
     "measure_first_call_s",
+    "last_level_cache_bytes",
     "measure_gemm_samples",
     "measure_graphs",
     "measure_op_fixed_s",
@@ -129,12 +130,14 @@ def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torc
     return aten.linear.default(x, next(weights), bias)
 
 
-def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
-    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens``
-    (float32), each call on the next of enough distinct weights that none is in cache
-    (:data:`COLD_WEIGHT_BYTES`)."""
+def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int, *,
+                         weight_bytes: int = 0) -> list[GemmSample]:
+    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens`` (float32): with
+    ``weight_bytes``, each call on the next of that many bytes of distinct weights, so that each reads its weight
+    from memory (:func:`~autotp.cost_model.graph_calibration.from_memory_weight_bytes`); without, every call on one
+    weight, in cache."""
     generator = torch.Generator().manual_seed(0)
-    copies = max(1, COLD_WEIGHT_BYTES // (width * width * 4))
+    copies = max(1, weight_bytes // (width * width * 4))
     weights = torch.full((copies, width, width), 1.0 / width).unbind(0)  # values do not change a GEMM's time
     bias = torch.randn(width, generator=generator)
     samples = []
@@ -144,6 +147,32 @@ def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, r
                                 repeats)
         samples.append(GemmSample(m, width, width, seconds))
     return samples
+
+
+def last_level_cache_bytes() -> int:
+    """The largest data cache this process's first CPU reports (Linux: ``/sys/devices/system/cpu/cpu0/cache``, else
+    ``os.sysconf``), bytes; 0 when the system does not say."""
+    sizes = []
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(root.glob("index*")) if root.is_dir() else ():
+        try:
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if kind in ("Data", "Unified") and size:
+            sizes.append(int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size))
+    if sizes:
+        return max(sizes)
+    for name in ("SC_LEVEL4_CACHE_SIZE", "SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            size = os.sysconf(name)
+        except (ValueError, OSError):
+            continue
+        if size and size > 0:
+            return int(size)
+    return 0
 
 
 _TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, aten.silu.default, aten.gelu.default)
