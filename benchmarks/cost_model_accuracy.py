@@ -5,7 +5,8 @@
 
 ``--models`` takes any family of ``benchmarks/cost_model_families.py`` (``tests/models.py``, the generation
 families, Falcon and OPT); the default four are the ones the cost model's terms were designed on, ``all`` is
-every family, and ``--models llama_wide gpt2_wide`` checks kernels far larger than the calibration's.
+every family, and ``--models llama_wide gpt2_wide`` checks kernels far larger than the calibration's, and weights
+larger than a CPU's last-level cache (``all llama_wide gpt2_wide``: every family and both).
 ``--json`` writes every (model, world size, round) with the plan measured and the round's profile, and every
 round's calibration measurements (every rank's, pickled), for the cross-validation by family of
 ``benchmarks/cost_model_heldout.py``, which can fit the profile again from them (``--refit``).
@@ -505,8 +506,8 @@ def main() -> None:
                         help="also write every (model, world size, round) with its plan and profile to this file "
                              "(the input of benchmarks/cost_model_heldout.py)")
     options = parser.parse_args()
-    if "all" in options.models:
-        options.models = list(FAMILIES)
+    if "all" in options.models:  # every family, and any wide model named beside it
+        options.models = [*FAMILIES, *(m for m in options.models if m != "all" and m not in FAMILIES)]
 
     from autotp.calibration.calibrate import CalibrationConfig, measure_links
 
