@@ -5,7 +5,7 @@ group, no timing).
 a gloo group and hands the per-rank :class:`RankMeasurements` and the :class:`CollectiveSample`
 list to :func:`build_profile`: medians over the ranks, the links fitted to the formulas of
 :mod:`.collectives` (:func:`fit_link`), the GEMM curve and the host terms fitted by
-:mod:`.graph_calibration`, every single-op price scaled by what the same work cost in the graphs and divided by
+:mod:`.graph_calibration`, every single-op price but a GEMM's arithmetic scaled by what the same work cost in the graphs and divided by
 the share of a core a rank got.
 :func:`with_nodes` makes a measured profile one node of a two-level machine.
 """
@@ -297,13 +297,14 @@ def build_profile(
     )
     scale = kernels.peak_tflops["float32"] * 1e12 / first.matmul_flops_per_s["float32"] if first.gemm_samples else 1.0
     # The kernels were timed on the work clock (a rank's own work), each on its own in a loop: in a graph
-    # every single-op price costs in_graph_scale times as much, and a rank gets only a share of a core (other
-    # ranks, other processes), so every work rate slows by both.
+    # every single-op price but a GEMM's arithmetic costs in_graph_scale times as much, and a rank gets only a
+    # share of a core (other ranks, other processes), so every work rate slows by both (the GEMMs' by the share).
     in_graph = host.in_graph_scale if host is not None else 1.0
     core_share = host.core_share if host is not None else 1.0
     pace = core_share / in_graph  # a single-op rate's share of itself in a graph
     if host is not None:
-        source += f"; work in the graphs {in_graph:.2f} x what their single ops price (in_graph_scale)"
+        source += (f"; work in the graphs beyond their GEMMs' arithmetic {in_graph:.2f} x what their single ops price "
+                   "(in_graph_scale)")
     if core_share < 1.0:
         source += f"; work terms divided by the share of a core a rank got in the graphs ({core_share:.2f})"
     if host is not None and host.link_base_adjust_s < 0:
@@ -312,8 +313,9 @@ def build_profile(
                    f"back, {graph_link.base_latency_s * 1e6:.0f} us in graphs")
     return Hardware(
         name=name,
-        # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale
-        peak_tflops={d: tflops * scale * pace for d, tflops in peak_tflops.items()},
+        # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale; a GEMM's
+        # arithmetic runs in a graph at its rate in a loop (fit_in_graph_scale), at the rank's share of a core
+        peak_tflops={d: tflops * scale * core_share for d, tflops in peak_tflops.items()},
         memory_bandwidth_gbps=bandwidth * pace / 1e9,
         memory_gib=_host_memory_bytes() / world_size / 2**30,
         # With graphs measured, a node's fixed cost is the fitted dispatch (the chain of tiny ops,

@@ -78,6 +78,7 @@ __all__ = [
     "first_call_key",
     "gemm_dims",
     "gemm_efficiency",
+    "gemm_arithmetic_s",
     "gemm_flops_per_s",
     "has_element_rate",
     "in_graph_kernel_s",
@@ -211,6 +212,18 @@ def compute_time_s(
         arithmetic_s = rated_elements * hardware.element_rate_s(rated_op, default)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
     return float(node_time_s(in_graph_kernel_s(device_s, hardware) + hardware.fixed_costs_s(fixed), hardware))
+
+
+def gemm_arithmetic_s(flops: float, memory_bytes: float, dtype: torch.dtype, hardware: Hardware,
+                      gemm_min_dim: float | None) -> float:
+    """The seconds of a kernel's roofline (:func:`compute_time_s`) that are its FLOPs at the GEMM rate
+    (:func:`gemm_flops_per_s`): all of its arithmetic roof when that is the larger, 0.0 when its bytes bound it or
+    it has no FLOPs. What a calibrated profile's in-graph scale leaves as measured
+    (``cost_model.graph_calibration.fit_in_graph_scale``)."""
+    if flops <= 0 or gemm_min_dim is None:
+        return 0.0
+    arithmetic = flops / gemm_flops_per_s(dtype, max(gemm_min_dim, 1), hardware)
+    return arithmetic if arithmetic >= memory_bytes / achievable_memory_bytes_per_s(hardware) else 0.0
 
 
 def in_graph_kernel_s(device_s: Any, hardware: Hardware) -> Any:

@@ -353,7 +353,7 @@ class Hardware:
     there; in a graph other kernels ran in between), ``extra * d * cap / (cap + d)`` for a kernel of
     roofline time ``d`` (:func:`~.compute.in_graph_kernel_s`): about ``extra * d`` for small kernels,
     at most ``extra * cap`` for large ones, which stream their data either way. Profiles from earlier
-    releases of ``autotp calibrate`` carry them; it now scales every single-op price by one factor
+    releases of ``autotp calibrate`` carry them; it now scales every single-op price but a GEMM's arithmetic by one factor
     fitted on its rank-local graphs instead (``cost_model.graph_calibration.fit_in_graph_scale``) and
     leaves both at 0.0, as every named profile has them.
     ``op_fixed_s``: ``(name, seconds)`` pairs, one per :data:`OP_FIXED_COSTS` entry measured: the

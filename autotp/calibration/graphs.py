@@ -39,6 +39,7 @@ from autotp.cost_model.compute import (
     compute_time_s,
     first_call_key,
     fixed_costs,
+    gemm_arithmetic_s,
     gemm_dims,
     launches_no_kernel,
     op_family,
@@ -194,6 +195,15 @@ def roofline_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], res
     return compute_time_s(flops, aten_memory_bytes(op, args, kwargs, result), result.dtype, hardware,
                           gemm_min_dim=min(dims) if dims else None, rated_elements=elements,
                           rated_op=op_name(op))
+
+
+def arithmetic_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], result: torch.Tensor,
+                         hardware: Hardware) -> float:
+    """The part of :func:`roofline_of_call_s` that is GEMM arithmetic (``cost_model.compute.gemm_arithmetic_s``)."""
+    flops = aten_flops(op, args, kwargs, result)
+    dims = gemm_dims(op, args, kwargs) if flops else None
+    return gemm_arithmetic_s(flops, aten_memory_bytes(op, args, kwargs, result), result.dtype, hardware,
+                             min(dims) if dims else None)
 
 
 def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
@@ -559,7 +569,7 @@ class _Recorder(torch.fx.Interpreter):
         super().__init__(module)
         self.hardware = device_only(hardware)
         self.kernel_nodes = self.view_nodes = 0
-        self.device_s = 0.0
+        self.device_s = self.arithmetic_s = 0.0
         self.kernel_s: list[float] = []
         self.collectives: list[tuple[str, int, int]] = []
         self.called: set[str] = set()  # first_call_key of every kernel run so far
@@ -580,6 +590,7 @@ class _Recorder(torch.fx.Interpreter):
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
         self.kernel_nodes += 1
         seconds = roofline_of_call_s(node.target, args, kwargs, result, self.hardware)
+        self.arithmetic_s += arithmetic_of_call_s(node.target, args, kwargs, result, self.hardware)
         family = op_family(node.target)
         # an op's fixed costs are priced as measured (attention per block of queries and per call)
         self.device_s += seconds + self.hardware.fixed_costs_s(fixed_costs(node.target, args, kwargs, result.dtype))
@@ -681,7 +692,8 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
             share = compute_work_s / compute_s if compute_s > 0 else 1.0
             samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
                                        tuple(recorder.collectives), seconds, work_s, min(share, fair_core_share()),
-                                       compute_s, compute_work_s, kernel_s=tuple(recorder.kernel_s)))
+                                       compute_s, compute_work_s, kernel_s=tuple(recorder.kernel_s),
+                                       arithmetic_s=recorder.arithmetic_s))
     return tuple(samples)
 
 
