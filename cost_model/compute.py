@@ -79,6 +79,7 @@ __all__ = [
     "gemm_dims",
     "gemm_efficiency",
     "gemm_arithmetic_s",
+    "gemm_curves_text",
     "gemm_flops_per_s",
     "has_element_rate",
     "in_graph_kernel_s",
@@ -212,6 +213,16 @@ def compute_time_s(
         arithmetic_s = rated_elements * hardware.element_rate_s(rated_op, default)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
     return float(node_time_s(in_graph_kernel_s(device_s, hardware) + hardware.fixed_costs_s(fixed), hardware))
+
+
+def gemm_curves_text(hardware: Hardware) -> str:
+    """The profile's GEMM curves in words: ``"half rate at dim 16"``, and with an in-cache curve
+    ``"half rate at dim 16 from memory, 4 in cache (peak x 1.04)"``."""
+    text = f"half rate at dim {hardware.gemm_half_efficiency_dim:g}"
+    if not hardware.gemm_in_cache_curve:
+        return text
+    peak_scale, half = hardware.gemm_in_cache_curve
+    return f"{text} from memory, {half:g} in cache (peak x {peak_scale:.2f})"
 
 
 def gemm_arithmetic_s(flops: float, memory_bytes: float, dtype: torch.dtype, hardware: Hardware,
