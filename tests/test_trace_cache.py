@@ -264,3 +264,42 @@ def test_plan_key_covers_the_rules_and_the_cost_model(tmp_path: Path, monkeypatc
         (folder / "__init__.py").write_text("RULE = 2\n")
         assert plan_cache._source_digest() != moved, f"a change to {package.__name__} did not change the plan key"
         before = plan_cache._source_digest()
+
+
+def test_a_sealed_plan_is_read_back_without_checking_it_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tp=2, no process group: a plan the cache stored is read back under its seal with the graph's nodes and
+    fingerprint checked, not its strategies rebuilt; a plan edited in the cache (its seal no longer matches) or
+    written unsealed is checked as a given ``plan=`` is, and an invalid one is refused and planned again."""
+    import json
+
+    from autotp.planning import checks
+    from autotp.planning.options import PlanOptions
+    from autotp.planning.plan_cache import cached_plan, plan_key, store_plan
+    from autotp.planning.planner import plan_graph
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    captured = capture(model, (torch.randn(3, 4),), dynamic=False)
+    options = PlanOptions(world_size=2, memory_budget=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = plan_graph(captured, options)
+    key, cache = plan_key(captured, options), TraceCache(tmp_path)
+    store_plan(cache, key, plan)
+    rebuilt = []
+    real_build = checks.build_strategy_graph
+    monkeypatch.setattr(checks, "build_strategy_graph", lambda *a, **k: rebuilt.append(1) or real_build(*a, **k))
+    read = cached_plan(cache, key, captured, 2)
+    assert read is not None and read.to_json() == plan.to_json() and rebuilt == [], (rebuilt, read)
+    with pytest.raises(Exception, match="world_size"):  # the cheap check still runs
+        read.check_matches(captured.graph_module, 4)
+    assert cached_plan(cache, key, captured, 4) is None, "a sealed plan for another world size must not be used"
+    stored = json.loads(cache.plan_path(key).read_text())
+    edited = json.loads(stored["plan"])
+    edited["nodes"][0]["output"] = "S(7)"  # a weight of two dims split on an eighth
+    cache.plan_path(key).write_text(json.dumps({**stored, "plan": json.dumps(edited)}))
+    with pytest.warns(UserWarning, match="ignoring the cached plan"):
+        assert cached_plan(cache, key, captured, 2) is None
+    assert rebuilt, "an edited plan is checked as a given plan= is"
+    rebuilt.clear()
+    cache.plan_path(key).write_text(plan.to_json())  # unsealed: a plan file written otherwise
+    assert cached_plan(cache, key, captured, 2) is not None and rebuilt, "an unsealed plan is checked in full"

@@ -1,6 +1,11 @@
 """Plans kept in the trace cache: the plan made for a traced graph is stored beside its program
-(:meth:`autotp.trace_cache.TraceCache.plan_path`, the plan's own JSON) and reused by the first rank
-after the same checks a given ``plan=`` passes (:func:`autotp.runtime.group.plan_on_first_rank`).
+(:meth:`autotp.trace_cache.TraceCache.plan_path`: the plan's JSON, sealed with a digest of itself and its key)
+and reused by the first rank (:func:`autotp.runtime.group.plan_on_first_rank`).
+
+A plan read back under its seal is the planner's own output for a graph of the same fingerprint, under the same
+options and the same code (the key names all of them): it is checked against the graph's nodes and fingerprint
+only. A plan whose seal does not match (edited, or written otherwise) passes every check a given ``plan=`` does,
+which rebuilds the graph's strategies (about a second for a 16-layer model).
 
 The trace cache stores bytes and knows no plan; reading one back, checking it against the graph and
 naming it by the graph and the options is planning's, here.
@@ -78,14 +83,19 @@ def _autotp_function_name(function: object) -> str | None:
 
 
 def cached_plan(cache: TraceCache, key: str, captured: CapturedGraph, world_size: int) -> Plan | None:
-    """The plan stored under ``key`` if it applies to ``captured`` (checked as a given ``plan=`` is),
-    else None; a stored plan that does not read or apply is ignored with a warning."""
+    """The plan stored under ``key`` if it applies to ``captured`` (under its seal: the graph's nodes and
+    fingerprint; else checked as a given ``plan=`` is), else None; a stored plan that does not read or apply is
+    ignored with a warning."""
     path = cache.plan_path(key)
     if not path.is_file():
         return None
     try:
-        plan = Plan.from_json(path.read_text(), source=str(path))
-        check_plan_applies(plan, captured, world_size)
+        text, sealed = _unseal(key, path.read_text())
+        plan = Plan.from_json(text, source=str(path))
+        if sealed:
+            plan.check_matches(captured.graph_module, world_size)
+        else:
+            check_plan_applies(plan, captured, world_size)
     except Exception as exc:  # noqa: BLE001 - any failure means: plan again
         warnings.warn(f"autotp: ignoring the cached plan {path} ({type(exc).__name__}: "
                       f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); planning again", stacklevel=3)
@@ -97,5 +107,24 @@ def cached_plan(cache: TraceCache, key: str, captured: CapturedGraph, world_size
 
 
 def store_plan(cache: TraceCache, key: str, plan: Plan) -> None:
-    """Store ``plan`` under ``key`` (atomically); a failure to write only warns."""
-    cache.write_plan_text(key, plan.to_json(indent=None))
+    """Store ``plan`` under ``key``, sealed (atomically); a failure to write only warns. Only the planner's own
+    plans are stored (:func:`autotp.runtime.group.plan_on_first_rank`)."""
+    text = plan.to_json(indent=None)
+    cache.write_plan_text(key, json.dumps({"seal": _seal(key, text), "plan": text}))
+
+
+def _seal(key: str, text: str) -> str:
+    """SHA-256 of a plan's JSON ``text`` and the ``key`` it is stored under."""
+    return hashlib.sha256(f"{key}\n{text}".encode()).hexdigest()
+
+
+def _unseal(key: str, stored: str) -> tuple[str, bool]:
+    """``(the plan's JSON, whether its seal matches)`` of a stored plan; text that is not a sealed plan is returned
+    as it is, unsealed."""
+    try:
+        data = json.loads(stored)
+    except ValueError:
+        return stored, False
+    if isinstance(data, dict) and set(data) == {"seal", "plan"} and isinstance(data["plan"], str):
+        return data["plan"], data["seal"] == _seal(key, data["plan"])
+    return stored, False
