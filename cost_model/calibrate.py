@@ -5,8 +5,8 @@ group, no timing).
 a gloo group and hands the per-rank :class:`RankMeasurements` and the :class:`CollectiveSample`
 list to :func:`build_profile`: medians over the ranks, the links fitted to the formulas of
 :mod:`.collectives` (:func:`fit_link`), the GEMM curve and the host terms fitted by
-:mod:`.graph_calibration`, every single-op price but a GEMM's arithmetic scaled by what the same work cost in the graphs and divided by
-the share of a core a rank got.
+:mod:`.graph_calibration`, every single-op price but a GEMM's arithmetic scaled by what the same work cost in
+the graphs, and every one divided by the share of a core a rank got.
 :func:`with_nodes` makes a measured profile one node of a two-level machine.
 """
 

@@ -26,11 +26,12 @@ output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
 where ``device_s`` is the roofline time of the graph's kernels and their op families' fixed costs
 (:func:`~.compute.compute_time_s` with no host term and no per-kernel floor), ``arithmetic_s`` the part of it
-that is GEMM arithmetic (:func:`~.compute.gemm_arithmetic_s`: a GEMM runs in a graph at its rate in a loop), ``view_op_s`` and
-``kernel_floor_s`` what a view and a tiny kernel cost in a chain timed in a loop, ``in_graph_scale`` how much
-more the same work costs in a graph of many different ops (:func:`fit_in_graph_scale`: one number, at least 1,
-by which the profile scales every single-op price but the GEMMs' arithmetic and charges the floor as each kernel node's dispatch; the
-calibrated profile sets ``kernel_floor_s`` itself to 0), ``link_s`` the alpha-beta time of its
+that is GEMM arithmetic (:func:`~.compute.gemm_arithmetic_s`: a GEMM runs in a graph at its rate in a loop),
+``view_op_s`` and ``kernel_floor_s`` what a view and a tiny kernel cost in a chain timed in a loop,
+``in_graph_scale`` how much more the same work costs in a graph of many different ops (:func:`fit_in_graph_scale`:
+one number, at least 1, by which the profile scales every single-op price but the GEMMs' arithmetic and charges
+the floor as each kernel node's dispatch; the calibrated profile sets ``kernel_floor_s`` itself to 0), ``link_s``
+the alpha-beta time of its
 collectives on the link fitted back to back, and ``core_share`` the share of a core a rank gets
 while computing: its median work over the median of the group's wall times in the compute
 forms of all graphs, each graph weighing by its time

@@ -340,9 +340,9 @@ class Hardware:
     one call of the graph to the next: their peak is ``peak_tflops`` times ``peak_scale``, their curve
     ``d / (d + half_efficiency_dim)``; empty (every named profile): one curve for every GEMM. On a CPU a GEMM's
     weight read from memory is not hidden behind its arithmetic: on a 2-core VM it added about as much at 1 token
-    as at 32 (a 1024 x 1024 float32 weight: 111-385 us at 1 to 128 tokens), so the curve fitted on weights read
-    from memory prices a model that fits in the cache a third above its GEMMs' time. ``autotp calibrate`` fits
-    both curves (:func:`~.compute.gemm_flops_per_s` blends them).
+    as at 32 (a 1024 x 1024 float32 weight: 0.1-0.4 ms per call at 1 to 128 tokens), so the curve fitted on
+    weights read from memory prices a model that fits in the cache a third above its GEMMs' time. ``autotp
+    calibrate`` fits both curves (:func:`~.compute.gemm_flops_per_s` blends them).
     ``last_level_cache_bytes``: the cache the ranks share (a CPU's last level), bytes; 0.0: not known, every
     GEMM's weight read from memory.
     ``gemm_from_memory_fraction``: the share of a GEMM's weights read from memory in the graph being priced, in
@@ -353,8 +353,8 @@ class Hardware:
     there; in a graph other kernels ran in between), ``extra * d * cap / (cap + d)`` for a kernel of
     roofline time ``d`` (:func:`~.compute.in_graph_kernel_s`): about ``extra * d`` for small kernels,
     at most ``extra * cap`` for large ones, which stream their data either way. Profiles from earlier
-    releases of ``autotp calibrate`` carry them; it now scales every single-op price but a GEMM's arithmetic by one factor
-    fitted on its rank-local graphs instead (``cost_model.graph_calibration.fit_in_graph_scale``) and
+    releases of ``autotp calibrate`` carry them; it now scales every single-op price but a GEMM's arithmetic by
+    one factor fitted on its rank-local graphs instead (``cost_model.graph_calibration.fit_in_graph_scale``) and
     leaves both at 0.0, as every named profile has them.
     ``op_fixed_s``: ``(name, seconds)`` pairs, one per :data:`OP_FIXED_COSTS` entry measured: the
     fixed cost one call of an op of that family pays beyond its roofline and a plain kernel's (library
@@ -503,7 +503,8 @@ class Hardware:
         _check_positive_number(owner, "last_level_cache_bytes", self.last_level_cache_bytes, allow_zero=True)
         _check_positive_number(owner, "gemm_from_memory_fraction", self.gemm_from_memory_fraction, allow_zero=True)
         if self.gemm_from_memory_fraction > 1:
-            raise ValueError(f"{owner}.gemm_from_memory_fraction must be in [0, 1], got {self.gemm_from_memory_fraction!r}")
+            raise ValueError(f"{owner}.gemm_from_memory_fraction must be in [0, 1], "
+                             f"got {self.gemm_from_memory_fraction!r}")
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
         object.__setattr__(self, "shared_memory_cold_curve", _checked_curve(
             owner, self.shared_memory_cold_curve, "shared_memory_cold_curve", "seconds", allow_zero=True))
