@@ -31,7 +31,7 @@ from .graph_calibration import (
     fit_gemm_curve,
     fit_host_terms,
     from_memory_weight_bytes,
-    gemm_working_set_bytes,
+    in_cache_weight_bytes,
 )
 from .hardware import Hardware, LinkProfile
 
@@ -97,8 +97,9 @@ class RankMeasurements:
     """What a compiled model's call adds to its rank-local graph's call (:func:`autotp.calibration.model_call.
     measure_model_call_s`, work seconds; 0.0: not measured)."""
     gemm_in_cache_samples: tuple[GemmSample, ...] = ()
-    """The GEMM samples' shapes timed on one weight, in cache (``gemm_samples`` read their weights from memory;
-    empty: not measured)."""
+    """The GEMM samples' shapes timed on weights in the last-level cache
+    (:func:`~.graph_calibration.in_cache_weight_bytes`; ``gemm_samples`` read theirs from memory; empty: not
+    measured)."""
     last_level_cache_bytes: int = 0
     """The last-level cache this rank's CPU reports, bytes (0: not known)."""
 
@@ -118,15 +119,15 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
                     gemms: Sequence[GemmSample], transcendental: float,
                     bandwidth_points: Sequence[tuple[int, float]] = (),
                     element_rates: Sequence[tuple[str, float]] = (), *,
-                    gemms_in_cache: Sequence[GemmSample] = (), cache_bytes: float = 0.0) -> Hardware:
+                    gemms_in_cache: Sequence[GemmSample] = (), cache_bytes: float = 0.0, ranks: int = 1) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
     graph samples' kernels are priced with, and the GEMM curves fitted on it. ``bandwidth_points``:
     ``(working_set_bytes, bytes_per_s)``; the GEMM samples ``gemms`` are priced at the bandwidth of the
     weights they cycle through (:func:`~.graph_calibration.from_memory_weight_bytes`), as a graph is priced at
-    its working set, and give ``peak_tflops`` and ``gemm_half_efficiency_dim``; ``gemms_in_cache`` (timed on
-    one weight), priced at their own working set, give ``gemm_in_cache_curve`` where ``cache_bytes`` (the
-    last-level cache) is known; ``element_rates``: each transcendental and pooling op's own rate
-    (``Hardware.op_element_s``)."""
+    its working set, and give ``peak_tflops`` and ``gemm_half_efficiency_dim``; ``gemms_in_cache`` (weights in the
+    last-level cache of ``cache_bytes``, shared by ``ranks``: :func:`~.graph_calibration.in_cache_weight_bytes`)
+    give ``gemm_in_cache_curve`` where the cache is known; ``element_rates``: each transcendental and pooling op's
+    own rate (``Hardware.op_element_s``)."""
     placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
     profile = Hardware(
         name="kernels-only", peak_tflops={d: rate / 1e12 for d, rate in flops.items()},
@@ -142,7 +143,7 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
     profile = dataclasses.replace(measured, gemm_half_efficiency_dim=curve.half_dim,
                                   peak_tflops={d: t * curve.peak_scale for d, t in measured.peak_tflops.items()})
     if gemms_in_cache and cache_bytes:
-        in_cache = fit_gemm_curve(gemms_in_cache, at_working_set(measured, gemm_working_set_bytes(gemms_in_cache)))
+        in_cache = fit_gemm_curve(gemms_in_cache, at_working_set(measured, in_cache_weight_bytes(cache_bytes, ranks)))
         profile = dataclasses.replace(profile, last_level_cache_bytes=float(cache_bytes),
                                       gemm_in_cache_curve=(in_cache.peak_scale / curve.peak_scale, in_cache.half_dim))
     return profile
@@ -267,7 +268,7 @@ def build_profile(
     kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
                               first.copy_curve, first.op_element_s, gemms_in_cache=first.gemm_in_cache_samples,
-                              cache_bytes=first.last_level_cache_bytes)
+                              cache_bytes=first.last_level_cache_bytes, ranks=world_size)
     if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,

@@ -92,7 +92,7 @@ __all__ = [
     "fit_wait_line",
     "fit_wait_terms",
     "from_memory_weight_bytes",
-    "gemm_working_set_bytes",
+    "in_cache_weight_bytes",
     "graph_link_s",
     "priced_work_s",
     "scaled_work_s",
@@ -567,9 +567,9 @@ COLD_WEIGHT_BYTES = 64 * 2**20
 """Bytes of distinct weights a GEMM sample read from memory cycles through, at least (twice the last-level cache
 where that is larger: :func:`from_memory_weight_bytes`): each call reads its weight from memory, as a model's
 forward does when its weights do not fit in the cache (it reads each weight once per call, long after the
-previous call evicted it). A weight that stays in cache runs faster, by about as much as its read from memory
-takes (``benchmarks/gemm_rate.py`` times both), so the calibration fits a curve on each
-(``Hardware.gemm_in_cache_curve``)."""
+previous call evicted it). A weight in the cache runs faster, by about as much as its read from memory takes
+(``benchmarks/gemm_rate.py`` times both), so the calibration fits a curve on each
+(``Hardware.gemm_in_cache_curve``, :func:`in_cache_weight_bytes`)."""
 
 
 def from_memory_weight_bytes(cache_bytes: float) -> int:
@@ -578,9 +578,14 @@ def from_memory_weight_bytes(cache_bytes: float) -> int:
     return max(COLD_WEIGHT_BYTES, 2 * int(cache_bytes))
 
 
-def gemm_working_set_bytes(samples: Sequence[GemmSample]) -> int:
-    """Bytes the largest of ``samples`` touches with its weight in cache: input, weight, bias and output."""
-    return max(4 * (s.m * s.k + s.n * s.k + s.n + s.m * s.n) for s in samples)
+def in_cache_weight_bytes(cache_bytes: float, ranks: int) -> int:
+    """Bytes of weights each rank's in-cache GEMM samples cycle through: half the last-level cache, shared by
+    ``ranks`` ranks. Each call then reads its weight from the last-level cache, as in a graph whose weights fit
+    there (the ops between two calls of a GEMM evict its weight from the core's own caches), with every rank
+    reading its own at once. One weight reused in a loop stays in the core's own cache: on this project's 2-core
+    VM that curve priced the in-cache families' GEMMs a median 21% below their time at tp 2 (docs: cost-model
+    accuracy)."""
+    return int(cache_bytes) // (2 * max(1, ranks))
 
 
 GRAPH_FAMILIES = ("llama", "gpt", "mlp")

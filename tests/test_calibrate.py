@@ -186,7 +186,7 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     assert [g.seconds for g in ranks[0].graphs] == [g.seconds for g in ranks[1].graphs], "slowest rank's times"
     assert len(ranks[0].gemm_samples) == len(quick.gemm_tokens) and ranks[0].transcendental_element_s > 0, ranks[0]
     assert len(ranks[0].gemm_in_cache_samples) == len(quick.gemm_tokens), ranks[0].gemm_in_cache_samples
-    # one token: the call reads its 256 KiB weight; from memory that takes several times the read from cache
+    # one token: the call reads its 256 KiB weight, from memory several times slower than from the last-level cache
     assert ranks[0].gemm_in_cache_samples[0].seconds < ranks[0].gemm_samples[0].seconds, ranks[0]
     if ranks[0].last_level_cache_bytes:  # the CPU describes its caches (Linux sysfs, or sysconf)
         assert profile.gemm_in_cache_curve and profile.last_level_cache_bytes == ranks[0].last_level_cache_bytes

@@ -35,9 +35,10 @@ profile field         measurement (median over timed repeats, after warm-up)
                       the last-level cache; read from memory, as a forward of a model larger than the cache
                       reads each weight): the shape curve of the GEMM rate and the peak it tends to
                       (:func:`autotp.cost_model.graph_calibration.fit_gemm_curve`)
-``gemm_in_cache_...`` the same shapes on one weight, in cache (as a model that fits in the cache runs its
-                      GEMMs): their own curve and peak; the last-level cache from the CPU's description
-                      (``/sys/devices/system/cpu``), which says which curve prices a graph's GEMMs
+``gemm_in_cache_...`` the same shapes on weights that fit in the last-level cache (half of it, shared by the
+                      ranks: as a model that fits in the cache runs its GEMMs): their own curve and peak; the
+                      last-level cache from the CPU's description (``/sys/devices/system/cpu``), which says
+                      which curve prices a graph's GEMMs
 ``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor (their median), and
 ``op_element_s``      of each of them, erf, log, sin, cos, rsqrt and sqrt by name; and of each pooling op per
                       element of its windows, on values fresh to the branch predictor
@@ -123,6 +124,7 @@ from autotp.cost_model.graph_calibration import (
     GraphSample,
     GraphShape,
     from_memory_weight_bytes,
+    in_cache_weight_bytes,
 )
 from autotp.cost_model.hardware import Hardware
 from autotp.runtime.shared_memory import shared_memory_all_reduce_for
@@ -450,11 +452,12 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             cache = last_level_cache_bytes()
             gemms = tuple(measure_gemm_samples(config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats,
                                                weight_bytes=from_memory_weight_bytes(cache)))
-            gemms_in_cache = tuple(measure_gemm_samples(config.gemm_width, config.gemm_tokens, config.min_time_s,
-                                                        config.repeats))
+            gemms_in_cache = tuple(measure_gemm_samples(
+                config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats,
+                weight_bytes=in_cache_weight_bytes(cache, world_size))) if cache else ()
             _say(progress, f"GEMM ({config.gemm_width} wide) at {', '.join(map(str, config.gemm_tokens))} tokens, "
-                 "weights read from memory: " + ", ".join(f"{s.seconds * 1e6:.1f}" for s in gemms) + " us; one weight "
-                 "in cache: " + ", ".join(f"{s.seconds * 1e6:.1f}" for s in gemms_in_cache)
+                 "weights read from memory: " + ", ".join(f"{s.seconds * 1e6:.1f}" for s in gemms) + " us; weights "
+                 "in the last-level cache: " + ", ".join(f"{s.seconds * 1e6:.1f}" for s in gemms_in_cache)
                  + f" us; last-level cache {cache / 2**20:g} MiB")
             transcendental, element_rates = measure_element_rates(
                 config.transcendental_numel, config.min_time_s, config.repeats)
@@ -462,7 +465,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
                  "(pooling per window element): "
                  + ", ".join(f"{name} {rate * 1e9:.2f}" for name, rate in element_rates))
             kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, element_rates,
-                                     gemms_in_cache=gemms_in_cache, cache_bytes=cache)
+                                     gemms_in_cache=gemms_in_cache, cache_bytes=cache, ranks=world_size)
             op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
             _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
                 f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))

@@ -133,10 +133,10 @@ def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torc
 
 def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int, *,
                          weight_bytes: int = 0) -> list[GemmSample]:
-    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens`` (float32): with
-    ``weight_bytes``, each call on the next of that many bytes of distinct weights, so that each reads its weight
-    from memory (:func:`~autotp.cost_model.graph_calibration.from_memory_weight_bytes`); without, every call on one
-    weight, in cache."""
+    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens`` (float32), each call
+    on the next of ``weight_bytes`` of distinct weights (at least one): more than the last-level cache, each call
+    reads its weight from memory (:func:`~autotp.cost_model.graph_calibration.from_memory_weight_bytes`); part of
+    it, from there (:func:`~autotp.cost_model.graph_calibration.in_cache_weight_bytes`)."""
     generator = torch.Generator().manual_seed(0)
     copies = max(1, weight_bytes // (width * width * 4))
     weights = torch.full((copies, width, width), 1.0 / width).unbind(0)  # values do not change a GEMM's time
