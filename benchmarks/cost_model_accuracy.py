@@ -371,7 +371,6 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
     import autotp
     from autotp.calibration.calibrate import CalibrationConfig, measure_rank
     from autotp.cost_model.calibrate import build_profile
-    from autotp.cost_model.compute import gemm_curves_text
     from autotp.cost_model.graph_calibration import fit_host_terms
     from autotp.passes.rewrite import is_collective
 
@@ -404,7 +403,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
             flat_wait_s = _per_collective_only_wait_s(everyone, hardware)
             if rank == 0:
                 print(f"   round {round_index}: float32 {hardware.peak_tflops['float32'] * 1e3:.1f} GFLOP/s "
-                      f"({gemm_curves_text(hardware)}), "
+                      f"(half rate at dim {hardware.gemm_half_efficiency_dim:g}), "
                       f"memory {hardware.memory_bandwidth_gbps:.2f} GB/s, floor {hardware.kernel_floor_s * 1e6:.1f} us, "
                       f"conv {hardware.op_fixed_cost_s('convolution') * 1e6:.0f} us, first call "
                       f"{hardware.first_call_cost_s(None) * 1e6:.1f} us (conv "

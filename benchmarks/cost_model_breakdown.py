@@ -304,7 +304,6 @@ def _rank(rank: int, world_size: int, port: int, links: Any, options: argparse.N
     warnings.simplefilter("ignore")
     from autotp.calibration.calibrate import CalibrationConfig, measure_rank
     from autotp.cost_model.calibrate import build_profile
-    from autotp.cost_model.compute import gemm_curves_text
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -320,7 +319,8 @@ def _rank(rank: int, world_size: int, port: int, links: Any, options: argparse.N
             print(f"profile (tp {world_size}): dispatch {hardware.host_dispatch_s * 1e6:.1f} us/node, view "
                   f"{hardware.view_op_s * 1e6:.1f} us, call {hardware.graph_launch_s * 1e6:.0f} us (a model's "
                   f"{hardware.model_call_s * 1e6:.0f} more), float32 "
-                  f"{hardware.peak_tflops['float32'] * 1e3:.0f} GFLOP/s ({gemm_curves_text(hardware)}), memory {hardware.memory_bandwidth_gbps:.1f} GB/s, "
+                  f"{hardware.peak_tflops['float32'] * 1e3:.0f} GFLOP/s (half rate at dim "
+                  f"{hardware.gemm_half_efficiency_dim:g}), memory {hardware.memory_bandwidth_gbps:.1f} GB/s, "
                   f"first call of a kernel {hardware.first_call_cost_s(None) * 1e6:.1f} us (convolution "
                   f"{hardware.first_call_cost_s('convolution') * 1e6:.1f}); load average {os.getloadavg()[0]:.1f}",
                   flush=True)

@@ -33,7 +33,7 @@ from cost_model_families import ORDER
 from cost_model_heldout import _pricer, run_threads
 
 TERM_GROUPS = {
-    "GEMM rate": ("peak_tflops", "gemm_half_efficiency_dim", "gemm_in_cache_curve", "last_level_cache_bytes"),
+    "GEMM rate": ("peak_tflops", "gemm_half_efficiency_dim"),
     "memory": ("memory_bandwidth_gbps", "memory_bandwidth_curve"),
     "element rates": ("op_element_s", "transcendental_element_s"),
     "dispatch": ("host_dispatch_s",),

@@ -8,13 +8,12 @@ Times ``aten.linear`` (float32, one thread, the work clock, medians of 5) over a
 run in its graph). Fits the curve the cost model uses (``autotp.cost_model.compute.gemm_efficiency``: a GEMM whose
 smallest dim is ``d`` runs at ``d / (d + half_dim)`` of a peak), plus a fixed cost per call (what the cost model's
 kernel floor and dispatch price), to the grid, and prints its median and 90th-percentile absolute error over the
-grid next to the same for a profile's curves (``--profile``, e.g. one ``autotp calibrate`` wrote: its in-cache curve
-and its curve of weights read from memory) or a curve given as its peak and half dim (``--curve 104 16``), each with
-the fitted fixed cost.
+grid next to the same for a profile's curve (``--profile``, e.g. one ``autotp calibrate`` wrote) or a curve given as
+its peak and half dim (``--curve 104 16``), each with the fitted fixed cost.
 
 Then, for two square weights, each ``m`` with the weight in cache and cycled through 64 MiB of weights (each call
-reads its weight from memory): what reading a weight from memory adds to a GEMM, and what the profile prices each
-side at.
+reads its weight from memory): what reading a weight from memory adds to a GEMM, against the weight's bytes at the
+profile's bandwidth.
 """
 
 from __future__ import annotations
@@ -60,18 +59,6 @@ def curve_s(shapes: np.ndarray, peak: float, half: float, floor: float = 0.0) ->
     return 2 * shapes.prod(axis=1) / (peak * smallest / (smallest + half)) + floor
 
 
-def profile_s(shapes: np.ndarray, profile, from_memory: float) -> np.ndarray:
-    """Arithmetic seconds ``profile`` prices each ``(m, n, k)`` at with ``from_memory`` of its weights read from
-    memory (``autotp.cost_model.compute.gemm_flops_per_s``): no bytes, no host terms. A calibrated profile's rates
-    are those of its graphs (its in-graph scale and core share are in them), so its level may sit above a loop's."""
-    import dataclasses
-
-    from autotp.cost_model.compute import gemm_flops_per_s
-
-    resolved = dataclasses.replace(profile, gemm_from_memory_fraction=from_memory)
-    return np.array([2 * m * n * k / gemm_flops_per_s(torch.float32, min(m, n, k), resolved) for m, n, k in shapes])
-
-
 def errors(predicted: np.ndarray, measured: np.ndarray) -> str:
     """Median and 90th percentile of ``|predicted / measured - 1|``, as text."""
     off = np.abs(predicted / measured - 1)
@@ -95,16 +82,16 @@ def main() -> None:
     print(f"{len(shapes)} shapes (m in {options.tokens}, n and k in {options.dims}), weight in cache")
     print(f"  curve fitted to them: peak {peak / 1e9:.1f} GFLOP/s, half rate at dim {half:.1f}, {floor * 1e6:.1f} us per "
           f"call: {errors(curve_s(shapes, peak, half, floor), measured)}")
-    profile = None
+    bandwidth = None
     if options.profile:
         from autotp.cost_model import get_hardware
 
         profile = get_hardware(options.profile)
-        print(f"  {profile.name}, its GEMMs in cache (arithmetic only, the fitted cost per call added): "
-              f"{errors(profile_s(shapes, profile, 0.0) + floor, measured)}")
-        if profile.gemm_in_cache_curve:
-            print(f"  {profile.name}, its curve of weights read from memory: "
-                  f"{errors(profile_s(shapes, profile, 1.0) + floor, measured)}")
+        bandwidth = profile.memory_bandwidth_gbps * 1e9
+        rate = profile.peak_tflops["float32"] * 1e12 * profile.achievable_fraction_compute
+        print(f"  {profile.name}: peak {rate / 1e9:.1f} GFLOP/s, half rate at dim "
+              f"{profile.gemm_half_efficiency_dim:.1f}: "
+              f"{errors(curve_s(shapes, rate, profile.gemm_half_efficiency_dim, floor), measured)}")
     if options.curve:
         given, given_half = options.curve
         print(f"  the curve given: peak {given:.1f} GFLOP/s, half rate at dim {given_half:.1f}: "
@@ -114,10 +101,8 @@ def main() -> None:
         for m in (1, 8, 32, 128):
             warm, cold = seconds_per_call(m, width, width), seconds_per_call(m, width, width, cold=True)
             line = f"  {width} x {width}, m {m:>3}: in cache {warm * 1e6:8.1f}, from memory {cold * 1e6:8.1f} (+{(cold - warm) * 1e6:6.1f})"
-            if profile is not None:
-                shape = np.array([(m, width, width)], dtype=float)
-                line += (f"; the profile prices {profile_s(shape, profile, 0.0)[0] * 1e6:8.1f} and "
-                         f"{profile_s(shape, profile, 1.0)[0] * 1e6:8.1f} (arithmetic only)")
+            if bandwidth:
+                line += f"; the weight's bytes at the profile's bandwidth {width * width * 4 / bandwidth * 1e6:6.1f}"
             print(line, flush=True)
 
 

@@ -40,7 +40,6 @@ __all__ = [
     "at_working_set",
     "bandwidth_at_gbps",
     "cold_call_at_s",
-    "from_memory_fraction",
     "graph_profile",
     "graph_working_set_bytes",
 ]
@@ -85,29 +84,16 @@ def _on_curve(curve: Sequence[tuple[float, float]], working_set_bytes: float) ->
 
 def at_working_set(hardware: Hardware, working_set_bytes: float) -> Hardware:
     """``hardware`` with ``memory_bandwidth_gbps`` set to :func:`bandwidth_at_gbps` of
-    ``working_set_bytes``, ``shared_memory_cold_call_s`` to its curve's value there and
-    ``gemm_from_memory_fraction`` to :func:`from_memory_fraction`: the profile every kernel and
-    collective of one graph is priced with. The curves are kept, so resolving again (for another
-    working set) starts from the measurements, not from these figures. A profile with no curve is
-    returned unchanged."""
-    resolved: dict[str, float] = {}
+    ``working_set_bytes`` and ``shared_memory_cold_call_s`` to its curve's value there: the profile
+    every kernel and collective of one graph is priced with. The curves are kept, so resolving
+    again (for another working set) starts from the measurements, not from these figures. A
+    profile with no curve is returned unchanged."""
+    resolved = {}
     if hardware.memory_bandwidth_curve:
         resolved["memory_bandwidth_gbps"] = bandwidth_at_gbps(hardware, working_set_bytes)
     if hardware.shared_memory_cold_curve:
         resolved["shared_memory_cold_call_s"] = _on_curve(hardware.shared_memory_cold_curve, working_set_bytes)
-    if hardware.gemm_in_cache_curve and hardware.last_level_cache_bytes:
-        resolved["gemm_from_memory_fraction"] = from_memory_fraction(working_set_bytes, hardware.last_level_cache_bytes)
     return dataclasses.replace(hardware, **resolved) if resolved else hardware
-
-
-def from_memory_fraction(working_set_bytes: float, cache_bytes: float) -> float:
-    """The share of a graph's weights read from memory on each call: 0 while its working set fits in the cache,
-    1 from twice the cache, linear in ``log2(working set / cache)`` between (a working set just above the cache
-    still finds part of it there; one twice the cache, read in the same order every call, evicts each weight
-    before its next use)."""
-    if working_set_bytes <= cache_bytes:
-        return 0.0
-    return min(1.0, math.log2(working_set_bytes / cache_bytes))
 
 
 def graph_profile(hardware: Hardware, working_set_bytes: float, *, training: bool = False) -> Hardware:

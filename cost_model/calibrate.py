@@ -5,8 +5,8 @@ group, no timing).
 a gloo group and hands the per-rank :class:`RankMeasurements` and the :class:`CollectiveSample`
 list to :func:`build_profile`: medians over the ranks, the links fitted to the formulas of
 :mod:`.collectives` (:func:`fit_link`), the GEMM curve and the host terms fitted by
-:mod:`.graph_calibration`, every single-op price but a GEMM's arithmetic scaled by what the same work cost in
-the graphs, and every one divided by the share of a core a rank got.
+:mod:`.graph_calibration`, every single-op price scaled by what the same work cost in the graphs and divided by
+the share of a core a rank got.
 :func:`with_nodes` makes a measured profile one node of a two-level machine.
 """
 
@@ -24,15 +24,7 @@ from scipy.optimize import nnls
 
 from .bandwidth import at_working_set
 from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
-from .graph_calibration import (
-    GemmSample,
-    GraphSample,
-    HostFit,
-    fit_gemm_curve,
-    fit_host_terms,
-    from_memory_weight_bytes,
-    in_cache_weight_bytes,
-)
+from .graph_calibration import COLD_WEIGHT_BYTES, GemmSample, GraphSample, HostFit, fit_gemm_curve, fit_host_terms
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
@@ -96,12 +88,6 @@ class RankMeasurements:
     model_call_s: float = 0.0
     """What a compiled model's call adds to its rank-local graph's call (:func:`autotp.calibration.model_call.
     measure_model_call_s`, work seconds; 0.0: not measured)."""
-    gemm_in_cache_samples: tuple[GemmSample, ...] = ()
-    """The GEMM samples' shapes timed on weights in the last-level cache
-    (:func:`~.graph_calibration.in_cache_weight_bytes`; ``gemm_samples`` read theirs from memory; empty: not
-    measured)."""
-    last_level_cache_bytes: int = 0
-    """The last-level cache this rank's CPU reports, bytes (0: not known)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,16 +104,12 @@ class LinkFit:
 def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
                     gemms: Sequence[GemmSample], transcendental: float,
                     bandwidth_points: Sequence[tuple[int, float]] = (),
-                    element_rates: Sequence[tuple[str, float]] = (), *,
-                    gemms_in_cache: Sequence[GemmSample] = (), cache_bytes: float = 0.0, ranks: int = 1) -> Hardware:
+                    element_rates: Sequence[tuple[str, float]] = ()) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
-    graph samples' kernels are priced with, and the GEMM curves fitted on it. ``bandwidth_points``:
-    ``(working_set_bytes, bytes_per_s)``; the GEMM samples ``gemms`` are priced at the bandwidth of the
-    weights they cycle through (:func:`~.graph_calibration.from_memory_weight_bytes`), as a graph is priced at
-    its working set, and give ``peak_tflops`` and ``gemm_half_efficiency_dim``; ``gemms_in_cache`` (weights in the
-    last-level cache of ``cache_bytes``, shared by ``ranks``: :func:`~.graph_calibration.in_cache_weight_bytes`)
-    give ``gemm_in_cache_curve`` where the cache is known; ``element_rates``: each transcendental and pooling op's
-    own rate (``Hardware.op_element_s``)."""
+    graph samples' kernels are priced with, and the GEMM curve fitted on it. ``bandwidth_points``:
+    ``(working_set_bytes, bytes_per_s)``; the GEMM samples are priced at the bandwidth of the
+    weights they cycle through (``COLD_WEIGHT_BYTES``), as a graph is priced at its working set;
+    ``element_rates``: each transcendental and pooling op's own rate (``Hardware.op_element_s``)."""
     placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
     profile = Hardware(
         name="kernels-only", peak_tflops={d: rate / 1e12 for d, rate in flops.items()},
@@ -136,16 +118,10 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
         transcendental_element_s=transcendental, op_element_s=tuple(element_rates),
         memory_bandwidth_curve=tuple((size, rate / 1e9) for size, rate in bandwidth_points),
     )
-    if not gemms:
-        return profile
-    measured = profile
-    curve = fit_gemm_curve(gemms, at_working_set(measured, from_memory_weight_bytes(cache_bytes)))
-    profile = dataclasses.replace(measured, gemm_half_efficiency_dim=curve.half_dim,
-                                  peak_tflops={d: t * curve.peak_scale for d, t in measured.peak_tflops.items()})
-    if gemms_in_cache and cache_bytes:
-        in_cache = fit_gemm_curve(gemms_in_cache, at_working_set(measured, in_cache_weight_bytes(cache_bytes, ranks)))
-        profile = dataclasses.replace(profile, last_level_cache_bytes=float(cache_bytes),
-                                      gemm_in_cache_curve=(in_cache.peak_scale / curve.peak_scale, in_cache.half_dim))
+    if gemms:
+        curve = fit_gemm_curve(gemms, at_working_set(profile, COLD_WEIGHT_BYTES))
+        profile = dataclasses.replace(profile, gemm_half_efficiency_dim=curve.half_dim,
+                                      peak_tflops={d: t * curve.peak_scale for d, t in profile.peak_tflops.items()})
     return profile
 
 
@@ -267,8 +243,7 @@ def build_profile(
     first = compute[0]
     kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
-                              first.copy_curve, first.op_element_s, gemms_in_cache=first.gemm_in_cache_samples,
-                              cache_bytes=first.last_level_cache_bytes, ranks=world_size)
+                              first.copy_curve, first.op_element_s)
     if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
@@ -298,14 +273,13 @@ def build_profile(
     )
     scale = kernels.peak_tflops["float32"] * 1e12 / first.matmul_flops_per_s["float32"] if first.gemm_samples else 1.0
     # The kernels were timed on the work clock (a rank's own work), each on its own in a loop: in a graph
-    # every single-op price but a GEMM's arithmetic costs in_graph_scale times as much, and a rank gets only a
-    # share of a core (other ranks, other processes), so every work rate slows by both (the GEMMs' by the share).
+    # every single-op price costs in_graph_scale times as much, and a rank gets only a share of a core (other
+    # ranks, other processes), so every work rate slows by both.
     in_graph = host.in_graph_scale if host is not None else 1.0
     core_share = host.core_share if host is not None else 1.0
     pace = core_share / in_graph  # a single-op rate's share of itself in a graph
     if host is not None:
-        source += (f"; work in the graphs beyond their GEMMs' arithmetic {in_graph:.2f} x what their single ops price "
-                   "(in_graph_scale)")
+        source += f"; work in the graphs {in_graph:.2f} x what their single ops price (in_graph_scale)"
     if core_share < 1.0:
         source += f"; work terms divided by the share of a core a rank got in the graphs ({core_share:.2f})"
     if host is not None and host.link_base_adjust_s < 0:
@@ -314,9 +288,8 @@ def build_profile(
                    f"back, {graph_link.base_latency_s * 1e6:.0f} us in graphs")
     return Hardware(
         name=name,
-        # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale; a GEMM's
-        # arithmetic runs in a graph at its rate in a loop (fit_in_graph_scale), at the rank's share of a core
-        peak_tflops={d: tflops * scale * core_share for d, tflops in peak_tflops.items()},
+        # the GEMM curve's asymptote: the best measured rate (at a finite shape) times the fitted scale
+        peak_tflops={d: tflops * scale * pace for d, tflops in peak_tflops.items()},
         memory_bandwidth_gbps=bandwidth * pace / 1e9,
         memory_gib=_host_memory_bytes() / world_size / 2**30,
         # With graphs measured, a node's fixed cost is the fitted dispatch (the chain of tiny ops,
@@ -335,8 +308,6 @@ def build_profile(
         call_sync_wait_per_compute=host.call_sync_wait_per_compute if host is not None else 0.0,
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
-        gemm_in_cache_curve=kernels.gemm_in_cache_curve,
-        last_level_cache_bytes=kernels.last_level_cache_bytes,
         transcendental_element_s=transcendental / pace,
         op_element_s=_median_by_name([m.op_element_s for m in compute], pace),
         op_fixed_s=_median_by_name([m.op_fixed_s for m in compute], pace),

@@ -25,9 +25,7 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
   BLAS runs it as a GEMV kernel that streams the matrix once with no tile to fill, so its roof
   is its bytes (measured on this project's CPU: a one-token ``aten.linear`` of a 512 x 512 weight
   reads it at the copy bandwidth of its working set, where the curve at ``d = 1`` predicted
-  1.45x longer); the curve applies from ``d = 2``. A calibrated CPU profile has two such curves, for
-  weights read from memory and for weights in cache (:func:`gemm_flops_per_s`): a CPU thread does not
-  hide the read behind the arithmetic.
+  1.45x longer); the curve applies from ``d = 2``.
 * **per-element rates** (:func:`rated_elements`): a transcendental elementwise op (exp, tanh, silu, gelu,
   softmax, ...) runs its arithmetic on special-function units (GPU) or polynomial code (CPU), and a pooling op
   compares or adds each element of its windows (a max with a branch per element, which a CPU predicts badly
@@ -78,9 +76,6 @@ __all__ = [
     "first_call_key",
     "gemm_dims",
     "gemm_efficiency",
-    "gemm_arithmetic_s",
-    "gemm_curves_text",
-    "gemm_flops_per_s",
     "has_element_rate",
     "in_graph_kernel_s",
     "is_lookup",
@@ -142,30 +137,10 @@ def gemm_efficiency(min_dim: Any, hardware: Hardware) -> Any:
     ``d / (d + Hardware.gemm_half_efficiency_dim)``, 1.0 when the profile sets no curve.
     Monotone increasing in ``d``, equal to 1/2 at ``d = gemm_half_efficiency_dim``; 1.0 at ``d = 1``
     (a matrix-vector product: bandwidth bound, see the module docstring)."""
-    return _on_gemm_curve(min_dim, hardware.gemm_half_efficiency_dim)
-
-
-def _on_gemm_curve(min_dim: Any, half: float) -> Any:
+    half = hardware.gemm_half_efficiency_dim
     if half == 0 or (isinstance(min_dim, (int, float)) and min_dim <= 1):
         return 1.0
     return min_dim / (min_dim + half)
-
-
-def gemm_flops_per_s(dtype: torch.dtype | str, min_dim: float, hardware: Hardware) -> float:
-    """FLOP/s of a GEMM in ``dtype`` whose smallest dim (of m, n, k) is ``min_dim``.
-
-    The achievable peak times :func:`gemm_efficiency`; with ``Hardware.gemm_in_cache_curve`` that is the rate of a
-    GEMM whose weight is read from memory, and a weight in cache runs on the in-cache curve. A graph whose weights
-    are read from memory in part (``Hardware.gemm_from_memory_fraction``, ``f``) pays each curve's arithmetic time
-    for its share: ``1 / rate = f / rate_from_memory + (1 - f) / rate_in_cache``.
-    """
-    from_memory = achievable_flops_per_s(dtype, hardware) * gemm_efficiency(min_dim, hardware)
-    fraction = hardware.gemm_from_memory_fraction
-    if not hardware.gemm_in_cache_curve or fraction == 1.0:
-        return from_memory
-    peak_scale, half = hardware.gemm_in_cache_curve
-    in_cache = achievable_flops_per_s(dtype, hardware) * peak_scale * _on_gemm_curve(min_dim, half)
-    return 1.0 / (fraction / from_memory + (1.0 - fraction) / in_cache)
 
 
 def compute_time_s(
@@ -200,7 +175,7 @@ def compute_time_s(
     # With no arithmetic the dtype's peak does not matter (and may be absent, e.g. int64 copies).
     flops_per_s = achievable_flops_per_s(dtype, hardware) if flops > 0 else math.inf
     if flops > 0 and gemm_min_dim is not None:
-        flops_per_s = gemm_flops_per_s(dtype, max(gemm_min_dim, 1), hardware)
+        flops_per_s *= gemm_efficiency(max(gemm_min_dim, 1), hardware)
     device_s = roofline_time_s(
         flops,
         memory_bytes,
@@ -213,28 +188,6 @@ def compute_time_s(
         arithmetic_s = rated_elements * hardware.element_rate_s(rated_op, default)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
     return float(node_time_s(in_graph_kernel_s(device_s, hardware) + hardware.fixed_costs_s(fixed), hardware))
-
-
-def gemm_curves_text(hardware: Hardware) -> str:
-    """The profile's GEMM curves in words: ``"half rate at dim 16"``, and with an in-cache curve
-    ``"half rate at dim 16 from memory, 4 in cache (peak x 1.04)"``."""
-    text = f"half rate at dim {hardware.gemm_half_efficiency_dim:g}"
-    if not hardware.gemm_in_cache_curve:
-        return text
-    peak_scale, half = hardware.gemm_in_cache_curve
-    return f"{text} from memory, {half:g} in cache (peak x {peak_scale:.2f})"
-
-
-def gemm_arithmetic_s(flops: float, memory_bytes: float, dtype: torch.dtype, hardware: Hardware,
-                      gemm_min_dim: float | None) -> float:
-    """The seconds of a kernel's roofline (:func:`compute_time_s`) that are its FLOPs at the GEMM rate
-    (:func:`gemm_flops_per_s`): all of its arithmetic roof when that is the larger, 0.0 when its bytes bound it or
-    it has no FLOPs. What a calibrated profile's in-graph scale leaves as measured
-    (``cost_model.graph_calibration.fit_in_graph_scale``)."""
-    if flops <= 0 or gemm_min_dim is None:
-        return 0.0
-    arithmetic = flops / gemm_flops_per_s(dtype, max(gemm_min_dim, 1), hardware)
-    return arithmetic if arithmetic >= memory_bytes / achievable_memory_bytes_per_s(hardware) else 0.0
 
 
 def in_graph_kernel_s(device_s: Any, hardware: Hardware) -> Any:

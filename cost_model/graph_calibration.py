@@ -18,20 +18,17 @@ and on the work clock (:func:`~autotp.calibration.graphs.work_clock`: the rank's
 also in its *compute form* (:func:`~autotp.calibration.graphs.local_stand_ins`: every collective replaced by a local op of its
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
-    compute_work_s = arithmetic_s
-                     + in_graph_scale * (device_s - arithmetic_s + view_nodes * view_op_s + kernel_nodes * kernel_floor_s)
+    compute_work_s = in_graph_scale * (device_s + view_nodes * view_op_s + kernel_nodes * kernel_floor_s)
     compute_s = compute_work_s / core_share
     seconds   = compute_s + link_s + collectives * collective_wait_s
                 + call_sync_wait_s + call_sync_wait_per_compute * compute_s   (with collectives)
 
 where ``device_s`` is the roofline time of the graph's kernels and their op families' fixed costs
-(:func:`~.compute.compute_time_s` with no host term and no per-kernel floor), ``arithmetic_s`` the part of it
-that is GEMM arithmetic (:func:`~.compute.gemm_arithmetic_s`: a GEMM runs in a graph at its rate in a loop),
-``view_op_s`` and ``kernel_floor_s`` what a view and a tiny kernel cost in a chain timed in a loop,
-``in_graph_scale`` how much more the same work costs in a graph of many different ops (:func:`fit_in_graph_scale`:
-one number, at least 1, by which the profile scales every single-op price but the GEMMs' arithmetic and charges
-the floor as each kernel node's dispatch; the calibrated profile sets ``kernel_floor_s`` itself to 0), ``link_s``
-the alpha-beta time of its
+(:func:`~.compute.compute_time_s` with no host term and no per-kernel floor), ``view_op_s`` and
+``kernel_floor_s`` what a view and a tiny kernel cost in a chain timed in a loop, ``in_graph_scale`` how much
+more the same work costs in a graph of many different ops (:func:`fit_in_graph_scale`: one number, at least 1,
+by which the profile scales every single-op price and charges the floor as each kernel node's dispatch; the
+calibrated profile sets ``kernel_floor_s`` itself to 0), ``link_s`` the alpha-beta time of its
 collectives on the link fitted back to back, and ``core_share`` the share of a core a rank gets
 while computing: its median work over the median of the group's wall times in the compute
 forms of all graphs, each graph weighing by its time
@@ -54,8 +51,7 @@ Two rates are fitted on single ops first, because the graph fit stands on them:
 
 * :func:`fit_gemm_curve`: ``aten.linear`` at a fixed width and growing token counts; the
   ``gemm_half_efficiency_dim`` whose roofline (:func:`~.compute.gemm_efficiency`) best matches
-  the timings, with the peak the curve tends to (the best rate measured is itself below it); once on
-  weights read from memory and once on a weight in cache (``Hardware.gemm_in_cache_curve``);
+  the timings, with the peak the curve tends to (the best rate measured is itself below it);
 * :func:`~autotp.calibration.graphs.measure_element_rates`: seconds per element of exp, tanh, sigmoid, silu and
   gelu on a large tensor, the median over them; and each transcendental and pooling op's own rate.
 """
@@ -91,11 +87,8 @@ __all__ = [
     "fit_in_graph_scale",
     "fit_wait_line",
     "fit_wait_terms",
-    "from_memory_weight_bytes",
-    "in_cache_weight_bytes",
     "graph_link_s",
     "priced_work_s",
-    "scaled_work_s",
 ]
 
 
@@ -162,9 +155,7 @@ class GraphSample:
     whole), at which a shared-memory collective's cold-cache cost is resolved (:func:`graph_link_s`;
     0: not recorded, no cold cost). ``kernel_s``: each kernel node's roofline time (they sum to
     ``device_s`` less the op families' fixed costs, ``Hardware.op_fixed_s``; empty: not recorded), for
-    diagnosing a fit by kernel size. ``arithmetic_s``: the GEMM arithmetic in ``device_s`` (each compute-bound
-    kernel's FLOPs at the GEMM rate, ``compute.gemm_arithmetic_s``), which :func:`fit_in_graph_scale` does not
-    scale (0.0: not recorded, older samples).
+    diagnosing a fit by kernel size.
     """
 
     kernel_nodes: int
@@ -178,7 +169,6 @@ class GraphSample:
     compute_work_s: float = 0.0
     working_set_bytes: int = 0
     kernel_s: tuple[float, ...] = ()
-    arithmetic_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,8 +182,7 @@ class HostFit:
     entered it out of step; ``call_sync_wait_per_compute``: the wait, per second of a call's compute,
     of ranks that drift apart while they compute between collectives (:func:`fit_wait_terms`);
     ``in_graph_scale``: the graphs' work over what their single ops price (:func:`fit_in_graph_scale`), by which
-    the profile scales every single-op price but the GEMMs' arithmetic (``host_dispatch_s`` is the floor scaled by
-    it, and by the share)."""
+    the profile scales every single-op price (``host_dispatch_s`` is the floor scaled by it, and by the share)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -231,7 +220,7 @@ def fit_gemm_curve(samples: Sequence[GemmSample], hardware: Hardware) -> GemmFit
     apart), smallest median absolute log error, the flattest curve on a tie."""
     if not samples:
         raise ValueError("need at least one GEMM sample to fit the shape-dependent GEMM rate")
-    device = dataclasses.replace(device_only(hardware), gemm_in_cache_curve=())  # the one curve fitted here
+    device = device_only(hardware)
     best: tuple[float, float, float] | None = None
     for half in _HALF_DIMS:
         for scale in _PEAK_SCALES:
@@ -310,7 +299,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     share = sum(sample.work_s for sample in alone) / sum(sample.work_s / sample.core_share for sample in alone)
 
     def wall_without_wait_s(sample: GraphSample) -> float:
-        return scaled_work_s(sample, scale, view_op_s, kernel_floor_s) / share + link_s(sample)
+        return scale * priced_work_s(sample, view_op_s, kernel_floor_s) / share + link_s(sample)
 
     waits = [(sample.seconds - wall_without_wait_s(sample)) / len(sample.collectives)
              for sample in samples if sample.collectives]
@@ -377,7 +366,7 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
              / sum(sample.compute_work_s / sample.core_share for sample in samples))
 
     def compute_wall_s(sample: GraphSample) -> float:
-        return scaled_work_s(sample, scale, view_op_s, kernel_floor_s) / share
+        return scale * priced_work_s(sample, view_op_s, kernel_floor_s) / share
 
     synced = [sample for sample in samples if sample.collectives]
     entry_s, in_graph_s, per_compute = fit_wait_terms(
@@ -402,22 +391,11 @@ def priced_work_s(sample: GraphSample, view_op_s: float, node_s: float) -> float
     return sample.device_s + sample.view_nodes * view_op_s + sample.kernel_nodes * node_s
 
 
-def scaled_work_s(sample: GraphSample, scale: float, view_op_s: float, node_s: float) -> float:
-    """``sample``'s priced work (:func:`priced_work_s`) in a graph: its GEMMs' arithmetic as priced, the rest
-    times the in-graph ``scale`` (:func:`fit_in_graph_scale`)."""
-    return sample.arithmetic_s + scale * (priced_work_s(sample, view_op_s, node_s) - sample.arithmetic_s)
-
-
 def fit_in_graph_scale(samples: Sequence[GraphSample], work_s: Sequence[float], *, view_op_s: float,
                        node_s: float) -> float:
-    """How much more work the graphs took than their single ops price (:func:`priced_work_s`), beyond their GEMMs'
-    arithmetic: their total work less that arithmetic over their total priced work less it, each graph weighing by
-    its time (the longest, most like a forward, count most), at least 1. ``work_s``: each graph's measured work.
-
-    Not the GEMMs' arithmetic: a GEMM runs in a graph at the rate it runs in a loop, on the curve of where its
-    weight is (in cache or read from memory; on this project's VM Llama's GEMMs back to back in its graph took
-    within 3% of the same shapes in a loop). Scaling them too priced a model of large GEMMs 12-19% above its time
-    at tp 1 (docs: cost-model accuracy), while the graphs' extra sits in the many small ops around them.
+    """How much more work the graphs took than their single ops price (:func:`priced_work_s`): their total work
+    over their total priced work, each graph weighing by its time (the longest, most like a forward, count
+    most), at least 1. ``work_s``: each graph's measured work.
 
     At least 1: an op in a graph costs no less than the same op timed in a tight loop, where its code and data
     stay hot. A ratio below 1 means the single ops were timed in one of the machine's slow spells and the graphs
@@ -434,12 +412,10 @@ def fit_in_graph_scale(samples: Sequence[GraphSample], work_s: Sequence[float], 
         raise ValueError(f"need one work per graph, got {len(samples)} graphs and {len(work_s)} works")
     if not work_s or any(not work > 0 for work in work_s):
         raise ValueError(f"every graph's work must be > 0, got {list(work_s)}")
-    arithmetic = sum(sample.arithmetic_s for sample in samples)
-    priced = sum(priced_work_s(sample, view_op_s, node_s) for sample in samples) - arithmetic
+    priced = sum(priced_work_s(sample, view_op_s, node_s) for sample in samples)
     if not priced > 0:
-        raise ValueError("the graphs price at no work beyond their GEMMs' arithmetic (no other kernels, views or "
-                         "floor): nothing to scale")
-    return max(1.0, (float(sum(work_s)) - arithmetic) / priced)
+        raise ValueError("the graphs price at no work (no kernels, views or floor): nothing to scale")
+    return max(1.0, float(sum(work_s)) / priced)
 
 
 WAIT_FIT_INLIER_ERROR = 0.1
@@ -564,28 +540,14 @@ def device_only(hardware: Hardware) -> Hardware:
 
 
 COLD_WEIGHT_BYTES = 64 * 2**20
-"""Bytes of distinct weights a GEMM sample read from memory cycles through, at least (twice the last-level cache
-where that is larger: :func:`from_memory_weight_bytes`): each call reads its weight from memory, as a model's
-forward does when its weights do not fit in the cache (it reads each weight once per call, long after the
-previous call evicted it). A weight in the cache runs faster, by about as much as its read from memory takes
-(``benchmarks/gemm_rate.py`` times both), so the calibration fits a curve on each
-(``Hardware.gemm_in_cache_curve``, :func:`in_cache_weight_bytes`)."""
-
-
-def from_memory_weight_bytes(cache_bytes: float) -> int:
-    """Bytes of weights the GEMM samples read from memory cycle through on a machine of ``cache_bytes`` of
-    last-level cache: :data:`COLD_WEIGHT_BYTES`, or twice the cache where that is more."""
-    return max(COLD_WEIGHT_BYTES, 2 * int(cache_bytes))
-
-
-def in_cache_weight_bytes(cache_bytes: float, ranks: int) -> int:
-    """Bytes of weights each rank's in-cache GEMM samples cycle through: half the last-level cache, shared by
-    ``ranks`` ranks. Each call then reads its weight from the last-level cache, as in a graph whose weights fit
-    there (the ops between two calls of a GEMM evict its weight from the core's own caches), with every rank
-    reading its own at once. One weight reused in a loop stays in the core's own cache: on this project's 2-core
-    VM that curve priced the in-cache families' GEMMs a median 21% below their time at tp 2 (docs: cost-model
-    accuracy)."""
-    return int(cache_bytes) // (2 * max(1, ranks))
+"""Bytes of distinct weights a GEMM sample cycles through: more than a CPU's last-level cache, so
+each call reads its weight from memory, as a model's forward does when its weights do not fit in the
+cache (it reads each weight once per call, long after the previous call evicted it). A weight that
+stays in cache runs faster, by about as much as its read from memory takes: a model whose weights fit
+in the cache (the accuracy benchmark's, at most 8 MiB) runs its GEMMs at that faster rate, and this curve
+prices them about a third above their time in its graph (``benchmarks/gemm_rate.py`` times both; the
+cost-model accuracy page has the figures). Pricing both needs the read from memory added to the GEMM's
+arithmetic, not the larger of the two as the roofline takes them."""
 
 
 GRAPH_FAMILIES = ("llama", "gpt", "mlp")

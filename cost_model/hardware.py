@@ -181,34 +181,6 @@ def _checked_curve(owner: str, curve: Any, field_name: str = "memory_bandwidth_c
     return points
 
 
-def _checked_gemm_curve(owner: str, curve: Any) -> tuple[float, float] | tuple[()]:
-    """``curve`` as ``(peak_scale, half_efficiency_dim)`` (scale > 0, dim >= 0) or ``()``; ValueError otherwise."""
-    try:
-        points = tuple(curve)
-    except TypeError:
-        points = None
-    if points == ():
-        return ()
-    if points is None or len(points) != 2:
-        raise ValueError(f"{owner}.gemm_in_cache_curve must be (peak_scale, half_efficiency_dim) or (), got {curve!r}")
-    _check_positive_number(owner, "gemm_in_cache_curve peak_scale", points[0])
-    _check_positive_number(owner, "gemm_in_cache_curve half_efficiency_dim", points[1], allow_zero=True)
-    return (points[0], points[1])
-
-
-def _gemm_curve_from_json(data: Any) -> tuple[float, float] | tuple[()]:
-    """The JSON form of ``gemm_in_cache_curve`` (``{"peak_scale", "half_efficiency_dim"}``, or absent)."""
-    if data is None:
-        return ()
-    if not isinstance(data, Mapping):
-        raise ValueError(f"gemm_in_cache_curve must be an object {{'peak_scale', 'half_efficiency_dim'}}, "
-                         f"got {type(data).__name__}")
-    _check_known_fields(data, ("peak_scale", "half_efficiency_dim"), "gemm_in_cache_curve")
-    if "peak_scale" not in data or "half_efficiency_dim" not in data:
-        raise ValueError(f"gemm_in_cache_curve needs 'peak_scale' and 'half_efficiency_dim', got {dict(data)!r}")
-    return (data["peak_scale"], data["half_efficiency_dim"])
-
-
 def _curve_from_json(data: Any, field_name: str = "memory_bandwidth_curve",
                      value: str = "bandwidth_gbps") -> tuple[tuple[float, float], ...]:
     """The JSON form of a working-set curve (a list of ``{"working_set_bytes", value}`` objects)."""
@@ -334,27 +306,14 @@ class Hardware:
     likelier it loses its core for a time slice to another rank or process); 0.0 on GPUs.
     ``gemm_half_efficiency_dim``: GEMM rate as a function of shape: a GEMM whose smallest dim
     (of m, n, k) is ``d`` runs at ``d / (d + gemm_half_efficiency_dim)`` of the peak (0.0: the
-    peak at every shape); :func:`~.compute.gemm_efficiency`. With ``gemm_in_cache_curve`` set, this curve and
-    ``peak_tflops`` are those of GEMMs whose weights are read from memory.
-    ``gemm_in_cache_curve``: ``(peak_scale, half_efficiency_dim)`` of GEMMs whose weights stay in the cache from
-    one call of the graph to the next: their peak is ``peak_tflops`` times ``peak_scale``, their curve
-    ``d / (d + half_efficiency_dim)``; empty (every named profile): one curve for every GEMM. On a CPU a GEMM's
-    weight read from memory is not hidden behind its arithmetic: on a 2-core VM it added about as much at 1 token
-    as at 32 (a 1024 x 1024 float32 weight: 0.1-0.4 ms per call at 1 to 128 tokens), so the curve fitted on
-    weights read from memory prices a model that fits in the cache a third above its GEMMs' time. ``autotp
-    calibrate`` fits both curves (:func:`~.compute.gemm_flops_per_s` blends them).
-    ``last_level_cache_bytes``: the cache the ranks share (a CPU's last level), bytes; 0.0: not known, every
-    GEMM's weight read from memory.
-    ``gemm_from_memory_fraction``: the share of a GEMM's weights read from memory in the graph being priced, in
-    [0, 1]: 0 when the graph's working set fits in ``last_level_cache_bytes``, 1 from twice that (the cost pass
-    sets it per graph, :func:`~.bandwidth.at_working_set`); 1.0 by default.
+    peak at every shape); :func:`~.compute.gemm_efficiency`.
     ``kernel_extra_fraction`` and ``kernel_extra_cap_s``: what a kernel costs in a graph beyond its
     roofline at the rates of single ops timed in a tight loop (its code, inputs and weights were hot
     there; in a graph other kernels ran in between), ``extra * d * cap / (cap + d)`` for a kernel of
     roofline time ``d`` (:func:`~.compute.in_graph_kernel_s`): about ``extra * d`` for small kernels,
     at most ``extra * cap`` for large ones, which stream their data either way. Profiles from earlier
-    releases of ``autotp calibrate`` carry them; it now scales every single-op price but a GEMM's arithmetic by
-    one factor fitted on its rank-local graphs instead (``cost_model.graph_calibration.fit_in_graph_scale``) and
+    releases of ``autotp calibrate`` carry them; it now scales every single-op price by one factor
+    fitted on its rank-local graphs instead (``cost_model.graph_calibration.fit_in_graph_scale``) and
     leaves both at 0.0, as every named profile has them.
     ``op_fixed_s``: ``(name, seconds)`` pairs, one per :data:`OP_FIXED_COSTS` entry measured: the
     fixed cost one call of an op of that family pays beyond its roofline and a plain kernel's (library
@@ -443,9 +402,6 @@ class Hardware:
     call_sync_wait_s: float = 0.0
     call_sync_wait_per_compute: float = 0.0
     gemm_half_efficiency_dim: float = 0.0
-    gemm_in_cache_curve: tuple[float, float] | tuple[()] = ()
-    last_level_cache_bytes: float = 0.0
-    gemm_from_memory_fraction: float = 1.0
     transcendental_element_s: float = 0.0
     op_element_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_call_s: float = 0.0
@@ -499,12 +455,6 @@ class Hardware:
                                                                         FIRST_CALL_KINDS))
         object.__setattr__(self, "op_element_s", _checked_named_seconds(
             owner, "op_element_s", self.op_element_s))
-        object.__setattr__(self, "gemm_in_cache_curve", _checked_gemm_curve(owner, self.gemm_in_cache_curve))
-        _check_positive_number(owner, "last_level_cache_bytes", self.last_level_cache_bytes, allow_zero=True)
-        _check_positive_number(owner, "gemm_from_memory_fraction", self.gemm_from_memory_fraction, allow_zero=True)
-        if self.gemm_from_memory_fraction > 1:
-            raise ValueError(f"{owner}.gemm_from_memory_fraction must be in [0, 1], "
-                             f"got {self.gemm_from_memory_fraction!r}")
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
         object.__setattr__(self, "shared_memory_cold_curve", _checked_curve(
             owner, self.shared_memory_cold_curve, "shared_memory_cold_curve", "seconds", allow_zero=True))
@@ -545,9 +495,6 @@ class Hardware:
                 self.first_call_s,
                 self.memory_bandwidth_curve,
                 self.shared_memory_cold_curve,
-                self.gemm_in_cache_curve,
-                self.last_level_cache_bytes,
-                self.gemm_from_memory_fraction,
                 self.small_all_reduce,
                 self.shared_memory_link,
                 self.core_share,
@@ -631,12 +578,6 @@ class Hardware:
                if self.op_element_s else {}),
             "memory_bandwidth_curve": [{"working_set_bytes": size, "bandwidth_gbps": gbps}
                                        for size, gbps in self.memory_bandwidth_curve],
-            **({"gemm_in_cache_curve": {"peak_scale": self.gemm_in_cache_curve[0],
-                                        "half_efficiency_dim": self.gemm_in_cache_curve[1]}}
-               if self.gemm_in_cache_curve else {}),
-            **({"last_level_cache_bytes": self.last_level_cache_bytes} if self.last_level_cache_bytes else {}),
-            **({"gemm_from_memory_fraction": self.gemm_from_memory_fraction}
-               if self.gemm_from_memory_fraction != 1.0 else {}),
             "small_all_reduce": self.small_all_reduce,
             **({"shared_memory_link": self.shared_memory_link.to_dict()} if self.shared_memory_link else {}),
             **({"shared_memory_cold_curve": [{"working_set_bytes": size, "seconds": seconds}
@@ -673,8 +614,7 @@ class Hardware:
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s", "first_call_s",
-                    "memory_bandwidth_curve", "gemm_in_cache_curve", "last_level_cache_bytes",
-                    "gemm_from_memory_fraction",
+                    "memory_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share")
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
@@ -713,10 +653,6 @@ class Hardware:
                     "op_element_s", data.get("op_element_s", {})),
                 # absent in profiles written before the working-set curve and the one-shot pricing
                 memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
-                # absent in profiles written before the in-cache GEMM curve: one curve for every GEMM
-                gemm_in_cache_curve=_gemm_curve_from_json(data.get("gemm_in_cache_curve")),
-                last_level_cache_bytes=data.get("last_level_cache_bytes", 0.0),
-                gemm_from_memory_fraction=data.get("gemm_from_memory_fraction", 1.0),
                 small_all_reduce=data.get("small_all_reduce",
                                           "one_shot" if data.get("host_is_device", False) is True else "ring"),
                 shared_memory_link=shared_memory_link,

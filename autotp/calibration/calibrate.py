@@ -31,14 +31,9 @@ profile field         measurement (median over timed repeats, after warm-up)
                       :mod:`autotp.cost_model.collectives` by non-negative least squares on relative error
                       (each sample ``t`` weighted ``1/t``, so small messages count as much as
                       large ones)
-``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens, each call on another of 64 MiB of weights (or twice
-                      the last-level cache; read from memory, as a forward of a model larger than the cache
-                      reads each weight): the shape curve of the GEMM rate and the peak it tends to
-                      (:func:`autotp.cost_model.graph_calibration.fit_gemm_curve`)
-``gemm_in_cache_...`` the same shapes on weights that fit in the last-level cache (half of it, shared by the
-                      ranks: as a model that fits in the cache runs its GEMMs): their own curve and peak; the
-                      last-level cache from the CPU's description (``/sys/devices/system/cpu``), which says
-                      which curve prices a graph's GEMMs
+``gemm_half_...``     ``aten.linear`` at 1 to 256 tokens, each call on another of 64 MiB of weights
+                      (read from memory, as a forward reads each weight once): the shape curve of
+                      the GEMM rate and the peak it tends to (:func:`autotp.cost_model.graph_calibration.fit_gemm_curve`)
 ``transcendental_..`` seconds per element of exp, tanh, sigmoid, silu, gelu on a large tensor (their median), and
 ``op_element_s``      of each of them, erf, log, sin, cos, rsqrt and sqrt by name; and of each pooling op per
                       element of its windows, on values fresh to the branch predictor
@@ -99,7 +94,6 @@ import torch
 import torch.distributed as dist
 
 from autotp.calibration.graphs import (
-    last_level_cache_bytes,
     measure_cold_call_s,
     measure_copy_curve,
     measure_element_rates,
@@ -118,14 +112,7 @@ from autotp.cost_model.calibrate import (
     build_profile,
     kernel_profile,
 )
-from autotp.cost_model.graph_calibration import (
-    GRAPH_FAMILIES,
-    GemmSample,
-    GraphSample,
-    GraphShape,
-    from_memory_weight_bytes,
-    in_cache_weight_bytes,
-)
+from autotp.cost_model.graph_calibration import GRAPH_FAMILIES, GemmSample, GraphSample, GraphShape
 from autotp.cost_model.hardware import Hardware
 from autotp.runtime.shared_memory import shared_memory_all_reduce_for
 
@@ -423,8 +410,6 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     cold: tuple[tuple[int, float], ...] = ()
     curve: tuple[tuple[int, float], ...] = ()
     gemms: tuple[GemmSample, ...] = ()
-    gemms_in_cache: tuple[GemmSample, ...] = ()
-    cache = 0
     graphs: tuple[GraphSample, ...] = ()
     op_fixed: tuple[tuple[str, float], ...] = ()
     element_rates: tuple[tuple[str, float], ...] = ()
@@ -449,23 +434,13 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             _say(progress, f"tiny kernel op in a graph (1 element): {floor * 1e6:.2f} us")
             view = measure_view_op_s(config)
             _say(progress, f"view op in a graph (no kernel): {view * 1e6:.2f} us")
-            cache = last_level_cache_bytes()
-            gemms = tuple(measure_gemm_samples(config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats,
-                                               weight_bytes=from_memory_weight_bytes(cache)))
-            gemms_in_cache = tuple(measure_gemm_samples(
-                config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats,
-                weight_bytes=in_cache_weight_bytes(cache, world_size))) if cache else ()
-            _say(progress, f"GEMM ({config.gemm_width} wide) at {', '.join(map(str, config.gemm_tokens))} tokens, "
-                 "weights read from memory: " + ", ".join(f"{s.seconds * 1e6:.1f}" for s in gemms) + " us; weights "
-                 "in the last-level cache: " + ", ".join(f"{s.seconds * 1e6:.1f}" for s in gemms_in_cache)
-                 + f" us; last-level cache {cache / 2**20:g} MiB")
+            gemms = tuple(measure_gemm_samples(config.gemm_width, config.gemm_tokens, config.min_time_s, config.repeats))
             transcendental, element_rates = measure_element_rates(
                 config.transcendental_numel, config.min_time_s, config.repeats)
             _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element (median); by op "
                  "(pooling per window element): "
                  + ", ".join(f"{name} {rate * 1e9:.2f}" for name, rate in element_rates))
-            kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, element_rates,
-                                     gemms_in_cache=gemms_in_cache, cache_bytes=cache, ranks=world_size)
+            kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, element_rates)
             op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
             _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
                 f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))
@@ -486,7 +461,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed, element_rates, first_call, model_call, gemms_in_cache, cache)
+                            curve, cold, op_fixed, element_rates, first_call, model_call)
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:

@@ -6,7 +6,7 @@ terms, the GEMM curve) and :mod:`autotp.cost_model.calibrate` (the profile); the
 fits import nothing of this module, which runs graphs on process groups (the shared-memory
 all-reduce and the inference pass of :mod:`autotp.runtime.shared_memory`) and so sits above the stages.
 
-- single ops: :func:`work_clock`, :func:`median_work_s`, :func:`measure_gemm_samples`, :func:`last_level_cache_bytes`,
+- single ops: :func:`work_clock`, :func:`median_work_s`, :func:`measure_gemm_samples`,
   :func:`measure_op_fixed_s`, :func:`measure_element_rates`, :func:`measure_first_call_s`, and the copy bandwidth
   by working set (:func:`measure_copy_curve`, :func:`measure_cold_call_s`; the curve is priced by
   :mod:`autotp.cost_model.bandwidth`);
@@ -26,7 +26,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,7 +38,6 @@ from autotp.cost_model.compute import (
     compute_time_s,
     first_call_key,
     fixed_costs,
-    gemm_arithmetic_s,
     gemm_dims,
     launches_no_kernel,
     op_family,
@@ -47,6 +45,7 @@ from autotp.cost_model.compute import (
     rated_elements,
 )
 from autotp.cost_model.graph_calibration import (
+    COLD_WEIGHT_BYTES,
     GemmSample,
     GraphSample,
     GraphShape,
@@ -70,7 +69,6 @@ __all__ = [
     "measure_copy_curve",
     "measure_element_rates",
     "measure_first_call_s",
-    "last_level_cache_bytes",
     "measure_gemm_samples",
     "measure_graphs",
     "measure_op_fixed_s",
@@ -131,14 +129,12 @@ def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torc
     return aten.linear.default(x, next(weights), bias)
 
 
-def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int, *,
-                         weight_bytes: int = 0) -> list[GemmSample]:
-    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens`` (float32), each call
-    on the next of ``weight_bytes`` of distinct weights (at least one): more than the last-level cache, each call
-    reads its weight from memory (:func:`~autotp.cost_model.graph_calibration.from_memory_weight_bytes`); part of
-    it, from there (:func:`~autotp.cost_model.graph_calibration.in_cache_weight_bytes`)."""
+def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, repeats: int) -> list[GemmSample]:
+    """``aten.linear`` of ``(m, width) @ (width, width)^T + bias`` for each ``m`` in ``tokens``
+    (float32), each call on the next of enough distinct weights that none is in cache
+    (:data:`COLD_WEIGHT_BYTES`)."""
     generator = torch.Generator().manual_seed(0)
-    copies = max(1, weight_bytes // (width * width * 4))
+    copies = max(1, COLD_WEIGHT_BYTES // (width * width * 4))
     weights = torch.full((copies, width, width), 1.0 / width).unbind(0)  # values do not change a GEMM's time
     bias = torch.randn(width, generator=generator)
     samples = []
@@ -148,32 +144,6 @@ def measure_gemm_samples(width: int, tokens: Sequence[int], min_time_s: float, r
                                 repeats)
         samples.append(GemmSample(m, width, width, seconds))
     return samples
-
-
-def last_level_cache_bytes() -> int:
-    """The largest data cache this process's first CPU reports (Linux: ``/sys/devices/system/cpu/cpu0/cache``, else
-    ``os.sysconf``), bytes; 0 when the system does not say."""
-    sizes = []
-    root = Path("/sys/devices/system/cpu/cpu0/cache")
-    for index in sorted(root.glob("index*")) if root.is_dir() else ():
-        try:
-            kind = (index / "type").read_text().strip()
-            size = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        units = {"K": 2**10, "M": 2**20, "G": 2**30}
-        if kind in ("Data", "Unified") and size:
-            sizes.append(int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size))
-    if sizes:
-        return max(sizes)
-    for name in ("SC_LEVEL4_CACHE_SIZE", "SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
-        try:
-            size = os.sysconf(name)
-        except (ValueError, OSError):
-            continue
-        if size and size > 0:
-            return int(size)
-    return 0
 
 
 _TRANSCENDENTAL = (aten.exp.default, aten.tanh.default, aten.sigmoid.default, aten.silu.default, aten.gelu.default)
@@ -195,15 +165,6 @@ def roofline_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], res
     return compute_time_s(flops, aten_memory_bytes(op, args, kwargs, result), result.dtype, hardware,
                           gemm_min_dim=min(dims) if dims else None, rated_elements=elements,
                           rated_op=op_name(op))
-
-
-def arithmetic_of_call_s(op: Any, args: Sequence[Any], kwargs: dict[str, Any], result: torch.Tensor,
-                         hardware: Hardware) -> float:
-    """The part of :func:`roofline_of_call_s` that is GEMM arithmetic (``cost_model.compute.gemm_arithmetic_s``)."""
-    flops = aten_flops(op, args, kwargs, result)
-    dims = gemm_dims(op, args, kwargs) if flops else None
-    return gemm_arithmetic_s(flops, aten_memory_bytes(op, args, kwargs, result), result.dtype, hardware,
-                             min(dims) if dims else None)
 
 
 def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
@@ -569,7 +530,7 @@ class _Recorder(torch.fx.Interpreter):
         super().__init__(module)
         self.hardware = device_only(hardware)
         self.kernel_nodes = self.view_nodes = 0
-        self.device_s = self.arithmetic_s = 0.0
+        self.device_s = 0.0
         self.kernel_s: list[float] = []
         self.collectives: list[tuple[str, int, int]] = []
         self.called: set[str] = set()  # first_call_key of every kernel run so far
@@ -590,7 +551,6 @@ class _Recorder(torch.fx.Interpreter):
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
         self.kernel_nodes += 1
         seconds = roofline_of_call_s(node.target, args, kwargs, result, self.hardware)
-        self.arithmetic_s += arithmetic_of_call_s(node.target, args, kwargs, result, self.hardware)
         family = op_family(node.target)
         # an op's fixed costs are priced as measured (attention per block of queries and per call)
         self.device_s += seconds + self.hardware.fixed_costs_s(fixed_costs(node.target, args, kwargs, result.dtype))
@@ -692,8 +652,7 @@ def graph_samples(graphs: Sequence[tuple[torch.fx.GraphModule, torch.Tensor, Har
             share = compute_work_s / compute_s if compute_s > 0 else 1.0
             samples.append(GraphSample(recorder.kernel_nodes, recorder.view_nodes, recorder.device_s,
                                        tuple(recorder.collectives), seconds, work_s, min(share, fair_core_share()),
-                                       compute_s, compute_work_s, kernel_s=tuple(recorder.kernel_s),
-                                       arithmetic_s=recorder.arithmetic_s))
+                                       compute_s, compute_work_s, kernel_s=tuple(recorder.kernel_s)))
     return tuple(samples)
 
 

@@ -263,7 +263,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
     """``autotp calibrate``: measure, write the JSON profile, print what was measured."""
     from autotp.calibration.calibrate import CalibrationConfig, calibrate
     from autotp.cost_model.calibrate import with_nodes
-    from autotp.cost_model.compute import gemm_curves_text
 
     if args.quick:
         config = CalibrationConfig.quick(progress=True, threads=args.threads)
@@ -291,8 +290,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
                                                 for size, gbps in profile.memory_bandwidth_curve) + " GB/s")
     print(f"  tiny op          {profile.kernel_floor_s * 1e6:10.2f} us")
     print(f"  view op          {profile.view_op_s * 1e6:10.2f} us")
-    print(f"  GEMM             {gemm_curves_text(profile)} (of the smallest dim)"
-          + (f"; last-level cache {profile.last_level_cache_bytes / 2**20:g} MiB" if profile.gemm_in_cache_curve else ""))
+    print(f"  GEMM half rate   at smallest dim {profile.gemm_half_efficiency_dim:g}")
     if profile.kernel_extra_fraction:  # profiles calibrated before the in-graph scale (now in every rate above)
         print(f"  in graphs        a kernel costs {profile.kernel_extra_fraction:.2f} x its roofline more, at most "
               f"{profile.kernel_extra_fraction * profile.kernel_extra_cap_s * 1e6:.1f} us")
