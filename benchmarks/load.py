@@ -1,6 +1,7 @@
 """Loading a model bigger than one rank should hold: autotp vs transformers' native TP vs one process.
 
     python benchmarks/load.py [--world-sizes 2 4] [--layers 16] [--repeats 3] [--dir DIR] [--modes ...]
+                              [--baseline CHECKOUT] [--profile DIR]
 
 Writes a random LlamaForCausalLM (hidden 1024, intermediate 2816, 8 heads / 4 kv heads, vocab
 32000, ``--layers`` layers: 1.09 GB of float32 at 16 layers) with ``save_pretrained``, once as one
@@ -31,13 +32,17 @@ time at the same world size and layout, measured just before); wall-clock on a s
 so compare ratios. ``--baseline CHECKOUT`` also runs each autotp mode with that checkout's ``autotp``
 (e.g. ``main``'s worktree) just before this one's, labelled "(base)": every module of it, ``autotp.passes`` and
 ``autotp.cost_model`` included (:func:`package_of`; each baseline process checks where they came from).
+``--profile DIR`` runs each autotp loader once more with rank 0's first ``generate`` under ``cProfile`` (not in the
+medians) and prints its 20 largest entries by cumulative time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import socket
 import statistics
 import subprocess
@@ -130,8 +135,15 @@ def worker(mode: str, path: str) -> None:
     generate_s = None
     if mode.startswith("autotp"):
         dist.barrier()
+        profile_to = os.environ.get("AUTOTP_LOAD_PROFILE")
+        profiler = cProfile.Profile() if profile_to and rank == 0 else None
         started = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
         tp.generate(ids, max_new_tokens=2)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile_to)
         generate_s = time.perf_counter() - started
     print(json.dumps({"rank": rank, "grown": grown, "forward": after_forward, "held": held, "seconds": seconds,
                       "generate_s": generate_s}), flush=True)
@@ -155,15 +167,19 @@ def package_of(checkout: str) -> str:
     return str(root)
 
 
-def run(mode: str, path: Path, world_size: int, cache_dir: str | None = None, autotp_from: str | None = None) -> list[dict]:
+def run(mode: str, path: Path, world_size: int, cache_dir: str | None = None, autotp_from: str | None = None,
+        profile_to: Path | None = None) -> list[dict]:
     """Start ``world_size`` fresh processes of ``mode`` on ``path``; their JSON results by rank.
     ``cache_dir``: the trace cache directory (default: a fresh, empty one); ``autotp_from``: a directory from
-    :func:`package_of` whose ``autotp`` the processes import instead (put first on ``PYTHONPATH``)."""
+    :func:`package_of` whose ``autotp`` the processes import instead (put first on ``PYTHONPATH``);
+    ``profile_to``: where rank 0 writes the ``cProfile`` statistics of its first ``generate``."""
     port = str(_free_port())
     processes = []
     cache_dir = cache_dir or tempfile.mkdtemp(prefix="autotp-cache-")
     extra = {"PYTHONPATH": os.pathsep.join(filter(None, [autotp_from, os.environ.get("PYTHONPATH")])),
              "AUTOTP_BASELINE": autotp_from} if autotp_from else {}
+    if profile_to is not None:
+        extra["AUTOTP_LOAD_PROFILE"] = str(profile_to)
     for rank in range(world_size):
         env = {**os.environ, **extra, "AUTOTP_CACHE_DIR": cache_dir, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
@@ -190,6 +206,9 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where to write the checkpoints (default: a temp dir)")
     parser.add_argument("--baseline", default=None, metavar="CHECKOUT",
                         help="another autotp checkout (e.g. main's worktree): its autotp modes run just before this one's")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="also profile rank 0's first generate (cProfile) in one more run of each autotp loader, "
+                             "write the statistics to DIR and print the 20 largest by cumulative time")
     parser.add_argument("--worker", nargs=2, metavar=("MODE", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -233,6 +252,12 @@ def main() -> None:
                       f"{share / mib:>9.0f} MiB {forward / share:>6.2f} {held / mib:>6.0f} MiB {seconds:>7.2f} {versus}"
                       f" {generate}{split}",
                       flush=True)
+                if args.profile and mode.startswith("autotp"):  # one more run, profiled, not in the medians
+                    args.profile.mkdir(parents=True, exist_ok=True)
+                    stats_path = args.profile / f"{label.replace(' ', '-').strip('()')}-{layout}-{ranks}.prof"
+                    run(mode, paths[layout], ranks, warm, source, profile_to=stats_path)
+                    print(f"    rank 0's first generate, profiled ({stats_path}):", flush=True)
+                    pstats.Stats(str(stats_path)).sort_stats("cumulative").print_stats(20)
 
 
 if __name__ == "__main__":
