@@ -19,38 +19,33 @@ profile's bandwidth.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
-import statistics
-import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 from scipy.optimize import least_squares
 
+from autotp.calibration.graphs import median_work_s
+from autotp.cost_model.graph_calibration import COLD_WEIGHT_BYTES
+
 aten = torch.ops.aten
-COLD_BYTES = 64 * 2**20
+
+
+def _linear_on_next(x: torch.Tensor, weights: Iterator[torch.Tensor], bias: torch.Tensor) -> torch.Tensor:
+    return aten.linear.default(x, next(weights), bias)
 
 
 def seconds_per_call(m: int, n: int, k: int, *, cold: bool = False) -> float:
-    """Median over 5 repeats of one ``aten.linear`` call's work-clock seconds."""
-    copies = max(1, COLD_BYTES // (n * k * 4)) if cold else 1
+    """Median over 5 repeats of one ``aten.linear`` call's work-clock seconds (each repeat at least 20 ms;
+    ``autotp.calibration.graphs.median_work_s``); ``cold``: each call on the next of :data:`COLD_WEIGHT_BYTES` of
+    weights, read from memory."""
+    copies = max(1, COLD_WEIGHT_BYTES // (n * k * 4)) if cold else 1
     weights = itertools.cycle(torch.full((copies, n, k), 1.0 / k).unbind(0))
     x, bias = torch.randn(m, k), torch.randn(n)
-
-    def call() -> torch.Tensor:
-        return aten.linear.default(x, next(weights), bias)
-
-    calls = max(5, int(2e-2 / (2 * m * n * k / 80e9 + 3e-6)))
-    for _ in range(calls):
-        call()
-    samples = []
-    for _ in range(5):
-        start = time.thread_time()
-        for _ in range(calls):
-            call()
-        samples.append((time.thread_time() - start) / calls)
-    return statistics.median(samples)
+    return median_work_s(functools.partial(_linear_on_next, x, weights, bias), 2e-2, 5)
 
 
 def curve_s(shapes: np.ndarray, peak: float, half: float, floor: float = 0.0) -> np.ndarray:

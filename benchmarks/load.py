@@ -254,7 +254,7 @@ def main() -> None:
                       flush=True)
                 if args.profile and mode.startswith("autotp"):  # one more run, profiled, not in the medians
                     args.profile.mkdir(parents=True, exist_ok=True)
-                    stats_path = args.profile / f"{label.replace(' ', '-').strip('()')}-{layout}-{ranks}.prof"
+                    stats_path = args.profile / f"{mode}{'-base' if source else ''}-{layout}-{ranks}.prof"
                     run(mode, paths[layout], ranks, warm, source, profile_to=stats_path)
                     print(f"    rank 0's first generate, profiled ({stats_path}):", flush=True)
                     pstats.Stats(str(stats_path)).sort_stats("cumulative").print_stats(20)

@@ -542,12 +542,12 @@ def device_only(hardware: Hardware) -> Hardware:
 COLD_WEIGHT_BYTES = 64 * 2**20
 """Bytes of distinct weights a GEMM sample cycles through: more than a CPU's last-level cache, so
 each call reads its weight from memory, as a model's forward does when its weights do not fit in the
-cache (it reads each weight once per call, long after the previous call evicted it). A weight that
-stays in cache runs faster, by about as much as its read from memory takes: a model whose weights fit
-in the cache (the accuracy benchmark's, at most 8 MiB) runs its GEMMs at that faster rate, and this curve
-prices them about a third above their time in its graph (``benchmarks/gemm_rate.py`` times both; the
-cost-model accuracy page has the figures). Pricing both needs the read from memory added to the GEMM's
-arithmetic, not the larger of the two as the roofline takes them."""
+cache (it reads each weight once per call, long after the previous call evicted it). A weight reused in a
+loop runs faster, by about as much as its read from memory takes (``benchmarks/gemm_rate.py`` times both), but
+not in a graph: this curve prices the GEMMs of the accuracy benchmark's families, whose weights fit in the
+last-level cache, 12-24% above their time in their graphs with two ranks busy (about a third above on a rank
+alone), where a curve fitted on a weight reused in a loop priced them 19-40% below (the cost-model accuracy page,
+"Two GEMM curves, by where the weights are")."""
 
 
 GRAPH_FAMILIES = ("llama", "gpt", "mlp")
