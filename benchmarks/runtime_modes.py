@@ -1,15 +1,18 @@
 """Decode speed per runtime mode against HF, and each variant's fraction of the memory-bandwidth roofline.
 
-One run, gloo on this machine's CPU, Llamas with random weights saved once with ``save_pretrained``
-(``--models``: ``LAYERSxHIDDENxVOCAB``, 8 query / 4 kv heads, intermediate 2 x hidden), per tensor-parallel size
-(``--world-sizes``) and batch (``--batches``), greedy, prompt ``--prompt``, ``--new-tokens`` new tokens:
+One run, gloo on this machine's CPU by default (``--device cuda``: every rank on a GPU, ``cuda:rank`` modulo the
+GPUs there are, with ``--backend nccl`` or ``gloo``), Llamas with random weights saved once with ``save_pretrained``
+(``--models``: ``LAYERSxHIDDENxVOCAB``, 8 query / 4 kv heads, intermediate 2 x hidden) and loaded in ``--dtype``,
+per tensor-parallel size (``--world-sizes``) and batch (``--batches``), greedy, prompt ``--prompt``,
+``--new-tokens`` new tokens:
 
-- ``eager`` / ``compiled``: ``tp.generate`` with ``autotp.RuntimeOptions(runtime_mode=...)`` (the compiled
-  mode's Inductor compile happens at the first call and is timed apart);
+- ``eager`` / ``compiled`` / ``cuda_graph`` (CUDA only): ``tp.generate`` with
+  ``autotp.RuntimeOptions(runtime_mode=...)`` (the compiled modes' Inductor compile happens at the first call and
+  is timed apart);
 - ``hf``: ``model.generate(cache_implementation="static")`` in one process (rank 0 alone: the other ranks wait
   at a barrier);
 - ``hf-compiled``: the same with ``model.forward = torch.compile(model.forward, fullgraph=True)``, as HF documents
-  for a static cache (``mode="reduce-overhead"`` is CUDA graphs, so the default mode on the CPU);
+  for a static cache (with ``mode="reduce-overhead"``, CUDA graphs, on CUDA; the default mode on the CPU);
 - ``hf-tp``: transformers' own tensor parallelism, ``from_pretrained(path, tp_plan="auto")`` with torchrun's
   environment variables set in every rank, then ``generate(cache_implementation="static")``.
 
@@ -17,15 +20,20 @@ Per variant: the median ms per decoded token (``(t(N) - t(1)) / (N - 1)`` over `
 so load from other jobs falls on every variant alike) and its fraction of the roofline: the bytes one rank reads
 per token (its share of every weight but the embedding table, ``1/tp`` of it at tp ranks, 1 alone, plus its share
 of the static KV cache, read whole by attention at every step) over the bandwidth measured in the same run (a
-one-thread ``sum`` over a 256 MiB buffer on every rank at once, median of 5), divided by the measured time. Also
-whether the tokens equal ``hf``'s. Prints a markdown table at the end. Usage::
+``sum`` over a 256 MiB buffer, 1 GiB on a GPU, on every rank at once, median of 5: one thread on the CPU), divided
+by the measured time. Also how many of the new tokens equal ``hf``'s (all of them, in float32; in bfloat16 a
+split sum may round differently and flip a near tie), and each autotp mode's plain forward against the model's
+(``autotp.compile(model, example_inputs=(ids,))`` then ``tp(ids)``: the largest absolute difference of the logits). Prints a markdown table at the end (``--json``:
+also the rows as JSON). Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/runtime_modes.py --world-sizes 2 --batches 1,8
+    python benchmarks/runtime_modes.py --device cuda --backend nccl --world-sizes 1 --dtype bfloat16
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -40,7 +48,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from decode_timing import time_interleaved
 
-VARIANTS = ("eager", "compiled", "hf", "hf-compiled", "hf-tp")
+VARIANTS = ("eager", "compiled", "cuda_graph", "hf", "hf-compiled", "hf-tp")
+AUTOTP_MODES = ("eager", "compiled", "cuda_graph")
+DEFAULT_VARIANTS = {"cpu": "eager,compiled,hf,hf-compiled,hf-tp", "cuda": "eager,compiled,cuda_graph,hf,hf-compiled"}
 HEADS, KV_HEADS = 8, 4
 
 
@@ -69,18 +79,28 @@ def _bytes_per_token(model: Any, batch: int, cache_len: int, ranks: int) -> floa
     weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "embed_tokens" not in name)
     config = model.config
     head_dim = config.hidden_size // config.num_attention_heads
-    cache = 2 * config.num_hidden_layers * batch * config.num_key_value_heads * cache_len * head_dim * 4
+    element = next(model.parameters()).element_size()
+    cache = 2 * config.num_hidden_layers * batch * config.num_key_value_heads * cache_len * head_dim * element
     return (weights + cache) / ranks
 
 
-def _bandwidth_gbs() -> float:
-    """This rank's one-thread read bandwidth while every rank reads at once: ``sum`` over 256 MiB, median of 5."""
-    buffer = torch.ones(64 * 2**20)
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _bandwidth_gbs(device: torch.device) -> float:
+    """This rank's read bandwidth while every rank reads at once: ``sum`` over 256 MiB (1 GiB on a GPU), median
+    of 5."""
+    buffer = torch.ones((256 if device.type == "cuda" else 64) * 2**20, device=device)
+    buffer.sum()
     times = []
     for _ in range(5):
+        _synchronize(device)
         dist.barrier()
         started = time.perf_counter()
         buffer.sum()
+        _synchronize(device)
         times.append(time.perf_counter() - started)
     return buffer.numel() * 4 / statistics.median(times) / 1e9
 
@@ -88,9 +108,25 @@ def _bandwidth_gbs() -> float:
 def _hf_generate(model: Any, ids: torch.Tensor) -> Callable[[int], torch.Tensor]:
     def run(new_tokens: int) -> torch.Tensor:
         with torch.no_grad():
-            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                  do_sample=False, cache_implementation="static", pad_token_id=0)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                 do_sample=False, cache_implementation="static", pad_token_id=0)
+        _synchronize(ids.device)
+        return out
     return run
+
+
+def _same_tokens(tokens: torch.Tensor, reference: torch.Tensor | None, prompt: int) -> str:
+    """How many new tokens equal ``reference``'s, up to the first step where some row differs: "all" or
+    "first N of M"."""
+    if reference is None:
+        return "-"
+    tokens, reference = tokens.cpu(), reference.cpu()
+    if tokens.shape != reference.shape:
+        return f"shape {tuple(tokens.shape)} against {tuple(reference.shape)}"
+    differs = (tokens[:, prompt:] != reference[:, prompt:]).any(dim=0)
+    if not differs.any():
+        return "all"
+    return f"first {int(differs.nonzero()[0, 0])} of {reference.shape[1] - prompt}"
 
 
 def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Namespace, results: Any) -> None:
@@ -98,7 +134,12 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(args.backend, rank=rank, world_size=world_size)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -106,34 +147,50 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
 
     hf_logging.set_verbosity_error()
     variants = args.variants.split(",")
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    dtype = getattr(torch, args.dtype)
+
+    def load(**kwargs: Any) -> Any:  # converted after loading: the keyword's name differs by transformers release
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval().to(dtype)
+
+    model = load().to(device)
     vocab = int(model.config.vocab_size)
     cache_len = args.prompt + args.new_tokens
     hf_compiled = hf_tp = None
     if "hf-compiled" in variants and rank == 0:
-        hf_compiled = AutoModelForCausalLM.from_pretrained(path).eval()
-        hf_compiled.forward = torch.compile(hf_compiled.forward, fullgraph=True)
+        hf_compiled = load().to(device)
+        hf_compiled.forward = torch.compile(hf_compiled.forward, fullgraph=True,
+                                            mode="reduce-overhead" if device.type == "cuda" else None)
     if "hf-tp" in variants:
         try:
-            hf_tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
+            hf_tp = load(tp_plan="auto")
         except ValueError as exc:  # e.g. accelerate not installed: the same on every rank
             if rank == 0:
                 print(f"hf-tp not run: {exc}", flush=True)
-    bandwidth = statistics.mean(_every_rank(float(_bandwidth_gbs()), world_size))
+    bandwidth = statistics.mean(_every_rank(float(_bandwidth_gbs(device)), world_size))
     for batch in (int(b) for b in args.batches.split(",")):
-        ids = torch.randint(0, vocab, (batch, args.prompt), generator=torch.Generator().manual_seed(1))
+        ids = torch.randint(0, vocab, (batch, args.prompt), generator=torch.Generator().manual_seed(1)).to(device)
+        with torch.no_grad():
+            reference_logits = model(ids).logits
         runs: dict[str, Callable[[int], torch.Tensor]] = {}
         first_call_s: dict[str, float] = {}
-        for mode in ("eager", "compiled"):
-            if mode not in variants:
-                continue
+        logits_error: dict[str, float] = {}
+        for mode in (m for m in AUTOTP_MODES if m in variants):
             tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=cache_len,
                                 options=autotp.PlanOptions(expected_new_tokens=args.new_tokens),
                                 runtime=autotp.RuntimeOptions(runtime_mode=mode))
             started = time.perf_counter()
-            tp.generate(ids, max_new_tokens=2)  # the compiled mode compiles its graphs here
+            tp.generate(ids, max_new_tokens=2)  # the compiled modes compile their graphs here
+            _synchronize(device)
             first_call_s[mode] = time.perf_counter() - started
-            runs[mode] = lambda n, tp=tp, ids=ids: tp.generate(ids, max_new_tokens=n)
+            plain = autotp.compile(model, example_inputs=(ids,), runtime=autotp.RuntimeOptions(runtime_mode=mode))
+            logits_error[mode] = float((plain(ids).logits.float() - reference_logits.float()).abs().max())
+            del plain
+
+            def run(n: int, tp: Any = tp, ids: torch.Tensor = ids) -> torch.Tensor:
+                out = tp.generate(ids, max_new_tokens=n)
+                _synchronize(device)
+                return out
+            runs[mode] = run
         alone = {"hf": model, "hf-compiled": hf_compiled}
         for name in ("hf", "hf-compiled"):
             if name in variants:
@@ -149,8 +206,9 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
             for name, ms in per_token.items():
                 ranks = 1 if name in ("hf", "hf-compiled") else world_size
                 roofline_ms = _bytes_per_token(model, batch, cache_len, ranks) / (bandwidth * 1e9) * 1e3
-                same = None if reference is None else bool(torch.equal(outputs[name], reference))
-                rows.append((name, ms, roofline_ms / ms, same, first_call_s.get(name)))
+                rows.append({"variant": name, "ms_per_token": ms, "of_roofline": roofline_ms / ms,
+                             "tokens_equal_hf": _same_tokens(outputs[name], reference, args.prompt),
+                             "first_call_s": first_call_s.get(name), "logits_error": logits_error.get(name)})
             results.put((batch, bandwidth, rows))
     dist.destroy_process_group()
 
@@ -170,10 +228,22 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (default: {DEFAULT_VARIANTS['cpu']} on the "
+                             f"CPU, {DEFAULT_VARIANTS['cuda']} on CUDA)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
+    args.variants = args.variants or DEFAULT_VARIANTS[args.device]
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    table = []
+    table, records = [], []
     for spec in args.models.split(","):
         layers, hidden, vocab = (int(x) for x in spec.split("x"))
         with tempfile.TemporaryDirectory() as path:
@@ -183,19 +253,27 @@ def main() -> None:
                 mp.spawn(_worker, args=(world_size, _free_port(), path, args, results), nprocs=world_size)
                 while not results.empty():
                     batch, bandwidth, rows = results.get()
-                    print(f"Llama {spec}, tp={world_size}, batch {batch}: bandwidth {bandwidth:.1f} GB/s per rank",
-                          flush=True)
-                    eager = next((ms for name, ms, *_ in rows if name == "eager"), None)
-                    for name, ms, fraction, same, first_s in rows:
-                        extra = f", first call {first_s:.1f} s" if first_s is not None else ""
-                        print(f"  {name:<12} {ms:8.2f} ms/token  {fraction:5.0%} of roofline  same tokens as hf: "
-                              f"{same}{extra}", flush=True)
-                        ratio = f"{ms / eager:.2f}" if eager else "-"
-                        table.append(f"| {spec} | {world_size} | {batch} | {name} | {ms:.2f} | {ratio} | "
-                                     f"{fraction:.0%} | {same} |")
+                    print(f"Llama {spec}, tp={world_size}, batch {batch}, {args.device} {args.backend} {args.dtype}: "
+                          f"bandwidth {bandwidth:.1f} GB/s per rank", flush=True)
+                    eager = next((row["ms_per_token"] for row in rows if row["variant"] == "eager"), None)
+                    for row in rows:
+                        extra = "" if row["first_call_s"] is None else f", first call {row['first_call_s']:.1f} s"
+                        if row["logits_error"] is not None:
+                            extra += f", forward's logits off by {row['logits_error']:.2e}"
+                        print(f"  {row['variant']:<12} {row['ms_per_token']:8.2f} ms/token  {row['of_roofline']:5.0%} "
+                              f"of roofline  new tokens equal to hf's: {row['tokens_equal_hf']}{extra}", flush=True)
+                        ratio = f"{row['ms_per_token'] / eager:.2f}" if eager else "-"
+                        table.append(f"| {spec} | {world_size} | {batch} | {row['variant']} | {row['ms_per_token']:.2f} "
+                                     f"| {ratio} | {row['of_roofline']:.0%} | {row['tokens_equal_hf']} |")
+                        records.append({"model": spec, "tp": world_size, "batch": batch, "device": args.device,
+                                        "backend": args.backend, "dtype": args.dtype,
+                                        "bandwidth_gbs": bandwidth, **row})
     print("\n| model (layers x hidden x vocab) | tp | batch | variant | ms/token | / eager | of roofline | "
-          "tokens = hf |\n|---|---|---|---|---|---|---|---|")
+          "new tokens = hf |\n|---|---|---|---|---|---|---|---|")
     print("\n".join(table))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"torch": torch.__version__, "rows": records}, f, indent=1)
 
 
 if __name__ == "__main__":

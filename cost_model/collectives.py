@@ -157,13 +157,14 @@ SHARED_MEMORY_MACHINES = ("x86_64", "AMD64")
 is seen after it by the other cores, which the shared-memory all-reduce relies on."""
 
 
-def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str) -> bool:
+def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str, device_type: str = "cpu") -> bool:
     """True when autotp's inference runtime sums a group's all-reduces through shared memory
-    (``autotp.runtime.shared_memory``): a gloo group whose ranks all run on one host, on x86-64.
+    (``autotp.runtime.shared_memory``): a gloo group whose ranks all run on one host, on x86-64, with their
+    tensors in host memory (``device_type`` "cpu"; CUDA tensors on a gloo group keep gloo's own collectives).
 
     The one condition the runtime (with the group's real backend, host check and machine) and
     ``autotp calibrate`` (which then gives the profile ``small_all_reduce="shared_memory"``) read."""
-    return backend == "gloo" and one_host and machine in SHARED_MEMORY_MACHINES
+    return backend == "gloo" and one_host and machine in SHARED_MEMORY_MACHINES and device_type == "cpu"
 
 
 SHARED_MEMORY_KINDS = ("all_reduce", "all_gather")

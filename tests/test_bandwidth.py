@@ -189,6 +189,8 @@ def test_shared_memory_all_reduce_is_priced_on_its_own_link() -> None:
     for backend, one_host, machine in (("nccl", True, "x86_64"), ("gloo", False, "x86_64"), ("gloo", True, "aarch64")):
         assert not uses_shared_memory_all_reduce(backend=backend, one_host=one_host, machine=machine), (
             f"{backend}, one host {one_host}, {machine}: expected gloo's own all-reduce")
+    assert not uses_shared_memory_all_reduce(backend="gloo", one_host=True, machine="x86_64", device_type="cuda"), (
+        "CUDA tensors on a gloo group: the segment is host memory, so gloo's own all-reduce")
 
 
 def test_shared_memory_collectives_pay_for_slots_pushed_out_of_cache() -> None:

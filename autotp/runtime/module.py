@@ -283,15 +283,24 @@ class TensorParallelModule(torch.nn.Module):
             raise TypeError(
                 f"this tensor-parallel model was traced with keyword arguments {sorted(expected)}, "
                 f"got {sorted(kwargs)}; call it the way it was traced or compile it again with these arguments"
-            )
+                + self._decode_step_hint())
         ordered = {k: kwargs[k] for k in expected}
         flat, spec = pytree.tree_flatten((args, ordered))
         if spec != self._in_spec:
             raise TypeError(
                 "inputs do not have the structure the model was traced with "
                 f"(expected {self._in_spec}, got {spec}); pass the same kinds of arguments as example_inputs"
-            )
+                + self._decode_step_hint())
         return flat
+
+    def _decode_step_hint(self) -> str:
+        """For a module compiled for generation, what its forward is and how to get what a plain call gives."""
+        if self.generation is None:
+            return ""
+        return (f". This module was compiled for generation (max_cache_len={self.generation.layout.max_cache_len}): "
+                "its forward is one decode step on the KV cache (token ids, positions, cache positions, mask). Call "
+                "tp.generate(ids, max_new_tokens=N) to generate; for a sequence's logits (tp(ids)), compile without "
+                "max_cache_len: that module generates too (tp.generate builds the generation graphs at its first call)")
 
     def graph_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
         """What :attr:`graph_module` is called with for a call of this model with ``args`` and ``kwargs``: the

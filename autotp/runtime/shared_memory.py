@@ -242,12 +242,14 @@ class SharedMemoryAllGather(StandInCollective):
 
 
 def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: float,
-                                 slot_bytes: int = DEFAULT_SLOT_BYTES) -> SharedMemoryAllReduce | None:
+                                 slot_bytes: int = DEFAULT_SLOT_BYTES,
+                                 device_type: str = "cpu") -> SharedMemoryAllReduce | None:
     """A :class:`SharedMemoryAllReduce` on ``group``, or None where the ranks keep gloo.
 
     Collective: every rank of ``group`` calls it at the same point. None (on every rank alike) when
     :func:`~autotp.cost_model.collectives.uses_shared_memory_all_reduce` says no (another backend,
-    ranks on several hosts, not x86-64), or when the segment cannot be made (a warning names why).
+    ranks on several hosts, not x86-64, or some rank's tensors not in host memory: ``device_type``, the
+    device of the tensors this rank would sum), or when the segment cannot be made (a warning names why).
     """
     from autotp.runtime.agreement import exchange, exchanges_with_others
 
@@ -258,11 +260,12 @@ def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: 
         return None
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     path = f"/dev/shm/autotp-all-reduce-{uuid.uuid4().hex}"
-    identities = exchange((host_identity(), path), group=group, timeout_s=timeout_s,
+    identities = exchange((host_identity(), path, device_type), group=group, timeout_s=timeout_s,
                           what="the shared-memory all-reduce's host check")
     machine = identities[0][0][2]
-    if not uses_shared_memory_all_reduce(backend=backend, one_host=len({i for i, _ in identities}) == 1,
-                                         machine=machine):
+    devices = {device for _, _, device in identities}
+    if not uses_shared_memory_all_reduce(backend=backend, one_host=len({i for i, _, _ in identities}) == 1,
+                                         machine=machine, device_type="cpu" if devices == {"cpu"} else "other"):
         return None
     path = identities[0][1]  # rank 0's name
     nbytes = world_size * _LINE_BYTES + 2 * world_size * slot_bytes
@@ -302,10 +305,19 @@ def inference_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None, w
     the others, there and in every shared-memory all-reduce. Changes ``gm`` in place and returns it.
     """
     wanted = world_size > 1 and has_group_collectives(gm, world_size)
-    shared = shared_memory_all_reduce_for(group, timeout_s=timeout_s) if wanted else None
+    shared = shared_memory_all_reduce_for(group, timeout_s=timeout_s, device_type=_device_type(gm)) if wanted else None
     if shared is None:
         return one_shot_small_all_reduces(gm, group, world_size)
     return through_stand_ins(gm, shared, SharedMemoryAllGather(shared), world_size)
+
+
+def _device_type(gm: fx.GraphModule) -> str:
+    """The device type of ``gm``'s tensor inputs (as traced): "cpu" unless one is elsewhere (CUDA tensors
+    on a gloo group keep gloo's own collectives; the segment is host memory)."""
+    types = {val.device.type for node in gm.graph.nodes if node.op == "placeholder"
+             for val in [node.meta.get("val")] if isinstance(val, torch.Tensor)}
+    types |= {t.device.type for t in (*gm.parameters(), *gm.buffers())}
+    return "cpu" if types <= {"cpu"} else sorted(types - {"cpu"})[0]
 
 
 def _on_segment(segment: torch.Tensor, address: int, rank: int, world_size: int, slot_bytes: int,
