@@ -107,6 +107,16 @@ def _shared_memory_sums(rank: int, world_size: int) -> dict[str, Any]:
                      "max_error": float((got - expected).abs().max()),
                      "same_bits_on_every_rank": all(torch.equal(g, gathered[0]) for g in gathered),
                      "gather_equal": torch.equal(got_gather, expected_gather)}
+    # rank 0's graph takes a CUDA tensor (fake: no GPU needed to trace one): the segment is host memory, so
+    # every rank keeps gloo's own collectives
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    on_gpu = _reduce_and_gather_graph(dist.group.WORLD.group_name, world_size)
+    if rank == 0:
+        with FakeTensorMode():
+            next(iter(on_gpu.graph.nodes)).meta["val"] = torch.empty(2, 3, device="cuda")
+    on_gpu = inference_all_reduces(on_gpu, None, world_size, timeout_s=30.0)
+    out["gpu_targets"] = [type(n.target).__name__ for n in on_gpu.graph.nodes if n.op == "call_function"]
     # the last rank never calls: the others give up after 0.2 s and name it
     absent = shared_memory_all_reduce_for(None, timeout_s=0.2)
     out["timeout"] = None
@@ -123,8 +133,8 @@ def test_shared_memory_all_reduce_sums_like_gloo_agrees_across_ranks_and_times_o
     """tp=2 and tp=3, gloo ranks on one host: the pass replaces all_reduce + wait_tensor (and all_gather_into_tensor
     + wait_tensor) by one shared-memory node each (counted as before); uneven sizes, sizes changing across calls
     and tensors of many slots sum like dist.all_reduce with the same bits on every rank and gather like
-    dist.all_gather_into_tensor; a rank that
-    never arrives makes the others raise RankTimeoutError naming it and the timeout."""
+    dist.all_gather_into_tensor; where one rank's graph is on CUDA, no rank takes the shared-memory nodes; a rank
+    that never arrives makes the others raise RankTimeoutError naming it and the timeout."""
     for world_size in (2, 3):
         results = gloo.run(world_size, _shared_memory_sums)
         for rank, result in enumerate(results):
@@ -133,6 +143,8 @@ def test_shared_memory_all_reduce_sums_like_gloo_agrees_across_ranks_and_times_o
                 f"{where}: expected each collective pair replaced by one shared-memory node, got {result['targets']}")
             assert result["counts"] == {"all_reduce": 1, "all_gather": 1}, (
                 f"{where}: counted {result['counts']}, expected one all_reduce and one all_gather")
+            assert not any(t.startswith("SharedMemory") for t in result["gpu_targets"]), (
+                f"{where}: rank 0's graph is on CUDA, yet the shared-memory nodes went in: {result['gpu_targets']}")
             for name, check in result.items():
                 if isinstance(check, dict) and "close" in check:
                     assert check["close"], f"{where}, {name}: differs from dist.all_reduce by {check['max_error']}"
