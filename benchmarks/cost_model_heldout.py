@@ -2,6 +2,7 @@
 
     python benchmarks/cost_model_accuracy.py --models all --rounds 2 --runs 20 --threads 1 --json run.json
     python benchmarks/cost_model_heldout.py run.json [more.json ...] [--k 5] [--refit]
+    python benchmarks/cost_model_heldout.py benchmarks/runs/*.json.xz --refit   # the runs kept in the repository
 
 The accuracy benchmark measures every family's forward at every world size once and writes, per
 (family, world size, round), the measured time, the plan it measured and the round's calibrated profile.
@@ -34,6 +35,7 @@ import base64
 import dataclasses
 import functools
 import json
+import lzma
 import pickle
 import statistics
 import warnings
@@ -229,7 +231,8 @@ def held_out_line(observed: list[Any], k: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", type=Path, nargs="+", help="--json files of benchmarks/cost_model_accuracy.py")
+    parser.add_argument("runs", type=Path, nargs="+",
+                        help="--json files of benchmarks/cost_model_accuracy.py (or .json.xz: benchmarks/runs/)")
     parser.add_argument("--k", type=int, default=5, help="folds of families (default: 5)")
     parser.add_argument("--refit", action="store_true",
                         help="fit every round's profile again from its calibration measurements with this checkout")
@@ -237,7 +240,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     import torch
 
-    runs = [json.loads(path.read_text()) for path in options.runs]
+    runs = [json.loads(lzma.open(path, "rt").read() if path.suffix == ".xz" else path.read_text())
+            for path in options.runs]
     threads = {run_threads(data) for data in runs}
     if len(threads) > 1:
         raise SystemExit(f"the runs computed with different thread counts {sorted(threads)}: "

@@ -306,6 +306,7 @@ def build_profile(
         collective_wait_s=host.collective_wait_s if host is not None else 0.0,
         call_sync_wait_s=host.call_sync_wait_s if host is not None else 0.0,
         call_sync_wait_per_compute=host.call_sync_wait_per_compute if host is not None else 0.0,
+        call_sync_wait_compute_range_s=host.call_sync_wait_compute_range_s if host is not None else 0.0,
         graph_launch_s=host.graph_launch_s if host is not None else 0.0,
         gemm_half_efficiency_dim=kernels.gemm_half_efficiency_dim,
         transcendental_element_s=transcendental / pace,

@@ -43,9 +43,11 @@ two at a time), and that skew is paid once per call, where the following collect
 the skew that builds up between two of them, which grows with the compute in between (the longer
 a rank computes, the likelier it loses its core for a time slice to another rank or process).
 :func:`call_sync_wait_s` prices both, once per call of a graph that has at least one collective:
-``Hardware.call_sync_wait_s + Hardware.call_sync_wait_per_compute * compute`` (fitted with
-``collective_wait_s`` over calibration graphs of different numbers of collectives and compute,
-``graph_calibration.fit_wait_terms``); a graph without collectives never waits for another rank.
+``Hardware.call_sync_wait_s + Hardware.call_sync_wait_per_compute * min(compute,
+Hardware.call_sync_wait_compute_range_s)`` (fitted with ``collective_wait_s`` over calibration graphs of
+different numbers of collectives and compute, ``graph_calibration.fit_wait_terms``; the range is the largest
+compute among them: the ranks' drift is bounded, and the line is not carried beyond the graphs it was fitted on);
+a graph without collectives never waits for another rank.
 
 ``spans_nodes=True``: the group's ranks lie on several nodes. Two algorithms are priced and the
 cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCCL]):
@@ -310,12 +312,14 @@ def collective_time_s(
 def call_sync_wait_s(hardware: Hardware, collectives: int, compute_s: float) -> float:
     """Seconds one call of a rank-local graph with ``collectives`` collectives and ``compute_s`` of compute
     waits for ranks out of step beyond its collectives' own waits: ``Hardware.call_sync_wait_s`` once
-    plus ``Hardware.call_sync_wait_per_compute * compute_s`` (module docstring); 0.0 without collectives."""
+    plus ``Hardware.call_sync_wait_per_compute`` times ``compute_s``, up to
+    ``Hardware.call_sync_wait_compute_range_s`` of it where set (module docstring); 0.0 without collectives."""
     if collectives < 0 or not math.isfinite(compute_s) or compute_s < 0:
         raise ValueError(f"need a count of collectives >= 0 and compute_s >= 0, got {collectives!r} and {compute_s!r}")
     if not collectives:
         return 0.0
-    return hardware.call_sync_wait_s + hardware.call_sync_wait_per_compute * compute_s
+    bound = hardware.call_sync_wait_compute_range_s
+    return hardware.call_sync_wait_s + hardware.call_sync_wait_per_compute * (min(compute_s, bound) if bound else compute_s)
 
 
 def hierarchical_parts(kind: str, group_size: int, devices_per_node: int) -> tuple[tuple[str, int, str, int], ...] | None:

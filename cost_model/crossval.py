@@ -52,7 +52,8 @@ TERMS: tuple[Term, ...] = (
     Term("collective_wait", "wait per collective beyond its alpha-beta time (collective_wait_s)",
          lambda hardware: dataclasses.replace(hardware, collective_wait_s=0.0)),
     Term("call_sync_wait", "wait once per call with collectives, and per second of its compute",
-         lambda hardware: dataclasses.replace(hardware, call_sync_wait_s=0.0, call_sync_wait_per_compute=0.0)),
+         lambda hardware: dataclasses.replace(hardware, call_sync_wait_s=0.0, call_sync_wait_per_compute=0.0,
+                                              call_sync_wait_compute_range_s=0.0)),
 )
 """The in-graph terms a calibrated profile adds to the roofline, dispatch and link (which every profile has)."""
 
@@ -80,7 +81,7 @@ _TERM_FIELDS = {
     "working_set_bandwidth": ("memory_bandwidth_curve",),
     "cold_shared_memory": ("shared_memory_cold_curve",),
     "collective_wait": ("collective_wait_s",),
-    "call_sync_wait": ("call_sync_wait_s", "call_sync_wait_per_compute"),
+    "call_sync_wait": ("call_sync_wait_s", "call_sync_wait_per_compute", "call_sync_wait_compute_range_s"),
 }
 _BASE_FIELDS = ("peak_tflops", "gemm_half_efficiency_dim", "memory_bandwidth_gbps", "transcendental_element_s",
                 "op_element_s", "view_op_s", "kernel_floor_s", "host_dispatch_s", "graph_launch_s",

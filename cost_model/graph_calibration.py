@@ -181,6 +181,8 @@ class HostFit:
     ``call_sync_wait_s``: the wait a graph's first collective pays once per call for ranks that
     entered it out of step; ``call_sync_wait_per_compute``: the wait, per second of a call's compute,
     of ranks that drift apart while they compute between collectives (:func:`fit_wait_terms`);
+    ``call_sync_wait_compute_range_s``: the largest compute of the graphs that fit saw, beyond which a call's
+    compute adds no wait (0.0: no bound; :attr:`~autotp.cost_model.hardware.Hardware.call_sync_wait_compute_range_s`);
     ``in_graph_scale``: the graphs' work over what their single ops price (:func:`fit_in_graph_scale`), by which
     the profile scales every single-op price (``host_dispatch_s`` is the floor scaled by it, and by the share)."""
 
@@ -194,6 +196,7 @@ class HostFit:
     call_sync_wait_s: float = 0.0
     call_sync_wait_per_compute: float = 0.0
     in_graph_scale: float = 1.0
+    call_sync_wait_compute_range_s: float = 0.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -374,14 +377,17 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
         [sample.seconds - sample.compute_s - link_s(sample) for sample in synced],
         per_compute_at_most=max(0.0, 1.0 - share))
 
+    compute_range_s = max((sample.compute_s for sample in synced), default=0.0) if per_compute else 0.0
+
     def waited_s(sample: GraphSample, compute_s: float) -> float:
         count = len(sample.collectives)
-        return entry_s + count * in_graph_s + per_compute * compute_s if count else 0.0
+        drift_s = per_compute * min(compute_s, compute_range_s) if per_compute else 0.0
+        return entry_s + count * in_graph_s + drift_s if count else 0.0
 
     errors = [abs(compute_wall_s(sample) + link_s(sample) + waited_s(sample, compute_wall_s(sample)) - sample.seconds)
               / sample.seconds for sample in samples]
     return HostFit(scale * kernel_floor_s / share, max(0.0, in_graph_s), 0.0, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, scale)
+                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, scale, compute_range_s)
 
 
 def priced_work_s(sample: GraphSample, view_op_s: float, node_s: float) -> float:

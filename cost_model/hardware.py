@@ -108,6 +108,7 @@ _HOST_TIME_FIELDS = (
     "collective_wait_s",
     "call_sync_wait_s",
     "call_sync_wait_per_compute",
+    "call_sync_wait_compute_range_s",
     "gemm_half_efficiency_dim",
     "transcendental_element_s",
     "shared_memory_cold_call_s",
@@ -304,6 +305,11 @@ class Hardware:
     it. ``call_sync_wait_per_compute``: seconds that call also waits per second of its compute
     (ranks drift apart while they compute between collectives: the longer a rank computes, the
     likelier it loses its core for a time slice to another rank or process); 0.0 on GPUs.
+    ``call_sync_wait_compute_range_s``: the largest compute of the graphs that wait was fitted on; a call's
+    compute beyond it adds no more wait (0.0: no bound, as profiles written before it priced). A scheduler that
+    shares cores fairly evens the ranks' progress out over a long compute, so their drift is bounded, and a line
+    fitted on graphs of a few milliseconds is not carried to a model of a hundred (on this project's 2-core VM,
+    at tp 4, a slope of 0.29 priced a 100 ms forward's wait at 30 ms; it measured 5-6).
     ``gemm_half_efficiency_dim``: GEMM rate as a function of shape: a GEMM whose smallest dim
     (of m, n, k) is ``d`` runs at ``d / (d + gemm_half_efficiency_dim)`` of the peak (0.0: the
     peak at every shape); :func:`~.compute.gemm_efficiency`.
@@ -401,6 +407,7 @@ class Hardware:
     collective_wait_s: float = 0.0
     call_sync_wait_s: float = 0.0
     call_sync_wait_per_compute: float = 0.0
+    call_sync_wait_compute_range_s: float = 0.0
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
     op_element_s: tuple[tuple[str, float], ...] = ()

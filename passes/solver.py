@@ -33,8 +33,11 @@ Formulation (one mesh axis of N ranks)::
     out of step, paid once when it has any collective (``pricing.call_sync_s``), and
     w = per_compute sum u[n, s] compute_s[n, s] with u[n, s] >= x[n, s] + z - 1, its share per
     second of the call's compute (``Hardware.call_sync_wait_per_compute``: the product of z and the
-    compute, exact at the optimum since every price is at least 0). Neither is built on profiles
-    without those terms.
+    compute, exact at the optimum since every price is at least 0). Where the profile bounds the compute
+    that wait grows with (``Hardware.call_sync_wait_compute_range_s``, L), a column c in [0, 1] priced
+    per_compute L relaxes each row to u[n, s] >= x[n, s] + z - 1 - c: the objective is linear in c, so
+    the optimum takes c at 0 or 1, and w = per_compute min(compute, L) when z = 1. Neither is built on
+    profiles without those terms.
 
     A training plan (``costed.training``) prices the backward too, as the runtime runs it
     (``passes/backward.py``): a forward resharding r[u, q, p] that a gradient goes back through
@@ -245,7 +248,9 @@ def _add_call_sync_rows(model: _Model, costed: CostedGraph, x: dict[str, list[in
     z >= r for every resharding r that talks, priced ``Hardware.call_sync_wait_s``; and its share per
     second of the call's compute, the product z x compute: per strategy column x, u >= x + z - 1 priced
     ``per_compute`` times x's compute (u = x z at the optimum, since every price is at least 0; the
-    tightest linear form of the product, no big-M). Nothing is built on profiles without those terms."""
+    tightest linear form of the product, no big-M), up to the profile's compute range L: one column c in
+    [0, 1] priced ``per_compute`` L, and each row u >= x + z - 1 - c (module docstring). Nothing is built on
+    profiles without those terms."""
     sync_s = call_sync_s(costed)
     per_compute = costed.hardware.call_sync_wait_per_compute
     if not talking or not (sync_s or per_compute):
@@ -255,11 +260,13 @@ def _add_call_sync_rows(model: _Model, costed: CostedGraph, x: dict[str, list[in
         model.row([(z, 1.0), (r, -1.0)], 0.0, np.inf)
     if not per_compute:
         return
+    bound_s = costed.hardware.call_sync_wait_compute_range_s
+    capped = [(model.column(per_compute * bound_s, 0.0, 1.0, False), 1.0)] if bound_s else []
     for cols in x.values():
         for col in cols:
             if model.cost[col] > 0:
                 u = model.column(per_compute * model.cost[col], 0.0, 1.0, False)
-                model.row([(u, 1.0), (col, -1.0), (z, -1.0)], -1.0, np.inf)
+                model.row([(u, 1.0), (col, -1.0), (z, -1.0), *capped], -1.0, np.inf)
 
 
 def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], rep: dict[str, str],

@@ -176,19 +176,20 @@ def test_profiles_save_and_load_the_new_fields_and_old_json_gets_defaults(tmp_pa
     """Round trip of every host field; a profile JSON from before them loads with eager, no host terms."""
     profile = dataclasses.replace(CPU, runtime_mode="cuda_graph", graph_launch_s=9e-6, collective_wait_s=1e-4,
                                   call_sync_wait_s=7e-4, call_sync_wait_per_compute=0.3, gemm_half_efficiency_dim=24.0,
-                                  transcendental_element_s=2e-9)
+                                  transcendental_element_s=2e-9, call_sync_wait_compute_range_s=4e-3)
     assert Hardware.from_json(profile.to_json()) == profile
     old = json.loads(profile.to_json())
     for key in ("runtime_mode", "host_dispatch_s", "host_is_device", "graph_launch_s", "collective_wait_s",
                 "call_sync_wait_s", "call_sync_wait_per_compute", "gemm_half_efficiency_dim",
-                "transcendental_element_s"):
+                "transcendental_element_s", "call_sync_wait_compute_range_s"):
         del old[key]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))
     loaded = get_hardware(str(path))
     assert (loaded.runtime_mode, loaded.host_dispatch_s, loaded.host_is_device, loaded.graph_launch_s,
             loaded.collective_wait_s, loaded.call_sync_wait_s, loaded.call_sync_wait_per_compute,
-            loaded.gemm_half_efficiency_dim) == ("eager", 0.0, False, 0.0, 0.0, 0.0, 0.0, 0.0), loaded
+            loaded.gemm_half_efficiency_dim, loaded.call_sync_wait_compute_range_s) == (
+                "eager", 0.0, False, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), loaded
     assert compute_time_s(0, 64, torch.float32, loaded) == compute_time_s(
         0, 64, torch.float32, dataclasses.replace(CPU, host_dispatch_s=0.0)), "old profiles price as before"
     with pytest.raises(ValueError, match="runtime_mode must be one of"):
@@ -369,7 +370,8 @@ def test_host_fit_separates_the_wait_of_a_call_from_the_wait_per_collective() ->
     form waits 0.9 ms once per call (ranks entering out of step), 0.3 ms per collective and 0.25 s per second of
     compute (ranks drifting apart while computing) beyond measured compute and link. The fit returns the three
     terms, not their mix per collective (the median of wait over count), which overprices many collectives
-    and underprices one; graphs without collectives pay none of them."""
+    and underprices one; graphs without collectives pay none of them. The compute the drift was fitted over
+    ends at the largest graph's (18 ms): the range beyond which a call's compute adds no wait."""
     scale, floor_s, view_s, share = 1.2, 8e-6, 2e-6, 0.5
     sync_s, wait_s, per_compute = 900e-6, 300e-6, 0.25
     samples = []
@@ -391,6 +393,8 @@ def test_host_fit_separates_the_wait_of_a_call_from_the_wait_per_collective() ->
                                    ("call_sync_wait_per_compute", per_compute, fit.call_sync_wait_per_compute)):
         assert math.isclose(actual, expected, rel_tol=1e-6), f"{name}: expected {expected}, got {actual}"
     assert fit.link_base_adjust_s == 0.0 and fit.median_abs_rel_error < 1e-9, fit
+    largest_s = max(sample.compute_s for sample in samples if sample.collectives)
+    assert fit.call_sync_wait_compute_range_s == largest_s, (fit.call_sync_wait_compute_range_s, largest_s)
 
 
 def test_wait_terms_keep_a_negative_wait_per_collective_and_need_enough_graphs() -> None:
@@ -448,8 +452,8 @@ def test_wait_line_falls_back_to_a_wait_per_collective() -> None:
 
 def test_estimate_pays_the_call_sync_wait_once_with_collectives() -> None:
     """tp=2 and tp=1, tiny Llama on meta, H100 SXM with a call sync wait of 1 ms and 0.1 s per second of
-    compute: the tp=2 plan (with collectives) pays it once per call, in its communication; the tp=1 plan never
-    waits for another rank."""
+    compute: the tp=2 plan (with collectives) pays it once per call, in its communication, on a quarter of its
+    compute where the profile's range ends there; the tp=1 plan never waits for another rank."""
     h100 = dataclasses.replace(get_hardware("h100-sxm"), call_sync_wait_s=1e-3, call_sync_wait_per_compute=0.1)
     split = tiny_plan("llama", 2)
     assert sum(split.collective_counts().values()) > 1, split.collective_counts()
@@ -459,6 +463,9 @@ def test_estimate_pays_the_call_sync_wait_once_with_collectives() -> None:
     assert math.isclose(estimate.comm_per_call_s, estimate.comm_s + expected), estimate
     assert math.isclose(estimate.time_per_call_s, estimate.time_s + h100.graph_launch_s + expected), estimate
     assert "ranks out of step" in estimate.summary()
+    bounded = dataclasses.replace(h100, call_sync_wait_compute_range_s=estimate.compute_s / 4)
+    assert math.isclose(autotp.estimate(split, bounded).call_sync_wait_s, 1e-3 + 0.1 * estimate.compute_s / 4), (
+        "a compute beyond the range the drift was fitted over adds no wait")
     alone = autotp.estimate(tiny_plan("llama", 1), h100)
     assert alone.call_sync_wait_s == 0.0 and alone.comm_per_call_s == alone.comm_s == 0.0, alone
 

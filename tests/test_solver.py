@@ -67,17 +67,20 @@ def test_milp_optimum_equals_brute_force(world_size: int, hardware: str, tokens:
     assert solution.objective_s == pytest.approx(expected, rel=1e-6, abs=1e-12)
 
 
-@pytest.mark.parametrize("per_compute,sync_s,tokens", [(0.2, 0.0, 4096), (0.5, 1e-5, 2048), (0.8, 1e-5, 512)])
+@pytest.mark.parametrize("per_compute,sync_s,tokens,range_s", [
+    (0.2, 0.0, 4096, 0.0), (0.5, 1e-5, 2048, 0.0), (0.8, 1e-5, 512, 0.0), (0.8, 1e-5, 512, 1e-6),
+    (1.5, 0.0, 2048, 1e-4)])
 def test_milp_prices_the_wait_per_second_of_compute_like_brute_force(per_compute: float, sync_s: float,
-                                                                     tokens: int) -> None:
+                                                                     tokens: int, range_s: float) -> None:
     """tp=2, MLP of 7 nodes, cpu-gloo with a call sync wait of ``sync_s`` plus ``per_compute`` s per s of compute
-    (a product of "any collective" and the compute, one column per strategy): MILP objective == brute force. At 4096
+    (a product of "any collective" and the compute, one column per strategy), that compute counted up to
+    ``range_s`` where set (one more column, the bound's price): MILP objective == brute force. At 4096
     and 2048 tokens the best plan splits and pays the wait; at 512 it keeps the MLP whole, where a solver
     blind to the per-compute term splits it."""
     captured = capture(TwoLayerMLP(), (torch.randn(tokens, 256),))
     graph = build_strategy_graph(captured.graph_module, 2, captured.parameter_fqns())
     hardware = dataclasses.replace(get_hardware("cpu-gloo"), call_sync_wait_s=sync_s,
-                                   call_sync_wait_per_compute=per_compute)
+                                   call_sync_wait_per_compute=per_compute, call_sync_wait_compute_range_s=range_s)
     costed = cost_strategy_graph(graph, hardware)
     solution = solve(costed, memory_budget_bytes=None)
     expected = _brute_force(costed, None)

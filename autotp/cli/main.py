@@ -303,8 +303,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
           f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call "
           f"(+{profile.model_call_s * 1e6:.1f} us for a model's call), "
           f"{profile.collective_wait_s * 1e6:.1f} us wait per collective + {profile.call_sync_wait_s * 1e6:.1f} us "
-          f"+ {profile.call_sync_wait_per_compute:.2f} s per s of compute per call with collectives "
-          "(fitted in graphs)")
+          f"+ {profile.call_sync_wait_per_compute:.2f} s per s of compute"
+          + (f" (up to {profile.call_sync_wait_compute_range_s * 1e3:.2f} ms of it)"
+             if profile.call_sync_wait_compute_range_s else "")
+          + " per call with collectives (fitted in graphs)")
     print(f"  gloo link        {link.base_latency_s * 1e6:.1f} us per call + {link.latency_s * 1e6:.1f} us per step, "
           f"{link.bandwidth_gbps:.3f} GB/s")
     if profile.shared_memory_link is not None:
