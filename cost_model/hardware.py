@@ -309,7 +309,8 @@ class Hardware:
     compute beyond it adds no more wait (0.0: no bound, as profiles written before it priced). A scheduler that
     shares cores fairly evens the ranks' progress out over a long compute, so their drift is bounded, and a line
     fitted on graphs of a few milliseconds is not carried to a model of a hundred (on this project's 2-core VM,
-    at tp 4, a slope of 0.29 priced a 100 ms forward's wait at 30 ms; it measured 5-6).
+    at tp 4, a slope of 0.29 priced a 100 ms forward's wait at 30 ms, where its whole communication measured
+    5.5-6.5 ms).
     ``gemm_half_efficiency_dim``: GEMM rate as a function of shape: a GEMM whose smallest dim
     (of m, n, k) is ``d`` runs at ``d / (d + gemm_half_efficiency_dim)`` of the peak (0.0: the
     peak at every shape); :func:`~.compute.gemm_efficiency`.
