@@ -229,6 +229,14 @@ def held_out_line(observed: list[Any], k: int) -> str:
     return "; ".join(cells)
 
 
+def _read_run(path: Path) -> dict:
+    """One run's JSON, from ``path`` as the accuracy benchmark wrote it or compressed with xz (``.xz``)."""
+    if path.suffix == ".xz":
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, nargs="+",
@@ -240,8 +248,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     import torch
 
-    runs = [json.loads(lzma.open(path, "rt").read() if path.suffix == ".xz" else path.read_text())
-            for path in options.runs]
+    runs = [_read_run(path) for path in options.runs]
     threads = {run_threads(data) for data in runs}
     if len(threads) > 1:
         raise SystemExit(f"the runs computed with different thread counts {sorted(threads)}: "
