@@ -19,6 +19,7 @@ from autotp.cost_model.crossval import (
     subsets,
     without,
 )
+from autotp.cost_model.hardware import KNOWN_HARDWARE
 
 
 def _calibrated_like():
@@ -87,7 +88,8 @@ def test_cross_validate_needs_every_subset_priced():
 
 
 def test_fitted_numbers_count_what_pricing_uses():
-    """A named profile has no in-graph term; a calibrated-like one counts each; removed terms count 0."""
+    """A named profile has no in-graph term (every datasheet profile: removing every term changes no count); a
+    calibrated-like one counts each; removed terms count 0."""
     profile = _calibrated_like()
     counts = fitted_numbers(profile)
     assert counts["kernel_extra_fraction"] == 1 and counts["op_fixed_s"] == 1 and counts["memory_bandwidth_curve"] == 2
@@ -95,3 +97,8 @@ def test_fitted_numbers_count_what_pricing_uses():
     fewer = fitted_numbers(profile, ["kernel_extra", "working_set_bandwidth"])
     assert sum(counts.values()) - sum(fewer.values()) == 4, (counts, fewer)
     assert fitted_numbers(get_hardware("cpu-gloo"))["core_share"] == 0
+    for name, profile in KNOWN_HARDWARE.items():  # the datasheet profiles: no CPU-fitted term reaches their pricing
+        in_graph = fitted_numbers(profile)
+        every_term = fitted_numbers(profile, [term.name for term in TERMS])
+        assert in_graph == every_term, f"{name} holds in-graph terms: " + ", ".join(
+            field for field, count in in_graph.items() if count != every_term[field])
