@@ -229,7 +229,7 @@ def held_out_line(observed: list[Any], k: int) -> str:
     return "; ".join(cells)
 
 
-def _read_run(path: Path) -> dict:
+def read_run(path: Path) -> dict:
     """One run's JSON, from ``path`` as the accuracy benchmark wrote it or compressed with xz (``.xz``)."""
     if path.suffix == ".xz":
         with lzma.open(path, "rt", encoding="utf-8") as f:
@@ -248,7 +248,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     import torch
 
-    runs = [_read_run(path) for path in options.runs]
+    runs = [read_run(path) for path in options.runs]
     threads = {run_threads(data) for data in runs}
     if len(threads) > 1:
         raise SystemExit(f"the runs computed with different thread counts {sorted(threads)}: "

@@ -6,7 +6,7 @@ A calibrated profile prices a rank's compute on shared cores as its work over on
 (``Hardware.core_share``, the calibration graphs' work over their wall time). The long forwards of the wide models
 ran near the fair share (0.46-0.48 at four ranks on two cores) and the small families' well below it (0.27-0.42),
 so one share fitted on short graphs prices the long ones high. The other form: the work over the fair share
-(``min(1, cores / ranks)``) plus a fixed loss per call, the median over the same calibration graphs of their wall
+(``min(1, cores / ranks)``, the cores the run recorded) plus a fixed loss per call, the median over the same calibration graphs of their wall
 time beyond that (as many numbers as before: one per world size).
 
 For every run and world size above 1 it prints the loss, the range of the calibration graphs' work, and the median
@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
-import lzma
-import os
 import pickle
 import statistics
 import warnings
 from pathlib import Path
+
+from cost_model_heldout import read_run
 
 SHOWN = ("mlp", "tied_lm", "llama", "llama_wide", "gpt2_wide")
 
@@ -36,10 +35,9 @@ def main() -> None:
                         default=sorted((Path(__file__).resolve().parent / "runs").glob("*.json.xz")))
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    cores = os.cpu_count() or 1
     for path in args.runs:
-        with lzma.open(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
+        data = read_run(path)
+        cores = data["cores"]
         fits = {}
         for calibration in data["calibrations"]:
             ranks, _ = pickle.loads(base64.b64decode(calibration["measurements"]))

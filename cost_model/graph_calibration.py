@@ -381,8 +381,7 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
 
     def waited_s(sample: GraphSample, compute_s: float) -> float:
         count = len(sample.collectives)
-        drift_s = per_compute * min(compute_s, compute_range_s) if per_compute else 0.0
-        return entry_s + count * in_graph_s + drift_s if count else 0.0
+        return entry_s + count * in_graph_s + per_compute * min(compute_s, compute_range_s) if count else 0.0
 
     errors = [abs(compute_wall_s(sample) + link_s(sample) + waited_s(sample, compute_wall_s(sample)) - sample.seconds)
               / sample.seconds for sample in samples]
