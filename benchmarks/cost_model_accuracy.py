@@ -134,6 +134,9 @@ class Row:
     """The same probe timed on its own right before this model's forward (0.0: not measured);
     ``probe_s / probe_calibration_s`` is how much slower the machine ran the same graph when the model was measured
     than when it was calibrated."""
+    fair_share_saving_s: float = 0.0
+    """What the compute beyond the profile's core-share range saves at the fair share (``Estimate.fair_share_saving_s``,
+    already off ``predicted_compute_s``)."""
 
     @property
     def drift(self) -> float:
@@ -201,6 +204,7 @@ class Summary:
     predicted_comm_per_collective_only_s: float = 0.0
     drift: float = 1.0
     """The machine's speed when measured against when calibrated (``Row.drift``, median over rounds)."""
+    fair_share_saving_s: float = 0.0
 
     @property
     def comm_error_per_collective_only(self) -> float | None:
@@ -211,8 +215,9 @@ class Summary:
 
     @property
     def predicted_compute_work_s(self) -> float:
-        """The predicted compute on the work clock: the profile prices work divided by the core share."""
-        return self.predicted_compute_s * self.profile_share
+        """The predicted compute on the work clock: the profile prices work divided by the core share (the compute
+        beyond the share's range runs faster, not with less work)."""
+        return (self.predicted_compute_s + self.fair_share_saving_s) * self.profile_share
 
     @property
     def work_error(self) -> float:
@@ -440,6 +445,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                         plan_json=tp_model.plan.to_json() if options.json else "",
                         profile_json=hardware.to_json() if options.json else "",
                         probe_calibration_s=probe_calibration_s, probe_s=probe_s,
+                        fair_share_saving_s=estimate.fair_share_saving_s,
                     ))
                 if options.decisions and round_index == 0:
                     decision = _decision(name, world_size, model, args, kwargs, hardware, options)
@@ -483,7 +489,7 @@ def summarise(rows: list[Row]) -> list[Summary]:
             median("measured_s"), median("measured_compute_s"), median("measured_comm_s"),
             max(measured) / min(measured), mine[0].ops, mine[0].collectives,
             median("profile_share"), median("measured_compute_work_s"), median("predicted_comm_per_collective_only_s"),
-            statistics.median(r.drift for r in mine),
+            statistics.median(r.drift for r in mine), median("fair_share_saving_s"),
         ))
     return summaries
 
@@ -531,7 +537,7 @@ def main() -> None:
                 print(f"   round {r.round_index} {r.model:<7} predicted {r.predicted_s * 1e3:.3f} / measured "
                       f"{r.measured_s * 1e3:.3f} ms ({r.predicted_s / r.measured_s - 1:+.1%}); compute "
                       f"{r.predicted_compute_s * 1e3:.3f} / {r.measured_compute_s * 1e3:.3f}; work "
-                      f"{r.predicted_compute_s * r.profile_share * 1e3:.3f} / {r.measured_compute_work_s * 1e3:.3f}; "
+                      f"{(r.predicted_compute_s + r.fair_share_saving_s) * r.profile_share * 1e3:.3f} / {r.measured_compute_work_s * 1e3:.3f}; "
                       f"share {r.profile_share:.2f} / "
                       f"{r.measured_compute_work_s / r.measured_compute_s if r.measured_compute_s else 0:.2f}; comm "
                       f"{r.predicted_comm_s * 1e3:.3f} (per collective only "

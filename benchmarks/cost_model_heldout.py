@@ -76,9 +76,10 @@ def _pricer(family: str, world_size: int) -> Any:
         # only the chosen strategy of every node: costing the graph is then a fraction of the planner's work
         narrowed = dataclasses.replace(graph, strategies={name: [chosen[name]] for name in graph.order})
         price = price_choice(cost_strategy_graph(narrowed, profile), dict.fromkeys(graph.order, 0))
-        # per call, and its compute as work (CPU seconds: the profile prices work divided by its core share)
+        # per call, and its compute as work (CPU seconds: the profile prices work divided by its core share;
+        # the compute beyond the share's range runs faster, not with less work)
         call_s = graph_host_s(profile)
-        return price.total_s + call_s, (price.predicted_compute_s + call_s) * profile.core_share
+        return price.total_s + call_s, (price.compute_s + price.local_s + call_s) * profile.core_share
 
     return predicted_s
 
@@ -194,10 +195,14 @@ def refitted(data: dict) -> list[dict]:
     profiles = {}
     for (world_size, round_index), encoded in sorted(calibrations.items()):
         everyone, links = pickle.loads(base64.b64decode(encoded))
+        # runs from before the calibration recorded the fair share: the cores and threads the run recorded
+        everyone = [m if m.fair_core_share else dataclasses.replace(
+            m, fair_core_share=min(1.0, data["cores"] / (world_size * m.threads))) for m in everyone]
         profile = build_profile(everyone, links, world_size=world_size, name=f"cpu-calibrated-{world_size}")
         profiles[world_size, round_index] = profile.to_json()
         print(f"  refitted tp {world_size} round {round_index}: dispatch {profile.host_dispatch_s * 1e6:.1f} us/node, "
-              f"call {profile.graph_launch_s * 1e6:.0f} us, core share {profile.core_share:.2f}, wait "
+              f"call {profile.graph_launch_s * 1e6:.0f} us, core share {profile.core_share:.2f} up to "
+              f"{profile.core_share_range_s * 1e3:.1f} ms of compute, wait "
               f"{profile.collective_wait_s * 1e6:.0f} us/coll + {profile.call_sync_wait_s * 1e6:.0f} us/call")
     missing = sorted({(r["world_size"], r["round_index"]) for r in data["rows"]} - set(profiles))
     if missing:

@@ -71,7 +71,8 @@ def by_clock(runs: list[dict]) -> None:
             for name, of_row in (
                     ("forward", lambda r: r["predicted_s"] / r["measured_s"] - 1),
                     ("compute", lambda r: r["predicted_compute_s"] / r["measured_compute_s"] - 1),
-                    ("work", lambda r: r["predicted_compute_s"] * r["profile_share"] / r["measured_compute_work_s"] - 1),
+                    ("work", lambda r: (r["predicted_compute_s"] + r.get("fair_share_saving_s", 0.0))
+                     * r["profile_share"] / r["measured_compute_work_s"] - 1),
                     ("measured", lambda r: r["measured_compute_s"] / r["measured_compute_work_s"]),
                     ("predicted", lambda r: 1 / r["profile_share"])):
                 cells[name].append(statistics.median(of_row(r) for r in of))

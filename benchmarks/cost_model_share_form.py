@@ -51,7 +51,7 @@ def main() -> None:
             if world_size == 1:
                 continue
             fair, loss, _ = fits[world_size]
-            work_s = row["predicted_compute_s"] * row["profile_share"]
+            work_s = (row["predicted_compute_s"] + row.get("fair_share_saving_s", 0.0)) * row["profile_share"]
             measured_s = row["measured_compute_s"]
             errors.setdefault(world_size, []).append(
                 (row["model"], row["predicted_compute_s"] / measured_s - 1, (work_s / fair + loss) / measured_s - 1))

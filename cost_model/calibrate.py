@@ -88,6 +88,10 @@ class RankMeasurements:
     model_call_s: float = 0.0
     """What a compiled model's call adds to its rank-local graph's call (:func:`autotp.calibration.model_call.
     measure_model_call_s`, work seconds; 0.0: not measured)."""
+    fair_core_share: float = 0.0
+    """The most of a core this rank could get while every rank computed (:func:`autotp.calibration.graphs.
+    fair_core_share`: the cores over the ranks' threads), at which a call's compute beyond the graphs' longest is
+    priced (``Hardware.core_share_range_s``; 0.0: not recorded, the share holds for any compute)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +252,8 @@ def build_profile(
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
                                             shared_memory_link=shared_link, shared_memory_cold_curve=cold_curve,
-                                            kernel_floor_s=m.kernel_floor_s)
+                                            kernel_floor_s=m.kernel_floor_s,
+                                            fair_core_share=m.fair_core_share or None)
                              for m in compute if m.graphs])
     graph_link_before = loopback if shared_link is None else shared_link  # the link the graphs' all-reduces ran on
     if host is not None and host.link_base_adjust_s < 0:
@@ -282,6 +287,9 @@ def build_profile(
         source += f"; work in the graphs {in_graph:.2f} x what their single ops price (in_graph_scale)"
     if core_share < 1.0:
         source += f"; work terms divided by the share of a core a rank got in the graphs ({core_share:.2f})"
+    if host is not None and host.core_share_range_s:
+        source += (f", up to their longest compute ({host.core_share_range_s * 1e3:.1f} ms), at the fair share "
+                   f"({host.fair_core_share:.2f}) beyond")
     if host is not None and host.link_base_adjust_s < 0:
         graph_link = loopback if shared_link is None else shared_link
         source += (f"; per-call {graph_link.name} latency {graph_link_before.base_latency_s * 1e6:.0f} us back to "
@@ -323,6 +331,8 @@ def build_profile(
         shared_memory_cold_call_s=cold_curve[-1][1] if cold_curve else 0.0,
         shared_memory_cold_curve=cold_curve,
         core_share=core_share,
+        core_share_range_s=host.core_share_range_s if host is not None else 0.0,
+        fair_core_share=host.fair_core_share if host is not None else 1.0,
     )
 
 

@@ -19,7 +19,7 @@ also in its *compute form* (:func:`~autotp.calibration.graphs.local_stand_ins`: 
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
     compute_work_s = in_graph_scale * (device_s + view_nodes * view_op_s + kernel_nodes * kernel_floor_s)
-    compute_s = compute_work_s / core_share
+    compute_s = compute_work_s / core_share   (up to the graphs' longest; beyond, at the fair share)
     seconds   = compute_s + link_s + collectives * collective_wait_s
                 + call_sync_wait_s + call_sync_wait_per_compute * compute_s   (with collectives)
 
@@ -71,7 +71,7 @@ from scipy.optimize import least_squares, lsq_linear, nnls  # type: ignore[impor
 from .bandwidth import cold_call_at_s
 from .collectives import SHARED_MEMORY_KINDS, link_collective_time_s
 from .compute import compute_time_s
-from .hardware import Hardware, LinkProfile
+from .hardware import Hardware, LinkProfile, shared_core_compute_s
 
 __all__ = [
     "COLD_WEIGHT_BYTES",
@@ -184,7 +184,10 @@ class HostFit:
     ``call_sync_wait_compute_range_s``: the largest compute of the graphs that fit saw, beyond which a call's
     compute adds no wait (0.0: no bound; :attr:`~autotp.cost_model.hardware.Hardware.call_sync_wait_compute_range_s`);
     ``in_graph_scale``: the graphs' work over what their single ops price (:func:`fit_in_graph_scale`), by which
-    the profile scales every single-op price (``host_dispatch_s`` is the floor scaled by it, and by the share)."""
+    the profile scales every single-op price (``host_dispatch_s`` is the floor scaled by it, and by the share);
+    ``core_share_range_s``: the longest compute of the graphs the share was measured on, beyond which a call's
+    compute runs at ``fair_core_share`` (0.0: no range, a share at the fair one or the fair one not recorded;
+    :attr:`~autotp.cost_model.hardware.Hardware.core_share_range_s`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -197,6 +200,8 @@ class HostFit:
     call_sync_wait_per_compute: float = 0.0
     in_graph_scale: float = 1.0
     call_sync_wait_compute_range_s: float = 0.0
+    core_share_range_s: float = 0.0
+    fair_core_share: float = 1.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -249,7 +254,7 @@ def _linear_time_s(m: int, n: int, k: int, hardware: Hardware) -> float:
 def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: LinkProfile | None,
                    shared_memory_link: LinkProfile | None = None,
                    shared_memory_cold_curve: Sequence[tuple[float, float]] = (),
-                   kernel_floor_s: float = 0.0) -> HostFit:
+                   kernel_floor_s: float = 0.0, fair_core_share: float | None = None) -> HostFit:
     """Fit the scale of the graphs' single-op prices, the share of a core and the waits (module docstring).
 
     ``shared_memory_link``: the graphs' all-reduces ran through shared memory (``measure_graphs`` on
@@ -260,7 +265,9 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     ``view_op_s`` (measured on a chain of views) prices the view nodes; ``link`` (fitted back to
     back) prices the collectives' alpha-beta time, and may be None when no sample has one.
     ``kernel_floor_s``: a tiny kernel's cost in a chain timed in a loop, each kernel node's dispatch before the
-    scale (:func:`fit_in_graph_scale`). Raises ValueError with fewer samples than unknowns.
+    scale (:func:`fit_in_graph_scale`). ``fair_core_share``: the most of a core a rank can get while every rank
+    computes (:func:`~autotp.calibration.graphs.fair_core_share`), at which compute beyond the graphs' longest
+    runs (None: not recorded, the share holds for any compute). Raises ValueError with fewer samples than unknowns.
 
     When the samples carry their own work (``work_s``, timed on the work clock like the single
     ops whose rates price ``device_s``), the fit has three steps, each on what it can see:
@@ -295,7 +302,7 @@ def fit_host_terms(samples: Sequence[GraphSample], *, view_op_s: float, link: Li
     if not all(sample.work_s > 0 for sample in samples):
         return _fit_wall_terms(samples, view_op_s, link_s, with_collectives)
     if all(sample.compute_work_s > 0 and sample.compute_s > 0 for sample in samples):
-        return _fit_compute_then_wait(samples, view_op_s, link_s, kernel_floor_s)
+        return _fit_compute_then_wait(samples, view_op_s, link_s, kernel_floor_s, fair_core_share)
     # over the graphs together, each weighing by its time (the longest calls are the most like a forward)
     alone = [sample for sample in samples if not sample.collectives] or list(samples)
     scale = fit_in_graph_scale(alone, [sample.work_s for sample in alone], view_op_s=view_op_s, node_s=kernel_floor_s)
@@ -332,7 +339,8 @@ def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_li
 
 
 def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
-                           link_s: Callable[[GraphSample], float], kernel_floor_s: float = 0.0) -> HostFit:
+                           link_s: Callable[[GraphSample], float], kernel_floor_s: float = 0.0,
+                           fair_core_share: float | None = None) -> HostFit:
     """The host terms from samples whose compute was timed apart (:attr:`GraphSample.compute_s`).
 
     Compute and communication mean here what the accuracy benchmark measures: a graph's compute
@@ -344,7 +352,10 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     2. the share of a core a rank gets while computing: the compute work of every graph over
        its compute wall time, each graph weighing by its time; every work term becomes wall time
        divided by it. With four single-thread ranks on two cores it is about 1/2: the ranks take
-       turns on the cores while they compute, which is compute time, not a wait for a collective;
+       turns on the cores while they compute, which is compute time, not a wait for a collective.
+       The share holds up to the longest compute among the graphs (``core_share_range_s``): a call's compute
+       beyond it runs at ``fair_core_share`` (:meth:`~autotp.cost_model.hardware.Hardware.shared_core_compute_s`;
+       a short call ends before the scheduler has evened the ranks' progress out, a long one does not);
     3. the wait: what the real form's wall time of each graph with collectives has beyond its
        measured compute and its link time, as a line over the graphs' numbers of collectives
        and their compute (:func:`fit_wait_terms`): the wait per collective (at least 0), the wait
@@ -367,9 +378,12 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
                                node_s=kernel_floor_s)
     share = (sum(sample.compute_work_s for sample in samples)
              / sum(sample.compute_work_s / sample.core_share for sample in samples))
+    fair = 1.0 if fair_core_share is None else fair_core_share
+    share_range_s = max(sample.compute_s for sample in samples) if fair_core_share is not None and share < fair else 0.0
 
     def compute_wall_s(sample: GraphSample) -> float:
-        return scale * priced_work_s(sample, view_op_s, kernel_floor_s) / share
+        return shared_core_compute_s(scale * priced_work_s(sample, view_op_s, kernel_floor_s) / share,
+                                     share, share_range_s, fair)
 
     synced = [sample for sample in samples if sample.collectives]
     entry_s, in_graph_s, per_compute = fit_wait_terms(
@@ -386,7 +400,8 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     errors = [abs(compute_wall_s(sample) + link_s(sample) + waited_s(sample, compute_wall_s(sample)) - sample.seconds)
               / sample.seconds for sample in samples]
     return HostFit(scale * kernel_floor_s / share, max(0.0, in_graph_s), 0.0, statistics.median(errors),
-                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, scale, compute_range_s)
+                   len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, scale, compute_range_s,
+                   share_range_s, fair)
 
 
 def priced_work_s(sample: GraphSample, view_op_s: float, node_s: float) -> float:

@@ -63,6 +63,7 @@ __all__ = [
     "Hardware",
     "LinkProfile",
     "get_hardware",
+    "shared_core_compute_s",
 ]
 
 OP_FAMILIES = ("convolution", "pooling", "batch_norm", "attention")
@@ -109,6 +110,7 @@ _HOST_TIME_FIELDS = (
     "call_sync_wait_s",
     "call_sync_wait_per_compute",
     "call_sync_wait_compute_range_s",
+    "core_share_range_s",
     "gemm_half_efficiency_dim",
     "transcendental_element_s",
     "shared_memory_cold_call_s",
@@ -255,6 +257,16 @@ class LinkProfile:
             raise ValueError(f"bad field {where!r}: {error}") from None
 
 
+def shared_core_compute_s(compute_s: float, core_share: float, range_s: float, fair_core_share: float) -> float:
+    """Wall seconds of compute priced at ``compute_s`` with ``core_share`` of a core: as priced up to ``range_s``
+    (the longest compute the share was measured on; 0.0: no range), the compute beyond at ``fair_core_share``
+    (:attr:`Hardware.core_share_range_s`)."""
+    beyond_s = compute_s - range_s
+    if not range_s or beyond_s <= 0:
+        return compute_s
+    return range_s + beyond_s * core_share / fair_core_share
+
+
 @dataclass(frozen=True)
 class Hardware:
     """One device kind and the links between devices; every field carries its unit.
@@ -386,6 +398,13 @@ class Hardware:
     are the rates a rank gets with the others busy, ``view_op_s``, ``host_dispatch_s``,
     ``graph_launch_s``, ``model_call_s`` and ``transcendental_element_s`` the times. :meth:`alone` undoes it for a
     graph that one rank runs while the others wait (generation without collectives on a CPU group).
+    ``core_share_range_s`` (0.0: the share holds for any compute, as profiles written before it priced) and
+    ``fair_core_share`` (1.0 when absent): the share holds for a call's compute up to the longest compute of the
+    graphs it was measured on, and the compute beyond runs at the fair share (the cores over the ranks' threads),
+    :meth:`shared_core_compute_s`. Ranks that start a call together lose cores to each other in time slices, and a
+    short call ends before the scheduler has evened their progress out; a long one runs at about the fair share
+    (on this project's 2-core VM at tp 4: calibration graphs of up to 6 ms of work at shares of 0.33-0.38, the
+    forwards of the two wide models, 20-25 ms of work, at 0.45-0.48 of the fair 0.5).
     """
 
     name: str
@@ -409,6 +428,7 @@ class Hardware:
     call_sync_wait_s: float = 0.0
     call_sync_wait_per_compute: float = 0.0
     call_sync_wait_compute_range_s: float = 0.0
+    core_share_range_s: float = 0.0
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
     op_element_s: tuple[tuple[str, float], ...] = ()
@@ -422,6 +442,7 @@ class Hardware:
     small_all_reduce: str = "ring"
     shared_memory_link: LinkProfile | None = None
     core_share: float = 1.0
+    fair_core_share: float = 1.0
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -475,11 +496,16 @@ class Hardware:
             or self.devices_per_node < 1
         ):
             raise ValueError(f"{owner}.devices_per_node must be an int >= 1, got {self.devices_per_node!r}")
-        for fraction_field in ("achievable_fraction_compute", "achievable_fraction_memory", "core_share"):
+        for fraction_field in ("achievable_fraction_compute", "achievable_fraction_memory", "core_share",
+                               "fair_core_share"):
             value = getattr(self, fraction_field)
             _check_positive_number(owner, fraction_field, value)
             if value > 1:
                 raise ValueError(f"{owner}.{fraction_field} must be in (0, 1], got {value!r}")
+        if self.core_share > self.fair_core_share:
+            raise ValueError(f"{owner}.core_share ({self.core_share!r}) cannot exceed fair_core_share "
+                             f"({self.fair_core_share!r}): no rank gets more than the fair share while every rank "
+                             "computes")
 
     def __hash__(self) -> int:
         return hash(
@@ -506,6 +532,7 @@ class Hardware:
                 self.small_all_reduce,
                 self.shared_memory_link,
                 self.core_share,
+                self.fair_core_share,
             )
         )
 
@@ -533,8 +560,16 @@ class Hardware:
             transcendental_element_s=self.transcendental_element_s * share,
             op_element_s=tuple((op, seconds * share) for op, seconds in self.op_element_s),
             core_share=1.0,
+            core_share_range_s=0.0,
+            fair_core_share=1.0,
             source=f"{self.source}; work terms at a whole core (one rank alone; measured share {share:.2f})",
         )
+
+    def shared_core_compute_s(self, compute_s: float) -> float:
+        """Wall seconds of a call whose compute, priced at ``core_share``, is ``compute_s``: as priced up to
+        ``core_share_range_s``, and the compute beyond at ``fair_core_share`` (class docstring). ``compute_s``
+        itself without a range."""
+        return shared_core_compute_s(compute_s, self.core_share, self.core_share_range_s, self.fair_core_share)
 
     def element_rate_s(self, op_name: str | None = None, default: float | None = None) -> float:
         """Seconds per element of the op ``op_name`` (``op_element_s``); for an op not measured by name (and for
@@ -592,6 +627,7 @@ class Hardware:
                                              for size, seconds in self.shared_memory_cold_curve]}
                if self.shared_memory_cold_curve else {}),
             "core_share": self.core_share,
+            "fair_core_share": self.fair_core_share,
             "source": self.source,
         }
 
@@ -623,7 +659,8 @@ class Hardware:
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s", "first_call_s",
                     "memory_bandwidth_curve",
-                    "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share")
+                    "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share",
+                    "fair_core_share")
         _check_known_fields(data, required + optional, "the hardware profile")
         for key in required:
             if key not in data:
@@ -668,6 +705,7 @@ class Hardware:
                                                           "shared_memory_cold_curve", "seconds"),
                 # absent in profiles written before it was recorded: work terms taken as measured alone
                 core_share=data.get("core_share", 1.0),
+                fair_core_share=data.get("fair_core_share", 1.0),
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None

@@ -12,6 +12,11 @@ The price of a choice (one strategy per node) is the sum of two kinds of terms:
   whose value some rank-divergent reader takes replicated costs one all-reduce of its gradient
   (Megatron's f, :meth:`CostedGraph.replicated_input_s`), however many such readers it has.
 
+- **compute at the fair share** (:attr:`ChoicePrice.fair_share_saving_s`): on a profile whose core share holds
+  only up to a range of compute (``Hardware.core_share_range_s``), what the nodes' compute beyond it saves at
+  the fair share (:meth:`autotp.cost_model.hardware.Hardware.shared_core_compute_s`; the MILP holds it with
+  one column per strategy, ``passes/solver.py``).
+
 - **call sync** (:func:`call_sync_s`): a choice with at least one forward resharding that talks to
   other ranks pays ``Hardware.call_sync_wait_s`` once, the wait of the call's first collective for
   ranks that entered the call out of step, plus ``call_sync_wait_per_compute`` times the choice's
@@ -78,7 +83,9 @@ class ChoicePrice:
     that talk to no other rank (a local slice, zeros on the ranks other than 0), which run on the
     rank like any op and so count as compute (:attr:`predicted_compute_s`), not communication: the
     communication is what the collectives add, as the accuracy benchmark measures it (the graph
-    with its collectives replaced by local stand-ins still runs those ops).
+    with its collectives replaced by local stand-ins still runs those ops). ``fair_share_saving_s``: what the
+    nodes' compute beyond the profile's core-share range saves at the fair share (module docstring), taken off
+    :attr:`predicted_compute_s`.
     """
 
     compute_s: float
@@ -86,11 +93,12 @@ class ChoicePrice:
     blocked: str = ""
     sync_s: float = 0.0  # the call's wait for ranks out of step when it has a collective (call_sync_s)
     local_s: float = 0.0
+    fair_share_saving_s: float = 0.0
 
     @property
     def predicted_compute_s(self) -> float:
-        """The nodes' compute and the local reshardings'."""
-        return self.compute_s + self.local_s
+        """The nodes' compute and the local reshardings', less what the compute beyond the core-share range saves."""
+        return self.compute_s + self.local_s - self.fair_share_saving_s
 
     @property
     def comm_s(self) -> float:
@@ -217,4 +225,5 @@ def price_choice(costed: CostedGraph, choice: Mapping[str, int]) -> ChoicePrice:
                   else is_collective_reshard(costed, r.producer, r.src, r.dst) for r in reshardings]
     synced = any(is_collective and not r.backward for r, is_collective in zip(reshardings, collective))
     local = sum(r.time_s for r, is_collective in zip(reshardings, collective) if not is_collective)
-    return ChoicePrice(compute, reshardings, why, call_sync_s(costed, compute) if synced else 0.0, local)
+    return ChoicePrice(compute, reshardings, why, call_sync_s(costed, compute) if synced else 0.0, local,
+                       compute - costed.hardware.shared_core_compute_s(compute))

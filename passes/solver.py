@@ -39,6 +39,12 @@ Formulation (one mesh axis of N ranks)::
     the optimum takes c at 0 or 1, and w = per_compute min(compute, L) when z = 1. Neither is built on
     profiles without those terms.
 
+    Where the profile's core share holds only up to a range of compute (``Hardware.core_share_range_s``, T,
+    with the share s and the fair share f; ``pricing.ChoicePrice.fair_share_saving_s``), the compute's wall
+    time is min(compute, (s/f) compute + (1 - s/f) T): each x column is priced at s/f of its compute, and
+    (1 - s/f) min(compute, T) is held as above with z = 1: v[n, s] >= x[n, s] - d, v priced (1 - s/f) times
+    x's compute and one column d in [0, 1] priced (1 - s/f) T (_add_fair_share_rows).
+
     A training plan (``costed.training``) prices the backward too, as the runtime runs it
     (``passes/backward.py``): a forward resharding r[u, q, p] that a gradient goes back through
     has a twin b[u, q, p] >= y[e, q, p] (those edges e only) priced at its adjoint route; a
@@ -70,6 +76,7 @@ from scipy.sparse import coo_matrix
 from autotp.base.errors import PlanError
 from autotp.base.placements import Placement, Replicate, Shard
 from autotp.base.shapes import concrete_shape
+from autotp.cost_model.hardware import Hardware
 from autotp.passes.backward import reads_through_f
 from autotp.passes.costing import CostedGraph
 from autotp.passes.pricing import call_sync_s, compute_s, is_blocked, is_collective_reshard, price_choice, reshard_s
@@ -269,6 +276,23 @@ def _add_call_sync_rows(model: _Model, costed: CostedGraph, x: dict[str, list[in
                 model.row([(u, 1.0), (col, -1.0), (z, -1.0), *capped], -1.0, np.inf)
 
 
+def _add_fair_share_rows(model: _Model, x: dict[str, list[int]], hardware: Hardware) -> None:
+    """The compute beyond the profile's core-share range at the fair share (module docstring): every x column's
+    price scaled by s/f, and (1 - s/f) min(compute, T) held by one v column per x column with a compute and one
+    d column. Reads the x columns' prices as the nodes' compute, so it runs after every row that does the same
+    (_add_call_sync_rows). Nothing is built on profiles without a range."""
+    range_s, slower = hardware.core_share_range_s, 1.0 - hardware.core_share / hardware.fair_core_share
+    if not range_s or slower <= 0:
+        return
+    d = model.column(slower * range_s, 0.0, 1.0, False)
+    for cols in x.values():
+        for col in cols:
+            if model.cost[col] > 0:
+                v = model.column(slower * model.cost[col], 0.0, 1.0, False)
+                model.row([(v, 1.0), (col, -1.0), (d, 1.0)], 0.0, np.inf)
+                model.cost[col] *= 1.0 - slower
+
+
 def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], rep: dict[str, str],
                     budget_bytes: float | None, activation_terms: list[tuple[int, float]]) -> None:
     if budget_bytes is None:
@@ -409,6 +433,7 @@ def solve(costed: CostedGraph, *, memory_budget_bytes: float | None, time_limit_
     y_of = _add_edge_rows(model, costed, x, edges)
     activation_terms, talking = _add_reshard_rows(model, costed, rep, out_edges, y_of)
     _add_call_sync_rows(model, costed, x, talking)
+    _add_fair_share_rows(model, x, costed.hardware)
     _add_link_rows(model, x, rep, links)
     _add_memory_row(model, costed, x, rep, memory_budget_bytes, activation_terms if count_activations else [])
 

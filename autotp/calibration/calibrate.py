@@ -50,7 +50,9 @@ profile field         measurement (median over timed repeats, after warm-up)
 ``core_share``        one wide block (hidden 1024, 64 tokens), run by calling their GraphModule on all ranks
                       from one moment to the last rank's end (:mod:`autotp.calibration.graphs`): their work
                       over what their single ops price scales every single-op price (the dispatch is the
-                      tiny-op floor so scaled); ``runtime_mode`` eager
+                      tiny-op floor so scaled); their work over their wall time is the share of a core a
+                      rank gets, up to their longest compute (``core_share_range_s``; beyond, the fair
+                      share, ``fair_core_share``); ``runtime_mode`` eager
 ====================  ==========================================================================
 
 Single ops and graphs are timed on the *work clock* (:func:`~autotp.calibration.graphs.work_clock`: the
@@ -94,6 +96,7 @@ import torch
 import torch.distributed as dist
 
 from autotp.calibration.graphs import (
+    fair_core_share,
     measure_cold_call_s,
     measure_copy_curve,
     measure_element_rates,
@@ -414,7 +417,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     op_fixed: tuple[tuple[str, float], ...] = ()
     element_rates: tuple[tuple[str, float], ...] = ()
     first_call: tuple[tuple[str, float], ...] = ()
-    model_call = 0.0
+    model_call = fair_share = 0.0
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -454,6 +457,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             # the graphs' kernels priced without a floor: the fit charges it per kernel node, scaled
             kernels_only = dataclasses.replace(kernels, kernel_floor_s=0.0, op_fixed_s=op_fixed, first_call_s=first_call)
             graphs = measure_graphs(config.graph_shapes, kernels_only, config.graph_runs)
+            fair_share = fair_core_share()  # the bound of every graph's share, and the share of a long compute
             for shape, sample in zip(config.graph_shapes, graphs):
                 _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "
                                f"{sample.kernel_nodes} kernels, {len(sample.collectives)} collectives, "
@@ -461,7 +465,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed, element_rates, first_call, model_call)
+                            curve, cold, op_fixed, element_rates, first_call, model_call, fair_share)
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:

@@ -299,6 +299,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
             f"{name} {seconds * 1e6:.1f} us{' per block' if name == 'attention' else ''}"
             for name, seconds in profile.op_fixed_s))
     print(f"  transcendental   {profile.transcendental_element_s * 1e9:10.3f} ns per element")
+    if profile.core_share < 1.0:
+        print(f"  core share       {profile.core_share:.2f} of a core per rank while every rank computes (the rates "
+              "above)" + (f", up to {profile.core_share_range_s * 1e3:.1f} ms of a call's compute; "
+                          f"{profile.fair_core_share:.2f} beyond" if profile.core_share_range_s else ""))
     print(f"  runtime          {profile.runtime_mode}: {profile.host_dispatch_s * 1e6:.2f} us host dispatch per "
           f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call "
           f"(+{profile.model_call_s * 1e6:.1f} us for a model's call), "

@@ -27,6 +27,10 @@ no graph, no process group — and adds up the terms the planner priced:
   :func:`autotp.cost_model.collectives.call_sync_wait_s`), in :attr:`Estimate.comm_per_call_s`
   and :attr:`Estimate.time_per_call_s`; the solver pays the once-per-call part for a plan with any
   collective, not the part that grows with compute (a product of the choice and its compute).
+  On a profile whose core share holds only up to a range of compute (``Hardware.core_share_range_s``), the
+  compute beyond it runs at the fair share: :attr:`Estimate.fair_share_saving_s`, taken off
+  :attr:`Estimate.time_s` (:meth:`autotp.cost_model.hardware.Hardware.shared_core_compute_s`; the nodes' own
+  times stay at the profile's share).
 * **memory per rank** = parameters (the plan's ``parameter_bytes_per_rank``: the largest
   rank's shards) + buffers and constants (whole on every rank) + the peak of live activations.
   The activation peak is a liveness walk over the plan's graph in execution order, the order
@@ -155,11 +159,13 @@ class Estimate:
     graph_call_s: float = 0.0
     host: HostTime | None = None
     call_sync_wait_s: float = 0.0
+    fair_share_saving_s: float = 0.0
 
     @property
     def time_s(self) -> float:
-        """Predicted seconds per forward pass: compute + communication (no overlap)."""
-        return self.compute_s + self.comm_s
+        """Predicted seconds per forward pass: compute + communication (no overlap), less what the compute beyond
+        the profile's core-share range saves at the fair share (module docstring)."""
+        return self.compute_s - self.fair_share_saving_s + self.comm_s
 
     @property
     def comm_per_call_s(self) -> float:
@@ -206,6 +212,9 @@ class Estimate:
             modes = ", ".join(f"{mode} {_ms(seconds)}" for mode, seconds in self.host.by_mode.items())
             lines.append(f"host dispatch per forward ({self.host.kernels} kernel nodes, {self.host.views} views, "
                          f"{_ms(self.graph_call_s)} call): {modes}; nodes priced as {self.runtime_mode}")
+        if self.fair_share_saving_s:
+            lines.append(f"compute beyond the calibration's longest graph, at the fair share of a core: "
+                         f"-{_ms(self.fair_share_saving_s)}")
         if self.call_sync_wait_s:
             lines.append("wait per call for ranks out of step (entering the call, drifting while computing): "
                          f"{_ms(self.call_sync_wait_s)}")
@@ -328,6 +337,7 @@ def estimate(plan: Plan, hardware: str | Hardware | None = None) -> Estimate:
         if n.op == "placeholder" and n.target and n.target not in plan.parameters
     )
     peak, peak_after = _activation_peak(plan)
+    nodes_compute_s = sum(node.compute_s for node in plan.nodes)
     return Estimate(
         hardware=plan.hardware,
         world_size=plan.world_size,
@@ -345,8 +355,10 @@ def estimate(plan: Plan, hardware: str | Hardware | None = None) -> Estimate:
         graph_call_s=graph_host_s(profile) if profile is not None else 0.0,
         host=_host_time(plan, profile) if profile is not None else None,
         call_sync_wait_s=(call_sync_wait_s(profile, sum(plan.collective_counts().values()),
-                                           sum(node.compute_s for node in plan.nodes))  # as the solver prices it
+                                           nodes_compute_s)  # as the solver prices it
                           if profile is not None and plan.world_size > 1 else 0.0),
+        fair_share_saving_s=(nodes_compute_s - profile.shared_core_compute_s(nodes_compute_s)
+                             if profile is not None else 0.0),
     )
 
 
