@@ -137,6 +137,17 @@ def test_profile_scales_every_single_op_price_by_what_the_graphs_took() -> None:
     assert "1.50 x what their single ops price" in profile.source
     assert (profile.achievable_fraction_compute, profile.achievable_fraction_memory) == (1.0, 1.0)
     assert Hardware.from_json(profile.to_json()) == profile
+    # the same graphs at 0.4 of a core while every rank computed, the fair share 0.5 recorded: the share holds up
+    # to their longest compute; without the fair share recorded (older measurements), for any compute
+    shared = tuple(dataclasses.replace(g, seconds=g.work_s / 0.4, core_share=0.4, compute_s=g.work_s / 0.4,
+                                       compute_work_s=g.work_s) for g in graphs)
+    busy = build_profile([dataclasses.replace(measured, graphs=shared, fair_core_share=0.5)], samples, world_size=2)
+    assert (busy.core_share, busy.core_share_range_s, busy.fair_core_share) == pytest.approx(
+        (0.4, max(g.compute_s for g in shared), 0.5))
+    assert "at the fair share (0.50) beyond" in busy.source
+    unrecorded = build_profile([dataclasses.replace(measured, graphs=shared)], samples, world_size=2)
+    assert (unrecorded.core_share, unrecorded.core_share_range_s, unrecorded.fair_core_share) == pytest.approx(
+        (0.4, 0.0, 1.0))
 
 
 def test_view_op_field_is_optional_in_json() -> None:
@@ -166,12 +177,14 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
         assert 0 < measured.view_op_s < 1e-2, measured
         # a compiled model's call flattens, checks and builds around its graph's: more work, never less
         assert 0 < measured.model_call_s < 1e-2, measured.model_call_s
+        assert 0 < measured.fair_core_share <= 1.0, measured.fair_core_share
     assert ranks[0].collectives == ranks[1].collectives, "every rank records the slowest rank's times"
     kinds = {(s.kind, s.nbytes) for s in ranks[0].collectives}
     # gloo's three kinds and, ranks on one x86-64 host, the shared-memory all-reduce: two sizes each
     assert {k for k, _ in kinds} == {*KINDS, SHARED_MEMORY_KIND} and len(kinds) == 8, kinds
     profile = build_profile(ranks, ranks[0].collectives, world_size=2)
     assert profile.intra_node.bandwidth_gbps > 0 and profile.devices_per_node == 2, profile
+    assert profile.fair_core_share == ranks[0].fair_core_share and profile.core_share <= profile.fair_core_share
     # in-graph calibration: every graph shape timed on both ranks, one all-reduce per row-split projection
     quick = CalibrationConfig.quick()
     assert len(ranks[0].graphs) == len(quick.graph_shapes), ranks[0].graphs

@@ -229,6 +229,39 @@ def test_core_share_round_trips_old_json_reads_one_and_alone_undoes_it(tmp_path)
             dataclasses.replace(CPU, core_share=bad)
 
 
+def test_the_core_share_holds_up_to_the_graphs_longest_compute_and_the_fair_share_beyond(tmp_path) -> None:
+    """tp=4 on 2 cores (synthetic timings at a core share of 0.4, the fair share 0.5): the fit records the longest
+    compute of the graphs as the share's range and the fair share; without the fair share recorded, or at a
+    share equal to it, there is no range. A profile prices a call's compute as is up to the range and the rest at
+    the fair share; the fields survive JSON, a profile written before them reads no range; alone() drops the
+    range; a share above the fair one is refused."""
+    floor_s, view_s = 5e-6, 2e-6
+    samples = _graphs_scaled(1.2, floor_s, view_s, 0.4)
+    longest_s = max(sample.compute_s for sample in samples)
+    fit = fit_host_terms(samples, view_op_s=view_s, link=None, kernel_floor_s=floor_s, fair_core_share=0.5)
+    assert (fit.core_share, fit.core_share_range_s, fit.fair_core_share) == pytest.approx((0.4, longest_s, 0.5))
+    assert fit.median_abs_rel_error < 1e-9, "no graph is beyond the range it sets"
+    assert fit_host_terms(samples, view_op_s=view_s, link=None, kernel_floor_s=floor_s).core_share_range_s == 0.0
+    at_fair = _graphs_scaled(1.2, floor_s, view_s, 0.5)
+    assert fit_host_terms(at_fair, view_op_s=view_s, link=None, kernel_floor_s=floor_s,
+                          fair_core_share=0.5).core_share_range_s == 0.0
+
+    busy = dataclasses.replace(CPU, core_share=0.4, fair_core_share=0.5, core_share_range_s=10e-3)
+    assert busy.shared_core_compute_s(8e-3) == 8e-3
+    assert busy.shared_core_compute_s(30e-3) == pytest.approx(10e-3 + 20e-3 * 0.4 / 0.5)
+    assert CPU.shared_core_compute_s(30e-3) == 30e-3, "no range: the share holds for any compute"
+    assert Hardware.from_json(busy.to_json()) == busy
+    old = json.loads(busy.to_json())
+    del old["core_share_range_s"], old["fair_core_share"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    assert get_hardware(str(path)).shared_core_compute_s(30e-3) == 30e-3
+    alone = busy.alone()
+    assert (alone.core_share_range_s, alone.fair_core_share) == (0.0, 1.0), alone
+    with pytest.raises(ValueError, match="cannot exceed fair_core_share"):
+        dataclasses.replace(CPU, core_share=0.6, fair_core_share=0.5)
+
+
 def test_estimate_shows_host_time_per_runtime_mode() -> None:
     """tp=2, tiny Llama on meta, H100 SXM: the estimate lists host dispatch per forward, eager above cuda_graph."""
     estimate = autotp.estimate(tiny_plan("llama", 2))
@@ -468,6 +501,24 @@ def test_estimate_pays_the_call_sync_wait_once_with_collectives() -> None:
         "a compute beyond the range the drift was fitted over adds no wait")
     alone = autotp.estimate(tiny_plan("llama", 1), h100)
     assert alone.call_sync_wait_s == 0.0 and alone.comm_per_call_s == alone.comm_s == 0.0, alone
+
+
+def test_estimate_and_plan_price_compute_beyond_the_core_share_range_at_the_fair_share() -> None:
+    """tp=2, tiny Llama on meta, H100 SXM with a core share of 0.25 up to a quarter of the plan's compute and the
+    fair 0.5 beyond: the estimate takes off half the compute beyond the range, says so, and the plan the same
+    profile makes predicts the same compute (the solver's accounting); the wait per compute is unchanged."""
+    h100 = get_hardware("h100-sxm")
+    split = tiny_plan("llama", 2)
+    plain = autotp.estimate(split, h100)
+    compute_s = sum(node.compute_s for node in split.nodes)
+    shared = dataclasses.replace(h100, core_share=0.25, fair_core_share=0.5, core_share_range_s=compute_s / 4)
+    estimate = autotp.estimate(split, shared)
+    assert estimate.fair_share_saving_s == pytest.approx(compute_s * 3 / 4 * 0.5), estimate.fair_share_saving_s
+    assert estimate.time_s == pytest.approx(plain.time_s - estimate.fair_share_saving_s)
+    assert "at the fair share of a core" in estimate.summary() and "fair share" not in plain.summary()
+    replanned = tiny_plan("llama", 2, hardware=shared)
+    again = autotp.estimate(replanned, shared)
+    assert again.fair_share_saving_s > 0 and replanned.predicted_compute_s == pytest.approx(again.time_s - again.comm_s)
 
 
 def test_solver_weighs_the_call_sync_wait_against_splitting() -> None:

@@ -12,6 +12,7 @@ from autotp.base.errors import PlanError
 from autotp.capture import capture
 from autotp.cost_model import get_hardware
 from autotp.passes.costing import cost_strategy_graph
+from autotp.passes.pricing import price_choice
 from autotp.passes.solver import evaluate_choice, min_parameter_bytes, solve
 from autotp.passes.strategies import build_strategy_graph
 
@@ -86,6 +87,28 @@ def test_milp_prices_the_wait_per_second_of_compute_like_brute_force(per_compute
     expected = _brute_force(costed, None)
     assert evaluate_choice(costed, solution.choice) == pytest.approx(expected, rel=1e-6, abs=1e-12)
     assert solution.objective_s == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("tokens,fraction", [(64, 0.5), (512, 0.1), (2048, 0.1), (2048, 0.5), (2048, 0.9)])
+def test_milp_prices_compute_beyond_the_core_share_range_like_brute_force(tokens: int, fraction: float) -> None:
+    """tp=2, MLP of 7 nodes, cpu-gloo at a core share of 0.25 up to a range of compute (``fraction`` of the plan's
+    compute without a range) and the fair 0.5 beyond, with the wait per second of compute too (both hold the
+    minimum of two lines with one column per strategy): MILP objective == brute force. At 2048 tokens the range
+    moves the plan (the whole MLP's compute costs less beyond the range), so its price reaches the decision."""
+    captured = capture(TwoLayerMLP(), (torch.randn(tokens, 256),))
+    graph = build_strategy_graph(captured.graph_module, 2, captured.parameter_fqns())
+    base = dataclasses.replace(get_hardware("cpu-gloo"), call_sync_wait_s=1e-5, call_sync_wait_per_compute=0.5)
+    unbounded = cost_strategy_graph(graph, base)
+    before = solve(unbounded, memory_budget_bytes=None)
+    range_s = fraction * price_choice(unbounded, before.choice).compute_s
+    costed = cost_strategy_graph(graph, dataclasses.replace(base, core_share=0.25, fair_core_share=0.5,
+                                                            core_share_range_s=range_s))
+    solution = solve(costed, memory_budget_bytes=None)
+    expected = _brute_force(costed, None)
+    assert evaluate_choice(costed, solution.choice) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert solution.objective_s == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert expected < before.objective_s  # the compute beyond the range is cheaper at the fair share
+    assert (solution.choice != before.choice) == (tokens == 2048)
 
 
 def test_solver_is_deterministic() -> None:
