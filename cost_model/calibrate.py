@@ -287,6 +287,8 @@ def build_profile(
         source += f"; work in the graphs {in_graph:.2f} x what their single ops price (in_graph_scale)"
     if core_share < 1.0:
         source += f"; work terms divided by the share of a core a rank got in the graphs ({core_share:.2f})"
+    if host is not None and host.core_share_call_s:
+        source += f", {host.core_share_call_s * 1e6:.0f} us lost once per call"
     if host is not None and host.core_share_range_s:
         source += (f", up to their longest compute ({host.core_share_range_s * 1e3:.1f} ms), at the fair share "
                    f"({host.fair_core_share:.2f}) beyond")
@@ -332,6 +334,7 @@ def build_profile(
         shared_memory_cold_curve=cold_curve,
         core_share=core_share,
         core_share_range_s=host.core_share_range_s if host is not None else 0.0,
+        core_share_call_s=host.core_share_call_s if host is not None else 0.0,
         fair_core_share=host.fair_core_share if host is not None else 1.0,
     )
 

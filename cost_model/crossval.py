@@ -73,7 +73,7 @@ def without(hardware: Hardware, removed: Iterable[str]) -> Hardware:
 
 
 _TERM_FIELDS = {
-    "core_share": ("core_share", "core_share_range_s"),
+    "core_share": ("core_share", "core_share_range_s", "core_share_call_s"),
     "kernel_extra": ("kernel_extra_fraction", "kernel_extra_cap_s"),
     "op_fixed": ("op_fixed_s",),
     "first_call": ("first_call_s",),

@@ -19,7 +19,8 @@ also in its *compute form* (:func:`~autotp.calibration.graphs.local_stand_ins`: 
 output's shape, in turn with the real form); and :func:`fit_host_terms` fits
 
     compute_work_s = in_graph_scale * (device_s + view_nodes * view_op_s + kernel_nodes * kernel_floor_s)
-    compute_s = compute_work_s / core_share   (up to the graphs' longest; beyond, at the fair share)
+    compute_s = compute_work_s / core_share + core_share_call_s   (the share up to the graphs' longest
+                                                                   compute; beyond, the fair share)
     seconds   = compute_s + link_s + collectives * collective_wait_s
                 + call_sync_wait_s + call_sync_wait_per_compute * compute_s   (with collectives)
 
@@ -85,6 +86,7 @@ __all__ = [
     "fit_gemm_curve",
     "fit_host_terms",
     "fit_in_graph_scale",
+    "fit_core_share",
     "fit_wait_line",
     "fit_wait_terms",
     "graph_link_s",
@@ -187,7 +189,8 @@ class HostFit:
     the profile scales every single-op price (``host_dispatch_s`` is the floor scaled by it, and by the share);
     ``core_share_range_s``: the longest compute of the graphs the share was measured on, beyond which a call's
     compute runs at ``fair_core_share`` (0.0: no range, a share at the fair one or the fair one not recorded;
-    :attr:`~autotp.cost_model.hardware.Hardware.core_share_range_s`)."""
+    :attr:`~autotp.cost_model.hardware.Hardware.core_share_range_s`); ``core_share_call_s``: the wall time a call
+    loses once to ranks taking turns on shared cores (:func:`fit_core_share`)."""
 
     host_dispatch_s: float
     collective_wait_s: float
@@ -202,6 +205,7 @@ class HostFit:
     call_sync_wait_compute_range_s: float = 0.0
     core_share_range_s: float = 0.0
     fair_core_share: float = 1.0
+    core_share_call_s: float = 0.0
 
 
 # ------------------------------------------------------------------------------ fits
@@ -349,10 +353,12 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
 
     1. the scale of the single-op prices in a graph (:func:`fit_in_graph_scale`) over the *compute work* of
        every graph (``compute_work_s``; the graphs with collectives count too: their stand-ins cost nothing);
-    2. the share of a core a rank gets while computing: the compute work of every graph over
-       its compute wall time, each graph weighing by its time; every work term becomes wall time
-       divided by it. With four single-thread ranks on two cores it is about 1/2: the ranks take
-       turns on the cores while they compute, which is compute time, not a wait for a collective.
+    2. the share of a core a rank gets while computing, and what a call loses once to ranks starting it
+       together on shared cores: the line of every graph's compute wall time over its compute work
+       (:func:`fit_core_share`); every work term becomes wall time divided by the share, and a call pays the
+       loss once (``Hardware.core_share_call_s``). With four single-thread ranks on two cores the share is
+       a little below 1/2: the ranks take turns on the cores while they compute, which is compute time, not
+       a wait for a collective.
        The share holds up to the longest compute among the graphs (``core_share_range_s``): a call's compute
        beyond it runs at ``fair_core_share`` (:meth:`~autotp.cost_model.hardware.Hardware.shared_core_compute_s`;
        a short call ends before the scheduler has evened the ranks' progress out, a long one does not);
@@ -376,14 +382,15 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
     """
     scale = fit_in_graph_scale(samples, [sample.compute_work_s for sample in samples], view_op_s=view_op_s,
                                node_s=kernel_floor_s)
-    share = (sum(sample.compute_work_s for sample in samples)
-             / sum(sample.compute_work_s / sample.core_share for sample in samples))
     fair = 1.0 if fair_core_share is None else fair_core_share
-    share_range_s = max(sample.compute_s for sample in samples) if fair_core_share is not None and share < fair else 0.0
+    share, call_s = fit_core_share([sample.compute_work_s for sample in samples],
+                                   [sample.compute_work_s / sample.core_share for sample in samples], at_most=fair)
+    longest_s = max(sample.compute_work_s for sample in samples) / share  # priced as a call's compute is
+    share_range_s = longest_s if fair_core_share is not None and share < fair else 0.0
 
     def compute_wall_s(sample: GraphSample) -> float:
         return shared_core_compute_s(scale * priced_work_s(sample, view_op_s, kernel_floor_s) / share,
-                                     share, share_range_s, fair)
+                                     share, share_range_s, fair) + call_s
 
     synced = [sample for sample in samples if sample.collectives]
     entry_s, in_graph_s, per_compute = fit_wait_terms(
@@ -401,7 +408,48 @@ def _fit_compute_then_wait(samples: Sequence[GraphSample], view_op_s: float,
               / sample.seconds for sample in samples]
     return HostFit(scale * kernel_floor_s / share, max(0.0, in_graph_s), 0.0, statistics.median(errors),
                    len(samples), share, min(0.0, in_graph_s), entry_s, per_compute, scale, compute_range_s,
-                   share_range_s, fair)
+                   share_range_s, fair, call_s)
+
+
+CORE_SHARE_FIT_INLIER_ERROR = 0.1
+"""Relative error up to which a graph counts about fully in the core share's fit (:func:`fit_core_share`'s Cauchy
+loss scale): a graph one of whose ranks lost a time slice should not move the share every work term is divided
+by."""
+
+
+def fit_core_share(work_s: Sequence[float], wall_s: Sequence[float], *, at_most: float = 1.0) -> tuple[float, float]:
+    """``(share, per call)``: the line ``wall = work / share + per_call`` through the compute forms of graphs,
+    each graph's work (its rank's CPU time) against its wall time on the group.
+
+    Why a line: ranks that start a call together on shared cores lose some of its start to each other (each
+    waits for a core while the others run their first time slice), once per call, and then take turns on the
+    cores at about one share; the ratio of work to wall time alone rises with the call's length (on this
+    project's 2-core VM at tp 4: 0.17-0.27 for graphs of 0.2 ms of work, 0.33-0.42 for 1-6 ms, 0.45-0.48 for the
+    20-25 ms of the wide models' forwards), which one share priced high for long calls and low for short ones.
+
+    Bounded least squares on relative error, robust (Cauchy loss at :data:`CORE_SHARE_FIT_INLIER_ERROR`, started
+    from the plain solution) where a graph is further than that from the plain line: the share at most ``at_most`` (the fair share: no rank gets more while every rank
+    computes), the per-call loss at least 0. With fewer than three graphs or one length of work, the ratio of
+    their total work to their total wall time and no per-call loss."""
+    if len(work_s) != len(wall_s):
+        raise ValueError(f"need one wall time per work, got {len(work_s)} works and {len(wall_s)} wall times")
+    if not work_s or any(not work > 0 for work in work_s) or any(not wall > 0 for wall in wall_s):
+        raise ValueError(f"every work and wall time must be > 0, got {list(work_s)} and {list(wall_s)}")
+    if not 0 < at_most <= 1:
+        raise ValueError(f"at_most must be in (0, 1], got {at_most!r}")
+    ratio = min(at_most, sum(work_s) / sum(wall_s))
+    if len(work_s) < 3 or max(work_s) <= min(work_s) * (1 + 1e-9):
+        return ratio, 0.0
+    rows = np.asarray([[work / wall, 1.0 / wall] for work, wall in zip(work_s, wall_s)])
+    target = np.ones(len(work_s))
+    bounds = ([1.0 / at_most, 0.0], [np.inf, np.inf])
+    per_work, per_call = lsq_linear(rows, target, bounds=bounds, method="bvls").x
+    if np.max(np.abs(rows @ (per_work, per_call) - target)) > CORE_SHARE_FIT_INLIER_ERROR:
+        # a graph whose ranks lost a time slice took far longer than the line: the Cauchy loss counts it little
+        per_work, per_call = least_squares(
+            lambda terms: rows @ terms - target, np.clip((per_work, per_call), *bounds), bounds=bounds,
+            loss="cauchy", f_scale=CORE_SHARE_FIT_INLIER_ERROR, x_scale="jac").x
+    return min(at_most, 1.0 / float(per_work)), float(per_call)
 
 
 def priced_work_s(sample: GraphSample, view_op_s: float, node_s: float) -> float:

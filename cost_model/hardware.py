@@ -111,6 +111,7 @@ _HOST_TIME_FIELDS = (
     "call_sync_wait_per_compute",
     "call_sync_wait_compute_range_s",
     "core_share_range_s",
+    "core_share_call_s",
     "gemm_half_efficiency_dim",
     "transcendental_element_s",
     "shared_memory_cold_call_s",
@@ -405,6 +406,9 @@ class Hardware:
     short call ends before the scheduler has evened their progress out; a long one runs at about the fair share
     (on this project's 2-core VM at tp 4: calibration graphs of up to 6 ms of work at shares of 0.33-0.38, the
     forwards of the two wide models, 20-25 ms of work, at 0.45-0.48 of the fair 0.5).
+    ``core_share_call_s``: the wall seconds a call loses once to ranks that start it together on shared cores
+    (each waits for a core while the others run their first time slice), fitted with the share as a line over the
+    calibration graphs (:func:`~.graph_calibration.fit_core_share`); 0.0 in every named profile and alone.
     """
 
     name: str
@@ -429,6 +433,7 @@ class Hardware:
     call_sync_wait_per_compute: float = 0.0
     call_sync_wait_compute_range_s: float = 0.0
     core_share_range_s: float = 0.0
+    core_share_call_s: float = 0.0
     gemm_half_efficiency_dim: float = 0.0
     transcendental_element_s: float = 0.0
     op_element_s: tuple[tuple[str, float], ...] = ()
@@ -561,6 +566,7 @@ class Hardware:
             op_element_s=tuple((op, seconds * share) for op, seconds in self.op_element_s),
             core_share=1.0,
             core_share_range_s=0.0,
+            core_share_call_s=0.0,
             fair_core_share=1.0,
             source=f"{self.source}; work terms at a whole core (one rank alone; measured share {share:.2f})",
         )

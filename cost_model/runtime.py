@@ -15,7 +15,8 @@ mode           per kernel node                                  per view node / 
 =============  ===============================================  ==================================
 
 A model's call adds its own host work to its graph's call in every mode (``model_call_s``: its inputs flattened
-and checked, its weights gathered, its outputs built).
+and checked, its weights gathered, its outputs built), and ranks that share cores lose some of its start to each
+other (``core_share_call_s``).
 
 How a kernel node's host time meets its device time (:func:`node_time_s`): on a CPU the host is
 the device (``Hardware.host_is_device``), so the two add up; on a GPU the host runs ahead of the
@@ -62,8 +63,9 @@ def view_time_s(hardware: Hardware, *, runtime_mode: str | None = None) -> float
 
 def graph_host_s(hardware: Hardware) -> float:
     """Host seconds per call of a compiled model: its rank-local graph's call (the Python call; the replay launch
-    in cuda_graph) and what the model's call adds to it (``Hardware.model_call_s``)."""
-    return hardware.graph_launch_s + hardware.model_call_s
+    in cuda_graph), what the model's call adds to it (``Hardware.model_call_s``) and what it loses to ranks that
+    start it together on shared cores (``Hardware.core_share_call_s``)."""
+    return hardware.graph_launch_s + hardware.model_call_s + hardware.core_share_call_s
 
 
 def node_time_s(device_s: Any, hardware: Hardware, *, max_fn: Callable[[Any, Any], Any] = max) -> Any:

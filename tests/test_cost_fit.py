@@ -27,6 +27,7 @@ from autotp.cost_model.graph_calibration import (
     GemmSample,
     GraphSample,
     GraphShape,
+    fit_core_share,
     fit_gemm_curve,
     fit_host_terms,
     fit_in_graph_scale,
@@ -260,6 +261,28 @@ def test_the_core_share_holds_up_to_the_graphs_longest_compute_and_the_fair_shar
     assert (alone.core_share_range_s, alone.fair_core_share) == (0.0, 1.0), alone
     with pytest.raises(ValueError, match="cannot exceed fair_core_share"):
         dataclasses.replace(CPU, core_share=0.6, fair_core_share=0.5)
+
+
+def test_the_core_share_and_the_loss_per_call_are_a_line_over_the_graphs() -> None:
+    """tp=4 on 2 cores (synthetic timings): graphs of 0.2-6 ms of work whose wall time is work / 0.45 + 0.3 ms give
+    back both numbers (their ratio of work to wall alone runs from 0.24 to 0.42); one graph that lost 5 ms moves
+    neither by more than 2%; a line steeper than the fair share is held at it; fewer than three graphs, or one
+    length of work, give the ratio and no loss; bad inputs are clear errors."""
+    work = [0.2e-3, 0.5e-3, 0.8e-3, 1.2e-3, 2e-3, 3e-3, 4.5e-3, 6e-3]
+    wall = [w / 0.45 + 0.3e-3 for w in work]
+    assert fit_core_share(work, wall, at_most=0.5) == pytest.approx((0.45, 0.3e-3), rel=1e-6)
+    slow = list(wall)
+    slow[3] += 5e-3
+    share, per_call = fit_core_share(work, slow, at_most=0.5)
+    assert share == pytest.approx(0.45, rel=0.02) and per_call == pytest.approx(0.3e-3, rel=0.02), (share, per_call)
+    assert fit_core_share(work, wall, at_most=0.4)[0] == pytest.approx(0.4)
+    assert fit_core_share(work[:2], wall[:2], at_most=0.5) == pytest.approx((sum(work[:2]) / sum(wall[:2]), 0.0))
+    assert fit_core_share([1e-3] * 4, [2.5e-3] * 4, at_most=0.5) == pytest.approx((0.4, 0.0))
+    for bad, match in (((work, wall[:3]), "one wall time per work"), (([0.0, 1e-3], [1e-3, 1e-3]), "must be > 0")):
+        with pytest.raises(ValueError, match=match):
+            fit_core_share(*bad)
+    with pytest.raises(ValueError, match="at_most must be in"):
+        fit_core_share(work, wall, at_most=0.0)
 
 
 def test_estimate_shows_host_time_per_runtime_mode() -> None:

@@ -302,7 +302,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if profile.core_share < 1.0:
         print(f"  core share       {profile.core_share:.2f} of a core per rank while every rank computes (the rates "
               "above)" + (f", up to {profile.core_share_range_s * 1e3:.1f} ms of a call's compute; "
-                          f"{profile.fair_core_share:.2f} beyond" if profile.core_share_range_s else ""))
+                          f"{profile.fair_core_share:.2f} beyond" if profile.core_share_range_s else "")
+              + f"; {profile.core_share_call_s * 1e6:.1f} us lost once per call")
     print(f"  runtime          {profile.runtime_mode}: {profile.host_dispatch_s * 1e6:.2f} us host dispatch per "
           f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call "
           f"(+{profile.model_call_s * 1e6:.1f} us for a model's call), "

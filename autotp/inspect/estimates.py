@@ -18,7 +18,8 @@ no graph, no process group — and adds up the terms the planner priced:
   (:func:`autotp.cost_model.runtime.host_time_per_call`: eager pays every kernel and view node,
   compiled and cuda_graph only the call of the graph), and the per-call term
   ``graph_call_s`` (``Hardware.graph_launch_s``: the Python call of the graph, or the replay of a
-  captured CUDA graph; and ``Hardware.model_call_s``, what the model's call adds), which
+  captured CUDA graph; ``Hardware.model_call_s``, what the model's call adds; ``Hardware.core_share_call_s``,
+  what ranks sharing cores lose at its start), which
   :attr:`Estimate.time_per_call_s` adds to the per-node terms. The node times already include their
   host dispatch under the plan's own runtime mode. A plan with collectives also pays ``call_sync_wait_s``
   once per call (``Hardware.call_sync_wait_s``: its first collective waits for ranks that entered the call
