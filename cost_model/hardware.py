@@ -544,10 +544,11 @@ class Hardware:
     def alone(self) -> Hardware:
         """This profile as one rank sees it while the other ranks of its group wait: the work terms at
         a whole core (each rate divided, each time multiplied by ``core_share``; see the class
-        docstring). The profile itself when ``core_share`` is 1.0. Links and the per-collective wait
-        are unchanged (a graph run alone issues no collective)."""
+        docstring), without the share's range and its loss per call (a rank alone takes no turns). The profile
+        itself when there is nothing to undo. Links and the per-collective wait are unchanged (a graph run alone
+        issues no collective)."""
         share = self.core_share
-        if share == 1.0:
+        if share == 1.0 and not self.core_share_range_s and not self.core_share_call_s:
             return self
         return replace(
             self,

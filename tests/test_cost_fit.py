@@ -37,6 +37,7 @@ from autotp.cost_model.graph_calibration import (
     priced_work_s,
 )
 from autotp.cost_model.hardware import RUNTIME_MODES, LinkProfile
+from autotp.cost_model.runtime import graph_host_s
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.strategies import build_strategy_graph
 
@@ -235,7 +236,7 @@ def test_the_core_share_holds_up_to_the_graphs_longest_compute_and_the_fair_shar
     compute of the graphs as the share's range and the fair share; without the fair share recorded, or at a
     share equal to it, there is no range. A profile prices a call's compute as is up to the range and the rest at
     the fair share; the fields survive JSON, a profile written before them reads no range; alone() drops the
-    range; a share above the fair one is refused."""
+    range and the loss a call pays for taking turns; a share above the fair one is refused."""
     floor_s, view_s = 5e-6, 2e-6
     samples = _graphs_scaled(1.2, floor_s, view_s, 0.4)
     longest_s = max(sample.compute_s for sample in samples)
@@ -247,7 +248,9 @@ def test_the_core_share_holds_up_to_the_graphs_longest_compute_and_the_fair_shar
     assert fit_host_terms(at_fair, view_op_s=view_s, link=None, kernel_floor_s=floor_s,
                           fair_core_share=0.5).core_share_range_s == 0.0
 
-    busy = dataclasses.replace(CPU, core_share=0.4, fair_core_share=0.5, core_share_range_s=10e-3)
+    busy = dataclasses.replace(CPU, core_share=0.4, fair_core_share=0.5, core_share_range_s=10e-3,
+                               core_share_call_s=0.3e-3)
+    assert graph_host_s(busy) == pytest.approx(graph_host_s(CPU) + 0.3e-3), "the loss is paid once per call"
     assert busy.shared_core_compute_s(8e-3) == 8e-3
     assert busy.shared_core_compute_s(30e-3) == pytest.approx(10e-3 + 20e-3 * 0.4 / 0.5)
     assert CPU.shared_core_compute_s(30e-3) == 30e-3, "no range: the share holds for any compute"
@@ -258,7 +261,8 @@ def test_the_core_share_holds_up_to_the_graphs_longest_compute_and_the_fair_shar
     path.write_text(json.dumps(old))
     assert get_hardware(str(path)).shared_core_compute_s(30e-3) == 30e-3
     alone = busy.alone()
-    assert (alone.core_share_range_s, alone.fair_core_share) == (0.0, 1.0), alone
+    assert (alone.core_share_range_s, alone.fair_core_share, alone.core_share_call_s) == (0.0, 1.0, 0.0), alone
+    assert dataclasses.replace(CPU, core_share_call_s=0.3e-3).alone().core_share_call_s == 0.0
     with pytest.raises(ValueError, match="cannot exceed fair_core_share"):
         dataclasses.replace(CPU, core_share=0.6, fair_core_share=0.5)
 
