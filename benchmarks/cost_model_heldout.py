@@ -202,7 +202,8 @@ def refitted(data: dict) -> list[dict]:
         profiles[world_size, round_index] = profile.to_json()
         print(f"  refitted tp {world_size} round {round_index}: dispatch {profile.host_dispatch_s * 1e6:.1f} us/node, "
               f"call {profile.graph_launch_s * 1e6:.0f} us, core share {profile.core_share:.2f} up to "
-              f"{profile.core_share_range_s * 1e3:.1f} ms of compute, wait "
+              f"{profile.core_share_range_s * 1e3:.1f} ms of compute and {profile.core_share_call_s * 1e6:.0f} us "
+              "lost per call, wait "
               f"{profile.collective_wait_s * 1e6:.0f} us/coll + {profile.call_sync_wait_s * 1e6:.0f} us/call")
     missing = sorted({(r["world_size"], r["round_index"]) for r in data["rows"]} - set(profiles))
     if missing:
