@@ -2,8 +2,9 @@
 
     python benchmarks/cost_model_share_form.py [RUN.json.xz ...]   (default: benchmarks/runs/*.json.xz)
 
-A calibrated profile prices a rank's compute on shared cores as its work over one share of a core
-(``Hardware.core_share``, the calibration graphs' work over their wall time). The long forwards of the wide models
+The kept runs' profiles priced a rank's compute on shared cores as its work over one share of a core (the
+calibration graphs' work over their wall time; profiles now fit a line with a loss per call and a range,
+``graph_calibration.fit_core_share``, judged by ``cost_model_heldout.py --refit``). The long forwards of the wide models
 ran near the fair share (0.46-0.48 at four ranks on two cores) and the small families' well below it (0.27-0.42),
 so one share fitted on short graphs prices the long ones high. The other form: the work over the fair share
 (``min(1, cores / ranks)``, the cores the run recorded) plus a fixed loss per call, the median over the same calibration graphs of their wall
@@ -12,7 +13,8 @@ time beyond that (as many numbers as before: one per world size).
 For every run and world size above 1 it prints the loss, the range of the calibration graphs' work, and the median
 absolute error of the compute form's wall time (the run's measured ``measured_compute_s``) as the run priced it and
 in the other form, from the same predicted work (the run's ``predicted_compute_s`` times the profile's share), with
-a few models' signed errors. A diagnostic of the data the runs hold; the cost model does not use the second form.
+a few models' signed errors. A diagnostic of the predictions the runs recorded; the cost model does not use the
+second form.
 """
 
 from __future__ import annotations
