@@ -83,10 +83,10 @@ __all__ = [
     "GraphShape",
     "HostFit",
     "device_only",
+    "fit_core_share",
     "fit_gemm_curve",
     "fit_host_terms",
     "fit_in_graph_scale",
-    "fit_core_share",
     "fit_wait_line",
     "fit_wait_terms",
     "graph_link_s",
@@ -427,10 +427,11 @@ def fit_core_share(work_s: Sequence[float], wall_s: Sequence[float], *, at_most:
     project's 2-core VM at tp 4: 0.17-0.27 for graphs of 0.2 ms of work, 0.33-0.42 for 1-6 ms, 0.45-0.48 for the
     20-25 ms of the wide models' forwards), which one share priced high for long calls and low for short ones.
 
-    Bounded least squares on relative error, robust (Cauchy loss at :data:`CORE_SHARE_FIT_INLIER_ERROR`, started
-    from the plain solution) where a graph is further than that from the plain line: the share at most ``at_most`` (the fair share: no rank gets more while every rank
-    computes), the per-call loss at least 0. With fewer than three graphs or one length of work, the ratio of
-    their total work to their total wall time and no per-call loss."""
+    Bounded least squares on relative error, made robust (Cauchy loss at :data:`CORE_SHARE_FIT_INLIER_ERROR`,
+    started from the plain solution) where a graph is further than that from the plain line: the share at most
+    ``at_most`` (the fair share: no rank gets more while every rank computes), the per-call loss at least 0. With
+    fewer than three graphs or one length of work, the ratio of their total work to their total wall time and no
+    per-call loss."""
     if len(work_s) != len(wall_s):
         raise ValueError(f"need one wall time per work, got {len(work_s)} works and {len(wall_s)} wall times")
     if not work_s or any(not work > 0 for work in work_s) or any(not wall > 0 for wall in wall_s):

@@ -281,16 +281,16 @@ def _add_fair_share_rows(model: _Model, x: dict[str, list[int]], hardware: Hardw
     price scaled by s/f, and (1 - s/f) min(compute, T) held by one v column per x column with a compute and one
     d column. Reads the x columns' prices as the nodes' compute, so it runs after every row that does the same
     (_add_call_sync_rows). Nothing is built on profiles without a range."""
-    range_s, slower = hardware.core_share_range_s, 1.0 - hardware.core_share / hardware.fair_core_share
-    if not range_s or slower <= 0:
+    range_s, saved = hardware.core_share_range_s, 1.0 - hardware.core_share / hardware.fair_core_share
+    if not range_s or saved <= 0:
         return
-    d = model.column(slower * range_s, 0.0, 1.0, False)
+    d = model.column(saved * range_s, 0.0, 1.0, False)
     for cols in x.values():
         for col in cols:
             if model.cost[col] > 0:
-                v = model.column(slower * model.cost[col], 0.0, 1.0, False)
+                v = model.column(saved * model.cost[col], 0.0, 1.0, False)
                 model.row([(v, 1.0), (col, -1.0), (d, 1.0)], 0.0, np.inf)
-                model.cost[col] *= 1.0 - slower
+                model.cost[col] *= 1.0 - saved
 
 
 def _add_memory_row(model: _Model, costed: CostedGraph, x: dict[str, list[int]], rep: dict[str, str],

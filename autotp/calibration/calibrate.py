@@ -50,9 +50,10 @@ profile field         measurement (median over timed repeats, after warm-up)
 ``core_share``        one wide block (hidden 1024, 64 tokens), run by calling their GraphModule on all ranks
                       from one moment to the last rank's end (:mod:`autotp.calibration.graphs`): their work
                       over what their single ops price scales every single-op price (the dispatch is the
-                      tiny-op floor so scaled); their work over their wall time is the share of a core a
-                      rank gets, up to their longest compute (``core_share_range_s``; beyond, the fair
-                      share, ``fair_core_share``); ``runtime_mode`` eager
+                      tiny-op floor so scaled); a line of their wall time over their work gives the share
+                      of a core a rank gets and a loss once per call (``core_share_call_s``), the share up
+                      to their longest compute (``core_share_range_s``; beyond, the fair share,
+                      ``fair_core_share``); ``runtime_mode`` eager
 ====================  ==========================================================================
 
 Single ops and graphs are timed on the *work clock* (:func:`~autotp.calibration.graphs.work_clock`: the
