@@ -210,14 +210,16 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
 
 
 def test_cli_calibrate_writes_the_profile(tmp_path, monkeypatch, capsys) -> None:
-    """tp=2 (measurement stubbed): `autotp calibrate --quick --world-size 2 -o PATH` writes a loadable profile."""
+    """tp=2 (measurement stubbed): `autotp calibrate --quick --world-size 2 -o PATH` writes a loadable profile and
+    prints its terms, the core share's range and loss among them."""
     samples = synthetic_samples(group_sizes=(2,))
     profile = build_profile([synthetic_rank(0, samples)], samples, world_size=2, name="cpu-stub")
     seen = {}
 
     def fake_calibrate(world_size: int, *, config: CalibrationConfig, name: str) -> Hardware:
         seen.update(world_size=world_size, config=config, name=name)
-        return dataclasses.replace(profile, name=name)
+        return dataclasses.replace(profile, name=name, core_share=0.45, fair_core_share=0.5,
+                                   core_share_range_s=15e-3, core_share_call_s=250e-6)
 
     monkeypatch.setattr(measuring, "calibrate", fake_calibrate)
     path = tmp_path / "profile.json"
@@ -227,6 +229,7 @@ def test_cli_calibrate_writes_the_profile(tmp_path, monkeypatch, capsys) -> None
     assert get_hardware(str(path)).name == "box"
     out = capsys.readouterr().out
     assert "wrote" in out and "hardware=" in out, out
+    assert "0.45 of a core per rank" in out and "up to 15.0 ms of a call's compute; 0.50 beyond; 250.0 us lost" in out
 
 
 def test_shared_memory_link_keeps_the_copy_bandwidth_when_sizes_do_not_tell() -> None:
