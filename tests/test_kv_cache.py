@@ -208,6 +208,40 @@ def test_a_phase_the_first_rank_runs_alone_is_priced_at_a_whole_core(fake_tp2) -
         str(budgeted.generation.weighting))
 
 
+def test_the_phases_weigh_what_each_call_pays_beyond_its_plan(fake_tp2) -> None:
+    """tp=2 (fake process group), tiny Llama 1 layer, hidden 256, batch 4, prefill 32, memory_budget=None, a CPU
+    profile with a fast link at a core share of 0.9: split, a decode step is predicted below the whole plan's at a
+    whole core, so the decode-placed candidate is kept. With a loss of 100 us per call for ranks taking turns on
+    shared cores (``Hardware.core_share_call_s``), which every call of the split plans pays and the first rank
+    alone does not, the whole candidate is kept; each candidate's request holds its calls' terms."""
+    from autotp.cost_model import LinkProfile, get_hardware
+    from autotp.cost_model.runtime import graph_host_s
+
+    link = LinkProfile("fast-synthetic", bandwidth_gbps=100.0, latency_s=1e-6)
+    cpu = get_hardware("cpu-gloo")
+    model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=256, intermediate=512, layers=1, batch=4,
+                                  seq_len=32)
+    chosen = {}
+    for loss_s in (0.0, 100e-6):
+        busy = dataclasses.replace(cpu, peak_tflops={d: t * 0.9 for d, t in cpu.peak_tflops.items()},
+                                   kernel_floor_s=1e-6, memory_bandwidth_gbps=cpu.memory_bandwidth_gbps * 0.9,
+                                   intra_node=link, inter_node=link, core_share=0.9, core_share_call_s=loss_s)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, hardware=busy,
+                                options=autotp.PlanOptions(memory_budget=None))
+        weighting = tp.generation.weighting
+        by = {c.placed_by: c for c in weighting.candidates}
+        assert set(by) == {"decode", "prefill", "whole"}, str(weighting)
+        for candidate in weighting.candidates:
+            call_s = graph_host_s(busy.alone() if candidate.placed_by == "whole" else busy)
+            assert candidate.decode_call_s == candidate.prefill_call_s == pytest.approx(call_s), str(weighting)
+            assert candidate.request_s(128) == pytest.approx(
+                candidate.prefill.predicted_time_s + 128 * candidate.decode.predicted_time_s + 129 * call_s)
+        chosen[loss_s] = weighting.chosen.placed_by
+    assert chosen == {0.0: "decode", 100e-6: "whole"}, chosen
+
+
 def test_sampling_follows_hf_warpers() -> None:
     """tp=1: temperature 0.7, top-k 5, top-p 0.8 keep the tokens HF's warpers keep, and the draw with a
     seeded generator equals torch.multinomial on HF's probabilities with the same seed."""

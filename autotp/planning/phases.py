@@ -14,7 +14,8 @@ gives two candidate pairs, "placed by decode" and "placed by prefill"; :func:`we
 keeps the pair with the smaller ``request_s`` (ties go to decode). A joint MILP sharing the
 parameter placement variables of both graphs could find a third placement better than both;
 with the two-phase decomposition every candidate is a plan the planner proves optimal for one
-phase, and the comparison uses the planner's own predicted times (:attr:`Plan.predicted_time_s`).
+phase, and the comparison uses the planner's own predicted times (:attr:`Plan.predicted_time_s`) and what each
+call pays once beyond them (:attr:`PhaseCandidate.decode_call_s`).
 
 Phases run by one rank alone (:func:`first_rank_alone`): on ranks that share one host's cores (a
 gloo group of CPU processes), a phase whose plan issues no collective is run by the group's first
@@ -22,8 +23,9 @@ rank while the others wait, so it gets a whole core, where the planner's profile
 computing at once (``Hardware.core_share``: about 1/2 for four single-thread ranks on two cores).
 The MILP cannot see that (it prices per op, on one profile), so where it can happen a third
 candidate is compared: every tensor whole in both phases (:func:`keep_whole`), priced on
-``Hardware.alone()``; and a candidate whose decode plan has no collective is priced with that whole
-decode plan (its prompt too when it has none either), as the runtime will run it.
+``Hardware.alone()`` (which also drops the share's loss per call, ``Hardware.core_share_call_s``); and a candidate
+whose decode plan has no collective is priced with that whole decode plan (its prompt too when it has none either),
+as the runtime will run it.
 """
 
 from __future__ import annotations
@@ -103,10 +105,16 @@ class PhaseCandidate:
     placed_by: str
     prefill: Plan
     decode: Plan
+    prefill_call_s: float = 0.0
+    decode_call_s: float = 0.0
 
     def request_s(self, expected_new_tokens: int) -> float:
-        """Predicted seconds of one prefill call plus ``expected_new_tokens`` decode steps."""
-        return self.prefill.predicted_time_s + expected_new_tokens * self.decode.predicted_time_s
+        """Predicted seconds of one prefill call plus ``expected_new_tokens`` decode steps, each call with what it pays
+        once beyond its plan (``prefill_call_s``, ``decode_call_s``: the graph's and the model's call, and what ranks
+        taking turns on shared cores lose at its start; ``cost_model.runtime.graph_host_s`` of the profile it runs
+        on)."""
+        return (self.prefill.predicted_time_s + self.prefill_call_s
+                + expected_new_tokens * (self.decode.predicted_time_s + self.decode_call_s))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +131,9 @@ class PhaseWeighting:
         for candidate in self.candidates:
             mark = "chosen" if candidate is self.chosen else "      "
             lines.append(
-                f"  {mark} placed by {candidate.placed_by:<7}: prefill {candidate.prefill.predicted_time_s * 1e6:9.1f} us"
-                f" + {tokens} x decode {candidate.decode.predicted_time_s * 1e6:8.1f} us"
+                f"  {mark} placed by {candidate.placed_by:<7}: prefill "
+                f"{(candidate.prefill.predicted_time_s + candidate.prefill_call_s) * 1e6:9.1f} us"
+                f" + {tokens} x decode {(candidate.decode.predicted_time_s + candidate.decode_call_s) * 1e6:8.1f} us"
                 f" = {candidate.request_s(tokens) * 1e3:9.3f} ms per request"
             )
         if len({tuple(sorted(c.decode.parameters.items())) for c in self.candidates}) == 1:

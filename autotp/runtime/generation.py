@@ -37,6 +37,7 @@ from autotp.adapters import hf_transformers
 from autotp.base.errors import PlanError, UnsupportedReleaseError
 from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture
+from autotp.cost_model.runtime import graph_host_s
 from autotp.passes.uneven import Partitions
 from autotp.planning.options import PlanOptions, StrategyFilter
 from autotp.planning.phases import PhaseCandidate, PhaseWeighting, first_rank_alone, keep_whole, weigh_phases
@@ -246,21 +247,24 @@ def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Pla
     decode_plan = solve(decode, plan, options)
     if prefill is None:
         return decode_plan, None, None
-    by_decode = PhaseCandidate("decode", solve(prefill, None, _pinned_to(decode_plan, options)), decode_plan)
+    hardware = options.hardware_profile
+    call_s = graph_host_s(hardware)  # what each call pays once beyond its plan, every rank computing
+    by_decode = PhaseCandidate("decode", solve(prefill, None, _pinned_to(decode_plan, options)), decode_plan,
+                               call_s, call_s)
     if plan is not None:
         return decode_plan, by_decode.prefill, None
     log_progress(talk, f"planning prefill alone, then decode pinned to it (phase weights: prefill + "
                        f"{expected_new_tokens} x decode)")
     prefill_alone = solve(prefill, None, options)
     if prefill_alone.parameters == decode_plan.parameters:
-        by_prefill = PhaseCandidate("prefill", prefill_alone, decode_plan)
+        by_prefill = PhaseCandidate("prefill", prefill_alone, decode_plan, call_s, call_s)
     else:
-        by_prefill = PhaseCandidate("prefill", prefill_alone, solve(decode, None, _pinned_to(prefill_alone, options)))
+        by_prefill = PhaseCandidate("prefill", prefill_alone, solve(decode, None, _pinned_to(prefill_alone, options)),
+                                    call_s, call_s)
     candidates = [by_decode, by_prefill]
-    hardware = options.hardware_profile
     could_run_alone = first_rank_alone(world_size=options.world_size, ranks_share_host=hardware.host_is_device,
                                        decode_collectives=False, prefill_collectives=False).prefill
-    if could_run_alone and hardware.core_share < 1.0:  # at a share of 1.0 the MILP already priced it so
+    if could_run_alone and hardware.alone() is not hardware:  # else the MILP already priced it as run alone
         log_progress(talk, f"planning both phases whole, priced at a whole core (one rank alone; the profile's "
                            f"rates are at a share of {hardware.core_share:.2f})")
         whole = _whole_candidate(decode, prefill, options, decode_plan.memory_budget_bytes, solve=solve)
@@ -288,7 +292,8 @@ def _whole_candidate(decode: CapturedGraph, prefill: CapturedGraph, options: Pla
         prefill_plan = solve(prefill, None, alone)
     except PlanError:  # raised on every rank alike (plan_on_first_rank shares rank 0's failure)
         return None
-    return PhaseCandidate("whole", prefill_plan, decode_plan)
+    call_s = graph_host_s(alone.hardware_profile)
+    return PhaseCandidate("whole", prefill_plan, decode_plan, call_s, call_s)
 
 
 def _priced_as_run(candidate: PhaseCandidate, whole: PhaseCandidate, world_size: int,
@@ -301,4 +306,7 @@ def _priced_as_run(candidate: PhaseCandidate, whole: PhaseCandidate, world_size:
                              prefill_collectives=bool(candidate.prefill.collectives))
     if not alone.decode or candidate.decode.parameters != whole.decode.parameters:
         return candidate
-    return PhaseCandidate(candidate.placed_by, whole.prefill if alone.prefill else candidate.prefill, whole.decode)
+    if alone.prefill:
+        return dataclasses.replace(candidate, prefill=whole.prefill, prefill_call_s=whole.prefill_call_s,
+                                   decode=whole.decode, decode_call_s=whole.decode_call_s)
+    return dataclasses.replace(candidate, decode=whole.decode, decode_call_s=whole.decode_call_s)
