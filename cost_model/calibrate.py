@@ -33,6 +33,7 @@ __all__ = [
     "HostFit",
     "LinkFit",
     "RankMeasurements",
+    "bandwidth_lower_bound",
     "build_profile",
     "fit_link",
     "kernel_profile",
@@ -181,6 +182,16 @@ def fit_link(samples: Sequence[CollectiveSample], *, bandwidth_bytes_per_s: floa
     return LinkFit(base_s, alpha_s, bandwidth, statistics.median(errors), len(samples))
 
 
+def bandwidth_lower_bound(samples: Sequence[CollectiveSample]) -> float:
+    """The least bandwidth ``samples`` allow: each moved its bytes (``factor * n``, :func:`_link_terms`) within its
+    whole time, so ``B >= factor * n / t``; the largest of those bounds. For samples whose times do not grow with
+    their size, where :func:`fit_link` cannot fit ``B``: priced at it, a large message is priced no faster than any
+    was measured."""
+    if not samples:
+        raise ValueError("no collective samples to bound a bandwidth with")
+    return max(_link_terms(sample)[1] * sample.nbytes / sample.seconds for sample in samples)
+
+
 def _fit_shared_memory_link(samples: Sequence[CollectiveSample], copy_bytes_per_s: float) -> LinkFit:
     """The shared-memory all-reduce's link. When its timings do not grow with size (ranks that outnumber
     the cores: waking up dominates every size), its bandwidth is the ranks' measured copy bandwidth (it
@@ -222,7 +233,11 @@ def build_profile(
     cold_sizes = sorted(set.intersection(*(set(dict(m.cold_curve)) for m in compute)))
     cold_curve = tuple((size, statistics.median(dict(m.cold_curve)[size] for m in compute)) for size in cold_sizes)
     shared_samples = [sample for sample in links if sample.kind == SHARED_MEMORY_KIND]
-    fit = fit_link([sample for sample in links if sample.kind != SHARED_MEMORY_KIND])
+    gloo_samples = [sample for sample in links if sample.kind != SHARED_MEMORY_KIND]
+    try:
+        fit, bandwidth_bound = fit_link(gloo_samples), False
+    except ValueError:  # timings flat in size (ranks that outnumber the cores: waking up dominates every size)
+        fit, bandwidth_bound = fit_link(gloo_samples, bandwidth_bytes_per_s=bandwidth_lower_bound(gloo_samples)), True
     group_size = links[0].group_size
     hostname = socket.gethostname()
     loopback = LinkProfile(
@@ -269,8 +284,11 @@ def build_profile(
         f"calibrated on {hostname} by `autotp calibrate`: {world_size} rank(s) x {threads} thread(s), "
         f"torch {torch.__version__}; matmul peak, copy bandwidth, tiny-op floor measured with all ranks "
         f"busy; gloo links over {group_size} processes, alpha/beta fitted to the ring formulas on "
-        f"{fit.samples} samples (median |relative error| {fit.median_abs_rel_error:.1%}); "
-        f"inter_node not measured (copy of intra_node); memory_gib = host memory / {world_size}"
+        f"{fit.samples} samples (median |relative error| {fit.median_abs_rel_error:.1%})"
+        + (f" (bandwidth not told apart from the latency by the sizes measured: at least "
+           f"{fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s, the fastest message's bytes over its time)"
+           if bandwidth_bound else "")
+        + f"; inter_node not measured (copy of intra_node); memory_gib = host memory / {world_size}"
         + (f"; shared-memory all-reduce fitted on {shared_fit.samples} samples (median |relative error| "
            f"{shared_fit.median_abs_rel_error:.1%})" if shared_fit is not None else "")
         + (f"; eager host terms fitted on {host.samples} rank-local graphs (median |relative error| "

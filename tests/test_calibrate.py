@@ -245,6 +245,26 @@ def test_shared_memory_link_keeps_the_copy_bandwidth_when_sizes_do_not_tell() ->
     assert math.isclose(smallest, 4e-4, rel_tol=0.25), f"the 4 KiB call should cost about 0.4 ms, fitted {smallest}"
 
 
+def test_a_gloo_link_whose_timings_do_not_grow_with_size_still_makes_a_profile() -> None:
+    """tp=4 on fewer cores (synthetic): gloo timings flat in message size (waking up dominates every size; two of three
+    quick calibrations at tp 4 on this project's 2-core VM). The profile is still built, its bandwidth the least the
+    samples allow (the fastest message's bytes over its time, so no large message is priced faster than one was
+    measured) and the latency fitted on it; the source says so."""
+    flat = [CollectiveSample(kind, 4, n, 2e-3 - 1e-6 * index)
+            for index, (kind, n) in enumerate((kind, n) for kind in KINDS for n in (4 << 10, 64 << 10, 1 << 20))]
+    with pytest.raises(ValueError, match="do not grow with message size"):
+        fit_link(flat)
+    bound = profile_fit.bandwidth_lower_bound(flat)
+    assert bound == pytest.approx(max(profile_fit._link_terms(s)[1] * s.nbytes / s.seconds for s in flat))
+    profile = build_profile([synthetic_rank(0, flat)], flat, world_size=4)
+    assert profile.intra_node.bandwidth_gbps == pytest.approx(bound / 1e9), profile.intra_node
+    assert "bandwidth not told apart from the latency" in profile.source, profile.source
+    largest = max(flat, key=lambda s: s.nbytes)
+    assert link_collective_time_s(largest.kind, largest.nbytes, 4, profile.intra_node) >= 0.5 * largest.seconds
+    with pytest.raises(ValueError, match="no collective samples"):
+        profile_fit.bandwidth_lower_bound([])
+
+
 def _call_times(rank: int, world_size: int) -> tuple[list[float], bool, float, float, float, float]:
     from autotp.calibration.graphs import common_start, group_call_s, ranks_share_a_clock, time_in_turn
 
