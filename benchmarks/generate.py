@@ -30,6 +30,7 @@ weighed the phases and which collectives its decode plan issues.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
 import sys
@@ -163,6 +164,10 @@ def main() -> int:
     parser.add_argument("--memory-budget", default="auto", help="autotp's memory_budget: auto, none, or bytes per rank")
     args = parser.parse_args()
     summary: list[str] = []
+    if importlib.util.find_spec("accelerate") is None:  # before any process starts, not deep in one of them
+        print("benchmarks/generate.py compares against transformers' tp_plan='auto', which needs accelerate: "
+              "pip install accelerate", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as path:
         count = save_checkpoint(path, args.layers, args.hidden, heads=8, kv_heads=4, vocab=args.vocab)
         print(f"Llama ({count / 1e6:.1f}M parameters: {args.layers} layers, hidden {args.hidden}, 8/4 heads, vocab "
