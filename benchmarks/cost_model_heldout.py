@@ -189,6 +189,7 @@ def timing_spread(data: dict) -> None:
 
 def refitted(data: dict) -> list[dict]:
     """``data``'s rows with each profile fitted again by this checkout from its round's calibration measurements."""
+    from autotp.calibration.graphs import fair_core_share
     from autotp.cost_model.calibrate import build_profile
 
     calibrations = {(c["world_size"], c["round_index"]): c["measurements"] for c in data.get("calibrations", ())}
@@ -197,7 +198,7 @@ def refitted(data: dict) -> list[dict]:
         everyone, links = pickle.loads(base64.b64decode(encoded))
         # runs from before the calibration recorded the fair share: the cores and threads the run recorded
         everyone = [m if m.fair_core_share else dataclasses.replace(
-            m, fair_core_share=min(1.0, data["cores"] / (world_size * m.threads))) for m in everyone]
+            m, fair_core_share=fair_core_share(data["cores"], world_size, m.threads)) for m in everyone]
         profile = build_profile(everyone, links, world_size=world_size, name=f"cpu-calibrated-{world_size}")
         profiles[world_size, round_index] = profile.to_json()
         print(f"  refitted tp {world_size} round {round_index}: dispatch {profile.host_dispatch_s * 1e6:.1f} us/node, "

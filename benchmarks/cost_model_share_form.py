@@ -7,7 +7,7 @@ calibration graphs' work over their wall time; profiles now fit a line with a lo
 ``graph_calibration.fit_core_share``, judged by ``cost_model_heldout.py --refit``). The long forwards of the wide models
 ran near the fair share (0.46-0.48 at four ranks on two cores) and the small families' well below it (0.27-0.42),
 so one share fitted on short graphs prices the long ones high. The other form: the work over the fair share
-(``min(1, cores / ranks)``, the cores the run recorded) plus a fixed loss per call, the median over the same calibration graphs of their wall
+(``autotp.calibration.graphs.fair_core_share`` of the cores and threads the run recorded) plus a fixed loss per call, the median over the same calibration graphs of their wall
 time beyond that (as many numbers as before: one per world size).
 
 For every run and world size above 1 it prints the loss, the range of the calibration graphs' work, and the median
@@ -26,7 +26,9 @@ import statistics
 import warnings
 from pathlib import Path
 
-from cost_model_heldout import read_run
+from cost_model_heldout import read_run, run_threads
+
+from autotp.calibration.graphs import fair_core_share
 
 SHOWN = ("mlp", "tied_lm", "llama", "llama_wide", "gpt2_wide")
 
@@ -44,7 +46,7 @@ def main() -> None:
         for calibration in data["calibrations"]:
             ranks, _ = pickle.loads(base64.b64decode(calibration["measurements"]))
             graphs = [graph for rank in ranks for graph in rank.graphs]
-            fair = min(1.0, cores / calibration["world_size"])
+            fair = fair_core_share(cores, calibration["world_size"], run_threads(data))
             fits[calibration["world_size"]] = (fair, statistics.median(g.compute_s - g.compute_work_s / fair for g in graphs),
                                                [g.compute_work_s for g in graphs])
         errors: dict[int, list[tuple[str, float, float]]] = {}

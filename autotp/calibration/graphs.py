@@ -702,10 +702,10 @@ def time_in_turn(calls: Sequence[Callable[[], Any]], runs: int, warmup: int = 3,
 _GRAPH_TIMEOUT_S = 300.0  # how long a rank waits for the others in a calibration graph's all-reduce
 
 
-def fair_core_share() -> float:
-    """The most of a core one rank can get while every rank computes: the cores this process may
-    run on over the threads of all ranks (``min(1, cores / (ranks * threads))``; 1/2 for four
-    single-thread ranks on two cores).
+def fair_core_share(cores: int | None = None, ranks: int | None = None, threads: int | None = None) -> float:
+    """The most of a core one rank can get while every rank computes: the cores over the threads of all ranks
+    (``min(1, cores / (ranks * threads))``; 1/2 for four single-thread ranks on two cores). Each argument left out
+    is this process's: the cores it may run on, its group's size, torch's threads.
 
     A physical bound on :attr:`GraphSample.core_share`: the slowest of N ranks that start
     together cannot finish before their work together has run on the cores, so its own work over
@@ -713,9 +713,13 @@ def fair_core_share() -> float:
     slice, before the others get the core, would otherwise measure more (up to 1) and price the
     forward, which is paused, as if it were not.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    ranks = dist.get_world_size() if dist.is_initialized() else 1
-    return min(1.0, cores / (ranks * torch.get_num_threads()))
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if ranks is None:
+        ranks = dist.get_world_size() if dist.is_initialized() else 1
+    if threads is None:
+        threads = torch.get_num_threads()
+    return min(1.0, cores / (ranks * threads))
 
 
 def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) -> tuple[GraphSample, ...]:

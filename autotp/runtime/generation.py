@@ -306,7 +306,5 @@ def _priced_as_run(candidate: PhaseCandidate, whole: PhaseCandidate, world_size:
                              prefill_collectives=bool(candidate.prefill.collectives))
     if not alone.decode or candidate.decode.parameters != whole.decode.parameters:
         return candidate
-    if alone.prefill:
-        return dataclasses.replace(candidate, prefill=whole.prefill, prefill_call_s=whole.prefill_call_s,
-                                   decode=whole.decode, decode_call_s=whole.decode_call_s)
-    return dataclasses.replace(candidate, decode=whole.decode, decode_call_s=whole.decode_call_s)
+    prefill = {"prefill": whole.prefill, "prefill_call_s": whole.prefill_call_s} if alone.prefill else {}
+    return dataclasses.replace(candidate, decode=whole.decode, decode_call_s=whole.decode_call_s, **prefill)
