@@ -541,6 +541,7 @@ NO_KERNEL_OPS = frozenset(
         aten.slice,
         aten.select,
         aten.narrow,
+        aten.movedim,
         aten.alias,
         aten.split,
         aten.split_with_sizes,
@@ -581,7 +582,8 @@ def aten_memory_bytes(
     output aliases an input) and shape queries move nothing and return 0. This is the ideal
     traffic of one unfused kernel (each operand read once, each output written once); it is the
     ``memory_bytes`` that :func:`compute_time_s` expects. A lookup (:data:`GATHER_OPS`: embedding,
-    index_select, gather, index) reads only the rows it returns from its table.
+    index_select, gather, index) reads only the rows it returns from its table; a fill shaped like its
+    input (:data:`FILL_LIKE_OPS`: zeros_like, ...) writes its output and reads nothing.
     """
     if launches_no_kernel(op):
         return 0
@@ -592,9 +594,14 @@ def aten_memory_bytes(
         indices = tree_flatten((list(args[1:]), dict(kwargs or {})))[0]
         index_bytes = sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in indices if isinstance(leaf, torch.Tensor))
         return 2 * tensor_bytes(out.shape, out.dtype) + index_bytes
+    if _packet_of(op) in FILL_LIKE_OPS:  # reads only its input's shape: the output written
+        args = ()
     leaves, _ = tree_flatten((list(args), dict(kwargs or {}), out))
     return sum(tensor_bytes(leaf.shape, leaf.dtype) for leaf in leaves if isinstance(leaf, torch.Tensor))
 
+
+# Fills of a tensor shaped like their input, which they do not read, by packet.
+FILL_LIKE_OPS = frozenset({aten.zeros_like, aten.ones_like, aten.full_like, aten.empty_like})
 
 # Lookups whose first argument is a table they read only at the rows or elements they return
 # (an embedding reads batch x tokens rows of its vocabulary, not the vocabulary), by packet.

@@ -18,7 +18,8 @@ this pass only decides *what* each strategy asks of the hardware:
   (``cost_model.runtime.view_time_s``: ``Hardware.view_op_s``, 0 on GPU profiles).
 - resharding between the producer's and the consumer's placement of one tensor: the cheapest
   route of :func:`autotp.base.reshard.reshard_routes`, each step priced by its row of
-  :data:`autotp.passes.resharding.RESHARD_TABLE` (collectives by ``collective_time_s``).
+  :data:`autotp.passes.resharding.RESHARD_TABLE`: its collective by ``collective_time_s``, every local node the
+  rewrite emits around it (views, layout copies, an uneven split's padding) as a node of the graph.
 - the first call of each kernel in the graph (in graph order; a view never) pays ``Hardware.first_call_s`` once:
   a call of the graph finds every kernel's code and state cold.
 - collectives an op's rank-local form issues itself (a vocabulary-parallel cross-entropy's two
@@ -79,7 +80,7 @@ from autotp.passes.backward import (
     trainable_bytes_factor,
 )
 from autotp.passes.node_keys import once_per_key
-from autotp.passes.resharding import RESHARD_TABLE
+from autotp.passes.resharding import tensor_route_time_s
 from autotp.passes.rules import local_form_kernels_for, op_collectives_for, tensor_inputs
 from autotp.passes.rules.args import holds_tensor
 from autotp.passes.state import WRITES_IN_PLACE
@@ -103,20 +104,10 @@ def _dtype(value: object) -> torch.dtype:
 
 
 def route_time_s(route: Route, value: object, world_size: int, hardware: Hardware) -> float:
-    """Predicted seconds of the resharding ``route`` of ``value`` (a FakeTensor).
-
-    The sum of the terms of each step, as its row of :data:`autotp.passes.resharding.RESHARD_TABLE`
-    prices them from the bytes of the whole tensor and of the largest rank's part.
-    """
-    nbytes = tensor_nbytes(value)
-    dtype = _dtype(value)
-    total = 0.0
-    for step in route:
-        split = step.split
-        shard = _local_nbytes(value, split, world_size) if split is not None else nbytes
-        for term in RESHARD_TABLE[step.kind].time_terms(step, nbytes, shard, dtype, world_size, hardware):
-            total += term
-    return total
+    """Predicted seconds of the resharding ``route`` of ``value`` (a FakeTensor, or a tuple of them): per tensor,
+    :func:`autotp.passes.resharding.tensor_route_time_s` of its shape, the price of every node the rewrite emits."""
+    return sum((tensor_route_time_s(route, leaf.shape, leaf.dtype, world_size, hardware)
+                for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)), 0.0)
 
 
 def reshard_route(src: Placement, dst: Placement, value: object, world_size: int, hardware: Hardware) -> Route:

@@ -4,9 +4,14 @@
 :class:`StepSpec`:
 
 - ``collective``: the collective kind the cost model prices (``collective_time_s``), or
-  ``None`` for a local step (a slice, a zero-fill);
-- ``time_terms``: the step's predicted seconds, term by term (the collective, the local copies
-  the rewrite makes around it), each traceable to a formula of ``autotp.cost_model``;
+  ``None`` for a local step (a slice, a zero-fill), and ``exchanged``: the bytes it is priced on;
+- ``layout``: the local ops the rewrite emits around the collective (moving a dim to the front and
+  back, laying a tensor out, padding uneven parts and cutting them out again), each with the
+  bytes it moves. :func:`step_time_terms` prices each as the cost pass prices a graph's node (a
+  view's dispatch, or a memory-bound kernel), so the price counts every node the rewrite emits;
+  ``tests/test_resharding.py`` checks the two against each other. Not priced here: the first
+  call of a layout kernel in a graph (``Hardware.first_call_s``), which the cost pass counts
+  once per graph for the model's own nodes;
 - ``emit``: the function that inserts the step into a rank-local graph (functional
   collectives, ``torch.ops._c10d_functional.*`` followed by ``wait_tensor``, or local ops);
 - ``label`` and ``short``: how reports print it;
@@ -21,17 +26,20 @@ The route from one placement to another (which steps, on which dims) is
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
 
-from autotp.base.placements import Placement, Replicate
+from autotp.base.placements import Placement, Replicate, Shard
 from autotp.base.reshard import ReshardKind, ReshardStep, reshard_steps
-from autotp.base.shapes import concrete_shape
+from autotp.base.shapes import concrete_shape, concrete_size
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, group_spans_nodes
+from autotp.cost_model.compute import launches_no_kernel
 from autotp.cost_model.runtime import view_time_s
 from autotp.cost_model.symbolic import symbolic_collective_time_s, symbolic_compute_time_s
 from autotp.passes.rules import LocalGraph
@@ -45,11 +53,15 @@ __all__ = [
     "RESHARD_TABLE",
     "SYMBOLIC",
     "Formulas",
+    "Layout",
+    "LayoutOp",
+    "Parts",
     "StepSpec",
     "is_collective_step",
     "is_local_reshard",
     "route_label",
     "step_label",
+    "step_time_terms",
     "tensor_route_time_s",
 ]
 
@@ -57,18 +69,18 @@ Emit = Callable[[LocalGraph, fx.Node, fx.Node, ReshardStep], fx.Node]
 """``emit(builder, x, producer, step)``: the node holding ``x`` (the value of ``producer`` on this
 rank) after ``step``."""
 
-TimeTerms = Callable[..., tuple[Any, ...]]
-"""``time_terms(step, whole_nbytes, shard_nbytes, dtype, world_size, hardware, formulas=NUMERIC)``: the
-step's predicted seconds, term by term. ``shard_nbytes``: bytes of the largest rank's part under
-``step.split`` (the whole tensor when the step has no split). ``formulas`` says which functions of
-the cost model price the terms: :data:`NUMERIC` (numbers, the planner) or :data:`SYMBOLIC` (sympy
-expressions of batch and sequence, :mod:`autotp.cost_model.symbolic`), so the sizes may be sympy
-expressions and one row serves both."""
+LayoutOp = tuple[object, Any, Any]
+"""``(op, bytes, count)``: ``count`` nodes of ``op``, each reading and writing ``bytes`` in all (0: a view, or a
+call that returns its input). ``bytes`` and ``count`` are sympy expressions where the sizes are."""
+
+Layout = Callable[[ReshardStep, "Parts"], tuple[LayoutOp, ...]]
+"""``layout(step, parts)``: the local ops the step's rewrite emits on the busiest rank (rank 0; a zero-fill's
+other ranks) besides its collective and the collective's wait, in the order it emits them."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Formulas:
-    """The cost-model functions a row's time terms call, on numbers or on sympy expressions."""
+    """The cost-model functions a step's price calls, on numbers or on sympy expressions."""
 
     compute_time_s: Callable[[Any, Any, torch.dtype, Hardware], Any]
     collective_time_s: Callable[..., Any]  # (kind, nbytes, group_size, hardware, *, spans_nodes)
@@ -86,7 +98,9 @@ class StepSpec:
     """One row of :data:`RESHARD_TABLE` (see the module docstring)."""
 
     collective: str | None
-    time_terms: TimeTerms
+    exchanged: Callable[[Parts], Any]
+    """The bytes the collective is priced on, from the tensor's :class:`Parts` (unused by a local step)."""
+    layout: Layout
     emit: Emit
     label: str
     short: str
@@ -97,9 +111,133 @@ class StepSpec:
 
 # --------------------------------------------------------------------------- prices
 
-def _copy_s(nbytes: Any, dtype: torch.dtype, hardware: Hardware, formulas: Formulas) -> Any:
-    """One copy of ``nbytes`` (read once, written once): a roofline memory term."""
-    return formulas.compute_time_s(0, 2 * nbytes, dtype, hardware)
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """Bytes of one tensor and of its ranks' parts under a step's split, by ``largest_shard_nbytes``'s rule for
+    a tensor alone: each block's ``size`` elements dealt out so that the first ``size % world_size`` ranks hold
+    one more (rank 0 the largest part).
+
+    ``whole``: the tensor; ``big`` and ``small``: the largest and a smaller rank's part; ``smaller_ranks``: how
+    many ranks hold the smaller (0: an even split); ``uneven``: 1 where any does, else 0; ``to_big``: the largest
+    part of an all-to-all's ``to_dim``. A symbolic split size gives expressions (``Mod`` in a ``Piecewise``).
+    """
+
+    whole: Any
+    big: Any
+    small: Any
+    smaller_ranks: Any
+    uneven: Any
+    to_big: Any
+    world_size: int
+
+    @classmethod
+    def of(cls, step: ReshardStep, shape: Sequence[Any], itemsize: int, world_size: int) -> Parts:
+        """The parts of a tensor of ``shape`` (ints, ``torch.SymInt`` at their example size, or sympy sizes)."""
+        sizes = [size if isinstance(size, sympy.Basic) else concrete_size(size) for size in shape]
+        whole = largest_shard_nbytes(sizes, itemsize, Replicate(), world_size)
+        if step.dim is None or not sizes:
+            return cls(whole, whole, whole, 0, 0, whole, world_size)
+        dim = step.dim % len(sizes)
+        big = largest_shard_nbytes(sizes, itemsize, step.split, world_size)
+        to_big = big if step.to_dim is None else largest_shard_nbytes(sizes, itemsize, Shard(step.to_dim), world_size)
+        row = itemsize * math.prod(size for i, size in enumerate(sizes) if i != dim)  # bytes per element of dim
+        small = big - row * step.blocks
+        if isinstance(sizes[dim], sympy.Basic) and not sizes[dim].is_Integer:
+            extra = sympy.Mod(sympy.floor(sizes[dim] / step.blocks), world_size)
+            uneven = sympy.Piecewise((1, sympy.Ne(extra, 0)), (0, True))
+            return cls(whole, big, small, uneven * (world_size - extra), uneven, to_big, world_size)
+        extra = (int(sizes[dim]) // step.blocks) % world_size
+        if extra == 0:
+            return cls(whole, big, big, 0, 0, to_big, world_size)
+        return cls(whole, big, small, world_size - extra, 1, to_big, world_size)
+
+
+def _exchanged_whole(parts: Parts) -> Any:
+    """An all-reduce's tensor."""
+    return parts.whole
+
+
+def _exchanged_padded(parts: Parts) -> Any:
+    """An all-gather's or reduce-scatter's tensor, every rank's part padded to the largest."""
+    return parts.world_size * parts.big
+
+
+def _exchanged_part(parts: Parts) -> Any:
+    """What one rank sends in an all-to-all: its part, padded to the largest."""
+    return parts.big
+
+
+_VIEW: Any = 0
+"""The bytes of a view (or of a call that returns its input)."""
+
+
+def _slice_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+    """A narrow; of every block with ``blocks`` > 1, the pieces then put side by side (a copy of the part)."""
+    if step.blocks == 1:
+        return ((aten.narrow.default, _VIEW, 1),)
+    return ((aten.narrow.default, _VIEW, step.blocks), (aten.cat.default, 2 * parts.big, 1))
+
+
+def _zero_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+    """The zeros the ranks other than 0 write in place of the value."""
+    return ((aten.zeros_like.default, parts.whole, 1),)
+
+
+def _no_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+    return ()
+
+
+def _all_gather_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+    """:func:`_emit_all_gather` on rank 0, whose part needs no padding: the dim moved to the front and the part
+    laid out (a dim-0 part is already, and the call returns it); the gathered parts cut out of their padding and
+    put in block order when they are uneven or blocked; the dim moved back and the whole tensor laid out."""
+    front = step.dim != 0
+    ops: tuple[LayoutOp, ...] = ((aten.movedim.int, _VIEW, 1),) if front else ()
+    ops += ((aten.contiguous.default, 2 * parts.big if front else _VIEW, 1),)
+    pieces = 1 if step.blocks > 1 else parts.uneven
+    ops += ((aten.narrow.default, _VIEW, pieces * step.blocks * parts.world_size),
+            (aten.cat.default, 2 * parts.whole, pieces))
+    if front:
+        ops += ((aten.movedim.int, _VIEW, 1), (aten.contiguous.default, 2 * parts.whole, 1))
+    return ops
+
+
+def _reduce_scatter_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+    """:func:`_emit_reduce_scatter` on rank 0: the dim moved to the front; uneven parts cut apart, the smaller
+    padded to the largest and put together (laid out by that copy), else the tensor laid out; after the
+    reduce-scatter the dim moved back and rank 0's part laid out."""
+    front = step.dim != 0
+    ops: tuple[LayoutOp, ...] = ((aten.movedim.int, _VIEW, 1),) if front else ()
+    even = 1 - parts.uneven
+    ops += ((aten.narrow.default, _VIEW, parts.uneven * parts.world_size),
+            (aten.constant_pad_nd.default, parts.small + parts.big, parts.smaller_ranks),
+            (aten.cat.default, 2 * parts.world_size * parts.big, parts.uneven),
+            (aten.contiguous.default, _VIEW, parts.uneven),
+            (aten.contiguous.default, 2 * parts.whole if front else _VIEW, even))
+    if front:
+        ops += ((aten.movedim.int, _VIEW, 1), (aten.contiguous.default, 2 * parts.big, 1))
+    return ops
+
+
+def _all_to_all_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+    """:func:`_emit_all_to_all` on rank 0, whose ``dim`` part needs no padding: ``to_dim`` moved to the front and
+    the part laid out (already, when ``to_dim`` is 0); the received pieces cut out (once more where a source's
+    part was padded) and put side by side; ``to_dim`` moved back and the new part laid out."""
+    front = step.to_dim != 0
+    return ((aten.movedim.int, _VIEW, 1),
+            (aten.contiguous.default, 2 * parts.big if front else _VIEW, 1),
+            (aten.narrow.default, _VIEW, parts.world_size + parts.smaller_ranks),
+            (aten.cat.default, 2 * parts.to_big, 1),
+            (aten.movedim.int, _VIEW, 1),
+            (aten.contiguous.default, 2 * parts.to_big if front else _VIEW, 1))
+
+
+def _layout_op_s(op: object, nbytes: Any, dtype: torch.dtype, hardware: Hardware, formulas: Formulas) -> Any:
+    """One node of a step's layout as the cost pass prices a graph's node: a view's dispatch for a view (or a call
+    that moves nothing), else a memory-bound kernel moving ``nbytes``."""
+    if launches_no_kernel(op) or (not isinstance(nbytes, sympy.Basic) and nbytes == 0):
+        return view_time_s(hardware)
+    return formulas.compute_time_s(0, nbytes, dtype, hardware)
 
 
 def _collective_s(formulas: Formulas, kind: str, nbytes: Any, world_size: int, hardware: Hardware) -> Any:
@@ -109,41 +247,22 @@ def _collective_s(formulas: Formulas, kind: str, nbytes: Any, world_size: int, h
     return formulas.collective_time_s(kind, nbytes, world_size, hardware, spans_nodes=spans)
 
 
-def _slice_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
-                 hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
-    return (view_time_s(hardware),)  # a narrow: no data moves, only the host's dispatch (eager)
-
-
-def _zero_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
-                hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
-    return (formulas.compute_time_s(0, whole, dtype, hardware),)  # writing zeros on ranks != 0
-
-
-def _all_reduce_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
-                      hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
-    return (_collective_s(formulas, "all_reduce", whole, world_size, hardware),)
-
-
-def _gather_scatter_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
-                          hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
-    """The all-gather (reduce-scatter) of the whole tensor; along a dim other than 0 also the two
-    copies the rewrite makes around it (the dim is moved to the front and made contiguous, then
-    moved back and made contiguous again): the shard and the whole tensor, each copied once."""
-    kind = RESHARD_TABLE[step.kind].collective
-    terms: tuple[Any, ...] = (_collective_s(formulas, kind, whole, world_size, hardware),)  # type: ignore[arg-type]
-    if world_size > 1 and step.dim not in (None, 0):
-        terms += (_copy_s(shard, dtype, hardware, formulas), _copy_s(whole, dtype, hardware, formulas))
-    return terms
-
-
-def _all_to_all_terms(step: ReshardStep, whole: Any, shard: Any, dtype: torch.dtype, world_size: int,
-                      hardware: Hardware, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
-    """The all-to-all of one rank's shard (what each rank sends and receives), and the two copies
-    of a shard around it (laying out the pieces to send, putting the received pieces together)."""
-    if world_size == 1:
+def step_time_terms(step: ReshardStep, shape: Sequence[Any], dtype: torch.dtype, world_size: int,
+                    hardware: Hardware, *, formulas: Formulas = NUMERIC) -> tuple[Any, ...]:
+    """Predicted seconds of ``step`` on a tensor of ``shape``, term by term: its collective (if any), then each
+    node of its layout (:data:`Layout`) priced as the cost pass prices a graph's node. A collective step at world
+    size 1 costs nothing (the rewrite leaves a one-rank graph as traced)."""
+    spec = RESHARD_TABLE[step.kind]
+    if spec.collective is not None and world_size == 1:
         return ()
-    return (_collective_s(formulas, "all_to_all", shard, world_size, hardware),
-            _copy_s(shard, dtype, hardware, formulas), _copy_s(shard, dtype, hardware, formulas))
+    parts = Parts.of(step, shape, dtype.itemsize, world_size)
+    terms: tuple[Any, ...] = ()
+    if spec.collective is not None:
+        terms += (_collective_s(formulas, spec.collective, spec.exchanged(parts), world_size, hardware),)
+    for op, nbytes, count in spec.layout(step, parts):
+        if isinstance(count, sympy.Basic) or count:
+            terms += (count * _layout_op_s(op, nbytes, dtype, hardware, formulas),)
+    return terms
 
 
 # --------------------------------------------------------------------------- rewrite
@@ -297,13 +416,16 @@ def _all_to_all_back(step: ReshardStep) -> tuple[ReshardStep, ...]:
 # --------------------------------------------------------------------------- the table
 
 RESHARD_TABLE: Mapping[ReshardKind, StepSpec] = MappingProxyType({
-    ReshardKind.SLICE: StepSpec(None, _slice_terms, _emit_slice, "slice", "slice", _gather_back),
-    ReshardKind.ZERO: StepSpec(None, _zero_terms, _emit_zero, "zero", "zero", _identity_back),
-    ReshardKind.ALL_REDUCE: StepSpec("all_reduce", _all_reduce_terms, _emit_all_reduce, "all_reduce", "AR", _identity_back),
-    ReshardKind.ALL_GATHER: StepSpec("all_gather", _gather_scatter_terms, _emit_all_gather, "all_gather", "AG", _slice_back),
-    ReshardKind.REDUCE_SCATTER: StepSpec("reduce_scatter", _gather_scatter_terms, _emit_reduce_scatter,
-                                         "reduce_scatter", "RS", _gather_back),
-    ReshardKind.ALL_TO_ALL: StepSpec("all_to_all", _all_to_all_terms, _emit_all_to_all, "all_to_all", "A2A", _all_to_all_back),
+    ReshardKind.SLICE: StepSpec(None, _exchanged_whole, _slice_layout, _emit_slice, "slice", "slice", _gather_back),
+    ReshardKind.ZERO: StepSpec(None, _exchanged_whole, _zero_layout, _emit_zero, "zero", "zero", _identity_back),
+    ReshardKind.ALL_REDUCE: StepSpec("all_reduce", _exchanged_whole, _no_layout, _emit_all_reduce, "all_reduce", "AR",
+                                     _identity_back),
+    ReshardKind.ALL_GATHER: StepSpec("all_gather", _exchanged_padded, _all_gather_layout, _emit_all_gather,
+                                     "all_gather", "AG", _slice_back),
+    ReshardKind.REDUCE_SCATTER: StepSpec("reduce_scatter", _exchanged_padded, _reduce_scatter_layout,
+                                         _emit_reduce_scatter, "reduce_scatter", "RS", _gather_back),
+    ReshardKind.ALL_TO_ALL: StepSpec("all_to_all", _exchanged_part, _all_to_all_layout, _emit_all_to_all,
+                                     "all_to_all", "A2A", _all_to_all_back),
 })
 
 
@@ -330,17 +452,14 @@ def is_local_reshard(src: Placement, dst: Placement) -> bool:
 
 def tensor_route_time_s(route: Iterable[ReshardStep], shape: Sequence[Any], dtype: torch.dtype, world_size: int,
                         hardware: Hardware, *, formulas: Formulas = NUMERIC) -> Any:
-    """Predicted seconds of ``route`` on one tensor of ``shape``: the sum of its steps' table terms.
+    """Predicted seconds of ``route`` on one tensor of ``shape``: the sum of its steps' terms
+    (:func:`step_time_terms`).
 
-    ``shape`` may hold sympy sizes (with ``formulas=SYMBOLIC`` the result is an expression); the
-    shard a step works on is sized by :func:`autotp.passes.uneven.largest_shard_nbytes`, as the
-    cost pass sizes it (:func:`autotp.passes.costing.route_time_s`, for FakeTensor values).
+    ``shape`` may hold sympy sizes (with ``formulas=SYMBOLIC`` the result is an expression); the cost pass prices
+    a traced value's route by this same function (:func:`autotp.passes.costing.route_time_s`).
     """
-    whole = largest_shard_nbytes(shape, dtype.itemsize, Replicate(), world_size)
     total: Any = 0
     for step in route:
-        split = step.split
-        shard = largest_shard_nbytes(shape, dtype.itemsize, split, world_size) if split is not None else whole
-        for term in RESHARD_TABLE[step.kind].time_terms(step, whole, shard, dtype, world_size, hardware, formulas):
+        for term in step_time_terms(step, shape, dtype, world_size, hardware, formulas=formulas):
             total += term
     return total

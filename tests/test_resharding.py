@@ -7,12 +7,14 @@ tp=2 and tp=3 (uneven) on gloo.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import warnings
 
 import pytest
 import torch
+import torch.fx as fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -20,10 +22,13 @@ import autotp
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import BlockShard, Partial, Replicate, Shard
 from autotp.base.reshard import ReshardKind, ReshardStep, reshard_routes, reshard_steps, route_with_kinds
-from autotp.cost_model import get_hardware
+from autotp.cost_model import compute_time_s, get_hardware
+from autotp.cost_model.compute import aten_memory_bytes
+from autotp.cost_model.runtime import view_time_s
 from autotp.cost_model.symbolic import BATCH, SEQ, evaluate_s
 from autotp.passes.costing import reshard_route, route_time_s
-from autotp.passes.resharding import RESHARD_TABLE, SYMBOLIC, route_label, tensor_route_time_s
+from autotp.passes.resharding import RESHARD_TABLE, SYMBOLIC, Parts, route_label, step_time_terms, tensor_route_time_s
+from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 
 K = ReshardKind
@@ -97,6 +102,109 @@ def test_symbolic_route_price_is_the_planner_price() -> None:
                     assert got == pytest.approx(numeric, rel=1e-12, abs=1e-18), (
                         f"{src}->{dst} by {route_label(s.kind for s in route)} at batch={batch} seq={seq}: "
                         f"planner {numeric}, symbolic {got} ({expression})")
+
+
+class _RankGraph:
+    """The rewrite's view of one rank's graph (``autotp.passes.rules.LocalGraph``), built here so that a step can
+    be emitted alone."""
+
+    def __init__(self, parts: Partitions, rank: int) -> None:
+        self.graph, self.parts, self.rank = fx.Graph(), parts, rank
+        self.world_size, self.group_name = parts.world_size, "test"
+
+    def call(self, target: object, *args: object, meta_from: fx.Node | None = None) -> fx.Node:
+        return self.graph.call_function(target, args)
+
+
+_C10D = torch.ops._c10d_functional
+
+
+class _Collectives(fx.Interpreter):
+    """Runs an emitted step on real tensors, each collective replaced by a local op of its output's shape, and
+    records every other node as ``(op, bytes it reads and writes)``: 0 for a node whose output aliases its input
+    (a view, or a ``contiguous`` that returns its input), else ``aten_memory_bytes`` of its real arguments."""
+
+    def __init__(self, module: fx.GraphModule) -> None:
+        super().__init__(module)
+        self.nodes: list[tuple[object, int]] = []
+
+    def call_function(self, target, args, kwargs):  # noqa: ANN001, ANN201 - fx.Interpreter's hook
+        if target is _C10D.all_gather_into_tensor.default:
+            return torch.cat([args[0]] * args[1])
+        if target is _C10D.reduce_scatter_tensor.default:
+            return args[0].narrow(0, 0, args[0].shape[0] // args[2]).clone()
+        if target is _C10D.all_to_all_single.default:
+            return torch.zeros(sum(args[1]), *args[0].shape[1:])
+        if target is _C10D.all_reduce.default:
+            return args[0].clone()
+        if target is _C10D.wait_tensor.default:
+            return args[0]
+        out = super().call_function(target, args, kwargs)
+        first = args[0][0] if isinstance(args[0], list) else args[0]
+        aliases = out.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        self.nodes.append((target, 0 if aliases else aten_memory_bytes(target, args, kwargs, out)))
+        return out
+
+
+def _emitted_nodes(step: ReshardStep, shape: tuple[int, ...], world_size: int, rank: int) -> list[tuple[object, int]]:
+    """The local nodes ``step``'s rewrite emits on ``rank`` for a tensor of ``shape``, run on real tensors."""
+    parts = Partitions(world_size)
+    for dim in {step.dim, step.to_dim} - {None}:
+        parts.add(("x", dim, step.blocks), shape[dim] // step.blocks)
+    builder = _RankGraph(parts, rank)
+    producer = builder.graph.placeholder("x")
+    producer.meta["val"] = torch.empty(shape)
+    local = list(shape)
+    if step.kind in (K.ALL_GATHER, K.ALL_TO_ALL):  # the step starts from this rank's part
+        local[step.dim] = step.blocks * parts.local("x", step.dim, rank, step.blocks)[1]
+    builder.graph.output(RESHARD_TABLE[step.kind].emit(builder, producer, producer, step))
+    interpreter = _Collectives(fx.GraphModule(nn.Module(), builder.graph))
+    interpreter.run(torch.randn(local))
+    return interpreter.nodes
+
+
+@pytest.mark.parametrize("step,shape,world_size", [
+    (ReshardStep(K.SLICE, 1), (3, 8, 5), 2),
+    (ReshardStep(K.SLICE, 2, 2), (3, 4, 14), 3),
+    (ReshardStep(K.ZERO), (3, 4), 2),
+    (ReshardStep(K.ALL_REDUCE), (3, 4), 2),
+    (ReshardStep(K.ALL_GATHER, 0), (8, 5), 2),
+    (ReshardStep(K.ALL_GATHER, 0), (7, 5), 3),
+    (ReshardStep(K.ALL_GATHER, 1), (3, 8, 5), 4),
+    (ReshardStep(K.ALL_GATHER, 1), (3, 10, 5), 4),
+    (ReshardStep(K.ALL_GATHER, 2, 2), (3, 4, 12), 2),
+    (ReshardStep(K.ALL_GATHER, 1, 3), (2, 15, 3), 2),
+    (ReshardStep(K.REDUCE_SCATTER, 0), (8, 5), 4),
+    (ReshardStep(K.REDUCE_SCATTER, 1), (3, 8, 5), 2),
+    (ReshardStep(K.REDUCE_SCATTER, 1), (3, 11, 5), 4),
+    (ReshardStep(K.REDUCE_SCATTER, 0), (7, 5), 3),
+    (ReshardStep(K.ALL_TO_ALL, 1, 1, 2), (3, 8, 6), 2),
+    (ReshardStep(K.ALL_TO_ALL, 1, 1, 2), (3, 7, 5), 3),
+    (ReshardStep(K.ALL_TO_ALL, 2, 1, 0), (5, 3, 7), 4),
+])
+def test_each_step_prices_the_nodes_its_rewrite_emits(step, shape, world_size) -> None:
+    """Every local node a step's rewrite emits (run on real tensors, its collective replaced by a local op) is
+    in the step's priced layout with the bytes it moves, and nothing else is: even and uneven parts, blocks,
+    dim 0 and others. On rank 0, the largest part; a zero-fill on rank 1, the ranks that write zeros. The terms
+    besides the collective are those nodes priced as the cost pass prices a graph's (a view's dispatch; a kernel
+    by its bytes), on a GPU profile and a CPU one."""
+    rank = 1 if step.kind is K.ZERO else 0
+    emitted = collections.Counter(_emitted_nodes(step, shape, world_size, rank))
+    parts = Parts.of(step, shape, torch.float32.itemsize, world_size)
+    priced = collections.Counter()
+    for op, nbytes, count in RESHARD_TABLE[step.kind].layout(step, parts):
+        priced[(op, nbytes)] += count
+    priced = +priced  # ops the step does not emit here: a count of 0
+    assert emitted == priced, (f"{step.kind} dim {step.dim} x{step.blocks} of {shape} over {world_size}: the rewrite "
+                               f"emits {sorted(map(str, emitted.items()))}, the price counts "
+                               f"{sorted(map(str, priced.items()))}")
+    for hardware in (get_hardware("h100-sxm"), dataclasses.replace(get_hardware("cpu-gloo"), view_op_s=2e-6)):
+        terms = step_time_terms(step, shape, torch.float32, world_size, hardware)
+        local = terms[1:] if RESHARD_TABLE[step.kind].collective else terms
+        expected = sum(n * (view_time_s(hardware) if nbytes == 0 else compute_time_s(0, nbytes, torch.float32, hardware))
+                       for (_, nbytes), n in emitted.items())
+        assert sum(local) == pytest.approx(expected, rel=1e-12), (
+            f"{step.kind} on {hardware.name}: local nodes priced {sum(local)} s, as graph nodes {expected} s")
 
 
 def test_route_named_by_a_plan_must_exist() -> None:
