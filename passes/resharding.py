@@ -55,7 +55,7 @@ __all__ = [
     "Formulas",
     "Layout",
     "LayoutOp",
-    "Parts",
+    "PartBytes",
     "StepSpec",
     "is_collective_step",
     "is_local_reshard",
@@ -73,7 +73,7 @@ LayoutOp = tuple[object, Any, Any]
 """``(op, bytes, count)``: ``count`` nodes of ``op``, each reading and writing ``bytes`` in all (0: a view, or a
 call that returns its input). ``bytes`` and ``count`` are sympy expressions where the sizes are."""
 
-Layout = Callable[[ReshardStep, "Parts"], tuple[LayoutOp, ...]]
+Layout = Callable[[ReshardStep, "PartBytes"], tuple[LayoutOp, ...]]
 """``layout(step, parts)``: the local ops the step's rewrite emits on the busiest rank (rank 0; a zero-fill's
 other ranks) besides its collective and the collective's wait, in the order it emits them."""
 
@@ -98,8 +98,8 @@ class StepSpec:
     """One row of :data:`RESHARD_TABLE` (see the module docstring)."""
 
     collective: str | None
-    exchanged: Callable[[Parts], Any]
-    """The bytes the collective is priced on, from the tensor's :class:`Parts` (unused by a local step)."""
+    exchanged: Callable[[PartBytes], Any]
+    """The bytes the collective is priced on, from the tensor's :class:`PartBytes` (unused by a local step)."""
     layout: Layout
     emit: Emit
     label: str
@@ -112,7 +112,7 @@ class StepSpec:
 # --------------------------------------------------------------------------- prices
 
 @dataclasses.dataclass(frozen=True)
-class Parts:
+class PartBytes:
     """Bytes of one tensor and of its ranks' parts under a step's split, by ``largest_shard_nbytes``'s rule for
     a tensor alone: each block's ``size`` elements dealt out so that the first ``size % world_size`` ranks hold
     one more (rank 0 the largest part).
@@ -131,7 +131,7 @@ class Parts:
     world_size: int
 
     @classmethod
-    def of(cls, step: ReshardStep, shape: Sequence[Any], itemsize: int, world_size: int) -> Parts:
+    def of(cls, step: ReshardStep, shape: Sequence[Any], itemsize: int, world_size: int) -> PartBytes:
         """The parts of a tensor of ``shape`` (ints, ``torch.SymInt`` at their example size, or sympy sizes)."""
         sizes = [size if isinstance(size, sympy.Basic) else concrete_size(size) for size in shape]
         whole = largest_shard_nbytes(sizes, itemsize, Replicate(), world_size)
@@ -152,17 +152,17 @@ class Parts:
         return cls(whole, big, small, world_size - extra, 1, to_big, world_size)
 
 
-def _exchanged_whole(parts: Parts) -> Any:
+def _exchanged_whole(parts: PartBytes) -> Any:
     """An all-reduce's tensor."""
     return parts.whole
 
 
-def _exchanged_padded(parts: Parts) -> Any:
+def _exchanged_padded(parts: PartBytes) -> Any:
     """An all-gather's or reduce-scatter's tensor, every rank's part padded to the largest."""
     return parts.world_size * parts.big
 
 
-def _exchanged_part(parts: Parts) -> Any:
+def _exchanged_part(parts: PartBytes) -> Any:
     """What one rank sends in an all-to-all: its part, padded to the largest."""
     return parts.big
 
@@ -171,23 +171,23 @@ _VIEW: Any = 0
 """The bytes of a view (or of a call that returns its input)."""
 
 
-def _slice_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+def _slice_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, ...]:
     """A narrow; of every block with ``blocks`` > 1, the pieces then put side by side (a copy of the part)."""
     if step.blocks == 1:
         return ((aten.narrow.default, _VIEW, 1),)
     return ((aten.narrow.default, _VIEW, step.blocks), (aten.cat.default, 2 * parts.big, 1))
 
 
-def _zero_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+def _zero_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, ...]:
     """The zeros the ranks other than 0 write in place of the value."""
     return ((aten.zeros_like.default, parts.whole, 1),)
 
 
-def _no_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+def _no_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, ...]:
     return ()
 
 
-def _all_gather_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+def _all_gather_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, ...]:
     """:func:`_emit_all_gather` on rank 0, whose part needs no padding: the dim moved to the front and the part
     laid out (a dim-0 part is already, and the call returns it); the gathered parts cut out of their padding and
     put in block order when they are uneven or blocked; the dim moved back and the whole tensor laid out."""
@@ -202,7 +202,7 @@ def _all_gather_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
     return ops
 
 
-def _reduce_scatter_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+def _reduce_scatter_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, ...]:
     """:func:`_emit_reduce_scatter` on rank 0: the dim moved to the front; uneven parts cut apart, the smaller
     padded to the largest and put together (laid out by that copy), else the tensor laid out; after the
     reduce-scatter the dim moved back and rank 0's part laid out."""
@@ -219,7 +219,7 @@ def _reduce_scatter_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, .
     return ops
 
 
-def _all_to_all_layout(step: ReshardStep, parts: Parts) -> tuple[LayoutOp, ...]:
+def _all_to_all_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, ...]:
     """:func:`_emit_all_to_all` on rank 0, whose ``dim`` part needs no padding: ``to_dim`` moved to the front and
     the part laid out (already, when ``to_dim`` is 0); the received pieces cut out (once more where a source's
     part was padded) and put side by side; ``to_dim`` moved back and the new part laid out."""
@@ -255,7 +255,7 @@ def step_time_terms(step: ReshardStep, shape: Sequence[Any], dtype: torch.dtype,
     spec = RESHARD_TABLE[step.kind]
     if spec.collective is not None and world_size == 1:
         return ()
-    parts = Parts.of(step, shape, dtype.itemsize, world_size)
+    parts = PartBytes.of(step, shape, dtype.itemsize, world_size)
     terms: tuple[Any, ...] = ()
     if spec.collective is not None:
         terms += (_collective_s(formulas, spec.collective, spec.exchanged(parts), world_size, hardware),)

@@ -27,7 +27,14 @@ from autotp.cost_model.compute import aten_memory_bytes
 from autotp.cost_model.runtime import view_time_s
 from autotp.cost_model.symbolic import BATCH, SEQ, evaluate_s
 from autotp.passes.costing import reshard_route, route_time_s
-from autotp.passes.resharding import RESHARD_TABLE, SYMBOLIC, Parts, route_label, step_time_terms, tensor_route_time_s
+from autotp.passes.resharding import (
+    RESHARD_TABLE,
+    SYMBOLIC,
+    PartBytes,
+    route_label,
+    step_time_terms,
+    tensor_route_time_s,
+)
 from autotp.passes.uneven import Partitions
 from autotp.planning.plan import Plan
 
@@ -190,7 +197,7 @@ def test_each_step_prices_the_nodes_its_rewrite_emits(step, shape, world_size) -
     by its bytes), on a GPU profile and a CPU one."""
     rank = 1 if step.kind is K.ZERO else 0
     emitted = collections.Counter(_emitted_nodes(step, shape, world_size, rank))
-    parts = Parts.of(step, shape, torch.float32.itemsize, world_size)
+    parts = PartBytes.of(step, shape, torch.float32.itemsize, world_size)
     priced = collections.Counter()
     for op, nbytes, count in RESHARD_TABLE[step.kind].layout(step, parts):
         priced[(op, nbytes)] += count
