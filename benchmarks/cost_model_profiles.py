@@ -38,7 +38,6 @@ TERM_GROUPS = {
     "element rates": ("op_element_s", "transcendental_element_s"),
     "dispatch": ("host_dispatch_s",),
     "views": ("view_op_s",),
-    "kernel extra": ("kernel_extra_fraction", "kernel_extra_cap_s"),
     "first calls": ("first_call_s",),
     "op families' fixed costs": ("op_fixed_s",),
     "calls": ("graph_launch_s", "model_call_s"),

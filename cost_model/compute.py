@@ -32,8 +32,7 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
   on fresh data); each takes the longer of its elements at a rate per element
   (``Hardware.element_rate_s``) and its bytes.
 
-In a graph a kernel costs more than the same op timed in a loop (``Hardware.kernel_extra_fraction``,
-:func:`in_graph_kernel_s`). Some op families also pay a fixed cost per call that their bytes and FLOPs do not
+Some op families pay a fixed cost per call that their bytes and FLOPs do not
 show (:data:`~.hardware.OP_FIXED_COSTS`, ``Hardware.op_fixed_s``, :func:`fixed_costs`: a CPU convolution sets up a
 oneDNN primitive, about 40 us on this project's VM whatever its size; an attention pays per call and per block of
 queries in PyTorch's flash kernel, or per call in its math kernel, whichever PyTorch picks). The kernel's time
@@ -69,7 +68,6 @@ __all__ = [
     "achievable_memory_bytes_per_s",
     "aten_flops",
     "aten_memory_bytes",
-    "capped_kernel_s",
     "compute_time_s",
     "convolution_sets_up_primitive",
     "dtype_name",
@@ -77,7 +75,6 @@ __all__ = [
     "gemm_dims",
     "gemm_efficiency",
     "has_element_rate",
-    "in_graph_kernel_s",
     "is_lookup",
     "is_transcendental",
     "launches_no_kernel",
@@ -187,23 +184,7 @@ def compute_time_s(
         default = None if rated_op is None or rated_op in _TRANSCENDENTAL_NAMES else 0.0
         arithmetic_s = rated_elements * hardware.element_rate_s(rated_op, default)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
-    return float(node_time_s(in_graph_kernel_s(device_s, hardware) + hardware.fixed_costs_s(fixed), hardware))
-
-
-def in_graph_kernel_s(device_s: Any, hardware: Hardware) -> Any:
-    """A kernel's time in a graph from its roofline time ``device_s``: plus
-    ``kernel_extra_fraction * d * cap / (cap + d)`` with ``cap = Hardware.kernel_extra_cap_s`` (see
-    there); ``device_s`` itself on a profile without the terms. Works on numbers and expressions."""
-    extra, cap = hardware.kernel_extra_fraction, hardware.kernel_extra_cap_s
-    if extra == 0 or cap == 0:
-        return device_s
-    return device_s + extra * capped_kernel_s(device_s, cap)
-
-
-def capped_kernel_s(device_s: Any, cap_s: float) -> Any:
-    """``d * cap / (cap + d)`` of a kernel of roofline time ``d``: about ``d`` when small, at most ``cap``;
-    what :func:`in_graph_kernel_s` multiplies by the extra fraction (and the calibration fits it on)."""
-    return device_s * cap_s / (cap_s + device_s)
+    return float(node_time_s(device_s + hardware.fixed_costs_s(fixed), hardware))
 
 
 def tensor_bytes(shape: Iterable[int], dtype: torch.dtype) -> int:

@@ -37,8 +37,6 @@ class Term:
 TERMS: tuple[Term, ...] = (
     Term("core_share", "work terms divided by the share of a core a rank gets while every rank computes",
          lambda hardware: hardware.alone()),
-    Term("kernel_extra", "a kernel's cost in a graph beyond its tight-loop rate (kernel_extra_fraction, _cap_s)",
-         lambda hardware: dataclasses.replace(hardware, kernel_extra_fraction=0.0, kernel_extra_cap_s=0.0)),
     Term("op_fixed", "fixed cost per call of convolution, pooling, batch norm, attention (op_fixed_s)",
          lambda hardware: dataclasses.replace(hardware, op_fixed_s=())),
     Term("first_call", "the first call of each kernel in a call of a graph (first_call_s)",
@@ -74,7 +72,6 @@ def without(hardware: Hardware, removed: Iterable[str]) -> Hardware:
 
 _TERM_FIELDS = {
     "core_share": ("core_share", "core_share_range_s", "core_share_call_s"),
-    "kernel_extra": ("kernel_extra_fraction", "kernel_extra_cap_s"),
     "op_fixed": ("op_fixed_s",),
     "first_call": ("first_call_s",),
     "model_call": ("model_call_s",),

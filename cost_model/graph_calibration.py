@@ -604,7 +604,7 @@ def _fit_wall_terms(samples: Sequence[GraphSample], view_op_s: float, link_s: Ca
 def device_only(hardware: Hardware) -> Hardware:
     """``hardware`` with its host terms off: what the kernels alone cost."""
     return dataclasses.replace(hardware, host_dispatch_s=0.0, graph_launch_s=0.0, model_call_s=0.0,
-                               collective_wait_s=0.0, kernel_extra_fraction=0.0)
+                               collective_wait_s=0.0)
 
 
 

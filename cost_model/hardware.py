@@ -115,9 +115,13 @@ _HOST_TIME_FIELDS = (
     "gemm_half_efficiency_dim",
     "transcendental_element_s",
     "shared_memory_cold_call_s",
-    "kernel_extra_fraction",
-    "kernel_extra_cap_s",
 )
+
+_RETIRED_FIELDS = ("kernel_extra_fraction", "kernel_extra_cap_s")
+"""Fields of profiles from earlier releases of ``autotp calibrate`` that this release no longer prices: an extra per
+kernel in a graph up to a cap, which the calibration replaced by one in-graph scale on every single-op price
+(``cost_model.graph_calibration.fit_in_graph_scale``) and then left at 0. A profile that carries them at 0 loads
+as before; one that carries a non-zero extra is refused (:meth:`Hardware.from_dict`)."""
 
 
 def _checked_named_seconds(owner: str, field: str, pairs: Any, names: tuple[str, ...] | None = None
@@ -327,14 +331,6 @@ class Hardware:
     ``gemm_half_efficiency_dim``: GEMM rate as a function of shape: a GEMM whose smallest dim
     (of m, n, k) is ``d`` runs at ``d / (d + gemm_half_efficiency_dim)`` of the peak (0.0: the
     peak at every shape); :func:`~.compute.gemm_efficiency`.
-    ``kernel_extra_fraction`` and ``kernel_extra_cap_s``: what a kernel costs in a graph beyond its
-    roofline at the rates of single ops timed in a tight loop (its code, inputs and weights were hot
-    there; in a graph other kernels ran in between), ``extra * d * cap / (cap + d)`` for a kernel of
-    roofline time ``d`` (:func:`~.compute.in_graph_kernel_s`): about ``extra * d`` for small kernels,
-    at most ``extra * cap`` for large ones, which stream their data either way. Profiles from earlier
-    releases of ``autotp calibrate`` carry them; it now scales every single-op price by one factor
-    fitted on its rank-local graphs instead (``cost_model.graph_calibration.fit_in_graph_scale``) and
-    leaves both at 0.0, as every named profile has them.
     ``op_fixed_s``: ``(name, seconds)`` pairs, one per :data:`OP_FIXED_COSTS` entry measured: the
     fixed cost one call of an op of that family pays beyond its roofline and a plain kernel's (library
     kernels that set up a primitive per call: a CPU convolution, about 40 us on a 2-core VM at any size,
@@ -438,8 +434,6 @@ class Hardware:
     transcendental_element_s: float = 0.0
     op_element_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_call_s: float = 0.0
-    kernel_extra_fraction: float = 0.0
-    kernel_extra_cap_s: float = 0.0
     op_fixed_s: tuple[tuple[str, float], ...] = ()
     first_call_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_curve: tuple[tuple[float, float], ...] = ()
@@ -557,7 +551,6 @@ class Hardware:
             memory_bandwidth_gbps=self.memory_bandwidth_gbps / share,
             memory_bandwidth_curve=tuple((size, gbps / share) for size, gbps in self.memory_bandwidth_curve),
             view_op_s=self.view_op_s * share,
-            kernel_extra_cap_s=self.kernel_extra_cap_s * share,
             op_fixed_s=tuple((family, seconds * share) for family, seconds in self.op_fixed_s),
             first_call_s=tuple((kind, seconds * share) for kind, seconds in self.first_call_s),
             host_dispatch_s=self.host_dispatch_s * share,
@@ -668,7 +661,14 @@ class Hardware:
                     "memory_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share",
                     "fair_core_share")
-        _check_known_fields(data, required + optional, "the hardware profile")
+        _check_known_fields(data, required + optional + _RETIRED_FIELDS, "the hardware profile")
+        retired = {field: data[field] for field in _RETIRED_FIELDS if data.get(field)}
+        if retired:
+            fields = ", ".join(f"{field!r} = {value}" for field, value in retired.items())
+            raise ValueError(
+                f"field {fields}: an extra per kernel in a graph, which profiles of earlier releases of `autotp "
+                f"calibrate` priced and this release does not (its calibration scales every single-op price by one "
+                f"factor fitted on rank-local graphs); run `autotp calibrate` again to measure this machine")
         for key in required:
             if key not in data:
                 raise ValueError(f"missing field {key!r} (a profile needs: {', '.join(required)})")

@@ -37,7 +37,6 @@ from .compute import (
     achievable_flops_per_s,
     achievable_memory_bytes_per_s,
     flops_formula,
-    in_graph_kernel_s,
     roofline_time_s,
 )
 from .hardware import Hardware
@@ -106,7 +105,7 @@ def symbolic_compute_time_s(
             hardware.kernel_floor_s,
             max_fn=sympy.Max,
         )
-    return node_time_s(in_graph_kernel_s(device_s, hardware), hardware, max_fn=sympy.Max)
+    return node_time_s(device_s, hardware, max_fn=sympy.Max)
 
 
 def symbolic_collective_time_s(

@@ -133,7 +133,6 @@ def test_profile_scales_every_single_op_price_by_what_the_graphs_took() -> None:
     assert profile.first_call_cost_s(None) == pytest.approx(1.5 * 30e-6)
     assert profile.model_call_s == pytest.approx(100e-6) and profile.graph_launch_s == 0.0
     assert profile.host_dispatch_s == pytest.approx(1.5 * floor_s) and profile.kernel_floor_s == 0.0
-    assert (profile.kernel_extra_fraction, profile.kernel_extra_cap_s) == (0.0, 0.0)
     assert "1.50 x what their single ops price" in profile.source
     assert (profile.achievable_fraction_compute, profile.achievable_fraction_memory) == (1.0, 1.0)
     assert Hardware.from_json(profile.to_json()) == profile

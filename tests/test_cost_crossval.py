@@ -24,7 +24,7 @@ from autotp.cost_model.hardware import KNOWN_HARDWARE
 
 def _calibrated_like():
     """cpu-gloo with every in-graph term set, as a calibration would leave them."""
-    return dataclasses.replace(get_hardware("cpu-gloo"), kernel_extra_fraction=2.5, kernel_extra_cap_s=8e-6,
+    return dataclasses.replace(get_hardware("cpu-gloo"), model_call_s=3e-5,
                                op_fixed_s=(("convolution", 4e-5),), collective_wait_s=3e-4, call_sync_wait_s=1e-4,
                                call_sync_wait_per_compute=0.1, core_share=0.5,
                                memory_bandwidth_curve=((2**20, 40.0), (2**28, 10.0)))
@@ -33,14 +33,14 @@ def _calibrated_like():
 def test_without_leaves_out_only_the_named_terms():
     """Removing a term zeroes its fields and nothing else; core_share is undone by alone(); unknown names raise."""
     profile = _calibrated_like()
-    bare = without(profile, ["kernel_extra", "op_fixed"])
-    assert (bare.kernel_extra_fraction, bare.kernel_extra_cap_s, bare.op_fixed_s) == (0.0, 0.0, ()), bare
+    bare = without(profile, ["model_call", "op_fixed"])
+    assert (bare.model_call_s, bare.op_fixed_s) == (0.0, ()), bare
     assert bare.collective_wait_s == profile.collective_wait_s and bare.core_share == profile.core_share
     whole_core = without(profile, ["core_share"])
     assert whole_core.core_share == 1.0
     assert whole_core.host_dispatch_s == pytest.approx(profile.host_dispatch_s * 0.5)
     with pytest.raises(ValueError, match="unknown term"):
-        without(profile, ["kernel_extras"])
+        without(profile, ["model_calls"])
 
 
 def test_subsets_and_folds():
@@ -55,12 +55,12 @@ def test_subsets_and_folds():
 
 
 def _observations(needs_op_fixed: str) -> list[Observation]:
-    """Four families at tp 1 and 2: leaving out kernel_extra makes every prediction 20% high; leaving out
+    """Four families at tp 1 and 2: leaving out model_call makes every prediction 20% high; leaving out
     op_fixed makes only ``needs_op_fixed`` 50% low; no other term changes anything."""
     rows = []
     for family in ("mlp", "llama", "gpt2", "cnn"):
         for world_size in (1, 2):
-            predicted = {removed: 1.0 * (1.2 if "kernel_extra" in removed else 1.0)
+            predicted = {removed: 1.0 * (1.2 if "model_call" in removed else 1.0)
                          * (0.5 if family == needs_op_fixed and "op_fixed" in removed else 1.0)
                          for removed in subsets()}
             rows.append(Observation(family, world_size, 0, 1.0, predicted))
@@ -76,9 +76,9 @@ def test_a_term_only_the_held_out_family_needs_shows_as_held_out_error():
     assert held_out[("mlp", 1)] == pytest.approx(0.0), held_out
     assert report.fitted_median(1) == pytest.approx(0.0) and report.held_out_median(1) == pytest.approx(0.0)
     cnn_fold = next(fold for fold in report.folds if fold.held_out == ("cnn",))
-    assert cnn_fold.kept == ("kernel_extra",), cnn_fold
+    assert cnn_fold.kept == ("model_call",), cnn_fold
     other = next(fold for fold in report.folds if fold.held_out == ("mlp",))
-    assert other.kept == ("kernel_extra", "op_fixed"), other
+    assert other.kept == ("op_fixed", "model_call"), other
 
 
 def test_cross_validate_needs_every_subset_priced():
@@ -92,10 +92,10 @@ def test_fitted_numbers_count_what_pricing_uses():
     calibrated-like one counts each; removed terms count 0."""
     profile = _calibrated_like()
     counts = fitted_numbers(profile)
-    assert counts["kernel_extra_fraction"] == 1 and counts["op_fixed_s"] == 1 and counts["memory_bandwidth_curve"] == 2
+    assert counts["model_call_s"] == 1 and counts["op_fixed_s"] == 1 and counts["memory_bandwidth_curve"] == 2
     assert counts["core_share"] == 1 and counts["intra_node"] == 3, counts
-    fewer = fitted_numbers(profile, ["kernel_extra", "working_set_bandwidth"])
-    assert sum(counts.values()) - sum(fewer.values()) == 4, (counts, fewer)
+    fewer = fitted_numbers(profile, ["model_call", "working_set_bandwidth"])
+    assert sum(counts.values()) - sum(fewer.values()) == 3, (counts, fewer)
     assert fitted_numbers(get_hardware("cpu-gloo"))["core_share"] == 0
     for name, profile in KNOWN_HARDWARE.items():  # the datasheet profiles: no CPU-fitted term reaches their pricing
         in_graph = fitted_numbers(profile)

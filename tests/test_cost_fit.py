@@ -341,27 +341,14 @@ def test_the_graphs_scale_every_single_op_price_by_one_fitted_number() -> None:
         fit_in_graph_scale([GraphSample(0, 0, 0.0, (), 1e-3)], [1e-3], view_op_s=view_s, node_s=floor_s)
 
 
-def test_a_kernel_in_a_graph_costs_its_extra_in_every_pricing_path() -> None:
-    """No parallelism: a profile's kernel extra adds ``extra * d * cap / (cap + d)`` to a kernel's roofline
-    ``d`` (numbers and expressions), nothing to a view; an old profile reads no extra, and the alone profile
-    scales the cap with the other work times."""
-    from autotp.cost_model.compute import in_graph_kernel_s
-    from autotp.cost_model.symbolic import symbolic_compute_time_s
-
-    plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0)
-    extra = dataclasses.replace(plain, kernel_extra_fraction=0.5, kernel_extra_cap_s=10e-6)
-    for flops, moved in ((2 * 32 * 256 * 256, 4 * 3 * 256 * 256), (0, 4 * 2**20), (0, 64)):
-        d = compute_time_s(flops, moved, torch.float32, plain)
-        assert compute_time_s(flops, moved, torch.float32, extra) == pytest.approx(d + 0.5 * d * 10e-6 / (10e-6 + d))
-        assert float(symbolic_compute_time_s(flops, moved, torch.float32, extra)) == pytest.approx(
-            in_graph_kernel_s(float(symbolic_compute_time_s(flops, moved, torch.float32, plain)), extra))
-    assert in_graph_kernel_s(1.0, extra) < 1.0 + 0.5 * 10e-6 + 1e-12, "a large kernel pays at most extra x cap"
-    data = extra.to_dict()
-    assert Hardware.from_dict(data) == extra
-    del data["kernel_extra_fraction"], data["kernel_extra_cap_s"]
-    assert Hardware.from_dict(data).kernel_extra_fraction == 0.0
-    shared = dataclasses.replace(extra, core_share=0.5)
-    assert shared.alone().kernel_extra_cap_s == pytest.approx(5e-6)
+def test_a_profile_of_an_earlier_release_loads_unless_it_prices_a_kernel_extra() -> None:
+    """Profiles from earlier releases of ``autotp calibrate`` carry an extra per kernel in a graph, which this
+    release does not price: at 0 (as the calibration left it since the in-graph scale) the profile loads and
+    prices as the same profile without the fields; at any other value it is refused, with what to run."""
+    data = CPU.to_dict()
+    assert Hardware.from_dict({**data, "kernel_extra_fraction": 0.0, "kernel_extra_cap_s": 0.0}) == CPU
+    with pytest.raises(ValueError, match=r"'kernel_extra_fraction' = 0.5.*run `autotp calibrate` again"):
+        Hardware.from_dict({**data, "kernel_extra_fraction": 0.5, "kernel_extra_cap_s": 1e-5})
 
 
 def test_host_fit_on_the_work_clock_divides_by_the_core_share_and_takes_the_median_wait() -> None:

@@ -291,9 +291,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"  tiny op          {profile.kernel_floor_s * 1e6:10.2f} us")
     print(f"  view op          {profile.view_op_s * 1e6:10.2f} us")
     print(f"  GEMM half rate   at smallest dim {profile.gemm_half_efficiency_dim:g}")
-    if profile.kernel_extra_fraction:  # profiles calibrated before the in-graph scale (now in every rate above)
-        print(f"  in graphs        a kernel costs {profile.kernel_extra_fraction:.2f} x its roofline more, at most "
-              f"{profile.kernel_extra_fraction * profile.kernel_extra_cap_s * 1e6:.1f} us")
     if profile.op_fixed_s:
         print("  fixed per call   " + ", ".join(
             f"{name} {seconds * 1e6:.1f} us{' per block' if name == 'attention' else ''}"
