@@ -61,9 +61,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 from .hardware import Hardware
-from .runtime import node_time_s
+from .runtime import node_host_s, node_time_s, view_time_s
 
 __all__ = [
+    "HOST_CALLS",
     "achievable_flops_per_s",
     "achievable_memory_bytes_per_s",
     "aten_flops",
@@ -80,6 +81,7 @@ __all__ = [
     "launches_no_kernel",
     "op_family",
     "op_name",
+    "pays_fixed_costs",
     "rated_elements",
     "tensor_bytes",
 ]
@@ -161,7 +163,8 @@ def compute_time_s(
     op's arithmetic runs over (:func:`rated_elements`); ``rated_op``: its name (:func:`op_name`), whose own rate
     prices them where the profile measured one (``Hardware.element_rate_s``; a transcendental op without one at
     ``Hardware.transcendental_element_s``, a pooling op by its bytes). ``fixed``: the fixed costs the call pays
-    on top, ``(name, times)`` (:func:`fixed_costs`; ``Hardware.op_fixed_s`` prices them). ``flops == 0 and
+    on top, ``(name, times)`` (:func:`fixed_costs`; ``Hardware.op_fixed_s`` prices them, and the host's dispatch
+    of a kernel node and of a view prices the :data:`HOST_CALLS` a Python-level loop makes). ``flops == 0 and
     memory_bytes == 0`` means no kernel: 0.0. The dtype's peak is only needed when ``flops > 0``.
     """
     if flops < 0 or memory_bytes < 0 or rated_elements < 0:
@@ -184,7 +187,10 @@ def compute_time_s(
         default = None if rated_op is None or rated_op in _TRANSCENDENTAL_NAMES else 0.0
         arithmetic_s = rated_elements * hardware.element_rate_s(rated_op, default)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
-    return float(node_time_s(device_s + hardware.fixed_costs_s(fixed), hardware))
+    fixed = tuple(fixed)
+    inner_host_s = sum(times * (node_host_s(hardware) if name == "kernel_call" else view_time_s(hardware))
+                       for name, times in fixed if name in HOST_CALLS)
+    return float(node_time_s(device_s + hardware.fixed_costs_s(fixed), hardware, inner_host_s=inner_host_s))
 
 
 def tensor_bytes(shape: Iterable[int], dtype: torch.dtype) -> int:
@@ -314,6 +320,26 @@ def _grouped_mm_shapes(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tup
     if a is None or b is None:
         return None
     return tuple(_shape(a)), tuple(_shape(b))
+
+
+HOST_CALLS = ("kernel_call", "view_call")
+"""Fixed costs that are calls an op makes on the host inside its one call (a Python-level loop), beyond the node's
+own dispatch: priced at the profile's dispatch of a kernel node and of a view under its runtime mode
+(:func:`.runtime.node_host_s`, :func:`.runtime.view_time_s`), not at ``Hardware.op_fixed_s``."""
+
+_PYTHON_LOOP_GROUPED_MM = "transformers::grouped_mm_fallback"
+
+
+def _grouped_mm_loop_calls(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The host calls of ``transformers::grouped_mm_fallback`` (a Python loop, ``transformers.integrations.moe``):
+    it zero-fills its output, reads the groups' offsets to the host, and for each group with rows calls
+    ``torch.mm`` on three views (the group's rows of the input and of the output, its weight). Which groups have
+    rows is data a trace does not hold: every group counts, up to the number of rows."""
+    shapes = _grouped_mm_shapes(args, kwargs)
+    if shapes is None or len(shapes[0]) != 2 or len(shapes[1]) != 3:
+        return ()
+    called = min(_concrete_size(shapes[0][0]), _concrete_size(shapes[1][0]))
+    return (("kernel_call", called + 1), ("view_call", 3 * called + 1))
 
 
 def _grouped_mm_flops(args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> Any:
@@ -753,7 +779,11 @@ def fixed_costs(op: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None
     an op of no family pays none. On a 2-core VM, one thread: a (2, 8, 16, 32) attention with a boolean mask
     took 89 us in a loop, one of one block (1, 1, 4, 16) 33 us, about 20 us for the call and 3.5 more per
     block; a Falcon-shaped one (keys and values of one head) took 250 us in the math kernel, where the flash
-    kernel ran the same queries with eight heads of keys in 132."""
+    kernel ran the same queries with eight heads of keys in 132. A Python-level loop pays the
+    :data:`HOST_CALLS` it makes (``transformers::grouped_mm_fallback``: one kernel and three views per group of rows;
+    on the same VM, one of a Mixtral at tp 2 took 168 us back to back where its GEMMs alone were priced 135)."""
+    if getattr(_packet_of(op), "_qualified_op_name", None) == _PYTHON_LOOP_GROUPED_MM:
+        return _grouped_mm_loop_calls(args, kwargs or {})
     family = op_family(op)
     if family is None:
         return ()
@@ -873,6 +903,12 @@ def first_call_key(op: Any) -> str:
     """What a kernel's first call in a call of a graph is counted by (``Hardware.first_call_s``): its op family
     (the convolutions of a graph count as one), else its ATen name (:func:`op_name`)."""
     return op_family(op) or op_name(op)
+
+
+def pays_fixed_costs(op: Any) -> bool:
+    """Whether one call of ``op`` may pay fixed costs (:func:`fixed_costs`): an op of a family, or a Python-level
+    loop."""
+    return op_family(op) is not None or getattr(_packet_of(op), "_qualified_op_name", None) == _PYTHON_LOOP_GROUPED_MM
 
 
 def op_family(op: Any) -> str | None:

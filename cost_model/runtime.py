@@ -68,11 +68,13 @@ def graph_host_s(hardware: Hardware) -> float:
     return hardware.graph_launch_s + hardware.model_call_s + hardware.core_share_call_s
 
 
-def node_time_s(device_s: Any, hardware: Hardware, *, max_fn: Callable[[Any, Any], Any] = max) -> Any:
+def node_time_s(device_s: Any, hardware: Hardware, *, max_fn: Callable[[Any, Any], Any] = max,
+                inner_host_s: Any = 0) -> Any:
     """Seconds of one kernel node whose kernel takes ``device_s``: with its host dispatch added
     (the host is the device) or overlapped (the host runs ahead of a GPU), see module docstring.
-    Works on numbers and, with ``max_fn=sympy.Max``, on expressions."""
-    host_s = node_host_s(hardware)
+    ``inner_host_s``: the host calls the op makes inside its one call, beyond its own dispatch (a Python-level
+    loop of kernels). Works on numbers and, with ``max_fn=sympy.Max``, on expressions."""
+    host_s = node_host_s(hardware) + inner_host_s
     if host_s == 0:
         return device_s
     return device_s + host_s if hardware.host_is_device else max_fn(device_s, host_s)

@@ -69,6 +69,7 @@ from autotp.cost_model.compute import (
     is_lookup,
     op_family,
     op_name,
+    pays_fixed_costs,
     rated_elements,
 )
 from autotp.cost_model.runtime import view_time_s
@@ -250,7 +251,7 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
     dtype, name = node_dtype(node), op_name(node.target)
-    fixed = node_fixed_costs(node, strategies, world_size) if hardware.op_fixed_s else [()] * len(strategies)
+    fixed = node_fixed_costs(node, strategies, world_size)
     costs = []
     for index, (strategy, (flops, moved), (min_dim, elements)) in enumerate(
             zip(strategies, work, _shape_terms(node, strategies, world_size, work))):
@@ -312,9 +313,9 @@ def node_fixed_costs(node: fx.Node, strategies: list[Strategy], world_size: int
                      ) -> list[tuple[tuple[str, int], ...]]:
     """Per strategy, the fixed costs ``node`` pays on the largest rank (:func:`~autotp.cost_model.compute.fixed_costs`
     of its local shapes: attention per block of its local queries and once per call, a convolution only where
-    PyTorch runs it through oneDNN; none for an op of no family, whose local shapes are not worked out); the mesh
-    search reads them at two batch sizes."""
-    if op_family(node.target) is None:
+    PyTorch runs it through oneDNN; a Python-level loop's host calls per group of its local rows; none for any
+    other op, whose local shapes are not worked out); the mesh search reads them at two batch sizes."""
+    if not pays_fixed_costs(node.target):
         return [()] * len(strategies)
     args, kwargs = _meta_args(node)
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]

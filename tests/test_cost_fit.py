@@ -771,6 +771,37 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
         Hardware.from_dict({**fixed.to_dict(), "op_fixed_s": [1, 2]})
 
 
+def test_a_python_loop_pays_the_host_calls_it_makes() -> None:
+    """transformers' grouped_mm_fallback runs a Python loop: per group of rows one ``torch.mm`` on three views,
+    after zero-filling its output and reading the groups' offsets to the host. Each call pays those host calls
+    at the profile's dispatch of a kernel node and of a view (none where the runtime mode pays no dispatch), as
+    ``fixed_costs`` counts them from its local shapes (no more groups than rows), in a plan of a Mixtral."""
+    import transformers.integrations.moe  # noqa: F401 - registers the op
+    from models import tiny_mixtral
+
+    from autotp.cost_model.compute import fixed_costs
+
+    loop = torch.ops.transformers.grouped_mm_fallback.default
+    assert fixed_costs(loop, ((64, 256), (4, 256, 128), (4,))) == (("kernel_call", 5), ("view_call", 13))
+    assert fixed_costs(loop, ((2, 256), (4, 256, 128), (4,))) == (("kernel_call", 3), ("view_call", 7))
+    plain = dataclasses.replace(CPU, host_dispatch_s=0.0, kernel_floor_s=0.0, view_op_s=0.0, first_call_s=())
+    host = dataclasses.replace(plain, host_dispatch_s=2e-6, view_op_s=1e-6)
+    calls = (("kernel_call", 5), ("view_call", 13))
+    d = compute_time_s(1e6, 1e5, torch.float32, plain, fixed=calls)
+    assert compute_time_s(1e6, 1e5, torch.float32, host, fixed=calls) == pytest.approx(d + 2e-6 + 5 * 2e-6 + 13e-6)
+    compiled = dataclasses.replace(host, runtime_mode="compiled")
+    assert compute_time_s(1e6, 1e5, torch.float32, compiled, fixed=calls) == pytest.approx(d)
+
+    model, args, kwargs = tiny_mixtral(layers=1)  # 4 experts, top 2 of 2 x 16 tokens: 64 rows, 4 groups
+    priced = {}
+    for name, profile in (("plain", plain), ("host", host)):
+        plan = autotp.plan(model, args, kwargs, world_size=1, hardware=profile, memory_budget=None)
+        priced[name] = [node.compute_s for node in plan.nodes if "grouped_mm_fallback" in node.op]
+    assert len(priced["host"]) == 2, priced  # the experts' two projections
+    for with_calls, without in zip(priced["host"], priced["plain"]):
+        assert with_calls - without == pytest.approx(2e-6 + 5 * 2e-6 + 13e-6, rel=1e-6), priced
+
+
 def _runs_math_kernel(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, **options: object) -> bool:
     """Whether PyTorch ran this attention in its math kernel, as its profiler saw the call."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
