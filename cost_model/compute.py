@@ -61,7 +61,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 from .hardware import Hardware
-from .runtime import node_host_s, node_time_s, view_time_s
+from .runtime import node_time_s, python_loop_host_s
 
 __all__ = [
     "HOST_CALLS",
@@ -188,8 +188,11 @@ def compute_time_s(
         arithmetic_s = rated_elements * hardware.element_rate_s(rated_op, default)
         device_s = max(device_s, arithmetic_s + hardware.kernel_floor_s)
     fixed = tuple(fixed)
-    inner_host_s = sum(times * (node_host_s(hardware) if name == "kernel_call" else view_time_s(hardware))
-                       for name, times in fixed if name in HOST_CALLS)
+    calls = dict.fromkeys(HOST_CALLS, 0.0)
+    for name, times in fixed:
+        if name in calls:
+            calls[name] += times
+    inner_host_s = python_loop_host_s(hardware, calls["kernel_call"], calls["view_call"])
     return float(node_time_s(device_s + hardware.fixed_costs_s(fixed), hardware, inner_host_s=inner_host_s))
 
 
@@ -324,8 +327,8 @@ def _grouped_mm_shapes(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tup
 
 HOST_CALLS = ("kernel_call", "view_call")
 """Fixed costs that are calls an op makes on the host inside its one call (a Python-level loop), beyond the node's
-own dispatch: priced at the profile's dispatch of a kernel node and of a view under its runtime mode
-(:func:`.runtime.node_host_s`, :func:`.runtime.view_time_s`), not at ``Hardware.op_fixed_s``."""
+own dispatch: priced at the profile's dispatch of a kernel node and of a view (:func:`.runtime.python_loop_host_s`:
+in eager and compiled mode, not when a CUDA graph replays), not at ``Hardware.op_fixed_s``."""
 
 _PYTHON_LOOP_GROUPED_MM = "transformers::grouped_mm_fallback"
 

@@ -14,6 +14,10 @@ mode           per kernel node                                  per view node / 
                replay back to back on the device                replay of the captured graph)
 =============  ===============================================  ==================================
 
+An op that runs a Python loop inside its one call (``compute.HOST_CALLS``) pays the kernels and views the loop
+dispatches in ``eager`` and in ``compiled`` mode alike, since Inductor calls such an op as it is
+(:func:`python_loop_host_s`); a replayed CUDA graph pays none.
+
 A model's call adds its own host work to its graph's call in every mode (``model_call_s``: its inputs flattened
 and checked, its weights gathered, its outputs built), and ranks that share cores lose some of its start to each
 other (``core_share_call_s``).
@@ -45,6 +49,7 @@ __all__ = [
     "host_time_per_call",
     "node_host_s",
     "node_time_s",
+    "python_loop_host_s",
     "view_time_s",
 ]
 
@@ -59,6 +64,15 @@ def view_time_s(hardware: Hardware, *, runtime_mode: str | None = None) -> float
     """Seconds of a node that launches no kernel (a view): its dispatch in eager mode, else 0."""
     mode = runtime_mode or hardware.runtime_mode
     return hardware.view_op_s if mode == "eager" else 0.0
+
+
+def python_loop_host_s(hardware: Hardware, kernels: float, views: float) -> float:
+    """Host seconds of the ``kernels`` kernel calls and ``views`` view calls a Python loop inside one op makes:
+    at the eager dispatch of each (``host_dispatch_s``, ``view_op_s``) in ``eager`` and ``compiled`` mode, where
+    the loop runs in Python either way; 0 in ``cuda_graph`` mode, where a replay runs the captured kernels."""
+    if hardware.runtime_mode == "cuda_graph":
+        return 0.0
+    return kernels * hardware.host_dispatch_s + views * hardware.view_op_s
 
 
 def graph_host_s(hardware: Hardware) -> float:
