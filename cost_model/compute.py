@@ -333,6 +333,11 @@ in eager and compiled mode, not when a CUDA graph replays), not at ``Hardware.op
 _PYTHON_LOOP_GROUPED_MM = "transformers::grouped_mm_fallback"
 
 
+def _runs_python_loop(op: Any) -> bool:
+    """Whether ``op`` runs a Python loop of kernels inside its one call (transformers' ``grouped_mm_fallback``)."""
+    return getattr(_packet_of(op), "_qualified_op_name", None) == _PYTHON_LOOP_GROUPED_MM
+
+
 def _grouped_mm_loop_calls(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     """The host calls of ``transformers::grouped_mm_fallback`` (a Python loop, ``transformers.integrations.moe``):
     it zero-fills its output, reads the groups' offsets to the host, and for each group with rows calls
@@ -785,7 +790,7 @@ def fixed_costs(op: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None
     kernel ran the same queries with eight heads of keys in 132. A Python-level loop pays the
     :data:`HOST_CALLS` it makes (``transformers::grouped_mm_fallback``: one kernel and three views per group of rows;
     on the same VM, one of a Mixtral at tp 2 took 168 us back to back where its GEMMs alone were priced 135)."""
-    if getattr(_packet_of(op), "_qualified_op_name", None) == _PYTHON_LOOP_GROUPED_MM:
+    if _runs_python_loop(op):
         return _grouped_mm_loop_calls(args, kwargs or {})
     family = op_family(op)
     if family is None:
@@ -911,7 +916,7 @@ def first_call_key(op: Any) -> str:
 def pays_fixed_costs(op: Any) -> bool:
     """Whether one call of ``op`` may pay fixed costs (:func:`fixed_costs`): an op of a family, or a Python-level
     loop."""
-    return op_family(op) is not None or getattr(_packet_of(op), "_qualified_op_name", None) == _PYTHON_LOOP_GROUPED_MM
+    return op_family(op) is not None or _runs_python_loop(op)
 
 
 def op_family(op: Any) -> str | None:
