@@ -557,6 +557,7 @@ NO_KERNEL_OPS = frozenset(
         aten.select,
         aten.narrow,
         aten.movedim,
+        aten.unflatten,
         aten.alias,
         aten.split,
         aten.split_with_sizes,

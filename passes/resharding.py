@@ -221,15 +221,21 @@ def _reduce_scatter_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutO
 
 def _all_to_all_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, ...]:
     """:func:`_emit_all_to_all` on rank 0, whose ``dim`` part needs no padding: ``to_dim`` moved to the front and
-    the part laid out (already, when ``to_dim`` is 0); the received pieces cut out (once more where a source's
-    part was padded) and put side by side; ``to_dim`` moved back and the new part laid out."""
+    the part laid out (already, when ``to_dim`` is 0); parts of one width put in place by one copy
+    (:func:`_put_pieces_in_place`); uneven ones cut out (once more where a source's part was padded) and put side by
+    side, ``to_dim`` moved back and the new part laid out."""
     front = step.to_dim != 0
+    uneven, even = parts.uneven, 1 - parts.uneven
     return ((aten.movedim.int, _VIEW, 1),
             (aten.contiguous.default, 2 * parts.big if front else _VIEW, 1),
-            (aten.narrow.default, _VIEW, parts.world_size + parts.smaller_ranks),
-            (aten.cat.default, 2 * parts.to_big, 1),
-            (aten.movedim.int, _VIEW, 1),
-            (aten.contiguous.default, 2 * parts.to_big if front else _VIEW, 1))
+            (aten.unflatten.int, _VIEW, even),
+            (aten.permute.default, _VIEW, even),
+            (aten.contiguous.default, 2 * parts.to_big, even),
+            (aten.flatten.using_ints, _VIEW, even),
+            (aten.narrow.default, _VIEW, uneven * (parts.world_size + parts.smaller_ranks)),
+            (aten.cat.default, 2 * parts.to_big, uneven),
+            (aten.movedim.int, _VIEW, uneven),
+            (aten.contiguous.default, 2 * parts.to_big if front else _VIEW, uneven))
 
 
 def _layout_op_s(op: object, nbytes: Any, dtype: torch.dtype, hardware: Hardware, formulas: Formulas) -> Any:
@@ -348,6 +354,21 @@ def _emit_reduce_scatter(b: LocalGraph, x: fx.Node, producer: fx.Node, step: Res
     return x
 
 
+def _put_pieces_in_place(b: LocalGraph, x: fx.Node, producer: fx.Node, i: int, j: int, ndim: int, mine: int
+                         ) -> fx.Node:
+    """The received ``(p * mine, ...)`` (``j`` in front, every source's ``i``-slice one width) as the tensor in its
+    dims' order with ``j`` this rank's ``mine`` and ``i`` whole: the sources split off ``j``'s rows as a dim of
+    their own, every dim put in place with the sources just before ``i`` and laid out (the one copy, contiguous:
+    a consumer's view() needs the layout it was traced with), the two merged (a view)."""
+    y = b.call(aten.unflatten.int, x, 0, [b.world_size, mine], meta_from=producer)
+    # y's dims: the source, this rank's rows of j, then the other dims in order
+    position = {d: 1 if d == j else 2 + (d if d < j else d - 1) for d in range(ndim)}
+    order = [axis for d in range(ndim) for axis in ((0, position[d]) if d == i else (position[d],))]
+    y = b.call(aten.permute.default, y, order, meta_from=producer)
+    y = b.call(aten.contiguous.default, y, meta_from=producer)
+    return b.call(aten.flatten.using_ints, y, i, i + 1, meta_from=producer)
+
+
 def _pad_dim(b: LocalGraph, x: fx.Node, producer: fx.Node, dim: int, ndim: int, amount: int) -> fx.Node:
     """Append ``amount`` zeros to the end of ``dim`` (of ``ndim`` dims)."""
     if amount == 0:
@@ -379,6 +400,8 @@ def _emit_all_to_all(b: LocalGraph, x: fx.Node, producer: fx.Node, step: Reshard
                        meta_from=producer)
     x = b.call(c10d.wait_tensor.default, exchanged, meta_from=producer)
     # (p * local j, ..., padded i, ...): source q's piece is rows q*mine.. of q's i-slice
+    if len(set(sizes_i)) == 1:  # parts of one width: the pieces go in place by one copy
+        return _put_pieces_in_place(b, x, producer, i, j, ndim, mine)
     pieces = []
     for q in range(b.world_size):
         piece = b.call(aten.narrow.default, x, 0, q * mine, mine, meta_from=producer)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
+import math
 import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -188,6 +191,9 @@ def _emitted_nodes(step: ReshardStep, shape: tuple[int, ...], world_size: int, r
     (ReshardStep(K.ALL_TO_ALL, 1, 1, 2), (3, 8, 6), 2),
     (ReshardStep(K.ALL_TO_ALL, 1, 1, 2), (3, 7, 5), 3),
     (ReshardStep(K.ALL_TO_ALL, 2, 1, 0), (5, 3, 7), 4),
+    (ReshardStep(K.ALL_TO_ALL, 2, 1, 0), (4, 3, 8), 2),
+    (ReshardStep(K.ALL_TO_ALL, 0, 1, 2), (6, 3, 4), 2),
+    (ReshardStep(K.ALL_TO_ALL, 3, 1, 1), (2, 8, 3, 4), 4),
 ])
 def test_each_step_prices_the_nodes_its_rewrite_emits(step, shape, world_size) -> None:
     """Every local node a step's rewrite emits (run on real tensors, its collective replaced by a local op) is
@@ -304,7 +310,7 @@ def test_all_to_all_matches_single_process(gloo, world_size: int, rows: int, col
     """tp=2 (rows 4, cols 6) and tp=3 (rows 5 -> 2/2/1, cols 7 -> 3/2/2): the S(2)->S(3) and
     S(3)->S(2) edges, taken by the all-to-all, are emitted as all_to_all_single, and every rank's
     output equals the single-process model's. The plan names the route: at sizes this small the cost
-    model may take all_gather+slice instead, whose rewrite makes one copy fewer."""
+    model may price all_gather+slice lower, each with every node its rewrite emits."""
     results = gloo.run(world_size, _run_shard_swap, rows, cols, (K.ALL_TO_ALL,))
     for rank, result in enumerate(results):
         assert "all_to_all" in result["plan_steps"], f"rank {rank}: plan steps {result['plan_steps']}"
@@ -312,6 +318,39 @@ def test_all_to_all_matches_single_process(gloo, world_size: int, rows: int, col
             f"rank {rank}: expected 2 all_to_all_single in the graph, got {result['graph_counts']}")
         assert result["graph_counts"].get("all_gather") is None, f"rank {rank}: {result['graph_counts']}"
         assert result["max_diff"] <= TOLERANCE, f"rank {rank}: max abs diff {result['max_diff']:.3g} > {TOLERANCE}"
+
+
+def _all_to_all_every_dim_pair(rank: int, world_size: int) -> list[str]:
+    """On this rank, each ``S(i) -> S(j)`` all-to-all of a 3-d and a 4-d tensor (every pair of dims that split
+    evenly) emitted alone and run on the group: what differs from the tensor's ``j``-part, or is not contiguous."""
+    failures = []
+    for shape in [(4, 6, 8), (2, 4, 6, 8)]:
+        full = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+        for i, j in itertools.permutations(range(len(shape)), 2):
+            if shape[i] % world_size or shape[j] % world_size:
+                continue
+            parts = Partitions(world_size)
+            for dim in (i, j):
+                parts.add(("x", dim, 1), shape[dim])
+            builder = _RankGraph(parts, rank)
+            builder.group_name = dist.group.WORLD.group_name
+            producer = builder.graph.placeholder("x")
+            producer.meta["val"] = torch.empty(shape)
+            builder.graph.output(RESHARD_TABLE[K.ALL_TO_ALL].emit(builder, producer, producer, ReshardStep(K.ALL_TO_ALL, i, 1, j)))
+            got = fx.GraphModule(nn.Module(), builder.graph)(full.chunk(world_size, i)[rank].contiguous())
+            want = full.chunk(world_size, j)[rank]
+            if got.shape != want.shape or not torch.equal(got, want) or not got.is_contiguous():
+                failures.append(f"{shape} S({i}) -> S({j}): got {tuple(got.shape)}, contiguous {got.is_contiguous()}")
+    return failures
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_all_to_all_of_every_dim_pair_is_the_new_part(gloo, world_size: int) -> None:
+    """tp=2 and 4, parts of one width: every S(i) -> S(j) of a 3-d and a 4-d tensor (j in front or not, i before
+    or after j) leaves each rank exactly its j-part of the tensor, laid out contiguous."""
+    for rank, failures in enumerate(gloo.run(world_size, _all_to_all_every_dim_pair)):
+        assert not failures, f"rank {rank}: " + "; ".join(failures)
 
 
 @pytest.mark.distributed
