@@ -222,8 +222,9 @@ def _reduce_scatter_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutO
 def _all_to_all_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, ...]:
     """:func:`_emit_all_to_all` on rank 0, whose ``dim`` part needs no padding: ``to_dim`` moved to the front and
     the part laid out (already, when ``to_dim`` is 0); parts of one width put in place by one copy
-    (:func:`_put_pieces_in_place`); uneven ones cut out (once more where a source's part was padded) and put side by
-    side, ``to_dim`` moved back and the new part laid out."""
+    (:func:`_put_pieces_in_place`; where the permuted pieces happen to be laid out already, one row per source and
+    nothing between ``to_dim`` and ``dim``, its copy costs nothing and is priced as one); uneven ones cut out (once
+    more where a source's part was padded) and put side by side, ``to_dim`` moved back and the new part laid out."""
     front = step.to_dim != 0
     uneven, even = parts.uneven, 1 - parts.uneven
     return ((aten.movedim.int, _VIEW, 1),
