@@ -79,9 +79,9 @@ __all__ = [
     "is_lookup",
     "is_transcendental",
     "launches_no_kernel",
+    "makes_host_calls",
     "op_family",
     "op_name",
-    "pays_fixed_costs",
     "rated_elements",
     "tensor_bytes",
 ]
@@ -332,10 +332,6 @@ in eager and compiled mode, not when a CUDA graph replays), not at ``Hardware.op
 
 _PYTHON_LOOP_GROUPED_MM = "transformers::grouped_mm_fallback"
 
-
-def _runs_python_loop(op: Any) -> bool:
-    """Whether ``op`` runs a Python loop of kernels inside its one call (transformers' ``grouped_mm_fallback``)."""
-    return getattr(_packet_of(op), "_qualified_op_name", None) == _PYTHON_LOOP_GROUPED_MM
 
 
 def _grouped_mm_loop_calls(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -791,7 +787,7 @@ def fixed_costs(op: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None
     kernel ran the same queries with eight heads of keys in 132. A Python-level loop pays the
     :data:`HOST_CALLS` it makes (``transformers::grouped_mm_fallback``: one kernel and three views per group of rows;
     on the same VM, one of a Mixtral at tp 2 took 168 us back to back where its GEMMs alone were priced 135)."""
-    if _runs_python_loop(op):
+    if makes_host_calls(op):
         return _grouped_mm_loop_calls(args, kwargs or {})
     family = op_family(op)
     if family is None:
@@ -914,10 +910,10 @@ def first_call_key(op: Any) -> str:
     return op_family(op) or op_name(op)
 
 
-def pays_fixed_costs(op: Any) -> bool:
-    """Whether one call of ``op`` may pay fixed costs (:func:`fixed_costs`): an op of a family, or a Python-level
-    loop."""
-    return op_family(op) is not None or _runs_python_loop(op)
+def makes_host_calls(op: Any) -> bool:
+    """Whether one call of ``op`` runs a Python loop of kernels, whose :data:`HOST_CALLS` :func:`fixed_costs`
+    counts (transformers' ``grouped_mm_fallback``)."""
+    return getattr(_packet_of(op), "_qualified_op_name", None) == _PYTHON_LOOP_GROUPED_MM
 
 
 def op_family(op: Any) -> str | None:

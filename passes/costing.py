@@ -67,9 +67,9 @@ from autotp.cost_model.compute import (
     gemm_dims,
     has_element_rate,
     is_lookup,
+    makes_host_calls,
     op_family,
     op_name,
-    pays_fixed_costs,
     rated_elements,
 )
 from autotp.cost_model.runtime import view_time_s
@@ -81,7 +81,7 @@ from autotp.passes.backward import (
     trainable_bytes_factor,
 )
 from autotp.passes.node_keys import once_per_key
-from autotp.passes.resharding import tensor_route_time_s
+from autotp.passes.resharding import layout_node_s, tensor_route_time_s
 from autotp.passes.rules import local_form_kernels_for, op_collectives_for, tensor_inputs
 from autotp.passes.rules.args import holds_tensor
 from autotp.passes.state import WRITES_IN_PLACE
@@ -251,7 +251,8 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
             return [steps * view_time_s(hardware)] * len(strategies)
         return [0.0] * len(strategies)  # size arithmetic runs on the host: free
     dtype, name = node_dtype(node), op_name(node.target)
-    fixed = node_fixed_costs(node, strategies, world_size)
+    priced = bool(hardware.op_fixed_s) or makes_host_calls(node.target)  # else every fixed cost prices at 0
+    fixed = node_fixed_costs(node, strategies, world_size) if priced else [()] * len(strategies)
     costs = []
     for index, (strategy, (flops, moved), (min_dim, elements)) in enumerate(
             zip(strategies, work, _shape_terms(node, strategies, world_size, work))):
@@ -304,9 +305,7 @@ def local_form_kernels_s(node: fx.Node, strategy: Strategy, world_size: int, har
     if kernels is None:
         return 0.0
     dtype = node_dtype(node)
-    return sum(view_time_s(hardware) if launches_no_kernel(op) else compute_time_s(0, nbytes, dtype, hardware,
-                                                                                  rated_op=op_name(op))
-               for op, nbytes in kernels(node, strategy, world_size))
+    return sum(layout_node_s(op, nbytes, dtype, hardware) for op, nbytes in kernels(node, strategy, world_size))
 
 
 def node_fixed_costs(node: fx.Node, strategies: list[Strategy], world_size: int
@@ -315,7 +314,7 @@ def node_fixed_costs(node: fx.Node, strategies: list[Strategy], world_size: int
     of its local shapes: attention per block of its local queries and once per call, a convolution only where
     PyTorch runs it through oneDNN; a Python-level loop's host calls per group of its local rows; none for any
     other op, whose local shapes are not worked out); the mesh search reads them at two batch sizes."""
-    if not pays_fixed_costs(node.target):
+    if op_family(node.target) is None and not makes_host_calls(node.target):
         return [()] * len(strategies)
     args, kwargs = _meta_args(node)
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]

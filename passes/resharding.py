@@ -59,6 +59,7 @@ __all__ = [
     "StepSpec",
     "is_collective_step",
     "is_local_reshard",
+    "layout_node_s",
     "route_label",
     "step_label",
     "step_time_terms",
@@ -239,9 +240,11 @@ def _all_to_all_layout(step: ReshardStep, parts: PartBytes) -> tuple[LayoutOp, .
             (aten.contiguous.default, 2 * parts.to_big if front else _VIEW, uneven))
 
 
-def _layout_op_s(op: object, nbytes: Any, dtype: torch.dtype, hardware: Hardware, formulas: Formulas) -> Any:
-    """One node of a step's layout as the cost pass prices a graph's node: a view's dispatch for a view (or a call
-    that moves nothing), else a memory-bound kernel moving ``nbytes``."""
+def layout_node_s(op: object, nbytes: Any, dtype: torch.dtype, hardware: Hardware, formulas: Formulas = NUMERIC
+                  ) -> Any:
+    """One node that moves data and does no arithmetic (a step's layout, the ops an op's rank-local form adds),
+    priced as the cost pass prices a graph's node: a view's dispatch for a view (or a call that moves nothing),
+    else a memory-bound kernel moving ``nbytes``."""
     if launches_no_kernel(op) or (not isinstance(nbytes, sympy.Basic) and nbytes == 0):
         return view_time_s(hardware)
     return formulas.compute_time_s(0, nbytes, dtype, hardware)
@@ -268,7 +271,7 @@ def step_time_terms(step: ReshardStep, shape: Sequence[Any], dtype: torch.dtype,
         terms += (_collective_s(formulas, spec.collective, spec.exchanged(parts), world_size, hardware),)
     for op, nbytes, count in spec.layout(step, parts):
         if isinstance(count, sympy.Basic) or count:
-            terms += (count * _layout_op_s(op, nbytes, dtype, hardware, formulas),)
+            terms += (count * layout_node_s(op, nbytes, dtype, hardware, formulas),)
     return terms
 
 
