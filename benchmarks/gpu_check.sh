@@ -3,7 +3,9 @@
 #
 #   1. NCCL at world size 1, float32, a small Llama: every runtime mode's (eager, compiled, cuda_graph) new tokens
 #      against HF's greedy generate, and its plain forward's logits against the model's;
-#   2. gloo with CUDA tensors at world size 2 on the one GPU, the same checks;
+#   2. gloo with CUDA tensors at world size 2 on the one GPU, the same checks; the two processes' small all-reduces
+#      go through symmetric memory (PyTorch's one-shot kernel) where torch maps their buffers, and each line says
+#      which form the all-reduces took;
 #   3. NCCL at world size 1, bfloat16, an 8-layer Llama of hidden 2048: ms per token of generate in each runtime
 #      mode against HF's generate with its static cache (eager, and compiled as HF documents) on the same GPU, and
 #      the fraction of the HBM roofline each reaches.

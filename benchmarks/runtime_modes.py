@@ -23,8 +23,9 @@ of the static KV cache, read whole by attention at every step) over the bandwidt
 ``sum`` over a 256 MiB buffer, 1 GiB on a GPU, on every rank at once, median of 5: one thread on the CPU), divided
 by the measured time. Also how many of the new tokens equal ``hf``'s (all of them, in float32; in bfloat16 a
 split sum may round differently and flip a near tie), and each autotp mode's plain forward against the model's
-(``autotp.compile(model, example_inputs=(ids,))`` then ``tp(ids)``: the largest absolute difference of the logits). Prints a markdown table at the end (``--json``:
-also the rows as JSON). Usage::
+(``autotp.compile(model, example_inputs=(ids,))`` then ``tp(ids)``: the largest absolute difference of the logits)
+and the form its all-reduces take (symmetric memory, shared memory, one-shot, the backend's, none). Prints a
+markdown table at the end (``--json``: also the rows as JSON). Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/runtime_modes.py --world-sizes 2 --batches 1,8
     python benchmarks/runtime_modes.py --device cuda --backend nccl --world-sizes 1 --dtype bfloat16
@@ -174,6 +175,7 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
         runs: dict[str, Callable[[int], torch.Tensor]] = {}
         first_call_s: dict[str, float] = {}
         logits_error: dict[str, float] = {}
+        all_reduce_form: dict[str, str] = {}
         for mode in (m for m in AUTOTP_MODES if m in variants):
             tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=cache_len,
                                 options=autotp.PlanOptions(expected_new_tokens=args.new_tokens),
@@ -184,6 +186,7 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
             first_call_s[mode] = time.perf_counter() - started
             plain = autotp.compile(model, example_inputs=(ids,), runtime=autotp.RuntimeOptions(runtime_mode=mode))
             logits_error[mode] = float((plain(ids).logits.float() - reference_logits.float()).abs().max())
+            all_reduce_form[mode] = _all_reduce_form(plain)
             del plain
 
             def run(n: int, tp: Any = tp, ids: torch.Tensor = ids) -> torch.Tensor:
@@ -208,9 +211,22 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
                 roofline_ms = _bytes_per_token(model, batch, cache_len, ranks) / (bandwidth * 1e9) * 1e3
                 rows.append({"variant": name, "ms_per_token": ms, "of_roofline": roofline_ms / ms,
                              "tokens_equal_hf": _same_tokens(outputs[name], reference, args.prompt),
-                             "first_call_s": first_call_s.get(name), "logits_error": logits_error.get(name)})
+                             "first_call_s": first_call_s.get(name), "logits_error": logits_error.get(name),
+                             "all_reduce_form": all_reduce_form.get(name)})
             results.put((batch, bandwidth, rows))
     dist.destroy_process_group()
+
+
+def _all_reduce_form(tp: Any) -> str:
+    """How the rank-local graph of ``tp`` sums its all-reduces (autotp.runtime.inference_collectives)."""
+    names = {getattr(n.target, "__name__", "") for n in tp.graph_module.graph.nodes if n.op == "call_function"}
+    names |= {str(n.target) for n in tp.graph_module.graph.nodes if n.op == "call_function"}
+    for marker, form in (("autotp_symmetric_memory_all_reduce", "symmetric memory"),
+                         ("autotp_shared_memory_all_reduce", "shared memory"), ("one_shot_all_reduce", "one-shot"),
+                         ("_c10d_functional.all_reduce.default", "backend")):
+        if marker in names:
+            return form
+    return "none"
 
 
 def _every_rank(value: float, world_size: int) -> list[float]:
@@ -260,6 +276,8 @@ def main() -> None:
                         extra = "" if row["first_call_s"] is None else f", first call {row['first_call_s']:.1f} s"
                         if row["logits_error"] is not None:
                             extra += f", forward's logits off by {row['logits_error']:.2e}"
+                        if row["all_reduce_form"] is not None:
+                            extra += f", all-reduces: {row['all_reduce_form']}"
                         print(f"  {row['variant']:<12} {row['ms_per_token']:8.2f} ms/token  {row['of_roofline']:5.0%} "
                               f"of roofline  new tokens equal to hf's: {row['tokens_equal_hf']}{extra}", flush=True)
                         ratio = f"{row['ms_per_token'] / eager:.2f}" if eager else "-"

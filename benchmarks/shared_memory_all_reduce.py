@@ -44,7 +44,8 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], rounds: int
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    from autotp.runtime.shared_memory import compiler_visible_collectives, shared_memory_all_reduce_for
+    from autotp.passes.small_collectives import compiler_visible_collectives
+    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
 
     c10d = torch.ops._c10d_functional
     group_name = dist.group.WORLD.group_name

@@ -83,6 +83,18 @@ In a graph whose working set pushes the slots out of the caches between two uses
 streaming hundreds of MiB of weights and cache), each call also pays
 ``Hardware.shared_memory_cold_call_s``, resolved at the graph's working set.
 
+**Symmetric-memory all-reduce** (``Hardware.small_all_reduce == "symmetric_memory"``: autotp's inference
+runtime where the ranks of a group share one host and their tensors are on CUDA devices,
+:func:`uses_symmetric_memory_all_reduce`, ``autotp.runtime.symmetric_memory``): an all-reduce of at most
+:data:`ONE_SHOT_MAX_BYTES` inside a node (:func:`symmetric_memory_takes`) runs as PyTorch's one-shot kernel on
+symmetric memory (``torch.ops.symm_mem.one_shot_all_reduce_copy_out``, [SYMM]): one kernel copies the tensor
+into the rank's buffer, signals every peer and waits for their signals, loads the ``p - 1`` peers' buffers
+over NVLink and sums them, then signals and waits once more before the buffer can be reused. Priced on
+``Hardware.symmetric_memory_link`` (the ``intra_node`` link with one kernel launch, ``kernel_floor_s``, in
+place of NCCL's per-call base): ``base + 2·alpha + (p-1)·n/B`` (:func:`symmetric_memory_terms`). vLLM's
+and SGLang's custom all-reduce take the same form for small messages inside a node. Larger tensors and
+groups that span nodes keep NCCL's ring or tree.
+
 A group inside one node uses ``intra_node``. Which groups span nodes: :func:`group_spans_nodes`
 (ranks laid out with the tensor-parallel dim fastest, as ``init_device_mesh`` does).
 
@@ -106,6 +118,9 @@ Sources:
   all-reduce: intra-node reduce, inter-node all-reduce, intra-node broadcast).
 * [NCCL] NCCL src/graph/tuning.cc: tree algorithm bandwidth = 0.5 x bus bandwidth (so an
   all-reduce moves 2n/B), ``baseLat`` per call, ``hwLat`` per step.
+* [SYMM] PyTorch, ``torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu``: the one-shot
+  all-reduce kernel (a barrier on the signal pads, loads from every peer's buffer, a barrier again) and the
+  ``symm_mem`` op schemas; ``torch.distributed._symmetric_memory`` (``empty``, ``rendezvous``).
 """
 
 from __future__ import annotations
@@ -129,8 +144,11 @@ __all__ = [
     "link_collective_time_s",
     "p2p_time_s",
     "shared_memory_terms",
+    "symmetric_memory_takes",
+    "symmetric_memory_terms",
     "uses_one_shot_all_reduce",
     "uses_shared_memory_all_reduce",
+    "uses_symmetric_memory_all_reduce",
     "validate_collective",
 ]
 
@@ -167,6 +185,32 @@ def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str,
     The one condition the runtime (with the group's real backend, host check and machine) and
     ``autotp calibrate`` (which then gives the profile ``small_all_reduce="shared_memory"``) read."""
     return backend == "gloo" and one_host and machine in SHARED_MEMORY_MACHINES and device_type == "cpu"
+
+
+def uses_symmetric_memory_all_reduce(*, one_host: bool, device_types: set[str] | frozenset[str],
+                                     has_kernel: bool) -> bool:
+    """True when autotp's inference runtime sums a group's small all-reduces in symmetric memory
+    (``autotp.runtime.symmetric_memory``): every rank of the group runs on one host with its tensors on a
+    CUDA device (``device_types``: the device types of the ranks' tensors), and this torch has the one-shot
+    kernel (``has_kernel``: ``torch.ops.symm_mem.one_shot_all_reduce_copy_out``), whatever the backend (NCCL,
+    or gloo with CUDA tensors). Which of those all-reduces take it: :func:`symmetric_memory_takes`.
+
+    The one condition the runtime reads; a profile says the same with ``small_all_reduce="symmetric_memory"``."""
+    return one_host and set(device_types) == {"cuda"} and has_kernel
+
+
+def symmetric_memory_takes(group_size: int, nbytes: float) -> bool:
+    """True when an all-reduce of ``nbytes`` (per rank) over ``group_size`` ranks runs through symmetric
+    memory on a runtime that has it: at most :data:`ONE_SHOT_MAX_BYTES` (each rank loads ``p - 1`` copies;
+    beyond that NCCL's ring moves fewer bytes). Read by the runtime and by :func:`collective_time_s`."""
+    return group_size >= 2 and nbytes <= ONE_SHOT_MAX_BYTES
+
+
+def symmetric_memory_terms(group_size: Any) -> tuple[Any, Any]:
+    """(latency steps, bandwidth factor) of the one-shot all-reduce in symmetric memory: two barriers (every
+    rank signals its peers at once, so each costs one link latency whatever ``p``); each rank loads the
+    ``p - 1`` peers' ``n`` bytes. Numbers or sympy expressions."""
+    return 2, group_size - 1
 
 
 SHARED_MEMORY_KINDS = ("all_reduce", "all_gather")
@@ -236,13 +280,16 @@ def link_collective_time_s(
     algorithm: str = "ring",
     small_all_reduce: str = "ring",
     shared_memory_link: LinkProfile | None = None,
+    symmetric_memory_link: LinkProfile | None = None,
 ) -> float:
     """:func:`collective_time_s` on an explicit link instead of a hardware profile (no in-graph wait).
 
     ``small_all_reduce="one_shot"``: an all-reduce that :func:`uses_one_shot_all_reduce` takes one
     all-to-all round of ``group_size * nbytes`` (the runtime's form on gloo; module docstring).
     ``small_all_reduce="shared_memory"``: every all-reduce runs through shared memory, priced on
-    ``shared_memory_link`` (required then)."""
+    ``shared_memory_link`` (required then).
+    ``small_all_reduce="symmetric_memory"``: an all-reduce that :func:`symmetric_memory_takes` runs as the
+    one-shot kernel in symmetric memory, priced on ``symmetric_memory_link`` (required then)."""
     validate_collective(kind, algorithm)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
@@ -256,6 +303,13 @@ def link_collective_time_s(
         steps, factor = shared_memory_terms(kind, group_size)
         return float(shared_memory_link.base_latency_s + steps * shared_memory_link.latency_s
                      + factor * nbytes / shared_memory_link.bandwidth_bytes_per_s)
+    if kind == "all_reduce" and small_all_reduce == "symmetric_memory" and symmetric_memory_takes(group_size, nbytes):
+        if symmetric_memory_link is None:
+            raise ValueError('small_all_reduce="symmetric_memory" needs symmetric_memory_link= '
+                             '(Hardware.symmetric_memory_link)')
+        steps, factor = symmetric_memory_terms(group_size)
+        return float(symmetric_memory_link.base_latency_s + steps * symmetric_memory_link.latency_s
+                     + factor * nbytes / symmetric_memory_link.bandwidth_bytes_per_s)
     if kind == "all_reduce" and small_all_reduce == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes):
         kind, algorithm, nbytes = "all_to_all", "ring", group_size * nbytes  # every rank sends n to each rank
     steps, factor = alpha_beta_terms(kind, algorithm, group_size, ceil_log2(group_size))
@@ -264,9 +318,12 @@ def link_collective_time_s(
 
 def inference_all_reduce_form(hardware: Hardware, *, spans_nodes: bool) -> str:
     """How the runtime runs an all-reduce on ``hardware``: its ``small_all_reduce``, except that a
-    group spanning nodes shares no memory and falls back to the one-shot form (gloo)."""
+    group spanning nodes shares no memory: it falls back to the one-shot form on gloo, and to the
+    backend's own all-reduce from symmetric memory (NCCL)."""
     if hardware.small_all_reduce == "shared_memory" and spans_nodes:
         return "one_shot"
+    if hardware.small_all_reduce == "symmetric_memory" and spans_nodes:
+        return "ring"
     return hardware.small_all_reduce
 
 
@@ -290,7 +347,8 @@ def collective_time_s(
     validate_collective(kind, algorithm)
     form = inference_all_reduce_form(hardware, spans_nodes=spans_nodes)
     flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm,
-                                  small_all_reduce=form, shared_memory_link=hardware.shared_memory_link)
+                                  small_all_reduce=form, shared_memory_link=hardware.shared_memory_link,
+                                  symmetric_memory_link=hardware.symmetric_memory_link)
     one_shot = (kind in SHARED_MEMORY_KINDS and form == "shared_memory") or (  # the runtime does not split these
         kind == "all_reduce" and form == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes))
     parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes and not one_shot else None

@@ -93,13 +93,16 @@ HARDWARE_JSON_VERSION = 1
 
 _US = 1e-6  # seconds per microsecond
 
-SMALL_ALL_REDUCE_ALGORITHMS = ("ring", "one_shot", "shared_memory")
+SMALL_ALL_REDUCE_ALGORITHMS = ("ring", "one_shot", "shared_memory", "symmetric_memory")
 """How the runtime runs an inference all-reduce: ``"ring"`` (the backend's own all-reduce),
 ``"one_shot"`` (one small enough for :func:`~.collectives.uses_one_shot_all_reduce`: every rank
 sends its tensor to every rank in one exchange round and sums the copies: autotp's inference
 runtime on gloo across hosts, ``autotp.passes.small_collectives``) or ``"shared_memory"`` (every
 all-reduce of a group inside one node through a shared segment, priced on
-``Hardware.shared_memory_link``: gloo ranks on one x86-64 host, ``autotp.runtime.shared_memory``)."""
+``Hardware.shared_memory_link``: gloo ranks on one x86-64 host, ``autotp.runtime.shared_memory``) or
+``"symmetric_memory"`` (an all-reduce of at most 256 KiB inside a node as PyTorch's one-shot kernel on
+symmetric memory, priced on :attr:`Hardware.symmetric_memory_link`: ranks on one host with CUDA tensors,
+``autotp.runtime.symmetric_memory``)."""
 
 # Host/runtime fields of Hardware that are non-negative numbers with a 0.0 default.
 _HOST_TIME_FIELDS = (
@@ -381,7 +384,8 @@ class Hardware:
     largest-working-set (DRAM) figure there.
     ``small_all_reduce``: one of :data:`SMALL_ALL_REDUCE_ALGORITHMS`, how the runtime runs an
     inference all-reduce; ``"shared_memory"`` on gloo profiles calibrated on one x86-64 host,
-    ``"one_shot"`` on other gloo profiles, ``"ring"`` on NCCL ones. A profile written before the
+    ``"one_shot"`` on other gloo profiles, ``"symmetric_memory"`` on the named NVSwitch GPU profiles
+    (H100, H200, A100), ``"ring"`` on other NCCL ones. A profile written before the
     field existed reads ``"one_shot"`` when ``host_is_device`` (a CPU profile: gloo) and
     ``"ring"`` otherwise.
     ``shared_memory_link``: the shared-memory all-reduce's own latency and bandwidth (fitted by
@@ -598,6 +602,14 @@ class Hardware:
         """The link a collective uses: ``inter_node`` when its group spans nodes."""
         return self.inter_node if spans_nodes else self.intra_node
 
+    @property
+    def symmetric_memory_link(self) -> LinkProfile:
+        """``intra_node`` as the one-shot all-reduce in symmetric memory uses it (``small_all_reduce=
+        "symmetric_memory"``): the same latency per signal and bandwidth per direction, and one kernel
+        launch (``kernel_floor_s``) per call in place of NCCL's base latency."""
+        return replace(self.intra_node, name=f"{self.intra_node.name}-symmetric-memory",
+                       base_latency_s=self.kernel_floor_s)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": HARDWARE_JSON_VERSION,
@@ -806,6 +818,11 @@ _GPU_EAGER_DISPATCH_S = 10.0 * _US
 # PyTorch's Python call of the module and of CUDAGraph.replay(), 10 us, rounded.
 _GPU_GRAPH_LAUNCH_S = 10.0 * _US
 
+# On one NVSwitch node autotp's runtime sums an all-reduce of at most 256 KiB with PyTorch's one-shot kernel
+# on symmetric memory (autotp/runtime/symmetric_memory.py; priced in cost_model/collectives.py), as vLLM's and
+# SGLang's custom all-reduce do for small messages; larger ones and groups across nodes keep NCCL.
+_GPU_SMALL_ALL_REDUCE = "symmetric_memory"
+
 # GPU profiles price a plan as replayed from a CUDA graph, as serving engines run decode (vLLM
 # captures CUDA graphs of its decode steps by default, https://docs.vllm.ai/en/latest/design/cuda_graphs/ ):
 # each node then costs its kernel, so the planner weighs the device work a split divides. The
@@ -838,6 +855,7 @@ H100_SXM = Hardware(
     host_dispatch_s=_GPU_EAGER_DISPATCH_S,
     graph_launch_s=_GPU_GRAPH_LAUNCH_S,
     runtime_mode=_GPU_RUNTIME_MODE,
+    small_all_reduce=_GPU_SMALL_ALL_REDUCE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # HGX/DGX H100: 8 GPUs on one NVSwitch fabric; DGX H100 user guide
@@ -862,6 +880,7 @@ H100_MULTINODE = Hardware(
     host_dispatch_s=_GPU_EAGER_DISPATCH_S,
     graph_launch_s=_GPU_GRAPH_LAUNCH_S,
     runtime_mode=_GPU_RUNTIME_MODE,
+    small_all_reduce=_GPU_SMALL_ALL_REDUCE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # DGX H100 nodes, 8 GPUs each; DGX H100 user guide
@@ -877,6 +896,7 @@ H200 = Hardware(
     host_dispatch_s=_GPU_EAGER_DISPATCH_S,
     graph_launch_s=_GPU_GRAPH_LAUNCH_S,
     runtime_mode=_GPU_RUNTIME_MODE,
+    small_all_reduce=_GPU_SMALL_ALL_REDUCE,
     intra_node=NVLINK4_NVSWITCH,
     inter_node=INFINIBAND_NDR,
     devices_per_node=8,  # HGX H200: 8 GPUs on one NVSwitch fabric
@@ -897,6 +917,7 @@ A100_SXM = Hardware(
     host_dispatch_s=_GPU_EAGER_DISPATCH_S,
     graph_launch_s=_GPU_GRAPH_LAUNCH_S,
     runtime_mode=_GPU_RUNTIME_MODE,
+    small_all_reduce=_GPU_SMALL_ALL_REDUCE,
     intra_node=NVLINK3_NVSWITCH,
     inter_node=INFINIBAND_HDR,
     devices_per_node=8,  # HGX/DGX A100: 8 GPUs on one NVSwitch fabric; DGX A100 user guide

@@ -31,6 +31,7 @@ from .collectives import (
     hierarchical_parts,
     inference_all_reduce_form,
     shared_memory_terms,
+    symmetric_memory_terms,
     validate_collective,
 )
 from .compute import (
@@ -152,6 +153,12 @@ def symbolic_collective_time_s(
         steps, factor = shared_memory_terms(kind, sympy.Integer(group_size))
         ring = shm.base_latency_s + steps * shm.latency_s + factor * nbytes_expr / shm.bandwidth_bytes_per_s
         ring += hardware.shared_memory_cold_call_s  # as collective_time_s
+    elif kind == "all_reduce" and form == "symmetric_memory":
+        # the one-shot kernel in symmetric memory up to ONE_SHOT_MAX_BYTES (collectives.symmetric_memory_takes)
+        symm = hardware.symmetric_memory_link
+        steps, factor = symmetric_memory_terms(sympy.Integer(group_size))
+        one_shot = symm.base_latency_s + steps * symm.latency_s + factor * nbytes_expr / symm.bandwidth_bytes_per_s
+        ring = sympy.Piecewise((one_shot, nbytes_expr <= ONE_SHOT_MAX_BYTES), (ring, True))
     elif kind == "all_reduce" and form == "one_shot" and group_size >= ONE_SHOT_MIN_GROUP:
         # the runtime's one exchange round up to ONE_SHOT_MAX_BYTES (collectives.uses_one_shot_all_reduce)
         steps, factor = alpha_beta_terms("all_to_all", "ring", sympy.Integer(group_size), sympy.Integer(0))

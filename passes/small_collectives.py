@@ -1,14 +1,18 @@
-"""Faster all-reduces for inference graphs on gloo: through shared memory on one host, else one-shot.
+"""Faster all-reduces for inference graphs: in symmetric memory on CUDA, through shared memory on one
+host, else one-shot on gloo.
 
-:func:`autotp.runtime.shared_memory.inference_all_reduces` is what :func:`autotp.api.apply_plan` runs
-on every inference graph. Where the group's ranks share one x86-64 host
+:func:`autotp.runtime.inference_collectives.inference_all_reduces` is what :func:`autotp.api.apply_plan` runs
+on every inference graph. Where the group's ranks share one host and their tensors are on CUDA devices, small
+sum all-reduces run as PyTorch's one-shot kernel in symmetric memory (:mod:`autotp.runtime.symmetric_memory`).
+Where a gloo group's ranks share one x86-64 host
 (:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`), every sum all-reduce and
 every all-gather over the group goes through a shared-memory segment (:mod:`autotp.runtime.shared_memory`,
-one per graph and group; about 20x faster than gloo's TCP loopback for a decode step's 2 KiB): this
-module's :func:`through_stand_ins` puts the runtime's callables (each a :class:`StandInCollective`) in
-place of those collectives. Elsewhere (ranks on several hosts, another architecture) small all-reduces
-take the one-shot form below. The passes here take what they put in the graph as arguments and never
-touch a process group's shared memory themselves.
+one per graph and group; about 20x faster than gloo's TCP loopback for a decode step's 2 KiB). This
+module's :func:`through_stand_ins` and :func:`sum_all_reduces_through` put the runtime's callables (each a
+:class:`StandInCollective`) in place of those collectives, and :func:`compiler_visible_collectives` puts
+their custom ops in place of the callables for ``torch.compile``. Elsewhere (gloo ranks on several hosts,
+another architecture) small all-reduces take the one-shot form below. The passes here take what they put in
+the graph as arguments and never touch a process group's memory themselves.
 
 Decoding one token per row makes every collective tiny (a few KiB) and therefore pure latency.
 gloo's all-reduce is a ring: ``ws - 1`` reduce-scatter hops then ``ws - 1`` all-gather hops, each
@@ -35,7 +39,7 @@ messages), and so do training graphs (the backward of the functional all-reduce 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.distributed as dist
@@ -43,8 +47,9 @@ import torch.fx as fx
 
 from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, ONE_SHOT_MIN_GROUP, uses_one_shot_all_reduce
 
-__all__ = ["ONE_SHOT_MAX_BYTES", "StandInCollective", "has_group_collectives", "inference_collective_kind",
-           "one_shot_all_reduce", "one_shot_small_all_reduces", "through_stand_ins"]
+__all__ = ["ONE_SHOT_MAX_BYTES", "StandInCollective", "compiler_visible_collectives", "has_group_collectives",
+           "inference_collective_kind", "one_shot_all_reduce", "one_shot_small_all_reduces", "sum_all_reduces_through",
+           "through_stand_ins"]
 
 c10d = torch.ops._c10d_functional
 
@@ -68,10 +73,18 @@ def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> to
 
 class StandInCollective:
     """Base of a callable that a rank-local graph calls in place of a functional collective and its wait
-    (the shared-memory all-reduce and all-gather of :mod:`autotp.runtime.shared_memory`): ``kind``
-    (``"all_reduce"``, ``"all_gather"``) is the collective it does, as counting and pricing see it."""
+    (the shared-memory all-reduce and all-gather of :mod:`autotp.runtime.shared_memory`, the symmetric-memory
+    all-reduce of :mod:`autotp.runtime.symmetric_memory`): ``kind`` (``"all_reduce"``, ``"all_gather"``) is the
+    collective it does, as counting and pricing see it."""
 
     kind: ClassVar[str]
+
+    def compiler_form(self) -> tuple[Any, torch.Tensor, tuple[Any, ...]]:
+        """``(op, state, args)``: the custom op a compiler sees in place of this callable, called as
+        ``op(x, state, *args)``. ``state`` is the tensor the op mutates (the memory the ranks share), so a
+        compiler keeps every call, in graph order; ``args`` are plain ints and strings
+        (:func:`compiler_visible_collectives`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no compiler form")
 
 
 def inference_collective_kind(target: object) -> str | None:
@@ -135,6 +148,47 @@ def through_stand_ins(gm: fx.GraphModule, all_reduce: StandInCollective, all_gat
     Changes ``gm`` in place and returns it."""
     _replace(gm, _all_gathers(gm, world_size), all_gather)
     return _replace(gm, _sum_all_reduces(gm), all_reduce)
+
+
+def sum_all_reduces_through(gm: fx.GraphModule, all_reduce: StandInCollective) -> fx.GraphModule:
+    """``gm`` with each sum all-reduce and its wait replaced by one ``all_reduce(x)`` node (all-gathers kept).
+    Changes ``gm`` in place and returns it."""
+    return _replace(gm, _sum_all_reduces(gm), all_reduce)
+
+
+def compiler_visible_collectives(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose stand-in collectives are their custom ops (:meth:`StandInCollective.compiler_form`),
+    each reading its state from a buffer of the copy; ``gm`` itself when it has none.
+
+    A compiler cannot trace a Python callable that holds its own state; an op that takes the state as a
+    tensor it mutates is kept opaque, called once per node, in graph order."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, StandInCollective)]
+    if not nodes:
+        return gm
+    graph = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    output = graph.graph_copy(gm.graph, remap)
+    graph.output(output)
+    copy = fx.GraphModule(gm, graph)
+    states: dict[int, fx.Node] = {}
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for old in nodes:
+        node = remap[old]
+        op, state, args = cast(StandInCollective, old.target).compiler_form()
+        key = id(state)
+        if key not in states:
+            name = f"_autotp_collective_state_{len(states)}"
+            copy.register_buffer(name, state, persistent=False)
+            with graph.inserting_before(first):
+                states[key] = graph.get_attr(name)
+        with graph.inserting_before(node):
+            call = graph.call_function(op, (node.args[0], states[key], *args))
+        call.meta.update(node.meta)
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+    graph.lint()
+    copy.recompile()
+    return copy
 
 
 def one_shot_small_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None,

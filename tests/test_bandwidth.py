@@ -45,10 +45,11 @@ def test_bandwidth_interpolates_in_log_working_set_and_clamps() -> None:
 
 def test_gpu_profiles_and_old_cpu_profiles_price_as_before() -> None:
     """No parallelism: a profile without a curve (GPU datasheets; CPU JSON written before the curve) is
-    priced at memory_bandwidth_gbps at every size; old JSON loads, its all-reduce read from host_is_device."""
-    for name in ("h100-sxm", "a100-sxm", "pcie-gpu"):
+    priced at memory_bandwidth_gbps at every size; old JSON loads, its all-reduce read from host_is_device.
+    The NVSwitch GPUs sum small all-reduces in symmetric memory, the PCIe one keeps NCCL's ring."""
+    for name, small in (("h100-sxm", "symmetric_memory"), ("a100-sxm", "symmetric_memory"), ("pcie-gpu", "ring")):
         gpu = get_hardware(name)
-        assert gpu.memory_bandwidth_curve == () and gpu.small_all_reduce == "ring", gpu
+        assert gpu.memory_bandwidth_curve == () and gpu.small_all_reduce == small, gpu
         assert at_working_set(gpu, 40 * MIB) is gpu, f"{name}: no curve, the profile is unchanged"
     old = _cpu().to_dict()
     del old["memory_bandwidth_curve"], old["small_all_reduce"]
@@ -115,9 +116,9 @@ def test_one_shot_all_reduce_is_priced_where_the_runtime_runs_it() -> None:
     training = graph_profile(gloo, 0, training=True)
     assert collective_time_s("all_reduce", small, 4, training) == pytest.approx(
         link_collective_time_s("all_reduce", small, 4, link)), "training graphs keep the functional all-reduce"
-    h100 = get_hardware("h100-sxm")
-    assert collective_time_s("all_reduce", small, 4, h100) == pytest.approx(
-        link_collective_time_s("all_reduce", small, 4, h100.intra_node)), "NCCL keeps its own all-reduce"
+    pcie = get_hardware("pcie-gpu")
+    assert collective_time_s("all_reduce", small, 4, pcie) == pytest.approx(
+        link_collective_time_s("all_reduce", small, 4, pcie.intra_node)), "NCCL over PCIe keeps its own all-reduce"
     # the plan itself: tp 4 Megatron MLP at decode, its one all-reduce of 1 KiB priced as the one-shot
     model, args, _ = tiny_mlp(batch=1, seq_len=1, device="meta")
     with warnings.catch_warnings():
@@ -191,6 +192,46 @@ def test_shared_memory_all_reduce_is_priced_on_its_own_link() -> None:
             f"{backend}, one host {one_host}, {machine}: expected gloo's own all-reduce")
     assert not uses_shared_memory_all_reduce(backend="gloo", one_host=True, machine="x86_64", device_type="cuda"), (
         "CUDA tensors on a gloo group: the segment is host memory, so gloo's own all-reduce")
+
+
+def test_symmetric_memory_all_reduce_is_priced_where_the_runtime_takes_it() -> None:
+    """tp=2, 4 and 8 on h100-sxm (small_all_reduce="symmetric_memory"): an all-reduce of at most
+    ONE_SHOT_MAX_BYTES inside the node costs one kernel launch, two barriers and (p-1) n/B of loads from the
+    peers, numerically and symbolically, below NCCL's ring; above it, across nodes and in training graphs,
+    NCCL's ring or tree; one condition says where the runtime takes it."""
+    from autotp.cost_model.collectives import symmetric_memory_takes, uses_symmetric_memory_all_reduce
+    from autotp.cost_model.symbolic import SEQ, evaluate_s, symbolic_collective_time_s
+
+    h100 = get_hardware("h100-sxm")
+    nvlink = h100.intra_node
+    ring = dataclasses.replace(h100, small_all_reduce="ring")
+    for p in (2, 4, 8):
+        for nbytes in (2048, ONE_SHOT_MAX_BYTES):
+            expected = h100.kernel_floor_s + 2 * nvlink.latency_s + (p - 1) * nbytes / nvlink.bandwidth_bytes_per_s
+            got = collective_time_s("all_reduce", nbytes, p, h100)
+            assert got == pytest.approx(expected), f"tp={p}, {nbytes} B: expected {expected}, got {got}"
+            assert got < collective_time_s("all_reduce", nbytes, p, ring), f"tp={p}, {nbytes} B: below NCCL's ring"
+        above = ONE_SHOT_MAX_BYTES + 4
+        assert not symmetric_memory_takes(p, above)
+        assert collective_time_s("all_reduce", above, p, h100) == collective_time_s("all_reduce", above, p, ring)
+        expression = symbolic_collective_time_s("all_reduce", SEQ * 1024, p, h100)
+        for seq in (1, 256, 257, 4096):
+            numeric = collective_time_s("all_reduce", seq * 1024, p, h100)
+            assert math.isclose(evaluate_s(expression, {SEQ: seq}), numeric, rel_tol=1e-9), (p, seq, numeric)
+    assert collective_time_s("all_gather", 2048, 4, h100) == collective_time_s("all_gather", 2048, 4, ring), (
+        "all-gathers keep NCCL")
+    multinode = get_hardware("h100-multinode")
+    assert collective_time_s("all_reduce", 2048, 16, multinode, spans_nodes=True) == collective_time_s(
+        "all_reduce", 2048, 16, dataclasses.replace(multinode, small_all_reduce="ring"), spans_nodes=True), (
+        "across nodes: NCCL")
+    training = graph_profile(h100, 0, training=True)
+    assert collective_time_s("all_reduce", 2048, 4, training) == collective_time_s("all_reduce", 2048, 4, ring), (
+        "training graphs keep the functional all-reduce")
+    assert uses_symmetric_memory_all_reduce(one_host=True, device_types={"cuda"}, has_kernel=True)
+    for one_host, types, kernel in ((False, {"cuda"}, True), (True, {"cuda", "cpu"}, True), (True, {"cpu"}, True),
+                                    (True, {"cuda"}, False)):
+        assert not uses_symmetric_memory_all_reduce(one_host=one_host, device_types=types, has_kernel=kernel), (
+            one_host, types, kernel)
 
 
 def test_shared_memory_collectives_pay_for_slots_pushed_out_of_cache() -> None:

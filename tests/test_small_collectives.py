@@ -80,7 +80,8 @@ def _reduce_and_gather_graph(group_name: str, world_size: int) -> fx.GraphModule
 
 def _shared_memory_sums(rank: int, world_size: int) -> dict[str, Any]:
     from autotp.base.errors import RankTimeoutError
-    from autotp.runtime.shared_memory import inference_all_reduces, shared_memory_all_reduce_for
+    from autotp.runtime.inference_collectives import inference_all_reduces
+    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
 
     gm = inference_all_reduces(_reduce_and_gather_graph(dist.group.WORLD.group_name, world_size), None, world_size,
                                timeout_s=30.0)
@@ -155,3 +156,41 @@ def test_shared_memory_all_reduce_sums_like_gloo_agrees_across_ranks_and_times_o
             message = result["timeout"] or ""
             assert f"rank {world_size - 1} of the group did not arrive within 0.2 s" in message, (
                 f"{where}: expected a timeout naming rank {world_size - 1} and 0.2 s, got {message!r}")
+
+
+def _symmetric_memory_on_this_build(rank: int, world_size: int) -> dict[str, Any]:
+    """Every rank's graph on CUDA (fake tensors: nothing runs), on a torch without CUDA."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotp.runtime.inference_collectives import graph_device, inference_all_reduces
+    from autotp.runtime.symmetric_memory import has_kernel
+
+    gm = _reduce_and_gather_graph(dist.group.WORLD.group_name, world_size)
+    with FakeTensorMode():
+        next(iter(gm.graph.nodes)).meta["val"] = torch.empty(2, 3, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gm = inference_all_reduces(gm, None, world_size, timeout_s=30.0)
+    return {"device": str(graph_device(gm)), "has_kernel": has_kernel(),
+            "warnings": [str(w.message) for w in caught],
+            "targets": [getattr(n.target, "__name__", type(n.target).__name__)
+                        for n in gm.graph.nodes if n.op == "call_function"]}
+
+
+def test_symmetric_memory_all_reduce_falls_back_alike_on_every_rank_where_it_cannot_allocate(gloo) -> None:
+    """tp=2, gloo ranks on one host whose graphs are on CUDA, on this CPU build of torch (it has the kernel's
+    schema but no CUDA): the ranks agree on the symmetric-memory form, every rank fails to allocate its buffer,
+    and every rank warns, naming why, and keeps the backend's all-reduce and all-gather (no shared memory either:
+    the tensors are not in host memory)."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine allocates the buffer: benchmarks/gpu_check.sh runs the kernel there")
+    results = gloo.run(2, _symmetric_memory_on_this_build)
+    for rank, result in enumerate(results):
+        assert result["device"].startswith("cuda") and result["has_kernel"], f"rank {rank}: {result}"
+        assert any("keeps the backend's all-reduce" in w and "could not allocate symmetric memory" in w
+                   for w in result["warnings"]), f"rank {rank}: expected the fallback named, got {result['warnings']}"
+        assert result["targets"] == ["all_reduce.default", "wait_tensor.default", "all_gather_into_tensor.default",
+                                     "wait_tensor.default", "mul.Tensor"], (
+            f"rank {rank}: expected the backend's collectives kept, got {result['targets']}")

@@ -53,7 +53,8 @@ from autotp.cost_model.graph_calibration import (
 )
 from autotp.cost_model.hardware import Hardware
 from autotp.passes.small_collectives import inference_collective_kind
-from autotp.runtime.shared_memory import host_identity, inference_all_reduces
+from autotp.runtime.inference_collectives import inference_all_reduces
+from autotp.runtime.shared_memory import host_identity
 
 __all__ = [
     "COLD_SLOT_BYTES",

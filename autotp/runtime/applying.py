@@ -25,9 +25,9 @@ from autotp.planning.options import PlanOptions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.group import PlannedAhead, plan_on_first_rank
+from autotp.runtime.inference_collectives import inference_all_reduces
 from autotp.runtime.loading import agree_on_success, read_local_values
 from autotp.runtime.shards import parameter_layout, shard_tensor
-from autotp.runtime.shared_memory import inference_all_reduces
 
 __all__ = ["apply_plan", "plan_or_check", "rank_local_graph"]
 

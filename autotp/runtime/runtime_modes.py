@@ -12,7 +12,7 @@ goes through ``torch.compile(backend="inductor", fullgraph=True)`` once, at its 
 then fix the sizes; a plain forward whose sizes change is compiled once more with symbolic sizes, as
 Dynamo's automatic dynamic shapes do, and never per call). The functional collectives
 (``torch.ops._c10d_functional``) are traced as they are; the shared-memory stand-ins of a gloo group
-become custom ops first (:func:`~autotp.runtime.shared_memory.compiler_visible_collectives`); the KV cache
+become custom ops first (:func:`~autotp.passes.small_collectives.compiler_visible_collectives`); the KV cache
 updates (``index_copy_`` into the cache buffers, which are graph inputs) stay in place: Inductor writes
 the mutated inputs back into the same tensors. Inductor's FX graph cache (on by default) reuses compiled
 code across processes for the same graph and sizes.
@@ -56,8 +56,8 @@ import torch.fx as fx
 
 from autotp.base.errors import RuntimeModeError
 from autotp.base.progress import log_progress
+from autotp.passes.small_collectives import compiler_visible_collectives
 from autotp.planning.options import PlanOptions
-from autotp.runtime.shared_memory import compiler_visible_collectives
 
 __all__ = ["graph_runner", "one_row_linear", "one_row_linears", "priced_in", "resolve_runtime_mode"]
 

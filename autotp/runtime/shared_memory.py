@@ -43,14 +43,16 @@ crash leaves nothing under ``/dev/shm``; its memory goes when the last rank drop
 
 :func:`shared_memory_all_reduce_for` builds one :class:`SharedMemoryAllReduce` per graph and
 group (a mesh's tensor-parallel sub-groups each get their own segment); the graph calls it as the
-target of a ``call_function`` node (:mod:`autotp.passes.small_collectives`); :func:`inference_all_reduces`
-puts it in an inference graph.
+target of a ``call_function`` node (:mod:`autotp.passes.small_collectives`);
+:func:`autotp.runtime.inference_collectives.inference_all_reduces` puts it in an inference graph.
 
 A compiler cannot trace a Python callable with its own state, so for ``torch.compile`` (the ``compiled``
 and ``cuda_graph`` runtime modes, :mod:`autotp.runtime.runtime_modes`)
-:func:`compiler_visible_collectives` puts custom ops in their place (``autotp::shared_memory_all_reduce``
-and ``autotp::shared_memory_all_gather``): each takes the segment as a tensor it mutates (so the
-compiler keeps every call, in graph order, and never drops one) and the call's settings as ints. All
+:func:`~autotp.passes.small_collectives.compiler_visible_collectives` puts custom ops in their place
+(``autotp::shared_memory_all_reduce`` and ``autotp::shared_memory_all_gather``, each stand-in's
+:meth:`~autotp.passes.small_collectives.StandInCollective.compiler_form`): each takes the segment as a
+tensor it mutates (so the compiler keeps every call, in graph order, and never drops one) and the call's
+settings as ints. All
 of a rank's state is in the segment (its counter is its number of calls), so eager stand-ins and
 compiled ops on one segment stay in step; the mapping tensor carries its :class:`SharedMemoryAllReduce`
 as an attribute, so an op does not rebuild its views per call. An op handed a copy of the segment instead of the mapping
@@ -66,23 +68,17 @@ import socket
 import time
 import uuid
 import warnings
-from typing import cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.fx as fx
 
 from autotp.base.errors import AutoTPError, RankTimeoutError
 from autotp.cost_model.collectives import uses_shared_memory_all_reduce
-from autotp.passes.small_collectives import (
-    StandInCollective,
-    has_group_collectives,
-    one_shot_small_all_reduces,
-    through_stand_ins,
-)
+from autotp.passes.small_collectives import StandInCollective
 
-__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "compiler_visible_collectives",
-           "host_identity", "inference_all_reduces", "shared_memory_all_reduce_for"]
+__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "host_identity",
+           "shared_memory_all_reduce_for"]
 
 DEFAULT_SLOT_BYTES = 1 << 20
 """Bytes of one rank's slot: larger tensors go through in chunks of this size (a prefill's
@@ -133,6 +129,16 @@ class SharedMemoryAllReduce(StandInCollective):
 
     def __repr__(self) -> str:
         return f"SharedMemoryAllReduce(rank={self.rank}, world_size={self.world_size})"
+
+    def compiler_form(self) -> tuple[Any, torch.Tensor, tuple[Any, ...]]:
+        """``autotp::shared_memory_all_reduce`` on the segment (module docstring)."""
+        return torch.ops.autotp.shared_memory_all_reduce.default, self.segment, self._op_settings()
+
+    def _op_settings(self) -> tuple[int, ...]:
+        """The ints an op of this segment takes after it: its address, rank, size, slot and timeout."""
+        setattr(self.segment, "_autotp_collective", self)  # noqa: B010 - read by _on_segment: no views per call
+        return (self.segment.data_ptr(), self.rank, self.world_size, self.slot_bytes,
+                max(1, round(self.timeout_s * 1000)))
 
     def __deepcopy__(self, memo: dict) -> SharedMemoryAllReduce:
         return self  # a copy of a graph still talks to the same ranks through the same segment
@@ -234,6 +240,10 @@ class SharedMemoryAllGather(StandInCollective):
     def __repr__(self) -> str:
         return f"SharedMemoryAllGather(rank={self.segment.rank}, world_size={self.world_size})"
 
+    def compiler_form(self) -> tuple[Any, torch.Tensor, tuple[Any, ...]]:
+        """``autotp::shared_memory_all_gather`` on the segment (module docstring)."""
+        return torch.ops.autotp.shared_memory_all_gather.default, self.segment.segment, self.segment._op_settings()
+
     def __deepcopy__(self, memo: dict) -> SharedMemoryAllGather:
         return self
 
@@ -295,31 +305,6 @@ def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: 
                                  timeout_s=timeout_s)
 
 
-def inference_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | None, world_size: int, *,
-                          timeout_s: float) -> fx.GraphModule:
-    """``gm`` with its sum all-reduces (and, through shared memory, its all-gathers over the whole group) in
-    the fastest form ``group`` has (:mod:`autotp.passes.small_collectives`).
-
-    Collective where the graph has all-reduces on a gloo group of several ranks (the host check and
-    the segment): every rank calls it for the same graph. ``timeout_s``: how long a rank waits for
-    the others, there and in every shared-memory all-reduce. Changes ``gm`` in place and returns it.
-    """
-    wanted = world_size > 1 and has_group_collectives(gm, world_size)
-    shared = shared_memory_all_reduce_for(group, timeout_s=timeout_s, device_type=_device_type(gm)) if wanted else None
-    if shared is None:
-        return one_shot_small_all_reduces(gm, group, world_size)
-    return through_stand_ins(gm, shared, SharedMemoryAllGather(shared), world_size)
-
-
-def _device_type(gm: fx.GraphModule) -> str:
-    """The device type of ``gm``'s tensor inputs (as traced): "cpu" unless one is elsewhere (CUDA tensors
-    on a gloo group keep gloo's own collectives; the segment is host memory)."""
-    types = {val.device.type for node in gm.graph.nodes if node.op == "placeholder"
-             for val in [node.meta.get("val")] if isinstance(val, torch.Tensor)}
-    types |= {t.device.type for t in (*gm.parameters(), *gm.buffers())}
-    return "cpu" if types <= {"cpu"} else sorted(types - {"cpu"})[0]
-
-
 def _on_segment(segment: torch.Tensor, address: int, rank: int, world_size: int, slot_bytes: int,
                 timeout_ms: int) -> SharedMemoryAllReduce:
     """The all-reduce over ``segment`` as a compiled graph's op calls it; AutoTPError when ``segment`` is not
@@ -374,41 +359,3 @@ for _name, _op, _fake in (("shared_memory_all_reduce", _all_reduce_op, _all_redu
                           ("shared_memory_all_gather", _all_gather_op, _all_gather_fake)):
     _LIBRARY.impl(_name, _op, "CPU")
     torch.library.register_fake(f"autotp::{_name}", _fake, lib=_LIBRARY)
-
-
-def compiler_visible_collectives(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` whose shared-memory stand-ins are the custom ops above, each reading its segment
-    from a buffer of the copy (see the module docstring); ``gm`` itself when it has none."""
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
-             and isinstance(n.target, (SharedMemoryAllReduce, SharedMemoryAllGather))]
-    if not nodes:
-        return gm
-    graph = fx.Graph()
-    remap: dict[fx.Node, fx.Node] = {}
-    output = graph.graph_copy(gm.graph, remap)
-    graph.output(output)
-    copy = fx.GraphModule(gm, graph)
-    segments: dict[int, fx.Node] = {}
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    for old in nodes:
-        node = remap[old]
-        target = node.target
-        shared = target if isinstance(target, SharedMemoryAllReduce) else cast(SharedMemoryAllGather, target).segment
-        key = id(shared)
-        if key not in segments:
-            name = f"_autotp_shared_segment_{len(segments)}"
-            setattr(shared.segment, "_autotp_collective", shared)  # noqa: B010 - read by _on_segment: no views per call
-            copy.register_buffer(name, shared.segment, persistent=False)
-            with graph.inserting_before(first):
-                segments[key] = graph.get_attr(name)
-        op = (torch.ops.autotp.shared_memory_all_reduce.default if isinstance(target, SharedMemoryAllReduce)
-              else torch.ops.autotp.shared_memory_all_gather.default)
-        with graph.inserting_before(node):
-            call = graph.call_function(op, (node.args[0], segments[key], shared.segment.data_ptr(), shared.rank,
-                                            shared.world_size, shared.slot_bytes, max(1, round(shared.timeout_s * 1000))))
-        call.meta.update(node.meta)
-        node.replace_all_uses_with(call)
-        graph.erase_node(node)
-    graph.lint()
-    copy.recompile()
-    return copy
