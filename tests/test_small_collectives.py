@@ -194,3 +194,35 @@ def test_symmetric_memory_all_reduce_falls_back_alike_on_every_rank_where_it_can
         assert result["targets"] == ["all_reduce.default", "wait_tensor.default", "all_gather_into_tensor.default",
                                      "wait_tensor.default", "mul.Tensor"], (
             f"rank {rank}: expected the backend's collectives kept, got {result['targets']}")
+
+
+def _symmetric_memory_routes(rank: int, world_size: int) -> dict[str, Any]:
+    """Which all-reduces ``sum_in_symmetric_memory`` hands to the kernel: CPU tensors, so the backend's sums run
+    (gloo) and the kernel, which has no CPU implementation, raises where it is asked."""
+    from autotp.runtime.symmetric_memory import sum_in_symmetric_memory
+
+    buffer = torch.zeros(ONE_SHOT_MAX_BYTES, dtype=torch.uint8)  # the kernel branch never reaches its memory here
+    group_name = dist.group.WORLD.group_name
+    out: dict[str, Any] = {}
+    for name, x in (("float32, 2 x 3", torch.full((2, 3), rank + 1.0)),
+                    ("bfloat16, 4", torch.full((4,), rank + 1.0, dtype=torch.bfloat16)),
+                    ("float16, 4", torch.full((4,), rank + 1.0, dtype=torch.float16)),
+                    ("bfloat16, 3: 6 bytes", torch.full((3,), rank + 1.0, dtype=torch.bfloat16)),
+                    ("float32, one over 256 KiB", torch.full((ONE_SHOT_MAX_BYTES // 4 + 1,), rank + 1.0)),
+                    ("float32, empty", torch.zeros(0, 5))):
+        try:
+            got = sum_in_symmetric_memory(x, buffer, group_name, world_size)
+            out[name] = "backend" if torch.equal(got, torch.full_like(x, sum(range(1, world_size + 1)))) else "wrong"
+        except NotImplementedError as exc:
+            out[name] = "kernel" if "symm_mem::one_shot_all_reduce_copy_out" in str(exc) else f"other: {exc}"
+    return out
+
+
+def test_symmetric_memory_takes_small_float32_and_bfloat16_and_leaves_the_rest_to_the_backend(gloo) -> None:
+    """tp=2, gloo, CPU tensors: float32 and bfloat16 all-reduces of at most 256 KiB and a multiple of 4 bytes go to
+    the one-shot kernel (asked for on the CPU, where it has no implementation, it raises); float16, 6 bytes, one
+    element over 256 KiB and an empty tensor go to the backend's all-reduce and sum right."""
+    for rank, result in enumerate(gloo.run(2, _symmetric_memory_routes)):
+        assert result == {"float32, 2 x 3": "kernel", "bfloat16, 4": "kernel", "float16, 4": "backend",
+                          "bfloat16, 3: 6 bytes": "backend", "float32, one over 256 KiB": "backend",
+                          "float32, empty": "backend"}, f"rank {rank}: {result}"
