@@ -226,3 +226,30 @@ def test_symmetric_memory_takes_small_float32_and_bfloat16_and_leaves_the_rest_t
         assert result == {"float32, 2 x 3": "kernel", "bfloat16, 4": "kernel", "float16, 4": "backend",
                           "bfloat16, 3: 6 bytes": "backend", "float32, one over 256 KiB": "backend",
                           "float32, empty": "backend"}, f"rank {rank}: {result}"
+
+
+def test_symmetric_memory_stand_in_becomes_its_custom_op_for_a_compiler() -> None:
+    """No process group: a graph calling a SymmetricMemoryAllReduce becomes, for torch.compile, one call of
+    ``autotp::symmetric_memory_all_reduce`` on the buffer (a buffer of the copy, the op mutates it) with the group's
+    name and size; traced on fake CUDA tensors it gives a tensor of the input's shape, dtype and device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotp.passes.small_collectives import compiler_visible_collectives
+    from autotp.runtime.symmetric_memory import SymmetricMemoryAllReduce
+
+    buffer = torch.zeros(ONE_SHOT_MAX_BYTES, dtype=torch.uint8)
+    stand_in = SymmetricMemoryAllReduce(buffer, group_name="7", world_size=4)
+    graph = fx.Graph()
+    graph.output(graph.call_function(stand_in, (graph.placeholder("x"),)))
+    as_op = compiler_visible_collectives(fx.GraphModule(torch.nn.Module(), graph))
+    calls = [n for n in as_op.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in calls] == [torch.ops.autotp.symmetric_memory_all_reduce.default], calls
+    state = next(n for n in as_op.graph.nodes if n.op == "get_attr")
+    assert calls[0].args[1] is state and as_op.get_buffer(str(state.target)) is buffer, "the op takes the buffer itself"
+    assert calls[0].args[2:] == ("7", 4), calls[0].args
+    schema = torch.ops.autotp.symmetric_memory_all_reduce.default._schema
+    assert [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments] == [False, True, False, False]
+    with FakeTensorMode():
+        x = torch.empty(3, 8, dtype=torch.bfloat16, device="cuda")
+        out = torch.ops.autotp.symmetric_memory_all_reduce(x, torch.empty(16, dtype=torch.uint8, device="cuda"), "7", 4)
+    assert (out.shape, out.dtype, out.device.type) == ((3, 8), torch.bfloat16, "cuda"), out
