@@ -47,7 +47,7 @@ import torch.fx as fx
 
 from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, ONE_SHOT_MIN_GROUP, uses_one_shot_all_reduce
 
-__all__ = ["ONE_SHOT_MAX_BYTES", "StandInCollective", "compiler_visible_collectives", "has_group_collectives",
+__all__ = ["COLLECTIVE_STATE_PREFIX", "ONE_SHOT_MAX_BYTES", "StandInCollective", "compiler_visible_collectives", "has_group_collectives",
            "inference_collective_kind", "one_shot_all_reduce", "one_shot_small_all_reduces", "sum_all_reduces_through",
            "through_stand_ins"]
 
@@ -150,6 +150,11 @@ def through_stand_ins(gm: fx.GraphModule, all_reduce: StandInCollective, all_gat
     return _replace(gm, _sum_all_reduces(gm), all_reduce)
 
 
+COLLECTIVE_STATE_PREFIX = "_autotp_collective_state_"
+"""Name prefix of the buffers :func:`compiler_visible_collectives` gives a graph: the memory its collectives'
+ops share with the other ranks (a CUDA graph must see them at fixed addresses)."""
+
+
 def sum_all_reduces_through(gm: fx.GraphModule, all_reduce: StandInCollective) -> fx.GraphModule:
     """``gm`` with each sum all-reduce and its wait replaced by one ``all_reduce(x)`` node (all-gathers kept).
     Changes ``gm`` in place and returns it."""
@@ -177,7 +182,7 @@ def compiler_visible_collectives(gm: fx.GraphModule) -> fx.GraphModule:
         op, state, args = cast(StandInCollective, old.target).compiler_form()
         key = id(state)
         if key not in states:
-            name = f"_autotp_collective_state_{len(states)}"
+            name = f"{COLLECTIVE_STATE_PREFIX}{len(states)}"
             copy.register_buffer(name, state, persistent=False)
             with graph.inserting_before(first):
                 states[key] = graph.get_attr(name)

@@ -142,6 +142,53 @@ def test_from_pretrained_and_load_take_plain_calls(gloo, tmp_path: Path) -> None
         assert max(result["load"]) < TOLERANCE, f"rank {rank}: load errors {result['load']}"
 
 
+def _forward_of_a_generation_compile(rank: int, world_size: int, pretrained: str) -> dict[str, Any]:
+    model, ids = _llama(seq_len=128)
+    other = torch.randint(3, 1000, (1, 9), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        reference, reference_other = model(ids).logits, model(other).logits
+    hf_greedy = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    results: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64)
+        results["before"] = tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
+        out = tp(ids)
+        plain = tp.forward_on_demand.built
+        results["shared"] = sum(a is b for a in plain.parameters() for b in tp.parameters())
+        results["held"] = sum(1 for _ in plain.parameters())
+        out_other = tp(other, use_cache=False)  # another batch and length: the same module
+        results["kept"] = tp.forward_on_demand.built is plain
+        results["after"] = tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
+        meta = tiny_llama(device="meta", seq_len=128)[0]
+        meta.config.use_cache = True
+        from_files = autotp.compile(meta, example_inputs=(ids,), checkpoint=pretrained, max_cache_len=64)
+        results["from_checkpoint"] = _logits_error(from_files(ids), reference)
+    results["type"] = type(out).__name__
+    results["errors"] = [_logits_error(out, reference), _logits_error(out_other, reference_other)]
+    results["hf"] = hf_greedy.tolist()
+    return results
+
+
+def test_a_generation_compile_runs_the_models_forward_when_called_as_the_model(gloo, tmp_path: Path) -> None:
+    """tp=2, tiny Llama compiled with max_cache_len=64: tp(ids) compiles the plain forward at its first call (the
+    model's output type and logits), which serves another batch and length without compiling again and holds the
+    generation graphs' weight shards where placed alike; generate gives HF's greedy tokens before and after; a
+    model on meta compiled from its checkpoint with max_cache_len does the same from the files."""
+    model, _ = _llama(seq_len=128)
+    model.save_pretrained(tmp_path / "hf")
+    for rank, result in enumerate(gloo.run(2, _forward_of_a_generation_compile, str(tmp_path / "hf"))):
+        assert result["type"] == "CausalLMOutputWithPast", f"rank {rank}: {result['type']}"
+        assert max(result["errors"]) < TOLERANCE, f"rank {rank}: max |tp - model| logits {result['errors']}"
+        assert result["from_checkpoint"] < TOLERANCE, f"rank {rank}: from the checkpoint {result['from_checkpoint']}"
+        assert result["kept"], f"rank {rank}: a second plain call compiled the forward again"
+        assert 0 < result["shared"] <= result["held"], (
+            f"rank {rank}: the forward shares {result['shared']} of its {result['held']} weight shards")
+        assert result["before"] == result["hf"] and result["after"] == result["hf"], (
+            f"rank {rank}: tokens differ from HF's greedy {result['hf']}: before {result['before']}, "
+            f"after {result['after']}")
+
+
 def _requests_differ(rank: int, world_size: int) -> dict[str, str]:
     import gc
 

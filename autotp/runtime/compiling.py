@@ -32,7 +32,7 @@ from autotp.runtime.agreement import (
 from autotp.runtime.applying import apply_plan, plan_or_check
 from autotp.runtime.checkpointing import checkpointed_graph
 from autotp.runtime.generation import compile_for_generation
-from autotp.runtime.generation_on_demand import GenerationOnDemand
+from autotp.runtime.generation_on_demand import ForwardOnDemand, GenerationOnDemand
 from autotp.runtime.group import PlannedAhead, bind_group, plan_ahead
 from autotp.runtime.kv_cache import check_causal_lm
 from autotp.runtime.loading import TensorSource, agree_on_success
@@ -52,6 +52,7 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
                   runtime: RuntimeOptions) -> TensorParallelModule:
     """This rank's :class:`TensorParallelModule` over ``group``: see :func:`autotp.compile`. ``options`` come
     from :func:`~autotp.planning.options.plan_options` (their ``world_size`` is set here, from the group)."""
+    requested = options  # as asked for, before the group and the runtime mode set theirs
     training, progress = options.training, options.progress
     timeout_s = runtime.agreement_timeout_s
     check_weights = runtime.check_weights
@@ -101,6 +102,9 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
                                             plan=plan, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode,
                                             files=files, device=device, trace_cache=cache)
         generating.generation_config = getattr(model, "generation_config", None)  # generate's defaults, as HF's
+        generating.forward_on_demand = ForwardOnDemand(model, group=group, timeout_s=timeout_s, build=functools.partial(
+            _compile_forward, world_size=world_size, group=group, checkpoint=checkpoint, options=requested,
+            runtime=runtime))
         return generating
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
                          plan_cache=cache, ahead=ahead)
@@ -127,6 +131,16 @@ def _is_causal_lm(model: torch.nn.Module) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _compile_forward(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any], *,
+                     world_size: int, group: dist.ProcessGroup | None, checkpoint: str | os.PathLike[str] | None,
+                     options: PlanOptions, runtime: RuntimeOptions) -> TensorParallelModule:
+    """``compile(model, example_inputs, example_kwargs=...)`` after a generation compile with ``options``: what
+    :class:`~autotp.runtime.generation_on_demand.ForwardOnDemand` builds at the first plain call."""
+    return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs or None,
+                         world_size=world_size, group=group, plan=None, checkpoint=checkpoint, max_cache_len=None,
+                         options=options, runtime=runtime)
 
 
 def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int,

@@ -1,4 +1,5 @@
-"""Generation for a plain compile of a causal LM: its graphs built on the first ``generate`` call.
+"""Generation for a plain compile of a causal LM, and a plain forward for a generation compile: each built at
+its first use.
 
 ``autotp.compile(model, example_inputs=(ids,))`` of a HuggingFace causal LM traces one forward graph;
 ``tp.generate(ids, max_new_tokens=N)`` then needs a KV cache and the decode and prefill graphs that
@@ -25,6 +26,13 @@ the others (:class:`HeldBlocks`); a model on meta, which holds no weights, is ke
 Every rank must make the same request: the ranks agree on the cache size
 (:func:`autotp.runtime.agreement.ranks_agree`) before anything is traced, and any difference raises the same
 error on every rank.
+
+The other way round, ``autotp.compile(model, example_inputs=(ids,), max_cache_len=N)`` builds the generation
+graphs only, whose forward is one decode step. :class:`ForwardOnDemand` gives it the model's own forward: the
+first call that is not a decode step (``tp(ids)``, as the model is called) compiles the model as a plain
+``autotp.compile`` would, with the same options and the call's inputs as example inputs (dynamic batch and
+sequence dims: one compile serves every size), and holds the generation module's weight shards wherever the
+two plans place a weight alike. The model (or, for a model on meta, the checkpoint) must still be there then.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from autotp.runtime.agreement import options_record, ranks_agree
 from autotp.runtime.loading import ReadRequest, TensorEntry, TensorSource, match_keys, tensor_aliases
 from autotp.runtime.module import TensorParallelModule
 
-__all__ = ["MIN_CACHE_LEN", "GenerationOnDemand", "HeldBlocks", "cache_length"]
+__all__ = ["MIN_CACHE_LEN", "ForwardOnDemand", "GenerationOnDemand", "HeldBlocks", "cache_length"]
 
 MIN_CACHE_LEN = 64
 """The fewest slots per row of a cache built on demand: short requests share one size, so one build serves them."""
@@ -171,3 +179,42 @@ class GenerationOnDemand:
                 "first generate, or compile with max_cache_len=N to build them at compile time"
             )
         return model
+
+
+class ForwardOnDemand:
+    """``forward_on_demand`` of a generation compile's :class:`TensorParallelModule`: called as
+    ``(tp, args, kwargs)`` with a call that is not a decode step, returns the module of the model's plain forward,
+    built at the first such call and kept (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, *,
+                 build: Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any]], TensorParallelModule],
+                 group: dist.ProcessGroup | None, timeout_s: float) -> None:
+        """``build(model, example_inputs, example_kwargs)`` compiles ``model``'s plain forward (every rank), as the
+        generation compile was asked to, its weights from the model or from the checkpoint it read."""
+        self._model = weakref.ref(model)  # a real model's weights must not be kept alive by the tensor-parallel one
+        self._kept = model if any(p.device.type == "meta" for p in model.parameters()) else None  # read from files
+        self._build = build
+        self._group = group
+        self._timeout_s = timeout_s
+        self._built: TensorParallelModule | None = None
+
+    @property
+    def built(self) -> TensorParallelModule | None:
+        """The plain forward's module (None before the first plain call)."""
+        return self._built
+
+    def __call__(self, tp: TensorParallelModule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TensorParallelModule:
+        if self._built is not None:
+            return self._built
+        model = self._model()
+        if model is None:
+            raise ValueError(
+                "this module was compiled for generation; its plain forward (tp(ids)) is compiled at the first such "
+                "call from the model passed to autotp.compile, and that model no longer exists (the tensor-parallel "
+                "model keeps only its shards); keep a reference to it, or compile it without max_cache_len as well")
+        built = self._build(model, args, kwargs)
+        with ranks_agree(self._group, timeout_s=self._timeout_s, what="tp(...) (sharing the weights)") as agreement:
+            built.share_weights(tp, other_prefix=WRAPPED_PREFIX)  # the generation graphs' weights stay the only copy
+            agreement.record = options_record({}, weights=None)
+        self._built = built
+        return built

@@ -80,6 +80,9 @@ class TensorParallelModule(torch.nn.Module):
         # a plain compile of a causal LM: (tp, input_ids, max_new_tokens) -> a module compiled for generation with
         # room for the request, built on first use (autotp.generation_on_demand)
         self.generation_on_demand = generation_on_demand
+        # a generation compile: (tp, args, kwargs) -> the plain forward's module, built at the first call that is
+        # not a decode step (autotp.runtime.generation_on_demand.ForwardOnDemand)
+        self.forward_on_demand: Callable[[TensorParallelModule, tuple, dict], TensorParallelModule] | None = None
         # the model's HF generation defaults (max_length, eos...), read by generate() where a call names none
         self.generation_config = getattr(original, "generation_config", None)
         self._hf_use_cache = captured.hf_use_cache  # a HF model: calls may pass use_cache= or not (autotp.adapters.hf_transformers)
@@ -191,11 +194,12 @@ class TensorParallelModule(torch.nn.Module):
 
         return generate(self, input_ids, attention_mask, **options)
 
-    def share_weights(self, other: TensorParallelModule, prefix: str = "") -> int:
+    def share_weights(self, other: TensorParallelModule, prefix: str = "", other_prefix: str = "") -> int:
         """Hold ``other``'s tensor in place of each parameter shard that is the same block of the same weight
-        (FQN ``prefix`` + other's FQN, same global :attr:`layout` entry, shape, dtype and device), so the two
-        modules keep one copy of it (a generation compile beside a plain one); returns how many are shared.
-        ValueError when such a block holds other values (the weights changed between the compiles)."""
+        (FQN ``prefix`` + a name here, ``other_prefix`` + the same name in ``other``; same global :attr:`layout`
+        entry, shape, dtype and device), so the two modules keep one copy of it (a generation compile beside a
+        plain one); returns how many are shared. ValueError when such a block holds other values (the weights
+        changed between the compiles)."""
         if self.trains or other.trains:
             return 0  # an optimizer updates each module's own tensors
         theirs = {str(s.target): s.name for s in other._slots if s.kind == "parameter"}
@@ -204,7 +208,7 @@ class TensorParallelModule(torch.nn.Module):
             fqn = str(slot.target)
             if slot.kind != "parameter" or not fqn.startswith(prefix):
                 continue
-            other_fqn = fqn.removeprefix(prefix)
+            other_fqn = other_prefix + fqn.removeprefix(prefix)
             source = theirs.get(other_fqn)
             if source is None or fqn not in self.layout or self.layout[fqn] != other.layout.get(other_fqn):
                 continue
@@ -266,6 +270,20 @@ class TensorParallelModule(torch.nn.Module):
         """Collectives in the rank-local graph, by kind (one forward pass issues each once)."""
         return count_collectives(self.graph_module)
 
+    def _called_as_traced(self, args: tuple, kwargs: dict) -> bool:
+        """Whether ``args`` and ``kwargs`` have the structure the graph was traced with (checked again, with
+        errors, when the call's inputs are flattened)."""
+        if self._hf_use_cache:
+            kwargs = call_kwargs(kwargs)
+        expected = self._traced_kwarg_names()
+        if set(kwargs) != set(expected):
+            return False
+        return pytree.tree_flatten((args, {k: kwargs[k] for k in expected}))[1] == self._in_spec
+
+    def _traced_kwarg_names(self) -> list[str]:
+        kw_spec = self._in_spec.child(1)
+        return list(kw_spec.context) if kw_spec.context is not None else []
+
     def _flatten_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
         if self._hf_use_cache:
             kwargs = call_kwargs(kwargs)
@@ -277,8 +295,7 @@ class TensorParallelModule(torch.nn.Module):
             flat = [*args, *(kwargs[key] for key in leaves[1])]
             if all(isinstance(value, (torch.Tensor, bool, int, float)) for value in flat):
                 return flat
-        kw_spec = self._in_spec.child(1)
-        expected = list(kw_spec.context) if kw_spec.context is not None else []
+        expected = self._traced_kwarg_names()
         if set(kwargs) != set(expected):
             raise TypeError(
                 f"this tensor-parallel model was traced with keyword arguments {sorted(expected)}, "
@@ -314,6 +331,8 @@ class TensorParallelModule(torch.nn.Module):
         return [sources[source][key] for source, key in self._slot_keys]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.forward_on_demand is not None and not self._called_as_traced(args, kwargs):
+            return self.forward_on_demand(self, args, kwargs)(*args, **kwargs)  # a plain call of a generation compile
         values = self.graph_inputs(*args, **kwargs)
         if self.trains:
             outputs = self.graph_module(*values)

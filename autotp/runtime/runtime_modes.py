@@ -56,7 +56,7 @@ import torch.fx as fx
 
 from autotp.base.errors import RuntimeModeError
 from autotp.base.progress import log_progress
-from autotp.passes.small_collectives import compiler_visible_collectives
+from autotp.passes.small_collectives import COLLECTIVE_STATE_PREFIX, compiler_visible_collectives
 from autotp.planning.options import PlanOptions
 
 __all__ = ["graph_runner", "one_row_linear", "one_row_linears", "priced_in", "resolve_runtime_mode"]
@@ -202,8 +202,9 @@ class _CompiledGraph:
                  static: tuple[torch.Tensor, ...]) -> None:
         self.mode, self.what, self.talk = mode, what, talk
         self.graph_module = compiler_visible_collectives(graph_module)
-        if mode == "cuda_graph":
-            for tensor in static:
+        if mode == "cuda_graph":  # and the memory the collectives share with the other ranks
+            shared = (b for name, b in self.graph_module.named_buffers() if name.startswith(COLLECTIVE_STATE_PREFIX))
+            for tensor in (*static, *shared):
                 torch._dynamo.mark_static_address(tensor)
         self.compiled: Callable[..., Any] | None = None
         self.calls = 0
