@@ -110,7 +110,37 @@ class HeldBlocks:
         return [value for value in out if value is not None]
 
 
-class GenerationOnDemand:
+class _BuiltOnDemand:
+    """What both builders hold: the compiled model by weak reference (a real model's weights must not be kept alive
+    by the tensor-parallel one; a model on meta holds none, the checkpoint gives them, and is kept), how to build,
+    the group, and what was built."""
+
+    def __init__(self, model: torch.nn.Module, *, build: Callable[..., TensorParallelModule],
+                 group: dist.ProcessGroup | None, timeout_s: float) -> None:
+        self._model = weakref.ref(model)
+        self._kept = model if any(p.device.type == "meta" for p in model.parameters()) else None
+        self._build = build
+        self._group = group
+        self._timeout_s = timeout_s
+        self._built: TensorParallelModule | None = None
+
+    @property
+    def built(self) -> TensorParallelModule | None:
+        """The module built so far (None before the first use)."""
+        return self._built
+
+    def _source(self, what: str, otherwise: str) -> torch.nn.Module:
+        """The compiled model (on meta when read from a checkpoint); ValueError saying what to do when it is gone:
+        ``what`` is built from it, and ``otherwise`` is the other way to get it."""
+        model = self._model()
+        if model is None:
+            raise ValueError(f"{what} from the model passed to autotp.compile, and that model no longer exists (the "
+                             f"tensor-parallel model keeps only its shards); keep a reference to it until then, or "
+                             f"{otherwise}")
+        return model
+
+
+class GenerationOnDemand(_BuiltOnDemand):
     """``generation_on_demand`` of a plain compile's :class:`TensorParallelModule`: called as
     ``(tp, input_ids, max_new_tokens)``, returns a module compiled for generation with room for the request
     (see the module docstring)."""
@@ -121,27 +151,16 @@ class GenerationOnDemand:
         """``build(model, example_inputs, max_cache_len, files)`` compiles ``model`` for generation (every rank),
         reading its weights from ``files`` when given (the checkpoint the plain compile read) or slicing the
         model's otherwise."""
-        on_meta = any(p.device.type == "meta" for p in model.parameters())
-        if on_meta and files is None:
+        super().__init__(model, build=build, group=group, timeout_s=timeout_s)
+        if self._kept is not None and files is None:
             raise ValueError(f"{type(model).__name__} has parameters on the meta device and no checkpoint to read "
                              "them from; compile it with checkpoint='path/to/model' or load its weights first")
-        self._model = weakref.ref(model)  # a real model's weights must not be kept alive by the tensor-parallel one
-        self._kept = model if on_meta else None  # a meta model holds no weights (the checkpoint gives them): kept
         ids = example_inputs[0] if example_inputs else None
         traced_ids = isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()
         self._prefill_len = int(ids.shape[1]) if traced_ids else 1
         on_device = isinstance(ids, torch.Tensor) and ids.device.type != "meta"
         self._device = ids.device if on_device else torch.device("cpu")  # where the example ids live
-        self._build = build
         self._files = files
-        self._group = group
-        self._timeout_s = timeout_s
-        self._built: TensorParallelModule | None = None
-
-    @property
-    def built(self) -> TensorParallelModule | None:
-        """The module compiled for generation so far (None before the first ``generate``)."""
-        return self._built
 
     def __call__(self, tp: TensorParallelModule, input_ids: torch.Tensor, max_new_tokens: int) -> TensorParallelModule:
         rows, prompt = (int(s) for s in input_ids.shape)
@@ -150,7 +169,8 @@ class GenerationOnDemand:
         if layout is not None and rows <= layout.batch_size and prompt + max_new_tokens <= layout.max_cache_len:
             return built  # type: ignore[return-value]
         with ranks_agree(self._group, timeout_s=self._timeout_s, what="generate (building the KV cache)") as agreement:
-            model = self._source()
+            model = self._source("generate builds its KV cache and graphs at its first call",
+                                 "compile with max_cache_len=N to build them at compile time")
             limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
             max_cache_len = cache_length(prompt + max_new_tokens, limit if isinstance(limit, int) else None)
             if layout is not None:  # grow, never shrink: an earlier request's size still fits
@@ -169,19 +189,8 @@ class GenerationOnDemand:
         self._built = built
         return built
 
-    def _source(self) -> torch.nn.Module:
-        """The compiled model (on meta when read from a checkpoint); ValueError saying what to do when it is gone."""
-        model = self._model()
-        if model is None:
-            raise ValueError(
-                "generate builds its KV cache and graphs from the model passed to autotp.compile, and that model no "
-                "longer exists (the tensor-parallel model keeps only its shards); keep a reference to it until the "
-                "first generate, or compile with max_cache_len=N to build them at compile time"
-            )
-        return model
 
-
-class ForwardOnDemand:
+class ForwardOnDemand(_BuiltOnDemand):
     """``forward_on_demand`` of a generation compile's :class:`TensorParallelModule`: called as
     ``(tp, args, kwargs)`` with a call that is not a decode step, returns the module of the model's plain forward,
     built at the first such call and kept (see the module docstring)."""
@@ -191,27 +200,13 @@ class ForwardOnDemand:
                  group: dist.ProcessGroup | None, timeout_s: float) -> None:
         """``build(model, example_inputs, example_kwargs)`` compiles ``model``'s plain forward (every rank), as the
         generation compile was asked to, its weights from the model or from the checkpoint it read."""
-        self._model = weakref.ref(model)  # a real model's weights must not be kept alive by the tensor-parallel one
-        self._kept = model if any(p.device.type == "meta" for p in model.parameters()) else None  # read from files
-        self._build = build
-        self._group = group
-        self._timeout_s = timeout_s
-        self._built: TensorParallelModule | None = None
-
-    @property
-    def built(self) -> TensorParallelModule | None:
-        """The plain forward's module (None before the first plain call)."""
-        return self._built
+        super().__init__(model, build=build, group=group, timeout_s=timeout_s)
 
     def __call__(self, tp: TensorParallelModule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TensorParallelModule:
         if self._built is not None:
             return self._built
-        model = self._model()
-        if model is None:
-            raise ValueError(
-                "this module was compiled for generation; its plain forward (tp(ids)) is compiled at the first such "
-                "call from the model passed to autotp.compile, and that model no longer exists (the tensor-parallel "
-                "model keeps only its shards); keep a reference to it, or compile it without max_cache_len as well")
+        model = self._source("this module was compiled for generation; its plain forward (tp(ids)) is compiled at "
+                             "the first such call", "compile it without max_cache_len as well")
         built = self._build(model, args, kwargs)
         with ranks_agree(self._group, timeout_s=self._timeout_s, what="tp(...) (sharing the weights)") as agreement:
             built.share_weights(tp, other_prefix=WRAPPED_PREFIX)  # the generation graphs' weights stay the only copy
