@@ -31,9 +31,9 @@ which sums ``x`` in one round when it holds at most :data:`ONE_SHOT_MAX_BYTES` a
 ring otherwise (rank-local sizes are known only when the graph runs). The condition is
 :func:`autotp.cost_model.collectives.uses_one_shot_all_reduce`, which the cost model reads too, so
 a plan for a gloo profile (``Hardware.small_all_reduce == "one_shot"``) prices what runs.
-:func:`autotp.passes.rewrite.count_collectives` still counts it as an ``all_reduce``. NCCL and
-other backends keep their own all-reduce (NCCL already picks latency-optimal protocols for small
-messages), and so do training graphs (the backward of the functional all-reduce is kept).
+:func:`autotp.passes.rewrite.count_collectives` still counts it as an ``all_reduce``. Other backends
+keep their own all-reduce in this pass (CUDA tensors on one host take the symmetric-memory form above), and
+so do training graphs (the backward of the functional all-reduce is kept).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ import torch.fx as fx
 
 from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, ONE_SHOT_MIN_GROUP, uses_one_shot_all_reduce
 
-__all__ = ["COLLECTIVE_STATE_PREFIX", "ONE_SHOT_MAX_BYTES", "StandInCollective", "compiler_visible_collectives", "has_group_collectives",
-           "inference_collective_kind", "one_shot_all_reduce", "one_shot_small_all_reduces", "sum_all_reduces_through",
-           "through_stand_ins"]
+__all__ = ["COLLECTIVE_STATE_PREFIX", "ONE_SHOT_MAX_BYTES", "StandInCollective", "compiler_visible_collectives",
+           "has_group_collectives", "inference_collective_kind", "one_shot_all_reduce", "one_shot_small_all_reduces",
+           "sum_all_reduces_through", "through_stand_ins"]
 
 c10d = torch.ops._c10d_functional
 
