@@ -8,7 +8,8 @@ tiny, 4 layers, hidden 512, 8 query / 4 kv heads, vocab 1000; ``--layers 12 --hi
   ``tp.generate`` (the KV cache split as the planner chose);
 - ``hf-tp``: ``AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")`` (torchrun's
   environment variables set in each process) then ``model.generate(cache_implementation="static")``;
-  the script checks that the weights really are split (a ``q_proj`` shard of 1/ws of the rows);
+  the script checks that the weights really are split (a ``q_proj`` shard of 1/ws of the rows); it needs
+  ``accelerate`` (``--no-hf-tp`` leaves it out);
 - ``megatron``: the HF model with its ``nn.Linear``s sliced by hand (q/k/v/gate/up by output rows,
   o/down by input columns, an all-reduce after each of the latter) and HF's static cache;
 - ``single``: the HF model in one process (alone: the other ranks wait), static cache.
@@ -125,17 +126,15 @@ def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Names
               f"placements used {split}", flush=True)
         if args.show_plans:
             print(tp.generation, flush=True)
-    hf_tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
-    q_proj = hf_tp.model.layers[0].self_attn.q_proj.weight
-    local_rows = int(q_proj.to_local().shape[0]) if hasattr(q_proj, "to_local") else int(q_proj.shape[0])
-    if local_rows * world_size != int(model.config.hidden_size):
-        raise RuntimeError(f"transformers' tp_plan='auto' did not split q_proj: {local_rows} rows on rank {rank}")
-    megatron = _megatron(AutoModelForCausalLM.from_pretrained(path).eval(), rank, world_size)
-    runs: dict[str, Callable[[int], torch.Tensor]] = {
-        "autotp": lambda n: tp.generate(ids, max_new_tokens=n),
-        "hf-tp": _hf_generate(hf_tp, ids),
-        "megatron": _hf_generate(megatron, ids),
-    }
+    runs: dict[str, Callable[[int], torch.Tensor]] = {"autotp": lambda n: tp.generate(ids, max_new_tokens=n)}
+    if not args.no_hf_tp:
+        hf_tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto").eval()
+        q_proj = hf_tp.model.layers[0].self_attn.q_proj.weight
+        local_rows = int(q_proj.to_local().shape[0]) if hasattr(q_proj, "to_local") else int(q_proj.shape[0])
+        if local_rows * world_size != int(model.config.hidden_size):
+            raise RuntimeError(f"transformers' tp_plan='auto' did not split q_proj: {local_rows} rows on rank {rank}")
+        runs["hf-tp"] = _hf_generate(hf_tp, ids)
+    runs["megatron"] = _hf_generate(_megatron(AutoModelForCausalLM.from_pretrained(path).eval(), rank, world_size), ids)
     if rank == 0:
         runs["single"] = _hf_generate(model, ids)  # the other ranks wait at the barrier meanwhile
     else:
@@ -162,12 +161,16 @@ def main() -> int:
                         help="autotp's cost profile: a known name or the JSON written by `autotp calibrate`")
     parser.add_argument("--show-plans", action="store_true", help="print autotp's decode and prefill plans")
     parser.add_argument("--memory-budget", default="auto", help="autotp's memory_budget: auto, none, or bytes per rank")
+    parser.add_argument("--no-hf-tp", action="store_true",
+                        help="leave out transformers' tp_plan='auto' (which needs accelerate)")
     args = parser.parse_args()
     summary: list[str] = []
-    if importlib.util.find_spec("accelerate") is None:  # before any process starts, not deep in one of them
+    if not args.no_hf_tp and importlib.util.find_spec("accelerate") is None:  # before any process starts
         print("benchmarks/generate.py compares against transformers' tp_plan='auto', which needs accelerate: "
-              "pip install accelerate", file=sys.stderr)
+              "pip install accelerate, or pass --no-hf-tp", file=sys.stderr)
         return 2
+    variants = ("autotp", "megatron", "single") if args.no_hf_tp else ("autotp", "hf-tp", "megatron", "single")
+    against = [name for name in ("hf-tp", "megatron") if name in variants]
     with tempfile.TemporaryDirectory() as path:
         count = save_checkpoint(path, args.layers, args.hidden, heads=8, kv_heads=4, vocab=args.vocab)
         print(f"Llama ({count / 1e6:.1f}M parameters: {args.layers} layers, hidden {args.hidden}, 8/4 heads, vocab "
@@ -185,17 +188,19 @@ def main() -> int:
                     table = results.get()
                     print(f"\nworld size {world_size}, batch {batch}, prompt {prompt}")
                     print(f"{'variant':10}{'prefill ms':>12}{'ms/token':>10}{'tokens/s':>10}{'same tokens':>13}"
-                          f"{'vs hf-tp':>10}{'vs megatron':>13}")
+                          + "".join(f"{'vs ' + other:>13}" for other in against))
                     for name, (same, prefill, ms) in table.items():
-                        ratio, versus_megatron = ms / table["hf-tp"][2], ms / table["megatron"][2]
-                        print(f"{name:10}{prefill:12.2f}{ms:10.2f}{1e3 * batch / ms:10.1f}{str(same):>13}{ratio:10.2f}"
-                              f"{versus_megatron:13.2f}", flush=True)
+                        print(f"{name:10}{prefill:12.2f}{ms:10.2f}{1e3 * batch / ms:10.1f}{str(same):>13}"
+                              + "".join(f"{ms / table[other][2]:13.2f}" for other in against), flush=True)
                     summary.append(f"| {world_size} | {batch} | {prompt} | " + " | ".join(
                         f"{table[name][1]:.1f} / {table[name][2]:.1f}{'' if table[name][0] else ' (tokens differ)'}"
-                        for name in ("autotp", "hf-tp", "megatron", "single"))
-                        + f" | {table['autotp'][2] / table['hf-tp'][2]:.2f} | {table['autotp'][2] / table['megatron'][2]:.2f} |")
-    print("\nprefill ms / ms per token (markdown)\n| ws | batch | prompt | autotp | transformers tp_plan=auto | "
-          "hand-written Megatron | single | autotp/hf-tp | autotp/megatron |\n|---|---|---|---|---|---|---|---|---|")
+                        for name in variants)
+                        + "".join(f" | {table['autotp'][2] / table[other][2]:.2f}" for other in against) + " |")
+    headers = {"autotp": "autotp", "hf-tp": "transformers tp_plan=auto", "megatron": "hand-written Megatron",
+               "single": "single"}
+    columns = [headers[name] for name in variants] + [f"autotp/{other}" for other in against]
+    print("\nprefill ms / ms per token (markdown)\n| ws | batch | prompt | " + " | ".join(columns) + " |\n|"
+          + "---|" * (3 + len(columns)))
     print("\n".join(summary))
     return 0
 
