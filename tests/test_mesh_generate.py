@@ -47,14 +47,20 @@ def _generate_on_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int,
         part = autotp.compile_mesh(model, mesh, example_inputs=(ids[:, :seq],), max_cache_len=CACHE)
         greedy = part.generate(ids, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=0)
         sampled = part.generate(ids, max_new_tokens=3, do_sample=True, seed=7) if "pp" in names else None
-        results.append((greedy, sampled, part.cache_bytes()))
+        try:
+            part(ids)
+            called = "no error"
+        except TypeError as exc:
+            called = str(exc)
+        results.append((greedy, sampled, part.cache_bytes(), called))
     return results
 
 
 def test_generation_over_mesh_equals_hf_on_four_ranks(gloo: Any) -> None:
     """dp2 x tp2 (3 rows split 2 + 1; the 1-row replica ends early at eos and pads) and pp2 x tp2 (prefill
     chunks of 2 through both stages, hidden states sent stage to stage, tokens broadcast from the last):
-    greedy tokens equal HF single-process generate on every rank; seeded sampling agrees across ranks."""
+    greedy tokens equal HF single-process generate on every rank; seeded sampling agrees across ranks; calling
+    the module as the model raises a TypeError saying how to get logits."""
     cases = []
     expected = []
     for dims, names, batch, seq in [((2, 2), ("dp", "tp"), 3, 1), ((2, 2), ("pp", "tp"), 2, 2)]:
@@ -65,9 +71,11 @@ def test_generation_over_mesh_equals_hf_on_four_ranks(gloo: Any) -> None:
     for rank, per_case in enumerate(results):
         for index, ((dims, names, *_), reference) in enumerate(zip(cases, expected)):
             setup = " x ".join(f"{n}{d}" for n, d in zip(names, dims))
-            greedy, sampled, _ = per_case[index]
+            greedy, sampled, _, called = per_case[index]
             assert torch.equal(greedy, reference), \
                 f"{setup} rank {rank}: expected HF's {reference.tolist()}, got {greedy.tolist()}"
+            assert "generates: call .generate(" in called and "without max_cache_len" in called, (
+                f"{setup} rank {rank}: calling the module gave {called!r}")
             first = results[0][index][1]
             assert sampled is None or torch.equal(sampled, first), \
                 f"{setup} rank {rank}: sampled {sampled.tolist()}, rank 0 sampled {first.tolist()}"
