@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The GPU checks of generation, in one run on one CUDA machine (about 10 minutes, most of it Inductor compiling):
+# The GPU checks of generation, in one run on one CUDA machine (about 11 minutes, most of it Inductor compiling):
 #
 #   1. NCCL at world size 1, float32, a small Llama: every runtime mode's (eager, compiled, cuda_graph) new tokens
 #      against HF's greedy generate, and its plain forward's logits against the model's;
 #   2. gloo with CUDA tensors at world size 2 on the one GPU, the same checks; the two processes' small all-reduces
 #      go through symmetric memory (PyTorch's one-shot kernel) where torch maps their buffers, and each line says
 #      which form the all-reduces took;
-#   3. NCCL at world size 1, bfloat16, an 8-layer Llama of hidden 2048: ms per token of generate in each runtime
+#   3. host syncs per decoded token of generate in each runtime mode (benchmarks/host_syncs.py: the synchronizing
+#      CUDA calls that torch.cuda.set_sync_debug_mode reports; about one per 8 tokens expected in the compiled modes);
+#   4. NCCL at world size 1, bfloat16, an 8-layer Llama of hidden 2048: ms per token of generate in each runtime
 #      mode against HF's generate with its static cache (eager, and compiled as HF documents) on the same GPU, and
 #      the fraction of the HBM roofline each reaches.
 #
@@ -54,6 +56,11 @@ step "$one-1-float32" 150 --backend "$one" --world-sizes 1 --models "$small" --b
     --variants "eager,compiled,$([ "$device" = cuda ] && echo cuda_graph,)hf"
 step gloo-2-float32 150 --backend gloo --world-sizes 2 --models "$small" --batches 1 --new-tokens 16 --rounds 1 \
     --variants "eager,compiled,$([ "$device" = cuda ] && echo cuda_graph,)hf"
+echo "== host-syncs (at most 120 s)"
+timeout 120 $python benchmarks/host_syncs.py --device "$device" > "$out/host-syncs.log" 2>&1
+status=$?
+grep -E "^Llama|^  [a-z_]+ +[0-9]|Error" "$out/host-syncs.log" | tail -8
+echo "== host-syncs: exit $status$([ $status = 124 ] && echo ' (time limit)')"
 step "$one-1-bfloat16" 270 --backend "$one" --world-sizes 1 --models "$large" --batches 1,8 --new-tokens "$tokens" \
     --rounds "$rounds" --dtype bfloat16 \
     --variants "eager,compiled,$([ "$device" = cuda ] && echo cuda_graph,)hf,hf-compiled"

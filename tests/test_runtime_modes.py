@@ -288,8 +288,9 @@ def test_compiled_decode_sums_one_row_linears(rows: int) -> None:
 @pytest.mark.slow  # compiles with Inductor: the first compile in a process takes 15-25 s on 2 cores
 def test_compiled_decode_skips_guards_only_for_the_inputs_it_was_compiled_for() -> None:
     """No process group: after its first call the compiled decode graph runs without Dynamo's guards while its
-    inputs are the first call's tensors or alike (same shape, stride, dtype, device); an input of another size
-    goes through the guards (Dynamo compiles again) and the result is still right."""
+    inputs are the first call's tensors or alike (same shape, stride, dtype, device) and the global state Dynamo
+    guards on is as it was; an input of another size, a torch function mode, autocast or grad mode off go through
+    the guards (Dynamo compiles again) and the result is still right."""
     from torch import fx
 
     from autotp.runtime.runtime_modes import graph_runner
@@ -305,3 +306,15 @@ def test_compiled_decode_skips_guards_only_for_the_inputs_it_was_compiled_for() 
     got, expected = run(x, wide, torch.tensor([0]))[0], gm(x, wide_reference, torch.tensor([0]))[0]
     assert torch.equal(got, expected), f"another size: {got} != {expected}"
     assert run.unguarded == 2, "a call with another size ran without guards"
+    # the same inputs under state Dynamo guards on beyond them (a torch function mode, such as a
+    # torch.device(...) block or a counter of host reads; autocast; no grad mode) go through the guards too
+    for name, state in (("a torch function mode", _HostReads), ("autocast", lambda: torch.autocast("cpu")),
+                        ("grad mode off", torch.no_grad)):
+        x, slot = torch.full((1, 3), 9.0), torch.tensor([3])
+        with state():
+            got = run(x, cache, slot)[0]
+        assert torch.equal(got, gm(x, reference, slot)[0]), f"under {name}: {got}"
+        assert run.unguarded == 2, f"under {name} a call ran without guards"
+    x, slot = torch.full((1, 3), 5.0), torch.tensor([1])
+    assert torch.equal(run(x, cache, slot)[0], gm(x, reference, slot)[0]) and run.unguarded == 3, (
+        "back as compiled for: the guards are skipped again")

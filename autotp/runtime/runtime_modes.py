@@ -33,8 +33,9 @@ ids) for shape, stride, dtype and device, which at tp 2 on this project's CPU to
 decode step. The decode graph's sizes are fixed by its cache and it is called with the same weight and cache
 tensors each step, so after its first call it is run with ``skip_guard_eval_unsafe`` (Dynamo runs its one
 compiled program without evaluating guards) only where this module's own check holds: every input is the
-first call's tensor, or one of the same shape, stride, dtype and device, and grad mode is as it was;
-otherwise the guarded call runs as usual.
+first call's tensor, or one of the same shape, stride, dtype and device, no torch function mode is active
+(a ``torch.device(...)`` block is one), and the global state Dynamo checks on every call (grad mode, autocast,
+default dtype, ...; its ``GlobalStateGuard``) is as it was; otherwise the guarded call runs as usual.
 
 ``cuda_graph`` mode is ``compiled`` with ``mode="reduce-overhead"`` (CUDA graph trees: captured once,
 replayed per call), with the weights and the cache marked static addresses so a replay neither copies
@@ -131,6 +132,11 @@ def graph_runner(graph_module: fx.GraphModule, mode: str, *, what: str, talk: bo
     return _CompiledGraph(graph_module, mode, what=what, talk=talk, static=static)
 
 
+try:  # Dynamo's own check of the global state its guards read (grad mode, autocast, default dtype, ...)
+    from torch._C._dynamo.guards import GlobalStateGuard as _GlobalState
+except ImportError:  # pragma: no cover - a torch without it: every call keeps Dynamo's guards
+    _GlobalState = None
+
 _SUMMED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LINEAR = torch.ops.aten.linear.default
 
@@ -208,7 +214,8 @@ class _CompiledGraph:
                 torch._dynamo.mark_static_address(tensor)
         self.compiled: Callable[..., Any] | None = None
         self.calls = 0
-        self.first: tuple[Any, ...] | None = None  # the decode graph's first arguments and grad mode (the module docstring)
+        # the decode graph's first arguments and the global state then (the module docstring)
+        self.first: tuple[Any, ...] | None = None
         self.unguarded = 0  # calls run without Dynamo's guards
 
     def __call__(self, *args: Any) -> Any:
@@ -222,15 +229,18 @@ class _CompiledGraph:
         self.compiled = torch.compile(graph_module, backend="inductor", fullgraph=True,
                                       mode="reduce-overhead" if self.mode == "cuda_graph" else None)
         out = self._run(args)
-        if decode:
-            self.first = (torch.is_grad_enabled(), args)
+        if decode and _GlobalState is not None:
+            self.first = (_GlobalState(), args)
         log_progress(self.talk, f"compiled the {self.what} graph in {time.perf_counter() - start:.1f} s")
         return out
 
     def _as_first_call(self, args: tuple[Any, ...]) -> bool:
-        """Whether ``args`` (and grad mode) are what the decode graph was compiled for: each the first call's
-        object, or a tensor of its shape, stride, dtype and device (then Dynamo's guards would pass)."""
-        if self.first is None or self.first[0] != torch.is_grad_enabled() or len(args) != len(self.first[1]):
+        """Whether ``args`` and the global state are what the decode graph was compiled for: each argument the
+        first call's object, or a tensor of its shape, stride, dtype and device; no torch function mode active;
+        and the state Dynamo checks on every call (grad mode, autocast, default dtype, ...) as it was then. Then
+        Dynamo's guards would pass."""
+        if (self.first is None or len(args) != len(self.first[1]) or not self.first[0].check()
+                or torch.overrides._get_current_function_mode_stack()):
             return False
         for arg, seen in zip(args, self.first[1]):
             if arg is seen:

@@ -1,7 +1,7 @@
 """The sum of a small CUDA tensor over a group in symmetric memory: PyTorch's one-shot all-reduce kernel.
 
 A decode step's all-reduces carry a few KiB, where NCCL pays its per-call base latency and a hop per rank
-of its ring (about 7-8 us at tp 2-8 on NVLink by NCCL's own tuning tables). PyTorch's symmetric memory
+of its ring (about 8-15 us at tp 2-8 on NVLink, priced from NCCL's own tuning tables). PyTorch's symmetric memory
 (``torch.distributed._symmetric_memory``) maps one buffer of every rank of a group into each rank's address
 space (``empty`` allocates it, ``rendezvous`` exchanges the handles through the group's store); its one-shot
 kernel, ``torch.ops.symm_mem.one_shot_all_reduce_copy_out``, copies this rank's tensor into its buffer,
@@ -11,8 +11,8 @@ no host synchronisation, so it runs inside a captured CUDA graph. vLLM's and SGL
 the same form for small messages inside a node.
 
 Where (:func:`autotp.cost_model.collectives.uses_symmetric_memory_all_reduce`): every rank of the group on one
-host with its tensors on a CUDA device, whatever the backend (NCCL; gloo with CUDA tensors, where two ranks
-on one GPU map each other's buffers as well), on a torch that has the kernel. Which all-reduces: those of at
+host with its tensors on a CUDA device, whatever the backend (NCCL; or gloo with CUDA tensors, which lets two
+ranks share one GPU, as the one-GPU check runs them), on a torch that has the kernel. Which all-reduces: those of at
 most 256 KiB (:func:`autotp.cost_model.collectives.symmetric_memory_takes`, which the cost model reads too), of
 a dtype the kernel sums (:data:`KERNEL_DTYPES`) and a multiple of 4 bytes (its alignment); the others take the
 backend's all-reduce. An all-reduce has the same size and dtype on every rank, so every rank takes the same
@@ -104,10 +104,6 @@ class SymmetricMemoryAllReduce(StandInCollective):
         return torch.ops.autotp.symmetric_memory_all_reduce.default, self.buffer, (self.group_name, self.world_size)
 
 
-def _graph_group_name(group: dist.ProcessGroup | None) -> str:
-    return (group if group is not None else dist.group.WORLD).group_name
-
-
 def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: float,
                                     device: torch.device) -> SymmetricMemoryAllReduce | None:
     """A :class:`SymmetricMemoryAllReduce` on ``group``, or None where the ranks keep the backend's all-reduce.
@@ -128,6 +124,7 @@ def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_
     import torch.distributed._symmetric_memory as symm_mem
 
     rank = dist.get_rank(group)
+    process_group = group if group is not None else dist.group.WORLD  # the group's name is the graph's
     buffer, failure = None, ""
     try:
         buffer = symm_mem.empty(ONE_SHOT_MAX_BYTES, dtype=torch.uint8, device=device)
@@ -136,7 +133,7 @@ def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_
     failures = exchange(failure, group=group, timeout_s=timeout_s, what="the symmetric-memory buffer's allocation")
     if not any(failures):
         try:
-            symm_mem.rendezvous(buffer, group if group is not None else dist.group.WORLD)
+            symm_mem.rendezvous(buffer, process_group)
         except (RuntimeError, ValueError) as exc:
             failure = f"rank {rank} could not map the group's symmetric memory: {exc}"
         failures = exchange(failure, group=group, timeout_s=timeout_s, what="the symmetric-memory rendezvous")
@@ -145,7 +142,7 @@ def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_
         warnings.warn(f"autotp keeps the backend's all-reduce on this group instead of the one-shot kernel in "
                       f"symmetric memory: {problems[0] if problems else 'no buffer'}", stacklevel=2)
         return None
-    return SymmetricMemoryAllReduce(buffer, group_name=_graph_group_name(group), world_size=dist.get_world_size(group))
+    return SymmetricMemoryAllReduce(buffer, group_name=process_group.group_name, world_size=dist.get_world_size(group))
 
 
 _LIBRARY = torch.library.Library("autotp", "FRAGMENT")  # held for the life of the process
