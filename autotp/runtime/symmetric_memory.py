@@ -7,7 +7,7 @@ space (``empty`` allocates it, ``rendezvous`` exchanges the handles through the 
 kernel, ``torch.ops.symm_mem.one_shot_all_reduce_copy_out``, copies this rank's tensor into its buffer,
 waits on signal pads until every peer has done the same, loads the ``p`` buffers and adds them in rank order
 (the same bits on every rank), and signals once more before the buffer may be written again. One kernel and
-no host synchronisation, so it runs inside a captured CUDA graph. vLLM's and SGLang's custom all-reduce take
+no host synchronisation, so it can run inside a captured CUDA graph. vLLM's and SGLang's custom all-reduce take
 the same form for small messages inside a node.
 
 Where (:func:`autotp.cost_model.collectives.uses_symmetric_memory_all_reduce`): every rank of the group on one
