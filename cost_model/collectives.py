@@ -136,6 +136,7 @@ __all__ = [
     "ONE_SHOT_MAX_BYTES",
     "ONE_SHOT_MIN_GROUP",
     "SHARED_MEMORY_KINDS",
+    "SYMMETRIC_MEMORY_DTYPES",
     "call_sync_wait_s",
     "collective_time_s",
     "group_spans_nodes",
@@ -144,6 +145,7 @@ __all__ = [
     "link_collective_time_s",
     "p2p_time_s",
     "shared_memory_terms",
+    "symmetric_memory_sums",
     "symmetric_memory_takes",
     "symmetric_memory_terms",
     "uses_one_shot_all_reduce",
@@ -199,11 +201,22 @@ def uses_symmetric_memory_all_reduce(*, one_host: bool, device_types: set[str] |
     return one_host and set(device_types) == {"cuda"} and has_kernel
 
 
-def symmetric_memory_takes(group_size: int, nbytes: float) -> bool:
-    """True when an all-reduce of ``nbytes`` (per rank) over ``group_size`` ranks runs through symmetric
-    memory on a runtime that has it: at most :data:`ONE_SHOT_MAX_BYTES` (each rank loads ``p - 1`` copies;
-    beyond that NCCL's ring moves fewer bytes). Read by the runtime and by :func:`collective_time_s`."""
-    return group_size >= 2 and nbytes <= ONE_SHOT_MAX_BYTES
+SYMMETRIC_MEMORY_DTYPES = ("float32", "bfloat16")
+"""The dtypes PyTorch's one-shot kernel sums (its CUDA dispatch: float and bfloat16); others keep the backend."""
+
+
+def symmetric_memory_sums(dtype: Any) -> bool:
+    """Whether the one-shot kernel sums ``dtype`` (a ``torch.dtype`` or its name; None: not known, taken as
+    one it sums): :data:`SYMMETRIC_MEMORY_DTYPES`."""
+    return dtype is None or str(dtype).removeprefix("torch.") in SYMMETRIC_MEMORY_DTYPES
+
+
+def symmetric_memory_takes(group_size: int, nbytes: float, dtype: Any = None) -> bool:
+    """True when an all-reduce of ``nbytes`` (per rank) of ``dtype`` over ``group_size`` ranks runs through
+    symmetric memory on a runtime that has it: at most :data:`ONE_SHOT_MAX_BYTES` (each rank loads ``p - 1``
+    copies; beyond that NCCL's ring moves fewer bytes) of a dtype the kernel sums (:func:`symmetric_memory_sums`).
+    Read by the runtime and by :func:`collective_time_s`."""
+    return symmetric_memory_sums(dtype) and group_size >= 2 and nbytes <= ONE_SHOT_MAX_BYTES
 
 
 def symmetric_memory_terms(group_size: Any) -> tuple[Any, Any]:
@@ -281,6 +294,7 @@ def link_collective_time_s(
     small_all_reduce: str = "ring",
     shared_memory_link: LinkProfile | None = None,
     symmetric_memory_link: LinkProfile | None = None,
+    dtype: Any = None,
 ) -> float:
     """:func:`collective_time_s` on an explicit link instead of a hardware profile (no in-graph wait).
 
@@ -289,7 +303,8 @@ def link_collective_time_s(
     ``small_all_reduce="shared_memory"``: every all-reduce runs through shared memory, priced on
     ``shared_memory_link`` (required then).
     ``small_all_reduce="symmetric_memory"``: an all-reduce that :func:`symmetric_memory_takes` runs as the
-    one-shot kernel in symmetric memory, priced on ``symmetric_memory_link`` (required then)."""
+    one-shot kernel in symmetric memory (``dtype``: the tensor's, where known), priced on
+    ``symmetric_memory_link`` (required then)."""
     validate_collective(kind, algorithm)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
@@ -303,7 +318,8 @@ def link_collective_time_s(
         steps, factor = shared_memory_terms(kind, group_size)
         return float(shared_memory_link.base_latency_s + steps * shared_memory_link.latency_s
                      + factor * nbytes / shared_memory_link.bandwidth_bytes_per_s)
-    if kind == "all_reduce" and small_all_reduce == "symmetric_memory" and symmetric_memory_takes(group_size, nbytes):
+    if (kind == "all_reduce" and small_all_reduce == "symmetric_memory"
+            and symmetric_memory_takes(group_size, nbytes, dtype)):
         if symmetric_memory_link is None:
             raise ValueError('small_all_reduce="symmetric_memory" needs symmetric_memory_link= '
                              '(Hardware.symmetric_memory_link)')
@@ -335,6 +351,7 @@ def collective_time_s(
     *,
     spans_nodes: bool = False,
     algorithm: str = "ring",
+    dtype: Any = None,
 ) -> float:
     """Seconds for one collective of ``kind`` over ``group_size`` ranks, in a graph: the link's
     alpha-beta time plus the wait for the slowest rank (``Hardware.collective_wait_s``).
@@ -343,12 +360,13 @@ def collective_time_s(
     output, the reduce-scatter input, the all-to-all data per rank, the broadcast buffer.
     ``spans_nodes``: the group crosses nodes, so the ``inter_node`` link is the bottleneck.
     ``algorithm``: ``"ring"`` or ``"tree"`` (formulas and sources in the module docstring).
+    ``dtype``: the tensor's dtype where known (the symmetric-memory kernel sums some dtypes only).
     """
     validate_collective(kind, algorithm)
     form = inference_all_reduce_form(hardware, spans_nodes=spans_nodes)
     flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm,
                                   small_all_reduce=form, shared_memory_link=hardware.shared_memory_link,
-                                  symmetric_memory_link=hardware.symmetric_memory_link)
+                                  symmetric_memory_link=hardware.symmetric_memory_link, dtype=dtype)
     one_shot = (kind in SHARED_MEMORY_KINDS and form == "shared_memory") or (  # the runtime does not split these
         kind == "all_reduce" and form == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes))
     parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes and not one_shot else None

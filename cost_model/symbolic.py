@@ -31,6 +31,7 @@ from .collectives import (
     hierarchical_parts,
     inference_all_reduce_form,
     shared_memory_terms,
+    symmetric_memory_sums,
     symmetric_memory_terms,
     validate_collective,
 )
@@ -117,6 +118,7 @@ def symbolic_collective_time_s(
     *,
     spans_nodes: bool = False,
     algorithm: str = "ring",
+    dtype: Any = None,
 ) -> sympy.Expr:
     """:func:`collective_time_s` with ``nbytes`` an expression (``group_size`` stays a number:
     it is a mesh axis size, fixed when planning)."""
@@ -153,7 +155,7 @@ def symbolic_collective_time_s(
         steps, factor = shared_memory_terms(kind, sympy.Integer(group_size))
         ring = shm.base_latency_s + steps * shm.latency_s + factor * nbytes_expr / shm.bandwidth_bytes_per_s
         ring += hardware.shared_memory_cold_call_s  # as collective_time_s
-    elif kind == "all_reduce" and form == "symmetric_memory":
+    elif kind == "all_reduce" and form == "symmetric_memory" and symmetric_memory_sums(dtype):
         # the one-shot kernel in symmetric memory up to ONE_SHOT_MAX_BYTES (collectives.symmetric_memory_takes)
         symm = hardware.symmetric_memory_link
         steps, factor = symmetric_memory_terms(sympy.Integer(group_size))

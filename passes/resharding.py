@@ -84,7 +84,7 @@ class Formulas:
     """The cost-model functions a step's price calls, on numbers or on sympy expressions."""
 
     compute_time_s: Callable[[Any, Any, torch.dtype, Hardware], Any]
-    collective_time_s: Callable[..., Any]  # (kind, nbytes, group_size, hardware, *, spans_nodes)
+    collective_time_s: Callable[..., Any]  # (kind, nbytes, group_size, hardware, *, spans_nodes, dtype)
 
 
 NUMERIC = Formulas(compute_time_s, collective_time_s)
@@ -250,11 +250,12 @@ def layout_node_s(op: object, nbytes: Any, dtype: torch.dtype, hardware: Hardwar
     return formulas.compute_time_s(0, nbytes, dtype, hardware)
 
 
-def _collective_s(formulas: Formulas, kind: str, nbytes: Any, world_size: int, hardware: Hardware) -> Any:
-    """A collective over the tensor-parallel group of ``world_size`` consecutive ranks: on the
+def _collective_s(formulas: Formulas, kind: str, nbytes: Any, world_size: int, hardware: Hardware,
+                  dtype: torch.dtype) -> Any:
+    """A collective of ``dtype`` over the tensor-parallel group of ``world_size`` consecutive ranks: on the
     inter-node link (or hierarchically) when the group is bigger than a node."""
     spans = group_spans_nodes(world_size, hardware.devices_per_node)
-    return formulas.collective_time_s(kind, nbytes, world_size, hardware, spans_nodes=spans)
+    return formulas.collective_time_s(kind, nbytes, world_size, hardware, spans_nodes=spans, dtype=dtype)
 
 
 def step_time_terms(step: ReshardStep, shape: Sequence[Any], dtype: torch.dtype, world_size: int,
@@ -268,7 +269,7 @@ def step_time_terms(step: ReshardStep, shape: Sequence[Any], dtype: torch.dtype,
     parts = PartBytes.of(step, shape, dtype.itemsize, world_size)
     terms: tuple[Any, ...] = ()
     if spec.collective is not None:
-        terms += (_collective_s(formulas, spec.collective, spec.exchanged(parts), world_size, hardware),)
+        terms += (_collective_s(formulas, spec.collective, spec.exchanged(parts), world_size, hardware, dtype),)
     for op, nbytes, count in spec.layout(step, parts):
         if isinstance(count, sympy.Basic) or count:
             terms += (count * layout_node_s(op, nbytes, dtype, hardware, formulas),)

@@ -197,8 +197,9 @@ def test_shared_memory_all_reduce_is_priced_on_its_own_link() -> None:
 def test_symmetric_memory_all_reduce_is_priced_where_the_runtime_takes_it() -> None:
     """tp=2, 4 and 8 on h100-sxm (small_all_reduce="symmetric_memory"): an all-reduce of at most
     ONE_SHOT_MAX_BYTES inside the node costs one kernel launch, two barriers and (p-1) n/B of loads from the
-    peers, numerically and symbolically, below NCCL's ring; above it, across nodes and in training graphs,
-    NCCL's ring or tree; one condition says where the runtime takes it."""
+    peers, numerically and symbolically, below NCCL's ring; above it, of float16 (the kernel sums float32 and
+    bfloat16), across nodes and in training graphs, NCCL's ring or tree; one condition says where the runtime
+    takes it."""
     from autotp.cost_model.collectives import symmetric_memory_takes, uses_symmetric_memory_all_reduce
     from autotp.cost_model.symbolic import SEQ, evaluate_s, symbolic_collective_time_s
 
@@ -220,6 +221,18 @@ def test_symmetric_memory_all_reduce_is_priced_where_the_runtime_takes_it() -> N
             assert math.isclose(evaluate_s(expression, {SEQ: seq}), numeric, rel_tol=1e-9), (p, seq, numeric)
     assert collective_time_s("all_gather", 2048, 4, h100) == collective_time_s("all_gather", 2048, 4, ring), (
         "all-gathers keep NCCL")
+    for dtype, kernel in ((torch.float32, True), (torch.bfloat16, True), (torch.float16, False), ("float16", False)):
+        expected = collective_time_s("all_reduce", 2048, 4, h100 if kernel else ring)
+        assert collective_time_s("all_reduce", 2048, 4, h100, dtype=dtype) == expected, f"{dtype}: kernel {kernel}"
+        symbolic = symbolic_collective_time_s("all_reduce", SEQ * 1024, 4, h100, dtype=dtype)
+        assert math.isclose(evaluate_s(symbolic, {SEQ: 2}), expected, rel_tol=1e-9), f"{dtype}, symbolic"
+    # a plan's all-reduce step passes its tensor's dtype: 512 x 2-byte elements
+    from autotp.base.reshard import ReshardKind, ReshardStep
+    from autotp.passes.resharding import step_time_terms
+
+    step = ReshardStep(ReshardKind.ALL_REDUCE)
+    for dtype, profile in ((torch.bfloat16, h100), (torch.float16, ring)):
+        assert step_time_terms(step, (1, 512), dtype, 4, h100)[0] == collective_time_s("all_reduce", 1024, 4, profile)
     multinode = get_hardware("h100-multinode")
     assert collective_time_s("all_reduce", 2048, 16, multinode, spans_nodes=True) == collective_time_s(
         "all_reduce", 2048, 16, dataclasses.replace(multinode, small_all_reduce="ring"), spans_nodes=True), (

@@ -13,9 +13,9 @@ the same form for small messages inside a node.
 Where (:func:`autotp.cost_model.collectives.uses_symmetric_memory_all_reduce`): every rank of the group on one
 host with its tensors on a CUDA device, whatever the backend (NCCL; or gloo with CUDA tensors, which lets two
 ranks share one GPU, as the one-GPU check runs them), on a torch that has the kernel. Which all-reduces: those of at
-most 256 KiB (:func:`autotp.cost_model.collectives.symmetric_memory_takes`, which the cost model reads too), of
-a dtype the kernel sums (:data:`KERNEL_DTYPES`) and a multiple of 4 bytes (its alignment); the others take the
-backend's all-reduce. An all-reduce has the same size and dtype on every rank, so every rank takes the same
+most 256 KiB of a dtype the kernel sums, float32 or bfloat16
+(:func:`autotp.cost_model.collectives.symmetric_memory_takes`, which the cost model reads too), and a multiple
+of 4 bytes (its alignment); the others take the backend's all-reduce. An all-reduce has the same size and dtype on every rank, so every rank takes the same
 path.
 
 :func:`symmetric_memory_all_reduce_for` sets up one :class:`SymmetricMemoryAllReduce` per graph and group (a
@@ -42,11 +42,8 @@ from autotp.passes.small_collectives import StandInCollective
 from autotp.runtime.agreement import exchange, exchanges_with_others
 from autotp.runtime.shared_memory import host_identity
 
-__all__ = ["KERNEL_DTYPES", "SymmetricMemoryAllReduce", "has_kernel", "sum_in_symmetric_memory",
+__all__ = ["SymmetricMemoryAllReduce", "has_kernel", "sum_in_symmetric_memory",
            "symmetric_memory_all_reduce_for"]
-
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)
-"""The dtypes PyTorch's one-shot kernel sums (its CUDA dispatch: float and bfloat16); others take the backend."""
 
 _ALIGNMENT_BYTES = 4
 """The kernel loads vectors of at least 4 bytes: a tensor whose size is not a multiple of 4 takes the backend."""
@@ -66,8 +63,8 @@ def sum_in_symmetric_memory(x: torch.Tensor, buffer: torch.Tensor, group_name: s
     """The sum of ``x`` over the ranks of ``group_name``: the one-shot kernel in ``buffer`` (this rank's
     symmetric-memory buffer, uint8) where it takes ``x`` (module docstring), else the backend's all-reduce."""
     nbytes = x.numel() * x.element_size()
-    if (x.dtype not in KERNEL_DTYPES or nbytes == 0 or nbytes % _ALIGNMENT_BYTES
-            or nbytes > buffer.numel() or not symmetric_memory_takes(world_size, nbytes)):
+    if (nbytes == 0 or nbytes % _ALIGNMENT_BYTES or nbytes > buffer.numel()
+            or not symmetric_memory_takes(world_size, nbytes, x.dtype)):
         return c10d.wait_tensor(c10d.all_reduce(x, "sum", group_name))
     x = x.contiguous()
     out = torch.empty_like(x)
