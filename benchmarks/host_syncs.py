@@ -20,30 +20,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
+import sys
 import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-
-class _HostReads(torch.overrides.TorchFunctionMode):
-    """Counts reads of a tensor's value on the host made inside the block."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+from host_reads import HostReads  # noqa: E402  (shared with tests/test_runtime_modes.py)
 
 
 def _syncs(device: torch.device, run: Any) -> int:
     """Syncs (CUDA) or host reads (CPU) while ``run()`` runs."""
     if device.type != "cuda":
-        with _HostReads() as reads:
+        with HostReads() as reads:
             run()
         return reads.count
     torch.cuda.synchronize(device)

@@ -219,12 +219,16 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
 
 def _all_reduce_form(tp: Any) -> str:
     """How the rank-local graph of ``tp`` sums its all-reduces (autotp.runtime.inference_collectives)."""
-    names = {getattr(n.target, "__name__", "") for n in tp.graph_module.graph.nodes if n.op == "call_function"}
-    names |= {str(n.target) for n in tp.graph_module.graph.nodes if n.op == "call_function"}
-    for marker, form in (("autotp_symmetric_memory_all_reduce", "symmetric memory"),
-                         ("autotp_shared_memory_all_reduce", "shared memory"), ("one_shot_all_reduce", "one-shot"),
-                         ("_c10d_functional.all_reduce.default", "backend")):
-        if marker in names:
+    from autotp.passes.small_collectives import one_shot_all_reduce
+    from autotp.runtime.shared_memory import SharedMemoryAllReduce
+    from autotp.runtime.symmetric_memory import SymmetricMemoryAllReduce
+
+    targets = [n.target for n in tp.graph_module.graph.nodes if n.op == "call_function"]
+    for form, takes in (("symmetric memory", lambda t: isinstance(t, SymmetricMemoryAllReduce)),
+                        ("shared memory", lambda t: isinstance(t, SharedMemoryAllReduce)),
+                        ("one-shot", lambda t: t is one_shot_all_reduce),
+                        ("backend", lambda t: t is torch.ops._c10d_functional.all_reduce.default)):
+        if any(takes(t) for t in targets):
             return form
     return "none"
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from host_reads import HostReads
 from models import tiny_llama
 
 import autotp
@@ -179,19 +180,6 @@ def test_mode_validation_and_auto_fallback() -> None:
     assert resolve_runtime_mode("compiled", torch.device("cpu")) == "compiled"
 
 
-class _HostReads(torch.overrides.TorchFunctionMode):
-    """Counts tensor-to-host reads (``bool()``, ``item()``, ``tolist()``, ``int()``) made inside the block."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads = 0
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__):
-            self.reads += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _loop(stop_check_every: int, eos_at: int, max_new_tokens: int) -> tuple[list[list[int]], int, int]:
     """The decode loop over a stand-in graph whose next token is the position + 1 in row 0 and + 2 in row 1
     (eos = ``eos_at``, pad 0): (tokens, graph calls, host reads)."""
@@ -206,11 +194,11 @@ def _loop(stop_check_every: int, eos_at: int, max_new_tokens: int) -> tuple[list
             return torch.nn.functional.one_hot(positions + torch.tensor([[1], [2]]), 64).float()  # (batch, 1, vocab)
         return run
 
-    with _HostReads() as reads:
+    with HostReads() as reads:
         tokens = generation_loop(layout, runner, torch.tensor([[5], [5]]), None, max_new_tokens=max_new_tokens,
                                  eos_token_id=None, pad_token_id=None, seed=None, streamer=None,
                                  pick=lambda logits, generator: logits.argmax(-1), stop_check_every=stop_check_every)
-    return tokens.tolist(), calls[0], reads.reads
+    return tokens.tolist(), calls[0], reads.count
 
 
 def test_compiled_loop_reads_nothing_back_per_token() -> None:
@@ -308,7 +296,7 @@ def test_compiled_decode_skips_guards_only_for_the_inputs_it_was_compiled_for() 
     assert run.unguarded == 2, "a call with another size ran without guards"
     # the same inputs under state Dynamo guards on beyond them (a torch function mode, such as a
     # torch.device(...) block or a counter of host reads; autocast; no grad mode) go through the guards too
-    for name, state in (("a torch function mode", _HostReads), ("autocast", lambda: torch.autocast("cpu")),
+    for name, state in (("a torch function mode", HostReads), ("autocast", lambda: torch.autocast("cpu")),
                         ("grad mode off", torch.no_grad)):
         x, slot = torch.full((1, 3), 9.0), torch.tensor([3])
         with state():
