@@ -58,6 +58,7 @@ import hashlib
 import importlib.metadata
 import inspect
 import json
+import operator
 import os
 import pickle
 import sys
@@ -583,6 +584,7 @@ def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[s
                                                 serde._int_to_sympy_int(r.max_val, int_oo))
               for name, r in program.range_constraints.items()}
     result = deserializer.deserialize(program.graph_module, state, constants, None, ranges)
+    _erase_invented_getitems(result.graph_module)
     range_constraints = serde.ExportedProgramDeserializer().deserialize_range_constraints(ranges, result.names_to_symbols)
     exported = ep.ExportedProgram(
         root=result.graph_module, graph=result.graph_module.graph, graph_signature=result.signature,
@@ -591,3 +593,23 @@ def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[s
         verifiers=[serde.load_verifier(v) for v in program.verifiers])
     exported._guards_code = program.guards_code
     return exported
+
+
+def _erase_invented_getitems(gm: torch.fx.GraphModule) -> None:
+    """Erase the ``getitem`` nodes that the serialized form invents, so the rebuilt graph is the traced one.
+
+    A traced graph has no ``getitem`` for an unused output of a multi-output op (``topk``'s indices,
+    eval-mode ``batch_norm``'s saved statistics); the schema needs a name for every output, so
+    ``torch._export.serde`` names it ``<op node>_unused_<index>`` (``_handle_getitem_users``), and the
+    deserializer makes a ``getitem`` of it. Such a node has no users; erased, the graph is node for node
+    the one rank 0 traced (its fingerprint included, which the ranks' agreement compares).
+    """
+    invented = [node for node in gm.graph.nodes
+                if node.op == "call_function" and node.target is operator.getitem and not node.users
+                and isinstance(node.args[0], torch.fx.Node)
+                and node.name.startswith(f"{node.args[0].name}_unused_")]
+    for node in invented:
+        gm.graph.erase_node(node)
+    if invented:
+        gm.recompile()
+
