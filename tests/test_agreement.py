@@ -341,6 +341,33 @@ def test_records_without_a_graph_name_weight_shapes() -> None:
     assert disagreement([rank0, rank0]) is None, "identical records must agree"
 
 
+class _Activation(nn.Module):
+    def __init__(self, activation: nn.Module) -> None:
+        super().__init__()
+        self.up, self.act, self.down = nn.Linear(8, 16), activation, nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+def test_graphs_that_differ_name_their_first_differing_node() -> None:
+    """No process group, records of 3 ranks whose graphs differ in one op (ReLU on rank 1, SiLU elsewhere) with the
+    same parameters and inputs: the disagreement names the first node that differs and what each rank has there."""
+    from autotp.capture import capture
+    from autotp.runtime.agreement import compile_record, disagreement
+
+    x = torch.randn(2, 8)
+    silu, relu = (compile_record(capture(_Activation(act), (x,)), options={}, weights=None)
+                  for act in (nn.SiLU(), nn.ReLU()))
+    assert silu.fingerprint != relu.fingerprint, "the case must give two graphs"
+    found = disagreement([silu, relu, silu])
+    assert found is not None, "different graphs must disagree"
+    lines, _ = found
+    node = [line for line in lines if line.startswith("first differing node")]
+    assert len(node) == 1, f"expected the first differing node named, got {lines}"
+    assert "aten.silu.default" in node[0] and "aten.relu.default" in node[0] and "ranks 0, 2" in node[0], node[0]
+
+
 def test_traced_values_guarded_without_a_process_group() -> None:
     """No process group (one rank): InputGuard refuses another value for a traced float and bool argument."""
     from autotp.capture import capture

@@ -32,7 +32,7 @@ from autotp.passes.resharding import is_collective_step, route_label, step_label
 from autotp.planning.blocks import Block, BlockRun, block_runs, parameter_bytes_per_rank, placement_counts
 from autotp.planning.decisions import Alternative, CollectiveDecision, NodeDecision
 
-__all__ = ["Plan", "as_plan", "graph_fingerprint", "plan_summary"]
+__all__ = ["Plan", "as_plan", "graph_fingerprint", "graph_lines", "plan_summary"]
 
 PLAN_FORMAT_VERSION = 2
 """Version written by :meth:`Plan.save`. Version 1 plans (no graph edges, shapes or
@@ -48,10 +48,14 @@ def _describe(node: fx.Node) -> str:
     return f"{node.name}:{target}:{shape}"
 
 
+def graph_lines(gm: fx.GraphModule) -> list[str]:
+    """One line per node (name, op, shape): what :func:`graph_fingerprint` hashes, readable where two graphs differ."""
+    return [_describe(n) for n in gm.graph.nodes]
+
+
 def graph_fingerprint(gm: fx.GraphModule) -> str:
     """Hash of node names, ops and shapes: a plan applies only to the graph it was made for."""
-    text = "\n".join(_describe(n) for n in gm.graph.nodes)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(graph_lines(gm)).encode()).hexdigest()[:16]
 
 
 _EXPORT_ADDED_NODE = "_empty_nn_module_stack_from_metadata_hook"

@@ -44,6 +44,7 @@ import dataclasses
 import hashlib
 import math
 import pickle
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,7 @@ from autotp.adapters.torchao import inner_tensors, is_subclass_weight
 from autotp.base.errors import AgreementError, RankTimeoutError, TracedValueError
 from autotp.base.shapes import concrete_shape
 from autotp.capture import CapturedGraph
-from autotp.planning.plan import graph_fingerprint
+from autotp.planning.plan import graph_fingerprint, graph_lines
 
 if TYPE_CHECKING:
     from autotp.planning.options import PlanOptions
@@ -292,6 +293,9 @@ class CompileRecord:
     arguments: tuple[tuple[str, str, str], ...] = ()
     """(node, op, hash of its constant arguments) of every call: the graph fingerprint has names,
     ops and shapes only, so a setting that is not a weight (GELU's ``approximate``, an eps) shows here."""
+    graph: bytes = b""
+    """The graph's lines (:func:`autotp.planning.plan.graph_lines`), compressed: where fingerprints differ, the
+    first node that differs is named (the lines of a decoder's layers repeat, so they compress well)."""
 
 
 def _leaf_labels(in_spec: pytree.TreeSpec) -> list[str]:
@@ -360,6 +364,7 @@ def compile_record(captured: CapturedGraph, *, options: Mapping[str, object],
             summed.append((fqn, found))
     return CompileRecord(
         fingerprint=graph_fingerprint(captured.graph_module),
+        graph=zlib.compress("\n".join(graph_lines(captured.graph_module)).encode()),
         arguments=constant_arguments(captured.graph_module),
         options=tuple((name, str(value)) for name, value in options.items()),
         parameters=tuple(held),
@@ -413,6 +418,18 @@ _SAME_MODEL = ("Every rank must build the same model (same config, same layers) 
                "shapes and dtypes.")
 
 
+def _first_differing_node(records: Sequence[CompileRecord]) -> str | None:
+    """``"first differing node (#i): rank 0 <name:op:shape>; rank 1 ..."`` from the records' graph lines."""
+    if any(not r.graph for r in records):
+        return None
+    graphs = [zlib.decompress(r.graph).decode().split("\n") for r in records]
+    for index in range(max(map(len, graphs))):
+        row = [g[index] if index < len(g) else "(no more nodes)" for g in graphs]
+        if len(set(row)) > 1:
+            return _differs(f"first differing node (#{index}, name:op:shape)", row)
+    return None
+
+
 def disagreement(records: Sequence[CompileRecord]) -> tuple[list[str], str] | None:
     """What differs between the ranks' records (one line each) and how to fix it; ``None`` when they agree."""
     failed = {rank: r.error for rank, r in enumerate(records) if r.error}
@@ -432,6 +449,9 @@ def disagreement(records: Sequence[CompileRecord]) -> tuple[list[str], str] | No
             lines = [versions] if versions else []
             lines.append("the traced graphs differ although their parameters and input shapes agree "
                          f"(fingerprints: {_differs('graph', [r.fingerprint for r in records])})")
+            first = _first_differing_node(records)
+            if first is not None:
+                lines.append(first)
         return lines, _SAME_MODEL
     if len({r.arguments for r in records}) > 1:  # same structure, other settings (an activation's variant, an eps)
         name, op, _ = next(row[0] for row in zip(*(r.arguments for r in records)) if len(set(row)) > 1)
