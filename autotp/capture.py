@@ -73,7 +73,7 @@ import inspect
 import os
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -154,6 +154,14 @@ class CapturedGraph:
     hf_use_cache: bool = False
     """A HF model traced with ``use_cache=False`` whatever the example said: calls may pass ``use_cache`` or
     leave it out (:mod:`autotp.adapters.hf_transformers`)."""
+    constant_outputs: tuple[tuple[int, Any], ...] = ()
+    """(flat position, value) of each output that is a constant of the trace (``None``, a number, a string): not a
+    graph output; :attr:`outputs` puts it back."""
+
+    @property
+    def outputs(self) -> OutputStructure:
+        """How a call's return value is rebuilt from the graph's tensor outputs."""
+        return OutputStructure(self.out_spec, self.constant_outputs)
 
     def state_fqns(self) -> dict[str, str]:
         """Placeholder name -> FQN of every state buffer (e.g. ``key_cache_0``)."""
@@ -591,20 +599,57 @@ def _check_straight_line(gm: fx.GraphModule, what: str) -> None:
         )
 
 
-def _check_outputs(exported: ExportedProgram, what: str) -> None:
-    """Refuse non-tensor outputs (an int, a string, None inside the outputs): ranks return tensors only."""
+_CONSTANT_OUTPUT_TYPES = (type(None), bool, int, float, complex, str, bytes)
+"""Non-tensor outputs that are constants of the trace (``(logits, None)``, a flag, a name): returned as traced."""
+
+
+def _constant_outputs(exported: ExportedProgram, what: str) -> tuple[tuple[int, Any], ...]:
+    """(flat position, value) of each output that is a constant of the trace; refuse any other non-tensor output
+    (a size of a dynamic dim, which would be this rank's size of a split dim)."""
     output = next(n for n in exported.graph_module.graph.nodes if n.op == "output")
+    constants = []
     for index, value in enumerate(pytree.tree_leaves(output.args[0])):
         if isinstance(value, fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
+            continue
+        if not isinstance(value, fx.Node) and isinstance(value, _CONSTANT_OUTPUT_TYPES):
+            constants.append((index, value))
             continue
         shown = value.meta.get("val") if isinstance(value, fx.Node) else value
         if isinstance(shown, torch.SymInt):  # a size of a dynamic dim: show the traced one
             shown = shown.node.hint
         raise CaptureError(
-            f"{what}.forward returns a value that is not a tensor (output {index}: {shown!r} of type "
-            f"{type(shown).__name__}). autotp returns tensors (in tuples, lists, dicts or dataclasses); "
-            "return the tensor, or compute the Python value outside the model."
+            f"{what}.forward returns a value that is neither a tensor nor a constant of the trace (output {index}: "
+            f"{shown!r} of type {type(shown).__name__}, computed from the inputs' sizes or values). autotp returns "
+            "tensors, and None, numbers and strings that do not depend on the inputs; return the value as a tensor, "
+            "or compute it outside the model."
         )
+    return tuple(constants)
+
+
+def _drop_constant_outputs(gm: fx.GraphModule, constants: tuple[tuple[int, Any], ...]) -> None:
+    """Remove the constant outputs from ``gm``'s output node: the graph returns tensors only, and
+    :meth:`OutputStructure.unflatten` puts the constants back where the model returned them."""
+    if not constants:
+        return
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    places = {index for index, _ in constants}
+    output.args = (tuple(v for index, v in enumerate(output.args[0]) if index not in places),)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputStructure:
+    """The model's return value from the graph's tensor outputs: the traced structure (``spec``) with the
+    constants of the trace (None, numbers, strings) back at their flat positions."""
+
+    spec: pytree.TreeSpec
+    constants: tuple[tuple[int, Any], ...] = ()
+
+    def unflatten(self, tensors: Sequence[Any]) -> Any:
+        """``tensors`` (the graph's outputs, in order) in the structure the model returns."""
+        leaves = list(tensors)
+        for index, value in self.constants:  # ascending positions: each lands where the model had it
+            leaves.insert(index, value)
+        return pytree.tree_unflatten(leaves, self.spec)
 
 
 def from_exported(exported: ExportedProgram, what: str, *, training: bool = False) -> CapturedGraph:
@@ -642,7 +687,7 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
         )
     if other:
         raise CaptureError(f"{what}.forward has outputs autotp cannot handle: {', '.join(other)}; return tensors only.")
-    _check_outputs(exported, what)
+    constant_outputs = _constant_outputs(exported, what)
     if not training:
         _check_no_randomness(exported.graph_module, what)
     _check_straight_line(exported.graph_module, what)
@@ -651,6 +696,7 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
             gm.graph.erase_node(node)
     state_by_placeholder = _drop_state_outputs(exported, state)
+    _drop_constant_outputs(gm, constant_outputs)
     nodes = {n.name: n for n in gm.graph.nodes}
     for update in state_by_placeholder.values():
         nodes[update].meta[WRITES_IN_PLACE] = True  # priced as the rows it writes (passes/state.py)
@@ -682,7 +728,7 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
         else:
             slots.append(InputSlot(node.name, kind, str(spec.target)))
     return CapturedGraph(gm, slots, exported.call_spec.in_spec, exported.call_spec.out_spec, exported,
-                         state=state_by_placeholder)
+                         state=state_by_placeholder, constant_outputs=constant_outputs)
 
 
 _STATE_UPDATE_OPS = (torch.ops.aten.index_copy.default,)

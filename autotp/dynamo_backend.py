@@ -41,14 +41,13 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
 from autotp.base.shapes import first_tensor, is_static
 from autotp.base.strategy import Strategy
-from autotp.capture import CapturedGraph, InputSlot, from_exported
+from autotp.capture import CapturedGraph, InputSlot, OutputStructure, from_exported
 from autotp.cost_model import Hardware
 from autotp.passes.rewrite import count_collectives, rewrite_for_rank
 from autotp.passes.uneven import Partitions, build_partitions
@@ -154,7 +153,7 @@ class _LocalGraph:
     graph_module: fx.GraphModule
     template: list[Any]  # argument list of ``run`` with parameter shards in place
     feeds: list[tuple[int, int]]  # (position in template, index of Dynamo's argument)
-    out_spec: pytree.TreeSpec
+    outputs: OutputStructure
 
     def __call__(self, args: Sequence[Any]) -> Any:
         values = list(self.template)
@@ -162,7 +161,7 @@ class _LocalGraph:
             values[position] = args[index]
         with torch.no_grad():
             outputs = self.run(*values)
-        return pytree.tree_unflatten(list(outputs), self.out_spec)
+        return self.outputs.unflatten(outputs)
 
 
 class _ShardCache:
@@ -411,7 +410,7 @@ class CompiledSubgraph:
             for position, index in feeds:
                 example[position] = concrete[index]
             run = cast(Callable[..., Any], compile_fx(local_gm, example))
-        local = _LocalGraph(run, local_gm, template, feeds, captured.out_spec)
+        local = _LocalGraph(run, local_gm, template, feeds, captured.outputs)
         self.local_graphs[key] = local
         self._last = local
         owner._lowerings += 1

@@ -236,11 +236,6 @@ class _IntOutput(_Linear):
         return self.proj(x), x.shape[0]
 
 
-class _NoneOutput(_Linear):
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return self.proj(x), None
-
-
 class _InputUpdate(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x.mul_(2.0)
@@ -272,8 +267,8 @@ class _TensorCond(_Linear):
 
 BAD_INPUTS = [
     (_DataDependent, r"(?s)could not trace _DataDependent.*test_op_coverage.py.*in forward.*select with torch.where"),
-    (_IntOutput, r"returns a value that is not a tensor \(output 1: 4 of type int\).*return the tensor"),
-    (_NoneOutput, r"not a tensor \(output 1: None"),
+    (_IntOutput, r"neither a tensor nor a constant of the trace \(output 1: 4 of type int, computed from the inputs' "
+                 r"sizes or values\).*return the value as a tensor"),
     (_InputUpdate, r"updates its input\(s\) in place: x\..*x = x \+ 1"),
     (_BufferUpdate, r"updates buffers in place: calls\..*model.eval\(\)"),
     (_train_batch_norm, r"updates buffers in place: 1.running_mean, 1.running_var, 1.num_batches_tracked.*model.eval\(\)"),
@@ -289,6 +284,29 @@ def test_bad_input_is_refused_with_what_to_do(factory, message: str) -> None:
     model = factory()
     with pytest.raises(CaptureError, match=message):
         autotp.plan(model, (torch.randn(4, 8),), world_size=2)
+
+
+class _ConstantOutputs(_Linear):
+    """Returns what model code returns beside tensors: None (nanoGPT's loss without targets), numbers, strings."""
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        return self.proj(x), None, {"layers": 3, "kind": "decoder", "pair": (x * 2.0, 1.5), "flag": True}
+
+
+def test_constant_outputs_come_back_where_the_model_returns_them() -> None:
+    """No mesh: None, numbers, strings and flags returned beside tensors are constants of the trace; the graph
+    returns the tensors only, and the call's result has the model's structure with the constants in place."""
+    model, x = _ConstantOutputs(), torch.randn(4, 8)
+    captured = capture(model, (x,))
+    output = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
+    assert all(isinstance(v, fx.Node) for v in output.args[0]), f"graph outputs must be tensors only: {output.args}"
+    state = dict(model.named_parameters())
+    values = [state[str(slot.target)] if slot.kind == "parameter" else x for slot in captured.inputs]
+    got = captured.outputs.unflatten(captured.graph_module(*values))
+    expected = model(x)
+    assert got[1] is None and got[2]["layers"] == 3 and got[2]["kind"] == "decoder" and got[2]["flag"] is True, got
+    assert got[2]["pair"][1] == 1.5 and torch.equal(got[2]["pair"][0], expected[2]["pair"][0]), got
+    assert torch.equal(got[0], expected[0]), "the tensor output differs"
 
 
 def test_autocast_region_inside_forward_is_inlined() -> None:

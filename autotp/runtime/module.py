@@ -95,7 +95,7 @@ class TensorParallelModule(torch.nn.Module):
         self._slots = captured.inputs
         self._in_spec = captured.in_spec
         self._leaf_inputs = _leaf_inputs(captured.in_spec)
-        self._out_spec = captured.out_spec
+        self._outputs = captured.outputs  # the model's return structure, constants of the trace included
         # per flattened output: "R" (whole), or with outputs="local" this rank's "S(d)" block / "P" part
         self.output_placements = output_placements(plan)
         self._check_shapes = InputShapeCheck(captured)  # static dims must keep their traced size
@@ -343,4 +343,4 @@ class TensorParallelModule(torch.nn.Module):
                 outputs = graph(*values)
             if torch.is_grad_enabled():
                 outputs = refuse_backward(outputs, self._refuse_anchor)
-        return pytree.tree_unflatten(list(outputs), self._out_spec)
+        return self._outputs.unflatten(outputs)
