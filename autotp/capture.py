@@ -685,7 +685,7 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
                          state=state_by_placeholder)
 
 
-_STATE_UPDATE_OPS = (torch.ops.aten.index_copy.default,)
+_STATE_UPDATE_OPS = (torch.ops.aten.index_copy.default, torch.ops.aten.index_put.default)
 """Ops whose result may become a buffer's new value, kept as state: each overwrites some slices of
 its first argument and leaves the rest, so every rank can apply it to its own part of the buffer."""
 

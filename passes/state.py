@@ -26,7 +26,7 @@ WRITES_IN_PLACE = "autotp_writes_in_place"
 """``node.meta`` key that capture sets (True) on each state update: the planner prices the update as
 the rows it writes, not a copy of the whole buffer, because :func:`update_state_in_place` makes it so."""
 
-_IN_PLACE = {aten.index_copy.default: aten.index_copy_.default}
+_IN_PLACE = {aten.index_copy.default: aten.index_copy_.default, aten.index_put.default: aten.index_put_.default}
 
 
 def update_state_in_place(gm: fx.GraphModule, state: dict[str, str]) -> fx.GraphModule:

@@ -1,0 +1,100 @@
+"""Models that keep their own state in buffers and update it in place in forward (a KV cache in module
+buffers, a running counter, BatchNorm's running statistics).
+
+A buffer that forward updates is state like the generation cache: the planner places it (a KV cache
+split by kv heads with the attention that writes and reads it), it counts in the memory budget, and
+the rank-local graph updates this rank's block in place, so the compiled module keeps it across calls.
+Tiers (b) (planning, no processes) and (c) (real gloo ranks against the single-process model).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from own_state_models import run_loop, tiny_cached_transformer
+
+import autotp
+from autotp.capture import capture
+
+TOLERANCE = 1e-4
+CACHE_FQNS = [f"layers.{i}.attention.kv_cache.{kind}_cache" for i in (0, 1) for kind in ("k", "v")]
+
+
+def _prompt(seq: int = 5) -> torch.Tensor:
+    return torch.randint(0, 256, (1, seq), generator=torch.Generator().manual_seed(1))  # (batch, seq)
+
+
+def test_cache_buffers_updated_in_forward_are_planned_as_state() -> None:
+    """tp=2 (autotp.plan, no processes), gpt-fast-style decoder, 2 layers, 6 heads / 3 kv heads, cache of 16
+    positions in module buffers written with ``cache[:, :, input_pos] = k``: the four cache buffers are state
+    (not refused), each is placed S(1) (split by kv heads, 2 and 1 per rank) with its ``index_put`` update
+    alike, and the plan's memory counts them: the per-rank bytes of split tensors hold each rank's block."""
+    model = tiny_cached_transformer()
+    prompt = _prompt()
+    captured = capture(model, (prompt, torch.arange(5)))
+    state = sorted(captured.state_fqns().values())
+    assert state == sorted(CACHE_FQNS), f"state buffers {state}, expected the four caches {sorted(CACHE_FQNS)}"
+    plan = autotp.plan(model, (prompt, torch.arange(5)), world_size=2)
+    placements = {fqn: plan.parameters[fqn] for fqn in CACHE_FQNS}
+    assert set(placements.values()) == {"S(1)"}, f"cache placements {placements}, expected S(1) (kv heads)"
+    updates = {n.name: (n.inputs, n.output) for n in plan.nodes if n.op == "aten.index_put.default"}
+    assert len(updates) == 4 and set(updates.values()) == {(("S(1)", "R", "S(0)"), "S(1)")}, (
+        f"cache updates {updates}, expected 4 index_put writing S(1) with the keys split by heads (S(0))")
+    longer = autotp.plan(tiny_cached_transformer(max_seq=32), (prompt, torch.arange(5)), world_size=2)
+    assert longer.parameters == plan.parameters, "a longer cache changed the placements; the memory figures below compare"
+    # 4 caches of (batch 1, 3 kv heads, positions, head_dim 8), float32: 16 positions more in each
+    whole, largest_rank = 4 * 3 * 16 * 8 * 4, 4 * 2 * 16 * 8 * 4  # the largest rank holds 2 of the 3 kv heads
+    total = longer.parameter_bytes_total - plan.parameter_bytes_total
+    per_rank = longer.parameter_bytes_per_rank - plan.parameter_bytes_per_rank
+    assert (total, per_rank) == (whole, largest_rank), (
+        f"16 more cache positions add {total} bytes in all and {per_rank} per rank to the plan's memory, "
+        f"expected {whole} and {largest_rank}")
+
+
+def _loop_on_rank(rank: int, world_size: int, steps: int) -> dict:
+    """Compile the decoder on this rank, run gpt-fast's loop through it and through the single-process model."""
+    model, reference = tiny_cached_transformer(), tiny_cached_transformer()
+    prompt = _prompt()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(prompt, torch.arange(5)))
+    expected, got = run_loop(reference, prompt, steps), run_loop(tp, prompt, steps)
+    held = tp.local_state()
+    return {
+        "diffs": [(e - g).abs().max().item() for e, g in zip(expected, got)],
+        "tokens": [e[:, -1].argmax(-1).item() for e in expected],
+        "got_tokens": [g[:, -1].argmax(-1).item() for g in got],
+        "kv_heads": {fqn: tuple(held[fqn].shape)[1] for fqn in CACHE_FQNS},
+        # positions the loop wrote (0 .. 5 + steps - 1) hold keys on this rank, the others are still zero
+        "written": [bool(held[CACHE_FQNS[0]][0, :, p].abs().sum() > 0) for p in range(16)],
+        "placements": {fqn: tp.plan.parameters[fqn] for fqn in CACHE_FQNS},
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_models_own_loop_runs_on_one_compile(gloo, world_size: int) -> None:
+    """tp=2 (3 kv heads: 2 + 1 per rank) and tp=3 (one each), gpt-fast-style decoder with its KV cache in
+    module buffers: one compile serves the model's own loop, a 5-token prefill on ``arange(5)`` then 4 calls
+    of one token at ``tensor([5 + i])``; every call's logits equal the single-process model's on every rank,
+    and each rank's cache buffers hold fewer kv heads than the model's 3 and keep the written positions."""
+    steps = 4
+    results = gloo.run(world_size, _loop_on_rank, steps)
+    first = results[0]
+    assert len(set(first["tokens"][1:])) > 1, f"the loop's tokens {first['tokens']} are all alike: a weak check"
+    for rank, result in enumerate(results):
+        worst = max(result["diffs"])
+        assert len(result["diffs"]) == steps + 1 and worst < TOLERANCE, (
+            f"rank {rank}: logits per call differ from the single-process model's by {result['diffs']}, "
+            f"expected {steps + 1} calls each < {TOLERANCE}")
+        assert result["got_tokens"] == first["tokens"], (
+            f"rank {rank}: tokens {result['got_tokens']}, expected {first['tokens']}")
+        assert set(result["placements"].values()) == {"S(1)"}, f"rank {rank}: placements {result['placements']}"
+        heads = result["kv_heads"]
+        assert all(0 < h < 3 for h in heads.values()), f"rank {rank}: kv heads held {heads}, expected fewer than 3"
+        written = [p for p, w in enumerate(result["written"]) if w]
+        assert written == list(range(5 + steps)), (
+            f"rank {rank}: cache positions written {written}, expected 0..{5 + steps - 1} (prefill and decode)")
+    held = sum(r["kv_heads"][CACHE_FQNS[0]] for r in results)
+    assert held == 3, f"kv heads held over the ranks sum to {held}, expected the model's 3"
