@@ -221,7 +221,7 @@ def node_work(node: fx.Node, strategies: list[Strategy], world_size: int) -> lis
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]  # one per input slot
     work = []
     lookup = is_lookup(node.target)  # reads only the rows it returns from its table
-    in_place = bool(node.meta.get(WRITES_IN_PLACE)) and len(inputs) >= 3  # a state update: (buffer, indices.., source)
+    in_place = bool(node.meta.get(WRITES_IN_PLACE)) and len(inputs) >= 2  # a state update: (buffer, [indices], source)
     for strategy in strategies:
         written = _local_nbytes(out, strategy.output, world_size)
         read = [_local_nbytes(value, placement, world_size) for placement, value in zip(strategy.inputs, inputs)]

@@ -98,3 +98,68 @@ def test_the_models_own_loop_runs_on_one_compile(gloo, world_size: int) -> None:
             f"rank {rank}: cache positions written {written}, expected 0..{5 + steps - 1} (prefill and decode)")
     held = sum(r["kv_heads"][CACHE_FQNS[0]] for r in results)
     assert held == 3, f"kv heads held over the ranks sum to {held}, expected the model's 3"
+
+
+class _CountingScale(torch.nn.Module):
+    """A linear layer whose output is scaled by how many times it was called: a counter buffer (a whole
+    tensor of one element) that forward updates with ``calls += 1`` and reads after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 12)
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.proj(x) * self.calls
+
+
+def _count_on_rank(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    model = _CountingScale()
+    reference = _CountingScale()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    tp = autotp.compile(model, example_inputs=(x,))
+    with torch.no_grad():
+        diffs = [(reference(x) - tp(x)).abs().max().item() for _ in range(3)]
+    return {"diffs": diffs, "calls": tp.local_state()["calls"].tolist(), "model_calls": model.calls.tolist(),
+            "split": tp.plan.parameters["proj.weight"]}
+
+
+def test_a_counter_buffer_is_kept_across_calls(gloo) -> None:
+    """tp=2, a linear layer (split) scaled by a call counter kept in a buffer (``calls += 1`` in forward): the
+    counter is state, whole on each rank; three calls give the single-process model's outputs (scaled 1, 2, 3)
+    and leave the compiled module's counter at 3, the original model's untouched at 0."""
+    results = gloo.run(2, _count_on_rank)
+    for rank, result in enumerate(results):
+        assert result["split"] != "R", f"rank {rank}: proj.weight placed {result['split']}, expected a split"
+        assert max(result["diffs"]) < TOLERANCE, f"rank {rank}: output diffs {result['diffs']}, expected < {TOLERANCE}"
+        assert result["calls"] == [3.0], f"rank {rank}: counter {result['calls']} after 3 calls, expected [3.0]"
+        assert result["model_calls"] == [0.0], f"rank {rank}: the original's counter {result['model_calls']}, expected [0.0]"
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_batch_norm_running_statistics_are_refused_with_what_to_do(training: bool) -> None:
+    """tp=2 (planning only), conv + BatchNorm in train mode (running statistics updated by forward), planned for
+    inference and with training=True: refused naming the statistics buffers, with the fix for each case
+    (eval() for inference; track_running_stats=False or frozen statistics to train). In eval mode, and with
+    batch statistics only (track_running_stats=False) in training, the same model plans, its statistics (read
+    only, or none) not state."""
+    from torch import nn
+
+    from autotp.base.errors import CaptureError
+
+    def model(track: bool = True) -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, track_running_stats=track), nn.ReLU()).train()
+
+    x = torch.randn(4, 3, 8, 8)
+    fix = "track_running_stats=False" if training else r"call model\.eval\(\)"
+    with pytest.raises(CaptureError, match=rf"1\.running_mean, 1\.running_var are running statistics.*{fix}"):
+        autotp.plan(model(), (x,), world_size=2, training=training)
+    ok = model().eval() if not training else model(track=False)
+    plan = autotp.plan(ok, (x,), world_size=2, training=training)
+    placed = sorted(plan.parameters)
+    assert placed == ["0.bias", "0.weight", "1.bias", "1.weight"], (
+        f"placed {placed}, expected the four parameters only: a buffer forward only reads is not state")
