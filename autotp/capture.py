@@ -21,12 +21,15 @@ come out, exactly as for the real model. (Traced on ``meta`` itself, attention r
 strides and the graph gains ``contiguous`` nodes; a plan made on meta would then not apply to
 the real weights.) Tensor-creating ops in the graph name that device.
 
-**State.** A buffer that forward overwrites in place with ``index_copy_`` (a static KV cache:
-``cache.index_copy_(2, positions, new_keys)``) is *state*: it persists across calls, like a
-parameter that the graph writes. Its update stays in the graph (the functional ``index_copy``);
-the output that export adds for the new value is dropped, and :attr:`CapturedGraph.state` maps the
-buffer's placeholder to the node that computes the new value. The runtime applies that update
-in place on its own (possibly split) copy of the buffer.
+**State.** A buffer that forward updates in place is *state*: it persists across calls, like a
+parameter that the graph writes (a static KV cache, ``cache.index_copy_(2, positions, new_keys)`` or
+gpt-fast's ``cache[:, :, input_pos] = k``; a convolution or SSM state; a counter ``calls += 1``). Its
+update stays in the graph (the functional ``index_copy`` / ``index_put``, or, for any other new value, a
+``copy(buffer, new_value)`` added after every other node); the output that export adds for the new
+value is dropped, and :attr:`CapturedGraph.state` maps the buffer's placeholder to its update node.
+The planner places the buffer like a parameter and its update alike, and the runtime applies the
+update in place on its own (possibly split) block of the buffer (:mod:`autotp.passes.state`).
+Running statistics of a normalisation layer in train mode (BatchNorm) are refused instead, with what to do.
 
 Shapes: by default the batch and sequence dims (dims 0 and 1) of every tensor input are
 exported as dynamic (``torch.export.Dim.AUTO``), so the graph's sizes there are symbols
@@ -59,7 +62,7 @@ where it is read. The mesh search's two-layer copy (:func:`autotp.planning.mesh_
 not part of this stack: it prices layers and never gives a program that runs.
 
 Refused, with what to do: models export cannot trace (data-dependent Python control flow),
-models whose forward updates other buffers (BatchNorm in training mode) or its inputs in place,
+models whose forward updates BatchNorm's running statistics (train mode) or its inputs in place,
 outputs that are not tensors (or tuples, lists, dicts of them), and graphs that draw random
 numbers (dropout in training mode): each rank would draw different ones.
 """
@@ -143,7 +146,8 @@ class CapturedGraph:
     out_spec: pytree.TreeSpec
     exported: ExportedProgram
     state: dict[str, str] = dataclasses.field(default_factory=dict)
-    """State buffers (see the module docstring): placeholder name -> name of the node computing its new value."""
+    """State buffers (see the module docstring): placeholder name -> name of its update node (an ``index_copy``,
+    ``index_put`` or ``copy`` whose first argument is the buffer, made in place on each rank)."""
     input_dims: tuple[InputDims, ...] = ()
     """Every dim of every tensor user input, as traced (see :class:`InputDims`)."""
     shape_mode: str = "static"

@@ -36,8 +36,13 @@ _IN_PLACE = {**IN_PLACE_UPDATES, aten.copy.default: aten.copy_.default}
 """Every state update's in-place form: the above, and the copy capture adds for any other new value."""
 
 
-def update_state_in_place(gm: fx.GraphModule, state: dict[str, str]) -> fx.GraphModule:
-    """Make every state update of ``gm`` (placeholder name -> update node name) write into its placeholder."""
+def update_state_in_place(gm: fx.GraphModule, state: dict[str, str],
+                          fqns: dict[str, str] | None = None) -> fx.GraphModule:
+    """Make every state update of ``gm`` (placeholder name -> update node name) write into its placeholder.
+
+    ``fqns`` (placeholder name -> the buffer's FQN) names the buffer in the error raised when an update does
+    not write straight into this rank's block of its buffer (a placement edited by hand, a reshard between
+    them): applied anyway, the rank would keep a new value the buffer never sees."""
     if not state:
         return gm
     nodes = {n.name: n for n in gm.graph.nodes}
@@ -46,10 +51,11 @@ def update_state_in_place(gm: fx.GraphModule, state: dict[str, str]) -> fx.Graph
         buffer = nodes.get(placeholder)
         if update is None or buffer is None or update.target not in _IN_PLACE or update.args[0] is not buffer:
             shown = update.format_node() if update is not None else f"(no node {update_name!r})"
+            name = (fqns or {}).get(placeholder, placeholder)
             raise PlanError(
-                f"the update of state {placeholder!r} does not write into its own block on this rank: {shown}. "
+                f"the update of state buffer {name!r} does not write into its own block on this rank: {shown}. "
                 "The plan must place a state buffer and its update alike; plan again instead of editing "
-                "the cache's placement by hand."
+                "the buffer's placement by hand."
             )
         update.target = _IN_PLACE[update.target]
     gm.recompile()

@@ -163,3 +163,24 @@ def test_batch_norm_running_statistics_are_refused_with_what_to_do(training: boo
     placed = sorted(plan.parameters)
     assert placed == ["0.bias", "0.weight", "1.bias", "1.weight"], (
         f"placed {placed}, expected the four parameters only: a buffer forward only reads is not state")
+
+
+def test_a_state_update_that_does_not_write_its_own_block_is_refused_naming_the_buffer() -> None:
+    """tp=1 graph, no processes: the counter's update is ``copy(calls, calls + 1)`` last in the captured graph;
+    with a step put between the buffer and its update (as a reshard would be), making it in place raises a
+    PlanError naming the buffer ``calls`` instead of writing a value the buffer never sees."""
+    from autotp.base.errors import PlanError
+    from autotp.passes.state import update_state_in_place
+
+    captured = capture(_CountingScale(), (torch.randn(4, 8),))
+    placeholder, update_name = next(iter(captured.state.items()))
+    gm = captured.graph_module
+    update = next(n for n in gm.graph.nodes if n.name == update_name)
+    last = max((n for n in gm.graph.nodes if n.op != "output"), key=list(gm.graph.nodes).index)
+    assert (update.target, update is last) == (torch.ops.aten.copy.default, True), (
+        f"counter update {update.format_node()}, expected aten.copy last in the graph (after every read)")
+    with gm.graph.inserting_before(update):
+        moved = gm.graph.call_function(torch.ops.aten.clone.default, (update.args[0],))
+    update.args = (moved, *update.args[1:])
+    with pytest.raises(PlanError, match=r"update of state buffer 'calls' does not write into its own block"):
+        update_state_in_place(gm, captured.state, captured.state_fqns())
