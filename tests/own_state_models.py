@@ -3,7 +3,8 @@
 :class:`CachedTransformer` is a small decoder in the style of gpt-fast's ``Transformer`` (written from its
 public design, not copied): RMSNorm, rotary embeddings as complex rotations, grouped-query attention, a
 gated SiLU MLP, and per layer a KV cache of ``(max_batch, kv_heads, max_seq, head_dim)`` in two
-``register_buffer`` tensors written with ``cache[:, :, input_pos] = new`` (``index_put``). ``forward(idx,
+``register_buffer`` tensors written with ``cache[:, :, input_pos] = new`` (``index_put``); q, k and v come
+from three projections, or from one fused ``wqkv`` as in gpt-fast (``TransformerArgs.fused_qkv``). ``forward(idx,
 input_pos)`` runs the tokens ``idx`` at positions ``input_pos``; the caller's loop does prefill on
 ``arange(T)`` and then one token per call. :func:`run_loop` is that loop.
 
@@ -33,6 +34,8 @@ class TransformerArgs:
     intermediate: int = 96
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
+    fused_qkv: bool = False
+    """One ``wqkv`` projection split into q, k and v (gpt-fast's layout) instead of three."""
 
     @property
     def head_dim(self) -> int:
@@ -79,18 +82,27 @@ class Attention(nn.Module):
     def __init__(self, args: TransformerArgs) -> None:
         super().__init__()
         self.args = args
-        self.wq = nn.Linear(args.dim, args.n_head * args.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_head * args.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_head * args.head_dim, bias=False)
+        q_size, kv_size = args.n_head * args.head_dim, args.n_kv_head * args.head_dim
+        if args.fused_qkv:
+            self.wqkv = nn.Linear(args.dim, q_size + 2 * kv_size, bias=False)
+        else:
+            self.wq = nn.Linear(args.dim, q_size, bias=False)
+            self.wk = nn.Linear(args.dim, kv_size, bias=False)
+            self.wv = nn.Linear(args.dim, kv_size, bias=False)
         self.wo = nn.Linear(args.n_head * args.head_dim, args.dim, bias=False)
         self.kv_cache: KVCache | None = None
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, mask: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         a = self.args
         batch, seq, _ = x.shape
-        q = self.wq(x).view(batch, seq, a.n_head, a.head_dim)
-        k = self.wk(x).view(batch, seq, a.n_kv_head, a.head_dim)
-        v = self.wv(x).view(batch, seq, a.n_kv_head, a.head_dim)
+        q_size, kv_size = a.n_head * a.head_dim, a.n_kv_head * a.head_dim
+        if a.fused_qkv:
+            q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q = q.view(batch, seq, a.n_head, a.head_dim)
+        k = k.view(batch, seq, a.n_kv_head, a.head_dim)
+        v = v.view(batch, seq, a.n_kv_head, a.head_dim)
         q, k = rotate(q, freqs), rotate(k, freqs)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, S, head_dim)
         if self.kv_cache is not None:

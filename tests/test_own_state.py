@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from own_state_models import run_loop, tiny_cached_transformer
+from own_state_models import TransformerArgs, run_loop, tiny_cached_transformer
 
 import autotp
 from autotp.capture import capture
@@ -53,9 +53,10 @@ def test_cache_buffers_updated_in_forward_are_planned_as_state() -> None:
         f"expected {whole} and {largest_rank}")
 
 
-def _loop_on_rank(rank: int, world_size: int, steps: int) -> dict:
+def _loop_on_rank(rank: int, world_size: int, steps: int, fused_qkv: bool) -> dict:
     """Compile the decoder on this rank, run gpt-fast's loop through it and through the single-process model."""
-    model, reference = tiny_cached_transformer(), tiny_cached_transformer()
+    args = TransformerArgs(fused_qkv=fused_qkv)
+    model, reference = tiny_cached_transformer(args), tiny_cached_transformer(args)
     prompt = _prompt()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -73,14 +74,15 @@ def _loop_on_rank(rank: int, world_size: int, steps: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_the_models_own_loop_runs_on_one_compile(gloo, world_size: int) -> None:
+@pytest.mark.parametrize("world_size,fused_qkv", [(2, False), (3, False), (2, True)])
+def test_the_models_own_loop_runs_on_one_compile(gloo, world_size: int, fused_qkv: bool) -> None:
     """tp=2 (3 kv heads: 2 + 1 per rank) and tp=3 (one each), gpt-fast-style decoder with its KV cache in
-    module buffers: one compile serves the model's own loop, a 5-token prefill on ``arange(5)`` then 4 calls
-    of one token at ``tensor([5 + i])``; every call's logits equal the single-process model's on every rank,
-    and each rank's cache buffers hold fewer kv heads than the model's 3 and keep the written positions."""
+    module buffers (q, k, v from three projections; at tp=2 also from one fused wqkv): one compile serves the
+    model's own loop, a 5-token prefill on ``arange(5)`` then 4 calls of one token at ``tensor([5 + i])``;
+    every call's logits equal the single-process model's on every rank, and each rank's cache buffers hold
+    fewer kv heads than the model's 3 and keep the written positions."""
     steps = 4
-    results = gloo.run(world_size, _loop_on_rank, steps)
+    results = gloo.run(world_size, _loop_on_rank, steps, fused_qkv)
     first = results[0]
     assert len(set(first["tokens"][1:])) > 1, f"the loop's tokens {first['tokens']} are all alike: a weak check"
     for rank, result in enumerate(results):
