@@ -186,3 +186,37 @@ def test_a_state_update_that_does_not_write_its_own_block_is_refused_naming_the_
     update.args = (moved, *update.args[1:])
     with pytest.raises(PlanError, match=r"update of state buffer 'calls' does not write into its own block"):
         update_state_in_place(gm, captured.state, captured.state_fqns())
+
+
+def _train_counting_on_rank(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    model = _CountingScale()
+    reference = _CountingScale()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    tp = autotp.compile(model, example_inputs=(x,), training=True)
+    losses = []
+    for module in (reference, tp):
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+        steps = []
+        for _ in range(3):
+            loss = module(x).pow(2).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            steps.append(loss.item())
+        losses.append(steps)
+    return {"expected": losses[0], "got": losses[1], "calls": tp.local_state()["calls"].tolist(),
+            "split": tp.plan.parameters["proj.weight"]}
+
+
+def test_a_counter_buffer_is_state_in_training_too(gloo) -> None:
+    """tp=2, training=True, the counter-scaled linear layer (split) and SGD for 3 steps: the losses equal the
+    single-process model's step by step (the counter scales each step's output and gradient: 1, 2, 3) and
+    the compiled module's counter ends at 3."""
+    for rank, result in enumerate(gloo.run(2, _train_counting_on_rank)):
+        assert result["split"] != "R", f"rank {rank}: proj.weight placed {result['split']}, expected a split"
+        assert len(set(result["expected"])) == 3, f"losses {result['expected']} do not change: a weak check"
+        rel = max(abs(g - e) / abs(e) for g, e in zip(result["got"], result["expected"]))
+        assert rel < 1e-5, f"rank {rank}: losses {result['got']}, expected {result['expected']} (rel diff {rel:.2g})"
+        assert result["calls"] == [3.0], f"rank {rank}: counter {result['calls']} after 3 steps, expected [3.0]"
