@@ -29,14 +29,14 @@ def _prompt(seq: int = 5) -> torch.Tensor:
 def test_cache_buffers_updated_in_forward_are_planned_as_state() -> None:
     """tp=2 (autotp.plan, no processes), gpt-fast-style decoder, 2 layers, 6 heads / 3 kv heads, cache of 16
     positions in module buffers written with ``cache[:, :, input_pos] = k``: the four cache buffers are state
-    (not refused), each is placed S(1) (split by kv heads, 2 and 1 per rank) with its ``index_put`` update
-    alike, and the plan's memory counts them: the per-rank bytes of split tensors hold each rank's block."""
+    (placed like parameters, not refused; the rotary table and causal mask, only read, are not), each placed
+    S(1) (split by kv heads, 2 and 1 per rank) with its ``index_put`` update alike, and the plan's memory
+    counts them: 16 more positions add the caches' bytes in all and the largest rank's block per rank."""
     model = tiny_cached_transformer()
     prompt = _prompt()
-    captured = capture(model, (prompt, torch.arange(5)))
-    state = sorted(captured.state_fqns().values())
-    assert state == sorted(CACHE_FQNS), f"state buffers {state}, expected the four caches {sorted(CACHE_FQNS)}"
     plan = autotp.plan(model, (prompt, torch.arange(5)), world_size=2)
+    placed = sorted(fqn for fqn in plan.parameters if fqn not in dict(model.named_parameters()))
+    assert placed == sorted(CACHE_FQNS), f"buffers placed {placed}, expected the four caches {sorted(CACHE_FQNS)}"
     placements = {fqn: plan.parameters[fqn] for fqn in CACHE_FQNS}
     assert set(placements.values()) == {"S(1)"}, f"cache placements {placements}, expected S(1) (kv heads)"
     updates = {n.name: (n.inputs, n.output) for n in plan.nodes if n.op == "aten.index_put.default"}
