@@ -8,6 +8,9 @@ from three projections, or from one fused ``wqkv`` as in gpt-fast (``Transformer
 input_pos)`` runs the tokens ``idx`` at positions ``input_pos``; the caller's loop does prefill on
 ``arange(T)`` and then one token per call. :func:`run_loop` is that loop.
 
+:class:`RollingConv` keeps a convolution state (the last inputs of a causal depthwise convolution, as a
+Mamba block does in decoding) and replaces it with ``state.copy_(...)`` every call.
+
 Weights depend only on ``seed``, so every rank of a multi-process test builds the same model.
 """
 
@@ -19,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CachedTransformer", "TransformerArgs", "run_loop", "tiny_cached_transformer"]
+__all__ = ["CachedTransformer", "RollingConv", "TransformerArgs", "run_loop", "tiny_cached_transformer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,3 +199,22 @@ def run_loop(model: nn.Module, prompt: torch.Tensor, steps: int) -> list[torch.T
             token = logits[-1][:, -1:].argmax(-1)  # (batch, 1)
             logits.append(model(token, torch.tensor([seq + i])))
     return logits
+
+
+class RollingConv(nn.Module):
+    """One decoding step of a causal depthwise convolution between two projections; the last ``kernel - 1``
+    inputs of each channel are a buffer that every call reads and then replaces (``state.copy_``)."""
+
+    def __init__(self, dim: int = 8, channels: int = 10, kernel: int = 4, batch: int = 2) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, channels)
+        self.down = nn.Linear(channels, dim)
+        self.weight = nn.Parameter(torch.randn(channels, kernel))
+        self.register_buffer("state", torch.zeros(batch, channels, kernel - 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (batch, dim), one step
+        h = self.up(x)  # (batch, channels)
+        window = torch.cat([self.state, h.unsqueeze(-1)], -1)  # (batch, channels, kernel)
+        self.state.copy_(window[:, :, 1:])
+        return self.down(F.silu((window * self.weight).sum(-1)))

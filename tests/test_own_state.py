@@ -1,5 +1,5 @@
 """Models that keep their own state in buffers and update it in place in forward (a KV cache in module
-buffers, a running counter, BatchNorm's running statistics).
+buffers, a convolution state, a running counter, BatchNorm's running statistics).
 
 A buffer that forward updates is state like the generation cache: the planner places it (a KV cache
 split by kv heads with the attention that writes and reads it), it counts in the memory budget, and
@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from own_state_models import TransformerArgs, run_loop, tiny_cached_transformer
+from own_state_models import RollingConv, TransformerArgs, run_loop, tiny_cached_transformer
 
 import autotp
 from autotp.capture import capture
@@ -220,3 +220,41 @@ def test_a_counter_buffer_is_state_in_training_too(gloo) -> None:
         rel = max(abs(g - e) / abs(e) for g, e in zip(result["got"], result["expected"]))
         assert rel < 1e-5, f"rank {rank}: losses {result['got']}, expected {result['expected']} (rel diff {rel:.2g})"
         assert result["calls"] == [3.0], f"rank {rank}: counter {result['calls']} after 3 steps, expected [3.0]"
+
+
+def _roll_on_rank(rank: int, world_size: int, steps: int) -> dict:
+    torch.manual_seed(0)
+    model = RollingConv()
+    reference = RollingConv()
+    reference.load_state_dict(model.state_dict())
+    inputs = torch.randn(steps, 2, 8, generator=torch.Generator().manual_seed(3))  # (steps, batch, dim)
+    tp = autotp.compile(model, example_inputs=(inputs[0],))
+    with torch.no_grad():
+        expected = [reference(x) for x in inputs]
+        got = [tp(x) for x in inputs]
+    return {"diffs": [(e - g).abs().max().item() for e, g in zip(expected, got)],
+            "changes": [(expected[i] - expected[i - 1]).abs().max().item() for i in range(1, steps)],
+            "placement": tp.plan.parameters["state"], "held": tuple(tp.local_state()["state"].shape),
+            "state_diff": (tp.local_state()["state"] - reference.state[:, _rows(rank, world_size)]).abs().max().item()}
+
+
+def _rows(rank: int, world_size: int) -> slice:
+    """This rank's channels of 10 split over ``world_size`` ranks, the first ranks one more (4/3/3 at 3)."""
+    sizes = [10 // world_size + (r < 10 % world_size) for r in range(world_size)]
+    return slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
+
+
+def test_a_convolution_state_replaced_every_call_is_split_by_channels(gloo) -> None:
+    """tp=3, 10 channels (4/3/3 per rank): a causal depthwise convolution's state (batch 2, channels, 3 last
+    inputs) that each call reads and replaces with ``state.copy_(window[:, :, 1:])`` is split by channels with
+    the projections around it; 4 calls give the single-process model's outputs, and each rank's state equals
+    its channels of the single-process model's state after them."""
+    steps = 4
+    for rank, result in enumerate(gloo.run(3, _roll_on_rank, steps)):
+        assert min(result["changes"]) > 1e-3, f"outputs barely change between calls ({result['changes']}): weak check"
+        assert max(result["diffs"]) < TOLERANCE, f"rank {rank}: output diffs {result['diffs']}, expected < {TOLERANCE}"
+        channels = _rows(rank, 3).stop - _rows(rank, 3).start
+        assert (result["placement"], result["held"]) == ("S(1)", (2, channels, 3)), (
+            f"rank {rank}: state placed {result['placement']} holding {result['held']}, expected S(1) holding "
+            f"(2, {channels}, 3)")
+        assert result["state_diff"] < TOLERANCE, f"rank {rank}: state differs by {result['state_diff']:.3g}"
