@@ -21,12 +21,15 @@ come out, exactly as for the real model. (Traced on ``meta`` itself, attention r
 strides and the graph gains ``contiguous`` nodes; a plan made on meta would then not apply to
 the real weights.) Tensor-creating ops in the graph name that device.
 
-**State.** A buffer that forward overwrites in place with ``index_copy_`` (a static KV cache:
-``cache.index_copy_(2, positions, new_keys)``) is *state*: it persists across calls, like a
-parameter that the graph writes. Its update stays in the graph (the functional ``index_copy``);
-the output that export adds for the new value is dropped, and :attr:`CapturedGraph.state` maps the
-buffer's placeholder to the node that computes the new value. The runtime applies that update
-in place on its own (possibly split) copy of the buffer.
+**State.** A buffer that forward updates in place is *state*: it persists across calls, like a
+parameter that the graph writes (a static KV cache, ``cache.index_copy_(2, positions, new_keys)`` or
+gpt-fast's ``cache[:, :, input_pos] = k``; a convolution or SSM state; a counter ``calls += 1``). Its
+update stays in the graph (the functional ``index_copy`` / ``index_put``, or, for any other new value, a
+``copy(buffer, new_value)`` added after every other node); the output that export adds for the new
+value is dropped, and :attr:`CapturedGraph.state` maps the buffer's placeholder to its update node.
+The planner places the buffer like a parameter and its update alike, and the runtime applies the
+update in place on its own (possibly split) block of the buffer (:mod:`autotp.passes.state`).
+Running statistics of a normalisation layer in train mode (BatchNorm) are refused instead, with what to do.
 
 Shapes: by default the batch and sequence dims (dims 0 and 1) of every tensor input are
 exported as dynamic (``torch.export.Dim.AUTO``), so the graph's sizes there are symbols
@@ -59,7 +62,7 @@ where it is read. The mesh search's two-layer copy (:func:`autotp.planning.mesh_
 not part of this stack: it prices layers and never gives a program that runs.
 
 Refused, with what to do: models export cannot trace (data-dependent Python control flow),
-models whose forward updates other buffers (BatchNorm in training mode) or its inputs in place,
+models whose forward updates BatchNorm's running statistics (train mode) or its inputs in place,
 outputs that are not tensors (or tuples, lists, dicts of them), and graphs that draw random
 numbers (dropout in training mode): each rank would draw different ones.
 """
@@ -70,6 +73,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import operator
 import os
 import traceback
 import warnings
@@ -88,7 +92,7 @@ from autotp.adapters.hf_transformers import takes_use_cache, traced_kwargs
 from autotp.base.errors import CaptureError, UnsupportedQuantizationError
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
 from autotp.passes.rules.args import arg
-from autotp.passes.state import WRITES_IN_PLACE
+from autotp.passes.state import IN_PLACE_UPDATES, WRITES_IN_PLACE
 
 __all__ = [
     "CapturedGraph", "InputDims", "InputSlot", "as_if_on", "capture", "check_model", "default_dynamic_shapes",
@@ -142,7 +146,8 @@ class CapturedGraph:
     out_spec: pytree.TreeSpec
     exported: ExportedProgram
     state: dict[str, str] = dataclasses.field(default_factory=dict)
-    """State buffers (see the module docstring): placeholder name -> name of the node computing its new value."""
+    """State buffers (see the module docstring): placeholder name -> name of its update node (an ``index_copy``,
+    ``index_put`` or ``copy`` whose first argument is the buffer, made in place on each rank)."""
     input_dims: tuple[InputDims, ...] = ()
     """Every dim of every tensor user input, as traced (see :class:`InputDims`)."""
     shape_mode: str = "static"
@@ -669,16 +674,10 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
         exported = exported.run_decompositions({})
     state = _state_updates(exported)
     specs_out = exported.graph_signature.output_specs
-    buffers = [str(o.target) for o in specs_out if o.kind == OutputKind.BUFFER_MUTATION and str(o.target) not in state]
+    _check_buffer_updates(exported, state, what, training)
     inputs = [str(o.target) for o in specs_out if o.kind == OutputKind.USER_INPUT_MUTATION]
     other = [f"{o.target} ({o.kind.name})" for o in specs_out
              if o.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION)]
-    if buffers:
-        raise CaptureError(
-            f"{what}.forward updates buffers in place: {', '.join(buffers)}. autotp plans inference graphs whose "
-            "buffers do not change, and a rank-local update would leave the ranks' copies different; call "
-            "model.eval() first (e.g. BatchNorm running statistics), or move the update out of forward()."
-        )
     if inputs:
         raise CaptureError(
             f"{what}.forward updates its input(s) in place: {', '.join(inputs)}. The tensor-parallel model "
@@ -731,14 +730,62 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
                          state=state_by_placeholder, constant_outputs=constant_outputs)
 
 
-_STATE_UPDATE_OPS = (torch.ops.aten.index_copy.default,)
-"""Ops whose result may become a buffer's new value, kept as state: each overwrites some slices of
-its first argument and leaves the rest, so every rank can apply it to its own part of the buffer."""
+_TRAIN_MODE_STATISTICS = (torch.ops.aten._native_batch_norm_legit_functional.default,)
+"""Ops whose outputs include running statistics that a normalisation layer updates in training mode."""
+
+
+def _new_value(exported: ExportedProgram, fqn: str) -> fx.Node | None:
+    """The node whose value export writes back into buffer ``fqn`` (None when ``fqn`` is not updated)."""
+    from torch.export.graph_signature import OutputKind
+
+    name = next((str(o.arg.name) for o in exported.graph_signature.output_specs
+                 if o.kind == OutputKind.BUFFER_MUTATION and str(o.target) == fqn), None)
+    return next((n for n in exported.graph_module.graph.nodes if n.name == name), None) if name else None
+
+
+def _check_buffer_updates(exported: ExportedProgram, state: dict[str, str], what: str, training: bool) -> None:
+    """Refuse buffer updates that are not state (:func:`_state_updates`), naming each buffer and why.
+
+    Running statistics of a normalisation layer in train mode (BatchNorm's) are refused: for inference
+    the model is almost surely meant to be in eval mode; for training they would be state that the
+    planner keeps whole beside a split normalisation, which autotp does not build yet.
+    """
+    from torch.export.graph_signature import OutputKind
+
+    mutated = [str(o.target) for o in exported.graph_signature.output_specs if o.kind == OutputKind.BUFFER_MUTATION]
+
+    def statistic(fqn: str) -> bool:
+        value = _new_value(exported, fqn)
+        source = value.args[0] if value is not None and value.target is operator.getitem else value
+        return isinstance(source, fx.Node) and source.target in _TRAIN_MODE_STATISTICS
+
+    statistics = [fqn for fqn in mutated if statistic(fqn)]
+    if statistics:
+        fix = ("call model.eval() before compiling for inference" if not training else
+               "to train, construct the normalisation with track_running_stats=False (batch statistics, which autotp "
+               "splits by channel), or put it in eval mode (frozen statistics, as in fine-tuning) with "
+               "module.eval() on those layers")
+        raise CaptureError(
+            f"{what}.forward updates buffers in place: {', '.join(mutated)}. {', '.join(statistics)} are running "
+            f"statistics of a normalisation layer in train mode, which autotp does not keep as state; {fix}."
+        )
+    unplaced = [fqn for fqn in mutated if fqn not in state]
+    if unplaced:
+        raise CaptureError(
+            f"{what}.forward updates buffers in place: {', '.join(unplaced)}, but the new value is not a tensor the "
+            "graph computes, so autotp cannot keep it as state on each rank; write a tensor into the buffer "
+            "(buffer.copy_(new), buffer[index] = new), or move the update out of forward()."
+        )
 
 
 def _state_updates(exported: ExportedProgram) -> dict[str, str]:
-    """Buffer FQN -> output node name, for each mutated buffer whose new value is one state-update op
-    (:data:`_STATE_UPDATE_OPS`) applied directly to the buffer's placeholder, which nothing else reads."""
+    """Buffer FQN -> name of the node computing its new value, for every buffer that forward updates.
+
+    Each is *state*: the rank-local graph writes this rank's block of the new value into its block of the
+    buffer. Where the new value is an update written in place (:data:`~autotp.passes.state.IN_PLACE_UPDATES`)
+    straight into the buffer, which nothing else reads, that update writes in place; otherwise
+    :func:`_drop_state_outputs` adds a copy into the buffer after every other node.
+    """
     from torch.export.graph_signature import OutputKind
 
     signature = exported.graph_signature
@@ -748,19 +795,27 @@ def _state_updates(exported: ExportedProgram) -> dict[str, str]:
     for spec in signature.output_specs:
         if spec.kind != OutputKind.BUFFER_MUTATION:
             continue
-        update = nodes.get(spec.arg.name)
-        buffer = nodes.get(placeholder_of.get(str(spec.target), ""))
-        if (update is not None and buffer is not None and update.op == "call_function"
-                and update.target in _STATE_UPDATE_OPS and update.args[0] is buffer and len(buffer.users) == 1):
+        update = nodes.get(getattr(spec.arg, "name", ""))
+        if (update is not None and update.name != placeholder_of.get(str(spec.target))
+                and isinstance(update.meta.get("val"), torch.Tensor)):
             state[str(spec.target)] = update.name
     return state
+
+
+def _writes_in_place(update: fx.Node, buffer: fx.Node) -> bool:
+    """True when ``update`` overwrites slices of ``buffer`` itself (an in-place form exists) and nothing else reads it."""
+    return update.op == "call_function" and update.target in IN_PLACE_UPDATES and update.args[0] is buffer \
+        and len(buffer.users) == 1
 
 
 def _drop_state_outputs(exported: ExportedProgram, state: dict[str, str]) -> dict[str, str]:
     """Remove the outputs export added for state buffers' new values; placeholder name -> update node name.
 
     The graph keeps only the user outputs; the updates stay in the graph, read by what uses the
-    new value (attention reads the updated cache).
+    new value (attention reads the updated cache). A new value that is not written in place
+    (:func:`_writes_in_place`: a counter's ``calls + 1``, a rolled convolution state) gets an update of its
+    own, ``copy(buffer, new_value)`` just before the output, so every read of the old value comes first;
+    the planner places it like the buffer (the edge is ``must_match``) and reshards the new value to it.
     """
     if not state:
         return {}
@@ -773,6 +828,17 @@ def _drop_state_outputs(exported: ExportedProgram, state: dict[str, str]) -> dic
     kept = [v for v, spec in zip(values, specs)
             if not (spec.kind == OutputKind.BUFFER_MUTATION and str(spec.target) in state)]
     output.args = (tuple(kept),)
-    exported.graph_module.recompile()
     placeholder_of = {str(i.target): i.arg.name for i in exported.graph_signature.input_specs if i.kind == InputKind.BUFFER}
-    return {placeholder_of[fqn]: update for fqn, update in state.items()}
+    nodes = {n.name: n for n in graph.nodes}
+    updates: dict[str, str] = {}
+    for fqn, name in state.items():
+        buffer, update = nodes[placeholder_of[fqn]], nodes[name]
+        if not _writes_in_place(update, buffer):
+            with graph.inserting_before(output):
+                copy = graph.call_function(torch.ops.aten.copy.default, (buffer, update))
+            copy.meta.update({k: v for k, v in update.meta.items() if k in ("stack_trace", "nn_module_stack")})
+            copy.meta["val"] = buffer.meta["val"]
+            update = copy
+        updates[buffer.name] = update.name
+    exported.graph_module.recompile()
+    return updates

@@ -221,14 +221,14 @@ def node_work(node: fx.Node, strategies: list[Strategy], world_size: int) -> lis
     inputs = [producer.meta.get("val") for producer in tensor_inputs(node)]  # one per input slot
     work = []
     lookup = is_lookup(node.target)  # reads only the rows it returns from its table
-    in_place = bool(node.meta.get(WRITES_IN_PLACE)) and len(inputs) == 3  # a state update: (buffer, index, source)
+    in_place = bool(node.meta.get(WRITES_IN_PLACE)) and len(inputs) >= 2  # a state update: (buffer, [indices], source)
     for strategy in strategies:
         written = _local_nbytes(out, strategy.output, world_size)
         read = [_local_nbytes(value, placement, world_size) for placement, value in zip(strategy.inputs, inputs)]
         if lookup and read:
             read[0] = min(read[0], written)
         if in_place:  # the runtime writes the source's rows into the buffer where it lies (passes/state.py)
-            written, read[0] = read[2], 0
+            written, read[0] = read[-1], 0
         moved = written + sum(read)
         work.append((flops * _work_fraction(strategy, out, inputs, world_size), moved))
     return work

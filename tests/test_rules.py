@@ -55,6 +55,31 @@ def test_view_rule_keeps_heads_sharded() -> None:
     assert Shard(3) not in outs.values(), "head_dim must not be split by a view"
 
 
+def test_index_put_keeps_the_split_of_every_dim_its_indices_leave_alone() -> None:
+    """tp=2: ``cache[:, :, pos] = k`` (a KV cache (2, 4, 16, 8) written at positions of dim 2, keys (2, 4, 3, 8))
+    may split batch or heads in the cache and the keys alike, never the indexed positions or via the index;
+    ``x[pos] = v`` on a leading dim keeps the trailing dims' splits, as before."""
+    def write(cache: torch.Tensor, pos: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        out = cache.clone()
+        out[:, :, pos] = k
+        return out
+
+    gm = _graph(write, torch.zeros(2, 4, 16, 8), torch.tensor([3, 4, 5]), torch.randn(2, 4, 3, 8))
+    pairs = {(s.inputs, s.output) for s in strategies_for(_node(gm, aten.index_put.default), RuleContext(2))}
+    expected = {((Shard(d), R, Shard(d)), Shard(d)) for d in (0, 1, 3)} | {((P, R, P), P), ((R, R, R), R)}
+    assert pairs == expected, f"index_put strategies {pairs}, expected {expected}"
+
+    def write_rows(x: torch.Tensor, rows: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = x.clone()
+        out[rows] = v
+        return out
+
+    gm = _graph(write_rows, torch.zeros(16, 8), torch.tensor([1, 2]), torch.randn(2, 8))
+    pairs = {(s.inputs, s.output) for s in strategies_for(_node(gm, aten.index_put.default), RuleContext(2))}
+    assert ((Shard(1), R, Shard(1)), Shard(1)) in pairs and not any(out == Shard(0) for _, out in pairs), (
+        f"x[rows] = v: strategies {pairs}, expected the columns split (S(1)) and never the rows")
+
+
 def test_add_with_nonzero_scalar_is_not_linear() -> None:
     """tp=2: x + 1e-6 on a Partial sum would add 1e-6 per rank, so no Partial strategy is offered."""
     gm = _graph(lambda x: x + 1e-6, torch.randn(4, 8))

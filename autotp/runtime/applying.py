@@ -78,7 +78,7 @@ def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.Process
     local_gm = update_state_in_place(
         rewrite_for_rank(captured.graph_module, decisions, parts, rank, group_name, routes=plan.reshard_routes(),
                          training=training),
-        captured.state)
+        captured.state, captured.state_fqns())
     if not training:  # gloo all-reduces through shared memory on one host, else small ones in one round
         local_gm = inference_all_reduces(local_gm, group, plan.world_size, timeout_s=timeout_s)
     return generate_code(local_gm), parts

@@ -185,7 +185,8 @@ class TensorParallelModule(torch.nn.Module):
         return sum(p.numel() * p.element_size() for p in self._local.values())
 
     def cache_bytes(self) -> int:
-        """Bytes of KV cache (state buffers) this rank holds: its blocks of the split ones, whole others."""
+        """Bytes of state buffers (those forward updates: a KV cache, a counter) this rank holds: its blocks of
+        the split ones, whole others."""
         return sum(t.numel() * t.element_size() for name, t in self._buffers_local.items() if name in self._state)
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **options: Any) -> torch.Tensor:

@@ -75,7 +75,7 @@ _NONLINEAR_ELEMENTWISE = [
     aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.elu.default, aten.selu.default,
     aten.hardswish.default, aten.hardsigmoid.default, aten.mish.default, aten.logit.default, aten.erfinv.default,
     aten.relu6.default, aten.square.default, aten.greater.Scalar, aten.greater_equal.Scalar, aten.less.Scalar, aten.less_equal.Scalar, aten.not_equal.Scalar,
-    aten.isfinite.default, aten.nan_to_num.default, aten.signbit.default, aten.fill.Tensor, aten.fill.Scalar,
+    aten.isfinite.default, aten.nan_to_num.default, aten.signbit.default, aten.fill.Tensor, aten.fill.Scalar, aten.copy.default,
     aten.bitwise_and.Scalar, aten.bitwise_or.Scalar, aten.lerp.Scalar, aten.lerp.Tensor, aten.addcmul.default,
     aten.addcdiv.default, aten.copysign.Tensor, aten.atan2.default, aten.xlogy.Tensor, aten.hypot.default,
 ]

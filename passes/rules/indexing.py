@@ -35,6 +35,29 @@ def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _indexed_region(ndim: int, present: list[int], b_ndim: int) -> tuple[int, dict[int, int], int]:
+    """Where ``x[indices]`` puts each dim: ``(first dim of B, {dim of x not indexed: its dim}, ndim)``.
+
+    ``present``: the dims of ``x`` (of ``ndim``) that an index tensor addresses; their index tensors
+    broadcast to a shape B of ``b_ndim`` dims. If the indexed dims are adjacent, B takes their place,
+    otherwise B comes first (NumPy's rule); the other dims follow in order.
+    """
+    adjacent = present == list(range(present[0], present[-1] + 1))
+    b_start = present[0] if adjacent else 0
+    rest: dict[int, int] = {}
+    out_dim = 0
+    for d in range(ndim):
+        if d in present:
+            if adjacent and d == present[0]:
+                out_dim += b_ndim
+            continue
+        if not adjacent and out_dim < b_ndim:
+            out_dim = b_ndim
+        rest[d] = out_dim
+        out_dim += 1
+    return b_start, rest, max(out_dim, b_start + b_ndim)
+
+
 @register_rule(aten.index.Tensor, aten._unsafe_index.Tensor)
 def _index(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``x[i0, :, i2]`` (advanced indexing with integer index tensors; ``None`` keeps a dim).
@@ -53,19 +76,7 @@ def _index(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if not present:
         return []
     b_shape = _broadcast_shape([shape(i) for i in index_nodes])
-    adjacent = present == list(range(present[0], present[-1] + 1))
-    b_start = present[0] if adjacent else 0
-    rest_out: dict[int, int] = {}  # x dim -> output dim, for the dims that are not indexed
-    out_dim = 0
-    for d in range(len(x_shape)):
-        if d in present:
-            if adjacent and d == present[0]:
-                out_dim += len(b_shape)
-            continue
-        if not adjacent and out_dim < len(b_shape):
-            out_dim = len(b_shape)
-        rest_out[d] = out_dim
-        out_dim += 1
+    b_start, rest_out, _ = _indexed_region(len(x_shape), present, len(b_shape))
     idx_r = tuple(R for _ in index_nodes)
     strategies: list[Strategy] = []
     if is_float(x):
@@ -177,9 +188,10 @@ def _index_copy(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _index_put(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``self[i0, i1] = values`` (or ``+=`` with ``accumulate``), out of place.
 
-    When the index tensors address a leading run of dims ``0..m-1``, the trailing dims of
-    ``self`` keep their split, and ``values`` (broadcast to the indexed region ``B + self.shape[m:]``)
-    is split alike. Both Partial gives Partial: the written positions are the same on every rank.
+    A dim of ``self`` that no index tensor addresses keeps its split, and ``values`` (broadcast to
+    the indexed region ``x[indices]``, :func:`_indexed_region`) is split alike: a KV cache
+    ``cache[:, :, positions] = keys`` split by heads. Both Partial gives Partial: the written
+    positions are the same on every rank.
     """
     inputs = tensor_inputs(node)
     self_node, values = inputs[0], inputs[-1]
@@ -192,16 +204,14 @@ def _index_put(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if is_float(self_node):
         strategies.append(Strategy((P, *idx_r, P), P))
     present = [d for d, i in enumerate(indices) if i is not None]
-    if present != list(range(len(present))):
+    if not present:
         return strategies
     self_shape, v_shape = shape(self_node), shape(values)
-    b_shape = _broadcast_shape([shape(i) for i in index_nodes])
-    m = len(present)
-    region_ndim = len(b_shape) + len(self_shape) - m
-    for d in range(m, len(self_shape)):
+    _, rest, region_ndim = _indexed_region(len(self_shape), present, len(_broadcast_shape([shape(i) for i in index_nodes])))
+    for d, region_dim in rest.items():
         if self_shape[d] <= 1:
             continue
-        vd = len(b_shape) + d - m - (region_ndim - len(v_shape))
+        vd = region_dim - (region_ndim - len(v_shape))  # values broadcast to the region from the right
         v_place: Placement = Shard(vd) if vd >= 0 and v_shape[vd] > 1 else R
         strategies.append(Strategy((Shard(d), *idx_r, v_place), Shard(d)))
     return strategies
