@@ -7,8 +7,8 @@ Two kinds of entry:
   Llama-4 text), state-space and hybrid stacks (Mamba, Mamba2, Jamba, Falcon-H1), encoder-decoder (T5,
   BART), encoders (RoBERTa, ModernBERT) and vision (ViT, ConvNeXt, ResNet with BatchNorm, Swin with
   windowed attention);
-- **model code written outside transformers** (:mod:`third_party_models`): nanoGPT-, torchvision-ResNet-,
-  Swin- and ConvNeXt-style modules, written here from their public designs.
+- **model code written outside transformers** (:mod:`third_party_models`, :mod:`own_state_models`): nanoGPT-,
+  torchvision-ResNet-, Swin-, ConvNeXt- and gpt-fast-style modules, written here from their public designs.
 
 :data:`ZOO` maps a name to a :class:`ZooEntry`: its builder (``(model, args, kwargs)``, eval mode, weights and
 inputs from ``seed``, as :mod:`models`) and whether ``tp.generate`` applies (a causal LM with a cache that
@@ -25,6 +25,7 @@ from typing import Any
 import third_party_models as third_party
 import torch
 from models import ModelAndInputs, _build
+from own_state_models import tiny_cached_transformer
 
 __all__ = ["ZOO", "ZooEntry"]
 
@@ -146,4 +147,12 @@ ZOO: dict[str, ZooEntry] = {
     "resnet18": ZooEntry(third_party.resnet18, False, "torchvision-style ResNet-18"),
     "swin": ZooEntry(third_party.swin, False, "Swin-style, shifted windows"),
     "convnext": ZooEntry(third_party.convnext, False, "ConvNeXt-style"),
+    "gpt_fast": ZooEntry(lambda seed=0: _gpt_fast(seed), False, "gpt-fast-style, KV cache in its own buffers"),
 }
+
+
+def _gpt_fast(seed: int) -> ModelAndInputs:
+    """A gpt-fast-style decoder (tests/own_state_models.py) and its prefill call: ``(ids, arange(T))``, which writes
+    its cache buffers (the whole loop is tests/test_own_state.py's)."""
+    model = tiny_cached_transformer(max_batch=BATCH, max_seq=2 * SEQ, seed=seed)
+    return model, (_ids(seed), torch.arange(SEQ)), {}
