@@ -49,6 +49,7 @@ INTERFACE = "autotp0"
 MASTER_PORT = 29500
 """torchrun's default; each cluster's host 0 is a namespace of its own, so clusters never share a port."""
 _PREFIX = "autotp-cluster"
+_MIN_BURST_BYTES = 64 * 1024
 _SUBNET = "10.77.0"
 _TESTS = Path(__file__).resolve().parent
 
@@ -63,28 +64,37 @@ class Link:
 
     Attributes:
         rate_mbit: the token rate in Mbit/s (10**6 bits per second).
-        burst_bytes: the bucket: bytes that may leave at once at line rate (at least a 64 KiB segment, which a
-            veth hands over whole).
+        burst_bytes: the bucket: bytes that may leave at once at line rate; None for 2 ms at the rate, at least
+            64 KiB (a veth's largest segment). Smaller buckets slow a gigabit link below its rate on a busy machine
+            (the bucket refills between timer ticks); larger ones let a short message through faster than the rate.
         latency_ms: how long a packet may wait in the queue before it is dropped (tbf's ``latency``).
     """
 
     rate_mbit: float
-    burst_bytes: int = 256 * 1024
+    burst_bytes: int | None = None
     latency_ms: float = 200.0
 
     def __post_init__(self) -> None:
         if not self.rate_mbit > 0:
             raise ValueError(f"rate_mbit must be > 0, got {self.rate_mbit!r}; e.g. Link(rate_mbit=100)")
-        if self.burst_bytes < 64 * 1024:
-            raise ValueError(f"burst_bytes must be at least 65536 (a veth's largest segment), got {self.burst_bytes}")
+        if self.burst_bytes is not None and self.burst_bytes < _MIN_BURST_BYTES:
+            raise ValueError(f"burst_bytes must be at least {_MIN_BURST_BYTES} (a veth's largest segment), got "
+                             f"{self.burst_bytes}; or None for 2 ms at the rate")
 
     @property
     def bytes_per_s(self) -> float:
         return self.rate_mbit * 1e6 / 8
 
+    @property
+    def bucket_bytes(self) -> int:
+        """The burst tbf is given: ``burst_bytes``, or 2 ms at the rate (at least 64 KiB)."""
+        if self.burst_bytes is not None:
+            return self.burst_bytes
+        return max(_MIN_BURST_BYTES, round(self.bytes_per_s * 2e-3))
+
     def tbf(self) -> list[str]:
         """The arguments of ``tc qdisc add dev DEV root`` for this link."""
-        return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", str(self.burst_bytes),
+        return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", str(self.bucket_bytes),
                 "latency", f"{self.latency_ms:g}ms"]
 
 

@@ -84,3 +84,67 @@ def test_hosts_come_from_the_launcher() -> None:
         for name in ("across hosts", "within a host", "across hosts, hostname only"):
             assert result[name]["max_error"] < 1e-5, (
                 f"rank {rank}, {name}: max |tp - single process| = {result[name]['max_error']:.3g}, expected < 1e-5")
+
+
+def _plans_for_both_links(rank: int, world_size: int, rate_mbit: float) -> dict[str, Any]:
+    """tp=2 over 2 hosts: the link measured (1 MiB sent), then the model planned and compiled for a profile whose
+    inter-node link has the measured bandwidth and for one with cpu-gloo's 10 Gbit/s; for each, whether the plan
+    splits a weight, its largest difference from one process, and its forward's median time on this link."""
+    import statistics
+    import time
+
+    import torch
+    from cluster import measure_link
+    from models import tiny_mlp
+
+    import autotp
+    from autotp.cost_model import get_hardware
+
+    torch.set_num_threads(1)
+    nbytes = 2**20
+    measured = torch.tensor([measure_link(rank, world_size, nbytes, repeats=1)["send_s"]], dtype=torch.float64)
+    torch.distributed.broadcast(measured, 0)  # rank 0's figure: every rank plans with the same profile
+    bandwidth_gbps = nbytes / float(measured) / 1e9
+    model, (x,), _ = tiny_mlp(hidden=512, intermediate=2048, batch=4, seq_len=64)
+    expected = model(x)
+    base = get_hardware("cpu-gloo")  # one rank per node: the tp group spans the link between the hosts
+    out: dict[str, Any] = {"measured_gbps": bandwidth_gbps}
+    for name, gbps in (("measured link", bandwidth_gbps), ("unshaped link", base.inter_node.bandwidth_gbps)):
+        profile = dataclasses.replace(base, devices_per_node=1,
+                                      inter_node=dataclasses.replace(base.inter_node, bandwidth_gbps=gbps))
+        tp = autotp.compile(model, example_inputs=(x,), hardware=profile,
+                            options=autotp.PlanOptions(memory_budget=None))
+        got = tp(x)
+        seconds = []
+        for _ in range(3):
+            start = time.perf_counter()
+            tp(x)
+            seconds.append(time.perf_counter() - start)
+        out[name] = {"splits": sorted(p for p, placement in tp.plan.parameters.items() if str(placement) != "R"),
+                     "max_error": float((got - expected).abs().max()), "forward_s": statistics.median(seconds)}
+    return out
+
+
+def test_plan_keeps_a_slow_link_out_of_the_split() -> None:
+    """2 hosts x 1 rank, links shaped to 20 Mbit/s, an MLP (512 -> 2048 -> 512, 256 tokens): planned with the
+    measured link, tp=2 keeps every weight whole (the split's all-reduce of 512 KiB would take ~0.2 s on the
+    link); planned for cpu-gloo's 10 Gbit/s it splits (so the case tells the links apart); on the shaped link the
+    whole model's forward is the faster of the two, as planned; both equal one process's outputs."""
+    rate_mbit = 20.0
+    with Cluster(2, Link(rate_mbit=rate_mbit)) as cluster:
+        results = cluster.run_function("test_cluster:_plans_for_both_links", kwargs={"rate_mbit": rate_mbit},
+                                       timeout_s=240.0)
+    result = results[0]
+    shaped_gbps = rate_mbit * 1e6 / 8 / 1e9
+    assert 0.7 * shaped_gbps <= result["measured_gbps"] <= 1.3 * shaped_gbps, (
+        f"expected the link measured at about {shaped_gbps:.4f} GB/s, got {result['measured_gbps']:.4f}")
+    slow, fast = result["measured link"], result["unshaped link"]
+    assert fast["splits"], f"planned for a 10 Gbit/s link, tp=2 should split the MLP, got no split: {fast}"
+    assert not slow["splits"], f"planned for the measured {rate_mbit:g} Mbit/s link, tp=2 split {slow['splits']}"
+    assert slow["forward_s"] < fast["forward_s"], (
+        f"on the shaped link the unsplit forward ({slow['forward_s'] * 1e3:.1f} ms) should beat the split one "
+        f"({fast['forward_s'] * 1e3:.1f} ms)")
+    for rank, ranked in enumerate(results):
+        for name in ("measured link", "unshaped link"):
+            assert ranked[name]["max_error"] < 1e-4, (
+                f"rank {rank}, {name}: max |tp - single process| = {ranked[name]['max_error']:.3g}, expected < 1e-4")
