@@ -201,13 +201,7 @@ class Cluster:
 
     def close(self) -> None:
         """Kill every rank this cluster started (its whole process group) and delete the namespaces."""
-        for process in self._processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-        for process in self._processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=10)
+        _kill(self._processes)
         self._processes.clear()
         for namespace in reversed(self._made):
             _ip("netns", "delete", namespace, check=False)
@@ -244,20 +238,22 @@ class Cluster:
                     self._processes.append(process)
                     started.append((process, log))
             deadline = time.monotonic() + timeout_s
-            while any(p.poll() is None for p, _ in started) and time.monotonic() < deadline:
-                if any(p.returncode for p, _ in started):  # one failed: the others would wait for it
+            while time.monotonic() < deadline:
+                codes = [p.poll() for p, _ in started]
+                if None not in codes or any(codes):  # all ended, or one failed: the others would wait for it
                     break
                 time.sleep(0.05)
-            outputs = [log.read_text(errors="replace") for _, log in started]
             late = [rank for rank, (p, _) in enumerate(started) if p.poll() is None]
             failed = [rank for rank, (p, _) in enumerate(started) if p.returncode]
-            if late or failed:
-                self.close()
-                what = (f"rank(s) {failed} failed" if failed else "") + (
-                    f"{'; ' if failed else ''}rank(s) {late} still running after {timeout_s:g} s, killed" if late else "")
-                shown = failed or late
-                raise ClusterError(f"{what}; output of rank {shown[0]}:\n{outputs[shown[0]][-4000:]}")
+            _kill([p for p, _ in started])  # the ranks still running, and whatever they started
             self._processes = [p for p in self._processes if p.poll() is None]
+            outputs = [log.read_text(errors="replace") for _, log in started]
+            if failed:
+                raise ClusterError(f"rank(s) {failed} failed" + (f"; rank(s) {late} killed" if late else "")
+                                   + f"; output of rank {failed[0]}:\n{outputs[failed[0]][-4000:]}")
+            if late:
+                raise ClusterError(f"rank(s) {late} still running after {timeout_s:g} s, killed; output of rank "
+                                   f"{late[0]}:\n{outputs[late[0]][-4000:]}")
             return outputs
         finally:
             shutil.rmtree(logs, ignore_errors=True)
@@ -276,6 +272,16 @@ class Cluster:
             return [json.loads((results / f"rank{rank}.json").read_text()) for rank in range(world_size)]
         finally:
             shutil.rmtree(results, ignore_errors=True)
+
+
+def _kill(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL the process group of each of ``processes`` (a rank and whatever it started) and reap them."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)  # its group, even where the rank itself has ended
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
 
 
 def _rank_main(target: str, results: str, kwargs: str) -> None:

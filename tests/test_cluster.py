@@ -20,6 +20,40 @@ def _namespaces_possible() -> None:
         pytest.skip(reason)
 
 
+def test_cluster_is_torn_down_after_a_failure_and_a_timeout() -> None:
+    """2 hosts x 2 ranks of a shell, no torch: every rank sees torchrun's variables in its host's namespace; a
+    rank that fails and ranks that outlive their time raise ClusterError naming them, and on exit no rank and
+    no namespace of the cluster is left."""
+    import subprocess
+
+    from cluster import ClusterError
+
+    show = ["sh", "-c", "echo $RANK $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR; ip -o -4 addr show autotp0"]
+    with Cluster(2) as cluster:
+        outputs = cluster.run(show, ranks_per_host=2, timeout_s=30.0)
+        for rank, output in enumerate(outputs):
+            host = rank // 2
+            expected = f"{rank} {rank % 2} 2 {host} 10.77.0.1"
+            assert output.startswith(expected) and f"10.77.0.{host + 1}/24" in output, (
+                f"rank {rank}: expected {expected!r} and address 10.77.0.{host + 1}, got {output!r}")
+        with pytest.raises(ClusterError, match=r"rank\(s\) \[3\] failed"):
+            cluster.run(["sh", "-c", 'if [ "$RANK" = 3 ]; then exit 3; fi; sleep 30'], ranks_per_host=2)
+        with pytest.raises(ClusterError, match="still running after 0.5 s"):
+            cluster.run(["sleep", "30"], ranks_per_host=2, timeout_s=0.5)
+        started = list(cluster.namespaces)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [name for name in started if name in listed], f"namespaces left after exit: {listed}"
+    ours = []
+    for pid in subprocess.run(["pgrep", "-f", "sleep 30"], capture_output=True, text=True).stdout.split():
+        try:
+            with open(f"/proc/{pid}/environ", errors="replace") as environ:
+                if cluster.name in environ.read():  # TORCHELASTIC_RUN_ID: a rank of this cluster
+                    ours.append(pid)
+        except OSError:
+            pass  # ended meanwhile
+    assert not ours, f"ranks left running after exit: {ours}"
+
+
 def test_shaped_link_takes_bytes_over_rate() -> None:
     """2 hosts x 1 rank, links shaped to 50 Mbit/s: a 2 MiB send and a 2 MiB all-reduce (gloo's ring at 2 ranks
     sends the whole tensor each way) take about bytes / rate; an unshaped veth moves it in a few ms, so the
