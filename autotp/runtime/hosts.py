@@ -29,10 +29,7 @@ import platform
 import socket
 from collections.abc import Mapping, Sequence
 
-__all__ = ["LAUNCHER_VARIABLES", "Host", "host_identity", "launcher_node", "local_host", "one_host", "this_host"]
-
-LAUNCHER_VARIABLES = ("GROUP_RANK", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-"""torchrun's variables :func:`launcher_node` reads (``torch.distributed.run`` sets them for every rank)."""
+__all__ = ["Host", "host_identity", "launcher_node", "local_host", "one_host", "this_host"]
 
 
 def host_identity() -> tuple[str, str, str]:
