@@ -306,6 +306,7 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     from autotp.planning.options import PlanOptions
     from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
     from autotp.runtime.generation import _pinned_to, _shared_inputs
+    from autotp.runtime.hosts import local_host
 
     model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=4, layers=2)
     wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=16, last_logits_only=True)
@@ -320,9 +321,9 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     prefill_plan = plan_or_check(prefill, None, _pinned_to(decode_plan, options), group=None, rank=0)
     assert decode_plan.parameters["key_cache_0"] != "R", decode_plan.parameters
     for rank in (0, 1):
-        _, values, _ = apply_plan(decode, decode_plan, group=None, rank=rank)
-        _, prefill_values, _ = apply_plan(prefill, prefill_plan, group=None, rank=rank)
-        _, parts = rank_local_graph(prefill, prefill_plan, group=None, rank=rank)
+        _, values, _ = apply_plan(decode, decode_plan, group=None, rank=rank, host=local_host())
+        _, prefill_values, _ = apply_plan(prefill, prefill_plan, group=None, rank=rank, host=local_host())
+        _, parts = rank_local_graph(prefill, prefill_plan, group=None, rank=rank, host=local_host())
         inputs = _shared_inputs(prefill, prefill_plan, parts, rank, decode, values, "prefill")
         for slot, key in zip(prefill.inputs, inputs):
             if slot.kind != "user":

@@ -44,6 +44,7 @@ from autotp.planning.phases import PhaseCandidate, PhaseWeighting, first_rank_al
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
+from autotp.runtime.hosts import Host
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
 from autotp.runtime.loading import TensorSource, match_keys, materialize_hf_buffers, tensor_aliases
 from autotp.runtime.module import TensorParallelModule
@@ -91,14 +92,15 @@ def check_generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, .
 
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
-                           rank: int, wrapper: CachedCausalLM | None = None,
+                           rank: int, host: Host, wrapper: CachedCausalLM | None = None,
                            timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, runtime_mode: str = "eager",
                            files: TensorSource | None = None, device: torch.device | None = None,
                            trace_cache: TraceCache | None = None) -> TensorParallelModule:
     """See :func:`autotp.compile` (``max_cache_len``; ``options.expected_new_tokens``) and the module docstring.
 
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
-    :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``timeout_s``: how long the other ranks wait
+    :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``host``: where this rank runs
+    (:mod:`autotp.runtime.hosts`). ``timeout_s``: how long the other ranks wait
     for rank 0's traced programs (``agreement_timeout_s``). ``files``: an opened checkpoint
     (:func:`autotp.runtime.saving.open_checkpoint`, agreed by every rank) to read this rank's blocks of the
     weights from, once for every graph, onto ``device`` (default: the CPU); the model may then be on meta, and
@@ -137,7 +139,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     if continuation is not None:
         continuation_plan = solve(continuation, None, _continuation_options(decode_plan, prefill_plan, options))
     # one read of each weight (and one cache) for every graph: the prefill graphs take the decode graph's tensors
-    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank,
+    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank, host=host,
                                                          timeout_s=timeout_s, files=files, model=wrapper, device=device,
                                                          created=frozenset(wrapper.cache_buffer_names()))
 
@@ -145,7 +147,8 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         """``graph`` made rank-local, its weights and cache taken from the decode graph's tensors."""
         if graph is None or graph_plan is None:
             return None
-        graph_module, parts = rank_local_graph(graph, graph_plan, group=group, rank=rank, timeout_s=timeout_s)
+        graph_module, parts = rank_local_graph(graph, graph_plan, group=group, rank=rank, host=host,
+                                                 timeout_s=timeout_s)
         return PhaseGraph(graph_module, _shared_inputs(graph, graph_plan, parts, rank, decode, values, name),
                           graph_plan)
 
