@@ -3,7 +3,7 @@
 transformers changes the details autotp relies on between releases: the forward keyword that takes
 a cache (``past_key_values=`` up to 5.23, ``cache=`` from 5.24), whether the model's forward takes
 ``cache_position``, the signatures of ``StaticLayer.lazy_initialization`` and ``get_mask_sizes``,
-where the helper that gives a config's head shapes lives. Each detail is read here, from the
+how a cache marks the layers that keep a recurrent state instead of keys and values. Each detail is read here, from the
 installed release's own signatures, and a detail that is not found raises :class:`UnsupportedReleaseError`
 naming the releases CI tests. An upgrade of transformers touches this file only.
 
@@ -46,11 +46,11 @@ __all__ = [
     "call_kwargs",
     "derive_config_buffers",
     "check_release",
-    "head_shapes",
     "initialize_static_layer",
     "installed_release",
     "is_transformers_model",
     "mask_query_length",
+    "recurrent_state",
     "static_cache_classes",
     "takes_use_cache",
     "traced_kwargs",
@@ -130,27 +130,31 @@ def static_cache_classes() -> tuple[type, type]:
     return StaticCache, StaticLayer
 
 
-def head_shapes(config: Any) -> tuple[int, int]:
-    """``(kv heads, head dim)`` of a text config: the width of one layer's cache rows.
+def recurrent_state(model: torch.nn.Module) -> str | None:
+    """What ``model`` keeps between generation steps besides each attention layer's keys and values, in words;
+    None when it keeps keys and values only.
 
-    transformers >= 5.1 has ``integrations.executorch.get_head_shapes`` (which also knows configs with
-    a per-layer head shape); older releases derive it from the config's fields as their own
-    ``StaticCache.early_initialization`` callers do (so does a field the helper leaves None)."""
+    Read from the installed release: a forward that takes no cache keyword (``cache=`` / ``past_key_values=``)
+    keeps a state of its own (named by the keywords it takes instead, e.g. ``cache_params``); a ``StaticCache``
+    built from the text config gives the layers whose state is a convolution and a recurrent (SSM or linear
+    attention) state a ``LinearAttentionCacheLayerMixin`` (transformers >= 5.10)."""
+    parameters = _parameters(type(model).forward)
+    if not any(name in parameters for name in ("cache", "past_key_values")):
+        others = [name for name in parameters if "cache" in name and name not in (USE_CACHE, "cache_position")]
+        taken = f" (it takes {', '.join(f'{name}=' for name in others)} instead)" if others else ""
+        return f"a state of its own{taken}, not a cache of keys and values"
+    static_cache, _ = static_cache_classes()
     try:
-        from transformers.integrations.executorch import get_head_shapes
-    except ImportError:
-        get_head_shapes = None
-    kv_heads, head_dim = get_head_shapes(config) if get_head_shapes is not None else (None, None)
-    # a config may leave a field None (Mixtral's head_dim up to 5.10): derived as the cache's callers derive it
-    heads = config.num_attention_heads
-    kv_heads = kv_heads or getattr(config, "num_key_value_heads", None) or heads
-    head_dim = head_dim or getattr(config, "head_dim", None) or config.hidden_size // heads
-    if not (isinstance(kv_heads, int) and isinstance(head_dim, int)):
-        raise UnsupportedReleaseError(
-            f"{type(config).__name__} gives a head shape per layer ({kv_heads!r}, {head_dim!r}); autotp's KV cache "
-            "takes one shape for every layer"
-        )
-    return kv_heads, head_dim
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError as error:
+        raise _missing("transformers.cache_utils.LinearAttentionCacheLayerMixin", error) from error
+    layers = static_cache(config=model.config.get_text_config(), max_cache_len=1).layers
+    recurrent = [i for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionCacheLayerMixin)]
+    if not recurrent:
+        return None
+    shown = ", ".join(str(i) for i in recurrent[:8]) + (", ..." if len(recurrent) > 8 else "")
+    return (f"a convolution and a recurrent (SSM / linear attention) state in {len(recurrent)} of its {len(layers)} "
+            f"layers ({shown}), not keys and values per attention head")
 
 
 def initialize_static_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
