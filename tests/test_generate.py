@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from generation_models import tiny_deepseek_v3, tiny_gemma, tiny_gpt_oss, tiny_phi
+from generation_models import tiny_deepseek_v3, tiny_gemma, tiny_gpt_oss, tiny_phi, tiny_recurrent
 from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
@@ -358,3 +358,30 @@ def test_gpt_oss_sinks_and_sliding_window_greedy_matches_hf(gloo) -> None:
     _check_other_cache(results, 6)
     for rank, result in enumerate(results):
         assert set(result["cache_placements"].values()) == {"S(1)"}, f"rank {rank}: {result['cache_placements']}"
+
+
+def _recurrent_plain(rank: int, world_size: int) -> dict[str, Any]:
+    model, (ids,), _ = tiny_recurrent("mamba", batch=2, seq_len=6)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids,))
+    diff = (tp(ids).logits - expected).abs().max().item()
+    try:
+        tp.generate(ids, max_new_tokens=2)
+        error = "no error"
+    except autotp.UnsupportedModelError as exc:
+        error = f"UnsupportedModelError: {exc}"
+    return {"diff": diff, "error": error}
+
+
+def test_a_recurrent_state_model_compiles_its_forward_and_refuses_generate(gloo) -> None:
+    """tp=2, tiny Mamba (a convolution and an SSM state per layer, no KV cache), plain compile: the forward equals
+    the model's, and generate raises UnsupportedModelError naming MambaForCausalLM, the same on every rank."""
+    results = gloo.run(2, _recurrent_plain)
+    for rank, result in enumerate(results):
+        assert result["diff"] < 1e-4, f"rank {rank}: forward differs from the model's by {result['diff']:.3g}"
+        assert result["error"].startswith("UnsupportedModelError: MambaForCausalLM keeps a convolution"), (
+            f"rank {rank}: expected UnsupportedModelError naming MambaForCausalLM, got {result['error']}")
+    assert results[0]["error"] == results[1]["error"], f"ranks raise differently: {results}"

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from generation_models import tiny_gemma, tiny_phi
+from generation_models import RECURRENT_STATE, tiny_deepseek_v3, tiny_gemma, tiny_phi, tiny_recurrent
 from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
@@ -35,6 +35,39 @@ def test_cache_wrapper_matches_the_model() -> None:
         decode = wrapper(ids[:, 5:], positions[:, 5:], torch.tensor([5]), mask)
     diff = max((prefill - expected[:, :5]).abs().max().item(), (decode - expected[:, 5:]).abs().max().item())
     assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
+
+
+def test_cache_is_shaped_as_the_model_writes_it() -> None:
+    """tp=1, tiny DeepSeek-V3 (multi-head latent attention), batch 2: transformers caches the 48-dim latent and the
+    8 rope dims (one "head" each, not the config's 4 heads of 24 dims), so the cache is shaped so; a 5-token prefill
+    then a decode step give the whole sequence's logits."""
+    model, (ids,), _ = tiny_deepseek_v3(batch=2, seq_len=6)
+    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=8)
+    shapes = {name: tuple(b.shape) for name, b in wrapper.named_buffers() if name in wrapper.cache_buffer_names()}
+    expected_shapes = {f"{kind}_cache_{i}": (2, 1, 8, dim) for i in range(2) for kind, dim in (("key", 48), ("value", 8))}
+    assert shapes == expected_shapes, f"cache shapes {shapes}, expected {expected_shapes}"
+    mask = torch.zeros(2, 8, dtype=torch.long)
+    mask[:, :6] = 1
+    positions = torch.arange(6).expand(2, 6)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits  # (2, 6, vocab)
+        prefill = wrapper(ids[:, :5], positions[:, :5], torch.arange(5), mask)
+        decode = wrapper(ids[:, 5:], positions[:, 5:], torch.tensor([5]), mask)
+    diff = max((prefill - expected[:, :5]).abs().max().item(), (decode - expected[:, 5:]).abs().max().item())
+    assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
+
+
+@pytest.mark.parametrize("family", RECURRENT_STATE)
+def test_a_recurrent_state_is_refused_naming_the_family(family: str) -> None:
+    """No process group, tiny Mamba, Mamba2 and the hybrids Jamba, Qwen3-Next, Falcon-H1, RecurrentGemma: planning
+    generation raises UnsupportedModelError naming the model class and its convolution / recurrent state, and
+    saying that the forward compiles, before anything is traced (not a release error, not a tracing hint)."""
+    model, (ids,), _ = tiny_recurrent(family, batch=1, seq_len=4)
+    with pytest.raises(autotp.UnsupportedModelError) as caught:
+        autotp.plan(model, (ids,), world_size=2, max_cache_len=16)
+    message = str(caught.value)
+    for part in (type(model).__name__, "recurrent", "autotp.compile(model, example_inputs=(ids,))"):
+        assert part in message, f"expected {part!r} in: {message}"
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "gemma", "gpt2", "phi", "qwen2", "mixtral"])
