@@ -76,7 +76,7 @@ def tiny_starcoder2(num_heads: int = 8, num_kv_heads: int = 2, hidden: int = 256
 
 def tiny_deepseek_v3(num_heads: int = 4, hidden: int = 128, *, layers: int = 2, vocab_size: int = VOCAB_SIZE,
                      batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0) -> ModelAndInputs:
-    """DeepseekV3ForCausalLM: multi-head latent attention (keys 16 + 8 rope dims, values 24 dims per head, a
+    """DeepseekV3ForCausalLM: multi-head latent attention (keys 16 + 8 rope dims, values 32 dims per head, a
     48-dim latent), a dense first layer, then a MoE layer (4 routed experts, top 2, a shared expert)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
@@ -84,7 +84,7 @@ def tiny_deepseek_v3(num_heads: int = 4, hidden: int = 128, *, layers: int = 2, 
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=64,
         num_hidden_layers=layers, num_attention_heads=num_heads, num_key_value_heads=num_heads, n_routed_experts=4,
         num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=48, q_lora_rank=None,
-        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24, max_position_embeddings=max(64, seq_len),
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=32, max_position_embeddings=max(64, seq_len),
         attn_implementation="sdpa", use_cache=False,
     )
     model = _build(lambda: DeepseekV3ForCausalLM(config), seed, "cpu")
@@ -127,7 +127,8 @@ def _recurrent_config(family: str) -> tuple[Any, type]:
         "falcon_h1": lambda: hf.FalconH1Config(**common, **attention, mamba_d_ssm=64, mamba_n_heads=4,
                                                mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1),
         "recurrent_gemma": lambda: hf.RecurrentGemmaConfig(**{**common, "num_hidden_layers": 3}, **{
-            **attention, "num_key_value_heads": 1}, lru_width=64, attention_window_size=16),
+            **attention, "num_key_value_heads": 1, "attn_implementation": "eager"}, lru_width=64,
+            attention_window_size=16),  # no SDPA before transformers 5.24
     }
     classes = {"mamba": "MambaForCausalLM", "mamba2": "Mamba2ForCausalLM", "jamba": "JambaForCausalLM",
                "qwen3_next": "Qwen3NextForCausalLM", "falcon_h1": "FalconH1ForCausalLM",

@@ -38,14 +38,16 @@ def test_cache_wrapper_matches_the_model() -> None:
 
 
 def test_cache_is_shaped_as_the_model_writes_it() -> None:
-    """tp=1, tiny DeepSeek-V3 (multi-head latent attention), batch 2: transformers caches the 48-dim latent and the
-    8 rope dims (one "head" each, not the config's 4 heads of 24 dims), so the cache is shaped so; a 5-token prefill
-    then a decode step give the whole sequence's logits."""
+    """tp=1, tiny DeepSeek-V3 (multi-head latent attention), batch 2: the cache is shaped as the release writes it,
+    keys and values of their own sizes, never the config's one head_dim: transformers 5.24 caches the 48-dim latent
+    and the 8 rope dims (one "head" each), earlier releases 4 heads of keys (16 + 8 dims) and of values (32 dims).
+    A 5-token prefill then a decode step give the whole sequence's logits."""
     model, (ids,), _ = tiny_deepseek_v3(batch=2, seq_len=6)
     wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=8)
     shapes = {name: tuple(b.shape) for name, b in wrapper.named_buffers() if name in wrapper.cache_buffer_names()}
-    expected_shapes = {f"{kind}_cache_{i}": (2, 1, 8, dim) for i in range(2) for kind, dim in (("key", 48), ("value", 8))}
-    assert shapes == expected_shapes, f"cache shapes {shapes}, expected {expected_shapes}"
+    layouts = [{f"{kind}_cache_{i}": (2, heads, 8, dim) for i in range(2) for kind, dim in (("key", k), ("value", v))}
+               for heads, k, v in ((1, 48, 8), (4, 24, 32))]  # the latent, then keys and values per head
+    assert shapes in layouts, f"cache shapes {shapes}, expected one of {layouts}"
     mask = torch.zeros(2, 8, dtype=torch.long)
     mask[:, :6] = 1
     positions = torch.arange(6).expand(2, 6)

@@ -40,6 +40,7 @@ from autotp.base.errors import UnsupportedReleaseError
 __all__ = [
     "FORWARD_RELEASES",
     "GENERATION_RELEASES",
+    "RECURRENT_LAYER_TYPES",
     "ReleaseRange",
     "USE_CACHE",
     "cache_call_kwargs",
@@ -130,31 +131,40 @@ def static_cache_classes() -> tuple[type, type]:
     return StaticCache, StaticLayer
 
 
+RECURRENT_LAYER_TYPES = frozenset({"mamba", "recurrent", "conv", "linear_attention", "hybrid", "hybrid_sliding"})
+"""``config.layer_types`` (or ``layers_block_type``) entries of layers that keep a convolution / recurrent state
+(RecurrentGemma's ``"recurrent"`` blocks up to 5.10 keep it in module attributes, which no cache layer marks)."""
+
+
 def recurrent_state(model: torch.nn.Module) -> str | None:
     """What ``model`` keeps between generation steps besides each attention layer's keys and values, in words;
     None when it keeps keys and values only.
 
-    Read from the installed release: a forward that takes no cache keyword (``cache=`` / ``past_key_values=``)
-    keeps a state of its own (named by the keywords it takes instead, e.g. ``cache_params``); a ``StaticCache``
-    built from the text config gives the layers whose state is a convolution and a recurrent (SSM or linear
-    attention) state a ``LinearAttentionCacheLayerMixin`` (transformers >= 5.10)."""
+    Read from the installed release: a ``DynamicCache`` built from the text config gives each layer whose state is
+    a convolution and a recurrent (SSM or linear attention) state a ``LinearAttentionCacheLayerMixin`` (5.10 to
+    5.24; their ``StaticCache`` gives 5.10's hybrid layers a plain one); a forward that takes no cache keyword
+    (``cache=`` / ``past_key_values=``) keeps a state of its own, named by the keywords it takes instead. A layer
+    whose ``config.layer_types`` entry is in :data:`RECURRENT_LAYER_TYPES` counts as recurrent too."""
+    try:
+        from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
+    except ImportError as error:
+        raise _missing("transformers.cache_utils.DynamicCache / LinearAttentionCacheLayerMixin", error) from error
+    config = model.config.get_text_config()
+    layers = DynamicCache(config=config).layers
+    # each layer's kind: layer_types, or layers_block_type where a config names them so (RecurrentGemma up to 5.10)
+    layer_types = list(getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None) or ())
+    recurrent = [i for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionCacheLayerMixin)
+                 or (i < len(layer_types) and layer_types[i] in RECURRENT_LAYER_TYPES)]
+    if recurrent:
+        shown = ", ".join(str(i) for i in recurrent[:8]) + (", ..." if len(recurrent) > 8 else "")
+        return (f"a convolution and a recurrent (SSM / linear attention) state in {len(recurrent)} of its "
+                f"{len(layers)} layers ({shown}), not keys and values per attention head")
     parameters = _parameters(type(model).forward)
     if not any(name in parameters for name in ("cache", "past_key_values")):
         others = [name for name in parameters if "cache" in name and name not in (USE_CACHE, "cache_position")]
         taken = f" (it takes {', '.join(f'{name}=' for name in others)} instead)" if others else ""
         return f"a state of its own{taken}, not a cache of keys and values"
-    static_cache, _ = static_cache_classes()
-    try:
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
-    except ImportError as error:
-        raise _missing("transformers.cache_utils.LinearAttentionCacheLayerMixin", error) from error
-    layers = static_cache(config=model.config.get_text_config(), max_cache_len=1).layers
-    recurrent = [i for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionCacheLayerMixin)]
-    if not recurrent:
-        return None
-    shown = ", ".join(str(i) for i in recurrent[:8]) + (", ..." if len(recurrent) > 8 else "")
-    return (f"a convolution and a recurrent (SSM / linear attention) state in {len(recurrent)} of its {len(layers)} "
-            f"layers ({shown}), not keys and values per attention head")
+    return None
 
 
 def initialize_static_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
