@@ -74,16 +74,17 @@ def tiny_starcoder2(num_heads: int = 8, num_kv_heads: int = 2, hidden: int = 256
     return model, (_token_ids(seed, batch, seq_len, vocab_size),), {"use_cache": False}
 
 
-def tiny_deepseek_v3(num_heads: int = 4, hidden: int = 128, *, layers: int = 2, vocab_size: int = VOCAB_SIZE,
-                     batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0) -> ModelAndInputs:
+def tiny_deepseek_v3(num_heads: int = 4, hidden: int = 128, *, layers: int = 2, dense_layers: int = 1,
+                     vocab_size: int = VOCAB_SIZE, batch: int = BATCH, seq_len: int = SEQ_LEN,
+                     seed: int = 0) -> ModelAndInputs:
     """DeepseekV3ForCausalLM: multi-head latent attention (keys 16 + 8 rope dims, values 32 dims per head, a
-    48-dim latent), a dense first layer, then a MoE layer (4 routed experts, top 2, a shared expert)."""
+    48-dim latent), ``dense_layers`` dense layers, then MoE layers (4 routed experts, top 2, a shared expert)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     config = DeepseekV3Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=64,
         num_hidden_layers=layers, num_attention_heads=num_heads, num_key_value_heads=num_heads, n_routed_experts=4,
-        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=48, q_lora_rank=None,
+        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=dense_layers, kv_lora_rank=48, q_lora_rank=None,
         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=32, max_position_embeddings=max(64, seq_len),
         attn_implementation="sdpa", use_cache=False,
     )
