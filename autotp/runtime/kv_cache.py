@@ -11,13 +11,15 @@ against a preallocated cache and returns their logits::
     )                     # -> (batch, S, vocab); (batch, 1, vocab) with last_logits_only=True
 
 The cache tensors (``key_cache_<layer>``, ``value_cache_<layer>``, each
-``(batch, kv_heads, max_cache_len, head_dim)``) are buffers of the wrapper, written with
-``index_copy_`` at ``cache_position``. ``torch.export`` turns those writes into buffer updates,
-which :mod:`autotp.capture` keeps as *state*: the planner chooses the cache's placement like a
-parameter's (split by kv heads where attention is head-parallel, or whole), and the runtime
+``(batch, kv_heads, max_cache_len, head_dim)``, keys and values each with the head size the model writes)
+are buffers of the wrapper, written with ``index_copy_`` at ``cache_position``. ``torch.export`` turns those
+writes into buffer updates, which :mod:`autotp.capture` keeps as *state*: the planner chooses the cache's
+placement like a parameter's (split by kv heads where attention is head-parallel, or whole), and the runtime
 applies the update in place on its own block. Nothing here names a model family: the cache is
-HuggingFace's ``StaticCache`` (its layer sizes come from the model's config), and the positions
-come in as tensors, so one captured graph serves every position.
+HuggingFace's ``StaticCache``, its layers shaped as the model writes them (one call on fake tensors, so a
+latent cache such as DeepSeek-V3's gets the latent's shape), and the positions come in as tensors, so one
+captured graph serves every position. A model that keeps a convolution or recurrent state (Mamba, hybrids)
+is refused with :class:`~autotp.base.errors.UnsupportedModelError` (:func:`check_keys_and_values_only`).
 
 Inside :meth:`CachedCausalLM.first_chunk` a call is the first chunk of a prompt (slots ``0..S-1`` of an
 empty cache): it still writes its keys and values, but attends to those ``S`` only (the mask built for
@@ -35,7 +37,7 @@ from typing import Any
 import torch
 
 from autotp.adapters import hf_transformers
-from autotp.base.errors import CaptureError, UnsupportedModelError
+from autotp.base.errors import AutoTPError, CaptureError, UnsupportedModelError
 from autotp.capture import shapes_only
 
 __all__ = ["CacheLayout", "CachedCausalLM", "check_causal_lm", "check_keys_and_values_only"]
@@ -207,7 +209,9 @@ class CachedCausalLM(torch.nn.Module):
                 self._bind_cache(torch.zeros(1, dtype=torch.long, device=device))
                 self.model(input_ids=ids, position_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
                            **hf_transformers.cache_call_kwargs(self.model, self.cache, ids[0]))
-        except Exception as error:  # noqa: BLE001  # any failure of the model's own code, named with its cause
+        except AutoTPError:
+            raise
+        except Exception as error:  # any failure of the model's own code, named with its cause
             raise CaptureError(
                 f"could not run {type(self.model).__name__} on one token to find the shapes of its KV cache "
                 f"({type(error).__name__}: {error})"
