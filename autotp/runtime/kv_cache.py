@@ -148,11 +148,13 @@ class CachedCausalLM(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, *, batch_size: int, max_cache_len: int,
                  last_logits_only: bool = False, layers: range | None = None,
-                 inputs_device: torch.device | None = None) -> None:
+                 inputs_device: torch.device | None = None, shaped_by: torch.nn.Module | None = None) -> None:
         """``layers``: the decoder layers whose cache this wrapper holds (default: all); a pipeline stage
         holds its own layers' only (:mod:`autotp.runtime.mesh_generate`), the others get no buffer.
         ``inputs_device``: where :meth:`example_inputs` are made (default: the model's device; a model on meta
-        is traced as if on the device of its inputs, :mod:`autotp.capture`)."""
+        is traced as if on the device of its inputs, :mod:`autotp.capture`). ``shaped_by``: the model whose
+        one-token call shapes the cache (default: ``model``; a pipeline stage's view runs a slice of the layers,
+        so it passes the whole model, whose weights and layer indices it shares)."""
         super().__init__()
         check_causal_lm(model)
         for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
@@ -183,7 +185,7 @@ class CachedCausalLM(torch.nn.Module):
         self.inputs_device = device if inputs_device is None else torch.device(inputs_device)
         self.cache = cache
         self.reads_cache = True  # False inside first_chunk()
-        written = self._written_shapes()
+        written = self._written_shapes(model if shaped_by is None else shaped_by)
         # a layer that writes no keys and values (one that reads another layer's) holds no cache
         held = [i for i in (range(len(cache.layers)) if layers is None else layers) if written[i] is not None]
         for i in held:
@@ -195,8 +197,8 @@ class CachedCausalLM(torch.nn.Module):
             self.register_buffer(f"key_cache_{i}", cache.layers[i].keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", cache.layers[i].values, persistent=False)
 
-    def _written_shapes(self) -> list[tuple[torch.Size, torch.Size] | None]:
-        """Per cache layer, the shapes of the keys and values the model writes for one token at batch 1 (None
+    def _written_shapes(self, model: torch.nn.Module) -> list[tuple[torch.Size, torch.Size] | None]:
+        """Per cache layer, the shapes of the keys and values ``model`` writes for one token at batch 1 (None
         where it writes none), from one call on fake tensors (:func:`autotp.capture.shapes_only`): the cache is
         shaped as the model writes it, whatever its config says (keys and values of their own head dims, a
         latent, a per-layer head count)."""
@@ -204,22 +206,22 @@ class CachedCausalLM(torch.nn.Module):
         for layer in self.cache.layers:
             layer.written = None
         try:
-            with shapes_only(self.model, device), self.first_chunk():
+            with shapes_only(model, device), self.first_chunk():
                 ids = torch.zeros(1, 1, dtype=torch.long, device=device)
                 self._bind_cache(torch.zeros(1, dtype=torch.long, device=device))
-                self.model(input_ids=ids, position_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
-                           **hf_transformers.cache_call_kwargs(self.model, self.cache, ids[0]))
+                model(input_ids=ids, position_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                      **hf_transformers.cache_call_kwargs(model, self.cache, ids[0]))
         except AutoTPError:
             raise
         except Exception as error:  # any failure of the model's own code, named with its cause
             raise CaptureError(
-                f"could not run {type(self.model).__name__} on one token to find the shapes of its KV cache "
+                f"could not run {type(model).__name__} on one token to find the shapes of its KV cache "
                 f"({type(error).__name__}: {error})"
             ) from error
         written = [layer.written for layer in self.cache.layers]
         if not any(written):
             raise UnsupportedModelError(
-                f"{type(self.model).__name__} writes no keys and values through transformers' cache: it keeps its "
+                f"{type(model).__name__} writes no keys and values through transformers' cache: it keeps its "
                 f"state another way. {_WHAT_WORKS}"
             )
         return written
