@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from autotp.adapters import hf_transformers
-from autotp.base.errors import PlanError, UnsupportedReleaseError
+from autotp.base.errors import PlanError, UnsupportedModelError
 from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture
 from autotp.cost_model.runtime import graph_host_s
@@ -174,20 +174,21 @@ def _derive_meta_buffers(model: torch.nn.Module, files: TensorSource, device: to
 
 
 def check_cache_is_state(graph: CapturedGraph, wrapper: CachedCausalLM, phase: str) -> None:
-    """Raise :class:`UnsupportedReleaseError` unless every cache buffer of ``wrapper`` is written in ``graph``.
+    """Raise :class:`UnsupportedModelError` unless every cache buffer of ``wrapper`` is written in ``graph``.
 
-    The model writes its keys and values into the cache through transformers' cache interface; where a
-    release takes the cache by another route than :mod:`autotp.adapters.hf_transformers` knows, the model
-    ignores it, attends to each call's own tokens only and generates other tokens with no error. A graph
-    whose cache buffers are not all state (written in place each call) is refused here instead."""
+    The model writes its keys and values into the cache through transformers' cache interface; a model that keeps
+    some of its state another way (module attributes, its own cache object) would ignore the cache there, attend
+    to each call's own tokens only and generate other tokens with no error. The release is one autotp tests
+    (:class:`CachedCausalLM` checked it), so the model is named, not the release."""
     written = set(graph.state_fqns().values())
     missing = [fqn for fqn in wrapper.cache_buffer_names() if fqn not in written]
     if missing:
-        raise UnsupportedReleaseError(
+        raise UnsupportedModelError(
             f"the {phase} graph of {type(wrapper.model).__name__} does not write its KV cache ({len(missing)} of "
-            f"{len(wrapper.cache_buffer_names())} cache buffers untouched, e.g. {missing[0]}): transformers "
-            f"{hf_transformers.installed_release()} passes the cache another way than autotp expects. Generation is "
-            f"tested with transformers {hf_transformers.GENERATION_RELEASES}."
+            f"{len(wrapper.cache_buffer_names())} cache buffers untouched, e.g. {missing[0]}): the model keeps its "
+            f"state another way than transformers' cache layers (checked with transformers "
+            f"{hf_transformers.installed_release()}, a release generation is tested on). autotp's generation holds "
+            "keys and values per attention layer only; the forward compiles without max_cache_len."
         )
 
 

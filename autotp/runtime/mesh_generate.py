@@ -165,7 +165,7 @@ class StageCachedLM(CachedCausalLM):
                  max_cache_len: int) -> None:
         view, inject, tap = stage_view(model, first, stop, last=last)
         super().__init__(view, batch_size=batch_size, max_cache_len=max_cache_len, last_logits_only=True,
-                         layers=range(first, stop))
+                         layers=range(first, stop), shaped_by=model)
         # plain attributes, not submodules: they are inside self.model already
         self.__dict__["_inject"] = inject
         self.__dict__["_tap"] = tap
