@@ -1,0 +1,173 @@
+"""A rank that raises during a call tells the others, so none waits for it in a collective.
+
+The rank-local graphs are the same on every rank, but a call can still fail on one rank alone (its input,
+a custom op, memory). The other ranks then wait in the call's next collective for a rank that never comes:
+in a gloo collective until the group's own timeout (30 minutes by default), in a shared-memory one until
+``agreement_timeout_s``. Here such a failure reaches every rank within about a second:
+
+- **The failing rank** leaves a note in the group's key-value store (:meth:`FailureNotes.post`, from the
+  error path of :class:`~autotp.runtime.module.TensorParallelModule` only): its rank, the call, and its
+  exception as ``"Type: message"``. The process that hosts the store (world rank 0 under ``env://``) then
+  waits, at most :data:`ACK_WAIT_S`, until every rank has read the note, so that exiting right
+  after its error takes the store from nobody (invariant 6).
+- **A waiting rank** looks for notes only once a wait has lasted :data:`GRACE_S`, then every
+  :data:`POLL_S`: the shared-memory collectives' wait loop (:mod:`autotp.runtime.shared_memory`), and the
+  gloo collectives of an inference graph, which wait through :func:`watched_wait` (``Work.wait`` with a
+  short timeout, in a loop) instead of an unbounded ``wait_tensor``. A call that completes pays nothing
+  for this: no store round trip, one counter increment.
+- On a note from another rank it raises :class:`~autotp.base.errors.PeerFailedError` naming that rank and
+  its exception, and says it has read the note. A rank whose own call failed also reads a peer's note when
+  its error could be a consequence of the peer's (a gloo ``Connection closed by peer``), and raises the
+  peer's failure instead.
+
+Notes are numbered per group (``store.add``) and carry the call (every rank counts the calls on the group
+alike), so a note of a call on which this rank failed too (every rank raised the same ``TracedValueError``
+before any collective) is no news: the next call runs as usual. After a failure inside the graph the
+ranks' collectives are out of step: restart every rank.
+
+NCCL would take the same notes; its waits cannot time out on the host, so there a thread would poll
+during a call and abort the communicator (``ProcessGroup.abort``) instead of :func:`watched_wait`. Only
+gloo groups (and the shared-memory collectives on them) are watched today.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from autotp.base.errors import AgreementError, PeerFailedError
+from autotp.runtime.agreement import exchanges_with_others, group_store
+
+__all__ = ["ACK_WAIT_S", "GRACE_S", "POLL_S", "FailureNotes", "agreed", "failure_notes", "watched_wait"]
+
+GRACE_S = 0.5
+"""Seconds a collective waits before its rank first looks for a failure note (a call that completes never looks)."""
+
+POLL_S = 0.5
+"""Seconds between two looks at the notes while a collective still waits."""
+
+ACK_WAIT_S = 30.0
+"""At most this long (and at most ``agreement_timeout_s``) the store's host waits, after its own failure, for every
+rank to read its note: a rank waiting in a collective reads it within a second; one that never calls again
+(its work was done) is not waited for longer."""
+
+_PREFIX = "autotp/failure"
+
+
+class FailureNotes:
+    """The failure notes of one process group, as this rank reads and writes them (module docstring)."""
+
+    def __init__(self, store: dist.Store, *, rank: int, world_size: int, hosts_store: bool, timeout_s: float) -> None:
+        self.store = store  # held: the store outlives the group's last collective (a failed rank 0 hosts it)
+        self.rank, self.world_size, self.hosts_store, self.timeout_s = rank, world_size, hosts_store, timeout_s
+        self.call = 0  # calls on the group so far: the same count on every rank
+        self._read = 0  # notes read so far (by their number)
+        self._own_calls: set[int] = set()  # calls on which this rank failed itself
+        self.failure: PeerFailedError | None = None  # a peer's failure, once found: every later wait raises it
+
+    def begin_call(self) -> None:
+        """Count a call (the happy path's whole cost)."""
+        self.call += 1
+
+    def post(self, exc: BaseException) -> None:
+        """Tell the other ranks that this rank's current call raised ``exc``; on the store's host, wait (at most
+        ``timeout_s``) until every rank has read the note. Never raises (the caller raises ``exc``)."""
+        text = f"{type(exc).__name__}: {exc}".strip()
+        text = text if len(text) <= 2000 else text[:2000] + " ..."
+        self._own_calls.add(self.call)
+        try:
+            number = self.store.add(f"{_PREFIX}/count", 1)
+            self.store.set(f"{_PREFIX}/{number}", pickle.dumps((self.rank, self.call, text)))  # type: ignore[arg-type]
+            self._acknowledge(self.call)
+            if self.hosts_store:
+                acks = [f"{_PREFIX}/read/{self.call}/{r}" for r in range(self.world_size)]
+                with contextlib.suppress(dist.DistError):  # a rank that never reads it: this rank's error stands
+                    self.store.wait(acks, timedelta(seconds=min(self.timeout_s, ACK_WAIT_S)))
+        except (dist.DistError, RuntimeError):
+            pass  # the store is gone (its host exited): nothing to tell, this rank's own error stands
+
+    def check(self) -> None:
+        """Raise :class:`~autotp.base.errors.PeerFailedError` if another rank posted a note since the last look
+        (one store round trip); for a wait that has lasted a while."""
+        if self.failure is not None:
+            raise self.failure
+        count = self.store.add(f"{_PREFIX}/count", 0)
+        while self._read < count:
+            self._read += 1
+            rank, call, text = pickle.loads(self.store.get(f"{_PREFIX}/{self._read}"))
+            if rank == self.rank or call in self._own_calls:
+                continue  # this rank's own note, or a call it abandoned too
+            self._acknowledge(call)
+            self.failure = PeerFailedError(
+                f"rank {rank} of {self.world_size} raised during call {call} of the tensor-parallel model, so rank "
+                f"{self.rank} cannot complete that call's collectives: {text}. Fix the error on rank {rank}; the "
+                "ranks' collectives are out of step now: restart every rank.", rank=rank, error=text)
+            raise self.failure
+
+    def failed(self, exc: BaseException) -> None:
+        """This rank's current call raised ``exc``: raise the peer's failure that explains it, if a note says so;
+        else post a note of ``exc`` (unless every rank raised it alike) and return, for the caller to raise it."""
+        if agreed(exc):
+            return
+        peer = self.peer_failure_behind(exc)
+        if peer is not None:
+            raise peer from exc
+        self.post(exc)
+
+    def peer_failure_behind(self, exc: BaseException) -> PeerFailedError | None:
+        """The peer failure that explains ``exc`` (this rank's own error in a call), when a note says so."""
+        if isinstance(exc, PeerFailedError):
+            return exc
+        try:
+            self.check()
+        except PeerFailedError as found:
+            return found
+        except (dist.DistError, RuntimeError):
+            return None  # the store has gone with its host: no note to read
+        return None
+
+    def _acknowledge(self, call: int) -> None:
+        self.store.set(f"{_PREFIX}/read/{call}/{self.rank}", b"")  # type: ignore[arg-type]
+
+
+_NOTES: dict[str, FailureNotes] = {}
+"""One :class:`FailureNotes` per process group (by name) in this process: the module and its collectives
+count the same calls and read the same notes."""
+
+
+def failure_notes(group: dist.ProcessGroup | None, *, timeout_s: float) -> FailureNotes | None:
+    """The :class:`FailureNotes` of ``group``, or None where no rank can wait for another (one rank, a fake group)."""
+    if not exchanges_with_others(group):
+        return None
+    name = (group or dist.group.WORLD).group_name
+    notes = _NOTES.get(name)
+    if notes is None or notes.world_size != dist.get_world_size(group):
+        notes = _NOTES[name] = FailureNotes(group_store(group), rank=dist.get_rank(group),
+                                            world_size=dist.get_world_size(group), hosts_store=dist.get_rank() == 0,
+                                            timeout_s=timeout_s)
+    return notes
+
+
+def agreed(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised on every rank alike by an exchange (nothing to tell the others)."""
+    return isinstance(exc, (AgreementError, PeerFailedError))
+
+
+def watched_wait(work: Any, notes: FailureNotes | None) -> None:
+    """``work.wait()``, looking for failure notes every :data:`POLL_S` while it waits (gloo's ``Work.wait``
+    times out and may be waited on again); a completed work returns at once."""
+    if notes is None:
+        work.wait()
+        return
+    while True:
+        try:
+            work.wait(timedelta(seconds=POLL_S))
+            return
+        except RuntimeError as exc:
+            if "timed out" not in str(exc).lower():
+                raise
+        notes.check()
