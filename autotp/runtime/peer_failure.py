@@ -16,9 +16,8 @@ in a gloo collective until the group's own timeout (30 minutes by default), in a
   short timeout, in a loop) instead of an unbounded ``wait_tensor``. A call that completes pays nothing
   for this: no store round trip, one counter increment.
 - On a note from another rank it raises :class:`~autotp.base.errors.PeerFailedError` naming that rank and
-  its exception, and says it has read the note. A rank whose own call failed also reads a peer's note when
-  its error could be a consequence of the peer's (a gloo ``Connection closed by peer``), and raises the
-  peer's failure instead.
+  its exception, and says it has read the note. A watched gloo collective that fails outright (``Connection
+  closed by peer``: the failed rank exited) reads the notes too, and raises the peer's failure instead.
 
 Notes are numbered per group (``store.add``) and carry the call (every rank counts the calls on the group
 alike), so a note of a call on which this rank failed too (every rank raised the same ``TracedValueError``
@@ -109,26 +108,20 @@ class FailureNotes:
             raise self.failure
 
     def failed(self, exc: BaseException) -> None:
-        """This rank's current call raised ``exc``: raise the peer's failure that explains it, if a note says so;
-        else post a note of ``exc`` (unless every rank raised it alike) and return, for the caller to raise it."""
-        if agreed(exc):
-            return
-        peer = self.peer_failure_behind(exc)
-        if peer is not None:
-            raise peer from exc
-        self.post(exc)
+        """This rank's current call raised ``exc``: post a note of it, unless every rank raised it alike (an
+        exchange's error) or it is a peer's failure this rank learned of. The caller raises ``exc``."""
+        if not agreed(exc):
+            self.post(exc)
 
-    def peer_failure_behind(self, exc: BaseException) -> PeerFailedError | None:
-        """The peer failure that explains ``exc`` (this rank's own error in a call), when a note says so."""
-        if isinstance(exc, PeerFailedError):
-            return exc
+    def check_after(self, exc: BaseException) -> None:
+        """:meth:`check` after a collective of this rank failed with ``exc``: a peer's note that explains it is
+        raised (from ``exc``); a store gone with its host leaves ``exc`` to be raised."""
         try:
             self.check()
         except PeerFailedError as found:
-            return found
+            raise found from exc
         except (dist.DistError, RuntimeError):
-            return None  # the store has gone with its host: no note to read
-        return None
+            return
 
     def _acknowledge(self, call: int) -> None:
         self.store.set(f"{_PREFIX}/read/{call}/{self.rank}", b"")  # type: ignore[arg-type]
@@ -168,6 +161,7 @@ def watched_wait(work: Any, notes: FailureNotes | None) -> None:
             work.wait(timedelta(seconds=POLL_S))
             return
         except RuntimeError as exc:
-            if "timed out" not in str(exc).lower():
+            if "timed out" not in str(exc).lower():  # the collective failed (a peer closed its connection)
+                notes.check_after(exc)
                 raise
         notes.check()
