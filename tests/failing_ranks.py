@@ -108,6 +108,7 @@ def _rank_main(name: str, rank: int, world_size: int, port: int, out: str) -> No
             result = _case(name, rank)
     except BaseException as exc:  # noqa: BLE001 - a failure outside the call is a result too
         result = {"raised": ("outside the call: " + type(exc).__name__, str(exc))}
+    result["done_at"] = time.monotonic()  # the system's monotonic clock: the launcher reads the same one
     Path(out).write_bytes(pickle.dumps(result))
     # the process ends here, right after its error: nothing may hang at exit
 
@@ -119,7 +120,8 @@ def _free_port() -> int:
 
 
 def launch(names: list[str], directory: str) -> None:
-    """Run each case in fresh forked ranks; write ``{case: [(result, exit code, seconds to exit) by rank]}``."""
+    """Run each case in fresh forked ranks; write ``{case: [(result, exit code, when it was seen to exit) by rank]}``
+    (times of ``time.monotonic()``, as the result's ``done_at``)."""
     for module in PRELOADED:
         importlib.import_module(module)
     context = mp.get_context("fork")
@@ -136,11 +138,11 @@ def launch(names: list[str], directory: str) -> None:
         exits = []
         for process in processes:
             process.join(max(0.0, start + _JOIN_S - time.monotonic()))
-            exits.append(time.monotonic() - start)
+            exits.append(time.monotonic())
         for process in processes:
             if process.is_alive():
                 process.kill()
                 process.join()
-        outcomes[name] = [(pickle.loads(out.read_bytes()) if out.exists() else None, process.exitcode, seconds)
-                          for out, process, seconds in zip(outs, processes, exits)]
+        outcomes[name] = [(pickle.loads(out.read_bytes()) if out.exists() else None, process.exitcode, exited)
+                          for out, process, exited in zip(outs, processes, exits)]
     (Path(directory) / "outcomes.pickle").write_bytes(pickle.dumps(outcomes))

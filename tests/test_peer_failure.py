@@ -49,6 +49,10 @@ def test_failure_on_one_rank_reaches_every_rank(tmp_path: Path) -> None:
         own_kind, own_message = ranks[failing][0]["raised"]
         assert (own_kind, own_message) == ("ValueError", "input holds non-finite values"), \
             f"{name} ({mode}): the failing rank {failing} raised {own_kind}: {own_message[:500]}"
+        last_done = max(result["done_at"] for result, _, _ in ranks)
+        for rank, (_, _, exited) in enumerate(ranks):  # joined in rank order: each exit seen after the last result
+            assert exited - last_done < BOUND_S, \
+                f"{name}: rank {rank} exited {exited - last_done:.1f} s after the last rank's result, expected < {BOUND_S:g} s"
         for rank, (result, _, _) in enumerate(ranks):
             assert result["first_diff"] < 1e-4, f"{name} rank {rank}: the good call differs by {result['first_diff']}"
             kind, message = result["raised"]
