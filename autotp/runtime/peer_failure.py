@@ -74,7 +74,8 @@ class FailureNotes:
 
     def post(self, exc: BaseException) -> None:
         """Tell the other ranks that this rank's current call raised ``exc``; on the store's host, wait (at most
-        ``timeout_s``) until every rank has read the note. Never raises (the caller raises ``exc``)."""
+        :data:`ACK_WAIT_S` and ``timeout_s``) until every rank has read the note. Never raises (the caller
+        raises ``exc``)."""
         text = f"{type(exc).__name__}: {exc}".strip()
         text = text if len(text) <= 2000 else text[:2000] + " ..."
         self._own_calls.add(self.call)
@@ -91,16 +92,23 @@ class FailureNotes:
 
     def check(self) -> None:
         """Raise :class:`~autotp.base.errors.PeerFailedError` if another rank posted a note since the last look
-        (one store round trip); for a wait that has lasted a while."""
+        (one store round trip); for a wait that has lasted a while. A store that cannot be read (its host has
+        exited) has no news: the wait goes on and ends as the collective does."""
         if self.failure is not None:
             raise self.failure
-        count = self.store.add(f"{_PREFIX}/count", 0)
-        while self._read < count:
-            self._read += 1
-            rank, call, text = pickle.loads(self.store.get(f"{_PREFIX}/{self._read}"))
+        try:
+            count = self.store.add(f"{_PREFIX}/count", 0)
+            notes = []
+            while self._read < count:
+                notes.append(pickle.loads(self.store.get(f"{_PREFIX}/{self._read + 1}")))
+                self._read += 1
+        except (dist.DistError, RuntimeError):
+            return
+        for rank, call, text in notes:
             if rank == self.rank or call in self._own_calls:
                 continue  # this rank's own note, or a call it abandoned too
-            self._acknowledge(call)
+            with contextlib.suppress(dist.DistError, RuntimeError):
+                self._acknowledge(call)
             self.failure = PeerFailedError(
                 f"rank {rank} of {self.world_size} raised during call {call} of the tensor-parallel model, so rank "
                 f"{self.rank} cannot complete that call's collectives: {text}. Fix the error on rank {rank}; the "
@@ -115,33 +123,32 @@ class FailureNotes:
 
     def check_after(self, exc: BaseException) -> None:
         """:meth:`check` after a collective of this rank failed with ``exc``: a peer's note that explains it is
-        raised (from ``exc``); a store gone with its host leaves ``exc`` to be raised."""
+        raised (from ``exc``); else the caller raises ``exc``."""
         try:
             self.check()
         except PeerFailedError as found:
             raise found from exc
-        except (dist.DistError, RuntimeError):
-            return
 
     def _acknowledge(self, call: int) -> None:
         self.store.set(f"{_PREFIX}/read/{call}/{self.rank}", b"")  # type: ignore[arg-type]
 
 
-_NOTES: dict[str, FailureNotes] = {}
-"""One :class:`FailureNotes` per process group (by name) in this process: the module and its collectives
-count the same calls and read the same notes."""
+_NOTES: dict[dist.ProcessGroup, FailureNotes] = {}
+"""One :class:`FailureNotes` per process group in this process: the module and its collectives count the same
+calls and read the same notes. Keyed by the group itself: a group made again after ``destroy_process_group``
+(a new store) gets new notes."""
 
 
 def failure_notes(group: dist.ProcessGroup | None, *, timeout_s: float) -> FailureNotes | None:
     """The :class:`FailureNotes` of ``group``, or None where no rank can wait for another (one rank, a fake group)."""
     if not exchanges_with_others(group):
         return None
-    name = (group or dist.group.WORLD).group_name
-    notes = _NOTES.get(name)
-    if notes is None or notes.world_size != dist.get_world_size(group):
-        notes = _NOTES[name] = FailureNotes(group_store(group), rank=dist.get_rank(group),
-                                            world_size=dist.get_world_size(group), hosts_store=dist.get_rank() == 0,
-                                            timeout_s=timeout_s)
+    process_group = group if group is not None else dist.group.WORLD
+    notes = _NOTES.get(process_group)
+    if notes is None:
+        notes = _NOTES[process_group] = FailureNotes(
+            group_store(group), rank=dist.get_rank(group), world_size=dist.get_world_size(group),
+            hosts_store=dist.get_rank() == 0, timeout_s=timeout_s)
     return notes
 
 
