@@ -1,5 +1,7 @@
 """A rank that raises inside its rank-local graph reaches every rank within seconds, and every process exits.
 
+The last two tests check the notes' bookkeeping over an in-process store (no processes).
+
 Each case of ``tests/failing_ranks.py`` runs fresh gloo ranks (rank 0 hosting the store) that compile a small
 MLP, call it once, then call it with a NaN in one rank's input: that rank's graph raises in its first op, before
 the collective the other ranks then wait in (the shared-memory all-reduce, or a gloo reduce-scatter), in the
@@ -14,7 +16,11 @@ import pickle
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from failing_ranks import CASES, launch
+
+from autotp.base.errors import PeerFailedError, TracedValueError
+from autotp.runtime.peer_failure import FailureNotes, watched_wait
 
 BOUND_S = 30.0
 """Every rank must have raised within this many seconds of the failing call (the waiting ranks look for a
@@ -62,3 +68,52 @@ def test_failure_on_one_rank_reaches_every_rank(tmp_path: Path) -> None:
                     f"{name} ({mode}): rank {rank} raised {kind}: {message[:500]}"
             assert result["seconds"] < BOUND_S, \
                 f"{name} ({mode}): rank {rank} raised after {result['seconds']:.1f} s, expected < {BOUND_S:g} s"
+
+
+def _notes_of_two_ranks() -> tuple[FailureNotes, FailureNotes]:
+    store = dist.HashStore()
+    return tuple(FailureNotes(store, rank=rank, world_size=2, hosts_store=False, timeout_s=5.0) for rank in (0, 1))
+
+
+def test_a_note_names_the_failed_rank_and_a_call_every_rank_failed_is_no_news() -> None:
+    """2 ranks' notes over one in-process store: rank 1 fails at call 1, rank 0 learns it; both fail at call 2 (the
+    same TracedValueError), and at call 3 neither finds news."""
+    first, second = _notes_of_two_ranks()
+    for notes in (first, second):
+        notes.begin_call()
+    second.failed(ValueError("input holds non-finite values"))
+    with pytest.raises(PeerFailedError, match="rank 1 of 2 raised during call 1 .*ValueError: input holds non-finite"):
+        first.check()
+    second.check()  # its own note is no news to it
+
+    first, second = _notes_of_two_ranks()
+    for _ in range(2):
+        for notes in (first, second):
+            notes.begin_call()
+    for notes in (first, second):
+        notes.failed(TracedValueError("scale was 1.0 when the model was traced; this call passes 3.0"))
+    for notes in (first, second):
+        notes.begin_call()
+        notes.check()  # call 2 failed on every rank: no news, the call after runs
+
+
+def test_a_watched_wait_looks_at_the_notes_only_while_it_waits() -> None:
+    """A work that completes returns without a look at the store; one that keeps timing out ends in the peer's
+    PeerFailedError once a note is there."""
+    class Work:
+        def __init__(self, timeouts: int) -> None:
+            self.timeouts, self.waits = timeouts, 0
+
+        def wait(self, timeout: object = None) -> bool:
+            self.waits += 1
+            if self.waits <= self.timeouts:
+                raise RuntimeError("Operation timed out!")
+            return True
+
+    first, second = _notes_of_two_ranks()
+    first.begin_call()
+    second.begin_call()
+    watched_wait(Work(timeouts=2), first)  # slow but fine: no note, it waits on
+    second.failed(RuntimeError("CUDA out of memory"))
+    with pytest.raises(PeerFailedError, match="rank 1 of 2 .*RuntimeError: CUDA out of memory"):
+        watched_wait(Work(timeouts=10), first)
