@@ -116,7 +116,8 @@ class QueryKeyNorm(nn.Module):
 
 
 class NarrowEmbeddings(nn.Module):
-    """Embedding family: a 2-row vocabulary (split by rows) and 2-wide embeddings (split by columns)."""
+    """Embedding family: 2-wide embeddings (split by columns), beside a 2-row vocabulary (kept whole: the
+    vocabulary split is offered when every rank can hold a row, ``rules/embedding.py``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -170,7 +171,7 @@ CASES: dict[str, tuple[Callable[[], tuple[nn.Module, tuple, dict]], dict[str, st
     "batch_stats": (_batch_stats, {"conv1.weight": "S(0)", "norm.weight": "S(0)", "conv2.weight": "S(1)"},
                     "norm.weight"),
     "query_key_norm": (_query_key_norm, {"q.weight": "S(0)", "k.weight": "S(0)"}, "q.weight"),
-    "embedding": (_embeddings, {"rows.weight": "S(0)", "cols.weight": "S(1)", "out.weight": "S(1)"}, "cols.weight"),
+    "embedding": (_embeddings, {"cols.weight": "S(1)", "out.weight": "S(1)"}, "cols.weight"),
 }
 
 

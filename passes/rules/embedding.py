@@ -35,7 +35,7 @@ __all__: list[str] = []
 def _embedding(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Lookup rows of ``weight (V, H)``: split H (output last dim), the indices' dims, or the vocabulary.
 
-    A vocabulary of fewer rows than ranks leaves some ranks none: they contribute zeros (the local form).
+    The vocabulary split is offered when every rank can hold at least one row.
     """
     weight, indices = tensor_inputs(node)[:2]
     out_ndim = len(shape(node))
@@ -43,7 +43,7 @@ def _embedding(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     strategies = []
     if hidden > 1:
         strategies.append(Strategy((Shard(1), R), Shard(out_ndim - 1)))
-    if vocab > 1:
+    if vocab >= ctx.world_size:
         strategies.append(Strategy((Shard(0), R), P))
     for d, size in enumerate(shape(indices)):
         if size > 1:
