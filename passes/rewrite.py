@@ -10,7 +10,9 @@ What changes, node by node:
 - shape arguments of reshapes (``view``/``reshape``/``expand``/``unflatten``) get this rank's
   local size in the split dim (uneven splits give each rank its own constant); every other
   entry stays as traced, so a dynamic batch or sequence size stays a symbolic expression
-  (a ``sym_size`` node) and one rank-local graph serves every input size;
+  (a ``sym_size`` node) and one rank-local graph serves every input size; on a rank whose part
+  of the split is empty (fewer heads than ranks), a ``-1`` entry is spelled out, since a tensor of
+  0 elements gives no count to infer it from;
 - ops whose local form differs from the global one get it (registered beside the op's rule,
   :func:`autotp.passes.rules.local_form_for`): a vocabulary-split ``embedding`` looks up only
   the ids in this rank's row range (others give zeros: the output is a Partial sum); a grouped
