@@ -7,9 +7,10 @@ in a gloo collective until the group's own timeout (30 minutes by default), in a
 
 - **The failing rank** leaves a note in the group's key-value store (:meth:`FailureNotes.post`, from the
   error path of :class:`~autotp.runtime.module.TensorParallelModule` only): its rank, the call, and its
-  exception as ``"Type: message"``. The process that hosts the store (world rank 0 under ``env://``) then
-  waits, at most :data:`ACK_WAIT_S`, until every rank has read the note, so that exiting right
-  after its error takes the store from nobody (invariant 6).
+  exception as ``"Type: message"``. The process that hosts the store (world rank 0 under ``env://``),
+  whether it failed or read a peer's note, waits at most :data:`ACK_WAIT_S` until every rank has read a
+  note of that call before it raises, so that exiting right after its error takes the store from nobody
+  (invariant 6).
 - **A waiting rank** looks for notes only once a wait has lasted :data:`GRACE_S`, then every
   :data:`POLL_S`: the shared-memory collectives' wait loop (:mod:`autotp.runtime.shared_memory`), and the
   gloo collectives of an inference graph, which wait through :func:`watched_wait` (``Work.wait`` with a
@@ -83,10 +84,7 @@ class FailureNotes:
             number = self.store.add(f"{_PREFIX}/count", 1)
             self.store.set(f"{_PREFIX}/{number}", pickle.dumps((self.rank, self.call, text)))  # type: ignore[arg-type]
             self._acknowledge(self.call)
-            if self.hosts_store:
-                acks = [f"{_PREFIX}/read/{self.call}/{r}" for r in range(self.world_size)]
-                with contextlib.suppress(dist.DistError):  # a rank that never reads it: this rank's error stands
-                    self.store.wait(acks, timedelta(seconds=min(self.timeout_s, ACK_WAIT_S)))
+            self._wait_for_readers(self.call)
         except (dist.DistError, RuntimeError):
             pass  # the store is gone (its host exited): nothing to tell, this rank's own error stands
 
@@ -109,6 +107,7 @@ class FailureNotes:
                 continue  # this rank's own note, or a call it abandoned too
             with contextlib.suppress(dist.DistError, RuntimeError):
                 self._acknowledge(call)
+                self._wait_for_readers(call)
             self.failure = PeerFailedError(
                 f"rank {rank} of {self.world_size} raised during call {call} of the tensor-parallel model, so rank "
                 f"{self.rank} cannot complete that call's collectives: {text}. Fix the error on rank {rank}; the "
@@ -131,6 +130,16 @@ class FailureNotes:
 
     def _acknowledge(self, call: int) -> None:
         self.store.set(f"{_PREFIX}/read/{call}/{self.rank}", b"")  # type: ignore[arg-type]
+
+    def _wait_for_readers(self, call: int) -> None:
+        """On the store's host, before it raises for ``call`` (its own failure or a peer's): wait, at most
+        :data:`ACK_WAIT_S` and ``timeout_s``, until every rank has read a note of that call, so that the others
+        can still read it if this process exits right after its error."""
+        if not self.hosts_store:
+            return
+        acks = [f"{_PREFIX}/read/{call}/{r}" for r in range(self.world_size)]
+        with contextlib.suppress(dist.DistError):  # a rank that never reads it: this rank's error stands
+            self.store.wait(acks, timedelta(seconds=min(self.timeout_s, ACK_WAIT_S)))
 
 
 _NOTES: dict[dist.ProcessGroup, FailureNotes] = {}
