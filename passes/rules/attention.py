@@ -13,8 +13,7 @@ from autotp.base.placements import Placement, Shard
 from autotp.base.strategy import Strategy
 from autotp.passes.rules.args import arg, shape, tensor_inputs
 from autotp.passes.rules.builders import R
-from autotp.passes.rules.empty import empty_dim
-from autotp.passes.rules.registry import LocalGraph, RuleContext, register_local_form, register_rule
+from autotp.passes.rules.registry import RuleContext, register_rule
 
 aten = torch.ops.aten
 
@@ -53,17 +52,3 @@ def _sdpa(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
         if q_shape[dim] > 1:
             strategies.append(Strategy(tuple(placements), Shard(dim)))
     return strategies
-
-
-@register_local_form(aten.scaled_dot_product_attention.default)
-def _local_sdpa(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
-    """A rank with no heads (or no queries) of its own: its output ``(B, 0, Sq, Dv)`` is made by a matmul of the
-    empty query with zeros ``(D, Dv)``, whatever kernel sdpa would pick: CPU's flash kernel
-    (``_scaled_dot_product_flash_attention_for_cpu``) dies of a division by zero on 0 heads or 0 queries
-    (:mod:`autotp.passes.rules.empty`)."""
-    if empty_dim(builder, node, strategy.output) is None:
-        return None
-    q, v = tensor_inputs(node)[0], tensor_inputs(node)[2]
-    head_dim, value_dim = shape(q)[-1], shape(v)[-1]
-    zeros = builder.call(aten.new_zeros.default, args[0], [head_dim, value_dim], meta_from=node)
-    return builder.call(aten.matmul.default, args[0], zeros, meta_from=node)

@@ -6,9 +6,9 @@ softmax, a norm over other dims, an embedding); a few refuse one: a convolution 
 channels, max pooling and upsampling of no channels, batch norm with batch statistics of no
 channels. Their local form runs the op on one zero element in the empty dim (a zero filter,
 a zero channel) and cuts the result back to 0: the output has the right shape, symbolic sizes
-included, for the price of one channel of work on the ranks that hold none. Attention with no heads
-or queries is a matmul of the empty query instead (``rules/attention.py``): CPU's flash kernel divides
-by zero there.
+included, for the price of one channel of work on the ranks that hold none. Attention on no heads
+needs no local form: ``aten.scaled_dot_product_attention`` takes its math path there, eager and compiled
+(CPU's flash kernel, which divides by zero on no heads, is offered replicated only).
 """
 
 from __future__ import annotations
