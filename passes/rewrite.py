@@ -10,7 +10,9 @@ What changes, node by node:
 - shape arguments of reshapes (``view``/``reshape``/``expand``/``unflatten``) get this rank's
   local size in the split dim (uneven splits give each rank its own constant); every other
   entry stays as traced, so a dynamic batch or sequence size stays a symbolic expression
-  (a ``sym_size`` node) and one rank-local graph serves every input size;
+  (a ``sym_size`` node) and one rank-local graph serves every input size; on a rank whose part
+  of the split is empty (fewer heads than ranks), a ``-1`` entry is spelled out, since a tensor of
+  0 elements gives no count to infer it from;
 - ops whose local form differs from the global one get it (registered beside the op's rule,
   :func:`autotp.passes.rules.local_form_for`): a vocabulary-split ``embedding`` looks up only
   the ids in this rank's row range (others give zeros: the output is a Partial sum); a grouped
@@ -27,6 +29,8 @@ on a collective another rank does not issue.
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -36,7 +40,7 @@ import torch.utils._pytree as pytree
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import BlockShard, Placement, Replicate, split_of
 from autotp.base.reshard import ReshardKind, reshard_steps, route_with_kinds
-from autotp.base.shapes import concrete_shape, first_tensor
+from autotp.base.shapes import concrete_shape, concrete_size, first_tensor, is_static
 from autotp.base.strategy import Strategy
 from autotp.passes.adjoints import REPLICATED_INPUT_ADJOINT, EagerSteps, ReshardNode, adjoint_route
 from autotp.passes.random_streams import RankStreams, rank_seed, rank_stream_target
@@ -134,14 +138,60 @@ def _with_local_size(sizes: object, index: int, local: int) -> list:
     return out
 
 
-def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partitions, rank: int) -> tuple:
+def _product(graph: fx.Graph, factors: list, name: str) -> object:
+    """The product of ``factors`` (ints and symbolic-size nodes): an int, or a node of the rank-local graph
+    (named after ``name``, which no traced node's name takes later)."""
+    static = math.prod(f for f in factors if not isinstance(f, fx.Node))
+    result: object = static
+    for factor in (f for f in factors if isinstance(f, fx.Node)):
+        result = factor if result == 1 else graph.call_function(operator.mul, (result, factor), name=name)
+    return result
+
+
+def _resolve_inferred_size(graph: fx.Graph, node: fx.Node, sizes: list, split: tuple[int, int],
+                           local_input: fx.Node, input_split: tuple[int, int] | None) -> list:
+    """``sizes`` with its ``-1`` entry spelled out when this rank's shard is empty.
+
+    A reshape infers a ``-1`` entry from the element count, and a tensor of 0 elements gives no
+    count to infer from (``view(x, [-1, 0, 16, 16])`` raises), so on a rank whose part of the split
+    dim is empty the entry becomes the global value it stands for: the input's global element count
+    over the other entries' global sizes, from the same symbolic sizes, so every size still serves.
+    """
+    dim, local = split
+    inferred = [i for i, size in enumerate(sizes) if isinstance(size, int) and size == -1]
+    if local != 0 or not inferred:
+        return sizes
+    index = inferred[0]
+    traced = node.meta["val"].shape[index]
+    if is_static(traced):
+        return _with_local_size(sizes, index, concrete_size(traced))
+    traced_input = first_tensor(node.args[0].meta["val"])  # type: ignore[union-attr]
+    in_global = concrete_shape(traced_input)
+    # the input's global element count: its split dim at its (static) global size, its other dims as they are here
+    numerator = [in_global[d] if (input_split is not None and d == input_split[0]) or is_static(size)
+                 else graph.call_function(aten.sym_size.int, (local_input, d), name=f"{node.name}_inferred")
+                 for d, size in enumerate(traced_input.shape)]  # type: ignore[union-attr]
+    out_global = concrete_shape(node.meta["val"])
+    denominator = [out_global[d] if d == dim else size for d, size in enumerate(sizes) if d != index]
+    name = f"{node.name}_inferred"
+    value = graph.call_function(operator.floordiv, (_product(graph, numerator, name), _product(graph, denominator, name)),
+                                name=name)
+    return _with_local_size(sizes, index, value)  # type: ignore[arg-type]
+
+
+def _localise_args(graph: fx.Graph, node: fx.Node, args: tuple, strategy: Strategy, parts: Partitions,
+                   rank: int) -> tuple:
     """Replace the split dim's entry of shape arguments with this rank's local size."""
     if node.target in _SHAPE_ARG_OPS:
         split = _local_split_size(node, strategy.output, parts, rank)
         if split is None:
             return args
         index = _SHAPE_ARG_OPS[node.target]
-        return (*args[:index], _with_local_size(args[index], *split), *args[index + 1:])
+        sizes = _with_local_size(args[index], *split)
+        if node.target is not aten.expand.default:  # expand's -1 keeps a dim; a reshape's is inferred
+            input_split = _local_split_size(node.args[0], strategy.inputs[0], parts, rank)
+            sizes = _resolve_inferred_size(graph, node, sizes, split, args[0], input_split)
+        return (*args[:index], sizes, *args[index + 1:])
     if node.target in (aten.split.Tensor, aten.split_with_sizes.default) and isinstance(strategy.inputs[0], BlockShard):
         # a block-sharded tensor split into its blocks: every piece is this rank's part of one block
         split = _local_split_size(node.args[0], strategy.inputs[0], parts, rank)
@@ -159,7 +209,11 @@ def _localise_args(node: fx.Node, args: tuple, strategy: Strategy, parts: Partit
         start = args[1] % in_ndim
         if not start <= dim < start + len(args[2]):
             return args
-        return (args[0], args[1], _with_local_size(args[2], dim - start, local))
+        sizes = _with_local_size(args[2], dim - start, local)
+        if local == 0:  # an empty shard gives no count to infer a -1 from: the split input dim is static, so is it
+            traced = concrete_shape(node.meta["val"])
+            sizes = [traced[start + i] if isinstance(size, int) and size == -1 else size for i, size in enumerate(sizes)]
+        return (args[0], args[1], sizes)
     return args
 
 
@@ -226,7 +280,7 @@ def rewrite_for_rank(gm: fx.GraphModule, decisions: dict[str, Strategy], parts: 
         if node.op == "output":
             graph.output(args[0])
             continue
-        args = _localise_args(node, tuple(args), strategy, parts, rank)
+        args = _localise_args(graph, node, tuple(args), strategy, parts, rank)
         local_form = local_form_for(node.target)
         new = local_form(builder, node, args, kwargs, strategy) if local_form is not None else None
         if new is None:

@@ -34,6 +34,16 @@ class RankTimeoutError(AgreementError):
     """Some ranks did not reach an autotp exchange within ``agreement_timeout_s`` (named in the message)."""
 
 
+class PeerFailedError(AutoTPError):
+    """Another rank of the group raised during a call (named in the message, with its error), so this rank's
+    collectives of that call can never complete; the group is out of step: restart every rank."""
+
+    def __init__(self, message: str, *, rank: int, error: str) -> None:
+        super().__init__(message)
+        self.rank = rank  # the group rank that failed
+        self.error = error  # its exception, as "Type: message"
+
+
 class TracedValueError(AutoTPError):
     """A non-tensor argument was called with another value than the one baked into the traced graph."""
 

@@ -74,6 +74,7 @@ __all__ = [
     "constraints_text",
     "disagreement",
     "exchange",
+    "group_store",
     "hardware_text",
     "plan_text",
     "ranks_agree",
@@ -108,7 +109,7 @@ def exchanges_with_others(group: dist.ProcessGroup | None) -> bool:
     return dist.get_world_size(group) > 1 and dist.get_backend(group) != "fake"
 
 
-def _store(group: dist.ProcessGroup | None) -> dist.Store:
+def group_store(group: dist.ProcessGroup | None) -> dist.Store:
     """The key-value store of ``group`` (prefixed with the group's name by torch).
 
     The one private torch API this module uses: c10d keeps each group's store but offers no
@@ -138,7 +139,7 @@ def exchange(value: Any, *, group: dist.ProcessGroup | None, timeout_s: float, w
     if world_size == 1:
         return [value]
     try:
-        return _exchange(_store(group), value, world_size=world_size, rank=rank, timeout_s=timeout_s, what=what)
+        return _exchange(group_store(group), value, world_size=world_size, rank=rank, timeout_s=timeout_s, what=what)
     except dist.DistNetworkError as exc:
         raise RankTimeoutError(
             f"{what}: rank {rank} lost its connection to the process group's key-value store ({exc}). The process "
@@ -599,7 +600,7 @@ class InputGuard:
                                 if isinstance(arg, ConstantArgument))
         self._tensors = tuple(index for index, arg in _user_specs(captured) if isinstance(arg, TensorArgument))
         self._group = group
-        self._timeout_s = timeout_s
+        self.timeout_s = timeout_s  # agreement_timeout_s: how long this group's ranks wait for each other
         self._exchanges = exchanges_with_others(group)
         self._checked: set[tuple] = set()
 
@@ -625,7 +626,7 @@ class InputGuard:
         if key in self._checked:
             return
         if self._exchanges:
-            seen = exchange(key, group=self._group, timeout_s=self._timeout_s, what="a call with new input shapes")
+            seen = exchange(key, group=self._group, timeout_s=self.timeout_s, what="a call with new input shapes")
             if len(set(seen)) > 1:
                 lines = []
                 for position, index in enumerate(self._tensors):

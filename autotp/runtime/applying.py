@@ -29,6 +29,7 @@ from autotp.runtime.hosts import Host
 from autotp.runtime.inference_collectives import inference_all_reduces
 from autotp.runtime.loading import agree_on_success, read_local_values
 from autotp.runtime.shards import parameter_layout, shard_tensor
+from autotp.runtime.watched_collectives import watched_collectives
 
 __all__ = ["apply_plan", "plan_or_check", "rank_local_graph"]
 
@@ -84,6 +85,8 @@ def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.Process
         captured.state, captured.state_fqns())
     if not training:  # gloo all-reduces through shared memory on one host, else small ones in one round
         local_gm = inference_all_reduces(local_gm, group, plan.world_size, host=host, timeout_s=timeout_s)
+        # gloo's other collectives wait in steps that notice a failed peer (autotp.runtime.peer_failure)
+        local_gm = watched_collectives(local_gm, group, timeout_s=timeout_s)
     return generate_code(local_gm), parts
 
 

@@ -27,8 +27,9 @@ from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import count_collectives
 from autotp.planning.outputs import output_placements
 from autotp.planning.plan import Plan
-from autotp.runtime.agreement import InputGuard
+from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, InputGuard
 from autotp.runtime.input_check import InputShapeCheck
+from autotp.runtime.peer_failure import failure_notes
 from autotp.runtime.rank_local import GenerationGraphs, PhaseGraph
 from autotp.runtime.runtime_modes import graph_runner
 from autotp.runtime.training import OriginalParameterCheck, full_state_dict, refuse_backward, state_dict_aliases
@@ -75,6 +76,8 @@ class TensorParallelModule(torch.nn.Module):
         self._runners: dict[str, Callable[..., Any]] = {}  # phase -> its graph in runtime_mode, made on first use
         self.trains = training  # built for training (autotp.compile(..., training=True)): see autotp.runtime.training
         self._group = group
+        # a call that raises on this rank tells the others, whose collectives would wait for it (peer_failure.py)
+        self._notes = failure_notes(group, timeout_s=guard.timeout_s if guard is not None else DEFAULT_AGREEMENT_TIMEOUT_S)
         self.layout = layout or {}  # see parameter_layout: what save() writes with global offsets
         self.generation = generation
         # a plain compile of a causal LM: (tp, input_ids, max_new_tokens) -> a module compiled for generation with
@@ -245,12 +248,21 @@ class TensorParallelModule(torch.nn.Module):
         users = [(position, key) for position, key in enumerate(keys) if isinstance(key, int)]
         graph = self._runner(phase, graph_module, [value for value in template if value is not None])
 
+        notes = self._notes
+
         def run(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
             values = list(template)
             for position, index in users:
                 values[position] = inputs[index]
-            with torch.no_grad():
-                return graph(*values)[0]
+            if notes is not None:
+                notes.begin_call()
+            try:
+                with torch.no_grad():
+                    return graph(*values)[0]
+            except Exception as exc:
+                if notes is not None:
+                    notes.failed(exc)
+                raise
 
         return run
 
@@ -334,14 +346,23 @@ class TensorParallelModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.forward_on_demand is not None and not self._called_as_traced(args, kwargs):
             return self.forward_on_demand(self, args, kwargs)(*args, **kwargs)  # a plain call of a generation compile
-        values = self.graph_inputs(*args, **kwargs)
-        if self.trains:
-            outputs = self.graph_module(*values)
-        else:
-            graph = self.graph_module if self.runtime_mode == "eager" else self._runner("forward", self.graph_module, [
-                cast(torch.Tensor, value) for (source, _), value in zip(self._slot_keys, values) if source != 0])
-            with torch.no_grad():
-                outputs = graph(*values)
-            if torch.is_grad_enabled():
-                outputs = refuse_backward(outputs, self._refuse_anchor)
+        notes = self._notes
+        if notes is not None:
+            notes.begin_call()
+        try:
+            values = self.graph_inputs(*args, **kwargs)
+            if self.trains:
+                outputs = self.graph_module(*values)
+            else:
+                graph = self.graph_module if self.runtime_mode == "eager" else self._runner(
+                    "forward", self.graph_module,
+                    [cast(torch.Tensor, value) for (source, _), value in zip(self._slot_keys, values) if source != 0])
+                with torch.no_grad():
+                    outputs = graph(*values)
+                if torch.is_grad_enabled():
+                    outputs = refuse_backward(outputs, self._refuse_anchor)
+        except Exception as exc:
+            if notes is not None:
+                notes.failed(exc)  # the other ranks learn of it (or a peer's failure that caused it is raised)
+            raise
         return self._outputs.unflatten(outputs)

@@ -252,6 +252,18 @@ class _CompiledGraph:
         return True
 
     def _run(self, args: tuple[Any, ...]) -> Any:
+        try:
+            return self._run_compiled(args)
+        except torch._dynamo.exc.Unsupported as exc:
+            # an error raised inside the compiled graph (a peer's failure, a check of this rank's input) reaches
+            # GraphModule's error report, whose traceback generator Dynamo refuses under fullgraph=True: its
+            # Unsupported hides the graph's own error, which is the one to raise
+            raised = exc.__context__
+            if raised is None or isinstance(raised, torch._dynamo.exc.Unsupported):
+                raise
+            raise raised.with_traceback(raised.__traceback__) from None
+
+    def _run_compiled(self, args: tuple[Any, ...]) -> Any:
         assert self.compiled is not None, "compiled at the first call"
         if self.calls > 1 and self._as_first_call(args):
             self.unguarded += 1

@@ -36,7 +36,9 @@ graph target :class:`SharedMemoryAllGather`) uses the same slots and counter: ev
 the ``ws`` slots into its output in rank order.
 
 Waiting spins with ``os.sched_yield()`` (ranks may outnumber cores) up to ``timeout_s``; then
-:class:`~autotp.base.errors.RankTimeoutError` names the ranks that did not arrive. Where the ranks
+:class:`~autotp.base.errors.RankTimeoutError` names the ranks that did not arrive. A wait that lasts
+half a second looks for a failure note of another rank (:mod:`autotp.runtime.peer_failure`), then twice a
+second, and raises :class:`~autotp.base.errors.PeerFailedError` on one. Where the ranks
 outnumber the cores, a rank spins only briefly and then sleeps between looks, so that the ranks
 still computing get the cores. The segment is unlinked as soon as every rank has mapped it, so a
 crash leaves nothing under ``/dev/shm``; its memory goes when the last rank drops its mapping.
@@ -75,6 +77,7 @@ from autotp.base.errors import AutoTPError, RankTimeoutError
 from autotp.cost_model.collectives import uses_shared_memory_all_reduce
 from autotp.passes.small_collectives import StandInCollective
 from autotp.runtime.hosts import Host, one_host
+from autotp.runtime.peer_failure import GRACE_S, POLL_S, FailureNotes, failure_notes
 
 __all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "shared_memory_all_reduce_for"]
 
@@ -101,8 +104,9 @@ class SharedMemoryAllReduce(StandInCollective):
     kind = "all_reduce"
 
     def __init__(self, segment: torch.Tensor, *, rank: int, world_size: int, slot_bytes: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, notes: FailureNotes | None = None) -> None:
         header = world_size * _LINE_BYTES
+        self.notes = notes  # a peer's failure note ends a wait at once (autotp.runtime.peer_failure)
         self.segment = segment  # the whole mapping (uint8): what the compiled form takes as a tensor
         self.rank, self.world_size, self.slot_bytes, self.timeout_s = rank, world_size, slot_bytes, timeout_s
         self.counters = segment[:header].view(torch.int64)[::_LINE_INT64]  # (ws,) one per line
@@ -193,6 +197,7 @@ class SharedMemoryAllReduce(StandInCollective):
         start = time.monotonic()
         deadline = start + self.timeout_s
         spin_until = start + (_SPIN_S if self.oversubscribed else self.timeout_s)
+        next_look = start + GRACE_S  # a wait this long looks for a peer's failure note, then every POLL_S
         spins = 0
         while counters.min() < call:
             spins += 1
@@ -207,6 +212,9 @@ class SharedMemoryAllReduce(StandInCollective):
                     f"{', '.join(map(str, missing))} of the group did not arrive within {self.timeout_s:g} s "
                     f"(rank {self.rank} waited). Those processes crashed, hang, or run other code; if they are "
                     "only slow, pass a larger agreement_timeout_s= to autotp.compile.")
+            if self.notes is not None and now >= next_look:
+                next_look = now + POLL_S
+                self.notes.check()  # raises PeerFailedError naming the rank that failed
             if now > spin_until:
                 time.sleep(_SLEEP_S)
                 spins = -1  # look again right after the sleep: the next iteration reads the clock
@@ -290,7 +298,7 @@ def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, host: Host,
                       stacklevel=2)
         return None
     return SharedMemoryAllReduce(segment, rank=rank, world_size=world_size, slot_bytes=slot_bytes,
-                                 timeout_s=timeout_s)
+                                 timeout_s=timeout_s, notes=failure_notes(group, timeout_s=timeout_s))
 
 
 def _on_segment(segment: torch.Tensor, address: int, rank: int, world_size: int, slot_bytes: int,

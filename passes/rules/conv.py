@@ -11,9 +11,11 @@ exchange autotp does not do):
   together (each rank convolves its groups); the rewrite passes each rank its local group
   count. Offered when one side has exactly one channel per group (depthwise and its
   channel-multiplier form), so that the proportional cut of ``passes/uneven.py`` falls on
-  group boundaries, and when every rank gets at least one group.
+  group boundaries. Fewer channels or groups than ranks leave some ranks none: their local form
+  runs on one zero channel (:mod:`autotp.passes.rules.empty`).
 
-Batch norm in eval mode and pooling act per channel: channels and batch keep their split.
+Batch norm in eval mode and pooling act per channel: channels and batch keep their split (a rank
+with no channels pools or normalises one zero channel, cut off after).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from autotp.base.placements import Placement, Shard, split_of
 from autotp.base.strategy import Strategy
 from autotp.passes.rules.args import arg, is_float, shape, tensor_inputs
 from autotp.passes.rules.builders import P, R
+from autotp.passes.rules.empty import cut_to_empty, empty_dim, pad_with_zeros
 from autotp.passes.rules.registry import LocalGraph, RuleContext, register_local_form, register_rule
 
 aten = torch.ops.aten
@@ -66,31 +69,72 @@ def _convolution(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if transposed:
         return strategies  # weight (in, out / groups, ...): batch and Partial only
     if groups == 1:
-        if c_out >= ctx.world_size:
+        if c_out > 1:
             strategies.append(with_bias(R, Shard(0), Shard(0), Shard(out_channel)))
-        if c_in >= ctx.world_size:
+        if c_in > 1:
             strategies.append(with_bias(Shard(channel), Shard(1), P, P))
-    elif groups >= ctx.world_size and min(c_in, c_out) == groups:
+    elif min(c_in, c_out) == groups:
         strategies.append(with_bias(Shard(channel), Shard(0), Shard(0), Shard(out_channel)))
     return strategies
 
 
 @register_local_form(*(op for op, (_, transposed) in _CONV_OPS.items() if not transposed))
 def _local_convolution(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
-    """A grouped convolution split by whole groups runs this rank's groups: ``groups`` becomes the local count."""
+    """This rank's part of a split convolution.
+
+    A grouped convolution split by whole groups runs this rank's groups: ``groups`` becomes the local
+    count. A rank with no output channels (or groups) runs one zero filter and cuts its channel off;
+    one with no input channels runs one zero channel, so its Partial output keeps its shape
+    (:mod:`autotp.passes.rules.empty`: the kernels refuse an empty channel dim).
+    """
     index = _CONV_OPS[node.target][0]
     groups = arg(node, index, "groups", 1)
-    if groups == 1 or split_of(strategy.output) is None or strategy.inputs[1] != Shard(0):
+    weight, x = node.args[1], node.args[0]
+    w_ndim, x_ndim = weight.meta["val"].dim(), x.meta["val"].dim()  # type: ignore[union-attr]
+    channel = x_ndim - (w_ndim - 2) - 1  # 1 for (N, C, ...), 0 for an unbatched (C, ...)
+    if strategy.inputs[1] == Shard(1) and empty_dim(builder, weight, Shard(1)) is not None:  # type: ignore[arg-type]
+        padded = (pad_with_zeros(builder, args[0], channel, x_ndim), pad_with_zeros(builder, args[1], 1, w_ndim))
+        return builder.graph.call_function(node.target, (*padded, *args[2:]), kwargs)
+    if strategy.inputs[1] != Shard(0) or split_of(strategy.output) is None:
         return None
-    weight = node.args[1]
-    out_channels = int(weight.meta["val"].shape[0])
-    local_out = builder.parts.local(weight.name, 0, builder.rank)[1]
+    if empty_dim(builder, weight, Shard(0)) is not None:  # type: ignore[arg-type]
+        return _no_output_channels(builder, node, args, kwargs, groups, channel)  # type: ignore[arg-type]
+    if groups == 1:
+        return None
+    out_channels = int(weight.meta["val"].shape[0])  # type: ignore[union-attr]
+    local_out = builder.parts.local(weight.name, 0, builder.rank)[1]  # type: ignore[union-attr]
     local_groups = groups * local_out // out_channels  # type: ignore[operator]
+    return builder.graph.call_function(node.target, *_with_groups(node, args, kwargs, local_groups))
+
+
+def _with_groups(node: fx.Node, args: tuple, kwargs: dict, groups: int) -> tuple[tuple, dict]:
+    """A convolution's ``(args, kwargs)`` with ``groups`` set."""
+    index = _CONV_OPS[node.target][0]
     if len(args) > index:
-        args = (*args[:index], local_groups, *args[index + 1:])
-    else:
-        kwargs = {**kwargs, "groups": local_groups}
-    return builder.graph.call_function(node.target, args, kwargs)
+        return (*args[:index], groups, *args[index + 1:]), kwargs
+    return args, {**kwargs, "groups": groups}
+
+
+def _no_output_channels(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict, groups: int,
+                        channel: int) -> fx.Node:
+    """A convolution on a rank with no output channels: one zero filter (over one group's worth of zero
+    input channels when grouped, as this rank holds no input channels either), its channel then cut off."""
+    weight, x = node.args[1], node.args[0]
+    w_ndim, x_ndim = weight.meta["val"].dim(), x.meta["val"].dim()  # type: ignore[union-attr]
+    x_local, w_local = args[0], pad_with_zeros(builder, args[1], 0, w_ndim)
+    if groups != 1:
+        x_local = pad_with_zeros(builder, x_local, channel, x_ndim, int(weight.meta["val"].shape[1]))  # type: ignore[union-attr]
+    rest = list(args[2:])
+    if rest and rest[0] is not None:
+        rest[0] = pad_with_zeros(builder, rest[0], 0, 1)
+    if kwargs.get("bias") is not None:
+        kwargs = {**kwargs, "bias": pad_with_zeros(builder, kwargs["bias"], 0, 1)}
+    padded_args, padded_kwargs = (x_local, w_local, *rest), kwargs
+    if groups != 1:
+        padded_args, padded_kwargs = _with_groups(node, padded_args, padded_kwargs, 1)
+    out = builder.graph.call_function(node.target, padded_args, padded_kwargs)
+    out_channel = node.meta["val"].dim() - (w_ndim - 2) - 1
+    return cut_to_empty(builder, out, node, out_channel)
 
 
 @register_rule(aten.batch_norm.default, aten._native_batch_norm_legit_no_training.default)
@@ -110,6 +154,21 @@ def _batch_norm(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if not training:
         strategies += [Strategy((Shard(d), *whole), Shard(d)) for d in range(len(x_shape)) if d != 1 and x_shape[d] > 1]
     return strategies
+
+
+
+@register_local_form(aten.batch_norm.default)
+def _local_batch_norm(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
+    """A rank with no channels normalises one zero channel and cuts it off (batch statistics of no
+    channels fail in the kernel; :mod:`autotp.passes.rules.empty`)."""
+    x = node.args[0]
+    if strategy.output != Shard(1) or empty_dim(builder, x, Shard(1)) is None:  # type: ignore[arg-type]
+        return None
+    ndim = x.meta["val"].dim()  # type: ignore[union-attr]
+    padded = [pad_with_zeros(builder, args[0], 1, ndim)]
+    padded += [a if a is None else pad_with_zeros(builder, a, 0, 1) for a in args[1:5]]
+    out = builder.graph.call_function(node.target, (*padded, *args[5:]), kwargs)
+    return cut_to_empty(builder, out, node, 1)
 
 
 _POOLS = {  # op -> (spatial dims, linear)
@@ -133,6 +192,20 @@ def _pool(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if linear and is_float(node):
         strategies.append(Strategy((P,), P))
     return strategies
+
+
+
+@register_local_form(*_POOLS)
+def _local_pool(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node | None:
+    """A rank with no channels (or batch rows) pools one zero entry and cuts it off: max pooling and
+    upsampling refuse an empty channel dim (:mod:`autotp.passes.rules.empty`)."""
+    x = node.args[0]
+    dim = empty_dim(builder, x, strategy.inputs[0])  # type: ignore[arg-type]
+    if dim is None:
+        return None
+    out = builder.graph.call_function(node.target, (pad_with_zeros(builder, args[0], dim, x.meta["val"].dim()),  # type: ignore[union-attr]
+                                                    *args[1:]), kwargs)
+    return cut_to_empty(builder, out, node, dim)
 
 
 @register_rule(aten.group_norm.default, aten.pixel_shuffle.default, aten.pixel_unshuffle.default)
