@@ -582,12 +582,14 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
     --nproc-per-node R``) and return the two-level profile on rank 0 (None on the other ranks); call it on
     every rank, with no process group initialised (it meets the others through torch's ``env://`` rendezvous).
 
-    1. *Each host on its own*: the ranks of one node (``launch.local_world_size``) form a group of their own and
-       measure as :func:`calibrate` does with that many spawned processes (compute, and the gloo and
-       shared-memory collectives inside the host: ``intra_node``); every host at once, so each sees the others'
-       load, as a plan's ranks do. With ``host_profile`` (a profile measured on one host before), compute is not
-       measured again and its terms are kept; only the links are measured.
-    2. *Across hosts*: the first rank of each node (one rank per host, the others waiting) measures the same
+    1. *Compute, per machine*: the ranks under one kernel (hostname and boot id: the ranks that share cores and
+       memory, which is each host's on a real cluster and every rank of a cluster of network namespaces on one
+       machine) form a group of their own and measure as :func:`calibrate` does with that many spawned
+       processes, all in step. With ``host_profile`` (a profile measured on these hosts before) compute is not
+       measured again: its terms are kept.
+    2. *Inside each host*: the ranks of each launcher node (``LOCAL_WORLD_SIZE``) time gloo's collectives and the
+       shared-memory all-reduce among themselves, every host at once: ``intra_node``.
+    3. *Across hosts*: the first rank of each node (one rank per host, the others waiting) times the same
        collectives over the network: ``inter_node`` (one device's link, its host's alone).
 
     ``devices_per_node`` is the launcher's ``LOCAL_WORLD_SIZE``.
@@ -599,52 +601,70 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
                          "--world-size N` without a launcher")
     store, _, _ = next(dist.rendezvous("env://"))
     progress = config.progress and launch.rank == 0
-    # 1. each host: its own group, as the spawned calibration's
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"autotp-calibrate/host{launch.host.node}/", store),
-                            rank=launch.local_rank, world_size=launch.local_world_size)
+    dist.init_process_group("gloo", store=dist.PrefixStore("autotp-calibrate/who/", store), rank=launch.rank,
+                            world_size=launch.world_size)
     try:
-        _say(progress, f"{launch.nodes} hosts x {launch.local_world_size} rank(s): measuring inside each host")
-        if launch.local_world_size == 1:
-            measured = measure_rank(0, 1, config, compute=host_profile is None, collectives=False)
-        elif host_profile is None:
-            measured = measure_rank(launch.local_rank, launch.local_world_size, config)
-        else:
-            samples = measure_collectives(launch.local_rank, launch.local_world_size, config, host=launch.host)
-            measured = RankMeasurements(launch.rank, config.threads_for(launch.local_world_size), {}, 0.0, 0.0, 0.0,
-                                        samples)
-        dist.barrier()
+        places: list[Any] = [None] * launch.world_size
+        dist.all_gather_object(places, (launch.host.key, local_host().key))
     finally:
         dist.destroy_process_group()
-    # 2. across hosts: the first rank of every node
-    dist.init_process_group("gloo", store=dist.PrefixStore("autotp-calibrate/network/", store),
-                            rank=launch.rank, world_size=launch.world_size)
+    nodes = [[rank for rank, (node, _) in enumerate(places) if node == key] for key in dict.fromkeys(p[0] for p in places)]
+    machines = [[rank for rank, (_, kernel) in enumerate(places) if kernel == key]
+                for key in dict.fromkeys(p[1] for p in places)]
+    if len(nodes) != launch.nodes or any(len(ranks) != launch.local_world_size for ranks in nodes):
+        raise RuntimeError(f"the launcher's variables describe {launch.nodes} node(s) of {launch.local_world_size} "
+                           f"rank(s), but the ranks name these nodes: {nodes}; start one torchrun agent per node "
+                           "(--nnodes, --node-rank) with the same --nproc-per-node")
+    # 1. compute, the ranks of each machine in step
+    machine = next(ranks for ranks in machines if launch.rank in ranks)
+    measured = RankMeasurements(launch.rank, config.threads_for(len(machine)), {}, 0.0, 0.0, 0.0, ())
+    if host_profile is None:
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"autotp-calibrate/machine{machine[0]}/", store),
+                                rank=machine.index(launch.rank), world_size=len(machine))
+        try:
+            _say(progress, f"{launch.nodes} hosts x {launch.local_world_size} rank(s), {len(machines)} machine(s): "
+                           f"measuring compute on the {len(machine)} rank(s) of each machine")
+            measured = dataclasses.replace(measure_rank(machine.index(launch.rank), len(machine), config),
+                                           rank=launch.rank)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    # 2. and 3. the links: inside each host, then between hosts
+    dist.init_process_group("gloo", store=dist.PrefixStore("autotp-calibrate/links/", store), rank=launch.rank,
+                            world_size=launch.world_size)
     try:
-        hosts: list[Any] = [None] * launch.world_size
-        dist.all_gather_object(hosts, (launch.host.key, launch.local_rank))
-        firsts = [rank for rank, (_, local_rank) in enumerate(hosts) if local_rank == 0]
-        if len({hosts[rank][0] for rank in firsts}) != len(firsts):
-            raise RuntimeError(f"the launcher's first ranks of each node ({firsts}) do not name different hosts; "
-                               "start one torchrun agent per node (--nnodes, --node-rank)")
+        host_groups = [dist.new_group(ranks) for ranks in nodes]  # every rank creates every group, in one order
+        firsts = [ranks[0] for ranks in nodes]
         network_group = dist.new_group(firsts)
+        inside: tuple[CollectiveSample, ...] = ()
+        if launch.local_world_size > 1:
+            node = next(index for index, ranks in enumerate(nodes) if launch.rank in ranks)
+            _say(progress, "measuring the links inside each host")
+            inside = measure_collectives(nodes[node].index(launch.rank), launch.local_world_size, config,
+                                         group=host_groups[node], host=launch.host)
+        dist.barrier()
         network: tuple[CollectiveSample, ...] = ()
         if launch.rank in firsts:
             _say(progress, f"measuring the network between {len(firsts)} hosts (ranks {firsts})")
             network = measure_collectives(firsts.index(launch.rank), len(firsts), config, group=network_group,
                                           host=launch.host)
         everything: list[Any] = [None] * launch.world_size
-        dist.all_gather_object(everything, (measured, network))
+        dist.all_gather_object(everything, (measured, inside))
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     if launch.rank != 0:
         return None
-    per_rank = [m for m, _ in everything]
-    inside = [sample for m in per_rank for sample in m.collectives]  # every host's: one link class
-    network = everything[0][1]
+    host_links = [sample for _, samples in everything for sample in samples]  # every host's: one link class
     if host_profile is not None:
-        return with_measured_links(host_profile, network, devices_per_node=launch.local_world_size, inside=inside)
-    compute = [dataclasses.replace(m, rank=rank) for rank, m in enumerate(per_rank)]
-    if not inside:
-        _say(progress, "one rank per host: measuring gloo collectives across 2 processes on this host")
-        inside = measure_links(2, config)
-    profile = build_profile(compute, inside, world_size=launch.local_world_size, name=name)
-    return with_measured_links(profile, network, devices_per_node=launch.local_world_size)
+        return with_measured_links(host_profile, network, devices_per_node=launch.local_world_size, inside=host_links)
+    compute = [m for m, _ in everything]
+    # the graphs' collectives ran on each machine's group: its samples price them
+    machine_links = [sample for m in compute if m.rank == machine[0] for sample in m.collectives]
+    if not machine_links:
+        _say(progress, "one rank per machine: measuring gloo collectives across 2 processes on this host")
+        machine_links = measure_links(2, config)
+    profile = build_profile(compute, machine_links, world_size=len(machine), name=name)
+    same = machines == nodes  # each host its own machine: the machine's links are the host's
+    return with_measured_links(profile, network, devices_per_node=launch.local_world_size,
+                               inside=() if same else host_links)
