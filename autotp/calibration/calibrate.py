@@ -73,7 +73,9 @@ The profile describes *one rank of an N-rank job on this machine*: each rank use
 measured with all N ranks busy at once, ``memory_gib`` is the host's memory divided by N, and
 the links are measured across N processes (across 2 when N is 1, since one process has no
 link). No network is measured: ``inter_node`` repeats the loopback link and says so in its
-name. ``achievable_fraction_*`` stay 1.0: the peaks are already achieved rates (of single ops
+name. Started by a launcher on several nodes, :func:`calibrate_launched` measures on the launcher's ranks
+instead: compute per machine, the links inside each host and the network between hosts (``inter_node``),
+``devices_per_node`` from the launcher. ``achievable_fraction_*`` stay 1.0: the peaks are already achieved rates (of single ops
 in a tight loop, scaled by what the same work cost in the rank-local graphs).
 
 The measuring functions take an initialised process group, so tests run them on a shared pool

@@ -240,7 +240,8 @@ def _add_calibrate_parser(commands: Any) -> None:
                     "the cost of a tiny op and the latency/bandwidth of gloo all_reduce, all_gather and "
                     "reduce_scatter, fit the alpha-beta collective model, and write a hardware profile "
                     "usable as autotp.plan(..., hardware=\"PATH.json\"). The profile describes one rank "
-                    "of an N-rank job on this machine.",
+                    "of an N-rank job on this machine. Started by torchrun on 2 or more nodes, it measures on the "
+                    "launcher's ranks instead, inside each host and across hosts, and writes a two-level profile.",
     )
     calibrate.add_argument("--world-size", type=positive_int, default=2,
                            help="processes to measure with, as the runs you will plan for (default: 2)")
