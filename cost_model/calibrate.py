@@ -7,7 +7,8 @@ list to :func:`build_profile`: medians over the ranks, the links fitted to the f
 :mod:`.collectives` (:func:`fit_link`), the GEMM curve and the host terms fitted by
 :mod:`.graph_calibration`, every single-op price scaled by what the same work cost in the graphs and divided by
 the share of a core a rank got.
-:func:`with_nodes` makes a measured profile one node of a two-level machine.
+:func:`with_measured_links` makes it one host of several whose network was measured (across hosts, by a
+launcher-started group); :func:`with_nodes`, one node of a two-level machine whose network the user describes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = [
     "build_profile",
     "fit_link",
     "kernel_profile",
+    "measured_link",
+    "with_measured_links",
     "with_nodes",
 ]
 
@@ -192,6 +195,50 @@ def bandwidth_lower_bound(samples: Sequence[CollectiveSample]) -> float:
     return max(_link_terms(sample)[1] * sample.nbytes / sample.seconds for sample in samples)
 
 
+def measured_link(samples: Sequence[CollectiveSample], name: str) -> tuple[LinkProfile, LinkFit, bool]:
+    """The gloo link ``samples`` measured, fitted by :func:`fit_link`; where their times do not grow with their
+    size (ranks that outnumber the cores: waking up dominates every size), the bandwidth is
+    :func:`bandwidth_lower_bound` and only the latencies are fitted (the third value says so)."""
+    try:
+        fit, bound = fit_link(samples), False
+    except ValueError:
+        fit, bound = fit_link(samples, bandwidth_bytes_per_s=bandwidth_lower_bound(samples)), True
+    link = LinkProfile(name=name, bandwidth_gbps=fit.bandwidth_bytes_per_s / 1e9, latency_s=fit.latency_s,
+                       base_latency_s=fit.base_latency_s)
+    return link, fit, bound
+
+
+def with_measured_links(profile: Hardware, network: Sequence[CollectiveSample], *, devices_per_node: int,
+                        inside: Sequence[CollectiveSample] = ()) -> Hardware:
+    """``profile`` (one host's) as one node of a machine whose network ``network`` measured (collective samples
+    across hosts, one rank on each): ``inter_node`` fitted to them, ``devices_per_node`` ranks per host. With
+    ``inside`` (samples inside a host: gloo's, and the shared-memory all-reduce's if measured), ``intra_node``
+    and ``shared_memory_link`` are fitted again to them (a profile whose compute was measured before, its links
+    now). ``source`` says what was measured."""
+    if not network:
+        raise ValueError("no collective samples across hosts to fit inter_node with; measure them on the first "
+                         "rank of each host (autotp calibrate under a launcher on 2 or more nodes)")
+    link, fit, bound = measured_link(network, f"gloo-network-{network[0].group_size}hosts")
+    changes: dict[str, object] = {"inter_node": link, "devices_per_node": devices_per_node}
+    source = (f"{profile.source}; inter_node measured across {network[0].group_size} hosts (one rank each, by the "
+              f"launcher's nodes), alpha/beta fitted on {fit.samples} samples (median |relative error| "
+              f"{fit.median_abs_rel_error:.1%})" + (" (bandwidth a lower bound)" if bound else "")
+              + f", devices_per_node={devices_per_node} from the launcher")
+    gloo = [sample for sample in inside if sample.kind != SHARED_MEMORY_KIND]
+    shared = [sample for sample in inside if sample.kind == SHARED_MEMORY_KIND]
+    if gloo:
+        changes["intra_node"], intra_fit, _ = measured_link(gloo, f"gloo-loopback-{gloo[0].group_size}ranks")
+        source += (f"; intra_node measured again inside each host ({intra_fit.samples} samples, median |relative "
+                   f"error| {intra_fit.median_abs_rel_error:.1%})")
+    if shared:
+        shared_fit = _fit_shared_memory_link(shared, profile.memory_bandwidth_gbps * 1e9)
+        changes["shared_memory_link"] = LinkProfile(
+            name=f"shared-memory-{shared[0].group_size}ranks", bandwidth_gbps=shared_fit.bandwidth_bytes_per_s / 1e9,
+            latency_s=shared_fit.latency_s, base_latency_s=shared_fit.base_latency_s)
+        changes["small_all_reduce"] = "shared_memory"
+    return dataclasses.replace(profile, **changes, source=source)
+
+
 def _fit_shared_memory_link(samples: Sequence[CollectiveSample], copy_bytes_per_s: float) -> LinkFit:
     """The shared-memory all-reduce's link. When its timings do not grow with size (ranks that outnumber
     the cores: waking up dominates every size), its bandwidth is the ranks' measured copy bandwidth (it
@@ -219,7 +266,8 @@ def build_profile(
     world_size: int,
     name: str = "cpu-calibrated",
 ) -> Hardware:
-    """A :class:`Hardware` from the ranks' measurements (medians over ranks) and the link samples."""
+    """A :class:`Hardware` from the ranks' measurements (medians over ranks) and the link samples
+    (``inter_node`` repeats the measured link; :func:`with_measured_links` puts a measured network there)."""
     if not compute:
         raise ValueError("no measurements to build a profile from")
     dtypes = set.intersection(*(set(m.matmul_flops_per_s) for m in compute))
@@ -234,18 +282,9 @@ def build_profile(
     cold_curve = tuple((size, statistics.median(dict(m.cold_curve)[size] for m in compute)) for size in cold_sizes)
     shared_samples = [sample for sample in links if sample.kind == SHARED_MEMORY_KIND]
     gloo_samples = [sample for sample in links if sample.kind != SHARED_MEMORY_KIND]
-    try:
-        fit, bandwidth_bound = fit_link(gloo_samples), False
-    except ValueError:  # timings flat in size (ranks that outnumber the cores: waking up dominates every size)
-        fit, bandwidth_bound = fit_link(gloo_samples, bandwidth_bytes_per_s=bandwidth_lower_bound(gloo_samples)), True
     group_size = links[0].group_size
     hostname = socket.gethostname()
-    loopback = LinkProfile(
-        name=f"gloo-loopback-{group_size}ranks",
-        bandwidth_gbps=fit.bandwidth_bytes_per_s / 1e9,
-        latency_s=fit.latency_s,
-        base_latency_s=fit.base_latency_s,
-    )
+    loopback, fit, bandwidth_bound = measured_link(gloo_samples, f"gloo-loopback-{group_size}ranks")
     # where the ranks share a host, inference graphs sum through shared memory (its own link)
     shared_fit = _fit_shared_memory_link(shared_samples, bandwidth) if shared_samples else None
     shared_link = None if shared_fit is None else LinkProfile(

@@ -333,3 +333,24 @@ def test_single_ops_are_timed_in_step_on_every_rank(gloo) -> None:
         assert calls_0[first] < calls_1[last] and calls_1[first] < calls_0[last], (
             f"repeat {repeat} ran on rank 0 from {calls_0[first]:.4f} to {calls_0[last]:.4f} s and on rank 1 from "
             f"{calls_1[first]:.4f} to {calls_1[last]:.4f} s: not at once")
+
+
+def test_a_measured_network_becomes_the_inter_node_link() -> None:
+    """2 hosts x 2 ranks (synthetic): samples across hosts of a 25 MB/s link become inter_node, the launcher's
+    ranks per host devices_per_node; samples inside the hosts refit intra_node. The network differs from the
+    loopback link the profile had there, so the check tells a measured network from the copied one."""
+    from autotp.cost_model.calibrate import with_measured_links
+
+    samples = synthetic_samples(group_sizes=(2,))
+    profile = build_profile([synthetic_rank(0, samples)], samples, world_size=4)
+    network = LinkProfile(name="slow", bandwidth_gbps=0.025, latency_s=300e-6, base_latency_s=100e-6)
+    inside = LinkProfile(name="inside", bandwidth_gbps=0.5, latency_s=60e-6, base_latency_s=40e-6)
+    assert math.isclose(profile.inter_node.bandwidth_gbps, 2.5, rel_tol=1e-6), profile.inter_node
+    two_level = with_measured_links(profile, synthetic_samples(network, group_sizes=(2,)), devices_per_node=2,
+                                    inside=synthetic_samples(inside, group_sizes=(2,)))
+    assert math.isclose(two_level.inter_node.bandwidth_gbps, 0.025, rel_tol=1e-6), two_level.inter_node
+    assert math.isclose(two_level.intra_node.bandwidth_gbps, 0.5, rel_tol=1e-6), two_level.intra_node
+    assert two_level.devices_per_node == 2 and "measured across 2 hosts" in two_level.source, two_level.source
+    assert two_level.peak_tflops == profile.peak_tflops, "compute terms are kept"
+    with pytest.raises(ValueError, match="no collective samples across hosts"):
+        with_measured_links(profile, (), devices_per_node=2)

@@ -182,3 +182,31 @@ def test_plan_keeps_a_slow_link_out_of_the_split() -> None:
         for name in ("measured link", "unshaped link"):
             assert ranked[name]["max_error"] < 1e-4, (
                 f"rank {rank}, {name}: max |tp - single process| = {ranked[name]['max_error']:.3g}, expected < 1e-4")
+
+
+def test_calibrate_measures_both_links(tmp_path: Any) -> None:
+    """2 hosts x 2 ranks, links shaped to 200 Mbit/s, `autotp calibrate` started on every rank as torchrun starts
+    it (compute kept from cpu-gloo, links measured): the profile's inter-node bandwidth is the shaped rate
+    (within 25%), its intra-node link (loopback inside a namespace) many times faster, and devices_per_node is the
+    launcher's 2. The rate is far below loopback's, so the check tells a measured network from a copied link."""
+    import sys
+
+    from autotp.cost_model.hardware import load_hardware_json
+
+    link = Link(rate_mbit=200)
+    output = tmp_path / "two-hosts.json"
+    with Cluster(2, link) as cluster:
+        cluster.run([sys.executable, "-m", "autotp.cli.main", "calibrate", "--quick", "--threads", "1",
+                     "--links-only", "cpu-gloo", "-o", str(output)], ranks_per_host=2, timeout_s=120.0)
+    profile = load_hardware_json(output)
+    network_bytes_per_s = profile.inter_node.bandwidth_gbps * 1e9
+    intra_bytes_per_s = profile.intra_node.bandwidth_gbps * 1e9
+    assert 0.75 <= network_bytes_per_s / link.bytes_per_s <= 1.25, (
+        f"expected the inter-node bandwidth within 25% of the shaped {link.bytes_per_s / 1e6:.1f} MB/s, got "
+        f"{network_bytes_per_s / 1e6:.1f} MB/s ({profile.inter_node})")
+    assert intra_bytes_per_s > 4 * network_bytes_per_s, (
+        f"expected the intra-host link far faster than the shaped network, got {intra_bytes_per_s / 1e6:.1f} MB/s "
+        f"inside vs {network_bytes_per_s / 1e6:.1f} MB/s between hosts")
+    assert profile.devices_per_node == 2, f"expected 2 devices per node (the launcher's), got {profile.devices_per_node}"
+    assert profile.inter_node.name == "gloo-network-2hosts" and "measured across 2 hosts" in profile.source, (
+        f"expected a measured network named in the profile, got {profile.inter_node.name!r}: {profile.source}")

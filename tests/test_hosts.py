@@ -46,3 +46,18 @@ def test_runtime_options_read_the_launcher_once(monkeypatch: pytest.MonkeyPatch)
         runtime_host(RuntimeOptions())
     with pytest.raises(TypeError, match="autotp.runtime.hosts.Host"):
         RuntimeOptions(host="node0")  # type: ignore[arg-type]
+
+
+def test_launched_reads_the_launchers_group() -> None:
+    """2 nodes x 2 ranks as torchrun sets them: rank 3 is local rank 1 of node 1; no variables, no launch; some
+    but not all, or a world that is not whole nodes, raise naming what to set."""
+    from autotp.runtime.hosts import Launch, launched
+
+    assert launched({}) is None
+    launch = launched({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"})
+    assert isinstance(launch, Launch) and (launch.rank, launch.local_rank, launch.nodes) == (3, 1, 2), launch
+    assert launch.host.node == "1", f"expected node '1' from GROUP_RANK, got {launch.host.node!r}"
+    with pytest.raises(ValueError, match="not LOCAL_RANK, LOCAL_WORLD_SIZE"):
+        launched({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="whole number of nodes"):
+        launched({"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})

@@ -73,7 +73,9 @@ The profile describes *one rank of an N-rank job on this machine*: each rank use
 measured with all N ranks busy at once, ``memory_gib`` is the host's memory divided by N, and
 the links are measured across N processes (across 2 when N is 1, since one process has no
 link). No network is measured: ``inter_node`` repeats the loopback link and says so in its
-name. ``achievable_fraction_*`` stay 1.0: the peaks are already achieved rates (of single ops
+name. Started by a launcher on several nodes, :func:`calibrate_launched` measures on the launcher's ranks
+instead: compute per machine, the links inside each host and the network between hosts (``inter_node``),
+``devices_per_node`` from the launcher. ``achievable_fraction_*`` stay 1.0: the peaks are already achieved rates (of single ops
 in a tight loop, scaled by what the same work cost in the rank-local graphs).
 
 The measuring functions take an initialised process group, so tests run them on a shared pool
@@ -115,16 +117,18 @@ from autotp.cost_model.calibrate import (
     RankMeasurements,
     build_profile,
     kernel_profile,
+    with_measured_links,
 )
 from autotp.cost_model.graph_calibration import GRAPH_FAMILIES, GemmSample, GraphSample, GraphShape
 from autotp.cost_model.hardware import Hardware
-from autotp.runtime.hosts import local_host
+from autotp.runtime.hosts import Host, Launch, local_host
 from autotp.runtime.shared_memory import shared_memory_all_reduce_for
 
 __all__ = [
     "MEANINGFUL_SLOWDOWN",
     "CalibrationConfig",
     "calibrate",
+    "calibrate_launched",
     "measure_links",
     "measure_rank",
 ]
@@ -342,29 +346,34 @@ def _collective_call(kind: str, nbytes: int, world_size: int, group_name: str) -
     raise ValueError(f"cannot measure collective kind {kind!r}; measured kinds: {', '.join(MEASURED_KINDS)}")
 
 
-def measure_collectives(rank: int, world_size: int, config: CalibrationConfig) -> tuple[CollectiveSample, ...]:
-    """Time every kind and size; each timed repeat starts after a barrier and counts the slowest rank."""
-    world = dist.group.WORLD
-    if world is None:
+def measure_collectives(rank: int, world_size: int, config: CalibrationConfig, *, group: Any = None,
+                        host: Host | None = None) -> tuple[CollectiveSample, ...]:
+    """Time every kind and size over ``group`` (None: the default group; ``rank`` and ``world_size`` are this
+    rank's place in it and its size); each timed repeat starts after a barrier and counts the slowest rank.
+    ``host``: this rank's host, with which the group's ranks decide whether they share one and so measure the
+    shared-memory all-reduce too (None: this machine's, for ranks spawned here)."""
+    group = dist.group.WORLD if group is None else group
+    if group is None:
         raise RuntimeError("measure_collectives needs an initialised process group (dist.init_process_group)")
-    group_name = world.group_name
+    group_name = group.group_name
+    where = "ranks" if host is None or host.node is None else "ranks (launcher's nodes)"
     samples = []
     for kind in MEASURED_KINDS:
         for nbytes in config.collective_bytes:
             call = _collective_call(kind, nbytes, world_size, group_name)
             elements = max(1, nbytes // 4 // world_size) * world_size
-            sample = CollectiveSample(kind, world_size, elements * 4, _slowest_rank_s(call, config))
+            sample = CollectiveSample(kind, world_size, elements * 4, _slowest_rank_s(call, config, group))
             samples.append(sample)
             _say(config.progress and rank == 0,
-                 f"gloo {kind:<14} {sample.nbytes / 2**10:>9.1f} KiB over {world_size} ranks: "
+                 f"gloo {kind:<14} {sample.nbytes / 2**10:>9.1f} KiB over {world_size} {where}: "
                  f"{sample.seconds * 1e6:>9.1f} us")
-    # the all-reduce autotp's inference graphs run instead where the ranks share a host (the calibration's ranks
-    # are processes it spawned on this machine)
-    shared = shared_memory_all_reduce_for(world, host=local_host(), timeout_s=_SHARED_MEMORY_TIMEOUT_S)
+    # the all-reduce autotp's inference graphs run instead where the ranks share a host
+    shared = shared_memory_all_reduce_for(group, host=local_host() if host is None else host,
+                                          timeout_s=_SHARED_MEMORY_TIMEOUT_S)
     for nbytes in config.collective_bytes if shared is not None else ():
         full = torch.ones(max(1, nbytes // 4))
         sample = CollectiveSample(SHARED_MEMORY_KIND, world_size, full.numel() * 4,
-                                  _slowest_rank_s(lambda full=full: shared(full), config))
+                                  _slowest_rank_s(lambda full=full: shared(full), config, group))
         samples.append(sample)
         _say(config.progress and rank == 0, f"shared-memory all_reduce {sample.nbytes / 2**10:>9.1f} KiB over "
                                             f"{world_size} ranks: {sample.seconds * 1e6:>9.1f} us")
@@ -374,25 +383,26 @@ def measure_collectives(rank: int, world_size: int, config: CalibrationConfig) -
 _SHARED_MEMORY_TIMEOUT_S = 300.0  # how long a rank waits for the others in a measured all-reduce
 
 
-def _slowest_rank_s(call: Callable[[], Any], config: CalibrationConfig) -> float:
-    """Seconds per ``call`` on the slowest rank: the median over repeats, each after a barrier."""
+def _slowest_rank_s(call: Callable[[], Any], config: CalibrationConfig, group: Any = None) -> float:
+    """Seconds per ``call`` on the slowest rank of ``group`` (None: the default group): the median over
+    repeats, each after a barrier."""
     # min_time_s is per measurement; every rank must run the same number of calls, so the
-    # count comes from rank 0's probe.
+    # count comes from the group's first rank's probe.
     call()
     start = time.perf_counter()
     call()
     probe = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.broadcast(probe, src=0)
+    dist.broadcast(probe, group=group, group_src=0)
     calls = max(1, math.ceil(config.min_time_s / max(float(probe.item()), 1e-9)))
     times = []
     for _ in range(config.repeats):
-        dist.barrier()
+        dist.barrier(group=group)
         start = time.perf_counter()
         for _ in range(calls):
             call()
         times.append((time.perf_counter() - start) / calls)
     slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     return statistics.median(slowest.tolist())
 
 
@@ -564,3 +574,99 @@ def calibrate(world_size: int, *, config: CalibrationConfig | None = None, name:
                           f"{profile.intra_node.base_latency_s * 1e6:.1f} us per call, "
                           f"{profile.intra_node.bandwidth_gbps:.2f} GB/s")
     return profile
+
+
+# ------------------------------------------------------------------------------ a launcher's group, across hosts
+
+def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = None, name: str = "cpu-calibrated",
+                       host_profile: Hardware | None = None) -> Hardware | None:
+    """Measure both links of a group a launcher started on several hosts (torchrun: ``--nnodes N
+    --nproc-per-node R``) and return the two-level profile on rank 0 (None on the other ranks); call it on
+    every rank, with no process group initialised (it meets the others through torch's ``env://`` rendezvous).
+
+    1. *Compute, per machine*: the ranks under one kernel (hostname and boot id: the ranks that share cores and
+       memory, which is each host's on a real cluster and every rank of a cluster of network namespaces on one
+       machine) form a group of their own and measure as :func:`calibrate` does with that many spawned
+       processes, all in step. With ``host_profile`` (a profile measured on these hosts before) compute is not
+       measured again: its terms are kept.
+    2. *Inside each host*: the ranks of each launcher node (``LOCAL_WORLD_SIZE``) time gloo's collectives and the
+       shared-memory all-reduce among themselves, every host at once: ``intra_node``.
+    3. *Across hosts*: the first rank of each node (one rank per host, the others waiting) times the same
+       collectives over the network: ``inter_node`` (one device's link, its host's alone).
+
+    ``devices_per_node`` is the launcher's ``LOCAL_WORLD_SIZE``.
+    """
+    config = config or CalibrationConfig()
+    if launch.nodes < 2:
+        raise ValueError(f"the launcher started {launch.world_size} rank(s) on one node: there is no network to "
+                         "measure; start ranks on 2 or more nodes (torchrun --nnodes 2), or run `autotp calibrate "
+                         "--world-size N` without a launcher")
+    store, _, _ = next(dist.rendezvous("env://"))
+    progress = config.progress and launch.rank == 0
+    dist.init_process_group("gloo", store=dist.PrefixStore("autotp-calibrate/who/", store), rank=launch.rank,
+                            world_size=launch.world_size)
+    try:
+        places: list[Any] = [None] * launch.world_size
+        dist.all_gather_object(places, (launch.host.key, local_host().key))
+    finally:
+        dist.destroy_process_group()
+    nodes = [[rank for rank, (node, _) in enumerate(places) if node == key] for key in dict.fromkeys(p[0] for p in places)]
+    machines = [[rank for rank, (_, kernel) in enumerate(places) if kernel == key]
+                for key in dict.fromkeys(p[1] for p in places)]
+    if len(nodes) != launch.nodes or any(len(ranks) != launch.local_world_size for ranks in nodes):
+        raise RuntimeError(f"the launcher's variables describe {launch.nodes} node(s) of {launch.local_world_size} "
+                           f"rank(s), but the ranks name these nodes: {nodes}; start one torchrun agent per node "
+                           "(--nnodes, --node-rank) with the same --nproc-per-node")
+    # 1. compute, the ranks of each machine in step
+    machine = next(ranks for ranks in machines if launch.rank in ranks)
+    measured = RankMeasurements(launch.rank, config.threads_for(len(machine)), {}, 0.0, 0.0, 0.0, ())
+    if host_profile is None:
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"autotp-calibrate/machine{machine[0]}/", store),
+                                rank=machine.index(launch.rank), world_size=len(machine))
+        try:
+            _say(progress, f"{launch.nodes} hosts x {launch.local_world_size} rank(s), {len(machines)} machine(s): "
+                           f"measuring compute on the {len(machine)} rank(s) of each machine")
+            measured = dataclasses.replace(measure_rank(machine.index(launch.rank), len(machine), config),
+                                           rank=launch.rank)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    # 2. and 3. the links: inside each host, then between hosts
+    dist.init_process_group("gloo", store=dist.PrefixStore("autotp-calibrate/links/", store), rank=launch.rank,
+                            world_size=launch.world_size)
+    try:
+        host_groups = [dist.new_group(ranks) for ranks in nodes]  # every rank creates every group, in one order
+        firsts = [ranks[0] for ranks in nodes]
+        network_group = dist.new_group(firsts)
+        inside: tuple[CollectiveSample, ...] = ()
+        if launch.local_world_size > 1:
+            node = next(index for index, ranks in enumerate(nodes) if launch.rank in ranks)
+            _say(progress, "measuring the links inside each host")
+            inside = measure_collectives(nodes[node].index(launch.rank), launch.local_world_size, config,
+                                         group=host_groups[node], host=launch.host)
+        dist.barrier()
+        network: tuple[CollectiveSample, ...] = ()
+        if launch.rank in firsts:
+            _say(progress, f"measuring the network between {len(firsts)} hosts (ranks {firsts})")
+            network = measure_collectives(firsts.index(launch.rank), len(firsts), config, group=network_group,
+                                          host=launch.host)
+        everything: list[Any] = [None] * launch.world_size
+        dist.all_gather_object(everything, (measured, inside))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if launch.rank != 0:
+        return None
+    host_links = [sample for _, samples in everything for sample in samples]  # every host's: one link class
+    if host_profile is not None:
+        return with_measured_links(host_profile, network, devices_per_node=launch.local_world_size, inside=host_links)
+    compute = [m for m, _ in everything]
+    # the graphs' collectives ran on each machine's group: its samples price them
+    machine_links = [sample for m in compute if m.rank == machine[0] for sample in m.collectives]
+    if not machine_links:
+        _say(progress, "one rank per machine: measuring gloo collectives across 2 processes on this host")
+        machine_links = measure_links(2, config)
+    profile = build_profile(compute, machine_links, world_size=len(machine), name=name)
+    same = machines == nodes  # each host its own machine: the machine's links are the host's
+    return with_measured_links(profile, network, devices_per_node=launch.local_world_size,
+                               inside=() if same else host_links)

@@ -15,12 +15,16 @@ tokens differ); see :mod:`autotp.cli.generate_demo`.
 ``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
 op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
 as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.calibration.calibrate`.
+Started by a launcher on several nodes (``torchrun --nnodes 2 --nproc-per-node 2 -m autotp.cli.main
+calibrate``), it measures on the launcher's ranks instead of spawning its own, inside each host and across
+hosts, and writes a two-level profile (rank 0 writes it).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -236,7 +240,8 @@ def _add_calibrate_parser(commands: Any) -> None:
                     "the cost of a tiny op and the latency/bandwidth of gloo all_reduce, all_gather and "
                     "reduce_scatter, fit the alpha-beta collective model, and write a hardware profile "
                     "usable as autotp.plan(..., hardware=\"PATH.json\"). The profile describes one rank "
-                    "of an N-rank job on this machine.",
+                    "of an N-rank job on this machine. Started by torchrun on 2 or more nodes, it measures on the "
+                    "launcher's ranks instead, inside each host and across hosts, and writes a two-level profile.",
     )
     calibrate.add_argument("--world-size", type=positive_int, default=2,
                            help="processes to measure with, as the runs you will plan for (default: 2)")
@@ -247,9 +252,14 @@ def _add_calibrate_parser(commands: Any) -> None:
                            help="torch threads per process (default: cores // world size, at least 1)")
     calibrate.add_argument("--quick", action="store_true",
                            help="small sizes and short timings: a rough profile in seconds")
+    calibrate.add_argument("--links-only", type=hardware_profile, default=None, metavar="PROFILE",
+                           help="under a launcher: keep this profile's compute terms (one written by `autotp "
+                                "calibrate` on one of these hosts) and measure only the links inside and "
+                                "between hosts")
     nodes = calibrate.add_argument_group(
-        "two-level machine", "describe several nodes of this machine: one machine cannot measure the network "
-                             "between nodes, so give its figures (a datasheet, or nccl-tests across nodes)")
+        "two-level machine", "started by torchrun on 2 or more nodes, calibrate measures the network between "
+                             "them (devices per node from the launcher); otherwise describe several nodes of this "
+                             "machine: give the network's figures (a datasheet, or nccl-tests across nodes)")
     nodes.add_argument("--devices-per-node", type=positive_int, default=None,
                        help="devices that share the measured link (default: the measured world size)")
     nodes.add_argument("--inter-node-gbps", type=float, default=None,
@@ -263,12 +273,36 @@ def run_calibrate(args: argparse.Namespace) -> int:
     """``autotp calibrate``: measure, write the JSON profile, print what was measured."""
     from autotp.calibration.calibrate import CalibrationConfig, calibrate
     from autotp.cost_model.calibrate import with_nodes
+    from autotp.cost_model.hardware import get_hardware
+    from autotp.runtime.hosts import launched
 
     if args.quick:
         config = CalibrationConfig.quick(progress=True, threads=args.threads)
     else:
         config = CalibrationConfig(progress=True, threads=args.threads)
-    profile = calibrate(args.world_size, config=config, name=args.name)
+    try:
+        launch = launched(os.environ)  # the front door: the launcher's variables are read here, once
+    except ValueError as error:
+        print(f"autotp calibrate: {error}", file=sys.stderr)
+        return 2
+    if launch is not None:
+        from autotp.calibration.calibrate import calibrate_launched
+
+        try:
+            host_profile = None if args.links_only is None else get_hardware(args.links_only)
+            measured = calibrate_launched(launch, config=config, name=args.name, host_profile=host_profile)
+        except ValueError as error:
+            print(f"autotp calibrate (rank {launch.rank}): {error}", file=sys.stderr)
+            return 2
+        if measured is None:  # not rank 0: rank 0 writes the profile
+            return 0
+        profile, ranks = measured, launch.world_size
+    elif args.links_only is not None:
+        print("autotp calibrate: --links-only measures the links between hosts of a launcher's group; start it "
+              "with torchrun on 2 or more nodes", file=sys.stderr)
+        return 2
+    else:
+        profile, ranks = calibrate(args.world_size, config=config, name=args.name), args.world_size
     if (args.devices_per_node, args.inter_node_gbps, args.inter_node_latency_us) != (None, None, None):
         try:
             profile = with_nodes(profile, devices_per_node=args.devices_per_node,
@@ -281,7 +315,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     with open(args.output, "w", encoding="utf-8") as file:
         file.write(profile.to_json() + "\n")
     link = profile.intra_node
-    print(f"wrote {args.output}: {profile.name!r} for {args.world_size} rank(s) on this machine")
+    where = "this machine" if launch is None else f"{launch.nodes} hosts of {launch.local_world_size}"
+    print(f"wrote {args.output}: {profile.name!r} for {ranks} rank(s) on {where}")
     for dtype, tflops in profile.peak_tflops.items():
         print(f"  matmul {dtype:<9} {tflops * 1e3:10.2f} GFLOP/s per rank")
     print(f"  memory           {profile.memory_bandwidth_gbps:10.2f} GB/s per rank")
@@ -319,8 +354,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
             print("  slots cold after " + ", ".join(f"{size / 2**20:g} MiB +{seconds * 1e6:.1f}"
                                                     for size, seconds in profile.shared_memory_cold_curve) + " us")
     print(f"  nodes            {profile.devices_per_node} device(s) per node; between nodes "
-          f"{profile.inter_node.latency_s * 1e6:.1f} us per step, {profile.inter_node.bandwidth_gbps:.3f} GB/s")
-    print(f"use it with: autotp.plan(model, inputs, world_size={args.world_size}, hardware={args.output!r})")
+          f"{profile.inter_node.base_latency_s * 1e6:.1f} us per call + {profile.inter_node.latency_s * 1e6:.1f} us "
+          f"per step, {profile.inter_node.bandwidth_gbps:.3f} GB/s ({profile.inter_node.name})")
+    print(f"use it with: autotp.plan(model, inputs, world_size={ranks}, hardware={args.output!r})")
     return 0
 
 

@@ -29,7 +29,7 @@ import platform
 import socket
 from collections.abc import Mapping, Sequence
 
-__all__ = ["Host", "host_identity", "launcher_node", "local_host", "one_host", "this_host"]
+__all__ = ["Host", "Launch", "host_identity", "launched", "launcher_node", "local_host", "one_host", "this_host"]
 
 
 def host_identity() -> tuple[str, str, str]:
@@ -109,3 +109,60 @@ def local_host() -> Host:
 def one_host(hosts: Sequence[Host]) -> bool:
     """Whether every rank whose :class:`Host` is in ``hosts`` runs on one host."""
     return len({host.key for host in hosts}) <= 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """The group a launcher (torchrun, or one that sets its variables) started this rank in: its place and its
+    host's ranks. Where the group meets (``MASTER_ADDR:MASTER_PORT``, or torchrun's agent store) is torch's
+    ``env://`` rendezvous to read.
+
+    Attributes:
+        rank, world_size: this rank and the group's size (``RANK``, ``WORLD_SIZE``).
+        local_rank, local_world_size: this rank on its node, and the node's ranks (``LOCAL_RANK``,
+            ``LOCAL_WORLD_SIZE``); torchrun numbers a node's ranks consecutively.
+        host: this rank's :class:`Host` (its node from :func:`launcher_node`).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    host: Host
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size or not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(f"RANK ({self.rank}) must be below WORLD_SIZE ({self.world_size}) and LOCAL_RANK "
+                             f"({self.local_rank}) below LOCAL_WORLD_SIZE ({self.local_world_size}); start the "
+                             "ranks with torchrun, which sets them")
+        if self.world_size % self.local_world_size:
+            raise ValueError(f"WORLD_SIZE ({self.world_size}) must be a whole number of nodes of LOCAL_WORLD_SIZE "
+                             f"({self.local_world_size}) ranks; start every node with the same --nproc-per-node")
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+
+_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def launched(environ: Mapping[str, str]) -> Launch | None:
+    """The :class:`Launch` that the launcher's variables in ``environ`` describe, or None where it set none of
+    them (a process started by hand); ValueError naming what is missing or wrong where it set only some."""
+    present = [name for name in _LAUNCH_VARIABLES if environ.get(name)]
+    if not present:
+        return None
+    missing = [name for name in _LAUNCH_VARIABLES if name not in present]
+    if missing:
+        raise ValueError(f"the launcher set {', '.join(present)} but not {', '.join(missing)}; start the ranks with "
+                         "torchrun (or set all of them as it does)")
+    numbers = {}
+    for name in _LAUNCH_VARIABLES:
+        try:
+            numbers[name] = int(environ[name])
+        except ValueError:
+            raise ValueError(f"the launcher variable {name}={environ[name]!r} is not a whole number; set it as "
+                             "torchrun does") from None
+    return Launch(numbers["RANK"], numbers["WORLD_SIZE"], numbers["LOCAL_RANK"], numbers["LOCAL_WORLD_SIZE"],
+                  this_host(environ))

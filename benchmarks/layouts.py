@@ -1,0 +1,266 @@
+"""Layouts on a two-host network: every dp x pp x tp of 4 ranks (2 hosts x 2 ranks, 1 thread each), predicted
+against measured, at each link setting, for latency and for throughput.
+
+For each link setting (``--rates``, Mbit/s; 0 is an unshaped veth) it builds a cluster of 2 hosts on this machine
+(``tests/cluster.py``: network namespaces, links shaped by ``tc tbf``; needs root and iproute2), then
+
+1. calibrates in the cluster: ``autotp calibrate --quick --threads 1`` started on the 4 ranks as torchrun starts
+   them (compute, and the links inside each host and between hosts; at every setting after the first, or with
+   ``--host-profile``, ``--links-only``: the compute terms are kept and only the links measured again);
+2. plans in this process with that profile: the search ``autotp.plan_mesh`` runs (``mesh_costs`` +
+   ``search_mesh``), once free (its pick) and once forced to each layout (its stage cuts and microbatches, and
+   its predicted time);
+3. measures each layout in turn on the 4 ranks with ``autotp.compile_mesh`` and the forced plan: the median over
+   ``--repeats`` calls of the time until every rank has the whole batch's logits (each call after a barrier),
+   and the largest logit difference from one process.
+
+The calibration measures collectives and kernels, never these layouts: nothing is tuned on the runs reported.
+Latency is a forward of batch 1 (``--seq-len`` tokens); throughput a forward of the serving batch (``--batch``).
+For latency a layout with ``dp`` replicas is called with ``dp`` rows, one request per replica, as the planner
+prices it (a replica serves one request; the others serve theirs on the same cores). Printed: one table per setting (predicted
+and measured ms, the pick), Spearman's rank correlation of predicted and measured times, and whether the pick is
+the measured fastest or within 5% of it.
+
+    sudo .venv/bin/python benchmarks/layouts.py                      # unshaped and 200 Mbit/s
+    sudo .venv/bin/python benchmarks/layouts.py --rates 0 200 --repeats 5 --host-profile host.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(_ROOT / "tests"))
+
+# A tiny Llama (random weights) whose forward of 32 tokens takes tens of milliseconds on one thread.
+CONFIG = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+              num_key_value_heads=8, vocab_size=4096, max_position_embeddings=256, tie_word_embeddings=False)
+LAYOUTS = ((1, 1, 4), (1, 2, 2), (2, 1, 2), (1, 4, 1), (2, 2, 1), (4, 1, 1))  # (dp, pp, tp)
+RANKS_PER_HOST = 2
+OBJECTIVES = ("latency", "throughput")
+
+
+def build_model() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
+
+
+def example_ids(batch: int, seq_len: int) -> torch.Tensor:
+    return torch.randint(0, CONFIG["vocab_size"], (batch, seq_len), generator=torch.Generator().manual_seed(1))
+
+
+def describe(dims: tuple[int, int, int]) -> str:
+    """Where each dim of a layout runs: ranks are (dp, pp, tp) with tp fastest, 2 consecutive ranks per host."""
+    dp, pp, tp = dims
+    inside, across = [], []
+    for name, size, stride in (("tp", tp, 1), ("pp", pp, tp), ("dp", dp, tp * pp)):
+        if size > 1:
+            (inside if stride * size <= RANKS_PER_HOST else across).append(f"{name}{size}")
+    return " ".join(filter(None, (" ".join(inside) + " in" if inside else "",
+                                  " ".join(across) + " across" if across else "")))
+
+
+# ------------------------------------------------------------------------------ on every rank (in the cluster)
+
+def measure(rank: int, world_size: int, jobs: list[dict[str, Any]], profile: str, seq_len: int,
+            repeats: int) -> list[dict[str, float]]:
+    """Each job's median seconds per call over ``repeats`` (after 2 warm-up calls) and its largest logit
+    difference from one process; called by ``Cluster.run_function`` on every rank."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import autotp
+    from autotp.planning.mesh_plan import ParallelPlan
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    model = build_model()
+    references: dict[int, torch.Tensor] = {}
+    results = []
+    for job in jobs:
+        ids = example_ids(job["batch"], seq_len)
+        if job["batch"] not in references:
+            with torch.no_grad():
+                references[job["batch"]] = model(ids, use_cache=False).logits
+        named = [(name, size) for name, size in zip(("dp", "pp", "tp"), job["dims"]) if size > 1]
+        mesh = init_device_mesh("cpu", tuple(s for _, s in named), mesh_dim_names=tuple(n for n, _ in named))
+        part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
+                                   plan=ParallelPlan.from_json(job["plan"]), hardware=profile)
+        with torch.no_grad():
+            for _ in range(2):
+                logits = part(ids, use_cache=False).logits
+            times = []
+            for _ in range(repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                part(ids, use_cache=False)
+                times.append(time.perf_counter() - start)
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a call ends when every rank has the whole batch's logits
+        difference = float((logits - references[job["batch"]]).abs().max())
+        results.append({"seconds": statistics.median(slowest.tolist()), "max_abs_diff": difference})
+        del part
+        dist.barrier()
+    return results
+
+
+# ------------------------------------------------------------------------------ this process
+
+def calibrate_in(cluster: Any, output: Path, host_profile: Path | None) -> str:
+    """``autotp calibrate`` on the cluster's ranks as torchrun starts them; its printout (rank 0's)."""
+    argv = [sys.executable, "-m", "autotp.cli.main", "calibrate", "--quick", "--threads", "1", "-o", str(output)]
+    if host_profile is not None:
+        argv += ["--links-only", str(host_profile)]
+    outputs = cluster.run(argv, ranks_per_host=RANKS_PER_HOST, timeout_s=1800.0)
+    return "\n".join(line for line in outputs[0].splitlines() if not line.startswith("[autotp calibrate]"))
+
+
+def plan_layouts(profile: Path, seq_len: int, batch: int) -> dict[str, Any]:
+    """The pick for each objective and, per layout, the forced plan and its predicted seconds per call."""
+    from autotp.cost_model import get_hardware
+    from autotp.planning.mesh_search import mesh_costs, search_mesh
+
+    hardware = get_hardware(str(profile))
+    model = build_model()
+    costs = mesh_costs(model, (example_ids(1, seq_len),), {"use_cache": False}, [1, 2, 4], hardware)
+    planned: dict[str, Any] = {}
+    for objective in OBJECTIVES:
+        pick = search_mesh(costs, 4, objective=objective, batch=batch).mesh
+        layouts = {}
+        for dims in LAYOUTS:
+            plan = search_mesh(costs, 4, objective=objective, batch=batch,
+                               forced={"dp": dims[0], "pp": dims[1], "tp": dims[2]})
+            predicted = (plan.predicted["latency_s"] if objective == "latency"
+                         else batch / plan.predicted["throughput_per_s"])
+            layouts[dims] = {"plan": plan.to_json(), "predicted_s": predicted, "microbatches": plan.microbatches}
+        planned[objective] = {"pick": (pick.dp, pick.pp, pick.tp), "layouts": layouts}
+    return planned
+
+
+def call_batch(objective: str, dims: tuple[int, int, int], serving_batch: int) -> int:
+    """The rows of a measured call: for latency one request per data-parallel replica (a replica serves a request
+    of batch 1 while the others serve theirs, which is what the planner prices), else the serving batch."""
+    return dims[0] if objective == "latency" else serving_batch
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(xs, ys).statistic) if len(xs) > 2 else float("nan")
+
+
+def report(setting: str, objective: str, batch: int, planned: dict[str, Any],
+           measured: dict[tuple[int, int, int], dict[str, float]]) -> dict[str, Any]:
+    rows = planned[objective]["layouts"]
+    pick = planned[objective]["pick"]
+    what = "batch 1 per replica" if objective == "latency" else f"batch {batch}"
+    print(f"\n{setting}, {objective} ({what}): predicted vs measured ms per call (median)")
+    print(f"  {'layout':>7}  {'where':<22} {'micro':>5} {'predicted':>10} {'measured':>9} {'pred/meas':>9} "
+          f"{'max |diff|':>10}")
+    for dims in LAYOUTS:
+        row = rows[dims]
+        label = "x".join(map(str, dims))
+        if dims not in measured:
+            print(f"  {label:>7}  {describe(dims):<22} {row['microbatches']:>5} {row['predicted_s'] * 1e3:>10.1f} "
+                  f"{'-':>9} {'-':>9} {'-':>10}  not run: batch {batch} < dp {dims[0]}")
+            continue
+        seconds = measured[dims]["seconds"]
+        mark = "  <- pick" if dims == pick else ""
+        print(f"  {label:>7}  {describe(dims):<22} {row['microbatches']:>5} {row['predicted_s'] * 1e3:>10.1f} "
+              f"{seconds * 1e3:>9.1f} {row['predicted_s'] / seconds:>9.2f} {measured[dims]['max_abs_diff']:>10.1e}{mark}")
+    run = [d for d in LAYOUTS if d in measured]
+    fastest = min(run, key=lambda d: measured[d]["seconds"])
+    rho = spearman([rows[d]["predicted_s"] for d in run], [measured[d]["seconds"] for d in run])
+    errors = [abs(rows[d]["predicted_s"] / measured[d]["seconds"] - 1) for d in run]
+    if pick in measured:
+        slower = measured[pick]["seconds"] / measured[fastest]["seconds"] - 1
+        verdict = ("the measured fastest" if pick == fastest else
+                   f"{slower:+.1%} vs the measured fastest {'x'.join(map(str, fastest))}"
+                   + (" (within 5%)" if slower <= 0.05 else " (NOT within 5%)"))
+    else:
+        slower, verdict = float("nan"), "not run"
+    print(f"  pick {'x'.join(map(str, pick))}: {verdict}; Spearman {rho:.2f} over {len(run)} layouts; "
+          f"|pred/meas - 1| median {statistics.median(errors):.0%}, max {max(errors):.0%}; "
+          f"within 25%: {sum(e <= 0.25 for e in errors)} of {len(errors)}")
+    return {"setting": setting, "objective": objective, "pick": pick, "fastest": fastest, "pick_slower": slower,
+            "spearman": rho, "errors": errors}
+
+
+def main() -> None:
+    from cluster import Cluster, Link
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[0, 200],
+                        help="link settings in Mbit/s, 0 for an unshaped link (default: 0 200)")
+    parser.add_argument("--seq-len", type=int, default=32, help="tokens per request (default: 32)")
+    parser.add_argument("--batch", type=int, default=8, help="the serving batch for throughput (default: 8)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per layout (default: 5)")
+    parser.add_argument("--host-profile", type=Path, default=None,
+                        help="a profile of one host measured before (compute kept, links measured again)")
+    parser.add_argument("--keep", type=Path, default=None, help="folder to keep the calibrated profiles in")
+    options = parser.parse_args()
+    warnings.simplefilter("ignore")
+    folder = options.keep or Path(tempfile.mkdtemp(prefix="autotp-layouts-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(_ROOT / "benchmarks"), os.environ.get("PYTHONPATH"))))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=_ROOT).stdout.strip()
+    print(f"layouts of 4 ranks on 2 hosts x {RANKS_PER_HOST} (1 thread each), Llama {CONFIG['num_hidden_layers']} "
+          f"layers hidden {CONFIG['hidden_size']}, {options.seq_len} tokens; throughput at batch {options.batch}; "
+          f"commit {commit}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    host_profile = options.host_profile
+    summary = []
+    for rate in options.rates:
+        setting = "unshaped" if rate == 0 else f"{rate:g} Mbit/s"
+        link = None if rate == 0 else Link(rate_mbit=rate)
+        profile = folder / f"profile-{'unshaped' if rate == 0 else f'{rate:g}mbit'}.json"
+        with Cluster(2, link) as cluster:
+            started = time.perf_counter()
+            printed = calibrate_in(cluster, profile, host_profile)
+            print(f"\n== {setting}: calibrated in {time.perf_counter() - started:.0f} s "
+                  f"({'links only' if host_profile else 'compute and links'})")
+            print("\n".join(line for line in printed.splitlines() if "link" in line or "nodes" in line
+                            or "matmul float32" in line or "core share" in line or "shared memory" in line))
+            host_profile = host_profile or profile
+            planned = plan_layouts(profile, options.seq_len, options.batch)
+            jobs, keys = [], []
+            for objective in OBJECTIVES:
+                for dims in LAYOUTS:
+                    batch = call_batch(objective, dims, options.batch)
+                    if dims[0] > batch:
+                        continue
+                    jobs.append({"dims": dims, "batch": batch, "plan": planned[objective]["layouts"][dims]["plan"]})
+                    keys.append((objective, dims))
+            started = time.perf_counter()
+            results = cluster.run_function("layouts:measure", ranks_per_host=RANKS_PER_HOST, timeout_s=3600.0,
+                                           kwargs={"jobs": jobs, "profile": str(profile), "seq_len": options.seq_len,
+                                                   "repeats": options.repeats})[0]
+            print(f"measured {len(jobs)} layouts in {time.perf_counter() - started:.0f} s")
+        for objective in OBJECTIVES:
+            measured = {dims: result for (o, dims), result in zip(keys, results) if o == objective}
+            summary.append(report(setting, objective, options.batch, planned, measured))
+    print("\nsummary: setting, objective -> pick, measured fastest, pick vs fastest, Spearman, median |error|")
+    for s in summary:
+        print(f"  {s['setting']:>12} {s['objective']:<10} -> {'x'.join(map(str, s['pick']))}, "
+              f"{'x'.join(map(str, s['fastest']))}, {s['pick_slower']:+.1%}, {s['spearman']:.2f}, "
+              f"{statistics.median(s['errors']):.0%}")
+    print(json.dumps([{k: v for k, v in s.items()} for s in summary], default=str))
+
+
+if __name__ == "__main__":
+    main()
