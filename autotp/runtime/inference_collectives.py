@@ -1,6 +1,6 @@
 """The form each collective of an inference graph takes on its group, decided alike on every rank.
 
-:func:`inference_all_reduces` is what :func:`autotp.api.apply_plan` runs on every inference graph, in this order:
+:func:`inference_all_reduces` is what :func:`autotp.runtime.applying.apply_plan` runs on every inference graph, in this order:
 
 1. ranks on one host with CUDA tensors: small sum all-reduces in symmetric memory
    (:mod:`autotp.runtime.symmetric_memory`; the others, and all-gathers, keep the backend's);
