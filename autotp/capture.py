@@ -96,7 +96,7 @@ from autotp.passes.state import IN_PLACE_UPDATES, WRITES_IN_PLACE
 
 __all__ = [
     "CapturedGraph", "InputDims", "InputSlot", "as_if_on", "capture", "check_model", "default_dynamic_shapes",
-    "from_exported", "draws_random_numbers", "inputs_on_model_device",
+    "from_exported", "draws_random_numbers", "inputs_on_model_device", "shapes_only",
 ]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -223,10 +223,11 @@ def trace_device(example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any]
 
 
 @contextlib.contextmanager
-def as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
+def as_if_on(model: torch.nn.Module, device: torch.device, example: Any, mode: FakeTensorMode | None = None) -> Any:
     """Within the block, ``model``'s parameters and buffers are fake tensors on ``device``; yields the
-    example inputs as fake tensors on ``device`` (same mode), for ``torch.export`` to trace."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    example inputs as fake tensors on ``device`` (same mode: ``mode``, default a new one), for ``torch.export``
+    to trace."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if mode is None else mode
 
     def fake(t: torch.Tensor) -> torch.Tensor:
         with mode:
@@ -246,6 +247,20 @@ def as_if_on(model: torch.nn.Module, device: torch.device, example: Any) -> Any:
                                             example)
         with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):
             yield fake_example
+
+
+@contextlib.contextmanager
+def shapes_only(model: torch.nn.Module, device: torch.device) -> Any:
+    """Within the block, calls of ``model`` give shapes and compute nothing: its tensors are fake on ``device``,
+    tensors made in the block are fake too, sizes that depend on data are symbols, and the model sees the
+    flags ``torch.export`` sets (``torch.compiler.is_exporting()``), so it takes the code path it is traced
+    through. Cheap on any model, weights on ``meta`` included."""
+    from torch._export.utils import _compiling_state_context
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    with as_if_on(model, device, (), mode=mode), mode, _compiling_state_context():
+        yield
 
 
 DYNAMIC_DIMS = (0, 1)

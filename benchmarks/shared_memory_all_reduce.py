@@ -45,11 +45,12 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], rounds: int
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     from autotp.passes.small_collectives import compiler_visible_collectives
+    from autotp.runtime.hosts import local_host
     from autotp.runtime.shared_memory import shared_memory_all_reduce_for
 
     c10d = torch.ops._c10d_functional
     group_name = dist.group.WORLD.group_name
-    shared = shared_memory_all_reduce_for(None, timeout_s=60.0)
+    shared = shared_memory_all_reduce_for(None, host=local_host(), timeout_s=60.0)
     if shared is None:
         raise SystemExit("these ranks cannot share memory (not one x86-64 host)")
     graph = torch.fx.Graph()  # one stand-in node, turned into the op call a compiled graph makes

@@ -11,6 +11,8 @@ Tiers (pytest markers, registered in pyproject.toml):
   an explicit ``@pytest.mark.distributed``. An unmarked test that tries to start or use a worker
   pool fails with a message saying which marker to add, so the fast tier never spawns processes.
 * ``slow``: a non-distributed test too slow for the fast tier (each carries its reason).
+* ``cluster``: hosts on one machine as network namespaces with shaped links (tests/cluster.py); also
+  ``distributed``; each test skips, naming why, where namespaces cannot be made (not root, no iproute2).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from generation_models import tiny_gemma, tiny_phi
+from generation_models import tiny_deepseek_v3, tiny_gemma, tiny_gpt_oss, tiny_phi, tiny_recurrent
 from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
@@ -288,3 +288,100 @@ def test_bad_generation_input(gloo) -> None:
     assert messages["calls"] == "0", f"graph calls before the errors: {messages['calls']}, expected 0"
     assert "not a HuggingFace causal language model" in messages["no_head"], messages
     assert "max_cache_len=N" in messages["no_cache"], messages
+
+
+def _full_cache_bytes(model: torch.nn.Module, batch: int, max_cache_len: int) -> int:
+    """Bytes of the whole KV cache in one process: the cache wrapper's buffers, shaped as the model writes them."""
+    from autotp.runtime.kv_cache import CachedCausalLM
+
+    wrapper = CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len)
+    return sum(b.numel() * b.element_size() for name, b in wrapper.named_buffers() if name in wrapper.cache_buffer_names())
+
+
+def _greedy_other_cache(rank: int, world_size: int, family: str, plain: bool,
+                        constraints: dict[str, str] | None) -> dict[str, Any]:
+    builder = {"deepseek_v3": tiny_deepseek_v3, "gpt_oss": tiny_gpt_oss}[family]
+    model, (ids,), _ = builder(batch=2, seq_len=6)
+    model.generation_config.pad_token_id = 0
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if plain:  # the generation graphs are built at the first generate, the cache sized for the request
+            tp = autotp.compile(model, example_inputs=(ids,))
+            got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
+            generation = tp.generation_on_demand.built
+        else:
+            tp = generation = autotp.compile(model, example_inputs=(ids[:, :4],), max_cache_len=32,
+                                             options=autotp.PlanOptions(constraints=constraints))
+            got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
+    return {"got": got.tolist(), "expected": expected.tolist(), "cache_bytes": generation.cache_bytes(),
+            "full_cache_bytes": _full_cache_bytes(model, 2, generation.generation.layout.max_cache_len),
+            "cache_placements": {k: v for k, v in generation.plan.parameters.items() if "cache" in k}}
+
+
+def _check_other_cache(results: list[dict[str, Any]], prompt: int) -> None:
+    """Greedy tokens equal HF's on every rank, the case distinguishes (several distinct new tokens), and every
+    rank's cache is below the whole one (each rank holds its block, not a copy)."""
+    new = {t for row in results[0]["expected"] for t in row[prompt:]}
+    assert len(new) > 1, f"the model generates {new} only: equal tokens would prove nothing"
+    for rank, result in enumerate(results):
+        assert result["got"] == result["expected"], (
+            f"rank {rank}: tokens differ from HF generate(do_sample=False):\n expected {result['expected']}\n"
+            f" got      {result['got']}")
+        assert 0 < result["cache_bytes"] < result["full_cache_bytes"], (
+            f"rank {rank}: cache of {result['cache_bytes']} bytes, expected a block below the whole "
+            f"{result['full_cache_bytes']} (placements {result['cache_placements']})")
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_deepseek_v3_latent_cache_greedy_matches_hf(gloo, world_size: int) -> None:
+    """tp=2 and 3, tiny DeepSeek-V3 (multi-head latent attention: the cache holds the 48-dim latent and the 8 rope
+    dims, one "head" each, not per-head keys and values; a MoE layer), batch 2, prompt 6, 8 new tokens.
+
+    tp=2: a plain compile, the generation graphs built at the first generate; the planner splits the latent by
+    its dim (kv_b_proj split by input features, an all-reduce after). tp=3: a generation compile whose latent
+    cache is pinned split 16/16/16 (the cost model keeps it whole there, as vLLM keeps MLA's latent on every rank),
+    prompts 4 tokens per call (prefill, then the continuation graph). Greedy equals HF; each rank's cache is a block."""
+    plain = world_size == 2
+    constraints = None if plain else {"key_cache_*": "S(3)"}
+    results = gloo.run(world_size, _greedy_other_cache, "deepseek_v3", plain, constraints)
+    _check_other_cache(results, 6)
+    for rank, result in enumerate(results):
+        latent = {k: v for k, v in result["cache_placements"].items() if k.startswith("key_cache")}
+        assert set(latent.values()) == {"S(3)"}, f"rank {rank}: latent cache placements {latent}, expected S(3)"
+
+
+def test_gpt_oss_sinks_and_sliding_window_greedy_matches_hf(gloo) -> None:
+    """tp=2, tiny GPT-OSS (attention sinks; a sliding window of 4 on layer 0 < 14 tokens, full attention on layer 1;
+    2 kv heads; MoE), plain compile, batch 2, prompt 6, 8 new tokens: greedy equals HF, the cache split by kv heads."""
+    results = gloo.run(2, _greedy_other_cache, "gpt_oss", True, None)
+    _check_other_cache(results, 6)
+    for rank, result in enumerate(results):
+        assert set(result["cache_placements"].values()) == {"S(1)"}, f"rank {rank}: {result['cache_placements']}"
+
+
+def _recurrent_plain(rank: int, world_size: int) -> dict[str, Any]:
+    model, (ids,), _ = tiny_recurrent("mamba", batch=2, seq_len=6)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids,))
+    diff = (tp(ids).logits - expected).abs().max().item()
+    try:
+        tp.generate(ids, max_new_tokens=2)
+        error = "no error"
+    except autotp.UnsupportedModelError as exc:
+        error = f"UnsupportedModelError: {exc}"
+    return {"diff": diff, "error": error}
+
+
+def test_a_recurrent_state_model_compiles_its_forward_and_refuses_generate(gloo) -> None:
+    """tp=2, tiny Mamba (a convolution and an SSM state per layer, no KV cache), plain compile: the forward equals
+    the model's, and generate raises UnsupportedModelError naming MambaForCausalLM, the same on every rank."""
+    results = gloo.run(2, _recurrent_plain)
+    for rank, result in enumerate(results):
+        assert result["diff"] < 1e-4, f"rank {rank}: forward differs from the model's by {result['diff']:.3g}"
+        assert result["error"].startswith("UnsupportedModelError: MambaForCausalLM keeps a convolution"), (
+            f"rank {rank}: expected UnsupportedModelError naming MambaForCausalLM, got {result['error']}")
+    assert results[0]["error"] == results[1]["error"], f"ranks raise differently: {results}"

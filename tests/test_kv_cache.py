@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from generation_models import tiny_gemma, tiny_phi
+from generation_models import RECURRENT_STATE, tiny_deepseek_v3, tiny_gemma, tiny_phi, tiny_recurrent
 from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
@@ -35,6 +35,41 @@ def test_cache_wrapper_matches_the_model() -> None:
         decode = wrapper(ids[:, 5:], positions[:, 5:], torch.tensor([5]), mask)
     diff = max((prefill - expected[:, :5]).abs().max().item(), (decode - expected[:, 5:]).abs().max().item())
     assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
+
+
+def test_cache_is_shaped_as_the_model_writes_it() -> None:
+    """tp=1, tiny DeepSeek-V3 (multi-head latent attention), batch 2: the cache is shaped as the release writes it,
+    keys and values of their own sizes, never the config's one head_dim: transformers 5.24 caches the 48-dim latent
+    and the 8 rope dims (one "head" each), earlier releases 4 heads of keys (16 + 8 dims) and of values (32 dims).
+    A 5-token prefill then a decode step give the whole sequence's logits."""
+    model, (ids,), _ = tiny_deepseek_v3(batch=2, seq_len=6)
+    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=8)
+    shapes = {name: tuple(b.shape) for name, b in wrapper.named_buffers() if name in wrapper.cache_buffer_names()}
+    layouts = [{f"{kind}_cache_{i}": (2, heads, 8, dim) for i in range(2) for kind, dim in (("key", k), ("value", v))}
+               for heads, k, v in ((1, 48, 8), (4, 24, 32))]  # the latent, then keys and values per head
+    assert shapes in layouts, f"cache shapes {shapes}, expected one of {layouts}"
+    mask = torch.zeros(2, 8, dtype=torch.long)
+    mask[:, :6] = 1
+    positions = torch.arange(6).expand(2, 6)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits  # (2, 6, vocab)
+        prefill = wrapper(ids[:, :5], positions[:, :5], torch.arange(5), mask)
+        decode = wrapper(ids[:, 5:], positions[:, 5:], torch.tensor([5]), mask)
+    diff = max((prefill - expected[:, :5]).abs().max().item(), (decode - expected[:, 5:]).abs().max().item())
+    assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
+
+
+@pytest.mark.parametrize("family", RECURRENT_STATE)
+def test_a_recurrent_state_is_refused_naming_the_family(family: str) -> None:
+    """No process group, tiny Mamba, Mamba2 and the hybrids Jamba, Qwen3-Next, Falcon-H1, RecurrentGemma: planning
+    generation raises UnsupportedModelError naming the model class and its convolution / recurrent state, and
+    saying that the forward compiles, before anything is traced (not a release error, not a tracing hint)."""
+    model, (ids,), _ = tiny_recurrent(family, batch=1, seq_len=4)
+    with pytest.raises(autotp.UnsupportedModelError) as caught:
+        autotp.plan(model, (ids,), world_size=2, max_cache_len=16)
+    message = str(caught.value)
+    for part in (type(model).__name__, "recurrent", "autotp.compile(model, example_inputs=(ids,))"):
+        assert part in message, f"expected {part!r} in: {message}"
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "gemma", "gpt2", "phi", "qwen2", "mixtral"])
@@ -306,6 +341,7 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     from autotp.planning.options import PlanOptions
     from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
     from autotp.runtime.generation import _pinned_to, _shared_inputs
+    from autotp.runtime.hosts import local_host
 
     model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=4, layers=2)
     wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=16, last_logits_only=True)
@@ -320,9 +356,9 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     prefill_plan = plan_or_check(prefill, None, _pinned_to(decode_plan, options), group=None, rank=0)
     assert decode_plan.parameters["key_cache_0"] != "R", decode_plan.parameters
     for rank in (0, 1):
-        _, values, _ = apply_plan(decode, decode_plan, group=None, rank=rank)
-        _, prefill_values, _ = apply_plan(prefill, prefill_plan, group=None, rank=rank)
-        _, parts = rank_local_graph(prefill, prefill_plan, group=None, rank=rank)
+        _, values, _ = apply_plan(decode, decode_plan, group=None, rank=rank, host=local_host())
+        _, prefill_values, _ = apply_plan(prefill, prefill_plan, group=None, rank=rank, host=local_host())
+        _, parts = rank_local_graph(prefill, prefill_plan, group=None, rank=rank, host=local_host())
         inputs = _shared_inputs(prefill, prefill_plan, parts, rank, decode, values, "prefill")
         for slot, key in zip(prefill.inputs, inputs):
             if slot.kind != "user":

@@ -80,15 +80,16 @@ def _reduce_and_gather_graph(group_name: str, world_size: int) -> fx.GraphModule
 
 def _shared_memory_sums(rank: int, world_size: int) -> dict[str, Any]:
     from autotp.base.errors import RankTimeoutError
+    from autotp.runtime.hosts import local_host
     from autotp.runtime.inference_collectives import inference_all_reduces
     from autotp.runtime.shared_memory import shared_memory_all_reduce_for
 
     gm = inference_all_reduces(_reduce_and_gather_graph(dist.group.WORLD.group_name, world_size), None, world_size,
-                               timeout_s=30.0)
+                               host=local_host(), timeout_s=30.0)
     out: dict[str, Any] = {"targets": [type(n.target).__name__ for n in gm.graph.nodes if n.op == "call_function"],
                            "counts": count_collectives(gm)}
     # a 256-byte slot: 64 floats per chunk, so the larger tensors go through in many chunks
-    small_slots = shared_memory_all_reduce_for(None, timeout_s=30.0, slot_bytes=256)
+    small_slots = shared_memory_all_reduce_for(None, host=local_host(), timeout_s=30.0, slot_bytes=256)
     generator = torch.Generator().manual_seed(rank)
     for name, shape in (("graph, (2, 3)", (2, 3)), ("graph, (7, 33): another size", (7, 33)),
                         ("chunks, 1000 = 15 slots + 40", (1000,)), ("chunks, one slot exactly", (64,))):
@@ -116,10 +117,10 @@ def _shared_memory_sums(rank: int, world_size: int) -> dict[str, Any]:
     if rank == 0:
         with FakeTensorMode():
             next(iter(on_gpu.graph.nodes)).meta["val"] = torch.empty(2, 3, device="cuda")
-    on_gpu = inference_all_reduces(on_gpu, None, world_size, timeout_s=30.0)
+    on_gpu = inference_all_reduces(on_gpu, None, world_size, host=local_host(), timeout_s=30.0)
     out["gpu_targets"] = [type(n.target).__name__ for n in on_gpu.graph.nodes if n.op == "call_function"]
     # the last rank never calls: the others give up after 0.2 s and name it
-    absent = shared_memory_all_reduce_for(None, timeout_s=0.2)
+    absent = shared_memory_all_reduce_for(None, host=local_host(), timeout_s=0.2)
     out["timeout"] = None
     if rank != world_size - 1:
         try:
@@ -164,6 +165,7 @@ def _symmetric_memory_on_this_build(rank: int, world_size: int) -> dict[str, Any
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from autotp.runtime.hosts import local_host
     from autotp.runtime.inference_collectives import graph_device, inference_all_reduces
     from autotp.runtime.symmetric_memory import has_kernel
 
@@ -172,7 +174,7 @@ def _symmetric_memory_on_this_build(rank: int, world_size: int) -> dict[str, Any
         next(iter(gm.graph.nodes)).meta["val"] = torch.empty(2, 3, device="cuda")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        gm = inference_all_reduces(gm, None, world_size, timeout_s=30.0)
+        gm = inference_all_reduces(gm, None, world_size, host=local_host(), timeout_s=30.0)
     return {"device": str(graph_device(gm)), "has_kernel": has_kernel(),
             "warnings": [str(w.message) for w in caught],
             "targets": [getattr(n.target, "__name__", type(n.target).__name__)

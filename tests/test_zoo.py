@@ -3,7 +3,8 @@
 Every model at world sizes 2 and 3 (4 heads split 2/1/1; Swin's 2 heads at 3 ranks leave one rank without a
 head): ``autotp.compile(model, example_inputs=...)`` with every default, ``tp(*args)`` equal to the
 single-process model on every rank with its weights really split, and for a causal LM ``tp.generate(ids,
-max_new_tokens=6)`` token for token equal to ``model.generate``. ``python -m pytest -m zoo`` runs the tier;
+max_new_tokens=6)`` token for token equal to ``model.generate`` (or, for a state that is not a KV cache, refused
+with ``UnsupportedModelError``). ``python -m pytest -m zoo`` runs the tier;
 ``python benchmarks/zoo.py --wide`` prints the same runs as the table of docs/benchmarks/zoo.md.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from zoo_models import ZOO
+from zoo_models import REFUSED, ZOO
 from zoo_run import TOLERANCE, run_zoo_model
 
 pytestmark = pytest.mark.zoo
@@ -22,14 +23,20 @@ pytestmark = pytest.mark.zoo
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_model_equals_the_original(gloo, name: str, world_size: int) -> None:
     """tp=2 and tp=3, defaults, uneven heads at 3: outputs (and greedy tokens of a causal LM) equal the
-    single-process model's on every rank, and every rank holds a part, not all, of the split weights."""
+    single-process model's on every rank, and every rank holds a part, not all, of the split weights; a family whose
+    state is not a KV cache is refused with UnsupportedModelError on every rank."""
     results = gloo.run(world_size, run_zoo_model, name, timeout_s=600)
     for r in results:
         assert r["failure"] is None, f"{name} at tp={world_size}, rank {r['rank']}: {r['failure']}\n{r.get('traceback', '')}"
         assert r["error"] <= TOLERANCE, f"{name} at tp={world_size}, rank {r['rank']}: max abs error {r['error']:.3g}"
         assert not math.isnan(r["split_share"]) and r["split_share"] < 1, \
             f"{name} at tp={world_size}, rank {r['rank']}: no weight is split (share {r['split_share']})"
-    if not ZOO[name].generates:
+    if ZOO[name].generation is None:
+        return
+    if ZOO[name].generation == REFUSED:  # a state that is not a KV cache: refused on every rank, naming the model
+        for r in results:
+            assert (r["generation_failure"] or "").startswith("UnsupportedModelError"), \
+                f"{name} at tp={world_size}, rank {r['rank']}: expected UnsupportedModelError, got {r['generation_failure']}"
         return
     for r in results:
         assert r["generation_failure"] is None, \

@@ -35,11 +35,16 @@ BATCH = 2
 SEQ = 8
 
 
+EQUAL = "equal"
+REFUSED = "refused"
+
+
 @dataclasses.dataclass(frozen=True)
 class ZooEntry:
     build: Callable[..., ModelAndInputs]
-    generates: bool = False
-    """A causal LM whose ``tp.generate`` must equal ``model.generate`` (greedy)."""
+    generation: str | None = None
+    """A causal LM's ``tp.generate``: :data:`EQUAL` (greedy tokens equal ``model.generate``'s) or :data:`REFUSED`
+    (a state that is not a KV cache: ``UnsupportedModelError`` naming the model); None: not a causal LM."""
     family: str = ""
     """What kind of architecture it stands for, as the zoo table shows it."""
 
@@ -78,76 +83,76 @@ _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 ZOO: dict[str, ZooEntry] = {
     # dense decoders
-    "qwen3": ZooEntry(_hf("Qwen3Config", "Qwen3ForCausalLM", head_dim=16, **_DECODER), True, "dense, QK-norm"),
-    "gemma2": ZooEntry(_hf("Gemma2Config", "Gemma2ForCausalLM", head_dim=16, sliding_window=4, **_DECODER), True,
+    "qwen3": ZooEntry(_hf("Qwen3Config", "Qwen3ForCausalLM", head_dim=16, **_DECODER), EQUAL, "dense, QK-norm"),
+    "gemma2": ZooEntry(_hf("Gemma2Config", "Gemma2ForCausalLM", head_dim=16, sliding_window=4, **_DECODER), EQUAL,
                        "dense, soft-capping, sliding window"),
-    "gemma3": ZooEntry(_hf("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=16, sliding_window=4, **_DECODER), True,
+    "gemma3": ZooEntry(_hf("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=16, sliding_window=4, **_DECODER), EQUAL,
                        "dense, local/global layers"),
-    "phi3": ZooEntry(_hf("Phi3Config", "Phi3ForCausalLM", pad_token_id=0, **_DECODER), True, "dense, fused QKV"),
+    "phi3": ZooEntry(_hf("Phi3Config", "Phi3ForCausalLM", pad_token_id=0, **_DECODER), EQUAL, "dense, fused QKV"),
     "gpt_neox": ZooEntry(_hf("GPTNeoXConfig", "GPTNeoXForCausalLM", hidden_size=HIDDEN, intermediate_size=128,
-                             num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64), True,
+                             num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64), EQUAL,
                          "dense, parallel residual"),
-    "olmo2": ZooEntry(_hf("Olmo2Config", "Olmo2ForCausalLM", **_DECODER), True, "dense, post-norm"),
-    "granite": ZooEntry(_hf("GraniteConfig", "GraniteForCausalLM", **_DECODER), True, "dense, scaled residuals"),
-    "starcoder2": ZooEntry(_hf("Starcoder2Config", "Starcoder2ForCausalLM", **_DECODER), True, "dense, biased MLP"),
-    "cohere": ZooEntry(_hf("CohereConfig", "CohereForCausalLM", **_DECODER), True, "dense, LayerNorm, parallel"),
-    "glm4": ZooEntry(_hf("Glm4Config", "Glm4ForCausalLM", head_dim=16, **_DECODER), True, "dense, partial RoPE"),
-    "smollm3": ZooEntry(_hf("SmolLM3Config", "SmolLM3ForCausalLM", **_DECODER), True, "dense, NoPE layers"),
+    "olmo2": ZooEntry(_hf("Olmo2Config", "Olmo2ForCausalLM", **_DECODER), EQUAL, "dense, post-norm"),
+    "granite": ZooEntry(_hf("GraniteConfig", "GraniteForCausalLM", **_DECODER), EQUAL, "dense, scaled residuals"),
+    "starcoder2": ZooEntry(_hf("Starcoder2Config", "Starcoder2ForCausalLM", **_DECODER), EQUAL, "dense, biased MLP"),
+    "cohere": ZooEntry(_hf("CohereConfig", "CohereForCausalLM", **_DECODER), EQUAL, "dense, LayerNorm, parallel"),
+    "glm4": ZooEntry(_hf("Glm4Config", "Glm4ForCausalLM", head_dim=16, **_DECODER), EQUAL, "dense, partial RoPE"),
+    "smollm3": ZooEntry(_hf("SmolLM3Config", "SmolLM3ForCausalLM", **_DECODER), EQUAL, "dense, NoPE layers"),
     # mixtures of experts
-    "qwen3_moe": ZooEntry(_hf("Qwen3MoeConfig", "Qwen3MoeForCausalLM", head_dim=16, **_DECODER, **_MOE), True,
+    "qwen3_moe": ZooEntry(_hf("Qwen3MoeConfig", "Qwen3MoeForCausalLM", head_dim=16, **_DECODER, **_MOE), EQUAL,
                           "MoE, top-2 of 4"),
     "olmoe": ZooEntry(_hf("OlmoeConfig", "OlmoeForCausalLM", **{**_DECODER, "intermediate_size": 32},
-                          num_experts=4, num_experts_per_tok=2), True, "MoE"),
+                          num_experts=4, num_experts_per_tok=2), EQUAL, "MoE"),
     "deepseek_v3": ZooEntry(_hf("DeepseekV3Config", "DeepseekV3ForCausalLM", hidden_size=HIDDEN, intermediate_size=128,
                                 moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                                 num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                                 first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
                                 qk_nope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1, max_position_embeddings=64),
-                            True, "MoE, latent attention"),
+                            EQUAL, "MoE, latent attention"),
     "gpt_oss": ZooEntry(_hf("GptOssConfig", "GptOssForCausalLM", head_dim=16, num_local_experts=4,
-                            num_experts_per_tok=2, sliding_window=4, **_DECODER), True, "MoE, attention sinks"),
+                            num_experts_per_tok=2, sliding_window=4, **_DECODER), EQUAL, "MoE, attention sinks"),
     "llama4_text": ZooEntry(_hf("Llama4TextConfig", "Llama4ForCausalLM", head_dim=16, num_local_experts=4,
                                 num_experts_per_tok=1, intermediate_size_mlp=128,
-                                **{k: v for k, v in _DECODER.items()}), True, "MoE, chunked attention"),
+                                **{k: v for k, v in _DECODER.items()}), EQUAL, "MoE, chunked attention"),
     # state-space and hybrid
     "mamba": ZooEntry(_hf("MambaConfig", "MambaForCausalLM", hidden_size=HIDDEN, state_size=8, num_hidden_layers=2,
-                          expand=2, conv_kernel=4), False, "SSM"),
+                          expand=2, conv_kernel=4), REFUSED, "SSM"),
     "mamba2": ZooEntry(_hf("Mamba2Config", "Mamba2ForCausalLM", hidden_size=HIDDEN, state_size=8, num_hidden_layers=2,
-                           expand=2, conv_kernel=4, num_heads=8, head_dim=16, n_groups=1, chunk_size=8), False,
+                           expand=2, conv_kernel=4, num_heads=8, head_dim=16, n_groups=1, chunk_size=8), REFUSED,
                        "SSM (chunked scan)"),
     "jamba": ZooEntry(_hf("JambaConfig", "JambaForCausalLM", hidden_size=HIDDEN, intermediate_size=128,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=2,
                           num_experts_per_tok=1, expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2,
                           attn_layer_offset=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
-                          use_mamba_kernels=False), False, "hybrid SSM + attention"),
+                          use_mamba_kernels=False), REFUSED, "hybrid SSM + attention"),
     # encoders, encoder-decoders
     "roberta": ZooEntry(_hf("RobertaConfig", "RobertaModel", hidden_size=HIDDEN, intermediate_size=128,
-                            num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64), False, "encoder"),
+                            num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64), None, "encoder"),
     "modernbert": ZooEntry(_hf("ModernBertConfig", "ModernBertModel", hidden_size=HIDDEN, intermediate_size=128,
                                num_hidden_layers=2, num_attention_heads=4, global_attn_every_n_layers=2,
                                local_attention=4, max_position_embeddings=64, cls_token_id=1,
-                               sep_token_id=2), False, "encoder, local/global"),
+                               sep_token_id=2), None, "encoder, local/global"),
     "t5": ZooEntry(_hf("T5Config", "T5ForConditionalGeneration", inputs="seq2seq", d_model=HIDDEN, d_ff=128, d_kv=16,
-                       num_layers=2, num_decoder_layers=2, num_heads=4), False, "encoder-decoder"),
+                       num_layers=2, num_decoder_layers=2, num_heads=4), None, "encoder-decoder"),
     "bart": ZooEntry(_hf("BartConfig", "BartForConditionalGeneration", inputs="seq2seq", d_model=HIDDEN,
                          encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                         encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64), False,
+                         encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64), None,
                      "encoder-decoder"),
     # vision
     "vit": ZooEntry(_hf("ViTConfig", "ViTModel", inputs="images", hidden_size=HIDDEN, intermediate_size=128,
-                        num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8), False, "vision"),
+                        num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8), None, "vision"),
     "hf_convnext": ZooEntry(_hf("ConvNextConfig", "ConvNextModel", inputs="images", hidden_sizes=[16, 32],
-                                depths=[1, 1], num_stages=2), False, "vision, depthwise conv"),
+                                depths=[1, 1], num_stages=2), None, "vision, depthwise conv"),
     "hf_resnet": ZooEntry(_hf("ResNetConfig", "ResNetModel", inputs="images", embedding_size=16, hidden_sizes=[16, 32],
-                              depths=[1, 1], layer_type="basic"), False, "vision, BatchNorm"),
+                              depths=[1, 1], layer_type="basic"), None, "vision, BatchNorm"),
     "hf_swin": ZooEntry(_hf("SwinConfig", "SwinModel", inputs="images", image_size=32, patch_size=4, embed_dim=16,
-                            depths=[2, 2], num_heads=[2, 4], window_size=4), False, "vision, windowed attention"),
+                            depths=[2, 2], num_heads=[2, 4], window_size=4), None, "vision, windowed attention"),
     # model code from outside transformers, written from public designs
-    "nanogpt": ZooEntry(third_party.nanogpt, False, "nanoGPT-style"),
-    "resnet18": ZooEntry(third_party.resnet18, False, "torchvision-style ResNet-18"),
-    "swin": ZooEntry(third_party.swin, False, "Swin-style, shifted windows"),
-    "convnext": ZooEntry(third_party.convnext, False, "ConvNeXt-style"),
-    "gpt_fast": ZooEntry(lambda seed=0: _gpt_fast(seed), False, "gpt-fast-style, KV cache in its own buffers"),
+    "nanogpt": ZooEntry(third_party.nanogpt, None, "nanoGPT-style"),
+    "resnet18": ZooEntry(third_party.resnet18, None, "torchvision-style ResNet-18"),
+    "swin": ZooEntry(third_party.swin, None, "Swin-style, shifted windows"),
+    "convnext": ZooEntry(third_party.convnext, None, "ConvNeXt-style"),
+    "gpt_fast": ZooEntry(lambda seed=0: _gpt_fast(seed), None, "gpt-fast-style, KV cache in its own buffers"),
 }
 
 

@@ -3,7 +3,7 @@
 :func:`run_zoo_model` runs inside a gloo worker (``distributed.run_on_ranks(world_size, run_zoo_model, name)``):
 ``autotp.compile(model, example_inputs=args, example_kwargs=kwargs)`` with every default, ``tp(*args)``
 compared with the single-process model, and for a causal LM ``tp.generate(ids, max_new_tokens=N)`` compared
-with ``model.generate(ids, do_sample=False, max_new_tokens=N)``. It returns figures, never raises for a
+with ``model.generate(ids, do_sample=False, max_new_tokens=N)`` (or the error a refused family raises). It returns figures, never raises for a
 wrong answer (the caller decides), and returns the error text of a compile or call that raises.
 """
 
@@ -25,13 +25,14 @@ NEW_TOKENS = 6
 
 
 def zoo_builders() -> dict[str, Any]:
-    """Name -> (builder, generates) for every model the zoo knows: the wide zoo and the project's test families."""
+    """Name -> (builder, generation expected: ``"equal"``, ``"refused"`` or None) for every model the zoo knows:
+    the wide zoo and the project's test families."""
     from models import BUILDERS
     from odd_models import ODD_BUILDERS
     from zoo_models import ZOO
 
-    found: dict[str, Any] = {name: (build, False) for name, build in {**BUILDERS, **ODD_BUILDERS}.items()}
-    found.update({name: (entry.build, entry.generates) for name, entry in ZOO.items()})
+    found: dict[str, Any] = {name: (build, None) for name, build in {**BUILDERS, **ODD_BUILDERS}.items()}
+    found.update({name: (entry.build, entry.generation) for name, entry in ZOO.items()})
     return found
 
 
@@ -105,7 +106,7 @@ def run_zoo_model(rank: int, world_size: int, name: str, *, generate: bool = Tru
 
     import autotp
 
-    build, generates = zoo_builders()[name]
+    build, generation = zoo_builders()[name]
     model, args, kwargs = build()
     result: dict[str, Any] = {"name": name, "rank": rank, "error": math.nan, "tokens_equal": None,
                               "distinct_tokens": 0, "failure": None, "generation_failure": None}
@@ -124,7 +125,7 @@ def run_zoo_model(rank: int, world_size: int, name: str, *, generate: bool = Tru
         result["traceback"] = traceback.format_exc()[-3000:]
         return result
     result.update(_figures(tp_model, model))
-    if generate and generates:
+    if generate and generation is not None:
         (ids,) = args
         try:
             with warnings.catch_warnings():

@@ -3,7 +3,7 @@
 transformers changes the details autotp relies on between releases: the forward keyword that takes
 a cache (``past_key_values=`` up to 5.23, ``cache=`` from 5.24), whether the model's forward takes
 ``cache_position``, the signatures of ``StaticLayer.lazy_initialization`` and ``get_mask_sizes``,
-where the helper that gives a config's head shapes lives. Each detail is read here, from the
+how a cache marks the layers that keep a recurrent state instead of keys and values. Each detail is read here, from the
 installed release's own signatures, and a detail that is not found raises :class:`UnsupportedReleaseError`
 naming the releases CI tests. An upgrade of transformers touches this file only.
 
@@ -40,17 +40,18 @@ from autotp.base.errors import UnsupportedReleaseError
 __all__ = [
     "FORWARD_RELEASES",
     "GENERATION_RELEASES",
+    "RECURRENT_LAYER_TYPES",
     "ReleaseRange",
     "USE_CACHE",
     "cache_call_kwargs",
     "call_kwargs",
     "derive_config_buffers",
     "check_release",
-    "head_shapes",
     "initialize_static_layer",
     "installed_release",
     "is_transformers_model",
     "mask_query_length",
+    "recurrent_state",
     "static_cache_classes",
     "takes_use_cache",
     "traced_kwargs",
@@ -130,27 +131,40 @@ def static_cache_classes() -> tuple[type, type]:
     return StaticCache, StaticLayer
 
 
-def head_shapes(config: Any) -> tuple[int, int]:
-    """``(kv heads, head dim)`` of a text config: the width of one layer's cache rows.
+RECURRENT_LAYER_TYPES = frozenset({"mamba", "recurrent", "conv", "linear_attention", "hybrid", "hybrid_sliding"})
+"""``config.layer_types`` (or ``layers_block_type``) entries of layers that keep a convolution / recurrent state
+(RecurrentGemma's ``"recurrent"`` blocks up to 5.10 keep it in module attributes, which no cache layer marks)."""
 
-    transformers >= 5.1 has ``integrations.executorch.get_head_shapes`` (which also knows configs with
-    a per-layer head shape); older releases derive it from the config's fields as their own
-    ``StaticCache.early_initialization`` callers do (so does a field the helper leaves None)."""
+
+def recurrent_state(model: torch.nn.Module) -> str | None:
+    """What ``model`` keeps between generation steps besides each attention layer's keys and values, in words;
+    None when it keeps keys and values only.
+
+    Read from the installed release: a ``DynamicCache`` built from the text config gives each layer whose state is
+    a convolution and a recurrent (SSM or linear attention) state a ``LinearAttentionCacheLayerMixin`` (5.10 to
+    5.24; their ``StaticCache`` gives 5.10's hybrid layers a plain one); a forward that takes no cache keyword
+    (``cache=`` / ``past_key_values=``) keeps a state of its own, named by the keywords it takes instead. A layer
+    whose ``config.layer_types`` entry is in :data:`RECURRENT_LAYER_TYPES` counts as recurrent too."""
     try:
-        from transformers.integrations.executorch import get_head_shapes
-    except ImportError:
-        get_head_shapes = None
-    kv_heads, head_dim = get_head_shapes(config) if get_head_shapes is not None else (None, None)
-    # a config may leave a field None (Mixtral's head_dim up to 5.10): derived as the cache's callers derive it
-    heads = config.num_attention_heads
-    kv_heads = kv_heads or getattr(config, "num_key_value_heads", None) or heads
-    head_dim = head_dim or getattr(config, "head_dim", None) or config.hidden_size // heads
-    if not (isinstance(kv_heads, int) and isinstance(head_dim, int)):
-        raise UnsupportedReleaseError(
-            f"{type(config).__name__} gives a head shape per layer ({kv_heads!r}, {head_dim!r}); autotp's KV cache "
-            "takes one shape for every layer"
-        )
-    return kv_heads, head_dim
+        from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
+    except ImportError as error:
+        raise _missing("transformers.cache_utils.DynamicCache / LinearAttentionCacheLayerMixin", error) from error
+    config = model.config.get_text_config()
+    layers = DynamicCache(config=config).layers
+    # each layer's kind: layer_types, or layers_block_type where a config names them so (RecurrentGemma up to 5.10)
+    layer_types = list(getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None) or ())
+    recurrent = [i for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionCacheLayerMixin)
+                 or (i < len(layer_types) and layer_types[i] in RECURRENT_LAYER_TYPES)]
+    if recurrent:
+        shown = ", ".join(str(i) for i in recurrent[:8]) + (", ..." if len(recurrent) > 8 else "")
+        return (f"a convolution and a recurrent (SSM / linear attention) state in {len(recurrent)} of its "
+                f"{len(layers)} layers ({shown}), not keys and values per attention head")
+    parameters = _parameters(type(model).forward)
+    if not any(name in parameters for name in ("cache", "past_key_values")):
+        others = [name for name in parameters if "cache" in name and name not in (USE_CACHE, "cache_position")]
+        taken = f" (it takes {', '.join(f'{name}=' for name in others)} instead)" if others else ""
+        return f"a state of its own{taken}, not a cache of keys and values"
+    return None
 
 
 def initialize_static_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:

@@ -56,3 +56,8 @@ class UnsupportedQuantizationError(AutoTPError):
 
 class RuntimeModeError(AutoTPError, ValueError):
     """A runtime mode asked for by name cannot run here (no CUDA device, no C++ compiler, training): says what works."""
+
+
+class UnsupportedModelError(AutoTPError):
+    """A model family whose generation state autotp does not hold (e.g. an SSM or convolution state, not a
+    per-head KV cache): names the family, what it keeps and what works instead."""

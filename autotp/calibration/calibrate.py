@@ -118,6 +118,7 @@ from autotp.cost_model.calibrate import (
 )
 from autotp.cost_model.graph_calibration import GRAPH_FAMILIES, GemmSample, GraphSample, GraphShape
 from autotp.cost_model.hardware import Hardware
+from autotp.runtime.hosts import local_host
 from autotp.runtime.shared_memory import shared_memory_all_reduce_for
 
 __all__ = [
@@ -357,8 +358,9 @@ def measure_collectives(rank: int, world_size: int, config: CalibrationConfig) -
             _say(config.progress and rank == 0,
                  f"gloo {kind:<14} {sample.nbytes / 2**10:>9.1f} KiB over {world_size} ranks: "
                  f"{sample.seconds * 1e6:>9.1f} us")
-    # the all-reduce autotp's inference graphs run instead where the ranks share a host
-    shared = shared_memory_all_reduce_for(world, timeout_s=_SHARED_MEMORY_TIMEOUT_S)
+    # the all-reduce autotp's inference graphs run instead where the ranks share a host (the calibration's ranks
+    # are processes it spawned on this machine)
+    shared = shared_memory_all_reduce_for(world, host=local_host(), timeout_s=_SHARED_MEMORY_TIMEOUT_S)
     for nbytes in config.collective_bytes if shared is not None else ():
         full = torch.ones(max(1, nbytes // 4))
         sample = CollectiveSample(SHARED_MEMORY_KIND, world_size, full.numel() * 4,

@@ -53,8 +53,8 @@ from autotp.cost_model.graph_calibration import (
 )
 from autotp.cost_model.hardware import Hardware
 from autotp.passes.small_collectives import inference_collective_kind
+from autotp.runtime.hosts import host_identity, local_host
 from autotp.runtime.inference_collectives import inference_all_reduces
-from autotp.runtime.shared_memory import host_identity
 
 __all__ = [
     "COLD_SLOT_BYTES",
@@ -730,8 +730,9 @@ def measure_graphs(shapes: Sequence[GraphShape], hardware: Hardware, runs: int) 
     graphs, whole = [], []
     for shape in shapes:
         module, example = block_graph(shape, world_size, group_name)
-        # as autotp.compile runs an inference graph: through shared memory on one host, else one-shot (tp > 2)
-        module = inference_all_reduces(module, None, world_size, timeout_s=_GRAPH_TIMEOUT_S)
+        # as autotp.compile runs an inference graph: through shared memory on one host, else one-shot (tp > 2);
+        # the calibration's ranks are processes it spawned on this machine: one host
+        module = inference_all_reduces(module, None, world_size, host=local_host(), timeout_s=_GRAPH_TIMEOUT_S)
         # its kernels priced at the bandwidth of its own working set (weights and input), as the cost pass does
         weights = sum(t.numel() * t.element_size() for t in module.buffers())
         graphs.append((module, example, at_working_set(hardware, weights + example.numel() * example.element_size())))

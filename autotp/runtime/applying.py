@@ -25,6 +25,7 @@ from autotp.planning.options import PlanOptions
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.group import PlannedAhead, plan_on_first_rank
+from autotp.runtime.hosts import Host
 from autotp.runtime.inference_collectives import inference_all_reduces
 from autotp.runtime.loading import agree_on_success, read_local_values
 from autotp.runtime.shards import parameter_layout, shard_tensor
@@ -46,7 +47,7 @@ def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptio
     return plan
 
 
-def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
+def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int, host: Host,
                files: Any = None, model: torch.nn.Module | None = None, device: torch.device | None = None,
                timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
                created: frozenset[str] = frozenset(),
@@ -57,8 +58,10 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
     With ``files`` (an opened checkpoint) the shards are read from it, agreed by all ranks within
     ``timeout_s`` (``created``: the state buffers made zero there, not read: a KV cache); otherwise they are
     sliced from the captured model's weights. ``training``: the graph differentiates correctly (see
-    :func:`autotp.passes.rewrite.rewrite_for_rank`)."""
-    local_gm, parts = rank_local_graph(captured, plan, group=group, rank=rank, timeout_s=timeout_s, training=training)
+    :func:`autotp.passes.rewrite.rewrite_for_rank`). ``host``: where this rank runs (which ranks of ``group``
+    may share memory: :mod:`autotp.runtime.hosts`)."""
+    local_gm, parts = rank_local_graph(captured, plan, group=group, rank=rank, host=host, timeout_s=timeout_s,
+                                       training=training)
     if files is None:
         local_values = _local_values(captured, plan, parts, rank)
     else:
@@ -67,7 +70,7 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
     return local_gm, local_values, parameter_layout(captured, plan, parts)
 
 
-def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int,
+def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int, host: Host,
                      timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
                      ) -> tuple[torch.fx.GraphModule, Partitions]:
     """This rank's graph of :func:`apply_plan` (state updates in place) and the partitions its shards follow,
@@ -80,7 +83,7 @@ def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.Process
                          training=training),
         captured.state, captured.state_fqns())
     if not training:  # gloo all-reduces through shared memory on one host, else small ones in one round
-        local_gm = inference_all_reduces(local_gm, group, plan.world_size, timeout_s=timeout_s)
+        local_gm = inference_all_reduces(local_gm, group, plan.world_size, host=host, timeout_s=timeout_s)
     return generate_code(local_gm), parts
 
 

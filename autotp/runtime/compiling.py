@@ -34,10 +34,11 @@ from autotp.runtime.checkpointing import checkpointed_graph
 from autotp.runtime.generation import compile_for_generation
 from autotp.runtime.generation_on_demand import ForwardOnDemand, GenerationOnDemand
 from autotp.runtime.group import PlannedAhead, bind_group, plan_ahead
+from autotp.runtime.hosts import Host
 from autotp.runtime.kv_cache import check_causal_lm
 from autotp.runtime.loading import TensorSource, agree_on_success
 from autotp.runtime.module import TensorParallelModule
-from autotp.runtime.options import RuntimeOptions
+from autotp.runtime.options import RuntimeOptions, runtime_host
 from autotp.runtime.runtime_modes import priced_in, resolve_runtime_mode
 from autotp.runtime.saving import open_checkpoint
 from autotp.runtime.shared_trace import FirstRankTrace
@@ -56,6 +57,7 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
     training, progress = options.training, options.progress
     timeout_s = runtime.agreement_timeout_s
     check_weights = runtime.check_weights
+    host = runtime_host(runtime)
     cache = open_trace_cache(runtime.trace_cache, checkpoint)
     ahead: PlannedAhead | None = None
     with ranks_agree(group, timeout_s=timeout_s, what="autotp.compile") as agreement:
@@ -99,8 +101,8 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
         files = agree_on_success(group, lambda: open_checkpoint(checkpoint), timeout_s=timeout_s)
     if max_cache_len is not None:
         generating = compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options,
-                                            plan=plan, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode,
-                                            files=files, device=device, trace_cache=cache)
+                                            plan=plan, group=group, rank=rank, host=host, timeout_s=timeout_s,
+                                            runtime_mode=mode, files=files, device=device, trace_cache=cache)
         generating.generation_config = getattr(model, "generation_config", None)  # generate's defaults, as HF's
         generating.forward_on_demand = ForwardOnDemand(model, group=group, timeout_s=timeout_s, build=functools.partial(
             _compile_forward, world_size=world_size, group=group, checkpoint=checkpoint, options=requested,
@@ -108,7 +110,8 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
         return generating
     plan = plan_or_check(captured, plan, options, group=group, rank=rank, agreement_timeout_s=timeout_s,
                          plan_cache=cache, ahead=ahead)
-    local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, files=files, model=model,
+    local_gm, local_values, layout = apply_plan(captured, plan, group=group, rank=rank, host=host, files=files,
+                                                model=model,
                                                 device=trace_device(example_inputs, example_kwargs),
                                                 timeout_s=timeout_s, training=training)
     if options.activation_checkpointing == "blocks":
@@ -116,8 +119,8 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
     on_demand = None
     if not training and options.outputs == "replicated" and _is_causal_lm(model):
         on_demand = GenerationOnDemand(model, example_inputs, group=group, timeout_s=timeout_s, build=functools.partial(
-            _compile_for_generation, options=options, group=group, rank=rank, timeout_s=timeout_s, runtime_mode=mode,
-            device=device, trace_cache=cache), files=files)
+            _compile_for_generation, options=options, group=group, rank=rank, host=host, timeout_s=timeout_s,
+            runtime_mode=mode, device=device, trace_cache=cache), files=files)
     return TensorParallelModule(captured, local_gm, plan, local_values, rank, layout,
                                 guard=InputGuard(captured, group=group, timeout_s=timeout_s),
                                 training=training, original=model, group=group, generation_on_demand=on_demand,
@@ -145,12 +148,12 @@ def _compile_forward(model: torch.nn.Module, example_inputs: tuple[Any, ...], ex
 
 def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], max_cache_len: int,
                             files: TensorSource | None, *, options: PlanOptions, group: dist.ProcessGroup | None,
-                            rank: int, timeout_s: float, runtime_mode: str, device: torch.device,
+                            rank: int, host: Host, timeout_s: float, runtime_mode: str, device: torch.device,
                             trace_cache: TraceCache | None) -> TensorParallelModule:
     """``compile(model, ..., max_cache_len=max_cache_len)`` after the plain compile that planned with ``options``:
     what :class:`~autotp.runtime.generation_on_demand.GenerationOnDemand` builds on the first ``generate``
     (``files``: the checkpoint that compile read, seen through its module's blocks, or None; ``trace_cache``: that
     compile's)."""
     return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options, plan=None,
-                                  group=group, rank=rank, timeout_s=timeout_s, runtime_mode=runtime_mode,
+                                  group=group, rank=rank, host=host, timeout_s=timeout_s, runtime_mode=runtime_mode,
                                   files=files, device=device, trace_cache=trace_cache)

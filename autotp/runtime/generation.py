@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from autotp.adapters import hf_transformers
-from autotp.base.errors import PlanError, UnsupportedReleaseError
+from autotp.base.errors import PlanError, UnsupportedModelError
 from autotp.base.progress import log_progress
 from autotp.capture import CapturedGraph, capture
 from autotp.cost_model.runtime import graph_host_s
@@ -44,6 +44,7 @@ from autotp.planning.phases import PhaseCandidate, PhaseWeighting, first_rank_al
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S
 from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
+from autotp.runtime.hosts import Host
 from autotp.runtime.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
 from autotp.runtime.loading import TensorSource, match_keys, materialize_hf_buffers, tensor_aliases
 from autotp.runtime.module import TensorParallelModule
@@ -91,14 +92,15 @@ def check_generation_inputs(model: torch.nn.Module, example_inputs: tuple[Any, .
 
 def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ...], *, max_cache_len: int,
                            options: PlanOptions, plan: Plan | None, group: dist.ProcessGroup | None,
-                           rank: int, wrapper: CachedCausalLM | None = None,
+                           rank: int, host: Host, wrapper: CachedCausalLM | None = None,
                            timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, runtime_mode: str = "eager",
                            files: TensorSource | None = None, device: torch.device | None = None,
                            trace_cache: TraceCache | None = None) -> TensorParallelModule:
     """See :func:`autotp.compile` (``max_cache_len``; ``options.expected_new_tokens``) and the module docstring.
 
     ``wrapper``: the cache wrapper to capture instead of ``CachedCausalLM(model)`` (a pipeline stage's:
-    :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``timeout_s``: how long the other ranks wait
+    :class:`autotp.runtime.mesh_generate.StageCachedLM`). ``host``: where this rank runs
+    (:mod:`autotp.runtime.hosts`). ``timeout_s``: how long the other ranks wait
     for rank 0's traced programs (``agreement_timeout_s``). ``files``: an opened checkpoint
     (:func:`autotp.runtime.saving.open_checkpoint`, agreed by every rank) to read this rank's blocks of the
     weights from, once for every graph, onto ``device`` (default: the CPU); the model may then be on meta, and
@@ -137,7 +139,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     if continuation is not None:
         continuation_plan = solve(continuation, None, _continuation_options(decode_plan, prefill_plan, options))
     # one read of each weight (and one cache) for every graph: the prefill graphs take the decode graph's tensors
-    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank,
+    decode_gm, values, parameter_layout = apply_plan(decode, decode_plan, group=group, rank=rank, host=host,
                                                          timeout_s=timeout_s, files=files, model=wrapper, device=device,
                                                          created=frozenset(wrapper.cache_buffer_names()))
 
@@ -145,7 +147,8 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
         """``graph`` made rank-local, its weights and cache taken from the decode graph's tensors."""
         if graph is None or graph_plan is None:
             return None
-        graph_module, parts = rank_local_graph(graph, graph_plan, group=group, rank=rank, timeout_s=timeout_s)
+        graph_module, parts = rank_local_graph(graph, graph_plan, group=group, rank=rank, host=host,
+                                                 timeout_s=timeout_s)
         return PhaseGraph(graph_module, _shared_inputs(graph, graph_plan, parts, rank, decode, values, name),
                           graph_plan)
 
@@ -171,20 +174,21 @@ def _derive_meta_buffers(model: torch.nn.Module, files: TensorSource, device: to
 
 
 def check_cache_is_state(graph: CapturedGraph, wrapper: CachedCausalLM, phase: str) -> None:
-    """Raise :class:`UnsupportedReleaseError` unless every cache buffer of ``wrapper`` is written in ``graph``.
+    """Raise :class:`UnsupportedModelError` unless every cache buffer of ``wrapper`` is written in ``graph``.
 
-    The model writes its keys and values into the cache through transformers' cache interface; where a
-    release takes the cache by another route than :mod:`autotp.adapters.hf_transformers` knows, the model
-    ignores it, attends to each call's own tokens only and generates other tokens with no error. A graph
-    whose cache buffers are not all state (written in place each call) is refused here instead."""
+    The model writes its keys and values into the cache through transformers' cache interface; a model that keeps
+    some of its state another way (module attributes, its own cache object) would ignore the cache there, attend
+    to each call's own tokens only and generate other tokens with no error. The release is one autotp tests
+    (:class:`CachedCausalLM` checked it), so the model is named, not the release."""
     written = set(graph.state_fqns().values())
     missing = [fqn for fqn in wrapper.cache_buffer_names() if fqn not in written]
     if missing:
-        raise UnsupportedReleaseError(
+        raise UnsupportedModelError(
             f"the {phase} graph of {type(wrapper.model).__name__} does not write its KV cache ({len(missing)} of "
-            f"{len(wrapper.cache_buffer_names())} cache buffers untouched, e.g. {missing[0]}): transformers "
-            f"{hf_transformers.installed_release()} passes the cache another way than autotp expects. Generation is "
-            f"tested with transformers {hf_transformers.GENERATION_RELEASES}."
+            f"{len(wrapper.cache_buffer_names())} cache buffers untouched, e.g. {missing[0]}): the model keeps its "
+            f"state another way than transformers' cache layers (checked with transformers "
+            f"{hf_transformers.installed_release()}, a release generation is tested on). autotp's generation holds "
+            "keys and values per attention layer only; the forward compiles without max_cache_len."
         )
 
 

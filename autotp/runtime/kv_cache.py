@@ -11,13 +11,15 @@ against a preallocated cache and returns their logits::
     )                     # -> (batch, S, vocab); (batch, 1, vocab) with last_logits_only=True
 
 The cache tensors (``key_cache_<layer>``, ``value_cache_<layer>``, each
-``(batch, kv_heads, max_cache_len, head_dim)``) are buffers of the wrapper, written with
-``index_copy_`` at ``cache_position``. ``torch.export`` turns those writes into buffer updates,
-which :mod:`autotp.capture` keeps as *state*: the planner chooses the cache's placement like a
-parameter's (split by kv heads where attention is head-parallel, or whole), and the runtime
+``(batch, kv_heads, max_cache_len, head_dim)``, keys and values each with the head size the model writes)
+are buffers of the wrapper, written with ``index_copy_`` at ``cache_position``. ``torch.export`` turns those
+writes into buffer updates, which :mod:`autotp.capture` keeps as *state*: the planner chooses the cache's
+placement like a parameter's (split by kv heads where attention is head-parallel, or whole), and the runtime
 applies the update in place on its own block. Nothing here names a model family: the cache is
-HuggingFace's ``StaticCache`` (its layer sizes come from the model's config), and the positions
-come in as tensors, so one captured graph serves every position.
+HuggingFace's ``StaticCache``, its layers shaped as the model writes them (one call on fake tensors, so a
+latent cache such as DeepSeek-V3's gets the latent's shape), and the positions come in as tensors, so one
+captured graph serves every position. A model that keeps a convolution or recurrent state (Mamba, hybrids)
+is refused with :class:`~autotp.base.errors.UnsupportedModelError` (:func:`check_keys_and_values_only`).
 
 Inside :meth:`CachedCausalLM.first_chunk` a call is the first chunk of a prompt (slots ``0..S-1`` of an
 empty cache): it still writes its keys and values, but attends to those ``S`` only (the mask built for
@@ -35,8 +37,10 @@ from typing import Any
 import torch
 
 from autotp.adapters import hf_transformers
+from autotp.base.errors import AutoTPError, CaptureError, UnsupportedModelError
+from autotp.capture import shapes_only
 
-__all__ = ["CacheLayout", "CachedCausalLM", "check_causal_lm"]
+__all__ = ["CacheLayout", "CachedCausalLM", "check_causal_lm", "check_keys_and_values_only"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +87,19 @@ def check_causal_lm(model: torch.nn.Module) -> None:
         raise TypeError(f"{type(model).__name__} is an encoder-decoder model; autotp generates with decoder-only LMs")
 
 
+_WHAT_WORKS = ("autotp's generation holds a KV cache (keys and values per attention layer, split by heads or "
+               "whole) and no other state. Its forward works: autotp.compile(model, example_inputs=(ids,)) and "
+               "tp(ids).logits; generate with model.generate meanwhile.")
+
+
+def check_keys_and_values_only(model: torch.nn.Module) -> None:
+    """Raise :class:`UnsupportedModelError`, naming the family, where ``model`` keeps a state between generation
+    steps other than keys and values per attention layer (an SSM or convolution state: Mamba, hybrids)."""
+    state = hf_transformers.recurrent_state(model)
+    if state is not None:
+        raise UnsupportedModelError(f"{type(model).__name__} keeps {state}; {_WHAT_WORKS}")
+
+
 def _layer_class() -> type:
     _, static_layer = hf_transformers.static_cache_classes()
 
@@ -96,10 +113,15 @@ def _layer_class() -> type:
 
         positions: torch.Tensor
         first_chunk: bool = False  # the call fills slots 0..S-1 of an empty cache and attends to them only
+        written: tuple[torch.Size, torch.Size] | None = None  # shapes of the last update's keys and values
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            # keys, values: (batch, kv_heads, max_cache_len, head_dim); key_states: (batch, kv_heads, S, head_dim)
+            # keys: (batch, kv_heads, max_cache_len, k_head_dim); key_states: (batch, kv_heads, S, k_head_dim);
+            # values alike with v_head_dim (DeepSeek's latent cache: one "head", kv_lora_rank and rope dims)
+            self.written = (key_states.shape, value_states.shape)
+            if self.keys is None:  # the shapes probe (CachedCausalLM._written_shapes): nothing held yet
+                return key_states, value_states
             self.keys.index_copy_(2, self.positions, key_states)
             self.values.index_copy_(2, self.positions, value_states)
             if self.first_chunk:
@@ -126,11 +148,13 @@ class CachedCausalLM(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, *, batch_size: int, max_cache_len: int,
                  last_logits_only: bool = False, layers: range | None = None,
-                 inputs_device: torch.device | None = None) -> None:
+                 inputs_device: torch.device | None = None, shaped_by: torch.nn.Module | None = None) -> None:
         """``layers``: the decoder layers whose cache this wrapper holds (default: all); a pipeline stage
         holds its own layers' only (:mod:`autotp.runtime.mesh_generate`), the others get no buffer.
         ``inputs_device``: where :meth:`example_inputs` are made (default: the model's device; a model on meta
-        is traced as if on the device of its inputs, :mod:`autotp.capture`)."""
+        is traced as if on the device of its inputs, :mod:`autotp.capture`). ``shaped_by``: the model whose
+        one-token call shapes the cache (default: ``model``; a pipeline stage's view runs a slice of the layers,
+        so it passes the whole model, whose weights and layer indices it shares)."""
         super().__init__()
         check_causal_lm(model)
         for name, value in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
@@ -143,6 +167,7 @@ class CachedCausalLM(torch.nn.Module):
                 f"pass max_cache_len <= {limit}"
             )
         hf_transformers.check_release("generation", hf_transformers.GENERATION_RELEASES)
+        check_keys_and_values_only(model)
         static_cache, _ = hf_transformers.static_cache_classes()
         self.model = model
         self.batch_size = batch_size
@@ -155,19 +180,51 @@ class CachedCausalLM(torch.nn.Module):
         layer_class = _layer_class()
         # every layer holds every slot (a sliding window is applied by the attention mask, not by the cache)
         cache.layers = [layer_class(max_cache_len) for _ in cache.layers]
-        kv_heads, head_dim = hf_transformers.head_shapes(config)
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
         self.inputs_device = device if inputs_device is None else torch.device(inputs_device)
-        held = range(len(cache.layers)) if layers is None else layers
-        for i in held:
-            empty = torch.empty(batch_size, kv_heads, 0, head_dim, dtype=dtype, device=device)
-            hf_transformers.initialize_static_layer(cache.layers[i], empty, empty)
         self.cache = cache
         self.reads_cache = True  # False inside first_chunk()
+        written = self._written_shapes(model if shaped_by is None else shaped_by)
+        # a layer that writes no keys and values (one that reads another layer's) holds no cache
+        held = [i for i in (range(len(cache.layers)) if layers is None else layers) if written[i] is not None]
+        for i in held:
+            (_, k_heads, _, k_dim), (_, v_heads, _, v_dim) = written[i]  # type: ignore[misc]
+            keys = torch.empty(batch_size, k_heads, 0, k_dim, dtype=dtype, device=device)
+            values = torch.empty(batch_size, v_heads, 0, v_dim, dtype=dtype, device=device)
+            hf_transformers.initialize_static_layer(cache.layers[i], keys, values)
         for i in held:
             self.register_buffer(f"key_cache_{i}", cache.layers[i].keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", cache.layers[i].values, persistent=False)
+
+    def _written_shapes(self, model: torch.nn.Module) -> list[tuple[torch.Size, torch.Size] | None]:
+        """Per cache layer, the shapes of the keys and values ``model`` writes for one token at batch 1 (None
+        where it writes none), from one call on fake tensors (:func:`autotp.capture.shapes_only`): the cache is
+        shaped as the model writes it, whatever its config says (keys and values of their own head dims, a
+        latent, a per-layer head count)."""
+        device = self.inputs_device if self.inputs_device.type != "meta" else torch.device("cpu")
+        for layer in self.cache.layers:
+            layer.written = None
+        try:
+            with shapes_only(model, device), self.first_chunk():
+                ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+                self._bind_cache(torch.zeros(1, dtype=torch.long, device=device))
+                model(input_ids=ids, position_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                      **hf_transformers.cache_call_kwargs(model, self.cache, ids[0]))
+        except AutoTPError:
+            raise
+        except Exception as error:  # any failure of the model's own code, named with its cause
+            raise CaptureError(
+                f"could not run {type(model).__name__} on one token to find the shapes of its KV cache "
+                f"({type(error).__name__}: {error})"
+            ) from error
+        written = [layer.written for layer in self.cache.layers]
+        if not any(written):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} writes no keys and values through transformers' cache: it keeps its "
+                f"state another way. {_WHAT_WORKS}"
+            )
+        return written
 
     @property
     def own_layers(self) -> list[int]:

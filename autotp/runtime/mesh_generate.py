@@ -60,7 +60,7 @@ from autotp.runtime.mesh import (
     replica_sizes,
 )
 from autotp.runtime.module import TensorParallelModule
-from autotp.runtime.options import RuntimeOptions
+from autotp.runtime.options import RuntimeOptions, runtime_host
 from autotp.runtime.rank_local import GenerationGraphs
 
 __all__ = ["MeshGenerationModule", "StageCachedLM", "compile_generation_on_mesh", "stage_view"]
@@ -165,7 +165,7 @@ class StageCachedLM(CachedCausalLM):
                  max_cache_len: int) -> None:
         view, inject, tap = stage_view(model, first, stop, last=last)
         super().__init__(view, batch_size=batch_size, max_cache_len=max_cache_len, last_logits_only=True,
-                         layers=range(first, stop))
+                         layers=range(first, stop), shaped_by=model)
         # plain attributes, not submodules: they are inside self.model already
         self.__dict__["_inject"] = inject
         self.__dict__["_tap"] = tap
@@ -361,6 +361,7 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
         wrapper = StageCachedLM(model, stage.first_block, stage.stop_block, last=stage_index == shape.pp - 1,
                                 batch_size=rows, max_cache_len=max_cache_len)
     module = compile_for_generation(model, (ids,), max_cache_len=max_cache_len, options=options, plan=None,
-                                    group=tp_group, rank=dist.get_rank(tp_group), wrapper=wrapper, timeout_s=timeout_s)
+                                    group=tp_group, rank=dist.get_rank(tp_group), host=runtime_host(runtime),
+                                    wrapper=wrapper, timeout_s=timeout_s)
     return MeshGenerationModule(plan, mesh, module, hidden_size=int(model.get_input_embeddings().weight.shape[-1]),
                                 dtype=next(model.parameters()).dtype, seed_offset=mesh_coordinate(mesh, "dp"))

@@ -2,9 +2,10 @@
 
 :class:`RuntimeOptions` holds what ``autotp.compile`` and its siblings need besides planning
 (:class:`~autotp.planning.options.PlanOptions`): whether the ranks compare weight checksums, how
-long a rank waits for the others at any exchange, the trace cache, and how the rank-local graphs run
+long a rank waits for the others at any exchange, the trace cache, how the rank-local graphs run
 (``runtime_mode``: node by node, compiled by Inductor, or compiled and captured as a CUDA graph; see
-:mod:`autotp.runtime.runtime_modes`). Validated where built.
+:mod:`autotp.runtime.runtime_modes`), and which host this rank runs on (``host``, from the launcher's
+variables: :func:`runtime_options` is the one place the runtime reads them). Validated where built.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import dataclasses
 import os
 
 from autotp.runtime.agreement import DEFAULT_AGREEMENT_TIMEOUT_S, check_timeout
+from autotp.runtime.hosts import Host, this_host
 
-__all__ = ["RUNTIME_MODE_CHOICES", "RuntimeOptions", "runtime_options"]
+__all__ = ["RUNTIME_MODE_CHOICES", "RuntimeOptions", "runtime_host", "runtime_options"]
 
 RUNTIME_MODE_CHOICES = ("auto", "eager", "compiled", "cuda_graph")
 """What ``RuntimeOptions(runtime_mode=...)`` takes: ``"auto"`` (``cuda_graph`` on CUDA, ``eager`` on the CPU)
@@ -40,12 +42,16 @@ class RuntimeOptions:
             (compiled, the decode step captured once and replayed per token; CUDA only), or ``"auto"``
             (``cuda_graph`` on CUDA devices, ``eager`` on the CPU). The plan is priced in the mode that
             runs (``Hardware.runtime_mode``). See docs/generation.md.
+        host: which host this rank runs on (:class:`autotp.runtime.hosts.Host`), which decides where the
+            shared-memory collectives run; ``None`` for the launcher's word (torchrun's ``GROUP_RANK``, or
+            ``RANK - LOCAL_RANK``), else the hostname (docs/hosts.md).
     """
 
     check_weights: bool = True
     agreement_timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S
     trace_cache: bool | str | os.PathLike[str] | None = None
     runtime_mode: str = "auto"
+    host: Host | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.check_weights, bool):
@@ -58,11 +64,15 @@ class RuntimeOptions:
         if self.runtime_mode not in RUNTIME_MODE_CHOICES:
             raise ValueError(f"runtime_mode must be one of {', '.join(map(repr, RUNTIME_MODE_CHOICES))}, got "
                              f"{self.runtime_mode!r}; e.g. autotp.RuntimeOptions(runtime_mode='compiled')")
+        if self.host is not None and not isinstance(self.host, Host):
+            raise TypeError(f"host must be an autotp.runtime.hosts.Host or None, got {type(self.host).__name__}; "
+                            "leave it None to read the launcher's variables (torchrun's GROUP_RANK, LOCAL_RANK)")
 
 
 def runtime_options(options: RuntimeOptions | None, *, trace_cache: bool = False) -> RuntimeOptions:
     """``options`` (default ``RuntimeOptions()``) with ``trace_cache=None`` resolved to the entry point's
-    default ``trace_cache``; a TypeError saying what to pass for anything else."""
+    default ``trace_cache`` and ``host=None`` to this rank's host from the launcher's variables in
+    ``os.environ`` (the one place the runtime reads them); a TypeError saying what to pass for anything else."""
     if options is None:
         options = RuntimeOptions()
     elif not isinstance(options, RuntimeOptions):
@@ -70,4 +80,16 @@ def runtime_options(options: RuntimeOptions | None, *, trace_cache: bool = False
                         "runtime=autotp.RuntimeOptions(agreement_timeout_s=600)")
     if options.trace_cache is None:
         options = dataclasses.replace(options, trace_cache=trace_cache)
+    if options.host is None:
+        options = dataclasses.replace(options, host=this_host(os.environ))
     return options
+
+
+def runtime_host(options: RuntimeOptions) -> Host:
+    """``options.host``, which :func:`runtime_options` sets at the front door; a ValueError that says so where
+    the options did not pass through it (the runtime never reads the launcher's variables below the front)."""
+    if options.host is None:
+        raise ValueError("the runtime options reached the runtime without a host; pass them through "
+                         "autotp.runtime.options.runtime_options(...) at the front door (it reads the launcher's "
+                         "variables), or give RuntimeOptions(host=autotp.runtime.hosts.this_host(os.environ))")
+    return options.host

@@ -63,8 +63,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
-import socket
 import time
 import uuid
 import warnings
@@ -76,9 +74,9 @@ import torch.distributed as dist
 from autotp.base.errors import AutoTPError, RankTimeoutError
 from autotp.cost_model.collectives import uses_shared_memory_all_reduce
 from autotp.passes.small_collectives import StandInCollective
+from autotp.runtime.hosts import Host, one_host
 
-__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "host_identity",
-           "shared_memory_all_reduce_for"]
+__all__ = ["DEFAULT_SLOT_BYTES", "SharedMemoryAllGather", "SharedMemoryAllReduce", "shared_memory_all_reduce_for"]
 
 DEFAULT_SLOT_BYTES = 1 << 20
 """Bytes of one rank's slot: larger tensors go through in chunks of this size (a prefill's
@@ -89,17 +87,6 @@ _LINE_INT64 = _LINE_BYTES // 8
 _SPINS_PER_CLOCK_READ = 16
 _SPIN_S = 100e-6  # how long a rank of an oversubscribed group spins before it sleeps between looks
 _SLEEP_S = 50e-6
-
-
-def host_identity() -> tuple[str, str, str]:
-    """(hostname, boot id, machine) of this process: ranks with equal identities share ``/dev/shm``
-    (the boot id tells apart two containers that reuse a hostname on different machines)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            boot_id = f.read().strip()
-    except OSError:
-        boot_id = ""
-    return socket.gethostname(), boot_id, platform.machine()
 
 
 class SharedMemoryAllReduce(StandInCollective):
@@ -251,13 +238,14 @@ class SharedMemoryAllGather(StandInCollective):
         return self.segment.all_gather(x)
 
 
-def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: float,
+def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, host: Host, timeout_s: float,
                                  slot_bytes: int = DEFAULT_SLOT_BYTES,
                                  device_type: str = "cpu") -> SharedMemoryAllReduce | None:
     """A :class:`SharedMemoryAllReduce` on ``group``, or None where the ranks keep gloo.
 
-    Collective: every rank of ``group`` calls it at the same point. None (on every rank alike) when
-    :func:`~autotp.cost_model.collectives.uses_shared_memory_all_reduce` says no (another backend,
+    Collective: every rank of ``group`` calls it at the same point, with ``host`` where it runs
+    (:class:`~autotp.runtime.hosts.Host`: the launcher's node where it names one). None (on every rank alike)
+    when :func:`~autotp.cost_model.collectives.uses_shared_memory_all_reduce` says no (another backend,
     ranks on several hosts, not x86-64, or some rank's tensors not in host memory: ``device_type``, the
     device of the tensors this rank would sum), or when the segment cannot be made (a warning names why).
     """
@@ -270,11 +258,11 @@ def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: 
         return None
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     path = f"/dev/shm/autotp-all-reduce-{uuid.uuid4().hex}"
-    identities = exchange((host_identity(), path, device_type), group=group, timeout_s=timeout_s,
+    identities = exchange((host, path, device_type), group=group, timeout_s=timeout_s,
                           what="the shared-memory all-reduce's host check")
-    machine = identities[0][0][2]
+    machine = identities[0][0].machine
     devices = {device for _, _, device in identities}
-    if not uses_shared_memory_all_reduce(backend=backend, one_host=len({i for i, _, _ in identities}) == 1,
+    if not uses_shared_memory_all_reduce(backend=backend, one_host=one_host([h for h, _, _ in identities]),
                                          machine=machine, device_type="cpu" if devices == {"cpu"} else "other"):
         return None
     path = identities[0][1]  # rank 0's name

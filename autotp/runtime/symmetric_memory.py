@@ -40,7 +40,7 @@ import torch.distributed as dist
 from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, symmetric_memory_takes, uses_symmetric_memory_all_reduce
 from autotp.passes.small_collectives import StandInCollective
 from autotp.runtime.agreement import exchange, exchanges_with_others
-from autotp.runtime.shared_memory import host_identity
+from autotp.runtime.hosts import Host, one_host
 
 __all__ = ["SymmetricMemoryAllReduce", "has_kernel", "sum_in_symmetric_memory",
            "symmetric_memory_all_reduce_for"]
@@ -101,20 +101,20 @@ class SymmetricMemoryAllReduce(StandInCollective):
         return torch.ops.autotp.symmetric_memory_all_reduce.default, self.buffer, (self.group_name, self.world_size)
 
 
-def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, timeout_s: float,
+def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, host: Host, timeout_s: float,
                                     device: torch.device) -> SymmetricMemoryAllReduce | None:
     """A :class:`SymmetricMemoryAllReduce` on ``group``, or None where the ranks keep the backend's all-reduce.
 
-    Collective: every rank of ``group`` calls it at the same point, with ``device`` the device of the tensors
-    it would sum. None (on every rank alike) when
+    Collective: every rank of ``group`` calls it at the same point, with ``host`` where it runs
+    (:class:`~autotp.runtime.hosts.Host`) and ``device`` the device of the tensors it would sum. None (on every rank alike) when
     :func:`~autotp.cost_model.collectives.uses_symmetric_memory_all_reduce` says no (ranks on several hosts,
     some rank's tensors not on CUDA, a torch without the kernel), or when the buffer cannot be made or mapped
     (a warning names why)."""
     if not exchanges_with_others(group):
         return None
-    facts = exchange((host_identity()[:2], device.type, has_kernel()), group=group, timeout_s=timeout_s,
+    facts = exchange((host, device.type, has_kernel()), group=group, timeout_s=timeout_s,
                      what="the symmetric-memory all-reduce's host check")
-    if not uses_symmetric_memory_all_reduce(one_host=len({host for host, _, _ in facts}) == 1,
+    if not uses_symmetric_memory_all_reduce(one_host=one_host([h for h, _, _ in facts]),
                                             device_types={kind for _, kind, _ in facts},
                                             has_kernel=all(kernel for _, _, kernel in facts)):
         return None
