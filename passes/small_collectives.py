@@ -1,7 +1,7 @@
 """Faster all-reduces for inference graphs: in symmetric memory on CUDA, through shared memory on one
 host, else one-shot on gloo.
 
-:func:`autotp.runtime.inference_collectives.inference_all_reduces` is what :func:`autotp.api.apply_plan` runs
+:func:`autotp.runtime.inference_collectives.inference_all_reduces` is what :func:`autotp.runtime.applying.apply_plan` runs
 on every inference graph. Where the group's ranks share one host and their tensors are on CUDA devices, small
 sum all-reduces run as PyTorch's one-shot kernel in symmetric memory (:mod:`autotp.runtime.symmetric_memory`).
 Where a gloo group's ranks share one x86-64 host

@@ -216,7 +216,7 @@ def generate(tp: RankLocalModel, input_ids: torch.Tensor, attention_mask: torch.
 
     A model compiled without ``max_cache_len`` (a plain compile of a causal LM) builds its generation
     graphs on the first call, with a KV cache sized for the request, and again when a later request
-    needs more (see :mod:`autotp.generation_on_demand`).
+    needs more (see :mod:`autotp.runtime.generation_on_demand`).
     """
     check_stop_check_every(stop_check_every)
     if stop_check_every is None:

@@ -1,6 +1,6 @@
 """The form each collective of an inference graph takes on its group, decided alike on every rank.
 
-:func:`inference_all_reduces` is what :func:`autotp.api.apply_plan` runs on every inference graph, in this order:
+:func:`inference_all_reduces` is what :func:`autotp.runtime.applying.apply_plan` runs on every inference graph, in this order:
 
 Which ranks share a host is the launcher's word where it gives one (:class:`autotp.runtime.hosts.Host`, read
 once at the front of the runtime and passed down): ranks on two nodes of a launcher take the backend's

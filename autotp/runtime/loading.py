@@ -4,7 +4,7 @@ A :class:`Checkpoint` is one ``.safetensors`` file, a directory holding one, or 
 several files and an index (``model.safetensors.index.json``, as transformers writes them). Its
 headers (names, shapes, dtypes, byte ranges) are parsed once, without mapping any data, so every
 problem with the files is found *before* anything is read. :func:`read_local_values` then reads,
-for each parameter, only the block this rank holds — the block :func:`autotp.runtime.module.local_block`
+for each parameter, only the block this rank holds — the block :func:`autotp.runtime.shards.local_block`
 computes from the plan and the uneven-split cuts, the same one the rewritten graph expects — with
 ``safetensors.safe_open(...).get_slice(...)`` (memory-mapped). Each file is opened for one tensor
 at a time, so the pages a column slice touches are unmapped again before the next tensor: the
@@ -64,7 +64,7 @@ class TensorEntry:
 
 
 Block = tuple[int, list[tuple[int, int]]]
-"""``(dim, [(start, stop), ...])``: the ranges of one dim a rank holds (see :func:`autotp.runtime.module.local_block`)."""
+"""``(dim, [(start, stop), ...])``: the ranges of one dim a rank holds (see :func:`autotp.runtime.shards.local_block`)."""
 
 
 @dataclass(frozen=True)

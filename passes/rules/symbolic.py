@@ -3,7 +3,7 @@
 A graph exported with dynamic shapes reads sizes at run time: ``sym_size.int(x, 1)`` is the
 sequence length of ``x``, and Python arithmetic on it (``operator.mul``, ``floordiv``, ...) or
 runtime asserts (``_assert_scalar``) follow. These nodes compute scalars, not tensors: they are
-no input slots of their consumers (:func:`autotp.passes.rules.holds_tensor`) and carry no
+no input slots of their consumers (:func:`autotp.passes.rules.args.holds_tensor`) and carry no
 placement of their own (``Replicate``).
 
 ``sym_size.int(x, d)`` reads a dim that is never split (only static dims are split, see
