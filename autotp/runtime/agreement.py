@@ -206,7 +206,9 @@ def _exchange(store: dist.Store, value: Any, *, world_size: int, rank: int, time
             raise AgreementError(_disagreement_message(disagreement(records) or ([], ""), len(records), failed_at[0]))
         where = "; ".join(f"{_ranks(ranks)} at {place}" for place, ranks in places.items())
         raise AgreementError(f"the ranks are at different points of the program: {where}. Every rank must make "
-                             "the same autotp calls in the same order (run the same script on every rank).")
+                             "the same autotp calls in the same order (run the same script on every rank). If an "
+                             "earlier autotp call failed on some ranks of these same processes, their exchanges are "
+                             "out of step since: start every rank anew.")
     return values
 
 
