@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from generation_models import RECURRENT_STATE, tiny_deepseek_v3, tiny_gemma, tiny_phi, tiny_recurrent
+from generation_models import RECURRENT_GENERATES, RECURRENT_STATE, tiny_deepseek_v3, tiny_gemma, tiny_phi, tiny_recurrent
 from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
@@ -59,9 +59,9 @@ def test_cache_is_shaped_as_the_model_writes_it() -> None:
     assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
 
 
-@pytest.mark.parametrize("family", RECURRENT_STATE)
+@pytest.mark.parametrize("family", [f for f in RECURRENT_STATE if f not in RECURRENT_GENERATES])
 def test_a_recurrent_state_is_refused_naming_the_family(family: str) -> None:
-    """No process group, tiny Mamba, Mamba2 and the hybrids Jamba, Qwen3-Next, Falcon-H1, RecurrentGemma: planning
+    """No process group, the hybrids Jamba, Qwen3-Next, Falcon-H1, RecurrentGemma: planning
     generation raises UnsupportedModelError naming the model class and its convolution / recurrent state, and
     saying that the forward compiles, before anything is traced (not a release error, not a tracing hint)."""
     model, (ids,), _ = tiny_recurrent(family, batch=1, seq_len=4)
@@ -70,6 +70,36 @@ def test_a_recurrent_state_is_refused_naming_the_family(family: str) -> None:
     message = str(caught.value)
     for part in (type(model).__name__, "recurrent", "autotp.compile(model, example_inputs=(ids,))"):
         assert part in message, f"expected {part!r} in: {message}"
+
+
+def test_mamba_states_are_graph_state_split_with_in_proj() -> None:
+    """No process group, tp=2 planned, tiny Mamba (2 layers, 128 channels, conv kernel 4, state size 8), batch 2: the
+    wrapper holds a convolution state (2, 128, 4) and an SSM state (2, 128, 8) per layer and no KV cache; its first
+    chunk (6 tokens) then one decode call give the model's whole-sequence logits; the decode plan splits every
+    state by channels (S(1)) with in_proj's output (S(0)), and the plan counts them as state."""
+    model, (ids,), _ = tiny_recurrent("mamba", batch=2, seq_len=7)
+    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=16)
+    shapes = {name: tuple(buffer.shape) for name, buffer in wrapper.named_buffers()}
+    expected_shapes = {**{f"conv_state_{i}": (2, 128, 4) for i in range(2)},
+                       **{f"ssm_state_{i}": (2, 128, 8) for i in range(2)}}
+    assert shapes == expected_shapes, f"expected buffers {expected_shapes}, got {shapes}"
+    mask = torch.zeros(2, 16, dtype=torch.long)
+    mask[:, :7] = 1
+    positions = torch.arange(7).expand(2, 7)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits  # (2, 7, vocab)
+        with wrapper.first_chunk():
+            prefill = wrapper(ids[:, :6], positions[:, :6], torch.arange(6), mask)
+        decode = wrapper(ids[:, 6:], positions[:, 6:], torch.tensor([6]), mask)
+    diff = max((prefill - expected[:, :6]).abs().max().item(), (decode - expected[:, 6:]).abs().max().item())
+    assert diff < 1e-4, f"max abs diff {diff:.3g} between stepped and whole-sequence logits, expected < 1e-4"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = autotp.plan(model, (ids[:, :6],), world_size=2, max_cache_len=16)
+    states = {k: v for k, v in plan.parameters.items() if "_state_" in k}
+    assert states == dict.fromkeys(expected_shapes, "S(1)"), f"expected every state S(1), got {states}"
+    in_proj = {k: v for k, v in plan.parameters.items() if k.endswith("in_proj.weight")}
+    assert all(p.startswith("S(0)") for p in in_proj.values()), f"expected in_proj split by outputs, got {in_proj}"
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "gemma", "gpt2", "phi", "qwen2", "mixtral"])

@@ -230,8 +230,12 @@ def bind_recurrent_state(layer: Any, state: RecurrentLayerState | None) -> None:
             getattr(layer, name)[0] = value
         else:
             setattr(layer, name, value)
-    if state is not None and isinstance(getattr(layer, "conv_kernel_size", None), dict):
-        layer.conv_kernel_size[0] = int(state.conv.shape[-1])
+    if state is not None:  # what lazy initialisation sets: the decode path reads the device, rolls by the kernel
+        layer.dtype, layer.device = state.conv.dtype, state.conv.device
+        if isinstance(getattr(layer, "conv_kernel_size", None), dict):
+            layer.conv_kernel_size[0] = int(state.conv.shape[-1])
+        else:
+            layer.conv_kernel_size = int(state.conv.shape[-1])
 
 
 def _state_attribute(layer: Any, name: str) -> torch.Tensor | None:
