@@ -11,7 +11,14 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from generation_models import RECURRENT_GENERATES, RECURRENT_STATE, tiny_deepseek_v3, tiny_gemma, tiny_phi, tiny_recurrent
+from generation_models import (
+    RECURRENT_GENERATES,
+    RECURRENT_STATE,
+    tiny_deepseek_v3,
+    tiny_gemma,
+    tiny_phi,
+    tiny_recurrent,
+)
 from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
