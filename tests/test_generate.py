@@ -422,3 +422,29 @@ def test_mamba_generates_with_its_states_split_with_in_proj(gloo, world_size: in
             assert result["shorter_prefill_len"] == 4, (
                 f"rank {rank}: expected a prefill graph of 4 tokens for the shorter prompt, got "
                 f"{result['shorter_prefill_len']}")
+
+
+def _mamba2_greedy(rank: int, world_size: int) -> dict[str, Any]:
+    model, (ids,), _ = tiny_recurrent("mamba2", batch=2, seq_len=6)
+    model.generation_config.pad_token_id = 0  # no "setting pad_token_id" warning from HF generate
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids,))
+        got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
+    built = tp.generation_on_demand.built
+    config = model.config
+    channels = config.num_heads * config.head_dim + 2 * config.n_groups * config.state_size  # x, B and C convolved
+    whole = config.num_hidden_layers * 2 * (channels * config.conv_kernel
+                                            + config.num_heads * config.head_dim * config.state_size) * 4
+    return {"got": got.tolist(), "expected": expected.tolist(), "cache_bytes": built.cache_bytes(),
+            "full_cache_bytes": whole,
+            "cache_placements": {k: v for k, v in built.plan.parameters.items() if "_state_" in k}}
+
+
+def test_mamba2_generates_with_its_states_as_graph_state(gloo) -> None:
+    """tp=2, tiny Mamba2 (8 heads of 16, state size 8, one group: a convolution state over x, B and C and an SSM state
+    (batch, 8, 16, 8) per layer), plain compile, batch 2, prompt 6, 8 new tokens: greedy equals HF's generate on
+    every rank, and each rank holds a block of the states below the whole (the solver places them)."""
+    results = gloo.run(2, _mamba2_greedy)
+    _check_other_cache(results, 6)
