@@ -18,8 +18,14 @@ placement like a parameter's (split by kv heads where attention is head-parallel
 applies the update in place on its own block. Nothing here names a model family: the cache is
 HuggingFace's ``StaticCache``, its layers shaped as the model writes them (one call on fake tensors, so a
 latent cache such as DeepSeek-V3's gets the latent's shape), and the positions come in as tensors, so one
-captured graph serves every position. A model that keeps a convolution or recurrent state (Mamba, hybrids)
-is refused with :class:`~autotp.base.errors.UnsupportedModelError` (:func:`check_keys_and_values_only`).
+captured graph serves every position.
+
+A model whose every layer keeps a convolution and an SSM state (Mamba, Mamba2) gets buffers ``conv_state_<layer>``
+and ``ssm_state_<layer>`` instead (shaped as the model writes them), held in a transformers cache bound to them at
+each call (:mod:`autotp.adapters.hf_transformers`): a first chunk runs the model's prefill path from an empty state
+and its new states are copied into the buffers; any other call runs its decode path, which updates them in place.
+Hybrids (attention in some layers) are refused with :class:`~autotp.base.errors.UnsupportedModelError`
+(:func:`check_keys_and_values_only`).
 
 Inside :meth:`CachedCausalLM.first_chunk` a call is the first chunk of a prompt (slots ``0..S-1`` of an
 empty cache): it still writes its keys and values, but attends to those ``S`` only (the mask built for
@@ -91,7 +97,8 @@ def check_causal_lm(model: torch.nn.Module) -> None:
 
 
 _WHAT_WORKS = ("autotp's generation holds a KV cache (keys and values per attention layer, split by heads or "
-               "whole) and no other state. Its forward works: autotp.compile(model, example_inputs=(ids,)) and "
+               "whole), or a convolution and an SSM state in every layer (Mamba, Mamba2), not a mix of them and no "
+               "other state. Its forward works: autotp.compile(model, example_inputs=(ids,)) and "
                "tp(ids).logits; generate with model.generate meanwhile.")
 
 
