@@ -405,3 +405,18 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     wrong[cache] = torch.zeros(1)
     with pytest.raises(PlanError, match="key_cache_0: the prefill plan's shard"):
         _shared_inputs(prefill, prefill_plan, parts, 1, decode, wrong, "prefill")
+
+
+def test_a_recurrent_state_refuses_a_prompt_shorter_than_its_prefill_graph() -> None:
+    """No process group, a layout with a recurrent state and a prefill graph of 6 tokens (tp=2): a 4-token prompt is
+    refused with a ValueError saying to compile with shorter example ids (only the prefill graph starts the state
+    empty; a decode call would read the previous request's state); a KV-cache layout takes it token by token."""
+    from autotp.runtime.generate import check_request
+    from autotp.runtime.kv_cache import CacheLayout
+
+    recurrent = CacheLayout(batch_size=2, max_cache_len=32, prefill_len=6, vocab_size=1000, recurrent=True)
+    prompt = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError) as caught:
+        check_request(recurrent, 2, prompt, None, 8, False, None)
+    assert "compile with example ids of 4 tokens" in str(caught.value), f"expected the fix in: {caught.value}"
+    check_request(dataclasses.replace(recurrent, recurrent=False), 2, prompt, None, 8, False, None)

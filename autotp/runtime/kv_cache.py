@@ -344,23 +344,24 @@ class CachedCausalLM(torch.nn.Module):
         buffers (its decode path, which updates them in place). The model gets the padding mask of the call's
         own tokens; positions are implied by the state."""
         cache = hf_transformers.recurrent_cache(self.model)
-        for i, layer in enumerate(cache.layers):
+        held = self.own_layers  # all, or the few layers of the twin that autotp.stamping traces
+        for i in held:
             conv, ssm = (getattr(self, name) for name in self._state_names(i))  # through the module: buffer updates
             hf_transformers.bind_recurrent_state(
-                layer, hf_transformers.RecurrentLayerState(conv, ssm) if self.reads_cache else None)
+                cache.layers[i], hf_transformers.RecurrentLayerState(conv, ssm) if self.reads_cache else None)
         mask = attention_mask[:, :input_ids.shape[1]] if not self.reads_cache else attention_mask.index_select(
             1, cache_position)  # (batch, S)
         out = self.model(input_ids=input_ids, attention_mask=mask, use_cache=True,
                          **hf_transformers.recurrent_cache_kwargs(self.model, cache), **self._logits_kwargs())
-        for i, layer in enumerate(cache.layers):
-            state = hf_transformers.recurrent_state_tensors(layer)
+        for i in held:
+            state = hf_transformers.recurrent_state_tensors(cache.layers[i])
             for name, new in zip(self._state_names(i), (None, None) if state is None else (state.conv, state.recurrent),
                                  strict=True):
-                held = getattr(self, name)
+                buffer = getattr(self, name)
                 if new is None:
                     raise UnsupportedModelError(f"{type(self.model).__name__} left the state of layer {i} unwritten")
-                if new is not held:  # the prefill path's new tensors; the decode path wrote the buffers in place
-                    held.copy_(new)
+                if new is not buffer:  # the prefill path's new tensors; the decode path wrote the buffers in place
+                    buffer.copy_(new)
         logits = out.logits  # (batch, S, vocab), or (batch, 1, vocab) with last_logits_only
         return logits[:, -1:] if self.logits_to_keep and logits.shape[1] != 1 else logits
 
