@@ -420,3 +420,28 @@ def test_a_recurrent_state_refuses_a_prompt_shorter_than_its_prefill_graph() -> 
         check_request(recurrent, 2, prompt, None, 8, False, None)
     assert "compile with example ids of 4 tokens" in str(caught.value), f"expected the fix in: {caught.value}"
     check_request(dataclasses.replace(recurrent, recurrent=False), 2, prompt, None, 8, False, None)
+
+
+def test_a_deep_mamba_is_stamped_with_its_states() -> None:
+    """No process group, tiny Mamba of 5 layers (4 or more: a candidate for stamping, which exports it whole today,
+    refusing the lower-cased placeholder name of ``A_log``): the decode and prefill graphs write the convolution and
+    SSM states of all five layers as state, and generation's check finds none unwritten."""
+    import transformers as hf
+
+    from autotp.runtime.generation import check_cache_is_state
+
+    torch.manual_seed(0)
+    config = hf.MambaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=5, state_size=8, use_cache=False)
+    wrapper = CachedCausalLM(hf.MambaForCausalLM(config).eval(), batch_size=2, max_cache_len=16,
+                             last_logits_only=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
+        with wrapper.first_chunk():
+            prefill = capture(wrapper, wrapper.example_inputs(6), dynamic=False)
+    names = sorted(wrapper.cache_buffer_names())
+    assert len(names) == 10, f"expected 10 state buffers (5 layers x conv, ssm), got {names}"
+    for phase, graph in (("decode", decode), ("prefill", prefill)):
+        written = sorted(graph.state_fqns().values())
+        assert written == names, f"{phase}: expected every state written {names}, got {written}"
+        check_cache_is_state(graph, wrapper, phase)
