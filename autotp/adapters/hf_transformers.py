@@ -3,7 +3,9 @@
 transformers changes the details autotp relies on between releases: the forward keyword that takes
 a cache (``past_key_values=`` up to 5.23, ``cache=`` from 5.24), whether the model's forward takes
 ``cache_position``, the signatures of ``StaticLayer.lazy_initialization`` and ``get_mask_sizes``,
-how a cache marks the layers that keep a recurrent state instead of keys and values. Each detail is read here, from the
+how a cache marks the layers that keep a recurrent state instead of keys and values, how such a layer holds its
+convolution and recurrent states (one tensor each up to 5.10, a dict by state index from 5.24; Mamba's forward takes
+it as ``cache_params=`` up to 5.23, ``cache=`` from 5.24; :func:`bind_recurrent_state`). Each detail is read here, from the
 installed release's own signatures, and a detail that is not found raises :class:`UnsupportedReleaseError`
 naming the releases CI tests. An upgrade of transformers touches this file only.
 
