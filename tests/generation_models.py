@@ -12,7 +12,7 @@ from typing import Any
 
 from models import BATCH, SEQ_LEN, VOCAB_SIZE, ModelAndInputs, _build, _token_ids
 
-__all__ = ["RECURRENT_STATE", "tiny_deepseek_v3", "tiny_gemma", "tiny_gpt_neox", "tiny_gpt_oss", "tiny_phi",
+__all__ = ["RECURRENT_GENERATES", "RECURRENT_STATE", "tiny_deepseek_v3", "tiny_gemma", "tiny_gpt_neox", "tiny_gpt_oss", "tiny_phi",
            "tiny_recurrent", "tiny_starcoder2"]
 
 
@@ -139,6 +139,10 @@ def _recurrent_config(family: str) -> tuple[Any, type]:
 
 RECURRENT_STATE = ("mamba", "mamba2", "jamba", "qwen3_next", "falcon_h1", "recurrent_gemma")
 """Families that keep a convolution and recurrent (SSM / linear attention) state, all or some of their layers."""
+
+RECURRENT_GENERATES = ("mamba", "mamba2")
+"""Of :data:`RECURRENT_STATE`, the families that generate (every layer a convolution and an SSM state, held as graph
+state); the others are refused with ``UnsupportedModelError``."""
 
 
 def tiny_recurrent(family: str, *, batch: int = BATCH, seq_len: int = SEQ_LEN, seed: int = 0) -> ModelAndInputs:

@@ -360,28 +360,91 @@ def test_gpt_oss_sinks_and_sliding_window_greedy_matches_hf(gloo) -> None:
         assert set(result["cache_placements"].values()) == {"S(1)"}, f"rank {rank}: {result['cache_placements']}"
 
 
-def _recurrent_plain(rank: int, world_size: int) -> dict[str, Any]:
+def _state_bytes(model: torch.nn.Module, batch: int) -> int:
+    """Bytes of the whole convolution and SSM states of a tiny Mamba: layers x batch x intermediate x
+    (conv kernel + state size) x 4 (float32)."""
+    config = model.config
+    return config.num_hidden_layers * batch * config.intermediate_size * (config.conv_kernel + config.state_size) * 4
+
+
+def _recurrent_greedy(rank: int, world_size: int, other_prompts: bool) -> dict[str, Any]:
     model, (ids,), _ = tiny_recurrent("mamba", batch=2, seq_len=6)
+    model.generation_config.pad_token_id = 0  # no "setting pad_token_id" warning from HF generate
     with torch.no_grad():
-        expected = model(ids, use_cache=False).logits
+        forward = model(ids, use_cache=False).logits
+
+    def hf(prompt: torch.Tensor) -> list[list[int]]:
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS,
+                              do_sample=False).tolist()
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile(model, example_inputs=(ids,))
-    diff = (tp(ids).logits - expected).abs().max().item()
-    try:
-        tp.generate(ids, max_new_tokens=2)
-        error = "no error"
-    except autotp.UnsupportedModelError as exc:
-        error = f"UnsupportedModelError: {exc}"
-    return {"diff": diff, "error": error}
+        diff = (tp(ids).logits - forward).abs().max().item()
+        got = tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
+        built = tp.generation_on_demand.built
+        result = {"diff": diff, "got": got, "expected": hf(ids), "cache_bytes": built.cache_bytes(),
+                  "full_cache_bytes": _state_bytes(model, 2),
+                  "states": {k: v for k, v in built.plan.parameters.items() if "_state_" in k},
+                  "cache_placements": {k: v for k, v in built.plan.parameters.items() if "_state_" in k},
+                  "in_proj": {k: v for k, v in built.plan.parameters.items() if k.endswith("in_proj.weight")},
+                  "prefill_len": built.generation.layout.prefill_len}
+        if other_prompts:
+            longer = torch.cat([ids, ids[:, :3]], dim=1)  # 9 tokens: the first 6 through prefill, 3 through decode
+            result["longer"] = (tp.generate(longer, max_new_tokens=NEW_TOKENS).tolist(), hf(longer))
+            shorter = ids[:, :4]  # fewer than the prefill graph's 6: generate builds its graphs again, for 4
+            result["shorter"] = (tp.generate(shorter, max_new_tokens=NEW_TOKENS).tolist(), hf(shorter))
+            result["shorter_prefill_len"] = tp.generation_on_demand.built.generation.layout.prefill_len
+    return result
 
 
-def test_a_recurrent_state_model_compiles_its_forward_and_refuses_generate(gloo) -> None:
-    """tp=2, tiny Mamba (a convolution and an SSM state per layer, no KV cache), plain compile: the forward equals
-    the model's, and generate raises UnsupportedModelError naming MambaForCausalLM, the same on every rank."""
-    results = gloo.run(2, _recurrent_plain)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_mamba_generates_with_its_states_split_with_in_proj(gloo, world_size: int) -> None:
+    """tp=2 and tp=3 (uneven: 128 channels as 43/43/42), tiny Mamba (a convolution state (batch, 128, 4) and an SSM
+    state (batch, 128, 8) per layer, no KV cache), plain compile, batch 2, prompt 6, 8 new tokens: greedy equals HF's
+    generate on every rank, the states are graph state split by channels (S(1)) where in_proj's output is split,
+    each rank holds a block below the whole. At tp=2 also a 9-token prompt (prefill of 6, then 3 tokens one per
+    decode call: no token applied to the state twice) and a 4-token one (the graphs built again for 4)."""
+    results = gloo.run(world_size, _recurrent_greedy, world_size == 2)
+    _check_other_cache(results, 6)
     for rank, result in enumerate(results):
         assert result["diff"] < 1e-4, f"rank {rank}: forward differs from the model's by {result['diff']:.3g}"
-        assert result["error"].startswith("UnsupportedModelError: MambaForCausalLM keeps a convolution"), (
-            f"rank {rank}: expected UnsupportedModelError naming MambaForCausalLM, got {result['error']}")
-    assert results[0]["error"] == results[1]["error"], f"ranks raise differently: {results}"
+        assert set(result["states"].values()) == {"S(1)"} and len(result["states"]) == 4, (
+            f"rank {rank}: expected the 4 states split by channels S(1), got {result['states']}")
+        assert all(p.startswith("S(0)") for p in result["in_proj"].values()), (
+            f"rank {rank}: expected in_proj split by output features with its states, got {result['in_proj']}")
+        assert result["prefill_len"] == 6, f"rank {rank}: prefill graph of {result['prefill_len']} tokens, expected 6"
+        for case in ("longer", "shorter"):
+            if case in result:
+                got, expected = result[case]
+                assert got == expected, f"rank {rank}, {case} prompt: expected {expected}, got {got}"
+        if "shorter_prefill_len" in result:
+            assert result["shorter_prefill_len"] == 4, (
+                f"rank {rank}: expected a prefill graph of 4 tokens for the shorter prompt, got "
+                f"{result['shorter_prefill_len']}")
+
+
+def _mamba2_greedy(rank: int, world_size: int) -> dict[str, Any]:
+    model, (ids,), _ = tiny_recurrent("mamba2", batch=2, seq_len=6)
+    model.generation_config.pad_token_id = 0  # no "setting pad_token_id" warning from HF generate
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = autotp.compile(model, example_inputs=(ids,))
+        got = tp.generate(ids, max_new_tokens=NEW_TOKENS)
+    built = tp.generation_on_demand.built
+    config = model.config
+    channels = config.num_heads * config.head_dim + 2 * config.n_groups * config.state_size  # x, B and C convolved
+    whole = config.num_hidden_layers * 2 * (channels * config.conv_kernel
+                                            + config.num_heads * config.head_dim * config.state_size) * 4
+    return {"got": got.tolist(), "expected": expected.tolist(), "cache_bytes": built.cache_bytes(),
+            "full_cache_bytes": whole,
+            "cache_placements": {k: v for k, v in built.plan.parameters.items() if "_state_" in k}}
+
+
+def test_mamba2_generates_with_its_states_as_graph_state(gloo) -> None:
+    """tp=2, tiny Mamba2 (8 heads of 16, state size 8, one group: a convolution state over x, B and C and an SSM state
+    (batch, 8, 16, 8) per layer), plain compile, batch 2, prompt 6, 8 new tokens: greedy equals HF's generate on
+    every rank, and each rank holds a block of the states below the whole (the solver places them)."""
+    results = gloo.run(2, _mamba2_greedy)
+    _check_other_cache(results, 6)

@@ -11,7 +11,14 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from generation_models import RECURRENT_STATE, tiny_deepseek_v3, tiny_gemma, tiny_phi, tiny_recurrent
+from generation_models import (
+    RECURRENT_GENERATES,
+    RECURRENT_STATE,
+    tiny_deepseek_v3,
+    tiny_gemma,
+    tiny_phi,
+    tiny_recurrent,
+)
 from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
@@ -59,9 +66,9 @@ def test_cache_is_shaped_as_the_model_writes_it() -> None:
     assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
 
 
-@pytest.mark.parametrize("family", RECURRENT_STATE)
+@pytest.mark.parametrize("family", [f for f in RECURRENT_STATE if f not in RECURRENT_GENERATES])
 def test_a_recurrent_state_is_refused_naming_the_family(family: str) -> None:
-    """No process group, tiny Mamba, Mamba2 and the hybrids Jamba, Qwen3-Next, Falcon-H1, RecurrentGemma: planning
+    """No process group, the hybrids Jamba, Qwen3-Next, Falcon-H1, RecurrentGemma: planning
     generation raises UnsupportedModelError naming the model class and its convolution / recurrent state, and
     saying that the forward compiles, before anything is traced (not a release error, not a tracing hint)."""
     model, (ids,), _ = tiny_recurrent(family, batch=1, seq_len=4)
@@ -70,6 +77,36 @@ def test_a_recurrent_state_is_refused_naming_the_family(family: str) -> None:
     message = str(caught.value)
     for part in (type(model).__name__, "recurrent", "autotp.compile(model, example_inputs=(ids,))"):
         assert part in message, f"expected {part!r} in: {message}"
+
+
+def test_mamba_states_are_graph_state_split_with_in_proj() -> None:
+    """No process group, tp=2 planned, tiny Mamba (2 layers, 128 channels, conv kernel 4, state size 8), batch 2: the
+    wrapper holds a convolution state (2, 128, 4) and an SSM state (2, 128, 8) per layer and no KV cache; its first
+    chunk (6 tokens) then one decode call give the model's whole-sequence logits; the decode plan splits every
+    state by channels (S(1)) with in_proj's output (S(0)), and the plan counts them as state."""
+    model, (ids,), _ = tiny_recurrent("mamba", batch=2, seq_len=7)
+    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=16)
+    shapes = {name: tuple(buffer.shape) for name, buffer in wrapper.named_buffers()}
+    expected_shapes = {**{f"conv_state_{i}": (2, 128, 4) for i in range(2)},
+                       **{f"ssm_state_{i}": (2, 128, 8) for i in range(2)}}
+    assert shapes == expected_shapes, f"expected buffers {expected_shapes}, got {shapes}"
+    mask = torch.zeros(2, 16, dtype=torch.long)
+    mask[:, :7] = 1
+    positions = torch.arange(7).expand(2, 7)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits  # (2, 7, vocab)
+        with wrapper.first_chunk():
+            prefill = wrapper(ids[:, :6], positions[:, :6], torch.arange(6), mask)
+        decode = wrapper(ids[:, 6:], positions[:, 6:], torch.tensor([6]), mask)
+    diff = max((prefill - expected[:, :6]).abs().max().item(), (decode - expected[:, 6:]).abs().max().item())
+    assert diff < 1e-4, f"max abs diff {diff:.3g} between stepped and whole-sequence logits, expected < 1e-4"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = autotp.plan(model, (ids[:, :6],), world_size=2, max_cache_len=16)
+    states = {k: v for k, v in plan.parameters.items() if "_state_" in k}
+    assert states == dict.fromkeys(expected_shapes, "S(1)"), f"expected every state S(1), got {states}"
+    in_proj = {k: v for k, v in plan.parameters.items() if k.endswith("in_proj.weight")}
+    assert all(p.startswith("S(0)") for p in in_proj.values()), f"expected in_proj split by outputs, got {in_proj}"
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "gemma", "gpt2", "phi", "qwen2", "mixtral"])
@@ -368,3 +405,43 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     wrong[cache] = torch.zeros(1)
     with pytest.raises(PlanError, match="key_cache_0: the prefill plan's shard"):
         _shared_inputs(prefill, prefill_plan, parts, 1, decode, wrong, "prefill")
+
+
+def test_a_recurrent_state_refuses_a_prompt_shorter_than_its_prefill_graph() -> None:
+    """No process group, a layout with a recurrent state and a prefill graph of 6 tokens (tp=2): a 4-token prompt is
+    refused with a ValueError saying to compile with shorter example ids (only the prefill graph starts the state
+    empty; a decode call would read the previous request's state); a KV-cache layout takes it token by token."""
+    from autotp.runtime.generate import check_request
+    from autotp.runtime.kv_cache import CacheLayout
+
+    recurrent = CacheLayout(batch_size=2, max_cache_len=32, prefill_len=6, vocab_size=1000, recurrent=True)
+    prompt = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError) as caught:
+        check_request(recurrent, 2, prompt, None, 8, False, None)
+    assert "compile with example ids of 4 tokens" in str(caught.value), f"expected the fix in: {caught.value}"
+    check_request(dataclasses.replace(recurrent, recurrent=False), 2, prompt, None, 8, False, None)
+
+
+def test_a_deep_mamba_is_stamped_with_its_states() -> None:
+    """No process group, tiny Mamba of 5 layers (4 or more: a candidate for stamping, which exports it whole today,
+    refusing the lower-cased placeholder name of ``A_log``): the decode and prefill graphs write the convolution and
+    SSM states of all five layers as state, and generation's check finds none unwritten."""
+    import transformers as hf
+
+    from autotp.runtime.generation import check_cache_is_state
+
+    torch.manual_seed(0)
+    config = hf.MambaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=5, state_size=8, use_cache=False)
+    wrapper = CachedCausalLM(hf.MambaForCausalLM(config).eval(), batch_size=2, max_cache_len=16,
+                             last_logits_only=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False)
+        with wrapper.first_chunk():
+            prefill = capture(wrapper, wrapper.example_inputs(6), dynamic=False)
+    names = sorted(wrapper.cache_buffer_names())
+    assert len(names) == 10, f"expected 10 state buffers (5 layers x conv, ssm), got {names}"
+    for phase, graph in (("decode", decode), ("prefill", prefill)):
+        written = sorted(graph.state_fqns().values())
+        assert written == names, f"{phase}: expected every state written {names}, got {written}"
+        check_cache_is_state(graph, wrapper, phase)

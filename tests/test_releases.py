@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import torch
-from generation_models import tiny_deepseek_v3, tiny_gemma, tiny_gpt_neox, tiny_phi, tiny_starcoder2
+from generation_models import tiny_deepseek_v3, tiny_gemma, tiny_gpt_neox, tiny_phi, tiny_recurrent, tiny_starcoder2
 from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
@@ -260,3 +260,36 @@ def test_ci_runs_the_oldest_release_of_every_declared_range() -> None:
     for releases in (hf_transformers.FORWARD_RELEASES, hf_transformers.GENERATION_RELEASES):
         assert releases.oldest in tested, (
             f"no tier of .ci/release_tiers runs transformers {releases.oldest} (tiers run {sorted(tested)})")
+
+
+def _recurrent_rows(rank: int, world_size: int, family: str) -> tuple[Any, ...]:
+    model, (ids,), _ = tiny_recurrent(family, batch=2, seq_len=PROMPT)
+    model.generation_config.pad_token_id = 0
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tp = autotp.compile(model, world_size=world_size, example_inputs=(ids,), max_cache_len=32)
+    except autotp.UnsupportedReleaseError as error:
+        return ("UnsupportedReleaseError", str(error).splitlines()[0])
+    longer = torch.cat([ids, ids[:, :3]], dim=1)  # the prefill graph's 6 tokens, then 3 through decode
+    got = [tp.generate(p, max_new_tokens=NEW_TOKENS).tolist() for p in (ids, longer)]
+    expected = [model.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=NEW_TOKENS,
+                               do_sample=False).tolist() for p in (ids, longer)]
+    return ("ran", got, expected, tp.cache_bytes())
+
+
+@pytest.mark.parametrize("family", ["mamba", "mamba2"])
+def test_recurrent_state_generates_on_this_release(gloo, family: str) -> None:
+    """tp=2, tiny Mamba and Mamba2 (a convolution and an SSM state per layer, held as graph state; the cache layer
+    holds them as one tensor each on 5.10, a dict on 5.24), prompts of 6 and 9 tokens, 6 new tokens: on a release in
+    the generation range, tokens equal HF's greedy ``generate`` on every rank and the states hold bytes; below it,
+    ``UnsupportedReleaseError`` on every rank."""
+    outcomes = gloo.run(2, _recurrent_rows, family)
+    for rank, outcome in enumerate(outcomes):
+        if not GENERATES:
+            assert outcome[0] == "UnsupportedReleaseError", f"transformers {RELEASE}, {family}, rank {rank}: {outcome}"
+            continue
+        assert outcome[0] == "ran", f"transformers {RELEASE}, {family}, rank {rank}: {outcome}"
+        _, got, expected, cache_bytes = outcome
+        assert got == expected, f"transformers {RELEASE}, {family}, rank {rank}: tokens {got} != HF's {expected}"
+        assert cache_bytes > 0, f"transformers {RELEASE}, {family}, rank {rank}: no state held"

@@ -44,7 +44,7 @@ class ZooEntry:
     build: Callable[..., ModelAndInputs]
     generation: str | None = None
     """A causal LM's ``tp.generate``: :data:`EQUAL` (greedy tokens equal ``model.generate``'s) or :data:`REFUSED`
-    (a state that is not a KV cache: ``UnsupportedModelError`` naming the model); None: not a causal LM."""
+    (a hybrid of attention and SSM state: ``UnsupportedModelError`` naming the model); None: not a causal LM."""
     family: str = ""
     """What kind of architecture it stands for, as the zoo table shows it."""
 
@@ -116,9 +116,9 @@ ZOO: dict[str, ZooEntry] = {
                                 **{k: v for k, v in _DECODER.items()}), EQUAL, "MoE, chunked attention"),
     # state-space and hybrid
     "mamba": ZooEntry(_hf("MambaConfig", "MambaForCausalLM", hidden_size=HIDDEN, state_size=8, num_hidden_layers=2,
-                          expand=2, conv_kernel=4), REFUSED, "SSM"),
+                          expand=2, conv_kernel=4), EQUAL, "SSM"),
     "mamba2": ZooEntry(_hf("Mamba2Config", "Mamba2ForCausalLM", hidden_size=HIDDEN, state_size=8, num_hidden_layers=2,
-                           expand=2, conv_kernel=4, num_heads=8, head_dim=16, n_groups=1, chunk_size=8), REFUSED,
+                           expand=2, conv_kernel=4, num_heads=8, head_dim=16, n_groups=1, chunk_size=8), EQUAL,
                        "SSM (chunked scan)"),
     "jamba": ZooEntry(_hf("JambaConfig", "JambaForCausalLM", hidden_size=HIDDEN, intermediate_size=128,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=2,

@@ -3,7 +3,9 @@
 transformers changes the details autotp relies on between releases: the forward keyword that takes
 a cache (``past_key_values=`` up to 5.23, ``cache=`` from 5.24), whether the model's forward takes
 ``cache_position``, the signatures of ``StaticLayer.lazy_initialization`` and ``get_mask_sizes``,
-how a cache marks the layers that keep a recurrent state instead of keys and values. Each detail is read here, from the
+how a cache marks the layers that keep a recurrent state instead of keys and values, how such a layer holds its
+convolution and recurrent states (one tensor each up to 5.10, a dict by state index from 5.24; Mamba's forward takes
+it as ``cache_params=`` up to 5.23, ``cache=`` from 5.24; :func:`bind_recurrent_state`). Each detail is read here, from the
 installed release's own signatures, and a detail that is not found raises :class:`UnsupportedReleaseError`
 naming the releases CI tests. An upgrade of transformers touches this file only.
 
@@ -51,7 +53,13 @@ __all__ = [
     "installed_release",
     "is_transformers_model",
     "mask_query_length",
+    "RecurrentLayerState",
+    "bind_recurrent_state",
+    "recurrent_cache",
+    "recurrent_cache_kwargs",
+    "recurrent_layers_only",
     "recurrent_state",
+    "recurrent_state_tensors",
     "static_cache_classes",
     "takes_use_cache",
     "traced_kwargs",
@@ -167,6 +175,78 @@ def recurrent_state(model: torch.nn.Module) -> str | None:
     return None
 
 
+def recurrent_layers_only(model: torch.nn.Module) -> bool:
+    """True where every layer of ``model``'s cache keeps a convolution and a recurrent state and nothing else (a
+    ``DynamicCache`` built from the config gives each a plain ``LinearAttentionLayer``: Mamba, Mamba2), the models
+    whose state :class:`~autotp.runtime.kv_cache.CachedCausalLM` holds as graph state; hybrids (an attention cache
+    in some layers) and models that keep state in module attributes are not."""
+    try:
+        from transformers.cache_utils import DynamicCache, LinearAttentionLayer
+    except ImportError as error:
+        raise _missing("transformers.cache_utils.DynamicCache / LinearAttentionLayer", error) from error
+    config = model.config.get_text_config()
+    layers = DynamicCache(config=config).layers
+    return bool(layers) and all(type(layer) is LinearAttentionLayer for layer in layers) and any(
+        name in _parameters(type(model).forward) for name in ("cache", "cache_params"))
+
+
+def recurrent_cache(model: torch.nn.Module) -> Any:
+    """A fresh ``DynamicCache`` of ``model``'s config (every layer a ``LinearAttentionLayer``, nothing held yet)."""
+    from transformers.cache_utils import DynamicCache
+
+    return DynamicCache(config=model.config.get_text_config())
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentLayerState:
+    """One layer's convolution state ``(batch, channels, conv_kernel)`` and recurrent state (Mamba: ``(batch,
+    intermediate, state_size)``; Mamba2: ``(batch, heads, head_dim, state_size)``)."""
+
+    conv: torch.Tensor
+    recurrent: torch.Tensor
+
+
+def recurrent_state_tensors(layer: Any) -> RecurrentLayerState | None:
+    """The states a ``LinearAttentionLayer`` holds after a call (None where it holds none yet): its
+    ``conv_states`` / ``recurrent_states``, one tensor each up to 5.10, a dict by state index (0) from 5.24."""
+    conv, recurrent = _state_attribute(layer, "conv_states"), _state_attribute(layer, "recurrent_states")
+    if conv is None or recurrent is None:
+        return None
+    return RecurrentLayerState(conv, recurrent)
+
+
+def bind_recurrent_state(layer: Any, state: RecurrentLayerState | None) -> None:
+    """Point a ``LinearAttentionLayer`` at ``state`` as the previous step's (the model then takes its decode path
+    and updates the tensors in place), or with ``None`` make it empty (the model takes its prefill path, from a
+    zero state, and the layer allocates new tensors)."""
+    for name in ("conv_states", "recurrent_states", "is_conv_states_initialized",
+                 "is_recurrent_states_initialized", "has_previous_state"):
+        if not hasattr(layer, name):
+            raise _missing(f"LinearAttentionLayer.{name}")
+    values = {"conv_states": None if state is None else state.conv,
+              "recurrent_states": None if state is None else state.recurrent,
+              "is_conv_states_initialized": state is not None, "is_recurrent_states_initialized": state is not None,
+              "has_previous_state": state is not None}
+    for name, value in values.items():
+        if isinstance(getattr(layer, name), dict):  # 5.24: one entry per state index; Mamba's layers use index 0
+            getattr(layer, name)[0] = value
+        else:
+            setattr(layer, name, value)
+    if state is not None:  # what lazy initialisation sets: the decode path reads the device, rolls by the kernel
+        layer.dtype, layer.device = state.conv.dtype, state.conv.device
+        if isinstance(getattr(layer, "conv_kernel_size", None), dict):
+            layer.conv_kernel_size[0] = int(state.conv.shape[-1])
+        else:
+            layer.conv_kernel_size = int(state.conv.shape[-1])
+
+
+def _state_attribute(layer: Any, name: str) -> torch.Tensor | None:
+    if not hasattr(layer, name):
+        raise _missing(f"LinearAttentionLayer.{name}")
+    value = getattr(layer, name)
+    return value.get(0) if isinstance(value, dict) else value
+
+
 def initialize_static_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
     """Allocate a ``StaticLayer``'s tensors shaped like ``keys`` / ``values`` (``lazy_initialization``,
     which takes ``(key_states)`` up to 4.57 and ``(key_states, value_states)`` from 5.0)."""
@@ -200,6 +280,16 @@ def cache_call_kwargs(model: torch.nn.Module, cache: Any, cache_position: torch.
     if "cache_position" in parameters:
         kwargs["cache_position"] = cache_position
     return kwargs
+
+
+def recurrent_cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword that hands a recurrent-state ``cache`` to ``model``'s forward: ``cache`` from 5.24,
+    ``cache_params`` before (Mamba, Mamba2)."""
+    parameters = _parameters(type(model).forward)
+    names = [name for name in ("cache", "cache_params") if name in parameters]
+    if not names:
+        raise _missing(f"a cache keyword (cache= or cache_params=) in {type(model).__name__}.forward")
+    return {names[0]: cache}
 
 
 def derive_config_buffers(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> None:

@@ -26,7 +26,9 @@ Prompts go through the prefill graph ``prefill_len`` tokens per call: the first 
 prefill graph (attending to its own keys only), later ones through the continuation graph
 (attending to the cache); a prompt whose length is not a multiple reads its last ``prefill_len``
 tokens again (rewriting the same cache slots), and a prompt shorter than ``prefill_len`` goes one
-token per call through the decode graph.
+token per call through the decode graph. A model that keeps a recurrent state (``CacheLayout.recurrent``: Mamba)
+never reads a token twice: its first ``prefill_len`` tokens go through the prefill graph (from an empty state),
+the rest one per decode call; a shorter prompt is refused (a plain compile builds its graphs again for it).
 """
 
 from __future__ import annotations
@@ -114,6 +116,12 @@ def check_request(layout: CacheLayout, world_size: int, input_ids: Any, attentio
             f"the prompt ({prompt} tokens) plus max_new_tokens={max_new_tokens} is {prompt + max_new_tokens} tokens, "
             f"more than the KV cache holds (max_cache_len={layout.max_cache_len}); pass max_new_tokens <= "
             f"{layout.max_cache_len - prompt}, or compile with max_cache_len >= {prompt + max_new_tokens}"
+        )
+    if layout.recurrent and prompt < layout.prefill_len:
+        raise ValueError(
+            f"the prompt has {prompt} tokens, fewer than the {layout.prefill_len} of the prefill graph; this model "
+            f"keeps a recurrent state, which only the prefill graph starts from empty, so a prompt needs at least "
+            f"{layout.prefill_len} tokens: compile with example ids of {prompt} tokens (or fewer)"
         )
     if batch > layout.batch_size:
         raise ValueError(
@@ -333,7 +341,7 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (batch, max_cache_len) position of each slot's token
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     chunk = layout.prefill_len
-    prefill_in_chunks = chunk > 1 and prompt >= chunk
+    prefill_in_chunks = chunk > 1 and prompt >= chunk and not layout.recurrent
     runners = {"decode": phase_runner("decode")}
     if prefill_in_chunks:
         runners["prefill"] = phase_runner("prefill")  # the first chunk: attends to its own keys only
@@ -348,7 +356,13 @@ def generation_loop(layout: CacheLayout, phase_runner: Callable[[str], Callable[
         logits = runner((tokens, positions[:, start:start + length], cache_position, mask))
         return None if logits is None else logits[:, -1]
 
-    if prefill_in_chunks:
+    if layout.recurrent:  # the state starts empty at the first chunk; later tokens are applied once each
+        runners["prefill"] = phase_runner("prefill")
+        logits = runners["prefill"]((ids[:, :chunk], positions[:, :chunk], torch.arange(chunk, device=device), mask))
+        logits = None if logits is None else logits[:, -1]
+        for start in range(chunk, prompt):
+            logits = run(start, ids[:, start:start + 1])
+    elif prefill_in_chunks:
         starts = list(range(0, prompt - chunk + 1, chunk))
         if prompt % chunk:
             starts.append(prompt - chunk)

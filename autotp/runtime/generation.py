@@ -122,11 +122,14 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     share = FirstRankTrace(group, timeout_s=timeout_s)  # rank 0 traces, the others rebuild
     decode = capture(wrapper, wrapper.example_inputs(1), dynamic=False, share=share, trace_cache=trace_cache)
     prefill = continuation = None
-    if seq > 1:
+    # a recurrent state starts empty at the prompt's first chunk only: that chunk has a graph of its own even at one
+    # token, and later prompt tokens go one per decode call (a continuation graph would re-read a chunk's tokens)
+    recurrent = wrapper.recurrent
+    if seq > 1 or recurrent:
         log_progress(talk, f"tracing the prefill graph ({seq} tokens per row, the prompt's first chunk)")
         with wrapper.first_chunk():
             prefill = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share, trace_cache=trace_cache)
-        if max_cache_len - 1 > seq:  # a prompt (at most max_cache_len - 1 tokens) may need more than one chunk
+        if max_cache_len - 1 > seq and not recurrent:  # a prompt (at most max_cache_len - 1 tokens) may need more chunks
             log_progress(talk, f"tracing the continuation graph (a longer prompt's later chunks of {seq} tokens)")
             continuation = capture(wrapper, wrapper.example_inputs(seq), dynamic=False, share=share,
                                    trace_cache=trace_cache)
@@ -155,7 +158,7 @@ def compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, ..
     vocab = int(model.get_output_embeddings().weight.shape[0])
     eos_ids, pad_id = generation_defaults(model)
     cache = CacheLayout(batch_size=batch, max_cache_len=max_cache_len, prefill_len=seq if seq > 1 else 1,
-                         vocab_size=vocab, eos_token_ids=eos_ids, pad_token_id=pad_id)
+                         vocab_size=vocab, eos_token_ids=eos_ids, pad_token_id=pad_id, recurrent=recurrent)
     phases = GenerationGraphs(layout=cache, prefill=sharing(prefill, prefill_plan, "prefill"),
                               continuation=sharing(continuation, continuation_plan, "continuation"),
                               decode_plan=decode_plan, weighting=weighting)
@@ -260,12 +263,15 @@ def _plan_phases(decode: CapturedGraph, prefill: CapturedGraph | None, plan: Pla
     log_progress(talk, f"planning prefill alone, then decode pinned to it (phase weights: prefill + "
                        f"{expected_new_tokens} x decode)")
     prefill_alone = solve(prefill, None, options)
+    candidates = [by_decode]
     if prefill_alone.parameters == decode_plan.parameters:
-        by_prefill = PhaseCandidate("prefill", prefill_alone, decode_plan, call_s, call_s)
+        candidates.append(PhaseCandidate("prefill", prefill_alone, decode_plan, call_s, call_s))
     else:
-        by_prefill = PhaseCandidate("prefill", prefill_alone, solve(decode, None, _pinned_to(prefill_alone, options)),
-                                    call_s, call_s)
-    candidates = [by_decode, by_prefill]
+        try:
+            candidates.append(PhaseCandidate("prefill", prefill_alone,
+                                             solve(decode, None, _pinned_to(prefill_alone, options)), call_s, call_s))
+        except PlanError:  # decode cannot take prefill's placements (raised on every rank alike): no candidate
+            log_progress(talk, "decode cannot take the placements prefill chose alone; keeping decode's")
     could_run_alone = first_rank_alone(world_size=options.world_size, ranks_share_host=hardware.host_is_device,
                                        decode_collectives=False, prefill_collectives=False).prefill
     if could_run_alone and hardware.alone() is not hardware:  # else the MILP already priced it as run alone

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotp.adapters import hf_transformers
 from autotp.runtime.agreement import options_record, ranks_agree
 from autotp.runtime.loading import ReadRequest, TensorEntry, TensorSource, match_keys, tensor_aliases
 from autotp.runtime.module import TensorParallelModule
@@ -166,7 +167,8 @@ class GenerationOnDemand(_BuiltOnDemand):
         rows, prompt = (int(s) for s in input_ids.shape)
         built = self._built
         layout = built.generation.layout if built is not None and built.generation is not None else None
-        if layout is not None and rows <= layout.batch_size and prompt + max_new_tokens <= layout.max_cache_len:
+        if (layout is not None and rows <= layout.batch_size and prompt + max_new_tokens <= layout.max_cache_len
+                and not (layout.recurrent and prompt < layout.prefill_len)):
             return built  # type: ignore[return-value]
         with ranks_agree(self._group, timeout_s=self._timeout_s, what="generate (building the KV cache)") as agreement:
             model = self._source("generate builds its KV cache and graphs at its first call",
@@ -176,6 +178,8 @@ class GenerationOnDemand(_BuiltOnDemand):
             if layout is not None:  # grow, never shrink: an earlier request's size still fits
                 rows, max_cache_len = max(rows, layout.batch_size), max(max_cache_len, layout.max_cache_len)
             prefill_len = min(self._prefill_len, max_cache_len)
+            if hf_transformers.recurrent_layers_only(model):  # a recurrent state starts empty in the prefill graph
+                prefill_len = min(prefill_len, prompt)     # only: the prompt's first chunk goes through it whole
             agreement.record = options_record({"cache rows": rows, "max_cache_len": max_cache_len,
                                                "prompt tokens per prefill call": prefill_len}, weights=None)
         self._built = None  # the old graphs and cache go before the new ones are built

@@ -18,8 +18,14 @@ placement like a parameter's (split by kv heads where attention is head-parallel
 applies the update in place on its own block. Nothing here names a model family: the cache is
 HuggingFace's ``StaticCache``, its layers shaped as the model writes them (one call on fake tensors, so a
 latent cache such as DeepSeek-V3's gets the latent's shape), and the positions come in as tensors, so one
-captured graph serves every position. A model that keeps a convolution or recurrent state (Mamba, hybrids)
-is refused with :class:`~autotp.base.errors.UnsupportedModelError` (:func:`check_keys_and_values_only`).
+captured graph serves every position.
+
+A model whose every layer keeps a convolution and an SSM state (Mamba, Mamba2) gets buffers ``conv_state_<layer>``
+and ``ssm_state_<layer>`` instead (shaped as the model writes them), held in a transformers cache bound to them at
+each call (:mod:`autotp.adapters.hf_transformers`): a first chunk runs the model's prefill path from an empty state
+and its new states are copied into the buffers; any other call runs its decode path, which updates them in place.
+Hybrids (attention in some layers) are refused with :class:`~autotp.base.errors.UnsupportedModelError`
+(:func:`check_keys_and_values_only`).
 
 Inside :meth:`CachedCausalLM.first_chunk` a call is the first chunk of a prompt (slots ``0..S-1`` of an
 empty cache): it still writes its keys and values, but attends to those ``S`` only (the mask built for
@@ -52,7 +58,9 @@ class CacheLayout:
     example input's sequence length; 1 when there is no separate prefill graph);
     ``vocab_size``: size of the logits' last dim; ``eos_token_ids`` and ``pad_token_id``: the
     model's ``generation_config`` defaults, which ``generate`` uses when the call names none (as
-    HF's ``model.generate`` does).
+    HF's ``model.generate`` does). ``recurrent``: the model keeps a convolution and a recurrent state per layer
+    (overwritten whole at every step): a prompt goes through the prefill graph once, its first ``prefill_len``
+    tokens from an empty state, then one token per decode call, so no token is ever applied to the state twice.
     """
 
     batch_size: int
@@ -61,6 +69,7 @@ class CacheLayout:
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    recurrent: bool = False
 
 
 def generation_defaults(model: torch.nn.Module) -> tuple[tuple[int, ...], int | None]:
@@ -88,15 +97,18 @@ def check_causal_lm(model: torch.nn.Module) -> None:
 
 
 _WHAT_WORKS = ("autotp's generation holds a KV cache (keys and values per attention layer, split by heads or "
-               "whole) and no other state. Its forward works: autotp.compile(model, example_inputs=(ids,)) and "
+               "whole), or a convolution and an SSM state in every layer (Mamba, Mamba2), not a mix of them and no "
+               "other state. Its forward works: autotp.compile(model, example_inputs=(ids,)) and "
                "tp(ids).logits; generate with model.generate meanwhile.")
 
 
 def check_keys_and_values_only(model: torch.nn.Module) -> None:
     """Raise :class:`UnsupportedModelError`, naming the family, where ``model`` keeps a state between generation
-    steps other than keys and values per attention layer (an SSM or convolution state: Mamba, hybrids)."""
+    steps other than keys and values per attention layer, or a convolution and a recurrent state in every layer
+    (Mamba, Mamba2: :func:`~autotp.adapters.hf_transformers.recurrent_layers_only`, held by the wrapper); hybrids
+    (some layers attention, some an SSM) and state kept in module attributes are refused."""
     state = hf_transformers.recurrent_state(model)
-    if state is not None:
+    if state is not None and not hf_transformers.recurrent_layers_only(model):
         raise UnsupportedModelError(f"{type(model).__name__} keeps {state}; {_WHAT_WORKS}")
 
 
@@ -168,13 +180,19 @@ class CachedCausalLM(torch.nn.Module):
             )
         hf_transformers.check_release("generation", hf_transformers.GENERATION_RELEASES)
         check_keys_and_values_only(model)
-        static_cache, _ = hf_transformers.static_cache_classes()
         self.model = model
         self.batch_size = batch_size
         self.max_cache_len = max_cache_len
         # generation reads only the last position's logits: HF's logits_to_keep=1 skips the LM head (and any
         # collective on its output) for the other positions of a prefill chunk
         self.logits_to_keep = 1 if last_logits_only else 0
+        self.reads_cache = True  # False inside first_chunk()
+        # every layer keeps a convolution and a recurrent state (Mamba, Mamba2), overwritten whole at each step
+        self.recurrent = hf_transformers.recurrent_layers_only(model)
+        if self.recurrent:
+            self._hold_recurrent_state(model if shaped_by is None else shaped_by, layers, inputs_device)
+            return
+        static_cache, _ = hf_transformers.static_cache_classes()
         config = model.config.get_text_config()
         cache = static_cache(config=config, max_cache_len=max_cache_len)
         layer_class = _layer_class()
@@ -184,7 +202,6 @@ class CachedCausalLM(torch.nn.Module):
         device = next(model.parameters()).device
         self.inputs_device = device if inputs_device is None else torch.device(inputs_device)
         self.cache = cache
-        self.reads_cache = True  # False inside first_chunk()
         written = self._written_shapes(model if shaped_by is None else shaped_by)
         # a layer that writes no keys and values (one that reads another layer's) holds no cache
         held = [i for i in (range(len(cache.layers)) if layers is None else layers) if written[i] is not None]
@@ -226,21 +243,66 @@ class CachedCausalLM(torch.nn.Module):
             )
         return written
 
+    def _hold_recurrent_state(self, model: torch.nn.Module, layers: range | None,
+                              inputs_device: torch.device | None) -> None:
+        """Buffers ``conv_state_<layer>`` and ``ssm_state_<layer>`` of every layer, zero, shaped (and typed) as
+        ``model`` writes them for one token at batch 1 (on fake tensors), with ``batch_size`` rows."""
+        if layers is not None:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} keeps a convolution and a recurrent state in every layer; a pipeline "
+                "stage of such a model is not covered: generate it with autotp.compile (tensor parallel only)"
+            )
+        device = next(model.parameters()).device
+        self.inputs_device = device if inputs_device is None else torch.device(inputs_device)
+        probe_device = self.inputs_device if self.inputs_device.type != "meta" else torch.device("cpu")
+        cache = hf_transformers.recurrent_cache(model)
+        try:
+            with shapes_only(model, probe_device):
+                ids = torch.zeros(1, 1, dtype=torch.long, device=probe_device)
+                model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                      **hf_transformers.recurrent_cache_kwargs(model, cache))
+        except AutoTPError:
+            raise
+        except Exception as error:  # any failure of the model's own code, named with its cause
+            raise CaptureError(
+                f"could not run {type(model).__name__} on one token to find the shapes of its convolution and "
+                f"recurrent states ({type(error).__name__}: {error})"
+            ) from error
+        for i, layer in enumerate(cache.layers):
+            state = hf_transformers.recurrent_state_tensors(layer)
+            if state is None:
+                raise UnsupportedModelError(
+                    f"{type(model).__name__} wrote no convolution and recurrent state for layer {i} through "
+                    f"transformers' cache: it keeps its state another way. {_WHAT_WORKS}"
+                )
+            for name, written in ((f"conv_state_{i}", state.conv), (f"ssm_state_{i}", state.recurrent)):
+                # conv: (batch, channels, conv_kernel); ssm: (batch, intermediate, state_size) or per head
+                self.register_buffer(name, torch.zeros(self.batch_size, *written.shape[1:], dtype=written.dtype,
+                                                       device=device), persistent=False)
+        self.cache = cache
+
+    def _state_names(self, layer: int) -> tuple[str, str]:
+        """The two buffers of ``layer``: keys and values, or the convolution and recurrent states."""
+        if self.recurrent:
+            return f"conv_state_{layer}", f"ssm_state_{layer}"
+        return f"key_cache_{layer}", f"value_cache_{layer}"
+
     @property
     def own_layers(self) -> list[int]:
         """The layers whose cache this wrapper holds: those it has buffers for (the twin :mod:`autotp.stamping`
         traces holds its few layers' only)."""
-        return [i for i in range(len(self.cache.layers)) if f"key_cache_{i}" in self._buffers]
+        return [i for i in range(len(self.cache.layers)) if self._state_names(i)[0] in self._buffers]
 
     def cache_buffer_names(self) -> list[str]:
-        """Names of the cache buffers this wrapper holds (keys and values of each held layer)."""
-        return [f"{kind}_cache_{i}" for i in self.own_layers for kind in ("key", "value")]
+        """Names of the cache buffers this wrapper holds (keys and values, or convolution and recurrent states,
+        of each held layer)."""
+        return [name for i in self.own_layers for name in self._state_names(i)]
 
     def stamping_layer_state(self) -> tuple[torch.nn.Module, list[tuple[str, str]]] | None:
         """For :mod:`autotp.stamping`: the decoder whose layers are stamped, and each layer's cache buffers
         (state this wrapper holds outside the decoder's layer list), so that a graph traced with three layers
         is stamped out to all, cache included."""
-        return self.model, [(f"key_cache_{i}", f"value_cache_{i}") for i in self.own_layers]
+        return self.model, [self._state_names(i) for i in self.own_layers]
 
     def example_inputs(self, tokens: int, batch_size: int | None = None) -> tuple[torch.Tensor, ...]:
         """Inputs of a call with ``tokens`` new tokens per row, at the start of the cache, on ``inputs_device``."""
@@ -265,11 +327,41 @@ class CachedCausalLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache_position: torch.Tensor,
                 attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.recurrent:
+            return self._recurrent_forward(input_ids, cache_position, attention_mask)
         self._bind_cache(cache_position)
         out = self.model(input_ids=input_ids, position_ids=position_ids,
                          attention_mask=self._mask_of_call(attention_mask, int(input_ids.shape[1])), use_cache=True,
                          **hf_transformers.cache_call_kwargs(self.model, self.cache, cache_position),
                          **self._logits_kwargs())
+        logits = out.logits  # (batch, S, vocab), or (batch, 1, vocab) with last_logits_only
+        return logits[:, -1:] if self.logits_to_keep and logits.shape[1] != 1 else logits
+
+    def _recurrent_forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor,
+                           attention_mask: torch.Tensor) -> torch.Tensor:
+        """A call of a model whose layers keep a convolution and a recurrent state: in a first chunk from an
+        empty state (the model's prefill path; its new states are copied into the buffers whole), else from the
+        buffers (its decode path, which updates them in place). The model gets the padding mask of the call's
+        own tokens; positions are implied by the state."""
+        cache = hf_transformers.recurrent_cache(self.model)
+        held = self.own_layers  # all, or the few layers of the twin that autotp.stamping traces
+        for i in held:
+            conv, ssm = (getattr(self, name) for name in self._state_names(i))  # through the module: buffer updates
+            hf_transformers.bind_recurrent_state(
+                cache.layers[i], hf_transformers.RecurrentLayerState(conv, ssm) if self.reads_cache else None)
+        mask = attention_mask[:, :input_ids.shape[1]] if not self.reads_cache else attention_mask.index_select(
+            1, cache_position)  # (batch, S)
+        out = self.model(input_ids=input_ids, attention_mask=mask, use_cache=True,
+                         **hf_transformers.recurrent_cache_kwargs(self.model, cache), **self._logits_kwargs())
+        for i in held:
+            state = hf_transformers.recurrent_state_tensors(cache.layers[i])
+            for name, new in zip(self._state_names(i), (None, None) if state is None else (state.conv, state.recurrent),
+                                 strict=True):
+                buffer = getattr(self, name)
+                if new is None:
+                    raise UnsupportedModelError(f"{type(self.model).__name__} left the state of layer {i} unwritten")
+                if new is not buffer:  # the prefill path's new tensors; the decode path wrote the buffers in place
+                    buffer.copy_(new)
         logits = out.logits  # (batch, S, vocab), or (batch, 1, vocab) with last_logits_only
         return logits[:, -1:] if self.logits_to_keep and logits.shape[1] != 1 else logits
 
