@@ -27,12 +27,8 @@ from autotp.runtime.generate import next_tokens
 from autotp.runtime.kv_cache import CachedCausalLM
 
 
-def test_cache_wrapper_matches_the_model() -> None:
-    """tp=1, tiny Llama, batch 2: a 5-token prefill then one decode step through the 8-slot cache give
-    the logits of the model run on the whole 6-token sequence."""
-    model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=6,
-                                  layers=1)
-    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=8)
+def _assert_cached_logits_match(model: torch.nn.Module, wrapper: CachedCausalLM, ids: torch.Tensor) -> None:
+    """A 5-token prefill then one decode step through the 8-slot cache give the logits of the whole 6 tokens."""
     mask = torch.zeros(2, 8, dtype=torch.long)
     mask[:, :6] = 1
     positions = torch.arange(6).expand(2, 6)
@@ -42,6 +38,15 @@ def test_cache_wrapper_matches_the_model() -> None:
         decode = wrapper(ids[:, 5:], positions[:, 5:], torch.tensor([5]), mask)
     diff = max((prefill - expected[:, :5]).abs().max().item(), (decode - expected[:, 5:]).abs().max().item())
     assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
+
+
+def test_cache_wrapper_matches_the_model() -> None:
+    """tp=1, tiny Llama, batch 2: a 5-token prefill then one decode step through the 8-slot cache give
+    the logits of the model run on the whole 6-token sequence."""
+    model, (ids,), _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=6,
+                                  layers=1)
+    wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=8)
+    _assert_cached_logits_match(model, wrapper, ids)
 
 
 def test_cache_is_shaped_as_the_model_writes_it() -> None:
@@ -55,15 +60,7 @@ def test_cache_is_shaped_as_the_model_writes_it() -> None:
     layouts = [{f"{kind}_cache_{i}": (2, heads, 8, dim) for i in range(2) for kind, dim in (("key", k), ("value", v))}
                for heads, k, v in ((1, 48, 8), (4, 24, 32))]  # the latent, then keys and values per head
     assert shapes in layouts, f"cache shapes {shapes}, expected one of {layouts}"
-    mask = torch.zeros(2, 8, dtype=torch.long)
-    mask[:, :6] = 1
-    positions = torch.arange(6).expand(2, 6)
-    with torch.no_grad():
-        expected = model(ids, use_cache=False).logits  # (2, 6, vocab)
-        prefill = wrapper(ids[:, :5], positions[:, :5], torch.arange(5), mask)
-        decode = wrapper(ids[:, 5:], positions[:, 5:], torch.tensor([5]), mask)
-    diff = max((prefill - expected[:, :5]).abs().max().item(), (decode - expected[:, 5:]).abs().max().item())
-    assert diff < 1e-4, f"max abs diff {diff:.3g} between cached and whole-sequence logits, expected < 1e-4"
+    _assert_cached_logits_match(model, wrapper, ids)
 
 
 @pytest.mark.parametrize("family", [f for f in RECURRENT_STATE if f not in RECURRENT_GENERATES])

@@ -222,19 +222,11 @@ class CachedCausalLM(torch.nn.Module):
         device = self.inputs_device if self.inputs_device.type != "meta" else torch.device("cpu")
         for layer in self.cache.layers:
             layer.written = None
-        try:
-            with shapes_only(model, device), self.first_chunk():
-                ids = torch.zeros(1, 1, dtype=torch.long, device=device)
-                self._bind_cache(torch.zeros(1, dtype=torch.long, device=device))
-                model(input_ids=ids, position_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
-                      **hf_transformers.cache_call_kwargs(model, self.cache, ids[0]))
-        except AutoTPError:
-            raise
-        except Exception as error:  # any failure of the model's own code, named with its cause
-            raise CaptureError(
-                f"could not run {type(model).__name__} on one token to find the shapes of its KV cache "
-                f"({type(error).__name__}: {error})"
-            ) from error
+        with _one_token_probe(model, device, "its KV cache"), self.first_chunk():
+            ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+            self._bind_cache(torch.zeros(1, dtype=torch.long, device=device))
+            model(input_ids=ids, position_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                  **hf_transformers.cache_call_kwargs(model, self.cache, ids[0]))
         written = [layer.written for layer in self.cache.layers]
         if not any(written):
             raise UnsupportedModelError(
@@ -256,18 +248,10 @@ class CachedCausalLM(torch.nn.Module):
         self.inputs_device = device if inputs_device is None else torch.device(inputs_device)
         probe_device = self.inputs_device if self.inputs_device.type != "meta" else torch.device("cpu")
         cache = hf_transformers.recurrent_cache(model)
-        try:
-            with shapes_only(model, probe_device):
-                ids = torch.zeros(1, 1, dtype=torch.long, device=probe_device)
-                model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
-                      **hf_transformers.recurrent_cache_kwargs(model, cache))
-        except AutoTPError:
-            raise
-        except Exception as error:  # any failure of the model's own code, named with its cause
-            raise CaptureError(
-                f"could not run {type(model).__name__} on one token to find the shapes of its convolution and "
-                f"recurrent states ({type(error).__name__}: {error})"
-            ) from error
+        with _one_token_probe(model, probe_device, "its convolution and recurrent states"):
+            ids = torch.zeros(1, 1, dtype=torch.long, device=probe_device)
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                  **hf_transformers.recurrent_cache_kwargs(model, cache))
         for i, layer in enumerate(cache.layers):
             state = hf_transformers.recurrent_state_tensors(layer)
             if state is None:
@@ -387,3 +371,17 @@ class CachedCausalLM(torch.nn.Module):
         if self.logits_to_keep and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
             return {"logits_to_keep": self.logits_to_keep}
         return {}
+
+
+@contextmanager
+def _one_token_probe(model: torch.nn.Module, device: torch.device, what: str) -> Iterator[None]:
+    """A call of ``model`` on fake tensors (:func:`autotp.capture.shapes_only`) that finds the shapes of ``what``;
+    a failure of the model's own code becomes a :class:`CaptureError` naming it (autotp's own errors pass)."""
+    try:
+        with shapes_only(model, device):
+            yield
+    except AutoTPError:
+        raise
+    except Exception as error:  # any failure of the model's own code, named with its cause
+        raise CaptureError(f"could not run {type(model).__name__} on one token to find the shapes of {what} "
+                           f"({type(error).__name__}: {error})") from error
