@@ -419,6 +419,7 @@ def test_a_recurrent_state_refuses_a_prompt_shorter_than_its_prefill_graph() -> 
     check_request(dataclasses.replace(recurrent, recurrent=False), 2, prompt, None, 8, False, None)
 
 
+@pytest.mark.slow  # traces a five-layer Mamba's prefill and decode graphs: about 11 s
 def test_a_deep_mamba_is_stamped_with_its_states() -> None:
     """No process group, tiny Mamba of 5 layers (4 or more: a candidate for stamping, which exports it whole today,
     refusing the lower-cased placeholder name of ``A_log``): the decode and prefill graphs write the convolution and
