@@ -424,3 +424,21 @@ def live_world_sizes() -> list[int]:
 def shutdown_all() -> None:
     """Shut down every shared pool (the ``gloo`` fixture does this at the end of the session)."""
     _MANAGER.shutdown_all()
+
+
+def outcomes_of_fresh_groups(launch: Callable[..., Any], cases: Any, folder: str, *, deadline_s: float, what: str) -> Any:
+    """Run ``launch(cases, folder)`` in a spawned process (it starts fresh groups of its own, which exit after their
+    errors) and return what it pickled to ``folder/outcomes.pickle``; the test fails if it runs past ``deadline_s``."""
+    import pytest
+
+    launcher = mp.get_context("spawn").Process(target=launch, args=(cases, folder))
+    launcher.start()
+    launcher.join(deadline_s)
+    if launcher.is_alive():
+        launcher.kill()
+        launcher.join()
+        pytest.fail(f"{what} did not finish within {deadline_s:g} s")
+    assert launcher.exitcode == 0, f"the launcher exited with {launcher.exitcode}"
+    with open(os.path.join(folder, "outcomes.pickle"), "rb") as file:
+        return pickle.load(file)
+

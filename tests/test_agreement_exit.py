@@ -11,11 +11,10 @@ every rank must raise the same error class with the same message.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import pickle
 from pathlib import Path
 
 import pytest
+from distributed import outcomes_of_fresh_groups
 from exit_ranks import CASES, HOST_EXITS_FIRST, launch
 
 RUNS = {**{case: 5 if case.startswith("compile") else 16 for case in CASES}, HOST_EXITS_FIRST: 3}
@@ -34,15 +33,7 @@ def test_every_rank_raises_the_same_error_and_exits(tmp_path: Path) -> None:
     each of 4 cases of agreement calls, 5 of each of 2 through autotp.compile on a tiny MLP: every rank raises the same error
     class with the same message, in every run; never a DistNetworkError. And a rank that reaches an exchange after
     rank 0 exited gets a RankTimeoutError saying the store's host has gone."""
-    launcher = mp.get_context("spawn").Process(target=launch, args=(RUNS, str(tmp_path)))
-    launcher.start()
-    launcher.join(DEADLINE_S)
-    if launcher.is_alive():
-        launcher.kill()
-        launcher.join()
-        pytest.fail(f"the {sum(RUNS.values())} groups did not finish within {DEADLINE_S:g} s")
-    assert launcher.exitcode == 0, f"the launcher exited with {launcher.exitcode}"
-    outcomes = pickle.loads((tmp_path / "outcomes.pickle").read_bytes())
+    outcomes = outcomes_of_fresh_groups(launch, RUNS, str(tmp_path), deadline_s=DEADLINE_S, what=f"the {sum(RUNS.values())} groups")
     wrong = {}
     for case, (_, kind, words) in CASES.items():
         failed = [runs for runs in outcomes[case]

@@ -11,12 +11,11 @@ or gloo's own timeout.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import pickle
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from distributed import outcomes_of_fresh_groups
 from failing_ranks import CASES, launch
 
 from autotp.base.errors import PeerFailedError, TracedValueError
@@ -35,15 +34,7 @@ def test_failure_on_one_rank_reaches_every_rank(tmp_path: Path) -> None:
     store); shared-memory and gloo collectives, eager and compiled: the failing rank raises its own error (the
     ValueError), every other rank a PeerFailedError naming it and its error, all within 30 s, and every process
     exits 0."""
-    launcher = mp.get_context("spawn").Process(target=launch, args=(list(CASES), str(tmp_path)))
-    launcher.start()
-    launcher.join(DEADLINE_S)
-    if launcher.is_alive():
-        launcher.kill()
-        launcher.join()
-        pytest.fail(f"the {len(CASES)} groups did not finish within {DEADLINE_S:g} s")
-    assert launcher.exitcode == 0, f"the launcher exited with {launcher.exitcode}"
-    outcomes = pickle.loads((tmp_path / "outcomes.pickle").read_bytes())
+    outcomes = outcomes_of_fresh_groups(launch, list(CASES), str(tmp_path), deadline_s=DEADLINE_S, what=f"the {len(CASES)} groups")
     for name, (mode, _, failing, world_size) in CASES.items():
         ranks = outcomes[name]
         assert len(ranks) == world_size and all(r[0] is not None for r in ranks), f"{name}: missing results {ranks}"
