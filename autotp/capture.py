@@ -83,12 +83,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from autotp.adapters import hf_transformers, torchao
+from autotp.adapters import hf_transformers, torch_internals, torchao
 from autotp.adapters.hf_transformers import takes_use_cache, traced_kwargs
+from autotp.adapters.torch_internals import FakeTensorMode
 from autotp.base.errors import CaptureError, UnsupportedQuantizationError
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
 from autotp.passes.rules.args import arg
@@ -245,7 +245,7 @@ def as_if_on(model: torch.nn.Module, device: torch.device, example: Any, mode: F
         state.update({name: fake(b) for name, b in model.named_buffers()})
         fake_example = pytree.tree_map_only(torch.Tensor, lambda t: fake(t) if t.device.type == "meta" else mode.from_tensor(t),
                                             example)
-        with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True):
+        with torch_internals.reparametrize_module(model, state, tie_weights=True):
             yield fake_example
 
 
@@ -255,11 +255,8 @@ def shapes_only(model: torch.nn.Module, device: torch.device) -> Any:
     tensors made in the block are fake too, sizes that depend on data are symbols, and the model sees the
     flags ``torch.export`` sets (``torch.compiler.is_exporting()``), so it takes the code path it is traced
     through. Cheap on any model, weights on ``meta`` included."""
-    from torch._export.utils import _compiling_state_context
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-    with as_if_on(model, device, (), mode=mode), mode, _compiling_state_context():
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=torch_internals.shape_env())
+    with as_if_on(model, device, (), mode=mode), mode, torch_internals.compiling_state_context():
         yield
 
 
@@ -356,8 +353,10 @@ def capture(
     and goes to ``torch.export.export`` unchanged.
 
     Raises :class:`CaptureError` naming the cause and the line of the model's code when the
-    model cannot be exported (data-dependent control flow, unsupported Python, ...).
+    model cannot be exported (data-dependent control flow, unsupported Python, ...);
+    :class:`~autotp.base.errors.UnsupportedReleaseError` on a torch release autotp is not tested on.
     """
+    torch_internals.check_release()
     check_model(model)
     if not isinstance(example_inputs, tuple):
         raise TypeError(
@@ -678,9 +677,11 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
     Shared by :func:`capture` and the ``torch.compile`` backend, which exports Dynamo's graph.
     ``training=True`` keeps ops that draw random numbers (dropout): the planner keeps them
     replicated, so every rank draws the same numbers from the same stream (see
-    :func:`random_state_fingerprint`).
+    :func:`random_state_fingerprint`). Refuses a torch release autotp is not tested on (``UnsupportedReleaseError``).
     """
     from torch.export.graph_signature import OutputKind
+
+    torch_internals.check_release()
 
     if _needs_functionalizing(exported.graph_module) or torchao.holds_subclass_weights(exported.state_dict):
         # export's graph keeps in-place ops and does not list what they update; the functional

@@ -43,6 +43,7 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch.utils.weak import WeakIdKeyDictionary
 
+from autotp.adapters.torch_internals import current_compile_id
 from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
 from autotp.base.shapes import first_tensor, is_static
@@ -404,7 +405,7 @@ class CompiledSubgraph:
                 template.append(exported.constants[str(slot.target)])
         run: Callable[..., Any] = local_gm
         if owner.inner == "inductor":
-            from torch._inductor.compile_fx import compile_fx
+            from autotp.adapters.torch_internals import compile_fx
 
             example = list(template)
             for position, index in feeds:
@@ -521,7 +522,7 @@ class AutoTPBackend:
     # -- Dynamo's entry -------------------------------------------------------------------
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         self._bind_group()
-        compile_id = torch._guards.CompileContext.current_compile_id()
+        compile_id = current_compile_id()
         region = getattr(compile_id, "frame_id", None)
         if region is None:  # called outside Dynamo (e.g. by hand): every graph is its own region
             region = -1 - len(self.subgraphs)

@@ -467,7 +467,7 @@ def _check_isomorphic(program: _Program) -> dict[fx.Node, fx.Node]:
 
 def _stamp(small: ExportedProgram, model: torch.nn.Module, path: str, count: int) -> ExportedProgram:
     """The program of ``model`` (``count`` layers at ``path``) from ``small``, its twin's with ``_TRACED_LAYERS``."""
-    from torch._subclasses.fake_tensor import maybe_get_fake_mode
+    from autotp.adapters.torch_internals import maybe_get_fake_mode
 
     signature = small.graph_signature
     targets = _Targets.of(model, path)
@@ -632,8 +632,7 @@ def _stamped_state(small: ExportedProgram, model: torch.nn.Module, specs: Iterab
     """State dict and constants of the stamped program: the twin's, plus the stamped layers' from the model's
     own tensors, or (a model traced as fake tensors) fakes made like the copied layer's in its fake mode; each
     in the twin's order, the stamped layers' entries after the copied layer's (as export orders them)."""
-    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    from autotp.adapters.torch_internals import FakeTensor, in_kernel_invocation_manager, is_traceable_wrapper_subclass
 
     parameters, buffers = torchao.as_exported(model)
     own = {**parameters, **buffers}

@@ -38,7 +38,8 @@ against this module's 0.97 s, 37-47x (they carry all 16 layers, this form the st
 check and canonicalize the program again), and ``torch.export.load`` gave real storage (125 MiB) where the
 meta model has fake weights, which tracing on ``meta`` exists to avoid. So the entry is the schema without weights, made and
 read by :func:`_serialize` and :func:`_deserialize`, the only code here that touches ``torch._export``.
-They are tested on the torch releases in :data:`SERDE_TORCH_RELEASES`; on another release (or one that
+They are tested on the torch releases of :data:`autotp.adapters.torch_internals.RELEASES`, which reads
+``torch._export.serde`` for them (:func:`~autotp.adapters.torch_internals.export_serde`); on another release (or one that
 lacks a name they use) the cache is off and every rank of a group traces its own program, with one
 warning naming the tested releases (:func:`serde_unsupported`), so a changed schema never gives a
 wrong program.
@@ -73,42 +74,15 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from autotp.adapters import torchao
+from autotp.adapters import torch_internals, torchao
+from autotp.adapters.torch_internals import FakeTensor, FakeTensorMode, serde_unsupported
 
-__all__ = ["FORMAT", "SERDE_TORCH_RELEASES", "TraceCache", "default_cache_dir", "file_digest", "open_trace_cache",
+__all__ = ["FORMAT", "TraceCache", "default_cache_dir", "file_digest", "open_trace_cache",
            "serde_unsupported"]
 
 _MAGIC = b"autotp-trace-cache 1\n"
 FORMAT = 1
 _STALE_LOCK_S = 600.0
-
-SERDE_TORCH_RELEASES = ("2.13",)
-"""torch minor releases on which :func:`_serialize` and :func:`_deserialize` (``torch._export.serde``) are tested."""
-
-_SERDE_NAMES = {
-    "serialize": ("GraphModuleSerializer", "GraphModuleDeserializer", "ExportedProgramDeserializer", "SCHEMA_VERSION",
-                  "serialize_tensor_meta", "serialize_range_constraints", "deserialize_device", "load_verifier",
-                  "_SERIALIZE_TO_TORCH_DTYPE", "_int_to_sympy_int", "log"),
-    "schema": ("ExportedProgram", "TensorArgument", "SchemaVersion"),
-}
-"""The names of ``torch._export.serde.<module>`` that the two functions use."""
-
-
-def serde_unsupported() -> str | None:
-    """Why the installed torch cannot carry a program in this module's form (the trace cache and the shared
-    trace are then off), or None when it can: a release outside :data:`SERDE_TORCH_RELEASES`, or a missing name."""
-    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    if release not in SERDE_TORCH_RELEASES:
-        return f"torch {torch.__version__} is not one it is tested on ({', '.join(SERDE_TORCH_RELEASES)})"
-    try:
-        from torch._export.serde import schema
-        from torch._export.serde import serialize as serde
-    except ImportError as exc:
-        return f"torch._export.serde cannot be imported ({exc})"
-    modules = {"serialize": serde, "schema": schema}
-    missing = [f"{module}.{name}" for module, names in _SERDE_NAMES.items() for name in names
-               if not hasattr(modules[module], name)]
-    return f"torch._export.serde lacks {', '.join(missing)}" if missing else None
 
 
 def default_cache_dir() -> Path:
@@ -132,7 +106,7 @@ def open_trace_cache(setting: bool | str | os.PathLike[str] | None,
         return None
     if (why := serde_unsupported()) is not None:
         warnings.warn(f"autotp: tracing without the trace cache: {why}; every load traces the model "
-                      f"(install torch {' or '.join(SERDE_TORCH_RELEASES)} for the cache)", stacklevel=3)
+                      f"(install torch {torch_internals.RELEASES} for the cache)", stacklevel=3)
         return None
     if setting is True:
         if os.environ.get("AUTOTP_CACHE", "1").strip().lower() in ("0", "false", "off", "no"):
@@ -381,8 +355,6 @@ def _bind(entry: _Entry, model: torch.nn.Module, device: torch.device) -> tuple[
 
 
 def _entry(key: str, exported: ExportedProgram) -> _Entry:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     from autotp.stamping import stamped_from
 
     stamped = stamped_from(exported)
@@ -423,8 +395,7 @@ def _serialize(exported: ExportedProgram) -> Any:
     """
     import logging
 
-    from torch._export.serde import schema
-    from torch._export.serde import serialize as serde
+    schema, serde = torch_internals.export_serde()
 
     graph_serializer = serde.GraphModuleSerializer(exported.graph_signature, exported.module_call_graph)
     tensor_values = graph_serializer.graph_state.tensor_values
@@ -455,7 +426,7 @@ def _serialize(exported: ExportedProgram) -> Any:
         raise TypeError(f"the program holds script objects ({', '.join(graph_serializer.custom_objs)})")
     return schema.ExportedProgram(
         graph_module=graph_module,
-        opset_version={"aten": torch._C._get_max_operator_version()},
+        opset_version={"aten": torch_internals.max_operator_version()},
         range_constraints=serde.serialize_range_constraints(exported.range_constraints),
         schema_version=schema.SchemaVersion(major=serde.SCHEMA_VERSION[0], minor=serde.SCHEMA_VERSION[1]),
         verifiers=[v.dialect for v in exported.verifiers],
@@ -514,8 +485,6 @@ def _mismatch(entry: _Entry, model: torch.nn.Module) -> str | None:
 
 def _rebuild(entry: _Entry, model: torch.nn.Module, device: torch.device) -> ExportedProgram:
     """The program of ``entry`` with the model's weights bound (fake ones on ``device`` for a meta model)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     mode = FakeTensorMode(allow_non_fake_inputs=True)
 
     def fake(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -546,11 +515,12 @@ def _rebuild(entry: _Entry, model: torch.nn.Module, device: torch.device) -> Exp
 def _deserialize(program: Any, state: dict[str, torch.Tensor], constants: dict[str, Any]) -> ExportedProgram:
     """``torch._export.serde``'s ``ExportedProgramDeserializer.deserialize``, with each symbolic
     expression parsed once (sympy's parser is most of its time; the same few expressions recur)."""
-    from torch._export.serde import serialize as serde
-    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
     from torch.export import exported_program as ep
-    from torch.fx.experimental import symbolic_shapes
-    from torch.utils._sympy.numbers import int_oo
+
+    from autotp.adapters.torch_internals import in_kernel_invocation_manager
+
+    _, serde = torch_internals.export_serde()
+    symbolic_shapes, int_oo = torch_internals.symbolic_shapes(), torch_internals.int_oo()
 
     deserializer = serde.GraphModuleDeserializer()
     parse = deserializer._parse_sym_expr

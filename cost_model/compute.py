@@ -60,6 +60,8 @@ from torch.nn.attention import SDPBackend
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import conv_flop_count, flop_registry
 
+from autotp.adapters.torch_internals import fused_sdp_choice, select_conv_backend
+
 from .hardware import Hardware
 from .runtime import node_time_s, python_loop_host_s
 
@@ -835,7 +837,7 @@ def attention_runs_math(op: Any, args: Sequence[Any], kwargs: dict[str, Any] | N
 def _math_kernel_chosen(heads: tuple[tuple[int, int], ...], dtype: torch.dtype, mask_dtype: torch.dtype | None,
                         dropout_p: float, is_causal: bool, enable_gqa: bool) -> bool:
     """PyTorch's choice for stand-ins of ``(heads, head size)`` of the query, key and value (one batch, one token)."""
-    choose = getattr(torch, "_fused_sdp_choice", None)
+    choose = fused_sdp_choice
     if choose is None:
         return False
     try:
@@ -858,7 +860,7 @@ def convolution_sets_up_primitive(op: Any, args: Sequence[Any], kwargs: dict[str
     calibration's instance is a oneDNN convolution. The groups are read off the local shapes (input channels over
     the weight's channels per group), so a depthwise convolution split over ranks is asked as each rank runs it."""
     kwargs = kwargs or {}
-    select = getattr(torch._C, "_select_conv_backend", None)
+    select = select_conv_backend
     x, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
     if select is None or x is None or weight is None:
         return True
@@ -896,9 +898,8 @@ def _onednn_backend(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: 
         return torch.empty(1, dtype=dtype).expand(*shape)  # no storage of the shape: the rule reads sizes only
 
     try:
-        backend = torch._C._select_conv_backend(stand_in(x_shape), stand_in(w_shape), None, list(stride),
-                                                list(padding), list(dilation), transposed, list(output_padding),
-                                                groups, None)
+        backend = select_conv_backend(stand_in(x_shape), stand_in(w_shape), None, list(stride), list(padding),
+                                      list(dilation), transposed, list(output_padding), groups, None)
     except (RuntimeError, TypeError):  # shapes torch refuses (its own checks, or a changed signature): as measured
         return True
     return backend.name.startswith("Mkldnn")

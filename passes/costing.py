@@ -48,6 +48,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from autotp.adapters.torch_internals import OpOverload
 from autotp.base.placements import Placement, split_of
 from autotp.base.reshard import Route, reshard_routes
 from autotp.base.shapes import concrete_shape, concrete_size, first_tensor, nbytes, numel
@@ -269,7 +270,7 @@ def _first_call_of_its_kernel(node: fx.Node, called: set[str]) -> bool:
     """Whether ``node`` (visited in graph order) is the first call of its kernel in the graph
     (:func:`~autotp.cost_model.compute.first_call_key`), which pays ``Hardware.first_call_s`` once per call of
     the graph; adds its key to ``called``. Views and other nodes that launch no kernel never are."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(node.target, OpOverload):
         return False
     if launches_no_kernel(node.target) or not holds_tensor(node):
         return False

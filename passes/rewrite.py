@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from autotp.adapters.torch_internals import LazyGraphModule
 from autotp.base.errors import PlanMismatchError
 from autotp.base.placements import BlockShard, Placement, Replicate, split_of
 from autotp.base.reshard import ReshardKind, reshard_steps, route_with_kinds
@@ -50,10 +51,9 @@ from autotp.passes.rules.args import holds_tensor
 from autotp.passes.small_collectives import inference_collective_kind, one_shot_all_reduce
 from autotp.passes.uneven import Partitions
 
-try:  # a GraphModule that generates its Python code when first called or read, not at every recompile()
-    from torch.fx._lazy_graph_module import _LazyGraphModule as _CodeOnFirstCall
-except ImportError:  # a torch without it: every recompile() generates the code at once, as a GraphModule does
-    _CodeOnFirstCall = fx.GraphModule  # type: ignore[misc, assignment]
+# a GraphModule that generates its Python code when first called or read, not at every recompile() (a torch
+# without it: every recompile() generates the code at once, as a GraphModule does)
+_CodeOnFirstCall = LazyGraphModule
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional

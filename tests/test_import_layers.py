@@ -1,6 +1,6 @@
 """Imports run one way: no import circle, and no layer imports one above it (fast tier: parses, imports nothing).
 
-ARCHITECTURE.md "Layers": front doors -> reports / runtime -> stages -> base -> cost_model. This test
+ARCHITECTURE.md "Layers": front doors -> reports / runtime -> stages -> base -> cost_model -> torch adapter. This test
 parses every module of the distribution (``autotp/``, and ``passes/`` and ``cost_model/``, which install
 as ``autotp.passes`` and ``autotp.cost_model``), reads every import, at module level and inside
 functions alike (imports under ``if TYPE_CHECKING:`` excepted: they never run), resolves relative
@@ -27,9 +27,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stages", ("autotp.planning", "autotp.passes", "autotp.capture", "autotp.trace_cache")),
     ("base", ("autotp.base", "autotp.adapters", "autotp.stamping")),
     ("cost_model", ("autotp.cost_model",)),
+    ("torch adapter", ("autotp.adapters.torch_internals", "autotp.base.errors")),
 )
 """The layers from the top down, each with the modules and packages it holds (a package: all its modules;
-``autotp`` alone: the package's own ``__init__.py``). A module may import its own layer or those below."""
+``autotp`` alone: the package's own ``__init__.py``). A module may import its own layer or those below. The torch
+adapter (torch's private APIs, every layer's way to them) and the errors it raises sit under everything."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ def test_no_import_cycle():
 
 
 def test_no_layer_imports_a_higher_one():
-    """front doors -> reports / runtime -> stages -> base -> cost_model: never the other way."""
+    """front doors -> reports / runtime -> stages -> base -> cost_model -> torch adapter: never the other way."""
     modules, edges = _graph()
     upward = []
     for edge in edges:

@@ -172,14 +172,15 @@ def test_an_untested_torch_turns_the_cache_and_the_shared_trace_off(tmp_path: Pa
     emptied of it (as on a newer torch), opening a cache warns and gives none, and a program cannot be made
     into bytes for a group (TypeError, which the shared trace answers by tracing on every rank)."""
     import autotp.trace_cache as trace_cache
+    from autotp.adapters import torch_internals
 
     assert trace_cache.serde_unsupported() is None, f"torch {torch.__version__}: {trace_cache.serde_unsupported()}"
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     exported = torch.export.export(model, (torch.randn(3, 4),))
-    monkeypatch.setattr(trace_cache, "SERDE_TORCH_RELEASES", ("0.1",))
+    monkeypatch.setattr(torch_internals, "RELEASES", torch_internals.TorchReleases("0.1.0", "0.1"))
     why = trace_cache.serde_unsupported()
-    assert why is not None and f"torch {torch.__version__} is not one it is tested on (0.1)" in why, why
-    with pytest.warns(UserWarning, match=r"tracing without the trace cache: torch .*install torch 0\.1 for the cache"):
+    assert why is not None and f"torch {torch.__version__} is not one it is tested on (0.1.0 to 0.1)" in why, why
+    with pytest.warns(UserWarning, match=r"tracing without the trace cache: torch .*install torch 0\.1\.0 to 0\.1 for the cache"):
         assert open_trace_cache(tmp_path / "cache") is None
     with pytest.raises(TypeError, match="cannot send a traced program: torch"):
         trace_cache.program_bytes("a" * 64, exported)

@@ -30,8 +30,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from autotp.adapters.torch_internals import is_traceable_wrapper_subclass, unwrap_tensor_subclass_parameters
 from autotp.base.errors import UnsupportedQuantizationError, UnsupportedReleaseError
 
 __all__ = [
@@ -106,7 +106,6 @@ def parts_as_parameters(model: torch.nn.Module) -> Iterator[None]:
     ``<module>.parametrizations.<name>.original<i>`` that ``torch.export`` gives it (torch's own
     ``unwrap_tensor_subclass_parameters``); the weights are put back after. A model on ``meta`` is traced
     with fake parameters, and a fake tensor cannot be a part of a subclass weight when export splits it."""
-    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
     from torch.nn.utils import parametrize
 
     owners = [(module, name, param) for module in model.modules() for name, param in module._parameters.items()

@@ -112,13 +112,12 @@ def exchanges_with_others(group: dist.ProcessGroup | None) -> bool:
 def group_store(group: dist.ProcessGroup | None) -> dist.Store:
     """The key-value store of ``group`` (prefixed with the group's name by torch).
 
-    The one private torch API this module uses: c10d keeps each group's store but offers no
-    public accessor.
+    c10d keeps each group's store but offers no public accessor: read through
+    :func:`autotp.adapters.torch_internals.process_group_store`.
     """
-    from torch.distributed import distributed_c10d as c10d
+    from autotp.adapters.torch_internals import process_group_store
 
-    process_group = group if group is not None else c10d._get_default_group()
-    return c10d._get_process_group_store(process_group)
+    return process_group_store(group)
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -525,7 +525,7 @@ def quantize_on_read(checkpoint: TensorSource, entry: TensorEntry, weight: torch
 
 def _model_tensor(model: torch.nn.Module, fqn: str, exported: torch.export.ExportedProgram) -> torch.Tensor | None:
     """A real (not meta, not fake) value of buffer or constant ``fqn`` held by the model, or None."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    from autotp.adapters.torch_internals import FakeTensor
 
     try:
         tensor = model.get_buffer(fqn)

@@ -55,6 +55,7 @@ from typing import Any, cast
 import torch
 import torch.fx as fx
 
+from autotp.adapters import torch_internals
 from autotp.base.errors import RuntimeModeError
 from autotp.base.progress import log_progress
 from autotp.passes.small_collectives import COLLECTIVE_STATE_PREFIX, compiler_visible_collectives
@@ -132,10 +133,9 @@ def graph_runner(graph_module: fx.GraphModule, mode: str, *, what: str, talk: bo
     return _CompiledGraph(graph_module, mode, what=what, talk=talk, static=static)
 
 
-try:  # Dynamo's own check of the global state its guards read (grad mode, autocast, default dtype, ...)
-    from torch._C._dynamo.guards import GlobalStateGuard as _GlobalState
-except ImportError:  # pragma: no cover - a torch without it: every call keeps Dynamo's guards
-    _GlobalState = None
+# Dynamo's own check of the global state its guards read (grad mode, autocast, default dtype, ...); None on a
+# torch without it: every call keeps Dynamo's guards
+_GlobalState = torch_internals.GlobalStateGuard
 
 _SUMMED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LINEAR = torch.ops.aten.linear.default
@@ -211,7 +211,7 @@ class _CompiledGraph:
         if mode == "cuda_graph":  # and the memory the collectives share with the other ranks
             shared = (b for name, b in self.graph_module.named_buffers() if name.startswith(COLLECTIVE_STATE_PREFIX))
             for tensor in (*static, *shared):
-                torch._dynamo.mark_static_address(tensor)
+                torch_internals.mark_static_address(tensor)
         self.compiled: Callable[..., Any] | None = None
         self.calls = 0
         # the decode graph's first arguments and the global state then (the module docstring)
@@ -240,7 +240,7 @@ class _CompiledGraph:
         and the state Dynamo checks on every call (grad mode, autocast, default dtype, ...) as it was then. Then
         Dynamo's guards would pass."""
         if (self.first is None or len(args) != len(self.first[1]) or not self.first[0].check()
-                or torch.overrides._get_current_function_mode_stack()):
+                or torch_internals.current_function_mode_stack()):
             return False
         for arg, seen in zip(args, self.first[1]):
             if arg is seen:
@@ -254,12 +254,12 @@ class _CompiledGraph:
     def _run(self, args: tuple[Any, ...]) -> Any:
         try:
             return self._run_compiled(args)
-        except torch._dynamo.exc.Unsupported as exc:
+        except torch_internals.dynamo_unsupported() as exc:
             # an error raised inside the compiled graph (a peer's failure, a check of this rank's input) reaches
             # GraphModule's error report, whose traceback generator Dynamo refuses under fullgraph=True: its
             # Unsupported hides the graph's own error, which is the one to raise
             raised = exc.__context__
-            if raised is None or isinstance(raised, torch._dynamo.exc.Unsupported):
+            if raised is None or isinstance(raised, torch_internals.dynamo_unsupported()):
                 raise
             raise raised.with_traceback(raised.__traceback__) from None
 

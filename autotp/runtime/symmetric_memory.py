@@ -118,7 +118,9 @@ def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, host: Ho
                                             device_types={kind for _, kind, _ in facts},
                                             has_kernel=all(kernel for _, _, kernel in facts)):
         return None
-    import torch.distributed._symmetric_memory as symm_mem
+    from autotp.adapters.torch_internals import symmetric_memory
+
+    symm_mem = symmetric_memory()
 
     rank = dist.get_rank(group)
     process_group = group if group is not None else dist.group.WORLD  # the group's name is the graph's

@@ -20,9 +20,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-import torch
 import torch.fx as fx
 
+from autotp.adapters.torch_internals import OpOverload
 from autotp.base.placements import Replicate
 from autotp.base.strategy import Strategy
 from autotp.passes.rules.args import tensor_inputs
@@ -125,7 +125,7 @@ def register_local_form_kernels(*ops: object) -> Callable[[LocalFormKernels], Lo
 def _lookup(table: dict[object, Callable], target: object) -> Callable | None:
     """Entry of ``target`` in ``table``: by overload, else by its qualified name."""
     found = table.get(target)
-    if found is None and isinstance(target, torch._ops.OpOverload):
+    if found is None and isinstance(target, OpOverload):
         found = table.get(target.name())
     return found
 
