@@ -805,10 +805,12 @@ def test_a_python_loop_pays_the_host_calls_it_makes() -> None:
         assert with_calls - without == pytest.approx(2e-6 + 5 * 2e-6 + 13e-6, rel=1e-6), priced
 
 
-def _runs_math_kernel(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, **options: object) -> bool:
-    """Whether PyTorch ran this attention in its math kernel, as its profiler saw the call."""
+def _runs_math_kernel(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, value: torch.Tensor | None = None,
+                      **options: object) -> bool:
+    """Whether PyTorch ran this attention in its math kernel, as its profiler saw the call (``value``: ``key``)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-        torch.ops.aten.scaled_dot_product_attention.default(query, key, key, mask, **options)
+        torch.ops.aten.scaled_dot_product_attention.default(query, key, key if value is None else value, mask,
+                                                            **options)
     return any("_scaled_dot_product_attention_math" in event.name for event in profiler.events())
 
 
@@ -816,9 +818,9 @@ def _runs_math_kernel(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor
 def test_attention_pays_per_block_and_per_call_in_the_flash_kernel_and_once_in_the_math_kernel() -> None:
     """``fixed_costs`` of an attention: per (batch, head) block of up to 32 queries plus once per call where PyTorch
     runs its flash kernel; once, ``"attention_math"``, where it runs its math kernel, as PyTorch's profiler shows it
-    does for keys of one head under queries of eight (Falcon's multi-query attention) and not with
-    ``enable_gqa``. In plans: a tiny Llama's attention at tp 2 pays both flash costs at its local heads, a tiny
-    Falcon's only the math one."""
+    does for values of another head size than the queries' and, on torch 2.13 (not 2.14), for keys of one head
+    under queries of eight (Falcon's multi-query attention), and not with ``enable_gqa``. In plans: a tiny Llama's
+    attention at tp 2 pays both flash costs at its local heads, a tiny Falcon's what its kernel on this torch costs."""
     from heldout_models import tiny_falcon
     from models import tiny_llama
 
@@ -837,13 +839,19 @@ def test_attention_pays_per_block_and_per_call_in_the_flash_kernel_and_once_in_t
         assert attention_runs_math(sdpa, (query, key, key, mask), options) == expected, (key.shape, options)
         shapes = (query.shape, key.shape, key.shape, mask.shape)  # shapes, as the cost pass gives them: the same
         assert attention_runs_math(sdpa, shapes, options) == expected
-    assert attention_runs_math(sdpa, (query, torch.randn(2, 1, 16, 32)) * 2)
-    assert fixed_costs(sdpa, (query.shape, (2, 1, 16, 32), (2, 1, 16, 32), mask.shape)) == (("attention_math", 1),)
+    # keys of one head under queries of eight: the math kernel on torch 2.13, the flash one on 2.14
+    multi_query_math = _runs_math_kernel(query, torch.randn(2, 1, 16, 32), mask)
+    assert attention_runs_math(sdpa, (query, torch.randn(2, 1, 16, 32)) * 2) == multi_query_math
+    assert (fixed_costs(sdpa, (query.shape, (2, 1, 16, 32), (2, 1, 16, 32), mask.shape)) == (("attention_math", 1),)
+            ) == multi_query_math
+    # values of another head size than the queries' (latent attention): the math kernel on both
+    assert _runs_math_kernel(query, torch.randn(2, 8, 16, 32), mask, torch.randn(2, 8, 16, 16))
+    assert fixed_costs(sdpa, (query.shape, (2, 8, 16, 32), (2, 8, 16, 16), mask.shape)) == (("attention_math", 1),)
 
     costs = (("attention", 1e-5), ("attention_call", 3e-6), ("attention_math", 7e-5))
     base = dataclasses.replace(get_hardware("cpu-gloo"), op_fixed_s=tuple((name, 0.0) for name, _ in costs))
     fixed = dataclasses.replace(base, op_fixed_s=costs)
-    for build, world_size, heads, math_kernel in ((tiny_llama, 2, 8, False), (tiny_falcon, 2, 8, True)):
+    for build, world_size, heads, math_kernel in ((tiny_llama, 2, 8, False), (tiny_falcon, 2, 8, multi_query_math)):
         model, args, kwargs = build()
         attention = [{node.name: node for node in autotp.plan(model, args, kwargs, world_size=world_size,
                                                                hardware=profile).nodes
@@ -864,13 +872,13 @@ def test_the_calibrations_attention_instances_run_the_kernels_their_costs_name()
     from autotp.calibration.graphs import ATTENTION_BLOCKS_TIMED, _attention_instance
     from autotp.cost_model.compute import fixed_costs
 
-    for heads, key_heads, expected in ((1, 1, (("attention", 1), ("attention_call", 1))),
-                                       (ATTENTION_BLOCKS_TIMED, ATTENTION_BLOCKS_TIMED,
-                                        (("attention", ATTENTION_BLOCKS_TIMED), ("attention_call", 1))),
-                                       (4, 1, (("attention_math", 1),))):
-        op, (query, key, value, mask) = _attention_instance(heads, key_heads)
+    for heads, value_size, expected in ((1, 16, (("attention", 1), ("attention_call", 1))),
+                                        (ATTENTION_BLOCKS_TIMED, 16,
+                                         (("attention", ATTENTION_BLOCKS_TIMED), ("attention_call", 1))),
+                                        (4, 8, (("attention_math", 1),))):
+        op, (query, key, value, mask) = _attention_instance(heads, value_size)
         assert fixed_costs(op, (query, key, value, mask)) == expected
-        assert _runs_math_kernel(query, key, mask) == (key_heads < heads), (heads, key_heads)
+        assert _runs_math_kernel(query, key, mask, value) == (value_size != 16), (heads, value_size)
 
 
 def test_a_convolution_pays_the_fixed_cost_only_where_pytorch_runs_it_through_onednn() -> None:

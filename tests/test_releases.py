@@ -32,7 +32,7 @@ from generation_models import tiny_deepseek_v3, tiny_gemma, tiny_gpt_neox, tiny_
 from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
-from autotp.adapters import hf_transformers
+from autotp.adapters import hf_transformers, torch_internals
 from autotp.adapters import torchao as torchao_adapter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,15 +238,16 @@ def _floors() -> dict[str, str]:
 
 def test_ci_runs_the_oldest_release_of_every_declared_range() -> None:
     """No process group: pyproject.toml's floors are what .ci/release_tiers' oldest tier installs (torch
-    aside: its range is one minor release, the one CI installs), the transformers ranges of the adapter are
-    pyproject's, and some tier runs the oldest release of each."""
+    aside: the main suite runs its oldest release, .ci/torch_tier its newest, tests/test_torch_internals.py checks
+    both), the transformers ranges of the adapter are pyproject's, and some tier runs the oldest release of each."""
     tiers = _release_tiers()
     floors = _floors()
     oldest = tiers["oldest"]
     for package, floor in floors.items():
         if package == "torch":
-            assert floor == torch.__version__.split("+")[0].rsplit(".", 1)[0], (
-                f"pyproject.toml's torch floor {floor} is not the torch CI installs ({torch.__version__})")
+            assert floor == torch_internals.RELEASES.oldest, (
+                f"pyproject.toml's torch floor {floor} is not the oldest release autotp.adapters.torch_internals "
+                f"supports ({torch_internals.RELEASES.oldest}), which .ci/constraints.txt pins for the main suite")
             continue
         assert oldest.get(package) == floor, (
             f".ci/release_tiers' oldest tier installs {package}=={oldest.get(package)}, pyproject.toml's floor is {floor}")

@@ -180,7 +180,7 @@ def _op_family_instances() -> dict[str, tuple[Any, tuple]]:
                                               [1, 1], [1, 1], 1)),
         "pooling": (aten.max_pool2d.default, (images, [2, 2], [2, 2])),
         "batch_norm": (aten.batch_norm.default, (images, ones, zeros, zeros, ones, False, 0.1, 1e-5, True)),
-        "attention": _attention_instance(1, 1),
+        "attention": _attention_instance(1),
     }
 
 
@@ -189,14 +189,14 @@ ATTENTION_BLOCKS_TIMED = 16
 each, so that the cost per block stands apart from the cost per call."""
 
 
-def _attention_instance(query_heads: int, key_heads: int) -> tuple[Any, tuple]:
+def _attention_instance(heads: int, value_size: int = 16) -> tuple[Any, tuple]:
     """``scaled_dot_product_attention`` of four queries of 16 per head over four keys, with a causal boolean mask:
-    one block of queries per head in PyTorch's CPU flash kernel, which runs keys and values of as many heads as
-    the queries, or its math kernel where the keys have one head for several
-    (:func:`~autotp.cost_model.compute.attention_runs_math`)."""
+    one block of queries per head in PyTorch's CPU flash kernel, or its math kernel where the values' head size
+    differs from the queries' (as DeepSeek's latent attention's does; :func:`~autotp.cost_model.compute.attention_runs_math`).
+    Not keys of one head under queries of several: torch 2.13 runs those in the math kernel, 2.14 in the flash one."""
     generator = torch.Generator().manual_seed(3)
-    query = torch.randn(1, query_heads, 4, 16, generator=generator)
-    key, value = (torch.randn(1, key_heads, 4, 16, generator=generator) for _ in range(2))
+    query, key = (torch.randn(1, heads, 4, 16, generator=generator) for _ in range(2))
+    value = torch.randn(1, heads, 4, value_size, generator=generator)
     mask = torch.ones(1, 1, 4, 4, dtype=torch.bool).tril()
     return aten.scaled_dot_product_attention.default, (query, key, value, mask)
 
@@ -285,11 +285,11 @@ def measure_op_fixed_s(hardware: Hardware, min_time_s: float, repeats: int) -> t
     # one block and many in turn, medians of each: a slow stretch of the machine falls on both, not on one
     one_block, many_blocks = [], []
     for _ in range(ATTENTION_ROUNDS):
-        one_block.append(excess_s(*_attention_instance(1, 1)))
-        many_blocks.append(excess_s(*_attention_instance(ATTENTION_BLOCKS_TIMED, ATTENTION_BLOCKS_TIMED)))
+        one_block.append(excess_s(*_attention_instance(1)))
+        many_blocks.append(excess_s(*_attention_instance(ATTENTION_BLOCKS_TIMED)))
     per_block, per_call = split_attention_cost(statistics.median(one_block), statistics.median(many_blocks),
                                                ATTENTION_BLOCKS_TIMED)
-    fixed.update(attention=per_block, attention_call=per_call, attention_math=excess_s(*_attention_instance(4, 1)))
+    fixed.update(attention=per_block, attention_call=per_call, attention_math=excess_s(*_attention_instance(4, value_size=8)))
     return tuple((name, max(0.0, seconds)) for name, seconds in fixed.items())
 
 
