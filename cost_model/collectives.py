@@ -63,8 +63,11 @@ cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCC
   Each part is one collective call (pays its base latency). All-to-all and broadcast use the
   flat form only.
 
-**One-shot all-reduce** (``Hardware.small_all_reduce == "one_shot"``: autotp's inference runtime
-on gloo, ``autotp.passes.small_collectives``): an all-reduce of at most :data:`ONE_SHOT_MAX_BYTES`
+The forms below (and the backend's own, above) are the rows of one table,
+:data:`~.collective_forms.FORM_TABLE`: when each applies, its cost (written once, priced here on numbers and
+in :mod:`.symbolic` on expressions: :func:`form_link_time`), and what calibration fits for it.
+
+**One-shot all-reduce** (``CollectiveForm.ONE_SHOT``: autotp's inference runtime on gloo, ``autotp.passes.small_collectives``): an all-reduce of at most :data:`ONE_SHOT_MAX_BYTES`
 over at least :data:`ONE_SHOT_MIN_GROUP` ranks (:func:`uses_one_shot_all_reduce`, the condition
 the runtime itself checks) runs as one ``all_to_all_single`` in which every rank sends its whole
 tensor to every other rank and sums the ``p`` copies: ``(p-1)·alpha + (p-1)·n/B`` (the
@@ -72,18 +75,18 @@ all-to-all row above with ``p·n`` bytes per rank, [T05] pairwise exchange) inst
 ``2(p-1)·alpha + 2(p-1)/p·n/B``; the local sum of ``p`` copies is memory bound and not priced,
 as the ring's reduction is not. Flat link only (the runtime does not split it by node).
 
-**Shared-memory all-reduce** (``Hardware.small_all_reduce == "shared_memory"``: autotp's inference
+**Shared-memory all-reduce** (``CollectiveForm.SHARED_MEMORY``: autotp's inference
 runtime on a gloo group whose ranks share one x86-64 host, :func:`uses_shared_memory_all_reduce`,
 ``autotp.runtime.shared_memory``): every all-reduce inside a node, at any size, on the profile's own
 ``Hardware.shared_memory_link`` (fitted by ``autotp calibrate``):
-``base + (p-1)·alpha + (p+1)·n/B`` (:func:`shared_memory_terms`: each rank waits for the flags of
+``base + (p-1)·alpha + (p+1)·n/B`` (its row's terms: each rank waits for the flags of
 ``p - 1`` others; it copies its ``n`` bytes in, reads the ``p`` copies and writes the sum). A group
 that spans nodes cannot share memory: it is priced as the one-shot form the runtime falls back to.
 In a graph whose working set pushes the slots out of the caches between two uses (a decode step
 streaming hundreds of MiB of weights and cache), each call also pays
 ``Hardware.shared_memory_cold_call_s``, resolved at the graph's working set.
 
-**Symmetric-memory all-reduce** (``Hardware.small_all_reduce == "symmetric_memory"``: autotp's inference
+**Symmetric-memory all-reduce** (``CollectiveForm.SYMMETRIC_MEMORY``: autotp's inference
 runtime where the ranks of a group share one host and their tensors are on CUDA devices,
 :func:`uses_symmetric_memory_all_reduce`, ``autotp.runtime.symmetric_memory``): an all-reduce of at most
 :data:`ONE_SHOT_MAX_BYTES` inside a node (:func:`symmetric_memory_takes`) runs as PyTorch's one-shot kernel on
@@ -91,7 +94,7 @@ symmetric memory (``torch.ops.symm_mem.one_shot_all_reduce_copy_out``, [SYMM]): 
 into the rank's buffer, signals every peer and waits for their signals, loads the ``p - 1`` peers' buffers
 over NVLink and sums them, then signals and waits once more before the buffer can be reused. Priced on
 ``Hardware.symmetric_memory_link`` (the ``intra_node`` link with one kernel launch, ``kernel_floor_s``, in
-place of NCCL's per-call base): ``base + 2·alpha + (p-1)·n/B`` (:func:`symmetric_memory_terms`). vLLM's
+place of NCCL's per-call base): ``base + 2·alpha + (p-1)·n/B`` (its row's terms). vLLM's
 and SGLang's custom all-reduce take the same form for small messages inside a node. Larger tensors and
 groups that span nodes keep NCCL's ring or tree.
 
