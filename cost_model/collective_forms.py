@@ -286,11 +286,13 @@ class FormSpec:
         price (no in-graph wait, no cold-cache cost)."""
         if self.terms is None or not self.takes_call(kind, group_size, dtype):
             return backend()
-        link = self.link(group_link, links)
+
+        def own() -> Any:
+            return self.own_time(kind, nbytes, group_size, self.link(group_link, links), arith)
+
         if self.max_bytes is None:
-            return self.own_time(kind, nbytes, group_size, link, arith)
-        return arith.choose(arith.at_most(nbytes, self.max_bytes),
-                            lambda: self.own_time(kind, nbytes, group_size, link, arith), backend)
+            return own()
+        return arith.choose(arith.at_most(nbytes, self.max_bytes), own, backend)
 
 
 def _symmetric_memory_terms(kind: str, p: Any) -> tuple[Any, Any, Any]:

@@ -67,9 +67,10 @@ The forms below (and the backend's own, above) are the rows of one table,
 :data:`~.collective_forms.FORM_TABLE`: when each applies, its cost (written once, priced here on numbers and
 in :mod:`.symbolic` on expressions: :func:`form_link_time`), and what calibration fits for it.
 
-**One-shot all-reduce** (``CollectiveForm.ONE_SHOT``: autotp's inference runtime on gloo, ``autotp.passes.small_collectives``): an all-reduce of at most :data:`ONE_SHOT_MAX_BYTES`
-over at least :data:`ONE_SHOT_MIN_GROUP` ranks (:func:`uses_one_shot_all_reduce`, the condition
-the runtime itself checks) runs as one ``all_to_all_single`` in which every rank sends its whole
+**One-shot all-reduce** (``CollectiveForm.ONE_SHOT``: autotp's inference runtime on gloo,
+``autotp.passes.small_collectives``): an all-reduce of at most :data:`ONE_SHOT_MAX_BYTES` over at least
+:data:`ONE_SHOT_MIN_GROUP` ranks (:func:`uses_one_shot_all_reduce`, the condition the runtime itself
+checks) runs as one ``all_to_all_single`` in which every rank sends its whole
 tensor to every other rank and sums the ``p`` copies: ``(p-1)·alpha + (p-1)·n/B`` (the
 all-to-all row above with ``p·n`` bytes per rank, [T05] pairwise exchange) instead of the ring's
 ``2(p-1)·alpha + 2(p-1)/p·n/B``; the local sum of ``p`` copies is memory bound and not priced,

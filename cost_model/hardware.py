@@ -474,6 +474,7 @@ class Hardware:
         if self.shared_memory_link is not None and not isinstance(self.shared_memory_link, LinkProfile):
             raise ValueError(f"{owner}.shared_memory_link must be a LinkProfile or None")
         form = FORM_TABLE[CollectiveForm.from_name(self.small_all_reduce)]
+        object.__setattr__(self, "small_all_reduce", form.form)  # typed, whether given as the form or its name
         if form.link_field is not None and getattr(self, form.link_field) is None:
             raise ValueError(f"{owner}.small_all_reduce='{form.form}' needs {form.link_field} (its latency and "
                              f"bandwidth, measured by `autotp calibrate`); or use small_all_reduce='{form.across_nodes}'")
