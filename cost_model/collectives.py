@@ -298,6 +298,10 @@ def form_link_time(kind: str, nbytes: Any, group_size: int, hardware: Hardware, 
     return link_s
 
 
+_FORM_LINKS = frozenset(spec.link_field for spec in FORM_TABLE.values() if spec.link_field is not None)
+"""The links a form is priced on besides the group's (``FormSpec.link_field``), by name."""
+
+
 def link_collective_time_s(
     kind: str,
     nbytes: float,
@@ -306,24 +310,26 @@ def link_collective_time_s(
     *,
     algorithm: str = "ring",
     small_all_reduce: str = CollectiveForm.RING,
-    shared_memory_link: LinkProfile | None = None,
-    symmetric_memory_link: LinkProfile | None = None,
     dtype: Any = None,
+    **form_links: LinkProfile | None,
 ) -> float:
     """:func:`collective_time_s` on an explicit link instead of a hardware profile (no in-graph wait, no
     cold-cache cost, no hierarchical form).
 
     ``small_all_reduce``: the :class:`~.collective_forms.CollectiveForm` that runs (its row of
     :data:`~.collective_forms.FORM_TABLE`): a call it takes is priced by its row, on ``link`` or on the link
-    the row names (``shared_memory_link``, ``symmetric_memory_link``: required then); the others as the
-    backend's ring or tree on ``link``. ``dtype``: the tensor's, where known."""
+    the row names (``form_links``, by the row's ``link_field``: ``shared_memory_link=``,
+    ``symmetric_memory_link=``; required then); the others as the backend's ring or tree on ``link``.
+    ``dtype``: the tensor's, where known."""
     validate_collective(kind, algorithm)
     _check_sizes(group_size, nbytes)
+    if set(form_links) - _FORM_LINKS:
+        raise TypeError(f"link_collective_time_s() got unknown links {sorted(set(form_links) - _FORM_LINKS)}; the "
+                        f"forms' links are {sorted(_FORM_LINKS)}")
     if group_size == 1 or nbytes == 0:
         return 0.0
-    links = {"shared_memory_link": shared_memory_link, "symmetric_memory_link": symmetric_memory_link}
     spec = FORM_TABLE[CollectiveForm.from_name(small_all_reduce)]
-    return float(spec.time(kind, nbytes, group_size, dtype, group_link=link, links=links.get, arith=NUMERIC,
+    return float(spec.time(kind, nbytes, group_size, dtype, group_link=link, links=form_links.get, arith=NUMERIC,
                            backend=lambda: _on_group_link(kind, nbytes, group_size, link, algorithm, NUMERIC)))
 
 
