@@ -12,7 +12,7 @@ import pytest
 import sympy
 import torch
 
-from autotp.cost_model import KNOWN_HARDWARE, LinkProfile, collective_time_s
+from autotp.cost_model import KNOWN_HARDWARE, LinkProfile, collective_time_s, link_collective_time_s
 from autotp.cost_model.bandwidth import graph_profile
 from autotp.cost_model.collective_forms import FORM_TABLE, NUMERIC, SYMBOLIC, CollectiveForm, runs_as
 from autotp.cost_model.collectives import backend_time
@@ -91,3 +91,21 @@ def test_training_graphs_take_only_forms_that_run_in_training() -> None:
         priced = graph_profile(_profile(form), 1e6, training=True).small_all_reduce
         expected = form if spec.in_training else CollectiveForm.RING
         assert priced == expected, f"{form}: a training graph prices {priced}, expected {expected}"
+
+
+def test_a_profile_holds_its_form_typed_and_the_explicit_link_price_names_unknown_links() -> None:
+    """cpu-gloo given the one-shot form by name holds the enum (equal to the name, and so in JSON); a link that no
+    form is priced on is refused by name, where a form's own link prices its calls."""
+    profile = dataclasses.replace(KNOWN_HARDWARE["cpu-gloo"], small_all_reduce="shared_memory",
+                                  shared_memory_link=_SHARED)
+    assert profile.small_all_reduce is CollectiveForm.SHARED_MEMORY, f"got {profile.small_all_reduce!r}"
+    assert '"small_all_reduce": "shared_memory"' in profile.to_json(), "the JSON keeps the form's name"
+    link = profile.intra_node
+    with pytest.raises(TypeError, match="unknown links \\['shared_memory_lnk'\\]"):
+        link_collective_time_s("all_reduce", 2048, 4, link, shared_memory_lnk=_SHARED)
+    ring = link_collective_time_s("all_reduce", 2048, 4, link)
+    shared = link_collective_time_s("all_reduce", 2048, 4, link, small_all_reduce=CollectiveForm.SHARED_MEMORY,
+                                    shared_memory_link=_SHARED)
+    assert shared != ring, f"the shared-memory link should price the call, got the ring's {ring}"
+    assert math.isclose(shared, _SHARED.base_latency_s + 3 * _SHARED.latency_s + 5 * 2048 / _SHARED.bandwidth_bytes_per_s,
+                        rel_tol=1e-12), f"shared-memory all-reduce at tp=4: {shared}"
