@@ -52,6 +52,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .collective_forms import FORM_TABLE, CollectiveForm
+
 __all__ = [
     "HARDWARE_JSON_VERSION",
     "KNOWN_HARDWARE",
@@ -93,16 +95,10 @@ HARDWARE_JSON_VERSION = 1
 
 _US = 1e-6  # seconds per microsecond
 
-SMALL_ALL_REDUCE_ALGORITHMS = ("ring", "one_shot", "shared_memory", "symmetric_memory")
-"""How the runtime runs an inference all-reduce: ``"ring"`` (the backend's own all-reduce),
-``"one_shot"`` (one small enough for :func:`~.collectives.uses_one_shot_all_reduce`: every rank
-sends its tensor to every rank in one exchange round and sums the copies: autotp's inference
-runtime on gloo across hosts, ``autotp.passes.small_collectives``) or ``"shared_memory"`` (every
-all-reduce of a group inside one node through a shared segment, priced on
-``Hardware.shared_memory_link``: gloo ranks on one x86-64 host, ``autotp.runtime.shared_memory``) or
-``"symmetric_memory"`` (an all-reduce of at most 256 KiB inside a node as PyTorch's one-shot kernel on
-symmetric memory, priced on :attr:`Hardware.symmetric_memory_link`: ranks on one host with CUDA tensors,
-``autotp.runtime.symmetric_memory``)."""
+SMALL_ALL_REDUCE_ALGORITHMS = tuple(str(form) for form in CollectiveForm)
+"""How the runtime runs an inference all-reduce, the names of :class:`~.collective_forms.CollectiveForm`: the
+backend's own all-reduce, the one-shot exchange round on gloo, shared memory on one x86-64 host, symmetric
+memory on CUDA (when each applies, its cost and what calibration fits: :data:`~.collective_forms.FORM_TABLE`)."""
 
 # Host/runtime fields of Hardware that are non-negative numbers with a 0.0 default.
 _HOST_TIME_FIELDS = (
@@ -382,15 +378,14 @@ class Hardware:
     graph at the bandwidth of its own working set (:func:`~.bandwidth.at_working_set`), so
     ``memory_bandwidth_gbps`` is then that graph's figure; a calibrated profile stores its
     largest-working-set (DRAM) figure there.
-    ``small_all_reduce``: one of :data:`SMALL_ALL_REDUCE_ALGORITHMS`, how the runtime runs an
-    inference all-reduce; ``"shared_memory"`` on gloo profiles calibrated on one x86-64 host,
-    ``"one_shot"`` on other gloo profiles, ``"symmetric_memory"`` on the named NVSwitch GPU profiles
-    (H100, H200, A100), ``"ring"`` on other NCCL ones. A profile written before the
-    field existed reads ``"one_shot"`` when ``host_is_device`` (a CPU profile: gloo) and
-    ``"ring"`` otherwise.
+    ``small_all_reduce``: a :class:`~.collective_forms.CollectiveForm` (or its name), how the runtime runs
+    an inference all-reduce; shared memory on gloo profiles calibrated on one x86-64 host, one-shot on
+    other gloo profiles, symmetric memory on the named NVSwitch GPU profiles (H100, H200, A100), the
+    backend's ring on other NCCL ones. A profile written before the field existed reads one-shot when
+    ``host_is_device`` (a CPU profile: gloo) and ring otherwise.
     ``shared_memory_link``: the shared-memory all-reduce's own latency and bandwidth (fitted by
-    ``autotp calibrate`` to :func:`~.collectives.shared_memory_terms`); required with
-    ``small_all_reduce="shared_memory"``, None otherwise.
+    ``autotp calibrate`` to its row's terms in :data:`~.collective_forms.FORM_TABLE`); required with
+    the shared-memory form, None otherwise.
 
     ``core_share`` (optional in JSON; 1.0 when absent and for every named profile): the share of
     a core one rank got while every rank of the group computed, in (0, 1]. ``autotp calibrate``
@@ -442,7 +437,7 @@ class Hardware:
     first_call_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_curve: tuple[tuple[float, float], ...] = ()
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
-    small_all_reduce: str = "ring"
+    small_all_reduce: str = CollectiveForm.RING
     shared_memory_link: LinkProfile | None = None
     core_share: float = 1.0
     fair_core_share: float = 1.0
@@ -478,9 +473,11 @@ class Hardware:
                              f"{', '.join(map(repr, SMALL_ALL_REDUCE_ALGORITHMS))}, got {self.small_all_reduce!r}")
         if self.shared_memory_link is not None and not isinstance(self.shared_memory_link, LinkProfile):
             raise ValueError(f"{owner}.shared_memory_link must be a LinkProfile or None")
-        if self.small_all_reduce == "shared_memory" and self.shared_memory_link is None:
-            raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
-                             "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
+        form = FORM_TABLE[CollectiveForm.from_name(self.small_all_reduce)]
+        object.__setattr__(self, "small_all_reduce", form.form)  # typed, whether given as the form or its name
+        if form.link_field is not None and getattr(self, form.link_field) is None:
+            raise ValueError(f"{owner}.small_all_reduce='{form.form}' needs {form.link_field} (its latency and "
+                             f"bandwidth, measured by `autotp calibrate`); or use small_all_reduce='{form.across_nodes}'")
         object.__setattr__(self, "op_fixed_s", _checked_named_seconds(owner, "op_fixed_s", self.op_fixed_s,
                                                                       OP_FIXED_COSTS))
         object.__setattr__(self, "first_call_s", _checked_named_seconds(owner, "first_call_s", self.first_call_s,
@@ -605,7 +602,7 @@ class Hardware:
     @property
     def symmetric_memory_link(self) -> LinkProfile:
         """``intra_node`` as the one-shot all-reduce in symmetric memory uses it (``small_all_reduce=
-        "symmetric_memory"``): the same latency per signal and bandwidth per direction, and one kernel
+        CollectiveForm.SYMMETRIC_MEMORY``): the same latency per signal and bandwidth per direction, and one kernel
         launch (``kernel_floor_s``) per call in place of NCCL's base latency."""
         return replace(self.intra_node, name=f"{self.intra_node.name}-symmetric-memory",
                        base_latency_s=self.kernel_floor_s)
@@ -717,8 +714,8 @@ class Hardware:
                     "op_element_s", data.get("op_element_s", {})),
                 # absent in profiles written before the working-set curve and the one-shot pricing
                 memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
-                small_all_reduce=data.get("small_all_reduce",
-                                          "one_shot" if data.get("host_is_device", False) is True else "ring"),
+                small_all_reduce=data.get("small_all_reduce", CollectiveForm.ONE_SHOT
+                                          if data.get("host_is_device", False) is True else CollectiveForm.RING),
                 shared_memory_link=shared_memory_link,
                 shared_memory_cold_curve=_curve_from_json(data.get("shared_memory_cold_curve", []),
                                                           "shared_memory_cold_curve", "seconds"),
@@ -821,7 +818,7 @@ _GPU_GRAPH_LAUNCH_S = 10.0 * _US
 # On one NVSwitch node autotp's runtime sums an all-reduce of at most 256 KiB with PyTorch's one-shot kernel
 # on symmetric memory (autotp/runtime/symmetric_memory.py; priced in cost_model/collectives.py), as vLLM's and
 # SGLang's custom all-reduce do for small messages; larger ones and groups across nodes keep NCCL.
-_GPU_SMALL_ALL_REDUCE = "symmetric_memory"
+_GPU_SMALL_ALL_REDUCE = CollectiveForm.SYMMETRIC_MEMORY
 
 # GPU profiles price a plan as replayed from a CUDA graph, as serving engines run decode (vLLM
 # captures CUDA graphs of its decode steps by default, https://docs.vllm.ai/en/latest/design/cuda_graphs/ ):
@@ -986,7 +983,7 @@ CPU_GLOO = Hardware(
     ),
     devices_per_node=8,  # placeholder: processes on one host
     host_is_device=True,  # on a CPU the host runs the kernels: dispatch and kernel add up
-    small_all_reduce="one_shot",  # gloo: autotp's inference runtime sums small all-reduces in one round
+    small_all_reduce=CollectiveForm.ONE_SHOT,  # gloo: autotp's inference runtime sums small all-reduces in one round
     source="placeholders, not measurements; run `autotp calibrate` to measure this machine",
 )
 
