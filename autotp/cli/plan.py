@@ -325,10 +325,10 @@ def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
 
 def _options(args: argparse.Namespace, world_size: int) -> Any:
     """The :class:`~autotp.planning.options.PlanOptions` of the command line (validated before any tracing)."""
-    from autotp.planning.options import plan_options
+    from autotp.planning.options import PlanOptions
 
-    return plan_options(world_size=world_size, hardware=args.hardware, memory_budget=args.memory_budget,
-                        time_limit_s=args.time_limit, constraints=dict(args.constraint) or None)
+    return PlanOptions(world_size=world_size, hardware=args.hardware, memory_budget=args.memory_budget,
+                       time_limit_s=args.time_limit, constraints=dict(args.constraint) or None)
 
 
 def _plan(captured: Any, args: argparse.Namespace, world_size: int, label: str) -> Any:
