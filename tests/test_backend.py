@@ -57,7 +57,7 @@ def test_options_are_validated() -> None:
         autotp.backend(max_shapes=0)
     with pytest.raises(ValueError, match="world_size"):
         autotp.backend(world_size=0)
-    assert isinstance(autotp.backend(world_size=2, inner="inductor"), AutoTPBackend)
+    assert isinstance(autotp.backend(world_size=2, runtime=autotp.RuntimeOptions(runtime_mode="compiled")), AutoTPBackend)
 
 
 def test_registered_as_dynamo_backend() -> None:
@@ -281,7 +281,7 @@ def test_string_backend_and_release_full_weights(gloo) -> None:
 def _inductor(rank: int, world_size: int) -> dict:
     torch._dynamo.reset()
     model, (x,), _ = tiny_mlp(hidden=64, intermediate=256)
-    tp_backend = autotp.backend(world_size=world_size, inner="inductor")
+    tp_backend = autotp.backend(world_size=world_size, runtime=autotp.RuntimeOptions(runtime_mode="compiled"))
     compiled = torch.compile(model, backend=tp_backend)
     with torch.no_grad():
         error = _max_error(compiled(x), model(x))

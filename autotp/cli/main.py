@@ -104,7 +104,7 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
                    f"the plan is costed for that profile, the run is CPU gloo...")
         started = time.perf_counter()
         tp_model = autotp.compile(model, world_size=world_size, example_inputs=(ids,),
-                                  example_kwargs={"use_cache": False}, hardware=config.hardware)
+                                  example_kwargs={"use_cache": False}, options=autotp.PlanOptions(hardware=config.hardware))
         compile_time_s = time.perf_counter() - started
 
         say(rank, "running the tensor-parallel model...")
