@@ -14,7 +14,7 @@ The keywords say what to build (the model, its example inputs, the ranks, a give
 cache's length); every other option is given one way, in one of two frozen values validated where built:
 :class:`~autotp.planning.options.PlanOptions` (``options=``: how to plan) and
 :class:`~autotp.runtime.options.RuntimeOptions` (``runtime=``: how the ranks agree and run, the trace cache).
-The stages themselves live below (:mod:`autotp.runtime.compiling`, :mod:`autotp.runtime.applying`); nothing
+The compile driver below (:mod:`autotp.driver`) calls the stages in order; nothing
 imports this module but :mod:`autotp` and the other front doors.
 """
 
@@ -28,12 +28,12 @@ import torch.distributed as dist
 
 from autotp.base.progress import log_progress
 from autotp.capture import capture, check_model, inputs_on_model_device
+from autotp.driver import compile_group
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.mesh_search import plan_mesh as search_mesh
 from autotp.planning.options import PlanOptions, check_world_size, moved_to_options, plan_options, search_options
 from autotp.planning.plan import Plan
 from autotp.planning.planner import plan_graph
-from autotp.runtime.compiling import compile_group
 from autotp.runtime.generation import generation_inputs
 from autotp.runtime.mesh import MeshParallelModule, compile_on_mesh
 from autotp.runtime.mesh_generate import MeshGenerationModule, compile_generation_on_mesh
@@ -304,7 +304,7 @@ def compile_mesh(
     runtime = runtime_options(runtime)
     if max_cache_len is None:
         return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
-                               checkpoint=checkpoint, options=options, runtime=runtime)
+                               checkpoint=checkpoint, options=options, runtime=runtime, compile_stage=compile_group)
     given = [name for name, value in (("checkpoint", checkpoint), ("example_kwargs", example_kwargs or None))
              if value is not None]
     if given:

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from autotp.adapters import torchao
+from autotp.driver import compile_group
 from autotp.planning.options import PlanOptions, moved_to_options, plan_options
 from autotp.planning.plan import Plan
-from autotp.runtime.compiling import compile_group
 from autotp.runtime.module import TensorParallelModule
 from autotp.runtime.options import RuntimeOptions, runtime_options
 

@@ -1,7 +1,7 @@
 """Applying a plan on one rank: plan or check, then the rank-local graph and this rank's shards.
 
 The stages below the front doors (:mod:`autotp.api`), shared by the tensor-parallel compile
-(:mod:`autotp.runtime.compiling`), generation (:mod:`autotp.runtime.generation`) and the mesh runtime::
+(:mod:`autotp.driver`), generation (:mod:`autotp.runtime.generation`) and the mesh runtime::
 
     plan_or_check     CapturedGraph (+ a given Plan) -> Plan (planned on the first rank, or checked)
     rank_local_graph  Plan -> this rank's GraphModule (local shapes, functional collectives)
