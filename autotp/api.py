@@ -304,7 +304,7 @@ def compile_mesh(
     runtime = runtime_options(runtime)
     if max_cache_len is None:
         return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
-                               checkpoint=checkpoint, options=options, runtime=runtime, compile_stage=compile_group)
+                               checkpoint=checkpoint, options=options, runtime=runtime, compile_group=compile_group)
     given = [name for name, value in (("checkpoint", checkpoint), ("example_kwargs", example_kwargs or None))
              if value is not None]
     if given:

@@ -623,9 +623,9 @@ def default_microbatches(batch: int | None, shape: MeshShape) -> int:
 def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                     example_kwargs: dict[str, Any] | None, plan: ParallelPlan | str | os.PathLike[str] | None,
                     checkpoint: str | os.PathLike[str] | None = None, options: PlanOptions,
-                    runtime: RuntimeOptions, compile_stage: Callable[..., TensorParallelModule]) -> MeshParallelModule:
+                    runtime: RuntimeOptions, compile_group: Callable[..., TensorParallelModule]) -> MeshParallelModule:
     """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh` and :func:`autotp.compile_mesh`.
-    ``options`` and ``runtime`` go to ``compile_stage`` (the compile driver, :func:`autotp.driver.compile_group`,
+    ``options`` and ``runtime`` go to ``compile_group`` (the compile driver, :func:`autotp.driver.compile_group`,
     handed down by ``autotp.compile_mesh``) for each stage's tensor-parallel part.
 
     ``checkpoint``: each rank reads its stage's tensor-parallel shards from it
@@ -681,7 +681,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                                                           *replica_example_rows(batch or 0, shape.dp, replica))
         whole: nn.Module = model
         if compile_stage:
-            whole = compile_stage(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
+            whole = compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                   world_size=None, group=tp_group, plan=plan.stages[0].tp_plan, checkpoint=checkpoint,
                                   max_cache_len=None, options=options, runtime=runtime)
         return MeshParallelModule(plan, mesh, whole, signature=signature, training=training)
@@ -689,7 +689,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     stage_index = mesh_coordinate(mesh, "pp")
     module = split.modules[stage_index]
     if compile_stage:
-        module = compile_stage(module, example_inputs=split.inputs[stage_index], example_kwargs=None,
+        module = compile_group(module, example_inputs=split.inputs[stage_index], example_kwargs=None,
                                world_size=None, group=tp_group, plan=plan.stages[stage_index].tp_plan,
                                checkpoint=checkpoint, max_cache_len=None, options=options, runtime=runtime)
     stage = _Stage(module, split.inputs[stage_index], split.outputs[stage_index], split.first_inputs,
