@@ -35,8 +35,8 @@ except ImportError:  # pragma: no cover - imported as benchmarks.host_overhead
 def _plan(model: torch.nn.Module, ids: torch.Tensor, world_size: int, profile: Hardware) -> autotp.Plan:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return autotp.plan(model, (ids,), {"use_cache": False}, world_size=world_size, hardware=profile,
-                           options=autotp.PlanOptions(dynamic=False))
+        return autotp.plan(model, (ids,), {"use_cache": False}, world_size=world_size,
+                           options=autotp.PlanOptions(dynamic=False, hardware=profile))
 
 
 def main() -> None:

@@ -99,7 +99,7 @@ def measure(rank: int, world_size: int, jobs: list[dict[str, Any]], profile: str
         named = [(name, size) for name, size in zip(("dp", "pp", "tp"), job["dims"]) if size > 1]
         mesh = init_device_mesh("cpu", tuple(s for _, s in named), mesh_dim_names=tuple(n for n, _ in named))
         part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
-                                   plan=ParallelPlan.from_json(job["plan"]), hardware=profile)
+                                   plan=ParallelPlan.from_json(job["plan"]), options=autotp.PlanOptions(hardware=profile))
         with torch.no_grad():
             for _ in range(2):
                 logits = part(ids, use_cache=False).logits

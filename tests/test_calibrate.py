@@ -101,7 +101,7 @@ def test_profile_is_usable_as_hardware_json(tmp_path) -> None:
     path.write_text(profile.to_json())
     assert get_hardware(str(path)) == profile
     model, args, _ = tiny_mlp(device="meta")
-    plan = autotp.plan(model, args, world_size=2, hardware=str(path))
+    plan = autotp.plan(model, args, world_size=2, options=autotp.PlanOptions(hardware=str(path)))
     assert plan.hardware == "cpu-test"
     assert autotp.estimate(plan, profile).memory_capacity_bytes == pytest.approx(profile.memory_gib * 2**30)
 

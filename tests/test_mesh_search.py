@@ -210,7 +210,7 @@ def test_plan_front_door_and_cli(capsys) -> None:
     """autotp.plan_mesh(mesh=dp1 x pp2 x tp4) on 8 H100s: a ParallelPlan that prints its mesh, stages and
     predictions; `autotp plan --parallelism tp=2,pp=2` prints the table with the choice marked."""
     model, args, kwargs = _tiny_llama(4)
-    plan = autotp.plan_mesh(model, args, kwargs, world_size=8, hardware="h100-multinode",
+    plan = autotp.plan_mesh(model, args, kwargs, world_size=8, options=autotp.PlanOptions(hardware="h100-multinode"),
                             mesh=MeshShape(dp=1, pp=2, tp=4), objective="throughput")
     assert isinstance(plan, ParallelPlan) and plan.mesh == MeshShape(dp=1, pp=2, tp=4), f"got {plan}"
     assert len(plan.split_points) == 1 and plan.split_points[0].startswith("model.layers."), plan.split_points
@@ -273,7 +273,7 @@ def test_searched_plan_runs_on_the_mesh_runtime(gloo) -> None:
     from test_mesh_runtime import TINY, _run_meshes
 
     model, args, kwargs = tiny_llama(**TINY, layers=2, batch=4)
-    plan = autotp.plan_mesh(model, args, kwargs, world_size=4, hardware="cpu-gloo", mesh=MeshShape(dp=1, pp=2, tp=2),
+    plan = autotp.plan_mesh(model, args, kwargs, world_size=4, options=autotp.PlanOptions(hardware="cpu-gloo"), mesh=MeshShape(dp=1, pp=2, tp=2),
                             objective="throughput", throughput_batch=4)
     dims = (plan.mesh.dp, plan.mesh.pp, plan.mesh.tp)
     results = gloo.run(4, _run_meshes, [(dims, ("dp", "pp", "tp"), 4, plan)])
