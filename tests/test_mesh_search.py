@@ -32,7 +32,8 @@ from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.mesh_search import (
     _GIB,
     MeshCosts,
-    _stage_boundaries_span,
+    _output_s,
+    _stage_sends,
     factorizations,
     forced_dims,
     mesh_costs,
@@ -142,11 +143,13 @@ def _brute_force(costs: MeshCosts, world_size: int, objective: str, batch: int) 
         per_replica = 1 if objective == "latency" else batch // mesh.dp
         counts = [1] if objective == "latency" else [m for m in range(1, per_replica + 1) if per_replica % m == 0]
         units, pre, post = costs.units[mesh.tp], costs.pre[mesh.tp], costs.post[mesh.tp]
-        spans = _stage_boundaries_span(mesh, hardware)
+        sends = _stage_sends(mesh, hardware)
         for m in counts:
             b = per_replica // m
             unit_s, pre_s, post_s = costs.times(mesh.tp, b)
-            send = [p2p_time_s(units[0].boundary_bytes(b) / mesh.tp, hardware, spans_nodes=s) for s in spans]
+            # every tp rank sends the whole boundary; crossing sends from one node share its link
+            send = [p2p_time_s(units[0].boundary_bytes(b) * sharing, hardware, spans_nodes=s)
+                    for s, sharing in sends]
             for inner in itertools.combinations(range(1, layers), mesh.pp - 1):
                 cuts = (0, *inner, layers)
                 stage_s, fits = [], True
@@ -164,7 +167,7 @@ def _brute_force(costs: MeshCosts, world_size: int, objective: str, batch: int) 
                     fits &= memory <= capacity
                     stage_s.append(seconds)
                 if fits:
-                    value = pipeline_time_s(stage_s, m)
+                    value = pipeline_time_s(stage_s, m) + _output_s(costs, mesh, m * b)
                     best = min(best, value if objective == "latency" else -batch / value)
     return best
 
