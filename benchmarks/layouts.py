@@ -28,6 +28,7 @@ the measured fastest or within 5% of it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -77,9 +78,13 @@ def describe(dims: tuple[int, int, int]) -> str:
 # ------------------------------------------------------------------------------ on every rank (in the cluster)
 
 def measure(rank: int, world_size: int, jobs: list[dict[str, Any]], profile: str, seq_len: int,
-            repeats: int) -> list[dict[str, float]]:
-    """Each job's median seconds per call over ``repeats`` (after 2 warm-up calls) and its largest logit
-    difference from one process; called by ``Cluster.run_function`` on every rank."""
+            repeats: int, decode_tokens: int) -> list[dict[str, float]]:
+    """Each job's median seconds per call and its largest logit difference from one process; called by
+    ``Cluster.run_function`` on every rank. Every job is compiled first, then ``repeats`` rounds each time
+    every job once (after a barrier; the order rotated per round), so a change of the machine's load moves all
+    layouts alike. A forward job's call ends when every rank has the whole batch's logits; a decode job times
+    ``generate`` of 1 and of ``1 + decode_tokens`` new tokens, and its time per token is the difference of the
+    medians over ``decode_tokens``."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -90,32 +95,69 @@ def measure(rank: int, world_size: int, jobs: list[dict[str, Any]], profile: str
     torch.set_num_threads(1)
     model = build_model()
     references: dict[int, torch.Tensor] = {}
-    results = []
+    calls: list[list[Any]] = []
+    results: list[dict[str, float]] = []
     for job in jobs:
         ids = example_ids(job["batch"], seq_len)
-        if job["batch"] not in references:
-            with torch.no_grad():
-                references[job["batch"]] = model(ids, use_cache=False).logits
         named = [(name, size) for name, size in zip(("dp", "pp", "tp"), job["dims"]) if size > 1]
         mesh = init_device_mesh("cpu", tuple(s for _, s in named), mesh_dim_names=tuple(n for n, _ in named))
-        part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
-                                   plan=ParallelPlan.from_json(job["plan"]), hardware=profile)
+        plan = ParallelPlan.from_json(job["plan"])
+        if job["kind"] == "decode":
+            part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), max_cache_len=seq_len + decode_tokens + 1,
+                                       plan=plan, hardware=profile)
+
+            def generate(part: Any = part, ids: torch.Tensor = ids, new: int = 1) -> Any:
+                return part.generate(ids, max_new_tokens=new, eos_token_id=None)
+            job_calls = [generate, functools.partial(generate, new=1 + decode_tokens)]
+            with torch.no_grad():
+                tokens = job_calls[1]()
+                expected = _greedy(model, ids, 1 + decode_tokens)
+            difference = float((tokens != expected).sum())  # tokens unlike one process's greedy ones
+        else:
+            if job["batch"] not in references:
+                with torch.no_grad():
+                    references[job["batch"]] = model(ids, use_cache=False).logits
+            part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
+                                       plan=plan, hardware=profile)
+            job_calls = [functools.partial(part, ids, use_cache=False)]
+            with torch.no_grad():
+                logits = job_calls[0]().logits
+            difference = float((logits - references[job["batch"]]).abs().max())
         with torch.no_grad():
-            for _ in range(2):
-                logits = part(ids, use_cache=False).logits
-            times = []
-            for _ in range(repeats):
-                dist.barrier()
-                start = time.perf_counter()
-                part(ids, use_cache=False)
-                times.append(time.perf_counter() - start)
-        slowest = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a call ends when every rank has the whole batch's logits
-        difference = float((logits - references[job["batch"]]).abs().max())
-        results.append({"seconds": statistics.median(slowest.tolist()), "max_abs_diff": difference})
-        del part
+            for call in job_calls:
+                call()
+        calls.append(job_calls)
+        results.append({"max_abs_diff": difference})
         dist.barrier()
+    times: list[list[list[float]]] = [[[] for _ in job_calls] for job_calls in calls]
+    with torch.no_grad():
+        for round_ in range(repeats):
+            order = list(range(len(jobs)))
+            order = order[round_ % len(order):] + order[:round_ % len(order)]
+            for index in order:
+                for which, call in enumerate(calls[index]):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    call()
+                    times[index][which].append(time.perf_counter() - start)
+    for index, per_call in enumerate(times):
+        slowest = torch.tensor(per_call, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a call ends when every rank has its result
+        medians = [statistics.median(row) for row in slowest.tolist()]
+        if jobs[index]["kind"] == "decode":
+            results[index]["seconds"] = max(0.0, medians[1] - medians[0]) / decode_tokens
+            results[index]["first_token_s"] = medians[0]
+        else:
+            results[index]["seconds"] = medians[0]
     return results
+
+
+def _greedy(model: torch.nn.Module, ids: torch.Tensor, new: int) -> torch.Tensor:
+    """``ids`` followed by ``new`` greedy tokens of one process (no cache: the reference, not timed)."""
+    out = ids
+    for _ in range(new):
+        out = torch.cat([out, model(out, use_cache=False).logits[:, -1:].argmax(-1)], dim=1)
+    return out
 
 
 # ------------------------------------------------------------------------------ this process
@@ -129,32 +171,41 @@ def calibrate_in(cluster: Any, output: Path, host_profile: Path | None) -> str:
     return "\n".join(line for line in outputs[0].splitlines() if not line.startswith("[autotp calibrate]"))
 
 
-def plan_layouts(profile: Path, seq_len: int, batch: int) -> dict[str, Any]:
-    """The pick for each objective and, per layout, the forced plan and its predicted seconds per call."""
+def plan_layouts(profile: Path, seq_len: int, batch: int, decode: bool) -> dict[str, Any]:
+    """The pick for each objective and, per layout, the forced plan and its predicted seconds per call (per
+    token for decode: the search priced on one decode step, a token per row, with ``generation_step``)."""
     from autotp.cost_model import get_hardware
     from autotp.planning.mesh_search import mesh_costs, search_mesh
 
     hardware = get_hardware(str(profile))
     model = build_model()
     costs = mesh_costs(model, (example_ids(1, seq_len),), {"use_cache": False}, [1, 2, 4], hardware)
+    step = (mesh_costs(model, (example_ids(1, 1),), {"use_cache": False}, [1, 2, 4], hardware, generation_step=True)
+            if decode else None)
     planned: dict[str, Any] = {}
-    for objective in OBJECTIVES:
-        pick = search_mesh(costs, 4, objective=objective, batch=batch).mesh
+    for objective in objectives(decode):
+        priced = step if objective == "decode" else costs
+        searched = "latency" if objective == "decode" else objective
+        pick = search_mesh(priced, 4, objective=searched, batch=batch).mesh
         layouts = {}
         for dims in LAYOUTS:
-            plan = search_mesh(costs, 4, objective=objective, batch=batch,
+            plan = search_mesh(priced, 4, objective=searched, batch=batch,
                                forced={"dp": dims[0], "pp": dims[1], "tp": dims[2]})
-            predicted = (plan.predicted["latency_s"] if objective == "latency"
+            predicted = (plan.predicted["latency_s"] if searched == "latency"
                          else batch / plan.predicted["throughput_per_s"])
             layouts[dims] = {"plan": plan.to_json(), "predicted_s": predicted, "microbatches": plan.microbatches}
         planned[objective] = {"pick": (pick.dp, pick.pp, pick.tp), "layouts": layouts}
     return planned
 
 
+def objectives(decode: bool) -> tuple[str, ...]:
+    return (*OBJECTIVES, "decode") if decode else OBJECTIVES
+
+
 def call_batch(objective: str, dims: tuple[int, int, int], serving_batch: int) -> int:
     """The rows of a measured call: for latency one request per data-parallel replica (a replica serves a request
     of batch 1 while the others serve theirs, which is what the planner prices), else the serving batch."""
-    return dims[0] if objective == "latency" else serving_batch
+    return serving_batch if objective == "throughput" else dims[0]
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -167,7 +218,8 @@ def report(setting: str, objective: str, batch: int, planned: dict[str, Any],
            measured: dict[tuple[int, int, int], dict[str, float]]) -> dict[str, Any]:
     rows = planned[objective]["layouts"]
     pick = planned[objective]["pick"]
-    what = "batch 1 per replica" if objective == "latency" else f"batch {batch}"
+    what = {"latency": "batch 1 per replica", "decode": "ms per new token, batch 1 per replica"}.get(
+        objective, f"batch {batch}")
     print(f"\n{setting}, {objective} ({what}): predicted vs measured ms per call (median)")
     print(f"  {'layout':>7}  {'where':<22} {'micro':>5} {'predicted':>10} {'measured':>9} {'pred/meas':>9} "
           f"{'max |diff|':>10}")
@@ -208,7 +260,10 @@ def main() -> None:
                         help="link settings in Mbit/s, 0 for an unshaped link (default: 0 200)")
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per request (default: 32)")
     parser.add_argument("--batch", type=int, default=8, help="the serving batch for throughput (default: 8)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per layout (default: 5)")
+    parser.add_argument("--repeats", type=int, default=9,
+                        help="rounds, each timing every layout once (default: 9); medians are quoted")
+    parser.add_argument("--decode-tokens", type=int, default=8,
+                        help="new tokens per timed generate for decode, 0 to skip decode (default: 8)")
     parser.add_argument("--host-profile", type=Path, default=None,
                         help="a profile of one host measured before (compute kept, links measured again)")
     parser.add_argument("--keep", type=Path, default=None, help="folder to keep the calibrated profiles in")
@@ -235,23 +290,28 @@ def main() -> None:
             print(f"\n== {setting}: calibrated in {time.perf_counter() - started:.0f} s "
                   f"({'links only' if host_profile else 'compute and links'})")
             print("\n".join(line for line in printed.splitlines() if "link" in line or "nodes" in line
-                            or "matmul float32" in line or "core share" in line or "shared memory" in line))
+                            or "matmul float32" in line or "core share" in line or "shared memory" in line
+                            or "busy" in line))
             host_profile = host_profile or profile
-            planned = plan_layouts(profile, options.seq_len, options.batch)
+            decode = options.decode_tokens > 0
+            planned = plan_layouts(profile, options.seq_len, options.batch, decode)
             jobs, keys = [], []
-            for objective in OBJECTIVES:
+            for objective in objectives(decode):
                 for dims in LAYOUTS:
                     batch = call_batch(objective, dims, options.batch)
                     if dims[0] > batch:
                         continue
-                    jobs.append({"dims": dims, "batch": batch, "plan": planned[objective]["layouts"][dims]["plan"]})
+                    jobs.append({"dims": dims, "batch": batch, "plan": planned[objective]["layouts"][dims]["plan"],
+                                 "kind": "decode" if objective == "decode" else "forward"})
                     keys.append((objective, dims))
             started = time.perf_counter()
             results = cluster.run_function("layouts:measure", ranks_per_host=RANKS_PER_HOST, timeout_s=3600.0,
                                            kwargs={"jobs": jobs, "profile": str(profile), "seq_len": options.seq_len,
-                                                   "repeats": options.repeats})[0]
-            print(f"measured {len(jobs)} layouts in {time.perf_counter() - started:.0f} s")
-        for objective in OBJECTIVES:
+                                                   "repeats": options.repeats,
+                                                   "decode_tokens": options.decode_tokens})[0]
+            print(f"measured {len(jobs)} layouts in {time.perf_counter() - started:.0f} s, {options.repeats} "
+                  f"interleaved rounds; load average {os.getloadavg()[0]:.1f} at the end")
+        for objective in objectives(options.decode_tokens > 0):
             measured = {dims: result for (o, dims), result in zip(keys, results) if o == objective}
             summary.append(report(setting, objective, options.batch, planned, measured))
     print("\nsummary: setting, objective -> pick, measured fastest, pick vs fastest, Spearman, median |error|")

@@ -256,6 +256,7 @@ class MeshCosts:
     _times: dict[tuple[int, int], tuple[np.ndarray, float, float]] = dataclasses.field(default_factory=dict)
     output_bytes: _Affine = _Affine(0.0, 0.0)  # the model's output (every leaf) for b requests
     output_leaves: int = 0
+    generation_step: bool = False  # priced as one decode step: tokens, not the output, handed out
     _comm: dict[tuple[int, int], tuple[np.ndarray, float, float]] = dataclasses.field(default_factory=dict)
 
     def comm_times(self, tp: int, b: int) -> tuple[np.ndarray, float, float]:
@@ -443,9 +444,11 @@ def reduced_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, int, str] | N
 
 def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None,
                tp_sizes: list[int], hardware: Hardware, *, time_limit_s: float = 60.0,
-               progress: bool = False) -> MeshCosts:
+               progress: bool = False, generation_step: bool = False) -> MeshCosts:
     """Capture ``model`` at batch 2 and 4 (one layer of it when :func:`reduced_copy` applies) and
-    price its blocks for each ``tp`` in ``tp_sizes``."""
+    price its blocks for each ``tp`` in ``tp_sizes``. ``generation_step``: the example is one decode step
+    (a token per row): each call hands out the picked tokens over the pipeline (``runtime/mesh_generate.py``),
+    not the whole batch's output; the KV cache's reads are not priced."""
     started = time.perf_counter()
     reduced = reduced_copy(model)
     target, count, container = (reduced if reduced is not None else (model, 0, ""))
@@ -478,7 +481,8 @@ def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_
         pre[tp], post[tp] = by_key["pre"], by_key["post"]
     outputs = [_output_nbytes(cap) for cap in captured]
     return MeshCosts(hardware, names, units, pre, post, summaries, time.perf_counter() - started,
-                     output_bytes=_Affine.through((outputs[0][0], outputs[1][0])), output_leaves=outputs[0][1])
+                     output_bytes=_Affine.through((outputs[0][0], outputs[1][0])), output_leaves=outputs[0][1],
+                     generation_step=generation_step)
 
 
 def _output_nbytes(cap: CapturedGraph) -> tuple[float, int]:
@@ -605,6 +609,12 @@ def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     slice of ``rows`` rows (gloo: a ring). Groups spanning nodes pay the inter-node link, shared by the
     spanning groups with a member on one node."""
     hardware, leaves = costs.hardware, costs.output_leaves
+    if costs.generation_step:  # the last stage broadcasts each row's token; replicas gather once, at the end
+        if mesh.pp == 1:
+            return 0.0
+        spans, _ = _link_use(_mesh_groups(mesh, "pp"), hardware)
+        return link_collective_time_s("broadcast", 8.0 * rows, mesh.pp, hardware.link(spans_nodes=spans),
+                                      algorithm="tree")
     if not leaves:
         return 0.0
     per_leaf = costs.output_bytes(rows) / leaves
