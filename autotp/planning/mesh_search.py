@@ -23,11 +23,21 @@ Prices, for one microbatch of ``b`` requests (the example's sequence length):
   and 4) give them exactly at every ``b``; the roofline ``max`` is applied at ``b``.
 * a stage's time ``s_k``: its blocks, plus sending the activations that cross the cut to the next
   stage (:func:`autotp.cost_model.p2p_time_s`, on the inter-node link when the two ranks are on
-  different nodes).
+  different nodes). As the runtime's ``PipelineStage`` does, every tp rank sends the whole boundary
+  to the same tp rank of the next stage, and the crossing sends that leave one node at once share
+  its link (:func:`_send_times`).
+* a stage's compute runs at the share of the cores its machine gives it: the profile's rates are
+  those with every rank of a machine busy; while only some are (one request through a pipeline
+  runs one stage at a time), the compute takes ``Hardware.busy_scale(busy ranks)`` of it, which
+  ``autotp calibrate`` measures (1.0 at every count on hosts with a core per rank and in every
+  named profile).
 * a replica's time for ``m`` microbatches: ``sum(s_k) + (m - 1) * max(s_k)``
-  (:func:`autotp.cost_model.pipeline_time_s`, GPipe / 1F1B forward). Latency: that time at
-  ``b = m = 1``. Throughput: ``batch / time`` with ``dp`` replicas each running ``batch / dp``
-  requests at once (replicas add throughput, not latency).
+  (:func:`autotp.cost_model.pipeline_time_s`, GPipe / 1F1B forward), each ``s_k`` at the busy
+  ranks of its moment (:func:`replica_time_s`), plus handing the output to every rank, as the mesh
+  runtime returns the whole batch's output on each (:func:`_output_s`: a broadcast from the last
+  stage over ``pp``, an all-gather of the replicas' slices over ``dp``). Latency: that time at
+  ``b = m = 1``, the replicas serving one request each at once (so with ``dp`` rows gathered).
+  Throughput: ``batch / time`` with ``dp`` replicas each running ``batch / dp`` requests at once.
 * memory per device: the stage's parameter shards plus twice the largest activation one of its
   ops writes (the op's input and output live together), at the microbatch size; the KV cache and
   allocator slack are not counted. It must fit ``Hardware.memory_gib``.
@@ -35,7 +45,8 @@ Prices, for one microbatch of ``b`` requests (the example's sequence length):
 Because ``sum(s_k)`` does not depend on where the cuts are, the cuts that minimise the pipeline
 time are those minimising the slowest stage, subject to memory: :func:`best_cuts` finds them
 exactly by dynamic programming over cut points (balanced by predicted time and memory, not by
-layer count).
+layer count; at the rates of every rank busy, so with a busy scale the cuts are the best ones
+at those rates, the time then priced at each moment's busy ranks).
 
 Speed (planning a 126-layer model in seconds): for a HuggingFace model whose layers are all
 alike (``config.num_hidden_layers`` >= 3 identical modules in one ``ModuleList``; no differing
