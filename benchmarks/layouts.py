@@ -10,19 +10,24 @@ For each link setting (``--rates``, Mbit/s; 0 is an unshaped veth) it builds a c
 2. plans in this process with that profile: the search ``autotp.plan_mesh`` runs (``mesh_costs`` +
    ``search_mesh``), once free (its pick) and once forced to each layout (its stage cuts and microbatches, and
    its predicted time);
-3. measures each layout in turn on the 4 ranks with ``autotp.compile_mesh`` and the forced plan: the median over
-   ``--repeats`` calls of the time until every rank has the whole batch's logits (each call after a barrier),
-   and the largest logit difference from one process.
+3. measures every layout on the 4 ranks with ``autotp.compile_mesh`` and the forced plan: all of them compiled
+   first, then ``--repeats`` rounds each timing every layout once (the order rotated per round, each call after
+   a barrier), so that a change of the machine's load moves every layout alike; the median per layout of the
+   time until every rank has the whole batch's logits, and the largest logit difference from one process.
 
 The calibration measures collectives and kernels, never these layouts: nothing is tuned on the runs reported.
-Latency is a forward of batch 1 (``--seq-len`` tokens); throughput a forward of the serving batch (``--batch``).
-For latency a layout with ``dp`` replicas is called with ``dp`` rows, one request per replica, as the planner
-prices it (a replica serves one request; the others serve theirs on the same cores). Printed: one table per setting (predicted
-and measured ms, the pick), Spearman's rank correlation of predicted and measured times, and whether the pick is
-the measured fastest or within 5% of it.
+Latency is a forward of batch 1 (``--seq-len`` tokens); throughput a forward of the serving batch (``--batch``);
+decode (``--decode-tokens``, 0 to skip) the time per new token of greedy ``generate`` at batch 1 (the
+difference of the medians of 1 and of ``1 + decode-tokens`` new tokens, over ``decode-tokens``), predicted by
+the search priced on one decode step (a token per row, ``mesh_costs(..., generation_step=True)``). For latency
+and decode a layout with ``dp`` replicas is called with ``dp`` rows, one request per replica, as the planner
+prices it (a replica serves one request; the others serve theirs on the same cores). Printed: one table per
+setting and objective (predicted and measured ms, the pick), Spearman's rank correlation of predicted and
+measured times, whether the pick is the measured fastest or within 5% of it, and the markdown tables of
+docs/benchmarks/layouts.md.
 
-    sudo .venv/bin/python benchmarks/layouts.py                      # unshaped and 200 Mbit/s
-    sudo .venv/bin/python benchmarks/layouts.py --rates 0 200 --repeats 5 --host-profile host.json
+    sudo .venv/bin/python benchmarks/layouts.py                      # unshaped and 200 Mbit/s, 9 rounds
+    sudo .venv/bin/python benchmarks/layouts.py --rates 0 200 --repeats 9 --host-profile host.json
 """
 
 from __future__ import annotations
@@ -249,7 +254,38 @@ def report(setting: str, objective: str, batch: int, planned: dict[str, Any],
           f"|pred/meas - 1| median {statistics.median(errors):.0%}, max {max(errors):.0%}; "
           f"within 25%: {sum(e <= 0.25 for e in errors)} of {len(errors)}")
     return {"setting": setting, "objective": objective, "pick": pick, "fastest": fastest, "pick_slower": slower,
-            "spearman": rho, "errors": errors}
+            "spearman": rho, "errors": errors,
+            "cells": {d: (rows[d]["predicted_s"], measured[d]["seconds"] if d in measured else None) for d in LAYOUTS}}
+
+
+def markdown(summary: list[dict[str, Any]]) -> str:
+    """The tables of docs/benchmarks/layouts.md: ms predicted / measured per layout and setting (the pick in
+    bold, the measured fastest in italics), then one row per setting with the goals' figures."""
+    def name(s: dict[str, Any]) -> str:
+        return f"{s['setting']} {s['objective']}"
+
+    lines = ["| layout dp×pp×tp | where | " + " | ".join(name(s) for s in summary) + " |",
+             "|---|---|" + "---|" * len(summary)]
+    for dims in LAYOUTS:
+        cells = []
+        for s in summary:
+            predicted, seconds = s["cells"][dims]
+            text = f"{predicted * 1e3:.1f} / " + ("-" if seconds is None else f"{seconds * 1e3:.1f}")
+            if dims == s["pick"]:
+                text = f"**{text}** pick"
+            if dims == s["fastest"]:
+                text = f"*{text}*"
+            cells.append(text)
+        lines.append(f"| {'×'.join(map(str, dims))} | {describe(dims)} | " + " | ".join(cells) + " |")
+    lines += ["", "| setting | pick | measured fastest | pick vs fastest | Spearman | median \\|pred/meas − 1\\| | "
+              "within 25% |", "|---|---|---|---|---|---|---|"]
+    for s in summary:
+        within = sum(e <= 0.25 for e in s["errors"])
+        verdict = "0 (the fastest)" if s["pick"] == s["fastest"] else f"{s['pick_slower']:+.1%}"
+        lines.append(f"| {name(s)} | {'×'.join(map(str, s['pick']))} | {'×'.join(map(str, s['fastest']))} | "
+                     f"{verdict} | {s['spearman']:.2f} | {statistics.median(s['errors']):.0%} | "
+                     f"{within} of {len(s['errors'])} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -319,7 +355,8 @@ def main() -> None:
         print(f"  {s['setting']:>12} {s['objective']:<10} -> {'x'.join(map(str, s['pick']))}, "
               f"{'x'.join(map(str, s['fastest']))}, {s['pick_slower']:+.1%}, {s['spearman']:.2f}, "
               f"{statistics.median(s['errors']):.0%}")
-    print(json.dumps([{k: v for k, v in s.items()} for s in summary], default=str))
+    print("\n" + markdown(summary) + "\n")
+    print(json.dumps([{k: v for k, v in s.items() if k != "cells"} for s in summary], default=str))
 
 
 if __name__ == "__main__":
