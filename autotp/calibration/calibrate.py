@@ -54,6 +54,10 @@ profile field         measurement (median over timed repeats, after warm-up)
                       of a core a rank gets and a loss once per call (``core_share_call_s``), the share up
                       to their longest compute (``core_share_range_s``; beyond, the fair share,
                       ``fair_core_share``); ``runtime_mode`` eager
+``busy_compute_..``  a transformer-like MLP block for about 30 ms with 1, 2, ... of the machine's ranks busy at
+                      once (the others waiting), over all of them busy: how much faster a stage that runs
+                      while other stages wait computes (:mod:`autotp.calibration.concurrency`);
+                      ``ranks_per_machine``: the ranks measured together
 ====================  ==========================================================================
 
 Single ops and graphs are timed on the *work clock* (:func:`~autotp.calibration.graphs.work_clock`: the
