@@ -97,6 +97,10 @@ class RankMeasurements:
     """The most of a core this rank could get while every rank computed (:func:`autotp.calibration.graphs.
     fair_core_share`: the cores over the ranks' threads), at which a call's compute beyond the graphs' longest is
     priced (``Hardware.core_share_range_s``; 0.0: not recorded, the share holds for any compute)."""
+    busy_compute_scale: tuple[tuple[int, float], ...] = ()
+    """``(busy ranks, relative time)``: a fixed compute's wall time while that many ranks of the machine
+    computed at once, over that with every rank busy (:func:`autotp.calibration.concurrency.measure_busy_scale`;
+    the same on every rank; empty: not measured, a group of one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,6 +402,9 @@ def build_profile(
         core_share_range_s=host.core_share_range_s if host is not None else 0.0,
         core_share_call_s=host.core_share_call_s if host is not None else 0.0,
         fair_core_share=host.fair_core_share if host is not None else 1.0,
+        # the ranks measured together share one machine's cores
+        ranks_per_machine=world_size if compute[0].busy_compute_scale else 0,
+        busy_compute_scale=compute[0].busy_compute_scale,
     )
 
 

@@ -151,6 +151,27 @@ def _named_seconds_from_json(field: str, data: Any) -> tuple[tuple[str, float], 
     return tuple(data.items())
 
 
+def _checked_busy_scale(owner: str, points: Any) -> tuple[tuple[int, float], ...]:
+    """``busy_compute_scale`` as a tuple of ``(busy ranks, relative time)``, busy ranks ascending and >= 1."""
+    try:
+        checked = tuple((int(busy), float(scale)) for busy, scale in points)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}.busy_compute_scale must be (busy ranks, relative time) pairs, got {points!r}") from None
+    busy = [k for k, _ in checked]
+    if any(k < 1 for k in busy) or busy != sorted(set(busy)) or any(
+            not math.isfinite(s) or s <= 0 for _, s in checked):
+        raise ValueError(f"{owner}.busy_compute_scale needs distinct busy-rank counts >= 1 in ascending order and "
+                         f"positive finite times, got {points!r}; run `autotp calibrate` again")
+    return checked
+
+
+def _busy_scale_from_json(data: Any) -> tuple[tuple[int, float], ...]:
+    if not isinstance(data, list) or any(not isinstance(p, Mapping) or set(p) != {"busy_ranks", "relative_time"}
+                                         for p in data):
+        raise ValueError("field 'busy_compute_scale' must be a list of {\"busy_ranks\": k, \"relative_time\": t}")
+    return tuple((p["busy_ranks"], p["relative_time"]) for p in data)
+
+
 def _check_known_fields(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
     """ValueError naming a field the profile does not have (a typo would otherwise be silently ignored)."""
     import difflib
@@ -404,6 +425,17 @@ class Hardware:
     ``core_share_call_s``: the wall seconds a call loses once to ranks that start it together on shared cores
     (each waits for a core while the others run their first time slice), fitted with the share as a line over the
     calibration graphs (:func:`~.graph_calibration.fit_core_share`); 0.0 in every named profile and alone.
+
+    Concurrent compute (optional in JSON; absent, every rank is priced as if all computed at once, as before):
+    ``ranks_per_machine``: consecutive ranks that share one machine's cores and memory (0: a node's,
+    ``devices_per_node``; more when several emulated hosts run on one machine: ``autotp calibrate`` under a
+    launcher counts the ranks under one kernel). ``busy_compute_scale``: ``(busy ranks, relative time)`` points,
+    a rank's wall time for a fixed compute while that many ranks of its machine compute at once (the others
+    waiting), over its time with every rank of the machine busy (the rates of this profile), measured by ``autotp
+    calibrate`` (:func:`autotp.calibration.concurrency.measure_busy_scale`). On 4 single-thread ranks on 2 cores
+    one or two busy ranks each get a whole core, about 0.5 of the all-busy time; on hosts with a core per rank
+    every point is about 1. The mesh search prices a pipeline stage that runs while the other stages wait (one
+    request through ``pp`` stages) at its busy ranks' point (:meth:`busy_scale`).
     """
 
     name: str
@@ -441,6 +473,8 @@ class Hardware:
     shared_memory_link: LinkProfile | None = None
     core_share: float = 1.0
     fair_core_share: float = 1.0
+    ranks_per_machine: int = 0
+    busy_compute_scale: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -506,6 +540,11 @@ class Hardware:
             raise ValueError(f"{owner}.core_share ({self.core_share!r}) cannot exceed fair_core_share "
                              f"({self.fair_core_share!r}): no rank gets more than the fair share while every rank "
                              "computes")
+        if isinstance(self.ranks_per_machine, bool) or not isinstance(self.ranks_per_machine, int) \
+                or self.ranks_per_machine < 0:
+            raise ValueError(f"{owner}.ranks_per_machine must be an int >= 0 (0: one machine per node), got "
+                             f"{self.ranks_per_machine!r}")
+        object.__setattr__(self, "busy_compute_scale", _checked_busy_scale(owner, self.busy_compute_scale))
 
     def __hash__(self) -> int:
         return hash(
@@ -533,6 +572,8 @@ class Hardware:
                 self.shared_memory_link,
                 self.core_share,
                 self.fair_core_share,
+                self.ranks_per_machine,
+                self.busy_compute_scale,
             )
         )
 
@@ -563,6 +604,7 @@ class Hardware:
             core_share_range_s=0.0,
             core_share_call_s=0.0,
             fair_core_share=1.0,
+            busy_compute_scale=(),
             source=f"{self.source}; work terms at a whole core (one rank alone; measured share {share:.2f})",
         )
 
@@ -571,6 +613,24 @@ class Hardware:
         ``core_share_range_s``, and the compute beyond at ``fair_core_share`` (class docstring). ``compute_s``
         itself without a range."""
         return shared_core_compute_s(compute_s, self.core_share, self.core_share_range_s, self.fair_core_share)
+
+    def machine_ranks(self) -> int:
+        """Consecutive ranks that share one machine's cores: ``ranks_per_machine``, else a node's."""
+        return self.ranks_per_machine or self.devices_per_node
+
+    def busy_scale(self, busy_ranks: int) -> float:
+        """A rank's compute time while ``busy_ranks`` ranks of its machine compute at once, relative to the
+        profile's rates (those with every rank of the machine busy): ``busy_compute_scale`` interpolated
+        linearly between its points, its first and last value outside them; 1.0 when not measured."""
+        points = self.busy_compute_scale
+        if not points:
+            return 1.0
+        if busy_ranks <= points[0][0]:
+            return points[0][1]
+        for (k0, s0), (k1, s1) in zip(points, points[1:]):
+            if busy_ranks <= k1:
+                return s0 + (s1 - s0) * (busy_ranks - k0) / (k1 - k0)
+        return points[-1][1]
 
     def element_rate_s(self, op_name: str | None = None, default: float | None = None) -> float:
         """Seconds per element of the op ``op_name`` (``op_element_s``); for an op not measured by name (and for
@@ -637,6 +697,10 @@ class Hardware:
                if self.shared_memory_cold_curve else {}),
             "core_share": self.core_share,
             "fair_core_share": self.fair_core_share,
+            **({"ranks_per_machine": self.ranks_per_machine} if self.ranks_per_machine else {}),
+            **({"busy_compute_scale": [{"busy_ranks": busy, "relative_time": scale}
+                                       for busy, scale in self.busy_compute_scale]}
+               if self.busy_compute_scale else {}),
             "source": self.source,
         }
 
@@ -669,7 +733,7 @@ class Hardware:
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s", "first_call_s",
                     "memory_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share",
-                    "fair_core_share")
+                    "fair_core_share", "ranks_per_machine", "busy_compute_scale")
         _check_known_fields(data, required + optional + _RETIRED_FIELDS, "the hardware profile")
         retired = {field: data[field] for field in _RETIRED_FIELDS if data.get(field)}
         if retired:
@@ -722,6 +786,9 @@ class Hardware:
                 # absent in profiles written before it was recorded: work terms taken as measured alone
                 core_share=data.get("core_share", 1.0),
                 fair_core_share=data.get("fair_core_share", 1.0),
+                # absent in profiles written before they were measured: every rank priced as if all computed
+                ranks_per_machine=data.get("ranks_per_machine", 0),
+                busy_compute_scale=_busy_scale_from_json(data.get("busy_compute_scale", [])),
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None

@@ -184,6 +184,12 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     profile = build_profile(ranks, ranks[0].collectives, world_size=2)
     assert profile.intra_node.bandwidth_gbps > 0 and profile.devices_per_node == 2, profile
     assert profile.fair_core_share == ranks[0].fair_core_share and profile.core_share <= profile.fair_core_share
+    # compute with 1 of the 2 ranks busy, then both, relative to both: the same figures on every rank, in the profile
+    assert [k for k, _ in ranks[0].busy_compute_scale] == [1, 2] and ranks[0].busy_compute_scale[1][1] == 1.0, (
+        ranks[0].busy_compute_scale)
+    assert ranks[0].busy_compute_scale[0][1] > 0 and ranks[0].busy_compute_scale == ranks[1].busy_compute_scale
+    assert profile.busy_compute_scale == ranks[0].busy_compute_scale and profile.ranks_per_machine == 2, profile
+    assert Hardware.from_json(profile.to_json()).busy_compute_scale == profile.busy_compute_scale
     # in-graph calibration: every graph shape timed on both ranks, one all-reduce per row-split projection
     quick = CalibrationConfig.quick()
     assert len(ranks[0].graphs) == len(quick.graph_shapes), ranks[0].graphs

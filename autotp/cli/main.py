@@ -337,6 +337,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
               "above)" + (f", up to {profile.core_share_range_s * 1e3:.1f} ms of a call's compute; "
                           f"{profile.fair_core_share:.2f} beyond" if profile.core_share_range_s else "")
               + f"; {profile.core_share_call_s * 1e6:.1f} us lost once per call")
+    if profile.busy_compute_scale:
+        print(f"  busy ranks       compute time with k of the {profile.machine_ranks()} ranks of a machine busy, over "
+              "all busy: " + ", ".join(f"{k} {scale:.2f}" for k, scale in profile.busy_compute_scale))
     print(f"  runtime          {profile.runtime_mode}: {profile.host_dispatch_s * 1e6:.2f} us host dispatch per "
           f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call "
           f"(+{profile.model_call_s * 1e6:.1f} us for a model's call), "
