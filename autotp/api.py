@@ -10,10 +10,11 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
     plan         -> Plan (data: inspect, save, edit, reload)
     rewrite      -> rank-local GraphModule (sharded weights, functional collectives)
 
-The common knobs are keywords; the rest travel in two frozen values validated where built:
+The keywords say what to build (the model, its example inputs, the ranks, a given plan or checkpoint, a KV
+cache's length); every other option is given one way, in one of two frozen values validated where built:
 :class:`~autotp.planning.options.PlanOptions` (``options=``: how to plan) and
-:class:`~autotp.runtime.options.RuntimeOptions` (``runtime=``: how the ranks agree, the trace cache).
-The stages themselves live below (:mod:`autotp.runtime.compiling`, :mod:`autotp.runtime.applying`); nothing
+:class:`~autotp.runtime.options.RuntimeOptions` (``runtime=``: how the ranks agree and run, the trace cache).
+The compile driver below (:mod:`autotp.driver`) calls the stages in order; nothing
 imports this module but :mod:`autotp` and the other front doors.
 """
 
@@ -27,14 +28,12 @@ import torch.distributed as dist
 
 from autotp.base.progress import log_progress
 from autotp.capture import capture, check_model, inputs_on_model_device
-from autotp.cost_model import Hardware
-from autotp.planning.constraints import Constraints
+from autotp.driver import compile_group
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.mesh_search import plan_mesh as search_mesh
-from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, check_world_size, plan_options, search_options
+from autotp.planning.options import PlanOptions, check_world_size, moved_to_options, plan_options, search_options
 from autotp.planning.plan import Plan
 from autotp.planning.planner import plan_graph
-from autotp.runtime.compiling import compile_group
 from autotp.runtime.generation import generation_inputs
 from autotp.runtime.mesh import MeshParallelModule, compile_on_mesh
 from autotp.runtime.mesh_generate import MeshGenerationModule, compile_generation_on_mesh
@@ -43,6 +42,11 @@ from autotp.runtime.options import RuntimeOptions, runtime_options
 
 __all__ = ["compile", "compile_mesh", "plan", "plan_mesh"]
 
+_PLAN_MOVED = ("hardware", "memory_budget", "constraints", "training")
+"""The :class:`PlanOptions` fields :func:`plan` once took as keywords (deprecated: they go in ``options=``)."""
+_COMPILE_MOVED = ("hardware", "training")
+"""The same for :func:`compile`, :func:`compile_mesh`, :func:`autotp.from_pretrained` and :func:`autotp.load`."""
+
 
 def plan(
     model: torch.nn.Module,
@@ -50,19 +54,18 @@ def plan(
     example_kwargs: dict[str, Any] | None = None,
     *,
     world_size: int,
-    hardware: str | Hardware = DEFAULT_HARDWARE,
-    memory_budget: float | int | str | None = "auto",
-    constraints: Constraints | None = None,
     max_cache_len: int | None = None,
-    training: bool = False,
     options: PlanOptions | None = None,
+    **deprecated: Any,
 ) -> Plan:
     """Decide how to split ``model`` over one tensor-parallel group of ``world_size`` ranks, without running
     anything; returns the :class:`Plan`. (Data x pipeline x tensor parallelism: :func:`plan_mesh`.)
 
     Needs no process group and no real weights: a model built on the ``meta`` device is fine.
 
-    ``memory_budget`` is the most parameter bytes one rank may hold:
+    Everything else about how to plan is a field of ``options``, an :class:`~autotp.PlanOptions`
+    (e.g. ``options=autotp.PlanOptions(hardware="a100-sxm", memory_budget=None)``). ``memory_budget`` is the
+    most parameter bytes one rank may hold:
 
     - ``"auto"`` (default): the weights are *distributed* — each rank holds about
       ``1/world_size`` of the parameter bytes: room for every matrix split along one of its
@@ -80,14 +83,13 @@ def plan(
     ``max_cache_len`` plans a causal LM's decode step with a KV cache of that many slots per row
     (the cache placed like a parameter), as :func:`compile` does with it.
 
-    ``training=True`` plans a training step: forward and backward are priced together (each
+    ``training=True`` (in ``options``) plans a training step: forward and backward are priced together (each
     collective's adjoint, the backward's compute) and memory counts gradients,
     ``optimizer_states`` fp32 values per parameter element (default 2, AdamW) and the
     activations kept for the backward (see :mod:`autotp.passes.backward`); ``print(plan)``
     shows where it differs from the inference plan.
 
-    ``options``: an :class:`~autotp.PlanOptions` for the rest (a keyword above left at its default keeps
-    the options' value; one given both ways differently is a ValueError):
+    The other fields of ``options``:
 
     - ``strict=True`` raises instead of running ops without a sharding rule replicated;
       ``time_limit_s`` bounds the solver; ``progress=True`` prints what planning does.
@@ -103,10 +105,9 @@ def plan(
       kept are the blocks' inputs plus one block's, and each block's forward runs again.
     - ``optimizer_states`` (with ``training``), ``expected_new_tokens`` (with ``max_cache_len``).
     """
+    options = moved_to_options("autotp.plan", options, deprecated, taken=_PLAN_MOVED)
     check_model(model)
-    options = plan_options(options, world_size=check_world_size(world_size), hardware=hardware,
-                           memory_budget=memory_budget, constraints=constraints, training=training,
-                           max_cache_len=max_cache_len)
+    options = plan_options(options, world_size=check_world_size(world_size), max_cache_len=max_cache_len)
     if max_cache_len is not None:
         wrapper, _, _ = generation_inputs(model, example_inputs, max_cache_len)
         log_progress(options.progress,
@@ -127,25 +128,25 @@ def plan_mesh(
     example_kwargs: dict[str, Any] | None = None,
     *,
     world_size: int,
-    hardware: str | Hardware = DEFAULT_HARDWARE,
     parallelism: str | dict[str, int] = "auto",
     mesh: MeshShape | None = None,
     objective: str = "latency",
     throughput_batch: int = 64,
     options: PlanOptions | None = None,
+    **deprecated: Any,
 ) -> ParallelPlan:
     """Search data x pipeline x tensor parallelism for ``model`` over ``world_size`` ranks; returns the
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (run it with :func:`compile_mesh`).
 
     ``parallelism="auto"`` (default) tries every ``dp * pp * tp == world_size``, the stage cuts and the
-    microbatches on ``hardware``'s nodes; a dict such as ``{"tp": 8}`` (or ``mesh=MeshShape(dp=2, pp=1,
+    microbatches on the nodes of ``options.hardware``; a dict such as ``{"tp": 8}`` (or ``mesh=MeshShape(dp=2, pp=1,
     tp=8)``) fixes some dims and searches the rest. ``objective``: ``"latency"`` (one request of batch 1)
     or ``"throughput"`` (requests per second at ``throughput_batch`` requests). ``options`` gives
-    ``time_limit_s`` and ``progress`` (each stage's own plan is made when compiling). See
+    ``hardware``, ``time_limit_s`` and ``progress`` (each stage's own plan is made when compiling). See
     :mod:`autotp.planning.mesh_search`.
     """
+    options = search_options(moved_to_options("autotp.plan_mesh", options, deprecated, taken=("hardware",)))
     check_model(model)
-    options = plan_options(search_options(options), hardware=hardware)
     return search_mesh(model, example_inputs, example_kwargs, world_size=check_world_size(world_size),
                        hardware=options.hardware, parallelism=parallelism, mesh=mesh, objective=objective,
                        throughput_batch=throughput_batch, time_limit_s=options.time_limit_s, progress=options.progress)
@@ -159,12 +160,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
     world_size: int | None = None,
     group: dist.ProcessGroup | None = None,
     plan: Plan | str | os.PathLike[str] | None = None,
-    hardware: str | Hardware = DEFAULT_HARDWARE,
     checkpoint: str | os.PathLike[str] | None = None,
     max_cache_len: int | None = None,
-    training: bool = False,
     options: PlanOptions | None = None,
     runtime: RuntimeOptions | None = None,
+    **deprecated: Any,
 ) -> TensorParallelModule:
     """Make ``model`` tensor-parallel over the ranks of ``group`` (default: the whole world).
 
@@ -173,9 +173,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     floating-point tolerance) on every rank. Each rank keeps only its shards of the split
     parameters, sliced once here. ``world_size`` defaults to the group's size; pass ``plan=``
     to apply a saved or hand-edited :class:`Plan` (or the path of a saved one) instead of
-    planning. ``hardware``, ``training`` and ``options`` (:class:`~autotp.PlanOptions`: ``memory_budget``,
-    ``constraints``, ``strict``, ``dynamic``, ``outputs``, ``dropout``, ``activation_checkpointing``...) as in
-    :func:`autotp.plan`. A Hugging Face model needs no ``example_kwargs``: it is traced with
+    planning. How to plan is ``options`` (:class:`~autotp.PlanOptions`: ``hardware``, ``training``,
+    ``memory_budget``, ``constraints``, ``strict``, ``dynamic``, ``outputs``, ``dropout``,
+    ``activation_checkpointing``...), as in :func:`autotp.plan`; how the ranks build and run is ``runtime``
+    (:class:`~autotp.RuntimeOptions`). A Hugging Face model needs no ``example_kwargs``: it is traced with
     ``use_cache=False``, and the result takes calls with ``use_cache`` left out, False or True, returning the
     model's output without its cache part (``past_key_values`` None; :mod:`autotp.adapters.hf_transformers`).
     (Over a ``DeviceMesh``, data x pipeline x tensor parallel: :func:`compile_mesh`.)
@@ -216,7 +217,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     :mod:`autotp.runtime.generation_on_demand`. With ``checkpoint=`` and ``max_cache_len`` the generation graphs
     are captured on the (meta) model and each rank reads its blocks of the weights once for all of them.
 
-    ``training=True``: build it for training. The result's parameters (``tp.parameters()``, named
+    ``options=PlanOptions(training=True)``: build it for training. The result's parameters (``tp.parameters()``, named
     by the original FQNs in ``tp.named_parameters()``) are this rank's shards and require grad;
     ``loss.backward()`` gives each shard the matching block of the single-device gradient and every
     replicated parameter its whole gradient, the same on every rank (each collective carries its
@@ -246,7 +247,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     The plan made for the traced graph and these options is kept there too and reused (checked
     against the graph as a given ``plan=`` is). See :mod:`autotp.trace_cache`.
     """
-    options = plan_options(options, hardware=hardware, training=training, max_cache_len=max_cache_len)
+    options = plan_options(moved_to_options("autotp.compile", options, deprecated, taken=_COMPILE_MOVED),
+                           max_cache_len=max_cache_len)
     return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs, world_size=world_size,
                          group=group, plan=plan, checkpoint=checkpoint, max_cache_len=max_cache_len, options=options,
                          runtime=runtime_options(runtime))
@@ -255,17 +257,19 @@ def compile(  # noqa: A001 - mirrors torch.compile
 @overload
 def compile_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                  example_kwargs: dict[str, Any] | None = None,
-                 plan: ParallelPlan | str | os.PathLike[str] | None = None, hardware: str | Hardware = DEFAULT_HARDWARE,
-                 checkpoint: str | os.PathLike[str] | None = None, max_cache_len: None = None, training: bool = False,
-                 options: PlanOptions | None = None, runtime: RuntimeOptions | None = None) -> MeshParallelModule: ...
+                 plan: ParallelPlan | str | os.PathLike[str] | None = None,
+                 checkpoint: str | os.PathLike[str] | None = None, max_cache_len: None = None,
+                 options: PlanOptions | None = None, runtime: RuntimeOptions | None = None,
+                 **deprecated: Any) -> MeshParallelModule: ...
 
 
 @overload
 def compile_mesh(model: torch.nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                  example_kwargs: dict[str, Any] | None = None,
-                 plan: ParallelPlan | str | os.PathLike[str] | None = None, hardware: str | Hardware = DEFAULT_HARDWARE,
-                 checkpoint: str | os.PathLike[str] | None = None, max_cache_len: int, training: bool = False,
-                 options: PlanOptions | None = None, runtime: RuntimeOptions | None = None) -> MeshGenerationModule: ...
+                 plan: ParallelPlan | str | os.PathLike[str] | None = None,
+                 checkpoint: str | os.PathLike[str] | None = None, max_cache_len: int,
+                 options: PlanOptions | None = None, runtime: RuntimeOptions | None = None,
+                 **deprecated: Any) -> MeshGenerationModule: ...
 
 
 def compile_mesh(
@@ -275,32 +279,32 @@ def compile_mesh(
     example_inputs: tuple[Any, ...],
     example_kwargs: dict[str, Any] | None = None,
     plan: ParallelPlan | str | os.PathLike[str] | None = None,
-    hardware: str | Hardware = DEFAULT_HARDWARE,
     checkpoint: str | os.PathLike[str] | None = None,
     max_cache_len: int | None = None,
-    training: bool = False,
     options: PlanOptions | None = None,
     runtime: RuntimeOptions | None = None,
+    **deprecated: Any,
 ) -> MeshParallelModule | MeshGenerationModule:
     """Run ``model`` over ``mesh``, a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from
     ``("dp", "pp", "tp")`` (a missing dim has size 1): data parallel x pipeline parallel x tensor parallel.
 
     Returns this rank's :class:`~autotp.runtime.mesh.MeshParallelModule`, whose output on every rank is the
-    whole batch's (with ``training=True``, on a mesh without ``pp``: each data-parallel replica's output for
+    whole batch's (with ``options=PlanOptions(training=True)``, on a mesh without ``pp``: each data-parallel replica's output for
     its slice of the batch, gradients averaged over ``dp``). ``plan``: a
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (from :func:`plan_mesh`; ``None``: the layer blocks cut
     into equal stages; or the path of one saved with ``ParallelPlan.save``). ``checkpoint=`` reads each
     rank's stage shards. With ``max_cache_len`` it is compiled for generation instead and returns a
     :class:`~autotp.runtime.mesh_generate.MeshGenerationModule`, whose ``generate`` returns the whole batch
-    on every rank (not with ``checkpoint=`` or ``example_kwargs=`` yet). ``hardware``, ``training``,
-    ``options`` and ``runtime`` as in :func:`compile`, for each stage's tensor-parallel part. See
+    on every rank (not with ``checkpoint=`` or ``example_kwargs=`` yet). ``options`` and ``runtime``
+    as in :func:`compile`, for each stage's tensor-parallel part. See
     :mod:`autotp.runtime.mesh` and :mod:`autotp.runtime.mesh_generate`.
     """
-    options = plan_options(options, hardware=hardware, training=training, max_cache_len=max_cache_len, mesh=True)
+    options = plan_options(moved_to_options("autotp.compile_mesh", options, deprecated, taken=_COMPILE_MOVED),
+                           max_cache_len=max_cache_len, mesh=True)
     runtime = runtime_options(runtime)
     if max_cache_len is None:
         return compile_on_mesh(model, mesh, example_inputs=example_inputs, example_kwargs=example_kwargs, plan=plan,
-                               checkpoint=checkpoint, options=options, runtime=runtime)
+                               checkpoint=checkpoint, options=options, runtime=runtime, compile_group=compile_group)
     given = [name for name, value in (("checkpoint", checkpoint), ("example_kwargs", example_kwargs or None))
              if value is not None]
     if given:

@@ -14,19 +14,24 @@ backend returns a :class:`CompiledSubgraph` which, at its first call with given 
 3. plans it with autotp's planner, on the group's first rank, which sends the plan to the
    others (:func:`autotp.runtime.group.plan_on_first_rank`, as ``autotp.compile`` does); graph outputs are
    ``Replicate``, so values crossing a graph break are whole on every rank;
-4. rewrites it for this rank (:func:`~autotp.passes.uneven.build_partitions`,
-   :func:`~autotp.passes.rewrite.rewrite_for_rank`) and slices this rank's parameter shards
-   once; ``inner="inductor"`` then hands the rank-local graph to Inductor.
+4. applies the plan as ``autotp.compile`` does (:func:`autotp.runtime.applying.apply_plan`: the rank-local
+   graph, the inference collectives chosen for the group's hosts, this rank's parameter shards, sliced once
+   for every graph that splits them alike) and runs it in ``RuntimeOptions.runtime_mode``
+   (:func:`autotp.runtime.runtime_modes.graph_runner`: ``"compiled"`` hands it to Inductor).
 
 At run time the compiled graph ignores the full parameters Dynamo passes it and uses the
 shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a *dynamic* Dynamo graph (``mark_dynamic``, ``dynamic=True``, or Dynamo's
 automatic-dynamic recompile) is lowered once with its symbolic dims kept symbolic (export's
 ``dynamic_shapes``), as :func:`autotp.compile` captures, and that one rank-local graph serves
-every size. A static graph, a graph export cannot keep symbolic, and every graph under
-``inner="inductor"`` (Inductor specialises to the sizes it compiles at) are re-lowered once per
+every size. A static graph, a graph export cannot keep symbolic, and every graph run ``"compiled"``
+or as a ``"cuda_graph"`` (Inductor specialises to the sizes it compiles at) are re-lowered once per
 new concrete input size instead, reusing the plan when the lowered graph has the same ops (no
 new solve, no new shards), at most ``max_shapes`` sizes per graph. :attr:`AutoTPBackend.stats`
 reports every count.
+
+Every :class:`~autotp.RuntimeOptions` field is honoured or refused: ``check_weights``, ``agreement_timeout_s``,
+``runtime_mode`` and ``host`` as in ``autotp.compile``; ``trace_cache`` is refused (Dynamo hands the backend
+graphs, not a model for ``torch.export`` to trace, so there is no trace to keep).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import dataclasses
 import inspect
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -48,20 +54,21 @@ from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
 from autotp.base.shapes import first_tensor, is_static
 from autotp.base.strategy import Strategy
-from autotp.capture import CapturedGraph, InputSlot, OutputStructure, from_exported
-from autotp.cost_model import Hardware
-from autotp.passes.rewrite import count_collectives, rewrite_for_rank
-from autotp.passes.uneven import Partitions, build_partitions
-from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, options_taking, plan_options
+from autotp.capture import CapturedGraph, InputSlot, OutputStructure, from_exported, trace_device
+from autotp.passes.rewrite import count_collectives
+from autotp.planning.options import PlanOptions, moved_to_options, options_taking, plan_options
 from autotp.planning.plan import Plan
 from autotp.runtime.agreement import agreed_options, compile_record, ranks_agree
+from autotp.runtime.applying import apply_plan
 from autotp.runtime.group import bind_group, plan_on_first_rank
-from autotp.runtime.options import RuntimeOptions, runtime_options
-from autotp.runtime.shards import shard_tensor
+from autotp.runtime.options import RuntimeOptions, runtime_host, runtime_options
+from autotp.runtime.runtime_modes import graph_runner, priced_in, resolve_runtime_mode
+from autotp.runtime.shards import ShardCache
 
 __all__ = ["AutoTPBackend", "BackendStats", "CompiledSubgraph", "autotp_backend", "backend"]
 
-_INNER = ("eager", "inductor")
+_INNER = {"eager": "eager", "inductor": "compiled"}
+"""The deprecated ``autotp.backend(inner=...)`` and the ``RuntimeOptions(runtime_mode=...)`` that replaces it."""
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 # ``._modules['layers']``, ``._parameters['weight']``, ``._buffers['inv_freq']`` in a Dynamo source name
 _SOURCE_PART = re.compile(r"\._(modules|parameters|buffers)\['([^']+)'\]")
@@ -165,61 +172,6 @@ class _LocalGraph:
         return self.outputs.unflatten(outputs)
 
 
-class _ShardCache:
-    """This rank's shards, keyed weakly by the full parameter, so each is sliced once.
-
-    Several graphs (graph breaks, recompiles, new input sizes) that split a parameter the same
-    way share one shard. The key of a shard is its placement and the shape of every rank's
-    block (which fixes the offsets), so a hit needs no access to the full weight's data.
-    """
-
-    def __init__(self) -> None:
-        self._shards: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._replicated: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._released: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-    def get(self, full: torch.Tensor, placement: str, parts: Partitions, name: str, rank: int, fqn: str) -> torch.Tensor:
-        if placement == "R":
-            self._replicated[full] = True
-            return full.detach()
-        meta = torch.empty(full.shape, dtype=full.dtype, device="meta")
-        blocks = tuple(tuple(shard_tensor(meta, placement, parts, name, r).shape) for r in range(parts.world_size))
-        per_param = self._shards.setdefault(full, {})
-        key = (placement, blocks)
-        if key not in per_param:
-            if full in self._released:
-                raise AutoTPError(
-                    f"parameter {fqn} needs a new split ({placement}) but its full weight was released by "
-                    "release_full_weights(); call torch._dynamo.reset() and compile again from a model with its weights"
-                )
-            per_param[key] = shard_tensor(full, placement, parts, name, rank)
-        return per_param[key]
-
-    def parameter_bytes(self) -> tuple[int, int]:
-        """``(held, full)``: bytes of the shards and replicated parameters held, and of those parameters unsplit."""
-        held = full = 0
-        for tensor, per_param in self._shards.items():
-            held += sum(s.numel() * s.element_size() for s in per_param.values())
-            full += tensor.numel() * tensor.element_size()
-        for tensor in self._replicated:
-            if tensor not in self._shards:
-                held += tensor.numel() * tensor.element_size()
-                full += tensor.numel() * tensor.element_size()
-        return held, full
-
-    def release(self) -> int:
-        """Free the storage of every split parameter's full weight; returns the bytes freed."""
-        freed = 0
-        for tensor in list(self._shards.keys()):
-            if tensor in self._released or tensor in self._replicated:
-                continue  # a replicated use still reads the full weight
-            storage = tensor.untyped_storage()
-            freed += storage.nbytes()
-            storage.resize_(0)
-            self._released[tensor] = True
-        return freed
-
-
 class CompiledSubgraph:
     """One Dynamo graph made tensor-parallel: what Dynamo calls in the graph's place.
 
@@ -272,7 +224,7 @@ class CompiledSubgraph:
         # tracing context and can leave guards Dynamo cannot build.
         local = self._static
         if local is None:
-            if self._dynamic_shapes is not None and self._owner.inner == "eager":
+            if self._dynamic_shapes is not None and self._owner.runtime_mode == "eager":
                 local = self._build_dynamic(list(args))
                 if local is not None:
                     self._static = local
@@ -289,7 +241,7 @@ class CompiledSubgraph:
         """Lower a dynamic Dynamo graph once with its symbolic dims: one rank-local graph for every size.
 
         Returns ``None`` (and the graph is lowered once per size instead) when export cannot keep
-        the dims symbolic. Only with ``inner="eager"``: Inductor would specialise the rank-local
+        the dims symbolic. Only in ``"eager"`` runtime mode: Inductor would specialise the rank-local
         graph to the sizes it is compiled at.
         """
         try:
@@ -377,47 +329,34 @@ class CompiledSubgraph:
             weights = ({str(slot.target): concrete[arg_of_param[slot.name]] for slot in captured.inputs
                         if slot.name in arg_of_param} if owner.check_weights else None)
             agreement.record = compile_record(captured, weights=weights, checksums=owner._checksums,
-                                              options=agreed_options(owner._options, inner=owner.inner,
+                                              options=agreed_options(owner._options,
+                                                                     runtime_mode=owner.runtime.runtime_mode,
                                                                      check_weights=owner.check_weights))
         plan, decisions = owner._plan_for(captured, self._canonical_names(captured))
         if self.plan is None:
             self.plan = plan
-        parts = build_partitions(captured.graph_module, decisions, owner.world_size)
-        local_gm = rewrite_for_rank(captured.graph_module, decisions, parts, owner.rank, owner.group_name,
-                                    routes=plan.reshard_routes())
+        # applied as autotp.compile applies a plan; the full weights are Dynamo's arguments (a module attribute
+        # Dynamo left as get_attr is in the exported program), each split sliced once for every graph
+        full_weights = {name: concrete[index] for name, index in arg_of_param.items()}
+        local_gm, values, _ = apply_plan(captured, plan, group=owner.group, rank=owner.rank, host=owner.host,
+                                         timeout_s=owner.agreement_timeout_s, decisions=decisions,
+                                         weights=full_weights, shards=owner._shards)
         template: list[Any] = []
         feeds: list[tuple[int, int]] = []
-        exported = captured.exported
         for position, slot in enumerate(captured.inputs):
-            if slot.kind == "parameter":
-                if slot.name in arg_of_param:
-                    full = concrete[arg_of_param[slot.name]]
-                else:  # a module attribute Dynamo left as get_attr, lifted by export
-                    full = exported.state_dict[str(slot.target)]
-                template.append(owner._shards.get(full, plan.parameters[str(slot.target)], parts, slot.name,
-                                                  owner.rank, str(slot.target)))
-            elif slot.kind == "user":
-                template.append(None)
+            template.append(values.get(slot.name))
+            if slot.kind == "user":
                 feeds.append((position, int(slot.target)))
-            elif slot.kind == "buffer" and str(slot.target) in exported.state_dict:
-                template.append(exported.state_dict[str(slot.target)])
-            else:
-                template.append(exported.constants[str(slot.target)])
-        run: Callable[..., Any] = local_gm
-        if owner.inner == "inductor":
-            from autotp.adapters.torch_internals import compile_fx
-
-            example = list(template)
-            for position, index in feeds:
-                example[position] = concrete[index]
-            run = cast(Callable[..., Any], compile_fx(local_gm, example))
+        run = graph_runner(local_gm, owner.runtime_mode, what=f"torch.compile graph {self.index}",
+                           talk=owner.progress and owner.rank == 0,
+                           static=tuple(t for t in template if isinstance(t, torch.Tensor)))
         local = _LocalGraph(run, local_gm, template, feeds, captured.outputs)
         self.local_graphs[key] = local
         self._last = local
         owner._lowerings += 1
         sizes = "every input size (symbolic dims)" if dynamic_shapes is not None else f"input sizes {key or 'static'}"
         owner._log(f"graph {self.index}: rank-local graph for {sizes} "
-                   f"({sum(self.collective_counts().values())} collectives, inner={owner.inner})")
+                   f"({sum(self.collective_counts().values())} collectives, runtime_mode={owner.runtime_mode})")
         return local
 
 
@@ -432,10 +371,13 @@ class AutoTPBackend:
         subgraphs: every :class:`CompiledSubgraph` made so far, in order.
     """
 
-    def __init__(self, *, world_size: int | None, inner: str, group: dist.ProcessGroup | None, max_shapes: int,
+    def __init__(self, *, world_size: int | None, group: dist.ProcessGroup | None, max_shapes: int,
                  options: PlanOptions, runtime: RuntimeOptions) -> None:
-        if inner not in _INNER:
-            raise ValueError(f"inner must be one of {_INNER}, got {inner!r}; e.g. autotp.backend(inner='inductor')")
+        if runtime.trace_cache not in (None, False):
+            raise ValueError(f"autotp.backend does not take RuntimeOptions(trace_cache={runtime.trace_cache!r}): "
+                             "Dynamo hands the backend graphs, not a model for torch.export to trace, so there is "
+                             "no trace to keep; leave trace_cache out, or use autotp.compile(model, ..., "
+                             "runtime=autotp.RuntimeOptions(trace_cache=True)) to reuse a model's trace")
         if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
             raise ValueError(f"max_shapes must be an int >= 1, got {max_shapes!r}")
         self._world_size = world_size
@@ -443,7 +385,9 @@ class AutoTPBackend:
         # the group's, known when Dynamo first calls the backend (see _bind_group)
         self._options = options
         self.hardware = options.hardware
-        self.inner = inner
+        self.runtime = runtime_options(runtime)  # host from the launcher's variables, read here at the front door
+        self.host = runtime_host(self.runtime)
+        self.runtime_mode = "eager"  # the mode that runs, resolved on the device when Dynamo first calls us
         self.memory_budget = options.memory_budget
         self.group = group
         self.strict = options.strict
@@ -458,19 +402,23 @@ class AutoTPBackend:
         """Forget every plan, shard and graph (``torch._dynamo.reset()`` calls this)."""
         self.subgraphs: list[CompiledSubgraph] = []
         self._plans: dict[tuple, tuple[Plan, dict[str, str]]] = {}
-        self._shards = _ShardCache()
+        self._shards = ShardCache()
         self._checksums: WeakIdKeyDictionary = WeakIdKeyDictionary()  # full weight -> WeightChecksum
         self._plans_solved = 0
         self._plans_reused = 0
         self._lowerings = 0
 
-    # -- the process group, read when Dynamo first calls us --------------------------------
-    def _bind_group(self) -> None:
+    # -- the process group and the device, read when Dynamo first calls us -----------------
+    def _bind_group(self, example_inputs: Sequence[Any]) -> None:
         self.world_size, self.rank = bind_group(self.group, self._world_size,
                                                 caller="the autotp torch.compile backend (when the model first runs)")
         self.group_name = cast(dist.ProcessGroup, self.group or dist.group.WORLD).group_name
-        if self._options.world_size != self.world_size:
-            self._options = dataclasses.replace(self._options, world_size=self.world_size)
+        # the plan is priced in the mode that runs, as autotp.compile prices it (Hardware.runtime_mode)
+        device = trace_device(tuple(example_inputs), None)
+        requested = self.runtime.runtime_mode
+        self.runtime_mode = resolve_runtime_mode(requested, device, talk=self.progress and self.rank == 0)
+        self._options = priced_in(dataclasses.replace(self._options, world_size=self.world_size), self.runtime_mode,
+                                  requested=requested, device=device)
 
     def _log(self, message: str) -> None:
         if self.progress and self.rank == 0:
@@ -521,7 +469,7 @@ class AutoTPBackend:
 
     # -- Dynamo's entry -------------------------------------------------------------------
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        self._bind_group()
+        self._bind_group(example_inputs)
         compile_id = current_compile_id()
         region = getattr(compile_id, "frame_id", None)
         if region is None:  # called outside Dynamo (e.g. by hand): every graph is its own region
@@ -566,30 +514,52 @@ class AutoTPBackend:
 def backend(
     world_size: int | None = None,
     *,
-    hardware: str | Hardware = DEFAULT_HARDWARE,
-    inner: str = "eager",
-    memory_budget: float | int | str | None = "auto",
     group: dist.ProcessGroup | None = None,
     max_shapes: int = 8,
     options: PlanOptions | None = None,
     runtime: RuntimeOptions | None = None,
+    **deprecated: Any,
 ) -> AutoTPBackend:
     """A ``torch.compile`` backend that makes the model tensor-parallel over ``group``'s ranks.
 
     ``torch.compile(model, backend=autotp.backend(world_size=4))``, on every rank, with the
-    same weights. ``inner`` runs each rank-local graph as is (``"eager"``) or compiles it
-    with Inductor (``"inductor"``). ``max_shapes`` bounds the input sizes each graph is
-    re-lowered for. ``hardware``, ``memory_budget`` and ``options`` (an :class:`~autotp.PlanOptions` with
-    ``strict``, ``time_limit_s``, ``progress``, ``constraints``) as in :func:`autotp.plan`. The process group
-    must be initialised before the compiled model first runs. Before each graph is planned (once per
-    graph and input size) the ranks check that they agree, as in :func:`autotp.compile`
-    (``runtime``: an :class:`~autotp.RuntimeOptions` with ``check_weights``, ``agreement_timeout_s``).
+    same weights. ``max_shapes`` bounds the input sizes each graph is re-lowered for. ``options``: an
+    :class:`~autotp.PlanOptions` with ``hardware``, ``memory_budget``, ``strict``, ``time_limit_s``, ``progress``,
+    ``constraints``, as in :func:`autotp.plan` (Dynamo decides shapes; no training or generation here).
+    ``runtime``: an :class:`~autotp.RuntimeOptions`; ``runtime_mode`` runs each rank-local graph as is
+    (``"eager"``), compiled by Inductor (``"compiled"``), or compiled and captured as a CUDA graph
+    (``"cuda_graph"``; ``"auto"``, the default, picks as :func:`autotp.compile` does), and ``check_weights``,
+    ``agreement_timeout_s`` and ``host`` are as in :func:`autotp.compile`; ``trace_cache`` is refused (there is
+    no ``torch.export`` trace of a model to keep). The process group must be initialised before the compiled
+    model first runs. Before each graph is planned (once per graph and input size) the ranks check that they
+    agree, as in :func:`autotp.compile`.
+
+    ``hardware=`` and ``memory_budget=`` as keywords, and ``inner=`` (``"eager"`` or ``"inductor"``), still work
+    for one release, with a :class:`DeprecationWarning` saying what to write instead.
     """
+    inner = deprecated.pop("inner", None)
+    options = moved_to_options("autotp.backend", options, deprecated, taken=("hardware", "memory_budget"))
+    if inner is not None:
+        runtime = _runtime_for_inner(inner, runtime)
     options = plan_options(options_taking(options, _BACKEND_OPTIONS, caller="autotp.backend",
-                                          instead="compile with autotp.compile for those"),
-                           world_size=world_size, hardware=hardware, memory_budget=memory_budget)
-    return AutoTPBackend(world_size=world_size, inner=inner, group=group, max_shapes=max_shapes, options=options,
-                         runtime=runtime_options(runtime))
+                                          instead="compile with autotp.compile for those"), world_size=world_size)
+    return AutoTPBackend(world_size=world_size, group=group, max_shapes=max_shapes, options=options,
+                         runtime=runtime if runtime is not None else RuntimeOptions())
+
+
+def _runtime_for_inner(inner: object, runtime: RuntimeOptions | None) -> RuntimeOptions:
+    """``runtime`` with the mode that the deprecated ``autotp.backend(inner=...)`` asked for, and the warning that
+    says what to write instead."""
+    if inner not in _INNER:
+        raise ValueError(f"inner must be one of {tuple(_INNER)}, got {inner!r}; pass "
+                         "runtime=autotp.RuntimeOptions(runtime_mode='eager' | 'compiled') instead")
+    mode = _INNER[cast(str, inner)]
+    warnings.warn(f"autotp.backend(..., inner={inner!r}) is deprecated: pass "
+                  f"runtime=autotp.RuntimeOptions(runtime_mode={mode!r})", DeprecationWarning, stacklevel=3)
+    if runtime is not None and runtime.runtime_mode != "auto":
+        raise ValueError(f"inner={inner!r} and RuntimeOptions(runtime_mode={runtime.runtime_mode!r}) both say how "
+                         "the rank-local graphs run; give it once, as runtime_mode")
+    return dataclasses.replace(runtime or RuntimeOptions(), runtime_mode=mode)
 
 
 _BACKEND_OPTIONS = ("hardware", "memory_budget", "strict", "time_limit_s", "progress", "constraints")
@@ -599,13 +569,13 @@ _BACKEND_OPTIONS = ("hardware", "memory_budget", "strict", "time_limit_s", "prog
 def _backend_from(options: dict[str, Any]) -> AutoTPBackend:
     """:func:`backend` from ``torch.compile(..., options={...})``'s flat dict: the backend's own keywords, plus
     any field of :class:`PlanOptions` or :class:`RuntimeOptions` by name."""
-    own = {"world_size", "hardware", "inner", "memory_budget", "group", "max_shapes", "options", "runtime"}
+    own = {"world_size", "inner", "group", "max_shapes", "options", "runtime"}
     planning = {f.name for f in dataclasses.fields(PlanOptions)}
     running = {f.name for f in dataclasses.fields(RuntimeOptions)}
     unknown = sorted(set(options) - own - planning - running)
     if unknown:
         raise ValueError(f"torch.compile(..., backend='autotp', options=...) does not know {', '.join(unknown)}; "
-                         f"it takes {', '.join(sorted(own - {'options', 'runtime'}))} and the fields of "
+                         f"it takes {', '.join(sorted(own - {'options', 'runtime', 'inner'}))} and the fields of "
                          "autotp.PlanOptions and autotp.RuntimeOptions")
     plan_fields = {k: v for k, v in options.items() if k in planning and k not in own}
     run_fields = {k: v for k, v in options.items() if k in running}

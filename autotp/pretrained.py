@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from autotp.adapters import torchao
-from autotp.planning.options import DEFAULT_HARDWARE, PlanOptions, plan_options
+from autotp.driver import compile_group
+from autotp.planning.options import PlanOptions, moved_to_options, plan_options
 from autotp.planning.plan import Plan
-from autotp.runtime.compiling import compile_group
 from autotp.runtime.module import TensorParallelModule
 from autotp.runtime.options import RuntimeOptions, runtime_options
 
@@ -27,9 +27,9 @@ __all__ = ["from_pretrained", "load"]
 def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = None, dtype: torch.dtype | None = None,
                     device: str | torch.device = "cpu", example_inputs: tuple[Any, ...] | None = None,
                     example_kwargs: dict[str, Any] | None = None, group: Any = None,
-                    plan: Plan | str | os.PathLike[str] | None = None, hardware: Any = DEFAULT_HARDWARE,
-                    options: PlanOptions | None = None, runtime: RuntimeOptions | None = None,
-                    quantization_config: Any = None) -> TensorParallelModule:
+                    plan: Plan | str | os.PathLike[str] | None = None, options: PlanOptions | None = None,
+                    runtime: RuntimeOptions | None = None, quantization_config: Any = None,
+                    **deprecated: Any) -> TensorParallelModule:
     """A transformers checkpoint directory -> this rank's tensor-parallel model (call on every rank).
 
     The config's architecture (``config.architectures[0]``) is built on the meta device in
@@ -37,7 +37,7 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     (default: one sequence of 16 token ids) and ``example_kwargs`` (default none: a HF model is traced with
     ``use_cache=False`` and called with or without it, see :mod:`autotp.adapters.hf_transformers`) on ``device``, planned, and
     each rank reads only its blocks from the safetensors files, cast to ``dtype``, straight onto ``device``.
-    ``group``, ``plan``, ``hardware``, ``options`` and ``runtime`` as in :func:`autotp.compile`. For a causal
+    ``group``, ``plan``, ``options`` and ``runtime`` as in :func:`autotp.compile`. For a causal
     LM, ``tp.generate(ids, ...)`` builds its generation graphs on the first call from the same checkpoint:
     captured on the meta model, each rank reading the blocks of the weights that it does not hold already
     (see :mod:`autotp.runtime.generation_on_demand`).
@@ -52,6 +52,7 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     inputs' specs, which then skips ``torch.export`` (see :mod:`autotp.trace_cache`);
     ``RuntimeOptions(trace_cache=False)`` or ``$AUTOTP_CACHE=0`` turns it off, a path puts it there.
     """
+    options = plan_options(moved_to_options("autotp.from_pretrained", options, deprecated, taken=("hardware",)))
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(path)
@@ -74,21 +75,19 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     if example_inputs is None:
         example_inputs = (torch.zeros(1, 16, dtype=torch.long, device=device),)  # (batch, seq) token ids
     return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs, world_size=world_size,
-                         group=group, plan=plan, checkpoint=path, max_cache_len=None,
-                         options=plan_options(options, hardware=hardware),
+                         group=group, plan=plan, checkpoint=path, max_cache_len=None, options=options,
                          runtime=runtime_options(runtime, trace_cache=True))
 
 
 def load(path: str | os.PathLike[str], model: torch.nn.Module, *, world_size: int | None = None,
          example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None = None, group: Any = None,
-         plan: Plan | str | os.PathLike[str] | None = None, hardware: Any = DEFAULT_HARDWARE,
-         options: PlanOptions | None = None,
-         runtime: RuntimeOptions | None = None) -> TensorParallelModule:
+         plan: Plan | str | os.PathLike[str] | None = None, options: PlanOptions | None = None,
+         runtime: RuntimeOptions | None = None, **deprecated: Any) -> TensorParallelModule:
     """Read a directory written by ``tp.save(path)`` (at any world size) into ``model`` (meta is fine), split
     over ``world_size`` ranks: ``autotp.compile(model, world_size=world_size, ..., checkpoint=path)``
     (``runtime.trace_cache`` defaults to True, as in :func:`from_pretrained`). A causal LM's ``tp.generate``
     reads its generation graphs' blocks from ``path`` too, as after :func:`from_pretrained`."""
+    options = plan_options(moved_to_options("autotp.load", options, deprecated, taken=("hardware",)))
     return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs, world_size=world_size,
-                         group=group, plan=plan, checkpoint=path, max_cache_len=None,
-                         options=plan_options(options, hardware=hardware),
+                         group=group, plan=plan, checkpoint=path, max_cache_len=None, options=options,
                          runtime=runtime_options(runtime, trace_cache=True))

@@ -1,6 +1,6 @@
 """Per-call time: ``torch.compile(model, backend=autotp.backend(...))`` vs ``autotp.compile(model)``.
 
-    python benchmarks/backend_vs_compile.py [--world-size 2] [--models llama gpt2] [--inner eager inductor]
+    python benchmarks/backend_vs_compile.py [--world-size 2] [--models llama gpt2] [--runtime-modes eager compiled]
                                             [--runs 50] [--warmup 5] [--layers 2] [--seq-len 16] [--threads T]
 
 Spawns ``--world-size`` gloo processes on this machine. In each, for every model of
@@ -80,15 +80,15 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
                 expected = contenders["autotp.compile"](*args, **kwargs)
             memory = {"autotp.compile": contenders["autotp.compile"].parameter_bytes()}
             backends = {}
-            for inner in options.inner:
-                tp_backend = autotp.backend(world_size=world_size, inner=inner)
+            for mode in options.runtime_modes:
+                tp_backend = autotp.backend(world_size=world_size, runtime=autotp.RuntimeOptions(runtime_mode=mode))
                 compiled = torch.compile(model, backend=tp_backend)
                 with torch.no_grad():
                     compiled(*args, **kwargs)  # compile now, not inside the timed runs
                 counts = tp_backend.collective_counts()
                 if counts != expected_counts:
                     raise RuntimeError(f"{name}: backend collectives {counts} != autotp.compile's {expected_counts}")
-                label = f"backend inner={inner}"
+                label = f"backend runtime_mode={mode}"
                 contenders[label] = compiled
                 backends[label] = tp_backend
                 memory[label] = tp_backend.stats.parameter_bytes
@@ -121,7 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=["llama", "gpt2"], choices=["llama", "gpt2", "bert"])
-    parser.add_argument("--inner", nargs="+", default=["eager", "inductor"], choices=["eager", "inductor"])
+    parser.add_argument("--runtime-modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--layers", type=int, default=2)
@@ -137,7 +137,7 @@ def main() -> None:
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     mp.start_processes(_rank, args=(options.world_size, init_method, options, results), nprocs=options.world_size,
                        start_method="spawn")
-    rows = [results.get() for _ in range(len(options.models) * (1 + len(options.inner)))]
+    rows = [results.get() for _ in range(len(options.models) * (1 + len(options.runtime_modes)))]
     print(f"world size {options.world_size}, {options.layers} layers, batch 2 x seq {options.seq_len}, "
           f"{options.threads} thread(s) per rank; median of {options.runs} interleaved runs, slowest rank per run")
     print(f"{'model':<8} {'variant':<24} {'per call (ms)':>14} {'vs autotp.compile':>18} {'param MiB/rank':>15} "

@@ -320,11 +320,11 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
     from autotp.calibration.graphs import time_in_turn
     from autotp.planning.megatron import megatron_plan
 
-    ours = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs, hardware=hardware,
-                          options=autotp.PlanOptions(memory_budget=None))
+    ours = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
+                          options=autotp.PlanOptions(memory_budget=None, hardware=hardware))
     reference = megatron_plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None)
     theirs = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
-                            hardware=hardware, plan=reference)
+                            options=autotp.PlanOptions(hardware=hardware), plan=reference)
     # No split, run by the same runtime: the plan of a profile on which any collective costs an
     # hour, which the solver (with no memory budget) answers by keeping every tensor whole.
     # Every link the profile prices collectives on costs that hour, the shared-memory one included.
@@ -332,9 +332,8 @@ def _decision(name: str, world_size: int, model: Any, args: tuple, kwargs: dict,
     no_shared_memory = (None if hardware.shared_memory_link is None
                         else dataclasses.replace(hardware.shared_memory_link, base_latency_s=3600.0))
     whole = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
-                           hardware=dataclasses.replace(hardware, intra_node=no_link, inter_node=no_link,
-                                                        shared_memory_link=no_shared_memory),
-                           options=autotp.PlanOptions(memory_budget=None))
+                           options=autotp.PlanOptions(memory_budget=None, hardware=dataclasses.replace(hardware, intra_node=no_link, inter_node=no_link,
+                                                        shared_memory_link=no_shared_memory)))
     if _collective_count(whole.plan):
         raise RuntimeError(f"{name}: the no-split plan still has collectives: {whole.plan.collective_counts()}")
     (autotp_s, _), (megatron_s, _), (no_split_s, _) = time_in_turn(
@@ -426,7 +425,7 @@ def _rank(rank: int, world_size: int, init_method: str, options: argparse.Namesp
             for name in options.models:
                 model, args, kwargs = build(name)
                 tp_model = autotp.compile(model, world_size=world_size, example_inputs=args, example_kwargs=kwargs,
-                                          hardware=hardware)
+                                          options=autotp.PlanOptions(hardware=hardware))
                 measured, measured_compute, compute_work, probe_s = _time_with_and_without_comm(
                     tp_model, args, kwargs, options.warmup, options.runs, probe)
                 estimate = autotp.estimate(tp_model.plan, hardware)

@@ -163,7 +163,7 @@ def _compute_form(name: str, hardware: Any, group: Any = None) -> tuple[Any, tor
     from autotp.calibration.graphs import local_stand_ins
 
     model, args, kwargs = build(name)
-    compiled = autotp.compile(model, group=group, example_inputs=args, example_kwargs=kwargs, hardware=hardware)
+    compiled = autotp.compile(model, group=group, example_inputs=args, example_kwargs=kwargs, options=autotp.PlanOptions(hardware=hardware))
     graph_module = compiled.graph_module
     compute = local_stand_ins(graph_module) or graph_module
     captured: dict[str, tuple] = {}

@@ -114,8 +114,7 @@ def _rank(rank: int, world_size: int, port: int, path: str, args: argparse.Names
     budget = None if args.memory_budget == "none" else args.memory_budget if args.memory_budget == "auto" else float(
         args.memory_budget)
     tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=args.prompt + args.new_tokens,
-                        hardware=args.hardware,
-                        options=autotp.PlanOptions(memory_budget=budget, expected_new_tokens=args.new_tokens))
+                        options=autotp.PlanOptions(memory_budget=budget, expected_new_tokens=args.new_tokens, hardware=args.hardware))
     if rank == 0 and tp.generation.weighting is not None:
         print(tp.generation.weighting, flush=True)
     if rank == 0:

@@ -24,6 +24,7 @@ import torch
 
 import autotp
 from autotp.cost_model import Hardware, get_hardware
+from autotp.cost_model.collective_forms import CollectiveForm
 
 try:  # run as a script from the repository root
     from plan_time import llama70b_shaped
@@ -34,8 +35,8 @@ except ImportError:  # pragma: no cover - imported as benchmarks.host_overhead
 def _plan(model: torch.nn.Module, ids: torch.Tensor, world_size: int, profile: Hardware) -> autotp.Plan:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return autotp.plan(model, (ids,), {"use_cache": False}, world_size=world_size, hardware=profile,
-                           options=autotp.PlanOptions(dynamic=False))
+        return autotp.plan(model, (ids,), {"use_cache": False}, world_size=world_size,
+                           options=autotp.PlanOptions(dynamic=False, hardware=profile))
 
 
 def main() -> None:
@@ -60,8 +61,8 @@ def main() -> None:
               f"+ communication {estimate.comm_s * 1e3:.3f} ms + call {estimate.graph_call_s * 1e6:.0f} us")
         print(f"  rank-local graph: {host.kernels} kernel nodes, {host.views} view nodes, "
               f"{len(plan.collectives)} collectives")
-        if profile.small_all_reduce != "ring":  # planned again with its small all-reduces priced as NCCL's ring
-            ring_profile = dataclasses.replace(profile, small_all_reduce="ring")
+        if profile.small_all_reduce != CollectiveForm.RING:  # planned again with its small all-reduces priced as NCCL's ring
+            ring_profile = dataclasses.replace(profile, small_all_reduce=CollectiveForm.RING)
             ring = autotp.estimate(_plan(model, ids, options.world_size, ring_profile), ring_profile)
             print(f"  communication with small all-reduces as {profile.small_all_reduce}: {estimate.comm_s * 1e3:.3f} "
                   f"ms; as NCCL's ring: {ring.comm_s * 1e3:.3f} ms ({ring.time_per_call_s * 1e3:.3f} ms per token)")

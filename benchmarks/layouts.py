@@ -10,24 +10,30 @@ For each link setting (``--rates``, Mbit/s; 0 is an unshaped veth) it builds a c
 2. plans in this process with that profile: the search ``autotp.plan_mesh`` runs (``mesh_costs`` +
    ``search_mesh``), once free (its pick) and once forced to each layout (its stage cuts and microbatches, and
    its predicted time);
-3. measures each layout in turn on the 4 ranks with ``autotp.compile_mesh`` and the forced plan: the median over
-   ``--repeats`` calls of the time until every rank has the whole batch's logits (each call after a barrier),
-   and the largest logit difference from one process.
+3. measures every layout on the 4 ranks with ``autotp.compile_mesh`` and the forced plan: all of them compiled
+   first, then ``--repeats`` rounds each timing every layout once (the order rotated per round, each call after
+   a barrier), so that a change of the machine's load moves every layout alike; the median per layout of the
+   time until every rank has the whole batch's logits, and the largest logit difference from one process.
 
 The calibration measures collectives and kernels, never these layouts: nothing is tuned on the runs reported.
-Latency is a forward of batch 1 (``--seq-len`` tokens); throughput a forward of the serving batch (``--batch``).
-For latency a layout with ``dp`` replicas is called with ``dp`` rows, one request per replica, as the planner
-prices it (a replica serves one request; the others serve theirs on the same cores). Printed: one table per setting (predicted
-and measured ms, the pick), Spearman's rank correlation of predicted and measured times, and whether the pick is
-the measured fastest or within 5% of it.
+Latency is a forward of batch 1 (``--seq-len`` tokens); throughput a forward of the serving batch (``--batch``);
+decode (``--decode-tokens``, 0 to skip) the time per new token of greedy ``generate`` at batch 1 (the
+difference of the medians of 1 and of ``1 + decode-tokens`` new tokens, over ``decode-tokens``), predicted by
+the search priced on one decode step (a token per row, ``mesh_costs(..., generation_step=True)``). For latency
+and decode a layout with ``dp`` replicas is called with ``dp`` rows, one request per replica, as the planner
+prices it (a replica serves one request; the others serve theirs on the same cores). Printed: one table per
+setting and objective (predicted and measured ms, the pick), Spearman's rank correlation of predicted and
+measured times, whether the pick is the measured fastest or within 5% of it, and the markdown tables of
+docs/benchmarks/layouts.md.
 
-    sudo .venv/bin/python benchmarks/layouts.py                      # unshaped and 200 Mbit/s
-    sudo .venv/bin/python benchmarks/layouts.py --rates 0 200 --repeats 5 --host-profile host.json
+    sudo .venv/bin/python benchmarks/layouts.py                      # unshaped and 200 Mbit/s, 9 rounds
+    sudo .venv/bin/python benchmarks/layouts.py --rates 0 200 --repeats 9 --host-profile host.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -77,9 +83,13 @@ def describe(dims: tuple[int, int, int]) -> str:
 # ------------------------------------------------------------------------------ on every rank (in the cluster)
 
 def measure(rank: int, world_size: int, jobs: list[dict[str, Any]], profile: str, seq_len: int,
-            repeats: int) -> list[dict[str, float]]:
-    """Each job's median seconds per call over ``repeats`` (after 2 warm-up calls) and its largest logit
-    difference from one process; called by ``Cluster.run_function`` on every rank."""
+            repeats: int, decode_tokens: int) -> list[dict[str, float]]:
+    """Each job's median seconds per call and its largest logit difference from one process; called by
+    ``Cluster.run_function`` on every rank. Every job is compiled first, then ``repeats`` rounds each time
+    every job once (after a barrier; the order rotated per round), so a change of the machine's load moves all
+    layouts alike. A forward job's call ends when every rank has the whole batch's logits; a decode job times
+    ``generate`` of 1 and of ``1 + decode_tokens`` new tokens, and its time per token is the difference of the
+    medians over ``decode_tokens``."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -90,32 +100,69 @@ def measure(rank: int, world_size: int, jobs: list[dict[str, Any]], profile: str
     torch.set_num_threads(1)
     model = build_model()
     references: dict[int, torch.Tensor] = {}
-    results = []
+    calls: list[list[Any]] = []
+    results: list[dict[str, float]] = []
     for job in jobs:
         ids = example_ids(job["batch"], seq_len)
-        if job["batch"] not in references:
-            with torch.no_grad():
-                references[job["batch"]] = model(ids, use_cache=False).logits
         named = [(name, size) for name, size in zip(("dp", "pp", "tp"), job["dims"]) if size > 1]
         mesh = init_device_mesh("cpu", tuple(s for _, s in named), mesh_dim_names=tuple(n for n, _ in named))
-        part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
-                                   plan=ParallelPlan.from_json(job["plan"]), hardware=profile)
+        plan = ParallelPlan.from_json(job["plan"])
+        if job["kind"] == "decode":
+            part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), max_cache_len=seq_len + decode_tokens + 1,
+                                       plan=plan, options=autotp.PlanOptions(hardware=profile))
+
+            def generate(part: Any = part, ids: torch.Tensor = ids, new: int = 1) -> Any:
+                return part.generate(ids, max_new_tokens=new, eos_token_id=None)
+            job_calls = [generate, functools.partial(generate, new=1 + decode_tokens)]
+            with torch.no_grad():
+                tokens = job_calls[1]()
+                expected = _greedy(model, ids, 1 + decode_tokens)
+            difference = float((tokens != expected).sum())  # tokens unlike one process's greedy ones
+        else:
+            if job["batch"] not in references:
+                with torch.no_grad():
+                    references[job["batch"]] = model(ids, use_cache=False).logits
+            part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
+                                       plan=plan, options=autotp.PlanOptions(hardware=profile))
+            job_calls = [functools.partial(part, ids, use_cache=False)]
+            with torch.no_grad():
+                logits = job_calls[0]().logits
+            difference = float((logits - references[job["batch"]]).abs().max())
         with torch.no_grad():
-            for _ in range(2):
-                logits = part(ids, use_cache=False).logits
-            times = []
-            for _ in range(repeats):
-                dist.barrier()
-                start = time.perf_counter()
-                part(ids, use_cache=False)
-                times.append(time.perf_counter() - start)
-        slowest = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a call ends when every rank has the whole batch's logits
-        difference = float((logits - references[job["batch"]]).abs().max())
-        results.append({"seconds": statistics.median(slowest.tolist()), "max_abs_diff": difference})
-        del part
+            for call in job_calls:
+                call()
+        calls.append(job_calls)
+        results.append({"max_abs_diff": difference})
         dist.barrier()
+    times: list[list[list[float]]] = [[[] for _ in job_calls] for job_calls in calls]
+    with torch.no_grad():
+        for round_ in range(repeats):
+            order = list(range(len(jobs)))
+            order = order[round_ % len(order):] + order[:round_ % len(order)]
+            for index in order:
+                for which, call in enumerate(calls[index]):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    call()
+                    times[index][which].append(time.perf_counter() - start)
+    for index, per_call in enumerate(times):
+        slowest = torch.tensor(per_call, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a call ends when every rank has its result
+        medians = [statistics.median(row) for row in slowest.tolist()]
+        if jobs[index]["kind"] == "decode":
+            results[index]["seconds"] = max(0.0, medians[1] - medians[0]) / decode_tokens
+            results[index]["first_token_s"] = medians[0]
+        else:
+            results[index]["seconds"] = medians[0]
     return results
+
+
+def _greedy(model: torch.nn.Module, ids: torch.Tensor, new: int) -> torch.Tensor:
+    """``ids`` followed by ``new`` greedy tokens of one process (no cache: the reference, not timed)."""
+    out = ids
+    for _ in range(new):
+        out = torch.cat([out, model(out, use_cache=False).logits[:, -1:].argmax(-1)], dim=1)
+    return out
 
 
 # ------------------------------------------------------------------------------ this process
@@ -129,32 +176,41 @@ def calibrate_in(cluster: Any, output: Path, host_profile: Path | None) -> str:
     return "\n".join(line for line in outputs[0].splitlines() if not line.startswith("[autotp calibrate]"))
 
 
-def plan_layouts(profile: Path, seq_len: int, batch: int) -> dict[str, Any]:
-    """The pick for each objective and, per layout, the forced plan and its predicted seconds per call."""
+def plan_layouts(profile: Path, seq_len: int, batch: int, decode: bool) -> dict[str, Any]:
+    """The pick for each objective and, per layout, the forced plan and its predicted seconds per call (per
+    token for decode: the search priced on one decode step, a token per row, with ``generation_step``)."""
     from autotp.cost_model import get_hardware
     from autotp.planning.mesh_search import mesh_costs, search_mesh
 
     hardware = get_hardware(str(profile))
     model = build_model()
     costs = mesh_costs(model, (example_ids(1, seq_len),), {"use_cache": False}, [1, 2, 4], hardware)
+    step = (mesh_costs(model, (example_ids(1, 1),), {"use_cache": False}, [1, 2, 4], hardware, generation_step=True)
+            if decode else None)
     planned: dict[str, Any] = {}
-    for objective in OBJECTIVES:
-        pick = search_mesh(costs, 4, objective=objective, batch=batch).mesh
+    for objective in objectives(decode):
+        priced = step if objective == "decode" else costs
+        searched = "latency" if objective == "decode" else objective
+        pick = search_mesh(priced, 4, objective=searched, batch=batch).mesh
         layouts = {}
         for dims in LAYOUTS:
-            plan = search_mesh(costs, 4, objective=objective, batch=batch,
+            plan = search_mesh(priced, 4, objective=searched, batch=batch,
                                forced={"dp": dims[0], "pp": dims[1], "tp": dims[2]})
-            predicted = (plan.predicted["latency_s"] if objective == "latency"
+            predicted = (plan.predicted["latency_s"] if searched == "latency"
                          else batch / plan.predicted["throughput_per_s"])
             layouts[dims] = {"plan": plan.to_json(), "predicted_s": predicted, "microbatches": plan.microbatches}
         planned[objective] = {"pick": (pick.dp, pick.pp, pick.tp), "layouts": layouts}
     return planned
 
 
+def objectives(decode: bool) -> tuple[str, ...]:
+    return (*OBJECTIVES, "decode") if decode else OBJECTIVES
+
+
 def call_batch(objective: str, dims: tuple[int, int, int], serving_batch: int) -> int:
     """The rows of a measured call: for latency one request per data-parallel replica (a replica serves a request
     of batch 1 while the others serve theirs, which is what the planner prices), else the serving batch."""
-    return dims[0] if objective == "latency" else serving_batch
+    return serving_batch if objective == "throughput" else dims[0]
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -167,7 +223,8 @@ def report(setting: str, objective: str, batch: int, planned: dict[str, Any],
            measured: dict[tuple[int, int, int], dict[str, float]]) -> dict[str, Any]:
     rows = planned[objective]["layouts"]
     pick = planned[objective]["pick"]
-    what = "batch 1 per replica" if objective == "latency" else f"batch {batch}"
+    what = {"latency": "batch 1 per replica", "decode": "ms per new token, batch 1 per replica"}.get(
+        objective, f"batch {batch}")
     print(f"\n{setting}, {objective} ({what}): predicted vs measured ms per call (median)")
     print(f"  {'layout':>7}  {'where':<22} {'micro':>5} {'predicted':>10} {'measured':>9} {'pred/meas':>9} "
           f"{'max |diff|':>10}")
@@ -197,7 +254,38 @@ def report(setting: str, objective: str, batch: int, planned: dict[str, Any],
           f"|pred/meas - 1| median {statistics.median(errors):.0%}, max {max(errors):.0%}; "
           f"within 25%: {sum(e <= 0.25 for e in errors)} of {len(errors)}")
     return {"setting": setting, "objective": objective, "pick": pick, "fastest": fastest, "pick_slower": slower,
-            "spearman": rho, "errors": errors}
+            "spearman": rho, "errors": errors,
+            "cells": {d: (rows[d]["predicted_s"], measured[d]["seconds"] if d in measured else None) for d in LAYOUTS}}
+
+
+def markdown(summary: list[dict[str, Any]]) -> str:
+    """The tables of docs/benchmarks/layouts.md: ms predicted / measured per layout and setting (the pick in
+    bold, the measured fastest in italics), then one row per setting with the goals' figures."""
+    def name(s: dict[str, Any]) -> str:
+        return f"{s['setting']} {s['objective']}"
+
+    lines = ["| layout dp×pp×tp | where | " + " | ".join(name(s) for s in summary) + " |",
+             "|---|---|" + "---|" * len(summary)]
+    for dims in LAYOUTS:
+        cells = []
+        for s in summary:
+            predicted, seconds = s["cells"][dims]
+            text = f"{predicted * 1e3:.1f} / " + ("-" if seconds is None else f"{seconds * 1e3:.1f}")
+            if dims == s["pick"]:
+                text = f"**{text}** pick"
+            if dims == s["fastest"]:
+                text = f"*{text}*"
+            cells.append(text)
+        lines.append(f"| {'×'.join(map(str, dims))} | {describe(dims)} | " + " | ".join(cells) + " |")
+    lines += ["", "| setting | pick | measured fastest | pick vs fastest | Spearman | median \\|pred/meas − 1\\| | "
+              "within 25% |", "|---|---|---|---|---|---|---|"]
+    for s in summary:
+        within = sum(e <= 0.25 for e in s["errors"])
+        verdict = "0 (the fastest)" if s["pick"] == s["fastest"] else f"{s['pick_slower']:+.1%}"
+        lines.append(f"| {name(s)} | {'×'.join(map(str, s['pick']))} | {'×'.join(map(str, s['fastest']))} | "
+                     f"{verdict} | {s['spearman']:.2f} | {statistics.median(s['errors']):.0%} | "
+                     f"{within} of {len(s['errors'])} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -208,7 +296,10 @@ def main() -> None:
                         help="link settings in Mbit/s, 0 for an unshaped link (default: 0 200)")
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per request (default: 32)")
     parser.add_argument("--batch", type=int, default=8, help="the serving batch for throughput (default: 8)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per layout (default: 5)")
+    parser.add_argument("--repeats", type=int, default=9,
+                        help="rounds, each timing every layout once (default: 9); medians are quoted")
+    parser.add_argument("--decode-tokens", type=int, default=8,
+                        help="new tokens per timed generate for decode, 0 to skip decode (default: 8)")
     parser.add_argument("--host-profile", type=Path, default=None,
                         help="a profile of one host measured before (compute kept, links measured again)")
     parser.add_argument("--keep", type=Path, default=None, help="folder to keep the calibrated profiles in")
@@ -235,23 +326,28 @@ def main() -> None:
             print(f"\n== {setting}: calibrated in {time.perf_counter() - started:.0f} s "
                   f"({'links only' if host_profile else 'compute and links'})")
             print("\n".join(line for line in printed.splitlines() if "link" in line or "nodes" in line
-                            or "matmul float32" in line or "core share" in line or "shared memory" in line))
+                            or "matmul float32" in line or "core share" in line or "shared memory" in line
+                            or "busy" in line))
             host_profile = host_profile or profile
-            planned = plan_layouts(profile, options.seq_len, options.batch)
+            decode = options.decode_tokens > 0
+            planned = plan_layouts(profile, options.seq_len, options.batch, decode)
             jobs, keys = [], []
-            for objective in OBJECTIVES:
+            for objective in objectives(decode):
                 for dims in LAYOUTS:
                     batch = call_batch(objective, dims, options.batch)
                     if dims[0] > batch:
                         continue
-                    jobs.append({"dims": dims, "batch": batch, "plan": planned[objective]["layouts"][dims]["plan"]})
+                    jobs.append({"dims": dims, "batch": batch, "plan": planned[objective]["layouts"][dims]["plan"],
+                                 "kind": "decode" if objective == "decode" else "forward"})
                     keys.append((objective, dims))
             started = time.perf_counter()
             results = cluster.run_function("layouts:measure", ranks_per_host=RANKS_PER_HOST, timeout_s=3600.0,
                                            kwargs={"jobs": jobs, "profile": str(profile), "seq_len": options.seq_len,
-                                                   "repeats": options.repeats})[0]
-            print(f"measured {len(jobs)} layouts in {time.perf_counter() - started:.0f} s")
-        for objective in OBJECTIVES:
+                                                   "repeats": options.repeats,
+                                                   "decode_tokens": options.decode_tokens})[0]
+            print(f"measured {len(jobs)} layouts in {time.perf_counter() - started:.0f} s, {options.repeats} "
+                  f"interleaved rounds; load average {os.getloadavg()[0]:.1f} at the end")
+        for objective in objectives(options.decode_tokens > 0):
             measured = {dims: result for (o, dims), result in zip(keys, results) if o == objective}
             summary.append(report(setting, objective, options.batch, planned, measured))
     print("\nsummary: setting, objective -> pick, measured fastest, pick vs fastest, Spearman, median |error|")
@@ -259,7 +355,8 @@ def main() -> None:
         print(f"  {s['setting']:>12} {s['objective']:<10} -> {'x'.join(map(str, s['pick']))}, "
               f"{'x'.join(map(str, s['fastest']))}, {s['pick_slower']:+.1%}, {s['spearman']:.2f}, "
               f"{statistics.median(s['errors']):.0%}")
-    print(json.dumps([{k: v for k, v in s.items()} for s in summary], default=str))
+    print("\n" + markdown(summary) + "\n")
+    print(json.dumps([{k: v for k, v in s.items() if k != "cells"} for s in summary], default=str))
 
 
 if __name__ == "__main__":

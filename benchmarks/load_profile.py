@@ -36,15 +36,15 @@ from load import CONFIG, SEQ_LEN, _free_port, write_checkpoints  # noqa: E402
 
 SPANS = [  # (label, module, attribute): the function autotp calls for that stage, where it looks it up
     ("config", "transformers", "AutoConfig.from_pretrained"),
-    ("capture", "autotp.runtime.compiling", "capture"),
+    ("capture", "autotp.driver", "capture"),
     ("  export", "autotp.capture", "_export"),
     ("  trace cache key", "autotp.trace_cache", "trace_key"),
     ("  trace cache read", "autotp.trace_cache", "_read_entry"),
     ("  trace cache rebuild", "autotp.trace_cache", "_rebuild"),
     ("  trace cache write", "autotp.trace_cache", "_entry"),
     ("  trace cache write file", "autotp.trace_cache", "_write_payload"),
-    ("agreement record", "autotp.runtime.compiling", "compile_record"),
-    ("headers", "autotp.runtime.compiling", "open_checkpoint"),
+    ("agreement record", "autotp.driver", "compile_record"),
+    ("headers", "autotp.driver", "open_checkpoint"),
     ("plan (rank 0 plans, others wait)", "autotp.runtime.applying", "plan_on_first_rank"),
     ("  cached plan read", "autotp.planning.plan_cache", "cached_plan"),
     ("  strategies", "autotp.planning.planner", "build_strategy_graph"),
@@ -54,7 +54,7 @@ SPANS = [  # (label, module, attribute): the function autotp calls for that stag
     ("  cached plan write (after sending)", "autotp.planning.plan_cache", "store_plan"),
     ("rewrite", "autotp.runtime.applying", "rewrite_for_rank"),
     ("reads", "autotp.runtime.applying", "read_local_values"),
-    ("module", "autotp.runtime.compiling", "TensorParallelModule"),
+    ("module", "autotp.driver", "TensorParallelModule"),
 ]
 
 

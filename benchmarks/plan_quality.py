@@ -71,7 +71,7 @@ def main() -> None:
             for hardware in options.hardware:
                 for world_size in options.world_sizes:
                     try:
-                        ours = autotp.plan(model, (ids,), kwargs, world_size=world_size, hardware=hardware)
+                        ours = autotp.plan(model, (ids,), kwargs, world_size=world_size, options=autotp.PlanOptions(hardware=hardware))
                         ref = megatron_plan(model, (ids,), kwargs, world_size=world_size, hardware=hardware)
                     except autotp.AutoTPError as exc:
                         print(f"{kind:<8} {shape:<8} {hardware:<9} {world_size:>3}  failed: {str(exc).splitlines()[0]}")

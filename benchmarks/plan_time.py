@@ -101,7 +101,7 @@ def _decode_with_cache(options: argparse.Namespace) -> None:
             stamping.export_stamped = stamped if way == "stamped" else (lambda *_: None)
             try:
                 started = time.perf_counter()
-                autotp.plan(model, (ids,), world_size=options.world_size, hardware=options.hardware,
+                autotp.plan(model, (ids,), world_size=options.world_size, options=autotp.PlanOptions(hardware=options.hardware),
                             max_cache_len=options.max_cache_len)
                 seconds[way] = time.perf_counter() - started
             finally:

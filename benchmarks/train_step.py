@@ -129,7 +129,7 @@ def _autotp_side(model: Any, ids: Any, *, loss_only: bool = False,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile(_loss_only(model) if loss_only else model, example_inputs=(ids,),
-                            example_kwargs={"labels": ids}, training=True,
+                            example_kwargs={"labels": ids}, options=autotp.PlanOptions(training=True),
                             **({"outputs": outputs} if outputs != "replicated" else {}))
 
     def loss_of(batch: Any) -> Any:

@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from .collective_forms import FORM_TABLE, CollectiveForm
 from .compute import tensor_bytes
 from .hardware import Hardware
 
@@ -98,11 +99,12 @@ def at_working_set(hardware: Hardware, working_set_bytes: float) -> Hardware:
 
 def graph_profile(hardware: Hardware, working_set_bytes: float, *, training: bool = False) -> Hardware:
     """The profile one graph is priced with: :func:`at_working_set` of ``working_set_bytes``, and
-    for a training graph ``small_all_reduce="ring"`` (the one-shot all-reduce rewrites inference
-    graphs only: a training graph keeps the functional all-reduce, whose backward autograd knows)."""
+    for a training graph the backend's own collectives (``CollectiveForm.RING``) unless the profile's form runs
+    in training graphs too (``FormSpec.in_training``: autotp's inference forms rewrite inference graphs only; a
+    training graph keeps the functional all-reduce, whose backward autograd knows)."""
     resolved = at_working_set(hardware, working_set_bytes)
-    if training and resolved.small_all_reduce != "ring":
-        resolved = dataclasses.replace(resolved, small_all_reduce="ring")
+    if training and not FORM_TABLE[CollectiveForm.from_name(resolved.small_all_reduce)].in_training:
+        resolved = dataclasses.replace(resolved, small_all_reduce=CollectiveForm.RING)
     return resolved
 
 

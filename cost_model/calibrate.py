@@ -24,7 +24,8 @@ import torch
 from scipy.optimize import nnls
 
 from .bandwidth import at_working_set
-from .collectives import alpha_beta_terms, ceil_log2, shared_memory_terms
+from .collective_forms import FORM_TABLE, CollectiveForm, form_measured_as
+from .collectives import alpha_beta_terms, ceil_log2
 from .graph_calibration import COLD_WEIGHT_BYTES, GemmSample, GraphSample, HostFit, fit_gemm_curve, fit_host_terms
 from .hardware import Hardware, LinkProfile
 
@@ -43,7 +44,7 @@ __all__ = [
     "with_nodes",
 ]
 
-SHARED_MEMORY_KIND = "shared_memory_all_reduce"
+SHARED_MEMORY_KIND = str(FORM_TABLE[CollectiveForm.SHARED_MEMORY].measured_as)
 """Kind of the samples of autotp's shared-memory all-reduce (``autotp.runtime.shared_memory``),
 measured besides gloo's where the ranks can use it; fitted to ``Hardware.shared_memory_link``."""
 
@@ -96,6 +97,10 @@ class RankMeasurements:
     """The most of a core this rank could get while every rank computed (:func:`autotp.calibration.graphs.
     fair_core_share`: the cores over the ranks' threads), at which a call's compute beyond the graphs' longest is
     priced (``Hardware.core_share_range_s``; 0.0: not recorded, the share holds for any compute)."""
+    busy_compute_scale: tuple[tuple[int, float], ...] = ()
+    """``(busy ranks, relative time)``: a fixed compute's wall time while that many ranks of the machine
+    computed at once, over that with every rank busy (:func:`autotp.calibration.concurrency.measure_busy_scale`;
+    the same on every rank; empty: not measured, a group of one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,9 +141,12 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
 # ------------------------------------------------------------------------------ fitting
 
 def _link_terms(sample: CollectiveSample) -> tuple[float, float]:
-    """(latency steps, bandwidth factor) of one sample's algorithm (:mod:`.collectives`)."""
-    if sample.kind == SHARED_MEMORY_KIND:
-        return shared_memory_terms("all_reduce", sample.group_size)
+    """(latency steps, bandwidth factor) of one sample's algorithm: the terms of the form it measures
+    (``FormSpec.measured_as``, on its first kind), else the backend's ring (:mod:`.collectives`)."""
+    form = form_measured_as(sample.kind)
+    if form is not None and form.terms is not None:
+        steps, factor, multiplier = form.terms(form.kinds[0], sample.group_size)
+        return steps, factor * multiplier
     return alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
 
 
@@ -147,7 +155,8 @@ def fit_link(samples: Sequence[CollectiveSample], *, bandwidth_bytes_per_s: floa
 
     Model: ``t = base + steps * alpha + factor * n / B`` with ``(steps, factor)`` from
     :func:`~.collectives.alpha_beta_terms` (ring) for each sample's kind and group size, or from
-    :func:`~.collectives.shared_memory_terms` for samples of :data:`SHARED_MEMORY_KIND` (fit those alone).
+     the terms of the form's row (:data:`~.collective_forms.FORM_TABLE`) for samples of its
+    ``measured_as`` kind, :data:`SHARED_MEMORY_KIND` (fit those alone).
     Non-negative least squares on relative error: every row is divided by its measured time.
     ``bandwidth_bytes_per_s``: ``B`` given instead of fitted (only ``base`` and ``alpha`` are fitted).
     Raises ValueError when the samples cannot determine a bandwidth (all sizes too small).
@@ -235,7 +244,7 @@ def with_measured_links(profile: Hardware, network: Sequence[CollectiveSample], 
         changes["shared_memory_link"] = LinkProfile(
             name=f"shared-memory-{shared[0].group_size}ranks", bandwidth_gbps=shared_fit.bandwidth_bytes_per_s / 1e9,
             latency_s=shared_fit.latency_s, base_latency_s=shared_fit.base_latency_s)
-        changes["small_all_reduce"] = "shared_memory"
+        changes["small_all_reduce"] = CollectiveForm.SHARED_MEMORY
     return dataclasses.replace(profile, **changes, source=source)
 
 
@@ -384,7 +393,7 @@ def build_profile(
         model_call_s=statistics.median(m.model_call_s for m in compute) / core_share,
         memory_bandwidth_curve=tuple((size, rate * pace / 1e9) for size, rate in curve_points),
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
-        small_all_reduce="one_shot" if shared_link is None else "shared_memory",
+        small_all_reduce=CollectiveForm.ONE_SHOT if shared_link is None else CollectiveForm.SHARED_MEMORY,
         shared_memory_link=shared_link,
         # the figure at the largest working set (DRAM), as memory_bandwidth_gbps; graphs resolve the curve
         shared_memory_cold_call_s=cold_curve[-1][1] if cold_curve else 0.0,
@@ -393,6 +402,9 @@ def build_profile(
         core_share_range_s=host.core_share_range_s if host is not None else 0.0,
         core_share_call_s=host.core_share_call_s if host is not None else 0.0,
         fair_core_share=host.fair_core_share if host is not None else 1.0,
+        # the ranks measured together share one machine's cores
+        ranks_per_machine=world_size if compute[0].busy_compute_scale else 0,
+        busy_compute_scale=compute[0].busy_compute_scale,
     )
 
 

@@ -63,27 +63,31 @@ cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCC
   Each part is one collective call (pays its base latency). All-to-all and broadcast use the
   flat form only.
 
-**One-shot all-reduce** (``Hardware.small_all_reduce == "one_shot"``: autotp's inference runtime
-on gloo, ``autotp.passes.small_collectives``): an all-reduce of at most :data:`ONE_SHOT_MAX_BYTES`
-over at least :data:`ONE_SHOT_MIN_GROUP` ranks (:func:`uses_one_shot_all_reduce`, the condition
-the runtime itself checks) runs as one ``all_to_all_single`` in which every rank sends its whole
+The forms below (and the backend's own, above) are the rows of one table,
+:data:`~.collective_forms.FORM_TABLE`: when each applies, its cost (written once, priced here on numbers and
+in :mod:`.symbolic` on expressions: :func:`form_link_time`), and what calibration fits for it.
+
+**One-shot all-reduce** (``CollectiveForm.ONE_SHOT``: autotp's inference runtime on gloo,
+``autotp.passes.small_collectives``): an all-reduce of at most :data:`ONE_SHOT_MAX_BYTES` over at least
+:data:`ONE_SHOT_MIN_GROUP` ranks (:func:`uses_one_shot_all_reduce`, the condition the runtime itself
+checks) runs as one ``all_to_all_single`` in which every rank sends its whole
 tensor to every other rank and sums the ``p`` copies: ``(p-1)·alpha + (p-1)·n/B`` (the
 all-to-all row above with ``p·n`` bytes per rank, [T05] pairwise exchange) instead of the ring's
 ``2(p-1)·alpha + 2(p-1)/p·n/B``; the local sum of ``p`` copies is memory bound and not priced,
 as the ring's reduction is not. Flat link only (the runtime does not split it by node).
 
-**Shared-memory all-reduce** (``Hardware.small_all_reduce == "shared_memory"``: autotp's inference
+**Shared-memory all-reduce** (``CollectiveForm.SHARED_MEMORY``: autotp's inference
 runtime on a gloo group whose ranks share one x86-64 host, :func:`uses_shared_memory_all_reduce`,
 ``autotp.runtime.shared_memory``): every all-reduce inside a node, at any size, on the profile's own
 ``Hardware.shared_memory_link`` (fitted by ``autotp calibrate``):
-``base + (p-1)·alpha + (p+1)·n/B`` (:func:`shared_memory_terms`: each rank waits for the flags of
+``base + (p-1)·alpha + (p+1)·n/B`` (its row's terms: each rank waits for the flags of
 ``p - 1`` others; it copies its ``n`` bytes in, reads the ``p`` copies and writes the sum). A group
 that spans nodes cannot share memory: it is priced as the one-shot form the runtime falls back to.
 In a graph whose working set pushes the slots out of the caches between two uses (a decode step
 streaming hundreds of MiB of weights and cache), each call also pays
 ``Hardware.shared_memory_cold_call_s``, resolved at the graph's working set.
 
-**Symmetric-memory all-reduce** (``Hardware.small_all_reduce == "symmetric_memory"``: autotp's inference
+**Symmetric-memory all-reduce** (``CollectiveForm.SYMMETRIC_MEMORY``: autotp's inference
 runtime where the ranks of a group share one host and their tensors are on CUDA devices,
 :func:`uses_symmetric_memory_all_reduce`, ``autotp.runtime.symmetric_memory``): an all-reduce of at most
 :data:`ONE_SHOT_MAX_BYTES` inside a node (:func:`symmetric_memory_takes`) runs as PyTorch's one-shot kernel on
@@ -91,7 +95,7 @@ symmetric memory (``torch.ops.symm_mem.one_shot_all_reduce_copy_out``, [SYMM]): 
 into the rank's buffer, signals every peer and waits for their signals, loads the ``p - 1`` peers' buffers
 over NVLink and sums them, then signals and waits once more before the buffer can be reused. Priced on
 ``Hardware.symmetric_memory_link`` (the ``intra_node`` link with one kernel launch, ``kernel_floor_s``, in
-place of NCCL's per-call base): ``base + 2·alpha + (p-1)·n/B`` (:func:`symmetric_memory_terms`). vLLM's
+place of NCCL's per-call base): ``base + 2·alpha + (p-1)·n/B`` (its row's terms). vLLM's
 and SGLang's custom all-reduce take the same form for small messages inside a node. Larger tensors and
 groups that span nodes keep NCCL's ring or tree.
 
@@ -128,6 +132,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .collective_forms import (
+    FORM_TABLE,
+    NUMERIC,
+    ONE_SHOT_MAX_BYTES,
+    ONE_SHOT_MIN_GROUP,
+    Arithmetic,
+    CollectiveForm,
+    link_time,
+    runs_as,
+)
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
@@ -135,19 +149,15 @@ __all__ = [
     "COLLECTIVE_KINDS",
     "ONE_SHOT_MAX_BYTES",
     "ONE_SHOT_MIN_GROUP",
-    "SHARED_MEMORY_KINDS",
-    "SYMMETRIC_MEMORY_DTYPES",
+    "backend_time",
     "call_sync_wait_s",
     "collective_time_s",
+    "form_link_time",
     "group_spans_nodes",
     "hierarchical_parts",
-    "inference_all_reduce_form",
     "link_collective_time_s",
     "p2p_time_s",
-    "shared_memory_terms",
-    "symmetric_memory_sums",
     "symmetric_memory_takes",
-    "symmetric_memory_terms",
     "uses_one_shot_all_reduce",
     "uses_shared_memory_all_reduce",
     "uses_symmetric_memory_all_reduce",
@@ -157,36 +167,22 @@ __all__ = [
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 COLLECTIVE_ALGORITHMS = ("ring", "tree")
 
-ONE_SHOT_MAX_BYTES = 256 * 1024
-"""Largest all-reduce (bytes on one rank) summed by one exchange round where the runtime does so;
-larger ones keep the backend's ring. Each rank sends ``p - 1`` copies of the tensor instead of the
-ring's ``2 (p - 1) / p``, which costs nothing while latency dominates (measured at tp 4 on gloo:
-2 KiB one-shot 2x faster, 256 KiB still ~1.3x faster)."""
-
-ONE_SHOT_MIN_GROUP = 3
-"""Smallest group the one-shot all-reduce is used for: on 2 ranks the ring is one exchange already."""
-
 
 def uses_one_shot_all_reduce(group_size: int, nbytes: float) -> bool:
     """True when an all-reduce of ``nbytes`` (per rank) over ``group_size`` ranks takes the one-shot
-    form on a runtime that has it: the one condition the runtime (``autotp.passes.small_collectives``)
-    and the pricing (:func:`collective_time_s`) both read."""
-    return group_size >= ONE_SHOT_MIN_GROUP and nbytes <= ONE_SHOT_MAX_BYTES
-
-
-SHARED_MEMORY_MACHINES = ("x86_64", "AMD64")
-"""``platform.machine()`` values with total store order (x86-64): there a flag stored after the data
-is seen after it by the other cores, which the shared-memory all-reduce relies on."""
+    form on a runtime that has it (``FORM_TABLE[CollectiveForm.ONE_SHOT].takes``, which the runtime,
+    ``autotp.passes.small_collectives``, and the pricing, :func:`collective_time_s`, both read)."""
+    return FORM_TABLE[CollectiveForm.ONE_SHOT].takes("all_reduce", group_size, nbytes)
 
 
 def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str, device_type: str = "cpu") -> bool:
     """True when autotp's inference runtime sums a group's all-reduces through shared memory
     (``autotp.runtime.shared_memory``): a gloo group whose ranks all run on one host, on x86-64, with their
     tensors in host memory (``device_type`` "cpu"; CUDA tensors on a gloo group keep gloo's own collectives).
-
-    The one condition the runtime (with the group's real backend, host check and machine) and
-    ``autotp calibrate`` (which then gives the profile ``small_all_reduce="shared_memory"``) read."""
-    return backend == "gloo" and one_host and machine in SHARED_MEMORY_MACHINES and device_type == "cpu"
+    The shared-memory row's group conditions (``FORM_TABLE[CollectiveForm.SHARED_MEMORY].takes_group``), which
+    the runtime reads too."""
+    return FORM_TABLE[CollectiveForm.SHARED_MEMORY].takes_group(backend=backend, one_host=one_host, machine=machine,
+                                                                device_types={device_type})
 
 
 def uses_symmetric_memory_all_reduce(*, one_host: bool, device_types: set[str] | frozenset[str],
@@ -195,51 +191,18 @@ def uses_symmetric_memory_all_reduce(*, one_host: bool, device_types: set[str] |
     (``autotp.runtime.symmetric_memory``): every rank of the group runs on one host with its tensors on a
     CUDA device (``device_types``: the device types of the ranks' tensors), and this torch has the one-shot
     kernel (``has_kernel``: ``torch.ops.symm_mem.one_shot_all_reduce_copy_out``), whatever the backend (NCCL,
-    or gloo with CUDA tensors). Which of those all-reduces take it: :func:`symmetric_memory_takes`.
-
-    The one condition the runtime reads; a profile says the same with ``small_all_reduce="symmetric_memory"``."""
-    return one_host and set(device_types) == {"cuda"} and has_kernel
-
-
-SYMMETRIC_MEMORY_DTYPES = ("float32", "bfloat16")
-"""The dtypes PyTorch's one-shot kernel sums (its CUDA dispatch: float and bfloat16); others keep the backend."""
-
-
-def symmetric_memory_sums(dtype: Any) -> bool:
-    """Whether the one-shot kernel sums ``dtype`` (a ``torch.dtype`` or its name; None: not known, taken as
-    one it sums): :data:`SYMMETRIC_MEMORY_DTYPES`."""
-    return dtype is None or str(dtype).removeprefix("torch.") in SYMMETRIC_MEMORY_DTYPES
+    or gloo with CUDA tensors). Which of those all-reduces take it: :func:`symmetric_memory_takes`. The
+    symmetric-memory row's group conditions, which the runtime reads too."""
+    return FORM_TABLE[CollectiveForm.SYMMETRIC_MEMORY].takes_group(one_host=one_host, device_types=device_types,
+                                                                   has_kernel=has_kernel)
 
 
 def symmetric_memory_takes(group_size: int, nbytes: float, dtype: Any = None) -> bool:
     """True when an all-reduce of ``nbytes`` (per rank) of ``dtype`` over ``group_size`` ranks runs through
     symmetric memory on a runtime that has it: at most :data:`ONE_SHOT_MAX_BYTES` (each rank loads ``p - 1``
-    copies; beyond that NCCL's ring moves fewer bytes) of a dtype the kernel sums (:func:`symmetric_memory_sums`).
-    Read by the runtime and by :func:`collective_time_s`."""
-    return symmetric_memory_sums(dtype) and group_size >= 2 and nbytes <= ONE_SHOT_MAX_BYTES
-
-
-def symmetric_memory_terms(group_size: Any) -> tuple[Any, Any]:
-    """(latency steps, bandwidth factor) of the one-shot all-reduce in symmetric memory: two barriers (every
-    rank signals its peers at once, so each costs one link latency whatever ``p``); each rank loads the
-    ``p - 1`` peers' ``n`` bytes. Numbers or sympy expressions."""
-    return 2, group_size - 1
-
-
-SHARED_MEMORY_KINDS = ("all_reduce", "all_gather")
-"""Collectives the shared-memory runtime runs (the others keep gloo's)."""
-
-
-def shared_memory_terms(kind: str, group_size: Any) -> tuple[Any, Any]:
-    """(latency steps, bandwidth factor) of a collective through shared memory: ``p - 1`` flags waited
-    for; bytes moved per rank: an all-reduce copies its ``n`` in and reads the ``p`` copies
-    (``(p + 1) · n``), an all-gather copies its ``n / p`` in and reads the ``n`` of the output
-    (``(p + 1) / p · n``). Numbers or sympy expressions."""
-    if kind == "all_reduce":
-        return group_size - 1, group_size + 1
-    if kind == "all_gather":
-        return group_size - 1, (group_size + 1) / group_size
-    raise ValueError(f"no shared-memory form of {kind!r}; it has: {', '.join(SHARED_MEMORY_KINDS)}")
+    copies; beyond that NCCL's ring moves fewer bytes) of a dtype the kernel sums (float32, bfloat16).
+    The symmetric-memory row's call condition, read by the runtime and by :func:`collective_time_s`."""
+    return FORM_TABLE[CollectiveForm.SYMMETRIC_MEMORY].takes("all_reduce", group_size, nbytes, dtype)
 
 
 def ceil_log2(group_size: int) -> int:
@@ -284,6 +247,61 @@ def validate_collective(kind: str, algorithm: str) -> None:
         )
 
 
+def _check_sizes(group_size: int, nbytes: float) -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    if not math.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+
+
+def _on_group_link(kind: str, nbytes: Any, group_size: int, link: LinkProfile, algorithm: str,
+                   arith: Arithmetic) -> Any:
+    """The backend's ring or tree (module table) on one link, in ``arith``; 0 for a group of one rank."""
+    if group_size == 1:
+        return arith.real(arith.integer(0))
+    steps, factor = alpha_beta_terms(kind, algorithm, arith.integer(group_size), arith.integer(ceil_log2(group_size)))
+    return arith.real(link_time(link, steps, factor, nbytes))
+
+
+def backend_time(kind: str, nbytes: Any, group_size: int, hardware: Hardware, *, spans_nodes: bool,
+                 algorithm: str, arith: Arithmetic) -> Any:
+    """The backend's own collective (``CollectiveForm.RING``'s cost): the ring or tree on the group's link, and
+    on a group of whole nodes the cheaper of that and the hierarchical form ([J18]; module docstring), in
+    ``arith`` (numbers or sympy expressions; no in-graph wait)."""
+    flat = _on_group_link(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm, arith)
+    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
+    if parts is None:
+        return flat
+    hierarchical = arith.total(_on_group_link(part_kind, nbytes / divisor, part_group, getattr(hardware, link_field),
+                                              algorithm, arith)
+                               for part_kind, part_group, link_field, divisor in parts)
+    return arith.minimum(flat, hierarchical)
+
+
+def form_link_time(kind: str, nbytes: Any, group_size: int, hardware: Hardware, *, spans_nodes: bool,
+                   algorithm: str, dtype: Any, arith: Arithmetic) -> Any:
+    """One call's link time as the runtime runs it on ``hardware`` (no in-graph wait), in ``arith``: the row of
+    the form that runs (the profile's ``small_all_reduce``, or its ``across_nodes`` form) prices a call it
+    takes, :func:`backend_time` the others; a form that ``pays_cold_call`` adds
+    ``Hardware.shared_memory_cold_call_s`` to each call of its kinds (resolved at the graph's working set,
+    ``bandwidth.graph_profile``). :func:`collective_time_s` and :func:`.symbolic.symbolic_collective_time_s`
+    are this over numbers and over sympy."""
+    spec = runs_as(hardware.small_all_reduce, spans_nodes=spans_nodes)
+    link_s = arith.real(arith.integer(0))
+    if group_size > 1 and nbytes != 0:
+        link_s = spec.time(kind, nbytes, group_size, dtype, group_link=hardware.link(spans_nodes=spans_nodes),
+                           links=lambda field: getattr(hardware, field), arith=arith,
+                           backend=lambda: backend_time(kind, nbytes, group_size, hardware, spans_nodes=spans_nodes,
+                                                        algorithm=algorithm, arith=arith))
+    if spec.pays_cold_call and kind in spec.kinds:
+        link_s += hardware.shared_memory_cold_call_s
+    return link_s
+
+
+_FORM_LINKS = frozenset(spec.link_field for spec in FORM_TABLE.values() if spec.link_field is not None)
+"""The links a form is priced on besides the group's (``FormSpec.link_field``), by name."""
+
+
 def link_collective_time_s(
     kind: str,
     nbytes: float,
@@ -291,56 +309,28 @@ def link_collective_time_s(
     link: LinkProfile,
     *,
     algorithm: str = "ring",
-    small_all_reduce: str = "ring",
-    shared_memory_link: LinkProfile | None = None,
-    symmetric_memory_link: LinkProfile | None = None,
+    small_all_reduce: str = CollectiveForm.RING,
     dtype: Any = None,
+    **form_links: LinkProfile | None,
 ) -> float:
-    """:func:`collective_time_s` on an explicit link instead of a hardware profile (no in-graph wait).
+    """:func:`collective_time_s` on an explicit link instead of a hardware profile (no in-graph wait, no
+    cold-cache cost, no hierarchical form).
 
-    ``small_all_reduce="one_shot"``: an all-reduce that :func:`uses_one_shot_all_reduce` takes one
-    all-to-all round of ``group_size * nbytes`` (the runtime's form on gloo; module docstring).
-    ``small_all_reduce="shared_memory"``: every all-reduce runs through shared memory, priced on
-    ``shared_memory_link`` (required then).
-    ``small_all_reduce="symmetric_memory"``: an all-reduce that :func:`symmetric_memory_takes` runs as the
-    one-shot kernel in symmetric memory (``dtype``: the tensor's, where known), priced on
-    ``symmetric_memory_link`` (required then)."""
+    ``small_all_reduce``: the :class:`~.collective_forms.CollectiveForm` that runs (its row of
+    :data:`~.collective_forms.FORM_TABLE`): a call it takes is priced by its row, on ``link`` or on the link
+    the row names (``form_links``, by the row's ``link_field``: ``shared_memory_link=``,
+    ``symmetric_memory_link=``; required then); the others as the backend's ring or tree on ``link``.
+    ``dtype``: the tensor's, where known."""
     validate_collective(kind, algorithm)
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
-    if not math.isfinite(nbytes) or nbytes < 0:
-        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+    _check_sizes(group_size, nbytes)
+    if set(form_links) - _FORM_LINKS:
+        raise TypeError(f"link_collective_time_s() got unknown links {sorted(set(form_links) - _FORM_LINKS)}; the "
+                        f"forms' links are {sorted(_FORM_LINKS)}")
     if group_size == 1 or nbytes == 0:
         return 0.0
-    if kind in SHARED_MEMORY_KINDS and small_all_reduce == "shared_memory":
-        if shared_memory_link is None:
-            raise ValueError('small_all_reduce="shared_memory" needs shared_memory_link= (Hardware.shared_memory_link)')
-        steps, factor = shared_memory_terms(kind, group_size)
-        return float(shared_memory_link.base_latency_s + steps * shared_memory_link.latency_s
-                     + factor * nbytes / shared_memory_link.bandwidth_bytes_per_s)
-    if (kind == "all_reduce" and small_all_reduce == "symmetric_memory"
-            and symmetric_memory_takes(group_size, nbytes, dtype)):
-        if symmetric_memory_link is None:
-            raise ValueError('small_all_reduce="symmetric_memory" needs symmetric_memory_link= '
-                             '(Hardware.symmetric_memory_link)')
-        steps, factor = symmetric_memory_terms(group_size)
-        return float(symmetric_memory_link.base_latency_s + steps * symmetric_memory_link.latency_s
-                     + factor * nbytes / symmetric_memory_link.bandwidth_bytes_per_s)
-    if kind == "all_reduce" and small_all_reduce == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes):
-        kind, algorithm, nbytes = "all_to_all", "ring", group_size * nbytes  # every rank sends n to each rank
-    steps, factor = alpha_beta_terms(kind, algorithm, group_size, ceil_log2(group_size))
-    return float(link.base_latency_s + steps * link.latency_s + factor * nbytes / link.bandwidth_bytes_per_s)
-
-
-def inference_all_reduce_form(hardware: Hardware, *, spans_nodes: bool) -> str:
-    """How the runtime runs an all-reduce on ``hardware``: its ``small_all_reduce``, except that a
-    group spanning nodes shares no memory: it falls back to the one-shot form on gloo, and to the
-    backend's own all-reduce from symmetric memory (NCCL)."""
-    if hardware.small_all_reduce == "shared_memory" and spans_nodes:
-        return "one_shot"
-    if hardware.small_all_reduce == "symmetric_memory" and spans_nodes:
-        return "ring"
-    return hardware.small_all_reduce
+    spec = FORM_TABLE[CollectiveForm.from_name(small_all_reduce)]
+    return float(spec.time(kind, nbytes, group_size, dtype, group_link=link, links=form_links.get, arith=NUMERIC,
+                           backend=lambda: _on_group_link(kind, nbytes, group_size, link, algorithm, NUMERIC)))
 
 
 def collective_time_s(
@@ -361,26 +351,13 @@ def collective_time_s(
     ``spans_nodes``: the group crosses nodes, so the ``inter_node`` link is the bottleneck.
     ``algorithm``: ``"ring"`` or ``"tree"`` (formulas and sources in the module docstring).
     ``dtype``: the tensor's dtype where known (the symmetric-memory kernel sums some dtypes only).
+    The form that runs is the profile's ``small_all_reduce`` (or its ``across_nodes`` form), priced by its
+    row of :data:`~.collective_forms.FORM_TABLE`, as :func:`.symbolic.symbolic_collective_time_s` does.
     """
     validate_collective(kind, algorithm)
-    form = inference_all_reduce_form(hardware, spans_nodes=spans_nodes)
-    flat = link_collective_time_s(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm=algorithm,
-                                  small_all_reduce=form, shared_memory_link=hardware.shared_memory_link,
-                                  symmetric_memory_link=hardware.symmetric_memory_link, dtype=dtype)
-    one_shot = (kind in SHARED_MEMORY_KINDS and form == "shared_memory") or (  # the runtime does not split these
-        kind == "all_reduce" and form == "one_shot" and uses_one_shot_all_reduce(group_size, nbytes))
-    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes and not one_shot else None
-    if parts is None:
-        link_s = flat
-    else:
-        hierarchical = sum(
-            link_collective_time_s(part_kind, nbytes / divisor, part_group, getattr(hardware, link_field),
-                                   algorithm=algorithm)
-            for part_kind, part_group, link_field, divisor in parts
-        )
-        link_s = min(flat, hierarchical)
-    if kind in SHARED_MEMORY_KINDS and form == "shared_memory":
-        link_s += hardware.shared_memory_cold_call_s  # resolved at the graph's working set (graph_profile)
+    _check_sizes(group_size, nbytes)
+    link_s = form_link_time(kind, nbytes, group_size, hardware, spans_nodes=spans_nodes, algorithm=algorithm,
+                            dtype=dtype, arith=NUMERIC)
     # in a graph, the wait for the slowest rank: once per call of the collective (see module docstring)
     return link_s + hardware.collective_wait_s if link_s else 0.0
 

@@ -70,7 +70,8 @@ import torch
 from scipy.optimize import least_squares, lsq_linear, nnls  # type: ignore[import-untyped]
 
 from .bandwidth import cold_call_at_s
-from .collectives import SHARED_MEMORY_KINDS, link_collective_time_s
+from .collective_forms import FORM_TABLE, CollectiveForm
+from .collectives import link_collective_time_s
 from .compute import compute_time_s
 from .hardware import Hardware, LinkProfile, shared_core_compute_s
 
@@ -334,11 +335,11 @@ def graph_link_s(sample: GraphSample, link: LinkProfile | None, shared_memory_li
     link."""
     if link is None:
         return 0.0
-    form = "shared_memory" if shared_memory_link is not None else "one_shot"
-    cold_s = cold_call_at_s(shared_memory_cold_curve, sample.working_set_bytes) if form == "shared_memory" else 0.0
-    return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce=form,
+    form = FORM_TABLE[CollectiveForm.SHARED_MEMORY if shared_memory_link is not None else CollectiveForm.ONE_SHOT]
+    cold_s = cold_call_at_s(shared_memory_cold_curve, sample.working_set_bytes) if form.pays_cold_call else 0.0
+    return sum(link_collective_time_s(kind, nbytes, group, link, small_all_reduce=form.form,
                                       shared_memory_link=shared_memory_link)
-               + (cold_s if kind in SHARED_MEMORY_KINDS else 0.0)
+               + (cold_s if kind in form.kinds else 0.0)
                for kind, nbytes, group in sample.collectives)
 
 

@@ -52,6 +52,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .collective_forms import FORM_TABLE, CollectiveForm
+
 __all__ = [
     "HARDWARE_JSON_VERSION",
     "KNOWN_HARDWARE",
@@ -93,16 +95,10 @@ HARDWARE_JSON_VERSION = 1
 
 _US = 1e-6  # seconds per microsecond
 
-SMALL_ALL_REDUCE_ALGORITHMS = ("ring", "one_shot", "shared_memory", "symmetric_memory")
-"""How the runtime runs an inference all-reduce: ``"ring"`` (the backend's own all-reduce),
-``"one_shot"`` (one small enough for :func:`~.collectives.uses_one_shot_all_reduce`: every rank
-sends its tensor to every rank in one exchange round and sums the copies: autotp's inference
-runtime on gloo across hosts, ``autotp.passes.small_collectives``) or ``"shared_memory"`` (every
-all-reduce of a group inside one node through a shared segment, priced on
-``Hardware.shared_memory_link``: gloo ranks on one x86-64 host, ``autotp.runtime.shared_memory``) or
-``"symmetric_memory"`` (an all-reduce of at most 256 KiB inside a node as PyTorch's one-shot kernel on
-symmetric memory, priced on :attr:`Hardware.symmetric_memory_link`: ranks on one host with CUDA tensors,
-``autotp.runtime.symmetric_memory``)."""
+SMALL_ALL_REDUCE_ALGORITHMS = tuple(str(form) for form in CollectiveForm)
+"""How the runtime runs an inference all-reduce, the names of :class:`~.collective_forms.CollectiveForm`: the
+backend's own all-reduce, the one-shot exchange round on gloo, shared memory on one x86-64 host, symmetric
+memory on CUDA (when each applies, its cost and what calibration fits: :data:`~.collective_forms.FORM_TABLE`)."""
 
 # Host/runtime fields of Hardware that are non-negative numbers with a 0.0 default.
 _HOST_TIME_FIELDS = (
@@ -153,6 +149,27 @@ def _named_seconds_from_json(field: str, data: Any) -> tuple[tuple[str, float], 
     if not isinstance(data, Mapping):
         raise ValueError(f"field {field!r} must be an object from name to seconds, got {type(data).__name__}")
     return tuple(data.items())
+
+
+def _checked_busy_scale(owner: str, points: Any) -> tuple[tuple[int, float], ...]:
+    """``busy_compute_scale`` as a tuple of ``(busy ranks, relative time)``, busy ranks ascending and >= 1."""
+    try:
+        checked = tuple((int(busy), float(scale)) for busy, scale in points)
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}.busy_compute_scale must be (busy ranks, relative time) pairs, got {points!r}") from None
+    busy = [k for k, _ in checked]
+    if any(k < 1 for k in busy) or busy != sorted(set(busy)) or any(
+            not math.isfinite(s) or s <= 0 for _, s in checked):
+        raise ValueError(f"{owner}.busy_compute_scale needs distinct busy-rank counts >= 1 in ascending order and "
+                         f"positive finite times, got {points!r}; run `autotp calibrate` again")
+    return checked
+
+
+def _busy_scale_from_json(data: Any) -> tuple[tuple[int, float], ...]:
+    if not isinstance(data, list) or any(not isinstance(p, Mapping) or set(p) != {"busy_ranks", "relative_time"}
+                                         for p in data):
+        raise ValueError("field 'busy_compute_scale' must be a list of {\"busy_ranks\": k, \"relative_time\": t}")
+    return tuple((p["busy_ranks"], p["relative_time"]) for p in data)
 
 
 def _check_known_fields(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -382,15 +399,14 @@ class Hardware:
     graph at the bandwidth of its own working set (:func:`~.bandwidth.at_working_set`), so
     ``memory_bandwidth_gbps`` is then that graph's figure; a calibrated profile stores its
     largest-working-set (DRAM) figure there.
-    ``small_all_reduce``: one of :data:`SMALL_ALL_REDUCE_ALGORITHMS`, how the runtime runs an
-    inference all-reduce; ``"shared_memory"`` on gloo profiles calibrated on one x86-64 host,
-    ``"one_shot"`` on other gloo profiles, ``"symmetric_memory"`` on the named NVSwitch GPU profiles
-    (H100, H200, A100), ``"ring"`` on other NCCL ones. A profile written before the
-    field existed reads ``"one_shot"`` when ``host_is_device`` (a CPU profile: gloo) and
-    ``"ring"`` otherwise.
+    ``small_all_reduce``: a :class:`~.collective_forms.CollectiveForm` (or its name), how the runtime runs
+    an inference all-reduce; shared memory on gloo profiles calibrated on one x86-64 host, one-shot on
+    other gloo profiles, symmetric memory on the named NVSwitch GPU profiles (H100, H200, A100), the
+    backend's ring on other NCCL ones. A profile written before the field existed reads one-shot when
+    ``host_is_device`` (a CPU profile: gloo) and ring otherwise.
     ``shared_memory_link``: the shared-memory all-reduce's own latency and bandwidth (fitted by
-    ``autotp calibrate`` to :func:`~.collectives.shared_memory_terms`); required with
-    ``small_all_reduce="shared_memory"``, None otherwise.
+    ``autotp calibrate`` to its row's terms in :data:`~.collective_forms.FORM_TABLE`); required with
+    the shared-memory form, None otherwise.
 
     ``core_share`` (optional in JSON; 1.0 when absent and for every named profile): the share of
     a core one rank got while every rank of the group computed, in (0, 1]. ``autotp calibrate``
@@ -409,6 +425,17 @@ class Hardware:
     ``core_share_call_s``: the wall seconds a call loses once to ranks that start it together on shared cores
     (each waits for a core while the others run their first time slice), fitted with the share as a line over the
     calibration graphs (:func:`~.graph_calibration.fit_core_share`); 0.0 in every named profile and alone.
+
+    Concurrent compute (optional in JSON; absent, every rank is priced as if all computed at once, as before):
+    ``ranks_per_machine``: consecutive ranks that share one machine's cores and memory (0: a node's,
+    ``devices_per_node``; more when several emulated hosts run on one machine: ``autotp calibrate`` under a
+    launcher counts the ranks under one kernel). ``busy_compute_scale``: ``(busy ranks, relative time)`` points,
+    a rank's wall time for a fixed compute while that many ranks of its machine compute at once (the others
+    waiting), over its time with every rank of the machine busy (the rates of this profile), measured by ``autotp
+    calibrate`` (:func:`autotp.calibration.concurrency.measure_busy_scale`). On 4 single-thread ranks on 2 cores
+    one or two busy ranks each get a whole core, about 0.5 of the all-busy time; on hosts with a core per rank
+    every point is about 1. The mesh search prices a pipeline stage that runs while the other stages wait (one
+    request through ``pp`` stages) at its busy ranks' point (:meth:`busy_scale`).
     """
 
     name: str
@@ -442,10 +469,12 @@ class Hardware:
     first_call_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_curve: tuple[tuple[float, float], ...] = ()
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
-    small_all_reduce: str = "ring"
+    small_all_reduce: str = CollectiveForm.RING
     shared_memory_link: LinkProfile | None = None
     core_share: float = 1.0
     fair_core_share: float = 1.0
+    ranks_per_machine: int = 0
+    busy_compute_scale: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -478,9 +507,11 @@ class Hardware:
                              f"{', '.join(map(repr, SMALL_ALL_REDUCE_ALGORITHMS))}, got {self.small_all_reduce!r}")
         if self.shared_memory_link is not None and not isinstance(self.shared_memory_link, LinkProfile):
             raise ValueError(f"{owner}.shared_memory_link must be a LinkProfile or None")
-        if self.small_all_reduce == "shared_memory" and self.shared_memory_link is None:
-            raise ValueError(f"{owner}.small_all_reduce='shared_memory' needs shared_memory_link (its latency and "
-                             "bandwidth, measured by `autotp calibrate`); or use small_all_reduce='one_shot'")
+        form = FORM_TABLE[CollectiveForm.from_name(self.small_all_reduce)]
+        object.__setattr__(self, "small_all_reduce", form.form)  # typed, whether given as the form or its name
+        if form.link_field is not None and getattr(self, form.link_field) is None:
+            raise ValueError(f"{owner}.small_all_reduce='{form.form}' needs {form.link_field} (its latency and "
+                             f"bandwidth, measured by `autotp calibrate`); or use small_all_reduce='{form.across_nodes}'")
         object.__setattr__(self, "op_fixed_s", _checked_named_seconds(owner, "op_fixed_s", self.op_fixed_s,
                                                                       OP_FIXED_COSTS))
         object.__setattr__(self, "first_call_s", _checked_named_seconds(owner, "first_call_s", self.first_call_s,
@@ -509,6 +540,11 @@ class Hardware:
             raise ValueError(f"{owner}.core_share ({self.core_share!r}) cannot exceed fair_core_share "
                              f"({self.fair_core_share!r}): no rank gets more than the fair share while every rank "
                              "computes")
+        if isinstance(self.ranks_per_machine, bool) or not isinstance(self.ranks_per_machine, int) \
+                or self.ranks_per_machine < 0:
+            raise ValueError(f"{owner}.ranks_per_machine must be an int >= 0 (0: one machine per node), got "
+                             f"{self.ranks_per_machine!r}")
+        object.__setattr__(self, "busy_compute_scale", _checked_busy_scale(owner, self.busy_compute_scale))
 
     def __hash__(self) -> int:
         return hash(
@@ -536,6 +572,8 @@ class Hardware:
                 self.shared_memory_link,
                 self.core_share,
                 self.fair_core_share,
+                self.ranks_per_machine,
+                self.busy_compute_scale,
             )
         )
 
@@ -566,6 +604,7 @@ class Hardware:
             core_share_range_s=0.0,
             core_share_call_s=0.0,
             fair_core_share=1.0,
+            busy_compute_scale=(),
             source=f"{self.source}; work terms at a whole core (one rank alone; measured share {share:.2f})",
         )
 
@@ -574,6 +613,24 @@ class Hardware:
         ``core_share_range_s``, and the compute beyond at ``fair_core_share`` (class docstring). ``compute_s``
         itself without a range."""
         return shared_core_compute_s(compute_s, self.core_share, self.core_share_range_s, self.fair_core_share)
+
+    def machine_ranks(self) -> int:
+        """Consecutive ranks that share one machine's cores: ``ranks_per_machine``, else a node's."""
+        return self.ranks_per_machine or self.devices_per_node
+
+    def busy_scale(self, busy_ranks: int) -> float:
+        """A rank's compute time while ``busy_ranks`` ranks of its machine compute at once, relative to the
+        profile's rates (those with every rank of the machine busy): ``busy_compute_scale`` interpolated
+        linearly between its points, its first and last value outside them; 1.0 when not measured."""
+        points = self.busy_compute_scale
+        if not points:
+            return 1.0
+        if busy_ranks <= points[0][0]:
+            return points[0][1]
+        for (k0, s0), (k1, s1) in zip(points, points[1:]):
+            if busy_ranks <= k1:
+                return s0 + (s1 - s0) * (busy_ranks - k0) / (k1 - k0)
+        return points[-1][1]
 
     def element_rate_s(self, op_name: str | None = None, default: float | None = None) -> float:
         """Seconds per element of the op ``op_name`` (``op_element_s``); for an op not measured by name (and for
@@ -605,7 +662,7 @@ class Hardware:
     @property
     def symmetric_memory_link(self) -> LinkProfile:
         """``intra_node`` as the one-shot all-reduce in symmetric memory uses it (``small_all_reduce=
-        "symmetric_memory"``): the same latency per signal and bandwidth per direction, and one kernel
+        CollectiveForm.SYMMETRIC_MEMORY``): the same latency per signal and bandwidth per direction, and one kernel
         launch (``kernel_floor_s``) per call in place of NCCL's base latency."""
         return replace(self.intra_node, name=f"{self.intra_node.name}-symmetric-memory",
                        base_latency_s=self.kernel_floor_s)
@@ -640,6 +697,10 @@ class Hardware:
                if self.shared_memory_cold_curve else {}),
             "core_share": self.core_share,
             "fair_core_share": self.fair_core_share,
+            **({"ranks_per_machine": self.ranks_per_machine} if self.ranks_per_machine else {}),
+            **({"busy_compute_scale": [{"busy_ranks": busy, "relative_time": scale}
+                                       for busy, scale in self.busy_compute_scale]}
+               if self.busy_compute_scale else {}),
             "source": self.source,
         }
 
@@ -672,7 +733,7 @@ class Hardware:
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s", "first_call_s",
                     "memory_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share",
-                    "fair_core_share")
+                    "fair_core_share", "ranks_per_machine", "busy_compute_scale")
         _check_known_fields(data, required + optional + _RETIRED_FIELDS, "the hardware profile")
         retired = {field: data[field] for field in _RETIRED_FIELDS if data.get(field)}
         if retired:
@@ -717,14 +778,17 @@ class Hardware:
                     "op_element_s", data.get("op_element_s", {})),
                 # absent in profiles written before the working-set curve and the one-shot pricing
                 memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
-                small_all_reduce=data.get("small_all_reduce",
-                                          "one_shot" if data.get("host_is_device", False) is True else "ring"),
+                small_all_reduce=data.get("small_all_reduce", CollectiveForm.ONE_SHOT
+                                          if data.get("host_is_device", False) is True else CollectiveForm.RING),
                 shared_memory_link=shared_memory_link,
                 shared_memory_cold_curve=_curve_from_json(data.get("shared_memory_cold_curve", []),
                                                           "shared_memory_cold_curve", "seconds"),
                 # absent in profiles written before it was recorded: work terms taken as measured alone
                 core_share=data.get("core_share", 1.0),
                 fair_core_share=data.get("fair_core_share", 1.0),
+                # absent in profiles written before they were measured: every rank priced as if all computed
+                ranks_per_machine=data.get("ranks_per_machine", 0),
+                busy_compute_scale=_busy_scale_from_json(data.get("busy_compute_scale", [])),
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None
@@ -821,7 +885,7 @@ _GPU_GRAPH_LAUNCH_S = 10.0 * _US
 # On one NVSwitch node autotp's runtime sums an all-reduce of at most 256 KiB with PyTorch's one-shot kernel
 # on symmetric memory (autotp/runtime/symmetric_memory.py; priced in cost_model/collectives.py), as vLLM's and
 # SGLang's custom all-reduce do for small messages; larger ones and groups across nodes keep NCCL.
-_GPU_SMALL_ALL_REDUCE = "symmetric_memory"
+_GPU_SMALL_ALL_REDUCE = CollectiveForm.SYMMETRIC_MEMORY
 
 # GPU profiles price a plan as replayed from a CUDA graph, as serving engines run decode (vLLM
 # captures CUDA graphs of its decode steps by default, https://docs.vllm.ai/en/latest/design/cuda_graphs/ ):
@@ -986,7 +1050,7 @@ CPU_GLOO = Hardware(
     ),
     devices_per_node=8,  # placeholder: processes on one host
     host_is_device=True,  # on a CPU the host runs the kernels: dispatch and kernel add up
-    small_all_reduce="one_shot",  # gloo: autotp's inference runtime sums small all-reduces in one round
+    small_all_reduce=CollectiveForm.ONE_SHOT,  # gloo: autotp's inference runtime sums small all-reduces in one round
     source="placeholders, not measurements; run `autotp calibrate` to measure this machine",
 )
 

@@ -1,7 +1,8 @@
 """Costs as sympy expressions of batch size and sequence length.
 
 The same formulas as :mod:`.compute` and :mod:`.collectives` — literally the same code
-(``roofline_time_s``, ``flops_formula``, ``alpha_beta_terms``) — evaluated on sympy expressions
+(``roofline_time_s``, ``flops_formula``, ``form_link_time`` and the rows of
+:data:`~.collective_forms.FORM_TABLE` over :data:`~.collective_forms.SYMBOLIC`) — evaluated on sympy expressions
 instead of numbers, so one traced model is costed once and then evaluated for prefill (long
 sequence) and decode (one token) without re-tracing; :func:`crossover` finds the size at which
 one cost (a split layer plus its collectives) drops below another (the layer kept whole).
@@ -23,18 +24,8 @@ import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from .collectives import (
-    ONE_SHOT_MAX_BYTES,
-    ONE_SHOT_MIN_GROUP,
-    SHARED_MEMORY_KINDS,
-    alpha_beta_terms,
-    hierarchical_parts,
-    inference_all_reduce_form,
-    shared_memory_terms,
-    symmetric_memory_sums,
-    symmetric_memory_terms,
-    validate_collective,
-)
+from .collective_forms import SYMBOLIC
+from .collectives import form_link_time, validate_collective
 from .compute import (
     achievable_flops_per_s,
     achievable_memory_bytes_per_s,
@@ -128,45 +119,9 @@ def symbolic_collective_time_s(
     nbytes_expr = to_sympy(nbytes)
     if group_size == 1 or nbytes_expr == 0:
         return sympy.Integer(0)
-
-    def on_link(part_kind: str, part_bytes: sympy.Expr, part_group: int, link: Any) -> sympy.Expr:
-        if part_group == 1:
-            return sympy.Integer(0)
-        steps, factor = alpha_beta_terms(
-            part_kind, algorithm, sympy.Integer(part_group), sympy.Integer((part_group - 1).bit_length())
-        )
-        return link.base_latency_s + steps * link.latency_s + factor * part_bytes / link.bandwidth_bytes_per_s
-
-    link = hardware.link(spans_nodes=spans_nodes)
-    flat = on_link(kind, nbytes_expr, group_size, link)
-    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
-    if parts is None:
-        ring = flat
-    else:
-        hierarchical = sum((on_link(part_kind, nbytes_expr / divisor, part_group, getattr(hardware, link_field))
-                            for part_kind, part_group, link_field, divisor in parts), sympy.Integer(0))
-        ring = sympy.Min(flat, hierarchical)
-    form = inference_all_reduce_form(hardware, spans_nodes=spans_nodes)
-    if kind in SHARED_MEMORY_KINDS and form == "shared_memory":
-        # the runtime's shared-memory collectives at every size (collectives.uses_shared_memory_all_reduce)
-        shm = hardware.shared_memory_link
-        if shm is None:  # Hardware requires it with small_all_reduce="shared_memory"
-            raise AssertionError(f"{hardware.name}: small_all_reduce='shared_memory' without shared_memory_link")
-        steps, factor = shared_memory_terms(kind, sympy.Integer(group_size))
-        ring = shm.base_latency_s + steps * shm.latency_s + factor * nbytes_expr / shm.bandwidth_bytes_per_s
-        ring += hardware.shared_memory_cold_call_s  # as collective_time_s
-    elif kind == "all_reduce" and form == "symmetric_memory" and symmetric_memory_sums(dtype):
-        # the one-shot kernel in symmetric memory up to ONE_SHOT_MAX_BYTES (collectives.symmetric_memory_takes)
-        symm = hardware.symmetric_memory_link
-        steps, factor = symmetric_memory_terms(sympy.Integer(group_size))
-        one_shot = symm.base_latency_s + steps * symm.latency_s + factor * nbytes_expr / symm.bandwidth_bytes_per_s
-        ring = sympy.Piecewise((one_shot, nbytes_expr <= ONE_SHOT_MAX_BYTES), (ring, True))
-    elif kind == "all_reduce" and form == "one_shot" and group_size >= ONE_SHOT_MIN_GROUP:
-        # the runtime's one exchange round up to ONE_SHOT_MAX_BYTES (collectives.uses_one_shot_all_reduce)
-        steps, factor = alpha_beta_terms("all_to_all", "ring", sympy.Integer(group_size), sympy.Integer(0))
-        one_shot = link.base_latency_s + steps * link.latency_s + factor * group_size * nbytes_expr / link.bandwidth_bytes_per_s
-        ring = sympy.Piecewise((one_shot, nbytes_expr <= ONE_SHOT_MAX_BYTES), (ring, True))
-    return ring + hardware.collective_wait_s  # the in-graph wait, as collective_time_s
+    link_s = form_link_time(kind, nbytes_expr, group_size, hardware, spans_nodes=spans_nodes, algorithm=algorithm,
+                            dtype=dtype, arith=SYMBOLIC)  # the form's row, as collective_time_s
+    return link_s + hardware.collective_wait_s  # the in-graph wait, as collective_time_s
 
 
 def _shape_of(value: Any) -> Any:

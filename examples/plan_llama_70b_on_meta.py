@@ -34,8 +34,8 @@ def main() -> None:
     with torch.device("meta"):
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     ids = torch.zeros(1, args.seq_len, dtype=torch.long)
-    plan = autotp.plan(model, (ids,), {"use_cache": False}, world_size=args.world_size, hardware=args.hardware,
-                       options=autotp.PlanOptions(progress=True))
+    plan = autotp.plan(model, (ids,), {"use_cache": False}, world_size=args.world_size,
+                       options=autotp.PlanOptions(progress=True, hardware=args.hardware))
     print(plan.summary(max_rows=12))
     print(f"planned {args.layers} layers in {time.perf_counter() - start:.1f} s")
     if args.json:

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.randint(0, 1000, (2, args.seq_len), device=device)  # (batch, seq)
 
     tp_model = autotp.compile(model, example_inputs=(ids,), example_kwargs={"use_cache": False},
-                              hardware=args.hardware)
+                              options=autotp.PlanOptions(hardware=args.hardware))
     with torch.no_grad():
         out = tp_model(ids, use_cache=False)
         ref = model(ids, use_cache=False)

@@ -138,6 +138,12 @@ class CostedGraph:
     compute_s: dict[str, list[float]]  # node -> per-strategy predicted seconds per rank
     memory_bytes: dict[str, list[int]]  # parameter node -> per-strategy bytes of the largest local shard
     training: Training | None = None
+    _routes: dict[tuple, tuple[Route, float]] = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                                                  compare=False)
+    """(shapes and dtypes, src, dst) -> the cheapest route and its seconds: the solver and the reports price
+    the same resharding of the same tensor shape once (every layer repeats them), not once per ask."""
+    _value_keys: dict[str, tuple] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    """producer -> the shapes and dtypes of its output, as :attr:`_routes` keys them."""
 
     def backward_route(self, producer: str, src: Placement, dst: Placement) -> Route:
         """The steps the gradient of ``producer``'s output takes back through its ``src -> dst`` resharding."""
@@ -159,13 +165,25 @@ class CostedGraph:
         return _local_nbytes(self.graph.nodes[producer].meta.get("val"), placement, self.graph.world_size)
 
     def reshard_s(self, producer: str, src: Placement, dst: Placement) -> float:
-        node = self.graph.nodes[producer]
-        return reshard_time_s(src, dst, node.meta.get("val"), self.graph.world_size, self.hardware)
+        return self._priced_route(producer, src, dst)[1]
 
     def reshard_route(self, producer: str, src: Placement, dst: Placement) -> Route:
         """The route :meth:`reshard_s` prices: the steps the plan records and the rewrite applies."""
-        node = self.graph.nodes[producer]
-        return reshard_route(src, dst, node.meta.get("val"), self.graph.world_size, self.hardware)
+        return self._priced_route(producer, src, dst)[0]
+
+    def _priced_route(self, producer: str, src: Placement, dst: Placement) -> tuple[Route, float]:
+        """:func:`reshard_route` and its :func:`route_time_s`, found once per tensor shapes (symbolic sizes as
+        written, with their example values), dtypes and placements: all the price depends on besides the graph's
+        world size and hardware."""
+        value = self.graph.nodes[producer].meta.get("val")
+        if producer not in self._value_keys:  # str: a symbolic size as its expression
+            self._value_keys[producer] = tuple((str(v.shape), concrete_shape(v), v.dtype)
+                                               for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor))
+        key = (self._value_keys[producer], src, dst)
+        if key not in self._routes:
+            route = reshard_route(src, dst, value, self.graph.world_size, self.hardware)
+            self._routes[key] = (route, route_time_s(route, value, self.graph.world_size, self.hardware))
+        return self._routes[key]
 
 
 def _meta_args(node: fx.Node) -> tuple[tuple, dict]:

@@ -8,9 +8,10 @@ Where a gloo group's ranks share one x86-64 host
 (:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`), every sum all-reduce and
 every all-gather over the group goes through a shared-memory segment (:mod:`autotp.runtime.shared_memory`,
 one per graph and group; about 20x faster than gloo's TCP loopback for a decode step's 2 KiB). This
-module's :func:`through_stand_ins` and :func:`sum_all_reduces_through` put the runtime's callables (each a
-:class:`StandInCollective`) in place of those collectives, and :func:`compiler_visible_collectives` puts
-their custom ops in place of the callables for ``torch.compile``. Elsewhere (gloo ranks on several hosts,
+module's :func:`through_stand_ins` puts the runtime's callables (each a :class:`StandInCollective`) in place
+of the collectives their form runs (its row's ``kinds`` in
+:data:`autotp.cost_model.collective_forms.FORM_TABLE`), and :func:`compiler_visible_collectives` puts their
+custom ops in place of the callables for ``torch.compile``. Elsewhere (gloo ranks on several hosts,
 another architecture) small all-reduces take the one-shot form below. The passes here take what they put in
 the graph as arguments and never touch a process group's memory themselves.
 
@@ -29,8 +30,9 @@ same bits, as with gloo's ring; tokens chosen from the result agree on every ran
 each ``all_reduce(x, "sum") -> wait_tensor`` pair becomes one :func:`one_shot_all_reduce` node,
 which sums ``x`` in one round when it holds at most :data:`ONE_SHOT_MAX_BYTES` and through the
 ring otherwise (rank-local sizes are known only when the graph runs). The condition is
-:func:`autotp.cost_model.collectives.uses_one_shot_all_reduce`, which the cost model reads too, so
-a plan for a gloo profile (``Hardware.small_all_reduce == "one_shot"``) prices what runs.
+the one-shot row of :data:`autotp.cost_model.collective_forms.FORM_TABLE` (``FormSpec.takes``), which the
+cost model reads too, so a plan for a gloo profile (``Hardware.small_all_reduce`` the one-shot form) prices
+what runs.
 :func:`autotp.passes.rewrite.count_collectives` still counts it as an ``all_reduce``. Other backends
 keep their own all-reduce in this pass (CUDA tensors on one host take the symmetric-memory form above), and
 so do training graphs (the backward of the functional all-reduce is kept).
@@ -45,13 +47,15 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 
-from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, ONE_SHOT_MIN_GROUP, uses_one_shot_all_reduce
+from autotp.cost_model.collective_forms import FORM_TABLE, ONE_SHOT_MAX_BYTES, CollectiveForm, FormSpec
 
 __all__ = ["COLLECTIVE_STATE_PREFIX", "ONE_SHOT_MAX_BYTES", "StandInCollective", "compiler_visible_collectives",
            "has_group_collectives", "inference_collective_kind", "one_shot_all_reduce", "one_shot_small_all_reduces",
-           "sum_all_reduces_through", "through_stand_ins"]
+           "through_stand_ins"]
 
 c10d = torch.ops._c10d_functional
+
+_ONE_SHOT = FORM_TABLE[CollectiveForm.ONE_SHOT]
 
 
 def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> torch.Tensor:
@@ -62,7 +66,7 @@ def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> to
     the functional all-reduce (gloo's ring). The size is checked per call, so a graph with dynamic
     batch or sequence dims takes the right path for each call's size, on every rank alike.
     """
-    if not uses_one_shot_all_reduce(world_size, x.numel() * x.element_size()):
+    if not _ONE_SHOT.takes("all_reduce", world_size, x.numel() * x.element_size()):
         return c10d.wait_tensor(c10d.all_reduce(x, "sum", group_name))
     flat = x.reshape(-1)
     count = int(flat.numel())
@@ -135,30 +139,37 @@ def _replace(gm: fx.GraphModule, pairs: list[tuple[fx.Node, fx.Node]], target: A
     return gm
 
 
+_PAIRS: dict[str, Callable[[fx.GraphModule, int], list[tuple[fx.Node, fx.Node]]]] = {
+    "all_gather": _all_gathers,
+    "all_reduce": lambda gm, world_size: _sum_all_reduces(gm),
+}
+"""The collective kinds a stand-in may take the place of, each with what finds them in a graph, in the order
+:func:`through_stand_ins` replaces them."""
+
+
 def has_group_collectives(gm: fx.GraphModule, world_size: int) -> bool:
     """Whether ``gm`` has a sum all-reduce or an all-gather over the whole group that
     :func:`through_stand_ins` would replace."""
-    return bool(_sum_all_reduces(gm) or _all_gathers(gm, world_size))
+    return any(pairs(gm, world_size) for pairs in _PAIRS.values())
 
 
-def through_stand_ins(gm: fx.GraphModule, all_reduce: StandInCollective, all_gather: StandInCollective,
+def through_stand_ins(gm: fx.GraphModule, form: FormSpec, stand_ins: tuple[StandInCollective, ...],
                       world_size: int) -> fx.GraphModule:
-    """``gm`` with each sum all-reduce and its wait replaced by one ``all_reduce(x)`` node, and each
-    all-gather over the whole group (``world_size`` ranks) and its wait by one ``all_gather(x)`` node.
-    Changes ``gm`` in place and returns it."""
-    _replace(gm, _all_gathers(gm, world_size), all_gather)
-    return _replace(gm, _sum_all_reduces(gm), all_reduce)
+    """``gm`` with the collectives ``form`` runs (its row's ``kinds``: sum all-reduces, all-gathers over the
+    whole group of ``world_size`` ranks), each with its wait, replaced by one ``stand_in(x)`` node, the stand-in
+    of ``stand_ins`` of that kind. Changes ``gm`` in place and returns it."""
+    by_kind = {stand_in.kind: stand_in for stand_in in stand_ins}
+    if set(by_kind) != set(form.kinds):
+        raise AssertionError(f"{form.form} runs {', '.join(form.kinds)}; its stand-ins do {', '.join(by_kind)}")
+    for kind, pairs in _PAIRS.items():
+        if kind in by_kind:
+            _replace(gm, pairs(gm, world_size), by_kind[kind])
+    return gm
 
 
 COLLECTIVE_STATE_PREFIX = "_autotp_collective_state_"
 """Name prefix of the buffers :func:`compiler_visible_collectives` gives a graph: the memory its collectives'
 ops share with the other ranks (a CUDA graph must see them at fixed addresses)."""
-
-
-def sum_all_reduces_through(gm: fx.GraphModule, all_reduce: StandInCollective) -> fx.GraphModule:
-    """``gm`` with each sum all-reduce and its wait replaced by one ``all_reduce(x)`` node (all-gathers kept).
-    Changes ``gm`` in place and returns it."""
-    return _replace(gm, _sum_all_reduces(gm), all_reduce)
 
 
 def compiler_visible_collectives(gm: fx.GraphModule) -> fx.GraphModule:
@@ -204,7 +215,8 @@ def one_shot_small_all_reduces(gm: fx.GraphModule, group: dist.ProcessGroup | No
     Changes ``gm`` in place and returns it; a graph on another backend, or at ``world_size <= 2``
     (where gloo's ring is one exchange already), is returned unchanged.
     """
-    if world_size < ONE_SHOT_MIN_GROUP or not dist.is_initialized() or str(dist.get_backend(group)) != "gloo":
+    if (world_size < _ONE_SHOT.min_group or not dist.is_initialized()
+            or not _ONE_SHOT.takes_group(group_size=world_size, backend=str(dist.get_backend(group)))):
         return gm
     return _replace(gm, _sum_all_reduces(gm), one_shot_all_reduce,
                     lambda node: (node.args[2], world_size))  # (group name, world size)

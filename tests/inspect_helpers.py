@@ -29,8 +29,7 @@ def tiny_plan(name: str = "llama", world_size: int = 4, *, layers: int = 2, memo
     model, args, kw = models.BUILDERS[name](device=device, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback-op warning is tested elsewhere
-        return autotp.plan(model, args, kw, world_size=world_size, memory_budget=memory_budget,
-                           constraints=dict(constraints) or None, hardware=hardware)
+        return autotp.plan(model, args, kw, world_size=world_size, options=autotp.PlanOptions(memory_budget=memory_budget, constraints=dict(constraints) or None, hardware=hardware))
 
 
 def stacked_plan(plan: Plan, layers: int, *, container: str = "model.layers") -> Plan:

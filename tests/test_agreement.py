@@ -71,15 +71,14 @@ def _compile_with_fault(rank: int, world_size: int, fault: str) -> tuple[str, st
     elif faulty and fault == "constraints":
         planning["constraints"] = {"2.weight": autotp.Replicate()}
     elif faulty and fault == "hardware":
-        options["hardware"] = "a100-sxm"
+        planning["hardware"] = "a100-sxm"
     elif faulty and fault == "world_size":
         options["world_size"] = 3
     elif fault == "plan":  # each rank plans with other constraints, then applies its own plan
         constraints = {"0.weight": "S(1)", "2.weight": "S(0)"} if faulty else {"0.weight": "S(0)", "2.weight": "S(1)"}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            options["plan"] = autotp.plan(model, args, kwargs, world_size=world_size, hardware="cpu-gloo",
-                                          constraints=constraints)
+            options["plan"] = autotp.plan(model, args, kwargs, world_size=world_size, options=autotp.PlanOptions(hardware="cpu-gloo", constraints=constraints))
     return _outcome(lambda: autotp.compile(model, example_inputs=args, example_kwargs=kwargs, **options,
                                            options=autotp.PlanOptions(**planning),
                                            runtime=autotp.RuntimeOptions(agreement_timeout_s=60.0)))
@@ -251,7 +250,7 @@ def _plan_by_path_or_dict(rank: int, world_size: int, directory: str) -> dict:
     model, args, kwargs = _mlp(rank)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = autotp.plan(model, args, kwargs, world_size=world_size, hardware="cpu-gloo")
+        plan = autotp.plan(model, args, kwargs, world_size=world_size, options=autotp.PlanOptions(hardware="cpu-gloo"))
     path = f"{directory}/plan-{rank}.json"
     plan.save(path)
     tp = autotp.compile(model, example_inputs=args, plan=path)
@@ -398,7 +397,7 @@ def test_budget_error_names_the_replicate_constraint() -> None:
     constraint and says to pass memory_budget=None, instead of blaming the budget alone."""
     model, args, kwargs = tiny_mlp(hidden=32, intermediate=64)
     with pytest.raises(autotp.PlanError) as caught:
-        autotp.plan(model, args, kwargs, world_size=2, constraints={"0.weight": autotp.Replicate()})
+        autotp.plan(model, args, kwargs, world_size=2, options=autotp.PlanOptions(constraints={"0.weight": autotp.Replicate()}))
     message = str(caught.value)
     for words in ("0.weight=Replicate()", "memory_budget='auto'", "memory_budget=None"):
         assert words in message, f"expected {words!r} in: {message}"

@@ -51,13 +51,17 @@ def test_fqn_from_dynamo_source() -> None:
 
 def test_options_are_validated() -> None:
     """No process group: bad options fail where the backend is built, saying what to pass."""
-    with pytest.raises(ValueError, match="inner must be one of"):
+    with pytest.raises(ValueError, match=r"inner must be one of .*runtime_mode="):
         autotp.backend(inner="tensorrt")
+    with pytest.raises(ValueError, match=r"does not take RuntimeOptions\(trace_cache=True\).*autotp\.compile"):
+        autotp.backend(runtime=autotp.RuntimeOptions(trace_cache=True))
+    with pytest.raises(ValueError, match=r"takes hardware=.* not training="):
+        autotp.backend(options=autotp.PlanOptions(training=True))
     with pytest.raises(ValueError, match="max_shapes"):
         autotp.backend(max_shapes=0)
     with pytest.raises(ValueError, match="world_size"):
         autotp.backend(world_size=0)
-    assert isinstance(autotp.backend(world_size=2, inner="inductor"), AutoTPBackend)
+    assert isinstance(autotp.backend(world_size=2, runtime=autotp.RuntimeOptions(runtime_mode="compiled")), AutoTPBackend)
 
 
 def test_registered_as_dynamo_backend() -> None:
@@ -278,24 +282,34 @@ def test_string_backend_and_release_full_weights(gloo) -> None:
         )
 
 
-def _inductor(rank: int, world_size: int) -> dict:
+def _runtime_modes(rank: int, world_size: int) -> dict:
+    results = {}
+    for mode in ("eager", "compiled"):
+        torch._dynamo.reset()
+        model, (x,), _ = tiny_mlp(hidden=64, intermediate=256)
+        tp_backend = autotp.backend(world_size=world_size, runtime=autotp.RuntimeOptions(runtime_mode=mode))
+        compiled = torch.compile(model, backend=tp_backend)
+        with torch.no_grad():
+            error = _max_error(compiled(x), model(x))
+            error = max(error, _max_error(compiled(x), model(x)))  # a second call runs what the first compiled
+        (subgraph,) = tp_backend.subgraphs
+        run = subgraph.local_graphs[()].run
+        results[mode] = {"error": error, "counts": subgraph.collective_counts(), "run_type": type(run).__name__,
+                         "compiled": getattr(run, "compiled", None) is not None, "resolved": tp_backend.runtime_mode}
     torch._dynamo.reset()
-    model, (x,), _ = tiny_mlp(hidden=64, intermediate=256)
-    tp_backend = autotp.backend(world_size=world_size, inner="inductor")
-    compiled = torch.compile(model, backend=tp_backend)
-    with torch.no_grad():
-        error = _max_error(compiled(x), model(x))
-    (subgraph,) = tp_backend.subgraphs
-    run = subgraph.local_graphs[()].run
-    counts = subgraph.collective_counts()
-    torch._dynamo.reset()
-    return {"error": error, "counts": counts, "run_type": type(run).__name__}
+    return results
 
 
-def test_inductor_inner(gloo) -> None:
-    """tp=2, MLP: inner="inductor" compiles the rank-local graph (with its all-reduce) on the CPU."""
-    results = gloo.run(2, _inductor)
+def test_runtime_mode_is_honoured(gloo) -> None:
+    """tp=2, MLP: RuntimeOptions(runtime_mode=...) decides how each rank-local graph runs, as in autotp.compile:
+    "eager" runs the GraphModule node by node, "compiled" hands it (with its all-reduce) to Inductor on the CPU
+    through the runtime's one graph runner (autotp.runtime.runtime_modes.graph_runner)."""
+    results = gloo.run(2, _runtime_modes)
     for rank, result in enumerate(results):
-        assert result["error"] < TOLERANCE, f"rank {rank}: max |tp - eager| = {result['error']}"
-        assert result["counts"] == {"all_reduce": 1}, f"rank {rank}: expected one all_reduce, got {result['counts']}"
-        assert result["run_type"] != "GraphModule", f"rank {rank}: the local graph was not handed to Inductor"
+        for mode, got in result.items():
+            assert got["error"] < TOLERANCE, f"rank {rank}, {mode}: max |tp - eager| = {got['error']}"
+            assert got["counts"] == {"all_reduce": 1}, f"rank {rank}, {mode}: expected one all_reduce, got {got['counts']}"
+            assert got["resolved"] == mode, f"rank {rank}: asked for {mode}, the backend ran {got['resolved']}"
+        assert result["eager"]["run_type"] == "GraphModule", f"rank {rank}: eager ran {result['eager']['run_type']}"
+        assert result["compiled"]["run_type"] == "_CompiledGraph" and result["compiled"]["compiled"], (
+            f"rank {rank}: the compiled mode's local graph was not handed to Inductor: {result['compiled']}")

@@ -81,8 +81,8 @@ def _decode_plan(hardware: Hardware) -> autotp.Plan:
     model, args, _ = tiny_mlp(batch=1, seq_len=1, device="meta")  # 2 MiB of weights
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return autotp.plan(model, args, world_size=2, hardware=hardware, memory_budget=None,
-                           options=autotp.PlanOptions(dynamic=False))
+        return autotp.plan(model, args, world_size=2,
+                           options=autotp.PlanOptions(dynamic=False, hardware=hardware, memory_budget=None))
 
 
 def test_decode_is_priced_at_its_working_set_and_kept_whole() -> None:
@@ -123,7 +123,7 @@ def test_one_shot_all_reduce_is_priced_where_the_runtime_runs_it() -> None:
     model, args, _ = tiny_mlp(batch=1, seq_len=1, device="meta")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = autotp.plan(model, args, world_size=4, hardware="cpu-gloo", options=autotp.PlanOptions(dynamic=False))
+        plan = autotp.plan(model, args, world_size=4, options=autotp.PlanOptions(dynamic=False, hardware="cpu-gloo"))
     reduces = [c for c in plan.collectives if c.steps == ("all_reduce",)]
     assert reduces, f"expected an all-reduce in the default-budget tp-4 plan, got {plan.collective_counts()}"
     for decision in reduces:

@@ -101,7 +101,7 @@ def test_profile_is_usable_as_hardware_json(tmp_path) -> None:
     path.write_text(profile.to_json())
     assert get_hardware(str(path)) == profile
     model, args, _ = tiny_mlp(device="meta")
-    plan = autotp.plan(model, args, world_size=2, hardware=str(path))
+    plan = autotp.plan(model, args, world_size=2, options=autotp.PlanOptions(hardware=str(path)))
     assert plan.hardware == "cpu-test"
     assert autotp.estimate(plan, profile).memory_capacity_bytes == pytest.approx(profile.memory_gib * 2**30)
 
@@ -184,6 +184,12 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     profile = build_profile(ranks, ranks[0].collectives, world_size=2)
     assert profile.intra_node.bandwidth_gbps > 0 and profile.devices_per_node == 2, profile
     assert profile.fair_core_share == ranks[0].fair_core_share and profile.core_share <= profile.fair_core_share
+    # compute with 1 of the 2 ranks busy, then both, relative to both: the same figures on every rank, in the profile
+    assert [k for k, _ in ranks[0].busy_compute_scale] == [1, 2] and ranks[0].busy_compute_scale[1][1] == 1.0, (
+        ranks[0].busy_compute_scale)
+    assert ranks[0].busy_compute_scale[0][1] > 0 and ranks[0].busy_compute_scale == ranks[1].busy_compute_scale
+    assert profile.busy_compute_scale == ranks[0].busy_compute_scale and profile.ranks_per_machine == 2, profile
+    assert Hardware.from_json(profile.to_json()).busy_compute_scale == profile.busy_compute_scale
     # in-graph calibration: every graph shape timed on both ranks, one all-reduce per row-split projection
     quick = CalibrationConfig.quick()
     assert len(ranks[0].graphs) == len(quick.graph_shapes), ranks[0].graphs

@@ -91,7 +91,7 @@ def _forms_across_and_within_hosts(rank: int, world_size: int) -> dict[str, Any]
     out: dict[str, Any] = {"host": dataclasses.asdict(this_host(os.environ))}
     for name, group, host in (("across hosts", None, None), ("within a host", within_host, None),
                               ("across hosts, hostname only", None, local_host())):
-        tp = autotp.compile(model, example_inputs=(x,), group=group, hardware=slow,
+        tp = autotp.compile(model, example_inputs=(x,), group=group, options=autotp.PlanOptions(hardware=slow),
                             runtime=autotp.RuntimeOptions(host=host))
         out[name] = {"forms": sorted(collective_forms(tp.graph_module)),
                      "max_error": float((tp(x) - expected).abs().max())}
@@ -146,8 +146,8 @@ def _plans_for_both_links(rank: int, world_size: int, rate_mbit: float) -> dict[
     for name, gbps in (("measured link", bandwidth_gbps), ("unshaped link", base.inter_node.bandwidth_gbps)):
         profile = dataclasses.replace(base, devices_per_node=1,
                                       inter_node=dataclasses.replace(base.inter_node, bandwidth_gbps=gbps))
-        tp = autotp.compile(model, example_inputs=(x,), hardware=profile,
-                            options=autotp.PlanOptions(memory_budget=None))
+        tp = autotp.compile(model, example_inputs=(x,),
+                            options=autotp.PlanOptions(memory_budget=None, hardware=profile))
         got = tp(x)
         seconds = []
         for _ in range(3):

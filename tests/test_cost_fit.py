@@ -546,7 +546,7 @@ def test_solver_weighs_the_call_sync_wait_against_splitting() -> None:
     for sync_s in (1e-4, 10.0):
         hardware = dataclasses.replace(slow, call_sync_wait_s=sync_s)
         model, args, kwargs = tiny_mlp(device="meta")
-        plan = autotp.plan(model, args, kwargs, world_size=2, memory_budget=None, hardware=hardware)
+        plan = autotp.plan(model, args, kwargs, world_size=2, options=autotp.PlanOptions(memory_budget=None, hardware=hardware))
         plans[sync_s] = (plan, hardware)
     split, hardware = plans[1e-4]
     assert split.collective_counts() == {"all_reduce": 1}, split.collective_counts()
@@ -570,7 +570,7 @@ def test_solver_weighs_the_wait_per_second_of_compute_against_splitting() -> Non
     for per_compute in (0.1, 1.5):
         hardware = dataclasses.replace(slow, call_sync_wait_per_compute=per_compute)
         model, args, kwargs = tiny_mlp(device="meta")
-        plans[per_compute] = (autotp.plan(model, args, kwargs, world_size=2, memory_budget=None, hardware=hardware),
+        plans[per_compute] = (autotp.plan(model, args, kwargs, world_size=2, options=autotp.PlanOptions(memory_budget=None, hardware=hardware)),
                               hardware)
     split, hardware = plans[0.1]
     assert split.collective_counts() == {"all_reduce": 1}, split.collective_counts()
@@ -715,7 +715,7 @@ def test_reshardings_without_a_collective_count_as_compute() -> None:
 
     slow = dataclasses.replace(get_hardware("cpu-gloo"), peak_tflops={"float32": 1e-5}, memory_bandwidth_gbps=0.01)
     model, args, kwargs = tiny_mlp(device="meta")
-    plan = autotp.plan(model, args, kwargs, world_size=2, memory_budget=None, hardware=slow)
+    plan = autotp.plan(model, args, kwargs, world_size=2, options=autotp.PlanOptions(memory_budget=None, hardware=slow))
     local = [c for c in plan.collectives if all(str(step) in ("zero", "slice") for step in c.steps)]
     talking = [c for c in plan.collectives if c not in local]
     assert local and talking, plan.collectives
@@ -751,8 +751,7 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3))
     example = (torch.randn(2, 3, 8, 8),)
-    with_fixed, without = (autotp.estimate(autotp.plan(model, example, world_size=1, hardware=profile,
-                                                       memory_budget=None), profile).time_per_call_s
+    with_fixed, without = (autotp.estimate(autotp.plan(model, example, world_size=1, options=autotp.PlanOptions(hardware=profile, memory_budget=None)), profile).time_per_call_s
                            for profile in (fixed, plain))
     assert with_fixed - without == pytest.approx(2e-3, rel=1e-6), (with_fixed, without)
 
@@ -798,7 +797,7 @@ def test_a_python_loop_pays_the_host_calls_it_makes() -> None:
     model, args, kwargs = tiny_mixtral(layers=1)  # 4 experts, top 2 of 2 x 16 tokens: 64 rows, 4 groups
     priced = {}
     for name, profile in (("plain", plain), ("host", host)):
-        plan = autotp.plan(model, args, kwargs, world_size=1, hardware=profile, memory_budget=None)
+        plan = autotp.plan(model, args, kwargs, world_size=1, options=autotp.PlanOptions(hardware=profile, memory_budget=None))
         priced[name] = [node.compute_s for node in plan.nodes if "grouped_mm_fallback" in node.op]
     assert len(priced["host"]) == 2, priced  # the experts' two projections
     for with_calls, without in zip(priced["host"], priced["plain"]):
@@ -854,7 +853,7 @@ def test_attention_pays_per_block_and_per_call_in_the_flash_kernel_and_once_in_t
     for build, world_size, heads, math_kernel in ((tiny_llama, 2, 8, False), (tiny_falcon, 2, 8, multi_query_math)):
         model, args, kwargs = build()
         attention = [{node.name: node for node in autotp.plan(model, args, kwargs, world_size=world_size,
-                                                               hardware=profile).nodes
+                                                               options=autotp.PlanOptions(hardware=profile)).nodes
                       if "scaled_dot_product" in node.op} for profile in (base, fixed)]
         assert attention[1], f"no attention node in the plan of {build.__name__}"
         for name, node in attention[1].items():
@@ -914,7 +913,7 @@ def test_a_convolution_pays_the_fixed_cost_only_where_pytorch_runs_it_through_on
         assert convolution_sets_up_primitive(aten.conv2d.default, depthwise)
         cnn, example, _ = tiny_cnn(device="meta")
         for world_size in (1, 2, 4):  # the depthwise convolution split over channels: priced, not refused
-            assert autotp.plan(cnn, example, world_size=world_size, hardware=fixed, memory_budget=None).nodes
+            assert autotp.plan(cnn, example, world_size=world_size, options=autotp.PlanOptions(hardware=fixed, memory_budget=None)).nodes
     finally:
         torch.set_num_threads(threads)
 
@@ -978,7 +977,7 @@ def test_the_first_call_of_each_kernel_in_a_graph_pays_its_first_call_cost() -> 
     extra = {node.name: costs[1].compute_s[node.name][0] - costs[0].compute_s[node.name][0] for node in calls}
     expected = {"conv2d": 5e-3, "relu": 1e-3, "conv2d_1": 0.0, "relu_1": 0.0, "gelu": 1e-3}
     assert extra == pytest.approx(expected), extra
-    estimates = [autotp.estimate(autotp.plan(model, example, world_size=1, hardware=profile, memory_budget=None),
+    estimates = [autotp.estimate(autotp.plan(model, example, world_size=1, options=autotp.PlanOptions(hardware=profile, memory_budget=None)),
                                  profile).time_per_call_s for profile in (plain, first)]
     assert estimates[1] - estimates[0] == pytest.approx(7e-3), estimates
     values = [torch.randn(concrete_shape(node.meta["val"])) for node in captured.graph_module.graph.nodes
@@ -1008,7 +1007,7 @@ def test_a_model_call_is_priced_once_per_call_beside_its_graph_call() -> None:
     model, example, _ = tiny_mlp()
     plain = dataclasses.replace(CPU, graph_launch_s=1e-3)
     called = dataclasses.replace(plain, model_call_s=2e-3)
-    estimates = [autotp.estimate(autotp.plan(model, example, world_size=2, hardware=profile, memory_budget=None),
+    estimates = [autotp.estimate(autotp.plan(model, example, world_size=2, options=autotp.PlanOptions(hardware=profile, memory_budget=None)),
                                  profile) for profile in (plain, called)]
     assert estimates[1].time_per_call_s - estimates[0].time_per_call_s == pytest.approx(2e-3), estimates
     assert estimates[1].graph_call_s == pytest.approx(3e-3), estimates[1]

@@ -40,8 +40,8 @@ def _plan(model_name: str, shapes: dict[str, int], hardware: str | Hardware, wor
         warnings.simplefilter("ignore")  # ops without a rule (e.g. Llama's rotary index) are not the point here
         # static shapes: the flip is about these exact sizes, and only static dims (here also batch and
         # sequence) may be split, e.g. the tokens of a row-parallel linear's output
-        return autotp.plan(model, args, kwargs, world_size=world_size, hardware=hardware, memory_budget=None,
-                           options=autotp.PlanOptions(dynamic=False))
+        return autotp.plan(model, args, kwargs, world_size=world_size,
+                           options=autotp.PlanOptions(dynamic=False, hardware=hardware, memory_budget=None))
 
 
 def _linears(plan: Plan) -> dict[str, Any]:

@@ -137,7 +137,7 @@ def test_estimate_of_a_real_plan_matches_its_prediction() -> None:
     model, args, kwargs = tiny_llama(device="meta")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = autotp.plan(model, args, kwargs, world_size=2, hardware="h100-sxm")
+        plan = autotp.plan(model, args, kwargs, world_size=2, options=autotp.PlanOptions(hardware="h100-sxm"))
     estimate = autotp.estimate(plan)
     assert math.isclose(estimate.time_s, plan.predicted_time_s, rel_tol=1e-12), (estimate.time_s, plan.predicted_time_s)
     assert math.isclose(sum(n.compute_s for n in estimate.nodes), plan.predicted_compute_s, rel_tol=1e-12)

@@ -215,8 +215,8 @@ def _prompt_together(rank: int, world_size: int) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         # every weight whole: decode (one token) has nothing to split, while the 48-token prefill splits its
         # tokens across the ranks on the cpu-gloo profile and gathers them (collectives in one phase only)
-        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, hardware="cpu-gloo",
-                            options=autotp.PlanOptions(memory_budget=None, constraints={"*.weight": "R"}))
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64,
+                            options=autotp.PlanOptions(memory_budget=None, constraints={"*.weight": "R"}, hardware="cpu-gloo"))
     calls = {"decode": 0, "prefill": 0}
     for phase, graph in (("decode", tp.graph_module), ("prefill", tp.generation.prefill.graph_module)):
         graph.register_forward_pre_hook(lambda *_, phase=phase: calls.__setitem__(phase, calls[phase] + 1))

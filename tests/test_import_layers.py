@@ -1,6 +1,7 @@
 """Imports run one way: no import circle, and no layer imports one above it (fast tier: parses, imports nothing).
 
-ARCHITECTURE.md "Layers": front doors -> reports / runtime -> stages -> base -> cost_model -> torch adapter. This test
+ARCHITECTURE.md "Layers": front doors -> calibration -> the compile driver -> reports / runtime -> stages -> base
+-> cost_model -> torch adapter. This test
 parses every module of the distribution (``autotp/``, and ``passes/`` and ``cost_model/``, which install
 as ``autotp.passes`` and ``autotp.cost_model``), reads every import, at module level and inside
 functions alike (imports under ``if TYPE_CHECKING:`` excepted: they never run), resolves relative
@@ -23,7 +24,9 @@ from package_modules import ROOT, package_modules
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("front doors", ("autotp", "autotp.api", "autotp.pretrained", "autotp.dynamo_backend", "autotp.cli",
                      "autotp.generation")),
-    ("reports / runtime", ("autotp.inspect", "autotp.runtime", "autotp.calibration")),
+    ("calibration", ("autotp.calibration",)),  # measures models compiled through the driver
+    ("driver", ("autotp.driver",)),  # compile: capture -> agree -> plan -> apply, calling the layers below
+    ("reports / runtime", ("autotp.inspect", "autotp.runtime")),
     ("stages", ("autotp.planning", "autotp.passes", "autotp.capture", "autotp.trace_cache")),
     ("base", ("autotp.base", "autotp.adapters", "autotp.stamping")),
     ("cost_model", ("autotp.cost_model",)),

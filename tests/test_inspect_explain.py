@@ -171,12 +171,12 @@ def test_constraint_errors_name_every_problem() -> None:
     model, args, kwargs = models.tiny_llama(device="meta")
     with pytest.raises(PlanError) as info:
         autotp.plan(model, args, kwargs, world_size=4,
-                    constraints={"model.layers.*.mlp.nothing": "R", "lm_head.weight": "P"})
+                    options=autotp.PlanOptions(constraints={"model.layers.*.mlp.nothing": "R", "lm_head.weight": "P"}))
     message = str(info.value)
     assert "'model.layers.*.mlp.nothing'" in message and "parameters look like: model.embed_tokens.weight" in message, message
     assert "lm_head.weight (pattern 'lm_head.weight') cannot be P; its candidates are R, S(0), S(1)" in message, message
     with pytest.raises(ValueError, match="not a placement"):
-        autotp.plan(model, args, kwargs, world_size=4, constraints={"lm_head.weight": "S(x)"})
+        autotp.plan(model, args, kwargs, world_size=4, options=autotp.PlanOptions(constraints={"lm_head.weight": "S(x)"}))
 
 
 def test_check_plan_constraints() -> None:

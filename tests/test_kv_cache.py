@@ -249,8 +249,8 @@ def test_a_phase_the_first_rank_runs_alone_is_priced_at_a_whole_core(fake_tp2) -
                                   seq_len=32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, hardware=busy,
-                            options=autotp.PlanOptions(memory_budget=None))
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64,
+                            options=autotp.PlanOptions(memory_budget=None, hardware=busy))
     by = {c.placed_by: c for c in tp.generation.weighting.candidates}
     assert set(by) == {"decode", "prefill", "whole"}, f"candidates {sorted(by)}"
     for placed_by in ("decode", "prefill"):
@@ -272,7 +272,7 @@ def test_a_phase_the_first_rank_runs_alone_is_priced_at_a_whole_core(fake_tp2) -
                                 prefill_collectives=False) == AlonePhases(decode=False, prefill=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        budgeted = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, hardware=busy)
+        budgeted = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, options=autotp.PlanOptions(hardware=busy))
     assert [c.placed_by for c in budgeted.generation.weighting.candidates] == ["decode", "prefill"], (
         str(budgeted.generation.weighting))
 
@@ -297,8 +297,8 @@ def test_the_phases_weigh_what_each_call_pays_beyond_its_plan(fake_tp2) -> None:
                                    intra_node=link, inter_node=link, core_share=0.9, core_share_call_s=loss_s)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, hardware=busy,
-                                options=autotp.PlanOptions(memory_budget=None))
+            tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64,
+                                options=autotp.PlanOptions(memory_budget=None, hardware=busy))
         weighting = tp.generation.weighting
         by = {c.placed_by: c for c in weighting.candidates}
         assert set(by) == {"decode", "prefill", "whole"}, str(weighting)
@@ -348,8 +348,8 @@ def test_forward_reads_the_live_parameters_and_buffers(fake_tp2) -> None:
 
     torch.manual_seed(0)
     model, x = _ScaledLinear(), torch.randn(3, 8)
-    tp = autotp.compile(model, world_size=2, example_inputs=(x,), hardware="cpu-gloo",
-                        options=autotp.PlanOptions(memory_budget=None))
+    tp = autotp.compile(model, world_size=2, example_inputs=(x,),
+                        options=autotp.PlanOptions(memory_budget=None, hardware="cpu-gloo"))
     assert not tp.plan.collective_counts(), f"expected a plan without collectives, got {tp.plan.collective_counts()}"
     with torch.no_grad():
         torch.testing.assert_close(tp(x), model(x))

@@ -24,6 +24,7 @@ from autotp.cost_model import (
     collective_time_s,
     get_hardware,
     group_spans_nodes,
+    link_collective_time_s,
     p2p_time_s,
     pipeline_time_s,
 )
@@ -32,7 +33,8 @@ from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.mesh_search import (
     _GIB,
     MeshCosts,
-    _stage_boundaries_span,
+    _output_s,
+    _stage_sends,
     factorizations,
     forced_dims,
     mesh_costs,
@@ -142,11 +144,13 @@ def _brute_force(costs: MeshCosts, world_size: int, objective: str, batch: int) 
         per_replica = 1 if objective == "latency" else batch // mesh.dp
         counts = [1] if objective == "latency" else [m for m in range(1, per_replica + 1) if per_replica % m == 0]
         units, pre, post = costs.units[mesh.tp], costs.pre[mesh.tp], costs.post[mesh.tp]
-        spans = _stage_boundaries_span(mesh, hardware)
+        sends = _stage_sends(mesh, hardware)
         for m in counts:
             b = per_replica // m
             unit_s, pre_s, post_s = costs.times(mesh.tp, b)
-            send = [p2p_time_s(units[0].boundary_bytes(b) / mesh.tp, hardware, spans_nodes=s) for s in spans]
+            # every tp rank sends the whole boundary; crossing sends from one node share its link
+            send = [p2p_time_s(units[0].boundary_bytes(b) * sharing, hardware, spans_nodes=s)
+                    for s, sharing in sends]
             for inner in itertools.combinations(range(1, layers), mesh.pp - 1):
                 cuts = (0, *inner, layers)
                 stage_s, fits = [], True
@@ -164,7 +168,7 @@ def _brute_force(costs: MeshCosts, world_size: int, objective: str, batch: int) 
                     fits &= memory <= capacity
                     stage_s.append(seconds)
                 if fits:
-                    value = pipeline_time_s(stage_s, m)
+                    value = pipeline_time_s(stage_s, m) + _output_s(costs, mesh, m * b)
                     best = min(best, value if objective == "latency" else -batch / value)
     return best
 
@@ -210,7 +214,7 @@ def test_plan_front_door_and_cli(capsys) -> None:
     """autotp.plan_mesh(mesh=dp1 x pp2 x tp4) on 8 H100s: a ParallelPlan that prints its mesh, stages and
     predictions; `autotp plan --parallelism tp=2,pp=2` prints the table with the choice marked."""
     model, args, kwargs = _tiny_llama(4)
-    plan = autotp.plan_mesh(model, args, kwargs, world_size=8, hardware="h100-multinode",
+    plan = autotp.plan_mesh(model, args, kwargs, world_size=8, options=autotp.PlanOptions(hardware="h100-multinode"),
                             mesh=MeshShape(dp=1, pp=2, tp=4), objective="throughput")
     assert isinstance(plan, ParallelPlan) and plan.mesh == MeshShape(dp=1, pp=2, tp=4), f"got {plan}"
     assert len(plan.split_points) == 1 and plan.split_points[0].startswith("model.layers."), plan.split_points
@@ -273,7 +277,7 @@ def test_searched_plan_runs_on_the_mesh_runtime(gloo) -> None:
     from test_mesh_runtime import TINY, _run_meshes
 
     model, args, kwargs = tiny_llama(**TINY, layers=2, batch=4)
-    plan = autotp.plan_mesh(model, args, kwargs, world_size=4, hardware="cpu-gloo", mesh=MeshShape(dp=1, pp=2, tp=2),
+    plan = autotp.plan_mesh(model, args, kwargs, world_size=4, options=autotp.PlanOptions(hardware="cpu-gloo"), mesh=MeshShape(dp=1, pp=2, tp=2),
                             objective="throughput", throughput_batch=4)
     dims = (plan.mesh.dp, plan.mesh.pp, plan.mesh.tp)
     results = gloo.run(4, _run_meshes, [(dims, ("dp", "pp", "tp"), 4, plan)])
@@ -321,3 +325,81 @@ def test_parallel_plan_json_round_trip_and_corrupt_files(tmp_path) -> None:
             f"{name}: expected {expected[name]!r}, got {message!r}"
     with pytest.raises(FileNotFoundError, match="no such file"):
         as_parallel_plan(str(tmp_path / "absent.json"))
+
+
+# --------------------------------------------------------------------------- what the mesh runtime does
+
+def test_output_hand_out_is_priced_as_the_runtime_runs_it(six_layer_costs: MeshCosts) -> None:
+    """The whole batch's logits reach every rank: with dp the replicas all-gather their slices (a ring; each dp
+    group of 2 nodes of 4 spans them, and the 4 groups with a member on one node share its link); with pp the
+    last stage broadcasts them over its pipeline (inside a node here). Each also exchanges the shapes (two
+    small collectives). A decode step hands out each row's token over the pipeline and gathers nothing."""
+    costs = six_layer_costs
+    hardware = costs.hardware
+    per_row = costs.output_bytes(1)
+    assert costs.output_leaves == 1 and per_row > 0, (costs.output_leaves, per_row)
+    inter, intra = hardware.inter_node, hardware.intra_node
+    dp2 = _output_s(costs, MeshShape(dp=2, pp=1, tp=4), 3)
+    expected = (2 * link_collective_time_s("all_gather", 256.0 * 2, 2, inter)
+                + link_collective_time_s("all_gather", costs.output_bytes(3) * 2 * 4, 2, inter))
+    assert dp2 == pytest.approx(expected, rel=1e-12), (dp2, expected)
+    pp2 = _output_s(costs, MeshShape(dp=1, pp=2, tp=4), 3)  # stage k on node k: the broadcast crosses
+    expected = (2 * link_collective_time_s("broadcast", 256.0, 2, inter, algorithm="tree")
+                + link_collective_time_s("broadcast", costs.output_bytes(3) * 4, 2, inter, algorithm="tree"))
+    assert pp2 == pytest.approx(expected, rel=1e-12), (pp2, expected)
+    inside = _output_s(costs, MeshShape(dp=2, pp=2, tp=2), 1)  # pp inside a node, dp across
+    assert inside > link_collective_time_s("broadcast", costs.output_bytes(1), 2, intra, algorithm="tree"), inside
+    assert _output_s(costs, MeshShape(dp=1, pp=1, tp=8), 4) == 0.0, "tp alone: its output gather is in its graph"
+    step = dataclasses.replace(costs, generation_step=True)
+    assert _output_s(step, MeshShape(dp=8, pp=1, tp=1), 8) == 0.0, "decode: the replicas gather once, at the end"
+    assert _output_s(step, MeshShape(dp=1, pp=2, tp=4), 1) == pytest.approx(
+        link_collective_time_s("broadcast", 8.0, 2, inter, algorithm="tree")), "decode: the token, over the pipeline"
+
+
+def test_stage_sends_are_whole_and_share_a_node_link(six_layer_costs: MeshCosts) -> None:
+    """Every tp rank sends the whole boundary to its peer of the next stage; the sends that leave a node together
+    share its link (pp 2 x tp 4 on 2 nodes of 4: four crossing sends from node 0)."""
+    from autotp.planning.mesh_search import _send_times
+
+    costs = six_layer_costs
+    boundary = costs.units[4][0].boundary_bytes(2)
+    got = _send_times(costs, MeshShape(dp=1, pp=2, tp=4), 2)
+    assert got == [pytest.approx(p2p_time_s(4 * boundary, costs.hardware, spans_nodes=True))], got
+    assert _send_times(costs, MeshShape(dp=2, pp=2, tp=2), 2) == [
+        pytest.approx(p2p_time_s(boundary, costs.hardware, spans_nodes=False))]
+
+
+def test_a_stage_alone_computes_at_the_busy_scale_of_its_machine() -> None:
+    """Four ranks on one machine measured 0.5 of the all-busy time with one or two busy, 1.0 with four: one
+    request through pp 4 runs each stage alone (0.5 of its compute), tp 4 and dp 4 keep every rank busy (as
+    priced), pp 2 x tp 2 has two ranks busy; with microbatches filling the pipeline every stage is busy. A
+    profile without the scale prices every pipeline as pipeline_time_s does."""
+    from autotp.planning.mesh_search import replica_time_s
+
+    machine = dataclasses.replace(get_hardware("cpu-gloo"), devices_per_node=2, ranks_per_machine=4,
+                                  busy_compute_scale=((1, 0.5), (2, 0.5), (4, 1.0)))
+    compute, other = [0.01, 0.01, 0.01, 0.01], [0.001] * 4
+    assert replica_time_s(compute, other, MeshShape(dp=1, pp=4, tp=1), 1, machine) == pytest.approx(4 * 0.006)
+    assert replica_time_s(compute[:1], other[:1], MeshShape(dp=4, pp=1, tp=1), 1, machine) == pytest.approx(0.011)
+    assert replica_time_s(compute[:2], other[:2], MeshShape(dp=1, pp=2, tp=2), 1, machine) == pytest.approx(0.012)
+    # 4 microbatches through pp 4: the first passes stages with 1, 2, 3, 4 of them busy, then 3 at the full pace
+    filled = 0.006 + 0.006 + (0.01 * 0.75 + 0.001) + 0.011
+    assert replica_time_s(compute, other, MeshShape(dp=1, pp=4, tp=1), 4, machine) == pytest.approx(filled + 3 * 0.011)
+    plain = dataclasses.replace(machine, busy_compute_scale=())
+    stages = [c + o for c, o in zip(compute, other)]
+    assert replica_time_s(compute, other, MeshShape(dp=1, pp=4, tp=1), 3, plain) == pytest.approx(
+        pipeline_time_s(stages, 3))
+    assert machine.busy_scale(3) == pytest.approx(0.75) and machine.busy_scale(8) == 1.0
+
+
+def test_busy_scale_fields_round_trip_and_are_checked() -> None:
+    profile = dataclasses.replace(get_hardware("cpu-gloo"), ranks_per_machine=4,
+                                  busy_compute_scale=((1, 0.52), (2, 0.55), (3, 0.8), (4, 1.0)))
+    again = Hardware.from_json(profile.to_json())
+    assert (again.ranks_per_machine, again.busy_compute_scale) == (4, profile.busy_compute_scale)
+    assert again.machine_ranks() == 4 and get_hardware("cpu-gloo").machine_ranks() == get_hardware(
+        "cpu-gloo").devices_per_node
+    with pytest.raises(ValueError, match="busy_compute_scale needs distinct"):
+        dataclasses.replace(profile, busy_compute_scale=((2, 0.5), (1, 0.5)))
+    with pytest.raises(ValueError, match="ranks_per_machine must be an int"):
+        dataclasses.replace(profile, ranks_per_machine=-1)

@@ -159,9 +159,9 @@ def test_batch_norm_running_statistics_are_refused_with_what_to_do(training: boo
     x = torch.randn(4, 3, 8, 8)
     fix = "track_running_stats=False" if training else r"call model\.eval\(\)"
     with pytest.raises(CaptureError, match=rf"1\.running_mean, 1\.running_var are running statistics.*{fix}"):
-        autotp.plan(model(), (x,), world_size=2, training=training)
+        autotp.plan(model(), (x,), world_size=2, options=autotp.PlanOptions(training=training))
     ok = model().eval() if not training else model(track=False)
-    plan = autotp.plan(ok, (x,), world_size=2, training=training)
+    plan = autotp.plan(ok, (x,), world_size=2, options=autotp.PlanOptions(training=training))
     placed = sorted(plan.parameters)
     assert placed == ["0.bias", "0.weight", "1.bias", "1.weight"], (
         f"placed {placed}, expected the four parameters only: a buffer forward only reads is not state")
@@ -194,7 +194,7 @@ def _train_counting_on_rank(rank: int, world_size: int) -> dict:
     reference = _CountingScale()
     reference.load_state_dict(model.state_dict())
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
-    tp = autotp.compile(model, example_inputs=(x,), training=True)
+    tp = autotp.compile(model, example_inputs=(x,), options=autotp.PlanOptions(training=True))
     losses = []
     for module in (reference, tp):
         optimizer = torch.optim.SGD(module.parameters(), lr=0.1)

@@ -121,7 +121,7 @@ def test_impossible_budget_is_a_clear_error() -> None:
     """tp=2: a 1 KiB budget cannot hold the weights; the error says how much would be needed."""
     model, args, _ = tiny_mlp()
     with pytest.raises(PlanError, match="Raise memory_budget"):
-        autotp.plan(model, args, world_size=2, memory_budget=1024)
+        autotp.plan(model, args, world_size=2, options=autotp.PlanOptions(memory_budget=1024))
 
 
 def test_planner_knows_no_model() -> None:

@@ -128,3 +128,28 @@ def test_children_of_a_top_level_sequential_are_tied() -> None:
     assert got == expected, f"expected both tied to {by_fqn['0.weight']}, got {got}"
     assert math.isfinite(solve(cost_strategy_graph(graph, get_hardware("h100-sxm")), memory_budget_bytes=None,
                                tie=rep).objective_s)
+
+
+def test_a_resharding_is_priced_once_per_shape_as_the_route_prices_it() -> None:
+    """tp=3, tiny MLP: the costed graph's price and route of every producer's output from each placement its
+    strategies produce to each its readers' strategies take are :func:`reshard_route`'s and :func:`route_time_s`'s, and two
+    producers of the same shape and dtype (the first linear's output and the GELU's) share one priced entry."""
+    from autotp.passes.costing import reshard_route, route_time_s
+
+    _, costed = _costed_mlp(3)
+    graph = costed.graph
+    taken: dict[str, set] = {}  # producer -> the placements its readers' strategies take it in
+    for edge in graph.edges:
+        taken.setdefault(edge.producer, set()).update(s.inputs[edge.slot] for s in graph.strategies[edge.consumer])
+    asked = 0
+    for name, places in taken.items():
+        value = graph.nodes[name].meta.get("val")
+        for src in {s.output for s in graph.strategies[name]}:
+            for dst in places:
+                route = reshard_route(src, dst, value, graph.world_size, costed.hardware)
+                assert costed.reshard_route(name, src, dst) == route, (name, src, dst)
+                assert costed.reshard_s(name, src, dst) == route_time_s(route, value, graph.world_size, costed.hardware)
+                asked += 1
+    assert 0 < len(costed._routes) < asked, f"{len(costed._routes)} priced entries for {asked} asks"
+    shapes = [costed._value_keys[name] for name in graph.order if name in costed._value_keys]
+    assert len(set(shapes)) < len(shapes), f"no two producers share a shape: {shapes}"

@@ -262,7 +262,7 @@ def test_plan_files_keep_step_names() -> None:
     model, x = _shard_swap(5, 7)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = autotp.plan(model, (x,), world_size=3, constraints=_PINS)
+        plan = autotp.plan(model, (x,), world_size=3, options=autotp.PlanOptions(constraints=_PINS))
     data = json.loads(plan.to_json())
     names = {tuple(c["steps"]) for c in data["collectives"]}
     assert ("all_to_all",) in names, f"expected an all_to_all step in the saved plan, got {names}"
@@ -291,7 +291,7 @@ def _run_shard_swap(rank: int, world_size: int, rows: int, cols: int, route: tup
         expected = model(x)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plan = autotp.plan(model, (x,), world_size=world_size, constraints=_PINS)
+        plan = autotp.plan(model, (x,), world_size=world_size, options=autotp.PlanOptions(constraints=_PINS))
         collectives = tuple(dataclasses.replace(c, steps=route) if c.steps in _SWAP_ROUTES else c
                             for c in plan.collectives)
         plan = dataclasses.replace(plan, collectives=collectives)

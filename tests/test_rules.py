@@ -164,8 +164,7 @@ def test_the_vocab_split_embeddings_declared_ops_are_those_its_local_form_emits_
     aten = torch.ops.aten
     model, args, kwargs = tiny_tied_lm()
     captured = capture(model, args, kwargs)
-    plan = autotp.plan(model, args, kwargs, world_size=2, hardware="cpu-gloo", memory_budget=None,
-                       constraints={"embed.weight": Shard(0)})
+    plan = autotp.plan(model, args, kwargs, world_size=2, options=autotp.PlanOptions(hardware="cpu-gloo", memory_budget=None, constraints={"embed.weight": Shard(0)}))
     decisions = plan.decisions()
     local = rewrite_for_rank(captured.graph_module, decisions, build_partitions(captured.graph_module, decisions, 2),
                              0, "unused", routes=plan.reshard_routes())

@@ -64,7 +64,7 @@ def test_only_static_dims_are_split() -> None:
     """tp=2 planning, MLP at (batch 2, seq 16, hidden 256): no node's output is split on a dynamic dim
     (batch, seq are symbols), so per-rank cuts never depend on the call's size."""
     model, args, kwargs = tiny_mlp()
-    plan = autotp.plan(model, args, kwargs, world_size=2, memory_budget=None)
+    plan = autotp.plan(model, args, kwargs, world_size=2, options=autotp.PlanOptions(memory_budget=None))
     gm = autotp.capture.capture(model, args, kwargs).graph_module
     vals = {n.name: n.meta.get("val") for n in gm.graph.nodes}
     bad = []
@@ -158,8 +158,8 @@ def test_plan_that_splits_the_batch_says_to_pin_shapes() -> None:
     from autotp.planning.checks import check_plan_applies
 
     model, args, kwargs = tiny_mlp(batch=8, seq_len=2048, device="meta")
-    plan = autotp.plan(model, args, kwargs, world_size=4, hardware="h100-sxm", memory_budget=None,
-                       options=autotp.PlanOptions(dynamic=False))
+    plan = autotp.plan(model, args, kwargs, world_size=4,
+                       options=autotp.PlanOptions(dynamic=False, hardware="h100-sxm", memory_budget=None))
     batch_split = [n.name for n in plan.nodes if n.output == "S(0)" and n.op == "aten.linear.default"]
     assert batch_split, f"expected the static plan to split the batch, got {[(n.name, n.output) for n in plan.nodes]}"
     captured = capture(model, inputs_on_model_device(model, args), kwargs)

@@ -61,8 +61,8 @@ def _gradients_match(rank: int, world_size: int, families: list[str]) -> dict[st
             warnings.simplefilter("ignore")
             # static shapes: the gradients do not depend on them, and a static trace is ~3x faster
             # (one compile serving every shape is tests/test_shapes.py's)
-            tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs, training=True,
-                                options=autotp.PlanOptions(dynamic=False))
+            tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs,
+                                options=autotp.PlanOptions(dynamic=False, training=True))
         torch.manual_seed(SEED)  # the same dropout masks as the single-process step
         loss = tp(ids, **kwargs).loss
         loss.backward()
@@ -122,8 +122,8 @@ def _loss_curve(rank: int, world_size: int, steps: int, mistakes: bool) -> tuple
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # static shapes: the data has one size, and the mistakes below include a step at another
-        tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs, training=True,
-                            options=autotp.PlanOptions(dynamic=False))
+        tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs,
+                            options=autotp.PlanOptions(dynamic=False, training=True))
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (tp, reference)]
     losses = []
     for _ in range(steps):

@@ -21,7 +21,7 @@ def _compiled(group: object = None) -> tuple[torch.nn.Module, torch.Tensor, auto
     model, (ids,), _ = models.tiny_llama(**_LLAMA)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, training=True,
+        tp = autotp.compile(model.train(), example_inputs=(ids,), example_kwargs={"labels": ids}, options=autotp.PlanOptions(training=True),
                             group=group)
     return model, ids, tp
 
@@ -139,7 +139,7 @@ def _fsdp_over_tp(rank: int, world_size: int, steps: int) -> dict:
     mine = ids[row:row + 1]  # (1, seq): this dp rank's data, the same on both tp ranks
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model.train(), example_inputs=(mine,), example_kwargs={"labels": mine}, training=True,
+        tp = autotp.compile(model.train(), example_inputs=(mine,), example_kwargs={"labels": mine}, options=autotp.PlanOptions(training=True),
                             group=mesh["tp"].get_group())
     fully_shard(tp, mesh=mesh["dp"])  # the tp shards, sharded again over dp
     optimizer = torch.optim.AdamW(tp.parameters(), lr=1e-2)
@@ -276,7 +276,7 @@ def _train_on_mesh(rank: int, world_size: int, steps: int) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile_mesh(model.train(), mesh, example_inputs=(ids,), example_kwargs={"labels": ids},
-                                 training=True)
+                                 options=autotp.PlanOptions(training=True))
     optimizer = torch.optim.AdamW(tp.parameters(), lr=1e-2)
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     losses, expected = [], []

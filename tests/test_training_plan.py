@@ -45,7 +45,7 @@ def captured(mlp):
 def plans(mlp, captured):
     """tp=2: the inference plan and the training plan of the same MLP (default "auto" budget)."""
     model, args, _ = mlp
-    return plan_graph(captured, PlanOptions(world_size=2)), autotp.plan(model, args, world_size=2, training=True)
+    return plan_graph(captured, PlanOptions(world_size=2)), autotp.plan(model, args, world_size=2, options=autotp.PlanOptions(training=True))
 
 
 def test_training_plan_costs_more_and_counts_activations(plans):
@@ -160,7 +160,7 @@ def test_frozen_parameters_and_one_rank():
     backward; the frozen weight holds no gradient and no optimizer state."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     model[0].weight.requires_grad_(False)
-    plan = autotp.plan(model, (torch.randn(2, 8),), world_size=1, training=True)
+    plan = autotp.plan(model, (torch.randn(2, 8),), world_size=1, options=autotp.PlanOptions(training=True))
     assert plan.collective_counts() == {} and plan.collective_counts(backward=True) == {}, plan.backward_collectives
     trainable = FP32 * (8 + 8 * 8 + 8)  # both biases and the second weight
     assert plan.gradient_bytes_per_rank == trainable, f"gradients: expected {trainable}, got {plan.gradient_bytes_per_rank}"
@@ -176,7 +176,7 @@ def test_activation_checkpointing_of_blocks_is_priced():
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(HIDDEN, INTERMEDIATE), torch.nn.GELU(),
                                                       torch.nn.Linear(INTERMEDIATE, HIDDEN)) for _ in range(2)])
     x = torch.randn(BATCH, SEQ, HIDDEN)
-    plain = autotp.plan(model, (x,), world_size=2, training=True)
+    plain = autotp.plan(model, (x,), world_size=2, options=autotp.PlanOptions(training=True))
     blocks = autotp.plan(model, (x,), world_size=2,
                          options=autotp.PlanOptions(training=True, activation_checkpointing="blocks"))
     megatron = {f"{i}.{j}.weight": p for i in (0, 1) for j, p in ((0, "S(0)"), (2, "S(1)"))}

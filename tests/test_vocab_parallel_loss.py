@@ -76,8 +76,8 @@ def _loss_and_gradients(rank: int, world_size: int, vocab: int) -> dict:
     ring = dataclasses.replace(get_hardware("h100-sxm"), small_all_reduce="ring")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        inference = autotp.compile(model, example_inputs=(ids,), hardware=ring)
-        trained = autotp.compile(model, example_inputs=(ids,), training=True, hardware=ring)
+        inference = autotp.compile(model, example_inputs=(ids,), options=autotp.PlanOptions(hardware=ring))
+        trained = autotp.compile(model, example_inputs=(ids,), options=autotp.PlanOptions(training=True, hardware=ring))
     with torch.no_grad():
         inference_loss = inference(ids).item()
     loss = trained(ids)

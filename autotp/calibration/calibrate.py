@@ -54,6 +54,10 @@ profile field         measurement (median over timed repeats, after warm-up)
                       of a core a rank gets and a loss once per call (``core_share_call_s``), the share up
                       to their longest compute (``core_share_range_s``; beyond, the fair share,
                       ``fair_core_share``); ``runtime_mode`` eager
+``busy_compute_..``  a transformer-like MLP block for about 30 ms with 1, 2, ... of the machine's ranks busy at
+                      once (the others waiting), over all of them busy: how much faster a stage that runs
+                      while other stages wait computes (:mod:`autotp.calibration.concurrency`);
+                      ``ranks_per_machine``: the ranks measured together
 ====================  ==========================================================================
 
 Single ops and graphs are timed on the *work clock* (:func:`~autotp.calibration.graphs.work_clock`: the
@@ -98,6 +102,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotp.calibration.concurrency import measure_busy_scale
 from autotp.calibration.graphs import (
     fair_core_share,
     measure_cold_call_s,
@@ -431,6 +436,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     element_rates: tuple[tuple[str, float], ...] = ()
     first_call: tuple[tuple[str, float], ...] = ()
     model_call = fair_share = 0.0
+    busy: tuple[tuple[int, float], ...] = ()
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -475,10 +481,14 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
                 _say(progress, f"graph of {shape.layers} block(s), {shape.tokens} tokens x {shape.hidden}: "
                                f"{sample.kernel_nodes} kernels, {len(sample.collectives)} collectives, "
                                f"{sample.seconds * 1e3:.3f} ms (kernels {sample.device_s * 1e3:.3f} ms)")
+            if world_size > 1 and dist.is_initialized():
+                busy = measure_busy_scale(world_size, config.repeats)
+                _say(progress, "compute time with k ranks of this machine busy, over all busy: " + ", ".join(
+                    f"{k} {scale:.2f}" for k, scale in busy))
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed, element_rates, first_call, model_call, fair_share)
+                            curve, cold, op_fixed, element_rates, first_call, model_call, fair_share, busy)
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:

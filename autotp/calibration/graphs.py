@@ -588,8 +588,9 @@ def _stand_in_of(target: Any) -> Callable[..., torch.Tensor] | None:
     if target in (c10d.all_reduce.default, c10d.all_to_all_single.default, c10d.broadcast.default,
                   c10d.wait_tensor.default) or _inference_kind(target) == "all_reduce":
         return _same
-    if _inference_kind(target) == "all_gather":  # the shared-memory all-gather: its world size is its own
-        return lambda tensor: _gathered(tensor, target.world_size)
+    if _inference_kind(target) == "all_gather":  # the shared-memory or watched all-gather: its group's size
+        size = getattr(target, "world_size", None) or dist.get_world_size(target.group)
+        return lambda tensor: _gathered(tensor, size)
     return None
 
 

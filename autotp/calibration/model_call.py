@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from autotp.calibration.graphs import common_start, local_stand_ins, ranks_share_a_clock, work_clock
+from autotp.driver import compile_group
 from autotp.planning.options import plan_options
-from autotp.runtime.compiling import compile_group
 from autotp.runtime.options import runtime_options
 
 __all__ = ["MIN_RUNS", "measure_model_call_s"]

@@ -53,8 +53,8 @@ def generate_demo(rank: int, model: Any, ids: Any, new_tokens: int, hardware: st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         started = time.perf_counter()
-        tp_model = autotp.compile(model, example_inputs=(ids,), max_cache_len=prompt + new_tokens, hardware=hardware,
-                                  options=autotp.PlanOptions(expected_new_tokens=new_tokens))
+        tp_model = autotp.compile(model, example_inputs=(ids,), max_cache_len=prompt + new_tokens,
+                                  options=autotp.PlanOptions(expected_new_tokens=new_tokens, hardware=hardware))
         compile_s = time.perf_counter() - started
     with torch.no_grad():
         got, tp_prefill_ms, tp_ms = _timed(lambda n: tp_model.generate(ids, max_new_tokens=n), new_tokens)

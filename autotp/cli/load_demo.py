@@ -67,7 +67,7 @@ def run_checkpoint_rank(rank: int, world_size: int, init_method: str, checkpoint
         ids = torch.randint(0, config.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(0))  # (batch, seq)
         before = resident_bytes()
         started = time.perf_counter()
-        tp = autotp.from_pretrained(checkpoint, world_size=world_size, example_inputs=(ids,), hardware=hardware)
+        tp = autotp.from_pretrained(checkpoint, world_size=world_size, example_inputs=(ids,), options=autotp.PlanOptions(hardware=hardware))
         seconds = time.perf_counter() - started
         growth = peak_rss_bytes() - before
         logits = tp(ids, use_cache=False).logits

@@ -14,7 +14,7 @@ tokens differ); see :mod:`autotp.cli.generate_demo`.
 
 ``autotp calibrate`` measures this machine (matmul throughput, memory bandwidth, the cost of a tiny
 op, gloo collective latency and bandwidth across N local processes) and writes a hardware profile
-as JSON, for ``autotp.plan(..., hardware="profile.json")``; see :mod:`autotp.calibration.calibrate`.
+as JSON, for ``autotp.plan(..., options=autotp.PlanOptions(hardware="profile.json"))``; see :mod:`autotp.calibration.calibrate`.
 Started by a launcher on several nodes (``torchrun --nnodes 2 --nproc-per-node 2 -m autotp.cli.main
 calibrate``), it measures on the launcher's ranks instead of spawning its own, inside each host and across
 hosts, and writes a two-level profile (rank 0 writes it).
@@ -100,11 +100,12 @@ def _demo_rank(rank: int, config: DemoConfig, results: Any) -> None:
             reference = _logits(model(ids, use_cache=False))  # (batch, seq, vocab), single process
         original_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-        say(rank, f"compiling with autotp.compile(world_size={world_size}, hardware={config.hardware!r}); "
-                   f"the plan is costed for that profile, the run is CPU gloo...")
+        say(rank, f"compiling with autotp.compile(world_size={world_size}, "
+                  f"options=autotp.PlanOptions(hardware={config.hardware!r})); "
+                  f"the plan is costed for that profile, the run is CPU gloo...")
         started = time.perf_counter()
         tp_model = autotp.compile(model, world_size=world_size, example_inputs=(ids,),
-                                  example_kwargs={"use_cache": False}, hardware=config.hardware)
+                                  example_kwargs={"use_cache": False}, options=autotp.PlanOptions(hardware=config.hardware))
         compile_time_s = time.perf_counter() - started
 
         say(rank, "running the tensor-parallel model...")
@@ -239,7 +240,7 @@ def _add_calibrate_parser(commands: Any) -> None:
         description="Spawn N gloo processes on this machine, measure matmul throughput, memory bandwidth, "
                     "the cost of a tiny op and the latency/bandwidth of gloo all_reduce, all_gather and "
                     "reduce_scatter, fit the alpha-beta collective model, and write a hardware profile "
-                    "usable as autotp.plan(..., hardware=\"PATH.json\"). The profile describes one rank "
+                    "usable as autotp.plan(..., options=autotp.PlanOptions(hardware=\"PATH.json\")). The profile describes one rank "
                     "of an N-rank job on this machine. Started by torchrun on 2 or more nodes, it measures on the "
                     "launcher's ranks instead, inside each host and across hosts, and writes a two-level profile.",
     )
@@ -336,6 +337,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
               "above)" + (f", up to {profile.core_share_range_s * 1e3:.1f} ms of a call's compute; "
                           f"{profile.fair_core_share:.2f} beyond" if profile.core_share_range_s else "")
               + f"; {profile.core_share_call_s * 1e6:.1f} us lost once per call")
+    if profile.busy_compute_scale:
+        print(f"  busy ranks       compute time with k of the {profile.machine_ranks()} ranks of a machine busy, over "
+              "all busy: " + ", ".join(f"{k} {scale:.2f}" for k, scale in profile.busy_compute_scale))
     print(f"  runtime          {profile.runtime_mode}: {profile.host_dispatch_s * 1e6:.2f} us host dispatch per "
           f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call "
           f"(+{profile.model_call_s * 1e6:.1f} us for a model's call), "
@@ -356,7 +360,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"  nodes            {profile.devices_per_node} device(s) per node; between nodes "
           f"{profile.inter_node.base_latency_s * 1e6:.1f} us per call + {profile.inter_node.latency_s * 1e6:.1f} us "
           f"per step, {profile.inter_node.bandwidth_gbps:.3f} GB/s ({profile.inter_node.name})")
-    print(f"use it with: autotp.plan(model, inputs, world_size={ranks}, hardware={args.output!r})")
+    print(f"use it with: autotp.plan(model, inputs, world_size={ranks}, "
+          f"options=autotp.PlanOptions(hardware={args.output!r}))")
     return 0
 
 

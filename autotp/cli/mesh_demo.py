@@ -57,7 +57,7 @@ def _mesh_rank(rank: int, world_size: int, init_method: str, dims: tuple[tuple[s
         mesh = init_device_mesh("cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
         say(rank, f"compiling with autotp.compile_mesh(model, mesh, hardware={hardware!r}) on a batch of {batch}...")
         part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
-                                   hardware=hardware)
+                                   options=autotp.PlanOptions(hardware=hardware))
         with torch.no_grad():
             logits = part(ids, use_cache=False).logits
         diff = torch.tensor([(logits - reference).abs().max().item()], dtype=torch.float64)

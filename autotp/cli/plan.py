@@ -236,7 +236,7 @@ def add_plan_parser(commands: Any) -> None:
     plan.add_argument("--world-size", type=positive_int, default=8, help="ranks to split over (default: 8)")
     plan.add_argument("--hardware", type=hardware_profile, default="h100-sxm",
                       help="hardware profile name (h100-sxm, h200, a100-sxm, pcie-gpu, ...; a wrong name lists them "
-                           "all) or JSON path from `autotp calibrate`, as autotp.plan(hardware=...) (default: h100-sxm)")
+                           "all) or JSON path from `autotp calibrate`, as autotp.PlanOptions(hardware=...) (default: h100-sxm)")
     plan.add_argument("--batch", type=positive_int, default=1, help="sequences per forward pass (default: 1)")
     plan.add_argument("--seq-len", type=positive_int, default=1024,
                       help="prefill tokens per sequence (default: 1024); decode is 1 token")
@@ -325,10 +325,10 @@ def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
 
 def _options(args: argparse.Namespace, world_size: int) -> Any:
     """The :class:`~autotp.planning.options.PlanOptions` of the command line (validated before any tracing)."""
-    from autotp.planning.options import plan_options
+    from autotp.planning.options import PlanOptions
 
-    return plan_options(world_size=world_size, hardware=args.hardware, memory_budget=args.memory_budget,
-                        time_limit_s=args.time_limit, constraints=dict(args.constraint) or None)
+    return PlanOptions(world_size=world_size, hardware=args.hardware, memory_budget=args.memory_budget,
+                       time_limit_s=args.time_limit, constraints=dict(args.constraint) or None)
 
 
 def _plan(captured: Any, args: argparse.Namespace, world_size: int, label: str) -> Any:

@@ -285,7 +285,7 @@ def _resolve_profile(plan: Plan, hardware: str | Hardware | None) -> Hardware | 
     if profile.name != plan.hardware:
         raise ValueError(
             f"this plan was costed for hardware {plan.hardware!r}, not {profile.name!r}; an estimate "
-            f"adds up the plan's own costs, so re-plan with autotp.plan(..., hardware={profile.name!r}) "
+            f"adds up the plan's own costs, so re-plan with autotp.plan(..., options=autotp.PlanOptions(hardware={profile.name!r})) "
             f"to estimate on {profile.name!r}"
         )
     return profile

@@ -2,7 +2,7 @@
 
 ``constraints`` maps an fnmatch pattern to a placement::
 
-    autotp.plan(model, ..., constraints={"model.layers.*.mlp.down_proj.weight": Replicate()})
+    autotp.plan(model, ..., options=autotp.PlanOptions(constraints={"model.layers.*.mlp.down_proj.weight": Replicate()}))
 
 A pattern is matched against every parameter FQN (``model.layers.0.mlp.down_proj.weight``)
 and every graph node name (``linear_6``); ``*`` matches any text, dots included. The value is

@@ -23,11 +23,21 @@ Prices, for one microbatch of ``b`` requests (the example's sequence length):
   and 4) give them exactly at every ``b``; the roofline ``max`` is applied at ``b``.
 * a stage's time ``s_k``: its blocks, plus sending the activations that cross the cut to the next
   stage (:func:`autotp.cost_model.p2p_time_s`, on the inter-node link when the two ranks are on
-  different nodes).
+  different nodes). As the runtime's ``PipelineStage`` does, every tp rank sends the whole boundary
+  to the same tp rank of the next stage, and the crossing sends that leave one node at once share
+  its link (:func:`_send_times`).
+* a stage's compute runs at the share of the cores its machine gives it: the profile's rates are
+  those with every rank of a machine busy; while only some are (one request through a pipeline
+  runs one stage at a time), the compute takes ``Hardware.busy_scale(busy ranks)`` of it, which
+  ``autotp calibrate`` measures (1.0 at every count on hosts with a core per rank and in every
+  named profile).
 * a replica's time for ``m`` microbatches: ``sum(s_k) + (m - 1) * max(s_k)``
-  (:func:`autotp.cost_model.pipeline_time_s`, GPipe / 1F1B forward). Latency: that time at
-  ``b = m = 1``. Throughput: ``batch / time`` with ``dp`` replicas each running ``batch / dp``
-  requests at once (replicas add throughput, not latency).
+  (:func:`autotp.cost_model.pipeline_time_s`, GPipe / 1F1B forward), each ``s_k`` at the busy
+  ranks of its moment (:func:`replica_time_s`), plus handing the output to every rank, as the mesh
+  runtime returns the whole batch's output on each (:func:`_output_s`: a broadcast from the last
+  stage over ``pp``, an all-gather of the replicas' slices over ``dp``). Latency: that time at
+  ``b = m = 1``, the replicas serving one request each at once (so with ``dp`` rows gathered).
+  Throughput: ``batch / time`` with ``dp`` replicas each running ``batch / dp`` requests at once.
 * memory per device: the stage's parameter shards plus twice the largest activation one of its
   ops writes (the op's input and output live together), at the microbatch size; the KV cache and
   allocator slack are not counted. It must fit ``Hardware.memory_gib``.
@@ -35,7 +45,8 @@ Prices, for one microbatch of ``b`` requests (the example's sequence length):
 Because ``sum(s_k)`` does not depend on where the cuts are, the cuts that minimise the pipeline
 time are those minimising the slowest stage, subject to memory: :func:`best_cuts` finds them
 exactly by dynamic programming over cut points (balanced by predicted time and memory, not by
-layer count).
+layer count; at the rates of every rank busy, so with a busy scale the cuts are the best ones
+at those rates, the time then priced at each moment's busy ranks).
 
 Speed (planning a 126-layer model in seconds): for a HuggingFace model whose layers are all
 alike (``config.num_hidden_layers`` >= 3 identical modules in one ``ModuleList``; no differing
@@ -51,6 +62,7 @@ plan may differ from the full model's (the plan is then priced, not re-solved, a
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import itertools
@@ -69,7 +81,14 @@ from autotp.base.placements import placement_to_str
 from autotp.base.progress import log_progress
 from autotp.base.shapes import nbytes as value_nbytes
 from autotp.capture import CapturedGraph, capture
-from autotp.cost_model import Hardware, compute_time_s, get_hardware, p2p_time_s, pipeline_time_s
+from autotp.cost_model import (
+    Hardware,
+    compute_time_s,
+    get_hardware,
+    link_collective_time_s,
+    p2p_time_s,
+    pipeline_time_s,
+)
 from autotp.cost_model.compute import op_name
 from autotp.passes.costing import (
     CostedGraph,
@@ -217,12 +236,16 @@ class _Unit:
     boundary_bytes: _Affine  # what its outputs send to later blocks (a stage cut after it)
 
     def time_s(self, b: int, hardware: Hardware) -> float:
+        return self.compute_s(b, hardware) + self.comm_s(b)
+
+    def compute_s(self, b: int, hardware: Hardware) -> float:
+        """Its kernels and views: the part a rank's share of a core sets (``Hardware.busy_scale``)."""
         compute = sum(compute_time_s(flops(b), moved(b), dtype, hardware,
                                      gemm_min_dim=min(d(b) for d in dims) if dims else None,
                                      rated_elements=elements(b), rated_op=name,
                                      fixed=[(cost, times(b)) for cost, times in fixed])
                       for flops, moved, dtype, dims, elements, name, fixed in self.kernels)
-        return compute + self.fixed_s + self.comm_s(b)
+        return compute + self.fixed_s
 
 
 @dataclasses.dataclass
@@ -242,6 +265,18 @@ class MeshCosts:
     tp_summaries: dict[int, str]
     profile_s: float = 0.0
     _times: dict[tuple[int, int], tuple[np.ndarray, float, float]] = dataclasses.field(default_factory=dict)
+    output_bytes: _Affine = _Affine(0.0, 0.0)  # the model's output (every leaf) for b requests
+    output_leaves: int = 0
+    generation_step: bool = False  # priced as one decode step: tokens, not the output, handed out
+    _comm: dict[tuple[int, int], tuple[np.ndarray, float, float]] = dataclasses.field(default_factory=dict)
+
+    def comm_times(self, tp: int, b: int) -> tuple[np.ndarray, float, float]:
+        """The tensor-parallel collectives' part of :meth:`times` (what a busy core does not speed up)."""
+        key = (tp, b)
+        if key not in self._comm:
+            self._comm[key] = (np.array([unit.comm_s(b) for unit in self.units[tp]]), self.pre[tp].comm_s(b),
+                               self.post[tp].comm_s(b))
+        return self._comm[key]
 
     def times(self, tp: int, b: int) -> tuple[np.ndarray, float, float]:
         """(seconds of each layer block, of the pre modules, of the post modules) at microbatch ``b``."""
@@ -420,9 +455,11 @@ def reduced_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, int, str] | N
 
 def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None,
                tp_sizes: list[int], hardware: Hardware, *, time_limit_s: float = 60.0,
-               progress: bool = False) -> MeshCosts:
+               progress: bool = False, generation_step: bool = False) -> MeshCosts:
     """Capture ``model`` at batch 2 and 4 (one layer of it when :func:`reduced_copy` applies) and
-    price its blocks for each ``tp`` in ``tp_sizes``."""
+    price its blocks for each ``tp`` in ``tp_sizes``. ``generation_step``: the example is one decode step
+    (a token per row): each call hands out the picked tokens over the pipeline (``runtime/mesh_generate.py``),
+    not the whole batch's output; the KV cache's reads are not priced."""
     started = time.perf_counter()
     reduced = reduced_copy(model)
     target, count, container = (reduced if reduced is not None else (model, 0, ""))
@@ -453,7 +490,18 @@ def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_
             units[tp], by_key["post"] = (by_key["post"],), by_key["pre"]
             names = ("",)
         pre[tp], post[tp] = by_key["pre"], by_key["post"]
-    return MeshCosts(hardware, names, units, pre, post, summaries, time.perf_counter() - started)
+    outputs = [_output_nbytes(cap) for cap in captured]
+    return MeshCosts(hardware, names, units, pre, post, summaries, time.perf_counter() - started,
+                     output_bytes=_Affine.through((outputs[0][0], outputs[1][0])), output_leaves=outputs[0][1],
+                     generation_step=generation_step)
+
+
+def _output_nbytes(cap: CapturedGraph) -> tuple[float, int]:
+    """Bytes and count of the tensors the captured model returns (the logits of a causal LM)."""
+    output = next(node for node in cap.graph_module.graph.nodes if node.op == "output")
+    values = [leaf.meta.get("val") for leaf in pytree.tree_leaves(output.args) if isinstance(leaf, torch.fx.Node)]
+    tensors = [value for value in values if isinstance(value, torch.Tensor)]
+    return float(sum(value_nbytes(value) for value in tensors)), len(tensors)
 
 
 # ----------------------------------------------------------------------------------- cuts
@@ -469,17 +517,8 @@ class _Evaluation:
     time_s: float  # one replica, all its microbatches
     collectives_s: float = 0.0  # of one microbatch through every stage: tensor-parallel collectives
     sends_s: float = 0.0  # ... and stage-to-stage sends (the rest of sum(stage_s) is compute)
-
-
-def _stage_boundaries_span(mesh: MeshShape, hardware: Hardware) -> list[bool]:
-    """Whether the send from stage k to k+1 crosses nodes, for any replica and tp rank."""
-    d = hardware.devices_per_node
-    spans = []
-    for k in range(mesh.pp - 1):
-        spans.append(any((rank // d) != ((rank + mesh.tp) // d)
-                         for dp in range(mesh.dp) for t in range(mesh.tp)
-                         for rank in [dp * mesh.pp * mesh.tp + k * mesh.tp + t]))
-    return spans
+    output_s: float = 0.0  # the whole batch's output handed to every rank, once per call
+    busy_s: float = 0.0  # what the machine's busy scale adds to the pipeline (< 0: fewer busy ranks, faster)
 
 
 def best_cuts(unit_s: np.ndarray, unit_memory: np.ndarray, unit_activation: np.ndarray, send_s: list[float],
@@ -529,17 +568,119 @@ def best_cuts(unit_s: np.ndarray, unit_memory: np.ndarray, unit_activation: np.n
     return tuple(reversed(cuts)), float(best[units])
 
 
+def _mesh_groups(mesh: MeshShape, dim: str) -> list[list[int]]:
+    """The ranks of each group along mesh dim ``dim``; ranks are laid out ``(dp, pp, tp)``, tp fastest."""
+    stride = {"tp": 1, "pp": mesh.tp, "dp": mesh.tp * mesh.pp}[dim]
+    size = getattr(mesh, dim)
+    firsts = [rank for rank in range(mesh.world_size) if (rank // stride) % size == 0]
+    return [[first + i * stride for i in range(size)] for first in firsts]
+
+
+def _link_use(groups: list[list[int]], hardware: Hardware) -> tuple[bool, int]:
+    """Whether a group spans nodes, and how many spanning groups at most have a member on one node: their
+    traffic leaves that node at once, sharing its link (1 when none spans)."""
+    d = hardware.devices_per_node
+    spanning = [{rank // d for rank in group} for group in groups if len({rank // d for rank in group}) > 1]
+    if not spanning:
+        return False, 1
+    return True, max(collections.Counter(node for nodes in spanning for node in nodes).values())
+
+
+def _stage_sends(mesh: MeshShape, hardware: Hardware) -> list[tuple[bool, int]]:
+    """For each cut between stages k and k+1: whether a send crosses nodes, and how many crossing sends at
+    most leave one node at once (every tp rank of every replica sends to the same tp rank of the next stage)."""
+    d = hardware.devices_per_node
+    sends = []
+    for k in range(mesh.pp - 1):
+        pairs = [(src, src + mesh.tp) for dp in range(mesh.dp) for t in range(mesh.tp)
+                 for src in [dp * mesh.pp * mesh.tp + k * mesh.tp + t]]
+        crossing = collections.Counter(src // d for src, dst in pairs if src // d != dst // d)
+        sends.append((bool(crossing), max(crossing.values(), default=1)))
+    return sends
+
+
+def _send_times(costs: MeshCosts, mesh: MeshShape, b: int) -> list[float]:
+    """Seconds of each stage's send to the next at microbatch ``b``: the whole boundary from every tp rank
+    (the runtime's ``PipelineStage`` sends each tp rank's full copy to its peer), the crossing sends that
+    leave one node together sharing its link."""
+    units = costs.units[mesh.tp]
+    boundary = units[0].boundary_bytes(b) if units else 0.0
+    return [p2p_time_s(boundary * sharing, costs.hardware, spans_nodes=spans)
+            for spans, sharing in _stage_sends(mesh, costs.hardware)]
+
+
+_OBJECT_BYTES = 256.0  # a pickled list of output shapes, as broadcast_object_list / all_gather_object send it
+
+
+def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
+    """Seconds the mesh runtime takes to give every rank the whole batch's output after its replica's last
+    stage has it (``runtime/mesh.py``): with ``pp > 1`` the last stage broadcasts the leaves' shapes (an object:
+    its size, then its bytes) and each leaf of its ``rows`` rows over the pipeline's group; with ``dp > 1``
+    the replicas exchange the shapes (an object, all-gathered) and all-gather each leaf, every replica's
+    slice of ``rows`` rows (gloo: a ring). Groups spanning nodes pay the inter-node link, shared by the
+    spanning groups with a member on one node."""
+    hardware, leaves = costs.hardware, costs.output_leaves
+    if costs.generation_step:  # the last stage broadcasts each row's token; replicas gather once, at the end
+        if mesh.pp == 1:
+            return 0.0
+        spans, _ = _link_use(_mesh_groups(mesh, "pp"), hardware)
+        return link_collective_time_s("broadcast", 8.0 * rows, mesh.pp, hardware.link(spans_nodes=spans),
+                                      algorithm="tree")
+    if not leaves:
+        return 0.0
+    per_leaf = costs.output_bytes(rows) / leaves
+    seconds = 0.0
+    if mesh.pp > 1:
+        spans, sharing = _link_use(_mesh_groups(mesh, "pp"), hardware)
+        link = hardware.link(spans_nodes=spans)
+        seconds += 2 * link_collective_time_s("broadcast", _OBJECT_BYTES, mesh.pp, link, algorithm="tree")
+        seconds += leaves * link_collective_time_s("broadcast", per_leaf * sharing, mesh.pp, link, algorithm="tree")
+    if mesh.dp > 1:
+        spans, sharing = _link_use(_mesh_groups(mesh, "dp"), hardware)
+        link = hardware.link(spans_nodes=spans)
+        seconds += 2 * link_collective_time_s("all_gather", _OBJECT_BYTES * mesh.dp, mesh.dp, link)
+        seconds += leaves * link_collective_time_s("all_gather", per_leaf * mesh.dp * sharing, mesh.dp, link)
+    return seconds
+
+
+def _busy_ranks(mesh: MeshShape, hardware: Hardware, stages: range) -> int:
+    """The most ranks of one machine (``Hardware.machine_ranks``) computing while ``stages`` of every replica run."""
+    per_machine = hardware.machine_ranks()
+    busy = collections.Counter((dp * mesh.pp * mesh.tp + k * mesh.tp + t) // per_machine
+                               for dp in range(mesh.dp) for k in stages for t in range(mesh.tp))
+    return max(busy.values())
+
+
+def replica_time_s(compute_s: list[float], other_s: list[float], mesh: MeshShape, microbatches: int,
+                   hardware: Hardware) -> float:
+    """One replica's pipeline time for ``microbatches``: stage ``k`` takes ``compute_s[k]`` (at the rates of
+    every rank busy) times the machine's :meth:`~autotp.cost_model.hardware.Hardware.busy_scale` for the ranks
+    busy beside it, plus ``other_s[k]`` (collectives, sends). The first microbatch passes every stage while
+    only the stages it has filled compute, then ``m - 1`` more leave at the pace of the slowest stage with
+    ``min(m, pp)`` stages busy: ``sum_k s_k(filling) + (m - 1) * max_k s_k(full)``, which is
+    :func:`~autotp.cost_model.pipeline_time_s` where the profile measured no busy scale."""
+    pp, m = mesh.pp, microbatches
+    width = min(m, pp)
+
+    def stage_s(k: int, stages: range) -> float:
+        return compute_s[k] * hardware.busy_scale(_busy_ranks(mesh, hardware, stages)) + other_s[k]
+
+    filling = sum(stage_s(k, range(max(0, k - m + 1), k + 1)) for k in range(pp))
+    if m == 1:
+        return filling
+    full = max(stage_s(k, range(start, start + width)) for k in range(pp)
+               for start in [min(max(0, k - width + 1), pp - width)])
+    return filling + (m - 1) * full
+
+
 def _evaluate(costs: MeshCosts, mesh: MeshShape, microbatches: int, microbatch_size: int) -> _Evaluation | str:
     hardware = costs.hardware
     units = costs.units[mesh.tp]
     unit_s, pre_s, post_s = costs.times(mesh.tp, microbatch_size)
+    unit_comm, pre_comm, post_comm = costs.comm_times(mesh.tp, microbatch_size)
     unit_memory = np.array([u.parameter_bytes for u in units], dtype=float)
     unit_activation = np.array([u.activation_bytes(microbatch_size) for u in units])
-    spans = _stage_boundaries_span(mesh, hardware)
-    boundary = units[0].boundary_bytes(microbatch_size) if units else 0.0
-    # each tp rank sends 1/tp of the activations crossing the cut and the next stage all-gathers
-    # them over its fast links (Megatron's scatter/gather, Narayanan et al. SC 2021, section 4.1)
-    send_s = [p2p_time_s(boundary / mesh.tp, hardware, spans_nodes=span) for span in spans]
+    send_s = _send_times(costs, mesh, microbatch_size)
     capacity = hardware.memory_gib * _GIB
     pre, post = costs.pre[mesh.tp], costs.post[mesh.tp]
     found = best_cuts(unit_s, unit_memory, unit_activation, send_s, capacity, pre_s, post_s,
@@ -548,23 +689,32 @@ def _evaluate(costs: MeshCosts, mesh: MeshShape, microbatches: int, microbatch_s
     if found is None:
         return _no_fit(costs, mesh, microbatch_size, capacity)
     cuts, _ = found
-    stage_s, stage_memory = [], []
+    stage_s, stage_memory, stage_compute, stage_other = [], [], [], []
     for k in range(mesh.pp):
         first, stop = cuts[k], cuts[k + 1]
-        seconds = float(unit_s[first:stop].sum()) + (send_s[k] if k < mesh.pp - 1 else 0.0)
+        send = send_s[k] if k < mesh.pp - 1 else 0.0
+        seconds = float(unit_s[first:stop].sum()) + send
+        comm = float(unit_comm[first:stop].sum())
         memory = float(unit_memory[first:stop].sum() + 2 * unit_activation[first:stop].max())
         if k == 0:
             seconds += pre_s
+            comm += pre_comm
             memory += pre.parameter_bytes + 2 * pre.activation_bytes(microbatch_size)
         if k == mesh.pp - 1:
             seconds += post_s
+            comm += post_comm
             memory += post.parameter_bytes + 2 * post.activation_bytes(microbatch_size)
         stage_s.append(seconds)
         stage_memory.append(memory)
+        stage_compute.append(seconds - comm - send)
+        stage_other.append(comm + send)
     collectives = (sum(u.comm_s(microbatch_size) for u in units) + pre.comm_s(microbatch_size)
                    + post.comm_s(microbatch_size))
+    output = _output_s(costs, mesh, microbatches * microbatch_size)
+    pipeline = replica_time_s(stage_compute, stage_other, mesh, microbatches, hardware)
     return _Evaluation(mesh, microbatches, microbatch_size, cuts, tuple(stage_s), tuple(stage_memory),
-                       pipeline_time_s(stage_s, microbatches), collectives, sum(send_s))
+                       pipeline + output, collectives, sum(send_s), output,
+                       pipeline - pipeline_time_s(stage_s, microbatches))
 
 
 def _no_fit(costs: MeshCosts, mesh: MeshShape, b: int, capacity: float) -> str:
@@ -678,15 +828,17 @@ def search_mesh(costs: MeshCosts, world_size: int, *, objective: str = "latency"
 
 
 def _parts(evaluation: _Evaluation) -> dict[str, float]:
-    """The replica's pipeline time split by kind: ``m / pp`` of one microbatch's compute, collectives
-    and sends through all stages (the work of one device, were the stages equal), and the rest:
-    pipeline bubble and stage imbalance. With ``m = 1`` and ``pp = 1``, exactly the latency's terms."""
+    """The replica's time split by kind: ``m / pp`` of one microbatch's compute, collectives and sends
+    through all stages (the work of one device, were the stages equal; the compute at the busy ranks'
+    share of the cores), the output handed to every rank, and the rest: pipeline bubble and stage
+    imbalance. With ``m = 1`` and ``pp = 1``, exactly the latency's terms."""
     m, pp = evaluation.microbatches, evaluation.mesh.pp
     through = sum(evaluation.stage_s)
     compute = through - evaluation.collectives_s - evaluation.sends_s
     share = m / pp if m > 1 else 1.0  # one microbatch: every stage's time is on the request's path
-    parts = {"compute": share * compute, "tensor-parallel collectives": share * evaluation.collectives_s,
-             "stage sends": share * evaluation.sends_s}
+    parts = {"compute": max(0.0, share * compute + evaluation.busy_s),  # at the busy ranks' share of the cores
+             "tensor-parallel collectives": share * evaluation.collectives_s,
+             "stage sends": share * evaluation.sends_s, "output to every rank": evaluation.output_s}
     parts["pipeline bubble and imbalance"] = max(0.0, evaluation.time_s - sum(parts.values()))
     return parts
 

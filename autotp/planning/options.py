@@ -6,14 +6,16 @@ solver's time limit, strictness about ops without a sharding rule, user constrai
 optional filter on the strategy graph (the Megatron reference plan pins GEMM weights with one).
 Every entry point (``autotp.plan``, ``autotp.compile``, the ``torch.compile`` backend,
 ``autotp.from_pretrained``, ``autotp plan``) builds the one it plans with through
-:func:`plan_options`, from a user's ``options=PlanOptions(...)`` and its few top-level keywords, so a
-bad value or a bad combination fails before any tracing, with what to pass.
+:func:`plan_options`, from a user's ``options=PlanOptions(...)`` alone (the keywords some entry points once took
+for these fields still work for one release, with a DeprecationWarning: :func:`moved_to_options`), so a bad
+value or a bad combination fails before any tracing, with what to pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from autotp.planning.constraints import Constraints
 
 __all__ = ["ACTIVATION_CHECKPOINTING", "DEFAULT_HARDWARE", "PlanOptions", "check_activation_checkpointing",
-           "check_world_size", "options_taking", "plan_options",
+           "check_world_size", "moved_to_options", "options_taking", "plan_options",
            "search_options"]
 
 DEFAULT_HARDWARE = "h100-sxm"
@@ -176,54 +178,59 @@ _DEFAULTS = PlanOptions()
 
 
 def plan_options(options: PlanOptions | None = None, *, world_size: int | None = None,
-                 max_cache_len: int | None = None, mesh: bool = False, **given: Any) -> PlanOptions:
-    """The options an entry point plans with: ``options`` (default ``PlanOptions()``) with the entry point's
-    top-level keywords ``given`` (``hardware=``, ``memory_budget=``, ``training=``...) and ``world_size``.
+                 max_cache_len: int | None = None, mesh: bool = False) -> PlanOptions:
+    """The options an entry point plans with: ``options`` (default ``PlanOptions()``) with ``world_size`` set.
 
-    A keyword left at its default keeps ``options``' value; one set both ways to different values is a
-    ValueError, as are combinations the entry point cannot run: ``dropout="split"`` without ``training``,
-    ``max_cache_len`` (generation) with
-    ``training`` or ``outputs="local"``, and ``mesh`` (a DeviceMesh run) with ``outputs="local"``."""
+    A ValueError for the combinations the entry point cannot run: ``dropout="split"`` without ``training``,
+    ``max_cache_len`` (generation) with ``training`` or ``outputs="local"``, and ``mesh`` (a DeviceMesh run)
+    with ``outputs="local"`` or ``dynamic_shapes``."""
     if options is None:
         options = _DEFAULTS
     elif not isinstance(options, PlanOptions):
         raise TypeError(f"options= takes an autotp.PlanOptions, got {type(options).__name__}; e.g. "
                         "options=autotp.PlanOptions(strict=True)")
-    changes: dict[str, Any] = {}
-    for name, value in given.items():
-        default = getattr(_DEFAULTS, name)
-        if value is default or _same(name, value, default):
-            continue
-        current = getattr(options, name)
-        if not _same(name, current, default) and not _same(name, current, value):
-            shown = current.name if isinstance(current, Hardware) else current
-            raise ValueError(f"{name} is given twice: {name}={value!r} and options=PlanOptions({name}={shown!r}); "
-                             "give it once")
-        changes[name] = value
     if world_size is not None:
-        changes["world_size"] = check_world_size(world_size)
-    merged = dataclasses.replace(options, **changes) if changes else options
-    if merged.dropout != "replicated" and not merged.training:
+        options = dataclasses.replace(options, world_size=check_world_size(world_size))
+    if options.dropout != "replicated" and not options.training:
         raise ValueError("dropout='split' needs training=True: a model compiled for inference runs without dropout")
-    if max_cache_len is not None and merged.training:
+    if max_cache_len is not None and options.training:
         raise ValueError("training=True and max_cache_len= do not go together: the KV cache is for generation; "
                          "compile once with training=True to train and once with max_cache_len= to generate")
-    if mesh and merged.dynamic_shapes is not None:
+    if mesh and options.dynamic_shapes is not None:
         raise ValueError("dynamic_shapes= is not taken over a mesh: each stage is traced with the mesh's own "
                          "shapes (dynamic= still applies without pp); leave it out")
-    if merged.outputs != "replicated" and (mesh or max_cache_len is not None):
+    if options.outputs != "replicated" and (mesh or max_cache_len is not None):
         raise ValueError("outputs='local' with a mesh or max_cache_len= is not supported: those return whole "
                          "outputs (generate() returns token ids); leave outputs= out")
-    return merged
+    return options
 
 
-def _same(name: str, left: object, right: object) -> bool:
-    """Whether two values of option ``name`` mean the same (a hardware name and its resolved profile do)."""
-    if name == "hardware":
-        return get_hardware(left) == get_hardware(right)  # type: ignore[arg-type]
-    if name == "memory_budget":
-        return _check_memory_budget(left) == _check_memory_budget(right)
-    return bool(left == right)
+def moved_to_options(caller: str, options: PlanOptions | None, moved: dict[str, Any], *,
+                     taken: tuple[str, ...]) -> PlanOptions | None:
+    """``options`` with the :class:`PlanOptions` fields that ``caller`` once took as its own keywords (``moved``,
+    each one of ``taken``), and a :class:`DeprecationWarning` that says what to write instead.
+
+    These spellings keep working for one release. A keyword ``caller`` never took is a TypeError, as Python's
+    own; one that ``options`` sets too is a ValueError (give it once)."""
+    unknown = sorted(set(moved) - set(taken))
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    if not moved:
+        return options
+    spelled = ", ".join(f"{name}={_shown(value)}" for name, value in moved.items())
+    warnings.warn(f"{caller}(..., {spelled}) is deprecated: pass options=autotp.PlanOptions({spelled})",
+                  DeprecationWarning, stacklevel=3)
+    base = _DEFAULTS if options is None else plan_options(options)
+    twice = [name for name in moved if getattr(base, name) != getattr(_DEFAULTS, name)]
+    if twice:
+        raise ValueError(f"{', '.join(twice)} given both as {caller}(..., {twice[0]}=) and in options=; give it once, "
+                         f"in options=autotp.PlanOptions({twice[0]}=...)")
+    return dataclasses.replace(base, **moved)
+
+
+def _shown(value: object) -> str:
+    """``value`` as it would be written in a call (a hardware profile by its name)."""
+    return repr(value.name) if isinstance(value, Hardware) else repr(value)
 
 
 def search_options(options: PlanOptions | None) -> PlanOptions:
@@ -239,7 +246,7 @@ def options_taking(options: PlanOptions | None, taken: tuple[str, ...], *, calle
     options = plan_options(options)
     ignored = [field.name for field in dataclasses.fields(PlanOptions)
                if field.name not in (*taken, "world_size")
-               and not _same(field.name, getattr(options, field.name), getattr(_DEFAULTS, field.name))]
+               and getattr(options, field.name) != getattr(_DEFAULTS, field.name)]
     if ignored:
         raise ValueError(f"{caller} takes {', '.join(f'{name}=' for name in taken)} from its options only, not "
                          f"{', '.join(f'{name}=' for name in ignored)}; {instead}")

@@ -196,7 +196,8 @@ def _blame_constraints(error: PlanError, options: PlanOptions, budget: float | N
     return PlanError(
         f"your constraints keep weights whole on every rank ({which}), and then {said} cannot hold the "
         f"parameters: with these constraints a rank needs at least {floor} bytes ({floor / 2**20:.2f} MiB). "
-        f"Pass memory_budget=None (no limit) or memory_budget>={floor}, or drop the Replicate() constraint."
+        f"Pass options=autotp.PlanOptions(memory_budget=None) (no limit) or memory_budget>={floor} there, or drop "
+        "the Replicate() constraint."
     )
 
 

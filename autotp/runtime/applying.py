@@ -1,7 +1,7 @@
 """Applying a plan on one rank: plan or check, then the rank-local graph and this rank's shards.
 
 The stages below the front doors (:mod:`autotp.api`), shared by the tensor-parallel compile
-(:mod:`autotp.runtime.compiling`), generation (:mod:`autotp.runtime.generation`) and the mesh runtime::
+(:mod:`autotp.driver`), generation (:mod:`autotp.runtime.generation`) and the mesh runtime::
 
     plan_or_check     CapturedGraph (+ a given Plan) -> Plan (planned on the first rank, or checked)
     rank_local_graph  Plan -> this rank's GraphModule (local shapes, functional collectives)
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotp.base.strategy import Strategy
 from autotp.capture import CapturedGraph
 from autotp.passes.rewrite import generate_code, rewrite_for_rank
 from autotp.passes.state import update_state_in_place
@@ -28,7 +29,7 @@ from autotp.runtime.group import PlannedAhead, plan_on_first_rank
 from autotp.runtime.hosts import Host
 from autotp.runtime.inference_collectives import inference_all_reduces
 from autotp.runtime.loading import agree_on_success, read_local_values
-from autotp.runtime.shards import parameter_layout, shard_tensor
+from autotp.runtime.shards import ShardCache, parameter_layout, shard_tensor
 from autotp.runtime.watched_collectives import watched_collectives
 
 __all__ = ["apply_plan", "plan_or_check", "rank_local_graph"]
@@ -51,7 +52,8 @@ def plan_or_check(captured: CapturedGraph, plan: Plan | None, options: PlanOptio
 def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int, host: Host,
                files: Any = None, model: torch.nn.Module | None = None, device: torch.device | None = None,
                timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
-               created: frozenset[str] = frozenset(),
+               created: frozenset[str] = frozenset(), decisions: dict[str, Strategy] | None = None,
+               weights: dict[str, torch.Tensor] | None = None, shards: ShardCache | None = None,
                ) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor], dict]:
     """This rank's graph (state updates in place), its local parameter shards, buffers and cache blocks,
     and the parameter layout (global offsets of every rank's block, for ``save``).
@@ -60,11 +62,15 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
     ``timeout_s`` (``created``: the state buffers made zero there, not read: a KV cache); otherwise they are
     sliced from the captured model's weights. ``training``: the graph differentiates correctly (see
     :func:`autotp.passes.rewrite.rewrite_for_rank`). ``host``: where this rank runs (which ranks of ``group``
-    may share memory: :mod:`autotp.runtime.hosts`)."""
+    may share memory: :mod:`autotp.runtime.hosts`).
+
+    The ``torch.compile`` backend applies a plan made for another lowering of the same ops: ``decisions`` are
+    the plan's strategies by this graph's node names, ``weights`` the full parameters by input slot name (Dynamo
+    passes them as arguments), and ``shards`` keeps each split once across its graphs."""
     local_gm, parts = rank_local_graph(captured, plan, group=group, rank=rank, host=host, timeout_s=timeout_s,
-                                       training=training)
+                                       training=training, decisions=decisions)
     if files is None:
-        local_values = _local_values(captured, plan, parts, rank)
+        local_values = _local_values(captured, plan, parts, rank, weights or {}, shards)
     else:
         local_values = agree_on_success(group, lambda: read_local_values(captured, plan, parts, rank, files, model,
                                                                           device, created), timeout_s=timeout_s)
@@ -73,10 +79,12 @@ def apply_plan(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup 
 
 def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.ProcessGroup | None, rank: int, host: Host,
                      timeout_s: float = DEFAULT_AGREEMENT_TIMEOUT_S, training: bool = False,
-                     ) -> tuple[torch.fx.GraphModule, Partitions]:
+                     decisions: dict[str, Strategy] | None = None) -> tuple[torch.fx.GraphModule, Partitions]:
     """This rank's graph of :func:`apply_plan` (state updates in place) and the partitions its shards follow,
-    without the shards: for a graph that takes another graph's tensors (generation's prefill graphs)."""
-    decisions = plan.decisions()
+    without the shards: for a graph that takes another graph's tensors (generation's prefill graphs).
+    ``decisions``: the plan's strategies by node name, where they are not ``plan.decisions()``."""
+    if decisions is None:
+        decisions = plan.decisions()
     parts = build_partitions(captured.graph_module, decisions, plan.world_size)
     group_name = (group or dist.group.WORLD).group_name
     local_gm = update_state_in_place(
@@ -90,18 +98,25 @@ def rank_local_graph(captured: CapturedGraph, plan: Plan, *, group: dist.Process
     return generate_code(local_gm), parts
 
 
-def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int) -> dict[str, torch.Tensor]:
-    """Slice every parameter to this rank's block; buffers and constants are taken whole."""
+def _local_values(captured: CapturedGraph, plan: Plan, parts: Any, rank: int, weights: dict[str, torch.Tensor],
+                  shards: ShardCache | None) -> dict[str, torch.Tensor]:
+    """Slice every parameter (from ``weights`` by slot name, else the captured program's) to this rank's block,
+    through ``shards`` when given; buffers and constants are taken whole."""
     exported = captured.exported
     state = exported.state_dict
     unread = {n.name for n in captured.graph_module.graph.nodes if n.op == "placeholder" and not n.users}
     values: dict[str, torch.Tensor] = {}
     for slot in captured.inputs:
-        if slot.kind == "parameter" and slot.name in unread:
-            # the graph never reads it (the second name of a tied weight): hold nothing
-            values[slot.name] = state[str(slot.target)].new_empty(0)
-        elif slot.kind == "parameter":
-            values[slot.name] = shard_tensor(state[str(slot.target)], plan.parameters[str(slot.target)], parts, slot.name, rank)
+        if slot.kind == "parameter":
+            full = weights[slot.name] if slot.name in weights else state[str(slot.target)]
+            if slot.name in unread:  # the graph never reads it (the second name of a tied weight): hold nothing
+                values[slot.name] = full.new_empty(0)
+                continue
+            placement = plan.parameters[str(slot.target)]
+            if shards is not None:
+                values[slot.name] = shards.get(full, placement, parts, slot.name, rank, str(slot.target))
+            else:
+                values[slot.name] = shard_tensor(full, placement, parts, slot.name, rank)
         elif slot.kind == "buffer" and slot.name in captured.state:
             # a KV cache: this rank's block, a copy of its own (the graph writes into it)
             full = state[str(slot.target)] if str(slot.target) in state else exported.constants[str(slot.target)]

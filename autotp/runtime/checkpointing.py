@@ -1,6 +1,6 @@
 """Activation checkpointing of blocks in a rank-local training graph (``activation_checkpointing="blocks"``).
 
-``autotp.compile(..., training=True)`` returns one FX graph per rank: the model's layer modules
+``autotp.compile(..., options=PlanOptions(training=True))`` returns one FX graph per rank: the model's layer modules
 are gone, so ``torch.utils.checkpoint`` could only wrap the whole call. :func:`checkpoint_blocks`
 cuts the rank-local graph back into its repeated blocks (the children of a numbered container,
 ``model.layers.3``: :func:`autotp.base.module_paths.block_name` of each node's module, from the

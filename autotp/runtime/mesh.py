@@ -59,7 +59,7 @@ import dataclasses
 import inspect
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -75,7 +75,7 @@ from autotp.planning.even_stages import SCHEDULES, even_parallel_plan
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions
 from autotp.runtime.agreement import options_record, plan_text, ranks_agree
-from autotp.runtime.compiling import compile_group
+from autotp.runtime.module import TensorParallelModule
 from autotp.runtime.options import RuntimeOptions
 
 __all__ = ["MeshParallelModule", "StageSplit", "average_gradients_over", "compile_on_mesh", "mesh_shape_of",
@@ -623,10 +623,10 @@ def default_microbatches(batch: int | None, shape: MeshShape) -> int:
 def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, ...],
                     example_kwargs: dict[str, Any] | None, plan: ParallelPlan | str | os.PathLike[str] | None,
                     checkpoint: str | os.PathLike[str] | None = None, options: PlanOptions,
-                    runtime: RuntimeOptions) -> MeshParallelModule:
+                    runtime: RuntimeOptions, compile_group: Callable[..., TensorParallelModule]) -> MeshParallelModule:
     """This rank's :class:`MeshParallelModule`: see :mod:`autotp.runtime.mesh` and :func:`autotp.compile_mesh`.
-    ``options`` and ``runtime`` go to :func:`~autotp.runtime.compiling.compile_group` for each stage's
-    tensor-parallel part.
+    ``options`` and ``runtime`` go to ``compile_group`` (the compile driver, :func:`autotp.driver.compile_group`,
+    handed down by ``autotp.compile_mesh``) for each stage's tensor-parallel part.
 
     ``checkpoint``: each rank reads its stage's tensor-parallel shards from it
     (:mod:`autotp.runtime.loading`), so ``model`` may be on the meta device (the stages are cut

@@ -74,7 +74,7 @@ class TensorParallelModule(torch.nn.Module):
         self.runtime_mode = runtime_mode
         self._progress = progress and rank == 0
         self._runners: dict[str, Callable[..., Any]] = {}  # phase -> its graph in runtime_mode, made on first use
-        self.trains = training  # built for training (autotp.compile(..., training=True)): see autotp.runtime.training
+        self.trains = training  # built for training (autotp.compile(..., options=PlanOptions(training=True))): see autotp.runtime.training
         self._group = group
         # a call that raises on this rank tells the others, whose collectives would wait for it (peer_failure.py)
         self._notes = failure_notes(group, timeout_s=guard.timeout_s if guard is not None else DEFAULT_AGREEMENT_TIMEOUT_S)
@@ -128,7 +128,7 @@ class TensorParallelModule(torch.nn.Module):
         self.state_dict_aliases = state_dict_aliases(original) if training and original is not None else None
         if training and original is not None:
             OriginalParameterCheck(self, original)
-        # inference: a scalar output (a loss) gets a backward that says to compile with training=True
+        # inference: a scalar output (a loss) gets a backward that says to compile with PlanOptions(training=True)
         self._refuse_anchor = torch.zeros((), requires_grad=True)
 
     def named_parameters(self, prefix: str = "", recurse: bool = True,

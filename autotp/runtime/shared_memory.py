@@ -23,8 +23,8 @@ chunks, one call each.
 Ordering: the counter is stored after the slot's data, and a rank reads the slots only after it
 saw every counter at ``k``. On x86-64 (total store order) a store is seen by other cores after
 the stores before it, so no fence is needed; elsewhere the ranks keep gloo
-(:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`, the one condition the runtime
-and the cost model read).
+(the shared-memory row of :data:`autotp.cost_model.collective_forms.FORM_TABLE`, which the runtime and the
+cost model read).
 
 TSO does not order non-temporal stores; the copies into the slots use ordinary stores (torch's
 vectorised copy), or non-temporal ones that the copy routine fences itself (glibc's ``memcpy`` ends
@@ -74,7 +74,7 @@ import torch
 import torch.distributed as dist
 
 from autotp.base.errors import AutoTPError, RankTimeoutError
-from autotp.cost_model.collectives import uses_shared_memory_all_reduce
+from autotp.cost_model.collective_forms import FORM_TABLE, CollectiveForm
 from autotp.passes.small_collectives import StandInCollective
 from autotp.runtime.hosts import Host, one_host
 from autotp.runtime.peer_failure import GRACE_S, POLL_S, FailureNotes, failure_notes
@@ -253,7 +253,7 @@ def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, host: Host,
 
     Collective: every rank of ``group`` calls it at the same point, with ``host`` where it runs
     (:class:`~autotp.runtime.hosts.Host`: the launcher's node where it names one). None (on every rank alike)
-    when :func:`~autotp.cost_model.collectives.uses_shared_memory_all_reduce` says no (another backend,
+    when the shared-memory row of :data:`~autotp.cost_model.collective_forms.FORM_TABLE` says no (another backend,
     ranks on several hosts, not x86-64, or some rank's tensors not in host memory: ``device_type``, the
     device of the tensors this rank would sum), or when the segment cannot be made (a warning names why).
     """
@@ -270,8 +270,8 @@ def shared_memory_all_reduce_for(group: dist.ProcessGroup | None, *, host: Host,
                           what="the shared-memory all-reduce's host check")
     machine = identities[0][0].machine
     devices = {device for _, _, device in identities}
-    if not uses_shared_memory_all_reduce(backend=backend, one_host=one_host([h for h, _, _ in identities]),
-                                         machine=machine, device_type="cpu" if devices == {"cpu"} else "other"):
+    if not FORM_TABLE[CollectiveForm.SHARED_MEMORY].takes_group(
+            backend=backend, one_host=one_host([h for h, _, _ in identities]), machine=machine, device_types=devices):
         return None
     path = identities[0][1]  # rank 0's name
     nbytes = world_size * _LINE_BYTES + 2 * world_size * slot_bytes

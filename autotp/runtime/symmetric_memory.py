@@ -10,17 +10,17 @@ waits on signal pads until every peer has done the same, loads the ``p`` buffers
 no host synchronisation, so it can run inside a captured CUDA graph. vLLM's and SGLang's custom all-reduce take
 the same form for small messages inside a node.
 
-Where (:func:`autotp.cost_model.collectives.uses_symmetric_memory_all_reduce`): every rank of the group on one
+Where (the symmetric-memory row of :data:`autotp.cost_model.collective_forms.FORM_TABLE`): every rank of the group on one
 host with its tensors on a CUDA device, whatever the backend (NCCL; or gloo with CUDA tensors, which lets two
 ranks share one GPU, as the one-GPU check runs them), on a torch that has the kernel. Which all-reduces: those of at
 most 256 KiB of a dtype the kernel sums, float32 or bfloat16
-(:func:`autotp.cost_model.collectives.symmetric_memory_takes`, which the cost model reads too), and a multiple
+(the row's ``FormSpec.takes``, which the cost model reads too), and a multiple
 of 4 bytes (its alignment); the others take the backend's all-reduce. An all-reduce has the same size and dtype on every rank, so every rank takes the same
 path.
 
 :func:`symmetric_memory_all_reduce_for` sets up one :class:`SymmetricMemoryAllReduce` per graph and group (a
 buffer of 256 KiB); the graph calls it in place of each sum all-reduce and its wait
-(:func:`autotp.passes.small_collectives.sum_all_reduces_through`), and a compiled graph calls the custom op
+(:func:`autotp.passes.small_collectives.through_stand_ins`), and a compiled graph calls the custom op
 ``autotp::symmetric_memory_all_reduce`` instead (its
 :meth:`~autotp.passes.small_collectives.StandInCollective.compiler_form`), which takes the buffer as a tensor it
 mutates so a compiler keeps every call in order.
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autotp.cost_model.collectives import ONE_SHOT_MAX_BYTES, symmetric_memory_takes, uses_symmetric_memory_all_reduce
+from autotp.cost_model.collective_forms import FORM_TABLE, CollectiveForm
 from autotp.passes.small_collectives import StandInCollective
 from autotp.runtime.agreement import exchange, exchanges_with_others
 from autotp.runtime.hosts import Host, one_host
@@ -49,6 +49,10 @@ _ALIGNMENT_BYTES = 4
 """The kernel loads vectors of at least 4 bytes: a tensor whose size is not a multiple of 4 takes the backend."""
 
 c10d = torch.ops._c10d_functional
+
+_SYMMETRIC_MEMORY = FORM_TABLE[CollectiveForm.SYMMETRIC_MEMORY]
+_BUFFER_BYTES = int(_SYMMETRIC_MEMORY.max_bytes or 0)
+"""One buffer per graph and group holds the largest all-reduce the form takes."""
 
 
 def has_kernel() -> bool:
@@ -64,7 +68,7 @@ def sum_in_symmetric_memory(x: torch.Tensor, buffer: torch.Tensor, group_name: s
     symmetric-memory buffer, uint8) where it takes ``x`` (module docstring), else the backend's all-reduce."""
     nbytes = x.numel() * x.element_size()
     if (nbytes == 0 or nbytes % _ALIGNMENT_BYTES or nbytes > buffer.numel()
-            or not symmetric_memory_takes(world_size, nbytes, x.dtype)):
+            or not _SYMMETRIC_MEMORY.takes("all_reduce", world_size, nbytes, x.dtype)):
         return c10d.wait_tensor(c10d.all_reduce(x, "sum", group_name))
     x = x.contiguous()
     out = torch.empty_like(x)
@@ -107,16 +111,16 @@ def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, host: Ho
 
     Collective: every rank of ``group`` calls it at the same point, with ``host`` where it runs
     (:class:`~autotp.runtime.hosts.Host`) and ``device`` the device of the tensors it would sum. None (on every rank alike) when
-    :func:`~autotp.cost_model.collectives.uses_symmetric_memory_all_reduce` says no (ranks on several hosts,
+    the symmetric-memory row of :data:`~autotp.cost_model.collective_forms.FORM_TABLE` says no (ranks on several hosts,
     some rank's tensors not on CUDA, a torch without the kernel), or when the buffer cannot be made or mapped
     (a warning names why)."""
     if not exchanges_with_others(group):
         return None
     facts = exchange((host, device.type, has_kernel()), group=group, timeout_s=timeout_s,
                      what="the symmetric-memory all-reduce's host check")
-    if not uses_symmetric_memory_all_reduce(one_host=one_host([h for h, _, _ in facts]),
-                                            device_types={kind for _, kind, _ in facts},
-                                            has_kernel=all(kernel for _, _, kernel in facts)):
+    if not _SYMMETRIC_MEMORY.takes_group(one_host=one_host([h for h, _, _ in facts]),
+                                         device_types={kind for _, kind, _ in facts},
+                                         has_kernel=all(kernel for _, _, kernel in facts)):
         return None
     from autotp.adapters.torch_internals import symmetric_memory
 
@@ -126,7 +130,7 @@ def symmetric_memory_all_reduce_for(group: dist.ProcessGroup | None, *, host: Ho
     process_group = group if group is not None else dist.group.WORLD  # the group's name is the graph's
     buffer, failure = None, ""
     try:
-        buffer = symm_mem.empty(ONE_SHOT_MAX_BYTES, dtype=torch.uint8, device=device)
+        buffer = symm_mem.empty(_BUFFER_BYTES, dtype=torch.uint8, device=device)
     except (RuntimeError, ValueError) as exc:
         failure = f"rank {rank} could not allocate symmetric memory on {device}: {exc}"
     failures = exchange(failure, group=group, timeout_s=timeout_s, what="the symmetric-memory buffer's allocation")

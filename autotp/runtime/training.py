@@ -1,4 +1,4 @@
-"""Training with a :class:`~autotp.runtime.module.TensorParallelModule` (``autotp.compile(..., training=True)``).
+"""Training with a :class:`~autotp.runtime.module.TensorParallelModule` (``autotp.compile(..., options=PlanOptions(training=True))``).
 
 The graph itself is made differentiable by the rewrite (:mod:`autotp.passes.adjoints`); this module
 holds what the runtime adds around it:
@@ -79,7 +79,7 @@ class _RefusedBackward(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None]:  # type: ignore[override]
         raise RuntimeError(
             "backward() through a tensor-parallel model compiled for inference: its parameters do not require "
-            "grad and its collectives have no backward. Compile it with autotp.compile(..., training=True) "
+            "grad and its collectives have no backward. Compile it with autotp.compile(..., options=autotp.PlanOptions(training=True)) "
             "and build the optimizer over tp.parameters()."
         )
 
@@ -98,7 +98,7 @@ def refuse_backward(outputs: Iterable[Any], anchor: torch.Tensor) -> list[Any]:
 class OriginalParameterCheck:
     """Raises at ``optimizer.step()`` when the optimizer holds the original model's parameters.
 
-    After ``autotp.compile(model, ..., training=True)``, ``loss.backward()`` writes gradients into
+    After ``autotp.compile(model, ..., options=PlanOptions(training=True))``, ``loss.backward()`` writes gradients into
     ``tp.parameters()``; an optimizer over ``model.parameters()`` would find no gradients there and
     silently do nothing. An optimizer step pre-hook (registered for ``tp``'s lifetime, removed when
     ``tp`` is garbage collected) sees every optimizer's parameters: when it holds some of ``model``'s,
