@@ -42,6 +42,7 @@ from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.decisions import CollectiveDecision, NodeDecision
+from autotp.planning.experts import narrow_expert_forms
 from autotp.planning.kv_heads import kv_projection_parameters
 from autotp.planning.options import PlanOptions
 from autotp.planning.outputs import free_outputs, with_local_outputs
@@ -214,9 +215,10 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     hw = options.hardware_profile
     graph = build_strategy_graph(captured.graph_module, options.world_size,
                                  {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state),
-                                 split_random=options.dropout == "split")
+                                 split_random=options.dropout == "split", place_experts=not options.training)
     if options.strategy_filter is not None:
         graph = _narrowed(graph, options.strategy_filter(graph))
+    graph = narrow_expert_forms(graph, options.experts)
     graph = apply_constraints(graph, options.constraints)
     if options.outputs == "local":
         graph = free_outputs(graph)

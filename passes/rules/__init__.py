@@ -23,7 +23,7 @@ Layout (one module per op family; each registers into the one table when importe
 - families: :mod:`.elementwise` (and factories), :mod:`.views`, :mod:`.reductions`,
   :mod:`.norms`, :mod:`.matmul` (einsum-described GEMMs), :mod:`.attention`,
   :mod:`.embedding`, :mod:`.conv` (convolution, batch/group norm, pooling),
-  :mod:`.grouped_mm` (mixture-of-experts GEMMs), :mod:`.indexing` (gather/scatter/top-k/sort),
+  :mod:`.grouped_mm` (mixture-of-experts GEMMs), :mod:`.experts` (experts placed whole on ranks), :mod:`.indexing` (gather/scatter/top-k/sort),
   :mod:`.symbolic` (size arithmetic of dynamic batch/sequence dims), :mod:`.losses`
   (vocabulary-parallel cross-entropy), :mod:`.quantized` (torchao's dequantization).
 
@@ -39,6 +39,7 @@ from autotp.passes.rules import (  # noqa: F401 - imported to register their rul
     conv,
     elementwise,
     embedding,
+    experts,
     grouped_mm,
     indexing,
     losses,

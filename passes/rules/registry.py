@@ -10,6 +10,10 @@ call differs from the global one under some strategy (a vocabulary-split embeddi
 only its own rows; a grouped convolution runs its own groups). It sits in the same family
 module as the op's rule, so the knowledge of one op lives in one place.
 
+A *rule extension* (:func:`register_rule_extension`) adds strategies to an op's own rule from another
+module: the strategies of one placement that several op families pass through (experts placed whole,
+:mod:`.experts`), kept beside the op that makes that placement.
+
 Keys are op overloads (``aten.mm.default``) or, for ops of libraries that may not be imported
 (custom ops such as ``transformers::grouped_mm_fallback``), the overload's qualified name.
 """
@@ -32,9 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalFormKernels", "LocalGraph",
-    "OpCollectives", "Rule", "RuleContext", "has_rule", "local_form_for", "local_form_kernels_for",
+    "OpCollectives", "RULE_EXTENSIONS", "Rule", "RuleContext", "has_rule", "local_form_for", "local_form_kernels_for",
     "op_collectives_for", "register_local_form", "register_local_form_kernels", "register_op_collectives",
-    "register_rule", "replicated", "rule_for", "strategies_for",
+    "register_rule", "register_rule_extension", "replicated", "rule_for", "strategies_for",
 ]
 
 
@@ -52,6 +56,9 @@ class RuleContext:
     world_size: int
     block_counts: frozenset[int] = frozenset()
     split_random: bool = False
+    place_experts: bool = True
+    """Grouped GEMMs over 3-D expert weights may place whole experts on ranks (:mod:`.experts`); off in
+    training plans, whose backward the expert-placed op does not have."""
 
 
 class LocalGraph(Protocol):
@@ -85,6 +92,7 @@ hold), in the order it emits them; a view moves 0 bytes. The cost pass prices ea
 (a view as a view)."""
 
 RULES: dict[object, Rule] = {}
+RULE_EXTENSIONS: dict[object, list[Rule]] = {}
 LOCAL_FORMS: dict[object, LocalForm] = {}
 OP_COLLECTIVES: dict[object, OpCollectives] = {}
 LOCAL_FORM_KERNELS: dict[object, LocalFormKernels] = {}
@@ -105,6 +113,17 @@ def _registering(table: dict[object, Callable], ops: tuple[object, ...]) -> Call
 def register_rule(*ops: object) -> Callable[[Rule], Rule]:
     """Decorator: register ``rule`` for each op overload (or qualified op name, ``"ns::op"``) in ``ops``."""
     return _registering(RULES, ops)
+
+
+def register_rule_extension(*ops: object) -> Callable[[Rule], Rule]:
+    """Decorator: add ``rule``'s strategies to those of each op in ``ops`` (see module docstring)."""
+
+    def wrap(rule: Rule) -> Rule:
+        for op in ops:
+            RULE_EXTENSIONS.setdefault(op, []).append(rule)
+        return rule
+
+    return wrap
 
 
 def register_local_form(*ops: object) -> Callable[[LocalForm], LocalForm]:
@@ -165,6 +184,12 @@ def strategies_for(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     base = replicated(node)
     rule = rule_for(node.target) if node.op == "call_function" else None
     found = rule(node, ctx) if rule is not None else []
+    if node.op == "call_function":
+        extensions = RULE_EXTENSIONS.get(node.target, [])
+        if not extensions and isinstance(node.target, torch._ops.OpOverload):
+            extensions = RULE_EXTENSIONS.get(node.target.name(), [])
+        for extension in extensions:
+            found = [*found, *extension(node, ctx)]
     unique = [base]
     for strategy in found:
         if len(strategy.inputs) != len(base.inputs):
