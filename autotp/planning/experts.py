@@ -25,7 +25,7 @@ with ``training=True`` is refused.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.fx as fx
@@ -33,14 +33,15 @@ import torch.fx as fx
 from autotp.base.errors import PlanError
 from autotp.base.placements import Shard, placement_from_str
 from autotp.base.strategy import Strategy
+from autotp.base.units import format_seconds
 from autotp.passes.rules.args import tensor_inputs
-from autotp.passes.rules.experts import expert_weight_input
+from autotp.passes.rules.experts import expert_weight_input, router_of
 from autotp.passes.rules.registry import rule_for
 from autotp.passes.strategies import StrategyGraph
 from autotp.planning.decisions import NodeDecision
 
-__all__ = ["EXPERT_FORMS", "ExpertBlock", "PlannedExperts", "check_experts_option", "find_expert_blocks",
-           "narrow_expert_forms", "planned_experts"]
+__all__ = ["EXPERT_FORMS", "ExpertBlock", "PlannedExperts", "check_experts_option", "expert_lines", "explain_experts",
+           "find_expert_blocks", "narrow_expert_forms", "planned_experts"]
 
 EXPERT_FORMS = ("auto", "placed", "split")
 
@@ -79,21 +80,6 @@ def _weight_parameter(node: fx.Node, parameters: Iterable[str]) -> fx.Node | Non
     return node if node.op == "placeholder" and node.name in names else None
 
 
-def _router_of(node: fx.Node) -> fx.Node | None:
-    """The ``topk`` the offsets (third input) of grouped GEMM ``node`` descend from, searched backwards."""
-    offsets = tensor_inputs(node)[2]
-    seen, stack = set(), [offsets]
-    while stack:
-        current = stack.pop()
-        if current.name in seen:
-            continue
-        seen.add(current.name)
-        if current.op == "call_function" and current.target is torch.ops.aten.topk.default:
-            return current
-        stack.extend(tensor_inputs(current) if current.op == "call_function" else ())
-    return None
-
-
 def _module_path(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     return list(stack.values())[-1][0] if stack else ""
@@ -108,7 +94,7 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
             continue
         weight = expert_weight_input(node) if _is_grouped_mm(node) else None
         param = _weight_parameter(weight, graph.parameters) if weight is not None else None
-        router = _router_of(node) if param is not None else None
+        router = router_of(node) if param is not None else None
         if router is not None and param is not None:
             found.setdefault(router.name, []).append((node, param))
     blocks = []
@@ -183,9 +169,9 @@ def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[Plan
     by_name = {node.name: node for node in nodes}
     blocks: dict[str, list[NodeDecision]] = {}
     for node in by_name.values():
-        if node.op.endswith("grouped_mm.default") or node.op.endswith("grouped_mm_fallback.default"):
-            if len(node.inputs) == 3 and len(node.shape) == 2:
-                blocks.setdefault(node.module, []).append(node)
+        grouped = node.op.endswith(("grouped_mm.default", "grouped_mm_fallback.default"))
+        if grouped and len(node.inputs) == 3 and len(node.shape) == 2:
+            blocks.setdefault(node.module, []).append(node)
     found = []
     for module, gemms in blocks.items():
         forms = {_form_of(g) for g in gemms}
@@ -208,3 +194,54 @@ def _even_counts(size: int, world_size: int) -> list[int]:
     """Experts per rank of ``size`` experts over ``world_size`` ranks, the larger parts first."""
     base, extra = divmod(size, world_size)
     return [base + (1 if rank < extra else 0) for rank in range(world_size)]
+
+
+def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
+    """Why a block took ``form``: the predicted plan time with every block in each form (``Plan.expert_form_times``)."""
+    times = dict(form_times)
+    if form not in times or len(times) < 2:
+        return "forced (PlanOptions(experts=...)) or the only form possible" if form != "replicated" else ""
+    other = "split" if form == "placed" else "placed"
+    if other not in times:
+        return ""
+    return (f"the plan with experts {form} is predicted {format_seconds(times[form])} per forward, with experts "
+            f"{other} {format_seconds(times[other])}")
+
+
+def expert_lines(nodes: Iterable[NodeDecision], world_size: int, form_times: Sequence[tuple[str, float]] = (),
+                 max_rows: int = 40) -> list[str]:
+    """The plan text's lines on its MoE blocks (none when it has none): each block's form, and why."""
+    blocks = planned_experts(nodes, world_size)
+    if not blocks:
+        return []
+    lines = ["", "mixture-of-experts blocks:"]
+    for block in blocks[:max_rows]:
+        why = _why(block.form, form_times)
+        lines.append(f"  {block}" + (f" ({why})" if why else ""))
+    if len(blocks) > max_rows:
+        lines.append(f"  ... {len(blocks) - max_rows} more blocks")
+    return lines
+
+
+def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
+                    form_times: Sequence[tuple[str, float]] = ()) -> list[str] | None:
+    """``autotp.explain``'s account of the MoE block of ``module`` (its form, its experts per rank, the
+    placements of its grouped GEMMs and weights, why); None when ``module`` names no MoE block."""
+    found = [b for b in planned_experts(nodes, world_size) if b.module == module or b.module.startswith(module + ".")]
+    if not found:
+        return None
+    by_name = {node.name: node for node in nodes}
+    lines = []
+    for block in found:
+        lines.append(str(block))
+        why = _why(block.form, form_times)
+        if why:
+            lines.append(f"  why: {why}")
+        if block.form == "placed":
+            lines.append("  each rank computes the tokens routed to its own experts (the activations are whole on "
+                         "every rank); one all-reduce after the block combines them, weighted by the router")
+        for name in block.gemms:
+            gemm = by_name[name]
+            lines.append(f"  {name}: ({', '.join(gemm.inputs)}) -> {gemm.output}")
+        lines.append(f"  expert weights: {', '.join(block.weights)}")
+    return lines

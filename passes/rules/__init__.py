@@ -58,10 +58,12 @@ from autotp.passes.rules.registry import (
     RULES,
     LocalForm,
     LocalGraph,
+    LocalWork,
     RuleContext,
     has_rule,
     local_form_for,
     local_form_kernels_for,
+    local_work_for,
     op_collectives_for,
     register_local_form,
     register_local_form_kernels,
@@ -73,8 +75,9 @@ from autotp.passes.rules.registry import (
 from autotp.passes.rules.views import block_counts, view_groups
 
 __all__ = [
-    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "RuleContext",
-    "Strategy", "arg", "block_counts", "has_rule", "local_form_for", "local_form_kernels_for", "op_collectives_for",
+    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "LocalWork", "RuleContext",
+    "Strategy", "arg", "block_counts", "has_rule", "local_form_for", "local_form_kernels_for", "local_work_for",
+    "op_collectives_for",
     "register_local_form", "register_local_form_kernels", "register_op_collectives", "register_rule", "rule_for",
     "strategies_for", "tensor_inputs", "view_groups",
 ]

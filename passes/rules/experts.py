@@ -31,21 +31,25 @@ import operator
 import torch
 import torch.fx as fx
 
-from autotp.base.placements import ExpertPartial, Shard
+from autotp.base.placements import ExpertPartial, Shard, split_of
+from autotp.base.shapes import concrete_size
 from autotp.base.strategy import Strategy
+from autotp.cost_model.routing import busiest_rank_rows, expected_experts_hit
 from autotp.passes.rules.args import arg, shape, tensor_inputs
 from autotp.passes.rules.builders import R
 from autotp.passes.rules.registry import (
     LocalGraph,
+    LocalWork,
     RuleContext,
     register_local_form,
     register_local_form_kernels,
+    register_local_work,
     register_rule_extension,
 )
 
 aten = torch.ops.aten
 
-__all__ = ["EP", "GROUPED_MM_OPS", "expert_weight_input", "placed_grouped_mm"]
+__all__ = ["EP", "GROUPED_MM_OPS", "expert_weight_input", "placed_grouped_mm", "router_of"]
 
 EP = ExpertPartial()
 
@@ -153,3 +157,62 @@ def _placed_zero_fill(node: fx.Node, strategy: Strategy, world_size: int) -> tup
     if len(strategy.inputs) != 3 or strategy.inputs[1] != Shard(0):
         return ()
     return ((aten.zeros.default, math.prod(shape(node)) * node.meta["val"].element_size()),)
+
+
+def router_of(node: fx.Node) -> fx.Node | None:
+    """The ``topk`` whose indices route the rows of grouped GEMM ``node``: searched back from its offsets."""
+    inputs = tensor_inputs(node)
+    if len(inputs) != 3:
+        return None
+    seen: set[str] = set()
+    stack = [inputs[2]]
+    while stack:
+        current = stack.pop()
+        if current.name in seen:
+            continue
+        seen.add(current.name)
+        if current.op == "call_function" and current.target is aten.topk.default:
+            return current
+        if current.op == "call_function":
+            stack.extend(tensor_inputs(current))
+    return None
+
+
+def _local_fraction(size: int, placement: object, dim: int, world_size: int) -> float:
+    """Share of a dim of ``size`` the largest rank holds when ``placement`` splits tensor dim ``dim``."""
+    split = split_of(placement)
+    if split is None or split[0] % 3 != dim:
+        return 1.0
+    blocks = split[1]
+    return blocks * math.ceil(size // blocks / world_size) / size
+
+
+@register_local_work(*GROUPED_MM_OPS)
+def _routed_work(node: fx.Node, strategy: Strategy, world_size: int,
+                 generic: tuple[float, float]) -> LocalWork | None:
+    """A grouped GEMM reads only the experts that were sent rows, and with experts placed the busiest rank does
+    the rows of its own experts (:mod:`autotp.cost_model.routing`, a uniform router): under ``w S(0)`` its FLOPs,
+    the rows it reads and writes and the weights of its experts hit; under any other strategy the split share,
+    less the weights of the experts no row reaches. Its GEMMs are the global op's (rows per expert, whole
+    width) when experts are placed."""
+    weight = expert_weight_input(node)
+    router = router_of(node) if weight is not None else None
+    if weight is None or router is None:
+        return None
+    rows, width_in = (concrete_size(size) for size in shape(tensor_inputs(node)[0]))
+    experts, _, width_out = (concrete_size(size) for size in shape(weight))
+    top_k = int(arg(router, 1, "k", 1))
+    tokens = rows / max(1, top_k)
+    itemsize = node.meta["val"].element_size()
+    expert_bytes = width_in * width_out * itemsize
+    if strategy.inputs[1] == Shard(0):
+        held = math.ceil(experts / world_size)
+        busy = busiest_rank_rows(tokens, top_k, experts, held, world_size)
+        hit = min(float(held), busy)
+        nbytes = busy * (width_in + width_out) * itemsize + hit * expert_bytes
+        return LocalWork(2.0 * busy * width_in * width_out, nbytes, (max(1, rows // experts), width_out, width_in))
+    flops, nbytes = generic
+    local_weight = experts * expert_bytes * _local_fraction(width_in, strategy.inputs[1], 1, world_size) * \
+        _local_fraction(width_out, strategy.inputs[1], 2, world_size)
+    unread = local_weight * (1.0 - expected_experts_hit(tokens, top_k, experts) / experts)
+    return LocalWork(flops, max(0.0, nbytes - unread))

@@ -35,10 +35,11 @@ if TYPE_CHECKING:
     from autotp.passes.uneven import Partitions
 
 __all__ = [
-    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalFormKernels", "LocalGraph",
-    "OpCollectives", "RULE_EXTENSIONS", "Rule", "RuleContext", "has_rule", "local_form_for", "local_form_kernels_for",
-    "op_collectives_for", "register_local_form", "register_local_form_kernels", "register_op_collectives",
-    "register_rule", "register_rule_extension", "replicated", "rule_for", "strategies_for",
+    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "LOCAL_WORK", "OP_COLLECTIVES", "RULES", "RULE_EXTENSIONS", "LocalForm",
+    "LocalFormKernels", "LocalGraph", "LocalWork", "LocalWorkOf", "OpCollectives", "Rule", "RuleContext", "has_rule",
+    "local_form_for", "local_form_kernels_for", "local_work_for", "op_collectives_for", "register_local_form",
+    "register_local_form_kernels", "register_local_work", "register_op_collectives", "register_rule",
+    "register_rule_extension", "replicated", "rule_for", "strategies_for",
 ]
 
 
@@ -91,7 +92,24 @@ form runs besides the op itself under ``strategy`` (a vocabulary-split embedding
 hold), in the order it emits them; a view moves 0 bytes. The cost pass prices each as a kernel node of its own
 (a view as a view)."""
 
+
+@dataclasses.dataclass(frozen=True)
+class LocalWork:
+    """The busiest rank's work of an op whose load is not its split share (experts placed by the router's choice):
+    FLOPs, bytes read and written, and the ``(m, n, k)`` of one of its GEMMs (None: not a GEMM)."""
+
+    flops: float
+    nbytes: float
+    gemm_dims: tuple[int, int, int] | None = None
+
+
+LocalWorkOf = Callable[[fx.Node, Strategy, int, tuple[float, float]], "LocalWork | None"]
+"""``work(node, strategy, world_size, (flops, nbytes))``: the busiest rank's :class:`LocalWork` under ``strategy``,
+given its split share of the op's FLOPs and of its tensors' bytes (as for any op; None: that share); the cost pass
+prices it instead."""
+
 RULES: dict[object, Rule] = {}
+LOCAL_WORK: dict[object, LocalWorkOf] = {}
 RULE_EXTENSIONS: dict[object, list[Rule]] = {}
 LOCAL_FORMS: dict[object, LocalForm] = {}
 OP_COLLECTIVES: dict[object, OpCollectives] = {}
@@ -124,6 +142,16 @@ def register_rule_extension(*ops: object) -> Callable[[Rule], Rule]:
         return rule
 
     return wrap
+
+
+def register_local_work(*ops: object) -> Callable[[LocalWorkOf], LocalWorkOf]:
+    """Decorator: register the busiest rank's work of each op in ``ops`` (see :data:`LocalWorkOf`)."""
+    return _registering(LOCAL_WORK, ops)
+
+
+def local_work_for(target: object) -> LocalWorkOf | None:
+    """The busiest rank's work of an op (``None``: its split share, as for any op)."""
+    return _lookup(LOCAL_WORK, target)
 
 
 def register_local_form(*ops: object) -> Callable[[LocalForm], LocalForm]:

@@ -1,0 +1,143 @@
+"""Experts placed whole on ranks against experts split, measured beside the planner's pick and its prediction.
+
+A Mixtral-style decoder with random weights (``--layers`` layers, hidden ``--hidden``, expert intermediate
+``--intermediate``, top-2 routing, vocabulary 256, 8 query / 4 kv heads, so the experts hold most of the weights
+and most of a forward's work), per number of experts (``--experts``) and tensor-parallel size
+(``--world-sizes``), gloo on this machine's CPU, in two phases: a one-token forward at batch 1 (the decode of
+one token without a cache: the experts' weights are read for a single token's two experts) and a forward of
+``--prefill`` tokens at batch 1. Per cell:
+
+- ``single``: the model's own forward in one process (rank 0 alone; the other ranks wait at a barrier);
+- ``placed`` / ``split``: ``autotp.compile(..., options=PlanOptions(experts="placed" | "split"))``, each MoE
+  block forced to that form;
+- the planner's pick (``experts="auto"``) and its predicted forward with each form forced
+  (``Plan.expert_form_times``), on the ``--hardware`` profile (default ``cpu-gloo``).
+
+Each variant's median ms per forward over ``--rounds`` interleaved rounds (every variant once per round, one
+warm-up round first), so load from other jobs on the machine falls on every variant alike. Every compile is
+traced at the phase's own shape (``dynamic=False``), so the plan is priced at that shape. Prints a markdown
+table. Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/moe_placement.py --experts 8,16 --world-sizes 2,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import autotp
+from autotp.planning.experts import planned_experts
+
+FORMS = ("placed", "split")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _model(experts: int, args: argparse.Namespace) -> torch.nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=256, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                           num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
+                           num_local_experts=experts, num_experts_per_tok=2, max_position_embeddings=2 * args.prefill,
+                           attn_implementation="sdpa", use_cache=False, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return MixtralForCausalLM(config).eval()
+
+
+def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, queue: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    warnings.simplefilter("ignore")
+    rows = []
+    for experts in args.experts:
+        model = _model(experts, args)
+        for phase, tokens in (("decode", 1), ("prefill", args.prefill)):
+            ids = torch.randint(0, 256, (1, tokens), generator=torch.Generator().manual_seed(1))  # (batch 1, tokens)
+            with torch.no_grad():
+                expected = model(ids).logits
+            compiled = {}
+            for form in (*FORMS, "auto"):
+                options = autotp.PlanOptions(experts=form, hardware=args.hardware, dynamic=False)
+                compiled[form] = autotp.compile(model, example_inputs=(ids,), example_kwargs={"use_cache": False},
+                                                options=options)
+            single = model if rank == 0 else None  # rank 0 alone runs the model; the others wait at the barrier
+            runs = {"single": lambda m=single, x=ids: m(x, use_cache=False) if m is not None else None,
+                    **{form: (lambda tp=compiled[form], x=ids: tp(x, use_cache=False)) for form in FORMS}}
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            for round_index in range(args.rounds + 1):
+                for name, run in runs.items():
+                    dist.barrier()
+                    started = time.perf_counter()
+                    with torch.no_grad():
+                        run()
+                    elapsed = time.perf_counter() - started
+                    if round_index:
+                        times[name].append(elapsed)
+            auto = compiled["auto"].plan
+            picked = {b.form for b in planned_experts(auto.nodes, world_size)}
+            diffs = {form: (compiled[form](ids, use_cache=False).logits - expected).abs().max().item() for form in FORMS}
+            rows.append({"experts": experts, "phase": phase, "tokens": tokens,
+                         "ms": {name: statistics.median(values) * 1e3 for name, values in times.items()},
+                         "pick": "/".join(sorted(picked)), "predicted_ms": {f: t * 1e3 for f, t in auto.expert_form_times},
+                         "max_diff": max(diffs.values())})
+    slowest = [None] * world_size
+    dist.all_gather_object(slowest, rows)
+    if rank == 0:
+        for index, row in enumerate(rows):  # a forward takes as long as its slowest rank
+            for name in FORMS:
+                row["ms"][name] = max(r[index]["ms"][name] for r in slowest)
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experts", default="8,16", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--world-sizes", default="2,4", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--intermediate", type=int, default=1024)
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--hardware", default="cpu-gloo")
+    args = parser.parse_args()
+    context = mp.get_context("spawn")
+    print("| experts | tp | phase | single ms | placed ms | split ms | measured faster | planner's pick | "
+          "predicted placed ms | predicted split ms | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for world_size in args.world_sizes:
+        queue = context.Queue()
+        port = _free_port()
+        procs = [context.Process(target=_rank, args=(r, world_size, port, args, queue)) for r in range(world_size)]
+        for proc in procs:
+            proc.start()
+        rows = queue.get()
+        for proc in procs:
+            proc.join()
+        for row in rows:
+            ms, predicted = row["ms"], row["predicted_ms"]
+            faster = min(FORMS, key=lambda form: ms[form])
+            print(f"| {row['experts']} | {world_size} | {row['phase']} ({row['tokens']} tok) | {ms['single']:.2f} | "
+                  f"{ms['placed']:.2f} | {ms['split']:.2f} | {faster} | {row['pick']} | "
+                  f"{predicted.get('placed', float('nan')):.2f} | {predicted.get('split', float('nan')):.2f} | "
+                  f"{row['max_diff']:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
