@@ -11,10 +11,12 @@ one token without a cache: the experts' weights are read for a single token's tw
 - ``placed`` / ``split``: ``autotp.compile(..., options=PlanOptions(experts="placed" | "split"))``, each MoE
   block forced to that form;
 - the planner's pick (``experts="auto"``) and its predicted forward with each form forced
-  (``Plan.expert_form_times``), on the ``--hardware`` profile (default ``cpu-gloo``).
+  (``Plan.expert_form_times``), on the ``--hardware`` profile (default ``cpu-gloo``, whose numbers are
+  placeholders; ``{ws}`` in it is replaced by the world size, so ``--hardware cpu{ws}.json`` takes the profile
+  ``autotp calibrate --world-size N`` wrote for each size).
 
-Each variant's median ms per forward over ``--rounds`` interleaved rounds (every variant once per round, one
-warm-up round first), so load from other jobs on the machine falls on every variant alike. Every compile is
+Each variant's median ms per forward over ``--rounds`` interleaved rounds (``--decode-rounds`` for the one-token
+forward; every variant once per round, one warm-up round first), so load from other jobs on the machine falls on every variant alike. Every compile is
 traced at the phase's own shape (``dynamic=False``), so the plan is priced at that shape. Prints a markdown
 table. Usage::
 
@@ -72,14 +74,14 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, queue
                 expected = model(ids).logits
             compiled = {}
             for form in (*FORMS, "auto"):
-                options = autotp.PlanOptions(experts=form, hardware=args.hardware, dynamic=False)
+                options = autotp.PlanOptions(experts=form, hardware=args.hardware.format(ws=world_size), dynamic=False)
                 compiled[form] = autotp.compile(model, example_inputs=(ids,), example_kwargs={"use_cache": False},
                                                 options=options)
             single = model if rank == 0 else None  # rank 0 alone runs the model; the others wait at the barrier
             runs = {"single": lambda m=single, x=ids: m(x, use_cache=False) if m is not None else None,
                     **{form: (lambda tp=compiled[form], x=ids: tp(x, use_cache=False)) for form in FORMS}}
             times: dict[str, list[float]] = {name: [] for name in runs}
-            for round_index in range(args.rounds + 1):
+            for round_index in range((args.decode_rounds if tokens == 1 else args.rounds) + 1):
                 for name, run in runs.items():
                     dist.barrier()
                     started = time.perf_counter()
@@ -114,6 +116,7 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=1024)
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--decode-rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--hardware", default="cpu-gloo")
     args = parser.parse_args()

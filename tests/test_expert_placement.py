@@ -142,3 +142,35 @@ def test_greedy_generate_equals_hf(gloo, world_size: int, name: str, form: str) 
         assert result["forms"] == {form}, f"rank {rank}: blocks took {result['forms']}"
         assert result["got"] == result["expected"], (
             f"rank {rank}: tokens differ\n expected {result['expected']}\n got {result['got']}")
+
+
+def test_routed_load_formulas() -> None:
+    """One token, top-2 of 8 experts over 2 ranks of 4: the busier rank gets 1 + 3/7 rows exactly (both experts
+    on one rank with probability 3/7), the normal approximation within 0.1; many tokens: the mean share; all
+    experts hit once tokens are many, two of them for one token."""
+    from autotp.cost_model.routing import busiest_rank_rows, expected_experts_hit
+
+    one_token = busiest_rank_rows(1, 2, 8, 4, 2)
+    assert abs(one_token - (1 + 3 / 7)) < 0.1, one_token
+    assert busiest_rank_rows(1, 2, 8, 2, 4) <= 2.0  # never more than min(k, held) per token
+    many = busiest_rank_rows(4096, 2, 8, 4, 2)
+    assert 4096 <= many < 4096 * 1.05, many
+    assert expected_experts_hit(1, 2, 8) == 2.0
+    assert abs(expected_experts_hit(512, 2, 8) - 8.0) < 1e-9
+
+
+def test_expert_partial_resharding() -> None:
+    """``P(experts)`` reduces like a Partial (all-reduce, reduce-scatter), reads as a Partial for nothing, and
+    nothing but an expert-placed op makes it; its text round-trips."""
+    from autotp.base.placements import ExpertPartial, Partial, Replicate, Shard, placement_from_str
+    from autotp.base.reshard import reshard_possible, reshard_steps
+
+    ep = ExpertPartial()
+    assert placement_from_str(str(ep)) == ep
+    assert [str(s.kind) for s in reshard_steps(ep, Replicate())] == ["all_reduce"]
+    assert [str(s.kind) for s in reshard_steps(ep, Shard(0))] == ["reduce_scatter"]
+    assert reshard_steps(ep, Partial()) == ()
+    for src in (Partial(), Replicate(), Shard(0)):
+        assert not reshard_possible(src, ep)
+        with pytest.raises(ValueError, match="only an expert-placed op"):
+            reshard_steps(src, ep)
