@@ -35,7 +35,7 @@ from autotp.base.placements import Shard, placement_from_str
 from autotp.base.strategy import Strategy
 from autotp.base.units import format_seconds
 from autotp.passes.rules.args import tensor_inputs
-from autotp.passes.rules.experts import expert_weight_input, router_of
+from autotp.passes.rules.experts import expert_weight_input, is_grouped_mm, router_of
 from autotp.passes.rules.registry import rule_for
 from autotp.passes.strategies import StrategyGraph
 from autotp.planning.decisions import NodeDecision
@@ -92,7 +92,7 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
         node = graph.nodes[name]
         if node.op != "call_function" or rule_for(node.target) is None:
             continue
-        weight = expert_weight_input(node) if _is_grouped_mm(node) else None
+        weight = expert_weight_input(node) if is_grouped_mm(node.target) else None
         param = _weight_parameter(weight, graph.parameters) if weight is not None else None
         router = router_of(node) if param is not None else None
         if router is not None and param is not None:
@@ -104,12 +104,6 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
         experts = int(members[0][1].meta["val"].shape[0])
         blocks.append(ExpertBlock(_module_path(members[0][0]), router, gemms, weights, experts))
     return blocks
-
-
-def _is_grouped_mm(node: fx.Node) -> bool:
-    target = node.target
-    name = target.name() if isinstance(target, torch._ops.OpOverload) else ""
-    return name in ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
 
 
 def _placed(strategy: Strategy) -> bool:

@@ -49,7 +49,8 @@ from autotp.passes.rules.registry import (
 
 aten = torch.ops.aten
 
-__all__ = ["EP", "GROUPED_MM_OPS", "expert_weight_input", "placed_grouped_mm", "router_of"]
+__all__ = ["EP", "GROUPED_MM_OPS", "expert_weight_input", "has_placeable_experts", "is_grouped_mm",
+           "placed_grouped_mm", "router_of"]
 
 EP = ExpertPartial()
 
@@ -70,6 +71,18 @@ def expert_weight_input(node: fx.Node) -> fx.Node | None:
     if len(x_shape) != 2 or len(w_shape) != 3 or not isinstance(w_shape[0], int) or w_shape[0] < 2:
         return None
     return inputs[1]
+
+
+def has_placeable_experts(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` has a grouped GEMM over a 3-D expert weight (else no node is offered ``P(experts)``)."""
+    return any(node.op == "call_function" and is_grouped_mm(node.target) and expert_weight_input(node) is not None
+               for node in gm.graph.nodes)
+
+
+def is_grouped_mm(target: object) -> bool:
+    """Whether ``target`` is one of :data:`GROUPED_MM_OPS`."""
+    name = target.name() if isinstance(target, torch._ops.OpOverload) else ""
+    return target is aten._grouped_mm.default or name == "transformers::grouped_mm_fallback"
 
 
 @register_rule_extension(*GROUPED_MM_OPS)
