@@ -57,9 +57,9 @@ class RuleContext:
     world_size: int
     block_counts: frozenset[int] = frozenset()
     split_random: bool = False
-    place_experts: bool = True
-    """Grouped GEMMs over 3-D expert weights may place whole experts on ranks (:mod:`.experts`); off in
-    training plans, whose backward the expert-placed op does not have."""
+    place_experts: bool = False
+    """Grouped GEMMs over 3-D expert weights may place whole experts on ranks (:mod:`.experts`): on where the graph
+    has one, off in training plans, whose backward the expert-placed op does not have."""
 
 
 class LocalGraph(Protocol):
