@@ -21,11 +21,13 @@ traced at the phase's own shape (``dynamic=False``), so the plan is priced at th
 table. Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/moe_placement.py --experts 8,16 --world-sizes 2,4
+    OMP_NUM_THREADS=1 python benchmarks/moe_placement.py --kernels
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import statistics
@@ -107,6 +109,73 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, queue
     dist.destroy_process_group()
 
 
+def _median_ms(run: Any, rounds: int) -> float:
+    run()  # warm-up
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def _split_block(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor, part: int) -> torch.Tensor:
+    """One rank's expert block under experts split: its ``part`` columns of every expert's gate and up, then rows."""
+    fallback = torch.ops.transformers.grouped_mm_fallback
+    gate, up = fallback(x, w1, offs).split(part, -1)
+    return fallback(torch.nn.functional.silu(gate) * up, w2, offs)
+
+
+def _placed_block(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor, first: int,
+                  inner: int) -> torch.Tensor:
+    """One rank's expert block under experts placed: its whole experts from ``first``, over their rows."""
+    from autotp.passes.rules.experts import placed_grouped_mm
+
+    gate, up = placed_grouped_mm(x, w1, offs, first, False).split(inner, -1)
+    return placed_grouped_mm(torch.nn.functional.silu(gate) * up, w2, offs, first, False)
+
+
+def _kernels(args: argparse.Namespace) -> None:
+    """The ``--kernels`` table (module docstring)."""
+    torch.set_num_threads(args.threads)
+    print("| experts | tp | tokens | split ms (every rank) | placed ms (busiest rank) | busiest rank's rows / mean |")
+    print("|---|---|---|---|---|---|")
+    for experts in args.experts:
+        model = _model(experts, args)
+        block = model.model.layers[0].mlp
+        inner = args.intermediate
+        gate_up = block.experts.gate_up_proj.detach().transpose(-2, -1)  # (E, H, 2I)
+        down = block.experts.down_proj.detach().transpose(-2, -1)  # (E, I, H)
+        for tokens in (1, args.prefill):
+            hidden = torch.randn(tokens, args.hidden, generator=torch.Generator().manual_seed(2))  # (tokens, H)
+            with torch.no_grad():
+                logits = hidden @ block.gate.weight.detach().T  # (tokens, E): the router's scores
+                top = torch.topk(logits, 2).indices.reshape(-1)  # (tokens * 2,)
+            ids, perm = torch.sort(top)
+            x = hidden[perm // 2]  # (rows, H), sorted by expert
+            offs = torch.cumsum(torch.bincount(ids, minlength=experts), 0).to(torch.int32)  # (E,)
+            for world_size in args.world_sizes:
+                part = inner // world_size
+                gate_up_slice = torch.cat([gate_up[..., :part], gate_up[..., inner:inner + part]], -1).contiguous()
+                down_slice = down[:, :part].contiguous()
+
+                held = [experts // world_size + (1 if r < experts % world_size else 0) for r in range(world_size)]
+                firsts = [sum(held[:r]) for r in range(world_size)]
+                rows = [int(offs[f + n - 1]) - (int(offs[f - 1]) if f else 0) for f, n in zip(firsts, held)]
+                busiest = max(range(world_size), key=lambda r: rows[r])
+                first, count = firsts[busiest], held[busiest]
+                w1_local, w2_local = gate_up[first:first + count].contiguous(), down[first:first + count].contiguous()
+
+                split = functools.partial(_split_block, x, gate_up_slice, down_slice, offs, part)
+                placed = functools.partial(_placed_block, x, w1_local, w2_local, offs, first, inner)
+                with torch.no_grad():
+                    rounds = args.decode_rounds if tokens == 1 else args.rounds
+                    split_ms, placed_ms = _median_ms(split, rounds), _median_ms(placed, rounds)
+                mean = 2 * tokens / world_size
+                print(f"| {experts} | {world_size} | {tokens} | {split_ms:.3f} | {placed_ms:.3f} | "
+                      f"{rows[busiest]} / {mean:.1f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experts", default="8,16", type=lambda s: [int(x) for x in s.split(",")])
@@ -119,7 +188,11 @@ def main() -> None:
     parser.add_argument("--decode-rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--hardware", default="cpu-gloo")
+    parser.add_argument("--kernels", action="store_true", help="time the expert block's compute alone, one process")
     args = parser.parse_args()
+    if args.kernels:
+        _kernels(args)
+        return
     context = mp.get_context("spawn")
     print("| experts | tp | phase | single ms | placed ms | split ms | measured faster | planner's pick | "
           "predicted placed ms | predicted split ms | max abs diff |")

@@ -174,3 +174,18 @@ def test_expert_partial_resharding() -> None:
         assert not reshard_possible(src, ep)
         with pytest.raises(ValueError, match="only an expert-placed op"):
             reshard_steps(src, ep)
+
+
+def test_auto_records_both_forms_and_round_trips() -> None:
+    """tp=2, Mixtral, ``experts="auto"``: the plan records the predicted time with every block placed and with every
+    block split, its form is the cheaper one, ``print(plan)`` gives both, and the JSON form keeps them."""
+    model, args, kwargs = _mixtral(layers=1)
+    plan = _plan(model, args, kwargs, 2, "auto")
+    times = dict(plan.expert_form_times)
+    assert set(times) == {"placed", "split"}, plan.expert_form_times
+    form = planned_experts(plan.nodes, plan.world_size)[0].form
+    assert times[form] == min(times.values()) and times[form] == plan.predicted_time_s, (form, times)
+    assert "with experts" in str(plan), str(plan)
+    again = autotp.Plan.from_json(plan.to_json())
+    assert again.expert_form_times == plan.expert_form_times
+    assert [b.form for b in planned_experts(again.nodes, 2)] == [form]
