@@ -363,7 +363,8 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             module=module_path(graph.nodes[r.producer]),
         )
 
-    collectives = [decision(r) for r in price.forward]
+    # a resharding of no steps (an expert-placed sum read as a plain one) is nothing to insert or to report
+    collectives = [c for c in map(decision, price.forward) if c.steps]
     parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
     per_rank = sum(_weight_bytes(costed, name, chosen[name]) for name in costed.memory_bytes)
     total = sum(_weight_bytes(costed, name, Strategy((), Replicate())) for name in costed.memory_bytes)
