@@ -19,6 +19,7 @@ import autotp
 from autotp.capture import capture
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.experts import find_expert_blocks, planned_experts
+from autotp.planning.options import plan_options
 
 TOLERANCE = 1e-4
 
@@ -71,11 +72,21 @@ def test_each_form_forced(form: str, weight: str | None) -> None:
 
 
 def test_placed_experts_refused_for_training() -> None:
-    """``experts="placed"`` with ``training=True``: a ValueError that says what to pass instead."""
+    """``experts="placed"`` with ``training=True``: a ValueError that says what to pass instead; a training plan
+    with ``experts="auto"`` (tp=2, Mixtral) never places experts: no ``P(experts)`` anywhere.
     with pytest.raises(ValueError, match="experts='split'"):
         autotp.PlanOptions(experts="placed", training=True)
     with pytest.raises(ValueError, match="experts must be one of"):
         autotp.PlanOptions(experts="whole")
+    with pytest.raises(ValueError, match="experts='split'"):  # as compile's training= merges it
+        plan_options(autotp.PlanOptions(experts="placed"), training=True)
+    model, args, kwargs = _mixtral(layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = autotp.plan(model, world_size=2, example_inputs=args, example_kwargs=kwargs,
+                           options=autotp.PlanOptions(training=True))
+    assert "placed" not in [b.form for b in planned_experts(plan.nodes, 2)], planned_experts(plan.nodes, 2)
+    assert not [n.name for n in plan.nodes if "P(experts)" in (n.output, *n.inputs)]
 
 
 def _forward_forms(rank: int, world_size: int, names: list[str]) -> dict[str, dict[str, Any]]:
