@@ -73,7 +73,7 @@ def test_each_form_forced(form: str, weight: str | None) -> None:
 
 def test_placed_experts_refused_for_training() -> None:
     """``experts="placed"`` with ``training=True``: a ValueError that says what to pass instead; a training plan
-    with ``experts="auto"`` (tp=2, Mixtral) never places experts: no ``P(experts)`` anywhere.
+    with ``experts="auto"`` (tp=2, Mixtral) never places experts: no ``P(experts)`` anywhere."""
     with pytest.raises(ValueError, match="experts='split'"):
         autotp.PlanOptions(experts="placed", training=True)
     with pytest.raises(ValueError, match="experts must be one of"):
