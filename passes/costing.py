@@ -83,7 +83,7 @@ from autotp.passes.backward import (
 )
 from autotp.passes.node_keys import once_per_key
 from autotp.passes.resharding import layout_node_s, tensor_route_time_s
-from autotp.passes.rules import local_form_kernels_for, op_collectives_for, tensor_inputs
+from autotp.passes.rules import local_form_kernels_for, local_work_for, op_collectives_for, tensor_inputs
 from autotp.passes.rules.args import holds_tensor
 from autotp.passes.state import WRITES_IN_PLACE
 from autotp.passes.strategies import StrategyGraph
@@ -250,6 +250,10 @@ def node_work(node: fx.Node, strategies: list[Strategy], world_size: int) -> lis
             written, read[0] = read[-1], 0
         moved = written + sum(read)
         work.append((flops * _work_fraction(strategy, out, inputs, world_size), moved))
+    busiest = local_work_for(node.target)
+    if busiest is not None:  # an op whose busiest rank's load is not its split share (experts by the router)
+        found = [busiest(node, strategy, world_size, generic) for strategy, generic in zip(strategies, work)]
+        work = [(w.flops, w.nbytes) if w is not None else generic for w, generic in zip(found, work)]
     return work
 
 
@@ -398,6 +402,10 @@ def _local_args(args: tuple, strategy: Strategy, inputs: list[object], world_siz
 def _local_gemm_dims(node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, inputs: list[object],
                      world_size: int) -> tuple[int, ...] | None:
     """A GEMM node's (m, n, k) on the largest rank under ``strategy``."""
+    busiest = local_work_for(node.target)
+    work = busiest(node, strategy, world_size, (0.0, 0.0)) if busiest is not None else None
+    if work is not None and work.gemm_dims is not None:
+        return work.gemm_dims
     dims = gemm_dims(node.target, _local_args(args, strategy, inputs, world_size), kwargs)
     return tuple(concrete_size(d) for d in dims) if dims is not None else None
 

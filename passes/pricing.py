@@ -41,7 +41,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 
 from autotp.base.placements import Partial, Placement, Replicate, placement_to_str
-from autotp.base.reshard import ReshardStep
+from autotp.base.reshard import ReshardStep, reshard_possible
 from autotp.base.strategy import Strategy
 from autotp.cost_model.collectives import call_sync_wait_s
 from autotp.passes.backward import REPLICATED_INPUT_BACKWARD, reads_through_f
@@ -144,7 +144,8 @@ def call_sync_s(costed: CostedGraph, compute_s: float = 0.0) -> float:
 
 def is_blocked(edge: Edge, src: Placement, dst: Placement) -> bool:
     """True when nothing may turn ``src`` into ``dst`` on ``edge`` (see :func:`blocked_reason`)."""
-    return src != dst and (edge.must_match or (edge.local_only and not is_local_reshard(src, dst)))
+    return src != dst and (edge.must_match or not reshard_possible(src, dst)
+                           or (edge.local_only and not is_local_reshard(src, dst)))
 
 
 def blocked_reason(costed: CostedGraph, edge: Edge, src: Placement, dst: Placement) -> str:
@@ -153,6 +154,8 @@ def blocked_reason(costed: CostedGraph, edge: Edge, src: Placement, dst: Placeme
         return ""
     if edge.must_match:
         return f"{edge.producer} returns several tensors: nothing can reshard them between it and {edge.consumer}"
+    if not reshard_possible(src, dst):
+        return f"only an expert-placed op makes {placement_to_str(dst)}, not {edge.producer} ({placement_to_str(src)})"
     return (f"parameter {edge.producer} would have to be gathered for {edge.consumer} "
             f"({placement_to_str(src)} -> {placement_to_str(dst)}); parameters are only sliced locally")
 

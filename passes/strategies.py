@@ -31,6 +31,7 @@ from autotp.base.strategy import Strategy
 from autotp.passes.node_keys import node_keys, once_per_key
 from autotp.passes.rules import RuleContext, block_counts, has_rule, strategies_for, tensor_inputs
 from autotp.passes.rules.builders import fitting_blocks
+from autotp.passes.rules.experts import has_placeable_experts
 
 __all__ = ["Edge", "StrategyGraph", "build_strategy_graph"]
 
@@ -97,12 +98,14 @@ def _static_splits_only(node: fx.Node, strategies: list[Strategy]) -> list[Strat
 
 
 def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[str, str],
-                         state: frozenset[str] = frozenset(), *, split_random: bool = False) -> StrategyGraph:
+                         state: frozenset[str] = frozenset(), *, split_random: bool = False,
+                         place_experts: bool = True) -> StrategyGraph:
     """Enumerate the strategies of every node of ``gm`` for a mesh axis of ``world_size`` ranks.
 
     ``parameters``: placeholder name -> FQN of everything placed like a parameter (state buffers
     included); ``state``: the placeholders among them that the graph updates. ``split_random``:
-    sampling ops may be split (per-rank streams, :mod:`autotp.passes.random_streams`).
+    sampling ops may be split (per-rank streams, :mod:`autotp.passes.random_streams`); ``place_experts``:
+    grouped GEMMs may place whole experts on ranks (:mod:`autotp.passes.rules.experts`).
     A call's strategies are enumerated once per :func:`~autotp.passes.node_keys.node_key` (every layer of
     a decoder: once), as rules read only the node, its arguments' values and the graph-wide context.
     """
@@ -111,7 +114,7 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
     strategies: dict[str, list[Strategy]] = {}
     edges: list[Edge] = []
     fallback: list[str] = []
-    ctx = RuleContext(world_size, block_counts(gm), split_random)
+    ctx = RuleContext(world_size, block_counts(gm), split_random, place_experts and has_placeable_experts(gm))
     keys = node_keys(gm.graph.nodes)
     enumerated: dict[Hashable, list[Strategy]] = {}  # node key -> the strategies of the first node with it
     for node in gm.graph.nodes:

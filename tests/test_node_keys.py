@@ -19,6 +19,7 @@ from autotp.passes.backward import Training
 from autotp.passes.costing import _node_compute_s, cost_strategy_graph
 from autotp.passes.node_keys import node_key, node_keys
 from autotp.passes.rules import RuleContext, block_counts, strategies_for
+from autotp.passes.rules.experts import has_placeable_experts
 from autotp.passes.strategies import _static_splits_only, build_strategy_graph
 
 BUILDERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "mixtral": tiny_mixtral}
@@ -44,7 +45,7 @@ def test_shared_keys_give_the_strategies_and_costs_of_each_node(name: str, world
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     shared = len(calls) - len({keys[n] for n in calls})
     assert shared > len(calls) // 2, f"expected most of the {len(calls)} calls to share a key, {shared} did"
-    ctx = RuleContext(world_size, block_counts(gm), False)
+    ctx = RuleContext(world_size, block_counts(gm), False, has_placeable_experts(gm))
     for node in calls:
         alone = _static_splits_only(node, strategies_for(node, ctx))
         assert graph.strategies[node.name] == alone, f"{node.format_node()}: {graph.strategies[node.name]} != {alone}"

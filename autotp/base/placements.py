@@ -16,6 +16,12 @@ Semantics on a mesh axis of size N:
   end to end (e.g. a fused query/key/value projection) and *each block* is split as by
   ``Shard(d)``; rank r holds its part of every block, concatenated. A later ``split`` into the
   k blocks then yields plain ``Shard(d)`` pieces, so fused projections split by heads.
+- ``ExpertPartial()`` (for experts placed whole on ranks): a ``Partial("sum")`` in which every
+  element is nonzero on at most one rank, the rank holding the expert its row was routed to
+  (zeros elsewhere). Unlike a plain Partial it passes through an elementwise op ``f`` with
+  ``f(0) = 0`` (``silu``, ``gelu``, a product of two such values), so a whole expert MLP runs
+  between one rank's rows and a single sum after it (:mod:`autotp.passes.rules.experts`).
+  It is reduced like a Partial; nothing but an expert-placed op produces it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
-    "BlockShard", "Partial", "Placement", "Replicate", "Shard", "placement_from_str", "placement_to_str", "split_of",
+    "BlockShard", "ExpertPartial", "Partial", "Placement", "Replicate", "Shard", "is_partial", "placement_from_str", "placement_to_str", "split_of",
 ]
 
 _SHARD_RE = re.compile(r"^S\((-?\d+)\)$")
@@ -49,6 +55,19 @@ class BlockShard:
         return f"S({self.dim})x{self.blocks}"
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpertPartial:
+    """A Partial sum whose ranks hold disjoint elements: each row on the rank of its expert (module doc)."""
+
+    def __str__(self) -> str:
+        return "P(experts)"
+
+
+def is_partial(placement: object) -> bool:
+    """True for a pending sum over the ranks: ``Partial()`` or :class:`ExpertPartial`."""
+    return isinstance(placement, (Partial, ExpertPartial))
+
+
 def split_of(placement: object) -> tuple[int, int] | None:
     """``(dim, blocks)`` of a split placement (``Shard`` has one block), ``None`` otherwise."""
     if isinstance(placement, Shard):
@@ -66,7 +85,7 @@ def placement_to_str(placement: Placement | BlockShard) -> str:
         return "P"
     if isinstance(placement, Shard):
         return f"S({placement.dim})"
-    if isinstance(placement, BlockShard):
+    if isinstance(placement, (BlockShard, ExpertPartial)):
         return str(placement)
     raise TypeError(f"unsupported placement {placement!r}; autotp uses Shard(dim), Replicate() and Partial()")
 
@@ -78,10 +97,12 @@ def placement_from_str(text: str) -> Placement | BlockShard:
         return Replicate()
     if text in ("P", "P(sum)"):
         return Partial()
+    if text == "P(experts)":
+        return ExpertPartial()
     match = _SHARD_RE.match(text)
     if match:
         return Shard(int(match.group(1)))
     match = _BLOCK_RE.match(text)
     if match:
         return BlockShard(int(match.group(1)), int(match.group(2)))
-    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")
+    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'P(experts)', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")

@@ -16,6 +16,9 @@ S(i) -> S(j)       all_to_all(i -> j)                  each rank sends every oth
                    (or all_gather(i), slice(j))        part of the other rank's j-slice
 S(i)xk <-> S(j)    all_gather(i), slice(j)             blocks: gather, then cut locally
 S -> P             all_gather, zero
+P(experts) -> P    nothing                             an expert-placed sum is a sum
+P(experts) -> *    as from P                           (all_reduce, reduce_scatter...)
+* -> P(experts)    impossible                          only an expert-placed op makes one
 =================  ==================================  =====================================
 
 ``S(i) -> S(j)`` between plain shards has two routes (:func:`reshard_routes`): the all-to-all
@@ -35,9 +38,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from autotp.base.placements import BlockShard, Partial, Placement, Replicate, Shard, split_of
+from autotp.base.placements import BlockShard, ExpertPartial, Partial, Placement, Replicate, Shard, split_of
 
-__all__ = ["ReshardKind", "ReshardStep", "Route", "reshard_routes", "reshard_steps", "route_with_kinds"]
+__all__ = ["ReshardKind", "ReshardStep", "Route", "reshard_possible", "reshard_routes", "reshard_steps",
+           "route_with_kinds"]
 
 
 class ReshardKind(enum.StrEnum):
@@ -126,10 +130,22 @@ def route_with_kinds(src: Placement, dst: Placement, kinds: tuple[ReshardKind | 
                      f"possible: {possible}")
 
 
+def reshard_possible(src: Placement, dst: Placement) -> bool:
+    """False where no steps turn ``src`` into ``dst``: into ``P(experts)`` from anything else (its rows lie on
+    the ranks of their experts, which only the expert-placed op itself knows)."""
+    return src == dst or not isinstance(dst, ExpertPartial)
+
+
 def reshard_steps(src: Placement, dst: Placement) -> Route:
     """The default steps that turn placement ``src`` into ``dst`` on one mesh axis (module table)."""
     if src == dst:
         return ()
+    if not reshard_possible(src, dst):
+        raise ValueError(f"cannot reshard {src} -> {dst}: only an expert-placed op makes {dst}")
+    if isinstance(src, ExpertPartial):
+        if isinstance(dst, Partial):
+            return ()
+        src = Partial()
     src_split, dst_split = split_of(src), split_of(dst)
     if isinstance(src, Replicate):
         return (_on(ReshardKind.SLICE, dst),) if dst_split else (ReshardStep(ReshardKind.ZERO),)

@@ -17,6 +17,7 @@ from autotp.adapters.torchao import part_label, weight_of
 from autotp.base.units import format_bytes, format_seconds
 from autotp.planning.alternatives import strategy_text
 from autotp.planning.decisions import Alternative, CollectiveDecision, NodeDecision
+from autotp.planning.experts import explain_experts
 from autotp.planning.plan import Plan
 
 __all__ = ["PlanDiff", "describe_alternative", "diff", "explain", "find_node"]
@@ -132,10 +133,17 @@ def _collective_text(c: CollectiveDecision) -> str:
 def explain(plan: Plan, name: str) -> str:
     """Why ``name`` (a node name or a parameter FQN) is placed as it is: its alternatives and their cost.
 
+    ``name`` may also be the module of a mixture-of-experts block (``"model.layers.0.mlp.experts"``): then the
+    form it took (experts placed or split), the experts each rank holds and why
+    (:func:`autotp.planning.experts.explain_experts`).
+
     For a parameter, the nodes that read it are explained too: a weight's own alternatives cost
     nothing but memory while its readers stay as they are; the readers' alternatives show what
     splitting it differently would do to compute and communication.
     """
+    blocks = explain_experts(plan.nodes, plan.world_size, name, plan.expert_form_times)
+    if blocks is not None and not any(n.name == name or n.target == name for n in plan.nodes):
+        return "\n".join(blocks)
     node = find_node(plan, name)
     part_names = _part_names(plan)
     lines = _explain_node(plan, node, part_names)

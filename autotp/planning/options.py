@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from autotp.cost_model import Hardware, get_hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.random_streams import check_dropout
+from autotp.planning.experts import check_experts_option
 from autotp.planning.outputs import check_outputs
 from autotp.planning.phases import DEFAULT_EXPECTED_NEW_TOKENS, check_expected_new_tokens
 
@@ -110,6 +111,9 @@ class PlanOptions:
             so the plan serves every size (only static dims are split); ``False`` pins every size to
             the example's (:mod:`autotp.capture`).
         dynamic_shapes: passed to ``torch.export`` as is, instead of what ``dynamic`` asks for.
+        experts: the form of every mixture-of-experts block: ``"auto"`` (default: the solver picks),
+            ``"placed"`` (whole experts on ranks) or ``"split"`` (every rank a slice of each expert)
+            (:mod:`autotp.planning.experts`).
         expected_new_tokens: with ``max_cache_len`` (generation), decode steps per prompt: the weights
             are placed for the least predicted ``prefill + expected_new_tokens x decode``
             (:mod:`autotp.planning.phases`).
@@ -131,6 +135,7 @@ class PlanOptions:
     dynamic: bool = True
     dynamic_shapes: Any = None
     expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS
+    experts: str = "auto"
 
     def __post_init__(self) -> None:
         if self.world_size is not None:
@@ -144,6 +149,7 @@ class PlanOptions:
         check_dropout(self.dropout)
         check_activation_checkpointing(self.activation_checkpointing, self.training)
         check_expected_new_tokens(self.expected_new_tokens)
+        check_experts_option(self.experts, self.training)
         states = self.optimizer_states
         if isinstance(states, bool) or not isinstance(states, int) or states < 0:
             raise ValueError(f"optimizer_states must be an int >= 0 (fp32 values the optimizer keeps per parameter "

@@ -42,6 +42,7 @@ from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.decisions import CollectiveDecision, NodeDecision
+from autotp.planning.experts import find_expert_blocks, narrow_expert_forms, planned_experts
 from autotp.planning.kv_heads import kv_projection_parameters
 from autotp.planning.options import PlanOptions
 from autotp.planning.outputs import free_outputs, with_local_outputs
@@ -215,9 +216,10 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     hw = options.hardware_profile
     graph = build_strategy_graph(captured.graph_module, options.world_size,
                                  {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state),
-                                 split_random=options.dropout == "split")
+                                 split_random=options.dropout == "split", place_experts=not options.training)
     if options.strategy_filter is not None:
         graph = _narrowed(graph, options.strategy_filter(graph))
+    graph = narrow_expert_forms(graph, options.experts)
     graph = apply_constraints(graph, options.constraints)
     if options.outputs == "local":
         graph = free_outputs(graph)
@@ -241,6 +243,8 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
         plan = _with_checkpointed_blocks(plan, costed)
     if options.training:
         plan = _compare_with_inference(plan, captured, options, started)
+    elif options.experts == "auto" and find_expert_blocks(graph):
+        plan = _compare_expert_forms(plan, captured, options, started)
     if plan.fallback_ops:
         warnings.warn(
             f"autotp: {len(graph.fallback)} node(s) of ops without a sharding rule run replicated: "
@@ -293,6 +297,27 @@ def _compare_with_inference(plan: Plan, captured: CapturedGraph, options: PlanOp
                                plan_time_s=time.perf_counter() - started)
 
 
+def _compare_expert_forms(plan: Plan, captured: CapturedGraph, options: PlanOptions, started: float) -> Plan:
+    """``plan`` with the predicted time of the same graph and options with every MoE block placed and with every
+    block split (``Plan.expert_form_times``; the form ``plan`` took everywhere is not solved again), which
+    ``print(plan)`` and ``autotp.explain`` give as the reason for the form."""
+    taken = {block.form for block in planned_experts(plan.nodes, plan.world_size)}
+    times = []
+    for form in ("placed", "split"):
+        if taken == {form}:
+            times.append((form, plan.predicted_time_s))
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the fallback warning is this plan's to give
+                other = plan_graph(captured, dataclasses.replace(options, experts=form, progress=False),
+                                   alternatives=False)
+        except PlanError:
+            continue  # that form does not fit (the memory budget, the constraints)
+        times.append((form, other.predicted_time_s))
+    return dataclasses.replace(plan, expert_form_times=tuple(times), plan_time_s=time.perf_counter() - started)
+
+
 def _weight_bytes(costed: CostedGraph, name: str, strategy: Strategy) -> int:
     """Bytes of parameter ``name``'s largest shard under ``strategy`` (0 when nothing reads it)."""
     node = costed.graph.nodes[name]
@@ -339,7 +364,8 @@ def _build_plan(captured: CapturedGraph, costed: CostedGraph, solution: Solution
             module=module_path(graph.nodes[r.producer]),
         )
 
-    collectives = [decision(r) for r in price.forward]
+    # a resharding of no steps (an expert-placed sum read as a plain one) is nothing to insert or to report
+    collectives = [c for c in map(decision, price.forward) if c.steps]
     parameters = {graph.parameters[name]: placement_to_str(chosen[name].output) for name in graph.order if name in graph.parameters}
     per_rank = sum(_weight_bytes(costed, name, chosen[name]) for name in costed.memory_bytes)
     total = sum(_weight_bytes(costed, name, Strategy((), Replicate())) for name in costed.memory_bytes)

@@ -23,7 +23,7 @@ Layout (one module per op family; each registers into the one table when importe
 - families: :mod:`.elementwise` (and factories), :mod:`.views`, :mod:`.reductions`,
   :mod:`.norms`, :mod:`.matmul` (einsum-described GEMMs), :mod:`.attention`,
   :mod:`.embedding`, :mod:`.conv` (convolution, batch/group norm, pooling),
-  :mod:`.grouped_mm` (mixture-of-experts GEMMs), :mod:`.indexing` (gather/scatter/top-k/sort),
+  :mod:`.grouped_mm` (mixture-of-experts GEMMs), :mod:`.experts` (experts placed whole on ranks), :mod:`.indexing` (gather/scatter/top-k/sort),
   :mod:`.symbolic` (size arithmetic of dynamic batch/sequence dims), :mod:`.losses`
   (vocabulary-parallel cross-entropy), :mod:`.quantized` (torchao's dequantization).
 
@@ -39,6 +39,7 @@ from autotp.passes.rules import (  # noqa: F401 - imported to register their rul
     conv,
     elementwise,
     embedding,
+    experts,
     grouped_mm,
     indexing,
     losses,
@@ -57,10 +58,12 @@ from autotp.passes.rules.registry import (
     RULES,
     LocalForm,
     LocalGraph,
+    LocalWork,
     RuleContext,
     has_rule,
     local_form_for,
     local_form_kernels_for,
+    local_work_for,
     op_collectives_for,
     register_local_form,
     register_local_form_kernels,
@@ -72,8 +75,9 @@ from autotp.passes.rules.registry import (
 from autotp.passes.rules.views import block_counts, view_groups
 
 __all__ = [
-    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "RuleContext",
-    "Strategy", "arg", "block_counts", "has_rule", "local_form_for", "local_form_kernels_for", "op_collectives_for",
+    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalGraph", "LocalWork", "RuleContext",
+    "Strategy", "arg", "block_counts", "has_rule", "local_form_for", "local_form_kernels_for", "local_work_for",
+    "op_collectives_for",
     "register_local_form", "register_local_form_kernels", "register_op_collectives", "register_rule", "rule_for",
     "strategies_for", "tensor_inputs", "view_groups",
 ]

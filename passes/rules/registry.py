@@ -10,6 +10,10 @@ call differs from the global one under some strategy (a vocabulary-split embeddi
 only its own rows; a grouped convolution runs its own groups). It sits in the same family
 module as the op's rule, so the knowledge of one op lives in one place.
 
+A *rule extension* (:func:`register_rule_extension`) adds strategies to an op's own rule from another
+module: the strategies of one placement that several op families pass through (experts placed whole,
+:mod:`.experts`), kept beside the op that makes that placement.
+
 Keys are op overloads (``aten.mm.default``) or, for ops of libraries that may not be imported
 (custom ops such as ``transformers::grouped_mm_fallback``), the overload's qualified name.
 """
@@ -31,10 +35,11 @@ if TYPE_CHECKING:
     from autotp.passes.uneven import Partitions
 
 __all__ = [
-    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "OP_COLLECTIVES", "RULES", "LocalForm", "LocalFormKernels", "LocalGraph",
-    "OpCollectives", "Rule", "RuleContext", "has_rule", "local_form_for", "local_form_kernels_for",
-    "op_collectives_for", "register_local_form", "register_local_form_kernels", "register_op_collectives",
-    "register_rule", "replicated", "rule_for", "strategies_for",
+    "LOCAL_FORMS", "LOCAL_FORM_KERNELS", "LOCAL_WORK", "OP_COLLECTIVES", "RULES", "RULE_EXTENSIONS", "LocalForm",
+    "LocalFormKernels", "LocalGraph", "LocalWork", "LocalWorkOf", "OpCollectives", "Rule", "RuleContext", "has_rule",
+    "local_form_for", "local_form_kernels_for", "local_work_for", "op_collectives_for", "register_local_form",
+    "register_local_form_kernels", "register_local_work", "register_op_collectives", "register_rule",
+    "register_rule_extension", "replicated", "rule_for", "strategies_for",
 ]
 
 
@@ -52,6 +57,9 @@ class RuleContext:
     world_size: int
     block_counts: frozenset[int] = frozenset()
     split_random: bool = False
+    place_experts: bool = False
+    """Grouped GEMMs over 3-D expert weights may place whole experts on ranks (:mod:`.experts`): on where the graph
+    has one, off in training plans, whose backward the expert-placed op does not have."""
 
 
 class LocalGraph(Protocol):
@@ -84,7 +92,25 @@ form runs besides the op itself under ``strategy`` (a vocabulary-split embedding
 hold), in the order it emits them; a view moves 0 bytes. The cost pass prices each as a kernel node of its own
 (a view as a view)."""
 
+
+@dataclasses.dataclass(frozen=True)
+class LocalWork:
+    """The busiest rank's work of an op whose load is not its split share (experts placed by the router's choice):
+    FLOPs, bytes read and written, and the ``(m, n, k)`` of one of its GEMMs (None: not a GEMM)."""
+
+    flops: float
+    nbytes: float
+    gemm_dims: tuple[int, int, int] | None = None
+
+
+LocalWorkOf = Callable[[fx.Node, Strategy, int, tuple[float, float]], "LocalWork | None"]
+"""``work(node, strategy, world_size, (flops, nbytes))``: the busiest rank's :class:`LocalWork` under ``strategy``,
+given its split share of the op's FLOPs and of its tensors' bytes (as for any op; None: that share); the cost pass
+prices it instead."""
+
 RULES: dict[object, Rule] = {}
+LOCAL_WORK: dict[object, LocalWorkOf] = {}
+RULE_EXTENSIONS: dict[object, list[Rule]] = {}
 LOCAL_FORMS: dict[object, LocalForm] = {}
 OP_COLLECTIVES: dict[object, OpCollectives] = {}
 LOCAL_FORM_KERNELS: dict[object, LocalFormKernels] = {}
@@ -105,6 +131,27 @@ def _registering(table: dict[object, Callable], ops: tuple[object, ...]) -> Call
 def register_rule(*ops: object) -> Callable[[Rule], Rule]:
     """Decorator: register ``rule`` for each op overload (or qualified op name, ``"ns::op"``) in ``ops``."""
     return _registering(RULES, ops)
+
+
+def register_rule_extension(*ops: object) -> Callable[[Rule], Rule]:
+    """Decorator: add ``rule``'s strategies to those of each op in ``ops`` (see module docstring)."""
+
+    def wrap(rule: Rule) -> Rule:
+        for op in ops:
+            RULE_EXTENSIONS.setdefault(op, []).append(rule)
+        return rule
+
+    return wrap
+
+
+def register_local_work(*ops: object) -> Callable[[LocalWorkOf], LocalWorkOf]:
+    """Decorator: register the busiest rank's work of each op in ``ops`` (see :data:`LocalWorkOf`)."""
+    return _registering(LOCAL_WORK, ops)
+
+
+def local_work_for(target: object) -> LocalWorkOf | None:
+    """The busiest rank's work of an op (``None``: its split share, as for any op)."""
+    return _lookup(LOCAL_WORK, target)
 
 
 def register_local_form(*ops: object) -> Callable[[LocalForm], LocalForm]:
@@ -165,6 +212,12 @@ def strategies_for(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     base = replicated(node)
     rule = rule_for(node.target) if node.op == "call_function" else None
     found = rule(node, ctx) if rule is not None else []
+    if node.op == "call_function":
+        extensions = RULE_EXTENSIONS.get(node.target, [])
+        if not extensions and isinstance(node.target, torch._ops.OpOverload):
+            extensions = RULE_EXTENSIONS.get(node.target.name(), [])
+        for extension in extensions:
+            found = [*found, *extension(node, ctx)]
     unique = [base]
     for strategy in found:
         if len(strategy.inputs) != len(base.inputs):

@@ -1,0 +1,241 @@
+"""Mixture-of-experts blocks: found in the graph, forced to one form on request, and read back from a plan.
+
+An MoE block is found from the graph alone, never from module or class names: a grouped GEMM
+(``aten._grouped_mm`` or transformers' ``grouped_mm_fallback``) whose weight is a 3-D parameter ``(E, K, N)``
+(through views and transposes) and whose row-group offsets come from a router's ``topk``. The grouped
+GEMMs that share one ``topk`` are one block (the gate/up and the down projection of the routed experts); a
+shared expert (DeepSeek-style) is an ordinary MLP beside it and is planned like one.
+
+Each block takes one of two forms, and the solver picks between them like any other choice:
+
+- **experts split**: every rank holds a slice of every expert (``w S(1)``/``S(2)``, Megatron-style inside the
+  experts) and the block ends in an all-reduce;
+- **experts placed**: every rank holds whole experts (``w S(0)``, E / world_size each, uneven where the world
+  size does not divide E); each rank computes the tokens routed to its own experts (the activations are
+  whole on every rank in a tensor-parallel plan, so no token moves first) and one all-reduce combines them
+  (:mod:`autotp.passes.rules.experts`). No all-to-all is needed while the activations are replicated; an
+  all-to-all dispatch is the form for activations split by tokens, which autotp's plans do not make.
+
+``PlanOptions(experts="placed" | "split")`` narrows every block's candidates to one form
+(:func:`narrow_expert_forms`), as constraints do for any other placement; ``"auto"`` leaves the choice to
+the solver. Training plans never place experts (the expert-placed op has no backward): ``experts="placed"``
+with ``training=True`` is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.fx as fx
+
+from autotp.base.errors import PlanError
+from autotp.base.placements import Shard, placement_from_str
+from autotp.base.strategy import Strategy
+from autotp.base.units import format_seconds
+from autotp.passes.rules.args import tensor_inputs
+from autotp.passes.rules.experts import expert_weight_input, is_grouped_mm, router_of
+from autotp.passes.rules.registry import rule_for
+from autotp.passes.strategies import StrategyGraph
+from autotp.planning.decisions import NodeDecision
+
+__all__ = ["EXPERT_FORMS", "ExpertBlock", "PlannedExperts", "check_experts_option", "expert_lines", "explain_experts",
+           "find_expert_blocks", "narrow_expert_forms", "planned_experts"]
+
+EXPERT_FORMS = ("auto", "placed", "split")
+
+_PASS_THROUGH = (torch.ops.aten.transpose.int, torch.ops.aten.permute.default, torch.ops.aten.view.default,
+                 torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default, torch.ops.aten.alias.default,
+                 torch.ops.aten.t.default, torch.ops.aten.contiguous.default, torch.ops.aten._to_copy.default)
+"""Ops between an expert weight parameter and the grouped GEMM that reads it (they keep dim 0, the experts)."""
+
+
+def check_experts_option(value: object, training: bool) -> None:
+    """Validate ``PlanOptions.experts`` (ValueError saying what to pass)."""
+    if value not in EXPERT_FORMS:
+        raise ValueError(f"experts must be one of {', '.join(map(repr, EXPERT_FORMS))}, got {value!r}; e.g. "
+                         "experts='placed' to put whole experts on ranks")
+    if value == "placed" and training:
+        raise ValueError("experts='placed' plans inference only: the expert-placed grouped GEMM has no backward. "
+                         "Pass experts='auto' or experts='split' with training=True (experts are then split)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertBlock:
+    """One MoE block of a graph: its router's ``topk`` node, its grouped GEMMs and their expert weights."""
+
+    module: str  # the module path of its grouped GEMMs (e.g. model.layers.0.mlp.experts), for reports
+    router: str  # the topk node whose indices route the tokens
+    gemms: tuple[str, ...]  # grouped GEMM nodes, graph order
+    weights: tuple[str, ...]  # the parameter placeholders of their expert weights (E, K, N)
+    experts: int  # E
+
+
+def _weight_parameter(node: fx.Node, parameters: Iterable[str]) -> fx.Node | None:
+    """The parameter placeholder that ``node`` (a grouped GEMM's weight input) is a view of, or None."""
+    names = set(parameters)
+    while node.op == "call_function" and node.target in _PASS_THROUGH:
+        node = tensor_inputs(node)[0]
+    return node if node.op == "placeholder" and node.name in names else None
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    return list(stack.values())[-1][0] if stack else ""
+
+
+def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
+    """Every MoE block of ``graph`` (module docstring), in graph order."""
+    found: dict[str, list[tuple[fx.Node, fx.Node]]] = {}
+    for name in graph.order:
+        node = graph.nodes[name]
+        if node.op != "call_function" or rule_for(node.target) is None:
+            continue
+        weight = expert_weight_input(node) if is_grouped_mm(node.target) else None
+        param = _weight_parameter(weight, graph.parameters) if weight is not None else None
+        router = router_of(node) if param is not None else None
+        if router is not None and param is not None:
+            found.setdefault(router.name, []).append((node, param))
+    blocks = []
+    for router, members in found.items():
+        gemms = tuple(node.name for node, _ in members)
+        weights = tuple(dict.fromkeys(param.name for _, param in members))
+        experts = int(members[0][1].meta["val"].shape[0])
+        blocks.append(ExpertBlock(_module_path(members[0][0]), router, gemms, weights, experts))
+    return blocks
+
+
+def _placed(strategy: Strategy) -> bool:
+    return len(strategy.inputs) == 3 and strategy.inputs[1] == Shard(0)
+
+
+def narrow_expert_forms(graph: StrategyGraph, form: str) -> StrategyGraph:
+    """``graph`` with every MoE block's candidates narrowed to ``form`` (``"placed"`` or ``"split"``; ``"auto"``:
+    unchanged). A PlanError when ``"placed"`` is asked and a block cannot take it."""
+    if form == "auto":
+        return graph
+    strategies = dict(graph.strategies)
+    for block in find_expert_blocks(graph):
+        for name in block.gemms:
+            kept = [s for s in strategies[name] if _placed(s) == (form == "placed")]
+            if not kept:
+                raise PlanError(f"experts={form!r}: the grouped GEMM {name} in {block.module} has no such strategy "
+                                f"(candidates: {', '.join(map(str, strategies[name]))})")
+            strategies[name] = kept
+        for name in block.weights:
+            keep = [s for s in strategies[name] if (s.output == Shard(0)) == (form == "placed")]
+            strategies[name] = keep or strategies[name]
+    return dataclasses.replace(graph, strategies=strategies)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedExperts:
+    """The form one MoE block took in a plan, read from the plan's grouped GEMMs."""
+
+    module: str
+    form: str  # "placed", "split" or "replicated"
+    gemms: tuple[str, ...]
+    weights: tuple[str, ...]  # the expert weights' FQNs (or placeholder names)
+    experts: int
+    per_rank: tuple[int, ...]  # experts each rank holds (placed), else ()
+
+    def __str__(self) -> str:
+        if self.form == "placed":
+            counts = sorted(set(self.per_rank))
+            held = "/".join(map(str, counts[::-1]))
+            return f"{self.module}: experts placed, {self.experts} experts, {held} whole experts per rank"
+        if self.form == "split":
+            return f"{self.module}: experts split, every rank a slice of each of {self.experts} experts"
+        return f"{self.module}: experts replicated, every rank all {self.experts} experts"
+
+
+def _form_of(node: NodeDecision) -> str:
+    weight = placement_from_str(node.inputs[1]) if len(node.inputs) == 3 else None
+    if weight == Shard(0):
+        return "placed"
+    return "split" if any(p != "R" for p in node.inputs[:2]) or node.output != "R" else "replicated"
+
+
+def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[PlannedExperts]:
+    """The form of every MoE block in a plan's ``nodes``: its grouped GEMMs that read a 3-D weight by dim 0
+    (``S(0)``: placed) or by another dim (split), grouped by module."""
+    by_name = {node.name: node for node in nodes}
+    blocks: dict[str, list[NodeDecision]] = {}
+    for node in by_name.values():
+        grouped = node.op.endswith(("grouped_mm.default", "grouped_mm_fallback.default"))
+        if grouped and len(node.inputs) == 3 and len(node.shape) == 2:
+            blocks.setdefault(node.module, []).append(node)
+    found = []
+    for module, gemms in blocks.items():
+        forms = {_form_of(g) for g in gemms}
+        form = forms.pop() if len(forms) == 1 else "mixed"
+        weights, experts = [], 0
+        for gemm in gemms:
+            producer = by_name.get(gemm.input_nodes[1]) if len(gemm.input_nodes) > 1 else None
+            while producer is not None and producer.op != "placeholder" and producer.input_nodes:
+                producer = by_name.get(producer.input_nodes[0])
+            if producer is not None and producer.op == "placeholder":
+                weights.append(producer.target or producer.name)
+                experts = max(experts, producer.shape[0] if producer.shape else 0)
+        per_rank = tuple(_even_counts(experts, world_size)) if form == "placed" else ()
+        found.append(PlannedExperts(module, form, tuple(g.name for g in gemms), tuple(dict.fromkeys(weights)),
+                                    experts, per_rank))
+    return found
+
+
+def _even_counts(size: int, world_size: int) -> list[int]:
+    """Experts per rank of ``size`` experts over ``world_size`` ranks, the larger parts first."""
+    base, extra = divmod(size, world_size)
+    return [base + (1 if rank < extra else 0) for rank in range(world_size)]
+
+
+def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
+    """Why a block took ``form``: the predicted plan time with every block in each form (``Plan.expert_form_times``)."""
+    times = dict(form_times)
+    if form not in times or len(times) < 2:
+        return "forced (PlanOptions(experts=...)) or the only form possible" if form != "replicated" else ""
+    other = "split" if form == "placed" else "placed"
+    if other not in times:
+        return ""
+    return (f"the plan with experts {form} is predicted {format_seconds(times[form])} per forward, with experts "
+            f"{other} {format_seconds(times[other])}")
+
+
+def expert_lines(nodes: Iterable[NodeDecision], world_size: int, form_times: Sequence[tuple[str, float]] = (),
+                 max_rows: int = 40) -> list[str]:
+    """The plan text's lines on its MoE blocks (none when it has none): each block's form, and why."""
+    blocks = planned_experts(nodes, world_size)
+    if not blocks:
+        return []
+    lines = ["", "mixture-of-experts blocks:"]
+    for block in blocks[:max_rows]:
+        why = _why(block.form, form_times)
+        lines.append(f"  {block}" + (f" ({why})" if why else ""))
+    if len(blocks) > max_rows:
+        lines.append(f"  ... {len(blocks) - max_rows} more blocks")
+    return lines
+
+
+def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
+                    form_times: Sequence[tuple[str, float]] = ()) -> list[str] | None:
+    """``autotp.explain``'s account of the MoE block of ``module`` (its form, its experts per rank, the
+    placements of its grouped GEMMs and weights, why); None when ``module`` names no MoE block."""
+    found = [b for b in planned_experts(nodes, world_size) if b.module == module or b.module.startswith(module + ".")]
+    if not found:
+        return None
+    by_name = {node.name: node for node in nodes}
+    lines = []
+    for block in found:
+        lines.append(str(block))
+        why = _why(block.form, form_times)
+        if why:
+            lines.append(f"  why: {why}")
+        if block.form == "placed":
+            lines.append("  each rank computes the tokens routed to its own experts (the activations are whole on "
+                         "every rank); one all-reduce after the block combines them, weighted by the router")
+        for name in block.gemms:
+            gemm = by_name[name]
+            lines.append(f"  {name}: ({', '.join(gemm.inputs)}) -> {gemm.output}")
+        lines.append(f"  expert weights: {', '.join(block.weights)}")
+    return lines
