@@ -19,7 +19,7 @@ import autotp
 from autotp.capture import capture
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.experts import find_expert_blocks, planned_experts
-from autotp.planning.options import plan_options
+from autotp.planning.options import moved_to_options
 
 TOLERANCE = 1e-4
 
@@ -78,8 +78,10 @@ def test_placed_experts_refused_for_training() -> None:
         autotp.PlanOptions(experts="placed", training=True)
     with pytest.raises(ValueError, match="experts must be one of"):
         autotp.PlanOptions(experts="whole")
-    with pytest.raises(ValueError, match="experts='split'"):  # as compile's training= merges it
-        plan_options(autotp.PlanOptions(experts="placed"), training=True)
+    with warnings.catch_warnings():  # the old spelling compile(..., training=True) beside options= placing experts
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(ValueError, match="experts='split'"):
+            moved_to_options("compile", autotp.PlanOptions(experts="placed"), {"training": True}, taken=("training",))
     model, args, kwargs = _mixtral(layers=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -31,6 +31,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from autotp.adapters.torch_internals import OpOverload
 from autotp.base.placements import ExpertPartial, Shard, split_of
 from autotp.base.shapes import concrete_size
 from autotp.base.strategy import Strategy
@@ -81,7 +82,7 @@ def has_placeable_experts(gm: fx.GraphModule) -> bool:
 
 def is_grouped_mm(target: object) -> bool:
     """Whether ``target`` is one of :data:`GROUPED_MM_OPS`."""
-    name = target.name() if isinstance(target, torch._ops.OpOverload) else ""
+    name = target.name() if isinstance(target, OpOverload) else ""
     return target is aten._grouped_mm.default or name == "transformers::grouped_mm_fallback"
 
 
@@ -129,7 +130,7 @@ def _placed_grouped_mm_impl(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor
     stop = int(ends[first + count - 1])
     if fused and stop > start:  # one grouped kernel over this rank's block of rows
         local_offs = (offs[first:first + count] - start).to(torch.int32)
-        out[start:stop] = torch._grouped_mm(x[start:stop], w, offs=local_offs)
+        out[start:stop] = torch.ops.aten._grouped_mm(x[start:stop], w, offs=local_offs)
         return out
     for i in range(count):
         end = int(ends[first + i])

@@ -214,7 +214,7 @@ def strategies_for(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     found = rule(node, ctx) if rule is not None else []
     if node.op == "call_function":
         extensions = RULE_EXTENSIONS.get(node.target, [])
-        if not extensions and isinstance(node.target, torch._ops.OpOverload):
+        if not extensions and isinstance(node.target, OpOverload):
             extensions = RULE_EXTENSIONS.get(node.target.name(), [])
         for extension in extensions:
             found = [*found, *extension(node, ctx)]
