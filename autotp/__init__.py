@@ -71,10 +71,10 @@ _EXPORTS = {
     "ParallelPlan": "autotp.planning.mesh_plan",
     "PlanOptions": "autotp.planning.options",
     "plan_graph": "autotp.planning.planner",
-    "TensorParallelModule": "autotp.runtime.module",
-    "MeshParallelModule": "autotp.runtime.mesh",
-    "MeshGenerationModule": "autotp.runtime.mesh_generate",
-    "RuntimeOptions": "autotp.runtime.options",
+    "TensorParallelModule": "autotp.runtime.execution.module",
+    "MeshParallelModule": "autotp.runtime.mesh.mesh_module",
+    "MeshGenerationModule": "autotp.runtime.mesh.mesh_generate",
+    "RuntimeOptions": "autotp.runtime.execution.options",
 }
 
 if TYPE_CHECKING:
@@ -104,10 +104,10 @@ if TYPE_CHECKING:
     from autotp.planning.plan import Plan
     from autotp.planning.planner import plan_graph
     from autotp.pretrained import from_pretrained, load
-    from autotp.runtime.mesh import MeshParallelModule
-    from autotp.runtime.mesh_generate import MeshGenerationModule
-    from autotp.runtime.module import TensorParallelModule
-    from autotp.runtime.options import RuntimeOptions
+    from autotp.runtime.execution.module import TensorParallelModule
+    from autotp.runtime.execution.options import RuntimeOptions
+    from autotp.runtime.mesh.mesh_generate import MeshGenerationModule
+    from autotp.runtime.mesh.mesh_module import MeshParallelModule
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ Pipeline (each step a pure function of its inputs; see ARCHITECTURE.md)::
 The keywords say what to build (the model, its example inputs, the ranks, a given plan or checkpoint, a KV
 cache's length); every other option is given one way, in one of two frozen values validated where built:
 :class:`~autotp.planning.options.PlanOptions` (``options=``: how to plan) and
-:class:`~autotp.runtime.options.RuntimeOptions` (``runtime=``: how the ranks agree and run, the trace cache).
+:class:`~autotp.runtime.execution.options.RuntimeOptions` (``runtime=``: how the ranks agree and run, the trace cache).
 The compile driver below (:mod:`autotp.driver`) calls the stages in order; nothing
 imports this module but :mod:`autotp` and the other front doors.
 """
@@ -27,18 +27,18 @@ import torch
 import torch.distributed as dist
 
 from autotp.base.progress import log_progress
-from autotp.capture import capture, check_model, inputs_on_model_device
+from autotp.capture.tracing import capture, check_model, inputs_on_model_device
 from autotp.driver import compile_group
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
 from autotp.planning.mesh_search import plan_mesh as search_mesh
 from autotp.planning.options import PlanOptions, check_world_size, moved_to_options, plan_options, search_options
 from autotp.planning.plan import Plan
 from autotp.planning.planner import plan_graph
-from autotp.runtime.generation import generation_inputs
-from autotp.runtime.mesh import MeshParallelModule, compile_on_mesh
-from autotp.runtime.mesh_generate import MeshGenerationModule, compile_generation_on_mesh
-from autotp.runtime.module import TensorParallelModule
-from autotp.runtime.options import RuntimeOptions, runtime_options
+from autotp.runtime.execution.module import TensorParallelModule
+from autotp.runtime.execution.options import RuntimeOptions, runtime_options
+from autotp.runtime.generation.compile_for_generation import generation_inputs
+from autotp.runtime.mesh.mesh_generate import MeshGenerationModule, compile_generation_on_mesh
+from autotp.runtime.mesh.mesh_module import MeshParallelModule, compile_on_mesh
 
 __all__ = ["compile", "compile_mesh", "plan", "plan_mesh"]
 
@@ -96,7 +96,7 @@ def plan(
     - ``dynamic`` (default True) traces the batch and sequence dims (dims 0 and 1 of every tensor
       input) as symbols, so the plan serves every size; only static dims are split. ``dynamic=False``
       pins every size to the example's; ``dynamic_shapes`` is passed to ``torch.export`` as is
-      (see :mod:`autotp.capture`).
+      (see :mod:`autotp.capture.tracing`).
     - ``outputs="local"`` plans outputs returned as computed (a split output is not gathered, and
       its gather is not priced) instead of whole on every rank (see :mod:`autotp.planning.outputs`).
     - ``dropout="split"`` (with ``training``) lets dropout run on split activations (per-rank random
@@ -181,7 +181,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     model's output without its cache part (``past_key_values`` None; :mod:`autotp.adapters.hf_transformers`).
     (Over a ``DeviceMesh``, data x pipeline x tensor parallel: :func:`compile_mesh`.)
 
-    The ranks check that they agree before a plan is used (:mod:`autotp.runtime.agreement`; rank 0 plans
+    The ranks check that they agree before a plan is used (:mod:`autotp.runtime.agreement.exchanges`; rank 0 plans
     meanwhile, while the others rebuild the program it traced, and sends its plan once they agree): that
     every rank traced the model, the same graph, with the same options and the same full
     weights (a float64 sum and a sampled hash per weight; ``runtime=RuntimeOptions(check_weights=False)``
@@ -201,7 +201,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     ``model.safetensors.index.json``, or a directory written by ``tp.save``): read each rank's
     shards from it instead of slicing the model's weights, so ``model`` may live on the ``meta``
     device and no rank holds the whole model. Shards land on the device of ``example_inputs``,
-    cast to the model's dtype. See :mod:`autotp.runtime.loading`.
+    cast to the model's dtype. See :mod:`autotp.runtime.checkpoints.loading`.
 
     ``max_cache_len``: for a HuggingFace causal LM, build it for text generation instead
     (:meth:`TensorParallelModule.generate`): a KV cache of ``max_cache_len`` slots per row, one
@@ -210,11 +210,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
     row) and prefill (``seq`` prompt tokens per call) share every weight's placement, chosen to
     minimise the predicted ``prefill + expected_new_tokens x decode`` (``options.expected_new_tokens``,
     default 128 new tokens per prompt; see :mod:`autotp.planning.phases`). ``plan=`` then gives the decode
-    plan, whose placements prefill is pinned to. See :mod:`autotp.runtime.generation`. Without ``max_cache_len`` a
+    plan, whose placements prefill is pinned to. See :mod:`autotp.runtime.generation.compile_for_generation`. Without ``max_cache_len`` a
     causal LM compiled for inference still generates: ``tp.generate`` builds these graphs on its first call,
     with a cache sized for the request, from ``model`` (held by a weak reference: keep it until then), or with
     ``checkpoint=`` from the checkpoint (each rank reads the blocks its module does not hold); see
-    :mod:`autotp.runtime.generation_on_demand`. With ``checkpoint=`` and ``max_cache_len`` the generation graphs
+    :mod:`autotp.runtime.generation.generation_on_demand`. With ``checkpoint=`` and ``max_cache_len`` the generation graphs
     are captured on the (meta) model and each rank reads its blocks of the weights once for all of them.
 
     ``options=PlanOptions(training=True)``: build it for training. The result's parameters (``tp.parameters()``, named
@@ -226,7 +226,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     ``options=PlanOptions(training=True, activation_checkpointing="blocks")`` runs each repeated block of the
     rank-local graph (``model.layers.3``...) under ``torch.utils.checkpoint``: the forward keeps only
     the blocks' inputs, the backward recomputes each block, collectives included
-    (:mod:`autotp.runtime.checkpointing`).
+    (:mod:`autotp.runtime.training.checkpointing`).
 
     ``options=PlanOptions(outputs="local")``: return each output as this rank computes it instead of whole
     on every rank (``tp.output_placements`` says, per flattened output, ``"R"``, ``"S(d)"`` or ``"P"``):
@@ -245,7 +245,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     ``$AUTOTP_CACHE_DIR`` (default ``~/.cache/autotp``; ``$AUTOTP_CACHE=0`` turns it off), a directory, or
     ``False`` (default here; :func:`autotp.from_pretrained` and :func:`autotp.load` default to ``True``).
     The plan made for the traced graph and these options is kept there too and reused (checked
-    against the graph as a given ``plan=`` is). See :mod:`autotp.trace_cache`.
+    against the graph as a given ``plan=`` is). See :mod:`autotp.capture.trace_cache`.
     """
     options = plan_options(moved_to_options("autotp.compile", options, deprecated, taken=_COMPILE_MOVED),
                            max_cache_len=max_cache_len)
@@ -288,16 +288,16 @@ def compile_mesh(
     """Run ``model`` over ``mesh``, a ``torch.distributed.device_mesh.DeviceMesh`` with dims named from
     ``("dp", "pp", "tp")`` (a missing dim has size 1): data parallel x pipeline parallel x tensor parallel.
 
-    Returns this rank's :class:`~autotp.runtime.mesh.MeshParallelModule`, whose output on every rank is the
+    Returns this rank's :class:`~autotp.runtime.mesh.mesh_module.MeshParallelModule`, whose output on every rank is the
     whole batch's (with ``options=PlanOptions(training=True)``, on a mesh without ``pp``: each data-parallel replica's output for
     its slice of the batch, gradients averaged over ``dp``). ``plan``: a
     :class:`~autotp.planning.mesh_plan.ParallelPlan` (from :func:`plan_mesh`; ``None``: the layer blocks cut
     into equal stages; or the path of one saved with ``ParallelPlan.save``). ``checkpoint=`` reads each
     rank's stage shards. With ``max_cache_len`` it is compiled for generation instead and returns a
-    :class:`~autotp.runtime.mesh_generate.MeshGenerationModule`, whose ``generate`` returns the whole batch
+    :class:`~autotp.runtime.mesh.mesh_generate.MeshGenerationModule`, whose ``generate`` returns the whole batch
     on every rank (not with ``checkpoint=`` or ``example_kwargs=`` yet). ``options`` and ``runtime``
     as in :func:`compile`, for each stage's tensor-parallel part. See
-    :mod:`autotp.runtime.mesh` and :mod:`autotp.runtime.mesh_generate`.
+    :mod:`autotp.runtime.mesh.mesh_module` and :mod:`autotp.runtime.mesh.mesh_generate`.
     """
     options = plan_options(moved_to_options("autotp.compile_mesh", options, deprecated, taken=_COMPILE_MOVED),
                            max_cache_len=max_cache_len, mesh=True)

@@ -5,21 +5,21 @@ the stages in order.
 
     1. bind      the group's size and this rank, the device, the runtime mode, and the planning options
                  priced in that mode (Hardware.runtime_mode)
-    2. capture   torch.export of the model (autotp.capture; the first rank's trace shared with the others)
-    3. agree     the ranks compare their graphs, options and weights (autotp.runtime.agreement); rank 0
-                 starts planning meanwhile (autotp.runtime.group.plan_ahead)
-    4. plan      rank 0's plan sent to every rank, or the given plan checked (autotp.runtime.applying.plan_or_check)
-    5. read      the checkpoint's headers, agreed by every rank (autotp.runtime.loading), with ``checkpoint=``
-    6. apply     the rank-local graph and this rank's shards (autotp.runtime.applying.apply_plan)
+    2. capture   torch.export of the model (autotp.capture.tracing; the first rank's trace shared with the others)
+    3. agree     the ranks compare their graphs, options and weights (autotp.runtime.agreement.exchanges); rank 0
+                 starts planning meanwhile (autotp.runtime.agreement.group.plan_ahead)
+    4. plan      rank 0's plan sent to every rank, or the given plan checked (autotp.runtime.execution.applying.plan_or_check)
+    5. read      the checkpoint's headers, agreed by every rank (autotp.runtime.checkpoints.loading), with ``checkpoint=``
+    6. apply     the rank-local graph and this rank's shards (autotp.runtime.execution.applying.apply_plan)
     7. module    the TensorParallelModule this rank calls
 
 A generation compile (``max_cache_len``) agrees on the options and weights in step 3 and hands steps 2, 4 and 6
-to :func:`autotp.runtime.generation.compile_for_generation`, which captures prefill and decode graphs.
+to :func:`autotp.runtime.generation.compile_for_generation.compile_for_generation`, which captures prefill and decode graphs.
 
 The front doors (:mod:`autotp.api`, :mod:`autotp.pretrained`) call it once; ``autotp.compile_mesh`` hands it
-to :func:`autotp.runtime.mesh.compile_on_mesh`, which calls it once per pipeline stage over the stage's tp
+to :func:`autotp.runtime.mesh.mesh_module.compile_on_mesh`, which calls it once per pipeline stage over the stage's tp
 group; calibration compiles its small model with it. Options come in as validated frozen values
-(:class:`~autotp.planning.options.PlanOptions`, :class:`~autotp.runtime.options.RuntimeOptions`).
+(:class:`~autotp.planning.options.PlanOptions`, :class:`~autotp.runtime.execution.options.RuntimeOptions`).
 """
 
 from __future__ import annotations
@@ -33,24 +33,31 @@ import torch
 import torch.distributed as dist
 
 from autotp.base.progress import log_progress
-from autotp.capture import CapturedGraph, capture, check_model, random_state_fingerprint, trace_device
+from autotp.capture.trace_cache import TraceCache, open_trace_cache
+from autotp.capture.tracing import CapturedGraph, capture, check_model, random_state_fingerprint, trace_device
 from autotp.planning.options import PlanOptions
 from autotp.planning.plan import Plan, as_plan
-from autotp.runtime.agreement import InputGuard, agreed_options, compile_record, options_record, plan_text, ranks_agree
-from autotp.runtime.applying import apply_plan, plan_or_check
-from autotp.runtime.checkpointing import checkpointed_graph
-from autotp.runtime.generation import compile_for_generation
-from autotp.runtime.generation_on_demand import ForwardOnDemand, GenerationOnDemand
-from autotp.runtime.group import bind_group, plan_ahead
-from autotp.runtime.hosts import Host
-from autotp.runtime.kv_cache import check_causal_lm
-from autotp.runtime.loading import TensorSource, agree_on_success
-from autotp.runtime.module import TensorParallelModule
-from autotp.runtime.options import RuntimeOptions, runtime_host
-from autotp.runtime.runtime_modes import priced_in, resolve_runtime_mode
-from autotp.runtime.saving import open_checkpoint
-from autotp.runtime.shared_trace import FirstRankTrace
-from autotp.trace_cache import TraceCache, open_trace_cache
+from autotp.runtime.agreement.exchanges import (
+    InputGuard,
+    agreed_options,
+    compile_record,
+    options_record,
+    plan_text,
+    ranks_agree,
+)
+from autotp.runtime.agreement.group import bind_group, plan_ahead
+from autotp.runtime.agreement.shared_trace import FirstRankTrace
+from autotp.runtime.checkpoints.loading import TensorSource, agree_on_success
+from autotp.runtime.checkpoints.saving import open_checkpoint
+from autotp.runtime.collectives.hosts import Host
+from autotp.runtime.execution.applying import apply_plan, plan_or_check
+from autotp.runtime.execution.module import TensorParallelModule
+from autotp.runtime.execution.options import RuntimeOptions, runtime_host
+from autotp.runtime.execution.runtime_modes import priced_in, resolve_runtime_mode
+from autotp.runtime.generation.compile_for_generation import compile_for_generation
+from autotp.runtime.generation.generation_on_demand import ForwardOnDemand, GenerationOnDemand
+from autotp.runtime.generation.kv_cache import check_causal_lm
+from autotp.runtime.training.checkpointing import checkpointed_graph
 
 __all__ = ["compile_group"]
 
@@ -73,7 +80,7 @@ def compile_group(model: torch.nn.Module, *, example_inputs: tuple[Any, ...], ex
                   runtime: RuntimeOptions) -> TensorParallelModule:
     """This rank's :class:`TensorParallelModule` over ``group``: see :func:`autotp.compile` and the module
     docstring for the steps. ``options`` come from :func:`~autotp.planning.options.plan_options` (their
-    ``world_size`` is set here, from the group); ``runtime`` from :func:`~autotp.runtime.options.runtime_options`."""
+    ``world_size`` is set here, from the group); ``runtime`` from :func:`~autotp.runtime.execution.options.runtime_options`."""
     timeout_s, host = runtime.agreement_timeout_s, runtime_host(runtime)
     cache = open_trace_cache(runtime.trace_cache, checkpoint)
     ahead = None
@@ -201,7 +208,7 @@ def _compile_forward(model: torch.nn.Module, example_inputs: tuple[Any, ...], ex
                      checkpoint: str | os.PathLike[str] | None, options: PlanOptions,
                      runtime: RuntimeOptions) -> TensorParallelModule:
     """``compile(model, example_inputs, example_kwargs=...)`` after a generation compile with ``options``: what
-    :class:`~autotp.runtime.generation_on_demand.ForwardOnDemand` builds at the first plain call."""
+    :class:`~autotp.runtime.generation.generation_on_demand.ForwardOnDemand` builds at the first plain call."""
     return compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs or None,
                          world_size=world_size, group=group, plan=None, checkpoint=checkpoint, max_cache_len=None,
                          options=options, runtime=runtime)
@@ -212,7 +219,7 @@ def _compile_for_generation(model: torch.nn.Module, example_inputs: tuple[Any, .
                             rank: int, host: Host, timeout_s: float, runtime_mode: str, device: torch.device,
                             trace_cache: TraceCache | None) -> TensorParallelModule:
     """``compile(model, ..., max_cache_len=max_cache_len)`` after the plain compile that planned with ``options``:
-    what :class:`~autotp.runtime.generation_on_demand.GenerationOnDemand` builds on the first ``generate``
+    what :class:`~autotp.runtime.generation.generation_on_demand.GenerationOnDemand` builds on the first ``generate``
     (``files``: the checkpoint that compile read, seen through its module's blocks, or None; ``trace_cache``: that
     compile's)."""
     return compile_for_generation(model, example_inputs, max_cache_len=max_cache_len, options=options, plan=None,

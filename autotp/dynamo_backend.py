@@ -10,14 +10,14 @@ backend returns a :class:`CompiledSubgraph` which, at its first call with given 
    parameter's FQN (``mlp.up_proj.weight``) is read; ``nn.Parameter`` inputs are parameters;
 2. lowers the graph to the planner's IR: ``torch.export.export`` (non-strict) of Dynamo's
    GraphModule at concrete input sizes, the same ATen graph ``autotp.compile`` captures from
-   the model itself (:func:`autotp.capture.from_exported`);
+   the model itself (:func:`autotp.capture.tracing.from_exported`);
 3. plans it with autotp's planner, on the group's first rank, which sends the plan to the
-   others (:func:`autotp.runtime.group.plan_on_first_rank`, as ``autotp.compile`` does); graph outputs are
+   others (:func:`autotp.runtime.agreement.group.plan_on_first_rank`, as ``autotp.compile`` does); graph outputs are
    ``Replicate``, so values crossing a graph break are whole on every rank;
-4. applies the plan as ``autotp.compile`` does (:func:`autotp.runtime.applying.apply_plan`: the rank-local
+4. applies the plan as ``autotp.compile`` does (:func:`autotp.runtime.execution.applying.apply_plan`: the rank-local
    graph, the inference collectives chosen for the group's hosts, this rank's parameter shards, sliced once
    for every graph that splits them alike) and runs it in ``RuntimeOptions.runtime_mode``
-   (:func:`autotp.runtime.runtime_modes.graph_runner`: ``"compiled"`` hands it to Inductor).
+   (:func:`autotp.runtime.execution.runtime_modes.graph_runner`: ``"compiled"`` hands it to Inductor).
 
 At run time the compiled graph ignores the full parameters Dynamo passes it and uses the
 shards; :meth:`AutoTPBackend.release_full_weights` frees the full weights of split parameters. Shapes: a *dynamic* Dynamo graph (``mark_dynamic``, ``dynamic=True``, or Dynamo's
@@ -54,16 +54,16 @@ from autotp.base.errors import AutoTPError, CaptureError
 from autotp.base.placements import Replicate
 from autotp.base.shapes import first_tensor, is_static
 from autotp.base.strategy import Strategy
-from autotp.capture import CapturedGraph, InputSlot, OutputStructure, from_exported, trace_device
+from autotp.capture.tracing import CapturedGraph, InputSlot, OutputStructure, from_exported, trace_device
 from autotp.passes.rewrite import count_collectives
 from autotp.planning.options import PlanOptions, moved_to_options, options_taking, plan_options
 from autotp.planning.plan import Plan
-from autotp.runtime.agreement import agreed_options, compile_record, ranks_agree
-from autotp.runtime.applying import apply_plan
-from autotp.runtime.group import bind_group, plan_on_first_rank
-from autotp.runtime.options import RuntimeOptions, runtime_host, runtime_options
-from autotp.runtime.runtime_modes import graph_runner, priced_in, resolve_runtime_mode
-from autotp.runtime.shards import ShardCache
+from autotp.runtime.agreement.exchanges import agreed_options, compile_record, ranks_agree
+from autotp.runtime.agreement.group import bind_group, plan_on_first_rank
+from autotp.runtime.execution.applying import apply_plan
+from autotp.runtime.execution.options import RuntimeOptions, runtime_host, runtime_options
+from autotp.runtime.execution.runtime_modes import graph_runner, priced_in, resolve_runtime_mode
+from autotp.runtime.execution.shards import ShardCache
 
 __all__ = ["AutoTPBackend", "BackendStats", "CompiledSubgraph", "autotp_backend", "backend"]
 

@@ -4,7 +4,7 @@ Both build nothing but a model on the ``meta`` device, plan it (planning needs n
 read only this rank's blocks: from a transformers safetensors checkpoint
 (:func:`from_pretrained`), or from a ``torch.distributed.checkpoint`` directory written by
 :meth:`TensorParallelModule.save` at any world size (:func:`load`); ``generate`` reads its graphs'
-blocks from the same files. See :mod:`autotp.runtime.loading` and :mod:`autotp.runtime.saving`.
+blocks from the same files. See :mod:`autotp.runtime.checkpoints.loading` and :mod:`autotp.runtime.checkpoints.saving`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from autotp.adapters import torchao
 from autotp.driver import compile_group
 from autotp.planning.options import PlanOptions, moved_to_options, plan_options
 from autotp.planning.plan import Plan
-from autotp.runtime.module import TensorParallelModule
-from autotp.runtime.options import RuntimeOptions, runtime_options
+from autotp.runtime.execution.module import TensorParallelModule
+from autotp.runtime.execution.options import RuntimeOptions, runtime_options
 
 __all__ = ["from_pretrained", "load"]
 
@@ -40,16 +40,16 @@ def from_pretrained(path: str | os.PathLike[str], *, world_size: int | None = No
     ``group``, ``plan``, ``options`` and ``runtime`` as in :func:`autotp.compile`. For a causal
     LM, ``tp.generate(ids, ...)`` builds its generation graphs on the first call from the same checkpoint:
     captured on the meta model, each rank reading the blocks of the weights that it does not hold already
-    (see :mod:`autotp.runtime.generation_on_demand`).
+    (see :mod:`autotp.runtime.generation.generation_on_demand`).
 
     ``quantization_config`` (a ``transformers.TorchAoConfig``): the meta model is quantized as transformers
     would (the same weights), and each rank quantizes its blocks of the float checkpoint as it reads them
-    (whole rows where per-row scales need them, see :func:`autotp.runtime.loading.quantize_on_read` and
+    (whole rows where per-row scales need them, see :func:`autotp.runtime.checkpoints.loading.quantize_on_read` and
     docs/quantization.md).
 
     ``runtime.trace_cache`` (default True here): the traced program is kept in ``$AUTOTP_CACHE_DIR`` (default
     ``~/.cache/autotp``, never inside ``path``) and reused by the next load of the same model and
-    inputs' specs, which then skips ``torch.export`` (see :mod:`autotp.trace_cache`);
+    inputs' specs, which then skips ``torch.export`` (see :mod:`autotp.capture.trace_cache`);
     ``RuntimeOptions(trace_cache=False)`` or ``$AUTOTP_CACHE=0`` turns it off, a path puts it there.
     """
     options = plan_options(moved_to_options("autotp.from_pretrained", options, deprecated, taken=("hardware",)))

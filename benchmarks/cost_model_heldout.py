@@ -48,7 +48,7 @@ from cost_model_families import DESIGN, ORDER, build
 @functools.cache
 def _captured(family: str) -> Any:
     """The family's graph as ``autotp.compile`` captures it (the same at every world size)."""
-    from autotp.capture import capture
+    from autotp.capture.tracing import capture
 
     model, args, kwargs = build(family)
     return capture(model, args, kwargs)

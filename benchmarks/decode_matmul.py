@@ -7,7 +7,7 @@ The weights of one tp-sharded decode step of the 8-layer Llama of ``benchmarks/r
 compiled by Inductor as one graph:
 
 - ``gemm``: ``linear(x, weight)`` (Inductor calls the library GEMM);
-- ``summed``: one row through :func:`autotp.runtime.runtime_modes.one_row_linear` (the multiply-and-sum the
+- ``summed``: one row through :func:`autotp.runtime.execution.runtime_modes.one_row_linear` (the multiply-and-sum the
   compiled decode graph uses); more rows through an output-major multiply-and-sum
   (``(weight.unsqueeze(1) * x).sum(-1).t()``: each weight row read once for every row of ``x``), which is as
   fast here but which the decode graph does not use: there Inductor stores its output transposed and the
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from autotp.runtime.runtime_modes import one_row_linear
+from autotp.runtime.execution.runtime_modes import one_row_linear
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, VOCAB = 8, 512, 8, 4, 8000
 

@@ -5,11 +5,11 @@
 A generation compile (``autotp.compile(model, example_inputs=(ids,), max_cache_len=N)``) traces three graphs
 (prefill, continuation, decode) that write a KV cache in place, and a graph that writes in place is
 functionalized (``ExportedProgram.run_decompositions``: the whole program traced again). The first rank traces for
-its group (``autotp.runtime.shared_trace``); since ``autotp.capture._functional`` it functionalizes the program
+its group (``autotp.runtime.agreement.shared_trace``); since ``autotp.capture.tracing._functional`` it functionalizes the program
 before it sends it, so the other ranks receive the functional form. The baseline, run side by side in the same
 processes, sends the program as exported and every rank functionalizes its copy (the code before).
 ``--baseline whole``: the baseline exports and functionalizes every layer instead of stamping the graphs of a
-model of four or more layers from three (:mod:`autotp.stamping`; the code before stamping took generation graphs).
+model of four or more layers from three (:mod:`autotp.capture.stamping`; the code before stamping took generation graphs).
 ``--int8``: the model's Linears quantized with torchao's int8 weight-only config; ``--baseline per-rank`` is then the
 code before for such a model (exported whole and functionalized by every rank: its stamping needs the functional form).
 Tiny Llama (hidden 256, 8 heads, 4 kv heads), batch 2, prompt 6, a 12-slot cache, one torch thread per rank. Prints,
@@ -42,8 +42,8 @@ def _compile_s(layers: int, baseline: str | None, int8: bool) -> tuple[float, fl
     from models import tiny_llama
 
     import autotp
-    import autotp.capture as capture_module
-    import autotp.stamping as stamping_module
+    import autotp.capture.stamping as stamping_module
+    import autotp.capture.tracing as capture_module
 
     model, (ids,), _ = tiny_llama(batch=2, seq_len=6, layers=layers)
     if int8:

@@ -10,7 +10,7 @@ One process (world size 1: NCCL on CUDA, gloo on the CPU), a random Llama, greed
   ``tolist()``, ``int()``), as ``tests/test_runtime_modes.py`` counts them.
 
 The loop looks at "has every row ended" once every ``stop_check_every`` tokens (8 in the compiled modes, 1 eager,
-``autotp.runtime.generate.EOS_CHECK_TOKENS``), so a compiled mode should make about one sync per 8 tokens. Usage::
+``autotp.runtime.generation.generate.EOS_CHECK_TOKENS``), so a compiled mode should make about one sync per 8 tokens. Usage::
 
     python benchmarks/host_syncs.py                       # CPU: eager, compiled
     python benchmarks/host_syncs.py --device cuda         # CUDA: eager, compiled, cuda_graph

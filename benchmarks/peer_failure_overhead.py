@@ -1,4 +1,4 @@
-"""Per-call cost of telling the ranks about a failed peer (``autotp/runtime/peer_failure.py``) on the happy path.
+"""Per-call cost of telling the ranks about a failed peer (``autotp/runtime/agreement/peer_failure.py``) on the happy path.
 
     python benchmarks/peer_failure_overhead.py [--world-size 2] [--calls 300]
 
@@ -30,8 +30,8 @@ def _measure(rank: int, world_size: int, calls: int) -> dict[str, float]:
     from torch import nn
 
     import autotp
-    from autotp.runtime.peer_failure import failure_notes
-    from autotp.runtime.watched_collectives import WatchedCollective
+    from autotp.runtime.agreement.peer_failure import failure_notes
+    from autotp.runtime.collectives.watched_collectives import WatchedCollective
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).eval()

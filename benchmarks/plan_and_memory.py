@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from models import tiny_bert, tiny_gpt2, tiny_llama, tiny_mlp  # noqa: E402
 
 import autotp  # noqa: E402
-from autotp.capture import capture  # noqa: E402
+from autotp.capture.tracing import capture  # noqa: E402
 from autotp.passes.uneven import build_partitions  # noqa: E402
-from autotp.runtime.shards import shard_tensor  # noqa: E402
+from autotp.runtime.execution.shards import shard_tensor  # noqa: E402
 
 
 def llama_1b(device: str = "meta"):

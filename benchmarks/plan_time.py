@@ -11,7 +11,7 @@ also solves without tying and prints both objectives (the optimality lost by tyi
 ``passes/backward.py``), as ``autotp.plan(..., training=True)`` does.
 ``--max-cache-len N``: the decode step with a KV cache of N slots, one sequence of 16 prompt tokens, planned
 end to end by ``autotp.plan(..., max_cache_len=N)``, as built (three layers traced, the others stamped:
-:mod:`autotp.stamping`) and with stamping off (every layer exported and functionalized), in turn.
+:mod:`autotp.capture.stamping`) and with stamping off (every layer exported and functionalized), in turn.
 Wall-clock on a shared machine: read growth with depth and the ratios, not the last digit.
 """
 
@@ -24,7 +24,7 @@ import warnings
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.cost_model import get_hardware
 from autotp.passes.backward import Training
 from autotp.passes.costing import cost_strategy_graph
@@ -87,7 +87,7 @@ def main() -> None:
 def _decode_with_cache(options: argparse.Namespace) -> None:
     """``autotp.plan(..., max_cache_len=)`` end to end, stamped and whole (see the module docstring)."""
     import autotp
-    import autotp.stamping as stamping
+    import autotp.capture.stamping as stamping
 
     print(f"Llama-3-70B shape, tp={options.world_size}, {options.hardware}, decode step with a KV cache of "
           f"{options.max_cache_len} slots: autotp.plan, seconds")

@@ -218,10 +218,10 @@ def _worker(rank: int, world_size: int, port: int, path: str, args: argparse.Nam
 
 
 def _all_reduce_form(tp: Any) -> str:
-    """How the rank-local graph of ``tp`` sums its all-reduces (autotp.runtime.inference_collectives)."""
+    """How the rank-local graph of ``tp`` sums its all-reduces (autotp.runtime.collectives.inference_collectives)."""
     from autotp.passes.small_collectives import one_shot_all_reduce
-    from autotp.runtime.shared_memory import SharedMemoryAllReduce
-    from autotp.runtime.symmetric_memory import SymmetricMemoryAllReduce
+    from autotp.runtime.collectives.shared_memory import SharedMemoryAllReduce
+    from autotp.runtime.collectives.symmetric_memory import SymmetricMemoryAllReduce
 
     targets = [n.target for n in tp.graph_module.graph.nodes if n.op == "call_function"]
     for form, takes in (("symmetric memory", lambda t: isinstance(t, SymmetricMemoryAllReduce)),

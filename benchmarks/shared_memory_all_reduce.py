@@ -2,7 +2,7 @@
 
 Spawns ``ws`` gloo processes (one thread each) and, per tensor size, times back-to-back calls of
 ``wait_tensor(all_reduce(x))`` (what a rewritten graph issues on gloo) and of
-:class:`autotp.runtime.shared_memory.SharedMemoryAllReduce` (what it runs instead on one x86-64
+:class:`autotp.runtime.collectives.shared_memory.SharedMemoryAllReduce` (what it runs instead on one x86-64
 host), and of the op ``torch.ops.autotp.shared_memory_all_reduce`` (the same call as the compiled runtime
 modes make it, through the dispatcher), alternating them within each round so that all see the same machine
 load. Prints the median microseconds per call over the rounds (the slowest rank's) and ratios. Usage::
@@ -45,8 +45,8 @@ def _worker(rank: int, world_size: int, port: int, sizes: list[int], rounds: int
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     from autotp.passes.small_collectives import compiler_visible_collectives
-    from autotp.runtime.hosts import local_host
-    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
+    from autotp.runtime.collectives.hosts import local_host
+    from autotp.runtime.collectives.shared_memory import shared_memory_all_reduce_for
 
     c10d = torch.ops._c10d_functional
     group_name = dist.group.WORLD.group_name

@@ -6,12 +6,12 @@ Traces the random Llama of ``benchmarks/load.py`` on the meta device once (dynam
 sequence, as ``from_pretrained`` does; a decoder of 4 or more layers is stamped, as capture does),
 then, ``--repeats`` times and alternating between the forms, writes that program and reads it back:
 
-- ``this``: this checkout's ``autotp.trace_cache`` (the ``torch._export.serde`` schema without
+- ``this``: this checkout's ``autotp.capture.trace_cache`` (the ``torch._export.serde`` schema without
   weights, pickled; rebuilt with the model's weights bound), step by step: serialize, write
   (pickle, checksum, atomic file), read (file, checksum, unpickle) and rebuild;
 - ``public file`` and ``public BytesIO``: ``torch.export.save`` / ``torch.export.load`` of the same
   program, to a file and to an in-memory buffer (what a cache entry and a shared trace would use);
-- ``baseline`` (with ``--baseline``): ``CHECKOUT/autotp/trace_cache.py``, loaded under another name.
+- ``baseline`` (with ``--baseline``): ``CHECKOUT/autotp/capture/trace_cache.py``, loaded under another name.
 
 Besides the times it prints each form's size and the bytes of real weight storage its read
 allocated (``torch.export.load`` turns a meta model's fake weights into real tensors). One process,
@@ -100,15 +100,15 @@ def main() -> None:
     import torch
     import transformers
 
-    from autotp import trace_cache as this
-    from autotp.capture import _export, default_dynamic_shapes
+    from autotp.capture import trace_cache as this
+    from autotp.capture.tracing import _export, default_dynamic_shapes
 
     warnings.simplefilter("ignore")
     logging.getLogger("torch._export.serde.serialize").setLevel(logging.ERROR)  # load's weights_only fallback notice
     forms: dict[str, Callable[[Path], tuple[dict[str, float], int, int]]] = {}
     if args.baseline:
-        spec = importlib.util.spec_from_file_location("baseline_trace_cache", Path(args.baseline) / "autotp" / "trace_cache.py")
-        assert spec is not None and spec.loader is not None, f"no autotp/trace_cache.py in {args.baseline}"
+        spec = importlib.util.spec_from_file_location("baseline_trace_cache", Path(args.baseline) / "autotp" / "capture" / "trace_cache.py")
+        assert spec is not None and spec.loader is not None, f"no autotp/capture/trace_cache.py in {args.baseline}"
         base = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = base  # pickle finds its _Entry class by this name
         spec.loader.exec_module(base)

@@ -1,4 +1,4 @@
-"""Tracing a decoder whole vs three layers traced and the rest stamped (autotp/stamping.py), one process.
+"""Tracing a decoder whole vs three layers traced and the rest stamped (autotp/capture/stamping.py), one process.
 
     python benchmarks/trace_stamp.py [--layers 16] [--repeats 3] [--generation] [--int8]
 
@@ -45,10 +45,10 @@ def _seconds(work: Callable[[], Any]) -> tuple[float, Any]:
 def main() -> None:
     import transformers
 
-    from autotp.capture import _export, _export_functional, default_dynamic_shapes, trace_device
-    from autotp.runtime.kv_cache import CachedCausalLM
-    from autotp.stamping import stamped_from
-    from autotp.trace_cache import program_bytes, program_from_bytes
+    from autotp.capture.stamping import stamped_from
+    from autotp.capture.trace_cache import program_bytes, program_from_bytes
+    from autotp.capture.tracing import _export, _export_functional, default_dynamic_shapes, trace_device
+    from autotp.runtime.generation.kv_cache import CachedCausalLM
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=16)
@@ -81,7 +81,7 @@ def main() -> None:
         seconds, stamped = _seconds(lambda: _export(model, inputs, kwargs, dynamic))
         times["stamped"].append(seconds)
         if stamped_from(stamped) is None:
-            raise SystemExit("the model was not stamped: see the autotp.stamping debug log")
+            raise SystemExit("the model was not stamped: see the autotp.capture.stamping debug log")
         for name, program in (("whole", whole), ("stamped", stamped)):
             seconds, data = _seconds(lambda program=program: program_bytes("key", program))
             times[f"bytes {name}"].append(seconds)

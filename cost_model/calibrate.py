@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 SHARED_MEMORY_KIND = str(FORM_TABLE[CollectiveForm.SHARED_MEMORY].measured_as)
-"""Kind of the samples of autotp's shared-memory all-reduce (``autotp.runtime.shared_memory``),
+"""Kind of the samples of autotp's shared-memory all-reduce (``autotp.runtime.collectives.shared_memory``),
 measured besides gloo's where the ranks can use it; fitted to ``Hardware.shared_memory_link``."""
 
 

@@ -32,8 +32,8 @@ where the form takes the call, the backend's price (given by the caller, :mod:`.
 Who reads the table: the pricing (:func:`.collectives.collective_time_s`,
 :func:`.symbolic.symbolic_collective_time_s`), the profile's check (:class:`.hardware.Hardware`), the fit of
 a calibrated profile (:mod:`.calibrate`, :mod:`.graph_calibration`), the runtime's per-call checks
-(``autotp.passes.small_collectives``, ``autotp.runtime.symmetric_memory``) and the runtime's choice and graph
-substitution (``autotp.runtime.inference_collectives.RUNTIME_FORMS``, one row per form: how it is set up on
+(``autotp.passes.small_collectives``, ``autotp.runtime.collectives.symmetric_memory``) and the runtime's choice and graph
+substitution (``autotp.runtime.collectives.inference_collectives.RUNTIME_FORMS``, one row per form: how it is set up on
 a group and put in a graph; the cost model imports nothing of autotp, so that half sits above it, keyed by
 the same enum and checked complete when imported). Adding a form: a member and a row here, a row there.
 
@@ -208,7 +208,7 @@ class FormSpec:
 
     Its fit: ``measured_as``, the sample kind ``autotp calibrate`` times it as, fitted to ``terms`` to give
     ``link_field`` (None: nothing of its own; the group's link is fitted from the backend's collectives).
-    ``label``: how :func:`autotp.runtime.inference_collectives.collective_forms` names it in a graph (None:
+    ``label``: how :func:`autotp.runtime.collectives.inference_collectives.collective_forms` names it in a graph (None:
     its value).
     """
 

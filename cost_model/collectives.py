@@ -78,7 +78,7 @@ as the ring's reduction is not. Flat link only (the runtime does not split it by
 
 **Shared-memory all-reduce** (``CollectiveForm.SHARED_MEMORY``: autotp's inference
 runtime on a gloo group whose ranks share one x86-64 host, :func:`uses_shared_memory_all_reduce`,
-``autotp.runtime.shared_memory``): every all-reduce inside a node, at any size, on the profile's own
+``autotp.runtime.collectives.shared_memory``): every all-reduce inside a node, at any size, on the profile's own
 ``Hardware.shared_memory_link`` (fitted by ``autotp calibrate``):
 ``base + (p-1)·alpha + (p+1)·n/B`` (its row's terms: each rank waits for the flags of
 ``p - 1`` others; it copies its ``n`` bytes in, reads the ``p`` copies and writes the sum). A group
@@ -89,7 +89,7 @@ streaming hundreds of MiB of weights and cache), each call also pays
 
 **Symmetric-memory all-reduce** (``CollectiveForm.SYMMETRIC_MEMORY``: autotp's inference
 runtime where the ranks of a group share one host and their tensors are on CUDA devices,
-:func:`uses_symmetric_memory_all_reduce`, ``autotp.runtime.symmetric_memory``): an all-reduce of at most
+:func:`uses_symmetric_memory_all_reduce`, ``autotp.runtime.collectives.symmetric_memory``): an all-reduce of at most
 :data:`ONE_SHOT_MAX_BYTES` inside a node (:func:`symmetric_memory_takes`) runs as PyTorch's one-shot kernel on
 symmetric memory (``torch.ops.symm_mem.one_shot_all_reduce_copy_out``, [SYMM]): one kernel copies the tensor
 into the rank's buffer, signals every peer and waits for their signals, loads the ``p - 1`` peers' buffers
@@ -177,7 +177,7 @@ def uses_one_shot_all_reduce(group_size: int, nbytes: float) -> bool:
 
 def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str, device_type: str = "cpu") -> bool:
     """True when autotp's inference runtime sums a group's all-reduces through shared memory
-    (``autotp.runtime.shared_memory``): a gloo group whose ranks all run on one host, on x86-64, with their
+    (``autotp.runtime.collectives.shared_memory``): a gloo group whose ranks all run on one host, on x86-64, with their
     tensors in host memory (``device_type`` "cpu"; CUDA tensors on a gloo group keep gloo's own collectives).
     The shared-memory row's group conditions (``FORM_TABLE[CollectiveForm.SHARED_MEMORY].takes_group``), which
     the runtime reads too."""
@@ -188,7 +188,7 @@ def uses_shared_memory_all_reduce(*, backend: str, one_host: bool, machine: str,
 def uses_symmetric_memory_all_reduce(*, one_host: bool, device_types: set[str] | frozenset[str],
                                      has_kernel: bool) -> bool:
     """True when autotp's inference runtime sums a group's small all-reduces in symmetric memory
-    (``autotp.runtime.symmetric_memory``): every rank of the group runs on one host with its tensors on a
+    (``autotp.runtime.collectives.symmetric_memory``): every rank of the group runs on one host with its tensors on a
     CUDA device (``device_types``: the device types of the ranks' tensors), and this torch has the one-shot
     kernel (``has_kernel``: ``torch.ops.symm_mem.one_shot_all_reduce_copy_out``), whatever the backend (NCCL,
     or gloo with CUDA tensors). Which of those all-reduces take it: :func:`symmetric_memory_takes`. The

@@ -883,7 +883,7 @@ _GPU_EAGER_DISPATCH_S = 10.0 * _US
 _GPU_GRAPH_LAUNCH_S = 10.0 * _US
 
 # On one NVSwitch node autotp's runtime sums an all-reduce of at most 256 KiB with PyTorch's one-shot kernel
-# on symmetric memory (autotp/runtime/symmetric_memory.py; priced in cost_model/collectives.py), as vLLM's and
+# on symmetric memory (autotp/runtime/collectives/symmetric_memory.py; priced in cost_model/collectives.py), as vLLM's and
 # SGLang's custom all-reduce do for small messages; larger ones and groups across nodes keep NCCL.
 _GPU_SMALL_ALL_REDUCE = CollectiveForm.SYMMETRIC_MEMORY
 

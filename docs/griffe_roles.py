@@ -1,5 +1,5 @@
 """A griffe extension for the API reference (mkdocs.yml): the docstrings cross-reference with Sphinx roles
-(``:class:`~autotp.Plan```, ``:func:`autotp.plan```, ``:mod:`autotp.trace_cache```), which Markdown
+(``:class:`~autotp.Plan```, ``:func:`autotp.plan```, ``:mod:`autotp.capture.trace_cache```), which Markdown
 would print as they are; each becomes inline code of the name (the last part where the role says ``~``),
 as Sphinx would show it. The text of the docstrings in the code is left as it is."""
 

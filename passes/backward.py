@@ -198,7 +198,7 @@ def checkpointed_blocks_price(graph: StrategyGraph, saved: frozenset[tuple[str, 
                               strategy_of: Callable[[str], Strategy], activation_bytes: Callable[[str, Placement], float],
                               forward_s: Callable[[str], float], reshardings: Iterable[tuple[str, tuple[str, ...], float]],
                               block_of: Callable[[str], str | None]) -> CheckpointedBlocks:
-    """The price of ``activation_checkpointing="blocks"`` (:mod:`autotp.runtime.checkpointing`).
+    """The price of ``activation_checkpointing="blocks"`` (:mod:`autotp.runtime.training.checkpointing`).
 
     - **Activations kept**: what nodes outside every block save, as without checkpointing; for
       each block only its inputs (values produced outside it and read inside, once per placement

@@ -26,7 +26,7 @@ the keys), as transformers does in eager prefill. The attention rule splits quer
 heads at the same fractions (``passes/rules/attention.py``), so every rank keeps each kv head with
 its own query group.
 
-Input: a captured inference ``GraphModule`` (``autotp.capture.from_exported``). Output: the same
+Input: a captured inference ``GraphModule`` (``autotp.capture.tracing.from_exported``). Output: the same
 module, rewritten in place where the pattern matches exactly; nothing else changes.
 """
 

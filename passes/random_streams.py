@@ -24,7 +24,7 @@ every mask is drawn whole and the loss equals one process's with the same seed; 
 activation is gathered before its dropout (and attention with ``dropout_p > 0`` runs whole on
 every rank). ``dropout="split"`` lets the planner keep them split (a mask per rank; the loss is
 then that of another, equally valid, draw). Activation checkpointing of blocks
-(:mod:`autotp.runtime.checkpointing`) replays the rank's stream from the same state when it
+(:mod:`autotp.runtime.training.checkpointing`) replays the rank's stream from the same state when it
 recomputes a block, so the recomputed masks are the forward's.
 """
 
@@ -131,7 +131,7 @@ def rank_stream_target(node: fx.Node, output: Placement, streams: RankStreams | 
     """The target the rank-local graph calls for ``node`` under output placement ``output``: a
     :class:`RankStream` for a sampling op whose output is split (when ``streams`` is given), else
     ``node.target``."""
-    from autotp.capture import draws_random_numbers
+    from autotp.capture.tracing import draws_random_numbers
 
     if streams is None or split_of(output) is None or not draws_random_numbers(node):
         return node.target

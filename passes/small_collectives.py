@@ -1,12 +1,12 @@
 """Faster all-reduces for inference graphs: in symmetric memory on CUDA, through shared memory on one
 host, else one-shot on gloo.
 
-:func:`autotp.runtime.inference_collectives.inference_all_reduces` is what :func:`autotp.runtime.applying.apply_plan` runs
+:func:`autotp.runtime.collectives.inference_collectives.inference_all_reduces` is what :func:`autotp.runtime.execution.applying.apply_plan` runs
 on every inference graph. Where the group's ranks share one host and their tensors are on CUDA devices, small
-sum all-reduces run as PyTorch's one-shot kernel in symmetric memory (:mod:`autotp.runtime.symmetric_memory`).
+sum all-reduces run as PyTorch's one-shot kernel in symmetric memory (:mod:`autotp.runtime.collectives.symmetric_memory`).
 Where a gloo group's ranks share one x86-64 host
 (:func:`autotp.cost_model.collectives.uses_shared_memory_all_reduce`), every sum all-reduce and
-every all-gather over the group goes through a shared-memory segment (:mod:`autotp.runtime.shared_memory`,
+every all-gather over the group goes through a shared-memory segment (:mod:`autotp.runtime.collectives.shared_memory`,
 one per graph and group; about 20x faster than gloo's TCP loopback for a decode step's 2 KiB). This
 module's :func:`through_stand_ins` puts the runtime's callables (each a :class:`StandInCollective`) in place
 of the collectives their form runs (its row's ``kinds`` in
@@ -77,8 +77,8 @@ def one_shot_all_reduce(x: torch.Tensor, group_name: str, world_size: int) -> to
 
 class StandInCollective:
     """Base of a callable that a rank-local graph calls in place of a functional collective and its wait
-    (the shared-memory all-reduce and all-gather of :mod:`autotp.runtime.shared_memory`, the symmetric-memory
-    all-reduce of :mod:`autotp.runtime.symmetric_memory`): ``kind`` (``"all_reduce"``, ``"all_gather"``) is the
+    (the shared-memory all-reduce and all-gather of :mod:`autotp.runtime.collectives.shared_memory`, the symmetric-memory
+    all-reduce of :mod:`autotp.runtime.collectives.symmetric_memory`): ``kind`` (``"all_reduce"``, ``"all_gather"``) is the
     collective it does, as counting and pricing see it."""
 
     kind: ClassVar[str]

@@ -10,7 +10,7 @@ other new value reaches its buffer through the ``copy(buffer, new)`` that captur
 made ``copy_`` here.
 
 Input: a rank-local ``GraphModule`` from :func:`autotp.passes.rewrite.rewrite_for_rank` and
-:attr:`autotp.capture.CapturedGraph.state`. Output: the same module, updated and recompiled.
+:attr:`autotp.capture.tracing.CapturedGraph.state`. Output: the same module, updated and recompiled.
 """
 
 from __future__ import annotations

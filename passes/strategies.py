@@ -6,7 +6,7 @@ plain data the cost pass and the solver read; the FX graph itself is not modifie
 Placeholders: a parameter may be replicated or split along any dim of size > 1; user inputs,
 buffers and constants arrive whole on every rank (``Replicate``). The graph output must be
 replicated, so that every rank returns the same values as the original model. A *state* buffer
-(a KV cache the graph updates, see :mod:`autotp.capture`) is placed like a parameter, and its
+(a KV cache the graph updates, see :mod:`autotp.capture.tracing`) is placed like a parameter, and its
 update reads it as is (``must_match``): the runtime writes the update into the rank's own block.
 
 Only static dims are split. A dynamic dim (batch, sequence: a ``torch.SymInt`` size, see

@@ -12,7 +12,7 @@ kernel (not in this project's), so a link has no added delay.
 namespace (``ip netns exec``) and process group of its own. :meth:`Cluster.run_function` runs a Python
 function on every rank in an initialised gloo group and returns what each rank returned (JSON, one file per
 rank). Processes in different namespaces still share ``/dev/shm`` and the hostname: only the launcher's
-variables tell the hosts apart (:mod:`autotp.runtime.hosts`).
+variables tell the hosts apart (:mod:`autotp.runtime.collectives.hosts`).
 
 Everything is torn down on exit, after a failure or a timeout too: the ranks' process groups are killed and
 the namespaces deleted (their veths and the bridge go with them). Names carry this process's id and a random

@@ -27,7 +27,7 @@ from typing import Any
 import distributed
 import pytest
 
-# from_pretrained and load keep traced programs in a cache directory (autotp/trace_cache.py): the
+# from_pretrained and load keep traced programs in a cache directory (autotp/capture/trace_cache.py): the
 # suite's go to a fresh directory of its own (worker processes inherit it), never to ~/.cache
 if "AUTOTP_TEST_CACHE_DIR" not in os.environ:
     os.environ["AUTOTP_TEST_CACHE_DIR"] = os.environ["AUTOTP_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotp-test-cache-")

@@ -84,7 +84,7 @@ _POLL_S = 0.2  # how often the parent checks that workers are alive while it wai
 _PRELOADED = (
     "torch", "torch.distributed", "torch.export", "transformers", "transformers.modeling_utils",
     *(f"transformers.models.{name}.modeling_{name}" for name in ("llama", "gpt2", "bert", "mistral", "qwen2", "mixtral")),
-    "autotp", "autotp.api", "autotp.runtime.generation",
+    "autotp", "autotp.api", "autotp.runtime.generation.compile_for_generation",
 )
 """Imported once by the fork server that starts the workers (see :func:`_worker_context`)."""
 

@@ -23,7 +23,7 @@ __all__ = ["CASES", "HOST_EXITS_FIRST", "PRELOADED", "launch"]
 
 PRELOADED = ("torch", "torch.distributed", "torch.export", "torch._dynamo", "torch._export",
              "torch._functorch.aot_autograd", "torch._inductor.decomposition", "sympy", "networkx", "autotp",
-             "autotp.api", "autotp.passes.solver", "autotp.stamping")
+             "autotp.api", "autotp.passes.solver", "autotp.capture.stamping")
 """What a first compile imports: a rank forked after them compiles a tiny MLP in ~0.4 s instead of ~2.7 s."""
 
 _JOIN_S = 90.0  # per group: a hang fails the group instead of stalling the test
@@ -34,7 +34,7 @@ _TIMEOUT_S = 30.0  # agreement_timeout_s of every case: far above what any excha
 
 def _options_differ(rank: int) -> None:
     """Rank 1 passes another hardware option: ranks_agree raises one AgreementError on both."""
-    from autotp.runtime.agreement import options_record, ranks_agree
+    from autotp.runtime.agreement.exchanges import options_record, ranks_agree
 
     with ranks_agree(None, timeout_s=_TIMEOUT_S, what="autotp.compile") as agreement:
         agreement.record = options_record({"hardware": f"profile-{rank}"}, weights=None)
@@ -42,7 +42,7 @@ def _options_differ(rank: int) -> None:
 
 def _one_rank_fails(rank: int) -> None:
     """Rank 1 fails in the body: both raise the AgreementError naming rank 1's error."""
-    from autotp.runtime.agreement import options_record, ranks_agree
+    from autotp.runtime.agreement.exchanges import options_record, ranks_agree
 
     with ranks_agree(None, timeout_s=_TIMEOUT_S, what="autotp.compile") as agreement:
         if rank == 1:
@@ -52,7 +52,7 @@ def _one_rank_fails(rank: int) -> None:
 
 def _different_points(rank: int) -> None:
     """The ranks reach different exchanges: both raise the AgreementError naming both points."""
-    from autotp.runtime.agreement import exchange
+    from autotp.runtime.agreement.exchanges import exchange
 
     exchange(rank, group=None, timeout_s=_TIMEOUT_S, what=f"point {rank}")
 
@@ -61,7 +61,7 @@ def _shared_then_local_error(rank: int) -> None:
     """Rank 0 shares 1 MiB (a plan, a program), then every rank raises a local error: rank 0 must not exit
     while rank 1 is still reading rank 0's value from the store rank 0 hosts."""
     from autotp.base.errors import TracedValueError
-    from autotp.runtime.agreement import share_from_first
+    from autotp.runtime.agreement.exchanges import share_from_first
 
     sent = share_from_first(b"p" * (1 << 20) if rank == 0 else None, group=None, timeout_s=_TIMEOUT_S,
                             what="the plan from rank 0")
@@ -113,7 +113,7 @@ def _host_exits_first(rank: int) -> None:
     a RankTimeoutError saying the store's host has gone, not a DistNetworkError."""
     import torch.distributed as dist
 
-    from autotp.runtime.agreement import exchange
+    from autotp.runtime.agreement.exchanges import exchange
 
     # Both ranks through init first: gloo's rendezvous reads the store after init_process_group returns on rank 0,
     # and a host that exits during it fails rank 1's init (torch's error, before autotp runs), not an exchange.

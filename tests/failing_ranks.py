@@ -26,7 +26,7 @@ __all__ = ["CASES", "launch"]
 
 PRELOADED = ("torch", "torch.distributed", "torch.export", "torch._dynamo", "torch._export", "torch._inductor",
              "torch._functorch.aot_autograd", "torch._inductor.decomposition", "sympy", "networkx", "autotp",
-             "autotp.api", "autotp.passes.solver", "autotp.stamping")
+             "autotp.api", "autotp.passes.solver", "autotp.capture.stamping")
 
 AGREEMENT_TIMEOUT_S = 120.0
 """Far above the test's bound: a rank that only stopped at this timeout fails the test."""

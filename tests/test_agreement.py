@@ -19,7 +19,7 @@ from models import tiny_llama, tiny_mlp
 from torch import nn
 
 import autotp
-from autotp.runtime.agreement import InputGuard, weight_checksum
+from autotp.runtime.agreement.exchanges import InputGuard, weight_checksum
 
 DEADLINE_S = 150.0  # per test: a hang fails here
 
@@ -322,7 +322,7 @@ def test_weight_checksum_tolerates_order_not_values() -> None:
 def test_records_without_a_graph_name_weight_shapes() -> None:
     """No process group, records of 3 ranks with weights only (generation agrees before it captures): a weight of
     another shape, one missing, and one with other values are each named with the ranks concerned."""
-    from autotp.runtime.agreement import CompileRecord, disagreement
+    from autotp.runtime.agreement.exchanges import CompileRecord, disagreement
 
     small, large = torch.randn(4, 3), torch.randn(8, 3)
     rank0 = CompileRecord(weights=(("w", weight_checksum(small)), ("v", weight_checksum(small))))
@@ -352,8 +352,8 @@ class _Activation(nn.Module):
 def test_graphs_that_differ_name_their_first_differing_node() -> None:
     """No process group, records of 3 ranks whose graphs differ in one op (ReLU on rank 1, SiLU elsewhere) with the
     same parameters and inputs: the disagreement names the first node that differs and what each rank has there."""
-    from autotp.capture import capture
-    from autotp.runtime.agreement import compile_record, disagreement
+    from autotp.capture.tracing import capture
+    from autotp.runtime.agreement.exchanges import compile_record, disagreement
 
     x = torch.randn(2, 8)
     silu, relu = (compile_record(capture(_Activation(act), (x,)), options={}, weights=None)
@@ -369,7 +369,7 @@ def test_graphs_that_differ_name_their_first_differing_node() -> None:
 
 def test_traced_values_guarded_without_a_process_group() -> None:
     """No process group (one rank): InputGuard refuses another value for a traced float and bool argument."""
-    from autotp.capture import capture
+    from autotp.capture.tracing import capture
 
     model = _Scaled().eval()
     x = torch.randn(2, 4, 32)

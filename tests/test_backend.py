@@ -303,7 +303,7 @@ def _runtime_modes(rank: int, world_size: int) -> dict:
 def test_runtime_mode_is_honoured(gloo) -> None:
     """tp=2, MLP: RuntimeOptions(runtime_mode=...) decides how each rank-local graph runs, as in autotp.compile:
     "eager" runs the GraphModule node by node, "compiled" hands it (with its all-reduce) to Inductor on the CPU
-    through the runtime's one graph runner (autotp.runtime.runtime_modes.graph_runner)."""
+    through the runtime's one graph runner (autotp.runtime.execution.runtime_modes.graph_runner)."""
     results = gloo.run(2, _runtime_modes)
     for rank, result in enumerate(results):
         for mode, got in result.items():

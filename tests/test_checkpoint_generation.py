@@ -4,7 +4,7 @@
 Tier (c): a tiny HF model is written once by the test process (``save_pretrained``, random weights from a
 seed) and its greedy tokens computed there with HF ``generate``; the gloo ranks build the model on meta and
 read their blocks of the same files. Every read of a safetensors tensor is counted in the workers (a spy on
-:func:`autotp.runtime.loading.read_block` that still reads), so the test sees which blocks each rank read.
+:func:`autotp.runtime.checkpoints.loading.read_block` that still reads), so the test sees which blocks each rank read.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from models import tiny_llama
 
 import autotp
-from autotp.runtime import loading
+from autotp.runtime.checkpoints import loading
 
 NEW_TOKENS = 8
 PROMPT = 6

@@ -79,8 +79,8 @@ def _forms_across_and_within_hosts(rank: int, world_size: int) -> dict[str, Any]
 
     import autotp
     from autotp.cost_model import get_hardware
-    from autotp.runtime.hosts import local_host, this_host
-    from autotp.runtime.inference_collectives import collective_forms
+    from autotp.runtime.collectives.hosts import local_host, this_host
+    from autotp.runtime.collectives.inference_collectives import collective_forms
 
     torch.set_num_threads(1)
     model, (x,), _ = tiny_mlp(hidden=32, intermediate=64, batch=2, seq_len=3)

@@ -17,7 +17,7 @@ from autotp.cost_model.bandwidth import graph_profile
 from autotp.cost_model.collective_forms import FORM_TABLE, NUMERIC, SYMBOLIC, CollectiveForm, runs_as
 from autotp.cost_model.collectives import backend_time
 from autotp.cost_model.symbolic import symbolic_collective_time_s
-from autotp.runtime.inference_collectives import RUNTIME_FORMS
+from autotp.runtime.collectives.inference_collectives import RUNTIME_FORMS
 
 _SHARED = LinkProfile(name="shared-memory-test", bandwidth_gbps=7.5, latency_s=3e-6, base_latency_s=1e-5)
 

@@ -18,7 +18,7 @@ from models import tiny_cnn, tiny_mlp
 
 import autotp
 from autotp.calibration.graphs import block_graph, local_stand_ins
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.cost_model import Hardware, collective_time_s, compute_time_s, get_hardware, link_collective_time_s
 from autotp.cost_model.bandwidth import cold_call_at_s
 from autotp.cost_model.compute import aten_memory_bytes, gemm_dims, gemm_efficiency, op_name

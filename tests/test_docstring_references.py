@@ -1,4 +1,4 @@
-"""The library's docstrings name other code with Sphinx roles (``:func:`autotp.runtime.applying.apply_plan```);
+"""The library's docstrings name other code with Sphinx roles (``:func:`autotp.runtime.execution.applying.apply_plan```);
 the API reference renders them (docs/griffe_roles.py). A function that moves leaves such a reference naming a
 place where it no longer lives, so every ``autotp.`` reference must resolve to a module or an object."""
 

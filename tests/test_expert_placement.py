@@ -16,7 +16,7 @@ from models import tiny_mixtral
 from zoo_models import ZOO
 
 import autotp
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.experts import find_expert_blocks, planned_experts
 from autotp.planning.options import moved_to_options

@@ -19,8 +19,8 @@ from models import tiny_llama
 
 import autotp
 from autotp.adapters.hf_transformers import call_kwargs, takes_use_cache, traced_kwargs
-from autotp.runtime.generate import resolve_request
-from autotp.runtime.generation_on_demand import MIN_CACHE_LEN, cache_length
+from autotp.runtime.generation.generate import resolve_request
+from autotp.runtime.generation.generation_on_demand import MIN_CACHE_LEN, cache_length
 
 TOLERANCE = 1e-4
 NEW_TOKENS = 8

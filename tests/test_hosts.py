@@ -1,4 +1,4 @@
-"""Which host a rank runs on (autotp/runtime/hosts.py): the launcher's node and the kernel; read once at the front
+"""Which host a rank runs on (autotp/runtime/collectives/hosts.py): the launcher's node and the kernel; read once at the front
 (fast tier: no process group)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from autotp.runtime.hosts import Host, launcher_node, local_host, one_host, this_host
-from autotp.runtime.options import RuntimeOptions, runtime_host, runtime_options
+from autotp.runtime.collectives.hosts import Host, launcher_node, local_host, one_host, this_host
+from autotp.runtime.execution.options import RuntimeOptions, runtime_host, runtime_options
 
 
 def test_launcher_node_from_torchrun_variables() -> None:
@@ -44,14 +44,14 @@ def test_runtime_options_read_the_launcher_once(monkeypatch: pytest.MonkeyPatch)
     assert runtime_options(RuntimeOptions(host=given)).host == given
     with pytest.raises(ValueError, match="runtime_options"):
         runtime_host(RuntimeOptions())
-    with pytest.raises(TypeError, match="autotp.runtime.hosts.Host"):
+    with pytest.raises(TypeError, match="autotp.runtime.collectives.hosts.Host"):
         RuntimeOptions(host="node0")  # type: ignore[arg-type]
 
 
 def test_launched_reads_the_launchers_group() -> None:
     """2 nodes x 2 ranks as torchrun sets them: rank 3 is local rank 1 of node 1; no variables, no launch; some
     but not all, or a world that is not whole nodes, raise naming what to set."""
-    from autotp.runtime.hosts import Launch, launched
+    from autotp.runtime.collectives.hosts import Launch, launched
 
     assert launched({}) is None
     launch = launched({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"})

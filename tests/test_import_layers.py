@@ -24,17 +24,26 @@ from package_modules import ROOT, package_modules
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("front doors", ("autotp", "autotp.api", "autotp.pretrained", "autotp.dynamo_backend", "autotp.cli",
                      "autotp.generation")),
-    ("calibration", ("autotp.calibration",)),  # measures models compiled through the driver
-    ("driver", ("autotp.driver",)),  # compile: capture -> agree -> plan -> apply, calling the layers below
-    ("reports / runtime", ("autotp.inspect", "autotp.runtime")),
-    ("stages", ("autotp.planning", "autotp.passes", "autotp.capture", "autotp.trace_cache")),
-    ("base", ("autotp.base", "autotp.adapters", "autotp.stamping")),
+    ("mesh", ("autotp.runtime.mesh",)),
+    ("calibration", ("autotp.calibration",)),
+    ("driver", ("autotp.driver",)),
+    ("reports / runtime", ("autotp.inspect", "autotp.runtime", "autotp.runtime.execution",
+                           "autotp.runtime.generation", "autotp.runtime.checkpoints", "autotp.runtime.training")),
+    ("collectives", ("autotp.runtime.collectives",)),
+    ("agreement", ("autotp.runtime.agreement",)),
+    ("stages", ("autotp.planning", "autotp.passes", "autotp.capture")),
+    ("base", ("autotp.base", "autotp.adapters", "autotp.capture.stamping")),
     ("cost_model", ("autotp.cost_model",)),
     ("torch adapter", ("autotp.adapters.torch_internals", "autotp.base.errors")),
 )
 """The layers from the top down, each with the modules and packages it holds (a package: all its modules;
-``autotp`` alone: the package's own ``__init__.py``). A module may import its own layer or those below. The torch
-adapter (torch's private APIs, every layer's way to them) and the errors it raises sit under everything."""
+an entry of INIT_ONLY: the package's own ``__init__.py`` only). A module may import its own layer or those
+below. The runtime's rooms sit in four layers: the mesh (imported by the front doors alone); execution,
+generation, checkpoints and training; collectives (agreement below them only); agreement (no other room)."""
+
+INIT_ONLY = ("autotp", "autotp.runtime")
+"""Entries that hold a package's ``__init__.py`` only: a module put straight into ``autotp/`` or
+``autotp/runtime/`` has no layer until it is placed (the runtime holds rooms, not loose modules)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ def _layer_of(module: str) -> int | None:
     best: tuple[int, int] | None = None
     for index, (_, entries) in enumerate(LAYERS):
         for entry in entries:
-            covers = module == entry or (entry != "autotp" and module.startswith(entry + "."))
+            covers = module == entry or (entry not in INIT_ONLY and module.startswith(entry + "."))
             if covers and (best is None or len(entry) > best[0]):
                 best = (len(entry), index)
     return None if best is None else best[1]
@@ -179,7 +188,8 @@ def test_no_import_cycle():
 
 
 def test_no_layer_imports_a_higher_one():
-    """front doors -> reports / runtime -> stages -> base -> cost_model -> torch adapter: never the other way."""
+    """front doors -> mesh -> calibration -> driver -> reports / runtime -> collectives -> agreement ->
+    stages -> base -> cost_model -> torch adapter -> torch adapter: never the other way."""
     modules, edges = _graph()
     upward = []
     for edge in edges:

@@ -29,7 +29,7 @@ def _edit_lm_head_replicated(text: str) -> str:
 def _captured():
     import models
 
-    from autotp.capture import capture
+    from autotp.capture.tracing import capture
 
     model, args, kwargs = models.tiny_llama()
     return capture(model, args, kwargs)

@@ -22,9 +22,9 @@ from generation_models import (
 from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
-from autotp.capture import capture, inputs_on_model_device
-from autotp.runtime.generate import next_tokens
-from autotp.runtime.kv_cache import CachedCausalLM
+from autotp.capture.tracing import capture, inputs_on_model_device
+from autotp.runtime.generation.generate import next_tokens
+from autotp.runtime.generation.kv_cache import CachedCausalLM
 
 
 def _assert_cached_logits_match(model: torch.nn.Module, wrapper: CachedCausalLM, ids: torch.Tensor) -> None:
@@ -373,9 +373,9 @@ def test_shared_shard_check_expects_the_shards_apply_plan_slices(fake_tp2) -> No
     shape is refused with PlanError naming it."""
     from autotp.base.errors import PlanError
     from autotp.planning.options import PlanOptions
-    from autotp.runtime.applying import apply_plan, plan_or_check, rank_local_graph
-    from autotp.runtime.generation import _pinned_to, _shared_inputs
-    from autotp.runtime.hosts import local_host
+    from autotp.runtime.collectives.hosts import local_host
+    from autotp.runtime.execution.applying import apply_plan, plan_or_check, rank_local_graph
+    from autotp.runtime.generation.compile_for_generation import _pinned_to, _shared_inputs
 
     model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, batch=2, seq_len=4, layers=2)
     wrapper = CachedCausalLM(model, batch_size=2, max_cache_len=16, last_logits_only=True)
@@ -408,8 +408,8 @@ def test_a_recurrent_state_refuses_a_prompt_shorter_than_its_prefill_graph() -> 
     """No process group, a layout with a recurrent state and a prefill graph of 6 tokens (tp=2): a 4-token prompt is
     refused with a ValueError saying to compile with shorter example ids (only the prefill graph starts the state
     empty; a decode call would read the previous request's state); a KV-cache layout takes it token by token."""
-    from autotp.runtime.generate import check_request
-    from autotp.runtime.kv_cache import CacheLayout
+    from autotp.runtime.generation.generate import check_request
+    from autotp.runtime.generation.kv_cache import CacheLayout
 
     recurrent = CacheLayout(batch_size=2, max_cache_len=32, prefill_len=6, vocab_size=1000, recurrent=True)
     prompt = torch.zeros(2, 4, dtype=torch.long)
@@ -426,7 +426,7 @@ def test_a_deep_mamba_is_stamped_with_its_states() -> None:
     SSM states of all five layers as state, and generation's check finds none unwritten."""
     import transformers as hf
 
-    from autotp.runtime.generation import check_cache_is_state
+    from autotp.runtime.generation.compile_for_generation import check_cache_is_state
 
     torch.manual_seed(0)
     config = hf.MambaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=5, state_size=8, use_cache=False)

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 import autotp
 from autotp.base.errors import AutoTPError, CheckpointError
-from autotp.runtime.loading import Checkpoint, match_keys, tensor_aliases
+from autotp.runtime.checkpoints.loading import Checkpoint, match_keys, tensor_aliases
 
 TOLERANCE = 1e-4
 
@@ -250,7 +250,7 @@ def test_save_and_reload_at_other_world_sizes(gloo, tmp_path: Path, name: str) -
     first = gloo.run(2, _from_pretrained_and_save, name, str(source), str(tmp_path / "tp2"), str(tmp_path / "cache"))
     exports = [count for _, count in first]
     assert exports == [1, 0], (f"{name} tp=2, empty trace cache: torch.export calls by rank {exports}, expected "
-                               "[1, 0] (rank 0 traces for the group, rank 1 rebuilds its program: runtime/shared_trace.py)")
+                               "[1, 0] (rank 0 traces for the group, rank 1 rebuilds its program: runtime/agreement/shared_trace.py)")
     errors = {2: [error for error, _ in first]}
     last = 3 if name == "gpt2" else 4
     errors[3] = gloo.run(3, _load_and_save, name, str(tmp_path / "tp2"), str(tmp_path / "tp3") if last > 3 else None)

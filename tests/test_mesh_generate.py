@@ -88,7 +88,7 @@ def test_generation_over_mesh_equals_hf_on_four_ranks(gloo: Any) -> None:
 def test_stage_view_keeps_only_its_blocks() -> None:
     """pp=2 over 2 blocks (no process group): stage 1's view drops block 0 and the embedding, stage 0's
     block 1 and the lm head; the user's model keeps all its modules."""
-    from autotp.runtime.mesh_generate import stage_view
+    from autotp.runtime.mesh.mesh_generate import stage_view
 
     model, _, _ = tiny_llama(**TINY, device="meta")
     first, _, tap = stage_view(model, 0, 1, last=False)

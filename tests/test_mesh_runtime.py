@@ -15,7 +15,7 @@ from models import tiny_llama
 from autotp.base.module_paths import layer_blocks
 from autotp.planning.even_stages import even_parallel_plan, stage_bounds
 from autotp.planning.mesh_plan import MeshShape, ParallelPlan
-from autotp.runtime.mesh import check_plan_for_mesh, default_microbatches, replica_sizes, split_stages
+from autotp.runtime.mesh.mesh_module import check_plan_for_mesh, default_microbatches, replica_sizes, split_stages
 
 TINY = {"num_heads": 4, "num_kv_heads": 2, "hidden": 64, "intermediate": 128, "seq_len": 8}
 
@@ -80,7 +80,7 @@ def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], t
 
     import autotp
     from autotp.planning.even_stages import even_parallel_plan
-    from autotp.runtime.mesh import mesh_shape_of
+    from autotp.runtime.mesh.mesh_module import mesh_shape_of
 
     results = []
     for index, (dims, names, batch, plan_options) in enumerate(cases):

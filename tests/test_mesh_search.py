@@ -85,7 +85,7 @@ def test_collectives_across_nodes_pay_the_network() -> None:
 def test_tensor_parallel_across_nodes_is_priced_expensive() -> None:
     """tp=16 on 2 nodes of 8: the MILP's plan pays more for its collectives than on one imaginary 16-GPU
     NVSwitch, and more in all than tp=8 inside one node, from the prices alone (no rule forbids it)."""
-    from autotp.capture import capture
+    from autotp.capture.tracing import capture
     from autotp.passes.costing import cost_strategy_graph
     from autotp.passes.pricing import price_choice
     from autotp.passes.solver import solve
@@ -197,7 +197,7 @@ def test_search_is_optimal_against_brute_force(six_layer_costs: MeshCosts, objec
 def test_two_layer_copy_prices_like_the_whole_model(six_layer_costs: MeshCosts) -> None:
     """tp=8 over 2 nodes of 4, batch 8 (priced from captures at batch 2 and 4 of a two-layer copy): the
     search's price of the 6-layer model equals the planner's price of the whole model traced at batch 8."""
-    from autotp.capture import capture
+    from autotp.capture.tracing import capture
     from autotp.planning.options import PlanOptions
     from autotp.planning.planner import plan_graph
 

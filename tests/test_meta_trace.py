@@ -11,7 +11,7 @@ import pytest
 from models import BUILDERS, tiny_llama
 
 import autotp
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.plan import graph_fingerprint
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from models import tiny_gpt2, tiny_llama, tiny_mixtral
 
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.cost_model import get_hardware
 from autotp.passes.backward import Training
 from autotp.passes.costing import _node_compute_s, cost_strategy_graph

@@ -18,7 +18,7 @@ from torch import nn
 import autotp
 from autotp.base.errors import CaptureError, UnsupportedOpError
 from autotp.base.placements import BlockShard, Partial, Replicate, Shard
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.passes.rules import RuleContext, has_rule, strategies_for
 
 aten = torch.ops.aten

@@ -16,7 +16,7 @@ import torch
 from own_state_models import RollingConv, TransformerArgs, run_loop, tiny_cached_transformer
 
 import autotp
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 
 TOLERANCE = 1e-4
 CACHE_FQNS = [f"layers.{i}.attention.kv_cache.{kind}_cache" for i in (0, 1) for kind in ("k", "v")]

@@ -19,7 +19,7 @@ from distributed import outcomes_of_fresh_groups
 from failing_ranks import CASES, launch
 
 from autotp.base.errors import PeerFailedError, TracedValueError
-from autotp.runtime.peer_failure import FailureNotes, watched_wait
+from autotp.runtime.agreement.peer_failure import FailureNotes, watched_wait
 
 BOUND_S = 30.0
 """Every rank must have raised within this many seconds of the failing call (the waiting ranks look for a

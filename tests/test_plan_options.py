@@ -6,7 +6,7 @@ import pytest
 from models import tiny_mlp
 
 import autotp
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.cli import main as cli
 from autotp.cost_model import Hardware
 from autotp.planning.megatron import pin_gemm_weights

@@ -82,7 +82,7 @@ def test_plan_json_round_trip_and_mismatch(tmp_path: pathlib.Path) -> None:
     loaded = autotp.Plan.load(path)
     assert loaded == plan
     model, args, kwargs = tiny_llama(device="meta")
-    captured = autotp.capture.capture(model, tuple(a.to("meta") for a in args), kwargs)
+    captured = autotp.capture.tracing.capture(model, tuple(a.to("meta") for a in args), kwargs)
     loaded.check_matches(captured.graph_module, 2)
     with pytest.raises(PlanMismatchError, match="world_size=2"):
         loaded.check_matches(captured.graph_module, 4)

@@ -10,7 +10,7 @@ from models import tiny_mlp
 
 from autotp.base.module_paths import block_name, block_of
 from autotp.base.placements import BlockShard, Partial, Replicate, Shard
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.cost_model import get_hardware
 from autotp.cost_model.symbolic import BATCH, SEQ
 from autotp.passes.costing import cost_strategy_graph

@@ -114,16 +114,16 @@ def test_the_check_sees_each_form() -> None:
     attribute of an imported module is named with its line; public names, dunders, a module's own private
     names and a private alias of a public name are not."""
     source = (
-        "import autotp.capture\n"
-        "import autotp.runtime.saving as saving\n"
-        "from autotp.runtime import loading\n"
-        "from autotp.capture import check_model, _as_if_on\n"  # line 4
+        "import autotp.capture.tracing\n"
+        "import autotp.runtime.checkpoints.saving as saving\n"
+        "from autotp.runtime.checkpoints import loading\n"
+        "from autotp.capture.tracing import check_model, _as_if_on\n"  # line 4
         "from .hardware import _private\n"  # line 5
         "from autotp.api import compile as _compile\n"
         "from autotp import __version__\n"
         "def f():\n"
-        "    from autotp.runtime.loading import _materialize\n"  # line 9
-        "    return autotp.capture._hidden, saving._chunks, loading.public, _own\n"  # line 10
+        "    from autotp.runtime.checkpoints.loading import _materialize\n"  # line 9
+        "    return autotp.capture.tracing._hidden, saving._chunks, loading.public, _own\n"  # line 10
         "_own = loading._x\n"  # line 11
     )
     found = _find("autotp.cost_model.calibrate", ROOT / "cost_model" / "calibrate.py", ast.parse(source), package_modules())

@@ -51,7 +51,7 @@ ROW_SPLIT = {"mlp-int4group": autotp.PlanOptions(constraints={"2.parametrization
 
 GENERATION_LAYERS = 4
 """The generating Llama's: its graphs are traced with three layers, functionalized there (each quantized weight split
-into its parts), and stamped out to the fourth (autotp.stamping)."""
+into its parts), and stamped out to the fourth (autotp.capture.stamping)."""
 
 
 def _quantized(case: str, layers: int = 2) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]:
@@ -243,7 +243,7 @@ def test_dequantize_affine_splits_scales_by_block(granularity: str, scale_under_
     """No process group: torchao.dequantize_affine of (128, 64) int4 data. S(0) splits data, scales and zero
     points by rows; S(1) splits group-wise scales (groups of 32) by groups and keeps per-row ones (one block of
     64) whole."""
-    from autotp.capture import capture
+    from autotp.capture.tracing import capture
     from autotp.passes.rules import RuleContext, strategies_for
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False)).eval()
@@ -272,7 +272,7 @@ def test_a_quantized_model_traces_the_same_twice() -> None:
     unparametrize puts a weight that needs no grad back as a buffer), so a second trace of it, as generation
     makes after a plain compile, still reads the quantized parts; on meta too, where a float weight of the same
     shape would otherwise be traced silently."""
-    from autotp.capture import capture
+    from autotp.capture.tracing import capture
 
     for device in ("cpu", "meta"):
         model, args, kwargs = tiny_llama(batch=1, seq_len=4, layers=1, device=device)

@@ -8,7 +8,7 @@ import pytest
 from inspect_helpers import tiny_plan
 from models import BUILDERS, tiny_llama
 
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.megatron import megatron_plan, megatron_roles
 

@@ -8,7 +8,7 @@ main suite on the newest, ``.ci/release_tiers`` on the oldest of each range in
   ``tp(ids)``, the config's ``use_cache`` left True as HF sets it): logits within 1e-4 of the model's, as
   ``tests/test_equivalence.py`` checks every model at the other world sizes;
 - greedy generation: the tokens equal HF's ``model.generate`` exactly, for several families of four layers
-  (the first rank traces three and stamps the fourth, :mod:`autotp.stamping`; the others rebuild them); on a
+  (the first rank traces three and stamps the fourth, :mod:`autotp.capture.stamping`; the others rebuild them); on a
   release below the generation range, compiling for generation raises ``UnsupportedReleaseError``
   naming the range (it never runs on with a cache the model ignores).
 
@@ -113,7 +113,7 @@ class _Messages(logging.Handler):
 
 def _generation_rows(rank: int, world_size: int, families: list[str]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
-    stamping = logging.getLogger("autotp.stamping")
+    stamping = logging.getLogger("autotp.capture.stamping")
     for family in families:
         # four layers, as a real model's many: the first rank traces three, functionalized, and stamps the fourth
         model, (ids,), _ = GENERATION_BUILDERS[family](batch=2, seq_len=PROMPT, layers=GENERATION_LAYERS)

@@ -7,7 +7,7 @@ import torch.fx as fx
 from models import tiny_llama
 
 from autotp.base.placements import BlockShard, Partial, Replicate, Shard, placement_from_str, placement_to_str
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.passes.rules import RULES, RuleContext, strategies_for, view_groups
 from autotp.passes.uneven import Partitions
 

@@ -16,9 +16,9 @@ from host_reads import HostReads
 from models import tiny_llama
 
 import autotp
-from autotp.runtime.generate import EOS_CHECK_TOKENS, generation_loop
-from autotp.runtime.kv_cache import CacheLayout
-from autotp.runtime.runtime_modes import resolve_runtime_mode
+from autotp.runtime.execution.runtime_modes import resolve_runtime_mode
+from autotp.runtime.generation.generate import EOS_CHECK_TOKENS, generation_loop
+from autotp.runtime.generation.kv_cache import CacheLayout
 
 NEW_TOKENS = 6
 
@@ -49,7 +49,7 @@ def _runner_case() -> dict[str, Any]:
 
     from torch import fx
 
-    from autotp.runtime.runtime_modes import graph_runner
+    from autotp.runtime.execution.runtime_modes import graph_runner
 
     gm = fx.symbolic_trace(_step)
     run = graph_runner(gm, "compiled", what="decode", talk=True)
@@ -206,7 +206,7 @@ def test_compiled_loop_reads_nothing_back_per_token() -> None:
     padded): with the stop check every k tokens (k = 1, EOS_CHECK_TOKENS, more than max_new_tokens) the loop
     reads from a tensor about once per k tokens, not per token, and returns HF's trimmed tokens for every k;
     a bad k raises saying what works."""
-    from autotp.runtime.generate import check_stop_check_every
+    from autotp.runtime.generation.generate import check_stop_check_every
 
     hf_trimmed = [[5, *range(1, 13)], [5, *range(2, 13), 0]]  # HF: stop when every row ended, pad the early one
     per_token = _loop(1, eos_at=12, max_new_tokens=20)
@@ -250,7 +250,7 @@ def test_compiled_decode_sums_one_row_linears(rows: int) -> None:
     a transpose, linear of a weight also read whole) go through one_row_linear, which sums one row and leaves
     more to the GEMM; float32 and bfloat16 results equal the eager graph's, also after a weight is written in
     place."""
-    from autotp.runtime.runtime_modes import graph_runner, one_row_linear, one_row_linears
+    from autotp.runtime.execution.runtime_modes import graph_runner, one_row_linear, one_row_linears
 
     gm = _linear_graph(rows)
     for dtype, atol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
@@ -281,7 +281,7 @@ def test_compiled_decode_skips_guards_only_for_the_inputs_it_was_compiled_for() 
     the guards (Dynamo compiles again) and the result is still right."""
     from torch import fx
 
-    from autotp.runtime.runtime_modes import graph_runner
+    from autotp.runtime.execution.runtime_modes import graph_runner
 
     gm = fx.symbolic_trace(_step)
     run = graph_runner(gm, "compiled", what="decode")

@@ -65,7 +65,7 @@ def test_only_static_dims_are_split() -> None:
     (batch, seq are symbols), so per-rank cuts never depend on the call's size."""
     model, args, kwargs = tiny_mlp()
     plan = autotp.plan(model, args, kwargs, world_size=2, options=autotp.PlanOptions(memory_budget=None))
-    gm = autotp.capture.capture(model, args, kwargs).graph_module
+    gm = autotp.capture.tracing.capture(model, args, kwargs).graph_module
     vals = {n.name: n.meta.get("val") for n in gm.graph.nodes}
     bad = []
     for node in plan.nodes:
@@ -154,7 +154,7 @@ def test_plan_that_splits_the_batch_says_to_pin_shapes() -> None:
     the cheapest plan splits the batch (data-parallel style); applied to a dynamic capture, the mismatch error
     says batch and sequence are never split there and names dynamic=False."""
     from autotp.base.errors import PlanMismatchError
-    from autotp.capture import capture, inputs_on_model_device
+    from autotp.capture.tracing import capture, inputs_on_model_device
     from autotp.planning.checks import check_plan_applies
 
     model, args, kwargs = tiny_mlp(batch=8, seq_len=2048, device="meta")

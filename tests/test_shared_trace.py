@@ -1,4 +1,4 @@
-"""One trace per group (autotp/runtime/shared_trace.py): rank 0 runs torch.export, the others rebuild its program."""
+"""One trace per group (autotp/runtime/agreement/shared_trace.py): rank 0 runs torch.export, the others rebuild its program."""
 
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ def _exports_per_compile(rank: int, world_size: int) -> dict:
         counted["calls"] += 1
         return export(*args, **kwargs)
 
-    from autotp.runtime import shared_trace
+    from autotp.runtime.agreement import shared_trace
 
     small = {"hidden": 64, "intermediate": 128, "num_heads": 4, "num_kv_heads": 2, "seq_len": 8}
-    deep, _, _ = tiny_llama(layers=4, **small)  # traced with 3 layers, the 4th stamped (autotp.stamping)
+    deep, _, _ = tiny_llama(layers=4, **small)  # traced with 3 layers, the 4th stamped (autotp.capture.stamping)
     model, (ids,), kwargs = tiny_llama(layers=1, **small)
     torch.export.export = counting_export
     try:

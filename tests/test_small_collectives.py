@@ -80,9 +80,9 @@ def _reduce_and_gather_graph(group_name: str, world_size: int) -> fx.GraphModule
 
 def _shared_memory_sums(rank: int, world_size: int) -> dict[str, Any]:
     from autotp.base.errors import RankTimeoutError
-    from autotp.runtime.hosts import local_host
-    from autotp.runtime.inference_collectives import inference_all_reduces
-    from autotp.runtime.shared_memory import shared_memory_all_reduce_for
+    from autotp.runtime.collectives.hosts import local_host
+    from autotp.runtime.collectives.inference_collectives import inference_all_reduces
+    from autotp.runtime.collectives.shared_memory import shared_memory_all_reduce_for
 
     gm = inference_all_reduces(_reduce_and_gather_graph(dist.group.WORLD.group_name, world_size), None, world_size,
                                host=local_host(), timeout_s=30.0)
@@ -165,9 +165,9 @@ def _symmetric_memory_on_this_build(rank: int, world_size: int) -> dict[str, Any
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from autotp.runtime.hosts import local_host
-    from autotp.runtime.inference_collectives import graph_device, inference_all_reduces
-    from autotp.runtime.symmetric_memory import has_kernel
+    from autotp.runtime.collectives.hosts import local_host
+    from autotp.runtime.collectives.inference_collectives import graph_device, inference_all_reduces
+    from autotp.runtime.collectives.symmetric_memory import has_kernel
 
     gm = _reduce_and_gather_graph(dist.group.WORLD.group_name, world_size)
     with FakeTensorMode():
@@ -202,7 +202,7 @@ def test_symmetric_memory_all_reduce_falls_back_alike_on_every_rank_where_it_can
 def _symmetric_memory_routes(rank: int, world_size: int) -> dict[str, Any]:
     """Which all-reduces ``sum_in_symmetric_memory`` hands to the kernel: CPU tensors, so the backend's sums run
     (gloo) and the kernel, which has no CPU implementation, raises where it is asked."""
-    from autotp.runtime.symmetric_memory import sum_in_symmetric_memory
+    from autotp.runtime.collectives.symmetric_memory import sum_in_symmetric_memory
 
     buffer = torch.zeros(ONE_SHOT_MAX_BYTES, dtype=torch.uint8)  # the kernel branch never reaches its memory here
     group_name = dist.group.WORLD.group_name
@@ -238,7 +238,7 @@ def test_symmetric_memory_stand_in_becomes_its_custom_op_for_a_compiler() -> Non
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from autotp.passes.small_collectives import compiler_visible_collectives
-    from autotp.runtime.symmetric_memory import SymmetricMemoryAllReduce
+    from autotp.runtime.collectives.symmetric_memory import SymmetricMemoryAllReduce
 
     buffer = torch.zeros(ONE_SHOT_MAX_BYTES, dtype=torch.uint8)
     stand_in = SymmetricMemoryAllReduce(buffer, group_name="7", world_size=4)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autotp.base.errors import PlanError
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.cost_model import get_hardware
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.pricing import price_choice

@@ -1,4 +1,4 @@
-"""Trace three layers, stamp the rest (autotp/stamping.py): the program of a transformers decoder, and of
+"""Trace three layers, stamp the rest (autotp/capture/stamping.py): the program of a transformers decoder, and of
 the KV-cache wrapper a generation compile traces, equals a whole ``torch.export`` of it node for node, and
 models it cannot prove that for are exported whole."""
 
@@ -17,11 +17,11 @@ from models import tiny_gpt2, tiny_llama, tiny_mlp, tiny_qwen2
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from autotp.capture import CapturedGraph, _export_whole, capture, default_dynamic_shapes, from_exported
+from autotp.capture.stamping import export_stamped
+from autotp.capture.trace_cache import TraceCache
+from autotp.capture.tracing import CapturedGraph, _export_whole, capture, default_dynamic_shapes, from_exported
 from autotp.planning.plan import graph_fingerprint
-from autotp.runtime.kv_cache import CachedCausalLM
-from autotp.stamping import export_stamped
-from autotp.trace_cache import TraceCache
+from autotp.runtime.generation.kv_cache import CachedCausalLM
 
 SMALL = {"hidden": 64, "intermediate": 128, "seq_len": 8}
 FAMILIES = {  # name -> (model and inputs, traced with dynamic batch and sequence dims, through the trace cache);
@@ -177,7 +177,7 @@ def test_models_not_provably_uniform_are_exported_whole(caplog: pytest.LogCaptur
     mixed.config.layer_types = ["full_attention", "full_attention", "sliding_attention", "sliding_attention"]
     shallow, _, _ = tiny_llama(4, 2, layers=3, device="meta", **SMALL)
     plain, plain_args, _ = tiny_mlp(hidden=16, intermediate=32)
-    with caplog.at_level(logging.DEBUG, logger="autotp.stamping"):
+    with caplog.at_level(logging.DEBUG, logger="autotp.capture.stamping"):
         for model, inputs in ((mixed, args), (shallow, args), (plain, plain_args)):
             assert export_stamped(model, inputs, {}, None, export) is None, f"{type(model).__name__} was stamped"
     assert exports == [], f"twins exported: {exports}"

@@ -1,4 +1,4 @@
-"""The trace cache (autotp/trace_cache.py): a second load of the same model reads the traced program
+"""The trace cache (autotp/capture/trace_cache.py): a second load of the same model reads the traced program
 instead of calling torch.export, gives the same outputs, and never uses a stale or corrupt entry."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from models import tiny_llama
 from transformers import AutoConfig
 
 import autotp
-from autotp.capture import capture
-from autotp.trace_cache import TraceCache, open_trace_cache
+from autotp.capture.trace_cache import TraceCache, open_trace_cache
+from autotp.capture.tracing import capture
 
 HIDDEN = 64
 
@@ -48,7 +48,7 @@ def export_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.fixture
 def plan_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the plans made by the first rank (``plan_graph`` still runs)."""
-    import autotp.runtime.group as group
+    import autotp.runtime.agreement.group as group
 
     calls: list[int] = []
     original = group.plan_graph
@@ -144,7 +144,7 @@ def test_cache_never_inside_the_checkpoint(tmp_path: Path, monkeypatch: pytest.M
 def test_put_writes_the_bytes_sent_to_the_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One process (tp=1 view of rank 0's write): the bytes rank 0 made for its group are written as the
     cache entry without serializing the program again; bytes made for another key are not trusted."""
-    import autotp.trace_cache as trace_cache
+    import autotp.capture.trace_cache as trace_cache
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     exported = torch.export.export(model, (torch.randn(3, 4),))
@@ -171,7 +171,7 @@ def test_an_untested_torch_turns_the_cache_and_the_shared_trace_off(tmp_path: Pa
     """No process group: the installed torch is one the private program form is tested on; with that list
     emptied of it (as on a newer torch), opening a cache warns and gives none, and a program cannot be made
     into bytes for a group (TypeError, which the shared trace answers by tracing on every rank)."""
-    import autotp.trace_cache as trace_cache
+    import autotp.capture.trace_cache as trace_cache
     from autotp.adapters import torch_internals
 
     assert trace_cache.serde_unsupported() is None, f"torch {torch.__version__}: {trace_cache.serde_unsupported()}"

@@ -1,7 +1,7 @@
 """Tiers (a) and (b), no processes: a program rebuilt from the shared trace is the program that was traced.
 
 ``autotp.compile`` traces once per group: rank 0 exports and the other ranks rebuild its serialized
-program (``runtime/shared_trace.py``, through ``trace_cache.program_bytes`` / ``program_from_bytes``).
+program (``runtime/agreement/shared_trace.py``, through ``trace_cache.program_bytes`` / ``program_from_bytes``).
 The ranks' agreement then compares graph fingerprints, so a rebuild that differs by one node (a
 ``getitem`` the serialized form invents for an unused output) made every rank fail with "the traced
 graphs differ" although the ranks were identical. Here each case is captured both ways, as rank 0
@@ -20,10 +20,10 @@ from models import BUILDERS
 from odd_models import batch_stats_cnn
 from torch import nn
 
-from autotp.capture import Traced, capture, trace_device
+from autotp.capture.trace_cache import program_bytes, program_from_bytes, trace_key
+from autotp.capture.tracing import Traced, capture, trace_device
 from autotp.passes.rules import RULES
 from autotp.planning.plan import graph_fingerprint
-from autotp.trace_cache import program_bytes, program_from_bytes, trace_key
 
 aten = torch.ops.aten
 
@@ -140,7 +140,7 @@ def test_a_multi_output_op_with_unused_outputs_round_trips(op: object, in_place:
 def test_the_case_distinguishes_an_invented_getitem() -> None:
     """No mesh: the functionalized topk case is one where a rebuild could differ — the program sent has no
     ``getitem`` for the unused indices, and its serialized form names them (``*_unused_1``)."""
-    from autotp.capture import _functional
+    from autotp.capture.tracing import _functional
 
     call, (x,) = MULTI_OUTPUT_CASES[aten.topk.default]
     model = _Uses(call, 0, in_place=True)

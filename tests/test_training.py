@@ -37,7 +37,7 @@ def _build(family: str) -> tuple[torch.nn.Module, torch.Tensor, dict]:
 
 
 def _local_block_of(full: torch.Tensor, block: tuple[int, list[tuple[int, int]]] | None) -> torch.Tensor:
-    """This rank's block of ``full`` as :func:`autotp.runtime.module.local_block` places it."""
+    """This rank's block of ``full`` as :func:`autotp.runtime.execution.module.local_block` places it."""
     if block is None:
         return full
     dim, ranges = block

@@ -11,7 +11,7 @@ import models
 import torch
 
 import autotp
-from autotp.runtime.training_checkpoint import load_training_state, save_training_state
+from autotp.runtime.training.training_checkpoint import load_training_state, save_training_state
 
 _LLAMA = {"num_heads": 4, "num_kv_heads": 2, "intermediate": 96, "hidden": 48, "layers": 2, "vocab_size": 96,
           "seq_len": 8}
@@ -177,7 +177,7 @@ def _dropout_probes(tp: autotp.TensorParallelModule, ids: torch.Tensor) -> dict[
     and under ``"split attention"`` the names of the split nodes that are attention."""
     from torch.fx import Interpreter
 
-    from autotp.capture import draws_random_numbers
+    from autotp.capture.tracing import draws_random_numbers
     from autotp.passes.random_streams import RankStream
 
     probes: dict[str, list] = {"split": [], "replicated": [], "split attention": []}

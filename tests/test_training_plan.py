@@ -14,7 +14,7 @@ import autotp
 from autotp.base.placements import Partial, Replicate, Shard
 from autotp.base.reshard import ReshardKind, reshard_routes
 from autotp.base.strategy import Strategy
-from autotp.capture import capture
+from autotp.capture.tracing import capture
 from autotp.passes.backward import Training, adjoint_steps, reads_through_f
 from autotp.passes.costing import cost_strategy_graph
 from autotp.passes.pricing import price_choice

@@ -19,7 +19,7 @@ takes ``use_cache``; left out, it falls back to ``config.use_cache`` (True for m
 output then carries a ``DynamicCache``, an object that is not a tensor, which ``torch.export`` cannot
 return and autotp does not keep between plain forward calls (generation keeps its own KV cache as graph
 state). So a plain forward of a HF model is always traced with ``use_cache=False`` (:func:`traced_kwargs`,
-called by :func:`autotp.capture.capture`, whatever the example kwargs said), and the compiled model takes
+called by :func:`autotp.capture.tracing.capture`, whatever the example kwargs said), and the compiled model takes
 a call with ``use_cache`` left out, ``None``, ``False`` or ``True`` (:func:`call_kwargs`): every one runs
 the traced graph, whose output is the model's without the cache part (``out.past_key_values`` is
 ``None``). A model counts as a HF model here when it has a ``config`` with a ``use_cache`` attribute and
@@ -178,7 +178,7 @@ def recurrent_state(model: torch.nn.Module) -> str | None:
 def recurrent_layers_only(model: torch.nn.Module) -> bool:
     """True where every layer of ``model``'s cache keeps a convolution and a recurrent state and nothing else (a
     ``DynamicCache`` built from the config gives each a plain ``LinearAttentionLayer``: Mamba, Mamba2), the models
-    whose state :class:`~autotp.runtime.kv_cache.CachedCausalLM` holds as graph state; hybrids (an attention cache
+    whose state :class:`~autotp.runtime.generation.kv_cache.CachedCausalLM` holds as graph state; hybrids (an attention cache
     in some layers) and models that keep state in module attributes are not."""
     try:
         from transformers.cache_utils import DynamicCache, LinearAttentionLayer

@@ -14,7 +14,7 @@ library), so an upgrade of torch touches this file only:
   (the type of an ATen op of a graph), :data:`LazyGraphModule` (a GraphModule that writes its code on first use);
 - the program serializer of the trace cache and the shared trace (:func:`export_serde`,
   :func:`serde_unsupported`, :func:`symbolic_shapes`, :func:`int_oo`, :data:`max_operator_version`): autotp's
-  own form of a program in ``torch._export.serde``'s schema (:mod:`autotp.trace_cache`), which reads names
+  own form of a program in ``torch._export.serde``'s schema (:mod:`autotp.capture.trace_cache`), which reads names
   of the serializer's classes that :data:`SERDE_NAMES` lists;
 - Dynamo and Inductor: :func:`compile_fx`, :func:`mark_static_address`, :func:`dynamo_unsupported`,
   :func:`current_compile_id`, :data:`GlobalStateGuard`, :data:`current_function_mode_stack`;
@@ -297,13 +297,13 @@ SERDE_NAMES = {
                   "_SERIALIZE_TO_TORCH_DTYPE", "_int_to_sympy_int", "log"),
     "schema": ("ExportedProgram", "TensorArgument", "SchemaVersion"),
 }
-"""The names of ``torch._export.serde.<module>`` that :mod:`autotp.trace_cache` uses (with the serializer's
+"""The names of ``torch._export.serde.<module>`` that :mod:`autotp.capture.trace_cache` uses (with the serializer's
 ``serialize_tensor_output`` and ``graph_state``, the deserializer's ``_parse_sym_expr``, ``shape_env`` and
 ``fake_tensor_mode``, and the program's ``_guards_code``)."""
 
 
 def serde_unsupported() -> str | None:
-    """Why the installed torch cannot carry a program in :mod:`autotp.trace_cache`'s form (the trace cache and
+    """Why the installed torch cannot carry a program in :mod:`autotp.capture.trace_cache`'s form (the trace cache and
     the shared trace are then off), or None when it can: a release outside :data:`RELEASES`, or a missing name."""
     if not RELEASES.admits(installed_release()):
         return f"torch {installed_release()} is not one it is tested on ({RELEASES})"

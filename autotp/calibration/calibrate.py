@@ -126,8 +126,8 @@ from autotp.cost_model.calibrate import (
 )
 from autotp.cost_model.graph_calibration import GRAPH_FAMILIES, GemmSample, GraphSample, GraphShape
 from autotp.cost_model.hardware import Hardware
-from autotp.runtime.hosts import Host, Launch, local_host
-from autotp.runtime.shared_memory import shared_memory_all_reduce_for
+from autotp.runtime.collectives.hosts import Host, Launch, local_host
+from autotp.runtime.collectives.shared_memory import shared_memory_all_reduce_for
 
 __all__ = [
     "MEANINGFUL_SLOWDOWN",

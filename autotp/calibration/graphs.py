@@ -4,7 +4,7 @@ rank-local graphs run on every rank of a process group at once.
 The samples go to the fits of :mod:`autotp.cost_model.graph_calibration` (the host and collective
 terms, the GEMM curve) and :mod:`autotp.cost_model.calibrate` (the profile); the formulas and the
 fits import nothing of this module, which runs graphs on process groups (the shared-memory
-all-reduce and the inference pass of :mod:`autotp.runtime.shared_memory`) and so sits above the stages.
+all-reduce and the inference pass of :mod:`autotp.runtime.collectives.shared_memory`) and so sits above the stages.
 
 - single ops: :func:`work_clock`, :func:`median_work_s`, :func:`measure_gemm_samples`,
   :func:`measure_op_fixed_s`, :func:`measure_element_rates`, :func:`measure_first_call_s`, and the copy bandwidth
@@ -53,8 +53,8 @@ from autotp.cost_model.graph_calibration import (
 )
 from autotp.cost_model.hardware import Hardware
 from autotp.passes.small_collectives import inference_collective_kind
-from autotp.runtime.hosts import host_identity, local_host
-from autotp.runtime.inference_collectives import inference_all_reduces
+from autotp.runtime.collectives.hosts import host_identity, local_host
+from autotp.runtime.collectives.inference_collectives import inference_all_reduces
 
 __all__ = [
     "COLD_SLOT_BYTES",

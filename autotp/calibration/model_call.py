@@ -1,6 +1,6 @@
 """What a compiled model's call costs beyond its rank-local graph's call, measured on a compiled model.
 
-A :class:`~autotp.runtime.module.TensorParallelModule` call flattens and checks its inputs, gathers this rank's
+A :class:`~autotp.runtime.execution.module.TensorParallelModule` call flattens and checks its inputs, gathers this rank's
 weights and buffers and builds its outputs around the call of its graph. Back to back that is a few microseconds;
 after a wait (every timed call of the calibration and of a model that serves requests starts after one) its code
 and data are cold, and on this project's 2-core VM the call of a small model measured 0.05-0.22 ms more than its
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from autotp.calibration.graphs import common_start, local_stand_ins, ranks_share_a_clock, work_clock
 from autotp.driver import compile_group
 from autotp.planning.options import plan_options
-from autotp.runtime.options import runtime_options
+from autotp.runtime.execution.options import runtime_options
 
 __all__ = ["MIN_RUNS", "measure_model_call_s"]
 

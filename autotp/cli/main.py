@@ -275,7 +275,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from autotp.calibration.calibrate import CalibrationConfig, calibrate
     from autotp.cost_model.calibrate import with_nodes
     from autotp.cost_model.hardware import get_hardware
-    from autotp.runtime.hosts import launched
+    from autotp.runtime.collectives.hosts import launched
 
     if args.quick:
         config = CalibrationConfig.quick(progress=True, threads=args.threads)

@@ -310,7 +310,7 @@ def _shape_for(args: argparse.Namespace, phase: str) -> tuple[int, int]:
 
 
 def _capture(spec: ModelSpec, batch: int, seq_len: int, phase: str) -> Any:
-    from autotp.capture import capture, inputs_on_model_device
+    from autotp.capture.tracing import capture, inputs_on_model_device
 
     started = time.perf_counter()
     model, call_args, call_kwargs = spec.build(batch, seq_len)

@@ -16,7 +16,7 @@ Every problem is reported at once, each with the node and what would be valid.
 from __future__ import annotations
 
 from autotp.base.errors import PlanMismatchError
-from autotp.capture import CapturedGraph
+from autotp.capture.tracing import CapturedGraph
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.plan import Plan
 
@@ -71,7 +71,7 @@ def check_plan_applies(plan: Plan, captured: CapturedGraph, world_size: int) -> 
     if len(bad) > _MAX_LISTED:
         problems.append(f"... and {len(bad) - _MAX_LISTED} more nodes with invalid strategies")
     if splits_dynamic:
-        problems.append("batch and sequence dims are traced dynamic and never split (autotp.capture); a plan made "
+        problems.append("batch and sequence dims are traced dynamic and never split (autotp.capture.tracing); a plan made "
                         "with dynamic=False may split them: apply it with autotp.compile(..., dynamic=False)")
     if problems:
         raise PlanMismatchError("the plan cannot be applied to this model:\n  - " + "\n  - ".join(problems))

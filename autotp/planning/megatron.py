@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from autotp.base.placements import split_of
-from autotp.capture import capture, inputs_on_model_device
+from autotp.capture.tracing import capture, inputs_on_model_device
 from autotp.cost_model import Hardware
 from autotp.passes.rules import tensor_inputs
 from autotp.passes.strategies import StrategyGraph

@@ -80,7 +80,7 @@ from autotp.base.module_paths import block_of, block_path, differing_layer, laye
 from autotp.base.placements import placement_to_str
 from autotp.base.progress import log_progress
 from autotp.base.shapes import nbytes as value_nbytes
-from autotp.capture import CapturedGraph, capture
+from autotp.capture.tracing import CapturedGraph, capture
 from autotp.cost_model import (
     Hardware,
     compute_time_s,
@@ -458,7 +458,7 @@ def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_
                progress: bool = False, generation_step: bool = False) -> MeshCosts:
     """Capture ``model`` at batch 2 and 4 (one layer of it when :func:`reduced_copy` applies) and
     price its blocks for each ``tp`` in ``tp_sizes``. ``generation_step``: the example is one decode step
-    (a token per row): each call hands out the picked tokens over the pipeline (``runtime/mesh_generate.py``),
+    (a token per row): each call hands out the picked tokens over the pipeline (``runtime/mesh/mesh_generate.py``),
     not the whole batch's output; the KV cache's reads are not priced."""
     started = time.perf_counter()
     reduced = reduced_copy(model)
@@ -614,7 +614,7 @@ _OBJECT_BYTES = 256.0  # a pickled list of output shapes, as broadcast_object_li
 
 def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     """Seconds the mesh runtime takes to give every rank the whole batch's output after its replica's last
-    stage has it (``runtime/mesh.py``): with ``pp > 1`` the last stage broadcasts the leaves' shapes (an object:
+    stage has it (``runtime/mesh/mesh_module.py``): with ``pp > 1`` the last stage broadcasts the leaves' shapes (an object:
     its size, then its bytes) and each leaf of its ``rows`` rows over the pipeline's group; with ``dp > 1``
     the replicas exchange the shapes (an object, all-gathered) and all-gather each leaf, every replica's
     slice of ``rows`` rows (gloo: a ring). Groups spanning nodes pay the inter-node link, shared by the

@@ -109,7 +109,7 @@ class PlanOptions:
             element (default 2: AdamW's two moments; SGD with momentum 1, plain SGD 0).
         dynamic: trace the batch and sequence dims (dims 0 and 1 of every tensor input) as symbols,
             so the plan serves every size (only static dims are split); ``False`` pins every size to
-            the example's (:mod:`autotp.capture`).
+            the example's (:mod:`autotp.capture.tracing`).
         dynamic_shapes: passed to ``torch.export`` as is, instead of what ``dynamic`` asks for.
         experts: the form of every mixture-of-experts block: ``"auto"`` (default: the solver picks),
             ``"placed"`` (whole experts on ranks) or ``"split"`` (every rank a slice of each expert)

@@ -68,7 +68,7 @@ class AlonePhases:
 
 def first_rank_alone(*, world_size: int, ranks_share_host: bool, decode_collectives: bool,
                      prefill_collectives: bool) -> AlonePhases:
-    """The one rule, read by the planner and by :func:`autotp.runtime.generate.generate`, for which phases
+    """The one rule, read by the planner and by :func:`autotp.runtime.generation.generate.generate`, for which phases
     one rank runs alone.
 
     With several ranks on one host's cores (``ranks_share_host``: a gloo group at run time, a profile

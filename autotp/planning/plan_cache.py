@@ -1,6 +1,6 @@
 """Plans kept in the trace cache: the plan made for a traced graph is stored beside its program
-(:meth:`autotp.trace_cache.TraceCache.plan_path`: the plan's JSON, sealed with a digest of itself and its key)
-and reused by the first rank (:func:`autotp.runtime.group.plan_on_first_rank`).
+(:meth:`autotp.capture.trace_cache.TraceCache.plan_path`: the plan's JSON, sealed with a digest of itself and its key)
+and reused by the first rank (:func:`autotp.runtime.agreement.group.plan_on_first_rank`).
 
 A plan read back under its seal is the planner's own output for a graph of the same fingerprint, under the same
 options and the same code (the key names all of them): it is checked against the graph's nodes and fingerprint
@@ -25,12 +25,12 @@ import torch
 
 import autotp.cost_model
 import autotp.passes
+from autotp.capture.trace_cache import FORMAT, TraceCache, file_digest
 from autotp.planning.checks import check_plan_applies
 from autotp.planning.plan import Plan, graph_fingerprint
-from autotp.trace_cache import FORMAT, TraceCache, file_digest
 
 if TYPE_CHECKING:
-    from autotp.capture import CapturedGraph
+    from autotp.capture.tracing import CapturedGraph
     from autotp.planning.options import PlanOptions
 
 __all__ = ["cached_plan", "plan_key", "store_plan"]
@@ -108,7 +108,7 @@ def cached_plan(cache: TraceCache, key: str, captured: CapturedGraph, world_size
 
 def store_plan(cache: TraceCache, key: str, plan: Plan) -> None:
     """Store ``plan`` under ``key``, sealed (atomically); a failure to write only warns. Only the planner's own
-    plans are stored (:func:`autotp.runtime.group.plan_on_first_rank`)."""
+    plans are stored (:func:`autotp.runtime.agreement.group.plan_on_first_rank`)."""
     text = plan.to_json(indent=None)
     cache.write_plan_text(key, json.dumps({"seal": _seal(key, text), "plan": text}))
 

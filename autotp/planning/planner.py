@@ -28,7 +28,7 @@ from autotp.base.placements import Replicate, Shard, placement_to_str, split_of
 from autotp.base.progress import log_progress
 from autotp.base.shapes import concrete_shape
 from autotp.base.strategy import Strategy
-from autotp.capture import CapturedGraph
+from autotp.capture.tracing import CapturedGraph
 from autotp.cost_model import Hardware
 from autotp.passes.backward import Training, checkpointed_blocks_price, trainable_bytes_factor
 from autotp.passes.costing import CostedGraph, cost_strategy_graph, forward_compute_s, tensor_nbytes

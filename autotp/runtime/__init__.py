@@ -1,2 +1,2 @@
-"""What runs on each rank: the rank-local module and the slicing of weights into shards
-(training: :mod:`.training` — full state dicts and the checks around an optimizer step)."""
+"""What runs on each rank, in rooms by role: execution, collectives, agreement, generation, checkpoints,
+training and the mesh (docs/architecture.md, "Rooms")."""

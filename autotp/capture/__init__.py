@@ -1,0 +1,1 @@
+"""Capture, the first stage: torch.export into an ATen FX graph, the trace cache, stamping of repeated layers."""

@@ -1,0 +1,1 @@
+"""Ranks agree or fail together: exchanges, one trace and one plan per group, a failed peer told to the others."""

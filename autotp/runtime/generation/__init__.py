@@ -1,0 +1,1 @@
+"""Text generation: the KV cache as graph state, prefill and decode graphs, generation on demand, the token loop."""
