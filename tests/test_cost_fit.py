@@ -770,6 +770,7 @@ def test_an_op_family_pays_its_fixed_cost_in_every_pricing_path() -> None:
         Hardware.from_dict({**fixed.to_dict(), "op_fixed_s": [1, 2]})
 
 
+@pytest.mark.slow  # times a Python loop's host calls against its price: about 8 s on 2 cores
 def test_a_python_loop_pays_the_host_calls_it_makes() -> None:
     """transformers' grouped_mm_fallback runs a Python loop: per group of rows one ``torch.mm`` on three views,
     after zero-filling its output and reading the groups' offsets to the host. Each call pays those host calls

@@ -230,6 +230,7 @@ def test_phase_weights_choose_one_placement_for_prefill_and_decode(fake_tp2) -> 
                        options=autotp.PlanOptions(expected_new_tokens=-1))
 
 
+@pytest.mark.slow  # plans both phases of a generation twice: about 9 s on 2 cores
 def test_a_phase_the_first_rank_runs_alone_is_priced_at_a_whole_core(fake_tp2) -> None:
     """tp=2 (fake process group), tiny Llama 1 layer, hidden 256, batch 4, prefill 32, memory_budget=None, a CPU
     profile (host_is_device) with a fast link whose rates carry a core share of 0.5 (two ranks busy on one
@@ -277,6 +278,7 @@ def test_a_phase_the_first_rank_runs_alone_is_priced_at_a_whole_core(fake_tp2) -
         str(budgeted.generation.weighting))
 
 
+@pytest.mark.slow  # plans both phases of a generation three times: about 10 s on 2 cores
 def test_the_phases_weigh_what_each_call_pays_beyond_its_plan(fake_tp2) -> None:
     """tp=2 (fake process group), tiny Llama 1 layer, hidden 256, batch 4, prefill 32, memory_budget=None, a CPU
     profile with a fast link at a core share of 0.9: split, a decode step is predicted below the whole plan's at a

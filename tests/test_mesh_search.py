@@ -210,6 +210,7 @@ def test_two_layer_copy_prices_like_the_whole_model(six_layer_costs: MeshCosts) 
     assert searched == pytest.approx(direct, rel=1e-9), f"search prices {searched} s, the whole model {direct} s"
 
 
+@pytest.mark.slow  # searches a mesh twice, once through the CLI: about 9 s on 2 cores
 def test_plan_front_door_and_cli(capsys) -> None:
     """autotp.plan_mesh(mesh=dp1 x pp2 x tp4) on 8 H100s: a ParallelPlan that prints its mesh, stages and
     predictions; `autotp plan --parallelism tp=2,pp=2` prints the table with the choice marked."""

@@ -26,6 +26,7 @@ def _prompt(seq: int = 5) -> torch.Tensor:
     return torch.randint(0, 256, (1, seq), generator=torch.Generator().manual_seed(1))  # (batch, seq)
 
 
+@pytest.mark.slow  # traces and plans a decoder with its own cache: about 6 s on 2 cores
 def test_cache_buffers_updated_in_forward_are_planned_as_state() -> None:
     """tp=2 (autotp.plan, no processes), gpt-fast-style decoder, 2 layers, 6 heads / 3 kv heads, cache of 16
     positions in module buffers written with ``cache[:, :, input_pos] = k``: the four cache buffers are state

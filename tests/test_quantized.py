@@ -257,6 +257,7 @@ def test_dequantize_affine_splits_scales_by_block(granularity: str, scale_under_
     assert found == expected, f"strategies {found}, expected {expected}"
 
 
+@pytest.mark.slow  # quantizes, traces and plans a model: about 6 s on 2 cores
 def test_the_plan_text_shows_a_quantized_weight_once() -> None:
     """tp=2, int8 tiny Llama: print(plan) names each quantized weight once (q_proj.weight S(0)q), never its parts,
     under the weight's own module (lm_head, not lm_head.parametrizations)."""

@@ -58,6 +58,7 @@ def _structure(gm: fx.GraphModule) -> list[tuple[str, ...]]:
     return described
 
 
+@pytest.mark.slow  # exports each family whole and stamped: up to 7 s each on 2 cores
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_stamped_program_equals_a_whole_export(family: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No parallelism (capture only), 4 layers of each family (meta models traced as fake tensors, as
@@ -122,6 +123,7 @@ GENERATING = {  # the generation compile's cache wrapper around 4 layers of each
 }
 
 
+@pytest.mark.slow  # exports the prefill and decode graphs of each family twice: 6-14 s each on 2 cores
 @pytest.mark.parametrize("family", list(GENERATING))
 def test_generation_graphs_are_stamped_with_their_cache(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """No parallelism (capture only), the KV-cache wrapper a generation compile traces

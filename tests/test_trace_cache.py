@@ -187,6 +187,7 @@ def test_an_untested_torch_turns_the_cache_and_the_shared_trace_off(tmp_path: Pa
     assert not (tmp_path / "cache").exists(), "expected nothing written"
 
 
+@pytest.mark.slow  # exports and plans both generation graphs: about 11 s on 2 cores
 def test_generation_graphs_are_cached_too(tmp_path: Path, export_calls: list[str], plan_calls: list[int],
                                           one_rank: None) -> None:
     """tp=1, a four-layer tiny Llama from a checkpoint on meta, called as users call it (``from_pretrained``, then
