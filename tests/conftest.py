@@ -60,7 +60,7 @@ def gloo() -> Iterator[GlooRunner]:
 LONG_FILES = ("test_releases.py", "test_mesh_grid.py", "test_equivalence.py", "test_runtime_modes.py",
               "test_generate.py", "test_agreement.py", "test_agreement_exit.py", "test_loading_memory.py",
               "test_quantized.py", "test_hf_calls.py", "test_mesh_runtime.py", "test_training.py",
-              "test_empty_shards.py", "test_own_state.py", "test_docs_examples.py")
+              "test_empty_shards.py", "test_own_state.py", "test_docs_examples.py", "test_expert_placement.py")
 """The files that take longest (``--durations`` of the whole suite on 2 cores), longest first: they are
 collected first, so that ``pytest -n 3 --dist loadfile`` (.ci/run) hands them out before the short
 files, which then fill the workers' time instead of one long file starting last and running alone."""

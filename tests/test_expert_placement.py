@@ -126,7 +126,7 @@ def test_forward_equals_single_process(gloo, world_size: int, names: list[str]) 
     _check_forward(gloo.run(world_size, _forward_forms, names), world_size)
 
 
-@pytest.mark.slow
+@pytest.mark.zoo  # the rest of the families and world sizes: minutes of compiles, in the wide-zoo tier beside the zoo
 @pytest.mark.parametrize("world_size,names", [(2, ["deepseek_v3"]), (2, ["gpt_oss"]), (3, ["qwen3_moe"]),
                                               (3, ["deepseek_v3"]), (4, ["mixtral", "olmoe"])])
 def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[str]) -> None:
