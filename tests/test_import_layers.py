@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stages", ("autotp.planning", "autotp.passes", "autotp.capture")),
     ("base", ("autotp.base", "autotp.adapters", "autotp.capture.stamping")),
     ("cost_model", ("autotp.cost_model",)),
-    ("torch adapter", ("autotp.adapters.torch_internals", "autotp.base.errors")),
+    ("torch adapter", ("autotp.adapters.torch_internals", "autotp.adapters.releases", "autotp.base.errors")),
 )
 """The layers from the top down, each with the modules and packages it holds (a package: all its modules;
 an entry of INIT_ONLY: the package's own ``__init__.py`` only). A module may import its own layer or those

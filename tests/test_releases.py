@@ -67,7 +67,7 @@ def _release_excludes(family: str) -> str | None:
 
     Before 5.10, Mixtral's experts loop over the experts a batch hits (a data-dependent loop that
     torch.export cannot trace)."""
-    if family == "mixtral" and not hf_transformers.ReleaseRange("5.10.0", "99.0").admits(RELEASE):
+    if family == "mixtral" and not hf_transformers.ReleaseRange("5.10.0", "99.0", "transformers").admits(RELEASE):
         return "Mixtral's data-dependent experts loop"
     return None
 

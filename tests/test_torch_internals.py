@@ -182,7 +182,7 @@ def test_an_unreadable_release_is_refused() -> None:
 def test_planning_on_an_untested_torch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """No process group: with the range moved off the installed torch (as on a newer torch), ``autotp.plan``
     raises ``UnsupportedReleaseError`` naming the range before it traces the model."""
-    monkeypatch.setattr(torch_internals, "RELEASES", torch_internals.TorchReleases("0.1.0", "0.1"))
+    monkeypatch.setattr(torch_internals, "RELEASES", torch_internals.ReleaseRange("0.1.0", "0.1", "torch"))
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
     with pytest.raises(UnsupportedReleaseError, match=re.escape(f"torch {torch.__version__} is not a release "
                                                                "autotp supports: supported are 0.1.0 to 0.1")):

@@ -177,7 +177,7 @@ def test_an_untested_torch_turns_the_cache_and_the_shared_trace_off(tmp_path: Pa
     assert trace_cache.serde_unsupported() is None, f"torch {torch.__version__}: {trace_cache.serde_unsupported()}"
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     exported = torch.export.export(model, (torch.randn(3, 4),))
-    monkeypatch.setattr(torch_internals, "RELEASES", torch_internals.TorchReleases("0.1.0", "0.1"))
+    monkeypatch.setattr(torch_internals, "RELEASES", torch_internals.ReleaseRange("0.1.0", "0.1", "torch"))
     why = trace_cache.serde_unsupported()
     assert why is not None and f"torch {torch.__version__} is not one it is tested on (0.1.0 to 0.1)" in why, why
     with pytest.warns(UserWarning, match=r"tracing without the trace cache: torch .*install torch 0\.1\.0 to 0\.1 for the cache"):

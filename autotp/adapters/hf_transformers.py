@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import itertools
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from autotp.adapters.releases import ReleaseRange
 from autotp.base.errors import UnsupportedReleaseError
 
 __all__ = [
@@ -66,42 +66,11 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class ReleaseRange:
-    """Releases from ``oldest`` (an exact release) to any patch of the ``newest`` minor; CI tests both ends."""
-
-    oldest: str
-    newest: str
-
-    def admits(self, release: str) -> bool:
-        return _release(self.oldest) <= _release(release) and _release(release)[:2] <= _release(self.newest)[:2]
-
-    def __str__(self) -> str:
-        return f"{self.oldest} to {self.newest}"
-
-    def pip_spec(self) -> str:
-        major, minor = _release(self.newest)[:2]
-        return f"transformers>={self.oldest},<{major}.{minor + 1}"
-
-
-FORWARD_RELEASES = ReleaseRange("4.57.6", "5.24")
+FORWARD_RELEASES = ReleaseRange("4.57.6", "5.24", "transformers")
 """transformers releases on which a captured forward is tested equal to the model's (CI: oldest and newest)."""
 
-GENERATION_RELEASES = ReleaseRange("5.10.4", "5.24")
+GENERATION_RELEASES = ReleaseRange("5.10.4", "5.24", "transformers")
 """transformers releases on which ``generate`` is tested equal to HF's greedy ``generate`` (CI: oldest and newest)."""
-
-
-def _release(release: str) -> tuple[int, int, int]:
-    """``(major, minor, patch)`` of a release string (``"5.24.0"``, ``"5.10"``, ``"5.25.0.dev0"``)."""
-    numbers = []
-    for part in release.split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        numbers.append(int(digits))
-    if len(numbers) < 2:
-        raise UnsupportedReleaseError(f"cannot read the transformers release {release!r}")
-    return (*numbers, 0, 0)[:3]  # type: ignore[return-value]
 
 
 def installed_release() -> str:

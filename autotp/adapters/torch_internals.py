@@ -37,9 +37,7 @@ op is named by its schema, the vocabulary of the graphs autotp reads and writes,
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import itertools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -47,6 +45,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from autotp.adapters.releases import ReleaseRange
 from autotp.base.errors import UnsupportedReleaseError
 
 __all__ = [
@@ -58,7 +57,7 @@ __all__ = [
     "PIP_SPEC",
     "RELEASES",
     "SERDE_NAMES",
-    "TorchReleases",
+    "ReleaseRange",
     "check_release",
     "compile_fx",
     "compiling_state_context",
@@ -86,38 +85,7 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class TorchReleases:
-    """torch releases from ``oldest`` (an exact release) to any patch of the ``newest`` minor; CI tests both ends."""
-
-    oldest: str
-    newest: str
-
-    def admits(self, release: str) -> bool:
-        return _release(self.oldest) <= _release(release) and _release(release)[:2] <= _release(self.newest)[:2]
-
-    def __str__(self) -> str:
-        return f"{self.oldest} to {self.newest}"
-
-    def pip_spec(self) -> str:
-        major, minor = _release(self.newest)[:2]
-        return f"torch>={self.oldest},<{major}.{minor + 1}"
-
-
-def _release(release: str) -> tuple[int, int, int]:
-    """``(major, minor, patch)`` of a release string (``"2.13.0+cpu"``, ``"2.14"``, ``"2.15.0.dev20261201"``)."""
-    numbers = []
-    for part in release.split("+")[0].split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, part))
-        if not digits:
-            break
-        numbers.append(int(digits))
-    if len(numbers) < 2:
-        raise UnsupportedReleaseError(f"cannot read the torch release {release!r}")
-    return (*numbers, 0, 0)[:3]  # type: ignore[return-value]
-
-
-RELEASES = TorchReleases("2.13.0", "2.14")
+RELEASES = ReleaseRange("2.13.0", "2.14", "torch")
 """torch releases autotp is tested on: CI's main suite runs the oldest (2.13.0, CPU build), its torch tier the
 newest (2.14.1, ``.ci/torch_tier``)."""
 
