@@ -14,10 +14,7 @@ import ast
 from pathlib import Path
 
 from package_modules import ROOT, package_modules
-
-
-def _is_private(name: str) -> bool:
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+from source_names import dotted_name, is_private
 
 
 def _package_of(module: str, path: Path) -> str:
@@ -49,7 +46,7 @@ class _Finder(ast.NodeVisitor):
             if alias.name.split(".")[0] != "autotp":
                 continue
             self.aliases[alias.asname or "autotp"] = alias.name if alias.asname else "autotp"
-            if any(_is_private(part) for part in alias.name.split(".")):
+            if any(is_private(part) for part in alias.name.split(".")):
                 self._report(node, f"import {alias.name} (a private module)")
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -57,14 +54,14 @@ class _Finder(ast.NodeVisitor):
         if source is None or source.split(".")[0] != "autotp" or source == self.module:
             return
         for alias in node.names:
-            if _is_private(alias.name) or any(_is_private(part) for part in source.split(".")):
+            if is_private(alias.name) or any(is_private(part) for part in source.split(".")):
                 self._report(node, f"from {source} import {alias.name}")
             if f"{source}.{alias.name}" in self.modules:
                 self.aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        owner = _dotted(node.value)
-        if owner is not None and _is_private(node.attr):
+        owner = dotted_name(node.value)
+        if owner is not None and is_private(node.attr):
             head, _, rest = owner.partition(".")
             target = self.aliases.get(head)
             resolved = f"{target}.{rest}" if target and rest else target
@@ -72,15 +69,6 @@ class _Finder(ast.NodeVisitor):
                 self._report(node, f"{owner}.{node.attr} (private to {resolved})")
         self.generic_visit(node)
 
-
-def _dotted(node: ast.expr) -> str | None:
-    """``a.b.c`` of a chain of names and attributes, else None."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        owner = _dotted(node.value)
-        return None if owner is None else f"{owner}.{node.attr}"
-    return None
 
 
 def _find(module: str, path: Path, tree: ast.Module, modules: dict[str, Path]) -> list[str]:

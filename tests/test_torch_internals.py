@@ -20,6 +20,7 @@ import tomllib
 import pytest
 import torch
 from package_modules import ROOT, package_modules
+from source_names import dotted_name, is_private
 
 import autotp
 from autotp.adapters import torch_internals
@@ -29,9 +30,6 @@ ADAPTER = "autotp.adapters.torch_internals"
 PUBLIC_MODULES = ("torch.utils._pytree",)
 """Private by name, used as public (see the adapter's docstring)."""
 
-
-def _is_private(name: str) -> bool:
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
 def private_part(dotted: str) -> str | None:
@@ -44,19 +42,10 @@ def private_part(dotted: str) -> str | None:
         prefix = ".".join(parts[:end])
         if prefix in PUBLIC_MODULES:
             return None
-        if _is_private(parts[end - 1]) or prefix == "torch.fx.experimental":
+        if is_private(parts[end - 1]) or prefix == "torch.fx.experimental":
             return prefix
     return None
 
-
-def _dotted(node: ast.expr) -> str | None:
-    """``a.b.c`` of a chain of names and attributes, else None."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        owner = _dotted(node.value)
-        return None if owner is None else f"{owner}.{node.attr}"
-    return None
 
 
 def _torch_names(tree: ast.Module) -> dict[str, str]:
@@ -88,7 +77,7 @@ def find_private(tree: ast.Module) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             found.update((node.lineno, f"from {node.module} import {alias.name}") for alias in node.names
                          if private_part(f"{node.module}.{alias.name}"))
-        elif isinstance(node, ast.Attribute) and (dotted := _dotted(node)) is not None:
+        elif isinstance(node, ast.Attribute) and (dotted := dotted_name(node)) is not None:
             full = resolve(dotted)
             head = resolve(dotted.partition(".")[0])
             # the name the chain first turns private at (an imported private name is reported at its import)
@@ -96,7 +85,7 @@ def find_private(tree: ast.Module) -> list[tuple[int, str]]:
                 found.add((node.lineno, part))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
               and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-              and isinstance(node.args[1].value, str) and (owner := _dotted(node.args[0])) is not None
+              and isinstance(node.args[1].value, str) and (owner := dotted_name(node.args[0])) is not None
               and (full := resolve(owner)) is not None and (part := private_part(f"{full}.{node.args[1].value}"))):
             found.add((node.lineno, part))
     return sorted(found)
