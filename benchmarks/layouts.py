@@ -4,6 +4,9 @@ against measured, at each link setting, for latency and for throughput.
 For each link setting (``--rates``, Mbit/s; 0 is an unshaped veth) it builds a cluster of 2 hosts on this machine
 (``tests/cluster.py``: network namespaces, links shaped by ``tc tbf``; needs root and iproute2), then
 
+Each host runs on its own half of the machine's cores (``Cluster(..., cores=True)``; ``--shared-cores`` lets every
+rank run on every core), so a host's two ranks compete for its cores only, as on two machines.
+
 1. calibrates in the cluster: ``autotp calibrate --quick --threads 1`` started on the 4 ranks as torchrun starts
    them (compute, and the links inside each host and between hosts; at every setting after the first, or with
    ``--host-profile``, ``--links-only``: the compute terms are kept and only the links measured again);
@@ -302,6 +305,9 @@ def main() -> None:
                         help="new tokens per timed generate for decode, 0 to skip decode (default: 8)")
     parser.add_argument("--host-profile", type=Path, default=None,
                         help="a profile of one host measured before (compute kept, links measured again)")
+    parser.add_argument("--shared-cores", action="store_true",
+                        help="let the hosts' ranks share every core of the machine (default: each host gets its own "
+                             "half of the cores, as on two machines)")
     parser.add_argument("--keep", type=Path, default=None, help="folder to keep the calibrated profiles in")
     options = parser.parse_args()
     warnings.simplefilter("ignore")
@@ -313,14 +319,15 @@ def main() -> None:
     print(f"layouts of 4 ranks on 2 hosts x {RANKS_PER_HOST} (1 thread each), Llama {CONFIG['num_hidden_layers']} "
           f"layers hidden {CONFIG['hidden_size']}, {options.seq_len} tokens; throughput at batch {options.batch}; "
           f"commit {commit}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+          f"{'hosts share the cores' if options.shared_cores else 'each host on its own cores'}")
     host_profile = options.host_profile
     summary = []
     for rate in options.rates:
         setting = "unshaped" if rate == 0 else f"{rate:g} Mbit/s"
         link = None if rate == 0 else Link(rate_mbit=rate)
         profile = folder / f"profile-{'unshaped' if rate == 0 else f'{rate:g}mbit'}.json"
-        with Cluster(2, link) as cluster:
+        with Cluster(2, link, cores=not options.shared_cores) as cluster:
             started = time.perf_counter()
             printed = calibrate_in(cluster, profile, host_profile)
             print(f"\n== {setting}: calibrated in {time.perf_counter() - started:.0f} s "

@@ -14,6 +14,12 @@ function on every rank in an initialised gloo group and returns what each rank r
 rank). Processes in different namespaces still share ``/dev/shm`` and the hostname: only the launcher's
 variables tell the hosts apart (:mod:`autotp.runtime.collectives.hosts`).
 
+With ``cores=True`` each host also gets cores of its own: the machine's cores (this process's CPU affinity) are
+split into ``hosts`` contiguous equal sets, and every rank of host h is started bound to set h, so a host's
+ranks compete for its cores only, as on separate machines; a machine with fewer cores than hosts refuses. The
+ranks of one host then share a CPU set, which is how calibration tells the ranks that share cores
+(:func:`autotp.runtime.collectives.hosts.cpu_set`).
+
 Everything is torn down on exit, after a failure or a timeout too: the ranks' process groups are killed and
 the namespaces deleted (their veths and the bridge go with them). Names carry this process's id and a random
 token, so parallel test workers never collide; namespaces left by a process that was killed outright are
@@ -146,10 +152,11 @@ class Cluster:
             results = cluster.run_function("my_module:fn", ranks_per_host=2, kwargs={"size": 8})
     """
 
-    def __init__(self, hosts: int, link: Link | None = None) -> None:
+    def __init__(self, hosts: int, link: Link | None = None, *, cores: bool = False) -> None:
         if not 1 <= hosts <= 200:
             raise ValueError(f"hosts must be between 1 and 200, got {hosts}")
         self.hosts, self.link = hosts, link
+        self.host_cores = _split_cores(hosts) if cores else None
         self.name = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
         self.switch = f"{self.name}-sw"
         self.namespaces = [f"{self.name}-h{host}" for host in range(hosts)]
@@ -232,9 +239,13 @@ class Cluster:
                     variables = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}),
                                  **self.rank_environment(host, local_rank, ranks_per_host)}
                     log = logs / f"rank{len(started)}.log"
+                    bind = None
+                    if self.host_cores is not None:
+                        bind = functools.partial(os.sched_setaffinity, 0, self.host_cores[host])
                     with open(log, "wb") as out:
                         process = subprocess.Popen(["ip", "netns", "exec", namespace, *argv], env=variables,
-                                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                                   preexec_fn=bind)
                     self._processes.append(process)
                     started.append((process, log))
             deadline = time.monotonic() + timeout_s
@@ -272,6 +283,16 @@ class Cluster:
             return [json.loads((results / f"rank{rank}.json").read_text()) for rank in range(world_size)]
         finally:
             shutil.rmtree(results, ignore_errors=True)
+
+
+def _split_cores(hosts: int) -> list[set[int]]:
+    """This process's cores in ``hosts`` contiguous equal sets (module docstring); ClusterError if too few."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < hosts:
+        raise ClusterError(f"cores=True gives each host cores of its own, but this process may run on {len(cores)} "
+                           f"core(s) for {hosts} hosts; use fewer hosts or cores=False (hosts then share cores)")
+    each = len(cores) // hosts
+    return [set(cores[host * each:(host + 1) * each]) for host in range(hosts)]
 
 
 def _kill(processes: Sequence[subprocess.Popen[bytes]]) -> None:

@@ -5,6 +5,7 @@ test skips naming why where the machine cannot make namespaces)."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import pytest
@@ -52,6 +53,24 @@ def test_cluster_is_torn_down_after_a_failure_and_a_timeout() -> None:
         except OSError:
             pass  # ended meanwhile
     assert not ours, f"ranks left running after exit: {ours}"
+
+
+def test_hosts_get_cores_of_their_own() -> None:
+    """``cores=True``: the ranks of one host run on one set of cores, the hosts' sets are disjoint and cover the
+    machine's cores, and calibration's :func:`cpu_set` reads the set a rank was given (so the ranks sharing cores
+    are measured as one machine)."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip(f"one core here ({cores}): 2 hosts cannot get cores of their own")
+    with Cluster(2, cores=True) as cluster:
+        outputs = cluster.run([sys.executable, "-c", "from autotp.runtime.collectives.hosts import cpu_set; "
+                               "print(','.join(map(str, cpu_set())))"], ranks_per_host=2, timeout_s=60.0)
+    sets = [tuple(int(c) for c in output.strip().splitlines()[-1].split(",")) for output in outputs]
+    assert sets[0] == sets[1] and sets[2] == sets[3], f"a host's ranks run on different cores: {sets}"
+    assert not set(sets[0]) & set(sets[2]), f"the two hosts share cores: {sets}"
+    assert sorted(sets[0] + sets[2]) == cores[:len(sets[0]) + len(sets[2])], f"cores left out: {sets} of {cores}"
 
 
 def test_shaped_link_takes_bytes_over_rate() -> None:

@@ -126,7 +126,7 @@ from autotp.cost_model.calibrate import (
 )
 from autotp.cost_model.graph_calibration import GRAPH_FAMILIES, GemmSample, GraphSample, GraphShape
 from autotp.cost_model.hardware import Hardware
-from autotp.runtime.collectives.hosts import Host, Launch, local_host
+from autotp.runtime.collectives.hosts import Host, Launch, cpu_set, local_host
 from autotp.runtime.collectives.shared_memory import shared_memory_all_reduce_for
 
 __all__ = [
@@ -594,9 +594,10 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
     --nproc-per-node R``) and return the two-level profile on rank 0 (None on the other ranks); call it on
     every rank, with no process group initialised (it meets the others through torch's ``env://`` rendezvous).
 
-    1. *Compute, per machine*: the ranks under one kernel (hostname and boot id: the ranks that share cores and
-       memory, which is each host's on a real cluster and every rank of a cluster of network namespaces on one
-       machine) form a group of their own and measure as :func:`calibrate` does with that many spawned
+    1. *Compute, per machine*: the ranks under one kernel (hostname and boot id) bound to the same cores
+       (:func:`~autotp.runtime.collectives.hosts.cpu_set`): the ranks that share cores, which is each host's on
+       a real cluster, and on a cluster of network namespaces on one machine every rank, or each host's where
+       the hosts are given cores of their own) form a group of their own and measure as :func:`calibrate` does with that many spawned
        processes, all in step. With ``host_profile`` (a profile measured on these hosts before) compute is not
        measured again: its terms are kept.
     2. *Inside each host*: the ranks of each launcher node (``LOCAL_WORLD_SIZE``) time gloo's collectives and the
@@ -617,7 +618,7 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
                             world_size=launch.world_size)
     try:
         places: list[Any] = [None] * launch.world_size
-        dist.all_gather_object(places, (launch.host.key, local_host().key))
+        dist.all_gather_object(places, (launch.host.key, (*local_host().key, cpu_set())))
     finally:
         dist.destroy_process_group()
     nodes = [[rank for rank, (node, _) in enumerate(places) if node == key] for key in dict.fromkeys(p[0] for p in places)]

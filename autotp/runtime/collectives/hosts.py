@@ -25,11 +25,12 @@ split, and no launcher variable can merge two machines into one host.
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import socket
 from collections.abc import Mapping, Sequence
 
-__all__ = ["Host", "Launch", "host_identity", "launched", "launcher_node", "local_host", "one_host", "this_host"]
+__all__ = ["Host", "Launch", "cpu_set", "host_identity", "launched", "launcher_node", "local_host", "one_host", "this_host"]
 
 
 def host_identity() -> tuple[str, str, str]:
@@ -42,6 +43,16 @@ def host_identity() -> tuple[str, str, str]:
     except OSError:
         boot_id = ""
     return socket.gethostname(), boot_id, platform.machine()
+
+
+def cpu_set() -> tuple[int, ...]:
+    """The cores this process may run on (its CPU affinity; every core where the OS cannot say). Ranks under one
+    kernel with equal sets share cores; ranks bound to disjoint sets (``taskset``, ``numactl``, a cluster of
+    namespaces that gives each host its own cores) do not, so calibration measures each set as a machine."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return tuple(range(os.cpu_count() or 1))
 
 
 @dataclasses.dataclass(frozen=True)
