@@ -49,8 +49,9 @@ different numbers of collectives and compute, ``graph_calibration.fit_wait_terms
 compute among them: the ranks' drift is bounded, and the line is not carried beyond the graphs it was fitted on);
 a graph without collectives never waits for another rank.
 
-``spans_nodes=True``: the group's ranks lie on several nodes. Two algorithms are priced and the
-cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCCL]):
+``spans_nodes=True``: the group's ranks lie on several nodes. On a device profile (NCCL) two algorithms are
+priced and the cheaper one is taken, as NCCL's tuner picks the fastest algorithm per call ([NCCL]); gloo (a
+CPU profile, ``Hardware.host_is_device``) runs one flat ring over the group, so the flat form alone:
 
 * flat: the ring or tree above with the ``inter_node`` link for every step (its bottleneck is each
   GPU's network port);
@@ -266,10 +267,13 @@ def _on_group_link(kind: str, nbytes: Any, group_size: int, link: LinkProfile, a
 def backend_time(kind: str, nbytes: Any, group_size: int, hardware: Hardware, *, spans_nodes: bool,
                  algorithm: str, arith: Arithmetic) -> Any:
     """The backend's own collective (``CollectiveForm.RING``'s cost): the ring or tree on the group's link, and
-    on a group of whole nodes the cheaper of that and the hierarchical form ([J18]; module docstring), in
-    ``arith`` (numbers or sympy expressions; no in-graph wait)."""
+    on a group of whole nodes the cheaper of that and the hierarchical form ([J18]; module docstring) where the
+    backend splits a call by node (NCCL; gloo, on a CPU profile, runs one flat ring), in ``arith`` (numbers or
+    sympy expressions; no in-graph wait)."""
     flat = _on_group_link(kind, nbytes, group_size, hardware.link(spans_nodes=spans_nodes), algorithm, arith)
-    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if spans_nodes else None
+    # gloo (a CPU profile) runs its flat ring over the whole group; only NCCL splits a call by node
+    hierarchical_backend = spans_nodes and not hardware.host_is_device
+    parts = hierarchical_parts(kind, group_size, hardware.devices_per_node) if hierarchical_backend else None
     if parts is None:
         return flat
     hierarchical = arith.total(_on_group_link(part_kind, nbytes / divisor, part_group, getattr(hardware, link_field),

@@ -82,6 +82,23 @@ def test_collectives_across_nodes_pay_the_network() -> None:
     assert p2p_time_s(nbytes, H100_NODES, spans_nodes=True) > 8 * p2p_time_s(nbytes, H100_NODES, spans_nodes=False)
 
 
+def test_gloo_across_hosts_is_priced_as_its_flat_ring() -> None:
+    """A CPU profile (gloo) across hosts: gloo runs one ring over the whole group, never the hierarchical split
+    NCCL makes, so a group of two hosts of two ranks pays the flat ring on the network link for every step (the
+    hierarchical price, cheaper here, would be a price of something that does not run)."""
+    from autotp.cost_model import LinkProfile
+
+    network = LinkProfile("slow-network", bandwidth_gbps=0.025, latency_s=3e-4, base_latency_s=9e-4)
+    cpu = dataclasses.replace(get_hardware("cpu-gloo"), devices_per_node=2, inter_node=network, small_all_reduce="ring")
+    nbytes = 512 * 2**10
+    priced = collective_time_s("all_reduce", nbytes, 4, cpu, spans_nodes=True)
+    flat = network.base_latency_s + 6 * network.latency_s + 1.5 * nbytes / network.bandwidth_bytes_per_s
+    assert math.isclose(priced, flat, rel_tol=1e-9), f"gloo across hosts: expected the flat ring {flat}, got {priced}"
+    nccl = dataclasses.replace(cpu, host_is_device=False)
+    assert collective_time_s("all_reduce", nbytes, 4, nccl, spans_nodes=True) < 0.6 * flat, (
+        "a device profile (NCCL) keeps the hierarchical form where it is cheaper")
+
+
 def test_tensor_parallel_across_nodes_is_priced_expensive() -> None:
     """tp=16 on 2 nodes of 8: the MILP's plan pays more for its collectives than on one imaginary 16-GPU
     NVSwitch, and more in all than tp=8 inside one node, from the prices alone (no rule forbids it)."""
