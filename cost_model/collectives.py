@@ -130,7 +130,9 @@ Sources:
 
 from __future__ import annotations
 
+import collections
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from .collective_forms import (
@@ -151,6 +153,7 @@ __all__ = [
     "ONE_SHOT_MAX_BYTES",
     "ONE_SHOT_MIN_GROUP",
     "backend_time",
+    "binomial_broadcasts_s",
     "call_sync_wait_s",
     "collective_time_s",
     "form_link_time",
@@ -427,3 +430,68 @@ def p2p_time_s(nbytes: float, hardware: Hardware, *, spans_nodes: bool) -> float
     link = hardware.link(spans_nodes=spans_nodes)
     return float(link.base_latency_s + link.latency_s + nbytes / link.bandwidth_bytes_per_s)
 
+
+
+
+def _binomial_children(ranks: Sequence[int], root: int) -> dict[int, list[int]]:
+    """Whom each rank sends to in gloo's binomial broadcast: virtual rank ``v`` (renumbered from the root) sends to
+    ``v + 2^i`` in round ``i`` while ``v < 2^i``."""
+    size, start = len(ranks), list(ranks).index(root)
+    order = [ranks[(start + v) % size] for v in range(size)]
+    children: dict[int, list[int]] = {rank: [] for rank in ranks}
+    bit = 1
+    while bit < size:
+        for v in range(min(bit, size - bit)):
+            children[order[v]].append(order[v + bit])
+        bit <<= 1
+    return children
+
+
+def binomial_broadcasts_s(groups: Sequence[tuple[Sequence[int], int]], nbytes: float, hardware: Hardware) -> float:
+    """Seconds until every rank of every group has ``nbytes`` from its group's root, for broadcasts that run at once
+    as gloo runs each: a binomial tree ([T05]) over the group's ranks renumbered from the root. A rank sends once it
+    holds the data, and its sends are under way together (the root starts all of its sends at once).
+
+    ``groups``: ``(ranks, root)`` per broadcast, disjoint; ranks ``r`` and ``s`` share a node when ``r // d == s // d``
+    (``d = Hardware.devices_per_node``). The call pays its link's base latency once (the network's where a group
+    spans nodes), each send the link's per-step latency; a send inside a node then takes the ``intra_node`` link's
+    time, and a send between nodes shares the bandwidth of the nodes it leaves and enters equally with the other
+    sends crossing there at that moment (a fluid model of flows through one NIC): on two nodes of two ranks, a tree
+    whose root's two sends both cross takes about three transfers' time."""
+    if nbytes <= 0:
+        return 0.0
+    d = max(1, hardware.devices_per_node)
+    inter, intra = hardware.inter_node, hardware.intra_node
+    children: dict[int, list[int]] = {}
+    for ranks, root in groups:
+        children.update(_binomial_children(ranks, root))
+    ready = sorted((0.0, root, child) for _, root in groups for child in children[root])  # (time, sender, receiver)
+    flows: list[list[Any]] = []  # [sender node, receiver node, receiver, bytes left, time its bytes start]
+    now = finished = 0.0
+    while ready or flows:
+        while ready and ready[0][0] <= now:
+            _, sender, receiver = ready.pop(0)
+            if sender // d == receiver // d:
+                done = now + intra.latency_s + nbytes / intra.bandwidth_bytes_per_s
+                finished = max(finished, done)
+                ready = sorted(ready + [(done, receiver, child) for child in children[receiver]])
+            else:
+                flows.append([sender // d, receiver // d, receiver, float(nbytes), now + inter.latency_s])
+        moving = [f for f in flows if f[4] <= now]
+        out = collections.Counter(f[0] for f in moving)
+        into = collections.Counter(f[1] for f in moving)
+        rates = {id(f): inter.bandwidth_bytes_per_s / max(out[f[0]], into[f[1]]) for f in moving}
+        events = [f[3] / rates[id(f)] for f in moving] + [f[4] - now for f in flows if f[4] > now]
+        events += [ready[0][0] - now] if ready else []
+        if not events:
+            break
+        step = max(0.0, min(events))
+        now += step
+        for f in moving:
+            f[3] -= rates[id(f)] * step
+        for f in [f for f in moving if f[3] <= 1e-9 * nbytes]:
+            flows.remove(f)
+            finished = max(finished, now)
+            ready = sorted(ready + [(now, f[2], child) for child in children[f[2]]])
+    crosses = any(rank // d != root // d for ranks, root in groups for rank in ranks)
+    return (inter if crosses else intra).base_latency_s + finished

@@ -350,8 +350,10 @@ def test_parallel_plan_json_round_trip_and_corrupt_files(tmp_path) -> None:
 def test_output_hand_out_is_priced_as_the_runtime_runs_it(six_layer_costs: MeshCosts) -> None:
     """The whole batch's logits reach every rank: with dp the replicas all-gather their slices (a ring; each dp
     group of 2 nodes of 4 spans them, and the 4 groups with a member on one node share its link); with pp the
-    last stage broadcasts them over its pipeline (inside a node here). Each also exchanges the shapes (two
-    small collectives). A decode step hands out each row's token over the pipeline and gathers nothing."""
+    last stage broadcasts them over its pipeline, every pipeline at once (with stage k on node k the 4 pipelines'
+    broadcasts leave node 1 together: 4 sends share its link, shapes and logits alike). Each also exchanges the
+    shapes (two small collectives). A decode step hands out each row's token over the pipeline and gathers
+    nothing."""
     costs = six_layer_costs
     hardware = costs.hardware
     per_row = costs.output_bytes(1)
@@ -361,8 +363,8 @@ def test_output_hand_out_is_priced_as_the_runtime_runs_it(six_layer_costs: MeshC
     expected = (2 * link_collective_time_s("all_gather", 256.0 * 2, 2, inter)
                 + link_collective_time_s("all_gather", costs.output_bytes(3) * 2 * 4, 2, inter))
     assert dp2 == pytest.approx(expected, rel=1e-12), (dp2, expected)
-    pp2 = _output_s(costs, MeshShape(dp=1, pp=2, tp=4), 3)  # stage k on node k: the broadcast crosses
-    expected = (2 * link_collective_time_s("broadcast", 256.0, 2, inter, algorithm="tree")
+    pp2 = _output_s(costs, MeshShape(dp=1, pp=2, tp=4), 3)  # stage k on node k: the 4 pipelines' broadcasts cross
+    expected = (2 * link_collective_time_s("broadcast", 256.0 * 4, 2, inter, algorithm="tree")
                 + link_collective_time_s("broadcast", costs.output_bytes(3) * 4, 2, inter, algorithm="tree"))
     assert pp2 == pytest.approx(expected, rel=1e-12), (pp2, expected)
     inside = _output_s(costs, MeshShape(dp=2, pp=2, tp=2), 1)  # pp inside a node, dp across
@@ -371,7 +373,30 @@ def test_output_hand_out_is_priced_as_the_runtime_runs_it(six_layer_costs: MeshC
     step = dataclasses.replace(costs, generation_step=True)
     assert _output_s(step, MeshShape(dp=8, pp=1, tp=1), 8) == 0.0, "decode: the replicas gather once, at the end"
     assert _output_s(step, MeshShape(dp=1, pp=2, tp=4), 1) == pytest.approx(
-        link_collective_time_s("broadcast", 8.0, 2, inter, algorithm="tree")), "decode: the token, over the pipeline"
+        link_collective_time_s("broadcast", 8.0 * 4, 2, inter, algorithm="tree")), (
+        "decode: the token, over the 4 pipelines at once")
+
+
+def test_a_broadcast_is_gloos_binomial_tree_with_shared_links() -> None:
+    """gloo's broadcast over 4 ranks on 2 nodes of 2 from rank 3: its tree sends 3 -> 0 and 3 -> 1 at once (both
+    leave node 1 and enter node 0: each at half the link) and 0 -> 2 once 0 has the data, so about three
+    transfers' time where a tree priced by its depth says two (measured on the cluster of docs/benchmarks/layouts.md:
+    521 ms for 4 MiB at 200 Mbit/s, where one transfer took 175 ms)."""
+    from autotp.cost_model import LinkProfile
+    from autotp.cost_model.collectives import binomial_broadcasts_s
+
+    network = LinkProfile("slow-network", bandwidth_gbps=0.025, latency_s=3e-4, base_latency_s=9e-4)
+    hardware = dataclasses.replace(get_hardware("cpu-gloo"), devices_per_node=2, inter_node=network)
+    n = 4 * 2**20
+    one = n / network.bandwidth_bytes_per_s
+    tree = binomial_broadcasts_s([([0, 1, 2, 3], 3)], n, hardware)
+    assert tree == pytest.approx(network.base_latency_s + 2 * network.latency_s + 3 * one, rel=1e-9), tree / one
+    pair = binomial_broadcasts_s([([0, 2], 2)], n, hardware)
+    assert pair == pytest.approx(network.base_latency_s + network.latency_s + one, rel=1e-9)
+    both = binomial_broadcasts_s([([0, 2], 2), ([1, 3], 3)], n, hardware)  # two pipelines' sends leave node 1 at once
+    assert both == pytest.approx(network.base_latency_s + network.latency_s + 2 * one, rel=1e-9)
+    inside = binomial_broadcasts_s([([0, 1], 1)], n, hardware)
+    assert inside < 0.1 * pair, "a broadcast inside a node stays off the network"
 
 
 def test_stage_sends_are_whole_and_share_a_node_link(six_layer_costs: MeshCosts) -> None:

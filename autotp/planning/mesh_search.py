@@ -89,6 +89,7 @@ from autotp.cost_model import (
     p2p_time_s,
     pipeline_time_s,
 )
+from autotp.cost_model.collectives import binomial_broadcasts_s
 from autotp.cost_model.compute import op_name
 from autotp.passes.costing import (
     CostedGraph,
@@ -615,26 +616,22 @@ _OBJECT_BYTES = 256.0  # a pickled list of output shapes, as broadcast_object_li
 def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     """Seconds the mesh runtime takes to give every rank the whole batch's output after its replica's last
     stage has it (``runtime/mesh/mesh_module.py``): with ``pp > 1`` the last stage broadcasts the leaves' shapes (an object:
-    its size, then its bytes) and each leaf of its ``rows`` rows over the pipeline's group; with ``dp > 1``
+    its size, then its bytes) and each leaf of its ``rows`` rows over the pipeline's group, every pipeline at once
+    (gloo's binomial tree: :func:`~autotp.cost_model.collectives.binomial_broadcasts_s`); with ``dp > 1``
     the replicas exchange the shapes (an object, all-gathered) and all-gather each leaf, every replica's
     slice of ``rows`` rows (gloo: a ring). Groups spanning nodes pay the inter-node link, shared by the
     spanning groups with a member on one node."""
     hardware, leaves = costs.hardware, costs.output_leaves
+    from_last_stage = [(group, group[-1]) for group in _mesh_groups(mesh, "pp")]
     if costs.generation_step:  # the last stage broadcasts each row's token; replicas gather once, at the end
-        if mesh.pp == 1:
-            return 0.0
-        spans, _ = _link_use(_mesh_groups(mesh, "pp"), hardware)
-        return link_collective_time_s("broadcast", 8.0 * rows, mesh.pp, hardware.link(spans_nodes=spans),
-                                      algorithm="tree")
+        return binomial_broadcasts_s(from_last_stage, 8.0 * rows, hardware) if mesh.pp > 1 else 0.0
     if not leaves:
         return 0.0
     per_leaf = costs.output_bytes(rows) / leaves
     seconds = 0.0
     if mesh.pp > 1:
-        spans, sharing = _link_use(_mesh_groups(mesh, "pp"), hardware)
-        link = hardware.link(spans_nodes=spans)
-        seconds += 2 * link_collective_time_s("broadcast", _OBJECT_BYTES, mesh.pp, link, algorithm="tree")
-        seconds += leaves * link_collective_time_s("broadcast", per_leaf * sharing, mesh.pp, link, algorithm="tree")
+        seconds += 2 * binomial_broadcasts_s(from_last_stage, _OBJECT_BYTES, hardware)
+        seconds += leaves * binomial_broadcasts_s(from_last_stage, per_leaf, hardware)
     if mesh.dp > 1:
         spans, sharing = _link_use(_mesh_groups(mesh, "dp"), hardware)
         link = hardware.link(spans_nodes=spans)
