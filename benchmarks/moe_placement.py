@@ -16,7 +16,10 @@ one token without a cache: the experts' weights are read for a single token's tw
   ``autotp calibrate --world-size N`` wrote for each size).
 
 Each variant's median ms per forward over ``--rounds`` interleaved rounds (``--decode-rounds`` for the one-token
-forward; every variant once per round, one warm-up round first), so load from other jobs on the machine falls on every variant alike. Every compile is
+forward; every variant once per round, one warm-up round first; a round's time is its slowest rank's), so load
+from other jobs on the machine falls on every variant alike; and the ratio placed / split of the same round, whose
+quartiles say which form is faster: "tie" where they straddle 1 (the forms differ by less than the rounds
+do). Every compile is
 traced at the phase's own shape (``dynamic=False``), so the plan is priced at that shape. Prints a markdown
 table. Usage::
 
@@ -95,16 +98,22 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, queue
             auto = compiled["auto"].plan
             picked = {b.form for b in planned_experts(auto.nodes, world_size)}
             diffs = {form: (compiled[form](ids, use_cache=False).logits - expected).abs().max().item() for form in FORMS}
-            rows.append({"experts": experts, "phase": phase, "tokens": tokens,
+            rows.append({"experts": experts, "phase": phase, "tokens": tokens, "times": times,
                          "ms": {name: statistics.median(values) * 1e3 for name, values in times.items()},
                          "pick": "/".join(sorted(picked)), "predicted_ms": {f: t * 1e3 for f, t in auto.expert_form_times},
                          "max_diff": max(diffs.values())})
     slowest = [None] * world_size
     dist.all_gather_object(slowest, rows)
     if rank == 0:
-        for index, row in enumerate(rows):  # a forward takes as long as its slowest rank
+        for index, row in enumerate(rows):  # a forward takes as long as its slowest rank, round by round
+            per_round = {name: [max(values) for values in zip(*(r[index]["times"][name] for r in slowest))]
+                         for name in FORMS}
             for name in FORMS:
-                row["ms"][name] = max(r[index]["ms"][name] for r in slowest)
+                row["ms"][name] = statistics.median(per_round[name]) * 1e3
+            ratios = sorted(p / s for p, s in zip(per_round["placed"], per_round["split"]))
+            quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+            row["ratio"] = (quartiles[0], statistics.median(ratios), quartiles[2])
+            del row["times"]
         queue.put(rows)
     dist.destroy_process_group()
 
@@ -194,9 +203,9 @@ def main() -> None:
         _kernels(args)
         return
     context = mp.get_context("spawn")
-    print("| experts | tp | phase | single ms | placed ms | split ms | measured faster | planner's pick | "
-          "predicted placed ms | predicted split ms | max abs diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| experts | tp | phase | single ms | placed ms | split ms | placed / split per round (quartiles) | "
+          "measured faster | planner's pick | predicted placed ms | predicted split ms | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for world_size in args.world_sizes:
         queue = context.Queue()
         port = _free_port()
@@ -208,9 +217,10 @@ def main() -> None:
             proc.join()
         for row in rows:
             ms, predicted = row["ms"], row["predicted_ms"]
-            faster = min(FORMS, key=lambda form: ms[form])
+            low, mid, high = row["ratio"]
+            faster = "tie" if low <= 1.0 <= high else ("placed" if high < 1.0 else "split")
             print(f"| {row['experts']} | {world_size} | {row['phase']} ({row['tokens']} tok) | {ms['single']:.2f} | "
-                  f"{ms['placed']:.2f} | {ms['split']:.2f} | {faster} | {row['pick']} | "
+                  f"{ms['placed']:.2f} | {ms['split']:.2f} | {mid:.2f} ({low:.2f}–{high:.2f}) | {faster} | {row['pick']} | "
                   f"{predicted.get('placed', float('nan')):.2f} | {predicted.get('split', float('nan')):.2f} | "
                   f"{row['max_diff']:.1e} |", flush=True)
 
