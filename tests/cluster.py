@@ -25,7 +25,7 @@ the namespaces deleted (their veths and the bridge go with them). Names carry th
 token, so parallel test workers never collide; namespaces left by a process that was killed outright are
 deleted by the next cluster. Needs root (or CAP_NET_ADMIN) and iproute2: :func:`cluster_unavailable` says why
 not, for tests to skip with. ``python tests/cluster.py --measure`` prints the link measurement of
-docs/hosts.md.
+docs/hosts.md, ``--measure-groups`` the collectives across hosts of docs/benchmarks/layouts.md.
 """
 
 from __future__ import annotations
@@ -347,6 +347,38 @@ def measure_link(rank: int, world_size: int, nbytes: int, repeats: int) -> dict[
     return {"send_s": min(send), "all_reduce_s": min(reduce)}
 
 
+def measure_groups(rank: int, world_size: int, nbytes: int, repeats: int) -> dict[str, float]:
+    """On 2 hosts x 2 ranks: the collectives whose shape on the network a planner must price, each the median of
+    ``repeats`` in seconds (the slowest rank's): an all-reduce over the 4 ranks (gloo's ring crosses the link),
+    a broadcast from rank 3 over the 4 (gloo's binomial tree: two of the root's sends cross at once), one over
+    ranks 0 and 2 alone (one crossing send), and an all-gather in both pairs {0, 2}, {1, 3} at once (two
+    ranks of a host send across together)."""
+    import torch
+    import torch.distributed as dist
+
+    pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    mine = pairs[rank % 2]
+    tensor = torch.ones(nbytes // 4)
+    gathered = [torch.empty_like(tensor) for _ in range(2)]
+    probes = {"all_reduce_4_ranks": lambda: dist.all_reduce(tensor),
+              "broadcast_4_ranks_from_3": lambda: dist.broadcast(tensor, src=3),
+              "broadcast_pair_0_2": lambda: dist.broadcast(tensor, src=2, group=pairs[0]) if rank in (0, 2) else None,
+              "all_gather_both_pairs": lambda: dist.all_gather(gathered, tensor, group=mine)}
+    dist.all_reduce(torch.ones(1))  # connections made
+    medians = {}
+    for name, probe in probes.items():
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            probe()
+            slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            times.append(float(slowest))
+        medians[name] = sorted(times)[len(times) // 2]
+    return medians
+
+
 def _measure(rates_mbit: Sequence[float | None], nbytes: int, repeats: int) -> None:
     """Print, per link rate, the time of a send and an all-reduce of ``nbytes`` between 2 hosts against
     ``nbytes / rate``."""
@@ -361,9 +393,24 @@ def _measure(rates_mbit: Sequence[float | None], nbytes: int, repeats: int) -> N
               f"{measured['all_reduce_s'] * 1e3:>14.1f} {nbytes * 8 / measured['send_s'] / 1e6:>12.1f}")
 
 
+def _measure_groups(rate_mbit: float, nbytes: int, repeats: int) -> None:
+    """Print :func:`measure_groups` on 2 hosts x 2 ranks (a core per host) at ``rate_mbit``, beside ``nbytes / rate``."""
+    link = Link(rate_mbit=rate_mbit)
+    with Cluster(2, link, cores=True) as cluster:
+        measured = cluster.run_function("cluster:measure_groups", ranks_per_host=2,
+                                        kwargs={"nbytes": nbytes, "repeats": repeats}, timeout_s=600.0)[0]
+    print(f"2 hosts x 2 ranks at {rate_mbit:g} Mbit/s, {nbytes / 2**20:g} MiB (bytes / rate: "
+          f"{nbytes / link.bytes_per_s * 1e3:.1f} ms), median of {repeats}")
+    for name, seconds in measured.items():
+        print(f"  {name:<26} {seconds * 1e3:9.1f} ms")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--measure"]:
         _measure([None, 1000, 200, 50], nbytes=4 * 2**20, repeats=3)
+    elif sys.argv[1:2] == ["--measure-groups"]:
+        _measure_groups(200, nbytes=4 * 2**20, repeats=5)
+        _measure_groups(200, nbytes=2**19, repeats=7)
     else:
         try:
             _rank_main(*sys.argv[1:4])
