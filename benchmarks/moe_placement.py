@@ -1,7 +1,7 @@
 """Experts placed whole on ranks against experts split, measured beside the planner's pick and its prediction.
 
 A Mixtral-style decoder with random weights (``--layers`` layers, hidden ``--hidden``, expert intermediate
-``--intermediate``, top-2 routing, vocabulary 256, 8 query / 4 kv heads, so the experts hold most of the weights
+``--intermediate``, top-``--top-k`` routing (2), vocabulary 256, 8 query / 4 kv heads, so the experts hold most of the weights
 and most of a forward's work), per number of experts (``--experts``) and tensor-parallel size
 (``--world-sizes``), gloo on this machine's CPU, in two phases: a one-token forward at batch 1 (the decode of
 one token without a cache: the experts' weights are read for a single token's two experts) and a forward of
@@ -59,7 +59,7 @@ def _model(experts: int, args: argparse.Namespace) -> torch.nn.Module:
 
     config = MixtralConfig(vocab_size=256, hidden_size=args.hidden, intermediate_size=args.intermediate,
                            num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
-                           num_local_experts=experts, num_experts_per_tok=2, max_position_embeddings=2 * args.prefill,
+                           num_local_experts=experts, num_experts_per_tok=args.top_k, max_position_embeddings=2 * args.prefill,
                            attn_implementation="sdpa", use_cache=False, tie_word_embeddings=False)
     torch.manual_seed(0)
     return MixtralForCausalLM(config).eval()
@@ -159,9 +159,9 @@ def _kernels(args: argparse.Namespace) -> None:
             hidden = torch.randn(tokens, args.hidden, generator=torch.Generator().manual_seed(2))  # (tokens, H)
             with torch.no_grad():
                 logits = hidden @ block.gate.weight.detach().T  # (tokens, E): the router's scores
-                top = torch.topk(logits, 2).indices.reshape(-1)  # (tokens * 2,)
+                top = torch.topk(logits, args.top_k).indices.reshape(-1)  # (tokens * k,)
             ids, perm = torch.sort(top)
-            x = hidden[perm // 2]  # (rows, H), sorted by expert
+            x = hidden[perm // args.top_k]  # (rows, H), sorted by expert
             offs = torch.cumsum(torch.bincount(ids, minlength=experts), 0).to(torch.int32)  # (E,)
             for world_size in args.world_sizes:
                 part = inner // world_size
@@ -180,7 +180,7 @@ def _kernels(args: argparse.Namespace) -> None:
                 with torch.no_grad():
                     rounds = args.decode_rounds if tokens == 1 else args.rounds
                     split_ms, placed_ms = _median_ms(split, rounds), _median_ms(placed, rounds)
-                mean = 2 * tokens / world_size
+                mean = args.top_k * tokens / world_size
                 print(f"| {experts} | {world_size} | {tokens} | {split_ms:.3f} | {placed_ms:.3f} | "
                       f"{rows[busiest]} / {mean:.1f} |", flush=True)
 
@@ -189,6 +189,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experts", default="8,16", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--world-sizes", default="2,4", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--top-k", type=int, default=2, help="experts per token (default: 2)")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--intermediate", type=int, default=1024)
