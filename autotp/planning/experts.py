@@ -34,6 +34,7 @@ from autotp.base.errors import PlanError
 from autotp.base.placements import Shard, placement_from_str
 from autotp.base.strategy import Strategy
 from autotp.base.units import format_seconds
+from autotp.cost_model.routing import even_expert_counts
 from autotp.passes.rules.args import tensor_inputs
 from autotp.passes.rules.experts import expert_weight_input, is_grouped_mm, router_of
 from autotp.passes.rules.registry import rule_for
@@ -178,16 +179,10 @@ def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[Plan
             if producer is not None and producer.op == "placeholder":
                 weights.append(producer.target or producer.name)
                 experts = max(experts, producer.shape[0] if producer.shape else 0)
-        per_rank = tuple(_even_counts(experts, world_size)) if form == "placed" else ()
+        per_rank = tuple(even_expert_counts(experts, world_size)) if form == "placed" else ()
         found.append(PlannedExperts(module, form, tuple(g.name for g in gemms), tuple(dict.fromkeys(weights)),
                                     experts, per_rank))
     return found
-
-
-def _even_counts(size: int, world_size: int) -> list[int]:
-    """Experts per rank of ``size`` experts over ``world_size`` ranks, the larger parts first."""
-    base, extra = divmod(size, world_size)
-    return [base + (1 if rank < extra else 0) for rank in range(world_size)]
 
 
 def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
