@@ -182,7 +182,8 @@ def test_skewed_load_flips_placed_to_split() -> None:
     host dispatch of 20 us a kernel, where the expert-placed form's fewer Python-loop GEMMs win under a uniform
     router: with three quarters of the rows routed to rank 0's four experts (9 rows to each of them for 1 to each
     other expert) the placed form's predicted time rises (that rank does three times the mean rows), the split
-    form's does not move (every expert is still hit), and the planner picks split."""
+    form's does not move (every expert is still hit), and the planner picks split; the plan's text, ``explain`` and
+    its JSON say the block was priced for the measured load (busiest expert 9 rows, the mean 3)."""
     model, args, kwargs = tiny_mixtral(num_heads=4, num_kv_heads=2, hidden=512, intermediate=512, layers=1,
                                        experts=16, batch=1, seq_len=512, device="meta")
     hardware = dataclasses.replace(get_hardware("cpu-gloo"), host_dispatch_s=20e-6)
@@ -199,3 +200,7 @@ def test_skewed_load_flips_placed_to_split() -> None:
     assert after["placed"] > before["placed"] * 1.05, (before, after)
     assert after["split"] == pytest.approx(before["split"], rel=1e-3), (before, after)
     assert [b.form for b in planned_experts(skew.nodes, 4)] == ["split"], after
+    assert skew.expert_load_imbalance == (("model.layers.0.mlp.experts", 3.0),) and not uniform.expert_load_imbalance
+    assert "busiest expert 3.00x the mean rows" in str(skew), str(skew)
+    assert "load: priced for the measured router load" in autotp.explain(skew, "model.layers.0.mlp.experts")
+    assert autotp.Plan.from_json(skew.to_json()).expert_load_imbalance == skew.expert_load_imbalance

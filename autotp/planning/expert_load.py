@@ -30,7 +30,8 @@ from autotp.base.errors import PlanError
 from autotp.passes.strategies import StrategyGraph
 from autotp.planning.experts import find_expert_blocks
 
-__all__ = ["EXPERT_LOAD_FORMAT_VERSION", "BlockLoad", "ExpertLoad", "check_expert_load", "with_expert_load"]
+__all__ = ["EXPERT_LOAD_FORMAT_VERSION", "BlockLoad", "ExpertLoad", "check_expert_load", "measured_blocks",
+           "with_expert_load"]
 
 EXPERT_LOAD_FORMAT_VERSION = 1
 
@@ -180,3 +181,14 @@ def with_expert_load(graph: StrategyGraph, load: ExpertLoad | None) -> StrategyG
                         f"blocks (it names {', '.join(b.weights[0] for b in load.blocks[:3])}; the graph's blocks "
                         f"read {named}): measure the load on this model with autotp.measure_expert_load")
     return dataclasses.replace(graph, expert_shares=shares)
+
+
+def measured_blocks(graph: StrategyGraph) -> tuple[tuple[str, float], ...]:
+    """``(module, busiest expert's rows / mean)`` of every MoE block of ``graph`` priced for a measured load
+    (``Plan.expert_load_imbalance``, which the plan's text and ``autotp.explain`` give)."""
+    found = []
+    for block in find_expert_blocks(graph):
+        shares = graph.expert_shares.get(block.gemms[0])
+        if shares is not None:
+            found.append((block.module, max(shares) * len(shares)))
+    return tuple(found)

@@ -197,23 +197,33 @@ def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
             f"{other} {format_seconds(times[other])}")
 
 
+def _measured(module: str, loads: Sequence[tuple[str, float]]) -> str:
+    """How a block's load was priced, where a measured router load was given (``Plan.expert_load_imbalance``)."""
+    imbalance = dict(loads).get(module)
+    if imbalance is None:
+        return ""
+    return f"priced for the measured router load: busiest expert {imbalance:.2f}x the mean rows"
+
+
 def expert_lines(nodes: Iterable[NodeDecision], world_size: int, form_times: Sequence[tuple[str, float]] = (),
-                 max_rows: int = 40) -> list[str]:
-    """The plan text's lines on its MoE blocks (none when it has none): each block's form, and why."""
+                 max_rows: int = 40, loads: Sequence[tuple[str, float]] = ()) -> list[str]:
+    """The plan text's lines on its MoE blocks (none when it has none): each block's form, why, and the measured
+    router load it was priced for (``loads``: ``Plan.expert_load_imbalance``)."""
     blocks = planned_experts(nodes, world_size)
     if not blocks:
         return []
     lines = ["", "mixture-of-experts blocks:"]
     for block in blocks[:max_rows]:
-        why = _why(block.form, form_times)
-        lines.append(f"  {block}" + (f" ({why})" if why else ""))
+        notes = "; ".join(note for note in (_why(block.form, form_times), _measured(block.module, loads)) if note)
+        lines.append(f"  {block}" + (f" ({notes})" if notes else ""))
     if len(blocks) > max_rows:
         lines.append(f"  ... {len(blocks) - max_rows} more blocks")
     return lines
 
 
 def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
-                    form_times: Sequence[tuple[str, float]] = ()) -> list[str] | None:
+                    form_times: Sequence[tuple[str, float]] = (),
+                    loads: Sequence[tuple[str, float]] = ()) -> list[str] | None:
     """``autotp.explain``'s account of the MoE block of ``module`` (its form, its experts per rank, the
     placements of its grouped GEMMs and weights, why); None when ``module`` names no MoE block."""
     found = [b for b in planned_experts(nodes, world_size) if b.module == module or b.module.startswith(module + ".")]
@@ -226,6 +236,9 @@ def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
         why = _why(block.form, form_times)
         if why:
             lines.append(f"  why: {why}")
+        measured = _measured(block.module, loads)
+        if measured:
+            lines.append(f"  load: {measured}")
         if block.form == "placed":
             lines.append("  each rank computes the tokens routed to its own experts (the activations are whole on "
                          "every rank); one all-reduce after the block combines them, weighted by the router")

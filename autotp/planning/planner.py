@@ -42,7 +42,7 @@ from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.decisions import CollectiveDecision, NodeDecision
-from autotp.planning.expert_load import with_expert_load
+from autotp.planning.expert_load import measured_blocks, with_expert_load
 from autotp.planning.experts import find_expert_blocks, narrow_expert_forms, planned_experts
 from autotp.planning.kv_heads import kv_projection_parameters
 from autotp.planning.options import PlanOptions
@@ -239,6 +239,8 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     except PlanError as exc:
         raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started, alternatives=alternatives)
+    if graph.expert_shares:
+        plan = dataclasses.replace(plan, expert_load_imbalance=measured_blocks(graph))
     if options.outputs == "local":
         plan = with_local_outputs(plan)
     if options.activation_checkpointing == "blocks":
