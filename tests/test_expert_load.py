@@ -85,11 +85,13 @@ def test_measured_on_every_family(name: str) -> None:
 
 
 def test_measuring_refuses_what_it_cannot_count() -> None:
-    """No batch, and a model with no grouped GEMM over expert weights (Mixtral run by ``batched_mm``): each a
-    ValueError that says what to do."""
+    """No batch, weights on the meta device, and a model with no grouped GEMM over expert weights (Mixtral run by
+    ``batched_mm``): each a ValueError that says what to do."""
     model, args, kwargs = _mixtral(layers=1)
     with pytest.raises(ValueError, match="at least one batch"):
         autotp.measure_expert_load(model, [])
+    with pytest.raises(ValueError, match="meta device"):
+        autotp.measure_expert_load(model.to("meta"), [_batch(args, kwargs)])
     batched, args, kwargs = _mixtral(layers=1, experts_implementation="batched_mm")
     with pytest.raises(ValueError, match="grouped_mm"):
         autotp.measure_expert_load(batched, [_batch(args, kwargs)])

@@ -65,7 +65,7 @@ class _RoutedRows(TorchDispatchMode):
         offs = args[2] if len(args) > 2 else kwargs.get("offs")
         if not isinstance(offs, torch.Tensor) or weight.dim() != 3 or offs.dim() != 1 or offs.numel() < 2:
             return
-        fqn = self.expert_weights.get(weight.untyped_storage().data_ptr())
+        fqn = self.expert_weights.get(_storage_address(weight))
         if fqn is None or offs.numel() != weight.shape[0]:
             return
         if offs is self._last_offs and self._last_block is not None:  # the next projection of the same block
@@ -87,6 +87,15 @@ class _RoutedRows(TorchDispatchMode):
             if count == rows:
                 block.top_k = self._last_topk[-1]
         self._last_offs, self._last_block = offs, block
+
+
+def _storage_address(tensor: torch.Tensor) -> int | None:
+    """Where ``tensor``'s data starts (a view shares its base's), or None for a tensor without plain storage (a
+    quantized weight made of several tensors)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _call(model: torch.nn.Module, batch: Any) -> None:
@@ -114,8 +123,12 @@ def measure_expert_load(model: torch.nn.Module, batches: Iterable[Any], *, progr
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"measure_expert_load takes the model (a torch.nn.Module), got {type(model).__name__}")
-    expert_weights = {param.untyped_storage().data_ptr(): name
+    if any(param.device.type == "meta" for param in model.parameters()):
+        raise ValueError("measure_expert_load runs the model, and its weights are on the meta device: load the "
+                         "trained weights first (planning with the load needs none)")
+    expert_weights = {_storage_address(param): name
                       for name, param in model.named_parameters() if param.dim() == 3 and param.shape[0] >= 2}
+    expert_weights.pop(None, None)
     counted = 0
     total = len(batches) if hasattr(batches, "__len__") else None
     recorder = _RoutedRows(expert_weights)
