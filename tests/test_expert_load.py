@@ -206,3 +206,16 @@ def test_skewed_load_flips_placed_to_split() -> None:
     assert "busiest expert 3.00x the mean rows" in str(skew), str(skew)
     assert "load: priced for the measured router load" in autotp.explain(skew, "model.layers.0.mlp.experts")
     assert autotp.Plan.from_json(skew.to_json()).expert_load_imbalance == skew.expert_load_imbalance
+
+
+def test_ranks_compare_the_load_they_plan_with() -> None:
+    """No process group: the options every rank of a compile agrees on name the load (a hash of its JSON), so
+    ranks that measured different loads fail their agreement by name; without a load the record is as before."""
+    from autotp.runtime.agreement.exchanges import agreed_options
+
+    weights = ("model.layers.0.mlp.experts.gate_up_proj",)
+    one, other = (ExpertLoad((BlockLoad(weights, rows, 2),)) for rows in ((3, 1, 1, 1), (1, 3, 1, 1)))
+    first, second = (agreed_options(autotp.PlanOptions(world_size=2, expert_load=load)) for load in (one, other))
+    assert first["expert_load"] != second["expert_load"], (first, second)
+    assert agreed_options(autotp.PlanOptions(world_size=2, expert_load=one))["expert_load"] == first["expert_load"]
+    assert "expert_load" not in agreed_options(autotp.PlanOptions(world_size=2))
