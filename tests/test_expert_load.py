@@ -105,14 +105,21 @@ def _gumbel_top_k(logits: torch.Tensor, tokens: int, top_k: int, trials: int, se
     return (logits - torch.log(-torch.log(uniform))).topk(top_k, dim=-1).indices
 
 
-@pytest.mark.parametrize("tokens,ranks", [(64, 2), (64, 4), (8, 4)])
-def test_routing_formulas_against_monte_carlo(tokens: int, ranks: int) -> None:
+FAVOURITES_FIRST = (2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5)
+"""Router logits whose favourite experts sit on the first ranks: one rank is the busiest in every draw."""
+INTERLEAVED = (1.5, -1.5, 1.0, -1.0, 1.5, -1.5, 1.0, -1.0)
+"""Favourites spread over the ranks: the ranks' rows are alike on average, the busiest is the largest draw."""
+
+
+@pytest.mark.parametrize("logits,tokens,ranks", [(FAVOURITES_FIRST, 64, 2), (FAVOURITES_FIRST, 64, 4),
+                                                 (FAVOURITES_FIRST, 8, 4), (INTERLEAVED, 16, 2),
+                                                 (INTERLEAVED, 16, 4)])
+def test_routing_formulas_against_monte_carlo(logits: tuple[float, ...], tokens: int, ranks: int) -> None:
     """Top-2 of 8 experts drawn from skewed logits (Gumbel top-k, seed 0, 4000 draws of ``tokens`` tokens): with the
     shares measured from the draws, the experts hit and the busiest rank's rows (rank r holding experts 2r, 2r+1 at
     4 ranks, 4r..4r+3 at 2) are within 6% of the draws' means, where the uniform formulas miss by more."""
     experts, top_k, trials = 8, 2, 4000
-    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5])
-    picks = _gumbel_top_k(logits, tokens, top_k, trials, seed=0)  # (trials, tokens, k)
+    picks = _gumbel_top_k(torch.tensor(logits), tokens, top_k, trials, seed=0)  # (trials, tokens, k)
     counts = torch.nn.functional.one_hot(picks, experts).sum(dim=(1, 2))  # (trials, E): rows per expert
     shares = tuple((counts.sum(0) / counts.sum()).tolist())
     held = experts // ranks
