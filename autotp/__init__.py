@@ -71,6 +71,8 @@ _EXPORTS = {
     "ParallelPlan": "autotp.planning.mesh_plan",
     "PlanOptions": "autotp.planning.options",
     "plan_graph": "autotp.planning.planner",
+    "ExpertLoad": "autotp.planning.expert_load",
+    "measure_expert_load": "autotp.calibration.expert_load",
     "TensorParallelModule": "autotp.runtime.execution.module",
     "MeshParallelModule": "autotp.runtime.mesh.mesh_module",
     "MeshGenerationModule": "autotp.runtime.mesh.mesh_generate",
@@ -97,8 +99,10 @@ if TYPE_CHECKING:
         UnsupportedReleaseError,
     )
     from autotp.base.placements import Partial, Replicate, Shard
+    from autotp.calibration.expert_load import measure_expert_load
     from autotp.dynamo_backend import backend
     from autotp.inspect import diff, estimate, explain, to_dot, to_html, to_parallelize_plan, to_svg
+    from autotp.planning.expert_load import ExpertLoad
     from autotp.planning.mesh_plan import MeshShape, ParallelPlan
     from autotp.planning.options import PlanOptions
     from autotp.planning.plan import Plan
@@ -128,6 +132,7 @@ __all__ = [
     "AutoTPError",
     "CaptureError",
     "CheckpointError",
+    "ExpertLoad",
     "InputShapeError",
     "MeshGenerationModule",
     "MeshParallelModule",
@@ -158,6 +163,7 @@ __all__ = [
     "explain",
     "from_pretrained",
     "load",
+    "measure_expert_load",
     "plan",
     "plan_graph",
     "plan_mesh",

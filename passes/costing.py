@@ -222,9 +222,12 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
     return max(shares, default=1.0)
 
 
-def node_work(node: fx.Node, strategies: list[Strategy], world_size: int) -> list[tuple[float, float]] | None:
+def node_work(node: fx.Node, strategies: list[Strategy], world_size: int,
+              shares: tuple[float, ...] | None = None) -> list[tuple[float, float]] | None:
     """Per strategy, ``(FLOPs, bytes moved)`` of the largest rank running ``node``; None for a node
-    priced without work (size arithmetic: free; a view: ``Hardware.view_op_s``).
+    priced without work (size arithmetic: free; a view: ``Hardware.view_op_s``). ``shares``: the measured
+    fraction of the node's rows per expert, for a grouped GEMM routed by a measured router (None: uniform;
+    :attr:`~autotp.passes.strategies.StrategyGraph.expert_shares`).
 
     What :func:`cost_strategy_graph` feeds the roofline (``compute_time_s(flops, bytes, dtype, hw)``);
     the mesh search (:mod:`autotp.planning.mesh_search`) reads it at two batch sizes to price any other.
@@ -252,7 +255,7 @@ def node_work(node: fx.Node, strategies: list[Strategy], world_size: int) -> lis
         work.append((flops * _work_fraction(strategy, out, inputs, world_size), moved))
     busiest = local_work_for(node.target)
     if busiest is not None:  # an op whose busiest rank's load is not its split share (experts by the router)
-        found = [busiest(node, strategy, world_size, generic) for strategy, generic in zip(strategies, work)]
+        found = [busiest(node, strategy, world_size, generic, shares) for strategy, generic in zip(strategies, work)]
         work = [(w.flops, w.nbytes) if w is not None else generic for w, generic in zip(found, work)]
     return work
 
@@ -263,10 +266,10 @@ def node_dtype(node: fx.Node) -> torch.dtype:
 
 
 def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, hardware: Hardware,
-                    training: Training | None = None) -> list[float]:
+                    training: Training | None = None, shares: tuple[float, ...] | None = None) -> list[float]:
     """Per-strategy seconds of ``node``: its forward, and with ``training`` its backward too."""
     grads = training.requires_grad if training is not None else frozenset()
-    work = node_work(node, strategies, world_size)
+    work = node_work(node, strategies, world_size, shares)
     if work is None:
         if node.op == "call_function" and holds_tensor(node) and launches_no_kernel(node.target):
             steps = 2 if node.name in grads else 1  # the backward of a view is a view
@@ -303,9 +306,11 @@ def _first_call_of_its_kernel(node: fx.Node, called: set[str]) -> bool:
     return True
 
 
-def forward_compute_s(node: fx.Node, strategy: Strategy, world_size: int, hardware: Hardware) -> float:
-    """Seconds per rank of ``node``'s forward alone under ``strategy`` (a recomputation's price)."""
-    return _node_compute_s(node, [strategy], world_size, hardware, None)[0]
+def forward_compute_s(node: fx.Node, strategy: Strategy, world_size: int, hardware: Hardware,
+                      shares: tuple[float, ...] | None = None) -> float:
+    """Seconds per rank of ``node``'s forward alone under ``strategy`` (a recomputation's price; ``shares`` as
+    :func:`node_work` takes them)."""
+    return _node_compute_s(node, [strategy], world_size, hardware, None, shares)[0]
 
 
 def op_collectives_s(node: fx.Node, strategy: Strategy, world_size: int, hardware: Hardware) -> float:
@@ -403,7 +408,7 @@ def _local_gemm_dims(node: fx.Node, args: tuple, kwargs: dict, strategy: Strateg
                      world_size: int) -> tuple[int, ...] | None:
     """A GEMM node's (m, n, k) on the largest rank under ``strategy``."""
     busiest = local_work_for(node.target)
-    work = busiest(node, strategy, world_size, (0.0, 0.0)) if busiest is not None else None
+    work = busiest(node, strategy, world_size, (0.0, 0.0), None) if busiest is not None else None  # dims: no load
     if work is not None and work.gemm_dims is not None:
         return work.gemm_dims
     dims = gemm_dims(node.target, _local_args(args, strategy, inputs, world_size), kwargs)
@@ -411,14 +416,14 @@ def _local_gemm_dims(node: fx.Node, args: tuple, kwargs: dict, strategy: Strateg
 
 
 def _compute_key(node: fx.Node, key: Hashable | None, strategies: list[Strategy],
-                 training: Training | None) -> Hashable | None:
+                 training: Training | None, shares: tuple[float, ...] | None = None) -> Hashable | None:
     """What :func:`_node_compute_s` reads of ``node`` besides the graph-wide world size and hardware: its
-    :func:`~autotp.passes.node_keys.node_key` ``key``, its strategies and, when training, which of it and
-    its inputs take gradients (None: no key, price it directly)."""
+    :func:`~autotp.passes.node_keys.node_key` ``key``, its strategies, its measured router ``shares`` and, when
+    training, which of it and its inputs take gradients (None: no key, price it directly)."""
     if key is None:
         return None
     grads = training.requires_grad if training is not None else frozenset()
-    return (key, tuple(strategies), node.name in grads, tuple(p.name in grads for p in tensor_inputs(node)))
+    return (key, tuple(strategies), node.name in grads, tuple(p.name in grads for p in tensor_inputs(node)), shares)
 
 
 def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Training | None = None) -> CostedGraph:
@@ -436,9 +441,10 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Trai
     called: set[str] = set()  # first_call_key of every kernel node so far, in graph order
     for name in graph.order:
         node = graph.nodes[name]
-        key = _compute_key(node, graph.structural_keys[name], graph.strategies[name], training)
+        shares = graph.expert_shares.get(name)
+        key = _compute_key(node, graph.structural_keys[name], graph.strategies[name], training, shares)
         compute_s[name] = once_per_key(priced, key, functools.partial(
-            _node_compute_s, node, graph.strategies[name], graph.world_size, hardware, training))
+            _node_compute_s, node, graph.strategies[name], graph.world_size, hardware, training, shares))
         if hardware.first_call_s and _first_call_of_its_kernel(node, called):
             first = hardware.first_call_cost_s(op_family(node.target))  # a new list: priced may share the old
             compute_s[name] = [seconds + first for seconds in compute_s[name]]

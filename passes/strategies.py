@@ -66,6 +66,9 @@ class StrategyGraph:
     parameters: dict[str, str]  # placeholder name -> parameter FQN
     fallback: list[str]  # call_function nodes with no sharding rule (run replicated)
     structural_keys: dict[str, Hashable | None]  # node name -> node_keys.node_key (costing prices once per key too)
+    expert_shares: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    """Grouped GEMM node name -> the measured fraction of its rows each expert receives (a router's load from
+    calibration data, :mod:`autotp.planning.expert_load`); a GEMM not named here is priced for a uniform router."""
 
 
 def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strategy]:

@@ -21,6 +21,7 @@ from autotp.planning.options import PlanOptions
     ({"world_size": 2, "memory_budget": "lots"}, "memory_budget must be 'auto', None"),
     ({"world_size": 2, "time_limit_s": 0}, "time_limit_s must be a positive number"),
     ({"world_size": 2, "constraints": {"*.weight": "S(x)"}}, "is not a placement"),
+    ({"world_size": 2, "expert_load": "no/such/expert_load.json"}, "cannot read expert load"),
 ])
 def test_bad_options_fail_where_built(options: dict, message: str) -> None:
     """No mesh: each bad option is a ValueError when PlanOptions is built, before any tracing."""

@@ -8,7 +8,7 @@ library), so an upgrade of torch touches this file only:
 - fake tensors, for tracing without weights: :data:`FakeTensor`, :data:`FakeTensorMode`,
   :data:`maybe_get_fake_mode`, :data:`in_kernel_invocation_manager`; :data:`is_traceable_wrapper_subclass`
   (a tensor subclass made of plain tensors, as torchao's weights are) and
-  :func:`unwrap_tensor_subclass_parameters`;
+  :func:`unwrap_tensor_subclass_parameters`; :data:`TorchDispatchMode` (watching the ops a model runs);
 - tracing: :data:`reparametrize_module` (a model called with other tensors), :data:`compiling_state_context`
   and :func:`shape_env` (the flags and the symbolic sizes ``torch.export`` sets up), :data:`OpOverload`
   (the type of an ATen op of a graph), :data:`LazyGraphModule` (a GraphModule that writes its code on first use);
@@ -58,6 +58,7 @@ __all__ = [
     "RELEASES",
     "SERDE_NAMES",
     "ReleaseRange",
+    "TorchDispatchMode",
     "check_release",
     "compile_fx",
     "compiling_state_context",
@@ -169,6 +170,8 @@ in_kernel_invocation_manager: Callable[[Any], Any] = _required("torch._subclasse
 is_traceable_wrapper_subclass: Callable[[Any], bool] = _required("torch.utils._python_dispatch",
                                                                  "is_traceable_wrapper_subclass")
 """True for a tensor subclass made of plain tensors (``__tensor_flatten__``)."""
+TorchDispatchMode: type = _required("torch.utils._python_dispatch", "TorchDispatchMode")
+"""A mode that sees every ATen (and custom) op call below autograd (the expert load's measuring counts grouped GEMMs)."""
 OpOverload: type = _required("torch._ops", "OpOverload")
 """The type of one overload of an op (``torch.ops.aten.add.Tensor``), a graph node's target."""
 reparametrize_module: Callable[..., Any] = _required("torch.nn.utils.stateless", "_reparametrize_module")

@@ -141,7 +141,7 @@ def explain(plan: Plan, name: str) -> str:
     nothing but memory while its readers stay as they are; the readers' alternatives show what
     splitting it differently would do to compute and communication.
     """
-    blocks = explain_experts(plan.nodes, plan.world_size, name, plan.expert_form_times)
+    blocks = explain_experts(plan.nodes, plan.world_size, name, plan.expert_form_times, plan.expert_load_imbalance)
     if blocks is not None and not any(n.name == name or n.target == name for n in plan.nodes):
         return "\n".join(blocks)
     node = find_node(plan, name)

@@ -34,6 +34,7 @@ from autotp.base.errors import PlanError
 from autotp.base.placements import Shard, placement_from_str
 from autotp.base.strategy import Strategy
 from autotp.base.units import format_seconds
+from autotp.cost_model.routing import even_expert_counts
 from autotp.passes.rules.args import tensor_inputs
 from autotp.passes.rules.experts import expert_weight_input, is_grouped_mm, router_of
 from autotp.passes.rules.registry import rule_for
@@ -178,16 +179,10 @@ def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[Plan
             if producer is not None and producer.op == "placeholder":
                 weights.append(producer.target or producer.name)
                 experts = max(experts, producer.shape[0] if producer.shape else 0)
-        per_rank = tuple(_even_counts(experts, world_size)) if form == "placed" else ()
+        per_rank = tuple(even_expert_counts(experts, world_size)) if form == "placed" else ()
         found.append(PlannedExperts(module, form, tuple(g.name for g in gemms), tuple(dict.fromkeys(weights)),
                                     experts, per_rank))
     return found
-
-
-def _even_counts(size: int, world_size: int) -> list[int]:
-    """Experts per rank of ``size`` experts over ``world_size`` ranks, the larger parts first."""
-    base, extra = divmod(size, world_size)
-    return [base + (1 if rank < extra else 0) for rank in range(world_size)]
 
 
 def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
@@ -202,23 +197,33 @@ def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
             f"{other} {format_seconds(times[other])}")
 
 
+def _measured(module: str, loads: Sequence[tuple[str, float]]) -> str:
+    """How a block's load was priced, where a measured router load was given (``Plan.expert_load_imbalance``)."""
+    imbalance = dict(loads).get(module)
+    if imbalance is None:
+        return ""
+    return f"priced for the measured router load: busiest expert {imbalance:.2f}x the mean rows"
+
+
 def expert_lines(nodes: Iterable[NodeDecision], world_size: int, form_times: Sequence[tuple[str, float]] = (),
-                 max_rows: int = 40) -> list[str]:
-    """The plan text's lines on its MoE blocks (none when it has none): each block's form, and why."""
+                 max_rows: int = 40, loads: Sequence[tuple[str, float]] = ()) -> list[str]:
+    """The plan text's lines on its MoE blocks (none when it has none): each block's form, why, and the measured
+    router load it was priced for (``loads``: ``Plan.expert_load_imbalance``)."""
     blocks = planned_experts(nodes, world_size)
     if not blocks:
         return []
     lines = ["", "mixture-of-experts blocks:"]
     for block in blocks[:max_rows]:
-        why = _why(block.form, form_times)
-        lines.append(f"  {block}" + (f" ({why})" if why else ""))
+        notes = "; ".join(note for note in (_why(block.form, form_times), _measured(block.module, loads)) if note)
+        lines.append(f"  {block}" + (f" ({notes})" if notes else ""))
     if len(blocks) > max_rows:
         lines.append(f"  ... {len(blocks) - max_rows} more blocks")
     return lines
 
 
 def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
-                    form_times: Sequence[tuple[str, float]] = ()) -> list[str] | None:
+                    form_times: Sequence[tuple[str, float]] = (),
+                    loads: Sequence[tuple[str, float]] = ()) -> list[str] | None:
     """``autotp.explain``'s account of the MoE block of ``module`` (its form, its experts per rank, the
     placements of its grouped GEMMs and weights, why); None when ``module`` names no MoE block."""
     found = [b for b in planned_experts(nodes, world_size) if b.module == module or b.module.startswith(module + ".")]
@@ -231,6 +236,9 @@ def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
         why = _why(block.form, form_times)
         if why:
             lines.append(f"  why: {why}")
+        measured = _measured(block.module, loads)
+        if measured:
+            lines.append(f"  load: {measured}")
         if block.form == "placed":
             lines.append("  each rank computes the tokens routed to its own experts (the activations are whole on "
                          "every rank); one all-reduce after the block combines them, weighted by the router")

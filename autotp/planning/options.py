@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from autotp.cost_model import Hardware, get_hardware
 from autotp.passes.backward import DEFAULT_OPTIMIZER_STATES
 from autotp.passes.random_streams import check_dropout
+from autotp.planning.expert_load import ExpertLoad, check_expert_load
 from autotp.planning.experts import check_experts_option
 from autotp.planning.outputs import check_outputs
 from autotp.planning.phases import DEFAULT_EXPECTED_NEW_TOKENS, check_expected_new_tokens
@@ -114,6 +115,10 @@ class PlanOptions:
         experts: the form of every mixture-of-experts block: ``"auto"`` (default: the solver picks),
             ``"placed"`` (whole experts on ranks) or ``"split"`` (every rank a slice of each expert)
             (:mod:`autotp.planning.experts`).
+        expert_load: the router's measured load per MoE block (an :class:`~autotp.planning.expert_load.ExpertLoad`
+            from :func:`autotp.measure_expert_load`, or the path of one saved as JSON), to price each block by
+            the rows its experts get on the user's data; ``None`` (default): a uniform router
+            (:mod:`autotp.planning.expert_load`).
         expected_new_tokens: with ``max_cache_len`` (generation), decode steps per prompt: the weights
             are placed for the least predicted ``prefill + expected_new_tokens x decode``
             (:mod:`autotp.planning.phases`).
@@ -136,6 +141,7 @@ class PlanOptions:
     dynamic_shapes: Any = None
     expected_new_tokens: int = DEFAULT_EXPECTED_NEW_TOKENS
     experts: str = "auto"
+    expert_load: ExpertLoad | str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         if self.world_size is not None:
@@ -150,6 +156,7 @@ class PlanOptions:
         check_activation_checkpointing(self.activation_checkpointing, self.training)
         check_expected_new_tokens(self.expected_new_tokens)
         check_experts_option(self.experts, self.training)
+        object.__setattr__(self, "expert_load", check_expert_load(self.expert_load))
         states = self.optimizer_states
         if isinstance(states, bool) or not isinstance(states, int) or states < 0:
             raise ValueError(f"optimizer_states must be an int >= 0 (fp32 values the optimizer keeps per parameter "

@@ -145,6 +145,8 @@ class Plan:
     runtime_mode: str = "eager"  # how the priced rank-local graph runs (Hardware.runtime_mode): eager, compiled, cuda_graph
     # mixture of experts: (form, predicted time of the plan with every MoE block in that form), both forms
     expert_form_times: tuple[tuple[str, float], ...] = ()
+    # blocks priced for a measured router load (PlanOptions.expert_load): (module, busiest expert's rows / mean)
+    expert_load_imbalance: tuple[tuple[str, float], ...] = ()
 
     # ---------------------------------------------------------------- lookups
     @property
@@ -215,6 +217,7 @@ class Plan:
             data["backward_collectives"] = collectives_of(data.pop("backward_collectives", []))
             data["inference_differences"] = tuple(tuple(d) for d in data.pop("inference_differences", []))
             data["expert_form_times"] = tuple((str(f), float(t)) for f, t in data.pop("expert_form_times", []))
+            data["expert_load_imbalance"] = tuple((str(m), float(r)) for m, r in data.pop("expert_load_imbalance", []))
             for node in nodes:
                 node.strategy()  # parses every placement: fail here, not during the rewrite
             return cls(nodes=nodes, collectives=collectives, fallback_ops=tuple(data.pop("fallback_ops")), **data)
@@ -429,7 +432,7 @@ def plan_summary(plan: Plan, max_rows: int = 40) -> str:
         lines += [_training_backward_line(plan), *_inference_difference_lines(plan, max_rows)]
     if plan.fallback_ops:
         lines.append(_clip("ops without a sharding rule (run replicated): " + ", ".join(plan.fallback_ops), WIDTH))
-    lines += expert_lines(plan.nodes, plan.world_size, plan.expert_form_times, max_rows)
+    lines += expert_lines(plan.nodes, plan.world_size, plan.expert_form_times, max_rows, plan.expert_load_imbalance)
     runs = [r for r in block_runs(plan.nodes, plan.collectives) if r.first.nodes or r.first.collectives]
     lines += ["", (f"{'block':<28} {'x':>3}  {'weights':<18} {'collectives':<13} {'compute':>10} {'comm':>10} "
                   f"{'weights/rk':>10}")]

@@ -42,6 +42,7 @@ from autotp.passes.uneven import largest_shard_nbytes
 from autotp.planning.alternatives import node_alternatives
 from autotp.planning.constraints import apply_constraints
 from autotp.planning.decisions import CollectiveDecision, NodeDecision
+from autotp.planning.expert_load import measured_blocks, with_expert_load
 from autotp.planning.experts import find_expert_blocks, narrow_expert_forms, planned_experts
 from autotp.planning.kv_heads import kv_projection_parameters
 from autotp.planning.options import PlanOptions
@@ -220,6 +221,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     if options.strategy_filter is not None:
         graph = _narrowed(graph, options.strategy_filter(graph))
     graph = narrow_expert_forms(graph, options.experts)
+    graph = with_expert_load(graph, options.expert_load)
     graph = apply_constraints(graph, options.constraints)
     if options.outputs == "local":
         graph = free_outputs(graph)
@@ -237,6 +239,8 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     except PlanError as exc:
         raise _blame_constraints(exc, options, budget, costed) from None
     plan = _build_plan(captured, costed, solution, hw, budget, time.perf_counter() - started, alternatives=alternatives)
+    if graph.expert_shares:
+        plan = dataclasses.replace(plan, expert_load_imbalance=measured_blocks(graph))
     if options.outputs == "local":
         plan = with_local_outputs(plan)
     if options.activation_checkpointing == "blocks":
@@ -269,7 +273,8 @@ def _with_checkpointed_blocks(plan: Plan, costed: CostedGraph) -> Plan:
 
     price = checkpointed_blocks_price(
         graph, costed.training.saved, lambda name: chosen[name], costed.activation_bytes,
-        lambda name: forward_compute_s(graph.nodes[name], chosen[name], graph.world_size, costed.hardware),
+        lambda name: forward_compute_s(graph.nodes[name], chosen[name], graph.world_size, costed.hardware,
+                                       graph.expert_shares.get(name)),
         [(c.producer, c.consumers, c.time_s) for c in plan.collectives], block_of)
     return dataclasses.replace(plan, activation_bytes_per_rank=int(price.activation_bytes),
                                predicted_compute_s=plan.predicted_compute_s + price.recompute_compute_s,

@@ -35,7 +35,14 @@ from autotp.adapters.torch_internals import OpOverload
 from autotp.base.placements import ExpertPartial, Shard, split_of
 from autotp.base.shapes import concrete_size
 from autotp.base.strategy import Strategy
-from autotp.cost_model.routing import busiest_rank_rows, expected_experts_hit
+from autotp.cost_model.routing import (
+    busiest_rank_rows,
+    busiest_rank_rows_of_shares,
+    even_expert_counts,
+    expected_experts_hit,
+    experts_hit_of_shares,
+    experts_hit_per_rank,
+)
 from autotp.passes.rules.args import arg, shape, tensor_inputs
 from autotp.passes.rules.builders import R
 from autotp.passes.rules.registry import (
@@ -202,13 +209,13 @@ def _local_fraction(size: int, placement: object, dim: int, world_size: int) -> 
 
 
 @register_local_work(*GROUPED_MM_OPS)
-def _routed_work(node: fx.Node, strategy: Strategy, world_size: int,
-                 generic: tuple[float, float]) -> LocalWork | None:
+def _routed_work(node: fx.Node, strategy: Strategy, world_size: int, generic: tuple[float, float],
+                 shares: tuple[float, ...] | None = None) -> LocalWork | None:
     """A grouped GEMM reads only the experts that were sent rows, and with experts placed the busiest rank does
-    the rows of its own experts (:mod:`autotp.cost_model.routing`, a uniform router): under ``w S(0)`` its FLOPs,
-    the rows it reads and writes and the weights of its experts hit; under any other strategy the split share,
-    less the weights of the experts no row reaches. Its GEMMs are the global op's (rows per expert, whole
-    width) when experts are placed."""
+    the rows of its own experts (:mod:`autotp.cost_model.routing`: a uniform router, or the measured ``shares`` of
+    the rows per expert): under ``w S(0)`` its FLOPs, the rows it reads and writes and the weights of its experts
+    hit; under any other strategy the split share, less the weights of the experts no row reaches. Its GEMMs are
+    the global op's (rows per expert, whole width) when experts are placed."""
     weight = expert_weight_input(node)
     router = router_of(node) if weight is not None else None
     if weight is None or router is None:
@@ -217,16 +224,32 @@ def _routed_work(node: fx.Node, strategy: Strategy, world_size: int,
     experts, _, width_out = (concrete_size(size) for size in shape(weight))
     top_k = int(arg(router, 1, "k", 1))
     tokens = rows / max(1, top_k)
+    if shares is not None and len(shares) != experts:
+        raise ValueError(f"a measured load of {len(shares)} experts was given for {node.name}, whose weight has "
+                         f"{experts}: measure the load on this model (autotp.measure_expert_load)")
     itemsize = node.meta["val"].element_size()
     expert_bytes = width_in * width_out * itemsize
     if strategy.inputs[1] == Shard(0):
-        held = math.ceil(experts / world_size)
-        busy = busiest_rank_rows(tokens, top_k, experts, held, world_size)
-        hit = min(float(held), busy)
+        if shares is None:
+            held = math.ceil(experts / world_size)
+            busy = busiest_rank_rows(tokens, top_k, experts, held, world_size)
+            hit = min(float(held), busy)
+        else:
+            busy, hit = _placed_load(tokens, top_k, shares, world_size)
         nbytes = busy * (width_in + width_out) * itemsize + hit * expert_bytes
         return LocalWork(2.0 * busy * width_in * width_out, nbytes, (max(1, rows // experts), width_out, width_in))
     flops, nbytes = generic
     local_weight = experts * expert_bytes * _local_fraction(width_in, strategy.inputs[1], 1, world_size) * \
         _local_fraction(width_out, strategy.inputs[1], 2, world_size)
-    unread = local_weight * (1.0 - expected_experts_hit(tokens, top_k, experts) / experts)
+    hit_all = (expected_experts_hit(tokens, top_k, experts) if shares is None
+               else experts_hit_of_shares(tokens, top_k, shares))
+    unread = local_weight * (1.0 - hit_all / experts)
     return LocalWork(flops, max(0.0, nbytes - unread))
+
+
+def _placed_load(tokens: float, top_k: int, shares: tuple[float, ...], world_size: int) -> tuple[float, float]:
+    """Under a measured router, the busiest rank's expected rows and the most experts hit on one rank, when rank r
+    holds the contiguous experts of :func:`~autotp.cost_model.routing.even_expert_counts` (as the plan cuts them)."""
+    counts = even_expert_counts(len(shares), world_size)
+    busy = busiest_rank_rows_of_shares(tokens, top_k, shares, counts)
+    return busy, min(max(experts_hit_per_rank(tokens, top_k, shares, counts)), busy)

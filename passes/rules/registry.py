@@ -103,10 +103,11 @@ class LocalWork:
     gemm_dims: tuple[int, int, int] | None = None
 
 
-LocalWorkOf = Callable[[fx.Node, Strategy, int, tuple[float, float]], "LocalWork | None"]
-"""``work(node, strategy, world_size, (flops, nbytes))``: the busiest rank's :class:`LocalWork` under ``strategy``,
-given its split share of the op's FLOPs and of its tensors' bytes (as for any op; None: that share); the cost pass
-prices it instead."""
+LocalWorkOf = Callable[[fx.Node, Strategy, int, tuple[float, float], "tuple[float, ...] | None"], "LocalWork | None"]
+"""``work(node, strategy, world_size, (flops, nbytes), shares)``: the busiest rank's :class:`LocalWork` under
+``strategy``, given its split share of the op's FLOPs and of its tensors' bytes (as for any op; None: that share);
+the cost pass prices it instead. ``shares``: the measured fraction of the op's rows per group (a router's load
+per expert, :attr:`autotp.passes.strategies.StrategyGraph.expert_shares`), None: spread evenly."""
 
 RULES: dict[object, Rule] = {}
 LOCAL_WORK: dict[object, LocalWorkOf] = {}

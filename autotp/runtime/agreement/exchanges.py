@@ -548,11 +548,13 @@ def ranks_agree(group: dist.ProcessGroup | None, *, timeout_s: float, what: str)
 def agreed_options(options: PlanOptions, **extra: object) -> dict[str, object]:
     """The planning options every rank must share, printed as :class:`CompileRecord` holds them, plus ``extra``.
 
-    ``outputs``, ``dropout`` and ``activation_checkpointing`` appear only when not their defaults, so
-    records of compiles that leave them out read as before."""
+    ``outputs``, ``dropout``, ``activation_checkpointing`` and ``expert_load`` (a hash of its JSON) appear only when
+    not their defaults, so records of compiles that leave them out read as before."""
     optional = {name: getattr(options, name) for name, default in
                 (("outputs", "replicated"), ("dropout", "replicated"), ("activation_checkpointing", None))
                 if getattr(options, name) != default}
+    if options.expert_load is not None:  # measured per rank on other batches, it would price other plans
+        optional["expert_load"] = hashlib.sha256(options.expert_load.to_json().encode()).hexdigest()[:8]
     return {"world_size": options.world_size, "hardware": hardware_text(options.hardware_profile),
             "memory_budget": repr(options.memory_budget), "constraints": constraints_text(options.constraints),
             "strict": options.strict, "optimizer_states": options.optimizer_states, **optional, **extra}
