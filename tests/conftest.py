@@ -57,6 +57,18 @@ def gloo() -> Iterator[GlooRunner]:
     distributed.shutdown_all()
 
 
+@pytest.fixture(scope="session")
+def trace_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A trace cache directory (autotp/capture/trace_cache.py) for the tests of this session (of this xdist worker)
+    that compile one model at several world sizes or with several plan options: ``torch.export`` makes the same
+    program for each (a trace depends on the model and its inputs, not on the world size or the options), so the
+    first compile traces it and the others rebuild it (``RuntimeOptions(trace_cache=trace_cache)``), as
+    ``autotp.from_pretrained`` does for a user. Tracing is most of a tiny model's compile (a 2-layer Llama:
+    about 3 s of one core against 0.3 s to rebuild); what those tests check, the plan at each world size and
+    the outputs, is the same. A test that checks the tracing itself (stamping, the shared trace) traces."""
+    return str(tmp_path_factory.mktemp("trace-cache"))
+
+
 LONG_FILES = ("test_releases.py", "test_mesh_grid.py", "test_equivalence.py", "test_runtime_modes.py",
               "test_generate.py", "test_agreement.py", "test_agreement_exit.py", "test_loading_memory.py",
               "test_quantized.py", "test_hf_calls.py", "test_mesh_runtime.py", "test_training.py",

@@ -26,14 +26,17 @@ ALL_BUILDERS = {**BUILDERS, **ODD_BUILDERS}
 
 
 def _compile_and_compare(rank: int, world_size: int, name: str, builder_kwargs: dict,
-                         constraints: dict | None = None) -> dict:
+                         constraints: dict | None = None, trace_cache: str | None = None) -> dict:
+    """Compile ``name``'s model (through ``trace_cache``, the tests' shared directory: a family checked at several
+    world sizes is traced once) and compare its outputs with the model's."""
     model, args, kwargs = ALL_BUILDERS[name](**builder_kwargs)
     with torch.no_grad():
         expected = model(*args, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp_model = autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
-                                  options=autotp.PlanOptions(constraints=constraints))
+                                  options=autotp.PlanOptions(constraints=constraints),
+                                  runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
     got = tp_model(*args, **kwargs)
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert type(got) is type(expected), f"output type {type(got).__name__} != {type(expected).__name__}"
@@ -51,10 +54,10 @@ def _compile_and_compare(rank: int, world_size: int, name: str, builder_kwargs: 
     }
 
 
-def test_vocabulary_parallel_embedding_and_output_projection(gloo) -> None:
+def test_vocabulary_parallel_embedding_and_output_projection(gloo, trace_cache: str) -> None:
     """tp=3, vocab 1000 (334/333/333 rows), tied weights pinned to S(0): the embedding looks up only
     its own rows (output Partial) and the tied output projection is split over the vocabulary."""
-    results = gloo.run(3, _compile_and_compare, "tied_lm", {}, {"embed.weight": "S(0)"})
+    results = gloo.run(3, _compile_and_compare, "tied_lm", {}, {"embed.weight": "S(0)"}, trace_cache)
     readers = {op: (ins, out) for op, producers, ins, out in results[0]["strategies"] if "p_embed_weight" in producers}
     assert readers["aten.embedding.default"] == (("S(0)", "R"), "P"), readers
     assert readers["aten.linear.default"] == (("R", "S(0)"), "S(2)"), readers
@@ -111,10 +114,11 @@ def _case_id(case: tuple) -> str:
 
 
 @pytest.mark.parametrize("world_size,name,builder_kwargs,shows", CASES, ids=[_case_id(c) for c in CASES])
-def test_compiled_model_matches_single_process(gloo, world_size: int, name: str, builder_kwargs: dict, shows: str) -> None:
+def test_compiled_model_matches_single_process(gloo, world_size: int, name: str, builder_kwargs: dict, shows: str,
+                                              trace_cache: str) -> None:
     """tp=2..6 on gloo, every model family (3, 5, 6 are uneven: heads, hidden, vocab, channels do not divide):
     every rank returns the original outputs, issues the same collectives, and holds its share of the weights."""
-    results = gloo.run(world_size, _compile_and_compare, name, builder_kwargs)
+    results = gloo.run(world_size, _compile_and_compare, name, builder_kwargs, None, trace_cache)
     for rank, result in enumerate(results):
         assert result["max_diff"] <= TOLERANCE, f"{name} tp={world_size} rank {rank}: max abs diff {result['max_diff']:.3g} > {TOLERANCE}"
         assert result["first"] == results[0]["first"], f"rank {rank} output differs from rank 0"

@@ -91,7 +91,10 @@ def test_placed_experts_refused_for_training() -> None:
     assert not [n.name for n in plan.nodes if "P(experts)" in (n.output, *n.inputs)]
 
 
-def _forward_forms(rank: int, world_size: int, names: list[str]) -> dict[str, dict[str, Any]]:
+def _forward_forms(rank: int, world_size: int, names: list[str], trace_cache: str) -> dict[str, dict[str, Any]]:
+    """Each model compiled with each form, through ``trace_cache`` (the tests' shared directory): the second form,
+    and the same model at another world size, rebuild the program traced first (the same program: a trace depends
+    on the model and inputs, not on the form or the world size)."""
     results = {}
     for name in names:
         model, args, kwargs = BUILDERS[name]()
@@ -101,7 +104,8 @@ def _forward_forms(rank: int, world_size: int, names: list[str]) -> dict[str, di
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 tp = autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
-                                    options=autotp.PlanOptions(experts=form))
+                                    options=autotp.PlanOptions(experts=form),
+                                    runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
             got = tp(*args, **kwargs).logits
             forms = [b.form for b in planned_experts(tp.plan.nodes, world_size)]
             results[f"{name}/{form}"] = {"diff": (got - expected).abs().max().item(), "forms": forms,
@@ -120,21 +124,21 @@ def _check_forward(results: list[dict[str, dict[str, Any]]], world_size: int) ->
 
 @pytest.mark.parametrize("world_size,names", [(2, ["mixtral", "qwen3_moe", "olmoe"]), (3, ["mixtral", "olmoe"]),
                                               (4, ["qwen3_moe"])])
-def test_forward_equals_single_process(gloo, world_size: int, names: list[str]) -> None:
+def test_forward_equals_single_process(gloo, world_size: int, names: list[str], trace_cache: str) -> None:
     """tp=2, 3 (4 experts: 2/1/1) and 4 (one expert per rank): Mixtral, Qwen3-MoE, OLMoE, experts placed and
     experts split: logits equal the single-process model's on every rank."""
-    _check_forward(gloo.run(world_size, _forward_forms, names), world_size)
+    _check_forward(gloo.run(world_size, _forward_forms, names, trace_cache), world_size)
 
 
 @pytest.mark.zoo  # the rest of the families and world sizes: minutes of compiles, in the wide-zoo tier beside the zoo
 @pytest.mark.parametrize("world_size,names", [(2, ["deepseek_v3"]), (2, ["gpt_oss"]), (3, ["qwen3_moe"]),
                                               (3, ["deepseek_v3"]), (4, ["mixtral", "olmoe"])])
-def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[str]) -> None:
+def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[str], trace_cache: str) -> None:
     """tp=2..4, the rest of the matrix: DeepSeek-V3 (shared expert planned as a dense MLP, grouped routing),
     GPT-OSS (expert biases: the placed form's gate/up output is summed before the bias), and the families above at
     the other world sizes; both forms. Each compile of the larger zoo models takes about a minute on a loaded
     2-core machine, hence the longer timeout."""
-    _check_forward(gloo.run(world_size, _forward_forms, names, timeout_s=1500), world_size)
+    _check_forward(gloo.run(world_size, _forward_forms, names, trace_cache, timeout_s=1500), world_size)
 
 
 def _greedy(rank: int, world_size: int, name: str, form: str) -> dict[str, Any]:

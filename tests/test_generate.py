@@ -31,16 +31,21 @@ def _model(family: str, prompt: int) -> tuple[torch.nn.Module, torch.Tensor]:
     return model, ids
 
 
-def _compile(model: torch.nn.Module, ids: torch.Tensor, chunk: int, max_cache_len: int) -> Any:
+def _compile(model: torch.nn.Module, ids: torch.Tensor, chunk: int, max_cache_len: int,
+             trace_cache: str | None = None) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return autotp.compile(model, example_inputs=(ids[:, :chunk],), max_cache_len=max_cache_len)
+        return autotp.compile(model, example_inputs=(ids[:, :chunk],), max_cache_len=max_cache_len,
+                              runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
 
 
-def _greedy(rank: int, world_size: int, family: str, chunk: int, prompt: int) -> dict[str, Any]:
+def _greedy(rank: int, world_size: int, family: str, chunk: int, prompt: int,
+            trace_cache: str | None = None) -> dict[str, Any]:
+    """Greedy tokens of ``family`` compiled for generation (through ``trace_cache`` where given: the same model and
+    chunk at another world size rebuild the programs traced first) against HF's, and what the graphs did."""
     model, ids = _model(family, prompt)
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
-    tp = _compile(model, ids, chunk, max_cache_len=32)
+    tp = _compile(model, ids, chunk, max_cache_len=32, trace_cache=trace_cache)
     graphs = [tp.graph_module] + [g.graph_module for g in (tp.generation.prefill, tp.generation.continuation)
                                   if g is not None]
     calls = [0]
@@ -76,16 +81,17 @@ def _check_greedy(results: list[dict[str, Any]], graph_calls: int) -> None:
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_llama_greedy_matches_hf(gloo, world_size: int) -> None:
+def test_llama_greedy_matches_hf(gloo, world_size: int, trace_cache: str) -> None:
     """tp=2, 3 (uneven: 4 kv heads over 3 ranks), 4; tiny Llama (GQA 8/4 heads), batch 2, prompt 6, 8 new tokens.
 
     Prompts go 4 tokens per call at tp=2 and 3 (chunks at 0 through the prefill graph, which attends to the
     chunk only, and at 2 through the continuation graph, which rereads two tokens and attends to the cache;
     both attend with enable_gqa, at tp=3 over 4 kv heads split unevenly), one token per decode call at tp=4. Exactly one graph call per prompt
-    chunk and per new token after the first; the cache is split by kv heads, ~1/ws per rank.
+    chunk and per new token after the first; the cache is split by kv heads, ~1/ws per rank. The generation graphs
+    go through the session's trace cache: tp=3 rebuilds the programs tp=2 traced (the same model and chunk).
     """
     chunk = 4 if world_size in (2, 3) else 1
-    results = gloo.run(world_size, _greedy, "llama", chunk, 6)
+    results = gloo.run(world_size, _greedy, "llama", chunk, 6, trace_cache)
     prompt_calls = 2 if chunk == 4 else 6
     _check_greedy(results, prompt_calls + NEW_TOKENS - 1)
     for rank, result in enumerate(results):
@@ -367,7 +373,7 @@ def _state_bytes(model: torch.nn.Module, batch: int) -> int:
     return config.num_hidden_layers * batch * config.intermediate_size * (config.conv_kernel + config.state_size) * 4
 
 
-def _recurrent_greedy(rank: int, world_size: int, other_prompts: bool) -> dict[str, Any]:
+def _recurrent_greedy(rank: int, world_size: int, other_prompts: bool, trace_cache: str) -> dict[str, Any]:
     model, (ids,), _ = tiny_recurrent("mamba", batch=2, seq_len=6)
     model.generation_config.pad_token_id = 0  # no "setting pad_token_id" warning from HF generate
     with torch.no_grad():
@@ -379,7 +385,8 @@ def _recurrent_greedy(rank: int, world_size: int, other_prompts: bool) -> dict[s
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids,))
+        # through the session's trace cache: tp=3 rebuilds the forward and generation programs tp=2 traced
+        tp = autotp.compile(model, example_inputs=(ids,), runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
         diff = (tp(ids).logits - forward).abs().max().item()
         got = tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
         built = tp.generation_on_demand.built
@@ -399,13 +406,13 @@ def _recurrent_greedy(rank: int, world_size: int, other_prompts: bool) -> dict[s
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_mamba_generates_with_its_states_split_with_in_proj(gloo, world_size: int) -> None:
+def test_mamba_generates_with_its_states_split_with_in_proj(gloo, world_size: int, trace_cache: str) -> None:
     """tp=2 and tp=3 (uneven: 128 channels as 43/43/42), tiny Mamba (a convolution state (batch, 128, 4) and an SSM
     state (batch, 128, 8) per layer, no KV cache), plain compile, batch 2, prompt 6, 8 new tokens: greedy equals HF's
     generate on every rank, the states are graph state split by channels (S(1)) where in_proj's output is split,
     each rank holds a block below the whole. At tp=2 also a 9-token prompt (prefill of 6, then 3 tokens one per
     decode call: no token applied to the state twice) and a 4-token one (the graphs built again for 4)."""
-    results = gloo.run(world_size, _recurrent_greedy, world_size == 2)
+    results = gloo.run(world_size, _recurrent_greedy, world_size == 2, trace_cache)
     _check_other_cache(results, 6)
     for rank, result in enumerate(results):
         assert result["diff"] < 1e-4, f"rank {rank}: forward differs from the model's by {result['diff']:.3g}"

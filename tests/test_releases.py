@@ -10,7 +10,10 @@ main suite on the newest, ``.ci/release_tiers`` on the oldest of each range in
 - greedy generation: the tokens equal HF's ``model.generate`` exactly, for several families of four layers
   (the first rank traces three and stamps the fourth, :mod:`autotp.capture.stamping`; the others rebuild them); on a
   release below the generation range, compiling for generation raises ``UnsupportedReleaseError``
-  naming the range (it never runs on with a cache the model ignores).
+  naming the range (it never runs on with a cache the model ignores). The families that
+  ``tests/test_generate.py`` also generates with at the same world size (:data:`GENERATED_ELSEWHERE`) are a case
+  of their own marked ``zoo``: the main suite (``-m "not zoo"``) leaves them to the wide-zoo tier, which runs them on
+  the same release, and the release tiers (no marker filter) run every case.
 
 Each test is one call on the worker pool that loops over the families inside the ranks, so a release
 costs a few pool calls, not one per family.
@@ -56,6 +59,11 @@ GENERATION_GRAPHS = 3
 max_cache_len PROMPT + NEW_TOKENS)."""
 GENERATION_FAMILIES = {2: ["llama", "gpt2", "gpt_neox", "starcoder2", "gemma", "phi", "mixtral", "deepseek_v3"],
                        3: ["llama", "gpt2", "gpt_neox", "starcoder2"]}
+GENERATED_ELSEWHERE = {2: ["llama", "gpt2", "gemma", "phi", "mixtral", "deepseek_v3"], 3: ["llama"]}
+"""The families of GENERATION_FAMILIES that ``tests/test_generate.py`` generates with at the same world size (greedy
+tokens equal HF's, in the main suite): their case here is marked ``zoo``, so on the main suite's release it runs in
+the wide-zoo tier instead of twice in the main suite (a two-minute test on 2 cores); the release tiers run it as
+before. :func:`test_the_families_left_to_the_zoo_tier_generate_in_the_main_suite` keeps this list true."""
 GENERATION_BUILDERS = {**FORWARD_FAMILIES, "deepseek_v3": functools.partial(tiny_deepseek_v3, dense_layers=0)}
 """Builders of the generation families. DeepSeek-V3's cache differs by release (keys and values per head of
 different sizes on 5.10, the latent on 5.24), so each end of the generation range checks its own; every layer
@@ -76,7 +84,9 @@ def _forward_families(world_size: int) -> list[str]:
     return FORWARD_AT_TP3 if world_size == 3 else list(FORWARD_FAMILIES)
 
 
-def _forward_rows(rank: int, world_size: int, families: list[str]) -> dict[str, Any]:
+def _forward_rows(rank: int, world_size: int, families: list[str], trace_cache: str) -> dict[str, Any]:
+    """Each family compiled through ``trace_cache`` (the tests' shared directory): the program traced at tp 2 is
+    rebuilt at tp 3 (the same program: a trace depends on the model and inputs, not on the world size)."""
     rows: dict[str, Any] = {}
     for family in families:
         model, args, _ = FORWARD_FAMILIES[family]()
@@ -86,7 +96,8 @@ def _forward_rows(rank: int, world_size: int, families: list[str]) -> dict[str, 
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                tp = autotp.compile(model, world_size=world_size, example_inputs=args)
+                tp = autotp.compile(model, world_size=world_size, example_inputs=args,
+                                    runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
         except autotp.CaptureError as error:
             rows[family] = ("capture error", str(error).splitlines()[0])
             continue
@@ -138,23 +149,24 @@ def _generation_rows(rank: int, world_size: int, families: list[str]) -> dict[st
     return rows
 
 
-def _by_family(gloo: Any, world_size: int, rows_of: Any, families: list[str]) -> list[dict[str, Any]]:
+def _by_family(gloo: Any, world_size: int, rows_of: Any, families: list[str], *args: Any) -> list[dict[str, Any]]:
     """``rows_of``'s rows on every rank, the ranks called once per family: each call's timeout detects a hang, and
     all families in one call took 260-300 s of its 300 under CI's load."""
     by_rank: list[dict[str, Any]] = [{} for _ in range(world_size)]
     for family in families:
-        for rows, more in zip(by_rank, gloo.run(world_size, rows_of, [family]), strict=True):
+        for rows, more in zip(by_rank, gloo.run(world_size, rows_of, [family], *args), strict=True):
             rows.update(more)
     return by_rank
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_forward_equals_the_model_on_this_release(gloo, world_size: int) -> None:
+def test_forward_equals_the_model_on_this_release(gloo, world_size: int, trace_cache: str) -> None:
     """tp=2 (every HF family) and 3 (five: 8/4, 2 kv heads and experts split unevenly), a plain forward:
     logits within 1e-4 and the same on every rank, the same collectives on every rank, no rank holding more than its
     share of the weights (and SHARE_SLACK), no op left without a rule (or, where the release cannot trace a family, a
-    CaptureError on every rank)."""
-    by_rank = _by_family(gloo, world_size, _forward_rows, _forward_families(world_size))
+    CaptureError on every rank). The families of tp 3 rebuild the programs traced at tp 2 (the session's trace
+    cache), where the tp 2 test ran first in the same process."""
+    by_rank = _by_family(gloo, world_size, _forward_rows, _forward_families(world_size), trace_cache)
     assert all(rows.keys() == by_rank[0].keys() for rows in by_rank), by_rank
     for family in _forward_families(world_size):
         outcomes = [rows[family] for rows in by_rank]
@@ -175,12 +187,22 @@ def test_forward_equals_the_model_on_this_release(gloo, world_size: int) -> None
         assert facts[0]["fallback_ops"] == (), f"{where}: ops without a rule ran replicated: {facts[0]['fallback_ops']}"
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_greedy_tokens_equal_hf_on_this_release(gloo, world_size: int) -> None:
+GENERATION_CASES = [
+    *[pytest.param(world_size, [f for f in families if f not in GENERATED_ELSEWHERE[world_size]], id=str(world_size))
+      for world_size, families in GENERATION_FAMILIES.items()],
+    *[pytest.param(world_size, [f for f in families if f in GENERATED_ELSEWHERE[world_size]],
+                   id=f"{world_size}-generated-elsewhere", marks=pytest.mark.zoo)
+      for world_size, families in GENERATION_FAMILIES.items()],
+]
+"""Every family of GENERATION_FAMILIES once at each world size: the main suite's cases, then those marked ``zoo``."""
+
+
+@pytest.mark.parametrize("world_size,families", GENERATION_CASES)
+def test_greedy_tokens_equal_hf_on_this_release(gloo, world_size: int, families: list[str]) -> None:
     """tp=2 (8 families, DeepSeek-V3 among them) and tp=3 (4 families), a 6-token prompt, 6 new tokens: on a release in the
     generation range, tokens equal HF's greedy ``generate`` on every rank and the cache holds bytes;
-    below it, ``UnsupportedReleaseError`` naming the supported releases on every rank."""
-    families = GENERATION_FAMILIES[world_size]
+    below it, ``UnsupportedReleaseError`` naming the supported releases on every rank. The families are split in
+    two cases per world size (:data:`GENERATION_CASES`): those of :data:`GENERATED_ELSEWHERE` are marked ``zoo``."""
     by_rank = _by_family(gloo, world_size, _generation_rows, families)
     for family in families:
         outcomes = [rows[family] for rows in by_rank]
@@ -203,6 +225,38 @@ def test_greedy_tokens_equal_hf_on_this_release(gloo, world_size: int) -> None:
         # a rank may hold no kv heads (2 over 3 ranks), but the group holds the cache
         held = [outcome[3] for outcome in outcomes]
         assert sum(held) > 0, f"transformers {RELEASE}, {family}: the KV cache holds no bytes on any rank ({held})"
+
+
+def _greedy_cases_of_test_generate() -> set[tuple[str, int]]:
+    """(family, world size) of every greedy-equals-HF case of ``tests/test_generate.py`` (its parametrize marks)."""
+    import test_generate
+
+    one_family = {"test_llama_greedy_matches_hf": "llama", "test_deepseek_v3_latent_cache_greedy_matches_hf": "deepseek_v3"}
+    cases: set[tuple[str, int]] = set()
+    for name in (*one_family, "test_family_greedy_matches_hf"):
+        for mark in getattr(test_generate, name).pytestmark:
+            if mark.name != "parametrize":
+                continue
+            for values in mark.args[1]:
+                cases.add((one_family[name], values) if name in one_family else tuple(values))
+    return cases
+
+
+def test_the_families_left_to_the_zoo_tier_generate_in_the_main_suite() -> None:
+    """No process group: every family the main suite leaves to the zoo tier here (:data:`GENERATED_ELSEWHERE`) is one
+    of GENERATION_FAMILIES, and ``tests/test_generate.py`` (main suite) checks its greedy tokens against HF's at that
+    world size; every family of GENERATION_FAMILIES is in exactly one case of :data:`GENERATION_CASES`."""
+    elsewhere = _greedy_cases_of_test_generate()
+    for world_size, families in GENERATED_ELSEWHERE.items():
+        for family in families:
+            assert family in GENERATION_FAMILIES[world_size], f"{family} at tp {world_size} is not generated here"
+            assert (family, world_size) in elsewhere, (
+                f"tests/test_generate.py no longer generates with {family} at tp {world_size}: take it out of "
+                f"GENERATED_ELSEWHERE, so that the main suite runs it here again")
+    for world_size, families in GENERATION_FAMILIES.items():
+        cases = [case.values[1] for case in GENERATION_CASES if case.values[0] == world_size]
+        assert sorted(f for listed in cases for f in listed) == sorted(families), (world_size, cases)
+        assert all(cases), f"tp {world_size}: an empty case {cases}"
 
 
 def test_the_installed_release_is_one_ci_tests() -> None:

@@ -113,9 +113,10 @@ def test_bert_sequence_beyond_positions_is_refused(fake_group) -> None:
         tp(torch.randint(0, 1000, (2, 65)))
 
 
-def _serve_three_shapes(rank: int, world_size: int, name: str, builder_kwargs: dict) -> dict:
+def _serve_three_shapes(rank: int, world_size: int, name: str, builder_kwargs: dict, trace_cache: str) -> dict:
+    """Compile once (through ``trace_cache``: tp=3 rebuilds the program tp=2 traced), call at every shape of SHAPES."""
     model, args, kwargs = BUILDERS[name](**builder_kwargs)
-    tp = _compile(model, args, kwargs)
+    tp = _compile(model, args, kwargs, runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
     plan, graph = tp.plan, tp.graph_module
     diffs = []
     generator = torch.Generator().manual_seed(7)
@@ -137,11 +138,11 @@ CASES = [(2, "llama", {}), (2, "gpt2", {}), (2, "bert", {}),
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("world_size,name,builder_kwargs", CASES, ids=[f"tp{ws}-{n}" for ws, n, _ in CASES])
-def test_one_compile_serves_every_shape(gloo, world_size: int, name: str, builder_kwargs: dict) -> None:
+def test_one_compile_serves_every_shape(gloo, world_size: int, name: str, builder_kwargs: dict, trace_cache: str) -> None:
     """tp=2 and tp=3 (uneven: 8 heads as 3/3/2) on gloo: compiled once at (batch 2, seq 16), called at (1, 5),
     (3, 33), (2, 9): every rank returns the single-process outputs, with the same plan and graph objects
     (no re-trace, no re-plan per shape)."""
-    results = gloo.run(world_size, _serve_three_shapes, name, builder_kwargs)
+    results = gloo.run(world_size, _serve_three_shapes, name, builder_kwargs, trace_cache)
     for rank, result in enumerate(results):
         for (batch, seq), diff in zip(SHAPES, result["diffs"]):
             assert diff <= TOLERANCE, f"{name} tp={world_size} rank {rank} at {(batch, seq)}: max abs diff {diff:.3g} > {TOLERANCE}"
