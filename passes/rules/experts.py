@@ -21,12 +21,25 @@ over its rows (``aten._grouped_mm`` over the local block of rows where the captu
 
 Expert placement is offered where ``RuleContext.place_experts`` (not in training plans: the rank-local op
 has no backward); :mod:`autotp.planning.experts` finds the blocks, forces a form and reports it.
+
+Experts computed as one batched product over every token (Llama-4 text: ``bmm(x (E, T, K), w (E, K, N))``, each
+token's input scaled by its router score, zero for the experts it did not pick) need no rule of their own: the
+expert dim is the batch dim, ``S(0)`` of both operands is the ordinary GEMM rule's batch split, and the sum over
+experts after them turns it into an ordinary Partial. Between the experts and that sum, transformers views the
+output ``(E, T, N)`` as ``(E*T, N)`` and back; a split cannot cross that view where the token count is dynamic,
+so a batched expert GEMM routed by a ``topk`` is also offered ``(x S(0), w S(0)) -> P``: the rank's experts'
+products, padded with zeros to all E experts (``aten.constant_pad_nd`` on the expert dim), a Partial sum that
+the views and the sum carry to the block's one all-reduce. :func:`batched_expert_weight` and :func:`router_of`
+say which ``bmm`` is such an expert GEMM, so that the planner can force and report its form.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 import torch.fx as fx
@@ -37,7 +50,7 @@ from autotp.base.shapes import concrete_size
 from autotp.base.strategy import Strategy
 from autotp.cost_model.routing import busiest_rank_rows, expected_experts_hit
 from autotp.passes.rules.args import arg, shape, tensor_inputs
-from autotp.passes.rules.builders import R
+from autotp.passes.rules.builders import P, R
 from autotp.passes.rules.registry import (
     LocalGraph,
     LocalWork,
@@ -50,13 +63,27 @@ from autotp.passes.rules.registry import (
 
 aten = torch.ops.aten
 
-__all__ = ["EP", "GROUPED_MM_OPS", "expert_weight_input", "has_placeable_experts", "is_grouped_mm",
-           "placed_grouped_mm", "router_of"]
+__all__ = ["BATCHED_EXPERT_OPS", "EP", "GROUPED_MM_OPS", "batched_expert_weight", "expert_weight_input",
+           "expert_weight_source", "has_placeable_experts", "is_grouped_mm", "nearest_router", "placed_grouped_mm",
+           "router_of"]
 
 EP = ExpertPartial()
 
 GROUPED_MM_OPS = (aten._grouped_mm.default, "transformers::grouped_mm_fallback")
 """The grouped GEMMs whose weight may be placed by expert (the same ops as :mod:`.grouped_mm`)."""
+
+BATCHED_EXPERT_OPS = (aten.bmm.default,)
+"""Batched GEMMs that may run experts over every token, the expert dim as their batch dim (Llama-4 text)."""
+
+_CONTRACTING = frozenset(str(op) for op in (
+    aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default, aten.linear.default,
+    aten.matmul.default, aten.einsum.default, aten._grouped_mm.default, aten.convolution.default,
+    aten.scaled_dot_product_attention.default)) | {"transformers.grouped_mm_fallback.default"}
+"""GEMM-like ops (as ``str(target)``) that the search for a batched expert GEMM's router does not cross."""
+
+_PASS_THROUGH = (aten.transpose.int, aten.permute.default, aten.view.default, aten._unsafe_view.default,
+                 aten.reshape.default, aten.alias.default, aten.t.default, aten.contiguous.default, aten._to_copy.default)
+"""Ops between an expert weight parameter and the GEMM that reads it (they keep dim 0, the experts)."""
 
 _ZERO_AT_ZERO = (aten.silu.default, aten.gelu.default, aten.relu.default, aten.tanh.default, aten.neg.default,
                  aten.clone.default, aten.contiguous.default, aten._to_copy.default, aten.alias.default)
@@ -74,9 +101,37 @@ def expert_weight_input(node: fx.Node) -> fx.Node | None:
     return inputs[1]
 
 
+def batched_expert_weight(node: fx.Node) -> fx.Node | None:
+    """The weight ``w (E, K, N)`` of a ``bmm(x (E, T, K), w)`` whose batch dim could be experts (E >= 2), else None."""
+    if node.op != "call_function" or node.target not in BATCHED_EXPERT_OPS:
+        return None
+    inputs = tensor_inputs(node)
+    if len(inputs) != 2:
+        return None
+    x_shape, w_shape = shape(inputs[0]), shape(inputs[1])
+    if len(x_shape) != 3 or len(w_shape) != 3 or not isinstance(w_shape[0], int) or w_shape[0] < 2:
+        return None
+    return inputs[1] if x_shape[0] == w_shape[0] else None
+
+
+def expert_weight_source(weight: fx.Node) -> fx.Node | None:
+    """The placeholder that ``weight`` (an expert GEMM's weight input) is a view of, or None."""
+    while weight.op == "call_function" and weight.target in _PASS_THROUGH:
+        weight = tensor_inputs(weight)[0]
+    return weight if weight.op == "placeholder" else None
+
+
+def _routed_batched_experts(node: fx.Node) -> bool:
+    """Whether ``node`` is a batched expert GEMM over a weight placeholder, routed by a ``topk``."""
+    weight = batched_expert_weight(node)
+    return weight is not None and expert_weight_source(weight) is not None and router_of(node) is not None
+
+
 def has_placeable_experts(gm: fx.GraphModule) -> bool:
-    """Whether ``gm`` has a grouped GEMM over a 3-D expert weight (else no node is offered ``P(experts)``)."""
-    return any(node.op == "call_function" and is_grouped_mm(node.target) and expert_weight_input(node) is not None
+    """Whether ``gm`` has a grouped GEMM over a 3-D expert weight, or a routed batched expert GEMM (else no node is
+    offered the strategies of experts placed)."""
+    return any(node.op == "call_function" and ((is_grouped_mm(node.target) and expert_weight_input(node) is not None)
+                                               or _routed_batched_experts(node))
                for node in gm.graph.nodes)
 
 
@@ -92,6 +147,58 @@ def _placed_experts(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     if not ctx.place_experts or expert_weight_input(node) is None:
         return []
     return [Strategy((R, Shard(0), R), EP), Strategy((EP, Shard(0), R), EP)]
+
+
+_PADDED = Strategy((Shard(0), Shard(0)), P)
+"""A batched expert GEMM's placed form whose output is padded to all experts with zeros (module docstring)."""
+
+
+@register_rule_extension(*BATCHED_EXPERT_OPS)
+def _placed_batched_experts(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``x S(0)``, ``w S(0)``: this rank's experts over every token, zeros for the other experts -> ``P``."""
+    return [_PADDED] if ctx.place_experts and _routed_batched_experts(node) else []
+
+
+@register_local_form(*BATCHED_EXPERT_OPS)
+def _local_padded_bmm(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict,
+                      strategy: Strategy) -> fx.Node | None:
+    """``(S(0), S(0)) -> P``: this rank's experts' products, padded with zeros on the expert dim to all E."""
+    if strategy != _PADDED:
+        return None
+    weight = tensor_inputs(node)[1]
+    first, count = builder.parts.local(weight.name, 0, builder.rank)
+    experts = concrete_size(shape(weight)[0])
+    local = builder.graph.call_function(node.target, tuple(args), kwargs)  # (count, T, N)
+    pad = [0, 0, 0, 0, first, experts - first - count]  # last dim first: (N, T, E) before and after
+    return builder.call(aten.constant_pad_nd.default, local, pad, meta_from=node)
+
+
+@register_local_form_kernels(*BATCHED_EXPERT_OPS)
+def _padded_kernels(node: fx.Node, strategy: Strategy, world_size: int) -> tuple[tuple[object, int], ...]:
+    """The padded form reads its experts' products and writes the whole ``(E, T, N)`` output: one pad."""
+    if strategy != _PADDED:
+        return ()
+    out_bytes = math.prod(concrete_size(d) for d in shape(node)) * node.meta["val"].element_size()
+    return ((aten.constant_pad_nd.default, round((1 + _expert_share(node, world_size)) * out_bytes)),)
+
+
+def _expert_share(node: fx.Node, world_size: int) -> float:
+    """Share of a batched expert GEMM's E experts the busiest rank holds under the expert split."""
+    experts = concrete_size(shape(node)[0])
+    return math.ceil(experts / world_size) / experts
+
+
+@register_local_work(*BATCHED_EXPERT_OPS)
+def _padded_work(node: fx.Node, strategy: Strategy, world_size: int,
+                 generic: tuple[float, float]) -> LocalWork | None:
+    """The padded form's GEMM writes only its own experts' products (the pad, priced on its own, writes the rest):
+    its split share of the FLOPs and of the operands' bytes, not the whole output the Partial stands for."""
+    if strategy != _PADDED:
+        return None
+    flops, _ = generic
+    x, w = tensor_inputs(node)
+    nbytes = sum(math.prod(concrete_size(d) for d in shape(t)) * t.meta["val"].element_size() for t in (x, w, node))
+    return LocalWork(flops, _expert_share(node, world_size) * nbytes)
 
 
 @register_rule_extension(*_ZERO_AT_ZERO)
@@ -173,8 +280,48 @@ def _placed_zero_fill(node: fx.Node, strategy: Strategy, world_size: int) -> tup
     return ((aten.zeros.default, math.prod(shape(node)) * node.meta["val"].element_size()),)
 
 
+Node = TypeVar("Node")
+
+
+def nearest_router(start: Node, inputs_of: Callable[[Node], Sequence[Node]], op_of: Callable[[Node], str],
+                   is_batched_expert: Callable[[Node], bool]) -> Node | None:
+    """The ``topk`` nearest to ``start`` (the input rows of a batched expert GEMM), searched back breadth-first.
+
+    The search crosses no GEMM-like op but a batched expert GEMM, through its input rows: the experts' first
+    GEMM reads the router's scores without a GEMM between them (Llama-4 text: ``repeat(x) * scores``), their
+    second reads the first's output. Nearest first, so a block finds its own router before the routers of the
+    blocks before it (reached along the residual stream). Generic over the node type (``op_of`` gives
+    ``str(target)``), so that a plan's records are read with the graph's rule."""
+    seen: set[str] = set()
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        name = str(getattr(node, "name", id(node)))
+        if name in seen:
+            continue
+        seen.add(name)
+        op = op_of(node)
+        if op == str(aten.topk.default):
+            return node
+        inputs = list(inputs_of(node))
+        if op in _CONTRACTING:
+            if not is_batched_expert(node) or not inputs:
+                continue
+            inputs = inputs[:1]  # a batched expert GEMM's input rows, never its weight
+        queue.extend(inputs)
+    return None
+
+
+def _fx_op(node: fx.Node) -> str:
+    return str(node.target) if node.op == "call_function" else node.op
+
+
 def router_of(node: fx.Node) -> fx.Node | None:
-    """The ``topk`` whose indices route the rows of grouped GEMM ``node``: searched back from its offsets."""
+    """The ``topk`` whose indices route the rows of expert GEMM ``node``: searched back from a grouped GEMM's
+    offsets, or from a batched expert GEMM's input rows (:func:`nearest_router`)."""
+    if batched_expert_weight(node) is not None:
+        return nearest_router(tensor_inputs(node)[0], tensor_inputs, _fx_op,
+                              lambda n: batched_expert_weight(n) is not None)
     inputs = tensor_inputs(node)
     if len(inputs) != 3:
         return None
