@@ -45,11 +45,11 @@ import torch
 import torch.fx as fx
 
 from autotp.adapters.torch_internals import OpOverload
-from autotp.base.placements import ExpertPartial, Shard, split_of
+from autotp.base.placements import ExpertLocal, ExpertPartial, Shard, split_of
 from autotp.base.shapes import concrete_size
 from autotp.base.strategy import Strategy
 from autotp.cost_model.routing import busiest_rank_rows, expected_experts_hit
-from autotp.passes.rules.args import arg, shape, tensor_inputs
+from autotp.passes.rules.args import arg, norm_dim, shape, tensor_inputs
 from autotp.passes.rules.builders import P, R
 from autotp.passes.rules.registry import (
     LocalGraph,
@@ -68,6 +68,7 @@ __all__ = ["BATCHED_EXPERT_OPS", "EP", "GROUPED_MM_OPS", "batched_expert_weight"
            "router_of"]
 
 EP = ExpertPartial()
+EL = ExpertLocal()
 
 GROUPED_MM_OPS = (aten._grouped_mm.default, "transformers::grouped_mm_fallback")
 """The grouped GEMMs whose weight may be placed by expert (the same ops as :mod:`.grouped_mm`)."""
@@ -88,6 +89,14 @@ _PASS_THROUGH = (aten.transpose.int, aten.permute.default, aten.view.default, at
 _ZERO_AT_ZERO = (aten.silu.default, aten.gelu.default, aten.relu.default, aten.tanh.default, aten.neg.default,
                  aten.clone.default, aten.contiguous.default, aten._to_copy.default, aten.alias.default)
 """Elementwise ops of one tensor with ``f(0) = 0``: a row that is zero on a rank stays zero."""
+
+_ROW_WISE = (aten.silu.default, aten.gelu.default, aten.relu.default, aten.tanh.default, aten.neg.default,
+             aten.sigmoid.default, aten.exp.default, aten.clamp.default, aten.clamp_min.default,
+             aten.clamp_max.default, aten.mul.Tensor, aten.mul.Scalar, aten.add.Tensor, aten.add.Scalar,
+             aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Scalar, aten.div.Tensor, aten.div.Scalar,
+             aten.clone.default, aten.contiguous.default, aten._to_copy.default, aten.alias.default)
+"""Elementwise ops: each output element is computed from the same element of its inputs, so a row that is right
+on its expert's rank stays right there (``L(experts)``), whatever the op gives elsewhere."""
 
 
 def expert_weight_input(node: fx.Node) -> fx.Node | None:
@@ -224,6 +233,146 @@ def _moves_values(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Ops that only move values (pieces of the gate/up projection) keep them on their ranks."""
     inputs = tensor_inputs(node)
     return [Strategy((EP,), EP)] if ctx.place_experts and len(inputs) == 1 else []
+
+
+@register_rule_extension(*GROUPED_MM_OPS)
+def _placed_experts_local_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``x L(experts)``, ``w S(0)``: the expert-placed GEMM reads only its own experts' rows -> ``P(experts)``."""
+    if not ctx.place_experts or expert_weight_input(node) is None:
+        return []
+    return [Strategy((EL, Shard(0), R), EP)]
+
+
+@register_rule_extension(*_ROW_WISE)
+def _row_wise(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """An elementwise op of values right on their experts' rows (and whole values) -> ``L(experts)``: the expert
+    MLP between two placed GEMMs, gates that are not zero at zero (``sigmoid``, ``x + 1``) and biases included.
+    A value that is not whole must have the output's shape (its rows are the output's rows)."""
+    inputs = tensor_inputs(node)
+    if not ctx.place_experts or not 1 <= len(inputs) <= 2:
+        return []
+    rows = [shape(t) == shape(node) for t in inputs]
+    if len(inputs) == 1:
+        return [Strategy((EL,), EL)] if rows[0] else []
+    found = [Strategy((EL, R), EL)] if rows[0] else []
+    found += [Strategy((R, EL), EL)] if rows[1] else []
+    found += [Strategy((EL, EL), EL)] if all(rows) else []
+    return found
+
+
+@register_rule_extension(aten.add.Tensor)
+def _add_placed(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """A sum of two values whose rows lie on the same ranks keeps the zeros (a placed GEMM plus its expert bias)."""
+    inputs = tensor_inputs(node)
+    ok = ctx.place_experts and len(inputs) == 2 and all(shape(t) == shape(node) for t in inputs)
+    return [Strategy((EP, EP), EP)] if ok else []
+
+
+@register_rule_extension(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, operator.getitem,
+                         aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.slice.Tensor,
+                         aten.unsqueeze.default)
+def _keeps_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """Ops that move values within each row (pieces of the gate/up projection: ``gate_up[:, ::2]``) keep the rows
+    right on their experts' ranks."""
+    inputs = tensor_inputs(node)
+    if not ctx.place_experts or len(inputs) != 1:
+        return []
+    if node.target is operator.getitem:
+        return [Strategy((EL,), EL)]
+    in_shape = shape(inputs[0])
+    if not in_shape:
+        return []
+    if node.target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+        keeps = bool(shape(node)) and shape(node)[0] == in_shape[0]
+    elif node.target is aten.unsqueeze.default:
+        keeps = norm_dim(int(arg(node, 1, "dim", 0)), len(in_shape) + 1) > 0  # type: ignore[call-overload]
+    else:  # split, chunk (dim: argument 2), slice (argument 1): along a dim other than the rows
+        dim = arg(node, 1 if node.target is aten.slice.Tensor else 2, "dim", 0)
+        keeps = norm_dim(int(dim), len(in_shape)) > 0  # type: ignore[call-overload]
+    return [Strategy((EL,), EL)] if keeps else []
+
+
+def _routed_gemm_of_ids(ids: fx.Node, depth: int = 6) -> fx.Node | None:
+    """The grouped GEMM whose offsets are counted from ``ids`` (the sorted expert id of each row: ``histc`` and
+    ``cumsum`` of them), searched forward at most ``depth`` ops; None when ``ids`` route no grouped GEMM."""
+    frontier = [ids]
+    for _ in range(depth):
+        following = []
+        for node in frontier:
+            for user in node.users:
+                if user.op != "call_function":
+                    continue
+                if is_grouped_mm(user.target):
+                    inputs = tensor_inputs(user)
+                    if len(inputs) == 3 and inputs[2] is node and expert_weight_input(user) is not None:
+                        return user
+                    continue
+                if str(user.target) not in _CONTRACTING:
+                    following.append(user)
+        frontier = following
+    return None
+
+
+def _expert_table_lookup(node: fx.Node) -> fx.Node | None:
+    """For ``table[ids]`` with ``table (E, N)`` and ``ids`` the sorted expert ids that route a grouped GEMM over E
+    experts (an expert bias gathered per row: GPT-OSS), that GEMM; else None."""
+    if node.target is not aten.index.Tensor:
+        return None
+    inputs = tensor_inputs(node)
+    indices = node.args[1] if len(node.args) > 1 else ()
+    if len(inputs) != 2 or len(indices) != 1 or indices[0] is not inputs[1] or len(shape(inputs[0])) != 2:
+        return None
+    if len(shape(inputs[1])) != 1:
+        return None
+    gemm = _routed_gemm_of_ids(inputs[1])
+    if gemm is None:
+        return None
+    weight = expert_weight_input(gemm)
+    rows = shape(tensor_inputs(gemm)[0])[0]
+    return gemm if weight is not None and shape(weight)[0] == shape(inputs[0])[0] and rows == shape(node)[0] else None
+
+
+@register_rule_extension(aten.index.Tensor)
+def _placed_expert_table(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``table S(0)`` (whole experts' rows of a per-expert table, as the GEMM's weight) looked up by the rows'
+    expert ids -> ``P(experts)``: each rank gives its own experts' rows, zeros elsewhere."""
+    return [Strategy((Shard(0), R), EP)] if ctx.place_experts and _expert_table_lookup(node) is not None else []
+
+
+@register_local_form(aten.index.Tensor)
+def _local_expert_table(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict,
+                        strategy: Strategy) -> fx.Node | None:
+    """``table S(0) -> P(experts)``: the local table padded with a zero row on either side, and each id moved to its
+    row there (``ids - first + 1``) and clamped into the padding, so ids of other ranks' experts read zeros. The
+    table's experts are cut where the GEMM's weight is (checked: the same experts on every rank)."""
+    if strategy.inputs[0] != Shard(0) or strategy.output != EP:
+        return None
+    table = tensor_inputs(node)[0]
+    gemm = _expert_table_lookup(node)
+    weight = tensor_inputs(gemm)[1] if gemm is not None else None
+    first, count = builder.parts.local(table.name, 0, builder.rank)
+    if weight is None or builder.parts.local(weight.name, 0, builder.rank) != (first, count):
+        raise ValueError(f"rank {builder.rank}: the expert table {table.name} is cut at other experts than the "
+                         f"weight of {gemm.name if gemm is not None else 'its grouped GEMM'}: {node.format_node()}")
+    local_table, ids = args[0], args[1][0]
+    padded = builder.call(aten.constant_pad_nd.default, local_table, [0, 0, 1, 1], 0.0, meta_from=node)
+    moved = builder.call(aten.sub.Tensor, ids, first - 1, meta_from=node)  # row 1 + (id - first) of `padded`
+    rows = builder.call(aten.clamp.default, moved, 0, count + 1, meta_from=node)  # others: a zero row
+    return builder.call(node.target, padded, [rows], meta_from=node)
+
+
+@register_local_form_kernels(aten.index.Tensor)
+def _expert_table_kernels(node: fx.Node, strategy: Strategy, world_size: int) -> tuple[tuple[object, int], ...]:
+    """The ops :func:`_local_expert_table` runs besides the lookup: the table's padding, two passes over the ids."""
+    if strategy.inputs[0] != Shard(0) or strategy.output != EP:
+        return ()
+    table, ids = tensor_inputs(node)
+    n = math.prod(concrete_size(d) for d in shape(ids))
+    id_bytes = ids.meta["val"].element_size()
+    experts, width = (concrete_size(d) for d in shape(table))
+    table_bytes = (math.ceil(experts / world_size) + 2) * width * table.meta["val"].element_size()
+    return ((aten.constant_pad_nd.default, 2 * table_bytes), (aten.sub.Tensor, 2 * n * id_bytes),
+            (aten.clamp.default, 2 * n * id_bytes))
 
 
 def _placed_grouped_mm_impl(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, first: int,
