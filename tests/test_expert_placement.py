@@ -106,6 +106,30 @@ def test_batched_experts_found_and_forced() -> None:
         assert not inside, f"experts {form}: collectives inside the experts {inside}"
 
 
+@pytest.mark.slow  # two plans of a 2-layer GPT-OSS: about 40 s on a loaded 2-core machine
+def test_expert_biases_need_no_extra_collective() -> None:
+    """tp=2, GPT-OSS (a bias per expert after each grouped GEMM, a gate that is not zero at zero), experts placed:
+    no collective between the router and the gate/up GEMM's bias (the bias is looked up on its expert's rank,
+    ``P(experts)``; the gate runs on ``L(experts)`` rows) and one all-reduce per block, as with experts split
+    (where one all-gather of the interleaved gate/up output comes on top)."""
+    model, args, kwargs = BUILDERS["gpt_oss"]()
+    for form in ("placed", "split"):
+        plan = _plan(model, args, kwargs, 2, form)
+        blocks = planned_experts(plan.nodes, plan.world_size)
+        assert [b.form for b in blocks] == [form, form], blocks
+        for block in blocks:
+            inside = [(c.producer, "+".join(map(str, c.steps))) for c in plan.collectives
+                      if c.module == block.module and any(str(step) != "slice" for step in c.steps)]
+            reduced = [kinds for _, kinds in inside if "all_reduce" in kinds]
+            assert len(reduced) <= 1, f"experts {form}, {block.module}: {inside}"
+            if form == "placed":
+                assert [kinds for _, kinds in inside] in (["all_reduce"], []), f"{block.module}: {inside}"
+        decisions = {n.name: n for n in plan.nodes}
+        if form == "placed":
+            gemms = [decisions[name] for block in blocks for name in block.gemms]
+            assert {g.inputs[0] for g in gemms[1::2]} == {"L(experts)"}, [(g.name, g.inputs) for g in gemms]
+
+
 def test_placed_experts_refused_for_training() -> None:
     """``experts="placed"`` with ``training=True``: a ValueError that says what to pass instead; a training plan
     with ``experts="auto"`` (tp=2, Mixtral) never places experts: no ``P(experts)`` anywhere."""
@@ -168,9 +192,9 @@ def test_forward_equals_single_process(gloo, world_size: int, names: list[str]) 
                                               (4, ["llama4_text"])])
 def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[str]) -> None:
     """tp=2..4, the rest of the matrix: DeepSeek-V3 (shared expert planned as a dense MLP, grouped routing),
-    GPT-OSS (expert biases: the placed form's gate/up output is summed before the bias), Llama-4 text at 3 (4
-    experts: 2/1/1) and 4, and the families above at the other world sizes; both forms. Each compile of the larger zoo models takes about a minute on a loaded
-    2-core machine, hence the longer timeout."""
+    GPT-OSS (expert biases looked up on their experts' ranks, the gate on ``L(experts)`` rows), Llama-4 text at 3
+    (4 experts: 2/1/1) and 4, and the families above at the other world sizes; both forms. Each compile of the
+    larger zoo models takes about a minute on a loaded 2-core machine, hence the longer timeout."""
     _check_forward(gloo.run(world_size, _forward_forms, names, timeout_s=1500), world_size)
 
 
@@ -214,9 +238,20 @@ def test_routed_load_formulas() -> None:
 
 def test_expert_partial_resharding() -> None:
     """``P(experts)`` reduces like a Partial (all-reduce, reduce-scatter), reads as a Partial for nothing, and
-    nothing but an expert-placed op makes it; its text round-trips."""
-    from autotp.base.placements import ExpertPartial, Partial, Replicate, Shard, placement_from_str
+    nothing but an expert-placed op makes it; ``L(experts)`` is ``P(experts)`` or ``R`` for nothing, and nothing
+    else turns into it or out of it; their texts round-trip."""
+    from autotp.base.placements import ExpertLocal, ExpertPartial, Partial, Replicate, Shard, placement_from_str
     from autotp.base.reshard import reshard_possible, reshard_steps
+
+    local = ExpertLocal()
+    assert placement_from_str(str(local)) == local
+    assert reshard_steps(ExpertPartial(), local) == () and reshard_steps(Replicate(), local) == ()
+    for other in (Partial(), Shard(0), Shard(1)):
+        assert not reshard_possible(other, local), other
+    for other in (Replicate(), Partial(), ExpertPartial(), Shard(0)):
+        assert not reshard_possible(local, other), other
+        with pytest.raises(ValueError, match="only an expert-placed op reads"):
+            reshard_steps(local, other)
 
     ep = ExpertPartial()
     assert placement_from_str(str(ep)) == ep
