@@ -19,6 +19,15 @@ over the top-k are linear) and reduced as one.
 Rank-local form: ``autotp::placed_grouped_mm(x, w_local, offs, first)``, one matrix product per local expert
 over its rows (``aten._grouped_mm`` over the local block of rows where the captured op was that kernel).
 
+Experts with a bias and a gate that is not zero at zero (GPT-OSS: ``out + bias[expert_id]``, then ``clamp``,
+``sigmoid(1.702 gate)``, ``up + 1``) need no sum before the gate either: a rank's rows of the gate/up GEMM are
+whole there already. The bias table is placed with its experts (``S(0)``) and looked up by the rows' expert ids
+on each rank, zeros for other ranks' experts (``P(experts)``; :func:`mark_expert_roles` marks such lookups). Past
+the gate the other rows are not zeros, but the next placed GEMM reads only its own experts' rows:
+``L(experts)`` (:class:`~autotp.base.placements.ExpertLocal`) is a value right on each row's own rank and
+anything elsewhere, kept by elementwise ops and by ops that move values within rows, and read only by a placed
+GEMM (``x L(experts)``, ``w S(0)`` -> ``P(experts)``).
+
 Expert placement is offered where ``RuleContext.place_experts`` (not in training plans: the rank-local op
 has no backward); :mod:`autotp.planning.experts` finds the blocks, forces a form and reports it.
 
@@ -63,12 +72,18 @@ from autotp.passes.rules.registry import (
 
 aten = torch.ops.aten
 
-__all__ = ["BATCHED_EXPERT_OPS", "EP", "GROUPED_MM_OPS", "batched_expert_weight", "expert_weight_input",
-           "expert_weight_source", "has_placeable_experts", "is_grouped_mm", "nearest_router", "placed_grouped_mm",
-           "router_of"]
+__all__ = ["BATCHED_EXPERT_OPS", "EP", "EXPERT_ROLE", "GROUPED_MM_OPS", "batched_expert_weight",
+           "expert_weight_input", "expert_weight_source", "is_grouped_mm", "mark_expert_roles", "nearest_router",
+           "placed_grouped_mm", "router_of"]
 
 EP = ExpertPartial()
 EL = ExpertLocal()
+
+EXPERT_ROLE = "autotp_expert_role"
+"""``node.meta`` key that :func:`mark_expert_roles` writes: ``"batched"`` on a batched expert GEMM routed by a
+``topk``, ``"table"`` on a per-expert table looked up by the rows' expert ids. What the rules here know of a node's
+neighbours; part of the node's structural key (:mod:`autotp.passes.node_keys`), so a node without the role never
+shares the strategies of one with it."""
 
 GROUPED_MM_OPS = (aten._grouped_mm.default, "transformers::grouped_mm_fallback")
 """The grouped GEMMs whose weight may be placed by expert (the same ops as :mod:`.grouped_mm`)."""
@@ -136,12 +151,23 @@ def _routed_batched_experts(node: fx.Node) -> bool:
     return weight is not None and expert_weight_source(weight) is not None and router_of(node) is not None
 
 
-def has_placeable_experts(gm: fx.GraphModule) -> bool:
-    """Whether ``gm`` has a grouped GEMM over a 3-D expert weight, or a routed batched expert GEMM (else no node is
+def mark_expert_roles(gm: fx.GraphModule) -> bool:
+    """Write :data:`EXPERT_ROLE` on the nodes of ``gm`` that have one (and clear it elsewhere); whether ``gm`` has
+    experts to place: a grouped GEMM over a 3-D expert weight, or a routed batched expert GEMM (else no node is
     offered the strategies of experts placed)."""
-    return any(node.op == "call_function" and ((is_grouped_mm(node.target) and expert_weight_input(node) is not None)
-                                               or _routed_batched_experts(node))
-               for node in gm.graph.nodes)
+    placeable = False
+    for node in gm.graph.nodes:
+        node.meta.pop(EXPERT_ROLE, None)
+        if node.op != "call_function":
+            continue
+        if is_grouped_mm(node.target) and expert_weight_input(node) is not None:
+            placeable = True
+        elif _routed_batched_experts(node):
+            node.meta[EXPERT_ROLE] = "batched"
+            placeable = True
+        elif _expert_table_lookup(node) is not None:
+            node.meta[EXPERT_ROLE] = "table"
+    return placeable
 
 
 def is_grouped_mm(target: object) -> bool:
@@ -165,7 +191,7 @@ _PADDED = Strategy((Shard(0), Shard(0)), P)
 @register_rule_extension(*BATCHED_EXPERT_OPS)
 def _placed_batched_experts(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``x S(0)``, ``w S(0)``: this rank's experts over every token, zeros for the other experts -> ``P``."""
-    return [_PADDED] if ctx.place_experts and _routed_batched_experts(node) else []
+    return [_PADDED] if ctx.place_experts and node.meta.get(EXPERT_ROLE) == "batched" else []
 
 
 @register_local_form(*BATCHED_EXPERT_OPS)
@@ -336,7 +362,7 @@ def _expert_table_lookup(node: fx.Node) -> fx.Node | None:
 def _placed_expert_table(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``table S(0)`` (whole experts' rows of a per-expert table, as the GEMM's weight) looked up by the rows'
     expert ids -> ``P(experts)``: each rank gives its own experts' rows, zeros elsewhere."""
-    return [Strategy((Shard(0), R), EP)] if ctx.place_experts and _expert_table_lookup(node) is not None else []
+    return [Strategy((Shard(0), R), EP)] if ctx.place_experts and node.meta.get(EXPERT_ROLE) == "table" else []
 
 
 @register_local_form(aten.index.Tensor)
