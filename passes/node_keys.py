@@ -7,7 +7,9 @@ answer. :func:`node_key` describes exactly that input: the node's kind and targe
 arguments, flattened, each constant as it is and each FX node as the position of its first
 occurrence (``mul(x, x)`` and ``mul(x, y)`` differ) with the key of its value; and its own
 value. A value's key is, per tensor, the shape (symbolic sizes by their expression), strides,
-dtype, device and ``requires_grad``; per symbolic scalar, its expression. A node holding
+dtype, device and ``requires_grad``; per symbolic scalar, its expression. Two documented ``node.meta`` keys that
+rules read join it: an in-place state update (:data:`autotp.passes.state.WRITES_IN_PLACE`) and a node's part in a
+mixture-of-experts block (:data:`autotp.passes.rules.experts.EXPERT_ROLE`). A node holding
 anything else that cannot be compared by value (an unhashable constant, an object) has no key
 (None): callers then compute it directly.
 
@@ -24,6 +26,7 @@ from typing import TypeVar
 import torch
 import torch.fx as fx
 
+from autotp.passes.rules.experts import EXPERT_ROLE
 from autotp.passes.state import WRITES_IN_PLACE
 
 __all__ = ["node_key", "node_keys", "once_per_key", "value_key"]
@@ -104,5 +107,6 @@ def _node_key(node: fx.Node, values: dict[fx.Node, object]) -> Hashable | None:
             return _NO_KEY if any(v is _NO_KEY for _, v in keys) else ("dict", keys)
         return _value_key(arg)
 
-    key = (node.op, node.target, walk(node.args), walk(node.kwargs), of_node(node), bool(node.meta.get(WRITES_IN_PLACE)))
+    key = (node.op, node.target, walk(node.args), walk(node.kwargs), of_node(node), bool(node.meta.get(WRITES_IN_PLACE)),
+           node.meta.get(EXPERT_ROLE))
     return None if any(part is _NO_KEY for part in key) else key

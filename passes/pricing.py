@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 
-from autotp.base.placements import Partial, Placement, Replicate, placement_to_str
+from autotp.base.placements import ExpertLocal, Partial, Placement, Replicate, placement_to_str
 from autotp.base.reshard import ReshardStep, reshard_possible
 from autotp.base.strategy import Strategy
 from autotp.cost_model.collectives import call_sync_wait_s
@@ -155,6 +155,8 @@ def blocked_reason(costed: CostedGraph, edge: Edge, src: Placement, dst: Placeme
     if edge.must_match:
         return f"{edge.producer} returns several tensors: nothing can reshard them between it and {edge.consumer}"
     if not reshard_possible(src, dst):
+        if isinstance(src, ExpertLocal):
+            return f"only an expert-placed op reads {placement_to_str(src)}, not {edge.consumer}"
         return f"only an expert-placed op makes {placement_to_str(dst)}, not {edge.producer} ({placement_to_str(src)})"
     return (f"parameter {edge.producer} would have to be gathered for {edge.consumer} "
             f"({placement_to_str(src)} -> {placement_to_str(dst)}); parameters are only sliced locally")

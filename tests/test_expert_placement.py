@@ -28,7 +28,8 @@ def _mixtral(**kwargs: Any) -> tuple[torch.nn.Module, tuple, dict]:
     return tiny_mixtral(num_heads=4, num_kv_heads=2, hidden=64, intermediate=32, **kwargs)
 
 
-BUILDERS = {"mixtral": _mixtral, **{name: ZOO[name].build for name in ("qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")}}
+BUILDERS = {"mixtral": _mixtral, **{name: ZOO[name].build
+                                    for name in ("qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "llama4_text")}}
 
 
 def _plan(model: torch.nn.Module, args: tuple, kwargs: dict, world_size: int, form: str) -> autotp.Plan:
@@ -69,6 +70,64 @@ def test_each_form_forced(form: str, weight: str | None) -> None:
     assert f"experts {form}" in str(plan), str(plan)
     explained = autotp.explain(plan, "model.layers.0.mlp.experts")
     assert f"experts {form}" in explained, explained
+
+
+def test_batched_experts_found_and_forced() -> None:
+    """tp=3, Llama-4 text (experts as one ``bmm`` over every token, 4 experts: 2/1/1 per rank when placed, 2 layers):
+    one block per layer, its two batched GEMMs routed by that layer's own top-k (not the layer before's, reached
+    along the residual stream); each form forced, the plan and ``explain`` say it, and in either form no collective
+    but a local slice is issued inside the experts (placed: no gather of the experts' outputs, the down GEMM's
+    output is padded to a Partial sum that the block's one all-reduce combines)."""
+    model, args, kwargs = BUILDERS["llama4_text"]()
+    captured = capture(model, args, kwargs)
+    graph = build_strategy_graph(captured.graph_module, 3, captured.parameter_fqns())
+    blocks = find_expert_blocks(graph)
+    modules = [f"model.layers.{i}.feed_forward.experts" for i in range(2)]
+    assert [b.module for b in blocks] == modules, blocks
+    assert len({b.router for b in blocks}) == 2 and all(b.batched and b.experts == 4 for b in blocks), blocks
+    for block in blocks:
+        assert [graph.nodes[g].target for g in block.gemms] == [torch.ops.aten.bmm.default] * 2, block
+        router_module = list(graph.nodes[block.router].meta["nn_module_stack"].values())[-1][0]
+        assert router_module.startswith(block.module.rsplit(".", 1)[0] + "."), (block.module, router_module)
+    for form in ("placed", "split"):
+        plan = _plan(model, args, kwargs, 3, form)
+        planned = planned_experts(plan.nodes, plan.world_size)
+        assert [(b.module, b.form) for b in planned] == [(m, form) for m in modules], planned
+        weights = {fqn: p for fqn, p in plan.parameters.items() if ".experts." in fqn}
+        assert (set(weights.values()) == {"S(0)"}) == (form == "placed"), weights
+        assert f"experts {form}" in str(plan), str(plan)
+        explained = autotp.explain(plan, modules[0])
+        assert f"experts {form}" in explained, explained
+        if form == "placed":
+            assert planned[0].per_rank == (2, 1, 1), planned
+            assert "every token through its own experts" in explained, explained
+        inside = [(c.producer, [str(step) for step in c.steps]) for c in plan.collectives
+                  if c.module.startswith(tuple(modules)) and any(str(step) != "slice" for step in c.steps)]
+        assert not inside, f"experts {form}: collectives inside the experts {inside}"
+
+
+@pytest.mark.slow  # two plans of a 2-layer GPT-OSS: about 40 s on a loaded 2-core machine
+def test_expert_biases_need_no_extra_collective() -> None:
+    """tp=2, GPT-OSS (a bias per expert after each grouped GEMM, a gate that is not zero at zero), experts placed:
+    no collective between the router and the gate/up GEMM's bias (the bias is looked up on its expert's rank,
+    ``P(experts)``; the gate runs on ``L(experts)`` rows) and one all-reduce per block, as with experts split
+    (where one all-gather of the interleaved gate/up output comes on top)."""
+    model, args, kwargs = BUILDERS["gpt_oss"]()
+    for form in ("placed", "split"):
+        plan = _plan(model, args, kwargs, 2, form)
+        blocks = planned_experts(plan.nodes, plan.world_size)
+        assert [b.form for b in blocks] == [form, form], blocks
+        for block in blocks:
+            inside = [(c.producer, "+".join(map(str, c.steps))) for c in plan.collectives
+                      if c.module == block.module and any(str(step) != "slice" for step in c.steps)]
+            reduced = [kinds for _, kinds in inside if "all_reduce" in kinds]
+            assert len(reduced) <= 1, f"experts {form}, {block.module}: {inside}"
+            if form == "placed":
+                assert [kinds for _, kinds in inside] in (["all_reduce"], []), f"{block.module}: {inside}"
+        decisions = {n.name: n for n in plan.nodes}
+        if form == "placed":
+            gemms = [decisions[name] for block in blocks for name in block.gemms]
+            assert {g.inputs[0] for g in gemms[1::2]} == {"L(experts)"}, [(g.name, g.inputs) for g in gemms]
 
 
 def test_placed_experts_refused_for_training() -> None:
@@ -122,22 +181,24 @@ def _check_forward(results: list[dict[str, dict[str, Any]]], world_size: int) ->
             assert got["counts"] == results[0][case]["counts"], f"{case}: rank {rank} issues other collectives"
 
 
-@pytest.mark.parametrize("world_size,names", [(2, ["mixtral", "qwen3_moe", "olmoe"]), (3, ["mixtral", "olmoe"]),
-                                              (4, ["qwen3_moe"])])
+@pytest.mark.parametrize("world_size,names", [(2, ["mixtral", "qwen3_moe", "olmoe", "llama4_text"]),
+                                              (3, ["mixtral", "olmoe"]), (4, ["qwen3_moe"])])
 def test_forward_equals_single_process(gloo, world_size: int, names: list[str], trace_cache: str) -> None:
-    """tp=2, 3 (4 experts: 2/1/1) and 4 (one expert per rank): Mixtral, Qwen3-MoE, OLMoE, experts placed and
-    experts split: logits equal the single-process model's on every rank."""
+    """tp=2, 3 (4 experts: 2/1/1) and 4 (one expert per rank): Mixtral, Qwen3-MoE, OLMoE, Llama-4 text (experts as
+    a batched product over every token), experts placed and experts split: logits equal the single-process
+    model's on every rank."""
     _check_forward(gloo.run(world_size, _forward_forms, names, trace_cache), world_size)
 
 
 @pytest.mark.zoo  # the rest of the families and world sizes: minutes of compiles, in the wide-zoo tier beside the zoo
 @pytest.mark.parametrize("world_size,names", [(2, ["deepseek_v3"]), (2, ["gpt_oss"]), (3, ["qwen3_moe"]),
-                                              (3, ["deepseek_v3"]), (4, ["mixtral", "olmoe"])])
+                                              (3, ["deepseek_v3"]), (3, ["llama4_text"]), (4, ["mixtral", "olmoe"]),
+                                              (4, ["llama4_text"])])
 def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[str], trace_cache: str) -> None:
     """tp=2..4, the rest of the matrix: DeepSeek-V3 (shared expert planned as a dense MLP, grouped routing),
-    GPT-OSS (expert biases: the placed form's gate/up output is summed before the bias), and the families above at
-    the other world sizes; both forms. Each compile of the larger zoo models takes about a minute on a loaded
-    2-core machine, hence the longer timeout."""
+    GPT-OSS (expert biases looked up on their experts' ranks, the gate on ``L(experts)`` rows), Llama-4 text at 3
+    (4 experts: 2/1/1) and 4, and the families above at the other world sizes; both forms. Each compile of the
+    larger zoo models takes about a minute on a loaded 2-core machine, hence the longer timeout."""
     _check_forward(gloo.run(world_size, _forward_forms, names, trace_cache, timeout_s=1500), world_size)
 
 
@@ -154,9 +215,10 @@ def _greedy(rank: int, world_size: int, name: str, form: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("world_size,name,form", [(2, "mixtral", "placed"), (3, "qwen3_moe", "placed"),
-                                                  (2, "olmoe", "split")])
+                                                  (2, "olmoe", "split"), (2, "llama4_text", "placed")])
 def test_greedy_generate_equals_hf(gloo, world_size: int, name: str, form: str) -> None:
-    """tp=2 and 3, prefill and decode graphs with the forced form: greedy tokens equal ``model.generate``'s."""
+    """tp=2 and 3, prefill and decode graphs with the forced form (Llama-4 text: batched experts placed, one token
+    per expert batch at decode): greedy tokens equal ``model.generate``'s."""
     for rank, result in enumerate(gloo.run(world_size, _greedy, name, form)):
         assert result["forms"] == {form}, f"rank {rank}: blocks took {result['forms']}"
         assert result["got"] == result["expected"], (
@@ -180,9 +242,20 @@ def test_routed_load_formulas() -> None:
 
 def test_expert_partial_resharding() -> None:
     """``P(experts)`` reduces like a Partial (all-reduce, reduce-scatter), reads as a Partial for nothing, and
-    nothing but an expert-placed op makes it; its text round-trips."""
-    from autotp.base.placements import ExpertPartial, Partial, Replicate, Shard, placement_from_str
+    nothing but an expert-placed op makes it; ``L(experts)`` is ``P(experts)`` or ``R`` for nothing, and nothing
+    else turns into it or out of it; their texts round-trip."""
+    from autotp.base.placements import ExpertLocal, ExpertPartial, Partial, Replicate, Shard, placement_from_str
     from autotp.base.reshard import reshard_possible, reshard_steps
+
+    local = ExpertLocal()
+    assert placement_from_str(str(local)) == local
+    assert reshard_steps(ExpertPartial(), local) == () and reshard_steps(Replicate(), local) == ()
+    for other in (Partial(), Shard(0), Shard(1)):
+        assert not reshard_possible(other, local), other
+    for other in (Replicate(), Partial(), ExpertPartial(), Shard(0)):
+        assert not reshard_possible(local, other), other
+        with pytest.raises(ValueError, match="only an expert-placed op reads"):
+            reshard_steps(local, other)
 
     ep = ExpertPartial()
     assert placement_from_str(str(ep)) == ep

@@ -19,7 +19,7 @@ from autotp.passes.backward import Training
 from autotp.passes.costing import _node_compute_s, cost_strategy_graph
 from autotp.passes.node_keys import node_key, node_keys
 from autotp.passes.rules import RuleContext, block_counts, strategies_for
-from autotp.passes.rules.experts import has_placeable_experts
+from autotp.passes.rules.experts import EXPERT_ROLE, mark_expert_roles
 from autotp.passes.strategies import _static_splits_only, build_strategy_graph
 
 BUILDERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "mixtral": tiny_mixtral}
@@ -45,7 +45,7 @@ def test_shared_keys_give_the_strategies_and_costs_of_each_node(name: str, world
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     shared = len(calls) - len({keys[n] for n in calls})
     assert shared > len(calls) // 2, f"expected most of the {len(calls)} calls to share a key, {shared} did"
-    ctx = RuleContext(world_size, block_counts(gm), False, has_placeable_experts(gm))
+    ctx = RuleContext(world_size, block_counts(gm), False, mark_expert_roles(gm))
     for node in calls:
         alone = _static_splits_only(node, strategies_for(node, ctx))
         assert graph.strategies[node.name] == alone, f"{node.format_node()}: {graph.strategies[node.name]} != {alone}"
@@ -58,7 +58,8 @@ def test_shared_keys_give_the_strategies_and_costs_of_each_node(name: str, world
 
 
 def test_keys_tell_apart_what_the_rules_read() -> None:
-    """The same op on other shapes, the same input twice against two inputs, other constants: other keys."""
+    """The same op on other shapes, the same input twice against two inputs, other constants, a node's part in a
+    mixture-of-experts block (which rules read from ``node.meta``): other keys."""
     graph = torch.fx.Graph()
     x, y = graph.placeholder("x"), graph.placeholder("y")
     x.meta["val"], y.meta["val"] = torch.empty(4, 8, device="meta"), torch.empty(4, 8, device="meta")
@@ -77,6 +78,8 @@ def test_keys_tell_apart_what_the_rules_read() -> None:
     for n in nodes.values():
         n.meta["val"] = torch.empty(4, 8, device="meta")
     nodes["z*z"].meta["val"] = torch.empty(8, 4, device="meta")
+    nodes["x*y as experts"] = graph.call_function(torch.ops.aten.mul.Tensor, (x, y))
+    nodes["x*y as experts"].meta.update(val=torch.empty(4, 8, device="meta"), **{EXPERT_ROLE: "batched"})
     keys = {label: node_key(n) for label, n in nodes.items()}
     assert keys["x*y"] == keys["y*x"], "two distinct inputs of equal values must share a key"
     others = [k for label, k in keys.items() if label != "y*x"]

@@ -22,6 +22,12 @@ Semantics on a mesh axis of size N:
   ``f(0) = 0`` (``silu``, ``gelu``, a product of two such values), so a whole expert MLP runs
   between one rank's rows and a single sum after it (:mod:`autotp.passes.rules.experts`).
   It is reduced like a Partial; nothing but an expert-placed op produces it.
+- ``ExpertLocal()`` (experts placed, between their GEMMs): every element of a row routed to one of a rank's
+  experts is right on that rank; the other rows hold anything. What an expert MLP computes row by row on
+  ``P(experts)`` rows (a gate with a bias: ``sigmoid``, ``x + 1``, none of them zero at zero) is right on each
+  row's own rank, and the next expert-placed GEMM reads only its own experts' rows. ``P(experts)`` and
+  ``Replicate()`` are such values already (nothing to do); nothing turns it into anything else: only an
+  expert-placed op reads it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
-    "BlockShard", "ExpertPartial", "Partial", "Placement", "Replicate", "Shard", "is_partial", "placement_from_str", "placement_to_str", "split_of",
+    "BlockShard", "ExpertLocal", "ExpertPartial", "Partial", "Placement", "Replicate", "Shard", "is_partial", "placement_from_str", "placement_to_str", "split_of",
 ]
 
 _SHARD_RE = re.compile(r"^S\((-?\d+)\)$")
@@ -63,6 +69,14 @@ class ExpertPartial:
         return "P(experts)"
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpertLocal:
+    """Rows right on the rank of their expert, anything elsewhere; read only by an expert-placed op (module doc)."""
+
+    def __str__(self) -> str:
+        return "L(experts)"
+
+
 def is_partial(placement: object) -> bool:
     """True for a pending sum over the ranks: ``Partial()`` or :class:`ExpertPartial`."""
     return isinstance(placement, (Partial, ExpertPartial))
@@ -85,7 +99,7 @@ def placement_to_str(placement: Placement | BlockShard) -> str:
         return "P"
     if isinstance(placement, Shard):
         return f"S({placement.dim})"
-    if isinstance(placement, (BlockShard, ExpertPartial)):
+    if isinstance(placement, (BlockShard, ExpertPartial, ExpertLocal)):
         return str(placement)
     raise TypeError(f"unsupported placement {placement!r}; autotp uses Shard(dim), Replicate() and Partial()")
 
@@ -99,10 +113,12 @@ def placement_from_str(text: str) -> Placement | BlockShard:
         return Partial()
     if text == "P(experts)":
         return ExpertPartial()
+    if text == "L(experts)":
+        return ExpertLocal()
     match = _SHARD_RE.match(text)
     if match:
         return Shard(int(match.group(1)))
     match = _BLOCK_RE.match(text)
     if match:
         return BlockShard(int(match.group(1)), int(match.group(2)))
-    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'P(experts)', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")
+    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'P(experts)', 'L(experts)', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")

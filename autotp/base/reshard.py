@@ -19,6 +19,10 @@ S -> P             all_gather, zero
 P(experts) -> P    nothing                             an expert-placed sum is a sum
 P(experts) -> *    as from P                           (all_reduce, reduce_scatter...)
 * -> P(experts)    impossible                          only an expert-placed op makes one
+P(experts), R      nothing                             their rows are right on every rank that
+ -> L(experts)                                         holds their expert already
+L(experts) -> *    impossible                          only an expert-placed op reads one
+* -> L(experts)    impossible                          (from a split or a plain Partial)
 =================  ==================================  =====================================
 
 ``S(i) -> S(j)`` between plain shards has two routes (:func:`reshard_routes`): the all-to-all
@@ -38,7 +42,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from autotp.base.placements import BlockShard, ExpertPartial, Partial, Placement, Replicate, Shard, split_of
+from autotp.base.placements import (
+    BlockShard,
+    ExpertLocal,
+    ExpertPartial,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    split_of,
+)
 
 __all__ = ["ReshardKind", "ReshardStep", "Route", "reshard_possible", "reshard_routes", "reshard_steps",
            "route_with_kinds"]
@@ -132,8 +145,13 @@ def route_with_kinds(src: Placement, dst: Placement, kinds: tuple[ReshardKind | 
 
 def reshard_possible(src: Placement, dst: Placement) -> bool:
     """False where no steps turn ``src`` into ``dst``: into ``P(experts)`` from anything else (its rows lie on
-    the ranks of their experts, which only the expert-placed op itself knows)."""
-    return src == dst or not isinstance(dst, ExpertPartial)
+    the ranks of their experts, which only the expert-placed op itself knows); out of ``L(experts)`` (its other
+    rows are not known anywhere), and into it but from ``P(experts)`` or ``R``."""
+    if src == dst:
+        return True
+    if isinstance(dst, ExpertLocal):
+        return isinstance(src, (ExpertPartial, Replicate))
+    return not isinstance(dst, ExpertPartial) and not isinstance(src, ExpertLocal)
 
 
 def reshard_steps(src: Placement, dst: Placement) -> Route:
@@ -141,7 +159,11 @@ def reshard_steps(src: Placement, dst: Placement) -> Route:
     if src == dst:
         return ()
     if not reshard_possible(src, dst):
+        if isinstance(src, ExpertLocal):
+            raise ValueError(f"cannot reshard {src} -> {dst}: only an expert-placed op reads {src}")
         raise ValueError(f"cannot reshard {src} -> {dst}: only an expert-placed op makes {dst}")
+    if isinstance(dst, ExpertLocal):  # from P(experts) or R: the rows are right where their experts are
+        return ()
     if isinstance(src, ExpertPartial):
         if isinstance(dst, Partial):
             return ()

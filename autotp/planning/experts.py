@@ -4,7 +4,10 @@ An MoE block is found from the graph alone, never from module or class names: a 
 (``aten._grouped_mm`` or transformers' ``grouped_mm_fallback``) whose weight is a 3-D parameter ``(E, K, N)``
 (through views and transposes) and whose row-group offsets come from a router's ``topk``. The grouped
 GEMMs that share one ``topk`` are one block (the gate/up and the down projection of the routed experts); a
-shared expert (DeepSeek-style) is an ordinary MLP beside it and is planned like one.
+shared expert (DeepSeek-style) is an ordinary MLP beside it and is planned like one. Experts run as one batched
+product over every token (Llama-4 text: ``bmm(x (E, T, K), w (E, K, N))`` on inputs scaled by the router's
+scores) are a block too: a ``bmm`` over a 3-D parameter whose batch dim is its experts, routed by the ``topk``
+nearest its input rows (:func:`autotp.passes.rules.experts.nearest_router`).
 
 Each block takes one of two forms, and the solver picks between them like any other choice:
 
@@ -14,12 +17,14 @@ Each block takes one of two forms, and the solver picks between them like any ot
   size does not divide E); each rank computes the tokens routed to its own experts (the activations are
   whole on every rank in a tensor-parallel plan, so no token moves first) and one all-reduce combines them
   (:mod:`autotp.passes.rules.experts`). No all-to-all is needed while the activations are replicated; an
-  all-to-all dispatch is the form for activations split by tokens, which autotp's plans do not make.
+  all-to-all dispatch is the form for activations split by tokens, which autotp's plans do not make. Batched
+  experts placed are the ``bmm``'s batch split (``x S(0)``, ``w S(0)``): each rank runs every token through its
+  own experts, and the sum over experts after them is the Partial the same all-reduce combines.
 
 ``PlanOptions(experts="placed" | "split")`` narrows every block's candidates to one form
 (:func:`narrow_expert_forms`), as constraints do for any other placement; ``"auto"`` leaves the choice to
-the solver. Training plans never place experts (the expert-placed op has no backward): ``experts="placed"``
-with ``training=True`` is refused.
+the solver. Training plans never place grouped-GEMM experts (the expert-placed op has no backward):
+``experts="placed"`` with ``training=True`` is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-import torch
 import torch.fx as fx
 
 from autotp.base.errors import PlanError
@@ -35,8 +39,15 @@ from autotp.base.placements import Shard, placement_from_str
 from autotp.base.strategy import Strategy
 from autotp.base.units import format_seconds
 from autotp.cost_model.routing import even_expert_counts
-from autotp.passes.rules.args import tensor_inputs
-from autotp.passes.rules.experts import expert_weight_input, is_grouped_mm, router_of
+from autotp.passes.rules.experts import (
+    BATCHED_EXPERT_OPS,
+    batched_expert_weight,
+    expert_weight_input,
+    expert_weight_source,
+    is_grouped_mm,
+    nearest_router,
+    router_of,
+)
 from autotp.passes.rules.registry import rule_for
 from autotp.passes.strategies import StrategyGraph
 from autotp.planning.decisions import NodeDecision
@@ -45,12 +56,6 @@ __all__ = ["EXPERT_FORMS", "ExpertBlock", "PlannedExperts", "check_experts_optio
            "find_expert_blocks", "narrow_expert_forms", "planned_experts"]
 
 EXPERT_FORMS = ("auto", "placed", "split")
-
-_PASS_THROUGH = (torch.ops.aten.transpose.int, torch.ops.aten.permute.default, torch.ops.aten.view.default,
-                 torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default, torch.ops.aten.alias.default,
-                 torch.ops.aten.t.default, torch.ops.aten.contiguous.default, torch.ops.aten._to_copy.default)
-"""Ops between an expert weight parameter and the grouped GEMM that reads it (they keep dim 0, the experts)."""
-
 
 def check_experts_option(value: object, training: bool) -> None:
     """Validate ``PlanOptions.experts`` (ValueError saying what to pass)."""
@@ -71,14 +76,13 @@ class ExpertBlock:
     gemms: tuple[str, ...]  # grouped GEMM nodes, graph order
     weights: tuple[str, ...]  # the parameter placeholders of their expert weights (E, K, N)
     experts: int  # E
+    batched: bool = False  # a batched product over every token (bmm, the experts its batch dim), not grouped
 
 
 def _weight_parameter(node: fx.Node, parameters: Iterable[str]) -> fx.Node | None:
     """The parameter placeholder that ``node`` (a grouped GEMM's weight input) is a view of, or None."""
-    names = set(parameters)
-    while node.op == "call_function" and node.target in _PASS_THROUGH:
-        node = tensor_inputs(node)[0]
-    return node if node.op == "placeholder" and node.name in names else None
+    source = expert_weight_source(node)
+    return source if source is not None and source.name in set(parameters) else None
 
 
 def _module_path(node: fx.Node) -> str:
@@ -93,7 +97,7 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
         node = graph.nodes[name]
         if node.op != "call_function" or rule_for(node.target) is None:
             continue
-        weight = expert_weight_input(node) if is_grouped_mm(node.target) else None
+        weight = expert_weight_input(node) if is_grouped_mm(node.target) else batched_expert_weight(node)
         param = _weight_parameter(weight, graph.parameters) if weight is not None else None
         router = router_of(node) if param is not None else None
         if router is not None and param is not None:
@@ -103,12 +107,14 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
         gemms = tuple(node.name for node, _ in members)
         weights = tuple(dict.fromkeys(param.name for _, param in members))
         experts = int(members[0][1].meta["val"].shape[0])
-        blocks.append(ExpertBlock(_module_path(members[0][0]), router, gemms, weights, experts))
+        batched = members[0][0].target in BATCHED_EXPERT_OPS
+        blocks.append(ExpertBlock(_module_path(members[0][0]), router, gemms, weights, experts, batched))
     return blocks
 
 
 def _placed(strategy: Strategy) -> bool:
-    return len(strategy.inputs) == 3 and strategy.inputs[1] == Shard(0)
+    """Whether an expert GEMM's strategy holds whole experts: its weight (input 1) split by experts, ``S(0)``."""
+    return len(strategy.inputs) in (2, 3) and strategy.inputs[1] == Shard(0)
 
 
 def narrow_expert_forms(graph: StrategyGraph, form: str) -> StrategyGraph:
@@ -140,6 +146,7 @@ class PlannedExperts:
     weights: tuple[str, ...]  # the expert weights' FQNs (or placeholder names)
     experts: int
     per_rank: tuple[int, ...]  # experts each rank holds (placed), else ()
+    batched: bool = False  # the experts are a batched product over every token (Llama-4 text), not grouped
 
     def __str__(self) -> str:
         if self.form == "placed":
@@ -152,20 +159,52 @@ class PlannedExperts:
 
 
 def _form_of(node: NodeDecision) -> str:
-    weight = placement_from_str(node.inputs[1]) if len(node.inputs) == 3 else None
+    weight = placement_from_str(node.inputs[1]) if len(node.inputs) in (2, 3) else None
     if weight == Shard(0):
         return "placed"
     return "split" if any(p != "R" for p in node.inputs[:2]) or node.output != "R" else "replicated"
 
 
+def _weight_record(node: NodeDecision, by_name: dict[str, NodeDecision]) -> NodeDecision | None:
+    """The parameter placeholder an expert GEMM's weight (input 1) is read from, through views, or None."""
+    producer = by_name.get(node.input_nodes[1]) if len(node.input_nodes) > 1 else None
+    while producer is not None and producer.op != "placeholder" and producer.input_nodes:
+        producer = by_name.get(producer.input_nodes[0])
+    return producer if producer is not None and producer.op == "placeholder" else None
+
+
+def _batched_expert_record(node: NodeDecision, by_name: dict[str, NodeDecision]) -> bool:
+    """Whether ``node`` is a batched product over a 3-D parameter whose batch dim is its E >= 2 experts
+    (:func:`autotp.passes.rules.experts.batched_expert_weight`, read from a plan's records)."""
+    if node.op not in {str(op) for op in BATCHED_EXPERT_OPS} or len(node.inputs) != 2 or len(node.shape) != 3:
+        return False
+    weight = _weight_record(node, by_name)
+    rows = by_name.get(node.input_nodes[0]) if node.input_nodes else None
+    return (weight is not None and bool(weight.target) and len(weight.shape) == 3 and weight.shape[0] >= 2
+            and rows is not None and rows.shape[:1] == weight.shape[:1])
+
+
+def _routed_batched_record(node: NodeDecision, by_name: dict[str, NodeDecision]) -> bool:
+    """A batched expert GEMM of a plan's records with a router (:func:`~autotp.passes.rules.experts.nearest_router`)."""
+    if not _batched_expert_record(node, by_name):
+        return False
+    start = by_name.get(node.input_nodes[0])
+
+    def inputs_of(record: NodeDecision) -> list[NodeDecision]:
+        return [by_name[name] for name in record.input_nodes if name in by_name]
+
+    return start is not None and nearest_router(start, inputs_of, lambda record: record.op,
+                                                lambda record: _batched_expert_record(record, by_name)) is not None
+
+
 def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[PlannedExperts]:
-    """The form of every MoE block in a plan's ``nodes``: its grouped GEMMs that read a 3-D weight by dim 0
-    (``S(0)``: placed) or by another dim (split), grouped by module."""
+    """The form of every MoE block in a plan's ``nodes``: its expert GEMMs (grouped GEMMs, and batched ones with a
+    router) that read a 3-D weight by dim 0 (``S(0)``: placed) or by another dim (split), grouped by module."""
     by_name = {node.name: node for node in nodes}
     blocks: dict[str, list[NodeDecision]] = {}
     for node in by_name.values():
         grouped = node.op.endswith(("grouped_mm.default", "grouped_mm_fallback.default"))
-        if grouped and len(node.inputs) == 3 and len(node.shape) == 2:
+        if (grouped and len(node.inputs) == 3 and len(node.shape) == 2) or _routed_batched_record(node, by_name):
             blocks.setdefault(node.module, []).append(node)
     found = []
     for module, gemms in blocks.items():
@@ -173,15 +212,14 @@ def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[Plan
         form = forms.pop() if len(forms) == 1 else "mixed"
         weights, experts = [], 0
         for gemm in gemms:
-            producer = by_name.get(gemm.input_nodes[1]) if len(gemm.input_nodes) > 1 else None
-            while producer is not None and producer.op != "placeholder" and producer.input_nodes:
-                producer = by_name.get(producer.input_nodes[0])
-            if producer is not None and producer.op == "placeholder":
+            producer = _weight_record(gemm, by_name)
+            if producer is not None:
                 weights.append(producer.target or producer.name)
                 experts = max(experts, producer.shape[0] if producer.shape else 0)
         per_rank = tuple(even_expert_counts(experts, world_size)) if form == "placed" else ()
+        batched = all(len(g.inputs) == 2 for g in gemms)
         found.append(PlannedExperts(module, form, tuple(g.name for g in gemms), tuple(dict.fromkeys(weights)),
-                                    experts, per_rank))
+                                    experts, per_rank, batched))
     return found
 
 
@@ -239,7 +277,11 @@ def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
         measured = _measured(block.module, loads)
         if measured:
             lines.append(f"  load: {measured}")
-        if block.form == "placed":
+        if block.form == "placed" and block.batched:
+            lines.append("  each rank runs every token through its own experts (a batched product over all tokens, "
+                         "each token's input scaled by its router score, zero for experts it did not pick); the sum "
+                         "over experts after them is a partial sum, which one all-reduce after the block combines")
+        elif block.form == "placed":
             lines.append("  each rank computes the tokens routed to its own experts (the activations are whole on "
                          "every rank); one all-reduce after the block combines them, weighted by the router")
         for name in block.gemms:
