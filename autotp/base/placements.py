@@ -22,6 +22,12 @@ Semantics on a mesh axis of size N:
   ``f(0) = 0`` (``silu``, ``gelu``, a product of two such values), so a whole expert MLP runs
   between one rank's rows and a single sum after it (:mod:`autotp.passes.rules.experts`).
   It is reduced like a Partial; nothing but an expert-placed op produces it.
+- ``LocalRows()`` and ``RoutedRows()`` (for experts reached by all-to-all, when the tokens are split
+  across the ranks): ``LocalRows`` is a value computed by a rank from its own tokens alone (its rows
+  sorted by expert, the positions of that sort, their inverse), in an order of the rank's own, so it is
+  no block of the whole tensor; ``RoutedRows`` holds the rows routed to this rank's experts from every
+  rank's tokens, grouped by expert. Neither is resharded to or from anything: only the token-local ops
+  of a routed block (:mod:`autotp.passes.rules.experts`) make and read them.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
-    "BlockShard", "ExpertPartial", "Partial", "Placement", "Replicate", "Shard", "is_partial", "placement_from_str", "placement_to_str", "split_of",
+    "BlockShard", "ExpertPartial", "LocalRows", "Partial", "Placement", "Replicate", "RoutedRows", "Shard", "is_partial",
+    "is_rank_local", "placement_from_str", "placement_to_str", "split_of",
 ]
 
 _SHARD_RE = re.compile(r"^S\((-?\d+)\)$")
@@ -63,6 +70,27 @@ class ExpertPartial:
         return "P(experts)"
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalRows:
+    """A value a rank computed from its own tokens alone, in an order of its own (module doc)."""
+
+    def __str__(self) -> str:
+        return "S(local)"
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutedRows:
+    """The rows routed to this rank's experts from every rank's tokens, grouped by expert (module doc)."""
+
+    def __str__(self) -> str:
+        return "S(routed)"
+
+
+def is_rank_local(placement: object) -> bool:
+    """True for :class:`LocalRows` and :class:`RoutedRows`: values no resharding step can make or read."""
+    return isinstance(placement, (LocalRows, RoutedRows))
+
+
 def is_partial(placement: object) -> bool:
     """True for a pending sum over the ranks: ``Partial()`` or :class:`ExpertPartial`."""
     return isinstance(placement, (Partial, ExpertPartial))
@@ -78,14 +106,14 @@ def split_of(placement: object) -> tuple[int, int] | None:
 
 
 def placement_to_str(placement: Placement | BlockShard) -> str:
-    """Short stable text form: ``R``, ``P``, ``S(1)``, ``S(2)x3``."""
+    """Short stable text form: ``R``, ``P``, ``S(1)``, ``S(2)x3``, ``P(experts)``, ``S(local)``, ``S(routed)``."""
     if isinstance(placement, Replicate):
         return "R"
     if isinstance(placement, Partial):
         return "P"
     if isinstance(placement, Shard):
         return f"S({placement.dim})"
-    if isinstance(placement, (BlockShard, ExpertPartial)):
+    if isinstance(placement, (BlockShard, ExpertPartial, LocalRows, RoutedRows)):
         return str(placement)
     raise TypeError(f"unsupported placement {placement!r}; autotp uses Shard(dim), Replicate() and Partial()")
 
@@ -99,10 +127,14 @@ def placement_from_str(text: str) -> Placement | BlockShard:
         return Partial()
     if text == "P(experts)":
         return ExpertPartial()
+    if text == "S(local)":
+        return LocalRows()
+    if text == "S(routed)":
+        return RoutedRows()
     match = _SHARD_RE.match(text)
     if match:
         return Shard(int(match.group(1)))
     match = _BLOCK_RE.match(text)
     if match:
         return BlockShard(int(match.group(1)), int(match.group(2)))
-    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'P(experts)', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")
+    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'P(experts)', 'S(local)', 'S(routed)', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")

@@ -19,6 +19,8 @@ S -> P             all_gather, zero
 P(experts) -> P    nothing                             an expert-placed sum is a sum
 P(experts) -> *    as from P                           (all_reduce, reduce_scatter...)
 * -> P(experts)    impossible                          only an expert-placed op makes one
+S(local) <-> *     impossible                          rank-local values: only the token-local
+S(routed) <-> *                                        ops of a routed block make and read them
 =================  ==================================  =====================================
 
 ``S(i) -> S(j)`` between plain shards has two routes (:func:`reshard_routes`): the all-to-all
@@ -38,7 +40,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from autotp.base.placements import BlockShard, ExpertPartial, Partial, Placement, Replicate, Shard, split_of
+from autotp.base.placements import (
+    BlockShard,
+    ExpertPartial,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    is_rank_local,
+    split_of,
+)
 
 __all__ = ["ReshardKind", "ReshardStep", "Route", "reshard_possible", "reshard_routes", "reshard_steps",
            "route_with_kinds"]
@@ -132,8 +143,11 @@ def route_with_kinds(src: Placement, dst: Placement, kinds: tuple[ReshardKind | 
 
 def reshard_possible(src: Placement, dst: Placement) -> bool:
     """False where no steps turn ``src`` into ``dst``: into ``P(experts)`` from anything else (its rows lie on
-    the ranks of their experts, which only the expert-placed op itself knows)."""
-    return src == dst or not isinstance(dst, ExpertPartial)
+    the ranks of their experts, which only the expert-placed op itself knows), and into or out of ``S(local)`` and
+    ``S(routed)`` (values of one rank's own tokens, in its own order: no block of the whole tensor)."""
+    if src == dst:
+        return True
+    return not isinstance(dst, ExpertPartial) and not is_rank_local(src) and not is_rank_local(dst)
 
 
 def reshard_steps(src: Placement, dst: Placement) -> Route:
@@ -141,6 +155,9 @@ def reshard_steps(src: Placement, dst: Placement) -> Route:
     if src == dst:
         return ()
     if not reshard_possible(src, dst):
+        if is_rank_local(src) or is_rank_local(dst):
+            raise ValueError(f"cannot reshard {src} -> {dst}: a rank-local value of a routed block is made and read only "
+                             "by the block's token-local ops")
         raise ValueError(f"cannot reshard {src} -> {dst}: only an expert-placed op makes {dst}")
     if isinstance(src, ExpertPartial):
         if isinstance(dst, Partial):
