@@ -204,3 +204,48 @@ def test_auto_records_both_forms_and_round_trips() -> None:
     again = autotp.Plan.from_json(plan.to_json())
     assert again.expert_form_times == plan.expert_form_times
     assert [b.form for b in planned_experts(again.nodes, 2)] == [form]
+
+
+def _dispatched_forward(rank: int, world_size: int, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each model with ``experts="dispatched"`` (static shapes, so the token dim may be split): the logits' largest
+    difference from the single-process model, the blocks' forms, the dispatched grouped GEMMs in the rank-local graph
+    (whether each sends rows out and back) and the collectives."""
+    results = {}
+    for name in names:
+        model, args, kwargs = BUILDERS[name]()
+        with torch.no_grad():
+            expected = model(*args, **kwargs).logits
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tp = autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
+                                options=autotp.PlanOptions(experts="dispatched", dynamic=False))
+        got = tp(*args, **kwargs).logits
+        calls = [node.args[6:8] for node in tp.graph_module.graph.nodes
+                 if node.target is torch.ops.autotp.dispatched_grouped_mm.default]
+        results[name] = {"diff": (got - expected).abs().max().item(), "scale": expected.abs().max().item(),
+                         "forms": [b.form for b in planned_experts(tp.plan.nodes, world_size)],
+                         "calls": calls, "counts": tp.collective_counts(), "plan": str(tp.plan),
+                         "explained": autotp.explain(tp.plan, "model.layers.0.mlp.experts")}
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_dispatched_forward_equals_single_process(gloo, world_size: int) -> None:
+    """tp=2, 3 (4 experts: 2/1/1 per rank, tokens 11/11/10 of Mixtral's 32 and 6/5/5 of Qwen3-MoE's 16) and 4:
+    Mixtral and Qwen3-MoE with ``experts="dispatched"``: each rank routes its own tokens, one all-to-all sends the
+    rows to their experts' ranks and one brings the results back (a dispatch-only grouped GEMM, then a combine-only
+    one), and the logits equal the single-process model's on every rank."""
+    names = ["mixtral", "qwen3_moe"]
+    results = gloo.run(world_size, _dispatched_forward, names, timeout_s=900)
+    for rank, result in enumerate(results):
+        for name, got in result.items():
+            case = f"{name} tp={world_size} rank {rank}"
+            assert got["scale"] > 10 * TOLERANCE, f"{case}: logits too small to compare ({got['scale']:.3g})"
+            assert got["diff"] <= TOLERANCE, f"{case}: max abs diff {got['diff']:.3g}"
+            assert got["forms"] and set(got["forms"]) == {"dispatched"}, f"{case}: blocks took {got['forms']}"
+            blocks = len(got["forms"])
+            assert got["calls"] == [(True, False), (False, True)] * blocks, (
+                f"{case}: expected one dispatch and one combine per block, got (dispatch, combine) {got['calls']}")
+            assert got["counts"] == results[0][name]["counts"], f"{case}: rank {rank} issues other collectives"
+            assert "experts dispatched (all-to-all)" in got["plan"], got["plan"]
+            assert "all-to-all" in got["explained"] and "S(routed)" in got["explained"], got["explained"]

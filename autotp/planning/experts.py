@@ -6,20 +6,23 @@ An MoE block is found from the graph alone, never from module or class names: a 
 GEMMs that share one ``topk`` are one block (the gate/up and the down projection of the routed experts); a
 shared expert (DeepSeek-style) is an ordinary MLP beside it and is planned like one.
 
-Each block takes one of two forms, and the solver picks between them like any other choice:
+Each block takes one of three forms, and the solver picks between them like any other choice:
 
 - **experts split**: every rank holds a slice of every expert (``w S(1)``/``S(2)``, Megatron-style inside the
   experts) and the block ends in an all-reduce;
 - **experts placed**: every rank holds whole experts (``w S(0)``, E / world_size each, uneven where the world
   size does not divide E); each rank computes the tokens routed to its own experts (the activations are
   whole on every rank in a tensor-parallel plan, so no token moves first) and one all-reduce combines them
-  (:mod:`autotp.passes.rules.experts`). No all-to-all is needed while the activations are replicated; an
-  all-to-all dispatch is the form for activations split by tokens, which autotp's plans do not make.
+  (:mod:`autotp.passes.rules.experts`). No token moves while the activations are replicated.
+- **experts dispatched**: whole experts per rank as above, but the block's tokens are split across the ranks
+  (``S(0)`` of its rows, as sequence parallelism leaves them; the token dim must be static, ``dynamic=False``):
+  each rank routes its own tokens, sends each row to the rank of its expert with an all-to-all and gets the
+  results back with another, weighted by the router; no all-reduce (the rows come back in token order, ``S(0)``).
 
-``PlanOptions(experts="placed" | "split")`` narrows every block's candidates to one form
+``PlanOptions(experts="placed" | "dispatched" | "split")`` narrows every block's candidates to one form
 (:func:`narrow_expert_forms`), as constraints do for any other placement; ``"auto"`` leaves the choice to
-the solver. Training plans never place experts (the expert-placed op has no backward): ``experts="placed"``
-with ``training=True`` is refused.
+the solver. Training plans never place experts (the expert-placed ops have no backward): ``experts="placed"`` or
+``"dispatched"`` with ``training=True`` is refused.
 """
 
 from __future__ import annotations
@@ -31,19 +34,19 @@ import torch
 import torch.fx as fx
 
 from autotp.base.errors import PlanError
-from autotp.base.placements import Shard, placement_from_str
+from autotp.base.placements import Shard, is_rank_local, placement_from_str
 from autotp.base.strategy import Strategy
 from autotp.base.units import format_seconds
 from autotp.passes.rules.args import tensor_inputs
-from autotp.passes.rules.experts import expert_weight_input, is_grouped_mm, router_of
+from autotp.passes.rules.experts import expert_weight_input, is_dispatched, is_grouped_mm, router_of
 from autotp.passes.rules.registry import rule_for
 from autotp.passes.strategies import StrategyGraph
 from autotp.planning.decisions import NodeDecision
 
 __all__ = ["EXPERT_FORMS", "ExpertBlock", "PlannedExperts", "check_experts_option", "expert_lines", "explain_experts",
-           "find_expert_blocks", "narrow_expert_forms", "planned_experts"]
+           "find_expert_blocks", "narrow_expert_forms", "planned_experts", "strategy_form"]
 
-EXPERT_FORMS = ("auto", "placed", "split")
+EXPERT_FORMS = ("auto", "placed", "dispatched", "split")
 
 _PASS_THROUGH = (torch.ops.aten.transpose.int, torch.ops.aten.permute.default, torch.ops.aten.view.default,
                  torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default, torch.ops.aten.alias.default,
@@ -56,8 +59,8 @@ def check_experts_option(value: object, training: bool) -> None:
     if value not in EXPERT_FORMS:
         raise ValueError(f"experts must be one of {', '.join(map(repr, EXPERT_FORMS))}, got {value!r}; e.g. "
                          "experts='placed' to put whole experts on ranks")
-    if value == "placed" and training:
-        raise ValueError("experts='placed' plans inference only: the expert-placed grouped GEMM has no backward. "
+    if value in ("placed", "dispatched") and training:
+        raise ValueError(f"experts={value!r} plans inference only: the expert-placed grouped GEMMs have no backward. "
                          "Pass experts='auto' or experts='split' with training=True (experts are then split)")
 
 
@@ -106,25 +109,36 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
     return blocks
 
 
-def _placed(strategy: Strategy) -> bool:
-    return len(strategy.inputs) == 3 and strategy.inputs[1] == Shard(0)
+def strategy_form(strategy: Strategy) -> str:
+    """The form a grouped GEMM's strategy gives its block: ``"dispatched"`` (rows of the ranks' own tokens,
+    ``w S(0)``), ``"placed"`` (``w S(0)``, rows whole) or ``"split"`` (anything else)."""
+    if is_dispatched(strategy):
+        return "dispatched"
+    return "placed" if len(strategy.inputs) == 3 and strategy.inputs[1] == Shard(0) else "split"
+
+
+def _no_such_form(form: str, name: str, module: str, candidates: Sequence[Strategy]) -> PlanError:
+    hint = (" The dispatched form needs the block's tokens split across the ranks, so their count must be static: "
+            "pass PlanOptions(dynamic=False) (and experts='placed' for whole activations)." if form == "dispatched"
+            else "")
+    return PlanError(f"experts={form!r}: the grouped GEMM {name} in {module} has no such strategy "
+                     f"(candidates: {', '.join(map(str, candidates))}).{hint}")
 
 
 def narrow_expert_forms(graph: StrategyGraph, form: str) -> StrategyGraph:
-    """``graph`` with every MoE block's candidates narrowed to ``form`` (``"placed"`` or ``"split"``; ``"auto"``:
-    unchanged). A PlanError when ``"placed"`` is asked and a block cannot take it."""
+    """``graph`` with every MoE block's candidates narrowed to ``form`` (``"placed"``, ``"dispatched"`` or
+    ``"split"``; ``"auto"``: unchanged). A PlanError when a block cannot take the form asked for."""
     if form == "auto":
         return graph
     strategies = dict(graph.strategies)
     for block in find_expert_blocks(graph):
         for name in block.gemms:
-            kept = [s for s in strategies[name] if _placed(s) == (form == "placed")]
+            kept = [s for s in strategies[name] if strategy_form(s) == form]
             if not kept:
-                raise PlanError(f"experts={form!r}: the grouped GEMM {name} in {block.module} has no such strategy "
-                                f"(candidates: {', '.join(map(str, strategies[name]))})")
+                raise _no_such_form(form, name, block.module, strategies[name])
             strategies[name] = kept
         for name in block.weights:
-            keep = [s for s in strategies[name] if (s.output == Shard(0)) == (form == "placed")]
+            keep = [s for s in strategies[name] if (s.output == Shard(0)) == (form != "split")]
             strategies[name] = keep or strategies[name]
     return dataclasses.replace(graph, strategies=strategies)
 
@@ -134,7 +148,7 @@ class PlannedExperts:
     """The form one MoE block took in a plan, read from the plan's grouped GEMMs."""
 
     module: str
-    form: str  # "placed", "split" or "replicated"
+    form: str  # "placed", "dispatched", "split" or "replicated"
     gemms: tuple[str, ...]
     weights: tuple[str, ...]  # the expert weights' FQNs (or placeholder names)
     experts: int
@@ -145,6 +159,11 @@ class PlannedExperts:
             counts = sorted(set(self.per_rank))
             held = "/".join(map(str, counts[::-1]))
             return f"{self.module}: experts placed, {self.experts} experts, {held} whole experts per rank"
+        if self.form == "dispatched":
+            counts = sorted(set(self.per_rank))
+            held = "/".join(map(str, counts[::-1]))
+            return (f"{self.module}: experts dispatched (all-to-all), {self.experts} experts, {held} whole experts per "
+                    "rank, tokens split across the ranks")
         if self.form == "split":
             return f"{self.module}: experts split, every rank a slice of each of {self.experts} experts"
         return f"{self.module}: experts replicated, every rank all {self.experts} experts"
@@ -153,7 +172,7 @@ class PlannedExperts:
 def _form_of(node: NodeDecision) -> str:
     weight = placement_from_str(node.inputs[1]) if len(node.inputs) == 3 else None
     if weight == Shard(0):
-        return "placed"
+        return "dispatched" if is_rank_local(placement_from_str(node.inputs[0])) else "placed"
     return "split" if any(p != "R" for p in node.inputs[:2]) or node.output != "R" else "replicated"
 
 
@@ -178,7 +197,7 @@ def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[Plan
             if producer is not None and producer.op == "placeholder":
                 weights.append(producer.target or producer.name)
                 experts = max(experts, producer.shape[0] if producer.shape else 0)
-        per_rank = tuple(_even_counts(experts, world_size)) if form == "placed" else ()
+        per_rank = tuple(_even_counts(experts, world_size)) if form in ("placed", "dispatched") else ()
         found.append(PlannedExperts(module, form, tuple(g.name for g in gemms), tuple(dict.fromkeys(weights)),
                                     experts, per_rank))
     return found
@@ -195,11 +214,8 @@ def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
     times = dict(form_times)
     if form not in times or len(times) < 2:
         return "forced (PlanOptions(experts=...)) or the only form possible" if form != "replicated" else ""
-    other = "split" if form == "placed" else "placed"
-    if other not in times:
-        return ""
-    return (f"the plan with experts {form} is predicted {format_seconds(times[form])} per forward, with experts "
-            f"{other} {format_seconds(times[other])}")
+    others = ", ".join(f"experts {other} {format_seconds(time)}" for other, time in times.items() if other != form)
+    return f"the plan with experts {form} is predicted {format_seconds(times[form])} per forward, with {others}"
 
 
 def expert_lines(nodes: Iterable[NodeDecision], world_size: int, form_times: Sequence[tuple[str, float]] = (),
@@ -234,6 +250,10 @@ def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
         if block.form == "placed":
             lines.append("  each rank computes the tokens routed to its own experts (the activations are whole on "
                          "every rank); one all-reduce after the block combines them, weighted by the router")
+        if block.form == "dispatched":
+            lines.append("  each rank routes its own tokens (split across the ranks), sends each row to the rank of "
+                         "its expert with an all-to-all and gets the results back with another; the router's "
+                         "weighting and the sum over the top-k run on the rank's own tokens, no all-reduce")
         for name in block.gemms:
             gemm = by_name[name]
             lines.append(f"  {name}: ({', '.join(gemm.inputs)}) -> {gemm.output}")
