@@ -249,3 +249,56 @@ def test_dispatched_forward_equals_single_process(gloo, world_size: int) -> None
             assert got["counts"] == results[0][name]["counts"], f"{case}: rank {rank} issues other collectives"
             assert "experts dispatched (all-to-all)" in got["plan"], got["plan"]
             assert "all-to-all" in got["explained"] and "S(routed)" in got["explained"], got["explained"]
+
+
+def test_dispatched_form_planned_and_refused() -> None:
+    """tp=3, Mixtral, static shapes: ``experts="dispatched"`` plans every block with its tokens split (the sort and
+    the router's weighting on each rank's own rows, ``S(local)``; the middle of the expert MLP on the rows sent to the
+    rank, ``S(routed)``; the un-sorted rows back in token order, ``S(0)``), the plan's JSON form keeps it, and the
+    grouped GEMMs price one all-gather of counts and the all-to-alls. With a dynamic token dim (the default) it is
+    refused with a message naming ``dynamic=False``; with ``training=True`` as the placed form is."""
+    from autotp.base.placements import LocalRows, RoutedRows
+    from autotp.base.reshard import reshard_possible
+    from autotp.cost_model.hardware import get_hardware
+    from autotp.passes.costing import op_collectives_s
+    from autotp.passes.rules.experts import is_dispatched
+    from autotp.planning.experts import strategy_form
+
+    model, args, kwargs = _mixtral(layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = autotp.plan(model, world_size=3, example_inputs=args, example_kwargs=kwargs,
+                           options=autotp.PlanOptions(experts="dispatched", dynamic=False))
+    blocks = planned_experts(plan.nodes, plan.world_size)
+    assert [(b.form, b.per_rank) for b in blocks] == [("dispatched", (2, 1, 1))], blocks
+    by_op = {n.name: n for n in plan.nodes}
+    gemms = [by_op[name] for name in blocks[0].gemms]
+    assert [(g.inputs, g.output) for g in gemms] == [
+        (("S(local)", "S(0)", "P"), "S(routed)"), (("S(routed)", "S(0)", "P"), "S(local)")], gemms
+    assert not any("P(experts)" in (n.output, *n.inputs) for n in plan.nodes)
+    again = autotp.Plan.from_json(plan.to_json())
+    assert [b.form for b in planned_experts(again.nodes, 3)] == ["dispatched"]
+    assert "experts dispatched" in str(plan) and "all-to-all" in autotp.explain(plan, "model.layers.0.mlp.experts")
+
+    for local in (LocalRows(), RoutedRows()):
+        assert reshard_possible(local, local)
+        for other in (autotp.base.placements.Replicate(), autotp.base.placements.Shard(0),
+                      autotp.base.placements.Partial()):
+            assert not reshard_possible(local, other) and not reshard_possible(other, local), (local, other)
+
+    captured = capture(model, args, kwargs, dynamic=False)
+    graph = build_strategy_graph(captured.graph_module, 3, captured.parameter_fqns(), place_experts=True)
+    hardware = get_hardware("h100-sxm")
+    for name in find_expert_blocks(graph)[0].gemms:
+        node = graph.nodes[name]
+        forms = {strategy_form(s): s for s in graph.strategies[name]}
+        assert {"placed", "dispatched", "split"} <= set(forms), graph.strategies[name]
+        dispatched = [s for s in graph.strategies[name] if is_dispatched(s)]
+        times = [op_collectives_s(node, s, 3, hardware) for s in dispatched]
+        assert all(t > 0 for t in times), times  # the counts' all-gather and the all-to-alls are priced
+        assert op_collectives_s(node, forms["placed"], 3, hardware) == 0.0
+
+    with pytest.raises(autotp.PlanError, match="dynamic=False"):
+        _plan(model, args, kwargs, 2, "dispatched")
+    with pytest.raises(ValueError, match="experts='split'"):
+        autotp.PlanOptions(experts="dispatched", training=True)
