@@ -31,7 +31,7 @@ from typing import Any
 import sympy
 import torch.fx as fx
 
-from autotp.base.placements import LocalRows, Placement, split_of
+from autotp.base.placements import LocalRows, Placement, share_of, split_of
 from autotp.base.shapes import concrete_shape, concrete_size, first_tensor
 from autotp.base.strategy import Strategy
 from autotp.passes.rules import tensor_inputs
@@ -64,7 +64,7 @@ def largest_shard_nbytes(shape: Sequence[Any], itemsize: int, placement: Placeme
         return _symbolic_largest_shard_nbytes([sympy.sympify(size) for size in shape], itemsize, placement, world_size)
     sizes = [concrete_size(s) for s in shape]  # a dynamic (symbolic) size counts at its example size
     numel = math.prod(sizes)
-    split = split_of(placement)
+    split = share_of(placement)
     if split is None or not sizes:
         return numel * itemsize
     dim, blocks = split
@@ -78,7 +78,7 @@ def _symbolic_largest_shard_nbytes(sizes: list[sympy.Expr], itemsize: int, place
                                    world_size: int) -> sympy.Expr:
     """:func:`largest_shard_nbytes` of a shape with symbolic sizes (the same rule, in sympy)."""
     numel = sympy.Mul(*sizes)
-    split = split_of(placement)
+    split = share_of(placement)
     if split is None or not sizes:
         return numel * itemsize
     dim, blocks = split

@@ -40,7 +40,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
     "BlockShard", "ExpertPartial", "LocalRows", "Partial", "Placement", "Replicate", "RoutedRows", "Shard", "is_partial",
-    "is_rank_local", "placement_from_str", "placement_to_str", "split_of",
+    "is_rank_local", "placement_from_str", "placement_to_str", "share_of", "split_of",
 ]
 
 _SHARD_RE = re.compile(r"^S\((-?\d+)\)$")
@@ -103,6 +103,13 @@ def split_of(placement: object) -> tuple[int, int] | None:
     if isinstance(placement, BlockShard):
         return placement.dim, placement.blocks
     return None
+
+
+def share_of(placement: object) -> tuple[int, int] | None:
+    """``(dim, blocks)`` of the dim a rank holds a share of, for sizes and work: a split's (:func:`split_of`), and
+    dim 0 of rank-local rows (``S(local)``: its own tokens' rows; ``S(routed)``: the rows of its experts, as many in
+    expectation under a balanced router), which no resharding step reads as a split."""
+    return (0, 1) if is_rank_local(placement) else split_of(placement)
 
 
 def placement_to_str(placement: Placement | BlockShard) -> str:

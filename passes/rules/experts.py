@@ -19,8 +19,13 @@ over the top-k are linear) and reduced as one.
 Rank-local form: ``autotp::placed_grouped_mm(x, w_local, offs, first)``, one matrix product per local expert
 over its rows (``aten._grouped_mm`` over the local block of rows where the captured op was that kernel).
 
-Expert placement is offered where ``RuleContext.place_experts`` (not in training plans: the rank-local op
-has no backward); :mod:`autotp.planning.experts` finds the blocks, forces a form and reports it.
+Where the block's tokens are split across the ranks instead (``S(0)`` of its rows: the token dim static), the same
+whole experts are reached by all-to-all: each rank routes its own tokens (``S(local)`` values), the first grouped
+GEMM sends every row to its expert's rank and the second sends the results back
+(``autotp::dispatched_grouped_mm``; the section "Experts reached by all-to-all" below).
+
+Expert placement is offered where ``RuleContext.place_experts`` (not in training plans: the rank-local ops
+have no backward); :mod:`autotp.planning.experts` finds the blocks, forces a form and reports it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import torch.fx as fx
 
 from autotp.adapters.torch_internals import OpOverload
 from autotp.base.placements import ExpertPartial, LocalRows, RoutedRows, Shard, is_rank_local, split_of
-from autotp.base.shapes import concrete_size, is_static
+from autotp.base.shapes import concrete_size, first_tensor, is_static
 from autotp.base.strategy import Strategy
 from autotp.cost_model.routing import busiest_rank_rows, expected_experts_hit
 from autotp.passes.rules.args import arg, norm_dim, shape, tensor_inputs
@@ -53,7 +58,7 @@ aten = torch.ops.aten
 
 __all__ = ["EP", "GROUPED_MM_OPS", "LOCAL", "ROUTED", "dispatched_grouped_mm", "expert_weight_input",
            "has_placeable_experts", "inverse_permutation_of", "is_dispatched", "is_grouped_mm", "placed_grouped_mm",
-           "positions", "router_of"]
+           "positions", "routed_row_counts", "router_of"]
 
 EP = ExpertPartial()
 
@@ -261,10 +266,25 @@ _ROW_BY_ROW = (*_ZERO_AT_ZERO, aten.sigmoid.default, aten.exp.default, aten.abs.
 """Ops of one tensor that work row by row (any row order, any row count: no shape argument)."""
 
 
-def _routed_rows_static(node: fx.Node) -> bool:
-    """Whether the rows of grouped GEMM ``node`` have a static count (a dynamic token dim is never split)."""
-    value = tensor_inputs(node)[0].meta.get("val")
-    return isinstance(value, torch.Tensor) and is_static(value.shape[0])
+def routed_row_counts(gm: fx.GraphModule) -> frozenset[int]:
+    """The static row counts of ``gm``'s grouped GEMMs over 3-D expert weights (a dynamic token dim is never split,
+    so its blocks give none): ``RuleContext.routed_rows``."""
+    counts = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and is_grouped_mm(node.target) and expert_weight_input(node) is not None:
+            value = tensor_inputs(node)[0].meta.get("val")
+            if isinstance(value, torch.Tensor) and is_static(value.shape[0]):
+                counts.add(int(value.shape[0]))
+    return frozenset(counts)
+
+
+def _routed(node: fx.Node | None, ctx: RuleContext) -> bool:
+    """Whether ``node``'s value has as many rows as a routed block (``RuleContext.routed_rows``): only such values
+    are offered the rank-local placements."""
+    if node is None or not ctx.place_experts or not ctx.routed_rows:
+        return False
+    value = first_tensor(node.meta.get("val"))
+    return value is not None and value.dim() > 0 and is_static(value.shape[0]) and int(value.shape[0]) in ctx.routed_rows
 
 
 @register_rule_extension(*GROUPED_MM_OPS)
@@ -272,7 +292,7 @@ def _dispatched_experts(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """``w S(0)`` with rows of the ranks' own tokens: ``x S(local)`` (dispatch) or ``S(routed)`` (already sent), the
     offsets of each rank's own rows (``P``) -> ``S(local)`` (combined back) or ``S(routed)`` (kept for the next
     grouped GEMM of the expert MLP)."""
-    if not ctx.place_experts or expert_weight_input(node) is None or not _routed_rows_static(node):
+    if expert_weight_input(node) is None or not _routed(tensor_inputs(node)[0], ctx):
         return []
     w = Shard(0)
     return [Strategy((LOCAL, w, P), LOCAL), Strategy((LOCAL, w, P), ROUTED), Strategy((ROUTED, w, P), LOCAL)]
@@ -281,7 +301,7 @@ def _dispatched_experts(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 @register_rule_extension(aten.sort.default, aten.sort.stable)
 def _sort_own_tokens(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """A 1-D sort of split rows on each rank alone: its own values sorted, the positions among its own rows."""
-    if not ctx.place_experts or len(shape(node.args[0])) != 1:  # type: ignore[arg-type]
+    if not _routed(node.args[0], ctx) or len(shape(node.args[0])) != 1:  # type: ignore[arg-type]
         return []
     return [Strategy((Shard(0),), LOCAL)]
 
@@ -289,7 +309,7 @@ def _sort_own_tokens(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 @register_rule_extension(*_ROW_BY_ROW, aten.floor_divide.default, aten.unsqueeze.default)
 def _row_by_row(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     inputs = tensor_inputs(node)
-    if not ctx.place_experts or len(inputs) != 1:
+    if len(inputs) != 1 or not _routed(inputs[0], ctx):
         return []
     if node.target is aten.unsqueeze.default:
         return [Strategy((LOCAL,), LOCAL)] if norm_dim(node.args[1], len(shape(node))) != 0 else []  # type: ignore[arg-type]
@@ -301,7 +321,7 @@ def _row_by_row(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _mul_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Two values of the same rows (or one and a scalar) keep them where they are."""
     inputs = tensor_inputs(node)
-    if not ctx.place_experts or not inputs:
+    if not inputs or not all(_routed(i, ctx) for i in inputs):
         return []
     return [Strategy(tuple(form for _ in inputs), form) for form in (LOCAL, ROUTED)]
 
@@ -310,7 +330,7 @@ def _mul_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _pieces_of_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """Pieces of each row (the gate and up halves) stay with the rows; a sort's outputs are picked as they are."""
     inputs = tensor_inputs(node)
-    if not ctx.place_experts or len(inputs) != 1:
+    if len(inputs) != 1 or not _routed(inputs[0], ctx):
         return []
     if node.target is not operator.getitem:
         dim = norm_dim(arg(node, 2, "dim", 0), len(shape(inputs[0])))  # type: ignore[arg-type]
@@ -321,7 +341,8 @@ def _pieces_of_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 
 @register_rule_extension(aten._to_copy.default, aten.empty_like.default)
 def _same_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
-    return [Strategy((LOCAL,), LOCAL)] if ctx.place_experts and len(tensor_inputs(node)) == 1 else []
+    inputs = tensor_inputs(node)
+    return [Strategy((LOCAL,), LOCAL)] if len(inputs) == 1 and _routed(inputs[0], ctx) else []
 
 
 @register_rule_extension(aten.histc.default)
@@ -329,7 +350,7 @@ def _histogram_of_own_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """The histogram (fixed range) of a rank's own sorted values: the ranks' histograms sum to the whole one.
     Positions (a sort's indices) mean nothing summed across ranks and are not taken."""
     inputs = tensor_inputs(node)
-    if not ctx.place_experts or len(inputs) != 1 or _holds_positions(inputs[0]):
+    if len(inputs) != 1 or not _routed(inputs[0], ctx) or _holds_positions(inputs[0]):
         return []
     low, high = arg(node, 2, "min", 0), arg(node, 3, "max", 0)
     return [Strategy((LOCAL,), P)] if low < high else []  # type: ignore[operator]
@@ -376,7 +397,7 @@ def _index_own_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     rank-local rows; through the inverse of the block's sort, rank-local rows come back in token order (``S(0)``)."""
     index = _single_index(node)
     inputs = tensor_inputs(node)
-    if not ctx.place_experts or index is None or len(inputs) != 2 or not _holds_positions(index):
+    if index is None or not _routed(index, ctx) or len(inputs) != 2 or not _holds_positions(index):
         return []
     strategies = [Strategy((Shard(0), LOCAL), LOCAL)]
     if inverse_permutation_of(index) is not None:
@@ -388,7 +409,7 @@ def _index_own_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _inverse_of_own_sort(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
     """The inverse of a rank's own sort (``inv[perm] = arange``): rank-local; its ``arange`` runs over the rank's
     own rows (:func:`_local_inverse_permutation`)."""
-    if not ctx.place_experts or inverse_permutation_of(node) is None:
+    if not _routed(node, ctx) or inverse_permutation_of(node) is None:
         return []
     return [Strategy((LOCAL, LOCAL, R), LOCAL)]
 
