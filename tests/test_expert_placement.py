@@ -302,3 +302,44 @@ def test_dispatched_form_planned_and_refused() -> None:
         _plan(model, args, kwargs, 2, "dispatched")
     with pytest.raises(ValueError, match="experts='split'"):
         autotp.PlanOptions(experts="dispatched", training=True)
+
+
+def _dispatched_op(rank: int, world_size: int, fused: bool) -> dict[str, float]:
+    """``autotp::dispatched_grouped_mm`` on every rank's own rows (5 experts, uneven over the ranks; each rank a
+    different number of rows; expert 3 gets none), against the product of each row with its expert's weight."""
+    import torch.distributed as dist
+
+    from autotp.passes.rules.experts import dispatched_grouped_mm
+
+    experts, width, inner = 5, 16, 8
+    generator = torch.Generator().manual_seed(0)
+    w_in = torch.randn(experts, width, inner, generator=generator)
+    w_out = torch.randn(experts, inner, width, generator=generator)
+    own = torch.Generator().manual_seed(100 + rank)
+    rows = 3 + 2 * rank
+    ids = torch.tensor([0, 1, 2, 4])[torch.randint(0, 4, (rows,), generator=own)].sort().values
+    x = torch.randn(rows, width, generator=own)
+    offs = torch.cumsum(torch.bincount(ids, minlength=experts), 0).to(torch.int32)
+    counts = [experts // world_size + (1 if r < experts % world_size else 0) for r in range(world_size)]
+    first = sum(counts[:rank])
+    mine_in, mine_out = w_in[first:first + counts[rank]], w_out[first:first + counts[rank]]
+    group = dist.group.WORLD.group_name
+    # one round trip per GEMM, and the pair that sends once and brings back once
+    single = dispatched_grouped_mm(x, mine_in, offs, counts, rank, group, True, True, fused)
+    sent = dispatched_grouped_mm(x, mine_in, offs, counts, rank, group, True, False, fused)
+    back = dispatched_grouped_mm(torch.nn.functional.silu(sent), mine_out, offs, counts, rank, group, False, True, fused)
+    expected_single = torch.stack([x[i] @ w_in[e] for i, e in enumerate(ids.tolist())])
+    expected_pair = torch.stack([torch.nn.functional.silu(x[i] @ w_in[e]) @ w_out[e] for i, e in enumerate(ids.tolist())])
+    return {"single": (single - expected_single).abs().max().item(), "pair": (back - expected_pair).abs().max().item(),
+            "received": float(sent.shape[0]), "own": float(rows)}
+
+
+@pytest.mark.parametrize("world_size,fused", [(2, False), (3, True)])
+def test_dispatched_grouped_mm_op(gloo, world_size: int, fused: bool) -> None:
+    """tp=2 (experts 3/2) and 3 (experts 2/2/1), a loop of matrix products and one ``_grouped_mm`` kernel: every
+    rank's rows come back multiplied by their own experts, through one all-to-all each way; the rows a rank
+    received differ from its own (rows really moved)."""
+    results = gloo.run(world_size, _dispatched_op, fused)
+    for rank, got in enumerate(results):
+        assert got["single"] <= TOLERANCE and got["pair"] <= TOLERANCE, f"rank {rank}: {got}"
+    assert any(got["received"] != got["own"] for got in results), results

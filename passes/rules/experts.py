@@ -319,9 +319,10 @@ def _row_by_row(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 
 @register_rule_extension(aten.mul.Tensor, aten.mul.Scalar)
 def _mul_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
-    """Two values of the same rows (or one and a scalar) keep them where they are."""
+    """Two values of the same rows (or one and a scalar) keep them where they are: both with their rows on dim 0
+    (as many dims each; a value of fewer dims would broadcast along another dim than its rows)."""
     inputs = tensor_inputs(node)
-    if not inputs or not all(_routed(i, ctx) for i in inputs):
+    if not inputs or not all(_routed(i, ctx) for i in inputs) or len({len(shape(i)) for i in inputs}) != 1:
         return []
     return [Strategy(tuple(form for _ in inputs), form) for form in (LOCAL, ROUTED)]
 
@@ -472,8 +473,13 @@ def _dispatched_grouped_mm_impl(x: torch.Tensor, w: torch.Tensor, offs: torch.Te
             start += counts[s][e]
     order = [i for e in mine for s in range(world_size) for i in range(starts[s, e], starts[s, e] + counts[s][e])]
     by_expert = torch.tensor(order, dtype=torch.int64, device=x.device)
+    own_rows, routed_rows = sum(sent), sum(received)
+    if x.shape[0] != (own_rows if dispatch else routed_rows):
+        raise RuntimeError(f"autotp::dispatched_grouped_mm: {x.shape[0]} rows, but the offsets count "
+                           f"{own_rows if dispatch else routed_rows}: the offsets must be this rank's own histogram "
+                           "of its rows (a plan that feeds others is not one autotp makes)")
     if dispatch:
-        x = _exchange(x[:sum(sent)], received, sent, group_name)[by_expert]  # (rows of my experts, K) by expert
+        x = _exchange(x, received, sent, group_name)[by_expert]  # (rows of my experts, K) by expert
     groups = [sum(counts[s][e] for s in range(world_size)) for e in mine]
     out = x.new_zeros(x.shape[0], w.shape[2])
     if fused and out.shape[0] > 0:
