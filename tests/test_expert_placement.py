@@ -345,3 +345,19 @@ def test_dispatched_grouped_mm_op(gloo, world_size: int, fused: bool) -> None:
     for rank, got in enumerate(results):
         assert got["single"] <= TOLERANCE and got["pair"] <= TOLERANCE, f"rank {rank}: {got}"
     assert any(got["received"] != got["own"] for got in results), results
+
+
+@pytest.mark.zoo  # GPT-OSS's capture takes about a minute on a loaded 2-core machine
+def test_dispatched_refused_where_a_block_is_not_token_local() -> None:
+    """tp=2, GPT-OSS, static shapes: its experts add a per-expert bias to each grouped GEMM's rows (gathered by
+    expert id), which autotp does not run on a rank's own tokens, so ``experts="dispatched"`` is refused before
+    solving, naming the ops; the placed form of the same graph is planned."""
+    model, args, kwargs = BUILDERS["gpt_oss"]()
+    options = autotp.PlanOptions(experts="dispatched", dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(autotp.PlanError, match=r"take none: add_\d+ \(aten\.add\.Tensor\)"):
+            autotp.plan(model, world_size=2, example_inputs=args, example_kwargs=kwargs, options=options)
+        plan = autotp.plan(model, world_size=2, example_inputs=args, example_kwargs=kwargs,
+                           options=autotp.PlanOptions(experts="placed", dynamic=False))
+    assert {b.form for b in planned_experts(plan.nodes, 2)} == {"placed"}

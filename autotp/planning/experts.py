@@ -117,25 +117,67 @@ def strategy_form(strategy: Strategy) -> str:
     return "placed" if len(strategy.inputs) == 3 and strategy.inputs[1] == Shard(0) else "split"
 
 
-def _no_such_form(form: str, name: str, module: str, candidates: Sequence[Strategy]) -> PlanError:
-    hint = (" The dispatched form needs the block's tokens split across the ranks, so their count must be static: "
-            "pass PlanOptions(dynamic=False) (and experts='placed' for whole activations)." if form == "dispatched"
-            else "")
+def _no_such_form(form: str, name: str, module: str, candidates: Sequence[Strategy], blockers: Sequence[str],
+                  graph: StrategyGraph) -> PlanError:
+    hint = ""
+    if form == "dispatched" and not any(is_dispatched(s) for s in candidates):
+        hint = (" The dispatched form needs the block's tokens split across the ranks, so their count must be "
+                "static: pass PlanOptions(dynamic=False) (or experts='placed' for whole activations).")
+    elif form == "dispatched":
+        ops = ", ".join(f"{b} ({graph.nodes[b].target})" for b in blockers[:4]) or "none found"
+        hint = (" Its tokens cannot stay on their ranks through the block: an op between the router and the combine "
+                f"is not one autotp runs on a rank's own tokens (ops that read them and take none: {ops}). "
+                "Use experts='placed'.")
     return PlanError(f"experts={form!r}: the grouped GEMM {name} in {module} has no such strategy "
                      f"(candidates: {', '.join(map(str, candidates))}).{hint}")
 
 
+def _rank_local_viable(graph: StrategyGraph) -> tuple[dict[str, list[Strategy]], list[str]]:
+    """The candidates of ``graph`` less those that make or read rank-local rows (``S(local)``, ``S(routed)``) no
+    neighbour can take or give (no resharding step goes into or out of them), to a fixed point; and the nodes that
+    read such rows from a candidate and take none (why a block cannot be dispatched)."""
+    strategies = {name: list(found) for name, found in graph.strategies.items()}
+    involved = [name for name in graph.order
+                if any(is_rank_local(p) for s in strategies[name] for p in (s.output, *s.inputs))]
+    if not involved:
+        return strategies, []
+    producer = {(edge.consumer, edge.slot): edge.producer for edge in graph.edges}
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for edge in graph.edges:
+        readers.setdefault(edge.producer, []).append((edge.consumer, edge.slot))
+    blockers = sorted({consumer for name in involved for consumer, slot in readers.get(name, [])
+                       if not any(is_rank_local(s.inputs[slot]) for s in strategies[consumer])})
+
+    def viable(name: str, strategy: Strategy) -> bool:
+        if not all(any(made.output == p for made in strategies[producer[name, slot]])
+                   for slot, p in enumerate(strategy.inputs) if is_rank_local(p)):
+            return False
+        return not is_rank_local(strategy.output) or all(
+            any(read.inputs[slot] == strategy.output for read in strategies[consumer])
+            for consumer, slot in readers.get(name, []))
+
+    changed = True
+    while changed:
+        changed = False
+        for name in involved:
+            kept = [s for s in strategies[name] if viable(name, s)]  # the all-replicate candidate always stays
+            if len(kept) != len(strategies[name]):
+                strategies[name], changed = kept, True
+    return strategies, blockers
+
+
 def narrow_expert_forms(graph: StrategyGraph, form: str) -> StrategyGraph:
     """``graph`` with every MoE block's candidates narrowed to ``form`` (``"placed"``, ``"dispatched"`` or
-    ``"split"``; ``"auto"``: unchanged). A PlanError when a block cannot take the form asked for."""
+    ``"split"``; ``"auto"``: only rank-local candidates that cannot connect removed). A PlanError when a block
+    cannot take the form asked for."""
+    strategies, blockers = _rank_local_viable(graph)
     if form == "auto":
-        return graph
-    strategies = dict(graph.strategies)
+        return dataclasses.replace(graph, strategies=strategies)
     for block in find_expert_blocks(graph):
         for name in block.gemms:
             kept = [s for s in strategies[name] if strategy_form(s) == form]
             if not kept:
-                raise _no_such_form(form, name, block.module, strategies[name])
+                raise _no_such_form(form, name, block.module, graph.strategies[name], blockers, graph)
             strategies[name] = kept
         for name in block.weights:
             keep = [s for s in strategies[name] if (s.output == Shard(0)) == (form != "split")]
