@@ -1,8 +1,10 @@
-"""Experts placed whole on ranks (``PlanOptions(experts="placed")``) against experts split, on real MoE models.
+"""Experts placed whole on ranks (``PlanOptions(experts="placed")``), reached by all-to-all
+(``experts="dispatched"``) and split, on real MoE models.
 
-Tier (a)/(b): MoE blocks found from the graph, each form forced, the plan's text, refusals. Tier (c), real gloo
-process groups: forward logits equal the single-process model's (tolerance 1e-4, as tests/test_equivalence.py)
-and greedy ``generate`` equals ``model.generate`` with either form forced.
+Tier (a)/(b): MoE blocks found from the graph, each form forced, the plan's text, refusals, the dispatched form's
+placements and prices. Tier (c), real gloo process groups: forward logits equal the single-process model's
+(tolerance 1e-4, as tests/test_equivalence.py) and greedy ``generate`` equals ``model.generate`` with each form
+forced; the all-to-all grouped GEMM against a product row by row.
 """
 
 from __future__ import annotations
@@ -347,7 +349,8 @@ def test_dispatched_grouped_mm_op(gloo, world_size: int, fused: bool) -> None:
     assert any(got["received"] != got["own"] for got in results), results
 
 
-@pytest.mark.zoo  # GPT-OSS's capture takes about a minute on a loaded 2-core machine
+@pytest.mark.zoo  # with the rest of the expert-placement matrix
+@pytest.mark.slow  # GPT-OSS is captured and planned twice: about half a minute on a loaded 2-core machine
 def test_dispatched_refused_where_a_block_is_not_token_local() -> None:
     """tp=2, GPT-OSS, static shapes: its experts add a per-expert bias to each grouped GEMM's rows (gathered by
     expert id), which autotp does not run on a rank's own tokens, so ``experts="dispatched"`` is refused before
