@@ -308,6 +308,8 @@ def _sort_own_tokens(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 
 @register_rule_extension(*_ROW_BY_ROW, aten.floor_divide.default, aten.unsqueeze.default)
 def _row_by_row(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """An op of one value that works row by row keeps its rows where they are (a position's multiple, an unsqueeze
+    after the rows: on a rank's own rows only)."""
     inputs = tensor_inputs(node)
     if len(inputs) != 1 or not _routed(inputs[0], ctx):
         return []
@@ -342,6 +344,7 @@ def _pieces_of_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 
 @register_rule_extension(aten._to_copy.default, aten.empty_like.default)
 def _same_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """A copy (another dtype) or an empty tensor like a rank's own rows: its own rows."""
     inputs = tensor_inputs(node)
     return [Strategy((LOCAL,), LOCAL)] if len(inputs) == 1 and _routed(inputs[0], ctx) else []
 
@@ -394,8 +397,9 @@ def inverse_permutation_of(node: fx.Node) -> fx.Node | None:
 
 @register_rule_extension(aten.index.Tensor)
 def _index_own_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
-    """``x[positions]`` on a rank's own rows: ``x`` split by rows (``S(0)``) or rank-local, positions among them ->
-    rank-local rows; through the inverse of the block's sort, rank-local rows come back in token order (``S(0)``)."""
+    """``x[positions]`` on a rank's own rows: ``x`` split by rows (``S(0)``), positions among this rank's rows ->
+    rank-local rows; rank-local rows through the inverse of the rank's own sort come back in token order
+    (``S(0)``)."""
     index = _single_index(node)
     inputs = tensor_inputs(node)
     if index is None or not _routed(index, ctx) or len(inputs) != 2 or not _holds_positions(index):
