@@ -49,7 +49,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.adapters.torch_internals import OpOverload
-from autotp.base.placements import Placement, split_of
+from autotp.base.placements import Placement, share_of
 from autotp.base.reshard import Route, reshard_routes
 from autotp.base.shapes import concrete_shape, concrete_size, first_tensor, nbytes, numel
 from autotp.base.strategy import Strategy
@@ -216,9 +216,9 @@ def _work_fraction(strategy: Strategy, out: object, inputs: list[object], world_
     contraction. With only Replicate and Partial placements every rank does it all.
     """
     out_leaf = next((v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)), None)
-    shares = [_local_fraction(out_leaf, strategy.output, world_size)] if split_of(strategy.output) else []
+    shares = [_local_fraction(out_leaf, strategy.output, world_size)] if share_of(strategy.output) else []
     shares += [_local_fraction(value, placement, world_size)
-               for placement, value in zip(strategy.inputs, inputs) if split_of(placement) is not None]
+               for placement, value in zip(strategy.inputs, inputs) if share_of(placement) is not None]
     return max(shares, default=1.0)
 
 
@@ -385,7 +385,7 @@ def node_shape_terms(node: fx.Node, strategies: list[Strategy], world_size: int,
 def _local_shape(value: torch.Tensor, placement: Placement, world_size: int) -> tuple[int, ...]:
     """Shape of ``value`` on the largest rank under ``placement`` (a split dim: ``ceil(size / N)``)."""
     shape = [int(size) for size in concrete_shape(value)]
-    split = split_of(placement)
+    split = share_of(placement)
     if split is not None and shape:
         dim, blocks = split
         shape[dim] = blocks * math.ceil(shape[dim] // blocks / world_size)

@@ -31,7 +31,7 @@ from autotp.base.strategy import Strategy
 from autotp.passes.node_keys import node_keys, once_per_key
 from autotp.passes.rules import RuleContext, block_counts, has_rule, strategies_for, tensor_inputs
 from autotp.passes.rules.builders import fitting_blocks
-from autotp.passes.rules.experts import mark_expert_roles
+from autotp.passes.rules.experts import mark_expert_roles, routed_row_counts
 
 __all__ = ["Edge", "StrategyGraph", "build_strategy_graph"]
 
@@ -118,7 +118,9 @@ def build_strategy_graph(gm: fx.GraphModule, world_size: int, parameters: dict[s
     edges: list[Edge] = []
     fallback: list[str] = []
     placeable = mark_expert_roles(gm)  # before the node keys, which include the roles
-    ctx = RuleContext(world_size, block_counts(gm), split_random, place_experts and placeable)
+    placing = place_experts and placeable
+    ctx = RuleContext(world_size, block_counts(gm), split_random, placing,
+                      routed_row_counts(gm) if placing else frozenset())
     keys = node_keys(gm.graph.nodes)
     enumerated: dict[Hashable, list[Strategy]] = {}  # node key -> the strategies of the first node with it
     for node in gm.graph.nodes:

@@ -17,6 +17,9 @@ fall so that every tensor that shares a split is cut at the same boundaries:
   units, and the units are dealt out as evenly as possible (the first ``U mod N`` ranks get
   one more). For 8 heads (256 = 8 x 32 channels) over 3 ranks: U = 8, heads 3/3/2, channels
   96/96/64. When U < N some ranks hold an empty slice; results stay correct.
+- Rank-local rows (``S(local)``, a routed block's tokens sorted by expert on their own rank) are cut like the
+  token rows they are computed from: joined to the class of the split rows beside them (a sort, gather or
+  un-sort), never to the expert weight a grouped GEMM reads beside them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 import sympy
 import torch.fx as fx
 
-from autotp.base.placements import Placement, split_of
+from autotp.base.placements import LocalRows, Placement, share_of, split_of
 from autotp.base.shapes import concrete_shape, concrete_size, first_tensor
 from autotp.base.strategy import Strategy
 from autotp.passes.rules import tensor_inputs
@@ -61,7 +64,7 @@ def largest_shard_nbytes(shape: Sequence[Any], itemsize: int, placement: Placeme
         return _symbolic_largest_shard_nbytes([sympy.sympify(size) for size in shape], itemsize, placement, world_size)
     sizes = [concrete_size(s) for s in shape]  # a dynamic (symbolic) size counts at its example size
     numel = math.prod(sizes)
-    split = split_of(placement)
+    split = share_of(placement)
     if split is None or not sizes:
         return numel * itemsize
     dim, blocks = split
@@ -75,7 +78,7 @@ def _symbolic_largest_shard_nbytes(sizes: list[sympy.Expr], itemsize: int, place
                                    world_size: int) -> sympy.Expr:
     """:func:`largest_shard_nbytes` of a shape with symbolic sizes (the same rule, in sympy)."""
     numel = sympy.Mul(*sizes)
-    split = split_of(placement)
+    split = share_of(placement)
     if split is None or not sizes:
         return numel * itemsize
     dim, blocks = split
@@ -135,16 +138,27 @@ def build_partitions(gm: fx.GraphModule, decisions: dict[str, Strategy], world_s
     by_name = {n.name: n for n in gm.graph.nodes}
     for node in gm.graph.nodes:
         strategy = decisions[node.name]
+        placed = [(node, strategy.output), *zip(tensor_inputs(node), strategy.inputs)]
         members: list[Member] = []
-        split = split_of(strategy.output)
-        if split is not None:
-            members.append((node.name, *split))
-        for producer, placement in zip(tensor_inputs(node), strategy.inputs):
+        rows: list[Member] = []  # rank-local rows (S(local)): cut like the token rows they come from
+        for tensor, placement in placed:
             split = split_of(placement)
             if split is not None:
-                members.append((producer.name, *split))
-        for name, dim, blocks in members:
+                members.append((tensor.name, *split))
+            elif isinstance(placement, LocalRows):
+                rows.append((tensor.name, 0, 1))
+        for name, dim, blocks in (*members, *rows):
             parts.add((name, dim, blocks), _dim_size(by_name[name], dim) // blocks)
         for other in members[1:]:
             parts.union(members[0], other)
+        for other in rows[1:]:
+            parts.union(rows[0], other)
+        if rows and members and all(_is_token_rows(by_name[name], dim, blocks) for name, dim, blocks in members):
+            parts.union(rows[0], members[0])  # a sort, gather or un-sort of the token rows
     return parts
+
+
+def _is_token_rows(node: fx.Node, dim: int, blocks: int) -> bool:
+    """Whether a split member beside rank-local rows is a split of rows (dim 0 of a tensor of at most 2 dims), as
+    the tokens of a routed block are; the 3-D expert weight of a grouped GEMM beside them is cut by experts."""
+    return dim == 0 and blocks == 1 and len(concrete_shape(first_tensor(node.meta.get("val")))) <= 2

@@ -1,8 +1,10 @@
-"""Experts placed whole on ranks (``PlanOptions(experts="placed")``) against experts split, on real MoE models.
+"""Experts placed whole on ranks (``PlanOptions(experts="placed")``), reached by all-to-all
+(``experts="dispatched"``) and split, on real MoE models.
 
-Tier (a)/(b): MoE blocks found from the graph, each form forced, the plan's text, refusals. Tier (c), real gloo
-process groups: forward logits equal the single-process model's (tolerance 1e-4, as tests/test_equivalence.py)
-and greedy ``generate`` equals ``model.generate`` with either form forced.
+Tier (a)/(b): MoE blocks found from the graph, each form forced, the plan's text, refusals, the dispatched form's
+placements and prices. Tier (c), real gloo process groups: forward logits equal the single-process model's
+(tolerance 1e-4, as tests/test_equivalence.py) and greedy ``generate`` equals ``model.generate`` with each form
+forced; the all-to-all grouped GEMM against a product row by row.
 """
 
 from __future__ import annotations
@@ -208,17 +210,20 @@ def _greedy(rank: int, world_size: int, name: str, form: str) -> dict[str, Any]:
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids[:, :1],), max_cache_len=32,
-                            options=autotp.PlanOptions(experts=form))
+        tp = autotp.compile(model, example_inputs=(ids[:, :1],), max_cache_len=32,  # dispatched: tokens split, static
+                            options=autotp.PlanOptions(experts=form, dynamic=form != "dispatched"))
     forms = {b.form for b in planned_experts(tp.plan.nodes, world_size)}
     return {"got": tp.generate(ids, max_new_tokens=6).tolist(), "expected": expected.tolist(), "forms": forms}
 
 
 @pytest.mark.parametrize("world_size,name,form", [(2, "mixtral", "placed"), (3, "qwen3_moe", "placed"),
-                                                  (2, "olmoe", "split"), (2, "llama4_text", "placed")])
+                                                  (2, "olmoe", "split"), (2, "llama4_text", "placed"),
+                                                  (3, "qwen3_moe", "dispatched")])
 def test_greedy_generate_equals_hf(gloo, world_size: int, name: str, form: str) -> None:
-    """tp=2 and 3, prefill and decode graphs with the forced form (Llama-4 text: batched experts placed, one token
-    per expert batch at decode): greedy tokens equal ``model.generate``'s."""
+    """tp=2 and 3, prefill and decode graphs with the forced form: greedy tokens equal ``model.generate``'s.
+    Llama-4 text: batched experts placed, one token per expert batch at decode. Experts dispatched at tp=3: a
+    decode step of 2 tokens leaves one rank without a token (it still takes part in every all-to-all, with
+    nothing to send)."""
     for rank, result in enumerate(gloo.run(world_size, _greedy, name, form)):
         assert result["forms"] == {form}, f"rank {rank}: blocks took {result['forms']}"
         assert result["got"] == result["expected"], (
@@ -281,3 +286,159 @@ def test_auto_records_both_forms_and_round_trips() -> None:
     again = autotp.Plan.from_json(plan.to_json())
     assert again.expert_form_times == plan.expert_form_times
     assert [b.form for b in planned_experts(again.nodes, 2)] == [form]
+
+
+def _dispatched_forward(rank: int, world_size: int, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each model with ``experts="dispatched"`` (static shapes, so the token dim may be split): the logits' largest
+    difference from the single-process model, the blocks' forms, the dispatched grouped GEMMs in the rank-local graph
+    (whether each sends rows out and back) and the collectives."""
+    results = {}
+    for name in names:
+        model, args, kwargs = BUILDERS[name]()
+        with torch.no_grad():
+            expected = model(*args, **kwargs).logits
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tp = autotp.compile(model, example_inputs=args, example_kwargs=kwargs,
+                                options=autotp.PlanOptions(experts="dispatched", dynamic=False))
+        got = tp(*args, **kwargs).logits
+        calls = [node.args[6:8] for node in tp.graph_module.graph.nodes
+                 if node.target is torch.ops.autotp.dispatched_grouped_mm.default]
+        results[name] = {"diff": (got - expected).abs().max().item(), "scale": expected.abs().max().item(),
+                         "forms": [b.form for b in planned_experts(tp.plan.nodes, world_size)],
+                         "calls": calls, "counts": tp.collective_counts(), "plan": str(tp.plan),
+                         "explained": autotp.explain(tp.plan, "model.layers.0.mlp.experts")}
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_dispatched_forward_equals_single_process(gloo, world_size: int) -> None:
+    """tp=2, 3 (4 experts: 2/1/1 per rank, tokens 11/11/10 of Mixtral's 32 and 6/5/5 of Qwen3-MoE's 16) and 4:
+    Mixtral and Qwen3-MoE with ``experts="dispatched"``: each rank routes its own tokens, one all-to-all sends the
+    rows to their experts' ranks and one brings the results back (a dispatch-only grouped GEMM, then a combine-only
+    one), and the logits equal the single-process model's on every rank."""
+    names = ["mixtral", "qwen3_moe"]
+    results = gloo.run(world_size, _dispatched_forward, names, timeout_s=900)
+    for rank, result in enumerate(results):
+        for name, got in result.items():
+            case = f"{name} tp={world_size} rank {rank}"
+            assert got["scale"] > 10 * TOLERANCE, f"{case}: logits too small to compare ({got['scale']:.3g})"
+            assert got["diff"] <= TOLERANCE, f"{case}: max abs diff {got['diff']:.3g}"
+            assert got["forms"] and set(got["forms"]) == {"dispatched"}, f"{case}: blocks took {got['forms']}"
+            blocks = len(got["forms"])
+            assert got["calls"] == [(True, False), (False, True)] * blocks, (
+                f"{case}: expected one dispatch and one combine per block, got (dispatch, combine) {got['calls']}")
+            assert got["counts"] == results[0][name]["counts"], f"{case}: rank {rank} issues other collectives"
+            assert "experts dispatched (all-to-all)" in got["plan"], got["plan"]
+            assert "all-to-all" in got["explained"] and "S(routed)" in got["explained"], got["explained"]
+
+
+def test_dispatched_form_planned_and_refused() -> None:
+    """tp=3, Mixtral, static shapes: ``experts="dispatched"`` plans every block with its tokens split (the sort and
+    the router's weighting on each rank's own rows, ``S(local)``; the middle of the expert MLP on the rows sent to the
+    rank, ``S(routed)``; the un-sorted rows back in token order, ``S(0)``), the plan's JSON form keeps it, and the
+    grouped GEMMs price one all-gather of counts and the all-to-alls. With a dynamic token dim (the default) it is
+    refused with a message naming ``dynamic=False``; with ``training=True`` as the placed form is."""
+    from autotp.base.placements import LocalRows, RoutedRows
+    from autotp.base.reshard import reshard_possible
+    from autotp.cost_model.hardware import get_hardware
+    from autotp.passes.costing import op_collectives_s
+    from autotp.passes.rules.experts import is_dispatched
+    from autotp.planning.experts import strategy_form
+
+    model, args, kwargs = _mixtral(layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = autotp.plan(model, world_size=3, example_inputs=args, example_kwargs=kwargs,
+                           options=autotp.PlanOptions(experts="dispatched", dynamic=False))
+    blocks = planned_experts(plan.nodes, plan.world_size)
+    assert [(b.form, b.per_rank) for b in blocks] == [("dispatched", (2, 1, 1))], blocks
+    by_op = {n.name: n for n in plan.nodes}
+    gemms = [by_op[name] for name in blocks[0].gemms]
+    assert [(g.inputs, g.output) for g in gemms] == [
+        (("S(local)", "S(0)", "P"), "S(routed)"), (("S(routed)", "S(0)", "P"), "S(local)")], gemms
+    assert not any("P(experts)" in (n.output, *n.inputs) for n in plan.nodes)
+    again = autotp.Plan.from_json(plan.to_json())
+    assert [b.form for b in planned_experts(again.nodes, 3)] == ["dispatched"]
+    assert "experts dispatched" in str(plan) and "all-to-all" in autotp.explain(plan, "model.layers.0.mlp.experts")
+
+    for local in (LocalRows(), RoutedRows()):
+        assert reshard_possible(local, local)
+        for other in (autotp.base.placements.Replicate(), autotp.base.placements.Shard(0),
+                      autotp.base.placements.Partial()):
+            assert not reshard_possible(local, other) and not reshard_possible(other, local), (local, other)
+
+    captured = capture(model, args, kwargs, dynamic=False)
+    graph = build_strategy_graph(captured.graph_module, 3, captured.parameter_fqns(), place_experts=True)
+    hardware = get_hardware("h100-sxm")
+    for name in find_expert_blocks(graph)[0].gemms:
+        node = graph.nodes[name]
+        forms = {strategy_form(s): s for s in graph.strategies[name]}
+        assert {"placed", "dispatched", "split"} <= set(forms), graph.strategies[name]
+        dispatched = [s for s in graph.strategies[name] if is_dispatched(s)]
+        times = [op_collectives_s(node, s, 3, hardware) for s in dispatched]
+        assert all(t > 0 for t in times), times  # the counts' all-gather and the all-to-alls are priced
+        assert op_collectives_s(node, forms["placed"], 3, hardware) == 0.0
+
+    with pytest.raises(autotp.PlanError, match="dynamic=False"):
+        _plan(model, args, kwargs, 2, "dispatched")
+    with pytest.raises(ValueError, match="experts='split'"):
+        autotp.PlanOptions(experts="dispatched", training=True)
+
+
+def _dispatched_op(rank: int, world_size: int, fused: bool) -> dict[str, float]:
+    """``autotp::dispatched_grouped_mm`` on every rank's own rows (5 experts, uneven over the ranks; each rank a
+    different number of rows; expert 3 gets none), against the product of each row with its expert's weight."""
+    import torch.distributed as dist
+
+    from autotp.passes.rules.experts import dispatched_grouped_mm
+
+    experts, width, inner = 5, 16, 8
+    generator = torch.Generator().manual_seed(0)
+    w_in = torch.randn(experts, width, inner, generator=generator)
+    w_out = torch.randn(experts, inner, width, generator=generator)
+    own = torch.Generator().manual_seed(100 + rank)
+    rows = 3 + 2 * rank
+    ids = torch.tensor([0, 1, 2, 4])[torch.randint(0, 4, (rows,), generator=own)].sort().values
+    x = torch.randn(rows, width, generator=own)
+    offs = torch.cumsum(torch.bincount(ids, minlength=experts), 0).to(torch.int32)
+    counts = [experts // world_size + (1 if r < experts % world_size else 0) for r in range(world_size)]
+    first = sum(counts[:rank])
+    mine_in, mine_out = w_in[first:first + counts[rank]], w_out[first:first + counts[rank]]
+    group = dist.group.WORLD.group_name
+    # one round trip per GEMM, and the pair that sends once and brings back once
+    single = dispatched_grouped_mm(x, mine_in, offs, counts, rank, group, True, True, fused)
+    sent = dispatched_grouped_mm(x, mine_in, offs, counts, rank, group, True, False, fused)
+    back = dispatched_grouped_mm(torch.nn.functional.silu(sent), mine_out, offs, counts, rank, group, False, True, fused)
+    expected_single = torch.stack([x[i] @ w_in[e] for i, e in enumerate(ids.tolist())])
+    expected_pair = torch.stack([torch.nn.functional.silu(x[i] @ w_in[e]) @ w_out[e] for i, e in enumerate(ids.tolist())])
+    return {"single": (single - expected_single).abs().max().item(), "pair": (back - expected_pair).abs().max().item(),
+            "received": float(sent.shape[0]), "own": float(rows)}
+
+
+@pytest.mark.parametrize("world_size,fused", [(2, False), (3, True)])
+def test_dispatched_grouped_mm_op(gloo, world_size: int, fused: bool) -> None:
+    """tp=2 (experts 3/2) and 3 (experts 2/2/1), a loop of matrix products and one ``_grouped_mm`` kernel: every
+    rank's rows come back multiplied by their own experts, through one all-to-all each way; the rows a rank
+    received differ from its own (rows really moved)."""
+    results = gloo.run(world_size, _dispatched_op, fused)
+    for rank, got in enumerate(results):
+        assert got["single"] <= TOLERANCE and got["pair"] <= TOLERANCE, f"rank {rank}: {got}"
+    assert any(got["received"] != got["own"] for got in results), results
+
+
+@pytest.mark.zoo  # with the rest of the expert-placement matrix
+@pytest.mark.slow  # GPT-OSS is captured and planned twice: about half a minute on a loaded 2-core machine
+def test_dispatched_refused_where_a_block_is_not_token_local() -> None:
+    """tp=2, GPT-OSS, static shapes: its experts add a per-expert bias to each grouped GEMM's rows (gathered by
+    expert id), which autotp does not run on a rank's own tokens, so ``experts="dispatched"`` is refused before
+    solving, naming the ops; the placed form of the same graph is planned."""
+    model, args, kwargs = BUILDERS["gpt_oss"]()
+    options = autotp.PlanOptions(experts="dispatched", dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(autotp.PlanError, match=r"take none: add_\d+ \(aten\.add\.Tensor\)"):
+            autotp.plan(model, world_size=2, example_inputs=args, example_kwargs=kwargs, options=options)
+        plan = autotp.plan(model, world_size=2, example_inputs=args, example_kwargs=kwargs,
+                           options=autotp.PlanOptions(experts="placed", dynamic=False))
+    assert {b.form for b in planned_experts(plan.nodes, 2)} == {"placed"}

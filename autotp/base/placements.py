@@ -28,6 +28,12 @@ Semantics on a mesh axis of size N:
   row's own rank, and the next expert-placed GEMM reads only its own experts' rows. ``P(experts)`` and
   ``Replicate()`` are such values already (nothing to do); nothing turns it into anything else: only an
   expert-placed op reads it.
+- ``LocalRows()`` and ``RoutedRows()`` (for experts reached by all-to-all, when the tokens are split
+  across the ranks): ``LocalRows`` is a value computed by a rank from its own tokens alone (its rows
+  sorted by expert, the positions of that sort, their inverse), in an order of the rank's own, so it is
+  no block of the whole tensor; ``RoutedRows`` holds the rows routed to this rank's experts from every
+  rank's tokens, grouped by expert. Neither is resharded to or from anything: only the token-local ops
+  of a routed block (:mod:`autotp.passes.rules.experts`) make and read them.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
-    "BlockShard", "ExpertLocal", "ExpertPartial", "Partial", "Placement", "Replicate", "Shard", "is_partial", "placement_from_str", "placement_to_str", "split_of",
+    "BlockShard", "ExpertLocal", "ExpertPartial", "LocalRows", "Partial", "Placement", "Replicate", "RoutedRows", "Shard",
+    "is_partial", "is_rank_local", "placement_from_str", "placement_to_str", "share_of", "split_of",
 ]
 
 _SHARD_RE = re.compile(r"^S\((-?\d+)\)$")
@@ -77,6 +84,27 @@ class ExpertLocal:
         return "L(experts)"
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalRows:
+    """A value a rank computed from its own tokens alone, in an order of its own (module doc)."""
+
+    def __str__(self) -> str:
+        return "S(local)"
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutedRows:
+    """The rows routed to this rank's experts from every rank's tokens, grouped by expert (module doc)."""
+
+    def __str__(self) -> str:
+        return "S(routed)"
+
+
+def is_rank_local(placement: object) -> bool:
+    """True for :class:`LocalRows` and :class:`RoutedRows`: values no resharding step can make or read."""
+    return isinstance(placement, (LocalRows, RoutedRows))
+
+
 def is_partial(placement: object) -> bool:
     """True for a pending sum over the ranks: ``Partial()`` or :class:`ExpertPartial`."""
     return isinstance(placement, (Partial, ExpertPartial))
@@ -91,15 +119,22 @@ def split_of(placement: object) -> tuple[int, int] | None:
     return None
 
 
+def share_of(placement: object) -> tuple[int, int] | None:
+    """``(dim, blocks)`` of the dim a rank holds a share of, for sizes and work: a split's (:func:`split_of`), and
+    dim 0 of rank-local rows (``S(local)``: its own tokens' rows; ``S(routed)``: the rows of its experts, as many in
+    expectation under a balanced router), which no resharding step reads as a split."""
+    return (0, 1) if is_rank_local(placement) else split_of(placement)
+
+
 def placement_to_str(placement: Placement | BlockShard) -> str:
-    """Short stable text form: ``R``, ``P``, ``S(1)``, ``S(2)x3``."""
+    """Short stable text form: ``R``, ``P``, ``S(1)``, ``S(2)x3``, ``P(experts)``, ``S(local)``, ``S(routed)``."""
     if isinstance(placement, Replicate):
         return "R"
     if isinstance(placement, Partial):
         return "P"
     if isinstance(placement, Shard):
         return f"S({placement.dim})"
-    if isinstance(placement, (BlockShard, ExpertPartial, ExpertLocal)):
+    if isinstance(placement, (BlockShard, ExpertPartial, ExpertLocal, LocalRows, RoutedRows)):
         return str(placement)
     raise TypeError(f"unsupported placement {placement!r}; autotp uses Shard(dim), Replicate() and Partial()")
 
@@ -115,10 +150,14 @@ def placement_from_str(text: str) -> Placement | BlockShard:
         return ExpertPartial()
     if text == "L(experts)":
         return ExpertLocal()
+    if text == "S(local)":
+        return LocalRows()
+    if text == "S(routed)":
+        return RoutedRows()
     match = _SHARD_RE.match(text)
     if match:
         return Shard(int(match.group(1)))
     match = _BLOCK_RE.match(text)
     if match:
         return BlockShard(int(match.group(1)), int(match.group(2)))
-    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'P(experts)', 'L(experts)', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")
+    raise ValueError(f"cannot parse placement {text!r}; expected 'R', 'P', 'P(experts)', 'L(experts)', 'S(local)', 'S(routed)', 'S(<dim>)' or 'S(<dim>)x<blocks>', e.g. 'S(0)'")

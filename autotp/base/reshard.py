@@ -23,6 +23,8 @@ P(experts), R      nothing                             their rows are right on e
  -> L(experts)                                         holds their expert already
 L(experts) -> *    impossible                          only an expert-placed op reads one
 * -> L(experts)    impossible                          (from a split or a plain Partial)
+S(local) <-> *     impossible                          rank-local values: only the token-local
+S(routed) <-> *                                        ops of a routed block make and read them
 =================  ==================================  =====================================
 
 ``S(i) -> S(j)`` between plain shards has two routes (:func:`reshard_routes`): the all-to-all
@@ -50,6 +52,7 @@ from autotp.base.placements import (
     Placement,
     Replicate,
     Shard,
+    is_rank_local,
     split_of,
 )
 
@@ -146,9 +149,12 @@ def route_with_kinds(src: Placement, dst: Placement, kinds: tuple[ReshardKind | 
 def reshard_possible(src: Placement, dst: Placement) -> bool:
     """False where no steps turn ``src`` into ``dst``: into ``P(experts)`` from anything else (its rows lie on
     the ranks of their experts, which only the expert-placed op itself knows); out of ``L(experts)`` (its other
-    rows are not known anywhere), and into it but from ``P(experts)`` or ``R``."""
+    rows are not known anywhere), and into it but from ``P(experts)`` or ``R``; into or out of ``S(local)`` and
+    ``S(routed)`` (values of one rank's own tokens, in its own order: no block of the whole tensor)."""
     if src == dst:
         return True
+    if is_rank_local(src) or is_rank_local(dst):
+        return False
     if isinstance(dst, ExpertLocal):
         return isinstance(src, (ExpertPartial, Replicate))
     return not isinstance(dst, ExpertPartial) and not isinstance(src, ExpertLocal)
@@ -159,6 +165,9 @@ def reshard_steps(src: Placement, dst: Placement) -> Route:
     if src == dst:
         return ()
     if not reshard_possible(src, dst):
+        if is_rank_local(src) or is_rank_local(dst):
+            raise ValueError(f"cannot reshard {src} -> {dst}: a rank-local value of a routed block is made and read only "
+                             "by the block's token-local ops")
         if isinstance(src, ExpertLocal):
             raise ValueError(f"cannot reshard {src} -> {dst}: only an expert-placed op reads {src}")
         raise ValueError(f"cannot reshard {src} -> {dst}: only an expert-placed op makes {dst}")

@@ -9,22 +9,25 @@ product over every token (Llama-4 text: ``bmm(x (E, T, K), w (E, K, N))`` on inp
 scores) are a block too: a ``bmm`` over a 3-D parameter whose batch dim is its experts, routed by the ``topk``
 nearest its input rows (:func:`autotp.passes.rules.experts.nearest_router`).
 
-Each block takes one of two forms, and the solver picks between them like any other choice:
+Each block takes one of three forms, and the solver picks between them like any other choice:
 
 - **experts split**: every rank holds a slice of every expert (``w S(1)``/``S(2)``, Megatron-style inside the
   experts) and the block ends in an all-reduce;
 - **experts placed**: every rank holds whole experts (``w S(0)``, E / world_size each, uneven where the world
   size does not divide E); each rank computes the tokens routed to its own experts (the activations are
   whole on every rank in a tensor-parallel plan, so no token moves first) and one all-reduce combines them
-  (:mod:`autotp.passes.rules.experts`). No all-to-all is needed while the activations are replicated; an
-  all-to-all dispatch is the form for activations split by tokens, which autotp's plans do not make. Batched
-  experts placed are the ``bmm``'s batch split (``x S(0)``, ``w S(0)``): each rank runs every token through its
-  own experts, and the sum over experts after them is the Partial the same all-reduce combines.
+  (:mod:`autotp.passes.rules.experts`). No token moves while the activations are replicated. Batched experts
+  placed are the ``bmm``'s batch split (``x S(0)``, ``w S(0)``): each rank runs every token through its own
+  experts, and the sum over experts after them is the Partial the same all-reduce combines.
+- **experts dispatched**: whole experts per rank as above, but the block's tokens are split across the ranks
+  (``S(0)`` of its rows, as sequence parallelism leaves them; the token dim must be static, ``dynamic=False``):
+  each rank routes its own tokens, sends each row to the rank of its expert with an all-to-all and gets the
+  results back with another, weighted by the router; no all-reduce (the rows come back in token order, ``S(0)``).
 
-``PlanOptions(experts="placed" | "split")`` narrows every block's candidates to one form
+``PlanOptions(experts="placed" | "dispatched" | "split")`` narrows every block's candidates to one form
 (:func:`narrow_expert_forms`), as constraints do for any other placement; ``"auto"`` leaves the choice to
-the solver. Training plans never place grouped-GEMM experts (the expert-placed op has no backward):
-``experts="placed"`` with ``training=True`` is refused.
+the solver. Training plans never place experts (the expert-placed ops have no backward): ``experts="placed"`` or
+``"dispatched"`` with ``training=True`` is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Iterable, Sequence
 import torch.fx as fx
 
 from autotp.base.errors import PlanError
-from autotp.base.placements import Shard, placement_from_str
+from autotp.base.placements import Shard, is_rank_local, placement_from_str
 from autotp.base.strategy import Strategy
 from autotp.base.units import format_seconds
 from autotp.cost_model.routing import even_expert_counts
@@ -44,6 +47,7 @@ from autotp.passes.rules.experts import (
     batched_expert_weight,
     expert_weight_input,
     expert_weight_source,
+    is_dispatched,
     is_grouped_mm,
     nearest_router,
     router_of,
@@ -53,17 +57,17 @@ from autotp.passes.strategies import StrategyGraph
 from autotp.planning.decisions import NodeDecision
 
 __all__ = ["EXPERT_FORMS", "ExpertBlock", "PlannedExperts", "check_experts_option", "expert_lines", "explain_experts",
-           "find_expert_blocks", "narrow_expert_forms", "planned_experts"]
+           "find_expert_blocks", "narrow_expert_forms", "planned_experts", "strategy_form"]
 
-EXPERT_FORMS = ("auto", "placed", "split")
+EXPERT_FORMS = ("auto", "placed", "dispatched", "split")
 
 def check_experts_option(value: object, training: bool) -> None:
     """Validate ``PlanOptions.experts`` (ValueError saying what to pass)."""
     if value not in EXPERT_FORMS:
         raise ValueError(f"experts must be one of {', '.join(map(repr, EXPERT_FORMS))}, got {value!r}; e.g. "
                          "experts='placed' to put whole experts on ranks")
-    if value == "placed" and training:
-        raise ValueError("experts='placed' plans inference only: the expert-placed grouped GEMM has no backward. "
+    if value in ("placed", "dispatched") and training:
+        raise ValueError(f"experts={value!r} plans inference only: the expert-placed grouped GEMMs have no backward. "
                          "Pass experts='auto' or experts='split' with training=True (experts are then split)")
 
 
@@ -117,21 +121,78 @@ def _placed(strategy: Strategy) -> bool:
     return len(strategy.inputs) in (2, 3) and strategy.inputs[1] == Shard(0)
 
 
+def strategy_form(strategy: Strategy) -> str:
+    """The form a grouped GEMM's strategy gives its block: ``"dispatched"`` (rows of the ranks' own tokens,
+    ``w S(0)``), ``"placed"`` (``w S(0)``, rows whole) or ``"split"`` (anything else)."""
+    if is_dispatched(strategy):
+        return "dispatched"
+    return "placed" if _placed(strategy) else "split"
+
+
+def _no_such_form(form: str, name: str, module: str, candidates: Sequence[Strategy], blockers: Sequence[str],
+                  graph: StrategyGraph) -> PlanError:
+    hint = ""
+    if form == "dispatched" and not any(is_dispatched(s) for s in candidates):
+        hint = (" The dispatched form needs the block's tokens split across the ranks, so their count must be "
+                "static: pass PlanOptions(dynamic=False) (or experts='placed' for whole activations).")
+    elif form == "dispatched":
+        ops = ", ".join(f"{b} ({graph.nodes[b].target})" for b in blockers[:4]) or "none found"
+        hint = (" Its tokens cannot stay on their ranks through the block: an op between the router and the combine "
+                f"is not one autotp runs on a rank's own tokens (ops that read them and take none: {ops}). "
+                "Use experts='placed'.")
+    return PlanError(f"experts={form!r}: the grouped GEMM {name} in {module} has no such strategy "
+                     f"(candidates: {', '.join(map(str, candidates))}).{hint}")
+
+
+def _rank_local_viable(graph: StrategyGraph) -> tuple[dict[str, list[Strategy]], list[str]]:
+    """The candidates of ``graph`` less those that make or read rank-local rows (``S(local)``, ``S(routed)``) no
+    neighbour can take or give (no resharding step goes into or out of them), to a fixed point; and the nodes that
+    read such rows from a candidate and take none (why a block cannot be dispatched)."""
+    strategies = {name: list(found) for name, found in graph.strategies.items()}
+    involved = [name for name in graph.order
+                if any(is_rank_local(p) for s in strategies[name] for p in (s.output, *s.inputs))]
+    if not involved:
+        return strategies, []
+    producer = {(edge.consumer, edge.slot): edge.producer for edge in graph.edges}
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for edge in graph.edges:
+        readers.setdefault(edge.producer, []).append((edge.consumer, edge.slot))
+    blockers = sorted({consumer for name in involved for consumer, slot in readers.get(name, [])
+                       if not any(is_rank_local(s.inputs[slot]) for s in strategies[consumer])})
+
+    def viable(name: str, strategy: Strategy) -> bool:
+        if not all(any(made.output == p for made in strategies[producer[name, slot]])
+                   for slot, p in enumerate(strategy.inputs) if is_rank_local(p)):
+            return False
+        return not is_rank_local(strategy.output) or all(
+            any(read.inputs[slot] == strategy.output for read in strategies[consumer])
+            for consumer, slot in readers.get(name, []))
+
+    changed = True
+    while changed:
+        changed = False
+        for name in involved:
+            kept = [s for s in strategies[name] if viable(name, s)]  # the all-replicate candidate always stays
+            if len(kept) != len(strategies[name]):
+                strategies[name], changed = kept, True
+    return strategies, blockers
+
+
 def narrow_expert_forms(graph: StrategyGraph, form: str) -> StrategyGraph:
-    """``graph`` with every MoE block's candidates narrowed to ``form`` (``"placed"`` or ``"split"``; ``"auto"``:
-    unchanged). A PlanError when ``"placed"`` is asked and a block cannot take it."""
+    """``graph`` with every MoE block's candidates narrowed to ``form`` (``"placed"``, ``"dispatched"`` or
+    ``"split"``; ``"auto"``: only rank-local candidates that cannot connect removed). A PlanError when a block
+    cannot take the form asked for."""
+    strategies, blockers = _rank_local_viable(graph)
     if form == "auto":
-        return graph
-    strategies = dict(graph.strategies)
+        return dataclasses.replace(graph, strategies=strategies)
     for block in find_expert_blocks(graph):
         for name in block.gemms:
-            kept = [s for s in strategies[name] if _placed(s) == (form == "placed")]
+            kept = [s for s in strategies[name] if strategy_form(s) == form]
             if not kept:
-                raise PlanError(f"experts={form!r}: the grouped GEMM {name} in {block.module} has no such strategy "
-                                f"(candidates: {', '.join(map(str, strategies[name]))})")
+                raise _no_such_form(form, name, block.module, graph.strategies[name], blockers, graph)
             strategies[name] = kept
         for name in block.weights:
-            keep = [s for s in strategies[name] if (s.output == Shard(0)) == (form == "placed")]
+            keep = [s for s in strategies[name] if (s.output == Shard(0)) == (form != "split")]
             strategies[name] = keep or strategies[name]
     return dataclasses.replace(graph, strategies=strategies)
 
@@ -141,7 +202,7 @@ class PlannedExperts:
     """The form one MoE block took in a plan, read from the plan's grouped GEMMs."""
 
     module: str
-    form: str  # "placed", "split" or "replicated"
+    form: str  # "placed", "dispatched", "split" or "replicated"
     gemms: tuple[str, ...]
     weights: tuple[str, ...]  # the expert weights' FQNs (or placeholder names)
     experts: int
@@ -153,6 +214,11 @@ class PlannedExperts:
             counts = sorted(set(self.per_rank))
             held = "/".join(map(str, counts[::-1]))
             return f"{self.module}: experts placed, {self.experts} experts, {held} whole experts per rank"
+        if self.form == "dispatched":
+            counts = sorted(set(self.per_rank))
+            held = "/".join(map(str, counts[::-1]))
+            return (f"{self.module}: experts dispatched (all-to-all), {self.experts} experts, {held} whole experts per "
+                    "rank, tokens split across the ranks")
         if self.form == "split":
             return f"{self.module}: experts split, every rank a slice of each of {self.experts} experts"
         return f"{self.module}: experts replicated, every rank all {self.experts} experts"
@@ -161,7 +227,7 @@ class PlannedExperts:
 def _form_of(node: NodeDecision) -> str:
     weight = placement_from_str(node.inputs[1]) if len(node.inputs) in (2, 3) else None
     if weight == Shard(0):
-        return "placed"
+        return "dispatched" if is_rank_local(placement_from_str(node.inputs[0])) else "placed"
     return "split" if any(p != "R" for p in node.inputs[:2]) or node.output != "R" else "replicated"
 
 
@@ -216,7 +282,7 @@ def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[Plan
             if producer is not None:
                 weights.append(producer.target or producer.name)
                 experts = max(experts, producer.shape[0] if producer.shape else 0)
-        per_rank = tuple(even_expert_counts(experts, world_size)) if form == "placed" else ()
+        per_rank = tuple(even_expert_counts(experts, world_size)) if form in ("placed", "dispatched") else ()
         batched = all(len(g.inputs) == 2 for g in gemms)
         found.append(PlannedExperts(module, form, tuple(g.name for g in gemms), tuple(dict.fromkeys(weights)),
                                     experts, per_rank, batched))
@@ -228,11 +294,8 @@ def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
     times = dict(form_times)
     if form not in times or len(times) < 2:
         return "forced (PlanOptions(experts=...)) or the only form possible" if form != "replicated" else ""
-    other = "split" if form == "placed" else "placed"
-    if other not in times:
-        return ""
-    return (f"the plan with experts {form} is predicted {format_seconds(times[form])} per forward, with experts "
-            f"{other} {format_seconds(times[other])}")
+    others = ", ".join(f"experts {other} {format_seconds(time)}" for other, time in times.items() if other != form)
+    return f"the plan with experts {form} is predicted {format_seconds(times[form])} per forward, with {others}"
 
 
 def _measured(module: str, loads: Sequence[tuple[str, float]]) -> str:
@@ -284,6 +347,10 @@ def explain_experts(nodes: Sequence[NodeDecision], world_size: int, module: str,
         elif block.form == "placed":
             lines.append("  each rank computes the tokens routed to its own experts (the activations are whole on "
                          "every rank); one all-reduce after the block combines them, weighted by the router")
+        if block.form == "dispatched":
+            lines.append("  each rank routes its own tokens (split across the ranks), sends each row to the rank of "
+                         "its expert with an all-to-all and gets the results back with another; the router's "
+                         "weighting and the sum over the top-k run on the rank's own tokens, no all-reduce")
         for name in block.gemms:
             gemm = by_name[name]
             lines.append(f"  {name}: ({', '.join(gemm.inputs)}) -> {gemm.output}")

@@ -113,7 +113,9 @@ class PlanOptions:
             the example's (:mod:`autotp.capture.tracing`).
         dynamic_shapes: passed to ``torch.export`` as is, instead of what ``dynamic`` asks for.
         experts: the form of every mixture-of-experts block: ``"auto"`` (default: the solver picks),
-            ``"placed"`` (whole experts on ranks) or ``"split"`` (every rank a slice of each expert)
+            ``"placed"`` (whole experts on ranks), ``"dispatched"`` (whole experts on ranks, the tokens split across
+            the ranks and sent to their experts' ranks by all-to-all; needs ``dynamic=False``) or ``"split"``
+            (every rank a slice of each expert)
             (:mod:`autotp.planning.experts`).
         expert_load: the router's measured load per MoE block (an :class:`~autotp.planning.expert_load.ExpertLoad`
             from :func:`autotp.measure_expert_load`, or the path of one saved as JSON), to price each block by

@@ -304,11 +304,13 @@ def _compare_with_inference(plan: Plan, captured: CapturedGraph, options: PlanOp
 
 def _compare_expert_forms(plan: Plan, captured: CapturedGraph, options: PlanOptions, started: float) -> Plan:
     """``plan`` with the predicted time of the same graph and options with every MoE block placed and with every
-    block split (``Plan.expert_form_times``; the form ``plan`` took everywhere is not solved again), which
-    ``print(plan)`` and ``autotp.explain`` give as the reason for the form."""
+    block split, and with every block dispatched where it can be (``Plan.expert_form_times``; the form ``plan`` took
+    everywhere is not solved again), which ``print(plan)`` and ``autotp.explain`` give as the reason for the form."""
     taken = {block.form for block in planned_experts(plan.nodes, plan.world_size)}
     times = []
-    for form in ("placed", "split"):
+    for form in ("placed", "split", "dispatched"):
+        if form == "dispatched" and options.dynamic and options.dynamic_shapes is None:
+            continue  # a dynamic token dim is never split: no block can take it
         if taken == {form}:
             times.append((form, plan.predicted_time_s))
             continue

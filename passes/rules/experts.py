@@ -40,6 +40,11 @@ so a batched expert GEMM routed by a ``topk`` is also offered ``(x S(0), w S(0))
 products, padded with zeros to all E experts (``aten.constant_pad_nd`` on the expert dim), a Partial sum that
 the views and the sum carry to the block's one all-reduce. :func:`batched_expert_weight` and :func:`router_of`
 say which ``bmm`` is such an expert GEMM, so that the planner can force and report its form.
+
+Where the block's tokens are split across the ranks instead (``S(0)`` of its rows: the token dim static), the same
+whole experts are reached by all-to-all: each rank routes its own tokens (``S(local)`` values), the first grouped
+GEMM sends every row to its expert's rank and the second sends the results back
+(``autotp::dispatched_grouped_mm``; the section "Experts reached by all-to-all" below).
 """
 
 from __future__ import annotations
@@ -54,8 +59,8 @@ import torch
 import torch.fx as fx
 
 from autotp.adapters.torch_internals import OpOverload
-from autotp.base.placements import ExpertLocal, ExpertPartial, Shard, split_of
-from autotp.base.shapes import concrete_size
+from autotp.base.placements import ExpertLocal, ExpertPartial, LocalRows, RoutedRows, Shard, is_rank_local, split_of
+from autotp.base.shapes import concrete_size, first_tensor, is_static
 from autotp.base.strategy import Strategy
 from autotp.cost_model.routing import (
     busiest_rank_rows,
@@ -74,14 +79,16 @@ from autotp.passes.rules.registry import (
     register_local_form,
     register_local_form_kernels,
     register_local_work,
+    register_op_collectives,
     register_rule_extension,
 )
 
 aten = torch.ops.aten
 
-__all__ = ["BATCHED_EXPERT_OPS", "EP", "EXPERT_ROLE", "GROUPED_MM_OPS", "batched_expert_weight",
-           "expert_weight_input", "expert_weight_source", "is_grouped_mm", "mark_expert_roles", "nearest_router",
-           "placed_grouped_mm", "router_of"]
+__all__ = ["BATCHED_EXPERT_OPS", "EP", "EXPERT_ROLE", "GROUPED_MM_OPS", "LOCAL", "ROUTED", "batched_expert_weight",
+           "dispatched_grouped_mm", "expert_weight_input", "expert_weight_source", "inverse_permutation_of",
+           "is_dispatched", "is_grouped_mm", "mark_expert_roles", "nearest_router", "placed_grouped_mm", "positions",
+           "routed_row_counts", "router_of"]
 
 EP = ExpertPartial()
 EL = ExpertLocal()
@@ -443,21 +450,27 @@ placed_grouped_mm.register_fake(_placed_grouped_mm_fake)
 @register_local_form(*GROUPED_MM_OPS)
 def _local_placed_grouped_mm(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict,
                              strategy: Strategy) -> fx.Node | None:
-    """``w S(0)``: this rank's experts over their rows (``autotp::placed_grouped_mm``)."""
+    """``w S(0)``: this rank's experts over their rows (``autotp::placed_grouped_mm``), or, with the rows of the
+    ranks' own tokens, over the rows sent to them (``autotp::dispatched_grouped_mm``)."""
     if len(strategy.inputs) != 3 or strategy.inputs[1] != Shard(0):
         return None
     weight = tensor_inputs(node)[1]
-    first, _ = builder.parts.local(weight.name, 0, builder.rank)
     x, local_w = args[0], args[1]
     offs = args[2] if len(args) > 2 else kwargs["offs"]
     fused = node.target is aten._grouped_mm.default
+    if is_dispatched(strategy):
+        counts = [builder.parts.local(weight.name, 0, rank)[1] for rank in range(builder.world_size)]
+        dispatch, combine = _dispatch_and_combine(strategy)
+        return builder.call(torch.ops.autotp.dispatched_grouped_mm.default, x, local_w, offs, counts, builder.rank,
+                            builder.group_name, dispatch, combine, fused, meta_from=node)
+    first, _ = builder.parts.local(weight.name, 0, builder.rank)
     return builder.call(torch.ops.autotp.placed_grouped_mm.default, x, local_w, offs, first, fused, meta_from=node)
 
 
 @register_local_form_kernels(*GROUPED_MM_OPS)
 def _placed_zero_fill(node: fx.Node, strategy: Strategy, world_size: int) -> tuple[tuple[object, int], ...]:
     """The expert-placed form writes zeros into the rows of other ranks' experts: one fill of its output."""
-    if len(strategy.inputs) != 3 or strategy.inputs[1] != Shard(0):
+    if len(strategy.inputs) != 3 or strategy.inputs[1] != Shard(0) or strategy.output != EP:
         return ()
     return ((aten.zeros.default, math.prod(shape(node)) * node.meta["val"].element_size()),)
 
@@ -575,3 +588,311 @@ def _placed_load(tokens: float, top_k: int, shares: tuple[float, ...], world_siz
     counts = even_expert_counts(len(shares), world_size)
     busy = busiest_rank_rows_of_shares(tokens, top_k, shares, counts)
     return busy, min(max(experts_hit_per_rank(tokens, top_k, shares, counts)), busy)
+
+
+# --- Experts reached by all-to-all: the routed block on the tokens each rank holds ---------------------------------
+#
+# Where a block's tokens are split across the ranks (``S(0)`` of its ``(T, H)`` rows: sequence parallelism, which
+# needs the token dim static), every op of the block but the grouped GEMMs works token by token, so a rank runs
+# them on its own tokens as if it held every expert: the sort by expert, the gathers, the histogram and offsets, the
+# router's weighting and the un-sort give ``S(local)`` values (its own rows, in its own order; integer values are
+# positions among its own rows), the offsets a ``P`` (the sum of the ranks' histograms is the whole histogram). A
+# grouped GEMM sends each expert's rows to the rank that holds it (``all_to_all_single``; rows are sorted by
+# expert, so the rows of one rank's experts are one block), multiplies them there, and sends the results back into
+# the sender's order (:func:`dispatched_grouped_mm`). Between the two grouped GEMMs of one expert MLP the rows may
+# stay where they were sent (``S(routed)``: the middle is row by row), so the block dispatches once and combines
+# once. The un-sort through the inverse permutation brings the rows back in token order: ``S(0)`` again, with no
+# all-reduce. No token is dropped: each expert's owner computes every row sent to it.
+
+LOCAL = LocalRows()
+ROUTED = RoutedRows()
+
+_ROW_BY_ROW = (*_ZERO_AT_ZERO, aten.sigmoid.default, aten.exp.default, aten.abs.default, aten.gelu.default)
+"""Ops of one tensor that work row by row (any row order, any row count: no shape argument)."""
+
+
+def routed_row_counts(gm: fx.GraphModule) -> frozenset[int]:
+    """The static row counts of ``gm``'s grouped GEMMs over 3-D expert weights (a dynamic token dim is never split,
+    so its blocks give none): ``RuleContext.routed_rows``."""
+    counts = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and is_grouped_mm(node.target) and expert_weight_input(node) is not None:
+            value = tensor_inputs(node)[0].meta.get("val")
+            if isinstance(value, torch.Tensor) and is_static(value.shape[0]):
+                counts.add(int(value.shape[0]))
+    return frozenset(counts)
+
+
+def _routed(node: fx.Node | None, ctx: RuleContext) -> bool:
+    """Whether ``node``'s value has as many rows as a routed block (``RuleContext.routed_rows``): only such values
+    are offered the rank-local placements."""
+    if node is None or not ctx.place_experts or not ctx.routed_rows:
+        return False
+    value = first_tensor(node.meta.get("val"))
+    return value is not None and value.dim() > 0 and is_static(value.shape[0]) and int(value.shape[0]) in ctx.routed_rows
+
+
+@register_rule_extension(*GROUPED_MM_OPS)
+def _dispatched_experts(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``w S(0)`` with rows of the ranks' own tokens: ``x S(local)`` (dispatch) or ``S(routed)`` (already sent), the
+    offsets of each rank's own rows (``P``) -> ``S(local)`` (combined back) or ``S(routed)`` (kept for the next
+    grouped GEMM of the expert MLP)."""
+    if expert_weight_input(node) is None or not _routed(tensor_inputs(node)[0], ctx):
+        return []
+    w = Shard(0)
+    return [Strategy((LOCAL, w, P), LOCAL), Strategy((LOCAL, w, P), ROUTED), Strategy((ROUTED, w, P), LOCAL)]
+
+
+@register_rule_extension(aten.sort.default, aten.sort.stable)
+def _sort_own_tokens(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """A 1-D sort of split rows on each rank alone: its own values sorted, the positions among its own rows."""
+    if not _routed(node.args[0], ctx) or len(shape(node.args[0])) != 1:  # type: ignore[arg-type]
+        return []
+    return [Strategy((Shard(0),), LOCAL)]
+
+
+@register_rule_extension(*_ROW_BY_ROW, aten.floor_divide.default, aten.unsqueeze.default)
+def _row_by_row(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """An op of one value that works row by row keeps its rows where they are (a position's multiple, an unsqueeze
+    after the rows: on a rank's own rows only)."""
+    inputs = tensor_inputs(node)
+    if len(inputs) != 1 or not _routed(inputs[0], ctx):
+        return []
+    if node.target is aten.unsqueeze.default:
+        return [Strategy((LOCAL,), LOCAL)] if norm_dim(node.args[1], len(shape(node))) != 0 else []  # type: ignore[arg-type]
+    routed = [Strategy((ROUTED,), ROUTED)] if node.target in _ROW_BY_ROW else []
+    return [Strategy((LOCAL,), LOCAL), *routed]
+
+
+@register_rule_extension(aten.mul.Tensor, aten.mul.Scalar)
+def _mul_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """Two values of the same rows (or one and a scalar) keep them where they are: both with their rows on dim 0
+    (as many dims each; a value of fewer dims would broadcast along another dim than its rows)."""
+    inputs = tensor_inputs(node)
+    if not inputs or not all(_routed(i, ctx) for i in inputs) or len({len(shape(i)) for i in inputs}) != 1:
+        return []
+    return [Strategy(tuple(form for _ in inputs), form) for form in (LOCAL, ROUTED)]
+
+
+@register_rule_extension(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, operator.getitem)
+def _pieces_of_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """Pieces of each row (the gate and up halves) stay with the rows; a sort's outputs are picked as they are."""
+    inputs = tensor_inputs(node)
+    if len(inputs) != 1 or not _routed(inputs[0], ctx):
+        return []
+    if node.target is not operator.getitem:
+        dim = norm_dim(arg(node, 2, "dim", 0), len(shape(inputs[0])))  # type: ignore[arg-type]
+        if dim == 0:
+            return []
+    return [Strategy((LOCAL,), LOCAL), Strategy((ROUTED,), ROUTED)]
+
+
+@register_rule_extension(aten._to_copy.default, aten.empty_like.default)
+def _same_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """A copy (another dtype) or an empty tensor like a rank's own rows: its own rows."""
+    inputs = tensor_inputs(node)
+    return [Strategy((LOCAL,), LOCAL)] if len(inputs) == 1 and _routed(inputs[0], ctx) else []
+
+
+@register_rule_extension(aten.histc.default)
+def _histogram_of_own_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """The histogram (fixed range) of a rank's own sorted values: the ranks' histograms sum to the whole one.
+    Positions (a sort's indices) mean nothing summed across ranks and are not taken."""
+    inputs = tensor_inputs(node)
+    if len(inputs) != 1 or not _routed(inputs[0], ctx) or _holds_positions(inputs[0]):
+        return []
+    low, high = arg(node, 2, "min", 0), arg(node, 3, "max", 0)
+    return [Strategy((LOCAL,), P)] if low < high else []  # type: ignore[operator]
+
+
+def _holds_positions(node: fx.Node) -> bool:
+    """Whether ``node``'s values are positions among rows (a sort's indices, their inverse, their multiples)."""
+    while node.op == "call_function" and node.target in (aten._to_copy.default, aten.floor_divide.default,
+                                                          aten.clone.default):
+        node = tensor_inputs(node)[0]
+    if node.op == "call_function" and node.target is operator.getitem:
+        source = node.args[0]
+        return (isinstance(source, fx.Node) and source.op == "call_function"
+                and source.target in (aten.sort.default, aten.sort.stable) and node.args[1] == 1)
+    return node.op == "call_function" and node.target in (aten.index_put.default, aten.arange.default)
+
+
+def _single_index(node: fx.Node) -> fx.Node | None:
+    """The one index tensor of ``x[idx]`` (``aten.index.Tensor`` with one 1-D index on dim 0), else None."""
+    indices = arg(node, 1, "indices", ())
+    if not isinstance(indices, (list, tuple)) or len(indices) != 1 or not isinstance(indices[0], fx.Node):
+        return None
+    return indices[0] if len(shape(indices[0])) == 1 else None
+
+
+def inverse_permutation_of(node: fx.Node) -> fx.Node | None:
+    """The sort positions ``perm`` that ``node`` inverts, where ``node`` is ``index_put(empty_like(perm), [perm],
+    arange(len(perm)))`` (``inv[perm] = arange``: transformers' un-sort), else None."""
+    if node.op != "call_function" or node.target is not aten.index_put.default:
+        return None
+    base, indices, values = node.args[0], node.args[1], node.args[2]
+    if not (isinstance(indices, (list, tuple)) and len(indices) == 1 and isinstance(indices[0], fx.Node)):
+        return None
+    perm = indices[0]
+    counts = shape(perm)
+    return perm if (_holds_positions(perm) and isinstance(base, fx.Node) and base.target is aten.empty_like.default
+                    and base.args[0] is perm and isinstance(values, fx.Node) and values.target is aten.arange.default
+                    and len(values.args) == 1 and values.args[0] == (counts[0] if counts else None)) else None
+
+
+@register_rule_extension(aten.index.Tensor)
+def _index_own_rows(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """``x[positions]`` on a rank's own rows: ``x`` split by rows (``S(0)``), positions among this rank's rows ->
+    rank-local rows; rank-local rows through the inverse of the rank's own sort come back in token order
+    (``S(0)``)."""
+    index = _single_index(node)
+    inputs = tensor_inputs(node)
+    if index is None or not _routed(index, ctx) or len(inputs) != 2 or not _holds_positions(index):
+        return []
+    strategies = [Strategy((Shard(0), LOCAL), LOCAL)]
+    if inverse_permutation_of(index) is not None:
+        strategies.append(Strategy((LOCAL, LOCAL), Shard(0)))
+    return strategies
+
+
+@register_rule_extension(aten.index_put.default)
+def _inverse_of_own_sort(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
+    """The inverse of a rank's own sort (``inv[perm] = arange``): rank-local; its ``arange`` runs over the rank's
+    own rows (:func:`_local_inverse_permutation`)."""
+    if not _routed(node, ctx) or inverse_permutation_of(node) is None:
+        return []
+    return [Strategy((LOCAL, LOCAL, R), LOCAL)]
+
+
+@register_local_form(aten.index_put.default)
+def _local_inverse_permutation(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict,
+                               strategy: Strategy) -> fx.Node | None:
+    """The inverse of this rank's own sort: ``inv[perm] = arange(len(perm))`` over its own positions."""
+    if strategy.output != LOCAL:
+        return None
+    base, (perm,) = args[0], args[1]
+    own = builder.call(torch.ops.autotp.positions.default, perm, meta_from=node)
+    return builder.call(aten.index_put.default, base, [perm], own, meta_from=node)
+
+
+def _positions_impl(like: torch.Tensor) -> torch.Tensor:
+    return torch.arange(like.shape[0], device=like.device, dtype=like.dtype)
+
+
+def _positions_fake(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(like.shape[0])
+
+
+positions = torch.library.custom_op("autotp::positions", mutates_args=())(_positions_impl)
+"""``like (n, ...) -> arange(n)`` in ``like``'s dtype and device: the positions of this rank's own rows."""
+positions.register_fake(_positions_fake)
+
+
+def _exchange_counts(offs: torch.Tensor, world_size: int, group_name: str) -> list[list[int]]:
+    """Rows per expert of every rank's own tokens, from this rank's offsets (one all-gather of ``E`` counts)."""
+    ends = offs.to(torch.int64)
+    own = torch.diff(ends, prepend=ends.new_zeros(1))
+    if world_size == 1:
+        return [own.tolist()]
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(own.contiguous(), world_size, group_name)
+    gathered = torch.ops._c10d_functional.wait_tensor(gathered)
+    return gathered.view(world_size, -1).tolist()
+
+
+def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group_name: str) -> torch.Tensor:
+    """``all_to_all_single``: rows ``in_splits[r]`` of ``x`` to rank r, ``out_splits[r]`` rows from rank r."""
+    sent = torch.ops._c10d_functional.all_to_all_single(x.contiguous(), out_splits, in_splits, group_name)
+    return torch.ops._c10d_functional.wait_tensor(sent)
+
+
+def _dispatched_grouped_mm_impl(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, expert_counts: list[int],
+                                rank: int, group_name: str, dispatch: bool, combine: bool,
+                                fused: bool) -> torch.Tensor:
+    world_size = len(expert_counts)
+    firsts = [sum(expert_counts[:r]) for r in range(world_size)]
+    mine = range(firsts[rank], firsts[rank] + expert_counts[rank])
+    counts = _exchange_counts(offs, world_size, group_name)  # (ranks, E): rows each rank's tokens sent each expert
+    sent = [sum(counts[rank][firsts[r]:firsts[r] + expert_counts[r]]) for r in range(world_size)]
+    received = [sum(counts[s][e] for e in mine) for s in range(world_size)]
+    # rows arrive by sender (each sender's block by expert); the GEMM wants them by expert: this order
+    starts, start = {}, 0
+    for s in range(world_size):
+        for e in mine:
+            starts[s, e] = start
+            start += counts[s][e]
+    order = [i for e in mine for s in range(world_size) for i in range(starts[s, e], starts[s, e] + counts[s][e])]
+    by_expert = torch.tensor(order, dtype=torch.int64, device=x.device)
+    own_rows, routed_rows = sum(sent), sum(received)
+    if x.shape[0] != (own_rows if dispatch else routed_rows):
+        raise RuntimeError(f"autotp::dispatched_grouped_mm: {x.shape[0]} rows, but the offsets count "
+                           f"{own_rows if dispatch else routed_rows}: the offsets must be this rank's own histogram "
+                           "of its rows (a plan that feeds others is not one autotp makes)")
+    if dispatch:
+        x = _exchange(x, received, sent, group_name)[by_expert]  # (rows of my experts, K) by expert
+    groups = [sum(counts[s][e] for s in range(world_size)) for e in mine]
+    out = x.new_zeros(x.shape[0], w.shape[2])
+    if fused and out.shape[0] > 0:
+        local_offs = torch.tensor(groups, dtype=torch.int64, device=x.device).cumsum(0).to(torch.int32)
+        out = torch.ops.aten._grouped_mm(x, w, offs=local_offs)
+    else:
+        start = 0
+        for i, rows in enumerate(groups):
+            if rows:
+                torch.mm(x[start:start + rows], w[i], out=out[start:start + rows])
+            start += rows
+    if not combine:
+        return out
+    by_sender = torch.empty_like(out)
+    by_sender[by_expert] = out
+    return _exchange(by_sender, sent, received, group_name)  # (this rank's own rows, N), in its sorted order
+
+
+def _dispatched_grouped_mm_fake(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, expert_counts: list[int],
+                                rank: int, group_name: str, dispatch: bool, combine: bool,
+                                fused: bool) -> torch.Tensor:
+    rows = x.shape[0] if dispatch == combine else torch.library.get_ctx().new_dynamic_size()
+    return x.new_empty(rows, w.shape[2])
+
+
+dispatched_grouped_mm = torch.library.custom_op("autotp::dispatched_grouped_mm", mutates_args=())(
+    _dispatched_grouped_mm_impl)
+"""``(x, w_local (n, K, N), offs (E,), expert_counts, rank, group_name, dispatch, combine, fused) -> rows``: this
+rank's own rows sorted by expert (``dispatch``) or the rows already sent to it, multiplied by the experts that
+hold them, and sent back to their ranks (``combine``) or kept where they are (module section above)."""
+dispatched_grouped_mm.register_fake(_dispatched_grouped_mm_fake)
+
+
+def is_dispatched(strategy: Strategy) -> bool:
+    """Whether a grouped GEMM's strategy reaches its experts by all-to-all (rows ``S(local)`` or ``S(routed)``)."""
+    return len(strategy.inputs) == 3 and strategy.inputs[1] == Shard(0) and is_rank_local(strategy.inputs[0])
+
+
+def _dispatch_and_combine(strategy: Strategy) -> tuple[bool, bool]:
+    return strategy.inputs[0] == LOCAL, strategy.output == LOCAL
+
+
+@register_op_collectives(*GROUPED_MM_OPS)
+def _dispatch_collectives(node: fx.Node, strategy: Strategy, world_size: int) -> tuple[tuple[str, int], ...]:
+    """Experts reached by all-to-all: one all-gather of the ranks' rows per expert (``E`` int64 each), the
+    dispatch of the busiest rank's rows (``K`` wide) and the combine of its results (``N`` wide), each an
+    all-to-all of the rows the busiest rank holds (:func:`autotp.cost_model.routing.busiest_rank_rows`, uniform
+    router; the collectives' ``n`` is the data each rank holds)."""
+    if not is_dispatched(strategy):
+        return ()
+    weight = expert_weight_input(node)
+    router = router_of(node)
+    if weight is None or router is None:
+        return ()
+    rows, width_in = (concrete_size(size) for size in shape(tensor_inputs(node)[0]))
+    experts, _, width_out = (concrete_size(size) for size in shape(weight))
+    top_k = int(arg(router, 1, "k", 1))  # type: ignore[arg-type]
+    held = math.ceil(experts / world_size)
+    busy = max(rows / world_size, busiest_rank_rows(rows / max(1, top_k), top_k, experts, held, world_size))
+    itemsize = node.meta["val"].element_size()
+    dispatch, combine = _dispatch_and_combine(strategy)
+    found: list[tuple[str, int]] = [("all_gather", experts * 8 * world_size)]
+    if dispatch:
+        found.append(("all_to_all", int(busy * width_in * itemsize)))
+    if combine:
+        found.append(("all_to_all", int(busy * width_out * itemsize)))
+    return tuple(found)

@@ -60,6 +60,10 @@ class RuleContext:
     place_experts: bool = False
     """Grouped GEMMs over 3-D expert weights may place whole experts on ranks (:mod:`.experts`): on where the graph
     has one, off in training plans, whose backward the expert-placed op does not have."""
+    routed_rows: frozenset[int] = frozenset()
+    """The static row counts (tokens x top-k) of the graph's expert grouped GEMMs where experts may be placed: values
+    of that many rows may be computed by each rank from its own tokens (``S(local)``, :mod:`.experts`); empty where
+    the token dim is dynamic (never split), so no other op is offered those placements."""
 
 
 class LocalGraph(Protocol):
