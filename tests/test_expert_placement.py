@@ -22,6 +22,7 @@ from autotp.capture.tracing import capture
 from autotp.passes.strategies import build_strategy_graph
 from autotp.planning.experts import find_expert_blocks, planned_experts
 from autotp.planning.options import moved_to_options
+from autotp.planning.planner import plan_graph
 
 TOLERANCE = 1e-4
 
@@ -74,6 +75,7 @@ def test_each_form_forced(form: str, weight: str | None) -> None:
     assert f"experts {form}" in explained, explained
 
 
+@pytest.mark.slow  # a capture and two plans of a 2-layer Llama-4 text: about 18 s of CPU
 def test_batched_experts_found_and_forced() -> None:
     """tp=3, Llama-4 text (experts as one ``bmm`` over every token, 4 experts: 2/1/1 per rank when placed, 2 layers):
     one block per layer, its two batched GEMMs routed by that layer's own top-k (not the layer before's, reached
@@ -92,7 +94,9 @@ def test_batched_experts_found_and_forced() -> None:
         router_module = list(graph.nodes[block.router].meta["nn_module_stack"].values())[-1][0]
         assert router_module.startswith(block.module.rsplit(".", 1)[0] + "."), (block.module, router_module)
     for form in ("placed", "split"):
-        plan = _plan(model, args, kwargs, 3, form)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = plan_graph(captured, autotp.PlanOptions(world_size=3, experts=form))  # the capture above, once
         planned = planned_experts(plan.nodes, plan.world_size)
         assert [(b.module, b.form) for b in planned] == [(m, form) for m in modules], planned
         weights = {fqn: p for fqn, p in plan.parameters.items() if ".experts." in fqn}
@@ -108,7 +112,7 @@ def test_batched_experts_found_and_forced() -> None:
         assert not inside, f"experts {form}: collectives inside the experts {inside}"
 
 
-@pytest.mark.slow  # two plans of a 2-layer GPT-OSS: about 40 s on a loaded 2-core machine
+@pytest.mark.slow  # two captures and plans of a 2-layer GPT-OSS: about 40 s on a loaded 2-core machine
 def test_expert_biases_need_no_extra_collective() -> None:
     """tp=2, GPT-OSS (a bias per expert after each grouped GEMM, a gate that is not zero at zero), experts placed:
     no collective between the router and the gate/up GEMM's bias (the bias is looked up on its expert's rank,
