@@ -69,7 +69,7 @@ def trace_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("trace-cache"))
 
 
-LONG_FILES = ("test_releases.py", "test_mesh_grid.py", "test_equivalence.py", "test_runtime_modes.py",
+LONG_FILES = ("test_mesh_grid.py", "test_releases.py", "test_runtime_modes.py", "test_equivalence.py",
               "test_generate.py", "test_agreement.py", "test_agreement_exit.py", "test_loading_memory.py",
               "test_quantized.py", "test_hf_calls.py", "test_mesh_runtime.py", "test_training.py",
               "test_empty_shards.py", "test_own_state.py", "test_docs_examples.py", "test_expert_placement.py")

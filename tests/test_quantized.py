@@ -86,10 +86,7 @@ def _inconsistent(parts: dict[str, dict[int, tuple[str, tuple[int, ...]]]]) -> l
     return bad
 
 
-def _compile_and_compare(rank: int, world_size: int, cases: list[str], generate: bool,
-                         trace_cache: str) -> dict[str, Any]:
-    """Each case compiled (through ``trace_cache``: a case of both world sizes is traced once) and compared with the
-    quantized model; with ``generate``, the int8 Llama's greedy tokens against HF's."""
+def _compile_and_compare(rank: int, world_size: int, cases: list[str], generate: bool) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for case in cases:
         model, args, kwargs = _quantized(case)
@@ -97,8 +94,7 @@ def _compile_and_compare(rank: int, world_size: int, cases: list[str], generate:
             expected = model(*args, **kwargs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tp = autotp.compile(model, example_inputs=args, example_kwargs=kwargs or None, options=ROW_SPLIT.get(case),
-                                runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
+            tp = autotp.compile(model, example_inputs=args, example_kwargs=kwargs or None, options=ROW_SPLIT.get(case))
         got = tp(*args, **kwargs)
         if not isinstance(got, torch.Tensor):
             got, expected = got.logits, expected.logits
@@ -155,18 +151,18 @@ def _check(results: list[dict[str, Any]], cases: list[str], world_size: int) -> 
             assert got == expected, f"tp={world_size} rank {rank}: tokens {got}, HF generate gave {expected}"
 
 
-def test_quantized_models_match_at_tp2_and_generate(gloo: Any, trace_cache: str) -> None:
+def test_quantized_models_match_at_tp2_and_generate(gloo: Any) -> None:
     """tp=2: MLP in int8, float8 and group-wise int4; int8 tiny Llama (forward, and greedy generation
     with a KV cache on four layers)."""
     cases = ["mlp-int8", "mlp-float8", "mlp-int4group", "llama-int8"]
-    _check(gloo.run(2, _compile_and_compare, cases, True, trace_cache, timeout_s=600), cases, 2)
+    _check(gloo.run(2, _compile_and_compare, cases, True, timeout_s=600), cases, 2)
 
 
-def test_quantized_models_match_at_tp3(gloo: Any, trace_cache: str) -> None:
+def test_quantized_models_match_at_tp3(gloo: Any) -> None:
     """tp=3, uneven splits (128 rows, 8 heads over 3 ranks; the row split of a 128-wide weight in groups of
     32 keeps whole groups: 2/1/1 of 4): MLP in int8 and group-wise int8, int8 tiny Llama."""
     cases = ["mlp-int8", "mlp-int8group", "llama-int8"]
-    _check(gloo.run(3, _compile_and_compare, cases, False, trace_cache, timeout_s=600), cases, 3)
+    _check(gloo.run(3, _compile_and_compare, cases, False, timeout_s=600), cases, 3)
 
 
 def test_adapter_names_the_parts_as_export_does() -> None:

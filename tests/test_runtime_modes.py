@@ -23,13 +23,11 @@ from autotp.runtime.generation.kv_cache import CacheLayout
 NEW_TOKENS = 6
 
 
-def _compile(model: torch.nn.Module, ids: torch.Tensor, mode: str, trace_cache: str, **kwargs: Any) -> Any:
-    """``model`` compiled in ``mode``, through ``trace_cache``: the compiled mode rebuilds the programs the eager
-    compile traced (a trace does not depend on the runtime mode; what differs is the plan's price and the run)."""
+def _compile(model: torch.nn.Module, ids: torch.Tensor, mode: str, **kwargs: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return autotp.compile(model, example_inputs=(ids,),
-                              runtime=autotp.RuntimeOptions(runtime_mode=mode, trace_cache=trace_cache), **kwargs)
+        return autotp.compile(model, example_inputs=(ids,), runtime=autotp.RuntimeOptions(runtime_mode=mode),
+                              **kwargs)
 
 
 def _graph_count() -> int:
@@ -66,7 +64,7 @@ def _runner_case() -> dict[str, Any]:
             "progress": err.getvalue()}
 
 
-def _pipeline_compiled(trace_cache: str) -> dict[str, Any]:
+def _pipeline_compiled() -> dict[str, Any]:
     """pp2 mesh (one layer per stage), tiny Llama 2 layers hidden 64: greedy tokens of compile_mesh in eager and
     compiled mode and HF's (prompt 5 in one chunk, 4 new tokens: two Inductor compiles per stage; chunked prompts
     are covered at tp 2 above)."""
@@ -81,12 +79,12 @@ def _pipeline_compiled(trace_cache: str) -> dict[str, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), max_cache_len=12,
-                                       runtime=autotp.RuntimeOptions(runtime_mode=mode, trace_cache=trace_cache))
+                                       runtime=autotp.RuntimeOptions(runtime_mode=mode))
         tokens[mode] = part.generate(ids, max_new_tokens=4).tolist()
     return tokens
 
 
-def _modes_on_ranks(rank: int, world_size: int, trace_cache: str) -> dict[str, Any]:
+def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
     """tp=2, tiny Llama (1 layer, GQA 8/4, hidden 256): greedy tokens in eager and compiled mode against HF,
     prompt 6 read in chunks of 4 (prefill, continuation, decode graphs); a compiled plain forward's logits."""
     import torch._dynamo
@@ -98,9 +96,9 @@ def _modes_on_ranks(rank: int, world_size: int, trace_cache: str) -> dict[str, A
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
     out["expected"] = expected.tolist()
     options = autotp.PlanOptions(hardware="h100-sxm")  # splits the weights even at batch 2: collectives in decode
-    eager = _compile(model, ids[:, :4], "eager", trace_cache, max_cache_len=16, options=options)
+    eager = _compile(model, ids[:, :4], "eager", max_cache_len=16, options=options)
     out["eager"] = eager.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
-    compiled = _compile(model, ids[:, :4], "compiled", trace_cache, max_cache_len=16, options=options)
+    compiled = _compile(model, ids[:, :4], "compiled", max_cache_len=16, options=options)
     out["plan_lines"] = [str(tp.plan).splitlines()[0] for tp in (eager, compiled)]
     out["predicted_s"] = [tp.plan.predicted_time_s for tp in (eager, compiled)]
     out["decode_collectives"] = sum(compiled.collective_counts().values())
@@ -113,7 +111,7 @@ def _modes_on_ranks(rank: int, world_size: int, trace_cache: str) -> dict[str, A
     graphs = _graph_count()
     out["compiled_again"] = compiled.generate(ids, max_new_tokens=NEW_TOKENS, stop_check_every=3).tolist()
     out["new_graphs"] = _graph_count() - graphs
-    plain = _compile(model, ids, "compiled", trace_cache, options=options)
+    plain = _compile(model, ids, "compiled", options=options)
     with torch.no_grad():
         reference = model(ids).logits
         logits = plain(ids).logits
@@ -125,7 +123,7 @@ def _modes_on_ranks(rank: int, world_size: int, trace_cache: str) -> dict[str, A
             sizes.append((float((plain(ids[:, :length]).logits - model(ids[:, :length]).logits).abs().max()),
                           _graph_count() - graphs))
     out["other_sizes"] = sizes
-    out["pp_mesh"] = _pipeline_compiled(trace_cache)
+    out["pp_mesh"] = _pipeline_compiled()
     out["logits_error"] = float((logits - reference).abs().max())
     out["logits_again_error"] = float((again - reference).abs().max())
     out["forward_new_graphs"] = _graph_count() - graphs
@@ -133,15 +131,14 @@ def _modes_on_ranks(rank: int, world_size: int, trace_cache: str) -> dict[str, A
 
 
 @pytest.mark.distributed
-def test_compiled_mode_matches_hf_and_compiles_once(gloo, trace_cache: str) -> None:
+def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
     """tp=2 on gloo: a 3-node graph compiled once, same results, input written in place, progress lines.
     Tiny Llama: compiled generate == eager generate == HF greedy, also with stop_check_every=3; no recompile on a
     second request; the KV cache written in place (same tensors, filled); each plan priced in its mode
     (compiled: no per-node dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a
     second call; at a new length one compile with symbolic sizes at most, at a third none. A pp2 mesh
-    (compile_mesh, one layer per stage) generates HF's tokens compiled as in eager. The compiles share the session's
-    trace cache: each compiled one rebuilds the programs its eager twin traced."""
-    results = gloo.run(2, _modes_on_ranks, trace_cache, timeout_s=900)
+    (compile_mesh, one layer per stage) generates HF's tokens compiled as in eager."""
+    results = gloo.run(2, _modes_on_ranks, timeout_s=900)
     for rank, result in enumerate(results):
         runner = result["runner"]  # a 3-node graph writing into its input, 4 calls
         assert runner["same"] and runner["in_place"], f"rank {rank}: compiled runner differs from eager: {runner}"
