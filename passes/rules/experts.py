@@ -383,15 +383,21 @@ def _placed_expert_table(node: fx.Node, ctx: RuleContext) -> list[Strategy]:
 def _local_expert_table(builder: LocalGraph, node: fx.Node, args: tuple, kwargs: dict,
                         strategy: Strategy) -> fx.Node | None:
     """``table S(0) -> P(experts)``: the local table padded with a zero row on either side, and each id moved to its
-    row there (``ids - first + 1``) and clamped into the padding, so ids of other ranks' experts read zeros. The
-    table's experts are cut where the GEMM's weight is (checked: the same experts on every rank)."""
+    row there (``ids - first + 1``) and clamped into the padding, so ids of other ranks' experts read zeros. Where
+    the GEMM's weight is placed by experts too, the table's experts are cut where the weight's are (checked: the
+    same experts on every rank); where the GEMM is split, the lookup's ``P(experts)`` is a partial sum of the
+    table's own rows, read as a plain Partial after it."""
     if strategy.inputs[0] != Shard(0) or strategy.output != EP:
         return None
     table = tensor_inputs(node)[0]
     gemm = _expert_table_lookup(node)
     weight = tensor_inputs(gemm)[1] if gemm is not None else None
     first, count = builder.parts.local(table.name, 0, builder.rank)
-    if weight is None or builder.parts.local(weight.name, 0, builder.rank) != (first, count):
+    try:
+        weight_cut = builder.parts.local(weight.name, 0, builder.rank) if weight is not None else None
+    except KeyError:  # the GEMM's experts are not placed in this plan: the table stands on its own cut
+        weight_cut = (first, count)
+    if weight_cut != (first, count):
         raise ValueError(f"rank {builder.rank}: the expert table {table.name} is cut at other experts than the "
                          f"weight of {gemm.name if gemm is not None else 'its grouped GEMM'}: {node.format_node()}")
     local_table, ids = args[0], args[1][0]
