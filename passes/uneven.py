@@ -116,10 +116,14 @@ class Partitions:
             self._parent[rb] = ra
             self._units[ra] = math.gcd(self._units[ra], self._units[rb])
 
+    def splits(self, node: str, dim: int, blocks: int = 1) -> bool:
+        """Whether the plan splits ``dim`` (in ``blocks`` blocks) of tensor ``node``."""
+        return (node, dim, blocks) in self._parent
+
     def sizes(self, node: str, dim: int, blocks: int = 1) -> list[int]:
         """Elements of ``dim`` (of one of its ``blocks`` blocks) of tensor ``node`` held by each rank."""
         member = (node, dim, blocks)
-        if member not in self._parent:
+        if not self.splits(node, dim, blocks):
             raise KeyError(f"tensor {node} dim {dim} ({blocks} block(s)) is not split in this plan")
         units = self._units[self._find(member)]
         per_unit = self._size[member] // units if units else 0

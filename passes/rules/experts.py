@@ -393,10 +393,10 @@ def _local_expert_table(builder: LocalGraph, node: fx.Node, args: tuple, kwargs:
     gemm = _expert_table_lookup(node)
     weight = tensor_inputs(gemm)[1] if gemm is not None else None
     first, count = builder.parts.local(table.name, 0, builder.rank)
-    try:
+    if weight is not None and not builder.parts.splits(weight.name, 0):
+        weight_cut = (first, count)  # the GEMM's experts are not placed in this plan: the table stands on its own cut
+    else:
         weight_cut = builder.parts.local(weight.name, 0, builder.rank) if weight is not None else None
-    except KeyError:  # the GEMM's experts are not placed in this plan: the table stands on its own cut
-        weight_cut = (first, count)
     if weight_cut != (first, count):
         raise ValueError(f"rank {builder.rank}: the expert table {table.name} is cut at other experts than the "
                          f"weight of {gemm.name if gemm is not None else 'its grouped GEMM'}: {node.format_node()}")
