@@ -56,7 +56,7 @@ from autotp.runtime.execution.options import RuntimeOptions, runtime_host
 from autotp.runtime.execution.runtime_modes import priced_in, resolve_runtime_mode
 from autotp.runtime.generation.compile_for_generation import compile_for_generation
 from autotp.runtime.generation.generation_on_demand import ForwardOnDemand, GenerationOnDemand
-from autotp.runtime.generation.kv_cache import check_causal_lm
+from autotp.capture.kv_cache import check_causal_lm
 from autotp.runtime.training.checkpointing import checkpointed_graph
 
 __all__ = ["compile_group"]

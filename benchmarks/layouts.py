@@ -22,7 +22,8 @@ The calibration measures collectives and kernels, never these layouts: nothing i
 Latency is a forward of batch 1 (``--seq-len`` tokens); throughput a forward of the serving batch (``--batch``);
 decode (``--decode-tokens``, 0 to skip) the time per new token of greedy ``generate`` at batch 1 (the
 difference of the medians of 1 and of ``1 + decode-tokens`` new tokens, over ``decode-tokens``), predicted by
-the search priced on one decode step (a token per row, ``mesh_costs(..., generation_step=True)``). For latency
+the search priced on one decode step (a token per row over the KV cache ``generate`` holds,
+``mesh_costs(..., decode_cache_len=...)``). For latency
 and decode a layout with ``dp`` replicas is called with ``dp`` rows, one request per replica, as the planner
 prices it (a replica serves one request; the others serve theirs on the same cores). Printed: one table per
 setting and objective (predicted and measured ms, the pick), Spearman's rank correlation of predicted and
@@ -179,19 +180,20 @@ def calibrate_in(cluster: Any, output: Path, host_profile: Path | None) -> str:
     return "\n".join(line for line in outputs[0].splitlines() if not line.startswith("[autotp calibrate]"))
 
 
-def plan_layouts(profile: Path, seq_len: int, batch: int, decode: bool) -> dict[str, Any]:
+def plan_layouts(profile: Path, seq_len: int, batch: int, decode_tokens: int) -> dict[str, Any]:
     """The pick for each objective and, per layout, the forced plan and its predicted seconds per call (per
-    token for decode: the search priced on one decode step, a token per row, with ``generation_step``)."""
+    token for decode: the search priced on one decode step, a token per row over the KV cache that the
+    measured ``generate`` holds, ``mesh_costs(..., decode_cache_len=...)``)."""
     from autotp.cost_model import get_hardware
     from autotp.planning.mesh_search import mesh_costs, search_mesh
 
     hardware = get_hardware(str(profile))
     model = build_model()
     costs = mesh_costs(model, (example_ids(1, seq_len),), {"use_cache": False}, [1, 2, 4], hardware)
-    step = (mesh_costs(model, (example_ids(1, 1),), {"use_cache": False}, [1, 2, 4], hardware, generation_step=True)
-            if decode else None)
+    step = (mesh_costs(model, (example_ids(1, seq_len),), None, [1, 2, 4], hardware,
+                       decode_cache_len=seq_len + decode_tokens + 1) if decode_tokens else None)
     planned: dict[str, Any] = {}
-    for objective in objectives(decode):
+    for objective in objectives(decode_tokens > 0):
         priced = step if objective == "decode" else costs
         searched = "latency" if objective == "decode" else objective
         pick = search_mesh(priced, 4, objective=searched, batch=batch).mesh
@@ -337,7 +339,7 @@ def main() -> None:
                             or "busy" in line))
             host_profile = host_profile or profile
             decode = options.decode_tokens > 0
-            planned = plan_layouts(profile, options.seq_len, options.batch, decode)
+            planned = plan_layouts(profile, options.seq_len, options.batch, options.decode_tokens)
             jobs, keys = [], []
             for objective in objectives(decode):
                 for dims in LAYOUTS:

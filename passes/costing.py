@@ -91,7 +91,7 @@ from autotp.passes.uneven import largest_shard_nbytes
 
 aten = torch.ops.aten
 
-__all__ = ["CostedGraph", "cost_strategy_graph", "forward_compute_s", "node_dtype", "node_fixed_costs",
+__all__ = ["CostedGraph", "cost_strategy_graph", "forward_compute_s", "kernel_call", "node_dtype", "node_fixed_costs",
            "node_shape_terms", "node_work", "op_collectives_s", "reshard_route", "reshard_time_s", "route_time_s",
            "tensor_nbytes"]
 
@@ -291,19 +291,25 @@ def _node_compute_s(node: fx.Node, strategies: list[Strategy], world_size: int, 
     return costs
 
 
-def _first_call_of_its_kernel(node: fx.Node, called: set[str]) -> bool:
-    """Whether ``node`` (visited in graph order) is the first call of its kernel in the graph
-    (:func:`~autotp.cost_model.compute.first_call_key`), which pays ``Hardware.first_call_s`` once per call of
-    the graph; adds its key to ``called``. Views and other nodes that launch no kernel never are."""
+def kernel_call(node: fx.Node, hardware: Hardware) -> tuple[str, float] | None:
+    """The kernel ``node`` launches, as :func:`~autotp.cost_model.compute.first_call_key` counts it, and what its
+    first call in a call of a graph costs (``Hardware.first_call_s``, paid once per kernel per graph call);
+    None for views and other nodes that launch no kernel."""
     if node.op != "call_function" or not isinstance(node.target, OpOverload):
-        return False
+        return None
     if launches_no_kernel(node.target) or not holds_tensor(node):
-        return False
-    key = first_call_key(node.target)
-    if key in called:
-        return False
-    called.add(key)
-    return True
+        return None
+    return first_call_key(node.target), hardware.first_call_cost_s(op_family(node.target))
+
+
+def _first_call_of_its_kernel(node: fx.Node, hardware: Hardware, called: set[str]) -> float:
+    """Seconds ``node`` (visited in graph order) pays as the first call of its kernel in the graph
+    (:func:`kernel_call`), 0.0 when it is not; adds its kernel to ``called``."""
+    call = kernel_call(node, hardware)
+    if call is None or call[0] in called:
+        return 0.0
+    called.add(call[0])
+    return call[1]
 
 
 def forward_compute_s(node: fx.Node, strategy: Strategy, world_size: int, hardware: Hardware,
@@ -445,8 +451,8 @@ def cost_strategy_graph(graph: StrategyGraph, hardware: Hardware, training: Trai
         key = _compute_key(node, graph.structural_keys[name], graph.strategies[name], training, shares)
         compute_s[name] = once_per_key(priced, key, functools.partial(
             _node_compute_s, node, graph.strategies[name], graph.world_size, hardware, training, shares))
-        if hardware.first_call_s and _first_call_of_its_kernel(node, called):
-            first = hardware.first_call_cost_s(op_family(node.target))  # a new list: priced may share the old
+        first = _first_call_of_its_kernel(node, hardware, called) if hardware.first_call_s else 0.0
+        if first:  # a new list: priced may share the old
             compute_s[name] = [seconds + first for seconds in compute_s[name]]
         if name in graph.parameters:
             val = node.meta["val"]

@@ -298,7 +298,7 @@ def test_bad_generation_input(gloo) -> None:
 
 def _full_cache_bytes(model: torch.nn.Module, batch: int, max_cache_len: int) -> int:
     """Bytes of the whole KV cache in one process: the cache wrapper's buffers, shaped as the model writes them."""
-    from autotp.runtime.generation.kv_cache import CachedCausalLM
+    from autotp.capture.kv_cache import CachedCausalLM
 
     wrapper = CachedCausalLM(model, batch_size=batch, max_cache_len=max_cache_len)
     return sum(b.numel() * b.element_size() for name, b in wrapper.named_buffers() if name in wrapper.cache_buffer_names())

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from autotp.capture.tracing import capture
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
-from autotp.runtime.generation.kv_cache import CachedCausalLM
+from autotp.capture.kv_cache import CachedCausalLM
 
 aten = torch.ops.aten
 

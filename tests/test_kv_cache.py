@@ -24,7 +24,7 @@ from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 import autotp
 from autotp.capture.tracing import capture, inputs_on_model_device
 from autotp.runtime.generation.generate import next_tokens
-from autotp.runtime.generation.kv_cache import CachedCausalLM
+from autotp.capture.kv_cache import CachedCausalLM
 
 
 def _assert_cached_logits_match(model: torch.nn.Module, wrapper: CachedCausalLM, ids: torch.Tensor) -> None:
@@ -411,7 +411,7 @@ def test_a_recurrent_state_refuses_a_prompt_shorter_than_its_prefill_graph() -> 
     refused with a ValueError saying to compile with shorter example ids (only the prefill graph starts the state
     empty; a decode call would read the previous request's state); a KV-cache layout takes it token by token."""
     from autotp.runtime.generation.generate import check_request
-    from autotp.runtime.generation.kv_cache import CacheLayout
+    from autotp.capture.kv_cache import CacheLayout
 
     recurrent = CacheLayout(batch_size=2, max_cache_len=32, prefill_len=6, vocab_size=1000, recurrent=True)
     prompt = torch.zeros(2, 4, dtype=torch.long)

@@ -446,3 +446,35 @@ def test_busy_scale_fields_round_trip_and_are_checked() -> None:
         dataclasses.replace(profile, busy_compute_scale=((2, 0.5), (1, 0.5)))
     with pytest.raises(ValueError, match="ranks_per_machine must be an int"):
         dataclasses.replace(profile, ranks_per_machine=-1)
+
+
+def test_a_decode_step_is_priced_as_the_planner_prices_its_cached_graph() -> None:
+    """``mesh_costs(..., decode_cache_len=N)`` prices the step generation runs (the KV cache's writes, attention over
+    every slot, each kernel's first call in the graph) as the planner prices that graph whole: one stage of tp 1
+    agrees with the cost pass over the cached graph, and a second stage pays its kernels' first calls again."""
+    from autotp.capture.kv_cache import CachedCausalLM
+    from autotp.capture.tracing import capture
+    from autotp.passes.costing import cost_strategy_graph
+    from autotp.passes.strategies import build_strategy_graph
+
+    model, args, _ = _tiny_llama(4)
+    cpu = dataclasses.replace(get_hardware("cpu-gloo"), first_call_s=(("kernel", 50e-6),))
+    costs = mesh_costs(model, args, None, [1], cpu, decode_cache_len=24)
+    assert costs.generation_step
+    whole = search_mesh(costs, 1, objective="latency", batch=1)
+
+    step = CachedCausalLM(model, batch_size=1, max_cache_len=24)
+    cap = capture(step, step.example_inputs(1), {})
+    graph = build_strategy_graph(cap.graph_module, 1, {**cap.parameter_fqns(), **cap.state_fqns()},
+                                 frozenset(cap.state))
+    costed = cost_strategy_graph(graph, cpu)
+    planner = sum(costed.compute_s[name][0] for name in graph.order)
+    assert whole.predicted["latency_s"] == pytest.approx(planner, rel=0.02), (whole.predicted, planner)
+    assert any(node.target == torch.ops.aten.index_copy.default for node in cap.graph_module.graph.nodes), (
+        "the priced step writes the cache")
+
+    stages = search_mesh(costs, 2, objective="latency", batch=1, forced={"dp": 1, "pp": 2, "tp": 1})
+    layer_kernels = len(costs.units[1][1].kernels_called)
+    assert layer_kernels > 5
+    stage_s = sum(stage.predicted_s for stage in stages.stages)
+    assert stage_s >= planner + layer_kernels * 50e-6 * 0.99, (stage_s, planner, layer_kernels)

@@ -147,7 +147,7 @@ def recurrent_state(model: torch.nn.Module) -> str | None:
 def recurrent_layers_only(model: torch.nn.Module) -> bool:
     """True where every layer of ``model``'s cache keeps a convolution and a recurrent state and nothing else (a
     ``DynamicCache`` built from the config gives each a plain ``LinearAttentionLayer``: Mamba, Mamba2), the models
-    whose state :class:`~autotp.runtime.generation.kv_cache.CachedCausalLM` holds as graph state; hybrids (an attention cache
+    whose state :class:`~autotp.capture.kv_cache.CachedCausalLM` holds as graph state; hybrids (an attention cache
     in some layers) and models that keep state in module attributes are not."""
     try:
         from transformers.cache_utils import DynamicCache, LinearAttentionLayer

@@ -20,7 +20,7 @@ nodes of layer 2 (those whose ``nn_module_stack`` lies under ``<list>.2``) are c
   layer's names are the copied layer's moved on by the step from layer 1 to layer 2.
 
 **State held per layer outside the list.** The KV-cache wrapper a generation compile traces
-(:class:`autotp.runtime.generation.kv_cache.CachedCausalLM`) holds each layer's keys and values as its own
+(:class:`autotp.capture.kv_cache.CachedCausalLM`) holds each layer's keys and values as its own
 buffers (``key_cache_i``) and its graphs write them. It declares them with ``stamping_layer_state()``
 (the decoder it wraps and, per layer, those buffers' names); its twin holds the first three layers'
 only. The twin's program is functionalized before it is stamped (the writes become state updates

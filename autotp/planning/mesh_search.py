@@ -80,6 +80,7 @@ from autotp.base.module_paths import block_of, block_path, differing_layer, laye
 from autotp.base.placements import placement_to_str
 from autotp.base.progress import log_progress
 from autotp.base.shapes import nbytes as value_nbytes
+from autotp.capture.kv_cache import CachedCausalLM
 from autotp.capture.tracing import CapturedGraph, capture
 from autotp.cost_model import (
     Hardware,
@@ -94,6 +95,7 @@ from autotp.cost_model.compute import op_name
 from autotp.passes.costing import (
     CostedGraph,
     cost_strategy_graph,
+    kernel_call,
     node_dtype,
     node_fixed_costs,
     node_shape_terms,
@@ -235,6 +237,7 @@ class _Unit:
     parameter_bytes: int  # per rank
     activation_bytes: _Affine  # largest output one op writes, per rank
     boundary_bytes: _Affine  # what its outputs send to later blocks (a stage cut after it)
+    kernels_called: Mapping[str, float] = dataclasses.field(default_factory=dict)  # kernel -> its first call's s
 
     def time_s(self, b: int, hardware: Hardware) -> float:
         return self.compute_s(b, hardware) + self.comm_s(b)
@@ -360,12 +363,16 @@ def _units_from(keys: dict[str, Any], layers: list[Any], costed: tuple[CostedGra
     params: dict[Any, int] = {}
     act: dict[Any, list[float]] = {}
     boundary: dict[Any, list[float]] = {}
+    called: dict[Any, dict[str, float]] = {}
     for key in [*layers, "pre", "post"]:
         kernels[key], fixed[key], comm[key], params[key] = [], 0.0, [0.0, 0.0], 0
-        act[key], boundary[key] = [0.0, 0.0], [0.0, 0.0]
+        act[key], boundary[key], called[key] = [0.0, 0.0], [0.0, 0.0], {}
     for name in graph0.order:
         key = keys[name]
         node = graph0.nodes[name]
+        call = kernel_call(node, costed[0].hardware)
+        if call is not None:
+            called[key][call[0]] = call[1]
         works = [node_work(c.graph.nodes[name], [c.graph.strategies[name][choice[name]]], c.graph.world_size)
                  for c in costed]
         if works[0] is None:
@@ -404,7 +411,7 @@ def _units_from(keys: dict[str, Any], layers: list[Any], costed: tuple[CostedGra
             reader = min(r.consumers, key=lambda name: position.get(name, len(position)))
             comm[keys.get(reader, keys[r.producer])][i] += r.time_s
     return {key: _Unit(tuple(kernels[key]), fixed[key], _Affine.through(tuple(comm[key])), params[key],
-                       _Affine.through(tuple(act[key])), _Affine.through(tuple(boundary[key])))
+                       _Affine.through(tuple(act[key])), _Affine.through(tuple(boundary[key])), called[key])
             for key in [*layers, "pre", "post"]}
 
 
@@ -456,23 +463,33 @@ def reduced_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, int, str] | N
 
 def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_kwargs: dict[str, Any] | None,
                tp_sizes: list[int], hardware: Hardware, *, time_limit_s: float = 60.0,
-               progress: bool = False, generation_step: bool = False) -> MeshCosts:
-    """Capture ``model`` at batch 2 and 4 (one layer of it when :func:`reduced_copy` applies) and
-    price its blocks for each ``tp`` in ``tp_sizes``. ``generation_step``: the example is one decode step
-    (a token per row): each call hands out the picked tokens over the pipeline (``runtime/mesh/mesh_generate.py``),
-    not the whole batch's output; the KV cache's reads are not priced."""
+               progress: bool = False, decode_cache_len: int | None = None) -> MeshCosts:
+    """Capture ``model`` at batch 2 and 4 (two layers of it when :func:`reduced_copy` applies) and
+    price its blocks for each ``tp`` in ``tp_sizes``.
+
+    ``decode_cache_len``: price one step of generation instead of the example's forward (the example
+    is then not used): a token per row over a static KV cache of that many slots, captured as generation
+    compiles it (:class:`~autotp.capture.kv_cache.CachedCausalLM`: the cache's writes, attention over
+    every slot, the mask over the cache); each call hands out the picked tokens over the pipeline
+    (``runtime/mesh/mesh_generate.py``), not the whole batch's output."""
     started = time.perf_counter()
     reduced = reduced_copy(model)
     target, count, container = (reduced if reduced is not None else (model, 0, ""))
     device = "meta" if reduced is not None else None
     captured = []
     for batch in _PROFILE_BATCHES:
-        inputs = _at_batch(example_inputs, batch)
-        kwargs = _at_batch(example_kwargs or {}, batch)
+        traced: torch.nn.Module = target
+        if decode_cache_len is None:
+            inputs = _at_batch(example_inputs, batch)
+            kwargs = _at_batch(example_kwargs or {}, batch)
+        else:
+            traced = CachedCausalLM(target, batch_size=batch, max_cache_len=decode_cache_len)
+            inputs, kwargs = traced.example_inputs(1), {}
         if device is not None:
             inputs, kwargs = pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, (inputs, kwargs))
-        log_progress(progress, f"tracing {type(model).__name__}{' (two layers)' if reduced else ''} at batch {batch}")
-        captured.append(capture(target, inputs, kwargs))
+        what = "a decode step of " if decode_cache_len is not None else ""
+        log_progress(progress, f"tracing {what}{type(model).__name__}{' (two layers)' if reduced else ''} at batch {batch}")
+        captured.append(capture(traced, inputs, kwargs))
     units: dict[int, tuple[_Unit, ...]] = {}
     pre: dict[int, _Unit] = {}
     post: dict[int, _Unit] = {}
@@ -494,7 +511,7 @@ def mesh_costs(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_
     outputs = [_output_nbytes(cap) for cap in captured]
     return MeshCosts(hardware, names, units, pre, post, summaries, time.perf_counter() - started,
                      output_bytes=_Affine.through((outputs[0][0], outputs[1][0])), output_leaves=outputs[0][1],
-                     generation_step=generation_step)
+                     generation_step=decode_cache_len is not None)
 
 
 def _output_nbytes(cap: CapturedGraph) -> tuple[float, int]:
@@ -690,7 +707,8 @@ def _evaluate(costs: MeshCosts, mesh: MeshShape, microbatches: int, microbatch_s
     for k in range(mesh.pp):
         first, stop = cuts[k], cuts[k + 1]
         send = send_s[k] if k < mesh.pp - 1 else 0.0
-        seconds = float(unit_s[first:stop].sum()) + send
+        ends = ([pre] if k == 0 else []) + ([post] if k == mesh.pp - 1 else [])
+        seconds = float(unit_s[first:stop].sum()) + send + first_calls_s([*units[first:stop], *ends])
         comm = float(unit_comm[first:stop].sum())
         memory = float(unit_memory[first:stop].sum() + 2 * unit_activation[first:stop].max())
         if k == 0:
@@ -712,6 +730,17 @@ def _evaluate(costs: MeshCosts, mesh: MeshShape, microbatches: int, microbatch_s
     return _Evaluation(mesh, microbatches, microbatch_size, cuts, tuple(stage_s), tuple(stage_memory),
                        pipeline + output, collectives, sum(send_s), output,
                        pipeline - pipeline_time_s(stage_s, microbatches))
+
+
+def first_calls_s(units: list[_Unit]) -> float:
+    """Seconds a stage of ``units`` pays for the first call of each kernel it runs: a stage is a graph of its
+    own, and each kernel's first call in a call of a graph costs ``Hardware.first_call_s``
+    (:func:`autotp.passes.costing.kernel_call`), once per stage however many of its layers call it. Not
+    part of the cut search (:func:`best_cuts`): every stage of layers alike calls the same kernels."""
+    called: dict[str, float] = {}
+    for unit in units:
+        called.update(unit.kernels_called)
+    return sum(called.values())
 
 
 def _no_fit(costs: MeshCosts, mesh: MeshShape, b: int, capacity: float) -> str:

@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from autotp.planning.phases import PhaseWeighting
 from autotp.planning.plan import Plan
-from autotp.runtime.generation.kv_cache import CacheLayout
+from autotp.capture.kv_cache import CacheLayout
 
 __all__ = ["GenerationGraphs", "PhaseGraph", "RankLocalModel"]
 

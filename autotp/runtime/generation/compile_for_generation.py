@@ -7,7 +7,7 @@ Two phases share one set of weight shards and one KV cache:
   where that is cheaper, e.g. fewer kv heads than ranks);
 - **prefill**: ``seq`` prompt tokens per call (``seq`` = the example input's sequence length).
   The first chunk of a prompt runs a graph that attends to the chunk's own keys only (the cache is
-  empty before it; :meth:`~autotp.runtime.generation.kv_cache.CachedCausalLM.first_chunk`), as HF's prefill
+  empty before it; :meth:`~autotp.capture.kv_cache.CachedCausalLM.first_chunk`), as HF's prefill
   does; a prompt longer than ``seq`` runs its later chunks through a *continuation* graph that
   attends to the whole cache, planned pinned to the same placements.
 
@@ -51,7 +51,7 @@ from autotp.runtime.execution.applying import apply_plan, plan_or_check, rank_lo
 from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.rank_local import GenerationGraphs, PhaseGraph
 from autotp.runtime.execution.shards import local_shape
-from autotp.runtime.generation.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
+from autotp.capture.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
 
 __all__ = ["check_cache_is_state", "check_generation_inputs", "compile_for_generation", "generation_inputs"]
 

@@ -55,7 +55,7 @@ MIN_CACHE_LEN = 64
 """The fewest slots per row of a cache built on demand: short requests share one size, so one build serves them."""
 
 WRAPPED_PREFIX = "model."
-"""FQN prefix of the model's weights inside the generation graphs (:class:`~autotp.runtime.generation.kv_cache.CachedCausalLM`
+"""FQN prefix of the model's weights inside the generation graphs (:class:`~autotp.capture.kv_cache.CachedCausalLM`
 holds the model as ``.model``)."""
 
 

@@ -52,7 +52,7 @@ from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.options import RuntimeOptions, runtime_host
 from autotp.runtime.execution.rank_local import GenerationGraphs
 from autotp.runtime.generation.compile_for_generation import check_generation_inputs, compile_for_generation
-from autotp.runtime.generation.kv_cache import CachedCausalLM
+from autotp.capture.kv_cache import CachedCausalLM
 from autotp.runtime.mesh.mesh_module import (
     check_plan_for_mesh,
     dim_group,
@@ -153,7 +153,7 @@ def stage_view(model: nn.Module, first: int, stop: int, *, last: bool) -> tuple[
 class StageCachedLM(CachedCausalLM):
     """Pipeline stage ``[first, stop)`` of a causal LM with the KV cache of its own layers, ready for capture.
 
-    Called like :class:`~autotp.runtime.generation.kv_cache.CachedCausalLM` except that the first input is the
+    Called like :class:`~autotp.capture.kv_cache.CachedCausalLM` except that the first input is the
     token ids on stage 0 and the previous stage's hidden states ``(batch, S, hidden)`` on the others;
     returns logits ``(batch, 1, vocab)`` on the last stage, its last block's hidden states
     ``(batch, S, hidden)`` on the others."""
