@@ -351,8 +351,8 @@ def measure_groups(rank: int, world_size: int, nbytes: int, repeats: int) -> dic
     """On 2 hosts x 2 ranks: the collectives whose shape on the network a planner must price, each the median of
     ``repeats`` in seconds (the slowest rank's): an all-reduce over the 4 ranks (gloo's ring crosses the link),
     a broadcast from rank 3 over the 4 (gloo's binomial tree: two of the root's sends cross at once), one over
-    ranks 0 and 2 alone (one crossing send), and an all-gather in both pairs {0, 2}, {1, 3} at once (two
-    ranks of a host send across together)."""
+    ranks 0 and 2 alone (one crossing send), an all-gather in the pair {0, 2} alone (a send each way) and in both
+    pairs {0, 2}, {1, 3} at once (two ranks of a host send across together)."""
     import torch
     import torch.distributed as dist
 
@@ -363,6 +363,7 @@ def measure_groups(rank: int, world_size: int, nbytes: int, repeats: int) -> dic
     probes = {"all_reduce_4_ranks": lambda: dist.all_reduce(tensor),
               "broadcast_4_ranks_from_3": lambda: dist.broadcast(tensor, src=3),
               "broadcast_pair_0_2": lambda: dist.broadcast(tensor, src=2, group=pairs[0]) if rank in (0, 2) else None,
+              "all_gather_pair_0_2": lambda: dist.all_gather(gathered, tensor, group=mine) if rank in (0, 2) else None,
               "all_gather_both_pairs": lambda: dist.all_gather(gathered, tensor, group=mine)}
     dist.all_reduce(torch.ones(1))  # connections made
     medians = {}
