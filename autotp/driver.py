@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from autotp.base.progress import log_progress
+from autotp.capture.kv_cache import check_causal_lm
 from autotp.capture.trace_cache import TraceCache, open_trace_cache
 from autotp.capture.tracing import CapturedGraph, capture, check_model, random_state_fingerprint, trace_device
 from autotp.planning.options import PlanOptions
@@ -56,7 +57,6 @@ from autotp.runtime.execution.options import RuntimeOptions, runtime_host
 from autotp.runtime.execution.runtime_modes import priced_in, resolve_runtime_mode
 from autotp.runtime.generation.compile_for_generation import compile_for_generation
 from autotp.runtime.generation.generation_on_demand import ForwardOnDemand, GenerationOnDemand
-from autotp.capture.kv_cache import check_causal_lm
 from autotp.runtime.training.checkpointing import checkpointed_graph
 
 __all__ = ["compile_group"]

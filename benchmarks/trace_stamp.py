@@ -45,10 +45,10 @@ def _seconds(work: Callable[[], Any]) -> tuple[float, Any]:
 def main() -> None:
     import transformers
 
+    from autotp.capture.kv_cache import CachedCausalLM
     from autotp.capture.stamping import stamped_from
     from autotp.capture.trace_cache import program_bytes, program_from_bytes
     from autotp.capture.tracing import _export, _export_functional, default_dynamic_shapes, trace_device
-    from autotp.capture.kv_cache import CachedCausalLM
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=16)

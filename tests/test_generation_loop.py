@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from autotp.runtime.generation.generate import generation_loop
 from autotp.capture.kv_cache import CacheLayout, generation_defaults
+from autotp.runtime.generation.generate import generation_loop
 
 VOCAB = 5
 FAVOURITE = torch.tensor([2, 3])  # row 0 always draws token 2 (the eos below), row 1 token 3

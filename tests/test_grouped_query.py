@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from autotp.capture.kv_cache import CachedCausalLM
 from autotp.capture.tracing import capture
 from autotp.passes.grouped_query import attend_grouped_query, pack_one_token_gqa
-from autotp.capture.kv_cache import CachedCausalLM
 
 aten = torch.ops.aten
 

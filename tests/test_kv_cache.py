@@ -22,9 +22,9 @@ from generation_models import (
 from models import tiny_gpt2, tiny_llama, tiny_mistral, tiny_mixtral, tiny_qwen2
 
 import autotp
+from autotp.capture.kv_cache import CachedCausalLM
 from autotp.capture.tracing import capture, inputs_on_model_device
 from autotp.runtime.generation.generate import next_tokens
-from autotp.capture.kv_cache import CachedCausalLM
 
 
 def _assert_cached_logits_match(model: torch.nn.Module, wrapper: CachedCausalLM, ids: torch.Tensor) -> None:
@@ -410,8 +410,8 @@ def test_a_recurrent_state_refuses_a_prompt_shorter_than_its_prefill_graph() -> 
     """No process group, a layout with a recurrent state and a prefill graph of 6 tokens (tp=2): a 4-token prompt is
     refused with a ValueError saying to compile with shorter example ids (only the prefill graph starts the state
     empty; a decode call would read the previous request's state); a KV-cache layout takes it token by token."""
-    from autotp.runtime.generation.generate import check_request
     from autotp.capture.kv_cache import CacheLayout
+    from autotp.runtime.generation.generate import check_request
 
     recurrent = CacheLayout(batch_size=2, max_cache_len=32, prefill_len=6, vocab_size=1000, recurrent=True)
     prompt = torch.zeros(2, 4, dtype=torch.long)

@@ -16,9 +16,9 @@ from host_reads import HostReads
 from models import tiny_llama
 
 import autotp
+from autotp.capture.kv_cache import CacheLayout
 from autotp.runtime.execution.runtime_modes import resolve_runtime_mode
 from autotp.runtime.generation.generate import EOS_CHECK_TOKENS, generation_loop
-from autotp.capture.kv_cache import CacheLayout
 
 NEW_TOKENS = 6
 

@@ -17,11 +17,11 @@ from models import tiny_gpt2, tiny_llama, tiny_mlp, tiny_qwen2
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
+from autotp.capture.kv_cache import CachedCausalLM
 from autotp.capture.stamping import export_stamped
 from autotp.capture.trace_cache import TraceCache
 from autotp.capture.tracing import CapturedGraph, _export_whole, capture, default_dynamic_shapes, from_exported
 from autotp.planning.plan import graph_fingerprint
-from autotp.capture.kv_cache import CachedCausalLM
 
 SMALL = {"hidden": 64, "intermediate": 128, "seq_len": 8}
 FAMILIES = {  # name -> (model and inputs, traced with dynamic batch and sequence dims, through the trace cache);

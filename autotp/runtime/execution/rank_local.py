@@ -14,9 +14,9 @@ from typing import Any, Protocol
 import torch
 import torch.fx as fx
 
+from autotp.capture.kv_cache import CacheLayout
 from autotp.planning.phases import PhaseWeighting
 from autotp.planning.plan import Plan
-from autotp.capture.kv_cache import CacheLayout
 
 __all__ = ["GenerationGraphs", "PhaseGraph", "RankLocalModel"]
 

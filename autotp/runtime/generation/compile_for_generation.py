@@ -36,6 +36,7 @@ import torch.distributed as dist
 from autotp.adapters import hf_transformers
 from autotp.base.errors import PlanError, UnsupportedModelError
 from autotp.base.progress import log_progress
+from autotp.capture.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
 from autotp.capture.trace_cache import TraceCache
 from autotp.capture.tracing import CapturedGraph, capture
 from autotp.cost_model.runtime import graph_host_s
@@ -51,7 +52,6 @@ from autotp.runtime.execution.applying import apply_plan, plan_or_check, rank_lo
 from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.rank_local import GenerationGraphs, PhaseGraph
 from autotp.runtime.execution.shards import local_shape
-from autotp.capture.kv_cache import CachedCausalLM, CacheLayout, check_causal_lm, generation_defaults
 
 __all__ = ["check_cache_is_state", "check_generation_inputs", "compile_for_generation", "generation_inputs"]
 

@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
+from autotp.capture.kv_cache import CacheLayout
 from autotp.planning.phases import AlonePhases, first_rank_alone
 from autotp.runtime.execution.rank_local import RankLocalModel
-from autotp.capture.kv_cache import CacheLayout
 
 __all__ = ["EOS_CHECK_TOKENS", "GenerationRequest", "check_request", "check_stop_check_every", "generate", "generation_loop", "next_tokens",
            "resolve_request"]

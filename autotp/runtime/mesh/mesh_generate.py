@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autotp.base.module_paths import layer_blocks
+from autotp.capture.kv_cache import CachedCausalLM
 from autotp.capture.tracing import check_model
 from autotp.planning.even_stages import even_parallel_plan
 from autotp.planning.mesh_plan import ParallelPlan, as_parallel_plan
@@ -52,7 +53,6 @@ from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.options import RuntimeOptions, runtime_host
 from autotp.runtime.execution.rank_local import GenerationGraphs
 from autotp.runtime.generation.compile_for_generation import check_generation_inputs, compile_for_generation
-from autotp.capture.kv_cache import CachedCausalLM
 from autotp.runtime.mesh.mesh_module import (
     check_plan_for_mesh,
     dim_group,
