@@ -21,7 +21,9 @@ Prices, for one microbatch of ``b`` requests (the example's sequence length):
   than a node pay the inter-node link, see :mod:`autotp.cost_model.collectives`). FLOPs, bytes
   and collective bytes are affine in ``b`` at a fixed sequence length, so two captures (batch 2
   and 4) give them exactly at every ``b``; the roofline ``max`` is applied at ``b``.
-* a stage's time ``s_k``: its blocks, plus sending the activations that cross the cut to the next
+* a stage's time ``s_k``: its blocks, plus the first call of each kernel it runs (``Hardware.first_call_s``,
+  which the planner charges once per call of a graph; a stage is a graph of its own, so a pipeline pays it once per
+  stage: :func:`first_calls_s`), plus sending the activations that cross the cut to the next
   stage (:func:`autotp.cost_model.p2p_time_s`, on the inter-node link when the two ranks are on
   different nodes). As the runtime's ``PipelineStage`` does, every tp rank sends the whole boundary
   to the same tp rank of the next stage, and the crossing sends that leave one node at once share
@@ -38,6 +40,8 @@ Prices, for one microbatch of ``b`` requests (the example's sequence length):
   stage over ``pp``, an all-gather of the replicas' slices over ``dp``). Latency: that time at
   ``b = m = 1``, the replicas serving one request each at once (so with ``dp`` rows gathered).
   Throughput: ``batch / time`` with ``dp`` replicas each running ``batch / dp`` requests at once.
+  Decode (``mesh_costs(..., decode_cache_len=N)``): the same, for the step generation runs (a token per row over
+  the KV cache, captured with it), the picked tokens handed out over ``pp`` instead of the output.
 * memory per device: the stage's parameter shards plus twice the largest activation one of its
   ops writes (the op's input and output live together), at the microbatch size; the KV cache and
   allocator slack are not counted. It must fit ``Hardware.memory_gib``.
