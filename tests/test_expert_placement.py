@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from models import tiny_mixtral
-from zoo_models import ZOO
+from zoo_models import MORE_MOE, ZOO
 
 import autotp
 from autotp.capture.tracing import capture
@@ -162,7 +162,7 @@ def _forward_forms(rank: int, world_size: int, names: list[str], trace_cache: st
     on the model and inputs, not on the form or the world size)."""
     results = {}
     for name in names:
-        model, args, kwargs = BUILDERS[name]()
+        model, args, kwargs = {**BUILDERS, **MORE_MOE}[name]()
         with torch.no_grad():
             expected = model(*args, **kwargs).logits
         for form in ("placed", "split"):
@@ -174,7 +174,7 @@ def _forward_forms(rank: int, world_size: int, names: list[str], trace_cache: st
             got = tp(*args, **kwargs).logits
             forms = [b.form for b in planned_experts(tp.plan.nodes, world_size)]
             results[f"{name}/{form}"] = {"diff": (got - expected).abs().max().item(), "forms": forms,
-                                         "counts": tp.collective_counts()}
+                                         "counts": tp.collective_counts(), "scale": expected.abs().max().item()}
     return results
 
 
@@ -198,14 +198,29 @@ def test_forward_equals_single_process(gloo, world_size: int, names: list[str], 
 
 @pytest.mark.zoo  # the rest of the families and world sizes: minutes of compiles, in the wide-zoo tier beside the zoo
 @pytest.mark.parametrize("world_size,names", [(2, ["deepseek_v3"]), (2, ["gpt_oss"]), (3, ["qwen3_moe"]),
-                                              (3, ["deepseek_v3"]), (3, ["llama4_text"]), (4, ["mixtral", "olmoe"]),
+                                              (3, ["deepseek_v3"]), (3, ["gpt_oss"]), (3, ["llama4_text"]),
+                                              (4, ["mixtral", "olmoe"]), (4, ["deepseek_v3"]), (4, ["gpt_oss"]),
                                               (4, ["llama4_text"])])
 def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[str], trace_cache: str) -> None:
     """tp=2..4, the rest of the matrix: DeepSeek-V3 (shared expert planned as a dense MLP, grouped routing),
-    GPT-OSS (expert biases looked up on their experts' ranks, the gate on ``L(experts)`` rows), Llama-4 text at 3
-    (4 experts: 2/1/1) and 4, and the families above at the other world sizes; both forms. Each compile of the
+    GPT-OSS (expert biases looked up on their experts' ranks, the gate on ``L(experts)`` rows), both at 2, 3 (4
+    experts: 2/1/1) and 4 (one expert per rank), Llama-4 text at 3 and 4, and the families above at the other world
+    sizes; both forms. Each compile of the
     larger zoo models takes about a minute on a loaded 2-core machine, hence the longer timeout."""
     _check_forward(gloo.run(world_size, _forward_forms, names, trace_cache, timeout_s=1500), world_size)
+
+
+@pytest.mark.zoo  # one family a test: a minute or more of compiles each on a loaded 2-core machine
+@pytest.mark.parametrize("name", list(MORE_MOE))
+def test_more_families_forward_equals_single_process(gloo, name: str, trace_cache: str) -> None:
+    """tp=2, the other MoE families transformers ships (tests/zoo_models.py ``MORE_MOE``: Qwen2-MoE and GLM-4-MoE
+    with shared experts, Qwen3-Next and MiniMax beside linear attention, DeepSeek-V2 and GLM-4-MoE-lite with latent
+    attention, Phi-MoE's sparse-mixer router (two ``max``, no ``topk``), DBRX, Granite-MoE, ...), experts placed and
+    experts split: logits equal the single-process model's on every rank, every block in the forced form."""
+    results = gloo.run(2, _forward_forms, [name], trace_cache, timeout_s=900)
+    for case, got in results[0].items():
+        assert got["scale"] > 10 * TOLERANCE, f"{case}: logits too small to compare ({got['scale']:.3g})"
+    _check_forward(results, 2)
 
 
 def _greedy(rank: int, world_size: int, name: str, form: str) -> dict[str, Any]:
@@ -232,6 +247,25 @@ def test_greedy_generate_equals_hf(gloo, world_size: int, name: str, form: str) 
         assert result["forms"] == {form}, f"rank {rank}: blocks took {result['forms']}"
         assert result["got"] == result["expected"], (
             f"rank {rank}: tokens differ\n expected {result['expected']}\n got {result['got']}")
+
+
+@pytest.mark.zoo  # the rest of the generate matrix: each a prefill and a decode compile of a zoo model
+@pytest.mark.parametrize("world_size,name,form", [(2, "mixtral", "split"), (2, "qwen3_moe", "split"),
+                                                  (3, "olmoe", "placed"), (2, "deepseek_v3", "placed"),
+                                                  (3, "deepseek_v3", "split"), (3, "gpt_oss", "placed"),
+                                                  (2, "gpt_oss", "split"), (3, "llama4_text", "split")])
+def test_greedy_generate_equals_hf_wider(gloo, world_size: int, name: str, form: str) -> None:
+    """tp=2 and 3 (4 experts: 2/1/1 when placed), the cells of the family x form matrix the test above leaves:
+    Mixtral, Qwen3-MoE and Llama-4 text split, OLMoE placed, DeepSeek-V3 (latent cache, a shared expert, a dense
+    first layer) and GPT-OSS (expert biases, attention sinks) in both forms: greedy tokens equal
+    ``model.generate``'s, and the reference generates more than one token (the case can tell)."""
+    results = gloo.run(world_size, _greedy, name, form, timeout_s=900)
+    new_tokens = {token for row in results[0]["expected"] for token in row[-6:]}  # _greedy's max_new_tokens
+    assert len(new_tokens) > 1, f"{name}: the reference generates one token only {results[0]['expected']}"
+    for rank, result in enumerate(results):
+        assert result["forms"] == {form}, f"{name} rank {rank}: blocks took {result['forms']}"
+        assert result["got"] == result["expected"], (
+            f"{name} {form} tp={world_size} rank {rank}: tokens differ\n expected {result['expected']}\n got {result['got']}")
 
 
 def test_routed_load_formulas() -> None:

@@ -52,6 +52,7 @@ from autotp.passes.rules.experts import (
     nearest_router,
     router_of,
 )
+from autotp.passes.rules import tensor_inputs
 from autotp.passes.rules.registry import rule_for
 from autotp.passes.strategies import StrategyGraph
 from autotp.planning.decisions import NodeDecision
@@ -76,7 +77,7 @@ class ExpertBlock:
     """One MoE block of a graph: its router's ``topk`` node, its grouped GEMMs and their expert weights."""
 
     module: str  # the module path of its grouped GEMMs (e.g. model.layers.0.mlp.experts), for reports
-    router: str  # the topk node whose indices route the tokens
+    router: str  # the topk node whose indices route the tokens (else the grouped GEMMs' offsets node)
     gemms: tuple[str, ...]  # grouped GEMM nodes, graph order
     weights: tuple[str, ...]  # the parameter placeholders of their expert weights (E, K, N)
     experts: int  # E
@@ -104,6 +105,8 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
         weight = expert_weight_input(node) if is_grouped_mm(node.target) else batched_expert_weight(node)
         param = _weight_parameter(weight, graph.parameters) if weight is not None else None
         router = router_of(node) if param is not None else None
+        if router is None and param is not None and is_grouped_mm(node.target):
+            router = tensor_inputs(node)[2]  # a router of its own (Phi-MoE's sparse mixer: two max), not a topk
         if router is not None and param is not None:
             found.setdefault(router.name, []).append((node, param))
     blocks = []
