@@ -42,6 +42,7 @@ from autotp.base.placements import Shard, is_rank_local, placement_from_str
 from autotp.base.strategy import Strategy
 from autotp.base.units import format_seconds
 from autotp.cost_model.routing import even_expert_counts
+from autotp.passes.rules import tensor_inputs
 from autotp.passes.rules.experts import (
     BATCHED_EXPERT_OPS,
     batched_expert_weight,
@@ -52,7 +53,6 @@ from autotp.passes.rules.experts import (
     nearest_router,
     router_of,
 )
-from autotp.passes.rules import tensor_inputs
 from autotp.passes.rules.registry import rule_for
 from autotp.passes.strategies import StrategyGraph
 from autotp.planning.decisions import NodeDecision
