@@ -3,7 +3,9 @@
 An MoE block is found from the graph alone, never from module or class names: a grouped GEMM
 (``aten._grouped_mm`` or transformers' ``grouped_mm_fallback``) whose weight is a 3-D parameter ``(E, K, N)``
 (through views and transposes) and whose row-group offsets come from a router's ``topk``. The grouped
-GEMMs that share one ``topk`` are one block (the gate/up and the down projection of the routed experts); a
+GEMMs that share one ``topk`` are one block (the gate/up and the down projection of the routed experts); where the
+offsets come from a router of another kind (Phi-MoE's sparse mixer picks its two experts with two ``max``), the
+grouped GEMMs that share one offsets tensor are (a grouped GEMM over a 3-D parameter is experts either way); a
 shared expert (DeepSeek-style) is an ordinary MLP beside it and is planned like one. Experts run as one batched
 product over every token (Llama-4 text: ``bmm(x (E, T, K), w (E, K, N))`` on inputs scaled by the router's
 scores) are a block too: a ``bmm`` over a 3-D parameter whose batch dim is its experts, routed by the ``topk``
