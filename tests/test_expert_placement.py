@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from models import tiny_mixtral
-from zoo_models import MORE_MOE, ZOO
+from zoo_models import LOOPED_MOE, MORE_MOE, ZOO
 
 import autotp
 from autotp.capture.tracing import capture
@@ -221,6 +221,19 @@ def test_more_families_forward_equals_single_process(gloo, name: str, trace_cach
     for case, got in results[0].items():
         assert got["scale"] > 10 * TOLERANCE, f"{case}: logits too small to compare ({got['scale']:.3g})"
     _check_forward(results, 2)
+
+
+@pytest.mark.zoo  # two traces of 2-layer models, with the others of the MoE families
+@pytest.mark.parametrize("name,line", [("dbrx", r"modeling_dbrx\.py.*for expert_idx in expert_hit"),
+                                       ("jetmoe", r"modeling_jetmoe\.py.*inputs\.split\(expert_size")])
+def test_looped_experts_refused(name: str, line: str) -> None:
+    """No mesh, DBRX (a Python loop over the experts the router hit) and JetMoE (rows per expert counted on the host,
+    then split): each form asked for is refused with a CaptureError naming the model's line and the fix, never a plan
+    at sizes that hold for the example batch only."""
+    model, args, kwargs = LOOPED_MOE[name]()
+    for form in ("placed", "split"):
+        with pytest.raises(autotp.CaptureError, match=f"(?s){line}.*(grouped GEMM|torch.where)"):
+            _plan(model, args, kwargs, 2, form)
 
 
 def _greedy(rank: int, world_size: int, name: str, form: str) -> dict[str, Any]:
