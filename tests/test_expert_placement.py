@@ -32,7 +32,8 @@ def _mixtral(**kwargs: Any) -> tuple[torch.nn.Module, tuple, dict]:
 
 
 BUILDERS = {"mixtral": _mixtral, **{name: ZOO[name].build
-                                    for name in ("qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "llama4_text")}}
+                                    for name in ("qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "llama4_text",
+                                                 "jamba")}}
 
 
 def _plan(model: torch.nn.Module, args: tuple, kwargs: dict, world_size: int, form: str) -> autotp.Plan:
@@ -211,12 +212,13 @@ def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[
 
 
 @pytest.mark.zoo  # one family a test: a minute or more of compiles each on a loaded 2-core machine
-@pytest.mark.parametrize("name", list(MORE_MOE))
+@pytest.mark.parametrize("name", [*MORE_MOE, "jamba"])
 def test_more_families_forward_equals_single_process(gloo, name: str, trace_cache: str) -> None:
     """tp=2, the other MoE families transformers ships (tests/zoo_models.py ``MORE_MOE``: Qwen2-MoE and GLM-4-MoE
     with shared experts, Qwen3-Next and MiniMax beside linear attention, DeepSeek-V2 and GLM-4-MoE-lite with latent
-    attention, Phi-MoE's sparse-mixer router (two ``max``, no ``topk``), DBRX, Granite-MoE, ...), experts placed and
-    experts split: logits equal the single-process model's on every rank, every block in the forced form."""
+    attention, Phi-MoE's sparse-mixer router (two ``max``, no ``topk``), Granite-MoE, ...; and Jamba, experts every
+    other layer of a Mamba hybrid), experts placed and experts split: logits equal the single-process model's on
+    every rank, every block in the forced form."""
     results = gloo.run(2, _forward_forms, [name], trace_cache, timeout_s=900)
     for case, got in results[0].items():
         assert got["scale"] > 10 * TOLERANCE, f"{case}: logits too small to compare ({got['scale']:.3g})"

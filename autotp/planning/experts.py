@@ -207,7 +207,7 @@ class PlannedExperts:
     """The form one MoE block took in a plan, read from the plan's grouped GEMMs."""
 
     module: str
-    form: str  # "placed", "dispatched", "split" or "replicated"
+    form: str  # "placed", "dispatched", "split", "replicated" or "mixed" (its GEMMs in different forms)
     gemms: tuple[str, ...]
     weights: tuple[str, ...]  # the expert weights' FQNs (or placeholder names)
     experts: int
@@ -226,6 +226,9 @@ class PlannedExperts:
                     "rank, tokens split across the ranks")
         if self.form == "split":
             return f"{self.module}: experts split, every rank a slice of each of {self.experts} experts"
+        if self.form == "mixed":
+            return (f"{self.module}: experts mixed, {self.experts} experts, its expert GEMMs in different forms (their "
+                    "placements below)")
         return f"{self.module}: experts replicated, every rank all {self.experts} experts"
 
 
@@ -297,6 +300,10 @@ def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[Plan
 def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
     """Why a block took ``form``: the predicted plan time with every block in each form (``Plan.expert_form_times``)."""
     times = dict(form_times)
+    if form == "mixed":  # the solver's own mix, priced below every one-form plan
+        listed = ", ".join(f"experts {other} {format_seconds(time)}" for other, time in times.items())
+        return "the solver's cheapest plan mixes the forms" + (f"; with every block in one form: {listed}" if listed
+                                                                else "")
     if form not in times or len(times) < 2:
         return "forced (PlanOptions(experts=...)) or the only form possible" if form != "replicated" else ""
     others = ", ".join(f"experts {other} {format_seconds(time)}" for other, time in times.items() if other != form)
