@@ -215,7 +215,7 @@ def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[
 @pytest.mark.parametrize("name", [*MORE_MOE, "jamba"])
 def test_more_families_forward_equals_single_process(gloo, name: str, trace_cache: str) -> None:
     """tp=2, the other MoE families transformers ships (tests/zoo_models.py ``MORE_MOE``: Qwen2-MoE and GLM-4-MoE
-    with shared experts, Qwen3-Next and MiniMax beside linear attention, DeepSeek-V2 and GLM-4-MoE-lite with latent
+    with shared experts, MiniMax beside linear attention, DeepSeek-V2 and GLM-4-MoE-lite with latent
     attention, Phi-MoE's sparse-mixer router (two ``max``, no ``topk``), Granite-MoE, ...; and Jamba, experts every
     other layer of a Mamba hybrid), experts placed and experts split: logits equal the single-process model's on
     every rank, every block in the forced form."""
