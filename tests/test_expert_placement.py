@@ -341,6 +341,34 @@ def test_auto_records_both_forms_and_round_trips() -> None:
     assert [b.form for b in planned_experts(again.nodes, 2)] == [form]
 
 
+def test_mixed_block_reads_as_mixed() -> None:
+    """tp=2, a block whose two grouped GEMMs the solver put in different forms (the gate/up GEMM placed, the down GEMM
+    split by its output columns, as ``experts="auto"`` picks for 128 small experts at a 512-token prefill on the CPU
+    profile): the plan's text and ``explain`` call it mixed and give the one-form plans' times, never "replicated"
+    or "forced"."""
+    from autotp.planning.decisions import NodeDecision
+    from autotp.planning.experts import expert_lines, explain_experts
+
+    module = "model.layers.0.mlp.experts"
+    op = "transformers.grouped_mm_fallback.default"
+    nodes = [NodeDecision("x", "placeholder", (), "R", 0.0, input_nodes=(), shape=(64, 32)),
+             NodeDecision("offs", "placeholder", (), "R", 0.0, shape=(4,)),
+             NodeDecision("w_in", "placeholder", (), "S(0)", 0.0, target=f"{module}.gate_up_proj", shape=(4, 32, 16)),
+             NodeDecision("w_out", "placeholder", (), "S(2)", 0.0, target=f"{module}.down_proj", shape=(4, 8, 32)),
+             NodeDecision("gate_up", op, ("L(experts)", "S(0)", "R"), "P(experts)", 0.0, module,
+                          input_nodes=("x", "w_in", "offs"), shape=(64, 16)),
+             NodeDecision("down", op, ("R", "S(2)", "R"), "S(1)", 0.0, module, input_nodes=("gate_up", "w_out", "offs"),
+                          shape=(64, 32))]
+    times = (("placed", 0.052), ("split", 0.0523))
+    [block] = planned_experts(nodes, 2)
+    assert block.form == "mixed" and block.experts == 4, block
+    text = "\n".join(expert_lines(nodes, 2, times))
+    explained = "\n".join(explain_experts(nodes, 2, module, times) or [])
+    for got in (text, explained):
+        assert "experts mixed" in got and "mixes the forms" in got and "experts placed 52.000 ms" in got, got
+        assert "replicated" not in got and "forced" not in got, got
+
+
 def _dispatched_forward(rank: int, world_size: int, names: list[str]) -> dict[str, dict[str, Any]]:
     """Each model with ``experts="dispatched"`` (static shapes, so the token dim may be split): the logits' largest
     difference from the single-process model, the blocks' forms, the dispatched grouped GEMMs in the rank-local graph
