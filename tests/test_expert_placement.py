@@ -225,7 +225,8 @@ def test_more_families_forward_equals_single_process(gloo, name: str, trace_cach
     _check_forward(results, 2)
 
 
-@pytest.mark.zoo  # two traces of 2-layer models, with the others of the MoE families
+@pytest.mark.zoo  # with the others of the MoE families
+@pytest.mark.slow  # two traces of a 2-layer model each: about 20 s on a loaded 2-core machine
 @pytest.mark.parametrize("name,line", [("dbrx", r"modeling_dbrx\.py.*for expert_idx in expert_hit"),
                                        ("jetmoe", r"modeling_jetmoe\.py.*inputs\.split\(expert_size")])
 def test_looped_experts_refused(name: str, line: str) -> None:
