@@ -5,7 +5,8 @@ A Mixtral-style decoder with random weights (``--layers`` layers, hidden ``--hid
 and most of a forward's work), per number of experts (``--experts``) and tensor-parallel size
 (``--world-sizes``), gloo on this machine's CPU, in two phases: a one-token forward at batch 1 (the decode of
 one token without a cache: the experts' weights are read for a single token's two experts) and a forward of
-``--prefill`` tokens at batch 1. Per cell:
+``--prefill`` tokens at batch 1 (a comma-separated list gives a cell per length, e.g. ``--prefill 32,512``: a
+short prefill, or a decode step of 32 sequences, is where many small experts run as many small GEMMs). Per cell:
 
 - ``single``: the model's own forward in one process (rank 0 alone; the other ranks wait at a barrier);
 - ``placed`` / ``split``: ``autotp.compile(..., options=PlanOptions(experts="placed" | "split"))``, each MoE
@@ -13,7 +14,8 @@ one token without a cache: the experts' weights are read for a single token's tw
 - the planner's pick (``experts="auto"``) and its predicted forward with each form forced
   (``Plan.expert_form_times``), on the ``--hardware`` profile (default ``cpu-gloo``, whose numbers are
   placeholders; ``{ws}`` in it is replaced by the world size, so ``--hardware cpu{ws}.json`` takes the profile
-  ``autotp calibrate --world-size N`` wrote for each size).
+  ``autotp calibrate --world-size N`` wrote for each size); where the planner mixes the forms inside a block
+  (``mixed``: e.g. the gate/up GEMM placed and the down GEMM split), its plan is timed too (``pick ms``).
 
 Each variant's median ms per forward over ``--rounds`` interleaved rounds (``--decode-rounds`` for the one-token
 forward; every variant once per round, one warm-up round first; a round's time is its slowest rank's), so load
@@ -59,7 +61,8 @@ def _model(experts: int, args: argparse.Namespace) -> torch.nn.Module:
 
     config = MixtralConfig(vocab_size=256, hidden_size=args.hidden, intermediate_size=args.intermediate,
                            num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
-                           num_local_experts=experts, num_experts_per_tok=args.top_k, max_position_embeddings=2 * args.prefill,
+                           num_local_experts=experts, num_experts_per_tok=args.top_k,
+                           max_position_embeddings=2 * max(args.prefill),
                            attn_implementation="sdpa", use_cache=False, tie_word_embeddings=False)
     torch.manual_seed(0)
     return MixtralForCausalLM(config).eval()
@@ -73,7 +76,7 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, queue
     rows = []
     for experts in args.experts:
         model = _model(experts, args)
-        for phase, tokens in (("decode", 1), ("prefill", args.prefill)):
+        for phase, tokens in (("decode", 1), *(("prefill", length) for length in args.prefill)):
             ids = torch.randint(0, 256, (1, tokens), generator=torch.Generator().manual_seed(1))  # (batch 1, tokens)
             with torch.no_grad():
                 expected = model(ids).logits
@@ -82,9 +85,12 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, queue
                 options = autotp.PlanOptions(experts=form, hardware=args.hardware.format(ws=world_size), dynamic=False)
                 compiled[form] = autotp.compile(model, example_inputs=(ids,), example_kwargs={"use_cache": False},
                                                 options=options)
+            auto = compiled["auto"].plan
+            picked = {b.form for b in planned_experts(auto.nodes, world_size)}
+            timed = (*FORMS, "auto") if not picked <= set(FORMS) else FORMS  # a mixed pick is a plan of its own
             single = model if rank == 0 else None  # rank 0 alone runs the model; the others wait at the barrier
             runs = {"single": lambda m=single, x=ids: m(x, use_cache=False) if m is not None else None,
-                    **{form: (lambda tp=compiled[form], x=ids: tp(x, use_cache=False)) for form in FORMS}}
+                    **{form: (lambda tp=compiled[form], x=ids: tp(x, use_cache=False)) for form in timed}}
             times: dict[str, list[float]] = {name: [] for name in runs}
             for round_index in range((args.decode_rounds if tokens == 1 else args.rounds) + 1):
                 for name, run in runs.items():
@@ -95,9 +101,7 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, queue
                     elapsed = time.perf_counter() - started
                     if round_index:
                         times[name].append(elapsed)
-            auto = compiled["auto"].plan
-            picked = {b.form for b in planned_experts(auto.nodes, world_size)}
-            diffs = {form: (compiled[form](ids, use_cache=False).logits - expected).abs().max().item() for form in FORMS}
+            diffs = {form: (compiled[form](ids, use_cache=False).logits - expected).abs().max().item() for form in timed}
             rows.append({"experts": experts, "phase": phase, "tokens": tokens, "times": times,
                          "ms": {name: statistics.median(values) * 1e3 for name, values in times.items()},
                          "pick": "/".join(sorted(picked)), "predicted_ms": {f: t * 1e3 for f, t in auto.expert_form_times},
@@ -107,15 +111,23 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, queue
     if rank == 0:
         for index, row in enumerate(rows):  # a forward takes as long as its slowest rank, round by round
             per_round = {name: [max(values) for values in zip(*(r[index]["times"][name] for r in slowest))]
-                         for name in FORMS}
-            for name in FORMS:
+                         for name in row["times"] if name != "single"}
+            for name in per_round:
                 row["ms"][name] = statistics.median(per_round[name]) * 1e3
-            ratios = sorted(p / s for p, s in zip(per_round["placed"], per_round["split"]))
-            quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-            row["ratio"] = (quartiles[0], statistics.median(ratios), quartiles[2])
+            row["ratio"] = _quartiles([p / s for p, s in zip(per_round["placed"], per_round["split"])])
+            if "auto" in per_round:  # the mixed pick against the faster forced form, round by round
+                best = [min(p, s) for p, s in zip(per_round["placed"], per_round["split"])]
+                row["pick_ratio"] = _quartiles([a / b for a, b in zip(per_round["auto"], best)])
             del row["times"]
         queue.put(rows)
     dist.destroy_process_group()
+
+
+def _quartiles(ratios: list[float]) -> tuple[float, float, float]:
+    """Lower quartile, median and upper quartile of per-round ratios."""
+    ordered = sorted(ratios)
+    quartiles = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else [ordered[0]] * 3
+    return quartiles[0], statistics.median(ordered), quartiles[2]
 
 
 def _median_ms(run: Any, rounds: int) -> float:
@@ -155,7 +167,7 @@ def _kernels(args: argparse.Namespace) -> None:
         inner = args.intermediate
         gate_up = block.experts.gate_up_proj.detach().transpose(-2, -1)  # (E, H, 2I)
         down = block.experts.down_proj.detach().transpose(-2, -1)  # (E, I, H)
-        for tokens in (1, args.prefill):
+        for tokens in (1, *args.prefill):
             hidden = torch.randn(tokens, args.hidden, generator=torch.Generator().manual_seed(2))  # (tokens, H)
             with torch.no_grad():
                 logits = hidden @ block.gate.weight.detach().T  # (tokens, E): the router's scores
@@ -193,7 +205,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--intermediate", type=int, default=1024)
-    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--prefill", default="512", type=lambda s: [int(x) for x in s.split(",")],
+                        help="tokens of the prefill cells, comma-separated (default: 512)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--decode-rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
@@ -220,8 +233,12 @@ def main() -> None:
             ms, predicted = row["ms"], row["predicted_ms"]
             low, mid, high = row["ratio"]
             faster = "tie" if low <= 1.0 <= high else ("placed" if high < 1.0 else "split")
+            pick = row["pick"]
+            if "pick_ratio" in row:  # a mixed pick: its ms, and per round against the faster forced form
+                p_low, p_mid, p_high = row["pick_ratio"]
+                pick = f"{pick} ({ms['auto']:.2f} ms; / faster form {p_mid:.2f} ({p_low:.2f}–{p_high:.2f}))"
             print(f"| {row['experts']} | {world_size} | {row['phase']} ({row['tokens']} tok) | {ms['single']:.2f} | "
-                  f"{ms['placed']:.2f} | {ms['split']:.2f} | {mid:.2f} ({low:.2f}–{high:.2f}) | {faster} | {row['pick']} | "
+                  f"{ms['placed']:.2f} | {ms['split']:.2f} | {mid:.2f} ({low:.2f}–{high:.2f}) | {faster} | {pick} | "
                   f"{predicted.get('placed', float('nan')):.2f} | {predicted.get('split', float('nan')):.2f} | "
                   f"{row['max_diff']:.1e} |", flush=True)
 

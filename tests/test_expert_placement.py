@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from models import tiny_mixtral
-from zoo_models import ZOO
+from zoo_models import LOOPED_MOE, MORE_MOE, ZOO
 
 import autotp
 from autotp.capture.tracing import capture
@@ -32,7 +32,8 @@ def _mixtral(**kwargs: Any) -> tuple[torch.nn.Module, tuple, dict]:
 
 
 BUILDERS = {"mixtral": _mixtral, **{name: ZOO[name].build
-                                    for name in ("qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "llama4_text")}}
+                                    for name in ("qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "llama4_text",
+                                                 "jamba")}}
 
 
 def _plan(model: torch.nn.Module, args: tuple, kwargs: dict, world_size: int, form: str) -> autotp.Plan:
@@ -162,7 +163,7 @@ def _forward_forms(rank: int, world_size: int, names: list[str], trace_cache: st
     on the model and inputs, not on the form or the world size)."""
     results = {}
     for name in names:
-        model, args, kwargs = BUILDERS[name]()
+        model, args, kwargs = {**BUILDERS, **MORE_MOE}[name]()
         with torch.no_grad():
             expected = model(*args, **kwargs).logits
         for form in ("placed", "split"):
@@ -174,7 +175,7 @@ def _forward_forms(rank: int, world_size: int, names: list[str], trace_cache: st
             got = tp(*args, **kwargs).logits
             forms = [b.form for b in planned_experts(tp.plan.nodes, world_size)]
             results[f"{name}/{form}"] = {"diff": (got - expected).abs().max().item(), "forms": forms,
-                                         "counts": tp.collective_counts()}
+                                         "counts": tp.collective_counts(), "scale": expected.abs().max().item()}
     return results
 
 
@@ -198,14 +199,44 @@ def test_forward_equals_single_process(gloo, world_size: int, names: list[str], 
 
 @pytest.mark.zoo  # the rest of the families and world sizes: minutes of compiles, in the wide-zoo tier beside the zoo
 @pytest.mark.parametrize("world_size,names", [(2, ["deepseek_v3"]), (2, ["gpt_oss"]), (3, ["qwen3_moe"]),
-                                              (3, ["deepseek_v3"]), (3, ["llama4_text"]), (4, ["mixtral", "olmoe"]),
+                                              (3, ["deepseek_v3"]), (3, ["gpt_oss"]), (3, ["llama4_text"]),
+                                              (4, ["mixtral", "olmoe"]), (4, ["deepseek_v3"]), (4, ["gpt_oss"]),
                                               (4, ["llama4_text"])])
 def test_forward_equals_single_process_wider(gloo, world_size: int, names: list[str], trace_cache: str) -> None:
     """tp=2..4, the rest of the matrix: DeepSeek-V3 (shared expert planned as a dense MLP, grouped routing),
-    GPT-OSS (expert biases looked up on their experts' ranks, the gate on ``L(experts)`` rows), Llama-4 text at 3
-    (4 experts: 2/1/1) and 4, and the families above at the other world sizes; both forms. Each compile of the
+    GPT-OSS (expert biases looked up on their experts' ranks, the gate on ``L(experts)`` rows), both at 2, 3 (4
+    experts: 2/1/1) and 4 (one expert per rank), Llama-4 text at 3 and 4, and the families above at the other world
+    sizes; both forms. Each compile of the
     larger zoo models takes about a minute on a loaded 2-core machine, hence the longer timeout."""
     _check_forward(gloo.run(world_size, _forward_forms, names, trace_cache, timeout_s=1500), world_size)
+
+
+@pytest.mark.zoo  # one family a test: a minute or more of compiles each on a loaded 2-core machine
+@pytest.mark.parametrize("name", [*MORE_MOE, "jamba"])
+def test_more_families_forward_equals_single_process(gloo, name: str, trace_cache: str) -> None:
+    """tp=2, the other MoE families transformers ships (tests/zoo_models.py ``MORE_MOE``: Qwen2-MoE and GLM-4-MoE
+    with shared experts, MiniMax beside linear attention, DeepSeek-V2 and GLM-4-MoE-lite with latent
+    attention, Phi-MoE's sparse-mixer router (two ``max``, no ``topk``), Granite-MoE, ...; and Jamba, experts every
+    other layer of a Mamba hybrid), experts placed and experts split: logits equal the single-process model's on
+    every rank, every block in the forced form."""
+    results = gloo.run(2, _forward_forms, [name], trace_cache, timeout_s=900)
+    for case, got in results[0].items():
+        assert got["scale"] > 10 * TOLERANCE, f"{case}: logits too small to compare ({got['scale']:.3g})"
+    _check_forward(results, 2)
+
+
+@pytest.mark.zoo  # with the others of the MoE families
+@pytest.mark.slow  # two traces of a 2-layer model each: about 20 s on a loaded 2-core machine
+@pytest.mark.parametrize("name,line", [("dbrx", r"modeling_dbrx\.py.*for expert_idx in expert_hit"),
+                                       ("jetmoe", r"modeling_jetmoe\.py.*inputs\.split\(expert_size")])
+def test_looped_experts_refused(name: str, line: str) -> None:
+    """No mesh, DBRX (a Python loop over the experts the router hit) and JetMoE (rows per expert counted on the host,
+    then split): each form asked for is refused with a CaptureError naming the model's line and the fix, never a plan
+    at sizes that hold for the example batch only."""
+    model, args, kwargs = LOOPED_MOE[name]()
+    for form in ("placed", "split"):
+        with pytest.raises(autotp.CaptureError, match=f"(?s){line}.*(grouped GEMM|torch.where)"):
+            _plan(model, args, kwargs, 2, form)
 
 
 def _greedy(rank: int, world_size: int, name: str, form: str) -> dict[str, Any]:
@@ -232,6 +263,25 @@ def test_greedy_generate_equals_hf(gloo, world_size: int, name: str, form: str) 
         assert result["forms"] == {form}, f"rank {rank}: blocks took {result['forms']}"
         assert result["got"] == result["expected"], (
             f"rank {rank}: tokens differ\n expected {result['expected']}\n got {result['got']}")
+
+
+@pytest.mark.zoo  # the rest of the generate matrix: each a prefill and a decode compile of a zoo model
+@pytest.mark.parametrize("world_size,name,form", [(2, "mixtral", "split"), (2, "qwen3_moe", "split"),
+                                                  (3, "olmoe", "placed"), (2, "deepseek_v3", "placed"),
+                                                  (3, "deepseek_v3", "split"), (3, "gpt_oss", "placed"),
+                                                  (2, "gpt_oss", "split"), (3, "llama4_text", "split")])
+def test_greedy_generate_equals_hf_wider(gloo, world_size: int, name: str, form: str) -> None:
+    """tp=2 and 3 (4 experts: 2/1/1 when placed), the cells of the family x form matrix the test above leaves:
+    Mixtral, Qwen3-MoE and Llama-4 text split, OLMoE placed, DeepSeek-V3 (latent cache, a shared expert, a dense
+    first layer) and GPT-OSS (expert biases, attention sinks) in both forms: greedy tokens equal
+    ``model.generate``'s, and the reference generates more than one token (the case can tell)."""
+    results = gloo.run(world_size, _greedy, name, form, timeout_s=900)
+    new_tokens = {token for row in results[0]["expected"] for token in row[-6:]}  # _greedy's max_new_tokens
+    assert len(new_tokens) > 1, f"{name}: the reference generates one token only {results[0]['expected']}"
+    for rank, result in enumerate(results):
+        assert result["forms"] == {form}, f"{name} rank {rank}: blocks took {result['forms']}"
+        assert result["got"] == result["expected"], (
+            f"{name} {form} tp={world_size} rank {rank}: tokens differ\n expected {result['expected']}\n got {result['got']}")
 
 
 def test_routed_load_formulas() -> None:
@@ -290,6 +340,34 @@ def test_auto_records_both_forms_and_round_trips() -> None:
     again = autotp.Plan.from_json(plan.to_json())
     assert again.expert_form_times == plan.expert_form_times
     assert [b.form for b in planned_experts(again.nodes, 2)] == [form]
+
+
+def test_mixed_block_reads_as_mixed() -> None:
+    """tp=2, a block whose two grouped GEMMs the solver put in different forms (the gate/up GEMM placed, the down GEMM
+    split by its output columns, as ``experts="auto"`` picks for 128 small experts at a 512-token prefill on the CPU
+    profile): the plan's text and ``explain`` call it mixed and give the one-form plans' times, never "replicated"
+    or "forced"."""
+    from autotp.planning.decisions import NodeDecision
+    from autotp.planning.experts import expert_lines, explain_experts
+
+    module = "model.layers.0.mlp.experts"
+    op = "transformers.grouped_mm_fallback.default"
+    nodes = [NodeDecision("x", "placeholder", (), "R", 0.0, input_nodes=(), shape=(64, 32)),
+             NodeDecision("offs", "placeholder", (), "R", 0.0, shape=(4,)),
+             NodeDecision("w_in", "placeholder", (), "S(0)", 0.0, target=f"{module}.gate_up_proj", shape=(4, 32, 16)),
+             NodeDecision("w_out", "placeholder", (), "S(2)", 0.0, target=f"{module}.down_proj", shape=(4, 8, 32)),
+             NodeDecision("gate_up", op, ("L(experts)", "S(0)", "R"), "P(experts)", 0.0, module,
+                          input_nodes=("x", "w_in", "offs"), shape=(64, 16)),
+             NodeDecision("down", op, ("R", "S(2)", "R"), "S(1)", 0.0, module, input_nodes=("gate_up", "w_out", "offs"),
+                          shape=(64, 32))]
+    times = (("placed", 0.052), ("split", 0.0523))
+    [block] = planned_experts(nodes, 2)
+    assert block.form == "mixed" and block.experts == 4, block
+    text = "\n".join(expert_lines(nodes, 2, times))
+    explained = "\n".join(explain_experts(nodes, 2, module, times) or [])
+    for got in (text, explained):
+        assert "experts mixed" in got and "mixes the forms" in got and "experts placed 52.000 ms" in got, got
+        assert "replicated" not in got and "forced" not in got, got
 
 
 def _dispatched_forward(rank: int, world_size: int, names: list[str]) -> dict[str, dict[str, Any]]:

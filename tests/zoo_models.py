@@ -27,7 +27,7 @@ import torch
 from models import ModelAndInputs, _build
 from own_state_models import tiny_cached_transformer
 
-__all__ = ["ZOO", "ZooEntry"]
+__all__ = ["LOOPED_MOE", "MORE_MOE", "ZOO", "ZooEntry"]
 
 VOCAB = 256
 HIDDEN = 64
@@ -154,6 +154,64 @@ ZOO: dict[str, ZooEntry] = {
     "convnext": ZooEntry(third_party.convnext, None, "ConvNeXt-style"),
     "gpt_fast": ZooEntry(lambda seed=0: _gpt_fast(seed), None, "gpt-fast-style, KV cache in its own buffers"),
 }
+
+
+_SMALL_MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+"""Multi-head latent attention at the zoo's size (DeepSeek-V2, GLM-4-MoE-lite)."""
+
+MORE_MOE: dict[str, Callable[..., ModelAndInputs]] = {
+    "qwen2_moe": _hf("Qwen2MoeConfig", "Qwen2MoeForCausalLM", **_DECODER, **_MOE, shared_expert_intermediate_size=32),
+    "glm4_moe": _hf("Glm4MoeConfig", "Glm4MoeForCausalLM", head_dim=16, **_DECODER, n_routed_experts=4,
+                    num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1),
+    "glm4_moe_lite": _hf("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", **{**_DECODER, "num_key_value_heads": 4},
+                         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                         first_k_dense_replace=1, **_SMALL_MLA),
+    "deepseek_v2": _hf("DeepseekV2Config", "DeepseekV2ForCausalLM", **{**_DECODER, "num_key_value_heads": 4},
+                       n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                       first_k_dense_replace=1, n_group=1, topk_group=1, **_SMALL_MLA),
+    "dots1": _hf("Dots1Config", "Dots1ForCausalLM", head_dim=16, **_DECODER, n_routed_experts=4, num_experts_per_tok=2,
+                 moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1),
+    "ernie4_5_moe": _hf("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", **_DECODER, moe_num_experts=4, moe_k=2,
+                        moe_intermediate_size=32, moe_num_shared_experts=1, moe_layer_start_index=1),
+    "exaone_moe": _hf("ExaoneMoeConfig", "ExaoneMoeForCausalLM", head_dim=16, **_DECODER, **_MOE, num_shared_experts=1,
+                      first_k_dense_replace=1),
+    "afmoe": _hf("AfmoeConfig", "AfmoeForCausalLM", head_dim=16, **_DECODER, **_MOE, num_shared_experts=1,
+                 num_dense_layers=1),
+    "lfm2_moe": _hf("Lfm2MoeConfig", "Lfm2MoeForCausalLM", **_DECODER, **_MOE, num_dense_layers=1,
+                    layer_types=["conv", "full_attention"]),
+    "flex_olmo": _hf("FlexOlmoConfig", "FlexOlmoForCausalLM", **{**_DECODER, "intermediate_size": 32}, num_experts=4,
+                     num_experts_per_tok=2),
+    "granitemoe": _hf("GraniteMoeConfig", "GraniteMoeForCausalLM", **_DECODER, num_local_experts=4,
+                      num_experts_per_tok=2),
+    "granitemoeshared": _hf("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", **_DECODER, num_local_experts=4,
+                            num_experts_per_tok=2, shared_intermediate_size=32),
+    "hunyuan_v1_moe": _hf("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", head_dim=16, **_DECODER, num_experts=4,
+                          moe_topk=2),
+    "minimax": _hf("MiniMaxConfig", "MiniMaxForCausalLM", head_dim=16, **_DECODER, num_local_experts=4,
+                   num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"]),
+    "minimax_m2": _hf("MiniMaxM2Config", "MiniMaxM2ForCausalLM", head_dim=16, **_DECODER, num_local_experts=4,
+                      num_experts_per_tok=2),
+    "cohere2_moe": _hf("Cohere2MoeConfig", "Cohere2MoeForCausalLM", head_dim=16, **_DECODER, num_experts=4,
+                       num_experts_per_tok=2),
+    "phimoe": _hf("PhimoeConfig", "PhimoeForCausalLM", **_DECODER, num_local_experts=4, num_experts_per_tok=2),
+}
+"""More mixture-of-experts families transformers ships, beyond the wide zoo's five (the zoo's sizes, 4 experts, top 2;
+a dense first layer and a shared expert where the family has them): for the expert-placement matrix
+(tests/test_expert_placement.py, zoo tier), forward at tp=2 with experts placed and with experts split.
+DBRX and JetMoE run their experts as a loop over the experts hit (data-dependent sizes) and are refused instead
+(:data:`LOOPED_MOE`). Qwen3-Next is not here: its linear attention's reference kernel (no ``flash-linear-attention``
+on CPU) unrolls a loop over a 64-token chunk into the trace, minutes of tracing on a loaded 2-core machine."""
+
+LOOPED_MOE: dict[str, Callable[..., ModelAndInputs]] = {
+    "dbrx": _hf("DbrxConfig", "DbrxForCausalLM", d_model=HIDDEN, n_heads=4, n_layers=2, max_seq_len=64,
+                attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+                ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
+    "jetmoe": _hf("JetMoeConfig", "JetMoeForCausalLM", hidden_size=HIDDEN, num_hidden_layers=2, num_key_value_heads=2,
+                  kv_channels=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                  max_position_embeddings=64),
+}
+"""MoE families whose experts are a Python loop over the experts the router hit, or rows counted at run time: their
+sizes depend on the data, which a plan made at example sizes cannot follow, so autotp refuses them."""
 
 
 def _gpt_fast(seed: int) -> ModelAndInputs:

@@ -618,6 +618,29 @@ def _check_straight_line(gm: fx.GraphModule, what: str) -> None:
         )
 
 
+def _data_dependent(value: Any) -> bool:
+    """Whether a traced tensor has a size with no example value (an unbacked size: it depends on the data)."""
+    return isinstance(value, torch.Tensor) and any(
+        isinstance(size, torch.SymInt) and size.node.hint is None for size in value.shape)
+
+
+def _check_sizes_from_inputs(gm: fx.GraphModule, what: str) -> None:
+    """Refuse graphs with a tensor whose size depends on the data (``nonzero``, a count read to the host): a plan holds
+    for every call only where every size follows from the input sizes, and the planner prices example sizes."""
+    found = next((n for n in gm.graph.nodes if _data_dependent(n.meta.get("val"))), None)
+    if found is None:
+        return
+    trace = (found.meta.get("stack_trace") or "").strip().splitlines()
+    at = f" at {trace[-2].strip()}: {trace[-1].strip()}" if len(trace) >= 2 else ""
+    raise CaptureError(
+        f"{what}.forward makes a tensor whose size depends on the data, not on the input sizes: {found.name} "
+        f"({found.target}, shape {tuple(found.meta['val'].shape)}){at}. autotp plans one graph at the example sizes "
+        "for every call, so every size must follow from the input sizes; a mixture of experts that loops over the "
+        "experts its router hit, or counts their rows on the host, does this: run the experts as one grouped GEMM "
+        "(transformers' experts_implementation='grouped_mm', where the model offers it)."
+    )
+
+
 _CONSTANT_OUTPUT_TYPES = (type(None), bool, int, float, complex, str, bytes)
 """Non-tensor outputs that are constants of the trace (``(logits, None)``, a flag, a name): returned as traced."""
 
@@ -706,6 +729,7 @@ def from_exported(exported: ExportedProgram, what: str, *, training: bool = Fals
     if not training:
         _check_no_randomness(exported.graph_module, what)
     _check_straight_line(exported.graph_module, what)
+    _check_sizes_from_inputs(exported.graph_module, what)
     gm = exported.graph_module
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:

@@ -3,7 +3,9 @@
 An MoE block is found from the graph alone, never from module or class names: a grouped GEMM
 (``aten._grouped_mm`` or transformers' ``grouped_mm_fallback``) whose weight is a 3-D parameter ``(E, K, N)``
 (through views and transposes) and whose row-group offsets come from a router's ``topk``. The grouped
-GEMMs that share one ``topk`` are one block (the gate/up and the down projection of the routed experts); a
+GEMMs that share one ``topk`` are one block (the gate/up and the down projection of the routed experts); where the
+offsets come from a router of another kind (Phi-MoE's sparse mixer picks its two experts with two ``max``), the
+grouped GEMMs that share one offsets tensor are (a grouped GEMM over a 3-D parameter is experts either way); a
 shared expert (DeepSeek-style) is an ordinary MLP beside it and is planned like one. Experts run as one batched
 product over every token (Llama-4 text: ``bmm(x (E, T, K), w (E, K, N))`` on inputs scaled by the router's
 scores) are a block too: a ``bmm`` over a 3-D parameter whose batch dim is its experts, routed by the ``topk``
@@ -42,6 +44,7 @@ from autotp.base.placements import Shard, is_rank_local, placement_from_str
 from autotp.base.strategy import Strategy
 from autotp.base.units import format_seconds
 from autotp.cost_model.routing import even_expert_counts
+from autotp.passes.rules import tensor_inputs
 from autotp.passes.rules.experts import (
     BATCHED_EXPERT_OPS,
     batched_expert_weight,
@@ -76,7 +79,7 @@ class ExpertBlock:
     """One MoE block of a graph: its router's ``topk`` node, its grouped GEMMs and their expert weights."""
 
     module: str  # the module path of its grouped GEMMs (e.g. model.layers.0.mlp.experts), for reports
-    router: str  # the topk node whose indices route the tokens
+    router: str  # the topk node whose indices route the tokens (else the grouped GEMMs' offsets node)
     gemms: tuple[str, ...]  # grouped GEMM nodes, graph order
     weights: tuple[str, ...]  # the parameter placeholders of their expert weights (E, K, N)
     experts: int  # E
@@ -104,6 +107,8 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
         weight = expert_weight_input(node) if is_grouped_mm(node.target) else batched_expert_weight(node)
         param = _weight_parameter(weight, graph.parameters) if weight is not None else None
         router = router_of(node) if param is not None else None
+        if router is None and param is not None and is_grouped_mm(node.target):
+            router = tensor_inputs(node)[2]  # a router of its own (Phi-MoE's sparse mixer: two max), not a topk
         if router is not None and param is not None:
             found.setdefault(router.name, []).append((node, param))
     blocks = []
@@ -202,7 +207,7 @@ class PlannedExperts:
     """The form one MoE block took in a plan, read from the plan's grouped GEMMs."""
 
     module: str
-    form: str  # "placed", "dispatched", "split" or "replicated"
+    form: str  # "placed", "dispatched", "split", "replicated" or "mixed" (its GEMMs in different forms)
     gemms: tuple[str, ...]
     weights: tuple[str, ...]  # the expert weights' FQNs (or placeholder names)
     experts: int
@@ -221,6 +226,9 @@ class PlannedExperts:
                     "rank, tokens split across the ranks")
         if self.form == "split":
             return f"{self.module}: experts split, every rank a slice of each of {self.experts} experts"
+        if self.form == "mixed":
+            return (f"{self.module}: experts mixed, {self.experts} experts, its expert GEMMs in different forms (their "
+                    "placements below)")
         return f"{self.module}: experts replicated, every rank all {self.experts} experts"
 
 
@@ -292,6 +300,10 @@ def planned_experts(nodes: Iterable[NodeDecision], world_size: int) -> list[Plan
 def _why(form: str, form_times: Sequence[tuple[str, float]]) -> str:
     """Why a block took ``form``: the predicted plan time with every block in each form (``Plan.expert_form_times``)."""
     times = dict(form_times)
+    if form == "mixed":  # the solver's own mix, priced below every one-form plan
+        listed = ", ".join(f"experts {other} {format_seconds(time)}" for other, time in times.items())
+        return "the solver's cheapest plan mixes the forms" + (f"; with every block in one form: {listed}" if listed
+                                                                else "")
     if form not in times or len(times) < 2:
         return "forced (PlanOptions(experts=...)) or the only form possible" if form != "replicated" else ""
     others = ", ".join(f"experts {other} {format_seconds(time)}" for other, time in times.items() if other != form)
