@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from models import tiny_llama
 
 from autotp.base.module_paths import layer_blocks
@@ -201,6 +202,76 @@ def test_mesh_bad_input_fails_on_every_rank(gloo: Any) -> None:
         assert texts == messages[0], f"rank {rank} raised {texts}, rank 0 {messages[0]}"
         for text, wanted in zip(texts, expected):
             assert wanted in text, f"expected an error with {wanted!r}, got {text!r}"
+
+
+class _BranchOnValues(torch.nn.Module):
+    """Two linear blocks and a branch on a tensor's value, which ``torch.export`` cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+            if x.sum() > 0:
+                x = -x
+        return x
+
+
+def _pipeline_traces(rank: int, world_size: int, cache: str) -> dict[str, Any]:
+    """pp=2 over this pool's ranks: how many ``torch.export`` traces this rank made for two compiles of tiny Llama
+    through the trace cache ``cache`` and for a model that cannot be traced, the outputs' difference from one
+    process, and that model's error."""
+    import functools
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import autotp
+
+    model, args, kwargs = tiny_llama(**TINY, layers=2, batch=4)
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("pp",))
+    exports: list[int] = []
+    export = torch.export.export
+
+    @functools.wraps(export)
+    def counted(*a: Any, **k: Any) -> Any:
+        exports[-1] += 1
+        return export(*a, **k)
+
+    torch.export.export = counted
+    errors = []
+    try:
+        for _ in range(2):
+            exports.append(0)
+            part = autotp.compile_mesh(model, mesh, example_inputs=args, example_kwargs=kwargs,
+                                       runtime=autotp.RuntimeOptions(trace_cache=cache))
+        with torch.no_grad():
+            diff = float((part(*args, **kwargs).logits - model(*args, **kwargs).logits).abs().max())
+        exports.append(0)
+        try:
+            autotp.compile_mesh(_BranchOnValues(), mesh, example_inputs=(torch.randn(4, 8),))
+        except ValueError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        torch.export.export = export
+    return {"exports": exports, "diff": diff, "errors": errors}
+
+
+def test_pipeline_split_is_traced_once_for_the_mesh(gloo: Any, tmp_path: Any) -> None:
+    """pp=2 on 2 gloo ranks: the whole-model trace the stages are cut from is made on rank 0 alone and rebuilt on
+    rank 1, and a second compile through the same trace cache traces on no rank; the logits equal one process's;
+    a model ``torch.export`` cannot trace (traced on rank 0 alone too) raises the same ValueError, saying the fix,
+    on both ranks."""
+    results = gloo.run(2, _pipeline_traces, str(tmp_path / "trace-cache"))
+    assert [r["exports"] for r in results] == [[1, 0, 1], [0, 0, 0]], (
+        "expected traces on rank 0 alone, none for the second compile of the same model, got exports per compile by "
+        f"rank: {[r['exports'] for r in results]}")
+    for rank, result in enumerate(results):
+        assert result["diff"] < 1e-5, f"rank {rank}: logits differ from one process by {result['diff']}"
+        assert len(result["errors"]) == 1 and "the pipeline stages are cut from one torch.export trace" in result["errors"][0], (
+            f"rank {rank}: expected the split's ValueError, got {result['errors']}")
+        assert result["errors"] == results[0]["errors"], f"rank {rank} raised {result['errors']}, rank 0 {results[0]['errors']}"
 
 
 def test_mesh_dp_pp_tp_on_eight_ranks(gloo: Any) -> None:

@@ -205,8 +205,13 @@ calls into transformers and torchao, and the KV-cache wrapper."""
 
 
 def trace_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
-              *, device: torch.device, training: bool) -> str:
-    """The SHA-256 naming the program ``torch.export`` makes of ``model(*args, **kwargs)`` (see the module docstring)."""
+              *, device: torch.device, training: bool, purpose: str = "capture") -> str:
+    """The SHA-256 naming the program ``torch.export`` makes of ``model(*args, **kwargs)`` (see the module docstring).
+
+    ``purpose`` names what the program is made for, when two callers trace the same model and inputs into
+    different programs: ``"capture"`` (:mod:`autotp.capture.tracing`: functionalized where it writes in place),
+    ``"pipeline stages"`` (:func:`autotp.runtime.mesh.mesh_module.split_stages`: ``torch.export``'s program as
+    it is)."""
     memo: dict[str, str] = {}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the autotp package folder
     leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -214,6 +219,7 @@ def trace_key(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
               for leaf in leaves]
     description = {
         "format": FORMAT,
+        "purpose": purpose,
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "autotp capture": [file_digest(os.path.join(here, f), memo) for f in _CAPTURE_SOURCES],

@@ -21,8 +21,13 @@ Weights are never shared: each rank's program holds its own, so a rank with othe
 still caught by the agreement on weights.
 
 Rank 0's failure to trace reaches every rank as a :class:`~autotp.base.errors.CaptureError` (the
-same error where the ranks' keys agree, so an untraceable model gives every rank the usual error;
-naming rank 0 otherwise); no rank is left waiting (the exchange is bounded by ``timeout_s``).
+same error where the ranks' keys agree, so an untraceable model gives every rank the usual error,
+a ``CaptureError`` or the pipeline split's ``ValueError``; naming rank 0 otherwise); no rank is left
+waiting (the exchange is bounded by ``timeout_s``).
+
+The pipeline split of :func:`autotp.compile_mesh` (:func:`autotp.runtime.mesh.mesh_module.split_stages`) shares its
+whole-model trace over the mesh's ranks the same way, under a key of its own purpose (its program is
+``torch.export``'s as it is, not functionalized).
 """
 
 from __future__ import annotations
@@ -43,12 +48,19 @@ _STORE_MESSAGE_BYTES = 4 << 20
 (a TCPStore message is capped at 8 MiB)."""
 
 
+_SAME_ERRORS: dict[str, type[Exception]] = {"CaptureError": CaptureError, "ValueError": ValueError}
+"""Rank 0's errors that the other ranks raise as they are where their keys agree (a model that cannot be traced:
+:func:`autotp.capture.tracing.capture`'s ``CaptureError``, the pipeline split's ``ValueError``)."""
+
+
 class FirstRankTrace:
     """``capture(..., share=FirstRankTrace(group, timeout_s=...))``: see the module docstring."""
 
-    def __init__(self, group: dist.ProcessGroup | None, *, timeout_s: float) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, *, timeout_s: float, purpose: str = "capture") -> None:
         self.group = group
         self.timeout_s = timeout_s
+        self.purpose = purpose
+        """The trace key's ``purpose`` (:func:`autotp.capture.trace_cache.trace_key`): what the program is for."""
 
     def __call__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
                  training: bool, trace: Any) -> Traced:
@@ -58,7 +70,8 @@ class FirstRankTrace:
 
         device = trace_device(args, kwargs)
         try:
-            key: str | None = trace_key(model, args, kwargs, dynamic_shapes, device=device, training=training)
+            key: str | None = trace_key(model, args, kwargs, dynamic_shapes, device=device, training=training,
+                                        purpose=self.purpose)
         except Exception:  # noqa: BLE001 - a model the key cannot describe is traced on every rank
             key = None
         if dist.get_rank(self.group) == 0:
@@ -67,8 +80,9 @@ class FirstRankTrace:
                                 what="the traced program from rank 0")
         if sent.get("failure") is not None:
             kind, text = sent["failure"]
-            if kind == "CaptureError" and sent.get("key") == key:  # the same model: the same error as rank 0's
-                raise CaptureError(text)
+            same_error = _SAME_ERRORS.get(kind)
+            if same_error is not None and sent.get("key") == key:  # the same model: the same error as rank 0's
+                raise same_error(text)
             raise CaptureError(f"tracing failed on rank 0 of the group: {kind}: {text}")
         if sent.get("large"):
             sent["entry"] = self._broadcast(None)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import operator
 import os
@@ -67,14 +68,17 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch import nn
+from torch.export import ExportedProgram
 
 from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.base.module_paths import layer_blocks
-from autotp.capture.tracing import as_if_on, check_model, trace_device
+from autotp.capture.trace_cache import TraceCache, open_trace_cache, trace_key
+from autotp.capture.tracing import Traced, TraceShare, as_if_on, check_model, trace_device
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions
 from autotp.runtime.agreement.exchanges import options_record, plan_text, ranks_agree
+from autotp.runtime.agreement.shared_trace import FirstRankTrace
 from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.options import RuntimeOptions
 
@@ -228,28 +232,38 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
 
 
 def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[Any, ...],
-                 mb_kwargs: dict[str, Any] | None = None) -> StageSplit:
+                 mb_kwargs: dict[str, Any] | None = None, *, share: TraceShare | None = None,
+                 trace_cache: TraceCache | None = None) -> StageSplit:
     """Cut ``model`` before each module of ``split_points`` (FQNs): one ``torch.export`` trace of the whole
     model on the microbatch ``mb_args``/``mb_kwargs`` (non-strict), its graph cut into contiguous stages
     (:func:`stage_graphs`), then the microbatch run through the stages to record what each takes and
     gives. ``model`` is left as it was.
 
+    ``share`` (:data:`autotp.capture.tracing.TraceShare`, e.g. a
+    :class:`~autotp.runtime.agreement.shared_trace.FirstRankTrace` over the mesh's ranks): how to obtain that
+    program instead of tracing it on every rank (every rank cuts the same model at the same microbatch);
+    ``trace_cache`` (:mod:`autotp.capture.trace_cache`): reuse the program traced for the same model and
+    microbatch before (its key's purpose ``"pipeline stages"``), and store a new one.
+
     A model on the meta device (weights to be read from a checkpoint) is traced and run with fake
     weights on the device of ``mb_args`` (so the stage graphs make their tensors there); its stages
     then hold the model's meta tensors again, and the recorded inputs and outputs are zeros of the
-    right shapes on that device."""
+    right shapes on that device. Such a model is traced on every rank, without the cache."""
     mb_kwargs = dict(mb_kwargs or {})
     on_meta = any(p.device.type == "meta" for p in model.parameters())
     device = trace_device(mb_args, mb_kwargs)
     with contextlib.ExitStack() as fake:
         if on_meta:
             mb_args, mb_kwargs = fake.enter_context(as_if_on(model, device, (mb_args, mb_kwargs)))
-        try:
-            exported = torch.export.export(model, mb_args, mb_kwargs, strict=False)
-        except Exception as exc:
-            raise ValueError(f"the pipeline stages are cut from one torch.export trace of {type(model).__name__}, "
-                             f"which failed ({type(exc).__name__}: {exc}); make the forward pass traceable by "
-                             "torch.export (non-strict), or use a mesh without 'pp'") from exc
+            exported = _export_for_split(model, mb_args, mb_kwargs)
+        else:
+            def trace() -> Traced:
+                return _trace_for_split(model, mb_args, mb_kwargs, device, trace_cache)
+
+            traced = trace() if share is None else share(model, mb_args, mb_kwargs, None, model.training, trace)
+            if traced.store is not None:  # after sharing: the other ranks rebuild the program meanwhile
+                traced.store()
+            exported = traced.exported
         flat = exported.module(check_guards=False)
         names = tuple(str(node.target) for node in flat.graph.nodes if node.op == "placeholder")
         arguments = _arguments_by_name(model, mb_args, mb_kwargs)
@@ -278,6 +292,35 @@ def split_stages(model: nn.Module, split_points: Sequence[str], mb_args: tuple[A
                    if name not in first_inputs and value is not None and not isinstance(value, torch.Tensor)},
         out_spec=exported.call_spec.out_spec,
     )
+
+
+SPLIT_PURPOSE = "pipeline stages"
+"""The trace key's ``purpose`` (:func:`autotp.capture.trace_cache.trace_key`) of the program the stages are cut from:
+``torch.export``'s program as it is, which a compile's trace of the same model and inputs is not."""
+
+
+def _export_for_split(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ExportedProgram:
+    """The static, non-strict ``torch.export`` program the stages are cut from; a ValueError saying what to do."""
+    try:
+        return torch.export.export(model, args, kwargs, strict=False)
+    except Exception as exc:
+        raise ValueError(f"the pipeline stages are cut from one torch.export trace of {type(model).__name__}, "
+                         f"which failed ({type(exc).__name__}: {exc}); make the forward pass traceable by "
+                         "torch.export (non-strict), or use a mesh without 'pp'") from exc
+
+
+def _trace_for_split(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device,
+                     cache: TraceCache | None) -> Traced:
+    """:func:`_export_for_split`, through ``cache`` when there is one (the write left to the caller,
+    :attr:`~autotp.capture.tracing.Traced.store`)."""
+    if cache is None:
+        return Traced(_export_for_split(model, args, kwargs), "static", None)
+    key = trace_key(model, args, kwargs, None, device=device, training=model.training, purpose=SPLIT_PURPOSE)
+    exported = cache.get(key, model, device)
+    if exported is not None:
+        return Traced(exported, "static", None, from_cache=True)
+    exported = _export_for_split(model, args, kwargs)
+    return Traced(exported, "static", None, store=functools.partial(cache.put, key, exported))
 
 
 def _arguments_by_name(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -663,7 +706,10 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
                 derived = [name for name, b in model.named_buffers() if b.device.type == "meta"]
                 materialize_hf_buffers(model, derived, trace_device(example_inputs, example_kwargs))
             mb_args, mb_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0, 0, rows)
-            split = split_stages(model, plan.split_points, mb_args, mb_kwargs)
+            # one rank traces the whole model for the mesh (through the trace cache), the others rebuild its program
+            split = split_stages(model, plan.split_points, mb_args, mb_kwargs,
+                                 share=FirstRankTrace(None, timeout_s=timeout_s, purpose=SPLIT_PURPOSE),
+                                 trace_cache=open_trace_cache(runtime.trace_cache, checkpoint))
         check_weights = runtime.check_weights and checkpoint is None
         record = {**mesh_record(plan, example_inputs, example_kwargs), "training": training}
         record["checkpoint"] = checkpoint is not None
