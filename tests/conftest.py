@@ -33,12 +33,6 @@ if "AUTOTP_TEST_CACHE_DIR" not in os.environ:
     os.environ["AUTOTP_TEST_CACHE_DIR"] = os.environ["AUTOTP_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotp-test-cache-")
     atexit.register(shutil.rmtree, os.environ["AUTOTP_TEST_CACHE_DIR"], ignore_errors=True)
 
-# the trace_cache fixture's directory: one for the whole test run, made here before pytest-xdist starts its workers
-# (which inherit it), so that a model one file traces is rebuilt by the others, whichever worker runs them
-if "AUTOTP_TEST_TRACE_CACHE" not in os.environ:
-    os.environ["AUTOTP_TEST_TRACE_CACHE"] = tempfile.mkdtemp(prefix="autotp-test-traces-")
-    atexit.register(shutil.rmtree, os.environ["AUTOTP_TEST_TRACE_CACHE"], ignore_errors=True)
-
 PROCESS_FIXTURES = frozenset({"gloo", "private_pools"})
 """Fixtures that start real gloo worker processes; a test using any of them is ``distributed``."""
 
@@ -64,17 +58,15 @@ def gloo() -> Iterator[GlooRunner]:
 
 
 @pytest.fixture(scope="session")
-def trace_cache() -> str:
-    """A trace cache directory (autotp/capture/trace_cache.py) for the tests of this test run (one directory for
-    every pytest-xdist worker) that compile one model at several world sizes or with several plan options, or the
-    same model as a test of another file: ``torch.export`` makes the same program for each (a trace depends on the
-    model and its inputs, not on the world size or the options), so the first compile traces it and the others
-    rebuild it (``RuntimeOptions(trace_cache=trace_cache)``), as ``autotp.from_pretrained`` does for a user. Tracing
-    is most of a tiny model's compile (a 2-layer Llama: about 3 s of one core against 0.3 s to rebuild); what those
-    tests check, the plan at each world size and the outputs, is the same. A test that checks the tracing itself
-    (stamping, the shared trace) traces. Workers writing one entry at once are safe: the first to lock it writes it,
-    atomically."""
-    return os.environ["AUTOTP_TEST_TRACE_CACHE"]
+def trace_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A trace cache directory (autotp/capture/trace_cache.py) for the tests of this session (of this xdist worker)
+    that compile one model at several world sizes or with several plan options: ``torch.export`` makes the same
+    program for each (a trace depends on the model and its inputs, not on the world size or the options), so the
+    first compile traces it and the others rebuild it (``RuntimeOptions(trace_cache=trace_cache)``), as
+    ``autotp.from_pretrained`` does for a user. Tracing is most of a tiny model's compile (a 2-layer Llama:
+    about 3 s of one core against 0.3 s to rebuild); what those tests check, the plan at each world size and
+    the outputs, is the same. A test that checks the tracing itself (stamping, the shared trace) traces."""
+    return str(tmp_path_factory.mktemp("trace-cache"))
 
 
 LONG_FILES = ("test_mesh_grid.py", "test_releases.py", "test_runtime_modes.py", "test_equivalence.py",
