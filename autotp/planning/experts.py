@@ -107,8 +107,9 @@ def find_expert_blocks(graph: StrategyGraph) -> list[ExpertBlock]:
         weight = expert_weight_input(node) if is_grouped_mm(node.target) else batched_expert_weight(node)
         param = _weight_parameter(weight, graph.parameters) if weight is not None else None
         router = router_of(node) if param is not None else None
-        if router is None and param is not None and is_grouped_mm(node.target):
-            router = tensor_inputs(node)[2]  # a router of its own (Phi-MoE's sparse mixer: two max), not a topk
+        inputs = tensor_inputs(node)
+        if router is None and param is not None and is_grouped_mm(node.target) and len(inputs) > 2:
+            router = inputs[2]  # the offsets of a router of its own (Phi-MoE's sparse mixer: two max), not a topk
         if router is not None and param is not None:
             found.setdefault(router.name, []).append((node, param))
     blocks = []
