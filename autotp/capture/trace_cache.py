@@ -55,6 +55,7 @@ directory private (it is created with mode 0700), as for any compiler cache.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -66,6 +67,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +277,16 @@ class TraceCache:
         warnings.warn(f"autotp: ignoring the trace cache entry {path} ({problem}); tracing the model again",
                       stacklevel=3)
         return None
+
+    def get_or_export(self, key: str, model: torch.nn.Module, device: torch.device,
+                      export: Callable[[], ExportedProgram]) -> tuple[ExportedProgram, bool, Callable[[], None] | None]:
+        """The cached program for ``key`` (:meth:`get`), else ``export()``'s; whether it came from the cache, and
+        the write of a new one (:meth:`put`, left to the caller: after sharing it, ``Traced.store``)."""
+        exported = self.get(key, model, device)
+        if exported is not None:
+            return exported, True, None
+        exported = export()
+        return exported, False, functools.partial(self.put, key, exported)
 
     def put(self, key: str, exported: ExportedProgram, *, payload: bytes | None = None) -> None:
         """Store ``exported`` (as ``torch.export`` returned it) under ``key``; a failure to write only warns.

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import operator
 import os
@@ -444,11 +443,7 @@ def _export_or_reuse(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict
 
     device = trace_device(args, kwargs)
     key = trace_key(model, args, kwargs, dynamic_shapes, device=device, training=training)
-    exported = trace_cache.get(key, model, device)
-    if exported is not None:
-        return exported, True, None
-    exported = _export(model, args, kwargs, dynamic_shapes)
-    return exported, False, functools.partial(trace_cache.put, key, exported)
+    return trace_cache.get_or_export(key, model, device, lambda: _export(model, args, kwargs, dynamic_shapes))
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any) -> ExportedProgram:

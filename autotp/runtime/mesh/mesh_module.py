@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import operator
 import os
@@ -316,11 +315,9 @@ def _trace_for_split(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if cache is None:
         return Traced(_export_for_split(model, args, kwargs), "static", None)
     key = trace_key(model, args, kwargs, None, device=device, training=model.training, purpose=SPLIT_PURPOSE)
-    exported = cache.get(key, model, device)
-    if exported is not None:
-        return Traced(exported, "static", None, from_cache=True)
-    exported = _export_for_split(model, args, kwargs)
-    return Traced(exported, "static", None, store=functools.partial(cache.put, key, exported))
+    exported, from_cache, store = cache.get_or_export(key, model, device,
+                                                      lambda: _export_for_split(model, args, kwargs))
+    return Traced(exported, "static", None, from_cache=from_cache, store=store)
 
 
 def _arguments_by_name(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
