@@ -25,7 +25,7 @@ from scipy.optimize import nnls
 
 from .bandwidth import at_working_set
 from .collective_forms import FORM_TABLE, CollectiveForm, form_measured_as
-from .collectives import alpha_beta_terms, ceil_log2
+from .collectives import alpha_beta_terms, ceil_log2, gloo_kind
 from .graph_calibration import COLD_WEIGHT_BYTES, GemmSample, GraphSample, HostFit, fit_gemm_curve, fit_host_terms
 from .hardware import Hardware, LinkProfile
 
@@ -142,12 +142,13 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
 
 def _link_terms(sample: CollectiveSample) -> tuple[float, float]:
     """(latency steps, bandwidth factor) of one sample's algorithm: the terms of the form it measures
-    (``FormSpec.measured_as``, on its first kind), else the backend's ring (:mod:`.collectives`)."""
+    (``FormSpec.measured_as``, on its first kind), else gloo's ring for its kind (:func:`.collectives.gloo_kind`:
+    the samples are gloo's; its reduce-scatter is an all-reduce)."""
     form = form_measured_as(sample.kind)
     if form is not None and form.terms is not None:
         steps, factor, multiplier = form.terms(form.kinds[0], sample.group_size)
         return steps, factor * multiplier
-    return alpha_beta_terms(sample.kind, "ring", sample.group_size, ceil_log2(sample.group_size))
+    return alpha_beta_terms(gloo_kind(sample.kind), "ring", sample.group_size, ceil_log2(sample.group_size))
 
 
 def fit_link(samples: Sequence[CollectiveSample], *, bandwidth_bytes_per_s: float | None = None) -> LinkFit:

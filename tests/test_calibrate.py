@@ -23,6 +23,7 @@ from autotp.cli import main as cli
 from autotp.cost_model import Hardware, LinkProfile, get_hardware, link_collective_time_s
 from autotp.cost_model import calibrate as profile_fit
 from autotp.cost_model.calibrate import SHARED_MEMORY_KIND, CollectiveSample, RankMeasurements, build_profile, fit_link
+from autotp.cost_model.collectives import gloo_kind
 from autotp.cost_model.graph_calibration import GraphSample
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -31,8 +32,9 @@ TRUE_LINK = LinkProfile(name="synthetic", bandwidth_gbps=2.5, latency_s=20e-6, b
 
 
 def synthetic_samples(link: LinkProfile = TRUE_LINK, group_sizes: tuple[int, ...] = (2, 4)) -> list[CollectiveSample]:
+    """What gloo's collectives would measure on ``link``: its reduce-scatter runs as an all-reduce (``gloo_kind``)."""
     return [
-        CollectiveSample(kind, p, n, link_collective_time_s(kind, n, p, link))
+        CollectiveSample(kind, p, n, link_collective_time_s(gloo_kind(kind), n, p, link))
         for p in group_sizes for kind in KINDS for n in SIZES
     ]
 
@@ -63,7 +65,7 @@ def test_fit_weighs_small_and_large_messages_alike() -> None:
     small = [s for s in samples if s.nbytes == SIZES[0]]
     for sample in small:
         predicted = link_collective_time_s(
-            sample.kind, sample.nbytes, 2,
+            gloo_kind(sample.kind), sample.nbytes, 2,
             LinkProfile("fit", fit.bandwidth_bytes_per_s / 1e9, fit.latency_s, fit.base_latency_s),
         )
         assert math.isclose(predicted, sample.seconds, rel_tol=0.05), (sample, predicted)

@@ -6,6 +6,7 @@ formula it tests, with round numbers so that the arithmetic can be checked in on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -113,6 +114,19 @@ def test_spans_nodes_uses_inter_node_link():
     expected = 60e-6 + 1200e-6
     actual = collective_time_s("all_reduce", N_BYTES, 4, ROUND_HW, spans_nodes=True)
     assert close(actual, expected), f"expected {expected}, got {actual}"
+
+
+def test_gloo_prices_its_reduce_scatter_as_an_all_reduce():
+    """tp=2 and 4: gloo (a CPU profile) runs a reduce-scatter as an all-reduce of the whole input, so a CPU profile
+    prices it at the all-reduce's time; a GPU profile (NCCL) keeps the ring reduce-scatter, half the all-reduce's
+    bytes and steps."""
+    cpu = dataclasses.replace(ROUND_HW, host_is_device=True, small_all_reduce="ring")
+    for group_size in (2, 4):
+        all_reduce = collective_time_s("all_reduce", N_BYTES, group_size, cpu)
+        assert collective_time_s("reduce_scatter", N_BYTES, group_size, cpu) == all_reduce
+        nccl = collective_time_s("reduce_scatter", N_BYTES, group_size, ROUND_HW)
+        assert close(nccl, collective_time_s("all_reduce", N_BYTES, group_size, ROUND_HW) / 2)
+        assert collective_time_s("all_gather", N_BYTES, group_size, cpu) == nccl  # gloo's all-gather stays a ring
 
 
 def test_base_latency_is_paid_once_per_call():
