@@ -385,6 +385,11 @@ def measure_collectives(rank: int, world_size: int, config: CalibrationConfig, *
     return tuple(samples)
 
 
+NETWORK_MIN_REPEATS = 9
+"""Repeats (at least) of each collective between hosts: with one rank per host the samples are of 1 and 2 steps,
+so the per-step latency comes from small differences between them, and one slow or fast repeat of three (the quick
+calibration's) moved it from 0 to 440 µs between calibrations of the same link; nine cost a second or two more."""
+
 _SHARED_MEMORY_TIMEOUT_S = 300.0  # how long a rank waits for the others in a measured all-reduce
 
 
@@ -603,7 +608,8 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
     2. *Inside each host*: the ranks of each launcher node (``LOCAL_WORLD_SIZE``) time gloo's collectives and the
        shared-memory all-reduce among themselves, every host at once: ``intra_node``.
     3. *Across hosts*: the first rank of each node (one rank per host, the others waiting) times the same
-       collectives over the network: ``inter_node`` (one device's link, its host's alone).
+       collectives over the network, each the median of at least :data:`NETWORK_MIN_REPEATS`: ``inter_node`` (one
+       device's link, its host's alone).
 
     ``devices_per_node`` is the launcher's ``LOCAL_WORLD_SIZE``.
     """
@@ -659,7 +665,8 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
         network: tuple[CollectiveSample, ...] = ()
         if launch.rank in firsts:
             _say(progress, f"measuring the network between {len(firsts)} hosts (ranks {firsts})")
-            network = measure_collectives(firsts.index(launch.rank), len(firsts), config, group=network_group,
+            steady = dataclasses.replace(config, repeats=max(config.repeats, NETWORK_MIN_REPEATS))
+            network = measure_collectives(firsts.index(launch.rank), len(firsts), steady, group=network_group,
                                           host=launch.host)
         everything: list[Any] = [None] * launch.world_size
         dist.all_gather_object(everything, (measured, inside))
