@@ -71,6 +71,16 @@ def test_fit_weighs_small_and_large_messages_alike() -> None:
         assert math.isclose(predicted, sample.seconds, rel_tol=0.05), (sample, predicted)
 
 
+def test_the_network_between_hosts_is_measured_past_a_token_buckets_burst() -> None:
+    """The quick calibration's sizes (up to 1 MiB) get 4 MiB added between hosts, and at least nine repeats (a link
+    shaped by a token bucket passes small transfers at its burst); the full calibration's sizes already reach it."""
+    quick = CalibrationConfig.quick()
+    assert max(quick.collective_bytes) < measuring.NETWORK_LARGEST_BYTES
+    assert measuring.network_sizes(quick.collective_bytes) == (*quick.collective_bytes, measuring.NETWORK_LARGEST_BYTES)
+    assert measuring.network_sizes(CalibrationConfig().collective_bytes) == CalibrationConfig().collective_bytes
+    assert quick.repeats < measuring.NETWORK_MIN_REPEATS
+
+
 def test_fit_needs_a_bandwidth_signal() -> None:
     """No parallelism: timings that do not grow with size, or too few samples, are errors that say why."""
     flat = [CollectiveSample("all_reduce", 2, n, 1e-3) for n in SIZES]

@@ -385,10 +385,23 @@ def measure_collectives(rank: int, world_size: int, config: CalibrationConfig, *
     return tuple(samples)
 
 
+NETWORK_LARGEST_BYTES = 4 * 2**20
+"""The network between hosts is measured up to at least this size (:func:`network_sizes`): a link shaped by a token
+bucket passes a small transfer at the bucket's burst, faster than its rate, and the quick calibration's sizes (up to
+1 MiB) fitted a 200 Mbit/s link at 248 Mbit/s, where a 4 MiB send took its rate's time (docs: Layouts on a two-host
+network)."""
+
 NETWORK_MIN_REPEATS = 9
 """Repeats (at least) of each collective between hosts: with one rank per host the samples are of 1 and 2 steps,
 so the per-step latency comes from small differences between them, and one slow or fast repeat of three (the quick
 calibration's) moved it from 0 to 440 µs between calibrations of the same link; nine cost a second or two more."""
+
+
+
+def network_sizes(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The collective sizes measured between hosts: ``sizes`` and :data:`NETWORK_LARGEST_BYTES` if none reaches it."""
+    return sizes if max(sizes) >= NETWORK_LARGEST_BYTES else (*sizes, NETWORK_LARGEST_BYTES)
+
 
 _SHARED_MEMORY_TIMEOUT_S = 300.0  # how long a rank waits for the others in a measured all-reduce
 
@@ -608,8 +621,8 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
     2. *Inside each host*: the ranks of each launcher node (``LOCAL_WORLD_SIZE``) time gloo's collectives and the
        shared-memory all-reduce among themselves, every host at once: ``intra_node``.
     3. *Across hosts*: the first rank of each node (one rank per host, the others waiting) times the same
-       collectives over the network, each the median of at least :data:`NETWORK_MIN_REPEATS`: ``inter_node`` (one
-       device's link, its host's alone).
+       collectives over the network, up to at least :data:`NETWORK_LARGEST_BYTES`, each the median of at least
+       :data:`NETWORK_MIN_REPEATS`: ``inter_node`` (one device's link, its host's alone).
 
     ``devices_per_node`` is the launcher's ``LOCAL_WORLD_SIZE``.
     """
@@ -665,7 +678,8 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
         network: tuple[CollectiveSample, ...] = ()
         if launch.rank in firsts:
             _say(progress, f"measuring the network between {len(firsts)} hosts (ranks {firsts})")
-            steady = dataclasses.replace(config, repeats=max(config.repeats, NETWORK_MIN_REPEATS))
+            steady = dataclasses.replace(config, repeats=max(config.repeats, NETWORK_MIN_REPEATS),
+                                         collective_bytes=network_sizes(config.collective_bytes))
             network = measure_collectives(firsts.index(launch.rank), len(firsts), steady, group=network_group,
                                           host=launch.host)
         everything: list[Any] = [None] * launch.world_size
