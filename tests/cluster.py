@@ -25,7 +25,8 @@ the namespaces deleted (their veths and the bridge go with them). Names carry th
 token, so parallel test workers never collide; namespaces left by a process that was killed outright are
 deleted by the next cluster. Needs root (or CAP_NET_ADMIN) and iproute2: :func:`cluster_unavailable` says why
 not, for tests to skip with. ``python tests/cluster.py --measure`` prints the link measurement of
-docs/hosts.md, ``--measure-groups`` the collectives across hosts of docs/benchmarks/layouts.md.
+docs/hosts.md, ``--measure-groups`` the collectives across hosts of docs/benchmarks/layouts.md and
+``--measure-output`` the replicas' output gather there.
 """
 
 from __future__ import annotations
@@ -380,6 +381,43 @@ def measure_groups(rank: int, world_size: int, nbytes: int, repeats: int) -> dic
     return medians
 
 
+def measure_output_gather(rank: int, world_size: int, repeats: int) -> dict[str, float]:
+    """On 2 hosts x 2 ranks: the data-parallel replicas' output gather of the mesh runtime
+    (``autotp.runtime.mesh.mesh_module.gather_batch``: an object all-gather of the shapes, then the logits'
+    all-gather) of one request's logits (32 x 4096 float32, 512 KiB) in the pairs {0, 2} and {1, 3} (a 2 x 2 x 1
+    mesh's dp groups), each the median of ``repeats`` in seconds (the slowest rank's): with the ranks in step
+    (after a barrier), its two parts alone, and the tensor all-gather of the pair {0, 2} alone."""
+    import torch
+    import torch.distributed as dist
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from autotp.runtime.mesh.mesh_module import gather_batch
+
+    pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    mine = pairs[rank % 2]
+    output = CausalLMOutputWithPast(logits=torch.randn(1, 32, 4096))
+    parts = [torch.empty_like(output.logits) for _ in range(2)]
+    probes = {"gather_batch, both pairs": lambda: gather_batch(output, [1, 1], mine),
+              "object all-gather of the shapes": lambda: dist.all_gather_object([None, None], [(1, 32, 4096)],
+                                                                                group=mine),
+              "logits all-gather, both pairs": lambda: dist.all_gather(parts, output.logits, group=mine),
+              "logits all-gather, pair {0, 2} alone":
+                  lambda: dist.all_gather(parts, output.logits, group=mine) if rank in (0, 2) else None}
+    medians = {}
+    for name, probe in probes.items():
+        probe()  # connections made
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            probe()
+            slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            times.append(float(slowest))
+        medians[name] = sorted(times)[len(times) // 2]
+    return medians
+
+
 def _measure(rates_mbit: Sequence[float | None], nbytes: int, repeats: int) -> None:
     """Print, per link rate, the time of a send and an all-reduce of ``nbytes`` between 2 hosts against
     ``nbytes / rate``."""
@@ -406,9 +444,22 @@ def _measure_groups(rate_mbit: float, nbytes: int, repeats: int) -> None:
         print(f"  {name:<26} {seconds * 1e3:9.1f} ms")
 
 
+def _measure_output_gather(rates_mbit: Sequence[float | None], repeats: int) -> None:
+    """Print :func:`measure_output_gather` on 2 hosts x 2 ranks (a core per host) at each link rate."""
+    for rate in rates_mbit:
+        with Cluster(2, None if rate is None else Link(rate_mbit=rate), cores=True) as cluster:
+            measured = cluster.run_function("cluster:measure_output_gather", ranks_per_host=2,
+                                            kwargs={"repeats": repeats}, timeout_s=600.0)[0]
+        print(f"2 hosts x 2 ranks, {'unshaped' if rate is None else f'{rate:g} Mbit/s'}, median of {repeats}")
+        for name, seconds in measured.items():
+            print(f"  {name:<38} {seconds * 1e3:9.1f} ms")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--measure"]:
         _measure([None, 1000, 200, 50], nbytes=4 * 2**20, repeats=3)
+    elif sys.argv[1:2] == ["--measure-output"]:
+        _measure_output_gather([None, 200], repeats=9)
     elif sys.argv[1:2] == ["--measure-groups"]:
         _measure_groups(200, nbytes=4 * 2**20, repeats=5)
         _measure_groups(200, nbytes=2**19, repeats=7)
