@@ -405,7 +405,6 @@ so the per-step latency comes from small differences between them, and one slow 
 calibration's) moved it from 0 to 440 µs between calibrations of the same link; nine cost a second or two more."""
 
 
-
 def network_sizes(sizes: tuple[int, ...]) -> tuple[int, ...]:
     """The collective sizes measured between hosts: ``sizes`` and :data:`NETWORK_LARGEST_BYTES` if none reaches it."""
     return sizes if max(sizes) >= NETWORK_LARGEST_BYTES else (*sizes, NETWORK_LARGEST_BYTES)
