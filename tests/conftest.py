@@ -33,6 +33,12 @@ if "AUTOTP_TEST_CACHE_DIR" not in os.environ:
     os.environ["AUTOTP_TEST_CACHE_DIR"] = os.environ["AUTOTP_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotp-test-cache-")
     atexit.register(shutil.rmtree, os.environ["AUTOTP_TEST_CACHE_DIR"], ignore_errors=True)
 
+# Inductor compiles its kernels in this process, not in a pool of compile workers (on 2 cores it would start
+# one pool per process that compiles: 2 more Pythons importing torch, about 13 s of a first compile's 15 s here,
+# for kernels it then compiles no faster). The kernels are the same. Set before torch reads it (the gloo workers'
+# fork server and the fresh ranks of failing_ranks.py inherit it).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 PROCESS_FIXTURES = frozenset({"gloo", "private_pools"})
 """Fixtures that start real gloo worker processes; a test using any of them is ``distributed``."""
 
