@@ -33,6 +33,12 @@ if "AUTOTP_TEST_CACHE_DIR" not in os.environ:
     os.environ["AUTOTP_TEST_CACHE_DIR"] = os.environ["AUTOTP_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotp-test-cache-")
     atexit.register(shutil.rmtree, os.environ["AUTOTP_TEST_CACHE_DIR"], ignore_errors=True)
 
+# Inductor compiles its kernels in this process, not in a pool of compile workers (on 2 cores it would start
+# one pool per process that compiles: 2 more Pythons importing torch, about 13 s of a first compile's 15 s here,
+# for kernels it then compiles no faster). The kernels are the same. Set before torch reads it (the gloo workers'
+# fork server and the fresh ranks of failing_ranks.py inherit it).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 PROCESS_FIXTURES = frozenset({"gloo", "private_pools"})
 """Fixtures that start real gloo worker processes; a test using any of them is ``distributed``."""
 
@@ -72,10 +78,13 @@ def trace_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 LONG_FILES = ("test_mesh_grid.py", "test_releases.py", "test_runtime_modes.py", "test_equivalence.py",
               "test_generate.py", "test_agreement.py", "test_agreement_exit.py", "test_loading_memory.py",
               "test_quantized.py", "test_hf_calls.py", "test_mesh_runtime.py", "test_training.py",
-              "test_empty_shards.py", "test_own_state.py", "test_docs_examples.py", "test_expert_placement.py")
+              "test_empty_shards.py", "test_own_state.py", "test_docs_examples.py", "test_expert_placement.py",
+              "test_checkpoint_generation.py", "test_peer_failure.py", "test_cluster.py", "test_quantized_checkpoints.py")
 """The files that take longest (``--durations`` of the whole suite on 2 cores), longest first: they are
 collected first, so that ``pytest -n 3 --dist loadfile`` (.ci/run) hands them out before the short
-files, which then fill the workers' time instead of one long file starting last and running alone."""
+files, which then fill the workers' time instead of one long file starting last and running alone. The last
+four hold one test of about a minute each under the suite's load (fresh processes, or checkpoints written and
+read at several world sizes); by name they would go out among the short files."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -112,25 +112,26 @@ def test_family_greedy_matches_hf(gloo, family: str, world_size: int) -> None:
     _check_greedy(results, 6 + NEW_TOKENS - 1)
 
 
-def _sample(rank: int, world_size: int, seed: int) -> dict[str, Any]:
+def _sample(rank: int, world_size: int, seed: int, trace_cache: str) -> dict[str, Any]:
     model, ids = _model("llama", 6)
     options = {"do_sample": True, "temperature": 0.7, "top_k": 50, "top_p": 0.9, "max_new_tokens": NEW_TOKENS}
     torch.manual_seed(seed)
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
-    tp = _compile(model, ids, 1, max_cache_len=16)
+    tp = _compile(model, ids, 1, max_cache_len=16, trace_cache=trace_cache)
     return {"got": tp.generate(ids, seed=seed, **options).tolist(), "expected": expected.tolist()}
 
 
-def test_seeded_sampling_same_on_every_rank_and_as_one_process(gloo) -> None:
+def test_seeded_sampling_same_on_every_rank_and_as_one_process(gloo, trace_cache: str) -> None:
     """tp=2, tiny Llama, temperature 0.7, top-k 50, top-p 0.9, seed 3: every rank draws the tokens
-    that HF generate draws in one process after torch.manual_seed(3)."""
-    results = gloo.run(2, _sample, 3)
+    that HF generate draws in one process after torch.manual_seed(3). This test and the next two compile the same
+    model with a 16-slot cache through the session's trace cache: the first traces, the others rebuild."""
+    results = gloo.run(2, _sample, 3, trace_cache)
     for rank, result in enumerate(results):
         assert result["got"] == result["expected"], (
             f"rank {rank}: sampled tokens differ from one process:\n expected {result['expected']}\n got {result['got']}")
 
 
-def _padding_and_eos(rank: int, world_size: int) -> dict[str, Any]:
+def _padding_and_eos(rank: int, world_size: int, trace_cache: str) -> dict[str, Any]:
     model, ids = _model("llama", 6)
     mask = torch.ones_like(ids)
     mask[1, :2] = 0  # row 1 is a 4-token prompt, left-padded
@@ -139,7 +140,7 @@ def _padding_and_eos(rank: int, world_size: int) -> dict[str, Any]:
     eos = int(padded[0, 6 + 2])  # row 0 says it at its 3rd new token
     stopped = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
                              eos_token_id=eos, pad_token_id=7)
-    tp = _compile(model, ids, 4, max_cache_len=16)
+    tp = _compile(model, ids, 4, max_cache_len=16, trace_cache=trace_cache)
     tokens: list[list[int]] = []
 
     class Streamer:
@@ -158,11 +159,11 @@ def _padding_and_eos(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
-def test_left_padding_eos_streamer_and_smaller_batch(gloo) -> None:
+def test_left_padding_eos_streamer_and_smaller_batch(gloo, trace_cache: str) -> None:
     """tp=2, tiny Llama, batch 2 with row 1 left-padded by 2: equals HF generate with the same mask;
     with an eos id it stops like HF (finished rows padded with pad_token_id); the streamer sees the
     prompt, each step's tokens, then end(); a 1-row call on the 2-row cache equals HF's row 0."""
-    results = gloo.run(2, _padding_and_eos)
+    results = gloo.run(2, _padding_and_eos, trace_cache)
     for rank, result in enumerate(results):
         for case in ("padded", "eos", "one_row"):
             got, expected = result[case]
@@ -173,13 +174,14 @@ def test_left_padding_eos_streamer_and_smaller_batch(gloo) -> None:
             f"rank {rank}: streamer got {result['streamed']}, expected {expected_stream + [['end']]}")
 
 
-def _whole_model(rank: int, world_size: int) -> dict[str, Any]:
+def _whole_model(rank: int, world_size: int, trace_cache: str) -> dict[str, Any]:
     model, ids = _model("llama", 6)
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = autotp.compile(model, example_inputs=(ids[:, :4],), max_cache_len=16,
-                            options=autotp.PlanOptions(constraints={"*": "R"}))
+                            options=autotp.PlanOptions(constraints={"*": "R"}),
+                            runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
     graphs = [tp.graph_module, tp.generation.prefill.graph_module, tp.generation.continuation.graph_module]
     calls = [0]
     hooks = [g.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for g in graphs]
@@ -200,10 +202,10 @@ def _whole_model(rank: int, world_size: int) -> dict[str, Any]:
             "collectives": collectives}
 
 
-def test_a_whole_model_plan_runs_on_the_first_rank_only(gloo) -> None:
+def test_a_whole_model_plan_runs_on_the_first_rank_only(gloo, trace_cache: str) -> None:
     """tp=2 gloo, tiny Llama with every weight pinned whole (no collective in either phase): rank 0 alone runs
     the graphs, and both ranks return HF's greedy tokens; rank 1's streamer gets the same calls afterwards."""
-    results = gloo.run(2, _whole_model)
+    results = gloo.run(2, _whole_model, trace_cache)
     assert [r["collectives"] for r in results] == [0, 0], f"the pinned plans issue collectives: {results}"
     assert results[0]["calls"] > 0 and results[1]["calls"] == 0, (
         f"graph calls by rank: {[r['calls'] for r in results]}, expected rank 0 only")

@@ -39,7 +39,7 @@ def _logits_error(output: Any, expected: torch.Tensor) -> float:
     return (output.logits - expected).abs().max().item()
 
 
-def _plain_calls(rank: int, world_size: int) -> dict[str, Any]:
+def _plain_calls(rank: int, world_size: int, trace_cache: str) -> dict[str, Any]:
     model, ids = _llama(seq_len=128)
     with torch.no_grad():
         reference = model(ids)
@@ -48,7 +48,7 @@ def _plain_calls(rank: int, world_size: int) -> dict[str, Any]:
     hf_long = model.generate(long_ids, attention_mask=torch.ones_like(long_ids), max_new_tokens=4, do_sample=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids,))
+        tp = autotp.compile(model, example_inputs=(ids,), runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
     outputs = {"plain": tp(ids), "use_cache=False": tp(ids, use_cache=False), "use_cache=True": tp(ids, use_cache=True),
                "use_cache=None": tp(ids, use_cache=None)}
     one_row = tp.generate(ids[:1], max_new_tokens=NEW_TOKENS)  # builds a 1-row cache of 64 slots
@@ -84,13 +84,14 @@ def _plain_calls(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
-def test_plain_compile_calls_and_generates_like_hf(gloo) -> None:
+def test_plain_compile_calls_and_generates_like_hf(gloo, trace_cache: str) -> None:
     """tp=2, tiny Llama with use_cache=True in its config, compiled with example_inputs=(ids,) only: tp(ids) with
     use_cache left out, False, True or None gives HF's output type with the model's logits and no cache part;
     tp.generate builds its cache on first use (1 row x 64 slots), again for 2 rows and for 62 + 4 tokens (128
     slots), and gives HF's greedy tokens for max_new_tokens, max_length, a generation_config and the model's
-    defaults; the generation graphs hold the forward module's weight shards where placed alike."""
-    results = gloo.run(2, _plain_calls)
+    defaults; the generation graphs hold the forward module's weight shards where placed alike. The programs
+    it traces go to the session's trace cache, from which the later tests of this file rebuild the same ones."""
+    results = gloo.run(2, _plain_calls, trace_cache)
     for rank, result in enumerate(results):
         for name, error in result["errors"].items():
             assert error < TOLERANCE, f"rank {rank}, tp(ids) with {name}: max |tp - model| logits = {error}"
@@ -142,7 +143,7 @@ def test_from_pretrained_and_load_take_plain_calls(gloo, tmp_path: Path) -> None
         assert max(result["load"]) < TOLERANCE, f"rank {rank}: load errors {result['load']}"
 
 
-def _forward_of_a_generation_compile(rank: int, world_size: int, pretrained: str) -> dict[str, Any]:
+def _forward_of_a_generation_compile(rank: int, world_size: int, pretrained: str, trace_cache: str) -> dict[str, Any]:
     model, ids = _llama(seq_len=128)
     other = torch.randint(3, 1000, (1, 9), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
@@ -151,7 +152,8 @@ def _forward_of_a_generation_compile(rank: int, world_size: int, pretrained: str
     results: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64)
+        runtime = autotp.RuntimeOptions(trace_cache=trace_cache)
+        tp = autotp.compile(model, example_inputs=(ids,), max_cache_len=64, runtime=runtime)
         results["before"] = tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
         out = tp(ids)
         plain = tp.forward_on_demand.built
@@ -162,7 +164,8 @@ def _forward_of_a_generation_compile(rank: int, world_size: int, pretrained: str
         results["after"] = tp.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
         meta = tiny_llama(device="meta", seq_len=128)[0]
         meta.config.use_cache = True
-        from_files = autotp.compile(meta, example_inputs=(ids,), checkpoint=pretrained, max_cache_len=64)
+        from_files = autotp.compile(meta, example_inputs=(ids,), checkpoint=pretrained, max_cache_len=64,
+                                    runtime=runtime)
         results["from_checkpoint"] = _logits_error(from_files(ids), reference)
     results["type"] = type(out).__name__
     results["errors"] = [_logits_error(out, reference), _logits_error(out_other, reference_other)]
@@ -170,14 +173,17 @@ def _forward_of_a_generation_compile(rank: int, world_size: int, pretrained: str
     return results
 
 
-def test_a_generation_compile_runs_the_models_forward_when_called_as_the_model(gloo, tmp_path: Path) -> None:
+def test_a_generation_compile_runs_the_models_forward_when_called_as_the_model(gloo, tmp_path: Path,
+                                                                                 trace_cache: str) -> None:
     """tp=2, tiny Llama compiled with max_cache_len=64: tp(ids) compiles the plain forward at its first call (the
     model's output type and logits), which serves another batch and length without compiling again and holds the
     generation graphs' weight shards where placed alike; generate gives HF's greedy tokens before and after; a
-    model on meta compiled from its checkpoint with max_cache_len does the same from the files."""
+    model on meta compiled from its checkpoint with max_cache_len does the same from the files. Both compiles go
+    through the session's trace cache: the meta model's generation graphs are the real model's programs, rebuilt
+    (tracing a meta model for generation: tests/test_checkpoint_generation.py)."""
     model, _ = _llama(seq_len=128)
     model.save_pretrained(tmp_path / "hf")
-    for rank, result in enumerate(gloo.run(2, _forward_of_a_generation_compile, str(tmp_path / "hf"))):
+    for rank, result in enumerate(gloo.run(2, _forward_of_a_generation_compile, str(tmp_path / "hf"), trace_cache)):
         assert result["type"] == "CausalLMOutputWithPast", f"rank {rank}: {result['type']}"
         assert max(result["errors"]) < TOLERANCE, f"rank {rank}: max |tp - model| logits {result['errors']}"
         assert result["from_checkpoint"] < TOLERANCE, f"rank {rank}: from the checkpoint {result['from_checkpoint']}"
@@ -189,7 +195,7 @@ def test_a_generation_compile_runs_the_models_forward_when_called_as_the_model(g
             f"after {result['after']}")
 
 
-def _requests_differ(rank: int, world_size: int) -> dict[str, str]:
+def _requests_differ(rank: int, world_size: int, trace_cache: str) -> dict[str, str]:
     import gc
 
     from autotp.base.errors import AgreementError
@@ -197,7 +203,7 @@ def _requests_differ(rank: int, world_size: int) -> dict[str, str]:
     model, ids = _llama(seq_len=128)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(ids,))
+        tp = autotp.compile(model, example_inputs=(ids,), runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
     messages = {}
     try:  # rank 0 asks for a 64-slot cache, rank 1 for 128: no rank may trace a graph the other does not
         tp.generate(ids, max_new_tokens=4 if rank == 0 else 60)
@@ -215,11 +221,11 @@ def _requests_differ(rank: int, world_size: int) -> dict[str, str]:
     return messages
 
 
-def test_generate_on_demand_agrees_and_needs_the_model(gloo) -> None:
+def test_generate_on_demand_agrees_and_needs_the_model(gloo, trace_cache: str) -> None:
     """tp=2, tiny Llama compiled plainly: ranks asking for different requests (64 vs 128 cache slots) get the
     same AgreementError before anything is traced; once the model is gone, generate says to keep it or to
-    compile with max_cache_len, and tp(ids) still works."""
-    results = gloo.run(2, _requests_differ)
+    compile with max_cache_len, and tp(ids) still works (the plain compile rebuilds the program traced above)."""
+    results = gloo.run(2, _requests_differ, trace_cache)
     for rank, messages in enumerate(results):
         assert "max_cache_len: rank 0 64; rank 1 128" in messages["differ"], f"rank {rank}: {messages['differ']!r}"
         assert "no longer exists" in messages["freed"] and "max_cache_len=N" in messages["freed"], (

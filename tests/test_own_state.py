@@ -54,14 +54,16 @@ def test_cache_buffers_updated_in_forward_are_planned_as_state() -> None:
         f"expected {whole} and {largest_rank}")
 
 
-def _loop_on_rank(rank: int, world_size: int, steps: int, fused_qkv: bool) -> dict:
-    """Compile the decoder on this rank, run gpt-fast's loop through it and through the single-process model."""
+def _loop_on_rank(rank: int, world_size: int, steps: int, fused_qkv: bool, trace_cache: str) -> dict:
+    """Compile the decoder on this rank (through ``trace_cache``: the same decoder at tp 3 rebuilds the program
+    traced at tp 2), run gpt-fast's loop through it and through the single-process model."""
     args = TransformerArgs(fused_qkv=fused_qkv)
     model, reference = tiny_cached_transformer(args), tiny_cached_transformer(args)
     prompt = _prompt()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = autotp.compile(model, example_inputs=(prompt, torch.arange(5)))
+        tp = autotp.compile(model, example_inputs=(prompt, torch.arange(5)),
+                            runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
     expected, got = run_loop(reference, prompt, steps), run_loop(tp, prompt, steps)
     held = tp.local_state()
     return {
@@ -76,14 +78,14 @@ def _loop_on_rank(rank: int, world_size: int, steps: int, fused_qkv: bool) -> di
 
 
 @pytest.mark.parametrize("world_size,fused_qkv", [(2, False), (3, False), (2, True)])
-def test_the_models_own_loop_runs_on_one_compile(gloo, world_size: int, fused_qkv: bool) -> None:
+def test_the_models_own_loop_runs_on_one_compile(gloo, world_size: int, fused_qkv: bool, trace_cache: str) -> None:
     """tp=2 (3 kv heads: 2 + 1 per rank) and tp=3 (one each), gpt-fast-style decoder with its KV cache in
     module buffers (q, k, v from three projections; at tp=2 also from one fused wqkv): one compile serves the
     model's own loop, a 5-token prefill on ``arange(5)`` then 4 calls of one token at ``tensor([5 + i])``;
     every call's logits equal the single-process model's on every rank, and each rank's cache buffers hold
     fewer kv heads than the model's 3 and keep the written positions."""
     steps = 4
-    results = gloo.run(world_size, _loop_on_rank, steps, fused_qkv)
+    results = gloo.run(world_size, _loop_on_rank, steps, fused_qkv, trace_cache)
     first = results[0]
     assert len(set(first["tokens"][1:])) > 1, f"the loop's tokens {first['tokens']} are all alike: a weak check"
     for rank, result in enumerate(results):

@@ -23,11 +23,12 @@ from autotp.runtime.generation.generate import EOS_CHECK_TOKENS, generation_loop
 NEW_TOKENS = 6
 
 
-def _compile(model: torch.nn.Module, ids: torch.Tensor, mode: str, **kwargs: Any) -> Any:
+def _compile(model: torch.nn.Module, ids: torch.Tensor, mode: str, trace_cache: str | None = None,
+             **kwargs: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return autotp.compile(model, example_inputs=(ids,), runtime=autotp.RuntimeOptions(runtime_mode=mode),
-                              **kwargs)
+        return autotp.compile(model, example_inputs=(ids,),
+                              runtime=autotp.RuntimeOptions(runtime_mode=mode, trace_cache=trace_cache), **kwargs)
 
 
 def _graph_count() -> int:
@@ -64,29 +65,35 @@ def _runner_case() -> dict[str, Any]:
             "progress": err.getvalue()}
 
 
-def _pipeline_compiled() -> dict[str, Any]:
+def _pipeline_compiled(trace_cache: str) -> dict[str, Any]:
     """pp2 mesh (one layer per stage), tiny Llama 2 layers hidden 64: greedy tokens of compile_mesh in eager and
     compiled mode and HF's (prompt 5 in one chunk, 4 new tokens: two Inductor compiles per stage; chunked prompts
-    are covered at tp 2 above)."""
+    are covered at tp 2 above). The compiled mesh rebuilds the programs the eager one traced (``trace_cache``)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     model, _, _ = tiny_llama(num_heads=4, num_kv_heads=2, hidden=64, intermediate=128, seq_len=8, layers=2)
     model.generation_config.pad_token_id = 0
     ids = torch.randint(0, 1000, (1, 5), generator=torch.Generator().manual_seed(1))
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("pp",))
-    tokens = {"hf": model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False).tolist()}
+    tokens: dict[str, Any] = {
+        "hf": model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False).tolist()}
     for mode in ("eager", "compiled"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), max_cache_len=12,
-                                       runtime=autotp.RuntimeOptions(runtime_mode=mode))
+                                       runtime=autotp.RuntimeOptions(runtime_mode=mode, trace_cache=trace_cache))
+        graphs = _graph_count()
         tokens[mode] = part.generate(ids, max_new_tokens=4).tolist()
+        tokens[f"{mode} graphs"] = _graph_count() - graphs
+        tokens[f"{mode} plan"] = str(part.stage_module.plan).splitlines()[0]
     return tokens
 
 
-def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
+def _modes_on_ranks(rank: int, world_size: int, trace_cache: str) -> dict[str, Any]:
     """tp=2, tiny Llama (1 layer, GQA 8/4, hidden 256): greedy tokens in eager and compiled mode against HF,
-    prompt 6 read in chunks of 4 (prefill, continuation, decode graphs); a compiled plain forward's logits."""
+    prompt 6 read in chunks of 4 (prefill, continuation, decode graphs); a compiled plain forward's logits.
+    The compiled mode's generation graphs are the programs the eager mode traced, rebuilt from ``trace_cache``
+    (what is checked is how each mode plans and runs them, not the tracing)."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -96,9 +103,9 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
     expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
     out["expected"] = expected.tolist()
     options = autotp.PlanOptions(hardware="h100-sxm")  # splits the weights even at batch 2: collectives in decode
-    eager = _compile(model, ids[:, :4], "eager", max_cache_len=16, options=options)
+    eager = _compile(model, ids[:, :4], "eager", trace_cache, max_cache_len=16, options=options)
     out["eager"] = eager.generate(ids, max_new_tokens=NEW_TOKENS).tolist()
-    compiled = _compile(model, ids[:, :4], "compiled", max_cache_len=16, options=options)
+    compiled = _compile(model, ids[:, :4], "compiled", trace_cache, max_cache_len=16, options=options)
     out["plan_lines"] = [str(tp.plan).splitlines()[0] for tp in (eager, compiled)]
     out["predicted_s"] = [tp.plan.predicted_time_s for tp in (eager, compiled)]
     out["decode_collectives"] = sum(compiled.collective_counts().values())
@@ -123,22 +130,23 @@ def _modes_on_ranks(rank: int, world_size: int) -> dict[str, Any]:
             sizes.append((float((plain(ids[:, :length]).logits - model(ids[:, :length]).logits).abs().max()),
                           _graph_count() - graphs))
     out["other_sizes"] = sizes
-    out["pp_mesh"] = _pipeline_compiled()
     out["logits_error"] = float((logits - reference).abs().max())
     out["logits_again_error"] = float((again - reference).abs().max())
     out["forward_new_graphs"] = _graph_count() - graphs
+    out["pp_mesh"] = _pipeline_compiled(trace_cache)
     return out
 
 
 @pytest.mark.distributed
-def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
+def test_compiled_mode_matches_hf_and_compiles_once(gloo, trace_cache: str) -> None:
     """tp=2 on gloo: a 3-node graph compiled once, same results, input written in place, progress lines.
     Tiny Llama: compiled generate == eager generate == HF greedy, also with stop_check_every=3; no recompile on a
     second request; the KV cache written in place (same tensors, filled); each plan priced in its mode
     (compiled: no per-node dispatch, so less); a compiled plain forward within 1e-4 of the model's logits, no recompile on a
     second call; at a new length one compile with symbolic sizes at most, at a third none. A pp2 mesh
-    (compile_mesh, one layer per stage) generates HF's tokens compiled as in eager."""
-    results = gloo.run(2, _modes_on_ranks, timeout_s=900)
+    (compile_mesh, one layer per stage) generates HF's tokens compiled as in eager, each stage's plan priced in
+    its mode and its two graphs compiled by Inductor in compiled mode (none in eager)."""
+    results = gloo.run(2, _modes_on_ranks, trace_cache, timeout_s=900)
     for rank, result in enumerate(results):
         runner = result["runner"]  # a 3-node graph writing into its input, 4 calls
         assert runner["same"] and runner["in_place"], f"rank {rank}: compiled runner differs from eager: {runner}"
@@ -165,6 +173,11 @@ def test_compiled_mode_matches_hf_and_compiles_once(gloo) -> None:
         assert graphs_4 <= 1 and graphs_5 == 0, f"rank {rank}: graphs compiled at 4 tokens {graphs_4}, at 5 {graphs_5}"
         pp = result["pp_mesh"]
         assert pp["compiled"] == pp["eager"] == pp["hf"], f"rank {rank}: pp2 mesh tokens {pp}"
+        assert (pp["eager graphs"], pp["compiled graphs"]) == (0, 2), (
+            f"rank {rank}: pp2 mesh stage graphs compiled in eager and compiled mode: {pp}, expected none and two "
+            "(prefill, decode)")
+        for mode in ("eager", "compiled"):
+            assert f"({mode}, format v" in pp[f"{mode} plan"], f"rank {rank}: the pp2 {mode} stage plan: {pp}"
 
 
 def test_mode_validation_and_auto_fallback() -> None:

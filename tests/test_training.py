@@ -44,9 +44,11 @@ def _local_block_of(full: torch.Tensor, block: tuple[int, list[tuple[int, int]]]
     return torch.cat([full.narrow(dim, start, stop - start) for start, stop in ranges], dim)
 
 
-def _gradients_match(rank: int, world_size: int, families: list[str]) -> dict[str, dict]:
+def _gradients_match(rank: int, world_size: int, families: list[str], trace_cache: str) -> dict[str, dict]:
     """For each family: the worst relative gradient error of this rank's parameters, the names not
-    compared, and a fingerprint of the replicated parameters' gradients (to compare across ranks)."""
+    compared, and a fingerprint of the replicated parameters' gradients (to compare across ranks). Compiled
+    through ``trace_cache`` (the tests' shared directory): the programs traced at the first world size are
+    rebuilt at the others (a trace depends on the model and its inputs, not on the world size)."""
     out = {}
     for family in families:
         model, ids, kwargs = _build(family)
@@ -62,7 +64,8 @@ def _gradients_match(rank: int, world_size: int, families: list[str]) -> dict[st
             # static shapes: the gradients do not depend on them, and a static trace is ~3x faster
             # (one compile serving every shape is tests/test_shapes.py's)
             tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs,
-                                options=autotp.PlanOptions(dynamic=False, training=True))
+                                options=autotp.PlanOptions(dynamic=False, training=True),
+                                runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
         torch.manual_seed(SEED)  # the same dropout masks as the single-process step
         loss = tp(ids, **kwargs).loss
         loss.backward()
@@ -89,13 +92,13 @@ def _gradients_match(rank: int, world_size: int, families: list[str]) -> dict[st
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_gradients_match_single_process(gloo, world_size: int) -> None:
+def test_gradients_match_single_process(gloo, world_size: int, trace_cache: str) -> None:
     """tp=2, 3 (uneven: 2 kv heads, 4 heads, vocab 96 over 3 ranks) and 4; GPT-2 (tied head, dropout 0.1
     in training mode, same seed), Llama (GQA, untied head), BERT masked LM, Mixtral (top-2 of 4 experts):
     each shard's gradient is the matching block of the single-process gradient, the loss is the
     single-process loss, and replicated parameters have the same whole gradient on every rank."""
     families = list(FAMILIES)
-    _check_gradients(gloo.run(world_size, _gradients_match, families), families)
+    _check_gradients(gloo.run(world_size, _gradients_match, families, trace_cache), families)
 
 
 def _check_gradients(results: list[dict], families: list[str]) -> None:
@@ -113,9 +116,11 @@ def _check_gradients(results: list[dict], families: list[str]) -> None:
                 f"{results[0][family]['replicated']} vs {r['replicated']}")
 
 
-def _loss_curve(rank: int, world_size: int, steps: int, mistakes: bool) -> tuple[list[tuple[float, float]], dict]:
+def _loss_curve(rank: int, world_size: int, steps: int, mistakes: bool,
+                trace_cache: str) -> tuple[list[tuple[float, float]], dict]:
     """(tensor-parallel loss, single-process loss) at each of ``steps`` AdamW steps on fixed data; with
-    ``mistakes``, then the messages of the mistakes a training user makes (see :func:`_mistakes`)."""
+    ``mistakes``, then the messages of the mistakes a training user makes (see :func:`_mistakes`). The training
+    compile goes through ``trace_cache``, as :func:`_gradients_match`'s."""
     torch.manual_seed(0)
     reference, ids, kwargs = _build("llama")
     model, _, _ = _build("llama")
@@ -123,7 +128,8 @@ def _loss_curve(rank: int, world_size: int, steps: int, mistakes: bool) -> tuple
         warnings.simplefilter("ignore")
         # static shapes: the data has one size, and the mistakes below include a step at another
         tp = autotp.compile(model, example_inputs=(ids,), example_kwargs=kwargs,
-                            options=autotp.PlanOptions(dynamic=False, training=True))
+                            options=autotp.PlanOptions(dynamic=False, training=True),
+                            runtime=autotp.RuntimeOptions(trace_cache=trace_cache))
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (tp, reference)]
     losses = []
     for _ in range(steps):
@@ -175,13 +181,13 @@ def _mistakes(model: torch.nn.Module, tp: torch.nn.Module, ids: torch.Tensor, kw
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_loss_curve_matches_single_process(gloo, world_size: int) -> None:
+def test_loss_curve_matches_single_process(gloo, world_size: int, trace_cache: str) -> None:
     """tp=2 and tp=3 (uneven: 2 kv heads, 96 MLP columns over 3 ranks), Llama, 50 AdamW steps on fixed
     data: the loss at every step equals the single-process loss, and full_state_dict() the trained
     weights. At tp=2 also: backward() through a model compiled for inference, an optimizer over the
     original model's parameters, a step without the traced labels and one at a sequence length a
     static plan was not made for each raise an error that names the fix."""
-    curve, messages = gloo.run(world_size, _loss_curve, 50, world_size == 2)[0]
+    curve, messages = gloo.run(world_size, _loss_curve, 50, world_size == 2, trace_cache)[0]
     for step, (got, want) in enumerate(curve):
         assert abs(got - want) <= LOSS_RTOL * abs(want), f"tp={world_size} step {step}: loss {got} != {want}"
     assert curve[-1][1] < 0.5 * curve[0][1], f"the loss did not fall: {curve[0][1]} -> {curve[-1][1]}"

@@ -18,8 +18,11 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+import weakref
+from collections.abc import Hashable
 
 import torch
+import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from autotp.base.errors import PlanError, UnsupportedOpError
@@ -215,9 +218,7 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
     """
     started = time.perf_counter()
     hw = options.hardware_profile
-    graph = build_strategy_graph(captured.graph_module, options.world_size,
-                                 {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state),
-                                 split_random=options.dropout == "split", place_experts=not options.training)
+    graph = _strategy_graph(captured, options)
     if options.strategy_filter is not None:
         graph = _narrowed(graph, options.strategy_filter(graph))
     graph = narrow_expert_forms(graph, options.experts)
@@ -257,6 +258,31 @@ def plan_graph(captured: CapturedGraph, options: PlanOptions, *, alternatives: b
         )
     log_progress(options.progress, f"plan ready in {plan.plan_time_s:.2f} s: {plan.collective_counts()}")
     return plan
+
+
+_STRATEGY_GRAPHS: weakref.WeakKeyDictionary[fx.GraphModule, dict[Hashable, StrategyGraph]] = weakref.WeakKeyDictionary()
+"""Traced graph module -> the strategy graphs built of it, by what they depend on (see :func:`_strategy_graph`)."""
+
+
+def _strategy_graph(captured: CapturedGraph, options: PlanOptions) -> StrategyGraph:
+    """``build_strategy_graph`` of ``captured`` for ``options``, built once per traced graph and what the build reads
+    of the options (world size, split dropout, placed experts): a generation compile plans each phase's graph
+    several times (alone, pinned to the other phase, whole), and an ``experts="auto"`` plan once per expert form,
+    each from the same strategies (half or more of a small plan's time). Filters, constraints and expert forms
+    narrow a copy; each call gets its own containers, so none can change what a later plan starts from."""
+    gm = captured.graph_module
+    key = (options.world_size, options.dropout == "split", not options.training,
+           tuple((node.name, node.target) for node in gm.graph.nodes))  # a graph changed in place builds anew
+    built = _STRATEGY_GRAPHS.setdefault(gm, {})
+    graph = built.get(key)
+    if graph is None:
+        graph = built[key] = build_strategy_graph(
+            gm, options.world_size, {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state),
+            split_random=options.dropout == "split", place_experts=not options.training)
+    return dataclasses.replace(graph, order=list(graph.order), nodes=dict(graph.nodes),
+                               strategies={name: list(s) for name, s in graph.strategies.items()},
+                               edges=list(graph.edges), parameters=dict(graph.parameters), fallback=list(graph.fallback),
+                               structural_keys=dict(graph.structural_keys), expert_shares=dict(graph.expert_shares))
 
 
 def _with_checkpointed_blocks(plan: Plan, costed: CostedGraph) -> Plan:

@@ -44,7 +44,8 @@ from torch import nn
 
 from autotp.base.module_paths import layer_blocks
 from autotp.capture.kv_cache import CachedCausalLM
-from autotp.capture.tracing import check_model
+from autotp.capture.trace_cache import open_trace_cache
+from autotp.capture.tracing import check_model, trace_device
 from autotp.planning.even_stages import even_parallel_plan
 from autotp.planning.mesh_plan import ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions, plan_options
@@ -52,6 +53,7 @@ from autotp.runtime.agreement.exchanges import agreed_options, options_record, r
 from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.options import RuntimeOptions, runtime_host
 from autotp.runtime.execution.rank_local import GenerationGraphs
+from autotp.runtime.execution.runtime_modes import priced_in, resolve_runtime_mode
 from autotp.runtime.generation.compile_for_generation import check_generation_inputs, compile_for_generation
 from autotp.runtime.mesh.mesh_module import (
     check_plan_for_mesh,
@@ -333,7 +335,9 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
                                runtime: RuntimeOptions) -> MeshGenerationModule:
     """This rank's :class:`MeshGenerationModule` (see the module docstring and :func:`autotp.compile_mesh`).
     ``options``: each stage's planning options (the generation graphs have static shapes: the cache fixes
-    them, so ``dynamic`` does not apply)."""
+    them, so ``dynamic`` does not apply), priced in the runtime mode that runs. ``runtime``: its ``runtime_mode``
+    runs each stage's graphs (as :func:`autotp.compile`'s), its ``trace_cache`` keeps and reuses their programs
+    and plans."""
     timeout_s = runtime.agreement_timeout_s
     with ranks_agree(None, timeout_s=timeout_s, what="autotp.compile_mesh(..., max_cache_len=...)") as agreement:
         check_model(model)
@@ -344,7 +348,10 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
                              f"with a cache for its slice of the rows; pass at least {shape.dp} rows")
         plan = as_parallel_plan(plan)
         plan = check_plan_for_mesh(plan if plan is not None else even_parallel_plan(model, shape), shape, model)
-        options = plan_options(options, world_size=shape.tp)
+        device = trace_device(example_inputs, {})
+        mode = resolve_runtime_mode(runtime.runtime_mode, device, talk=options.progress and dist.get_rank() == 0)
+        options = priced_in(plan_options(options, world_size=shape.tp), mode, requested=runtime.runtime_mode,
+                            device=device)
         record = mesh_record(plan, example_inputs, {})
         record.update(max_cache_len=max_cache_len, expected_new_tokens=options.expected_new_tokens,
                       options=agreed_options(options))
@@ -362,6 +369,7 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
                                 batch_size=rows, max_cache_len=max_cache_len)
     module = compile_for_generation(model, (ids,), max_cache_len=max_cache_len, options=options, plan=None,
                                     group=tp_group, rank=dist.get_rank(tp_group), host=runtime_host(runtime),
-                                    wrapper=wrapper, timeout_s=timeout_s)
+                                    wrapper=wrapper, timeout_s=timeout_s, runtime_mode=mode,
+                                    trace_cache=open_trace_cache(runtime.trace_cache))
     return MeshGenerationModule(plan, mesh, module, hidden_size=int(model.get_input_embeddings().weight.shape[-1]),
                                 dtype=next(model.parameters()).dtype, seed_offset=mesh_coordinate(mesh, "dp"))
