@@ -367,18 +367,7 @@ def measure_groups(rank: int, world_size: int, nbytes: int, repeats: int) -> dic
               "all_gather_pair_0_2": lambda: dist.all_gather(gathered, tensor, group=mine) if rank in (0, 2) else None,
               "all_gather_both_pairs": lambda: dist.all_gather(gathered, tensor, group=mine)}
     dist.all_reduce(torch.ones(1))  # connections made
-    medians = {}
-    for name, probe in probes.items():
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            probe()
-            slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            times.append(float(slowest))
-        medians[name] = sorted(times)[len(times) // 2]
-    return medians
+    return _slowest_medians(probes, repeats)
 
 
 def measure_output_gather(rank: int, world_size: int, repeats: int) -> dict[str, float]:
@@ -403,9 +392,18 @@ def measure_output_gather(rank: int, world_size: int, repeats: int) -> dict[str,
               "logits all-gather, both pairs": lambda: dist.all_gather(parts, output.logits, group=mine),
               "logits all-gather, pair {0, 2} alone":
                   lambda: dist.all_gather(parts, output.logits, group=mine) if rank in (0, 2) else None}
+    for probe in probes.values():
+        probe()  # connections made
+    return _slowest_medians(probes, repeats)
+
+
+def _slowest_medians(probes: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Each probe's median over ``repeats`` of the slowest rank's seconds, every call after a barrier."""
+    import torch
+    import torch.distributed as dist
+
     medians = {}
     for name, probe in probes.items():
-        probe()  # connections made
         times = []
         for _ in range(repeats):
             dist.barrier()
