@@ -54,7 +54,7 @@ from autotp.runtime.collectives.hosts import Host
 from autotp.runtime.execution.applying import apply_plan, plan_or_check
 from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.options import RuntimeOptions, runtime_host
-from autotp.runtime.execution.runtime_modes import priced_in, resolve_runtime_mode
+from autotp.runtime.execution.runtime_modes import mode_and_pricing
 from autotp.runtime.generation.compile_for_generation import compile_for_generation
 from autotp.runtime.generation.generation_on_demand import ForwardOnDemand, GenerationOnDemand
 from autotp.runtime.training.checkpointing import checkpointed_graph
@@ -137,10 +137,8 @@ def _bind(model: torch.nn.Module, example_inputs: tuple[Any, ...], example_kwarg
         )
     loaded = as_plan(plan)
     device = trace_device(example_inputs, example_kwargs)
-    mode = resolve_runtime_mode(runtime.runtime_mode, device, training=options.training,
-                                talk=options.progress and rank == 0)
-    priced = priced_in(dataclasses.replace(options, world_size=world_size), mode, requested=runtime.runtime_mode,
-                       device=device)
+    mode, priced = mode_and_pricing(dataclasses.replace(options, world_size=world_size), runtime.runtime_mode, device,
+                                    training=options.training, talk=options.progress and rank == 0)
     return _Bound(world_size, rank, device, mode, priced, loaded)
 
 

@@ -62,7 +62,7 @@ from autotp.runtime.agreement.exchanges import agreed_options, compile_record, r
 from autotp.runtime.agreement.group import bind_group, plan_on_first_rank
 from autotp.runtime.execution.applying import apply_plan
 from autotp.runtime.execution.options import RuntimeOptions, runtime_host, runtime_options
-from autotp.runtime.execution.runtime_modes import graph_runner, priced_in, resolve_runtime_mode
+from autotp.runtime.execution.runtime_modes import graph_runner, mode_and_pricing
 from autotp.runtime.execution.shards import ShardCache
 
 __all__ = ["AutoTPBackend", "BackendStats", "CompiledSubgraph", "autotp_backend", "backend"]
@@ -416,9 +416,9 @@ class AutoTPBackend:
         # the plan is priced in the mode that runs, as autotp.compile prices it (Hardware.runtime_mode)
         device = trace_device(tuple(example_inputs), None)
         requested = self.runtime.runtime_mode
-        self.runtime_mode = resolve_runtime_mode(requested, device, talk=self.progress and self.rank == 0)
-        self._options = priced_in(dataclasses.replace(self._options, world_size=self.world_size), self.runtime_mode,
-                                  requested=requested, device=device)
+        self.runtime_mode, self._options = mode_and_pricing(
+            dataclasses.replace(self._options, world_size=self.world_size), requested, device,
+            talk=self.progress and self.rank == 0)
 
     def _log(self, message: str) -> None:
         if self.progress and self.rank == 0:

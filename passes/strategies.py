@@ -70,6 +70,14 @@ class StrategyGraph:
     """Grouped GEMM node name -> the measured fraction of its rows each expert receives (a router's load from
     calibration data, :mod:`autotp.planning.expert_load`); a GEMM not named here is priced for a uniform router."""
 
+    def with_own_containers(self) -> StrategyGraph:
+        """The same graph with every list and dict of its own (each node's strategy list too), so that narrowing
+        it (filters, constraints, expert forms) leaves this one as it was; the nodes and strategies are shared."""
+        copied = {field.name: type(value)(value) for field in dataclasses.fields(self)
+                  if isinstance(value := getattr(self, field.name), (list, dict))}
+        copied["strategies"] = {name: list(options) for name, options in self.strategies.items()}
+        return dataclasses.replace(self, **copied)
+
 
 def _parameter_strategies(node: fx.Node, blocks: frozenset[int]) -> list[Strategy]:
     val = node.meta.get("val")

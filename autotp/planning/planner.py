@@ -279,10 +279,7 @@ def _strategy_graph(captured: CapturedGraph, options: PlanOptions) -> StrategyGr
         graph = built[key] = build_strategy_graph(
             gm, options.world_size, {**captured.parameter_fqns(), **captured.state_fqns()}, frozenset(captured.state),
             split_random=options.dropout == "split", place_experts=not options.training)
-    return dataclasses.replace(graph, order=list(graph.order), nodes=dict(graph.nodes),
-                               strategies={name: list(s) for name, s in graph.strategies.items()},
-                               edges=list(graph.edges), parameters=dict(graph.parameters), fallback=list(graph.fallback),
-                               structural_keys=dict(graph.structural_keys), expert_shares=dict(graph.expert_shares))
+    return graph.with_own_containers()
 
 
 def _with_checkpointed_blocks(plan: Plan, costed: CostedGraph) -> Plan:

@@ -61,7 +61,7 @@ from autotp.base.progress import log_progress
 from autotp.passes.small_collectives import COLLECTIVE_STATE_PREFIX, compiler_visible_collectives
 from autotp.planning.options import PlanOptions
 
-__all__ = ["graph_runner", "one_row_linear", "one_row_linears", "priced_in", "resolve_runtime_mode"]
+__all__ = ["graph_runner", "mode_and_pricing", "one_row_linear", "one_row_linears", "priced_in", "resolve_runtime_mode"]
 
 
 def _cpp_compiler() -> str | None:
@@ -104,6 +104,14 @@ def resolve_runtime_mode(requested: str, device: torch.device, *, training: bool
             return mode
         log_progress(talk, f"runtime_mode='auto': not {mode} ({why})")
     return "eager"
+
+
+def mode_and_pricing(options: PlanOptions, requested: str, device: torch.device, *, training: bool = False,
+                     talk: bool = False) -> tuple[str, PlanOptions]:
+    """What every front door does before it plans: the mode that runs (:func:`resolve_runtime_mode`) and
+    ``options`` priced in it (:func:`priced_in`)."""
+    mode = resolve_runtime_mode(requested, device, training=training, talk=talk)
+    return mode, priced_in(options, mode, requested=requested, device=device)
 
 
 def priced_in(options: PlanOptions, mode: str, *, requested: str, device: torch.device) -> PlanOptions:

@@ -53,7 +53,7 @@ from autotp.runtime.agreement.exchanges import agreed_options, options_record, r
 from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.options import RuntimeOptions, runtime_host
 from autotp.runtime.execution.rank_local import GenerationGraphs
-from autotp.runtime.execution.runtime_modes import priced_in, resolve_runtime_mode
+from autotp.runtime.execution.runtime_modes import mode_and_pricing
 from autotp.runtime.generation.compile_for_generation import check_generation_inputs, compile_for_generation
 from autotp.runtime.mesh.mesh_module import (
     check_plan_for_mesh,
@@ -349,9 +349,8 @@ def compile_generation_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: t
         plan = as_parallel_plan(plan)
         plan = check_plan_for_mesh(plan if plan is not None else even_parallel_plan(model, shape), shape, model)
         device = trace_device(example_inputs, {})
-        mode = resolve_runtime_mode(runtime.runtime_mode, device, talk=options.progress and dist.get_rank() == 0)
-        options = priced_in(plan_options(options, world_size=shape.tp), mode, requested=runtime.runtime_mode,
-                            device=device)
+        mode, options = mode_and_pricing(plan_options(options, world_size=shape.tp), runtime.runtime_mode, device,
+                                         talk=options.progress and dist.get_rank() == 0)
         record = mesh_record(plan, example_inputs, {})
         record.update(max_cache_len=max_cache_len, expected_new_tokens=options.expected_new_tokens,
                       options=agreed_options(options))
