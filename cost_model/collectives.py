@@ -167,9 +167,12 @@ __all__ = [
     "gloo_kind",
     "group_spans_nodes",
     "hierarchical_parts",
+    "host_tree_children",
+    "host_tree_deliveries_s",
     "link_collective_time_s",
     "p2p_time_s",
     "symmetric_memory_takes",
+    "tree_sends_s",
     "uses_one_shot_all_reduce",
     "uses_shared_memory_all_reduce",
     "uses_symmetric_memory_all_reduce",
@@ -471,25 +474,62 @@ def _binomial_children(ranks: Sequence[int], root: int) -> dict[int, list[int]]:
     return children
 
 
+def host_tree_children(ranks: Sequence[int], root: int, ranks_per_host: int) -> dict[int, list[int]]:
+    """Whom each rank sends to when ``root`` hands one value to the other ``ranks`` so that it crosses into each
+    host once: a binomial tree over the hosts (each host's first rank of ``ranks`` stands for it, the root for its
+    own; hosts renumbered from the root's), then each of those ranks sends to the rest of its host. Ranks ``r`` and
+    ``s`` share a host when ``r // ranks_per_host == s // ranks_per_host`` (torchrun numbers a host's ranks
+    consecutively). A rank's sends across hosts come first in its list."""
+    d = max(1, ranks_per_host)
+    members: dict[int, list[int]] = {}
+    for rank in [root, *sorted(r for r in ranks if r != root)]:
+        members.setdefault(rank // d, []).append(rank)
+    hosts = sorted(members)
+    start = hosts.index(root // d)
+    leaders = [members[hosts[(start + i) % len(hosts)]][0] for i in range(len(hosts))]
+    children = _binomial_children(leaders, root)
+    for host_ranks in members.values():
+        children[host_ranks[0]] = children.get(host_ranks[0], []) + host_ranks[1:]
+        children.update({rank: [] for rank in host_ranks[1:]})
+    return children
+
+
 def binomial_broadcasts_s(groups: Sequence[tuple[Sequence[int], int]], nbytes: float, hardware: Hardware) -> float:
     """Seconds until every rank of every group has ``nbytes`` from its group's root, for broadcasts that run at once
-    as gloo runs each: a binomial tree ([T05]) over the group's ranks renumbered from the root. A rank sends once it
-    holds the data, and its sends are under way together (the root starts all of its sends at once).
+    as gloo runs each: a binomial tree ([T05]) over the group's ranks renumbered from the root, simulated by
+    :func:`tree_sends_s` (on two nodes of two ranks, a tree whose root's two sends both cross takes about three
+    transfers' time). ``groups``: ``(ranks, root)`` per broadcast, disjoint."""
+    children: dict[int, list[int]] = {}
+    for ranks, root in groups:
+        children.update(_binomial_children(ranks, root))
+    return tree_sends_s(children, [root for _, root in groups], nbytes, hardware)
 
-    ``groups``: ``(ranks, root)`` per broadcast, disjoint; ranks ``r`` and ``s`` share a node when ``r // d == s // d``
-    (``d = Hardware.devices_per_node``). The call pays its link's base latency once (the network's where a group
-    spans nodes), each send the link's per-step latency; a send inside a node then takes the ``intra_node`` link's
-    time, and a send between nodes shares the bandwidth of the nodes it leaves and enters equally with the other
-    sends crossing there at that moment (a fluid model of flows through one NIC): on two nodes of two ranks, a tree
-    whose root's two sends both cross takes about three transfers' time."""
+
+def host_tree_deliveries_s(groups: Sequence[tuple[Sequence[int], int]], nbytes: float, hardware: Hardware) -> float:
+    """Seconds until every rank of every group has ``nbytes`` from its group's root over
+    :func:`host_tree_children` (the value crosses into each host once), the groups' trees running at once,
+    simulated by :func:`tree_sends_s`; hosts of ``Hardware.devices_per_node`` ranks."""
+    children: dict[int, list[int]] = {}
+    for ranks, root in groups:
+        children.update(host_tree_children(ranks, root, hardware.devices_per_node))
+    return tree_sends_s(children, [root for _, root in groups], nbytes, hardware)
+
+
+def tree_sends_s(children: dict[int, list[int]], roots: Sequence[int], nbytes: float, hardware: Hardware) -> float:
+    """Seconds until every rank of the trees ``children`` (whom each rank sends to) has ``nbytes`` from its tree's
+    root in ``roots``, the trees running at once. A rank sends once it holds the data, and its sends are under way
+    together (the root starts all of its sends at once).
+
+    Ranks ``r`` and ``s`` share a node when ``r // d == s // d`` (``d = Hardware.devices_per_node``). The call pays
+    its link's base latency once (the network's where a send crosses nodes), each send the link's per-step latency;
+    a send inside a node then takes the ``intra_node`` link's time, and a send between nodes shares the bandwidth of
+    the nodes it leaves and enters equally with the other sends crossing there at that moment (a fluid model of
+    flows through one NIC)."""
     if nbytes <= 0:
         return 0.0
     d = max(1, hardware.devices_per_node)
     inter, intra = hardware.inter_node, hardware.intra_node
-    children: dict[int, list[int]] = {}
-    for ranks, root in groups:
-        children.update(_binomial_children(ranks, root))
-    ready = sorted((0.0, root, child) for _, root in groups for child in children[root])  # (time, sender, receiver)
+    ready = sorted((0.0, root, child) for root in roots for child in children.get(root, []))  # (time, sender, receiver)
     flows: list[list[Any]] = []  # [sender node, receiver node, receiver, bytes left, time its bytes start]
     now = finished = 0.0
     while ready or flows:
@@ -498,7 +538,7 @@ def binomial_broadcasts_s(groups: Sequence[tuple[Sequence[int], int]], nbytes: f
             if sender // d == receiver // d:
                 done = now + intra.latency_s + nbytes / intra.bandwidth_bytes_per_s
                 finished = max(finished, done)
-                ready = sorted(ready + [(done, receiver, child) for child in children[receiver]])
+                ready = sorted(ready + [(done, receiver, child) for child in children.get(receiver, [])])
             else:
                 flows.append([sender // d, receiver // d, receiver, float(nbytes), now + inter.latency_s])
         moving = [f for f in flows if f[4] <= now]
@@ -516,6 +556,6 @@ def binomial_broadcasts_s(groups: Sequence[tuple[Sequence[int], int]], nbytes: f
         for f in [f for f in moving if f[3] <= 1e-9 * nbytes]:
             flows.remove(f)
             finished = max(finished, now)
-            ready = sorted(ready + [(now, f[2], child) for child in children[f[2]]])
-    crosses = any(rank // d != root // d for ranks, root in groups for rank in ranks)
+            ready = sorted(ready + [(now, f[2], child) for child in children.get(f[2], [])])
+    crosses = any(child // d != sender // d for sender, sent_to in children.items() for child in sent_to)
     return (inter if crosses else intra).base_latency_s + finished

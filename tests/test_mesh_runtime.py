@@ -73,9 +73,28 @@ def test_split_stages_pass_on_what_later_stages_read() -> None:
 
 
 def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], tuple[str, ...], int, dict]],
-                checkpoint: str | None = None) -> list:
+                checkpoint: str | None = None, ranks_per_host: int | None = None) -> list:
     """Each case: build the mesh, compile tiny Llama on it, compare with the single-process model. With
-    ``checkpoint``, the first two cases compile a meta-device copy that reads its shards from that file."""
+    ``checkpoint``, the first two cases compile a meta-device copy that reads its shards from that file; with
+    ``ranks_per_host``, the ranks are told they run on hosts of that many, as torchrun tells them."""
+    import os
+
+    launch = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % (ranks_per_host or 1)),
+              "LOCAL_WORLD_SIZE": str(ranks_per_host)}
+    before = {name: os.environ.get(name) for name in launch}
+    if ranks_per_host:
+        os.environ.update(launch)
+    try:
+        return _compare_meshes(cases, checkpoint)
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _compare_meshes(cases: list[tuple[tuple[int, ...], tuple[str, ...], int, dict]], checkpoint: str | None) -> list:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -85,12 +104,13 @@ def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], t
 
     results = []
     for index, (dims, names, batch, plan_options) in enumerate(cases):
-        model, args, kwargs = tiny_llama(**TINY, layers=2, batch=batch)
+        layers = max(2, dict(zip(names, dims)).get("pp", 1))  # a layer block per pipeline stage at least
+        model, args, kwargs = tiny_llama(**TINY, layers=layers, batch=batch)
         mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
         plan = plan_options if isinstance(plan_options, ParallelPlan) else (
             even_parallel_plan(model, mesh_shape_of(mesh), **plan_options) if plan_options else None)
         read = checkpoint if index < 2 else None
-        compiled = tiny_llama(**TINY, layers=2, batch=batch, device="meta")[0] if read else model
+        compiled = tiny_llama(**TINY, layers=layers, batch=batch, device="meta")[0] if read else model
         part = autotp.compile_mesh(compiled, mesh, example_inputs=args, example_kwargs=kwargs, plan=plan,
                                    checkpoint=read)
         with torch.no_grad():
@@ -275,10 +295,22 @@ def test_pipeline_split_is_traced_once_for_the_mesh(gloo: Any, tmp_path: Any) ->
 
 
 def test_mesh_dp_pp_tp_on_eight_ranks(gloo: Any) -> None:
-    """dp2 x pp2 x tp2 on 8 gloo processes (GPipe, default 2 microbatches): whole-batch logits on every rank."""
-    results = gloo.run(8, _run_meshes, [((2, 2, 2), ("dp", "pp", "tp"), 4, {})])
+    """dp2 x pp2 x tp2 on 8 gloo processes (GPipe, default 2 microbatches) told by the launcher's variables that
+    they run on 4 hosts of 2: whole-batch logits on every rank. Each replica's last stage is on another host than
+    its first, so the batch gathered by the last stages is handed out along a tree that forwards it (source ->
+    first stage's first tp rank on the other host -> its tp peer)."""
+    results = gloo.run(8, _run_meshes, [((2, 2, 2), ("dp", "pp", "tp"), 4, {})], None, 2)
     for rank, [(kind, shape, error)] in enumerate(results):
         assert shape == (4, 8, 1000), f"rank {rank}: expected the whole batch's logits (4, 8, 1000), got {shape}"
+        assert error < 1e-5, f"rank {rank}: logits differ from one process by {error} ({kind})"
+
+
+def test_pipeline_output_reaches_ranks_on_hosts_of_one(gloo: Any) -> None:
+    """pp4 on 4 ranks, each told it is a host of its own: the last stage's logits reach the 3 other hosts along a
+    binomial tree over the hosts (3 -> 0, then 3 -> 1 and 0 -> 2), equal to one process's on every rank."""
+    results = gloo.run(4, _run_meshes, [((4,), ("pp",), 2, {})], None, 1)
+    for rank, [(kind, shape, error)] in enumerate(results):
+        assert shape == (2, 8, 1000), f"rank {rank}: expected the whole batch's logits (2, 8, 1000), got {shape}"
         assert error < 1e-5, f"rank {rank}: logits differ from one process by {error} ({kind})"
 
 

@@ -348,33 +348,61 @@ def test_parallel_plan_json_round_trip_and_corrupt_files(tmp_path) -> None:
 # --------------------------------------------------------------------------- what the mesh runtime does
 
 def test_output_hand_out_is_priced_as_the_runtime_runs_it(six_layer_costs: MeshCosts) -> None:
-    """The whole batch's logits reach every rank: with dp the replicas all-gather their slices (a ring; each dp
-    group of 2 nodes of 4 spans them, and the 4 groups with a member on one node share its link); with pp the
-    last stage broadcasts them over its pipeline, every pipeline at once (with stage k on node k the 4 pipelines'
-    broadcasts leave node 1 together: 4 sends share its link, shapes and logits alike). Each also exchanges the
-    shapes (two small collectives). A decode step hands out each row's token over the pipeline and gathers
-    nothing."""
+    """The whole batch's logits reach every rank as the mesh runtime hands them out: with dp the replicas' last
+    stages (their first tp rank each) all-gather their slices (a ring over the 2 nodes of 4: one group crosses),
+    then each hands the batch to its replica's other ranks; with pp alone the last stage's first tp rank hands it
+    to the stages before the last. A hand-out crosses into each node once: pp2 x tp4 with stage k on node k sends
+    the logits across once, then inside node 0 (where the 4 pipelines used to broadcast across at once). Each
+    hand-out sends a header object first (two small messages). A decode step hands out each row's token over the
+    pipeline and gathers nothing."""
     costs = six_layer_costs
     hardware = costs.hardware
-    per_row = costs.output_bytes(1)
-    assert costs.output_leaves == 1 and per_row > 0, (costs.output_leaves, per_row)
+    assert costs.output_leaves == 1 and costs.output_bytes(1) > 0, (costs.output_leaves, costs.output_bytes(1))
     inter, intra = hardware.inter_node, hardware.intra_node
+
+    def inside(nbytes: float) -> float:  # the source's sends inside its node, all under way at once
+        return intra.base_latency_s + intra.latency_s + nbytes / intra.bandwidth_bytes_per_s
+
+    def across_then_inside(nbytes: float) -> float:  # one send across, then the receiver's sends inside its node
+        return (inter.base_latency_s + inter.latency_s + nbytes / inter.bandwidth_bytes_per_s
+                + intra.latency_s + nbytes / intra.bandwidth_bytes_per_s)
+
+    whole = costs.output_bytes(3) * 2  # 3 rows per replica, 2 replicas
     dp2 = _output_s(costs, MeshShape(dp=2, pp=1, tp=4), 3)
     expected = (2 * link_collective_time_s("all_gather", 256.0 * 2, 2, inter)
-                + link_collective_time_s("all_gather", costs.output_bytes(3) * 2 * 4, 2, inter))
+                + link_collective_time_s("all_gather", whole, 2, inter) + 2 * inside(256.0) + inside(whole))
     assert dp2 == pytest.approx(expected, rel=1e-12), (dp2, expected)
-    pp2 = _output_s(costs, MeshShape(dp=1, pp=2, tp=4), 3)  # stage k on node k: the 4 pipelines' broadcasts cross
-    expected = (2 * link_collective_time_s("broadcast", 256.0 * 4, 2, inter, algorithm="tree")
-                + link_collective_time_s("broadcast", costs.output_bytes(3) * 4, 2, inter, algorithm="tree"))
+    pp2 = _output_s(costs, MeshShape(dp=1, pp=2, tp=4), 3)
+    expected = 2 * across_then_inside(256.0) + across_then_inside(costs.output_bytes(3))
     assert pp2 == pytest.approx(expected, rel=1e-12), (pp2, expected)
-    inside = _output_s(costs, MeshShape(dp=2, pp=2, tp=2), 1)  # pp inside a node, dp across
-    assert inside > link_collective_time_s("broadcast", costs.output_bytes(1), 2, intra, algorithm="tree"), inside
     assert _output_s(costs, MeshShape(dp=1, pp=1, tp=8), 4) == 0.0, "tp alone: its output gather is in its graph"
     step = dataclasses.replace(costs, generation_step=True)
     assert _output_s(step, MeshShape(dp=8, pp=1, tp=1), 8) == 0.0, "decode: the replicas gather once, at the end"
     assert _output_s(step, MeshShape(dp=1, pp=2, tp=4), 1) == pytest.approx(
         link_collective_time_s("broadcast", 8.0 * 4, 2, inter, algorithm="tree")), (
         "decode: the token, over the 4 pipelines at once")
+
+
+def test_a_hand_out_crosses_into_each_host_once() -> None:
+    """The tree the mesh runtime hands the output out along (``host_tree_children``): from rank 3 of 2 hosts of 2,
+    one send across (3 -> 0) and the rest inside the hosts (3 -> 2, 0 -> 1); on 4 hosts of 2 a binomial tree over the
+    hosts. At 200 Mbit/s it takes one transfer's time where gloo's broadcast over the same ranks takes three."""
+    from autotp.cost_model import LinkProfile
+    from autotp.cost_model.collectives import binomial_broadcasts_s, host_tree_children, host_tree_deliveries_s
+
+    assert host_tree_children([0, 1, 2, 3], 3, 2) == {3: [0, 2], 0: [1], 1: [], 2: []}
+    tree = host_tree_children(range(8), 7, 2)
+    assert tree == {7: [0, 2, 6], 0: [4, 1], 2: [3], 4: [5], 1: [], 3: [], 5: [], 6: []}, tree
+    crossings = [(sender, child) for sender, sent_to in tree.items() for child in sent_to if sender // 2 != child // 2]
+    assert sorted(child // 2 for _, child in crossings) == [0, 1, 2], f"each other host entered once: {crossings}"
+    assert host_tree_children([0, 1], 1, 4) == {1: [0], 0: []}, "one host: the source sends to each rank"
+    network = LinkProfile("slow-network", bandwidth_gbps=0.025, latency_s=3e-4, base_latency_s=9e-4)
+    hardware = dataclasses.replace(get_hardware("cpu-gloo"), devices_per_node=2, inter_node=network)
+    n = 4 * 2**20
+    one = n / network.bandwidth_bytes_per_s
+    hand_out = host_tree_deliveries_s([([0, 1, 2, 3], 3)], n, hardware)
+    assert one < hand_out < 1.1 * one, hand_out / one
+    assert binomial_broadcasts_s([([0, 1, 2, 3], 3)], n, hardware) > 2.9 * one
 
 
 def test_a_broadcast_is_gloos_binomial_tree_with_shared_links() -> None:

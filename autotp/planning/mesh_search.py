@@ -36,8 +36,9 @@ Prices, for one microbatch of ``b`` requests (the example's sequence length):
 * a replica's time for ``m`` microbatches: ``sum(s_k) + (m - 1) * max(s_k)``
   (:func:`autotp.cost_model.pipeline_time_s`, GPipe / 1F1B forward), each ``s_k`` at the busy
   ranks of its moment (:func:`replica_time_s`), plus handing the output to every rank, as the mesh
-  runtime returns the whole batch's output on each (:func:`_output_s`: a broadcast from the last
-  stage over ``pp``, an all-gather of the replicas' slices over ``dp``). Latency: that time at
+  runtime returns the whole batch's output on each (:func:`_output_s`: the replicas' last stages
+  all-gather their slices over ``dp``, then each hands the batch to the rest of its replica along a
+  tree that crosses into each node once). Latency: that time at
   ``b = m = 1``, the replicas serving one request each at once (so with ``dp`` rows gathered).
   Throughput: ``batch / time`` with ``dp`` replicas each running ``batch / dp`` requests at once.
   Decode (``mesh_costs(..., decode_cache_len=N)``): the same, for the step generation runs (a token per row over
@@ -94,7 +95,7 @@ from autotp.cost_model import (
     p2p_time_s,
     pipeline_time_s,
 )
-from autotp.cost_model.collectives import binomial_broadcasts_s
+from autotp.cost_model.collectives import binomial_broadcasts_s, host_tree_deliveries_s
 from autotp.cost_model.compute import op_name
 from autotp.passes.costing import (
     CostedGraph,
@@ -636,28 +637,35 @@ _OBJECT_BYTES = 256.0  # a pickled list of output shapes, as broadcast_object_li
 
 def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     """Seconds the mesh runtime takes to give every rank the whole batch's output after its replica's last
-    stage has it (``runtime/mesh/mesh_module.py``): with ``pp > 1`` the last stage broadcasts the leaves' shapes (an object:
-    its size, then its bytes) and each leaf of its ``rows`` rows over the pipeline's group, every pipeline at once
-    (gloo's binomial tree: :func:`~autotp.cost_model.collectives.binomial_broadcasts_s`); with ``dp > 1``
-    the replicas exchange the shapes (an object, all-gathered) and all-gather each leaf, every replica's
-    slice of ``rows`` rows (gloo: a ring). Groups spanning nodes pay the inter-node link, shared by the
-    spanning groups with a member on one node."""
+    stage has it (``MeshParallelModule._to_every_rank`` in ``runtime/mesh/mesh_module.py``): with ``dp > 1`` the
+    replicas' sources (each last stage's first tp rank) exchange the shapes (an object, all-gathered) and all-gather
+    each leaf, every replica's slice of ``rows`` rows (gloo: a ring), on the network where they span nodes; then
+    each source hands the output (a header object, then each leaf) to the rest of its replica (every rank with
+    ``dp > 1``, the stages before the last without), all replicas at once, along a tree that crosses into each node
+    once (:func:`~autotp.cost_model.collectives.host_tree_deliveries_s`)."""
     hardware, leaves = costs.hardware, costs.output_leaves
-    from_last_stage = [(group, group[-1]) for group in _mesh_groups(mesh, "pp")]
     if costs.generation_step:  # the last stage broadcasts each row's token; replicas gather once, at the end
+        from_last_stage = [(group, group[-1]) for group in _mesh_groups(mesh, "pp")]
         return binomial_broadcasts_s(from_last_stage, 8.0 * rows, hardware) if mesh.pp > 1 else 0.0
     if not leaves:
         return 0.0
     per_leaf = costs.output_bytes(rows) / leaves
+    per_replica = mesh.pp * mesh.tp
+    sources = [replica * per_replica + (mesh.pp - 1) * mesh.tp for replica in range(mesh.dp)]
     seconds = 0.0
-    if mesh.pp > 1:
-        seconds += 2 * binomial_broadcasts_s(from_last_stage, _OBJECT_BYTES, hardware)
-        seconds += leaves * binomial_broadcasts_s(from_last_stage, per_leaf, hardware)
     if mesh.dp > 1:
-        spans, sharing = _link_use(_mesh_groups(mesh, "dp"), hardware)
-        link = hardware.link(spans_nodes=spans)
+        link = hardware.link(spans_nodes=_link_use([sources], hardware)[0])
         seconds += 2 * link_collective_time_s("all_gather", _OBJECT_BYTES * mesh.dp, mesh.dp, link)
-        seconds += leaves * link_collective_time_s("all_gather", per_leaf * mesh.dp * sharing, mesh.dp, link)
+        seconds += leaves * link_collective_time_s("all_gather", per_leaf * mesh.dp, mesh.dp, link)
+        per_leaf *= mesh.dp
+        receiving = range(per_replica)
+    else:
+        receiving = range((mesh.pp - 1) * mesh.tp)
+    groups = [([source, *(source - (mesh.pp - 1) * mesh.tp + i for i in receiving if i != (mesh.pp - 1) * mesh.tp)],
+               source) for source in sources]
+    if len(groups[0][0]) > 1:
+        seconds += 2 * host_tree_deliveries_s(groups, _OBJECT_BYTES, hardware)
+        seconds += leaves * host_tree_deliveries_s(groups, per_leaf, hardware)
     return seconds
 
 

@@ -73,11 +73,13 @@ from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.base.module_paths import layer_blocks
 from autotp.capture.trace_cache import TraceCache, open_trace_cache, trace_key
 from autotp.capture.tracing import Traced, TraceShare, as_if_on, check_model, trace_device
+from autotp.cost_model.collectives import host_tree_children
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions
 from autotp.runtime.agreement.exchanges import options_record, plan_text, ranks_agree
 from autotp.runtime.agreement.shared_trace import FirstRankTrace
+from autotp.runtime.collectives.hosts import launched
 from autotp.runtime.execution.module import TensorParallelModule
 from autotp.runtime.execution.options import RuntimeOptions
 
@@ -201,6 +203,59 @@ def _from_first(leaf: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     value = leaf.contiguous().clone()
     dist.broadcast(value, group=group, group_src=0)
     return value
+
+
+def replica_ranks(mesh: Any, replica: int) -> list[list[int]]:
+    """The global ranks of data-parallel replica ``replica`` of ``mesh``, as ``[stage][tp rank]`` (a dim the mesh
+    does not name has size 1; the mesh's dims may come in any order)."""
+    names = list(mesh.mesh_dim_names or ())
+    grid = mesh.mesh
+    for name in MESH_DIM_NAMES:
+        if name not in names:
+            grid = grid.unsqueeze(-1)
+            names.append(name)
+    grid = grid.permute([names.index(name) for name in ("dp", "pp", "tp")])
+    return grid[replica].tolist()
+
+
+def ranks_per_host() -> int:
+    """How many consecutive ranks share a host, from the launcher (``LOCAL_WORLD_SIZE``); every rank of the
+    default group where no launcher set it (ranks started by hand on one machine)."""
+    launch = launched(os.environ)
+    return launch.local_world_size if launch is not None else dist.get_world_size()
+
+
+def hand_out(leaves: list[Any] | None, source: int, ranks: Sequence[int], per_host: int,
+             device: torch.device) -> list[Any]:
+    """The output ``leaves`` of global rank ``source`` on every rank of ``ranks`` (called by each of them;
+    ``leaves`` is read on ``source`` only): point-to-point sends on the default group along
+    :func:`~autotp.cost_model.collectives.host_tree_children`, so the value crosses into each host once (a
+    broadcast over a group spanning hosts sends it across a link once per rank beyond it). Each send is a
+    header (an object: each leaf's shape and dtype, or the leaf itself when it is not a tensor), then the
+    tensors; a rank forwards what it received to its children, all of its sends under way at once."""
+    me = dist.get_rank()
+    children = host_tree_children(ranks, source, per_host)
+    if me != source:
+        parent = next(rank for rank, sent_to in children.items() if me in sent_to)
+        header: list[Any] = [None]
+        dist.recv_object_list(header, src=parent)
+        leaves = []
+        for kind, *what in header[0]:
+            if kind == "tensor":
+                leaf = torch.empty(what[0], dtype=what[1], device=device)
+                dist.recv(leaf, src=parent)
+                what = [leaf]
+            leaves.append(what[0])
+    assert leaves is not None
+    header = [[("tensor", tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else ("value", leaf)
+               for leaf in leaves]]
+    tensors = [leaf.contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    for child in children[me]:
+        dist.send_object_list(header, dst=child)
+    sends = [dist.isend(tensor, dst=child) for child in children[me] for tensor in tensors]
+    for send in sends:
+        send.wait()
+    return leaves
 
 
 # --------------------------------------------------------------------------- pipeline stages
@@ -487,13 +542,15 @@ class MeshParallelModule(nn.Module):
         self.replica_index = mesh_coordinate(mesh, "dp")
         self._dp_group = dim_group(mesh, "dp") if plan.mesh.dp > 1 else None
         self._pp_group = dim_group(mesh, "pp") if plan.mesh.pp > 1 else None
+        self._replica_ranks = replica_ranks(mesh, self.replica_index)
+        self._ranks_per_host = ranks_per_host()
         self._signature = signature
         self._stage = stage
         self._example_shapes = example_shapes
         self._schedule: Any = None
+        self._device = next(iter(stage.inputs)).device if stage is not None else torch.device("cpu")
         if stage is not None:
-            self._schedule = _schedule(plan, stage_module, stage, self.stage_index,
-                                       self._pp_group, next(iter(stage.inputs)).device)
+            self._schedule = _schedule(plan, stage_module, stage, self.stage_index, self._pp_group, self._device)
         if training and self._dp_group is not None:
             average_gradients_over(stage_module, self._dp_group, plan.mesh.dp)
 
@@ -524,10 +581,41 @@ class MeshParallelModule(nn.Module):
             start = sum(sizes[: self.replica_index])
             args, kwargs = _slice_batch(args, kwargs, batch, start, start + sizes[self.replica_index])
         output = self._run_stages(args, kwargs) if self._stage is not None else self.stage_module(*args, **kwargs)
-        if dp > 1 and not self.trains:  # training: the replica's own rows (its gradients are averaged over dp)
-            assert self._dp_group is not None
-            output = gather_batch(output, sizes, self._dp_group)
-        return output
+        if self.trains:  # the replica's own rows (its gradients are averaged over dp)
+            return output
+        return self._to_every_rank(output, sizes if dp > 1 else None)
+
+    def _to_every_rank(self, output: Any, sizes: Sequence[int] | None) -> Any:
+        """The whole batch's output on every rank. The replica's source (its last stage's first tp rank) holds the
+        replica's output (``None`` on the stages before the last); with ``sizes`` (dp > 1) the sources all-gather
+        the replicas' slices over dp, then each source hands the output to the rest of its replica
+        (:func:`hand_out`: across each host once). Without dp, the last stage's tp ranks hold it already."""
+        stages = self._replica_ranks
+        source, me = stages[-1][0], dist.get_rank()
+        failure: InputShapeError | None = None
+        if sizes is not None:
+            if me == source:
+                assert self._dp_group is not None
+                try:
+                    output = gather_batch(output, sizes, self._dp_group)
+                except InputShapeError as error:  # every source raises it; its replica hears of it, then raises too
+                    failure = error
+            ranks = [rank for stage in stages for rank in stage]
+        else:
+            ranks = [source] + [rank for stage in stages[:-1] for rank in stage]
+        if me not in ranks or len(ranks) == 1:
+            if failure is not None:
+                raise failure
+            return output
+        leaves, spec = pytree.tree_flatten(output) if output is not None else (None, None)
+        device = next((leaf.device for leaf in leaves or () if isinstance(leaf, torch.Tensor)), self._device)
+        sent = [failure] if failure is not None else leaves
+        leaves = hand_out(sent, source, ranks, self._ranks_per_host, device)
+        if len(leaves) == 1 and isinstance(leaves[0], InputShapeError):
+            raise leaves[0]
+        if spec is not None:
+            return pytree.tree_unflatten(leaves, spec)
+        return self._rebuild(leaves)  # a stage before the last: the output's structure is the pipeline's
 
     def _check_pipeline_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         assert self._stage is not None
@@ -551,23 +639,13 @@ class MeshParallelModule(nn.Module):
         first = tuple(bound.arguments[name] for name in stage.first_inputs)
         with torch.no_grad():
             result = self._schedule.step(*first) if self.stage_index == 0 else self._schedule.step()
-        return self._from_last_stage(result)
+        return self._rebuild(list(_as_tuple(result))) if self.stage_index == self.plan.mesh.pp - 1 else None
 
-    def _from_last_stage(self, result: Any) -> Any:
-        """The last stage's output, sent to every stage of this pipeline; in the model's output structure."""
-        stage, group = self._stage, self._pp_group
-        assert stage is not None and group is not None
-        last = self.plan.mesh.pp - 1
-        leaves = list(_as_tuple(result)) if self.stage_index == last else []
-        metas: list[Any] = [[(tuple(t.shape), t.dtype) for t in leaves]]
-        dist.broadcast_object_list(metas, group=group, group_src=last)
-        device = stage.outputs[0].device if stage.outputs else torch.device("cpu")
-        if self.stage_index != last:
-            leaves = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in metas[0]]
-        for leaf in leaves:
-            dist.broadcast(leaf, group=group, group_src=last)
-        if stage.out_spec is not None:
-            return pytree.tree_unflatten(leaves, stage.out_spec)
+    def _rebuild(self, leaves: list[Any]) -> Any:
+        """The last stage's output ``leaves`` in the model's output structure."""
+        assert self._stage is not None
+        if self._stage.out_spec is not None:
+            return pytree.tree_unflatten(leaves, self._stage.out_spec)
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
 
