@@ -371,27 +371,29 @@ def measure_groups(rank: int, world_size: int, nbytes: int, repeats: int) -> dic
 
 
 def measure_output_gather(rank: int, world_size: int, repeats: int) -> dict[str, float]:
-    """On 2 hosts x 2 ranks: the data-parallel replicas' output gather of the mesh runtime
-    (``autotp.runtime.mesh.mesh_module.gather_batch``: an object all-gather of the shapes, then the logits'
-    all-gather) of one request's logits (32 x 4096 float32, 512 KiB) in the pairs {0, 2} and {1, 3} (a 2 x 2 x 1
-    mesh's dp groups), each the median of ``repeats`` in seconds (the slowest rank's): with the ranks in step
-    (after a barrier), its two parts alone, and the tensor all-gather of the pair {0, 2} alone."""
+    """On 2 hosts x 2 ranks: the mesh runtime's output to every rank for a 2 x 2 x 1 mesh (replica 0 on host 0,
+    stage 1 on ranks 1 and 3) of one request's logits each (32 x 4096 float32, 512 KiB), each part the median of
+    ``repeats`` in seconds (the slowest rank's, the ranks in step after a barrier): the sources' gather
+    (``autotp.runtime.mesh.mesh_module.gather_batch`` over the pair {1, 3}: an all-gather of the shapes, then of the
+    logits), its logits all-gather alone, the hand-out of the batch inside each host (``hand_out``: 1 -> 0, 3 -> 2),
+    and for comparison the gather in both pairs {0, 2} and {1, 3} at once (what every rank did before)."""
     import torch
     import torch.distributed as dist
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    from autotp.runtime.mesh.mesh_module import gather_batch
+    from autotp.runtime.mesh.mesh_module import gather_batch, hand_out
 
     pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     mine = pairs[rank % 2]
     output = CausalLMOutputWithPast(logits=torch.randn(1, 32, 4096))
+    batch = [torch.randn(2, 32, 4096)]
     parts = [torch.empty_like(output.logits) for _ in range(2)]
-    probes = {"gather_batch, both pairs": lambda: gather_batch(output, [1, 1], mine),
-              "object all-gather of the shapes": lambda: dist.all_gather_object([None, None], [(1, 32, 4096)],
-                                                                                group=mine),
-              "logits all-gather, both pairs": lambda: dist.all_gather(parts, output.logits, group=mine),
-              "logits all-gather, pair {0, 2} alone":
-                  lambda: dist.all_gather(parts, output.logits, group=mine) if rank in (0, 2) else None}
+    source = 1 if rank < 2 else 3
+    probes = {"gather_batch, sources {1, 3}": lambda: gather_batch(output, [1, 1], mine) if rank % 2 else None,
+              "its logits all-gather": lambda: dist.all_gather(parts, output.logits, group=mine) if rank % 2 else None,
+              "hand-out inside each host": lambda: hand_out(batch if rank == source else None, source,
+                                                            [source - 1, source], 2, torch.device("cpu")),
+              "gather_batch, both pairs at once": lambda: gather_batch(output, [1, 1], mine)}
     for probe in probes.values():
         probe()  # connections made
     return _slowest_medians(probes, repeats)

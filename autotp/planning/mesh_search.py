@@ -632,13 +632,14 @@ def _send_times(costs: MeshCosts, mesh: MeshShape, b: int) -> list[float]:
             for spans, sharing in _stage_sends(mesh, costs.hardware)]
 
 
-_OBJECT_BYTES = 256.0  # a pickled list of output shapes, as broadcast_object_list / all_gather_object send it
+_OBJECT_BYTES = 256.0  # a pickled list of output shapes, as the mesh runtime's hand-out sends it (its header)
+_SHAPE_ROW_BYTES = 72.0  # an output leaf's shape as the replicas all-gather it (9 int64s: its dims and their number)
 
 
 def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     """Seconds the mesh runtime takes to give every rank the whole batch's output after its replica's last
     stage has it (``MeshParallelModule._to_every_rank`` in ``runtime/mesh/mesh_module.py``): with ``dp > 1`` the
-    replicas' sources (each last stage's first tp rank) exchange the shapes (an object, all-gathered) and all-gather
+    replicas' sources (each last stage's first tp rank) all-gather the leaves' shapes (a row of int64s each) and
     each leaf, every replica's slice of ``rows`` rows (gloo: a ring), on the network where they span nodes; then
     each source hands the output (a header object, then each leaf) to the rest of its replica (every rank with
     ``dp > 1``, the stages before the last without), all replicas at once, along a tree that crosses into each node
@@ -655,7 +656,7 @@ def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     seconds = 0.0
     if mesh.dp > 1:
         link = hardware.link(spans_nodes=_link_use([sources], hardware)[0])
-        seconds += 2 * link_collective_time_s("all_gather", _OBJECT_BYTES * mesh.dp, mesh.dp, link)
+        seconds += link_collective_time_s("all_gather", _SHAPE_ROW_BYTES * leaves * mesh.dp, mesh.dp, link)
         seconds += leaves * link_collective_time_s("all_gather", per_leaf * mesh.dp, mesh.dp, link)
         per_leaf *= mesh.dp
         receiving = range(per_replica)

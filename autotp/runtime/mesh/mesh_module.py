@@ -171,12 +171,12 @@ def _slice_batch(args: Any, kwargs: Any, batch: int, start: int, stop: int) -> t
 
 def gather_batch(output: Any, sizes: Sequence[int], group: dist.ProcessGroup) -> Any:
     """Every replica's ``output`` for its slice, concatenated along dim 0 (leaves whose dim 0 is the
-    slice's rows); other leaves are taken from the first replica. One ``all_gather_object`` of the
-    leaves' shapes, then one ``all_gather`` per batch leaf (slices padded to the largest)."""
+    slice's rows); other leaves are taken from the first replica. One ``all_gather`` of the leaves' shapes
+    (:func:`_gather_shapes`), then one per batch leaf (slices padded to the largest)."""
     leaves, spec = pytree.tree_flatten(output)
     shapes = [tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
-    every: list[Any] = [None] * len(sizes)
-    dist.all_gather_object(every, shapes, group=group)
+    device = next((leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor)), torch.device("cpu"))
+    every = _gather_shapes(shapes, len(sizes), group, device)
     rows = max(sizes)
     gathered = []
     for position, leaf in enumerate(leaves):
@@ -196,6 +196,29 @@ def gather_batch(output: Any, sizes: Sequence[int], group: dist.ProcessGroup) ->
         dist.all_gather(parts, padded.contiguous(), group=group)
         gathered.append(torch.cat([part[:n] for part, n in zip(parts, sizes)]))
     return pytree.tree_unflatten(gathered, spec)
+
+
+_SHAPE_DIMS = 8  # the dims a gathered shape has room for; an output with more gathers its shapes as objects
+
+
+def _gather_shapes(shapes: list[tuple[int, ...] | None], replicas: int, group: dist.ProcessGroup,
+                   device: torch.device) -> list[list[tuple[int, ...] | None]]:
+    """Every replica's ``shapes`` (one per output leaf, ``None`` for a leaf that is not a tensor): one
+    ``all_gather`` of an int64 row per leaf (its number of dims, -1 for ``None``, then the dims) on ``device``
+    (the outputs'), where an ``all_gather_object`` runs two collectives and pickles. Every replica runs the same
+    graph, so its leaves and their numbers of dims are the same and so is the choice of form."""
+    if any(shape is not None and len(shape) > _SHAPE_DIMS for shape in shapes):
+        every: list[Any] = [None] * replicas
+        dist.all_gather_object(every, shapes, group=group)
+        return every
+    table = [[-1] * (1 + _SHAPE_DIMS) for _ in shapes]
+    for row, shape in zip(table, shapes):
+        if shape is not None:
+            row[: 1 + len(shape)] = [len(shape), *shape]
+    rows = torch.tensor(table, dtype=torch.int64, device=device).reshape(len(shapes), 1 + _SHAPE_DIMS)
+    parts = [torch.empty_like(rows) for _ in range(replicas)]
+    dist.all_gather(parts, rows, group=group)
+    return [[None if row[0] < 0 else tuple(row[1:1 + row[0]]) for row in part.tolist()] for part in parts]
 
 
 def _from_first(leaf: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
