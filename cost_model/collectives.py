@@ -157,8 +157,12 @@ __all__ = [
     "COLLECTIVE_ALGORITHMS",
     "COLLECTIVE_KINDS",
     "GLOO_RUNS_AS",
+    "HAND_OUT_HEADER_BYTES",
+    "HAND_OUT_LEAVES",
     "ONE_SHOT_MAX_BYTES",
     "ONE_SHOT_MIN_GROUP",
+    "OUTPUT_SHAPE_DIMS",
+    "SHAPE_ROW_BYTES",
     "backend_time",
     "binomial_broadcasts_s",
     "call_sync_wait_s",
@@ -472,6 +476,17 @@ def _binomial_children(ranks: Sequence[int], root: int) -> dict[int, list[int]]:
             children[order[v]].append(order[v + bit])
         bit <<= 1
     return children
+
+
+OUTPUT_SHAPE_DIMS = 8
+"""Dims of an output leaf's shape that the mesh runtime's int64 rows have room for (the replicas' shape
+all-gather, the hand-out's header); an output with more goes as an object."""
+HAND_OUT_LEAVES = 16
+"""Output leaves the mesh runtime's hand-out header describes in int64 rows; more go as an object."""
+SHAPE_ROW_BYTES = 8 * (1 + OUTPUT_SHAPE_DIMS)
+"""Bytes of one leaf's shape in the replicas' shape all-gather: its number of dims, then the dims."""
+HAND_OUT_HEADER_BYTES = 8 * (1 + HAND_OUT_LEAVES * (2 + OUTPUT_SHAPE_DIMS))
+"""Bytes of a hand-out's header: the number of leaves, then a row per leaf (dtype, number of dims, dims)."""
 
 
 def host_tree_children(ranks: Sequence[int], root: int, ranks_per_host: int) -> dict[int, list[int]]:

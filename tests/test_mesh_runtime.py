@@ -326,3 +326,32 @@ def test_demo_mesh_argument() -> None:
     for bad, why in [("dp2,xp2", "not a dim name"), ("tp2,tp2", "names tp twice"), ("pp0", "size >= 1")]:
         with pytest.raises(argparse.ArgumentTypeError, match=why):
             mesh_spec(bad)
+
+
+def _hand_out_cases(rank: int, world_size: int) -> list[list[Any]]:
+    """``hand_out`` from rank 3 to the 4 ranks on 2 hosts of 2 (3 -> 0 across, 3 -> 2 and 0 -> 1 inside): leaves its
+    int64 header describes (two float tensors, an int one, a bool one), then leaves that go as an object (a value
+    beside a tensor; a tensor of 9 dims)."""
+    import torch
+
+    from autotp.runtime.mesh.mesh_module import hand_out
+
+    cases = [[torch.arange(6.0).reshape(2, 3), torch.ones(1, 2, dtype=torch.bfloat16), torch.tensor([7]),
+              torch.tensor([True, False])],
+             [torch.full((2,), 5.0), "a value", None],
+             [torch.zeros([1] * 9)]]
+    got = []
+    for leaves in cases:
+        received = hand_out(leaves if rank == 3 else None, 3, [0, 1, 2, 3], 2, torch.device("cpu"))
+        got.append([(tuple(v.shape), str(v.dtype), v.tolist()) if isinstance(v, torch.Tensor) else v for v in received])
+    return got
+
+
+def test_hand_out_carries_every_kind_of_leaf(gloo: Any) -> None:
+    """Every rank receives the source's leaves as they were: shapes, dtypes and values, non-tensor leaves too."""
+    results = gloo.run(4, _hand_out_cases)
+    for rank, got in enumerate(results):
+        assert got == results[3], f"rank {rank}: expected the source's leaves {results[3]}, got {got}"
+    first, second, third = results[3]
+    assert first[1] == ((1, 2), "torch.bfloat16", [[1.0, 1.0]]) and first[3] == ((2,), "torch.bool", [True, False])
+    assert second[1:] == ["a value", None] and third[0][0] == (1,) * 9, (second, third)

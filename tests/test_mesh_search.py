@@ -353,7 +353,7 @@ def test_output_hand_out_is_priced_as_the_runtime_runs_it(six_layer_costs: MeshC
     group crosses), then each hands the batch to its replica's other ranks; with pp alone the last stage's first tp rank hands it
     to the stages before the last. A hand-out crosses into each node once: pp2 x tp4 with stage k on node k sends
     the logits across once, then inside node 0 (where the 4 pipelines used to broadcast across at once). Each
-    hand-out sends a header object first (two small messages). A decode step hands out each row's token over the
+    hand-out sends a header first (161 int64s). A decode step hands out each row's token over the
     pipeline and gathers nothing."""
     costs = six_layer_costs
     hardware = costs.hardware
@@ -370,10 +370,10 @@ def test_output_hand_out_is_priced_as_the_runtime_runs_it(six_layer_costs: MeshC
     whole = costs.output_bytes(3) * 2  # 3 rows per replica, 2 replicas
     dp2 = _output_s(costs, MeshShape(dp=2, pp=1, tp=4), 3)
     expected = (link_collective_time_s("all_gather", 72.0 * 2, 2, inter)  # the shapes: a row of 9 int64s each
-                + link_collective_time_s("all_gather", whole, 2, inter) + 2 * inside(256.0) + inside(whole))
+                + link_collective_time_s("all_gather", whole, 2, inter) + inside(1288.0) + inside(whole))
     assert dp2 == pytest.approx(expected, rel=1e-12), (dp2, expected)
     pp2 = _output_s(costs, MeshShape(dp=1, pp=2, tp=4), 3)
-    expected = 2 * across_then_inside(256.0) + across_then_inside(costs.output_bytes(3))
+    expected = across_then_inside(1288.0) + across_then_inside(costs.output_bytes(3))
     assert pp2 == pytest.approx(expected, rel=1e-12), (pp2, expected)
     assert _output_s(costs, MeshShape(dp=1, pp=1, tp=8), 4) == 0.0, "tp alone: its output gather is in its graph"
     step = dataclasses.replace(costs, generation_step=True)

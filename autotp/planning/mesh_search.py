@@ -95,7 +95,12 @@ from autotp.cost_model import (
     p2p_time_s,
     pipeline_time_s,
 )
-from autotp.cost_model.collectives import binomial_broadcasts_s, host_tree_deliveries_s
+from autotp.cost_model.collectives import (
+    HAND_OUT_HEADER_BYTES,
+    SHAPE_ROW_BYTES,
+    binomial_broadcasts_s,
+    host_tree_deliveries_s,
+)
 from autotp.cost_model.compute import op_name
 from autotp.passes.costing import (
     CostedGraph,
@@ -632,8 +637,6 @@ def _send_times(costs: MeshCosts, mesh: MeshShape, b: int) -> list[float]:
             for spans, sharing in _stage_sends(mesh, costs.hardware)]
 
 
-_OBJECT_BYTES = 256.0  # a pickled list of output shapes, as the mesh runtime's hand-out sends it (its header)
-_SHAPE_ROW_BYTES = 72.0  # an output leaf's shape as the replicas all-gather it (9 int64s: its dims and their number)
 
 
 def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
@@ -641,7 +644,7 @@ def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     stage has it (``MeshParallelModule._to_every_rank`` in ``runtime/mesh/mesh_module.py``): with ``dp > 1`` the
     replicas' sources (each last stage's first tp rank) all-gather the leaves' shapes (a row of int64s each) and
     each leaf, every replica's slice of ``rows`` rows (gloo: a ring), on the network where they span nodes; then
-    each source hands the output (a header object, then each leaf) to the rest of its replica (every rank with
+    each source hands the output (a header of int64s, then each leaf) to the rest of its replica (every rank with
     ``dp > 1``, the stages before the last without), all replicas at once, along a tree that crosses into each node
     once (:func:`~autotp.cost_model.collectives.host_tree_deliveries_s`)."""
     hardware, leaves = costs.hardware, costs.output_leaves
@@ -656,7 +659,7 @@ def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     seconds = 0.0
     if mesh.dp > 1:
         link = hardware.link(spans_nodes=_link_use([sources], hardware)[0])
-        seconds += link_collective_time_s("all_gather", _SHAPE_ROW_BYTES * leaves * mesh.dp, mesh.dp, link)
+        seconds += link_collective_time_s("all_gather", SHAPE_ROW_BYTES * leaves * mesh.dp, mesh.dp, link)
         seconds += leaves * link_collective_time_s("all_gather", per_leaf * mesh.dp, mesh.dp, link)
         per_leaf *= mesh.dp
         receiving = range(per_replica)
@@ -665,7 +668,7 @@ def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     groups = [([source, *(source - (mesh.pp - 1) * mesh.tp + i for i in receiving if i != (mesh.pp - 1) * mesh.tp)],
                source) for source in sources]
     if len(groups[0][0]) > 1:
-        seconds += 2 * host_tree_deliveries_s(groups, _OBJECT_BYTES, hardware)
+        seconds += host_tree_deliveries_s(groups, HAND_OUT_HEADER_BYTES, hardware)
         seconds += leaves * host_tree_deliveries_s(groups, per_leaf, hardware)
     return seconds
 

@@ -73,7 +73,7 @@ from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.base.module_paths import layer_blocks
 from autotp.capture.trace_cache import TraceCache, open_trace_cache, trace_key
 from autotp.capture.tracing import Traced, TraceShare, as_if_on, check_model, trace_device
-from autotp.cost_model.collectives import host_tree_children
+from autotp.cost_model.collectives import HAND_OUT_LEAVES, OUTPUT_SHAPE_DIMS, host_tree_children
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions
@@ -198,24 +198,21 @@ def gather_batch(output: Any, sizes: Sequence[int], group: dist.ProcessGroup) ->
     return pytree.tree_unflatten(gathered, spec)
 
 
-_SHAPE_DIMS = 8  # the dims a gathered shape has room for; an output with more gathers its shapes as objects
-
-
 def _gather_shapes(shapes: list[tuple[int, ...] | None], replicas: int, group: dist.ProcessGroup,
                    device: torch.device) -> list[list[tuple[int, ...] | None]]:
     """Every replica's ``shapes`` (one per output leaf, ``None`` for a leaf that is not a tensor): one
     ``all_gather`` of an int64 row per leaf (its number of dims, -1 for ``None``, then the dims) on ``device``
     (the outputs'), where an ``all_gather_object`` runs two collectives and pickles. Every replica runs the same
     graph, so its leaves and their numbers of dims are the same and so is the choice of form."""
-    if any(shape is not None and len(shape) > _SHAPE_DIMS for shape in shapes):
+    if any(shape is not None and len(shape) > OUTPUT_SHAPE_DIMS for shape in shapes):
         every: list[Any] = [None] * replicas
         dist.all_gather_object(every, shapes, group=group)
         return every
-    table = [[-1] * (1 + _SHAPE_DIMS) for _ in shapes]
+    table = [[-1] * (1 + OUTPUT_SHAPE_DIMS) for _ in shapes]
     for row, shape in zip(table, shapes):
         if shape is not None:
             row[: 1 + len(shape)] = [len(shape), *shape]
-    rows = torch.tensor(table, dtype=torch.int64, device=device).reshape(len(shapes), 1 + _SHAPE_DIMS)
+    rows = torch.tensor(table, dtype=torch.int64, device=device).reshape(len(shapes), 1 + OUTPUT_SHAPE_DIMS)
     parts = [torch.empty_like(rows) for _ in range(replicas)]
     dist.all_gather(parts, rows, group=group)
     return [[None if row[0] < 0 else tuple(row[1:1 + row[0]]) for row in part.tolist()] for part in parts]
@@ -248,36 +245,73 @@ def ranks_per_host() -> int:
     return launch.local_world_size if launch is not None else dist.get_world_size()
 
 
+_HEADER_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+                  torch.int16, torch.int8, torch.uint8, torch.bool)
+
+
+def _encode_header(leaves: list[Any], device: torch.device) -> tuple[torch.Tensor, list[Any] | None]:
+    """A hand-out's header: one int64 tensor of fixed size, its first slot the number of leaves and then a row per
+    leaf (its dtype's index in ``_HEADER_DTYPES``, its number of dims, the dims); -1 leaves, and the header as an
+    object beside it, where a leaf is not a tensor of a listed dtype and at most ``OUTPUT_SHAPE_DIMS`` dims, or
+    there are more than ``HAND_OUT_LEAVES`` leaves. One small send where an object takes two and a pickle."""
+    header = torch.full((1 + HAND_OUT_LEAVES * (2 + OUTPUT_SHAPE_DIMS),), -1, dtype=torch.int64)
+    plain = len(leaves) <= HAND_OUT_LEAVES and all(
+        isinstance(leaf, torch.Tensor) and leaf.dtype in _HEADER_DTYPES and leaf.dim() <= OUTPUT_SHAPE_DIMS
+        for leaf in leaves)
+    if not plain:
+        return header.to(device), [(tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else ("value", leaf)
+                                   for leaf in leaves]
+    values = [len(leaves)]
+    for leaf in leaves:
+        row = [_HEADER_DTYPES.index(leaf.dtype), leaf.dim(), *leaf.shape]
+        values += row + [-1] * (2 + OUTPUT_SHAPE_DIMS - len(row))
+    header[: len(values)] = torch.tensor(values, dtype=torch.int64)
+    return header.to(device), None
+
+
 def hand_out(leaves: list[Any] | None, source: int, ranks: Sequence[int], per_host: int,
              device: torch.device) -> list[Any]:
     """The output ``leaves`` of global rank ``source`` on every rank of ``ranks`` (called by each of them;
     ``leaves`` is read on ``source`` only): point-to-point sends on the default group along
     :func:`~autotp.cost_model.collectives.host_tree_children`, so the value crosses into each host once (a
     broadcast over a group spanning hosts sends it across a link once per rank beyond it). Each send is a
-    header (an object: each leaf's shape and dtype, or the leaf itself when it is not a tensor), then the
-    tensors; a rank forwards what it received to its children, all of its sends under way at once."""
+    header (:func:`_encode_header`: each leaf's dtype and shape), then the tensors; a rank forwards what it
+    received to its children, all of its sends under way at once."""
     me = dist.get_rank()
     children = host_tree_children(ranks, source, per_host)
     if me != source:
         parent = next(rank for rank, sent_to in children.items() if me in sent_to)
-        header: list[Any] = [None]
-        dist.recv_object_list(header, src=parent)
+        header = torch.empty(1 + HAND_OUT_LEAVES * (2 + OUTPUT_SHAPE_DIMS), dtype=torch.int64, device=device)
+        dist.recv(header, src=parent)
+        count, *rows = header.tolist()
+        if count >= 0:
+            described: list[Any] = []
+            for index in range(count):
+                dtype, dims, *shape = rows[index * (2 + OUTPUT_SHAPE_DIMS): (index + 1) * (2 + OUTPUT_SHAPE_DIMS)]
+                described.append((tuple(shape[:dims]), _HEADER_DTYPES[dtype]))
+        else:
+            listed: list[Any] = [None]
+            dist.recv_object_list(listed, src=parent)
+            described = listed[0]
         leaves = []
-        for kind, *what in header[0]:
-            if kind == "tensor":
-                leaf = torch.empty(what[0], dtype=what[1], device=device)
-                dist.recv(leaf, src=parent)
-                what = [leaf]
-            leaves.append(what[0])
+        for what in described:
+            if what[0] == "value":
+                leaves.append(what[1])
+                continue
+            leaf = torch.empty(what[0], dtype=what[1], device=device)
+            dist.recv(leaf, src=parent)
+            leaves.append(leaf)
     assert leaves is not None
-    header = [[("tensor", tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else ("value", leaf)
-               for leaf in leaves]]
-    tensors = [leaf.contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)]
-    for child in children[me]:
-        dist.send_object_list(header, dst=child)
-    sends = [dist.isend(tensor, dst=child) for child in children[me] for tensor in tensors]
-    for send in sends:
-        send.wait()
+    if children[me]:
+        header, as_object = _encode_header(leaves, device)
+        tensors = [leaf.contiguous() for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        for child in children[me]:
+            dist.send(header, dst=child)
+            if as_object is not None:
+                dist.send_object_list([as_object], dst=child)
+        sends = [dist.isend(tensor, dst=child) for child in children[me] for tensor in tensors]
+        for send in sends:
+            send.wait()
     return leaves
 
 
