@@ -655,18 +655,17 @@ def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
         return 0.0
     per_leaf = costs.output_bytes(rows) / leaves
     per_replica = mesh.pp * mesh.tp
-    sources = [replica * per_replica + (mesh.pp - 1) * mesh.tp for replica in range(mesh.dp)]
+    firsts = [replica * per_replica for replica in range(mesh.dp)]  # ranks laid out (dp, pp, tp), tp fastest
+    sources = [first + (mesh.pp - 1) * mesh.tp for first in firsts]
     seconds = 0.0
     if mesh.dp > 1:
         link = hardware.link(spans_nodes=_link_use([sources], hardware)[0])
         seconds += link_collective_time_s("all_gather", SHAPE_ROW_BYTES * leaves * mesh.dp, mesh.dp, link)
         seconds += leaves * link_collective_time_s("all_gather", per_leaf * mesh.dp, mesh.dp, link)
         per_leaf *= mesh.dp
-        receiving = range(per_replica)
-    else:
-        receiving = range((mesh.pp - 1) * mesh.tp)
-    groups = [([source, *(source - (mesh.pp - 1) * mesh.tp + i for i in receiving if i != (mesh.pp - 1) * mesh.tp)],
-               source) for source in sources]
+    receiving = per_replica if mesh.dp > 1 else (mesh.pp - 1) * mesh.tp  # every rank, or the stages before the last
+    groups = [([source, *(first + i for i in range(receiving) if first + i != source)], source)
+              for first, source in zip(firsts, sources)]
     if len(groups[0][0]) > 1:
         seconds += host_tree_deliveries_s(groups, HAND_OUT_HEADER_BYTES, hardware)
         seconds += leaves * host_tree_deliveries_s(groups, per_leaf, hardware)

@@ -19,7 +19,10 @@ order; a missing dim has size 1). Every rank builds its own part:
 - **dp**: each ``mesh["dp"]`` replica runs its slice of the batch (dim 0 of every tensor input
   whose dim 0 is the batch, split as ``torch.tensor_split`` does), and the slices' outputs are
   gathered back, so **every rank returns the output of the whole batch**, the same as the
-  single-process model: a user checks it against one process.
+  single-process model: a user checks it against one process. Only each replica's source (its last
+  stage's first tp rank) gathers over ``dp``; it then hands the batch to the rest of its replica along
+  a tree that crosses into each host once (:func:`hand_out`; hosts from the launcher's
+  ``LOCAL_WORLD_SIZE``). Without ``dp``, a pipeline's last stage hands its output to the stages before.
 
 Weights: with ``checkpoint=`` the model may be on the meta device and each rank reads only its
 stage's tensor-parallel shards (:mod:`autotp.runtime.checkpoints.loading`). Generation
