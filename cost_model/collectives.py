@@ -137,7 +137,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -489,18 +489,21 @@ HAND_OUT_HEADER_BYTES = 8 * (1 + HAND_OUT_LEAVES * (2 + OUTPUT_SHAPE_DIMS))
 """Bytes of a hand-out's header: the number of leaves, then a row per leaf (dtype, number of dims, dims)."""
 
 
-def host_tree_children(ranks: Sequence[int], root: int, ranks_per_host: int) -> dict[int, list[int]]:
+def host_tree_children(ranks: Sequence[int], root: int, host_of: Mapping[int, Hashable]) -> dict[int, list[int]]:
     """Whom each rank sends to when ``root`` hands one value to the other ``ranks`` so that it crosses into each
     host once: a binomial tree over the hosts (each host's first rank of ``ranks`` stands for it, the root for its
-    own; hosts renumbered from the root's), then each of those ranks sends to the rest of its host. Ranks ``r`` and
-    ``s`` share a host when ``r // ranks_per_host == s // ranks_per_host`` (torchrun numbers a host's ranks
-    consecutively). A rank's sends across hosts come first in its list."""
-    d = max(1, ranks_per_host)
-    members: dict[int, list[int]] = {}
-    for rank in [root, *sorted(r for r in ranks if r != root)]:
-        members.setdefault(rank // d, []).append(rank)
-    hosts = sorted(members)
-    start = hosts.index(root // d)
+    own; hosts in the order of their first ranks, renumbered from the root's), then each of those ranks sends to
+    the rest of its host. ``host_of``: each rank's host (any hashable; equal for ranks on one host). A rank's sends
+    across hosts come first in its list."""
+    members: dict[Hashable, list[int]] = {}
+    for rank in sorted(ranks):
+        members.setdefault(host_of[rank], []).append(rank)
+    for host_ranks in members.values():  # the root stands for its own host
+        if root in host_ranks:
+            host_ranks.remove(root)
+            host_ranks.insert(0, root)
+    hosts = list(members)
+    start = hosts.index(host_of[root])
     leaders = [members[hosts[(start + i) % len(hosts)]][0] for i in range(len(hosts))]
     children = _binomial_children(leaders, root)
     for host_ranks in members.values():
@@ -524,9 +527,10 @@ def host_tree_deliveries_s(groups: Sequence[tuple[Sequence[int], int]], nbytes: 
     """Seconds until every rank of every group has ``nbytes`` from its group's root over
     :func:`host_tree_children` (the value crosses into each host once), the groups' trees running at once,
     simulated by :func:`tree_sends_s`; hosts of ``Hardware.devices_per_node`` ranks."""
+    d = max(1, hardware.devices_per_node)
     children: dict[int, list[int]] = {}
     for ranks, root in groups:
-        children.update(host_tree_children(ranks, root, hardware.devices_per_node))
+        children.update(host_tree_children(ranks, root, {rank: rank // d for rank in ranks}))
     return tree_sends_s(children, [root for _, root in groups], nbytes, hardware)
 
 

@@ -76,7 +76,8 @@ def _run_meshes(rank: int, world_size: int, cases: list[tuple[tuple[int, ...], t
                 checkpoint: str | None = None, ranks_per_host: int | None = None) -> list:
     """Each case: build the mesh, compile tiny Llama on it, compare with the single-process model. With
     ``checkpoint``, the first two cases compile a meta-device copy that reads its shards from that file; with
-    ``ranks_per_host``, the ranks are told they run on hosts of that many, as torchrun tells them."""
+    ``ranks_per_host``, the ranks are told they run on hosts of that many, as torchrun tells them (the front door
+    reads it: docs/hosts.md)."""
     import os
 
     launch = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % (ranks_per_host or 1)),
@@ -342,7 +343,7 @@ def _hand_out_cases(rank: int, world_size: int) -> list[list[Any]]:
              [torch.zeros([1] * 9)]]
     got = []
     for leaves in cases:
-        received = hand_out(leaves if rank == 3 else None, 3, [0, 1, 2, 3], 2, torch.device("cpu"))
+        received = hand_out(leaves if rank == 3 else None, 3, [0, 1, 2, 3], [0, 0, 1, 1], torch.device("cpu"))
         got.append([(tuple(v.shape), str(v.dtype), v.tolist()) if isinstance(v, torch.Tensor) else v for v in received])
     return got
 

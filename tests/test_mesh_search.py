@@ -390,12 +390,18 @@ def test_a_hand_out_crosses_into_each_host_once() -> None:
     from autotp.cost_model import LinkProfile
     from autotp.cost_model.collectives import binomial_broadcasts_s, host_tree_children, host_tree_deliveries_s
 
-    assert host_tree_children([0, 1, 2, 3], 3, 2) == {3: [0, 2], 0: [1], 1: [], 2: []}
-    tree = host_tree_children(range(8), 7, 2)
+    def pairs(ranks: range) -> dict[int, int]:  # hosts of 2 consecutive ranks
+        return {rank: rank // 2 for rank in ranks}
+
+    assert host_tree_children(range(4), 3, pairs(range(4))) == {3: [0, 2], 0: [1], 1: [], 2: []}
+    tree = host_tree_children(range(8), 7, pairs(range(8)))
     assert tree == {7: [0, 2, 6], 0: [4, 1], 2: [3], 4: [5], 1: [], 3: [], 5: [], 6: []}, tree
     crossings = [(sender, child) for sender, sent_to in tree.items() for child in sent_to if sender // 2 != child // 2]
     assert sorted(child // 2 for _, child in crossings) == [0, 1, 2], f"each other host entered once: {crossings}"
-    assert host_tree_children([0, 1], 1, 4) == {1: [0], 0: []}, "one host: the source sends to each rank"
+    assert host_tree_children([0, 1, 2], 1, {0: "a", 1: "a", 2: "a"}) == {1: [0, 2], 0: [], 2: []}, (
+        "one host: the source sends to each rank")
+    assert host_tree_children([0, 1, 2, 3], 2, {0: "x", 1: "y", 2: "x", 3: "y"}) == {2: [1, 0], 1: [3], 0: [], 3: []}, (
+        "hosts as the front door found them, not consecutive ranks: 2 -> 1 across, 2 -> 0 and 1 -> 3 inside")
     network = LinkProfile("slow-network", bandwidth_gbps=0.025, latency_s=3e-4, base_latency_s=9e-4)
     hardware = dataclasses.replace(get_hardware("cpu-gloo"), devices_per_node=2, inter_node=network)
     n = 4 * 2**20

@@ -21,8 +21,8 @@ order; a missing dim has size 1). Every rank builds its own part:
   gathered back, so **every rank returns the output of the whole batch**, the same as the
   single-process model: a user checks it against one process. Only each replica's source (its last
   stage's first tp rank) gathers over ``dp``; it then hands the batch to the rest of its replica along
-  a tree that crosses into each host once (:func:`hand_out`; hosts from the launcher's
-  ``LOCAL_WORLD_SIZE``). Without ``dp``, a pipeline's last stage hands its output to the stages before.
+  a tree that crosses into each host once (:func:`hand_out`; each rank's host as the front door read it:
+  the launcher's node and the kernel, docs/hosts.md). Without ``dp``, a pipeline's last stage hands its output to the stages before.
 
 Weights: with ``checkpoint=`` the model may be on the meta device and each rank reads only its
 stage's tensor-parallel shards (:mod:`autotp.runtime.checkpoints.loading`). Generation
@@ -62,7 +62,7 @@ import dataclasses
 import inspect
 import operator
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -82,9 +82,9 @@ from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, a
 from autotp.planning.options import PlanOptions
 from autotp.runtime.agreement.exchanges import options_record, plan_text, ranks_agree
 from autotp.runtime.agreement.shared_trace import FirstRankTrace
-from autotp.runtime.collectives.hosts import launched
+from autotp.runtime.collectives.hosts import Host
 from autotp.runtime.execution.module import TensorParallelModule
-from autotp.runtime.execution.options import RuntimeOptions
+from autotp.runtime.execution.options import RuntimeOptions, runtime_host
 
 __all__ = ["MeshParallelModule", "StageSplit", "average_gradients_over", "compile_on_mesh", "mesh_shape_of",
            "split_stages", "stage_graphs"]
@@ -241,11 +241,12 @@ def replica_ranks(mesh: Any, replica: int) -> list[list[int]]:
     return grid[replica].tolist()
 
 
-def ranks_per_host() -> int:
-    """How many consecutive ranks share a host, from the launcher (``LOCAL_WORLD_SIZE``); every rank of the
-    default group where no launcher set it (ranks started by hand on one machine)."""
-    launch = launched(os.environ)
-    return launch.local_world_size if launch is not None else dist.get_world_size()
+def rank_hosts(host: Host) -> list[Hashable]:
+    """Every rank's host (:attr:`Host.key`: the launcher's node and the kernel), by global rank: one
+    ``all_gather_object`` of this rank's ``host`` over the default group, called by every rank."""
+    keys: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(keys, host.key)
+    return keys
 
 
 _HEADER_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
@@ -272,16 +273,17 @@ def _encode_header(leaves: list[Any], device: torch.device) -> tuple[torch.Tenso
     return header.to(device), None
 
 
-def hand_out(leaves: list[Any] | None, source: int, ranks: Sequence[int], per_host: int,
+def hand_out(leaves: list[Any] | None, source: int, ranks: Sequence[int], hosts: Sequence[Hashable],
              device: torch.device) -> list[Any]:
     """The output ``leaves`` of global rank ``source`` on every rank of ``ranks`` (called by each of them;
     ``leaves`` is read on ``source`` only): point-to-point sends on the default group along
     :func:`~autotp.cost_model.collectives.host_tree_children`, so the value crosses into each host once (a
     broadcast over a group spanning hosts sends it across a link once per rank beyond it). Each send is a
     header (:func:`_encode_header`: each leaf's dtype and shape), then the tensors; a rank forwards what it
-    received to its children, all of its sends under way at once."""
+    received to its children, all of its sends under way at once. ``hosts``: each global rank's host
+    (:func:`rank_hosts`)."""
     me = dist.get_rank()
-    children = host_tree_children(ranks, source, per_host)
+    children = host_tree_children(ranks, source, {rank: hosts[rank] for rank in ranks})
     if me != source:
         parent = next(rank for rank, sent_to in children.items() if me in sent_to)
         header = torch.empty(1 + HAND_OUT_LEAVES * (2 + OUTPUT_SHAPE_DIMS), dtype=torch.int64, device=device)
@@ -592,7 +594,7 @@ class MeshParallelModule(nn.Module):
     """
 
     def __init__(self, plan: ParallelPlan, mesh: Any, stage_module: nn.Module, *, signature: inspect.Signature,
-                 stage: _Stage | None = None,
+                 hosts: Sequence[Hashable], stage: _Stage | None = None,
                  example_shapes: tuple[tuple[int, ...], ...] = (), training: bool = False) -> None:
         super().__init__()
         self.trains = training
@@ -603,7 +605,7 @@ class MeshParallelModule(nn.Module):
         self._dp_group = dim_group(mesh, "dp") if plan.mesh.dp > 1 else None
         self._pp_group = dim_group(mesh, "pp") if plan.mesh.pp > 1 else None
         self._replica_ranks = replica_ranks(mesh, self.replica_index)
-        self._ranks_per_host = ranks_per_host()
+        self._hosts = list(hosts)  # each global rank's host, for the output's hand-out
         self._signature = signature
         self._stage = stage
         self._example_shapes = example_shapes
@@ -670,7 +672,7 @@ class MeshParallelModule(nn.Module):
         leaves, spec = pytree.tree_flatten(output) if output is not None else (None, None)
         device = next((leaf.device for leaf in leaves or () if isinstance(leaf, torch.Tensor)), self._device)
         sent = [failure] if failure is not None else leaves
-        leaves = hand_out(sent, source, ranks, self._ranks_per_host, device)
+        leaves = hand_out(sent, source, ranks, self._hosts, device)
         if len(leaves) == 1 and isinstance(leaves[0], InputShapeError):
             raise leaves[0]
         if spec is not None:
@@ -856,6 +858,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     compile_stage = shape.tp > 1 or checkpoint is not None
     signature = inspect.signature(model.forward)
     replica = mesh_coordinate(mesh, "dp")
+    hosts = rank_hosts(runtime_host(runtime))
     if shape.pp == 1:
         if shape.dp > 1:
             example_inputs, example_kwargs = _slice_batch(example_inputs, example_kwargs, batch or 0,
@@ -865,7 +868,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
             whole = compile_group(model, example_inputs=example_inputs, example_kwargs=example_kwargs,
                                   world_size=None, group=tp_group, plan=plan.stages[0].tp_plan, checkpoint=checkpoint,
                                   max_cache_len=None, options=options, runtime=runtime)
-        return MeshParallelModule(plan, mesh, whole, signature=signature, training=training)
+        return MeshParallelModule(plan, mesh, whole, signature=signature, hosts=hosts, training=training)
     assert split is not None
     stage_index = mesh_coordinate(mesh, "pp")
     module = split.modules[stage_index]
@@ -878,7 +881,7 @@ def compile_on_mesh(model: nn.Module, mesh: Any, *, example_inputs: tuple[Any, .
     del split  # the other stages' modules and activations
     first_shapes = tuple(tuple(leaf.shape) for leaf in _first_inputs(signature, example_inputs, example_kwargs,
                                                                         stage.first_inputs))
-    return MeshParallelModule(plan, mesh, module, signature=signature, stage=stage,
+    return MeshParallelModule(plan, mesh, module, signature=signature, hosts=hosts, stage=stage,
                               example_shapes=first_shapes)
 
 
