@@ -26,7 +26,7 @@ token, so parallel test workers never collide; namespaces left by a process that
 deleted by the next cluster. Needs root (or CAP_NET_ADMIN) and iproute2: :func:`cluster_unavailable` says why
 not, for tests to skip with. ``python tests/cluster.py --measure`` prints the link measurement of
 docs/hosts.md, ``--measure-groups`` the collectives across hosts of docs/benchmarks/layouts.md and
-``--measure-output`` the replicas' output gather there.
+``--measure-output`` the mesh runtime's output to every rank there, by its parts.
 """
 
 from __future__ import annotations
