@@ -392,7 +392,7 @@ def measure_output_gather(rank: int, world_size: int, repeats: int) -> dict[str,
     probes = {"gather_batch, sources {1, 3}": lambda: gather_batch(output, [1, 1], mine) if rank % 2 else None,
               "its logits all-gather": lambda: dist.all_gather(parts, output.logits, group=mine) if rank % 2 else None,
               "hand-out inside each host": lambda: hand_out(batch if rank == source else None, source,
-                                                            [source - 1, source], [0, 0, 1, 1], torch.device("cpu")),
+                                                            {source: [source - 1], source - 1: []}, torch.device("cpu")),
               "gather_batch, both pairs at once": lambda: gather_batch(output, [1, 1], mine)}
     for probe in probes.values():
         probe()  # connections made

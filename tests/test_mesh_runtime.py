@@ -335,7 +335,10 @@ def _hand_out_cases(rank: int, world_size: int) -> list[list[Any]]:
     beside a tensor; a tensor of 9 dims)."""
     import torch
 
+    from autotp.cost_model.collectives import host_tree_children
     from autotp.runtime.mesh.mesh_module import hand_out
+
+    tree = host_tree_children([0, 1, 2, 3], 3, {0: 0, 1: 0, 2: 1, 3: 1})
 
     cases = [[torch.arange(6.0).reshape(2, 3), torch.ones(1, 2, dtype=torch.bfloat16), torch.tensor([7]),
               torch.tensor([True, False])],
@@ -343,7 +346,7 @@ def _hand_out_cases(rank: int, world_size: int) -> list[list[Any]]:
              [torch.zeros([1] * 9)]]
     got = []
     for leaves in cases:
-        received = hand_out(leaves if rank == 3 else None, 3, [0, 1, 2, 3], [0, 0, 1, 1], torch.device("cpu"))
+        received = hand_out(leaves if rank == 3 else None, 3, tree, torch.device("cpu"))
         got.append([(tuple(v.shape), str(v.dtype), v.tolist()) if isinstance(v, torch.Tensor) else v for v in received])
     return got
 

@@ -76,7 +76,12 @@ from autotp.base.errors import InputShapeError, TracedValueError
 from autotp.base.module_paths import layer_blocks
 from autotp.capture.trace_cache import TraceCache, open_trace_cache, trace_key
 from autotp.capture.tracing import Traced, TraceShare, as_if_on, check_model, trace_device
-from autotp.cost_model.collectives import HAND_OUT_LEAVES, OUTPUT_SHAPE_DIMS, host_tree_children
+from autotp.cost_model.collectives import (
+    HAND_OUT_HEADER_BYTES,
+    HAND_OUT_LEAVES,
+    OUTPUT_SHAPE_DIMS,
+    host_tree_children,
+)
 from autotp.planning.even_stages import SCHEDULES, even_parallel_plan
 from autotp.planning.mesh_plan import MESH_DIM_NAMES, MeshShape, ParallelPlan, as_parallel_plan
 from autotp.planning.options import PlanOptions
@@ -249,6 +254,19 @@ def rank_hosts(host: Host) -> list[Hashable]:
     return keys
 
 
+def _hand_out_tree(stages: list[list[int]], replicas: bool,
+                   hosts: Sequence[Hashable]) -> tuple[int, dict[int, list[int]]]:
+    """A replica's hand-out, fixed for the module: its source (the last stage's first tp rank, of ``stages``:
+    :func:`replica_ranks`) and the tree (:func:`~autotp.cost_model.collectives.host_tree_children` over each
+    rank's host in ``hosts``) to every rank of the replica with ``replicas`` (dp > 1; the others hold only their
+    slice), to the stages before the last without."""
+    source = stages[-1][0]
+    ranks = [rank for stage in stages for rank in stage] if replicas else \
+        [source, *(rank for stage in stages[:-1] for rank in stage)]
+    return source, host_tree_children(ranks, source, {rank: hosts[rank] for rank in ranks})
+
+
+_HEADER_ROW = 2 + OUTPUT_SHAPE_DIMS  # a leaf's row in a hand-out's header: its dtype, its number of dims, the dims
 _HEADER_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
                   torch.int16, torch.int8, torch.uint8, torch.bool)
 
@@ -258,7 +276,7 @@ def _encode_header(leaves: list[Any], device: torch.device) -> tuple[torch.Tenso
     leaf (its dtype's index in ``_HEADER_DTYPES``, its number of dims, the dims); -1 leaves, and the header as an
     object beside it, where a leaf is not a tensor of a listed dtype and at most ``OUTPUT_SHAPE_DIMS`` dims, or
     there are more than ``HAND_OUT_LEAVES`` leaves. One small send where an object takes two and a pickle."""
-    header = torch.full((1 + HAND_OUT_LEAVES * (2 + OUTPUT_SHAPE_DIMS),), -1, dtype=torch.int64)
+    header = torch.full((HAND_OUT_HEADER_BYTES // 8,), -1, dtype=torch.int64)
     plain = len(leaves) <= HAND_OUT_LEAVES and all(
         isinstance(leaf, torch.Tensor) and leaf.dtype in _HEADER_DTYPES and leaf.dim() <= OUTPUT_SHAPE_DIMS
         for leaf in leaves)
@@ -268,31 +286,28 @@ def _encode_header(leaves: list[Any], device: torch.device) -> tuple[torch.Tenso
     values = [len(leaves)]
     for leaf in leaves:
         row = [_HEADER_DTYPES.index(leaf.dtype), leaf.dim(), *leaf.shape]
-        values += row + [-1] * (2 + OUTPUT_SHAPE_DIMS - len(row))
+        values += row + [-1] * (_HEADER_ROW - len(row))
     header[: len(values)] = torch.tensor(values, dtype=torch.int64)
     return header.to(device), None
 
 
-def hand_out(leaves: list[Any] | None, source: int, ranks: Sequence[int], hosts: Sequence[Hashable],
-             device: torch.device) -> list[Any]:
-    """The output ``leaves`` of global rank ``source`` on every rank of ``ranks`` (called by each of them;
-    ``leaves`` is read on ``source`` only): point-to-point sends on the default group along
-    :func:`~autotp.cost_model.collectives.host_tree_children`, so the value crosses into each host once (a
-    broadcast over a group spanning hosts sends it across a link once per rank beyond it). Each send is a
+def hand_out(leaves: list[Any] | None, source: int, children: dict[int, list[int]], device: torch.device) -> list[Any]:
+    """The output ``leaves`` of global rank ``source`` on every rank of the tree ``children`` (whom each rank sends
+    to: :func:`~autotp.cost_model.collectives.host_tree_children` over each rank's host, so the value crosses into
+    each host once, where a broadcast over a group spanning hosts sends it across a link once per rank beyond it);
+    called by each of them, ``leaves`` read on ``source`` only. Point-to-point sends on the default group: each a
     header (:func:`_encode_header`: each leaf's dtype and shape), then the tensors; a rank forwards what it
-    received to its children, all of its sends under way at once. ``hosts``: each global rank's host
-    (:func:`rank_hosts`)."""
+    received to its children, all of its sends under way at once."""
     me = dist.get_rank()
-    children = host_tree_children(ranks, source, {rank: hosts[rank] for rank in ranks})
     if me != source:
         parent = next(rank for rank, sent_to in children.items() if me in sent_to)
-        header = torch.empty(1 + HAND_OUT_LEAVES * (2 + OUTPUT_SHAPE_DIMS), dtype=torch.int64, device=device)
+        header = torch.empty(HAND_OUT_HEADER_BYTES // 8, dtype=torch.int64, device=device)
         dist.recv(header, src=parent)
         count, *rows = header.tolist()
         if count >= 0:
             described: list[Any] = []
             for index in range(count):
-                dtype, dims, *shape = rows[index * (2 + OUTPUT_SHAPE_DIMS): (index + 1) * (2 + OUTPUT_SHAPE_DIMS)]
+                dtype, dims, *shape = rows[index * _HEADER_ROW: (index + 1) * _HEADER_ROW]
                 described.append((tuple(shape[:dims]), _HEADER_DTYPES[dtype]))
         else:
             listed: list[Any] = [None]
@@ -604,8 +619,7 @@ class MeshParallelModule(nn.Module):
         self.replica_index = mesh_coordinate(mesh, "dp")
         self._dp_group = dim_group(mesh, "dp") if plan.mesh.dp > 1 else None
         self._pp_group = dim_group(mesh, "pp") if plan.mesh.pp > 1 else None
-        self._replica_ranks = replica_ranks(mesh, self.replica_index)
-        self._hosts = list(hosts)  # each global rank's host, for the output's hand-out
+        self._hand_out = _hand_out_tree(replica_ranks(mesh, self.replica_index), plan.mesh.dp > 1, hosts)
         self._signature = signature
         self._stage = stage
         self._example_shapes = example_shapes
@@ -651,28 +665,24 @@ class MeshParallelModule(nn.Module):
         """The whole batch's output on every rank. The replica's source (its last stage's first tp rank) holds the
         replica's output (``None`` on the stages before the last); with ``sizes`` (dp > 1) the sources all-gather
         the replicas' slices over dp, then each source hands the output to the rest of its replica
-        (:func:`hand_out`: across each host once). Without dp, the last stage's tp ranks hold it already."""
-        stages = self._replica_ranks
-        source, me = stages[-1][0], dist.get_rank()
+        (:func:`hand_out` along the tree :func:`_hand_out_tree` made). Without dp, the last stage's tp ranks hold it
+        already."""
+        source, children = self._hand_out
+        me = dist.get_rank()
         failure: InputShapeError | None = None
-        if sizes is not None:
-            if me == source:
-                assert self._dp_group is not None
-                try:
-                    output = gather_batch(output, sizes, self._dp_group)
-                except InputShapeError as error:  # every source raises it; its replica hears of it, then raises too
-                    failure = error
-            ranks = [rank for stage in stages for rank in stage]
-        else:
-            ranks = [source] + [rank for stage in stages[:-1] for rank in stage]
-        if me not in ranks or len(ranks) == 1:
+        if sizes is not None and me == source:
+            assert self._dp_group is not None
+            try:
+                output = gather_batch(output, sizes, self._dp_group)
+            except InputShapeError as error:  # every source raises it; its replica hears of it, then raises too
+                failure = error
+        if me not in children or len(children) == 1:
             if failure is not None:
                 raise failure
             return output
         leaves, spec = pytree.tree_flatten(output) if output is not None else (None, None)
         device = next((leaf.device for leaf in leaves or () if isinstance(leaf, torch.Tensor)), self._device)
-        sent = [failure] if failure is not None else leaves
-        leaves = hand_out(sent, source, ranks, self._hosts, device)
+        leaves = hand_out([failure] if failure is not None else leaves, source, children, device)
         if len(leaves) == 1 and isinstance(leaves[0], InputShapeError):
             raise leaves[0]
         if spec is not None:
