@@ -39,6 +39,7 @@ __all__ = [
     "build_profile",
     "fit_link",
     "kernel_profile",
+    "large_message_bandwidth",
     "measured_link",
     "with_measured_links",
     "with_nodes",
@@ -159,13 +160,34 @@ def fit_link(samples: Sequence[CollectiveSample], *, bandwidth_bytes_per_s: floa
      the terms of the form's row (:data:`~.collective_forms.FORM_TABLE`) for samples of its
     ``measured_as`` kind, :data:`SHARED_MEMORY_KIND` (fit those alone).
     Non-negative least squares on relative error: every row is divided by its measured time.
+    ``B`` is then taken from the large messages alone where they tell it (:func:`large_message_bandwidth`), and
+    ``base`` and ``alpha`` fitted again under it on the small ones: latency from the small sizes, bandwidth from
+    the slope of the large ones, as Hockney read a ping-pong curve ([H94]: ``t = t0 + n / r_inf``, ``r_inf`` the
+    asymptotic rate).
     ``bandwidth_bytes_per_s``: ``B`` given instead of fitted (only ``base`` and ``alpha`` are fitted).
     Raises ValueError when the samples cannot determine a bandwidth (all sizes too small).
+
+    [H94] R. W. Hockney, "The communication challenge for MPP: Intel Paragon and Meiko CS-2", Parallel Computing
+    20(3):389-398, 1994.
     """
     if len(samples) < 2:
         raise ValueError(f"need at least 2 collective samples to fit a link, got {len(samples)}")
+    if bandwidth_bytes_per_s is not None:
+        return _fit_link_terms(samples, bandwidth_bytes_per_s)
+    joint = _fit_link_terms(samples, None)
+    slope_bandwidth = large_message_bandwidth(samples, joint.bandwidth_bytes_per_s)
+    if slope_bandwidth is None:
+        return joint
+    small = [sample for sample in samples if not _is_large(sample, slope_bandwidth)]
+    return _fit_link_terms(samples, slope_bandwidth, latency_samples=small or samples)
+
+
+def _fit_link_terms(samples: Sequence[CollectiveSample], bandwidth_bytes_per_s: float | None, *,
+                    latency_samples: Sequence[CollectiveSample] | None = None) -> LinkFit:
+    """The least-squares fit of :func:`fit_link` on ``latency_samples`` (default: ``samples``), ``B`` fitted too
+    where ``bandwidth_bytes_per_s`` is None; its error the median over ``samples``."""
     rows, target = [], []
-    for sample in samples:
+    for sample in samples if latency_samples is None else latency_samples:
         steps, factor = _link_terms(sample)
         weight = 1.0 / sample.seconds
         if bandwidth_bytes_per_s is None:
@@ -193,6 +215,45 @@ def fit_link(samples: Sequence[CollectiveSample], *, bandwidth_bytes_per_s: floa
         predicted = base_s + steps * alpha_s + factor * sample.nbytes / bandwidth
         errors.append(abs(predicted - sample.seconds) / sample.seconds)
     return LinkFit(base_s, alpha_s, bandwidth, statistics.median(errors), len(samples))
+
+
+LARGE_MESSAGE_SHARE = 0.5
+"""A sample is a large message where its bandwidth term is at least this share of its time: where the link's rate,
+not its latency, sets what it costs (:func:`large_message_bandwidth`)."""
+
+
+def _is_large(sample: CollectiveSample, bandwidth_bytes_per_s: float) -> bool:
+    """Whether ``sample``'s bandwidth term at ``bandwidth_bytes_per_s`` is :data:`LARGE_MESSAGE_SHARE` of its time."""
+    return _link_terms(sample)[1] * sample.nbytes / bandwidth_bytes_per_s >= LARGE_MESSAGE_SHARE * sample.seconds
+
+
+def large_message_bandwidth(samples: Sequence[CollectiveSample], joint_bandwidth: float) -> float | None:
+    """The bandwidth the large messages' slope says: a least-squares line through each series' (one kind at one
+    group size) large samples (:func:`_is_large` at ``joint_bandwidth``), one intercept per series
+    and one slope, the seconds each further byte of the bandwidth term (``factor * n``) costs; None where no
+    series has two large sizes or the slope is not positive.
+
+    A fit on relative error weighs every size alike, so a link whose small transfers run faster than its rate
+    (a token bucket's burst, a window that hides the first round trips) is fitted faster than its large transfers
+    run; the slope between large sizes is the rate they pay, whatever the small ones do."""
+    series: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for sample in samples:
+        if _is_large(sample, joint_bandwidth):
+            moved = _link_terms(sample)[1] * sample.nbytes
+            series.setdefault((sample.kind, sample.group_size), []).append((moved, sample.seconds))
+    series = {key: points for key, points in series.items() if len({moved for moved, _ in points}) >= 2}
+    if not series:
+        return None
+    rows, target = [], []
+    for index, points in enumerate(series.values()):
+        for moved, seconds in points:
+            intercepts = [0.0] * len(series)
+            intercepts[index] = 1.0
+            rows.append([*intercepts, moved / 1e9])  # the slope in seconds per GB, comparable to the intercepts
+            target.append(seconds)
+    solution = np.linalg.lstsq(np.asarray(rows), np.asarray(target), rcond=None)[0]
+    seconds_per_gb = float(solution[-1])
+    return 1e9 / seconds_per_gb if seconds_per_gb > 0 else None
 
 
 def bandwidth_lower_bound(samples: Sequence[CollectiveSample]) -> float:

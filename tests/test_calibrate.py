@@ -71,6 +71,32 @@ def test_fit_weighs_small_and_large_messages_alike() -> None:
         assert math.isclose(predicted, sample.seconds, rel_tol=0.05), (sample, predicted)
 
 
+def test_a_token_buckets_burst_does_not_lift_the_fitted_rate() -> None:
+    """2 hosts (synthetic): a link shaped by a token bucket (200 Mbit/s, a 64 KiB burst) passes each transfer's
+    first 64 KiB at once, so small transfers run faster than its rate; the bandwidth is the large messages'
+    slope, the rate a large transfer pays, where a fit on relative error alone came out faster than the rate."""
+    rate, burst, latency = 25e6, 64 * 2**10, 500e-6
+    sizes = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20)
+    samples = []
+    for kind in KINDS:
+        steps, factor = profile_fit._link_terms(CollectiveSample(kind, 2, 1, 1.0))
+        samples += [CollectiveSample(kind, 2, n, latency * (1 + steps) + max(0.0, factor * n - burst) / rate)
+                    for n in sizes]
+    joint = profile_fit._fit_link_terms(samples, None)
+    assert joint.bandwidth_bytes_per_s > 1.05 * rate, joint  # what the relative-error fit alone says
+    fit = fit_link(samples)
+    # the slope of the large messages; an all-gather of 64 KiB moves half the burst, so it is
+    # flat yet large at the joint fit's rate and pulls its line a little
+    assert math.isclose(fit.bandwidth_bytes_per_s, rate, rel_tol=0.01), fit
+    for sample in samples:
+        steps, factor = profile_fit._link_terms(sample)
+        predicted = fit.base_latency_s + steps * fit.latency_s + factor * sample.nbytes / fit.bandwidth_bytes_per_s
+        if sample.nbytes == sizes[-1]:  # a large transfer is priced at what it took, to the burst's time
+            assert sample.seconds <= predicted <= sample.seconds + burst / rate, (sample, predicted)
+        if sample.nbytes == sizes[0]:  # the latencies come from the small transfers
+            assert math.isclose(predicted, sample.seconds, rel_tol=0.05), (sample, predicted)
+
+
 def test_the_network_between_hosts_is_measured_past_a_token_buckets_burst() -> None:
     """The quick calibration's sizes (up to 1 MiB) get 4 MiB added between hosts, and at least nine repeats (a link
     shaped by a token bucket passes small transfers at its burst); the full calibration's sizes already reach it."""

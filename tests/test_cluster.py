@@ -206,7 +206,8 @@ def test_plan_keeps_a_slow_link_out_of_the_split() -> None:
 def test_calibrate_measures_both_links(tmp_path: Any) -> None:
     """2 hosts x 2 ranks, links shaped to 200 Mbit/s, `autotp calibrate` started on every rank as torchrun starts
     it (compute kept from cpu-gloo, links measured): the profile's inter-node bandwidth is the shaped rate
-    (within 25%), its intra-node link (loopback inside a namespace) many times faster, and devices_per_node is the
+    (within 20% under it, at most 5% over: the rate a large transfer pays, not the token bucket's burst, which lifted
+    a fit on relative error alone to 8-13% over), its intra-node link (loopback inside a namespace) many times faster, and devices_per_node is the
     launcher's 2. The rate is far below loopback's, so the check tells a measured network from a copied link."""
     import sys
 
@@ -220,8 +221,8 @@ def test_calibrate_measures_both_links(tmp_path: Any) -> None:
     profile = load_hardware_json(output)
     network_bytes_per_s = profile.inter_node.bandwidth_gbps * 1e9
     intra_bytes_per_s = profile.intra_node.bandwidth_gbps * 1e9
-    assert 0.75 <= network_bytes_per_s / link.bytes_per_s <= 1.25, (
-        f"expected the inter-node bandwidth within 25% of the shaped {link.bytes_per_s / 1e6:.1f} MB/s, got "
+    assert 0.80 <= network_bytes_per_s / link.bytes_per_s <= 1.05, (
+        f"expected the inter-node bandwidth within -20%/+5% of the shaped {link.bytes_per_s / 1e6:.1f} MB/s, got "
         f"{network_bytes_per_s / 1e6:.1f} MB/s ({profile.inter_node})")
     assert intra_bytes_per_s > 4 * network_bytes_per_s, (
         f"expected the intra-host link far faster than the shaped network, got {intra_bytes_per_s / 1e6:.1f} MB/s "
