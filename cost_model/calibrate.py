@@ -30,6 +30,7 @@ from .graph_calibration import COLD_WEIGHT_BYTES, GemmSample, GraphSample, HostF
 from .hardware import Hardware, LinkProfile
 
 __all__ = [
+    "SEND_KIND",
     "SHARED_MEMORY_KIND",
     "CollectiveSample",
     "HostFit",
@@ -41,6 +42,7 @@ __all__ = [
     "kernel_profile",
     "large_message_bandwidth",
     "measured_link",
+    "send_link",
     "with_measured_links",
     "with_nodes",
 ]
@@ -48,6 +50,10 @@ __all__ = [
 SHARED_MEMORY_KIND = str(FORM_TABLE[CollectiveForm.SHARED_MEMORY].measured_as)
 """Kind of the samples of autotp's shared-memory all-reduce (``autotp.runtime.collectives.shared_memory``),
 measured besides gloo's where the ranks can use it; fitted to ``Hardware.shared_memory_link``."""
+
+SEND_KIND = "send"
+"""Kind of the samples of one rank's send to another host, alone on the link (``nbytes`` sent, one step of the
+whole message); their slope is ``Hardware.inter_node_send``'s bandwidth."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +151,8 @@ def _link_terms(sample: CollectiveSample) -> tuple[float, float]:
     """(latency steps, bandwidth factor) of one sample's algorithm: the terms of the form it measures
     (``FormSpec.measured_as``, on its first kind), else gloo's ring for its kind (:func:`.collectives.gloo_kind`:
     the samples are gloo's; its reduce-scatter is an all-reduce)."""
+    if sample.kind == SEND_KIND:
+        return 1, 1
     form = form_measured_as(sample.kind)
     if form is not None and form.terms is not None:
         steps, factor, multiplier = form.terms(form.kinds[0], sample.group_size)
@@ -289,12 +297,18 @@ def with_measured_links(profile: Hardware, network: Sequence[CollectiveSample], 
     if not network:
         raise ValueError("no collective samples across hosts to fit inter_node with; measure them on the first "
                          "rank of each host (autotp calibrate under a launcher on 2 or more nodes)")
+    sends = [sample for sample in network if sample.kind == SEND_KIND]
+    network = [sample for sample in network if sample.kind != SEND_KIND]
     link, fit, bound = measured_link(network, f"gloo-network-{network[0].group_size}hosts")
-    changes: dict[str, object] = {"inter_node": link, "devices_per_node": devices_per_node}
+    changes: dict[str, object] = {"inter_node": link, "devices_per_node": devices_per_node,
+                                  "inter_node_send": send_link(sends, link)}
     source = (f"{profile.source}; inter_node measured across {network[0].group_size} hosts (one rank each, by the "
               f"launcher's nodes), alpha/beta fitted on {fit.samples} samples (median |relative error| "
               f"{fit.median_abs_rel_error:.1%})" + (" (bandwidth a lower bound)" if bound else "")
               + f", devices_per_node={devices_per_node} from the launcher")
+    if changes["inter_node_send"] is not None:
+        source += (f"; one-way sends between hosts at {changes['inter_node_send'].bandwidth_gbps:.4f} GB/s "
+                   f"({len(sends)} samples)")
     gloo = [sample for sample in inside if sample.kind != SHARED_MEMORY_KIND]
     shared = [sample for sample in inside if sample.kind == SHARED_MEMORY_KIND]
     if gloo:
@@ -308,6 +322,16 @@ def with_measured_links(profile: Hardware, network: Sequence[CollectiveSample], 
             latency_s=shared_fit.latency_s, base_latency_s=shared_fit.base_latency_s)
         changes["small_all_reduce"] = CollectiveForm.SHARED_MEMORY
     return dataclasses.replace(profile, **changes, source=source)
+
+
+def send_link(sends: Sequence[CollectiveSample], network: LinkProfile) -> LinkProfile | None:
+    """The link of one-way sends between hosts: ``network``'s latencies (a message's, whichever way it goes) and the
+    slope of ``sends`` (:func:`large_message_bandwidth`, the sizes where the rate sets the time), where two sizes of
+    them tell one; else None (sends then priced on ``network``)."""
+    bandwidth = large_message_bandwidth(sends, network.bandwidth_bytes_per_s) if sends else None
+    if bandwidth is None:
+        return None
+    return dataclasses.replace(network, name=f"{network.name}-send", bandwidth_gbps=bandwidth / 1e9)
 
 
 def _fit_shared_memory_link(samples: Sequence[CollectiveSample], copy_bytes_per_s: float) -> LinkFit:
@@ -512,6 +536,8 @@ def with_nodes(profile: Hardware, *, devices_per_node: int | None = None,
     described = [f"devices_per_node={devices}"] + [f"inter_node.{key}={value!r}" for key, value in given.items()]
     return dataclasses.replace(
         profile, devices_per_node=devices, inter_node=link,
+        # a send's own link was measured with the network it replaces
+        inter_node_send=None if given else profile.inter_node_send,
         source=f"{profile.source}; two-level machine as given by the user: {', '.join(described)}",
     )
 

@@ -451,14 +451,14 @@ def group_spans_nodes(group_size: int, devices_per_node: int, world_size: int | 
 def p2p_time_s(nbytes: float, hardware: Hardware, *, spans_nodes: bool) -> float:
     """Seconds to send ``nbytes`` from one rank to another: base + alpha + n/B ([T05] alpha-beta).
 
-    ``spans_nodes``: the two ranks are on different nodes (``inter_node`` link), else ``intra_node``.
-    0.0 for zero bytes.
+    ``spans_nodes``: the two ranks are on different nodes (:meth:`~.hardware.Hardware.send_link`: a send's own
+    link between nodes where measured, else ``inter_node``), else ``intra_node``. 0.0 for zero bytes.
     """
     if not math.isfinite(nbytes) or nbytes < 0:
         raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     if nbytes == 0:
         return 0.0
-    link = hardware.link(spans_nodes=spans_nodes)
+    link = hardware.send_link(spans_nodes=spans_nodes)
     return float(link.base_latency_s + link.latency_s + nbytes / link.bandwidth_bytes_per_s)
 
 
@@ -543,11 +543,11 @@ def tree_sends_s(children: dict[int, list[int]], roots: Sequence[int], nbytes: f
     its link's base latency once (the network's where a send crosses nodes), each send the link's per-step latency;
     a send inside a node then takes the ``intra_node`` link's time, and a send between nodes shares the bandwidth of
     the nodes it leaves and enters equally with the other sends crossing there at that moment (a fluid model of
-    flows through one NIC)."""
+    flows through one NIC), on the link a send between nodes uses (:meth:`~.hardware.Hardware.send_link`)."""
     if nbytes <= 0:
         return 0.0
     d = max(1, hardware.devices_per_node)
-    inter, intra = hardware.inter_node, hardware.intra_node
+    inter, intra = hardware.send_link(spans_nodes=True), hardware.intra_node
     ready = sorted((0.0, root, child) for root in roots for child in children.get(root, []))  # (time, sender, receiver)
     flows: list[list[Any]] = []  # [sender node, receiver node, receiver, bytes left, time its bytes start]
     now = finished = 0.0

@@ -407,6 +407,11 @@ class Hardware:
     ``shared_memory_link``: the shared-memory all-reduce's own latency and bandwidth (fitted by
     ``autotp calibrate`` to its row's terms in :data:`~.collective_forms.FORM_TABLE`); required with
     the shared-memory form, None otherwise.
+    ``inter_node_send``: one rank's send to another node, alone on the link (``autotp calibrate`` across hosts: the
+    bandwidth from one-way sends, the latencies the collectives' ``inter_node``), what point-to-point sends between
+    nodes are priced on (:meth:`send_link`); None (datasheet profiles, and calibrations before it was measured):
+    ``inter_node``. A collective of two nodes sends both ways at once, and through a shaped link an exchange of
+    512 KiB took 1.2 × a one-way send (docs: Layouts on a two-host network).
 
     ``core_share`` (optional in JSON; 1.0 when absent and for every named profile): the share of
     a core one rank got while every rank of the group computed, in (0, 1]. ``autotp calibrate``
@@ -471,6 +476,7 @@ class Hardware:
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = CollectiveForm.RING
     shared_memory_link: LinkProfile | None = None
+    inter_node_send: LinkProfile | None = None
     core_share: float = 1.0
     fair_core_share: float = 1.0
     ranks_per_machine: int = 0
@@ -507,6 +513,8 @@ class Hardware:
                              f"{', '.join(map(repr, SMALL_ALL_REDUCE_ALGORITHMS))}, got {self.small_all_reduce!r}")
         if self.shared_memory_link is not None and not isinstance(self.shared_memory_link, LinkProfile):
             raise ValueError(f"{owner}.shared_memory_link must be a LinkProfile or None")
+        if self.inter_node_send is not None and not isinstance(self.inter_node_send, LinkProfile):
+            raise ValueError(f"{owner}.inter_node_send must be a LinkProfile or None")
         form = FORM_TABLE[CollectiveForm.from_name(self.small_all_reduce)]
         object.__setattr__(self, "small_all_reduce", form.form)  # typed, whether given as the form or its name
         if form.link_field is not None and getattr(self, form.link_field) is None:
@@ -570,6 +578,7 @@ class Hardware:
                 self.shared_memory_cold_curve,
                 self.small_all_reduce,
                 self.shared_memory_link,
+                self.inter_node_send,
                 self.core_share,
                 self.fair_core_share,
                 self.ranks_per_machine,
@@ -659,6 +668,13 @@ class Hardware:
         """The link a collective uses: ``inter_node`` when its group spans nodes."""
         return self.inter_node if spans_nodes else self.intra_node
 
+    def send_link(self, *, spans_nodes: bool) -> LinkProfile:
+        """The link a point-to-point send uses: ``inter_node_send`` (else ``inter_node``) between nodes,
+        ``intra_node`` inside one."""
+        if not spans_nodes:
+            return self.intra_node
+        return self.inter_node_send if self.inter_node_send is not None else self.inter_node
+
     @property
     def symmetric_memory_link(self) -> LinkProfile:
         """``intra_node`` as the one-shot all-reduce in symmetric memory uses it (``small_all_reduce=
@@ -692,6 +708,7 @@ class Hardware:
                                        for size, gbps in self.memory_bandwidth_curve],
             "small_all_reduce": self.small_all_reduce,
             **({"shared_memory_link": self.shared_memory_link.to_dict()} if self.shared_memory_link else {}),
+            **({"inter_node_send": self.inter_node_send.to_dict()} if self.inter_node_send else {}),
             **({"shared_memory_cold_curve": [{"working_set_bytes": size, "seconds": seconds}
                                              for size, seconds in self.shared_memory_cold_curve]}
                if self.shared_memory_cold_curve else {}),
@@ -732,7 +749,7 @@ class Hardware:
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s", "first_call_s",
                     "memory_bandwidth_curve",
-                    "small_all_reduce", "shared_memory_link", "shared_memory_cold_curve", "core_share",
+                    "small_all_reduce", "shared_memory_link", "inter_node_send", "shared_memory_cold_curve", "core_share",
                     "fair_core_share", "ranks_per_machine", "busy_compute_scale")
         _check_known_fields(data, required + optional + _RETIRED_FIELDS, "the hardware profile")
         retired = {field: data[field] for field in _RETIRED_FIELDS if data.get(field)}
@@ -754,6 +771,8 @@ class Hardware:
         inter_node = LinkProfile.from_dict(data["inter_node"], where="inter_node")
         shared_memory_link = (LinkProfile.from_dict(data["shared_memory_link"], where="shared_memory_link")
                               if data.get("shared_memory_link") is not None else None)
+        inter_node_send = (LinkProfile.from_dict(data["inter_node_send"], where="inter_node_send")
+                           if data.get("inter_node_send") is not None else None)
         try:
             return cls(
                 name=data["name"],
@@ -781,6 +800,7 @@ class Hardware:
                 small_all_reduce=data.get("small_all_reduce", CollectiveForm.ONE_SHOT
                                           if data.get("host_is_device", False) is True else CollectiveForm.RING),
                 shared_memory_link=shared_memory_link,
+                inter_node_send=inter_node_send,
                 shared_memory_cold_curve=_curve_from_json(data.get("shared_memory_cold_curve", []),
                                                           "shared_memory_cold_curve", "seconds"),
                 # absent in profiles written before it was recorded: work terms taken as measured alone

@@ -224,6 +224,9 @@ def test_calibrate_measures_both_links(tmp_path: Any) -> None:
     assert 0.80 <= network_bytes_per_s / link.bytes_per_s <= 1.05, (
         f"expected the inter-node bandwidth within -20%/+5% of the shaped {link.bytes_per_s / 1e6:.1f} MB/s, got "
         f"{network_bytes_per_s / 1e6:.1f} MB/s ({profile.inter_node})")
+    send = profile.inter_node_send
+    assert send is not None and 0.80 <= send.bandwidth_gbps * 1e9 / link.bytes_per_s <= 1.05, (
+        f"expected one-way sends between hosts measured near the shaped {link.bytes_per_s / 1e6:.1f} MB/s, got {send}")
     assert intra_bytes_per_s > 4 * network_bytes_per_s, (
         f"expected the intra-host link far faster than the shaped network, got {intra_bytes_per_s / 1e6:.1f} MB/s "
         f"inside vs {network_bytes_per_s / 1e6:.1f} MB/s between hosts")

@@ -117,6 +117,7 @@ from autotp.calibration.graphs import (
 from autotp.calibration.model_call import measure_model_call_s
 from autotp.cost_model.bandwidth import DEFAULT_WORKING_SETS
 from autotp.cost_model.calibrate import (
+    SEND_KIND,
     SHARED_MEMORY_KIND,
     CollectiveSample,
     RankMeasurements,
@@ -405,6 +406,33 @@ so the per-step latency comes from small differences between them, and one slow 
 calibration's) moved it from 0 to 440 µs between calibrations of the same link; nine cost a second or two more."""
 
 
+SEND_BYTES = (2**20, NETWORK_LARGEST_BYTES)
+"""The sizes of the one-way sends timed between the first two hosts (:func:`measure_sends`): large ones, whose slope is
+the rate a send alone gets (``Hardware.inter_node_send``); its latencies are the collectives'."""
+
+
+def measure_sends(rank: int, world_size: int, config: CalibrationConfig, *, group: Any) -> tuple[CollectiveSample, ...]:
+    """One-way sends of :data:`SEND_BYTES` from ``group``'s rank 0 to its rank 1, timed as
+    :func:`measure_collectives` times a collective (after a barrier, the slowest rank: the receiver), the other ranks
+    of ``group`` waiting: the link as a pipeline's and a hand-out's sends use it, one direction at a time, where the
+    collectives send both ways at once."""
+    samples = []
+    for nbytes in SEND_BYTES:
+        buffer = torch.ones(nbytes // 4)
+
+        def call(buffer: torch.Tensor = buffer) -> None:
+            if rank == 0:
+                dist.send(buffer, group=group, group_dst=1)
+            elif rank == 1:
+                dist.recv(buffer, group=group, group_src=0)
+
+        sample = CollectiveSample(SEND_KIND, 2, buffer.numel() * 4, _slowest_rank_s(call, config, group))
+        samples.append(sample)
+        _say(config.progress and rank == 0, f"gloo send {sample.nbytes / 2**10:>9.1f} KiB from host 0 to host 1: "
+                                            f"{sample.seconds * 1e6:>9.1f} us")
+    return tuple(samples)
+
+
 def network_sizes(sizes: tuple[int, ...]) -> tuple[int, ...]:
     """The collective sizes measured between hosts: ``sizes`` and :data:`NETWORK_LARGEST_BYTES` if none reaches it."""
     return sizes if max(sizes) >= NETWORK_LARGEST_BYTES else (*sizes, NETWORK_LARGEST_BYTES)
@@ -689,6 +717,7 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
                                          collective_bytes=network_sizes(config.collective_bytes))
             network = measure_collectives(firsts.index(launch.rank), len(firsts), steady, group=network_group,
                                           host=launch.host)
+            network += measure_sends(firsts.index(launch.rank), len(firsts), steady, group=network_group)
         everything: list[Any] = [None] * launch.world_size
         dist.all_gather_object(everything, (measured, inside))
         dist.barrier()

@@ -360,6 +360,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"  nodes            {profile.devices_per_node} device(s) per node; between nodes "
           f"{profile.inter_node.base_latency_s * 1e6:.1f} us per call + {profile.inter_node.latency_s * 1e6:.1f} us "
           f"per step, {profile.inter_node.bandwidth_gbps:.3f} GB/s ({profile.inter_node.name})")
+    if profile.inter_node_send is not None:
+        print(f"  sends between    {profile.inter_node_send.bandwidth_gbps:.3f} GB/s one way, alone on the link "
+              f"({profile.inter_node_send.name})")
     print(f"use it with: autotp.plan(model, inputs, world_size={ranks}, "
           f"options=autotp.PlanOptions(hardware={args.output!r}))")
     return 0
