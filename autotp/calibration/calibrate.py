@@ -412,21 +412,25 @@ the rate a send alone gets (``Hardware.inter_node_send``); its latencies are the
 
 
 def measure_sends(rank: int, world_size: int, config: CalibrationConfig, *, group: Any) -> tuple[CollectiveSample, ...]:
-    """One-way sends of :data:`SEND_BYTES` from ``group``'s rank 0 to its rank 1, timed as
-    :func:`measure_collectives` times a collective (after a barrier, the slowest rank: the receiver), the other ranks
-    of ``group`` waiting: the link as a pipeline's and a hand-out's sends use it, one direction at a time, where the
-    collectives send both ways at once."""
+    """One-way sends of :data:`SEND_BYTES` from ``group``'s rank 0 to its rank 1, the other ranks of ``group`` waiting:
+    the link as a pipeline's and a hand-out's sends use it, one message in one direction at a time, where the
+    collectives send both ways at once. Each repeat times one message after a barrier (sends back to back would
+    stream through the sockets' buffers, faster than one message goes); the median of the receiver's times."""
     samples = []
     for nbytes in SEND_BYTES:
         buffer = torch.ones(nbytes // 4)
-
-        def call(buffer: torch.Tensor = buffer) -> None:
+        times = []
+        for _ in range(config.repeats + 1):  # the first repeat opens the pair's connection: not timed
+            dist.barrier(group=group)
+            start = time.perf_counter()
             if rank == 0:
                 dist.send(buffer, group=group, group_dst=1)
             elif rank == 1:
                 dist.recv(buffer, group=group, group_src=0)
-
-        sample = CollectiveSample(SEND_KIND, 2, buffer.numel() * 4, _slowest_rank_s(call, config, group))
+            times.append(time.perf_counter() - start)
+        slowest = torch.tensor(times[1:], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+        sample = CollectiveSample(SEND_KIND, 2, buffer.numel() * 4, statistics.median(slowest.tolist()))
         samples.append(sample)
         _say(config.progress and rank == 0, f"gloo send {sample.nbytes / 2**10:>9.1f} KiB from host 0 to host 1: "
                                             f"{sample.seconds * 1e6:>9.1f} us")
