@@ -39,10 +39,10 @@ __all__ = [
     "bandwidth_lower_bound",
     "build_profile",
     "fit_link",
+    "fit_send_link",
     "kernel_profile",
     "large_message_bandwidth",
     "measured_link",
-    "send_link",
     "with_measured_links",
     "with_nodes",
 ]
@@ -301,7 +301,7 @@ def with_measured_links(profile: Hardware, network: Sequence[CollectiveSample], 
     network = [sample for sample in network if sample.kind != SEND_KIND]
     link, fit, bound = measured_link(network, f"gloo-network-{network[0].group_size}hosts")
     changes: dict[str, object] = {"inter_node": link, "devices_per_node": devices_per_node,
-                                  "inter_node_send": send_link(sends, link)}
+                                  "inter_node_send": fit_send_link(sends, link)}
     source = (f"{profile.source}; inter_node measured across {network[0].group_size} hosts (one rank each, by the "
               f"launcher's nodes), alpha/beta fitted on {fit.samples} samples (median |relative error| "
               f"{fit.median_abs_rel_error:.1%})" + (" (bandwidth a lower bound)" if bound else "")
@@ -324,7 +324,7 @@ def with_measured_links(profile: Hardware, network: Sequence[CollectiveSample], 
     return dataclasses.replace(profile, **changes, source=source)
 
 
-def send_link(sends: Sequence[CollectiveSample], network: LinkProfile) -> LinkProfile | None:
+def fit_send_link(sends: Sequence[CollectiveSample], network: LinkProfile) -> LinkProfile | None:
     """The link of one-way sends between hosts: ``network``'s latencies (a message's, whichever way it goes) and the
     slope of ``sends`` (:func:`large_message_bandwidth`, the sizes where the rate sets the time), where two sizes of
     them tell one; else None (sends then priced on ``network``)."""

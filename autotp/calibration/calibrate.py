@@ -411,7 +411,7 @@ SEND_BYTES = (2**20, NETWORK_LARGEST_BYTES)
 the rate a send alone gets (``Hardware.inter_node_send``); its latencies are the collectives'."""
 
 
-def measure_sends(rank: int, world_size: int, config: CalibrationConfig, *, group: Any) -> tuple[CollectiveSample, ...]:
+def measure_sends(rank: int, config: CalibrationConfig, *, group: Any) -> tuple[CollectiveSample, ...]:
     """One-way sends of :data:`SEND_BYTES` from ``group``'s rank 0 to its rank 1, the other ranks of ``group`` waiting:
     the link as a pipeline's and a hand-out's sends use it, one message in one direction at a time, where the
     collectives send both ways at once. Each repeat times one message after a barrier (sends back to back would
@@ -721,7 +721,7 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
                                          collective_bytes=network_sizes(config.collective_bytes))
             network = measure_collectives(firsts.index(launch.rank), len(firsts), steady, group=network_group,
                                           host=launch.host)
-            network += measure_sends(firsts.index(launch.rank), len(firsts), steady, group=network_group)
+            network += measure_sends(firsts.index(launch.rank), steady, group=network_group)
         everything: list[Any] = [None] * launch.world_size
         dist.all_gather_object(everything, (measured, inside))
         dist.barrier()
