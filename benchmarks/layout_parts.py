@@ -28,6 +28,9 @@ _ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_ROOT / "tests"))
 sys.path.insert(0, str(_ROOT / "benchmarks"))
 
+SEQ_LEN = 32  # tokens per request, as benchmarks/layouts.py measures by default
+SERVING_BATCH = 8  # its throughput batch, which plan_layouts plans beside the latency read here
+
 
 def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[int]], repeats: int) -> dict[str, Any]:
     """On every rank: per layout, the medians (ms) of its step's end, its gather and its whole call."""
@@ -60,7 +63,7 @@ def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[i
         for dims in layouts:
             named = [(n, s) for n, s in zip(("dp", "pp", "tp"), dims) if s > 1]
             mesh = init_device_mesh("cpu", tuple(s for _, s in named), mesh_dim_names=tuple(n for n, _ in named))
-            ids = layouts_benchmark.example_ids(dims[0], 32)
+            ids = layouts_benchmark.example_ids(dims[0], SEQ_LEN)
             part = autotp.compile_mesh(model, mesh, example_inputs=(ids,), example_kwargs={"use_cache": False},
                                        options=autotp.PlanOptions(hardware=profile))
             schedule = getattr(part, "_schedule", None)
@@ -84,20 +87,16 @@ def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[i
 
 
 def priced_parts(profile: str, layouts: list[list[int]]) -> dict[str, dict[str, float]]:
-    """The search's latency parts (ms) of each layout on ``profile``."""
+    """The search's latency parts (ms) of each layout on ``profile``: the forced plans of
+    ``benchmarks/layouts.py: plan_layouts``."""
     import layouts as layouts_benchmark
     import torch
 
-    from autotp.cost_model import get_hardware
-    from autotp.planning.mesh_search import mesh_costs, search_mesh
-
     torch.set_num_threads(1)
-    costs = mesh_costs(layouts_benchmark.build_model(), (layouts_benchmark.example_ids(1, 32),),
-                       {"use_cache": False}, [1, 2, 4], get_hardware(profile))
+    planned = layouts_benchmark.plan_layouts(Path(profile), SEQ_LEN, SERVING_BATCH, 0)["latency"]["layouts"]
     priced = {}
     for dims in layouts:
-        plan = search_mesh(costs, 4, objective="latency", forced=dict(zip(("dp", "pp", "tp"), dims)))
-        candidate = json.loads(plan.to_json())["candidates"][0]
+        candidate = json.loads(planned[tuple(dims)]["plan"])["candidates"][0]
         priced["x".join(map(str, dims))] = {**{k: v * 1e3 for k, v in candidate["latency_parts"].items()},
                                             "total": candidate["latency_s"] * 1e3}
     return priced
