@@ -3,11 +3,14 @@
 On 2 hosts x 2 ranks (``tests/cluster.py``, a core per host; needs root and iproute2) and the model of
 ``benchmarks/layouts.py``, each of the layouts ``--layouts`` (dp x pp x tp; default pp 4 and 2 x 2 x 1) is compiled
 with ``autotp.compile_mesh`` on the given profile (one the layouts benchmark calibrated: ``--keep``), and timed on
-every rank, each call after a barrier, the median of ``--repeats``: when the rank's pipeline step ended (its stages
-computed and sent), how long the data-parallel gather took (``gather_batch``, on a replica's source), and when the
-rank had the whole output. Beside them, the search's parts of the same layout on the same profile (compute, stage
-sends, output to every rank). The timers wrap the pipeline schedule's ``step`` and ``mesh_module.gather_batch``;
-nothing else changes.
+every rank, each call after a barrier, the median of ``--repeats``: when the rank's stage began computing (its input
+received) and ended, when its pipeline step ended (its output sent), how long the data-parallel gather took
+(``gather_batch``, on a replica's source), when the output's hand-out began and ended on the rank (received and
+passed on) and when the rank had the whole output, each from the moment the first
+rank started the call (the ranks share this machine's monotonic clock). Beside them, the search's parts of the same
+layout on the same profile (compute, stage sends, output to every rank) and its stages' times. The timers wrap the
+pipeline stage's ``forward_one_chunk``, the schedule's ``step``, ``mesh_module.gather_batch`` and ``mesh_module.hand_out``; nothing
+else changes.
 
     sudo .venv/bin/python benchmarks/layout_parts.py PROFILE.json --rate 200
 """
@@ -33,7 +36,8 @@ SERVING_BATCH = 8  # its throughput batch, which plan_layouts plans beside the l
 
 
 def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[int]], repeats: int) -> dict[str, Any]:
-    """On every rank: per layout, the medians (ms) of its step's end, its gather and its whole call."""
+    """On every rank: per layout, the medians (ms) of its events from the first rank's start of the call, and of
+    its gather's time."""
     import layouts as layouts_benchmark
     import torch
     import torch.distributed as dist
@@ -45,19 +49,29 @@ def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[i
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     model = layouts_benchmark.build_model()
-    seconds: dict[str, list[float]] = {}
+    events: dict[str, float] = {}  # this call's: name -> time.perf_counter()
+    gathers: list[float] = []
 
-    def timed(name: str, function: Any) -> Any:
+    def marked(begins: str | None, ends: str, function: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            if begins is not None:
+                events[begins] = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
-                seconds.setdefault(name, []).append(time.perf_counter() - start)
+                events[ends] = time.perf_counter()
         return wrapper
 
-    gather = mesh_module.gather_batch
-    mesh_module.gather_batch = timed("gather over dp", gather)
+    def gather(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return plain_gather(*args, **kwargs)
+        finally:
+            gathers.append(time.perf_counter() - start)
+
+    plain_gather, plain_hand_out = mesh_module.gather_batch, mesh_module.hand_out
+    mesh_module.gather_batch = gather
+    mesh_module.hand_out = marked("hand-out began", "hand-out ended", plain_hand_out)
     out: dict[str, Any] = {}
     try:
         for dims in layouts:
@@ -68,21 +82,31 @@ def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[i
                                        options=autotp.PlanOptions(hardware=profile))
             schedule = getattr(part, "_schedule", None)
             if schedule is not None:
-                schedule.step = timed("step ended", schedule.step)
+                schedule.step = marked(None, "step ended", schedule.step)
+                stage = schedule._stage
+                stage.forward_one_chunk = marked("stage began", "stage computed", stage.forward_one_chunk)
+            calls = []
             with torch.no_grad():
                 part(ids, use_cache=False)
-                seconds.clear()
-                whole = []
+                gathers.clear()
                 for _ in range(repeats):
                     dist.barrier()
+                    events.clear()
                     start = time.perf_counter()
                     part(ids, use_cache=False)
-                    whole.append(time.perf_counter() - start)
+                    calls.append({"call began": start, **events, "output everywhere": time.perf_counter()})
+            # every rank's events from the first rank's start of the same call
+            everyone: list[Any] = [None] * world_size
+            dist.all_gather_object(everyone, [call["call began"] for call in calls])
+            firsts = [min(starts) for starts in zip(*everyone)]
             key = "x".join(map(str, dims))
-            out[key] = {"whole call": statistics.median(whole) * 1e3,
-                        **{name: statistics.median(values) * 1e3 for name, values in seconds.items()}}
+            out[key] = {name: statistics.median((call[name] - first) * 1e3 for call, first in zip(calls, firsts))
+                        for name in calls[0]}
+            if gathers:
+                out[key]["gather over dp took"] = statistics.median(gathers) * 1e3
+            gathers.clear()
     finally:
-        mesh_module.gather_batch = gather
+        mesh_module.gather_batch, mesh_module.hand_out = plain_gather, plain_hand_out
     return out
 
 
@@ -98,7 +122,8 @@ def priced_parts(profile: str, layouts: list[list[int]]) -> dict[str, dict[str, 
     for dims in layouts:
         candidate = json.loads(planned[tuple(dims)]["plan"])["candidates"][0]
         priced["x".join(map(str, dims))] = {**{k: v * 1e3 for k, v in candidate["latency_parts"].items()},
-                                            "total": candidate["latency_s"] * 1e3}
+                                            "total": candidate["latency_s"] * 1e3,
+                                            "stages (ranks all busy)": [round(v * 1e3, 2) for v in candidate["latency_stage_s"]]}
     return priced
 
 
@@ -122,7 +147,8 @@ def main() -> None:
     setting = "unshaped" if not options.rate else f"{options.rate:g} Mbit/s"
     print(f"2 hosts x 2 ranks, {setting}, batch 1 per replica, median of {options.repeats}; ms")
     for key in priced:
-        print(f"{key}: priced " + ", ".join(f"{name} {value:.1f}" for name, value in priced[key].items()))
+        print(f"{key}: priced " + ", ".join(f"{name} {value:.1f}" if isinstance(value, float) else f"{name} {value}"
+                                            for name, value in priced[key].items()))
         for rank, per_layout in enumerate(measured):
             print(f"  rank {rank}: " + ", ".join(f"{name} {value:.1f}" for name, value in per_layout[key].items()))
 

@@ -26,7 +26,8 @@ token, so parallel test workers never collide; namespaces left by a process that
 deleted by the next cluster. Needs root (or CAP_NET_ADMIN) and iproute2: :func:`cluster_unavailable` says why
 not, for tests to skip with. ``python tests/cluster.py --measure`` prints the link measurement of
 docs/hosts.md, ``--measure-groups`` the collectives across hosts of docs/benchmarks/layouts.md and
-``--measure-output`` the mesh runtime's output to every rank there, by its parts.
+``--measure-output`` the mesh runtime's output to every rank there, by its parts, and ``--measure-sends`` one-way sends
+inside a host and across at several sizes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import os
 import secrets
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -399,6 +401,36 @@ def measure_output_gather(rank: int, world_size: int, repeats: int) -> dict[str,
     return _slowest_medians(probes, repeats)
 
 
+SEND_PROBE_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 2**20, 4 * 2**20)
+
+
+def measure_sends(rank: int, world_size: int, repeats: int) -> dict[str, float]:
+    """On 2 hosts x 2 ranks: one message at a time from one rank to another, the other ranks waiting (a pipeline's
+    stage send at batch 1), inside host 0 (rank 0 to rank 1, one core) and across (rank 1 to rank 2), at each of
+    :data:`SEND_PROBE_BYTES`: the median of ``repeats`` of the receiver's time from a barrier (the sender starts
+    then), in seconds."""
+    import torch
+    import torch.distributed as dist
+
+    medians = {}
+    for where, (src, dst) in (("inside a host", (0, 1)), ("across", (1, 2))):
+        for nbytes in SEND_PROBE_BYTES:
+            tensor = torch.ones(nbytes // 4)
+            times = []
+            for _ in range(repeats + 1):  # the first opens the pair's connection
+                dist.barrier()
+                start = time.perf_counter()
+                if rank == src:
+                    dist.send(tensor, dst)
+                elif rank == dst:
+                    dist.recv(tensor, src)
+                times.append(time.perf_counter() - start)
+            took = torch.tensor([statistics.median(times[1:]) if rank == dst else 0.0], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            medians[f"{where}, {nbytes / 2**10:g} KiB"] = float(took)
+    return medians
+
+
 def _slowest_medians(probes: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Each probe's median over ``repeats`` of the slowest rank's seconds, every call after a barrier."""
     import torch
@@ -444,6 +476,22 @@ def _measure_groups(rate_mbit: float, nbytes: int, repeats: int) -> None:
         print(f"  {name:<26} {seconds * 1e3:9.1f} ms")
 
 
+def _measure_sends(rates_mbit: Sequence[float | None], repeats: int) -> None:
+    """Print :func:`measure_sends` on 2 hosts x 2 ranks (a core per host) at each link rate."""
+    for rate in rates_mbit:
+        link = None if rate is None else Link(rate_mbit=rate)
+        with Cluster(2, link, cores=True) as cluster:
+            measured = cluster.run_function("cluster:measure_sends", ranks_per_host=2,
+                                            kwargs={"repeats": repeats}, timeout_s=600.0)[0]
+        print(f"2 hosts x 2 ranks, {'unshaped' if rate is None else f'{rate:g} Mbit/s'}, one send at a time, "
+              f"median of {repeats}")
+        for name, seconds in measured.items():
+            nbytes = float(name.split(", ")[1].split()[0]) * 2**10
+            rate_note = "" if link is None or name.startswith("inside") else \
+                f" (bytes / rate {nbytes / link.bytes_per_s * 1e3:.2f} ms)"
+            print(f"  {name:<26} {seconds * 1e3:9.2f} ms{rate_note}")
+
+
 def _measure_output_gather(rates_mbit: Sequence[float | None], repeats: int) -> None:
     """Print :func:`measure_output_gather` on 2 hosts x 2 ranks (a core per host) at each link rate."""
     for rate in rates_mbit:
@@ -460,6 +508,8 @@ if __name__ == "__main__":
         _measure([None, 1000, 200, 50], nbytes=4 * 2**20, repeats=3)
     elif sys.argv[1:2] == ["--measure-output"]:
         _measure_output_gather([None, 200], repeats=9)
+    elif sys.argv[1:2] == ["--measure-sends"]:
+        _measure_sends([None, 200], repeats=9)
     elif sys.argv[1:2] == ["--measure-groups"]:
         _measure_groups(200, nbytes=4 * 2**20, repeats=5)
         _measure_groups(200, nbytes=2**19, repeats=7)
