@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.docs  # a tier of its own beside the docs build (.ci/run); its in-process pages are fast too
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 """The pages whose examples run: the README and every page of the docs site's top folder (the benchmark
