@@ -402,6 +402,14 @@ def measure_output_gather(rank: int, world_size: int, repeats: int) -> dict[str,
 
 
 SEND_PROBE_BYTES = (4 * 2**10, 64 * 2**10, 256 * 2**10, 2**20, 4 * 2**20)
+"""The sizes :func:`measure_sends` times: a small message, a stage boundary of docs/benchmarks/layouts.md at batch 1
+(64 KiB), and on to the sizes where a shaped link's rate sets the time."""
+SEND_PROBE_PAIRS = {"inside a host": (0, 1), "across": (1, 2)}
+"""Where :func:`measure_sends` sends: (sender, receiver) of 2 hosts x 2 ranks."""
+
+
+def _send_name(where: str, nbytes: int) -> str:
+    return f"{where}, {nbytes / 2**10:g} KiB"
 
 
 def measure_sends(rank: int, world_size: int, repeats: int) -> dict[str, float]:
@@ -413,7 +421,7 @@ def measure_sends(rank: int, world_size: int, repeats: int) -> dict[str, float]:
     import torch.distributed as dist
 
     medians = {}
-    for where, (src, dst) in (("inside a host", (0, 1)), ("across", (1, 2))):
+    for where, (src, dst) in SEND_PROBE_PAIRS.items():
         for nbytes in SEND_PROBE_BYTES:
             tensor = torch.ones(nbytes // 4)
             times = []
@@ -427,7 +435,7 @@ def measure_sends(rank: int, world_size: int, repeats: int) -> dict[str, float]:
                 times.append(time.perf_counter() - start)
             took = torch.tensor([statistics.median(times[1:]) if rank == dst else 0.0], dtype=torch.float64)
             dist.all_reduce(took, op=dist.ReduceOp.MAX)
-            medians[f"{where}, {nbytes / 2**10:g} KiB"] = float(took)
+            medians[_send_name(where, nbytes)] = float(took)
     return medians
 
 
@@ -485,11 +493,12 @@ def _measure_sends(rates_mbit: Sequence[float | None], repeats: int) -> None:
                                             kwargs={"repeats": repeats}, timeout_s=600.0)[0]
         print(f"2 hosts x 2 ranks, {'unshaped' if rate is None else f'{rate:g} Mbit/s'}, one send at a time, "
               f"median of {repeats}")
-        for name, seconds in measured.items():
-            nbytes = float(name.split(", ")[1].split()[0]) * 2**10
-            rate_note = "" if link is None or name.startswith("inside") else \
-                f" (bytes / rate {nbytes / link.bytes_per_s * 1e3:.2f} ms)"
-            print(f"  {name:<26} {seconds * 1e3:9.2f} ms{rate_note}")
+        for where in SEND_PROBE_PAIRS:
+            for nbytes in SEND_PROBE_BYTES:
+                name = _send_name(where, nbytes)
+                rate_note = "" if link is None or where != "across" else \
+                    f" (bytes / rate {nbytes / link.bytes_per_s * 1e3:.2f} ms)"
+                print(f"  {name:<26} {measured[name] * 1e3:9.2f} ms{rate_note}")
 
 
 def _measure_output_gather(rates_mbit: Sequence[float | None], repeats: int) -> None:
