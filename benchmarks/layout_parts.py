@@ -4,10 +4,10 @@ On 2 hosts x 2 ranks (``tests/cluster.py``, a core per host; needs root and ipro
 ``benchmarks/layouts.py``, each of the layouts ``--layouts`` (dp x pp x tp; default pp 4 and 2 x 2 x 1) is compiled
 with ``autotp.compile_mesh`` on the given profile (one the layouts benchmark calibrated: ``--keep``), and timed on
 every rank, each call after a barrier, the median of ``--repeats``: when the rank's stage began computing (its input
-received) and ended, when its pipeline step ended (its output sent), how long the data-parallel gather took
+received) and ended, when its pipeline step ended (its output sent), when the data-parallel gather began and ended
 (``gather_batch``, on a replica's source), when the output's hand-out began and ended on the rank (received and
-passed on) and when the rank had the whole output, each from the moment the first
-rank started the call (the ranks share this machine's monotonic clock). Beside them, the search's parts of the same
+passed on) and when the rank had the whole output, each from the moment the first rank started the call (the ranks
+share this machine's monotonic clock). Beside them, the search's parts of the same
 layout on the same profile (compute, stage sends, output to every rank) and its stages' times. The timers wrap the
 pipeline stage's ``forward_one_chunk``, the schedule's ``step``, ``mesh_module.gather_batch`` and ``mesh_module.hand_out``; nothing
 else changes.
@@ -36,8 +36,7 @@ SERVING_BATCH = 8  # its throughput batch, which plan_layouts plans beside the l
 
 
 def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[int]], repeats: int) -> dict[str, Any]:
-    """On every rank: per layout, the medians (ms) of its events from the first rank's start of the call, and of
-    its gather's time."""
+    """On every rank: per layout, the medians (ms) of its events from the first rank's start of the call."""
     import layouts as layouts_benchmark
     import torch
     import torch.distributed as dist
@@ -50,7 +49,6 @@ def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[i
     torch.set_num_threads(1)
     model = layouts_benchmark.build_model()
     events: dict[str, float] = {}  # this call's: name -> time.perf_counter()
-    gathers: list[float] = []
 
     def marked(begins: str | None, ends: str, function: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -62,15 +60,8 @@ def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[i
                 events[ends] = time.perf_counter()
         return wrapper
 
-    def gather(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return plain_gather(*args, **kwargs)
-        finally:
-            gathers.append(time.perf_counter() - start)
-
     plain_gather, plain_hand_out = mesh_module.gather_batch, mesh_module.hand_out
-    mesh_module.gather_batch = gather
+    mesh_module.gather_batch = marked("gather over dp began", "gather over dp ended", plain_gather)
     mesh_module.hand_out = marked("hand-out began", "hand-out ended", plain_hand_out)
     out: dict[str, Any] = {}
     try:
@@ -88,7 +79,6 @@ def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[i
             calls = []
             with torch.no_grad():
                 part(ids, use_cache=False)
-                gathers.clear()
                 for _ in range(repeats):
                     dist.barrier()
                     events.clear()
@@ -102,9 +92,6 @@ def measure_parts(rank: int, world_size: int, profile: str, layouts: list[list[i
             key = "x".join(map(str, dims))
             out[key] = {name: statistics.median((call[name] - first) * 1e3 for call, first in zip(calls, firsts))
                         for name in calls[0]}
-            if gathers:
-                out[key]["gather over dp took"] = statistics.median(gathers) * 1e3
-            gathers.clear()
     finally:
         mesh_module.gather_batch, mesh_module.hand_out = plain_gather, plain_hand_out
     return out

@@ -300,15 +300,14 @@ def with_measured_links(profile: Hardware, network: Sequence[CollectiveSample], 
     sends = [sample for sample in network if sample.kind == SEND_KIND]
     network = [sample for sample in network if sample.kind != SEND_KIND]
     link, fit, bound = measured_link(network, f"gloo-network-{network[0].group_size}hosts")
-    changes: dict[str, object] = {"inter_node": link, "devices_per_node": devices_per_node,
-                                  "inter_node_send": fit_send_link(sends, link)}
+    send = fit_send_link(sends, link)
+    changes: dict[str, object] = {"inter_node": link, "devices_per_node": devices_per_node, "inter_node_send": send}
     source = (f"{profile.source}; inter_node measured across {network[0].group_size} hosts (one rank each, by the "
               f"launcher's nodes), alpha/beta fitted on {fit.samples} samples (median |relative error| "
               f"{fit.median_abs_rel_error:.1%})" + (" (bandwidth a lower bound)" if bound else "")
               + f", devices_per_node={devices_per_node} from the launcher")
-    if changes["inter_node_send"] is not None:
-        source += (f"; one-way sends between hosts at {changes['inter_node_send'].bandwidth_gbps:.4f} GB/s "
-                   f"({len(sends)} samples)")
+    if send is not None:
+        source += f"; one-way sends between hosts at {send.bandwidth_gbps:.4f} GB/s ({len(sends)} samples)"
     gloo = [sample for sample in inside if sample.kind != SHARED_MEMORY_KIND]
     shared = [sample for sample in inside if sample.kind == SHARED_MEMORY_KIND]
     if gloo:

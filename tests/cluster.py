@@ -41,7 +41,6 @@ import os
 import secrets
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -415,28 +414,25 @@ def _send_name(where: str, nbytes: int) -> str:
 def measure_sends(rank: int, world_size: int, repeats: int) -> dict[str, float]:
     """On 2 hosts x 2 ranks: one message at a time from one rank to another, the other ranks waiting (a pipeline's
     stage send at batch 1), inside host 0 (rank 0 to rank 1, one core) and across (rank 1 to rank 2), at each of
-    :data:`SEND_PROBE_BYTES`: the median of ``repeats`` of the receiver's time from a barrier (the sender starts
-    then), in seconds."""
-    import torch
+    :data:`SEND_PROBE_BYTES`, as ``autotp calibrate`` times the sends between hosts
+    (:func:`autotp.calibration.calibrate.measure_sends`: the median of ``repeats``, each after a barrier, of the
+    slower rank's time), in seconds."""
     import torch.distributed as dist
 
+    from autotp.calibration.calibrate import CalibrationConfig
+    from autotp.calibration.calibrate import measure_sends as calibration_sends
+
+    config = CalibrationConfig(repeats=repeats)
+    groups = {where: dist.new_group(list(pair)) for where, pair in SEND_PROBE_PAIRS.items()}  # every rank, in order
     medians = {}
-    for where, (src, dst) in SEND_PROBE_PAIRS.items():
-        for nbytes in SEND_PROBE_BYTES:
-            tensor = torch.ones(nbytes // 4)
-            times = []
-            for _ in range(repeats + 1):  # the first opens the pair's connection
-                dist.barrier()
-                start = time.perf_counter()
-                if rank == src:
-                    dist.send(tensor, dst)
-                elif rank == dst:
-                    dist.recv(tensor, src)
-                times.append(time.perf_counter() - start)
-            took = torch.tensor([statistics.median(times[1:]) if rank == dst else 0.0], dtype=torch.float64)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX)
-            medians[_send_name(where, nbytes)] = float(took)
-    return medians
+    for where, pair in SEND_PROBE_PAIRS.items():
+        if rank in pair:
+            for sample in calibration_sends(pair.index(rank), config, group=groups[where], sizes=SEND_PROBE_BYTES):
+                medians[_send_name(where, sample.nbytes)] = sample.seconds
+        dist.barrier()
+    everyone: list[Any] = [None] * world_size
+    dist.all_gather_object(everyone, medians)
+    return {name: seconds for measured in everyone for name, seconds in measured.items()}
 
 
 def _slowest_medians(probes: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, float]:

@@ -78,13 +78,14 @@ def trace_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 LONG_FILES = ("test_mesh_grid.py", "test_releases.py", "test_runtime_modes.py", "test_equivalence.py",
               "test_generate.py", "test_agreement.py", "test_agreement_exit.py", "test_loading_memory.py",
               "test_quantized.py", "test_hf_calls.py", "test_mesh_runtime.py", "test_training.py",
-              "test_empty_shards.py", "test_own_state.py", "test_docs_examples.py", "test_expert_placement.py",
-              "test_checkpoint_generation.py", "test_peer_failure.py", "test_cluster.py", "test_quantized_checkpoints.py")
+              "test_empty_shards.py", "test_own_state.py", "test_expert_placement.py",
+              "test_checkpoint_generation.py", "test_peer_failure.py", "test_quantized_checkpoints.py")
 """The files that take longest (``--durations`` of the whole suite on 2 cores), longest first: they are
 collected first, so that ``pytest -n 3 --dist loadfile`` (.ci/run) hands them out before the short
 files, which then fill the workers' time instead of one long file starting last and running alone. The last
-four hold one test of about a minute each under the suite's load (fresh processes, or checkpoints written and
-read at several world sizes); by name they would go out among the short files."""
+three hold one test of about a minute each under the suite's load (fresh processes, or checkpoints written and
+read at several world sizes); by name they would go out among the short files. The docs' examples and the cluster
+run as tiers of their own (.ci/run), not among these."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -411,13 +411,14 @@ SEND_BYTES = (2**20, NETWORK_LARGEST_BYTES)
 the rate a send alone gets (``Hardware.inter_node_send``); its latencies are the collectives'."""
 
 
-def measure_sends(rank: int, config: CalibrationConfig, *, group: Any) -> tuple[CollectiveSample, ...]:
-    """One-way sends of :data:`SEND_BYTES` from ``group``'s rank 0 to its rank 1, the other ranks of ``group`` waiting:
+def measure_sends(rank: int, config: CalibrationConfig, *, group: Any,
+                  sizes: tuple[int, ...] = SEND_BYTES) -> tuple[CollectiveSample, ...]:
+    """One-way sends of ``sizes`` bytes from ``group``'s rank 0 to its rank 1, the other ranks of ``group`` waiting:
     the link as a pipeline's and a hand-out's sends use it, one message in one direction at a time, where the
     collectives send both ways at once. Each repeat times one message after a barrier (sends back to back would
     stream through the sockets' buffers, faster than one message goes); the median of the receiver's times."""
     samples = []
-    for nbytes in SEND_BYTES:
+    for nbytes in sizes:
         buffer = torch.ones(nbytes // 4)
         times = []
         for _ in range(config.repeats + 1):  # the first repeat opens the pair's connection: not timed
