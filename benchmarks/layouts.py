@@ -336,7 +336,7 @@ def main() -> None:
                   f"({'links only' if host_profile else 'compute and links'})")
             print("\n".join(line for line in printed.splitlines() if "link" in line or "nodes" in line
                             or "matmul float32" in line or "core share" in line or "shared memory" in line
-                            or "busy" in line))
+                            or "busy" in line or "matrix-vector" in line))
             host_profile = host_profile or profile
             decode = options.decode_tokens > 0
             planned = plan_layouts(profile, options.seq_len, options.batch, options.decode_tokens)

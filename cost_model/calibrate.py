@@ -108,6 +108,10 @@ class RankMeasurements:
     """``(busy ranks, relative time)``: a fixed compute's wall time while that many ranks of the machine
     computed at once, over that with every rank busy (:func:`autotp.calibration.concurrency.measure_busy_scale`;
     the same on every rank; empty: not measured, a group of one)."""
+    gemv_curve: tuple[tuple[int, float], ...] = ()
+    """``(working_set_bytes, bytes_per_s)`` at the sizes of ``copy_curve``: a matrix-vector product's matrix
+    bytes over its time (:func:`autotp.calibration.graphs.measure_gemv_curve`, work seconds; empty: not
+    measured)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,12 +128,14 @@ class LinkFit:
 def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view: float,
                     gemms: Sequence[GemmSample], transcendental: float,
                     bandwidth_points: Sequence[tuple[int, float]] = (),
-                    element_rates: Sequence[tuple[str, float]] = ()) -> Hardware:
+                    element_rates: Sequence[tuple[str, float]] = (),
+                    gemv_points: Sequence[tuple[int, float]] = ()) -> Hardware:
     """A profile of one rank's kernel measurements (no host terms, a placeholder link): what the
     graph samples' kernels are priced with, and the GEMM curve fitted on it. ``bandwidth_points``:
     ``(working_set_bytes, bytes_per_s)``; the GEMM samples are priced at the bandwidth of the
     weights they cycle through (``COLD_WEIGHT_BYTES``), as a graph is priced at its working set;
-    ``element_rates``: each transcendental and pooling op's own rate (``Hardware.op_element_s``)."""
+    ``element_rates``: each transcendental and pooling op's own rate (``Hardware.op_element_s``);
+    ``gemv_points``: a matrix-vector product's ``(working_set_bytes, bytes_per_s)`` (``Hardware.gemv_bandwidth_curve``)."""
     placeholder = LinkProfile(name="not-measured", bandwidth_gbps=1.0, latency_s=0.0)
     profile = Hardware(
         name="kernels-only", peak_tflops={d: rate / 1e12 for d, rate in flops.items()},
@@ -137,6 +143,8 @@ def kernel_profile(flops: dict[str, float], bandwidth: float, floor: float, view
         intra_node=placeholder, inter_node=placeholder, devices_per_node=1, host_is_device=True,
         transcendental_element_s=transcendental, op_element_s=tuple(element_rates),
         memory_bandwidth_curve=tuple((size, rate / 1e9) for size, rate in bandwidth_points),
+        gemv_bandwidth_gbps=gemv_points[-1][1] / 1e9 if gemv_points else 0.0,
+        gemv_bandwidth_curve=tuple((size, rate / 1e9) for size, rate in gemv_points),
     )
     if gemms:
         curve = fit_gemm_curve(gemms, at_working_set(profile, COLD_WEIGHT_BYTES))
@@ -369,6 +377,8 @@ def build_profile(
     bandwidth = statistics.median(m.copy_bytes_per_s for m in compute)
     sizes = sorted(set.intersection(*(set(dict(m.copy_curve)) for m in compute)))
     curve_points = [(size, statistics.median(dict(m.copy_curve)[size] for m in compute)) for size in sizes]
+    gemv_sizes = sorted(set.intersection(*(set(dict(m.gemv_curve)) for m in compute)))
+    gemv_points = [(size, statistics.median(dict(m.gemv_curve)[size] for m in compute)) for size in gemv_sizes]
     floor = statistics.median(m.kernel_floor_s for m in compute)
     view = statistics.median(m.view_op_s for m in compute)
     transcendental = statistics.median(m.transcendental_element_s for m in compute)
@@ -395,7 +405,7 @@ def build_profile(
     first = compute[0]
     kernels = kernel_profile(first.matmul_flops_per_s, first.copy_bytes_per_s, first.kernel_floor_s,
                               first.view_op_s, first.gemm_samples, first.transcendental_element_s,
-                              first.copy_curve, first.op_element_s)
+                              first.copy_curve, first.op_element_s, first.gemv_curve)
     if shared_link is None:  # the cold cost is the shared-memory collective's: nothing to price without one
         cold_curve = ()
     host = _median_host_fit([fit_host_terms(m.graphs, view_op_s=m.view_op_s, link=loopback,
@@ -477,6 +487,9 @@ def build_profile(
         # timed on a model's own call, not priced from single ops: the core share alone
         model_call_s=statistics.median(m.model_call_s for m in compute) / core_share,
         memory_bandwidth_curve=tuple((size, rate * pace / 1e9) for size, rate in curve_points),
+        # the figure at the largest working set, as memory_bandwidth_gbps; graphs resolve the curve
+        gemv_bandwidth_gbps=gemv_points[-1][1] * pace / 1e9 if gemv_points else 0.0,
+        gemv_bandwidth_curve=tuple((size, rate * pace / 1e9) for size, rate in gemv_points),
         # gloo: the inference runtime sums through shared memory on one host, else small all-reduces in one round
         small_all_reduce=CollectiveForm.ONE_SHOT if shared_link is None else CollectiveForm.SHARED_MEMORY,
         shared_memory_link=shared_link,

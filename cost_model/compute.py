@@ -25,7 +25,9 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
   BLAS runs it as a GEMV kernel that streams the matrix once with no tile to fill, so its roof
   is its bytes (measured on this project's CPU: a one-token ``aten.linear`` of a 512 x 512 weight
   reads it at the copy bandwidth of its working set, where the curve at ``d = 1`` predicted
-  1.45x longer); the curve applies from ``d = 2``.
+  1.45x longer); the curve applies from ``d = 2``. Its bytes move at the rate a matrix-vector
+  product streams a matrix where the profile measured one (``Hardware.gemv_bandwidth_gbps``: on this
+  project's VM, at DRAM working sets, about half what the copy moves), else at the copy's.
 * **per-element rates** (:func:`rated_elements`): a transcendental elementwise op (exp, tanh, silu, gelu,
   softmax, ...) runs its arithmetic on special-function units (GPU) or polynomial code (CPU), and a pooling op
   compares or adds each element of its windows (a max with a branch per element, which a CPU predicts badly
@@ -115,9 +117,12 @@ def achievable_flops_per_s(dtype: torch.dtype | str, hardware: Hardware) -> floa
     return hardware.peak_tflops[name] * 1e12 * hardware.achievable_fraction_compute
 
 
-def achievable_memory_bytes_per_s(hardware: Hardware) -> float:
-    """Achievable device-memory bandwidth of ``hardware``, bytes per second."""
-    return hardware.memory_bandwidth_gbps * 1e9 * hardware.achievable_fraction_memory
+def achievable_memory_bytes_per_s(hardware: Hardware, *, matrix_vector: bool = False) -> float:
+    """Achievable device-memory bandwidth of ``hardware``, bytes per second; with ``matrix_vector``, what a
+    matrix-vector product streams its matrix at (``Hardware.gemv_bandwidth_gbps`` where measured)."""
+    gbps = hardware.gemv_bandwidth_gbps if matrix_vector and hardware.gemv_bandwidth_gbps else \
+        hardware.memory_bandwidth_gbps
+    return gbps * 1e9 * hardware.achievable_fraction_memory
 
 
 def roofline_time_s(
@@ -182,7 +187,7 @@ def compute_time_s(
         flops,
         memory_bytes,
         flops_per_s,
-        achievable_memory_bytes_per_s(hardware),
+        achievable_memory_bytes_per_s(hardware, matrix_vector=gemm_min_dim is not None and gemm_min_dim <= 1),
         hardware.kernel_floor_s,
     )
     if rated_elements:

@@ -417,6 +417,13 @@ class Hardware:
     graph at the bandwidth of its own working set (:func:`~.bandwidth.at_working_set`), so
     ``memory_bandwidth_gbps`` is then that graph's figure; a calibrated profile stores its
     largest-working-set (DRAM) figure there.
+    ``gemv_bandwidth_curve``: the same for a matrix-vector product (a GEMM with a dim of 1: decode's linears at
+    one token, attention of one query over its cache), ``(working_set_bytes, bandwidth_gbps)`` of the matrices'
+    bytes over the time BLAS takes to multiply them by a vector (``autotp calibrate``): it streams the matrix
+    once, at a rate of its own (on this project's VM about half of what a copy moves at DRAM working sets, where
+    a single core's reads and writes overlap). ``gemv_bandwidth_gbps``: that rate, the figure at the largest
+    working set as ``memory_bandwidth_gbps`` is, resolved per graph from the curve the same way; 0.0 (not
+    measured, every named profile): a matrix-vector product at ``memory_bandwidth_gbps``, as before.
     ``small_all_reduce``: a :class:`~.collective_forms.CollectiveForm` (or its name), how the runtime runs
     an inference all-reduce; shared memory on gloo profiles calibrated on one x86-64 host, one-shot on
     other gloo profiles, symmetric memory on the named NVSwitch GPU profiles (H100, H200, A100), the
@@ -498,6 +505,8 @@ class Hardware:
     first_call_s: tuple[tuple[str, float], ...] = ()
     shared_memory_cold_curve: tuple[tuple[float, float], ...] = ()
     memory_bandwidth_curve: tuple[tuple[float, float], ...] = ()
+    gemv_bandwidth_gbps: float = 0.0
+    gemv_bandwidth_curve: tuple[tuple[float, float], ...] = ()
     small_all_reduce: str = CollectiveForm.RING
     shared_memory_link: LinkProfile | None = None
     inter_node_send: LinkProfile | None = None
@@ -553,6 +562,9 @@ class Hardware:
         object.__setattr__(self, "op_element_s", _checked_named_seconds(
             owner, "op_element_s", self.op_element_s))
         object.__setattr__(self, "memory_bandwidth_curve", _checked_curve(owner, self.memory_bandwidth_curve))
+        _check_positive_number(owner, "gemv_bandwidth_gbps", self.gemv_bandwidth_gbps, allow_zero=True)
+        object.__setattr__(self, "gemv_bandwidth_curve",
+                           _checked_curve(owner, self.gemv_bandwidth_curve, "gemv_bandwidth_curve"))
         object.__setattr__(self, "shared_memory_cold_curve", _checked_curve(
             owner, self.shared_memory_cold_curve, "shared_memory_cold_curve", "seconds", allow_zero=True))
         for link_field in ("intra_node", "inter_node"):
@@ -608,6 +620,8 @@ class Hardware:
                 self.op_element_s,
                 self.first_call_s,
                 self.memory_bandwidth_curve,
+                self.gemv_bandwidth_gbps,
+                self.gemv_bandwidth_curve,
                 self.shared_memory_cold_curve,
                 self.small_all_reduce,
                 self.shared_memory_link,
@@ -636,6 +650,8 @@ class Hardware:
             peak_tflops={dtype: tflops / share for dtype, tflops in self.peak_tflops.items()},
             memory_bandwidth_gbps=self.memory_bandwidth_gbps / share,
             memory_bandwidth_curve=tuple((size, gbps / share) for size, gbps in self.memory_bandwidth_curve),
+            gemv_bandwidth_gbps=self.gemv_bandwidth_gbps / share,
+            gemv_bandwidth_curve=tuple((size, gbps / share) for size, gbps in self.gemv_bandwidth_curve),
             view_op_s=self.view_op_s * share,
             op_fixed_s=tuple((family, seconds * share) for family, seconds in self.op_fixed_s),
             first_call_s=tuple((kind, seconds * share) for kind, seconds in self.first_call_s),
@@ -747,6 +763,10 @@ class Hardware:
                if self.op_element_s else {}),
             "memory_bandwidth_curve": [{"working_set_bytes": size, "bandwidth_gbps": gbps}
                                        for size, gbps in self.memory_bandwidth_curve],
+            **({"gemv_bandwidth_gbps": self.gemv_bandwidth_gbps,
+                "gemv_bandwidth_curve": [{"working_set_bytes": size, "bandwidth_gbps": gbps}
+                                         for size, gbps in self.gemv_bandwidth_curve]}
+               if self.gemv_bandwidth_gbps or self.gemv_bandwidth_curve else {}),
             "small_all_reduce": self.small_all_reduce,
             **({"shared_memory_link": self.shared_memory_link.to_dict()} if self.shared_memory_link else {}),
             **({"inter_node_send": self.inter_node_send.to_dict()} if self.inter_node_send else {}),
@@ -791,7 +811,7 @@ class Hardware:
         )
         optional = ("version", "view_op_s", "achievable_fraction_compute", "achievable_fraction_memory", "source",
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s", "first_call_s",
-                    "memory_bandwidth_curve",
+                    "memory_bandwidth_curve", "gemv_bandwidth_gbps", "gemv_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "inter_node_send", "shared_memory_cold_curve", "core_share",
                     "fair_core_share", "ranks_per_machine", "busy_compute_scale", "ranks_per_memory_domain",
                     "idle_neighbours_scale")
@@ -841,6 +861,9 @@ class Hardware:
                     "op_element_s", data.get("op_element_s", {})),
                 # absent in profiles written before the working-set curve and the one-shot pricing
                 memory_bandwidth_curve=_curve_from_json(data.get("memory_bandwidth_curve", [])),
+                # absent in profiles written before it was measured: matrix-vector products at the copy's rate
+                gemv_bandwidth_gbps=data.get("gemv_bandwidth_gbps", 0.0),
+                gemv_bandwidth_curve=_curve_from_json(data.get("gemv_bandwidth_curve", []), "gemv_bandwidth_curve"),
                 small_all_reduce=data.get("small_all_reduce", CollectiveForm.ONE_SHOT
                                           if data.get("host_is_device", False) is True else CollectiveForm.RING),
                 shared_memory_link=shared_memory_link,

@@ -145,6 +145,32 @@ def test_one_token_linear_is_bandwidth_bound_at_its_working_set() -> None:
     assert two == pytest.approx(2 * 2 * 512 * 512 / (resolved.peak_tflops["float32"] * 1e12 * 2 / 34)), two
 
 
+def test_a_matrix_vector_product_streams_its_matrix_at_its_own_measured_rate() -> None:
+    """No parallelism: where the profile measured how fast a one-row linear reads its matrix (half the copy's
+    figure at every working set here), the cost pass resolves that rate at the graph's working set as it resolves
+    the copy's, and prices a matrix-vector product's bytes at it; a GEMM of two rows and an elementwise op keep
+    the copy's rate, and a profile without the curve prices all three as before."""
+    from autotp.cost_model import compute_time_s
+
+    plain = dataclasses.replace(_cpu(), gemm_half_efficiency_dim=32.0, kernel_floor_s=0.0)
+    hw = dataclasses.replace(plain, gemv_bandwidth_gbps=1.0,
+                             gemv_bandwidth_curve=tuple((size, gbps / 2) for size, gbps in CURVE))
+    resolved = at_working_set(hw, 4 * MIB)
+    assert resolved.gemv_bandwidth_gbps == pytest.approx(150.0) and resolved.memory_bandwidth_gbps == pytest.approx(300.0)
+    assert at_working_set(resolved, 1024 * MIB).gemv_bandwidth_gbps == 1.0, "resolved again from the curve"
+    moved = 4 * (512 * 512 + 2 * 512)
+    gemv = compute_time_s(2 * 512 * 512, moved, torch.float32, resolved, gemm_min_dim=1)
+    assert gemv == pytest.approx(moved / 150e9), gemv
+    two_rows = compute_time_s(2 * 2 * 512 * 512, moved, torch.float32, resolved, gemm_min_dim=2)
+    unmeasured = at_working_set(plain, 4 * MIB)
+    assert two_rows == compute_time_s(2 * 2 * 512 * 512, moved, torch.float32, unmeasured, gemm_min_dim=2)
+    assert compute_time_s(0, moved, torch.float32, resolved) == pytest.approx(moved / 300e9), "elementwise: the copy's"
+    assert compute_time_s(2 * 512 * 512, moved, torch.float32, unmeasured, gemm_min_dim=1) == pytest.approx(moved / 300e9)
+    assert Hardware.from_json(hw.to_json()) == hw and "gemv_bandwidth_curve" not in plain.to_json()
+    with pytest.raises(ValueError, match="gemv_bandwidth_curve must be in ascending"):
+        dataclasses.replace(hw, gemv_bandwidth_curve=((2 * MIB, 1.0), (1 * MIB, 2.0)))
+
+
 def test_symbolic_all_reduce_prices_the_one_shot_below_the_threshold() -> None:
     """tp=4 on a gloo profile: the symbolic all-reduce of ``seq`` x 1 KiB equals the numeric price on both
     sides of ONE_SHOT_MAX_BYTES (one round below, the ring above)."""

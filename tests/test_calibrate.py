@@ -228,6 +228,10 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     assert ranks[0].busy_compute_scale[0][1] > 0 and ranks[0].busy_compute_scale == ranks[1].busy_compute_scale
     assert profile.busy_compute_scale == ranks[0].busy_compute_scale and profile.ranks_per_machine == 2, profile
     assert Hardware.from_json(profile.to_json()).busy_compute_scale == profile.busy_compute_scale
+    # a one-row linear's read of its matrices, at the copy's working sets; the profile's figure its largest
+    assert [size for size, _ in ranks[0].gemv_curve] == [size for size, _ in ranks[0].copy_curve], ranks[0].gemv_curve
+    assert all(rate > 1e8 for _, rate in ranks[0].gemv_curve), ranks[0].gemv_curve
+    assert profile.gemv_bandwidth_gbps == profile.gemv_bandwidth_curve[-1][1] > 0, profile.gemv_bandwidth_curve
     # in-graph calibration: every graph shape timed on both ranks, one all-reduce per row-split projection
     quick = CalibrationConfig.quick()
     assert len(ranks[0].graphs) == len(quick.graph_shapes), ranks[0].graphs

@@ -110,6 +110,7 @@ from autotp.calibration.graphs import (
     measure_element_rates,
     measure_first_call_s,
     measure_gemm_samples,
+    measure_gemv_curve,
     measure_graphs,
     measure_op_fixed_s,
     median_work_s,
@@ -495,6 +496,7 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     first_call: tuple[tuple[str, float], ...] = ()
     model_call = fair_share = 0.0
     busy: tuple[tuple[int, float], ...] = ()
+    gemv_curve: tuple[tuple[int, float], ...] = ()
     try:
         if dist.is_initialized():
             dist.barrier()
@@ -506,6 +508,9 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             curve = tuple(sorted({**measured, 2 * (config.copy_bytes // 4) * 4: bandwidth}.items()))
             _say(progress, "copy bandwidth by working set: " + ", ".join(
                 f"{size / 2**20:g} MiB {rate / 1e9:.1f} GB/s" for size, rate in curve))
+            gemv_curve = measure_gemv_curve([size for size, _ in curve], config.min_time_s, config.repeats)
+            _say(progress, "matrix-vector product's read by working set: " + ", ".join(
+                f"{size / 2**20:g} MiB {rate / 1e9:.1f} GB/s" for size, rate in gemv_curve))
             if world_size > 1 and collectives:
                 cold = tuple((size, measure_cold_call_s(world_size, size, config.repeats)) for size, _ in curve)
                 _say(progress, "shared-memory collective after a stream of: " + ", ".join(
@@ -520,7 +525,8 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
             _say(progress, f"transcendental elementwise: {transcendental * 1e9:.2f} ns per element (median); by op "
                  "(pooling per window element): "
                  + ", ".join(f"{name} {rate * 1e9:.2f}" for name, rate in element_rates))
-            kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, element_rates)
+            kernels = kernel_profile(flops, bandwidth, floor, view, gemms, transcendental, curve, element_rates,
+                                     gemv_curve)
             op_fixed = measure_op_fixed_s(kernels, config.min_time_s, config.repeats)
             _say(progress, "fixed cost per call beyond the roofline: " + ", ".join(
                 f"{family} {seconds * 1e6:.1f} us" for family, seconds in op_fixed))
@@ -546,7 +552,8 @@ def measure_rank(rank: int, world_size: int, config: CalibrationConfig, *, compu
     finally:
         torch.set_num_threads(previous_threads)
     return RankMeasurements(rank, threads, flops, bandwidth, floor, view, samples, gemms, transcendental, graphs,
-                            curve, cold, op_fixed, element_rates, first_call, model_call, fair_share, busy)
+                            curve, cold, op_fixed, element_rates, first_call, model_call, fair_share, busy,
+                            gemv_curve=gemv_curve)
 
 
 def _measure_matmuls(config: CalibrationConfig, threads: int, progress: bool) -> dict[str, float]:

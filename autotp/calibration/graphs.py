@@ -758,6 +758,31 @@ def measure_copy_curve(working_sets: Sequence[int], min_time_s: float, repeats: 
     return tuple(curve)
 
 
+GEMV_COLUMNS, GEMV_ROWS = 512, 1376
+"""The matrices :func:`measure_gemv_curve` multiplies: a transformer's projections at hidden 512 (the up
+projection's shape), as a decode step's linears at one token stream them."""
+
+
+def measure_gemv_curve(working_sets: Sequence[int], min_time_s: float, repeats: int) -> tuple[tuple[int, float], ...]:
+    """``(working_set_bytes, bytes_per_s)`` of matrix-vector products (``aten.linear`` of one row) over float32
+    matrices of :data:`GEMV_ROWS` x :data:`GEMV_COLUMNS` (the last one shorter) that fill the working set, one
+    after another: the matrices' bytes over the time, per size. Timed on the work clock in step
+    (:func:`median_work_s`), as :func:`measure_copy_curve`: call it on every rank at once."""
+    curve = []
+    vector = torch.ones(1, GEMV_COLUMNS)
+    for working_set in working_sets:
+        rows = max(1, working_set // 4 // GEMV_COLUMNS)
+        matrices = torch.ones(rows, GEMV_COLUMNS).split(GEMV_ROWS)
+
+        def multiply(matrices: Sequence[torch.Tensor] = matrices) -> None:
+            for matrix in matrices:
+                torch.nn.functional.linear(vector, matrix)
+
+        seconds = median_work_s(multiply, min_time_s, repeats)
+        curve.append((working_set, rows * GEMV_COLUMNS * 4 / seconds))
+    return tuple(curve)
+
+
 COLD_SLOT_BYTES = (4 * 2**10, 24 * 2**10, 96 * 2**10)
 """Slot sizes :func:`measure_cold_call_s` times: a decode step's all-reduces (a few rows of hidden
 size) up to a short prefill's."""

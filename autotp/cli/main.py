@@ -324,6 +324,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if profile.memory_bandwidth_curve:
         print("  by working set   " + ", ".join(f"{size / 2**20:g} MiB {gbps:.1f}"
                                                 for size, gbps in profile.memory_bandwidth_curve) + " GB/s")
+    if profile.gemv_bandwidth_curve:
+        print("  matrix-vector    " + ", ".join(f"{size / 2**20:g} MiB {gbps:.1f}"
+                                                for size, gbps in profile.gemv_bandwidth_curve)
+              + " GB/s of the matrix (one-row linears)")
     print(f"  tiny op          {profile.kernel_floor_s * 1e6:10.2f} us")
     print(f"  view op          {profile.view_op_s * 1e6:10.2f} us")
     print(f"  GEMM half rate   at smallest dim {profile.gemm_half_efficiency_dim:g}")
