@@ -25,9 +25,11 @@ Two refinements of the compute roof, both measured by ``autotp calibrate`` and b
   BLAS runs it as a GEMV kernel that streams the matrix once with no tile to fill, so its roof
   is its bytes (measured on this project's CPU: a one-token ``aten.linear`` of a 512 x 512 weight
   reads it at the copy bandwidth of its working set, where the curve at ``d = 1`` predicted
-  1.45x longer); the curve applies from ``d = 2``. Its bytes move at the rate a matrix-vector
-  product streams a matrix where the profile measured one (``Hardware.gemv_bandwidth_gbps``: on this
-  project's VM, at DRAM working sets, about half what the copy moves), else at the copy's.
+  1.45x longer); the curve applies from ``d = 2``. In eager mode its bytes move at the rate BLAS's
+  matrix-vector product streams a matrix where the profile measured one (``Hardware.gemv_bandwidth_gbps``:
+  on this project's VM, at DRAM working sets, about half what the copy moves), else at the copy's; a
+  compiled CPU decode graph sums its one-row linears in a fused pass instead
+  (:func:`autotp.runtime.execution.runtime_modes.one_row_linear`), priced at the copy's.
 * **per-element rates** (:func:`rated_elements`): a transcendental elementwise op (exp, tanh, silu, gelu,
   softmax, ...) runs its arithmetic on special-function units (GPU) or polynomial code (CPU), and a pooling op
   compares or adds each element of its windows (a max with a branch per element, which a CPU predicts badly
@@ -187,7 +189,8 @@ def compute_time_s(
         flops,
         memory_bytes,
         flops_per_s,
-        achievable_memory_bytes_per_s(hardware, matrix_vector=gemm_min_dim is not None and gemm_min_dim <= 1),
+        achievable_memory_bytes_per_s(hardware, matrix_vector=gemm_min_dim is not None and gemm_min_dim <= 1
+                                      and hardware.runtime_mode == "eager"),
         hardware.kernel_floor_s,
     )
     if rated_elements:

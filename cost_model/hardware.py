@@ -469,9 +469,9 @@ class Hardware:
     machine). ``idle_neighbours_scale``: ``(busy ranks, relative time)`` points, a machine's compute with that many
     ranks busy while the other machines of its domain are idle, over the same with each of them as busy (measured
     by :func:`autotp.calibration.concurrency.measure_idle_neighbours_scale`; on this project's 2-core VM split into
-    two one-core hosts, about 0.75 for one busy rank). The mesh search prices a pipeline stage that runs while the
-    other stages wait (one request through ``pp`` stages) at its busy ranks' point and its domain's busy machines
-    (:meth:`busy_scale`).
+    two one-core hosts, 0.83-1.00 for one busy rank from one calibration to the next). The mesh search prices a
+    pipeline stage that runs while the other stages wait (one request through ``pp`` stages) at its busy ranks'
+    point and its domain's busy machines (:meth:`busy_scale`).
     """
 
     name: str

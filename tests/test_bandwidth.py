@@ -148,8 +148,8 @@ def test_one_token_linear_is_bandwidth_bound_at_its_working_set() -> None:
 def test_a_matrix_vector_product_streams_its_matrix_at_its_own_measured_rate() -> None:
     """No parallelism: where the profile measured how fast a one-row linear reads its matrix (half the copy's
     figure at every working set here), the cost pass resolves that rate at the graph's working set as it resolves
-    the copy's, and prices a matrix-vector product's bytes at it; a GEMM of two rows and an elementwise op keep
-    the copy's rate, and a profile without the curve prices all three as before."""
+    the copy's, and prices an eager matrix-vector product's bytes at it; a GEMM of two rows, an elementwise op and
+    a compiled graph's one-row linear keep the copy's rate, and a profile without the curve prices as before."""
     from autotp.cost_model import compute_time_s
 
     plain = dataclasses.replace(_cpu(), gemm_half_efficiency_dim=32.0, kernel_floor_s=0.0)
@@ -166,6 +166,9 @@ def test_a_matrix_vector_product_streams_its_matrix_at_its_own_measured_rate() -
     assert two_rows == compute_time_s(2 * 2 * 512 * 512, moved, torch.float32, unmeasured, gemm_min_dim=2)
     assert compute_time_s(0, moved, torch.float32, resolved) == pytest.approx(moved / 300e9), "elementwise: the copy's"
     assert compute_time_s(2 * 512 * 512, moved, torch.float32, unmeasured, gemm_min_dim=1) == pytest.approx(moved / 300e9)
+    # a compiled CPU decode graph sums its one-row linears in one fused pass: the copy's rate
+    compiled = dataclasses.replace(resolved, runtime_mode="compiled")
+    assert compute_time_s(2 * 512 * 512, moved, torch.float32, compiled, gemm_min_dim=1) == pytest.approx(moved / 300e9)
     assert Hardware.from_json(hw.to_json()) == hw and "gemv_bandwidth_curve" not in plain.to_json()
     with pytest.raises(ValueError, match="gemv_bandwidth_curve must be in ascending"):
         dataclasses.replace(hw, gemv_bandwidth_curve=((2 * MIB, 1.0), (1 * MIB, 2.0)))

@@ -401,6 +401,11 @@ bucket passes a small transfer at the bucket's burst, faster than its rate, and 
 1 MiB) fitted a 200 Mbit/s link at 248 Mbit/s, where a 4 MiB send took its rate's time (docs: Layouts on a two-host
 network)."""
 
+NEIGHBOURS_MIN_REPEATS = 11
+"""Repeats of :func:`~autotp.calibration.concurrency.measure_idle_neighbours_scale` at least (each about 0.2 s on
+two machines of two ranks): with the quick calibration's 3, its one-rank point came out 0.83-1.00 in three
+calibrations of one cluster."""
+
 NETWORK_MIN_REPEATS = 9
 """Repeats (at least) of each collective between hosts: with one rank per host the samples are of 1 and 2 steps,
 so the per-step latency comes from small differences between them, and one slow or fast repeat of three (the quick
@@ -728,8 +733,8 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
             _say(progress, "measuring compute with the other machines of a memory domain idle")
             order = sorted(r for ranks in domains[domain] for r in ranks)
             neighbours = measure_idle_neighbours_scale(
-                [[order.index(r) for r in ranks] for ranks in domains[domain]], config.repeats,
-                group=domain_groups[domain])
+                [[order.index(r) for r in ranks] for ranks in domains[domain]],
+                max(config.repeats, NEIGHBOURS_MIN_REPEATS), group=domain_groups[domain])
             _say(progress, "compute time with k ranks of one machine busy and its neighbours idle, over all "
                            "machines alike: " + ", ".join(f"{k} {scale:.2f}" for k, scale in neighbours))
         inside: tuple[CollectiveSample, ...] = ()
