@@ -151,43 +151,25 @@ def _named_seconds_from_json(field: str, data: Any) -> tuple[tuple[str, float], 
     return tuple(data.items())
 
 
-def _checked_busy_scale(owner: str, name: str, points: Any) -> tuple[tuple[int, float], ...]:
-    """A busy scale (``busy_compute_scale``, ``idle_neighbours_scale``: the field ``name``) as a tuple of
-    ``(busy ranks, relative time)``, busy ranks ascending and >= 1."""
+def _checked_busy_scale(owner: str, points: Any) -> tuple[tuple[int, float], ...]:
+    """``busy_compute_scale`` as a tuple of ``(busy ranks, relative time)``, busy ranks ascending and >= 1."""
     try:
         checked = tuple((int(busy), float(scale)) for busy, scale in points)
     except (TypeError, ValueError):
-        raise ValueError(f"{owner}.{name} must be (busy ranks, relative time) pairs, got {points!r}") from None
+        raise ValueError(f"{owner}.busy_compute_scale must be (busy ranks, relative time) pairs, got {points!r}") from None
     busy = [k for k, _ in checked]
     if any(k < 1 for k in busy) or busy != sorted(set(busy)) or any(
             not math.isfinite(s) or s <= 0 for _, s in checked):
-        raise ValueError(f"{owner}.{name} needs distinct busy-rank counts >= 1 in ascending order and "
+        raise ValueError(f"{owner}.busy_compute_scale needs distinct busy-rank counts >= 1 in ascending order and "
                          f"positive finite times, got {points!r}; run `autotp calibrate` again")
     return checked
 
 
-def _busy_scale_from_json(name: str, data: Any) -> tuple[tuple[int, float], ...]:
+def _busy_scale_from_json(data: Any) -> tuple[tuple[int, float], ...]:
     if not isinstance(data, list) or any(not isinstance(p, Mapping) or set(p) != {"busy_ranks", "relative_time"}
                                          for p in data):
-        raise ValueError(f"field {name!r} must be a list of {{\"busy_ranks\": k, \"relative_time\": t}}")
+        raise ValueError("field 'busy_compute_scale' must be a list of {\"busy_ranks\": k, \"relative_time\": t}")
     return tuple((p["busy_ranks"], p["relative_time"]) for p in data)
-
-
-def _busy_scale_to_json(points: tuple[tuple[int, float], ...]) -> list[dict[str, float]]:
-    return [{"busy_ranks": busy, "relative_time": scale} for busy, scale in points]
-
-
-def _interpolated(points: tuple[tuple[int, float], ...], busy_ranks: int) -> float:
-    """``points`` (a busy scale) at ``busy_ranks``: linear between its points, its first and last value outside
-    them; 1.0 for no points."""
-    if not points:
-        return 1.0
-    if busy_ranks <= points[0][0]:
-        return points[0][1]
-    for (k0, s0), (k1, s1) in zip(points, points[1:]):
-        if busy_ranks <= k1:
-            return s0 + (s1 - s0) * (busy_ranks - k0) / (k1 - k0)
-    return points[-1][1]
 
 
 def _check_known_fields(data: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -464,14 +446,8 @@ class Hardware:
     waiting), over its time with every rank of the machine busy (the rates of this profile), measured by ``autotp
     calibrate`` (:func:`autotp.calibration.concurrency.measure_busy_scale`). On 4 single-thread ranks on 2 cores
     one or two busy ranks each get a whole core, about 0.5 of the all-busy time; on hosts with a core per rank
-    every point is about 1. ``ranks_per_memory_domain``: consecutive ranks whose machines share one cache and
-    memory (0: each machine its own, as real hosts are; more where the hosts of a cluster are sets of cores of one
-    machine). ``idle_neighbours_scale``: ``(busy ranks, relative time)`` points, a machine's compute with that many
-    ranks busy while the other machines of its domain are idle, over the same with each of them as busy (measured
-    by :func:`autotp.calibration.concurrency.measure_idle_neighbours_scale`; on this project's 2-core VM split into
-    two one-core hosts, 0.83-1.00 for one busy rank from one calibration to the next). The mesh search prices a
-    pipeline stage that runs while the other stages wait (one request through ``pp`` stages) at its busy ranks'
-    point and its domain's busy machines (:meth:`busy_scale`).
+    every point is about 1. The mesh search prices a pipeline stage that runs while the other stages wait (one
+    request through ``pp`` stages) at its busy ranks' point (:meth:`busy_scale`).
     """
 
     name: str
@@ -514,8 +490,6 @@ class Hardware:
     fair_core_share: float = 1.0
     ranks_per_machine: int = 0
     busy_compute_scale: tuple[tuple[int, float], ...] = ()
-    ranks_per_memory_domain: int = 0
-    idle_neighbours_scale: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         owner = f"Hardware({self.name!r})"
@@ -590,14 +564,7 @@ class Hardware:
                 or self.ranks_per_machine < 0:
             raise ValueError(f"{owner}.ranks_per_machine must be an int >= 0 (0: one machine per node), got "
                              f"{self.ranks_per_machine!r}")
-        object.__setattr__(self, "busy_compute_scale",
-                           _checked_busy_scale(owner, "busy_compute_scale", self.busy_compute_scale))
-        if isinstance(self.ranks_per_memory_domain, bool) or not isinstance(self.ranks_per_memory_domain, int) \
-                or self.ranks_per_memory_domain < 0:
-            raise ValueError(f"{owner}.ranks_per_memory_domain must be an int >= 0 (0: one machine per domain), got "
-                             f"{self.ranks_per_memory_domain!r}")
-        object.__setattr__(self, "idle_neighbours_scale",
-                           _checked_busy_scale(owner, "idle_neighbours_scale", self.idle_neighbours_scale))
+        object.__setattr__(self, "busy_compute_scale", _checked_busy_scale(owner, self.busy_compute_scale))
 
     def __hash__(self) -> int:
         return hash(
@@ -630,8 +597,6 @@ class Hardware:
                 self.fair_core_share,
                 self.ranks_per_machine,
                 self.busy_compute_scale,
-                self.ranks_per_memory_domain,
-                self.idle_neighbours_scale,
             )
         )
 
@@ -665,7 +630,6 @@ class Hardware:
             core_share_call_s=0.0,
             fair_core_share=1.0,
             busy_compute_scale=(),
-            idle_neighbours_scale=(),
             source=f"{self.source}; work terms at a whole core (one rank alone; measured share {share:.2f})",
         )
 
@@ -679,24 +643,19 @@ class Hardware:
         """Consecutive ranks that share one machine's cores: ``ranks_per_machine``, else a node's."""
         return self.ranks_per_machine or self.devices_per_node
 
-    def domain_machines(self) -> int:
-        """Machines that share one memory domain: ``ranks_per_memory_domain`` over :meth:`machine_ranks`, at
-        least 1."""
-        return max(1, self.ranks_per_memory_domain // self.machine_ranks())
-
-    def busy_scale(self, busy_ranks: int, busy_machines: int | None = None) -> float:
-        """A rank's compute time while ``busy_ranks`` ranks of its machine compute at once and ``busy_machines``
-        machines of its memory domain (its own included; None: all of them) have busy ranks, relative to the
-        profile's rates (every rank of every machine busy): ``busy_compute_scale`` at ``busy_ranks``, times
-        ``idle_neighbours_scale`` at ``busy_ranks`` where its machine is the domain's only busy one, moving
-        linearly to 1.0 as more of the domain's machines are busy (each scale linear between its points, its first
-        and last value outside them; 1.0 when not measured)."""
-        scale = _interpolated(self.busy_compute_scale, busy_ranks)
-        machines = self.domain_machines()
-        if busy_machines is None or machines < 2 or not self.idle_neighbours_scale:
-            return scale
-        alone = _interpolated(self.idle_neighbours_scale, busy_ranks)
-        return scale * (alone + (1.0 - alone) * (min(max(busy_machines, 1), machines) - 1) / (machines - 1))
+    def busy_scale(self, busy_ranks: int) -> float:
+        """A rank's compute time while ``busy_ranks`` ranks of its machine compute at once, relative to the
+        profile's rates (those with every rank of the machine busy): ``busy_compute_scale`` interpolated
+        linearly between its points, its first and last value outside them; 1.0 when not measured."""
+        points = self.busy_compute_scale
+        if not points:
+            return 1.0
+        if busy_ranks <= points[0][0]:
+            return points[0][1]
+        for (k0, s0), (k1, s1) in zip(points, points[1:]):
+            if busy_ranks <= k1:
+                return s0 + (s1 - s0) * (busy_ranks - k0) / (k1 - k0)
+        return points[-1][1]
 
     def element_rate_s(self, op_name: str | None = None, default: float | None = None) -> float:
         """Seconds per element of the op ``op_name`` (``op_element_s``); for an op not measured by name (and for
@@ -776,11 +735,9 @@ class Hardware:
             "core_share": self.core_share,
             "fair_core_share": self.fair_core_share,
             **({"ranks_per_machine": self.ranks_per_machine} if self.ranks_per_machine else {}),
-            **({"busy_compute_scale": _busy_scale_to_json(self.busy_compute_scale)}
+            **({"busy_compute_scale": [{"busy_ranks": busy, "relative_time": scale}
+                                       for busy, scale in self.busy_compute_scale]}
                if self.busy_compute_scale else {}),
-            **({"ranks_per_memory_domain": self.ranks_per_memory_domain} if self.ranks_per_memory_domain else {}),
-            **({"idle_neighbours_scale": _busy_scale_to_json(self.idle_neighbours_scale)}
-               if self.idle_neighbours_scale else {}),
             "source": self.source,
         }
 
@@ -813,8 +770,7 @@ class Hardware:
                     "runtime_mode", "host_is_device", *_HOST_TIME_FIELDS, "op_fixed_s", "op_element_s", "first_call_s",
                     "memory_bandwidth_curve", "gemv_bandwidth_gbps", "gemv_bandwidth_curve",
                     "small_all_reduce", "shared_memory_link", "inter_node_send", "shared_memory_cold_curve", "core_share",
-                    "fair_core_share", "ranks_per_machine", "busy_compute_scale", "ranks_per_memory_domain",
-                    "idle_neighbours_scale")
+                    "fair_core_share", "ranks_per_machine", "busy_compute_scale")
         _check_known_fields(data, required + optional + _RETIRED_FIELDS, "the hardware profile")
         retired = {field: data[field] for field in _RETIRED_FIELDS if data.get(field)}
         if retired:
@@ -875,10 +831,7 @@ class Hardware:
                 fair_core_share=data.get("fair_core_share", 1.0),
                 # absent in profiles written before they were measured: every rank priced as if all computed
                 ranks_per_machine=data.get("ranks_per_machine", 0),
-                busy_compute_scale=_busy_scale_from_json("busy_compute_scale", data.get("busy_compute_scale", [])),
-                ranks_per_memory_domain=data.get("ranks_per_memory_domain", 0),
-                idle_neighbours_scale=_busy_scale_from_json("idle_neighbours_scale",
-                                                            data.get("idle_neighbours_scale", [])),
+                busy_compute_scale=_busy_scale_from_json(data.get("busy_compute_scale", [])),
             )
         except ValueError as error:
             raise ValueError(f"bad field: {error}") from None

@@ -256,21 +256,6 @@ def test_measure_on_gloo_and_build_a_profile(gloo) -> None:
     assert "rank-local graphs" in profile.source, profile.source
 
 
-def _idle_neighbours(rank: int, world_size: int) -> tuple[tuple[int, float], ...]:
-    from autotp.calibration.concurrency import measure_idle_neighbours_scale
-
-    return measure_idle_neighbours_scale([[0], [1]], repeats=3)
-
-
-def test_idle_neighbours_scale_is_measured_on_every_rank_alike(gloo) -> None:
-    """2 real gloo processes taken as two machines of one rank in one memory domain: each computes alone and
-    beside the other, one point (k = 1) the same on both ranks; a machine alone is not slower than beside a busy
-    neighbour by more than timing noise, and not faster than the two cores' sharing could explain."""
-    ranks = gloo.run(2, _idle_neighbours)
-    assert ranks[0] == ranks[1] and [k for k, _ in ranks[0]] == [1], ranks
-    assert 0.3 < ranks[0][0][1] < 1.3, ranks
-
-
 def test_cli_calibrate_writes_the_profile(tmp_path, monkeypatch, capsys) -> None:
     """tp=2 (measurement stubbed): `autotp calibrate --quick --world-size 2 -o PATH` writes a loadable profile and
     prints its terms, the core share's range and loss among them."""

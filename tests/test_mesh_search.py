@@ -469,29 +469,6 @@ def test_a_stage_alone_computes_at_the_busy_scale_of_its_machine() -> None:
     assert machine.busy_scale(3) == pytest.approx(0.75) and machine.busy_scale(8) == 1.0
 
 
-def test_a_machine_alone_in_its_memory_domain_computes_at_its_idle_neighbours_scale() -> None:
-    """Two machines of two ranks (a core each) in one memory domain, as the hosts of a cluster built on one
-    machine: with the neighbour machine idle a machine computes at 0.8 (one busy rank) or 0.9 (two) of its time
-    beside a busy one. One request through pp 4 keeps one machine busy at a time (0.5 * 0.8 of the compute);
-    2 x 2 x 1 keeps one rank of each machine busy at once (0.5, as measured beside each other); pp 2 x tp 2
-    runs each stage on both ranks of one machine (1.0 * 0.9); tp 4 every rank (1.0)."""
-    from autotp.planning.mesh_search import replica_time_s
-
-    domain = dataclasses.replace(get_hardware("cpu-gloo"), devices_per_node=2, ranks_per_machine=2,
-                                 busy_compute_scale=((1, 0.5), (2, 1.0)), ranks_per_memory_domain=4,
-                                 idle_neighbours_scale=((1, 0.8), (2, 0.9)))
-    compute, other = [0.01] * 4, [0.001] * 4
-    assert replica_time_s(compute, other, MeshShape(dp=1, pp=4, tp=1), 1, domain) == pytest.approx(4 * 0.005)
-    assert replica_time_s(compute[:2], other[:2], MeshShape(dp=2, pp=2, tp=1), 1, domain) == pytest.approx(2 * 0.006)
-    assert replica_time_s(compute[:2], other[:2], MeshShape(dp=1, pp=2, tp=2), 1, domain) == pytest.approx(2 * 0.01)
-    assert replica_time_s(compute[:1], other[:1], MeshShape(dp=1, pp=1, tp=4), 1, domain) == pytest.approx(0.011)
-    assert domain.domain_machines() == 2 and domain.busy_scale(1) == 0.5, "no machine count: every machine busy"
-    assert (domain.busy_scale(1, 1), domain.busy_scale(1, 2), domain.busy_scale(2, 1)) == pytest.approx((0.4, 0.5, 0.9))
-    # one machine per domain (real hosts): the neighbours' scale changes nothing
-    apart = dataclasses.replace(domain, ranks_per_memory_domain=0)
-    assert replica_time_s(compute, other, MeshShape(dp=1, pp=4, tp=1), 1, apart) == pytest.approx(4 * 0.006)
-
-
 def test_busy_scale_fields_round_trip_and_are_checked() -> None:
     profile = dataclasses.replace(get_hardware("cpu-gloo"), ranks_per_machine=4,
                                   busy_compute_scale=((1, 0.52), (2, 0.55), (3, 0.8), (4, 1.0)))
@@ -503,15 +480,6 @@ def test_busy_scale_fields_round_trip_and_are_checked() -> None:
         dataclasses.replace(profile, busy_compute_scale=((2, 0.5), (1, 0.5)))
     with pytest.raises(ValueError, match="ranks_per_machine must be an int"):
         dataclasses.replace(profile, ranks_per_machine=-1)
-    domain = dataclasses.replace(profile, ranks_per_machine=2, ranks_per_memory_domain=4,
-                                 idle_neighbours_scale=((1, 0.75), (2, 0.9)))
-    again = Hardware.from_json(domain.to_json())
-    assert again == domain and (again.ranks_per_memory_domain, again.idle_neighbours_scale) == (4, ((1, 0.75), (2, 0.9)))
-    assert "idle_neighbours_scale" not in profile.to_json(), "absent when not measured, as profiles before it"
-    with pytest.raises(ValueError, match="idle_neighbours_scale needs distinct"):
-        dataclasses.replace(domain, idle_neighbours_scale=((1, -0.5),))
-    with pytest.raises(ValueError, match="ranks_per_memory_domain must be an int"):
-        dataclasses.replace(domain, ranks_per_memory_domain=True)
 
 
 def test_a_decode_step_is_priced_as_the_planner_prices_its_cached_graph() -> None:

@@ -102,7 +102,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autotp.calibration.concurrency import measure_busy_scale, measure_idle_neighbours_scale
+from autotp.calibration.concurrency import measure_busy_scale
 from autotp.calibration.graphs import (
     fair_core_share,
     measure_cold_call_s,
@@ -401,11 +401,6 @@ bucket passes a small transfer at the bucket's burst, faster than its rate, and 
 1 MiB) fitted a 200 Mbit/s link at 248 Mbit/s, where a 4 MiB send took its rate's time (docs: Layouts on a two-host
 network)."""
 
-NEIGHBOURS_MIN_REPEATS = 11
-"""Repeats of :func:`~autotp.calibration.concurrency.measure_idle_neighbours_scale` at least (each about 0.2 s on
-two machines of two ranks): with the quick calibration's 3, its one-rank point came out 0.83-1.00 in three
-calibrations of one cluster."""
-
 NETWORK_MIN_REPEATS = 9
 """Repeats (at least) of each collective between hosts: with one rank per host the samples are of 1 and 2 steps,
 so the per-step latency comes from small differences between them, and one slow or fast repeat of three (the quick
@@ -668,11 +663,8 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
        (:func:`~autotp.runtime.collectives.hosts.cpu_set`): the ranks that share cores, which is each host's on
        a real cluster, and on a cluster of network namespaces on one machine every rank, or each host's where
        the hosts are given cores of their own) form a group of their own and measure as :func:`calibrate` does with that many spawned
-       processes, all in step. Where several machines share one kernel (its cache and memory: a memory domain),
-       the domain's ranks then time each machine computing alone against all of them at once
-       (:func:`~autotp.calibration.concurrency.measure_idle_neighbours_scale`: ``Hardware.idle_neighbours_scale``).
-       With ``host_profile`` (a profile measured on these hosts before) compute is not measured again: its terms
-       are kept.
+       processes, all in step. With ``host_profile`` (a profile measured on these hosts before) compute is not
+       measured again: its terms are kept.
     2. *Inside each host*: the ranks of each launcher node (``LOCAL_WORLD_SIZE``) time gloo's collectives and the
        shared-memory all-reduce among themselves, every host at once: ``intra_node``.
     3. *Across hosts*: the first rank of each node (one rank per host, the others waiting) times the same
@@ -698,9 +690,6 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
     nodes = [[rank for rank, (node, _) in enumerate(places) if node == key] for key in dict.fromkeys(p[0] for p in places)]
     machines = [[rank for rank, (_, kernel) in enumerate(places) if kernel == key]
                 for key in dict.fromkeys(p[1] for p in places)]
-    # the machines under one kernel (its cache and memory): a memory domain
-    domains = [[ranks for ranks in machines if places[ranks[0]][1][:-1] == key]
-               for key in dict.fromkeys(p[1][:-1] for p in places)]
     if len(nodes) != launch.nodes or any(len(ranks) != launch.local_world_size for ranks in nodes):
         raise RuntimeError(f"the launcher's variables describe {launch.nodes} node(s) of {launch.local_world_size} "
                            f"rank(s), but the ranks name these nodes: {nodes}; start one torchrun agent per node "
@@ -726,17 +715,6 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
         host_groups = [dist.new_group(ranks) for ranks in nodes]  # every rank creates every group, in one order
         firsts = [ranks[0] for ranks in nodes]
         network_group = dist.new_group(firsts)
-        domain_groups = [dist.new_group(sorted(r for ranks in domain for r in ranks)) for domain in domains]
-        neighbours: tuple[tuple[int, float], ...] = ()
-        domain = next(index for index, machines_of in enumerate(domains) if any(launch.rank in m for m in machines_of))
-        if host_profile is None and len(domains[domain]) > 1:
-            _say(progress, "measuring compute with the other machines of a memory domain idle")
-            order = sorted(r for ranks in domains[domain] for r in ranks)
-            neighbours = measure_idle_neighbours_scale(
-                [[order.index(r) for r in ranks] for ranks in domains[domain]],
-                max(config.repeats, NEIGHBOURS_MIN_REPEATS), group=domain_groups[domain])
-            _say(progress, "compute time with k ranks of one machine busy and its neighbours idle, over all "
-                           "machines alike: " + ", ".join(f"{k} {scale:.2f}" for k, scale in neighbours))
         inside: tuple[CollectiveSample, ...] = ()
         if launch.local_world_size > 1:
             node = next(index for index, ranks in enumerate(nodes) if launch.rank in ranks)
@@ -753,25 +731,22 @@ def calibrate_launched(launch: Launch, *, config: CalibrationConfig | None = Non
                                           host=launch.host)
             network += measure_sends(firsts.index(launch.rank), steady, group=network_group)
         everything: list[Any] = [None] * launch.world_size
-        dist.all_gather_object(everything, (measured, inside, neighbours))
+        dist.all_gather_object(everything, (measured, inside))
         dist.barrier()
     finally:
         dist.destroy_process_group()
     if launch.rank != 0:
         return None
-    host_links = [sample for _, samples, _ in everything for sample in samples]  # every host's: one link class
+    host_links = [sample for _, samples in everything for sample in samples]  # every host's: one link class
     if host_profile is not None:
         return with_measured_links(host_profile, network, devices_per_node=launch.local_world_size, inside=host_links)
-    compute = [m for m, _, _ in everything]
+    compute = [m for m, _ in everything]
     # the graphs' collectives ran on each machine's group: its samples price them
     machine_links = [sample for m in compute if m.rank == machine[0] for sample in m.collectives]
     if not machine_links:
         _say(progress, "one rank per machine: measuring gloo collectives across 2 processes on this host")
         machine_links = measure_links(2, config)
     profile = build_profile(compute, machine_links, world_size=len(machine), name=name)
-    if everything[0][2]:
-        profile = dataclasses.replace(profile, ranks_per_memory_domain=sum(len(ranks) for ranks in domains[0]),
-                                      idle_neighbours_scale=everything[0][2])
     same = machines == nodes  # each host its own machine: the machine's links are the host's
     return with_measured_links(profile, network, devices_per_node=launch.local_world_size,
                                inside=() if same else host_links)

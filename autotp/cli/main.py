@@ -344,10 +344,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if profile.busy_compute_scale:
         print(f"  busy ranks       compute time with k of the {profile.machine_ranks()} ranks of a machine busy, over "
               "all busy: " + ", ".join(f"{k} {scale:.2f}" for k, scale in profile.busy_compute_scale))
-    if profile.idle_neighbours_scale:
-        print(f"  idle neighbours  compute time with k ranks of one machine busy and the other machines of its "
-              f"{profile.ranks_per_memory_domain}-rank memory domain idle, over all machines alike: "
-              + ", ".join(f"{k} {scale:.2f}" for k, scale in profile.idle_neighbours_scale))
     print(f"  runtime          {profile.runtime_mode}: {profile.host_dispatch_s * 1e6:.2f} us host dispatch per "
           f"kernel node, {profile.graph_launch_s * 1e6:.1f} us per graph call "
           f"(+{profile.model_call_s * 1e6:.1f} us for a model's call), "

@@ -30,10 +30,9 @@ Prices, for one microbatch of ``b`` requests (the example's sequence length):
   its link (:func:`_send_times`).
 * a stage's compute runs at the share of the cores its machine gives it: the profile's rates are
   those with every rank of a machine busy; while only some are (one request through a pipeline
-  runs one stage at a time), the compute takes ``Hardware.busy_scale(busy ranks, busy machines)`` of
-  it, which ``autotp calibrate`` measures (1.0 at every count on hosts with a core per rank and in
-  every named profile; below 1 too where the hosts' machines share one memory domain and only some
-  of them compute).
+  runs one stage at a time), the compute takes ``Hardware.busy_scale(busy ranks)`` of it, which
+  ``autotp calibrate`` measures (1.0 at every count on hosts with a core per rank and in every
+  named profile).
 * a replica's time for ``m`` microbatches: ``sum(s_k) + (m - 1) * max(s_k)``
   (:func:`autotp.cost_model.pipeline_time_s`, GPipe / 1F1B forward), each ``s_k`` at the busy
   ranks of its moment (:func:`replica_time_s`), plus handing the output to every rank, as the mesh
@@ -673,17 +672,12 @@ def _output_s(costs: MeshCosts, mesh: MeshShape, rows: int) -> float:
     return seconds
 
 
-def _busy_scale(mesh: MeshShape, hardware: Hardware, stages: range) -> float:
-    """The compute scale (:meth:`~autotp.cost_model.hardware.Hardware.busy_scale`) of the slowest busy machine
-    while ``stages`` of every replica run: each machine (``Hardware.machine_ranks`` consecutive ranks) at its busy
-    ranks, beside the busy machines of its memory domain (``Hardware.ranks_per_memory_domain``)."""
+def _busy_ranks(mesh: MeshShape, hardware: Hardware, stages: range) -> int:
+    """The most ranks of one machine (``Hardware.machine_ranks``) computing while ``stages`` of every replica run."""
     per_machine = hardware.machine_ranks()
     busy = collections.Counter((dp * mesh.pp * mesh.tp + k * mesh.tp + t) // per_machine
                                for dp in range(mesh.dp) for k in stages for t in range(mesh.tp))
-    domain_machines = hardware.domain_machines()
-    busy_machines = collections.Counter(machine // domain_machines for machine in busy)
-    return max(hardware.busy_scale(ranks, busy_machines[machine // domain_machines])
-               for machine, ranks in busy.items())
+    return max(busy.values())
 
 
 def replica_time_s(compute_s: list[float], other_s: list[float], mesh: MeshShape, microbatches: int,
@@ -698,7 +692,7 @@ def replica_time_s(compute_s: list[float], other_s: list[float], mesh: MeshShape
     width = min(m, pp)
 
     def stage_s(k: int, stages: range) -> float:
-        return compute_s[k] * _busy_scale(mesh, hardware, stages) + other_s[k]
+        return compute_s[k] * hardware.busy_scale(_busy_ranks(mesh, hardware, stages)) + other_s[k]
 
     filling = sum(stage_s(k, range(max(0, k - m + 1), k + 1)) for k in range(pp))
     if m == 1:
