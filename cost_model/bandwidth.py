@@ -85,11 +85,10 @@ def _on_curve(curve: Sequence[tuple[float, float]], working_set_bytes: float) ->
 
 def at_working_set(hardware: Hardware, working_set_bytes: float) -> Hardware:
     """``hardware`` with ``memory_bandwidth_gbps`` set to :func:`bandwidth_at_gbps` of
-    ``working_set_bytes``, ``gemv_bandwidth_gbps`` and ``shared_memory_cold_call_s`` to their curves' values
-    there: the profile
-    every kernel and collective of one graph is priced with. The curves are kept, so resolving
-    again (for another working set) starts from the measurements, not from these figures. A
-    profile with no curve is returned unchanged."""
+    ``working_set_bytes``, and ``gemv_bandwidth_gbps`` and ``shared_memory_cold_call_s`` to their curves'
+    values there: the profile every kernel and collective of one graph is priced with. The curves are
+    kept, so resolving again (for another working set) starts from the measurements, not from these
+    figures. A profile with no curve is returned unchanged."""
     resolved = {}
     if hardware.memory_bandwidth_curve:
         resolved["memory_bandwidth_gbps"] = bandwidth_at_gbps(hardware, working_set_bytes)

@@ -400,10 +400,10 @@ class Hardware:
     ``memory_bandwidth_gbps`` is then that graph's figure; a calibrated profile stores its
     largest-working-set (DRAM) figure there.
     ``gemv_bandwidth_curve``: the same for a matrix-vector product (a GEMM with a dim of 1: decode's linears at
-    one token, attention of one query over its cache), ``(working_set_bytes, bandwidth_gbps)`` of the matrices'
-    bytes over the time BLAS takes to multiply them by a vector (``autotp calibrate``): it streams the matrix
-    once, at a rate of its own (on this project's VM about half of what a copy moves at DRAM working sets, where
-    a single core's reads and writes overlap). ``gemv_bandwidth_gbps``: that rate, the figure at the largest
+    one token), ``(working_set_bytes, bandwidth_gbps)`` of the matrices' bytes over the time BLAS takes to
+    multiply them by a vector (``autotp calibrate``): it streams the matrix once, at a pace of its own (on this
+    project's VM about half of what a copy moves at DRAM working sets, where a sum, which reads only, reads as
+    fast as the copy moves). ``gemv_bandwidth_gbps``: that rate, the figure at the largest
     working set as ``memory_bandwidth_gbps`` is, resolved per graph from the curve the same way; 0.0 (not
     measured, every named profile): a matrix-vector product at ``memory_bandwidth_gbps``, as before.
     ``small_all_reduce``: a :class:`~.collective_forms.CollectiveForm` (or its name), how the runtime runs
