@@ -83,6 +83,7 @@ __all__ = [
     "gemm_efficiency",
     "has_element_rate",
     "is_lookup",
+    "is_matrix_vector",
     "is_transcendental",
     "launches_no_kernel",
     "makes_host_calls",
@@ -146,9 +147,15 @@ def gemm_efficiency(min_dim: Any, hardware: Hardware) -> Any:
     Monotone increasing in ``d``, equal to 1/2 at ``d = gemm_half_efficiency_dim``; 1.0 at ``d = 1``
     (a matrix-vector product: bandwidth bound, see the module docstring)."""
     half = hardware.gemm_half_efficiency_dim
-    if half == 0 or (isinstance(min_dim, (int, float)) and min_dim <= 1):
+    if half == 0 or is_matrix_vector(min_dim):
         return 1.0
     return min_dim / (min_dim + half)
+
+
+def is_matrix_vector(min_dim: Any) -> bool:
+    """Whether a GEMM whose smallest dim is ``min_dim`` is a matrix-vector product (a concrete dim of 1 or less):
+    no tile to fill, its roof its bytes (the module docstring)."""
+    return isinstance(min_dim, (int, float)) and min_dim <= 1
 
 
 def compute_time_s(
@@ -189,7 +196,7 @@ def compute_time_s(
         flops,
         memory_bytes,
         flops_per_s,
-        achievable_memory_bytes_per_s(hardware, matrix_vector=gemm_min_dim is not None and gemm_min_dim <= 1
+        achievable_memory_bytes_per_s(hardware, matrix_vector=is_matrix_vector(gemm_min_dim)
                                       and hardware.runtime_mode == "eager"),
         hardware.kernel_floor_s,
     )
