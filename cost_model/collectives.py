@@ -107,13 +107,16 @@ A group inside one node uses ``intra_node``. Which groups span nodes: :func:`gro
 
 Point-to-point (a pipeline stage sending its activations to the next stage):
 :func:`p2p_time_s` = base + alpha + n/B on the link between the two ranks ([T05]'s alpha-beta
-model of one message).
+model of one message); between nodes, where one-way sends were measured, the line through them (its burst
+off the bytes) and at least a send's fixed cost inside a node (:func:`send_parts`).
 
 Sources:
 
 * [GLOO-RS] pytorch/pytorch pull request 118911, "ProcessGroupGloo::reduce_scatter_tensor_coalesced" (2024):
   gloo's reduce-scatter simulated as ``allreduce(input).chunk(world_size)[rank]``.
   https://github.com/pytorch/pytorch/pull/118911
+* [H94] R. W. Hockney, "The communication challenge for MPP: Intel Paragon and Meiko CS-2", Parallel Computing
+  20(3):389-398, 1994: a message of n bytes takes ``t0 + n / r_inf``.
 * [T05] R. Thakur, R. Rabenseifner, W. Gropp, "Optimization of Collective Communication
   Operations in MPICH", Int. J. High Performance Computing Applications 19(1):49-66, 2005.
 * [PY09] P. Patarasuk, X. Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
@@ -175,6 +178,7 @@ __all__ = [
     "host_tree_deliveries_s",
     "link_collective_time_s",
     "p2p_time_s",
+    "send_parts",
     "symmetric_memory_takes",
     "tree_sends_s",
     "uses_one_shot_all_reduce",
@@ -449,7 +453,8 @@ def group_spans_nodes(group_size: int, devices_per_node: int, world_size: int | 
 
 
 def p2p_time_s(nbytes: float, hardware: Hardware, *, spans_nodes: bool) -> float:
-    """Seconds to send ``nbytes`` from one rank to another: base + alpha + n/B ([T05] alpha-beta).
+    """Seconds to send ``nbytes`` from one rank to another, alone on the link: the send's fixed part, then its bytes
+    at the link's rate (:func:`send_parts`; [H94]'s ``t0 + n / r``, [T05]'s alpha-beta).
 
     ``spans_nodes``: the two ranks are on different nodes (:meth:`~.hardware.Hardware.send_link`: a send's own
     link between nodes where measured, else ``inter_node``), else ``intra_node``. 0.0 for zero bytes.
@@ -458,10 +463,28 @@ def p2p_time_s(nbytes: float, hardware: Hardware, *, spans_nodes: bool) -> float
         raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     if nbytes == 0:
         return 0.0
+    fixed_s, moving = send_parts(nbytes, hardware, spans_nodes=spans_nodes)
+    return float(fixed_s + moving / hardware.send_link(spans_nodes=spans_nodes).bandwidth_bytes_per_s)
+
+
+def send_parts(nbytes: float, hardware: Hardware, *, spans_nodes: bool, sharing: int = 1) -> tuple[float, float]:
+    """A point-to-point send of ``nbytes`` as (seconds before its bytes move at its link's rate, the bytes that
+    do), its link :meth:`~.hardware.Hardware.send_link`'s: the link's base and per-step latency, then every byte.
+
+    Between nodes where one-way sends were measured (``Hardware.inter_node_send``: the line through them), a send
+    pays the line's latency and the bytes beyond the link's burst (``LinkProfile.burst_bytes``, shared by the
+    ``sharing`` sends that leave one node at once), and at least the fixed cost of a send inside a node
+    (``intra_node``'s base and per-step latency: the same calls and copies on both ranks): ``max(floor, latency +
+    (n - burst) / B)``. A collective's fixed cost (``inter_node``'s) is not a send's: it waits on every rank of its
+    group, both ways; between two emulated hosts a collective paid 0.7-1.6 ms where a stage's 64 KiB send took
+    0.9 ms and a small one-way send 0.1-0.4 ms (docs: Layouts on a two-host network)."""
     link = hardware.send_link(spans_nodes=spans_nodes)
-    return float(link.base_latency_s + link.latency_s + nbytes / link.bandwidth_bytes_per_s)
-
-
+    fixed_s = link.base_latency_s + link.latency_s
+    if not spans_nodes or hardware.inter_node_send is None:
+        return fixed_s, float(nbytes)
+    moving = max(0.0, nbytes - link.burst_bytes / max(1, sharing))
+    floor_s = hardware.intra_node.base_latency_s + hardware.intra_node.latency_s
+    return max(fixed_s, floor_s - moving / link.bandwidth_bytes_per_s), moving
 
 
 def _binomial_children(ranks: Sequence[int], root: int) -> dict[int, list[int]]:
@@ -540,14 +563,17 @@ def tree_sends_s(children: dict[int, list[int]], roots: Sequence[int], nbytes: f
     together (the root starts all of its sends at once).
 
     Ranks ``r`` and ``s`` share a node when ``r // d == s // d`` (``d = Hardware.devices_per_node``). The call pays
-    its link's base latency once (the network's where a send crosses nodes), each send the link's per-step latency;
-    a send inside a node then takes the ``intra_node`` link's time, and a send between nodes shares the bandwidth of
-    the nodes it leaves and enters equally with the other sends crossing there at that moment (a fluid model of
-    flows through one NIC), on the link a send between nodes uses (:meth:`~.hardware.Hardware.send_link`)."""
+    its link's base latency once (the link a send between nodes uses where one crosses,
+    :meth:`~.hardware.Hardware.send_link`); a send inside a node then pays the ``intra_node`` link's per-step
+    latency and bytes, and a send between nodes the rest of its fixed part (:func:`send_parts`), then shares the
+    bandwidth of the nodes it leaves and enters equally with the other sends crossing there at that moment (a fluid
+    model of flows through one NIC) for its bytes beyond the burst."""
     if nbytes <= 0:
         return 0.0
     d = max(1, hardware.devices_per_node)
     inter, intra = hardware.send_link(spans_nodes=True), hardware.intra_node
+    leaving = collections.Counter(sender // d for sender, sent_to in children.items() for child in sent_to
+                                  if child // d != sender // d)  # crossing sends per node, sharing its burst
     ready = sorted((0.0, root, child) for root in roots for child in children.get(root, []))  # (time, sender, receiver)
     flows: list[list[Any]] = []  # [sender node, receiver node, receiver, bytes left, time its bytes start]
     now = finished = 0.0
@@ -559,7 +585,8 @@ def tree_sends_s(children: dict[int, list[int]], roots: Sequence[int], nbytes: f
                 finished = max(finished, done)
                 ready = sorted(ready + [(done, receiver, child) for child in children.get(receiver, [])])
             else:
-                flows.append([sender // d, receiver // d, receiver, float(nbytes), now + inter.latency_s])
+                fixed_s, moving = send_parts(nbytes, hardware, spans_nodes=True, sharing=leaving[sender // d])
+                flows.append([sender // d, receiver // d, receiver, moving, now + fixed_s - inter.base_latency_s])
         moving = [f for f in flows if f[4] <= now]
         out = collections.Counter(f[0] for f in moving)
         into = collections.Counter(f[1] for f in moving)

@@ -235,12 +235,19 @@ class LinkProfile:
     ``latency_s``: alpha, seconds per message step of a collective algorithm (NCCL's ``hwLat``).
     ``base_latency_s``: seconds paid once per collective call, whatever the group size (NCCL's
     ``baseLat``); 0.0 makes :func:`collective_time_s` exactly the textbook alpha-beta formula.
+    ``burst_bytes``: bytes a message gets across an idle link before its rate applies (a token bucket's burst,
+    [TBF]); a one-way send (:func:`~.collectives.p2p_time_s`) pays the rate on the bytes beyond it. 0.0 for every
+    link but a measured ``Hardware.inter_node_send``; collectives, which keep the link busy both ways, ignore it.
+
+    [TBF] tc-tbf(8), the Linux token bucket filter: a bucket of ``burst`` bytes refilled at ``rate``; a packet
+    leaves when the bucket holds its size.
     """
 
     name: str
     bandwidth_gbps: float
     latency_s: float
     base_latency_s: float = 0.0
+    burst_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         owner = f"LinkProfile({self.name!r})"
@@ -249,6 +256,7 @@ class LinkProfile:
         _check_positive_number(owner, "bandwidth_gbps", self.bandwidth_gbps)
         _check_positive_number(owner, "latency_s", self.latency_s, allow_zero=True)
         _check_positive_number(owner, "base_latency_s", self.base_latency_s, allow_zero=True)
+        _check_positive_number(owner, "burst_bytes", self.burst_bytes, allow_zero=True)
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -261,13 +269,15 @@ class LinkProfile:
             "bandwidth_gbps": self.bandwidth_gbps,
             "latency_s": self.latency_s,
             "base_latency_s": self.base_latency_s,
+            **({"burst_bytes": self.burst_bytes} if self.burst_bytes else {}),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "link") -> LinkProfile:
         if not isinstance(data, Mapping):
             raise ValueError(f"field {where!r} must be a JSON object, got {type(data).__name__}")
-        _check_known_fields(data, ("name", "bandwidth_gbps", "latency_s", "base_latency_s"), f"link {where!r}")
+        _check_known_fields(data, ("name", "bandwidth_gbps", "latency_s", "base_latency_s", "burst_bytes"),
+                            f"link {where!r}")
         for key in ("name", "bandwidth_gbps", "latency_s"):
             if key not in data:
                 raise ValueError(f"missing field {where}.{key!r}")
@@ -277,6 +287,7 @@ class LinkProfile:
                 bandwidth_gbps=data["bandwidth_gbps"],
                 latency_s=data["latency_s"],
                 base_latency_s=data.get("base_latency_s", 0.0),
+                burst_bytes=data.get("burst_bytes", 0.0),
             )
         except ValueError as error:
             raise ValueError(f"bad field {where!r}: {error}") from None
@@ -415,9 +426,10 @@ class Hardware:
     ``autotp calibrate`` to its row's terms in :data:`~.collective_forms.FORM_TABLE`); required with
     the shared-memory form, None otherwise.
     ``inter_node_send``: one rank's send to another node, alone on the link (``autotp calibrate`` across hosts: the
-    bandwidth from one-way sends, the latencies the collectives' ``inter_node``), what point-to-point sends between
-    nodes are priced on (:meth:`send_link`); None (datasheet profiles, and calibrations before it was measured):
-    ``inter_node``. A collective of two nodes sends both ways at once: between two emulated hosts one 4 MiB send
+    line through one-way sends after the link idled, its slope the bandwidth, where it meets the axis the latency,
+    or the burst where it meets it below; :func:`~.calibrate.fit_send_link`), what point-to-point sends between
+    nodes are priced on (:meth:`send_link`, :func:`~.collectives.send_fixed_s`); None (datasheet profiles, and
+    calibrations before it was measured): ``inter_node``. A collective of two nodes sends both ways at once: between two emulated hosts one 4 MiB send
     took 2.0 ms, an all-gather of 2 MiB each way 4.8 ms (docs: Layouts on a two-host network).
 
     ``core_share`` (optional in JSON; 1.0 when absent and for every named profile): the share of

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -405,30 +406,41 @@ def test_a_measured_network_becomes_the_inter_node_link() -> None:
     assert two_level.inter_node_send is None, "no sends measured: a send is priced on inter_node"
 
 
-def test_one_way_sends_between_hosts_are_priced_on_their_own_rate() -> None:
+def test_one_way_sends_between_hosts_are_priced_on_their_own_line() -> None:
     """2 hosts (synthetic): collectives across hosts (both ways at once) at 20 MB/s, one-way sends at 25 MB/s. The
-    sends' slope becomes inter_node_send's bandwidth (its latencies inter_node's), which prices a send between nodes
-    (p2p_time_s) while collectives keep inter_node; it survives the JSON round trip, and a network the user
-    describes instead (with_nodes) drops it."""
+    line through the sends becomes inter_node_send (its slope the bandwidth, its intercept the latency), which prices
+    a send between nodes (p2p_time_s) while collectives keep inter_node; a line that meets the axis below zero (a token
+    bucket's burst) becomes the burst, off a send's bytes, and a send never costs less than one inside a node. It
+    survives the JSON round trip, and a network the user describes instead (with_nodes) drops it."""
     from autotp.cost_model import p2p_time_s
     from autotp.cost_model.calibrate import SEND_KIND, with_measured_links, with_nodes
-    from autotp.cost_model.hardware import Hardware
 
     samples = synthetic_samples(group_sizes=(2,))
     profile = build_profile([synthetic_rank(0, samples)], samples, world_size=4)
     exchanges = LinkProfile(name="exchanges", bandwidth_gbps=0.020, latency_s=300e-6, base_latency_s=100e-6)
-    sends = [CollectiveSample(SEND_KIND, 2, n, 400e-6 + n / 25e6) for n in (2**20, 4 * 2**20)]
-    two_level = with_measured_links(profile, [*synthetic_samples(exchanges, group_sizes=(2,)), *sends],
-                                    devices_per_node=2)
+    network = synthetic_samples(exchanges, group_sizes=(2,))
+
+    def measured(seconds_of: Callable[[int], float]) -> Hardware:
+        sends = [CollectiveSample(SEND_KIND, 2, n, seconds_of(n)) for n in (2**20, 4 * 2**20)]
+        return with_measured_links(profile, [*network, *sends], devices_per_node=2)
+
+    two_level = measured(lambda n: 4e-3 + n / 25e6)
     assert math.isclose(two_level.inter_node.bandwidth_gbps, 0.020, rel_tol=1e-6), two_level.inter_node
     send = two_level.inter_node_send
     assert send is not None and math.isclose(send.bandwidth_gbps, 0.025, rel_tol=1e-6), send
-    assert (send.latency_s, send.base_latency_s) == (two_level.inter_node.latency_s,
-                                                     two_level.inter_node.base_latency_s), send
+    assert math.isclose(send.latency_s, 4e-3, rel_tol=1e-6) and (send.base_latency_s, send.burst_bytes) == (0, 0), send
     nbytes = 4 * 2**20
-    assert math.isclose(p2p_time_s(nbytes, two_level, spans_nodes=True),
-                        send.base_latency_s + send.latency_s + nbytes / 25e6, rel_tol=1e-9)
+    assert math.isclose(p2p_time_s(nbytes, two_level, spans_nodes=True), 4e-3 + nbytes / 25e6, rel_tol=1e-9)
     assert p2p_time_s(nbytes, two_level, spans_nodes=True) < p2p_time_s(nbytes, dataclasses.replace(
         two_level, inter_node_send=None), spans_nodes=True), "a send alone is priced faster than an exchange"
     assert Hardware.from_dict(two_level.to_dict()).inter_node_send == send
     assert with_nodes(two_level, inter_node_bandwidth_gbps=1.0).inter_node_send is None
+
+    bucket = measured(lambda n: (n - 50_000) / 25e6)  # 2 ms below the rate: a 50 kB burst
+    send = bucket.inter_node_send
+    assert send is not None and send.latency_s == 0 and math.isclose(send.burst_bytes, 50_000, rel_tol=1e-6), send
+    assert math.isclose(p2p_time_s(nbytes, bucket, spans_nodes=True), (nbytes - 50_000) / 25e6, rel_tol=1e-9)
+    inside_s = bucket.intra_node.base_latency_s + bucket.intra_node.latency_s
+    assert inside_s > 0 and math.isclose(p2p_time_s(32 * 2**10, bucket, spans_nodes=True), inside_s), \
+        "a send within the burst costs a send's fixed cost inside a node"
+    assert Hardware.from_dict(bucket.to_dict()).inter_node_send == send

@@ -408,16 +408,21 @@ calibration's) moved it from 0 to 440 µs between calibrations of the same link;
 
 
 SEND_BYTES = (2**20, NETWORK_LARGEST_BYTES)
-"""The sizes of the one-way sends timed between the first two hosts (:func:`measure_sends`): large ones, whose slope is
-the rate a send alone gets (``Hardware.inter_node_send``); its latencies are the collectives'."""
+"""The sizes of the one-way sends timed between the first two hosts (:func:`measure_sends`): large ones, whose line
+is the link a send alone gets (``Hardware.inter_node_send``: its rate, and its latency or burst)."""
+
+SEND_IDLE_S = 0.01
+"""Seconds the link idles before each timed send, as it idles between a pipeline's stage sends (a stage's compute
+apart): a shaped link's token bucket fills again meanwhile, and the send gets its burst as a stage's send does."""
 
 
 def measure_sends(rank: int, config: CalibrationConfig, *, group: Any,
                   sizes: tuple[int, ...] = SEND_BYTES) -> tuple[CollectiveSample, ...]:
     """One-way sends of ``sizes`` bytes from ``group``'s rank 0 to its rank 1, the other ranks of ``group`` waiting:
     the link as a pipeline's and a hand-out's sends use it, one message in one direction at a time, where the
-    collectives send both ways at once. Each repeat times one message after a barrier (sends back to back would
-    stream through the sockets' buffers, faster than one message goes); the median of the receiver's times."""
+    collectives send both ways at once. Each repeat times one message after a barrier and :data:`SEND_IDLE_S` of
+    idle link (sends back to back would stream through the sockets' buffers, faster than one message goes): the
+    receiver's time from the barrier less the sender's idle time; the median over repeats."""
     samples = []
     for nbytes in sizes:
         buffer = torch.ones(nbytes // 4)
@@ -426,13 +431,17 @@ def measure_sends(rank: int, config: CalibrationConfig, *, group: Any,
             dist.barrier(group=group)
             start = time.perf_counter()
             if rank == 0:
+                time.sleep(SEND_IDLE_S)
+                times.append(-(time.perf_counter() - start))  # the idle time, taken off the receiver's below
                 dist.send(buffer, group=group, group_dst=1)
             elif rank == 1:
                 dist.recv(buffer, group=group, group_src=0)
-            times.append(time.perf_counter() - start)
-        slowest = torch.tensor(times[1:], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-        sample = CollectiveSample(SEND_KIND, 2, buffer.numel() * 4, statistics.median(slowest.tolist()))
+                times.append(time.perf_counter() - start)
+            else:
+                times.append(0.0)
+        received = torch.tensor(times[1:], dtype=torch.float64)
+        dist.all_reduce(received, group=group)  # the receiver's time less the sender's idle, per repeat
+        sample = CollectiveSample(SEND_KIND, 2, buffer.numel() * 4, statistics.median(received.tolist()))
         samples.append(sample)
         _say(config.progress and rank == 0, f"gloo send {sample.nbytes / 2**10:>9.1f} KiB from host 0 to host 1: "
                                             f"{sample.seconds * 1e6:>9.1f} us")
