@@ -415,8 +415,8 @@ def measure_sends(rank: int, world_size: int, repeats: int) -> dict[str, float]:
     """On 2 hosts x 2 ranks: one message at a time from one rank to another, the other ranks waiting (a pipeline's
     stage send at batch 1), inside host 0 (rank 0 to rank 1, one core) and across (rank 1 to rank 2), at each of
     :data:`SEND_PROBE_BYTES`, as ``autotp calibrate`` times the sends between hosts
-    (:func:`autotp.calibration.calibrate.measure_sends`: the median of ``repeats``, each after a barrier, of the
-    slower rank's time), in seconds."""
+    (:func:`autotp.calibration.calibrate.measure_sends`: the median of ``repeats``, each after a barrier and the
+    link's idle, of the receiver's time), in seconds."""
     import torch.distributed as dist
 
     from autotp.calibration.calibrate import CalibrationConfig

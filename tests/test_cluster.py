@@ -207,8 +207,8 @@ def test_calibrate_measures_both_links(tmp_path: Any) -> None:
     """2 hosts x 2 ranks, links shaped to 200 Mbit/s, `autotp calibrate` started on every rank as torchrun starts
     it (compute kept from cpu-gloo, links measured): the profile's inter-node bandwidth is the shaped rate
     (within 20% under it, at most 5% over: the rate a large transfer pays, not the token bucket's burst, which lifted
-    a fit on relative error alone to 8-13% over), its intra-node link (loopback inside a namespace) many times faster, and devices_per_node is the
-    launcher's 2. The rate is far below loopback's, so the check tells a measured network from a copied link."""
+    a fit on relative error alone to 8-13% over), one-way sends at that rate after a burst about tbf's bucket, its
+    intra-node link (loopback inside a namespace) many times faster, and devices_per_node is the launcher's 2. The rate is far below loopback's, so the check tells a measured network from a copied link."""
     import sys
 
     from autotp.cost_model.hardware import load_hardware_json
@@ -227,6 +227,8 @@ def test_calibrate_measures_both_links(tmp_path: Any) -> None:
     send = profile.inter_node_send
     assert send is not None and 0.80 <= send.bandwidth_gbps * 1e9 / link.bytes_per_s <= 1.05, (
         f"expected one-way sends between hosts measured near the shaped {link.bytes_per_s / 1e6:.1f} MB/s, got {send}")
+    assert 0.25 * link.bucket_bytes <= send.burst_bytes <= 1.5 * link.bucket_bytes, (
+        f"expected the sends' burst near tbf's bucket of {link.bucket_bytes} bytes, got {send}")
     assert intra_bytes_per_s > 4 * network_bytes_per_s, (
         f"expected the intra-host link far faster than the shaped network, got {intra_bytes_per_s / 1e6:.1f} MB/s "
         f"inside vs {network_bytes_per_s / 1e6:.1f} MB/s between hosts")

@@ -433,6 +433,34 @@ def test_a_broadcast_is_gloos_binomial_tree_with_shared_links() -> None:
     assert inside < 0.1 * pair, "a broadcast inside a node stays off the network"
 
 
+def test_sends_between_hosts_pay_their_line_past_the_burst() -> None:
+    """A measured link of one-way sends between nodes with a burst (a token bucket's: 50 kB, then 25 MB/s). From
+    rank 3 of 2 nodes of 2: the hand-out of 512 KiB crosses once and pays its bytes beyond the burst at the rate,
+    then the send inside node 0; one of 16 KiB, within the burst, pays a send's fixed cost inside a node for its
+    crossing; gloo's broadcast, whose two crossing sends leave node 1 at once, shares the burst between them."""
+    from autotp.cost_model import LinkProfile
+    from autotp.cost_model.collectives import binomial_broadcasts_s, host_tree_deliveries_s
+
+    network = LinkProfile("slow-network", bandwidth_gbps=0.020, latency_s=3e-4, base_latency_s=9e-4)
+    sends = LinkProfile("slow-network-send", bandwidth_gbps=0.025, latency_s=0.0, burst_bytes=50_000)
+    hardware = dataclasses.replace(get_hardware("cpu-gloo"), devices_per_node=2, inter_node=network,
+                                   inter_node_send=sends)
+    rate, intra = sends.bandwidth_bytes_per_s, hardware.intra_node
+    floor_s = intra.base_latency_s + intra.latency_s
+
+    def inside(n: int) -> float:
+        return intra.latency_s + n / intra.bandwidth_bytes_per_s
+
+    n = 512 * 2**10
+    assert host_tree_deliveries_s([([0, 1, 2, 3], 3)], n, hardware) == pytest.approx(
+        (n - 50_000) / rate + inside(n), rel=1e-9)
+    small = 16 * 2**10
+    assert host_tree_deliveries_s([([0, 1, 2, 3], 3)], small, hardware) == pytest.approx(
+        floor_s + inside(small), rel=1e-9)
+    assert binomial_broadcasts_s([([0, 1, 2, 3], 3)], n, hardware) == pytest.approx(
+        (2 * (n - 25_000) + (n - 50_000)) / rate, rel=1e-9), "3 -> 0 and 3 -> 1 at once, then 0 -> 2"
+
+
 def test_stage_sends_are_whole_and_share_a_node_link(six_layer_costs: MeshCosts) -> None:
     """Every tp rank sends the whole boundary to its peer of the next stage; the sends that leave a node together
     share its link (pp 2 x tp 4 on 2 nodes of 4: four crossing sends from node 0)."""

@@ -365,8 +365,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
           f"{profile.inter_node.base_latency_s * 1e6:.1f} us per call + {profile.inter_node.latency_s * 1e6:.1f} us "
           f"per step, {profile.inter_node.bandwidth_gbps:.3f} GB/s ({profile.inter_node.name})")
     if profile.inter_node_send is not None:
-        print(f"  sends between    {profile.inter_node_send.bandwidth_gbps:.3f} GB/s one way, alone on the link "
-              f"({profile.inter_node_send.name})")
+        send = profile.inter_node_send
+        print(f"  sends between    {send.latency_s * 1e6:.1f} us + {send.bandwidth_gbps:.3f} GB/s past a "
+              f"{send.burst_bytes / 2**10:.1f} KiB burst, one way, alone on the link ({send.name})")
     print(f"use it with: autotp.plan(model, inputs, world_size={ranks}, "
           f"options=autotp.PlanOptions(hardware={args.output!r}))")
     return 0
