@@ -338,9 +338,9 @@ def fit_send_link(sends: Sequence[CollectiveSample], network: LinkProfile) -> Li
     the bytes the link let through before its rate applied (a token bucket's, ``LinkProfile.burst_bytes``); None
     where the sends tell no slope (sends then priced on ``network``, whose name the link's extends).
 
-    Between two emulated hosts a link shaped to 200 Mbit/s with a 64 KiB bucket read a burst of about 55 KB (4 MiB
-    sends after the link idled took 173.2 ms, 1 MiB 41.6 ms: 2.3 ms below their rate); the unshaped link a latency
-    of 0.05-0.35 ms."""
+    Between two emulated hosts a link shaped to 200 Mbit/s with a 64 KiB bucket read a burst of 52-55 KiB in four
+    calibrations (4 MiB sends after the link idled took 173.2 ms, 1 MiB 41.6 ms: 2.3 ms below their rate); the
+    unshaped link a latency of 0.14-0.27 ms."""
     bandwidth = large_message_bandwidth(sends, network.bandwidth_bytes_per_s) if sends else None
     if bandwidth is None:
         return None

@@ -428,9 +428,10 @@ class Hardware:
     ``inter_node_send``: one rank's send to another node, alone on the link (``autotp calibrate`` across hosts: the
     line through one-way sends after the link idled, its slope the bandwidth, where it meets the axis the latency,
     or the burst where it meets it below; :func:`~.calibrate.fit_send_link`), what point-to-point sends between
-    nodes are priced on (:meth:`send_link`, :func:`~.collectives.send_fixed_s`); None (datasheet profiles, and
-    calibrations before it was measured): ``inter_node``. A collective of two nodes sends both ways at once: between two emulated hosts one 4 MiB send
-    took 2.0 ms, an all-gather of 2 MiB each way 4.8 ms (docs: Layouts on a two-host network).
+    nodes are priced on (:meth:`send_link`, :func:`~.collectives.send_parts`); None (datasheet profiles, and
+    calibrations before it was measured): ``inter_node``. A collective of two nodes sends both ways at once:
+    between two emulated hosts one 4 MiB send took 2.0 ms, an all-gather of 2 MiB each way 4.8 ms (docs: Layouts on
+    a two-host network).
 
     ``core_share`` (optional in JSON; 1.0 when absent and for every named profile): the share of
     a core one rank got while every rank of the group computed, in (0, 1]. ``autotp calibrate``

@@ -208,7 +208,8 @@ def test_calibrate_measures_both_links(tmp_path: Any) -> None:
     it (compute kept from cpu-gloo, links measured): the profile's inter-node bandwidth is the shaped rate
     (within 20% under it, at most 5% over: the rate a large transfer pays, not the token bucket's burst, which lifted
     a fit on relative error alone to 8-13% over), one-way sends at that rate after a burst about tbf's bucket, its
-    intra-node link (loopback inside a namespace) many times faster, and devices_per_node is the launcher's 2. The rate is far below loopback's, so the check tells a measured network from a copied link."""
+    intra-node link (loopback inside a namespace) many times faster, and devices_per_node is the launcher's 2. The
+    rate is far below loopback's, so the check tells a measured network from a copied link."""
     import sys
 
     from autotp.cost_model.hardware import load_hardware_json
