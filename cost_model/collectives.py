@@ -463,8 +463,8 @@ def p2p_time_s(nbytes: float, hardware: Hardware, *, spans_nodes: bool) -> float
         raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     if nbytes == 0:
         return 0.0
-    fixed_s, moving = send_parts(nbytes, hardware, spans_nodes=spans_nodes)
-    return float(fixed_s + moving / hardware.send_link(spans_nodes=spans_nodes).bandwidth_bytes_per_s)
+    fixed_s, at_rate = send_parts(nbytes, hardware, spans_nodes=spans_nodes)
+    return float(fixed_s + at_rate / hardware.send_link(spans_nodes=spans_nodes).bandwidth_bytes_per_s)
 
 
 def send_parts(nbytes: float, hardware: Hardware, *, spans_nodes: bool, sharing: int = 1) -> tuple[float, float]:
@@ -482,9 +482,9 @@ def send_parts(nbytes: float, hardware: Hardware, *, spans_nodes: bool, sharing:
     fixed_s = link.base_latency_s + link.latency_s
     if not spans_nodes or hardware.inter_node_send is None:
         return fixed_s, float(nbytes)
-    moving = max(0.0, nbytes - link.burst_bytes / max(1, sharing))
+    at_rate = max(0.0, nbytes - link.burst_bytes / max(1, sharing))
     floor_s = hardware.intra_node.base_latency_s + hardware.intra_node.latency_s
-    return max(fixed_s, floor_s - moving / link.bandwidth_bytes_per_s), moving
+    return max(fixed_s, floor_s - at_rate / link.bandwidth_bytes_per_s), at_rate
 
 
 def _binomial_children(ranks: Sequence[int], root: int) -> dict[int, list[int]]:
@@ -585,8 +585,8 @@ def tree_sends_s(children: dict[int, list[int]], roots: Sequence[int], nbytes: f
                 finished = max(finished, done)
                 ready = sorted(ready + [(done, receiver, child) for child in children.get(receiver, [])])
             else:
-                fixed_s, moving = send_parts(nbytes, hardware, spans_nodes=True, sharing=leaving[sender // d])
-                flows.append([sender // d, receiver // d, receiver, moving, now + fixed_s - inter.base_latency_s])
+                fixed_s, at_rate = send_parts(nbytes, hardware, spans_nodes=True, sharing=leaving[sender // d])
+                flows.append([sender // d, receiver // d, receiver, at_rate, now + fixed_s - inter.base_latency_s])
         moving = [f for f in flows if f[4] <= now]
         out = collections.Counter(f[0] for f in moving)
         into = collections.Counter(f[1] for f in moving)
